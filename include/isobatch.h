@@ -1,0 +1,255 @@
+/*
+ * isobatch.h — the public C API of isobatch.
+ *
+ * isobatch serves a decoder-only LLM (Qwen3, Llama 3) to many sessions at once, and batching never
+ * changes an answer: a session's logits at every step are bit-for-bit what it would get decoded alone,
+ * whatever the batch size, the other sessions, the thread count, the prefill chunking or the
+ * instruction set used.
+ *
+ * OVERVIEW
+ *
+ *   ib_model    read-only weights + config, loaded from a Hugging Face / MLX model directory.
+ *               Shared by every engine and session; free it last.
+ *   ib_engine   the compute side: a persistent thread pool, the chosen ISA and activation mode, and
+ *               scratch buffers sized for a maximum number of tokens per step. One engine steps many
+ *               sessions together. Not thread-safe: one caller at a time.
+ *   ib_session  one user's state: its KV cache, its position and its sampling settings/seed.
+ *
+ *   Typical use:
+ *
+ *     ib_error err;
+ *     ib_model *m;   if (ib_model_load("models/x", NULL, &m, &err)) { puts(err.msg); ... }
+ *     ib_engine *e;  ib_engine_create(m, NULL, &e, &err);
+ *     ib_session *s; ib_session_create(m, NULL, &s, &err);
+ *     ib_step_item it = { .session = s, .tokens = ids, .n_tokens = n, .logits = buf };
+ *     ib_step(e, &it, 1, &err);      // buf now holds the logits after the last of the n tokens
+ *     int32_t next = ib_sample(s, buf, NULL, 0);
+ *
+ * THE BATCHED STEP
+ *
+ *   ib_step() takes any set of distinct sessions, each at its own position, each with its own
+ *   number of new tokens (a prefill chunk or one decode token), runs them through the model in one
+ *   pass — each weight matrix is streamed once for all rows — appends their keys/values to each
+ *   session's KV cache, advances each position, and writes each item's logits for its last token.
+ *
+ * INVARIANCE CONTRACT
+ *
+ *   For one model, one activation mode and one session's inputs, the logits written by ib_step and
+ *   the tokens chosen by ib_sample are bitwise identical regardless of batch composition, row order,
+ *   thread count, prefill chunking, and ISA (scalar / AVX2 / AVX-512). The tests prove it, and each
+ *   test is shown to fail under a deliberate fault (see ib_fault below).
+ *
+ * ERRORS AND OWNERSHIP
+ *
+ *   Every fallible call returns an ib_status (IB_OK == 0) and, when `err` is non-NULL, fills it with
+ *   the code and a one-line message naming what was wrong (file, tensor, field, byte offset).
+ *   The library never exits or prints. On failure nothing is allocated or changed ("no partial
+ *   state"): output pointers are set to NULL. Objects returned through `**out` are owned by the
+ *   caller and released by the matching _free function (which accepts NULL).
+ */
+#ifndef ISOBATCH_H
+#define ISOBATCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- status codes */
+
+typedef enum ib_status {
+    IB_OK = 0,
+    IB_ERR_INVALID_ARG,   /* a caller passed an impossible argument */
+    IB_ERR_NOMEM,         /* an allocation failed */
+    IB_ERR_IO,            /* a file could not be opened, read, mapped or written */
+    IB_ERR_FORMAT,        /* a file is malformed (safetensors header, JSON syntax, …) */
+    IB_ERR_MODEL,         /* a well-formed model contradicts itself or lacks a tensor */
+    IB_ERR_UNSUPPORTED,   /* a valid feature isobatch does not implement */
+    IB_ERR_CONTEXT,       /* a session's context is full */
+    IB_ERR_STATE,         /* the call is not valid now (e.g. a session twice in one step) */
+    IB_STATUS_COUNT
+} ib_status;
+
+/* Static English name of a status code ("invalid argument", …); never NULL. */
+const char *ib_strerror(ib_status code);
+
+/* A status with its one-line message. Library calls fill it on failure. */
+typedef struct ib_error {
+    ib_status code;
+    char msg[512];
+} ib_error;
+
+/* ---------------------------------------------------------------- numeric options */
+
+/* Instruction set for the CPU kernels. AUTO picks the best the CPU supports. All give the same bits. */
+typedef enum ib_isa { IB_ISA_AUTO = 0, IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512 } ib_isa;
+
+/* Activation mode for matrix products. F32: float activations against dequantized weights (the
+ * accuracy path). Q8: activations quantized to int8 per weight group, exact integer block dot
+ * products (the fast path for quantized weights). Results differ between modes, never within one.
+ * AUTO: Q8 for quantized models, F32 for float ones. */
+typedef enum ib_act { IB_ACT_AUTO = 0, IB_ACT_F32, IB_ACT_Q8 } ib_act;
+
+/* Name of an ISA ("scalar", …), and whether this CPU can run it. */
+const char *ib_isa_name(ib_isa isa);
+int ib_isa_supported(ib_isa isa);
+/* Parse "auto|scalar|avx2|avx512" / "auto|f32|q8"; return 0 on success, -1 on an unknown name. */
+int ib_isa_parse(const char *s, ib_isa *out);
+int ib_act_parse(const char *s, ib_act *out);
+
+/* ---------------------------------------------------------------- model */
+
+typedef struct ib_model ib_model;
+
+/* Facts about a loaded model (read-only view, valid while the model lives). */
+typedef struct ib_model_info {
+    const char *arch;          /* "qwen3" or "llama" */
+    int vocab_size;
+    int hidden_size;           /* d_model */
+    int n_layers;
+    int n_heads, n_kv_heads, head_dim;
+    int intermediate_size;
+    int max_context;           /* max_position_embeddings */
+    float rope_theta, rms_eps;
+    int tied_embeddings;       /* 1 when lm_head reuses the embedding */
+    int quant_bits;            /* 0 for float weights, else 4 or 8 */
+    int quant_group;           /* group size along the input dimension, 0 for float */
+    const char *weight_dtype;  /* "float32", "float16", "bfloat16" or "mlx-affine" */
+    size_t n_params;           /* parameter count (unpadded, logical) */
+    size_t file_bytes;         /* bytes of the mapped safetensors files */
+    size_t weight_bytes;       /* bytes of the in-memory (repacked) weights */
+    size_t kv_bytes_per_token; /* KV cache bytes for one token of one session */
+    int bos_id, eos_id;        /* -1 when the model has none */
+} ib_model_info;
+
+typedef struct ib_load_opts {
+    int reserved; /* zero-initialise; for future options */
+} ib_load_opts;
+
+/* Load a model directory (config.json, model.safetensors or shards with model.safetensors.index.json,
+ * tokenizer.json). Every header field, dtype, shape and byte range is validated before use.
+ * opts may be NULL. On success *out owns the model; free with ib_model_free. */
+ib_status ib_model_load(const char *dir, const ib_load_opts *opts, ib_model **out, ib_error *err);
+void ib_model_free(ib_model *m);
+const ib_model_info *ib_model_get_info(const ib_model *m);
+
+/* ---------------------------------------------------------------- engine */
+
+typedef struct ib_engine ib_engine;
+
+typedef struct ib_engine_opts {
+    int threads;          /* worker threads, >= 1; 0 means 1 */
+    ib_isa isa;           /* IB_ISA_AUTO by default */
+    ib_act act;           /* IB_ACT_AUTO by default */
+    int max_step_tokens;  /* most tokens (over all items) one ib_step may carry; 0 means 512 */
+} ib_engine_opts;
+
+/* Create an engine for model m (which must outlive it). opts may be NULL (defaults above).
+ * Fails with IB_ERR_UNSUPPORTED when the requested ISA is not available on this CPU. */
+ib_status ib_engine_create(const ib_model *m, const ib_engine_opts *opts, ib_engine **out, ib_error *err);
+void ib_engine_free(ib_engine *e);
+ib_isa ib_engine_isa(const ib_engine *e);   /* the ISA actually used */
+ib_act ib_engine_act(const ib_engine *e);   /* the activation mode actually used */
+
+/* ---------------------------------------------------------------- sampling */
+
+/* Sampling settings of a session. temperature <= 0 means greedy (argmax, ties to the lowest id).
+ * Otherwise, in this order: repetition penalty over the last repeat_last_n tokens of the session's
+ * history; temperature; top-k (0 = off); softmax; top-p (1 = off); min-p (0 = off); then one draw from
+ * a counter-based generator keyed by (seed, step), so a draw never depends on other sessions. */
+typedef struct ib_sampling {
+    float temperature;
+    int top_k;
+    float top_p;
+    float min_p;
+    float repeat_penalty;  /* 1 = off */
+    int repeat_last_n;     /* 0 = the whole history */
+    uint64_t seed;
+} ib_sampling;
+
+/* Defaults: greedy, top_p 1, repeat_penalty 1, seed 0. */
+ib_sampling ib_sampling_default(void);
+
+/* ---------------------------------------------------------------- sessions */
+
+typedef struct ib_session ib_session;
+
+typedef struct ib_session_opts {
+    int max_context;       /* KV capacity in tokens; 0 means the model's max_context */
+    ib_sampling sampling;  /* used by ib_sample */
+} ib_session_opts;
+
+/* Create a session on model m with an empty KV cache at position 0. opts may be NULL (greedy,
+ * full context). The KV cache is allocated here, never during a step. */
+ib_status ib_session_create(const ib_model *m, const ib_session_opts *opts, ib_session **out, ib_error *err);
+void ib_session_free(ib_session *s);
+int ib_session_position(const ib_session *s);  /* tokens held in the KV cache */
+int ib_session_capacity(const ib_session *s);  /* max tokens it can hold */
+/* Forget everything (position 0, empty history, sample step 0); keeps the allocation. */
+void ib_session_reset(ib_session *s);
+
+/* ---------------------------------------------------------------- the batched step */
+
+typedef struct ib_step_item {
+    ib_session *session;    /* distinct within one step */
+    const int32_t *tokens;  /* [n_tokens] new token ids, appended at the session's position */
+    int n_tokens;           /* >= 1 */
+    float *logits;          /* [vocab_size] out: logits after the last token; NULL to skip */
+} ib_step_item;
+
+/* Run one batched forward pass over all items (see THE BATCHED STEP above). Validates everything
+ * first (token ids in range, sessions distinct, capacity, total tokens <= max_step_tokens); on error
+ * no session is changed. */
+ib_status ib_step(ib_engine *e, ib_step_item *items, int n_items, ib_error *err);
+
+/* Choose the next token of session s from its logits (vocab_size floats, not modified) with the
+ * session's sampling settings, record it in the session's history and advance its sample step.
+ * Greedy ties go to the lowest id. */
+int32_t ib_sample(ib_session *s, const float *logits);
+
+/* Record tokens in the session's history without sampling (prompt tokens, for repetition penalty). */
+void ib_session_note_tokens(ib_session *s, const int32_t *tokens, int n);
+
+/* ---------------------------------------------------------------- tokenizer */
+
+/* The model's tokenizer (owned by the model). encode writes at most cap ids and returns the count
+ * (which may exceed cap: call again with a larger buffer), or -1 on error. decode appends the UTF-8
+ * bytes of one token to out (cap bytes) and returns the byte count, or -1. */
+int ib_tokenize(const ib_model *m, const char *text, size_t len, int32_t *ids, int cap);
+int ib_token_bytes(const ib_model *m, int32_t id, char *out, int cap);
+
+/* ---------------------------------------------------------------- digests */
+
+/* 64-bit FNV-1a over bytes, continuing from h (start with IB_DIGEST_INIT). */
+#define IB_DIGEST_INIT 0xcbf29ce484222325ULL
+uint64_t ib_digest_bytes(uint64_t h, const void *data, size_t n);
+
+/* ---------------------------------------------------------------- fault injection (tests only) */
+
+/* Deliberate bugs of the kinds real engines shipped, used by tests to prove the invariance checks
+ * can fail. Off unless set; process-wide; set it before creating engines and not during a step. */
+typedef enum ib_fault {
+    IB_FAULT_NONE = 0,
+    IB_FAULT_ROPE_SCALAR_OFFSET,  /* every row rotated with the first row's position */
+    IB_FAULT_ROPE_SKIP_ROWS,      /* rows >= 1 not rotated when each session brings one token */
+    IB_FAULT_GEMV_GEMM,           /* another accumulation order when a product has > 1 row */
+    IB_FAULT_SPLIT_K_THREADS,     /* a reduction split into one chunk per thread */
+    IB_FAULT_ISA_FMA,             /* the vector kernels fuse multiply-add, scalar does not */
+    IB_FAULT_ROW_ORDER,           /* a reduction whose order depends on the row index */
+    IB_FAULT_SAMPLE_BY_ROW,       /* the sampler keyed by batch row instead of session */
+    IB_FAULT_SPLIT_KV_BY_BATCH,   /* attention key blocks sized by the batch size */
+    IB_FAULT_COUNT
+} ib_fault;
+
+/* Parse a fault name ("rope-scalar-offset", …); -1 when unknown. */
+int ib_fault_parse(const char *name, ib_fault *out);
+const char *ib_fault_name(ib_fault f);
+void ib_fault_set(ib_fault f);
+ib_fault ib_fault_get(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ISOBATCH_H */

@@ -1,0 +1,80 @@
+/*
+ * safetensors.h — read-only, memory-mapped safetensors files (one file or shards).
+ *
+ * Format (facts of the published layout): 8-byte little-endian header length N, then N bytes of
+ * UTF-8 JSON {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
+ * "__metadata__": {...}}, then the data region; offsets are relative to the data region.
+ *
+ * ib_st_open_dir validates everything before anything is used: header length within the file,
+ * JSON syntax, each entry's dtype/shape/offsets types, begin <= end, end within the file, byte size
+ * equal to prod(shape) * dtype size, no two tensors overlapping, no duplicate names across shards.
+ * Errors name the file, the tensor and the field.
+ */
+#ifndef IB_MODEL_SAFETENSORS_H
+#define IB_MODEL_SAFETENSORS_H
+#include <stddef.h>
+#include <stdint.h>
+#include "isobatch.h"
+
+typedef enum ib_dtype {
+    IB_DT_F32, IB_DT_F16, IB_DT_BF16, IB_DT_F64,
+    IB_DT_U32, IB_DT_I32, IB_DT_U8, IB_DT_I8, IB_DT_U16, IB_DT_I16, IB_DT_I64, IB_DT_U64, IB_DT_BOOL,
+    IB_DT_COUNT
+} ib_dtype;
+
+#define IB_ST_MAX_DIMS 8
+
+typedef struct ib_st_tensor {
+    char *name;                      /* owned by the set */
+    ib_dtype dtype;
+    int ndim;
+    int64_t shape[IB_ST_MAX_DIMS];
+    const void *data;                /* points into the mapping; valid while the set is open */
+    size_t nbytes;
+    int file;                        /* index into the set's files */
+} ib_st_tensor;
+
+typedef struct ib_st_set ib_st_set;
+
+/* Size in bytes of one element; name as in the header ("F32", …). */
+size_t ib_dtype_size(ib_dtype t);
+const char *ib_dtype_name(ib_dtype t);
+
+/* Open one safetensors file. On success *out owns the mapping. */
+ib_status ib_st_open_file(const char *path, ib_st_set **out, ib_error *err);
+
+/* Open a model directory: model.safetensors, or the shards listed in model.safetensors.index.json
+ * ("weight_map": tensor -> file). Every tensor of the index must be found in the file it names. */
+ib_status ib_st_open_dir(const char *dir, ib_st_set **out, ib_error *err);
+
+void ib_st_close(ib_st_set *s);
+
+int ib_st_count(const ib_st_set *s);
+const ib_st_tensor *ib_st_at(const ib_st_set *s, int i);
+const char *ib_st_file_path(const ib_st_set *s, int file);
+size_t ib_st_total_bytes(const ib_st_set *s);  /* sum of file sizes */
+
+/* Find a tensor by name; NULL when absent. */
+const ib_st_tensor *ib_st_find(const ib_st_set *s, const char *name);
+
+/* Find a tensor and check its dtype (any of the `n_dtypes` listed) and shape (ndim dims; a shape
+ * entry of -1 matches anything). On mismatch or absence, fail with a message naming the file,
+ * the tensor and the field, e.g.
+ *   "dir/model.safetensors: tensor model.norm.weight: shape [64] but config says [128]". */
+ib_status ib_st_expect(const ib_st_set *s, const char *name, const ib_dtype *dtypes, int n_dtypes,
+                       int ndim, const int64_t *shape, const ib_st_tensor **out, ib_error *err);
+
+/* ---- writing (used by `isobatch mkmodel` and the tests) ---- */
+
+typedef struct ib_st_writer ib_st_writer;
+
+ib_status ib_st_writer_create(ib_st_writer **out, ib_error *err);
+/* Add a tensor; data (nbytes = prod(shape) * size) is copied. Names must be unique. */
+ib_status ib_st_writer_add(ib_st_writer *w, const char *name, ib_dtype dtype, int ndim,
+                           const int64_t *shape, const void *data, ib_error *err);
+/* Write all tensors to path (header sorted by name, data aligned to 8 bytes, with
+ * "__metadata__": {"format": "mlx"}). */
+ib_status ib_st_writer_write(ib_st_writer *w, const char *path, ib_error *err);
+void ib_st_writer_free(ib_st_writer *w);
+
+#endif
