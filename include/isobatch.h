@@ -238,7 +238,7 @@ typedef enum ib_fault {
     IB_FAULT_SPLIT_K_THREADS,     /* a reduction split into one chunk per thread */
     IB_FAULT_ISA_FMA,             /* the vector kernels fuse multiply-add, scalar does not */
     IB_FAULT_ROW_ORDER,           /* a reduction whose order depends on the row index */
-    IB_FAULT_SAMPLE_BY_ROW,       /* the sampler keyed by batch row instead of session */
+    IB_FAULT_SAMPLE_BY_ROW,       /* "shared-rng": draws from one process-wide stream, not (seed, step) */
     IB_FAULT_SPLIT_KV_BY_BATCH,   /* attention key blocks sized by the batch size */
     IB_FAULT_COUNT
 } ib_fault;

@@ -1,0 +1,39 @@
+/*
+ * fault.c — test-only fault injection (see ib_fault in isobatch.h). One process-wide switch, off by
+ * default; kernels read it once per call. Each fault reproduces a kind of bug real engines shipped,
+ * so the invariance tests can show that they catch it.
+ */
+#include <string.h>
+
+#include "isobatch.h"
+
+static const char *const fault_names[IB_FAULT_COUNT] = {
+    [IB_FAULT_NONE] = "none",
+    [IB_FAULT_ROPE_SCALAR_OFFSET] = "rope-scalar-offset",
+    [IB_FAULT_ROPE_SKIP_ROWS] = "rope-skip-rows",
+    [IB_FAULT_GEMV_GEMM] = "gemv-gemm",
+    [IB_FAULT_SPLIT_K_THREADS] = "split-k-threads",
+    [IB_FAULT_ISA_FMA] = "isa-fma",
+    [IB_FAULT_ROW_ORDER] = "row-order",
+    [IB_FAULT_SAMPLE_BY_ROW] = "shared-rng",
+    [IB_FAULT_SPLIT_KV_BY_BATCH] = "split-kv-by-batch",
+};
+
+static ib_fault current_fault = IB_FAULT_NONE;
+
+int ib_fault_parse(const char *name, ib_fault *out) {
+    for (int i = 0; i < IB_FAULT_COUNT; i++)
+        if (name && strcmp(name, fault_names[i]) == 0) {
+            *out = (ib_fault)i;
+            return 0;
+        }
+    return -1;
+}
+
+const char *ib_fault_name(ib_fault f) {
+    return (unsigned)f < IB_FAULT_COUNT ? fault_names[f] : "unknown";
+}
+
+void ib_fault_set(ib_fault f) { current_fault = (unsigned)f < IB_FAULT_COUNT ? f : IB_FAULT_NONE; }
+
+ib_fault ib_fault_get(void) { return current_fault; }
