@@ -177,7 +177,7 @@ ib_sampling ib_sampling_default(void);
 typedef struct ib_session ib_session;
 
 typedef struct ib_session_opts {
-    int max_context;       /* KV capacity in tokens; 0 means the model's max_context */
+    int max_context;       /* KV capacity in tokens; 0 means min(model max_context, 4096) */
     ib_sampling sampling;  /* used by ib_sample */
 } ib_session_opts;
 
@@ -189,6 +189,8 @@ int ib_session_position(const ib_session *s);  /* tokens held in the KV cache */
 int ib_session_capacity(const ib_session *s);  /* max tokens it can hold */
 /* Forget everything (position 0, empty history, sample step 0); keeps the allocation. */
 void ib_session_reset(ib_session *s);
+/* Replace the session's sampling settings (takes effect at the next ib_sample). */
+void ib_session_set_sampling(ib_session *s, const ib_sampling *p);
 
 /* ---------------------------------------------------------------- the batched step */
 
@@ -211,6 +213,48 @@ int32_t ib_sample(ib_session *s, const float *logits);
 
 /* Record tokens in the session's history without sampling (prompt tokens, for repetition penalty). */
 void ib_session_note_tokens(ib_session *s, const int32_t *tokens, int n);
+
+/* ---------------------------------------------------------------- generation runner */
+
+/* A convenience loop over ib_step/ib_sample with continuous batching: up to `batch` sessions are
+ * stepped together; a finished session's row is refilled with the next prompt at once. Prompts are
+ * prefilled in chunks of `prefill_chunk` tokens (0 = whole), interleaved with the other rows' decode.
+ * Every session uses `sampling` (the same seed), so a prompt's result does not depend on its place in
+ * the list. */
+typedef struct ib_gen_request {
+    const int32_t *prompt;  /* [n_prompt] token ids */
+    int n_prompt;           /* >= 1 */
+} ib_gen_request;
+
+typedef struct ib_gen_opts {
+    int max_new_tokens;     /* tokens to generate per prompt (>= 0) */
+    int batch;              /* sessions per step, >= 1 */
+    int prefill_chunk;      /* 0 = whole prompt in one item */
+    int stop_at_eos;        /* stop a row at the model's eos id */
+    int keep_logits;        /* keep each chosen token's logits row in the result */
+    int max_context;        /* per-session KV capacity; 0 = the longest request needs */
+    ib_sampling sampling;
+} ib_gen_opts;
+
+typedef struct ib_gen_result {
+    int32_t *tokens;        /* [n_tokens] generated ids (owned; ib_gen_results_free) */
+    int n_tokens;
+    uint64_t digest;        /* ib_digest_bytes over the float32 logits rows that chose each token */
+    float *logits;          /* [n_tokens][vocab] when keep_logits, else NULL */
+    const char *finish;     /* "length" or "stop" */
+} ib_gen_result;
+
+typedef struct ib_gen_stats {
+    double seconds;         /* wall time of the whole run */
+    long prompt_tokens, generated_tokens;
+    int steps;
+} ib_gen_stats;
+
+/* Run every request to completion. results: [n] (zeroed by the call). stats may be NULL.
+ * Fails before any work when a request does not fit the context. */
+ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_gen_opts *opts,
+                      ib_gen_result *results, ib_gen_stats *stats, ib_error *err);
+void ib_gen_results_free(ib_gen_result *results, int n);
 
 /* ---------------------------------------------------------------- tokenizer */
 

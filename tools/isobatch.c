@@ -1,3 +1,29 @@
-/* placeholder main, replaced by the CLI dispatcher */
+/*
+ * isobatch.c — the command line tool: dispatches to one subcommand per file (cmd_*.c).
+ */
 #include <stdio.h>
-int main(void) { puts("isobatch"); return 0; }
+#include <string.h>
+
+#include "cli.h"
+
+static const char usage[] =
+    "usage: isobatch <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  generate   generate text for prompts, batched, with invariant results\n"
+    "  mkmodel    write a synthetic model directory with random weights\n"
+    "  info       describe a model directory\n"
+    "\n"
+    "`isobatch <command> --help` lists a command's options.\n";
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "mkmodel")) return cmd_mkmodel(argc - 1, argv + 1);
+    if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
+    return cli_usage_error("unknown command '%s' (try --help)", cmd);
+}

@@ -1,0 +1,251 @@
+/*
+ * model.c — load a Hugging Face / MLX model directory into an ib_model.
+ *
+ * Every tensor is checked against config.json (dtype, shape) before use and converted or repacked
+ * into the engine's layouts; the mapped files are closed at the end, so the model owns plain memory.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+
+static const ib_dtype float_dtypes[] = {IB_DT_F32, IB_DT_BF16, IB_DT_F16};
+
+/* Copy n elements of a float tensor (F32/BF16/F16, possibly unaligned) into out as float32. */
+static void to_f32(const ib_st_tensor *t, size_t n, float *out) {
+    const unsigned char *p = t->data;
+    for (size_t i = 0; i < n; i++) {
+        if (t->dtype == IB_DT_F32) {
+            memcpy(&out[i], p + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            out[i] = t->dtype == IB_DT_BF16 ? ib_bf16_to_f32(h) : ib_f16_to_f32(h);
+        }
+    }
+}
+
+/* Load a float vector tensor `name` of length n into a new array. */
+static ib_status load_vec(const ib_st_set *st, const char *name, int n, float **out, ib_error *err) {
+    const ib_st_tensor *t;
+    int64_t shape[1] = {n};
+    ib_status rc = ib_st_expect(st, name, float_dtypes, 3, 1, shape, &t, err);
+    if (rc) return rc;
+    *out = malloc((size_t)n * sizeof(float));
+    if (!*out) return ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", name);
+    to_f32(t, (size_t)n, *out);
+    return IB_OK;
+}
+
+/* Load the linear weight `prefix`.weight of shape [N, K] (float) or its MLX-quantized triple
+ * (.weight U32 [N, K*bits/32], .scales/.biases [N, K/group]) into m, as config.json says. */
+static ib_status load_linear(const ib_st_set *st, const ib_config *cfg, const char *prefix, int N, int K,
+                             ib_matrix *m, ib_error *err) {
+    char name[256];
+    const ib_st_tensor *t;
+    ib_status rc;
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    if (cfg->quant_bits == 0) {
+        const ib_st_tensor *w = ib_st_find(st, name);
+        if (w && w->dtype == IB_DT_U32)
+            return ib_fail(err, IB_ERR_MODEL,
+                           "%s: tensor %s is quantized (U32) but config.json has no quantization",
+                           ib_st_file_path(st, w->file), name);
+        int64_t shape[2] = {N, K};
+        rc = ib_st_expect(st, name, float_dtypes, 3, 2, shape, &t, err);
+        if (rc) return rc;
+        float *buf = malloc((size_t)N * K * sizeof(float));
+        if (!buf) return ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", name);
+        to_f32(t, (size_t)N * K, buf);
+        rc = ib_matrix_from_f32(m, buf, N, K, err);
+        free(buf);
+        return rc;
+    }
+    int bits = cfg->quant_bits, G = cfg->quant_group;
+    if (K % G != 0)
+        return ib_fail(err, IB_ERR_MODEL, "%s: input size %d is not a multiple of group_size %d", prefix, K, G);
+    static const ib_dtype u32[] = {IB_DT_U32};
+    int64_t wshape[2] = {N, (int64_t)K * bits / 32};
+    const ib_st_tensor *sc, *bi;
+    char sname[256], bname[256];
+    snprintf(sname, sizeof sname, "%s.scales", prefix);
+    snprintf(bname, sizeof bname, "%s.biases", prefix);
+    int64_t gshape[2] = {N, K / G};
+    if ((rc = ib_st_expect(st, name, u32, 1, 2, wshape, &t, err))) return rc;
+    if ((rc = ib_st_expect(st, sname, float_dtypes, 3, 2, gshape, &sc, err))) return rc;
+    if ((rc = ib_st_expect(st, bname, float_dtypes, 3, 2, gshape, &bi, err))) return rc;
+    size_t nw = (size_t)N * K * bits / 32, ng = (size_t)N * (K / G);
+    uint32_t *wq = malloc(nw * sizeof(uint32_t));
+    float *s = malloc(ng * sizeof(float)), *b = malloc(ng * sizeof(float));
+    if (!wq || !s || !b) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", prefix);
+    } else {
+        memcpy(wq, t->data, nw * sizeof(uint32_t));
+        to_f32(sc, ng, s);
+        to_f32(bi, ng, b);
+        rc = ib_matrix_from_mlx(m, wq, s, b, N, K, bits, G, err);
+    }
+    free(wq);
+    free(s);
+    free(b);
+    return rc;
+}
+
+static void free_layer(ib_layer *l) {
+    free(l->attn_norm);
+    free(l->q_norm);
+    free(l->k_norm);
+    free(l->mlp_norm);
+    ib_matrix_free(&l->wq);
+    ib_matrix_free(&l->wk);
+    ib_matrix_free(&l->wv);
+    ib_matrix_free(&l->wo);
+    ib_matrix_free(&l->w_gate);
+    ib_matrix_free(&l->w_up);
+    ib_matrix_free(&l->w_down);
+}
+
+void ib_model_free(ib_model *m) {
+    if (!m) return;
+    if (m->layers)
+        for (int i = 0; i < m->cfg.n_layers; i++) free_layer(&m->layers[i]);
+    free(m->layers);
+    ib_matrix_free(&m->embed);
+    ib_matrix_free(&m->lm_head_own);
+    free(m->final_norm);
+    ib_tokenizer_free(m->tok);
+    free(m);
+}
+
+/* Load layer i's tensors. */
+static ib_status load_layer(const ib_st_set *st, const ib_config *c, int i, ib_layer *l, ib_error *err) {
+    char p[128], n[160];
+    int D = c->hidden_size, hd = c->head_dim, H = c->n_heads, KVH = c->n_kv_heads, F = c->intermediate_size;
+    ib_status rc;
+#define LIN(field, sub, N_, K_)                                                   \
+    snprintf(p, sizeof p, "model.layers.%d.%s", i, sub);                          \
+    if ((rc = load_linear(st, c, p, (N_), (K_), &l->field, err))) return rc;
+#define VEC(field, sub, n_)                                                       \
+    snprintf(n, sizeof n, "model.layers.%d.%s.weight", i, sub);                   \
+    if ((rc = load_vec(st, n, (n_), &l->field, err))) return rc;
+    VEC(attn_norm, "input_layernorm", D)
+    VEC(mlp_norm, "post_attention_layernorm", D)
+    if (c->qk_norm) {
+        VEC(q_norm, "self_attn.q_norm", hd)
+        VEC(k_norm, "self_attn.k_norm", hd)
+    }
+    LIN(wq, "self_attn.q_proj", H * hd, D)
+    LIN(wk, "self_attn.k_proj", KVH * hd, D)
+    LIN(wv, "self_attn.v_proj", KVH * hd, D)
+    LIN(wo, "self_attn.o_proj", D, H * hd)
+    LIN(w_gate, "mlp.gate_proj", F, D)
+    LIN(w_up, "mlp.up_proj", F, D)
+    LIN(w_down, "mlp.down_proj", D, F)
+#undef LIN
+#undef VEC
+    return IB_OK;
+}
+
+static size_t matrix_bytes(const ib_matrix *m) { return m->bytes; }
+
+/* Fill m->info from the config and the loaded weights. */
+static void fill_info(ib_model *m, const ib_st_set *st) {
+    const ib_config *c = &m->cfg;
+    ib_model_info *in = &m->info;
+    snprintf(m->arch_name, sizeof m->arch_name, "%s", c->arch == IB_ARCH_QWEN3 ? "qwen3" : "llama");
+    in->arch = m->arch_name;
+    in->vocab_size = c->vocab_size;
+    in->hidden_size = c->hidden_size;
+    in->n_layers = c->n_layers;
+    in->n_heads = c->n_heads;
+    in->n_kv_heads = c->n_kv_heads;
+    in->head_dim = c->head_dim;
+    in->intermediate_size = c->intermediate_size;
+    in->max_context = c->max_position;
+    in->rope_theta = (float)c->rope_theta;
+    in->rms_eps = (float)c->rms_eps;
+    in->tied_embeddings = c->tie_embeddings;
+    in->quant_bits = c->quant_bits;
+    in->quant_group = c->quant_group;
+    const ib_st_tensor *e = ib_st_find(st, "model.embed_tokens.weight");
+    snprintf(m->dtype_name, sizeof m->dtype_name, "%s",
+             c->quant_bits ? "mlx-affine" : e && e->dtype == IB_DT_BF16 ? "bfloat16" : e && e->dtype == IB_DT_F16 ? "float16" : "float32");
+    in->weight_dtype = m->dtype_name;
+    size_t D = c->hidden_size, hd = c->head_dim, F = c->intermediate_size, V = c->vocab_size;
+    size_t per_layer = 2 * D + (c->qk_norm ? 2 * hd : 0) + D * hd * (c->n_heads * 2 + c->n_kv_heads * 2) + 3 * D * F;
+    in->n_params = V * D * (c->tie_embeddings ? 1 : 2) + D + per_layer * c->n_layers;
+    in->file_bytes = ib_st_total_bytes(st);
+    size_t wb = matrix_bytes(&m->embed) + matrix_bytes(&m->lm_head_own) + D * 4;
+    for (int i = 0; i < c->n_layers; i++) {
+        const ib_layer *l = &m->layers[i];
+        wb += matrix_bytes(&l->wq) + matrix_bytes(&l->wk) + matrix_bytes(&l->wv) + matrix_bytes(&l->wo) +
+              matrix_bytes(&l->w_gate) + matrix_bytes(&l->w_up) + matrix_bytes(&l->w_down) + (2 * D + 2 * hd) * 4;
+    }
+    in->weight_bytes = wb;
+    in->kv_bytes_per_token = (size_t)c->n_layers * 2 * c->n_kv_heads * hd * sizeof(float);
+    in->bos_id = c->bos_id;
+    in->eos_id = c->eos_id;
+}
+
+ib_status ib_model_load(const char *dir, const ib_load_opts *opts, ib_model **out, ib_error *err) {
+    (void)opts;
+    *out = NULL;
+    char path[4096];
+    ib_st_set *st = NULL;
+    ib_status rc;
+    ib_model *m = calloc(1, sizeof *m);
+    if (!m) return ib_fail(err, IB_ERR_NOMEM, "model: out of memory");
+    if (snprintf(path, sizeof path, "%s/config.json", dir) >= (int)sizeof path) {
+        rc = ib_fail(err, IB_ERR_INVALID_ARG, "%s: path too long", dir);
+        goto fail;
+    }
+    if ((rc = ib_config_load(path, &m->cfg, err))) goto fail;
+    if ((rc = ib_st_open_dir(dir, &st, err))) goto fail;
+    const ib_config *c = &m->cfg;
+    int D = c->hidden_size, V = c->vocab_size;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "model: out of memory");
+        goto fail;
+    }
+    if ((rc = load_linear(st, c, "model.embed_tokens", V, D, &m->embed, err))) goto fail;
+    for (int i = 0; i < c->n_layers; i++)
+        if ((rc = load_layer(st, c, i, &m->layers[i], err))) goto fail;
+    if ((rc = load_vec(st, "model.norm.weight", D, &m->final_norm, err))) goto fail;
+    if (c->tie_embeddings) {
+        m->lm_head = &m->embed;
+    } else {
+        if ((rc = load_linear(st, c, "lm_head", V, D, &m->lm_head_own, err))) goto fail;
+        m->lm_head = &m->lm_head_own;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    struct stat sb;
+    if (stat(path, &sb) == 0)
+        rc = ib_tokenizer_load(path, V, &m->tok, err);
+    else
+        rc = ib_tokenizer_bytes(V, &m->tok, err);
+    if (rc) goto fail;
+    fill_info(m, st);
+    ib_st_close(st);
+    *out = m;
+    return IB_OK;
+fail:
+    ib_st_close(st);
+    ib_model_free(m);
+    return rc;
+}
+
+const ib_model_info *ib_model_get_info(const ib_model *m) { return &m->info; }
+
+int ib_tokenize(const ib_model *m, const char *text, size_t len, int32_t *ids, int cap) {
+    return ib_tokenizer_encode(m->tok, text, len, ids, cap);
+}
+
+int ib_token_bytes(const ib_model *m, int32_t id, char *out, int cap) {
+    return ib_tokenizer_decode(m->tok, id, out, cap);
+}

@@ -1,0 +1,38 @@
+/*
+ * model.h — the in-memory model: config, repacked weights, tokenizer. Read-only after load, shared by
+ * every engine and session. Owns everything it points to (the files are unmapped after load).
+ */
+#ifndef IB_MODEL_MODEL_H
+#define IB_MODEL_MODEL_H
+#include "isobatch.h"
+#include "model/config.h"
+#include "ops/matmul.h"
+#include "tokenizer/tokenizer.h"
+
+typedef struct ib_layer {
+    float *attn_norm;        /* [D]  input_layernorm */
+    float *q_norm, *k_norm;  /* [hd] each; NULL without q/k norm (Llama) */
+    ib_matrix wq;            /* [H*hd, D] */
+    ib_matrix wk;            /* [KVH*hd, D] */
+    ib_matrix wv;            /* [KVH*hd, D] */
+    ib_matrix wo;            /* [D, H*hd] */
+    float *mlp_norm;         /* [D]  post_attention_layernorm */
+    ib_matrix w_gate;        /* [F, D] */
+    ib_matrix w_up;          /* [F, D] */
+    ib_matrix w_down;        /* [D, F] */
+} ib_layer;
+
+struct ib_model {
+    ib_config cfg;
+    ib_model_info info;
+    char arch_name[16];
+    char dtype_name[16];
+    ib_layer *layers;        /* [n_layers] */
+    ib_matrix embed;         /* [V, D]; rows read by ib_matrix_row_f32 */
+    ib_matrix lm_head_own;   /* [V, D] when untied; unused (zero) when tied */
+    const ib_matrix *lm_head;/* &embed when tied, else &lm_head_own */
+    float *final_norm;       /* [D] */
+    ib_tokenizer *tok;
+};
+
+#endif

@@ -1,0 +1,36 @@
+/*
+ * attention.c — causal attention of one query against a session's KV stream, online softmax over
+ * fixed key blocks in ascending order. Prefill and decode walk the same blocks, so a prompt fed in
+ * one pass, in chunks or token by token gives the same bits.
+ */
+#include <math.h>
+
+#include "core/fmath.h"
+#include "ops/ops.h"
+
+void ib_attend_one(const float *q, const float *k, const float *v, int n_keys, int kv_stride, int hd,
+                   float scale, int block, float *out) {
+    float s[128];  /* block <= 128 scores */
+    float m = -INFINITY, l = 0.0f;
+    for (int d = 0; d < hd; d++) out[d] = 0.0f;
+    for (int b0 = 0; b0 < n_keys; b0 += block) {
+        int nb = n_keys - b0 < block ? n_keys - b0 : block;
+        float mb = -INFINITY;
+        for (int j = 0; j < nb; j++) {
+            s[j] = ib_dot16(q, k + (size_t)(b0 + j) * kv_stride, hd) * scale;
+            if (s[j] > mb) mb = s[j];
+        }
+        float m_new = mb > m ? mb : m;
+        float c = ib_expf(m - m_new); /* exp(-inf) = 0 on the first block */
+        l = l * c;
+        for (int d = 0; d < hd; d++) out[d] = out[d] * c;
+        for (int j = 0; j < nb; j++) {
+            float p = ib_expf(s[j] - m_new);
+            const float *vj = v + (size_t)(b0 + j) * kv_stride;
+            l = l + p;
+            for (int d = 0; d < hd; d++) out[d] = out[d] + p * vj[d];
+        }
+        m = m_new;
+    }
+    for (int d = 0; d < hd; d++) out[d] = out[d] / l;
+}

@@ -1,0 +1,206 @@
+/*
+ * matmul.c — building ib_matrix (repacking row-major float or MLX-quantized weights into the panel
+ * layout of backends/cpu/pack.h), activation quantization, and the threaded product dispatch.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cpu/cpu.h"
+#include "backends/cpu/pack.h"
+#include "core/error.h"
+#include "ops/matmul.h"
+
+#define PANELS_PER_TASK 4
+
+/* 64-byte aligned, zeroed allocation of n bytes (n rounded up to 64); NULL on failure. */
+static void *alloc64(size_t n) {
+    size_t r = (n + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, r ? r : 64);
+    if (p) memset(p, 0, r ? r : 64);
+    return p;
+}
+
+void ib_matrix_free(ib_matrix *m) {
+    if (!m) return;
+    free(m->packed);
+    free(m->scales);
+    free(m->biases);
+    memset(m, 0, sizeof *m);
+}
+
+ib_status ib_matrix_from_f32(ib_matrix *m, const float *w, int N, int K, ib_error *err) {
+    memset(m, 0, sizeof *m);
+    if (!w) return ib_fail(err, IB_ERR_INVALID_ARG, "matrix: weights: NULL data");
+    if (N < 1 || K < 1) return ib_fail(err, IB_ERR_INVALID_ARG, "matrix: shape: [%d, %d] is not positive", N, K);
+    int np = (N + IB_PANEL - 1) / IB_PANEL;
+    size_t bytes = (size_t)np * (size_t)K * IB_PANEL * sizeof(float);
+    float *pk = alloc64(bytes);   /* [np][K][16] */
+    if (!pk) return ib_fail(err, IB_ERR_NOMEM, "matrix: [%d, %d] float32: out of memory (%zu bytes)", N, K, bytes);
+    for (int n = 0; n < N; n++) {
+        const float *row = w + (size_t)n * K;
+        float *dst = pk + (size_t)(n / IB_PANEL) * K * IB_PANEL + (n % IB_PANEL);
+        for (int k = 0; k < K; k++) dst[(size_t)k * IB_PANEL] = row[k];
+    }
+    m->fmt = IB_WF32;
+    m->rows = N;
+    m->cols = K;
+    m->group = 0;
+    m->n_panels = np;
+    m->packed = pk;
+    m->bytes = bytes;
+    return IB_OK;
+}
+
+ib_status ib_matrix_from_mlx(ib_matrix *m, const uint32_t *wq, const float *scales, const float *biases,
+                             int N, int K, int bits, int group, ib_error *err) {
+    memset(m, 0, sizeof *m);
+    if (!wq || !scales || !biases) return ib_fail(err, IB_ERR_INVALID_ARG, "matrix: weights/scales/biases: NULL data");
+    if (N < 1 || K < 1) return ib_fail(err, IB_ERR_INVALID_ARG, "matrix: shape: [%d, %d] is not positive", N, K);
+    if (bits != 4 && bits != 8) return ib_fail(err, IB_ERR_UNSUPPORTED, "matrix: bits: %d is not 4 or 8", bits);
+    if (group != 32 && group != 64 && group != 128)
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "matrix: group_size: %d is not 32, 64 or 128", group);
+    if (K % group != 0)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "matrix: shape: K = %d is not a multiple of group_size %d", K, group);
+    const int np = (N + IB_PANEL - 1) / IB_PANEL, ng = K / group;
+    const size_t wpr = (size_t)K * (size_t)bits / 32;   /* uint32 words per MLX row */
+    const size_t pbytes = (size_t)K * (bits == 4 ? 8 : 16);
+    const size_t sbytes = (size_t)np * (size_t)ng * IB_PANEL * sizeof(float);
+    uint8_t *pk = alloc64((size_t)np * pbytes);
+    float *sc = alloc64(sbytes), *bi = alloc64(sbytes);   /* [np][ng][16] each */
+    if (!pk || !sc || !bi) {
+        free(pk);
+        free(sc);
+        free(bi);
+        return ib_fail(err, IB_ERR_NOMEM, "matrix: [%d, %d] %d-bit: out of memory", N, K, bits);
+    }
+    const uint32_t mask = bits == 4 ? 15u : 255u;
+    const int per_word = 32 / bits;
+    for (int n = 0; n < N; n++) {
+        const uint32_t *row = wq + (size_t)n * wpr;
+        uint8_t *panel = pk + (size_t)(n / IB_PANEL) * pbytes;
+        const int j = n % IB_PANEL;
+        for (int k = 0; k < K; k++) {
+            uint32_t q = (row[k / per_word] >> ((k % per_word) * bits)) & mask;
+            if (bits == 4) {
+                uint8_t *byte = panel + (size_t)(k / 8) * 64 + (size_t)j * 4 + (k % 4);
+                *byte |= (uint8_t)((k % 8) < 4 ? q : q << 4);
+            } else {
+                panel[(size_t)(k / 4) * 64 + (size_t)j * 4 + (k % 4)] = (uint8_t)q;
+            }
+        }
+        float *sd = sc + (size_t)(n / IB_PANEL) * ng * IB_PANEL + j;
+        float *bd = bi + (size_t)(n / IB_PANEL) * ng * IB_PANEL + j;
+        for (int g = 0; g < ng; g++) {
+            sd[(size_t)g * IB_PANEL] = scales[(size_t)n * ng + g];
+            bd[(size_t)g * IB_PANEL] = biases[(size_t)n * ng + g];
+        }
+    }
+    m->fmt = bits == 4 ? IB_WQ4 : IB_WQ8;
+    m->rows = N;
+    m->cols = K;
+    m->group = group;
+    m->n_panels = np;
+    m->packed = pk;
+    m->scales = sc;
+    m->biases = bi;
+    m->bytes = (size_t)np * pbytes + 2 * sbytes;
+    return IB_OK;
+}
+
+/* Row n of m as floats: the stored float, or s*(float)q + b (mul, then add) for quantized. */
+void ib_matrix_row_f32(const ib_matrix *m, int n, float *out) {
+    const int K = m->cols, p = n / IB_PANEL, j = n % IB_PANEL;
+    if (m->fmt == IB_WF32) {
+        const float *src = (const float *)ib_pk_panel(m, p) + j;
+        for (int k = 0; k < K; k++) out[k] = src[(size_t)k * IB_PANEL];
+        return;
+    }
+    const uint8_t *P = ib_pk_panel(m, p);
+    const float *S = ib_pk_scales(m, p), *Bs = ib_pk_biases(m, p);
+    for (int k = 0; k < K; k++) {
+        int q;
+        if (m->fmt == IB_WQ4) {
+            uint8_t byte = P[(size_t)(k / 8) * 64 + (size_t)j * 4 + (k % 4)];
+            q = (k % 8) < 4 ? (byte & 15) : (byte >> 4);
+        } else {
+            q = P[(size_t)(k / 4) * 64 + (size_t)j * 4 + (k % 4)];
+        }
+        size_t gi = (size_t)(k / m->group) * IB_PANEL + j;
+        out[k] = S[gi] * (float)q + Bs[gi];
+    }
+}
+
+/* Per row and group: amax, d = amax/127, xq = clamp(rne(x * (127/amax)), -127, 127), ad = d*sum(xq).
+ * A NaN input quantizes to 0 (it does not count in amax); an all-zero group gives d = ad = 0. */
+void ib_quantize_act(const float *x, int B, int K, int G, int8_t *xq, float *d, float *ad) {
+    const int ng = K / G;
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < ng; g++) {
+            const float *xs = x + (size_t)b * K + (size_t)g * G;
+            int8_t *qs = xq + (size_t)b * K + (size_t)g * G;
+            float amax = 0.0f;
+            for (int k = 0; k < G; k++) {
+                float a = fabsf(xs[k]);
+                if (a > amax) amax = a;
+            }
+            size_t di = (size_t)b * ng + g;
+            if (amax == 0.0f) {
+                memset(qs, 0, (size_t)G);
+                d[di] = 0.0f;
+                ad[di] = 0.0f;
+                continue;
+            }
+            const float dd = amax / 127.0f, inv = 127.0f / amax;
+            int32_t sum = 0;
+            for (int k = 0; k < G; k++) {
+                float v = rintf(xs[k] * inv);
+                int iv;
+                if (v > 127.0f) iv = 127;
+                else if (v < -127.0f) iv = -127;
+                else if (v == v) iv = (int)v;
+                else iv = 0;
+                qs[k] = (int8_t)iv;
+                sum += iv;
+            }
+            d[di] = dd;
+            ad[di] = dd * (float)sum;
+        }
+}
+
+typedef struct mm_job {
+    const ib_matrix *m;
+    const float *X;
+    int B;
+    const ib_act_buf *q;
+    ib_act act;
+    ib_matmul_kernel kern;
+    int per_task;   /* panels per task */
+    float *Y;
+    int ldy;
+} mm_job;
+
+/* Pool task: a contiguous range of panels. */
+static void mm_task(void *ctx, int task, int thread) {
+    const mm_job *j = ctx;
+    int p0 = task * j->per_task, p1 = p0 + j->per_task;
+    if (p1 > j->m->n_panels) p1 = j->m->n_panels;
+    j->kern(j->m, j->X, j->B, j->q, j->act, p0, p1, j->Y, j->ldy);
+}
+
+/* Y = X · W^T split over the pool by panel ranges (each panel's arithmetic is the same whichever
+ * task or thread computes it). A Q8 request on float weights, or without buffers, runs the F32 path. */
+void ib_matmul(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act, ib_isa isa,
+               ib_pool *pool, float *Y, int ldy) {
+    if (B <= 0 || m->n_panels <= 0) return;
+    if (!ib_pk_use_q8(m, q, act)) act = IB_ACT_F32;
+    ib_matmul_kernel kern = ib_matmul_kernel_for(isa);
+    if (!kern) kern = ib_matmul_panels_scalar;
+    int threads = ib_pool_threads(pool);
+    int per = m->n_panels / threads;
+    if (per > PANELS_PER_TASK) per = PANELS_PER_TASK;
+    if (per < 1) per = 1;
+    mm_job job = { m, X, B, q, act, kern, per, Y, ldy };
+    int n_tasks = (m->n_panels + per - 1) / per;
+    ib_pool_run(pool, n_tasks, mm_task, &job);
+}

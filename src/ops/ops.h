@@ -1,0 +1,64 @@
+/*
+ * ops.h — the non-matmul ops of a decoder layer, in float32, each with one canonical order.
+ *
+ * Reductions (dot products, sums of squares) use the fixed "16-lane" order of ib_dot16: lane i
+ * accumulates elements i, i+16, i+32, … in ascending order, then lanes fold pairwise (lane i += lane
+ * i+8, then +4, +2, +1). The order depends on the length alone, so the compiler may vectorize the lane
+ * loop at any width and every ISA gives the same bits. Elementwise ops have no order to keep.
+ * Each function computes rows independently: a row's output never depends on the other rows.
+ */
+#ifndef IB_OPS_OPS_H
+#define IB_OPS_OPS_H
+#include <stdint.h>
+#include "core/pool.h"
+#include "isobatch.h"
+
+/* sum_i a[i]*b[i] in the 16-lane order (mul, then add; no fma). */
+float ib_dot16(const float *a, const float *b, int n);
+
+/* RMSNorm of R rows: y[r] = (x[r] * (1 / sqrt(mean(x[r]^2) + eps))) * w.
+ * x, y: [R][D] (may alias); w: [D]. `rows_base` is the index of row 0 in the step (used only by the
+ * test-only row-order fault). Splits rows over the pool. */
+void ib_rmsnorm(const float *x, const float *w, int R, int D, float eps, float *y, ib_pool *pool);
+
+/* Per-head RMSNorm (Qwen3's q_norm / k_norm): x [R][H][hd] normalised per (row, head) with w [hd],
+ * in place. */
+void ib_rmsnorm_heads(float *x, const float *w, int R, int H, int hd, float eps, ib_pool *pool);
+
+/* RoPE tables for R tokens: cs [R][hd/2][2] = {cos, sin} of pos[r] * theta^(-2i/hd), computed in
+ * double with ib_sincos / ib_pow and rounded to float. */
+void ib_rope_table(const int32_t *pos, int R, int hd, double theta, float *cs);
+
+/* Rotate x [R][H][hd] in place, split halves (not interleaved): for i < hd/2,
+ *   a = x[i], b = x[i + hd/2];  x[i] = a*c - b*s;  x[i + hd/2] = b*c + a*s   (products rounded).
+ * cs from ib_rope_table for the same rows. */
+void ib_rope(float *x, int R, int H, int hd, const float *cs);
+
+/* Positions RoPE uses for the R rows of a step, whose items bring item_len[i] rows each, in order:
+ * a copy of pos — or, under the test-only rope-scalar-offset fault, every item's rows numbered from
+ * the first item's first position (one offset for the whole batch). */
+void ib_rope_positions(const int32_t *pos, const int *item_len, int n_items, int32_t *out);
+
+/* ib_rope over the R rows of a step with n_items items — or, under the test-only rope-skip-rows
+ * fault (MLX #3496), when every item brings one token and there are several, only row 0 rotated. */
+void ib_rope_step(float *x, int R, int H, int hd, const float *cs, int n_items);
+
+/* SwiGLU in place: g[r][f] = silu(g) * u with silu(g) = g / (1 + exp(-g)) (ib_expf). g, u: [R][F]. */
+void ib_swiglu(float *g, const float *u, int R, int F);
+
+/* x += y elementwise, n floats. */
+void ib_add(float *x, const float *y, size_t n);
+
+/* Key block size of attention's online softmax. Fixed; never derived from batch or threads. */
+#define IB_ATTN_BLOCK 32
+
+/* Causal attention for one query row and one head against a KV stream.
+ * q [hd]; keys k [n_keys][hd] and values v [n_keys][hd] with row stride `kv_stride` floats (keys
+ * 0..n_keys-1 are those at positions 0..n_keys-1); out [hd].
+ * Online softmax over blocks of `block` keys in ascending order: per block, s_j = dot16(q,k_j)*scale,
+ * m' = max(m, max_j s_j), c = exp(m - m'), l = l*c then l += p_j (p_j = exp(s_j - m')), acc = acc*c
+ * then acc += p_j * v_j, in key order; out = acc / l. */
+void ib_attend_one(const float *q, const float *k, const float *v, int n_keys, int kv_stride, int hd,
+                   float scale, int block, float *out);
+
+#endif

@@ -1,0 +1,176 @@
+/*
+ * generate.c — ib_generate: continuous batching over ib_step and ib_sample.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/error.h"
+#include "runtime/runtime.h"
+
+typedef struct slot {
+    ib_session *s;
+    int req;          /* request index, -1 when idle */
+    int fed;          /* prompt tokens fed so far */
+    int32_t next;     /* last sampled token, fed at the next step */
+    float *logits;    /* [V] */
+} slot;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void ib_gen_results_free(ib_gen_result *r, int n) {
+    if (!r) return;
+    for (int i = 0; i < n; i++) {
+        free(r[i].tokens);
+        free(r[i].logits);
+        r[i].tokens = NULL;
+        r[i].logits = NULL;
+    }
+}
+
+/* Record the token chosen from `logits` in result res; return 1 when the request is finished. */
+static int take_token(const ib_gen_opts *o, const ib_model_info *info, ib_gen_result *res, const float *logits,
+                      int32_t tok) {
+    int V = info->vocab_size;
+    res->digest = ib_digest_bytes(res->digest, logits, (size_t)V * sizeof(float));
+    if (res->logits) memcpy(res->logits + (size_t)res->n_tokens * V, logits, (size_t)V * sizeof(float));
+    res->tokens[res->n_tokens++] = tok;
+    if (o->stop_at_eos && tok == info->eos_id) {
+        res->finish = "stop";
+        return 1;
+    }
+    if (res->n_tokens >= o->max_new_tokens) {
+        res->finish = "length";
+        return 1;
+    }
+    return 0;
+}
+
+ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_gen_opts *o, ib_gen_result *res,
+                      ib_gen_stats *stats, ib_error *err) {
+    const ib_model *m = e->model;
+    const ib_model_info *info = ib_model_get_info(m);
+    int V = info->vocab_size;
+    if (n < 0 || o->batch < 1 || o->max_new_tokens < 0 || o->prefill_chunk < 0)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "generate: bad options (batch %d, max_new_tokens %d, prefill_chunk %d)",
+                       o->batch, o->max_new_tokens, o->prefill_chunk);
+    memset(res, 0, (size_t)n * sizeof *res);
+    /* context check first: nothing runs when a request cannot fit */
+    int need = 1;
+    for (int i = 0; i < n; i++) {
+        if (reqs[i].n_prompt < 1)
+            return ib_fail(err, IB_ERR_INVALID_ARG, "generate: prompt %d is empty", i);
+        int want = reqs[i].n_prompt + (o->max_new_tokens > 0 ? o->max_new_tokens - 1 : 0);
+        int cap = o->max_context > 0 ? o->max_context : info->max_context;
+        if (want > cap || want > info->max_context)
+            return ib_fail(err, IB_ERR_CONTEXT, "prompt %d: %d tokens + %d new exceed the context of %d tokens", i,
+                           reqs[i].n_prompt, o->max_new_tokens, cap < info->max_context ? cap : info->max_context);
+        if (want > need) need = want;
+    }
+    int B = o->batch < n ? o->batch : (n > 0 ? n : 1);
+    slot *slots = calloc((size_t)B, sizeof *slots);
+    ib_step_item *items = calloc((size_t)B, sizeof *items);
+    int *item_slot = calloc((size_t)B, sizeof *item_slot);
+    ib_status rc = IB_OK;
+    if (!slots || !items || !item_slot) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "generate: out of memory");
+        goto done;
+    }
+    ib_session_opts so = {.max_context = o->max_context > 0 ? o->max_context : need, .sampling = o->sampling};
+    for (int b = 0; b < B; b++) {
+        slots[b].req = -1;
+        if ((rc = ib_session_create(m, &so, &slots[b].s, err))) goto done;
+        if (!(slots[b].logits = malloc((size_t)V * sizeof(float)))) {
+            rc = ib_fail(err, IB_ERR_NOMEM, "generate: out of memory");
+            goto done;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        res[i].digest = IB_DIGEST_INIT;
+        res[i].finish = "length";
+        res[i].tokens = malloc(((size_t)o->max_new_tokens + 1) * sizeof(int32_t));
+        if (o->keep_logits && o->max_new_tokens > 0)
+            res[i].logits = malloc((size_t)o->max_new_tokens * V * sizeof(float));
+        if (!res[i].tokens || (o->keep_logits && o->max_new_tokens > 0 && !res[i].logits)) {
+            rc = ib_fail(err, IB_ERR_NOMEM, "generate: out of memory for results");
+            goto done;
+        }
+    }
+    double t0 = now_s();
+    int next_req = 0, steps = 0;
+    long prompt_tokens = 0, gen_tokens = 0;
+    int budget_max = e->max_tokens;
+    for (;;) {
+        /* refill idle rows */
+        for (int b = 0; b < B; b++)
+            while (slots[b].req < 0 && next_req < n) {
+                int q = next_req++;
+                if (o->max_new_tokens == 0) continue; /* nothing to generate: no work */
+                slots[b].req = q;
+                slots[b].fed = 0;
+                ib_session_reset(slots[b].s);
+                ib_session_note_tokens(slots[b].s, reqs[q].prompt, reqs[q].n_prompt);
+            }
+        int ni = 0, budget = budget_max;
+        for (int b = 0; b < B && budget > 0; b++) {
+            slot *sl = &slots[b];
+            if (sl->req < 0) continue;
+            const ib_gen_request *rq = &reqs[sl->req];
+            ib_step_item *it = &items[ni];
+            it->session = sl->s;
+            if (sl->fed < rq->n_prompt) {
+                int left = rq->n_prompt - sl->fed;
+                int chunk = o->prefill_chunk > 0 && o->prefill_chunk < left ? o->prefill_chunk : left;
+                if (chunk > budget) chunk = budget;
+                it->tokens = rq->prompt + sl->fed;
+                it->n_tokens = chunk;
+                it->logits = sl->fed + chunk == rq->n_prompt ? sl->logits : NULL;
+            } else {
+                it->tokens = &sl->next;
+                it->n_tokens = 1;
+                it->logits = sl->logits;
+            }
+            budget -= it->n_tokens;
+            item_slot[ni++] = b;
+        }
+        if (ni == 0) break;
+        if ((rc = ib_step(e, items, ni, err))) goto done;
+        steps++;
+        for (int i = 0; i < ni; i++) {
+            slot *sl = &slots[item_slot[i]];
+            const ib_gen_request *rq = &reqs[sl->req];
+            if (sl->fed < rq->n_prompt) {
+                sl->fed += items[i].n_tokens;
+                prompt_tokens += items[i].n_tokens;
+            }
+            if (!items[i].logits) continue;
+            int32_t tok = ib_sample(sl->s, sl->logits);
+            gen_tokens++;
+            if (take_token(o, info, &res[sl->req], sl->logits, tok))
+                sl->req = -1;
+            else
+                sl->next = tok;
+        }
+    }
+    if (stats) {
+        stats->seconds = now_s() - t0;
+        stats->prompt_tokens = prompt_tokens;
+        stats->generated_tokens = gen_tokens;
+        stats->steps = steps;
+    }
+done:
+    if (slots)
+        for (int b = 0; b < B; b++) {
+            ib_session_free(slots[b].s);
+            free(slots[b].logits);
+        }
+    free(slots);
+    free(items);
+    free(item_slot);
+    if (rc) ib_gen_results_free(res, n);
+    return rc;
+}

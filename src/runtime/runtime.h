@@ -1,0 +1,54 @@
+/*
+ * runtime.h — internal layout of engines and sessions.
+ */
+#ifndef IB_RUNTIME_RUNTIME_H
+#define IB_RUNTIME_RUNTIME_H
+#include "core/pool.h"
+#include "model/model.h"
+#include "ops/matmul.h"
+#include "sampling/sampler.h"
+
+struct ib_session {
+    const ib_model *model;
+    int capacity;             /* KV capacity in tokens */
+    int pos;                  /* tokens held */
+    float *kv;                /* [n_layers][2][KVH][capacity][hd]: keys then values per layer */
+    int32_t *history;         /* [capacity + 1] tokens fed or sampled, oldest first */
+    int n_history;
+    uint64_t sample_step;     /* draws made so far: the counter of the (seed, step) generator */
+    ib_sampling sampling;
+    ib_sample_scratch scratch;
+    int in_step;              /* marks a session already listed in the current step */
+};
+
+/* Rows of logits computed per lm_head product (bounds the logits scratch). */
+#define IB_LOGIT_ROWS 16
+
+struct ib_engine {
+    const ib_model *model;
+    ib_pool *pool;
+    ib_isa isa;
+    ib_act act;
+    int max_tokens;           /* R_max: tokens per step */
+    /* per-step scratch, sized for R_max rows (allocated once at create) */
+    int32_t *tok;             /* [R] */
+    int32_t *pos;             /* [R] */
+    int32_t *rope_pos;        /* [R] position used by RoPE (differs only under faults) */
+    int *row_item;            /* [R] item of each row */
+    int *item_len;            /* [R] rows of each item (items <= rows) */
+    float *x;                 /* [R][D] residual stream */
+    float *xn;                /* [R][D] normed */
+    float *q;                 /* [R][H*hd] */
+    float *k;                 /* [R][KVH*hd] */
+    float *v;                 /* [R][KVH*hd] */
+    float *att;               /* [R][H*hd] */
+    float *o;                 /* [R][max(D, F)] projection outputs */
+    float *g;                 /* [R][F] */
+    float *u;                 /* [R][F] */
+    float *cs;                /* [R][hd/2][2] RoPE cos/sin */
+    ib_act_buf qa;            /* quantized activations: xq [R][max(D,F,H*hd)], d/ad [R][max/G] */
+    float *last;              /* [IB_LOGIT_ROWS][D] final-normed rows for the lm_head */
+    float *logits;            /* [IB_LOGIT_ROWS][V] */
+};
+
+#endif

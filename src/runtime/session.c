@@ -1,0 +1,76 @@
+/*
+ * session.c — sessions: a KV cache, a position, a token history and sampling settings.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "runtime/runtime.h"
+
+#define DEFAULT_SESSION_CONTEXT 4096
+
+ib_sampling ib_sampling_default(void);
+
+ib_status ib_session_create(const ib_model *m, const ib_session_opts *opts, ib_session **out, ib_error *err) {
+    *out = NULL;
+    const ib_config *c = &m->cfg;
+    int cap = opts && opts->max_context > 0 ? opts->max_context : c->max_position;
+    if (!(opts && opts->max_context > 0) && cap > DEFAULT_SESSION_CONTEXT) cap = DEFAULT_SESSION_CONTEXT;
+    if (cap > c->max_position)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "session: max_context %d exceeds the model's %d", cap, c->max_position);
+    ib_session *s = calloc(1, sizeof *s);
+    if (!s) return ib_fail(err, IB_ERR_NOMEM, "session: out of memory");
+    s->model = m;
+    s->capacity = cap;
+    s->sampling = opts ? opts->sampling : ib_sampling_default();
+    size_t kv_floats = (size_t)c->n_layers * 2 * c->n_kv_heads * cap * c->head_dim;
+    s->kv = calloc(kv_floats, sizeof(float));
+    s->history = malloc(((size_t)cap + 1) * sizeof(int32_t));
+    ib_status rc = IB_OK;
+    if (!s->kv || !s->history) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "session: out of memory for a KV cache of %d tokens (%zu bytes)", cap,
+                     kv_floats * sizeof(float));
+        goto fail;
+    }
+    if ((rc = ib_sample_scratch_init(&s->scratch, c->vocab_size, err))) goto fail;
+    *out = s;
+    return IB_OK;
+fail:
+    ib_session_free(s);
+    return rc;
+}
+
+void ib_session_free(ib_session *s) {
+    if (!s) return;
+    free(s->kv);
+    free(s->history);
+    ib_sample_scratch_free(&s->scratch);
+    free(s);
+}
+
+int ib_session_position(const ib_session *s) { return s->pos; }
+int ib_session_capacity(const ib_session *s) { return s->capacity; }
+
+void ib_session_reset(ib_session *s) {
+    s->pos = 0;
+    s->n_history = 0;
+    s->sample_step = 0;
+}
+
+void ib_session_set_sampling(ib_session *s, const ib_sampling *p) { s->sampling = *p; }
+
+void ib_session_note_tokens(ib_session *s, const int32_t *tokens, int n) {
+    for (int i = 0; i < n && s->n_history <= s->capacity; i++) s->history[s->n_history++] = tokens[i];
+}
+
+/* The process-wide stream used only under the test-only shared-rng fault. */
+static uint64_t shared_rng_counter;
+
+int32_t ib_sample(ib_session *s, const float *logits) {
+    uint64_t step = s->sample_step++;
+    if (ib_fault_get() == IB_FAULT_SAMPLE_BY_ROW) step = shared_rng_counter++;
+    int32_t t = ib_sample_logits(logits, s->model->cfg.vocab_size, &s->sampling, step, s->history, s->n_history,
+                                 &s->scratch);
+    if (s->n_history <= s->capacity) s->history[s->n_history++] = t;
+    return t;
+}

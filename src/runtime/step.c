@@ -1,0 +1,183 @@
+/*
+ * step.c — the batched step: one forward pass over the new tokens of many sessions.
+ *
+ * Rows are the new tokens of all items, item after item. Each weight matrix is streamed once for all
+ * rows (ib_matmul); attention reads each row's own session cache up to that row's own position.
+ * Nothing here depends on how many rows there are or which row a token occupies, which is what makes
+ * a session's logits independent of its batch.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "ops/ops.h"
+#include "runtime/runtime.h"
+
+/* Y[R][N] = X[R][K] · W^T under the engine's activation mode. */
+static void linear(ib_engine *e, const ib_matrix *w, const float *X, int R, float *Y, int quantized_ready) {
+    ib_act act = e->act;
+    if (w->fmt == IB_WF32) act = IB_ACT_F32;
+    if (act == IB_ACT_Q8 && !quantized_ready) ib_quantize_act(X, R, w->cols, w->group, e->qa.xq, e->qa.d, e->qa.ad);
+    ib_matmul(w, X, R, &e->qa, act, e->isa, e->pool, Y, w->rows);
+}
+
+/* Copy this step's keys and values of every row into its session's cache for layer li. */
+static void store_kv(ib_engine *e, ib_step_item *items, int R, int li) {
+    const ib_config *c = &e->model->cfg;
+    int KVH = c->n_kv_heads, hd = c->head_dim;
+    for (int r = 0; r < R; r++) {
+        ib_session *s = items[e->row_item[r]].session;
+        size_t cap = (size_t)s->capacity;
+        float *kl = s->kv + (size_t)li * 2 * KVH * cap * hd;
+        float *vl = kl + (size_t)KVH * cap * hd;
+        for (int h = 0; h < KVH; h++) {
+            memcpy(kl + ((size_t)h * cap + e->pos[r]) * hd, e->k + ((size_t)r * KVH + h) * hd, hd * sizeof(float));
+            memcpy(vl + ((size_t)h * cap + e->pos[r]) * hd, e->v + ((size_t)r * KVH + h) * hd, hd * sizeof(float));
+        }
+    }
+}
+
+typedef struct {
+    ib_engine *e;
+    ib_step_item *items;
+    int li;
+    int block;
+} attn_job;
+
+/* One task = one (row, head): attend the row's query to keys 0..pos of its session. */
+static void attn_task(void *ctx, int task, int thread) {
+    attn_job *j = ctx;
+    ib_engine *e = j->e;
+    const ib_config *c = &e->model->cfg;
+    int H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim;
+    int r = task / H, h = task % H, kvh = h / (H / KVH);
+    ib_session *s = j->items[e->row_item[r]].session;
+    size_t cap = (size_t)s->capacity;
+    const float *kl = s->kv + (size_t)j->li * 2 * KVH * cap * hd;
+    const float *vl = kl + (size_t)KVH * cap * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    ib_attend_one(e->q + ((size_t)r * H + h) * hd, kl + (size_t)kvh * cap * hd, vl + (size_t)kvh * cap * hd,
+                  e->pos[r] + 1, hd, hd, scale, j->block, e->att + ((size_t)r * H + h) * hd);
+}
+
+/* Check the items before anything is changed. */
+static ib_status validate(ib_engine *e, ib_step_item *items, int n, int *R_out, ib_error *err) {
+    const ib_config *c = &e->model->cfg;
+    if (n < 1) return ib_fail(err, IB_ERR_INVALID_ARG, "step: no items");
+    long R = 0;
+    ib_status rc = IB_OK;
+    int i = 0;
+    for (; i < n; i++) {
+        ib_step_item *it = &items[i];
+        if (!it->session || !it->tokens || it->n_tokens < 1) {
+            rc = ib_fail(err, IB_ERR_INVALID_ARG, "step: item %d: needs a session and at least one token", i);
+            break;
+        }
+        if (it->session->model != e->model) {
+            rc = ib_fail(err, IB_ERR_INVALID_ARG, "step: item %d: session belongs to another model", i);
+            break;
+        }
+        if (it->session->in_step) {
+            rc = ib_fail(err, IB_ERR_STATE, "step: item %d: session listed twice", i);
+            break;
+        }
+        it->session->in_step = 1;
+        if (it->session->pos + it->n_tokens > it->session->capacity) {
+            rc = ib_fail(err, IB_ERR_CONTEXT, "step: item %d: %d + %d tokens exceed the session context of %d", i,
+                         it->session->pos, it->n_tokens, it->session->capacity);
+            i++;
+            break;
+        }
+        for (int t = 0; t < it->n_tokens; t++)
+            if (it->tokens[t] < 0 || it->tokens[t] >= c->vocab_size) {
+                rc = ib_fail(err, IB_ERR_INVALID_ARG, "step: item %d: token %d is %d, outside the vocabulary [0, %d)",
+                             i, t, it->tokens[t], c->vocab_size);
+                break;
+            }
+        if (rc) {
+            i++;
+            break;
+        }
+        R += it->n_tokens;
+    }
+    for (int j = 0; j < i && j < n; j++)
+        if (items[j].session) items[j].session->in_step = 0;
+    if (rc) return rc;
+    if (R > e->max_tokens)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "step: %ld tokens exceed the engine's max_step_tokens %d", R,
+                       e->max_tokens);
+    *R_out = (int)R;
+    return IB_OK;
+}
+
+ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
+    int R = 0;
+    ib_status rc = validate(e, items, n, &R, err);
+    if (rc) return rc;
+    const ib_model *m = e->model;
+    const ib_config *c = &m->cfg;
+    int D = c->hidden_size, H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim, F = c->intermediate_size;
+    float eps = (float)c->rms_eps;
+
+    /* rows: tokens, positions, owners */
+    int r = 0;
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < items[i].n_tokens; t++, r++) {
+            e->tok[r] = items[i].tokens[t];
+            e->pos[r] = items[i].session->pos + t;
+            e->row_item[r] = i;
+        }
+    for (int i = 0; i < n; i++) e->item_len[i] = items[i].n_tokens;
+    ib_rope_positions(e->pos, e->item_len, n, e->rope_pos);
+    ib_rope_table(e->rope_pos, R, hd, c->rope_theta, e->cs);
+    for (r = 0; r < R; r++) ib_matrix_row_f32(&m->embed, e->tok[r], e->x + (size_t)r * D);
+
+    attn_job aj = {e, items, 0, IB_ATTN_BLOCK};
+    if (ib_fault_get() == IB_FAULT_SPLIT_KV_BY_BATCH && n > 1) aj.block = IB_ATTN_BLOCK / 2;
+    for (int li = 0; li < c->n_layers; li++) {
+        const ib_layer *L = &m->layers[li];
+        /* attention */
+        ib_rmsnorm(e->x, L->attn_norm, R, D, eps, e->xn, e->pool);
+        linear(e, &L->wq, e->xn, R, e->q, 0);
+        linear(e, &L->wk, e->xn, R, e->k, 1);
+        linear(e, &L->wv, e->xn, R, e->v, 1);
+        if (L->q_norm) {
+            ib_rmsnorm_heads(e->q, L->q_norm, R, H, hd, eps, e->pool);
+            ib_rmsnorm_heads(e->k, L->k_norm, R, KVH, hd, eps, e->pool);
+        }
+        ib_rope_step(e->q, R, H, hd, e->cs, n);
+        ib_rope_step(e->k, R, KVH, hd, e->cs, n);
+        store_kv(e, items, R, li);
+        aj.li = li;
+        ib_pool_run(e->pool, R * H, attn_task, &aj);
+        linear(e, &L->wo, e->att, R, e->o, 0);
+        ib_add(e->x, e->o, (size_t)R * D);
+        /* MLP */
+        ib_rmsnorm(e->x, L->mlp_norm, R, D, eps, e->xn, e->pool);
+        linear(e, &L->w_gate, e->xn, R, e->g, 0);
+        linear(e, &L->w_up, e->xn, R, e->u, 1);
+        ib_swiglu(e->g, e->u, R, F);
+        linear(e, &L->w_down, e->g, R, e->o, 0);
+        ib_add(e->x, e->o, (size_t)R * D);
+    }
+
+    /* logits of each item's last row, IB_LOGIT_ROWS at a time */
+    int V = c->vocab_size;
+    int pending[IB_LOGIT_ROWS], np = 0, last_row = -1;
+    for (int i = 0; i < n; i++) {
+        last_row += items[i].n_tokens;
+        if (items[i].logits) {
+            memcpy(e->last + (size_t)np * D, e->x + (size_t)last_row * D, (size_t)D * sizeof(float));
+            pending[np++] = i;
+        }
+        if (np == IB_LOGIT_ROWS || (i == n - 1 && np > 0)) {
+            ib_rmsnorm(e->last, m->final_norm, np, D, eps, e->last, e->pool);
+            linear(e, m->lm_head, e->last, np, e->logits, 0);
+            for (int j = 0; j < np; j++)
+                memcpy(items[pending[j]].logits, e->logits + (size_t)j * V, (size_t)V * sizeof(float));
+            np = 0;
+        }
+    }
+    for (int i = 0; i < n; i++) items[i].session->pos += items[i].n_tokens;
+    return IB_OK;
+}

@@ -1,0 +1,224 @@
+/*
+ * test_invariance.c — the contract, bitwise, on the tiny synthetic model: a prompt's generated tokens
+ * and the digest of the logits that chose them do not change with the batch size, the thread count,
+ * the order of the prompts, the prefill chunking, the ISA, or the sampling mode's neighbours. Each
+ * check is then repeated under a deliberate fault that must make it fail.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "isobatch.h"
+#include "model/mkmodel.h"
+
+#define N_PROMPTS 13
+#define GEN 12
+
+static int32_t *prompt_ids[N_PROMPTS];
+static int prompt_len[N_PROMPTS];
+
+typedef struct run_cfg {
+    int batch, threads, chunk;
+    ib_isa isa;
+    ib_act act;
+    int sampled;    /* 0 greedy, 1 seeded sampling */
+    int shuffled;   /* feed the prompts in a permuted order */
+} run_cfg;
+
+typedef struct outcome {
+    uint64_t digest[N_PROMPTS];
+    int32_t tokens[N_PROMPTS][GEN];
+    int ok;
+} outcome;
+
+/* A fixed permutation of the prompts (reversed, then odd/even interleaved). */
+static int perm(int i) { return (i * 5 + 3) % N_PROMPTS; }
+
+/* Generate for every prompt under cfg; results indexed by the original prompt index. */
+static outcome run(const ib_model *m, run_cfg c) {
+    outcome o;
+    memset(&o, 0, sizeof o);
+    ib_engine_opts eo = {.threads = c.threads, .isa = c.isa, .act = c.act, .max_step_tokens = 2048};
+    ib_engine *e;
+    ib_error err;
+    if (ib_engine_create(m, &eo, &e, &err)) {
+        fprintf(stderr, "engine: %s\n", err.msg);
+        return o;
+    }
+    ib_gen_request rq[N_PROMPTS];
+    for (int i = 0; i < N_PROMPTS; i++) {
+        int src = c.shuffled ? perm(i) : i;
+        rq[i] = (ib_gen_request){prompt_ids[src], prompt_len[src]};
+    }
+    ib_gen_opts go = {.max_new_tokens = GEN, .batch = c.batch, .prefill_chunk = c.chunk, .sampling = ib_sampling_default()};
+    if (c.sampled) {
+        go.sampling.temperature = 0.9f;
+        go.sampling.top_k = 50;
+        go.sampling.top_p = 0.95f;
+        go.sampling.min_p = 0.01f;
+        go.sampling.repeat_penalty = 1.1f;
+        go.sampling.seed = 1234;
+    }
+    ib_gen_result res[N_PROMPTS];
+    if (ib_generate(e, rq, N_PROMPTS, &go, res, NULL, &err)) {
+        fprintf(stderr, "generate: %s\n", err.msg);
+        ib_engine_free(e);
+        return o;
+    }
+    for (int i = 0; i < N_PROMPTS; i++) {
+        int dst = c.shuffled ? perm(i) : i;
+        o.digest[dst] = res[i].digest;
+        for (int t = 0; t < GEN && t < res[i].n_tokens; t++) o.tokens[dst][t] = res[i].tokens[t];
+    }
+    ib_gen_results_free(res, N_PROMPTS);
+    ib_engine_free(e);
+    o.ok = 1;
+    return o;
+}
+
+/* Number of prompts whose digest or tokens differ between a and b (N_PROMPTS+1 when a run failed). */
+static int differing(const outcome *a, const outcome *b) {
+    if (!a->ok || !b->ok) return N_PROMPTS + 1;
+    int d = 0;
+    for (int i = 0; i < N_PROMPTS; i++)
+        d += a->digest[i] != b->digest[i] || memcmp(a->tokens[i], b->tokens[i], sizeof a->tokens[i]) != 0;
+    return d;
+}
+
+static run_cfg base_cfg(ib_act act, int sampled) {
+    return (run_cfg){.batch = 1, .threads = 1, .chunk = 0, .isa = IB_ISA_SCALAR, .act = act, .sampled = sampled};
+}
+
+/* All clean variations against the serialized scalar baseline. */
+static void check_clean(const ib_model *m, ib_act act, int sampled, const char *label) {
+    outcome base = run(m, base_cfg(act, sampled));
+    CHECK(base.ok, "%s: baseline run failed", label);
+    static const int batches[] = {2, 3, 5, 8, 16};
+    for (size_t i = 0; i < sizeof batches / sizeof *batches; i++) {
+        run_cfg c = base_cfg(act, sampled);
+        c.batch = batches[i];
+        c.isa = IB_ISA_AUTO;
+        outcome o = run(m, c);
+        CHECK(differing(&base, &o) == 0, "%s: batch %d changes %d prompts", label, c.batch, differing(&base, &o));
+    }
+    for (int t = 1; t <= 4; t++) {
+        run_cfg c = base_cfg(act, sampled);
+        c.threads = t;
+        c.batch = 5;
+        outcome o = run(m, c);
+        CHECK(differing(&base, &o) == 0, "%s: threads %d changes %d prompts", label, t, differing(&base, &o));
+    }
+    {
+        run_cfg c = base_cfg(act, sampled);
+        c.shuffled = 1;
+        c.batch = 8;
+        outcome o = run(m, c);
+        CHECK(differing(&base, &o) == 0, "%s: shuffled order changes %d prompts", label, differing(&base, &o));
+    }
+    static const int chunks[] = {1, 7, 64, 0};
+    for (size_t i = 0; i < sizeof chunks / sizeof *chunks; i++) {
+        for (int b = 1; b <= 3; b += 2) {
+            run_cfg c = base_cfg(act, sampled);
+            c.chunk = chunks[i];
+            c.batch = b;
+            outcome o = run(m, c);
+            CHECK(differing(&base, &o) == 0, "%s: prefill chunk %d, batch %d changes %d prompts", label, c.chunk, b,
+                  differing(&base, &o));
+        }
+    }
+    static const ib_isa isas[] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512};
+    for (size_t i = 0; i < 3; i++) {
+        if (!ib_isa_supported(isas[i])) {
+            printf("skip: %s: isa %s not supported by this CPU\n", label, ib_isa_name(isas[i]));
+            continue;
+        }
+        run_cfg c = base_cfg(act, sampled);
+        c.isa = isas[i];
+        c.batch = 4;
+        c.threads = 2;
+        outcome o = run(m, c);
+        CHECK(differing(&base, &o) == 0, "%s: isa %s changes %d prompts", label, ib_isa_name(c.isa),
+              differing(&base, &o));
+    }
+}
+
+/* Under fault f, the variation `c` must differ from the fault-free baseline `base` (and, for faults
+ * that only break batched or threaded runs, the serialized run under the fault still matches). */
+static void check_fault(const ib_model *m, ib_fault f, run_cfg c, ib_act act, int sampled) {
+    outcome base = run(m, base_cfg(act, sampled));
+    ib_fault_set(f);
+    outcome o = run(m, c);
+    ib_fault_set(IB_FAULT_NONE);
+    int d = differing(&base, &o);
+    CHECK(d > 0 && d <= N_PROMPTS, "fault %s was not caught (batch %d threads %d chunk %d isa %s shuffled %d)",
+          ib_fault_name(f), c.batch, c.threads, c.chunk, ib_isa_name(c.isa), c.shuffled);
+    printf("fault %-20s caught: %d of %d prompts differ\n", ib_fault_name(f), d, N_PROMPTS);
+}
+
+int main(void) {
+    char dir[] = "/tmp/ib_inv_XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    ib_error err;
+    ib_mkmodel_opts mo = {.preset = "tiny", .seed = 11, .bits = 4, .group = 32, .tied = 1};
+    if (ib_mkmodel(dir, &mo, &err)) {
+        fprintf(stderr, "mkmodel: %s\n", err.msg);
+        return 1;
+    }
+    ib_model *m;
+    if (ib_model_load(dir, NULL, &m, &err)) {
+        fprintf(stderr, "load: %s\n", err.msg);
+        return 1;
+    }
+    /* prompts of different lengths, 1 to ~100 tokens, from a fixed generator */
+    uint64_t x = 88172645463325252ULL;
+    for (int i = 0; i < N_PROMPTS; i++) {
+        prompt_len[i] = 1 + (i * 37) % 97;
+        prompt_ids[i] = malloc(prompt_len[i] * sizeof(int32_t));
+        for (int t = 0; t < prompt_len[i]; t++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            prompt_ids[i][t] = (int32_t)(x % 256);
+        }
+    }
+    check_clean(m, IB_ACT_Q8, 0, "q8 greedy");
+    check_clean(m, IB_ACT_Q8, 1, "q8 sampled");
+    check_clean(m, IB_ACT_F32, 0, "f32 greedy");
+    check_clean(m, IB_ACT_F32, 1, "f32 sampled");
+
+    /* every check above must be able to fail */
+    run_cfg b8 = base_cfg(IB_ACT_Q8, 0);
+    b8.batch = 8;
+    b8.isa = IB_ISA_AUTO;
+    check_fault(m, IB_FAULT_ROPE_SCALAR_OFFSET, b8, IB_ACT_Q8, 0);
+    check_fault(m, IB_FAULT_ROPE_SKIP_ROWS, b8, IB_ACT_Q8, 0);
+    check_fault(m, IB_FAULT_GEMV_GEMM, b8, IB_ACT_Q8, 0);
+    check_fault(m, IB_FAULT_SPLIT_KV_BY_BATCH, b8, IB_ACT_Q8, 0);
+    run_cfg thr = base_cfg(IB_ACT_Q8, 0);
+    thr.threads = 3;
+    check_fault(m, IB_FAULT_SPLIT_K_THREADS, thr, IB_ACT_Q8, 0);
+    run_cfg shuf = base_cfg(IB_ACT_Q8, 0);
+    shuf.batch = 8;
+    shuf.shuffled = 1;
+    check_fault(m, IB_FAULT_ROW_ORDER, shuf, IB_ACT_Q8, 0);
+    run_cfg chunk = base_cfg(IB_ACT_F32, 0);
+    chunk.chunk = 7;
+    check_fault(m, IB_FAULT_GEMV_GEMM, chunk, IB_ACT_F32, 0);
+    run_cfg samp = base_cfg(IB_ACT_Q8, 1);
+    samp.batch = 8;
+    check_fault(m, IB_FAULT_SAMPLE_BY_ROW, samp, IB_ACT_Q8, 1);
+    if (ib_isa_supported(IB_ISA_AVX2)) {
+        run_cfg isa = base_cfg(IB_ACT_F32, 0);
+        isa.isa = IB_ISA_AVX2;
+        check_fault(m, IB_FAULT_ISA_FMA, isa, IB_ACT_F32, 0);
+    } else {
+        printf("skip: isa-fma fault needs AVX2\n");
+    }
+
+    for (int i = 0; i < N_PROMPTS; i++) free(prompt_ids[i]);
+    ib_model_free(m);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    TEST_MAIN_END("test_invariance");
+}

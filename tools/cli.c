@@ -1,0 +1,126 @@
+/*
+ * cli.c — helpers shared by the subcommands (see cli.h).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+
+static int vreport(int code, const char *fmt, va_list ap) {
+    fputs("isobatch: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    return code;
+}
+
+int cli_usage_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vreport(2, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int cli_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vreport(1, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+const char *cli_value(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) {
+        cli_usage_error("%s: missing value", argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int cli_int(const char *flag, const char *s, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        cli_usage_error("%s: bad value '%s' (an integer from %ld to %ld)", flag, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_float(const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        cli_usage_error("%s: bad value '%s' (a number from %g to %g)", flag, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_u64(const char *flag, const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-') {
+        cli_usage_error("%s: bad value '%s' (a non-negative integer)", flag, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+const char *cli_model_dir(const char *dir) {
+    if (dir) return dir;
+    struct stat sb;
+    if (stat("models/default/config.json", &sb) == 0) return "models/default";
+    cli_usage_error("no model: pass -m DIR (`isobatch mkmodel --preset tiny --out DIR` makes one)");
+    return NULL;
+}
+
+/* Length of the valid UTF-8 sequence at s (n bytes left), or 0 when invalid. */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    size_t len;
+    unsigned min;
+    if (c < 0x80) return 1;
+    if (c >= 0xc2 && c <= 0xdf) len = 2, min = 0x80;
+    else if (c >= 0xe0 && c <= 0xef) len = 3, min = 0x800;
+    else if (c >= 0xf0 && c <= 0xf4) len = 4, min = 0x10000;
+    else return 0;
+    if (n < len) return 0;
+    unsigned cp = c & (0x7f >> len);
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xc0) != 0x80) return 0;
+        cp = (cp << 6) | (s[i] & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    return len;
+}
+
+size_t cli_utf8_sanitize(const char *s, size_t n, char *out, size_t cap) {
+    size_t o = 0;
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < n && o + 4 < cap;) {
+        size_t l = utf8_len(u + i, n - i);
+        if (l == 0) {
+            memcpy(out + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i += 1;
+        } else {
+            memcpy(out + o, s + i, l);
+            o += l;
+            i += l;
+        }
+    }
+    out[o] = '\0';
+    return o;
+}

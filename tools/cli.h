@@ -1,0 +1,34 @@
+/*
+ * cli.h — small helpers shared by the isobatch subcommands: flag parsing, number parsing,
+ * printable text.
+ */
+#ifndef IB_TOOLS_CLI_H
+#define IB_TOOLS_CLI_H
+#include <stddef.h>
+#include <stdint.h>
+
+/* Subcommand entry points: argv[0] is the subcommand name. Return the process exit code. */
+int cmd_generate(int argc, char **argv);
+int cmd_mkmodel(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+
+/* Print "isobatch: <message>" to stderr and return 2 (usage) or 1 (runtime failure). */
+int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Flag value: argv[*i + 1], advancing *i; prints an error and returns NULL when missing. */
+const char *cli_value(int argc, char **argv, int *i);
+
+/* Parse a whole decimal integer / float; 0 on success, -1 (after printing "flag: bad value") otherwise. */
+int cli_int(const char *flag, const char *s, long lo, long hi, long *out);
+int cli_float(const char *flag, const char *s, double lo, double hi, double *out);
+int cli_u64(const char *flag, const char *s, uint64_t *out);
+
+/* The model directory to use: dir when given, else models/default beside the working directory,
+ * else NULL after printing an error. */
+const char *cli_model_dir(const char *dir);
+
+/* Append to out (cap bytes, NUL-terminated) the bytes of s with invalid UTF-8 replaced by U+FFFD. */
+size_t cli_utf8_sanitize(const char *s, size_t n, char *out, size_t cap);
+
+#endif

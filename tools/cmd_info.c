@@ -1,0 +1,74 @@
+/*
+ * cmd_info.c — `isobatch info`: architecture, sizes, quantization and memory of a model.
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "isobatch.h"
+
+static const char help[] = "usage: isobatch info [-m DIR] [--json] [--context N]\n"
+                           "  Prints the architecture, sizes, quantization and the memory needed\n"
+                           "  (weights + KV cache for one session of N tokens, default 4096).\n";
+
+int cmd_info(int argc, char **argv) {
+    const char *dir = NULL;
+    int as_json = 0;
+    long ctx = 4096;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *v;
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            fputs(help, stdout);
+            return 0;
+        }
+        if (!strcmp(f, "--json")) as_json = 1;
+        else if (!strcmp(f, "-m")) {
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            dir = v;
+        } else if (!strcmp(f, "--context")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_int(f, v, 1, 1 << 24, &ctx)) return 2;
+        } else
+            return cli_usage_error("info: unknown option '%s' (try --help)", f);
+    }
+    if (!(dir = cli_model_dir(dir))) return 2;
+    ib_model *m;
+    ib_error err;
+    if (ib_model_load(dir, NULL, &m, &err)) return cli_error("%s", err.msg);
+    const ib_model_info *in = ib_model_get_info(m);
+    size_t kv = in->kv_bytes_per_token * (size_t)ctx;
+    if (as_json) {
+        json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:I}",
+                              "model", dir, "arch", in->arch, "vocab_size", in->vocab_size, "hidden_size", in->hidden_size,
+                              "layers", in->n_layers, "heads", in->n_heads, "kv_heads", in->n_kv_heads, "head_dim",
+                              in->head_dim, "intermediate_size", in->intermediate_size, "max_context", in->max_context,
+                              "eos_id", in->eos_id, "rope_theta", (double)in->rope_theta, "rms_eps", (double)in->rms_eps,
+                              "tied_embeddings", in->tied_embeddings, "quant_bits", in->quant_bits, "quant_group",
+                              in->quant_group, "params", (json_int_t)in->n_params, "file_bytes", (json_int_t)in->file_bytes,
+                              "weight_bytes", (json_int_t)in->weight_bytes, "kv_bytes_per_token",
+                              (json_int_t)in->kv_bytes_per_token, "kv_bytes_per_session", (json_int_t)kv);
+        json_object_set_new(o, "weight_dtype", json_string(in->weight_dtype));
+        char *s = json_dumps(o, JSON_COMPACT);
+        if (s) puts(s);
+        free(s);
+        json_decref(o);
+    } else {
+        printf("model        %s\n", dir);
+        printf("architecture %s (%s)\n", in->arch, in->tied_embeddings ? "tied embeddings" : "separate lm_head");
+        printf("parameters   %.2f M\n", in->n_params / 1e6);
+        printf("vocab        %d\n", in->vocab_size);
+        printf("layers       %d, hidden %d, ffn %d\n", in->n_layers, in->hidden_size, in->intermediate_size);
+        printf("attention    %d heads, %d kv heads, head_dim %d, rope_theta %g, max context %d\n", in->n_heads,
+               in->n_kv_heads, in->head_dim, in->rope_theta, in->max_context);
+        if (in->quant_bits)
+            printf("weights      %s, %d-bit, group %d\n", in->weight_dtype, in->quant_bits, in->quant_group);
+        else
+            printf("weights      %s\n", in->weight_dtype);
+        printf("files        %.1f MB\n", in->file_bytes / 1e6);
+        printf("in memory    %.1f MB weights (repacked)\n", in->weight_bytes / 1e6);
+        printf("kv cache     %zu bytes per token; %.1f MB per session of %ld tokens\n", in->kv_bytes_per_token,
+               kv / 1e6, ctx);
+    }
+    ib_model_free(m);
+    return 0;
+}

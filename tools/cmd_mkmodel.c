@@ -1,0 +1,54 @@
+/*
+ * cmd_mkmodel.c — `isobatch mkmodel`: a synthetic model directory with random weights.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "isobatch.h"
+#include "model/mkmodel.h"
+
+static const char help[] =
+    "usage: isobatch mkmodel --preset tiny|qwen3-0.6b [--seed S] [--bits 4|8|16|32] [--group 32|64|128]\n"
+    "                        [--untied] --out DIR\n"
+    "  Writes config.json, model.safetensors (MLX layout), tokenizer.json and tokenizer_config.json.\n";
+
+int cmd_mkmodel(int argc, char **argv) {
+    ib_mkmodel_opts o = {.preset = NULL, .seed = 0, .bits = 4, .group = 64, .tied = 1};
+    const char *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *v;
+        long x;
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            fputs(help, stdout);
+            return 0;
+        }
+        if (!strcmp(f, "--untied")) {
+            o.tied = 0;
+            continue;
+        }
+        if (!(v = cli_value(argc, argv, &i))) return 2;
+        if (!strcmp(f, "--preset")) o.preset = v;
+        else if (!strcmp(f, "--out")) out = v;
+        else if (!strcmp(f, "--seed")) {
+            if (cli_u64(f, v, &o.seed)) return 2;
+        } else if (!strcmp(f, "--bits")) {
+            if (cli_int(f, v, 4, 32, &x)) return 2;
+            if (x != 4 && x != 8 && x != 16 && x != 32) return cli_usage_error("--bits: %ld is not 4, 8, 16 or 32", x);
+            o.bits = (int)x;
+        } else if (!strcmp(f, "--group")) {
+            if (cli_int(f, v, 32, 128, &x)) return 2;
+            if (x != 32 && x != 64 && x != 128) return cli_usage_error("--group: %ld is not 32, 64 or 128", x);
+            o.group = (int)x;
+        } else
+            return cli_usage_error("mkmodel: unknown option '%s' (try --help)", f);
+    }
+    if (!o.preset) return cli_usage_error("mkmodel: --preset is required (tiny or qwen3-0.6b)");
+    if (strcmp(o.preset, "tiny") && strcmp(o.preset, "qwen3-0.6b"))
+        return cli_usage_error("--preset: unknown '%s' (tiny, qwen3-0.6b)", o.preset);
+    if (!out) return cli_usage_error("mkmodel: --out DIR is required");
+    ib_error err;
+    if (ib_mkmodel(out, &o, &err)) return cli_error("%s", err.msg);
+    printf("wrote %s (preset %s, %d-bit, seed %llu)\n", out, o.preset, o.bits, (unsigned long long)o.seed);
+    return 0;
+}
