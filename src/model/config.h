@@ -16,7 +16,7 @@ typedef struct ib_config {
     int n_kv_heads;           /* num_key_value_heads (defaults to n_heads) */
     int head_dim;             /* head_dim (defaults to hidden_size / n_heads) */
     int intermediate_size;    /* F */
-    int max_position;         /* max_position_embeddings */
+    int max_position;         /* max_position_embeddings, default 2048 when absent */
     double rope_theta;        /* default 10000 */
     double rms_eps;           /* rms_norm_eps, default 1e-6 */
     int tie_embeddings;       /* tie_word_embeddings, default 0 (as Qwen3Config and LlamaConfig) */
@@ -29,7 +29,9 @@ typedef struct ib_config {
 /* Parse and validate path (a config.json). Rejects: not JSON, not an object, a missing or mistyped
  * required field, non-positive sizes, n_heads not a multiple of n_kv_heads, odd head_dim,
  * quantization bits other than 4/8 or group other than 32/64/128, rope_scaling (unsupported),
- * attention_bias true, an unknown model_type. Messages name the file and the field. */
+ * attention_bias / mlp_bias / use_sliding_window true, hidden_act other than silu, an unknown
+ * model_type, a bos/eos id outside [0, vocab_size). A JSON null counts as absent for optional
+ * fields. Messages name the file and the field. *out is written only on success. */
 ib_status ib_config_load(const char *path, ib_config *out, ib_error *err);
 
 /* Write cfg as a config.json that ib_config_load accepts and mlx-lm would write (model_type,

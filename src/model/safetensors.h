@@ -8,7 +8,13 @@
  * ib_st_open_dir validates everything before anything is used: header length within the file,
  * JSON syntax, each entry's dtype/shape/offsets types, begin <= end, end within the file, byte size
  * equal to prod(shape) * dtype size, no two tensors overlapping, no duplicate names across shards.
- * Errors name the file, the tensor and the field.
+ * Errors name the file, the tensor and the field (IB_ERR_IO: cannot open/map; IB_ERR_FORMAT: a
+ * malformed header, index or duplicate name; IB_ERR_MODEL: a tensor the index or ib_st_expect asks
+ * for is missing or has the wrong dtype/shape).
+ *
+ * ALIGNMENT: tensor data pointers are NOT guaranteed to be aligned (the format allows any byte
+ * offset). Callers must memcpy or use unaligned-safe loads. Files written by ib_st_writer_write do
+ * have every tensor at an 8-byte aligned offset.
  */
 #ifndef IB_MODEL_SAFETENSORS_H
 #define IB_MODEL_SAFETENSORS_H
@@ -29,7 +35,8 @@ typedef struct ib_st_tensor {
     ib_dtype dtype;
     int ndim;
     int64_t shape[IB_ST_MAX_DIMS];
-    const void *data;                /* points into the mapping; valid while the set is open */
+    const void *data;                /* points into the mapping; valid while the set is open; may be
+                                        unaligned */
     size_t nbytes;
     int file;                        /* index into the set's files */
 } ib_st_tensor;
@@ -49,6 +56,7 @@ ib_status ib_st_open_dir(const char *dir, ib_st_set **out, ib_error *err);
 
 void ib_st_close(ib_st_set *s);
 
+/* Tensors are indexed 0..count-1 in strcmp order of their names (NULL when i is out of range). */
 int ib_st_count(const ib_st_set *s);
 const ib_st_tensor *ib_st_at(const ib_st_set *s, int i);
 const char *ib_st_file_path(const ib_st_set *s, int file);
@@ -60,7 +68,9 @@ const ib_st_tensor *ib_st_find(const ib_st_set *s, const char *name);
 /* Find a tensor and check its dtype (any of the `n_dtypes` listed) and shape (ndim dims; a shape
  * entry of -1 matches anything). On mismatch or absence, fail with a message naming the file,
  * the tensor and the field, e.g.
- *   "dir/model.safetensors: tensor model.norm.weight: shape [64] but config says [128]". */
+ *   "dir/model.safetensors: tensor model.norm.weight: shape [64], expected [128]".
+ * n_dtypes <= 0 accepts any dtype; ndim < 0 accepts any shape. out may be NULL. A missing tensor is
+ * reported against the file (or, for shards, the index) the set was opened from. */
 ib_status ib_st_expect(const ib_st_set *s, const char *name, const ib_dtype *dtypes, int n_dtypes,
                        int ndim, const int64_t *shape, const ib_st_tensor **out, ib_error *err);
 
@@ -69,11 +79,13 @@ ib_status ib_st_expect(const ib_st_set *s, const char *name, const ib_dtype *dty
 typedef struct ib_st_writer ib_st_writer;
 
 ib_status ib_st_writer_create(ib_st_writer **out, ib_error *err);
-/* Add a tensor; data (nbytes = prod(shape) * size) is copied. Names must be unique. */
+/* Add a tensor; data (nbytes = prod(shape) * size) is copied. Names must be unique, non-empty and
+ * not "__metadata__" (else IB_ERR_INVALID_ARG). */
 ib_status ib_st_writer_add(ib_st_writer *w, const char *name, ib_dtype dtype, int ndim,
                            const int64_t *shape, const void *data, ib_error *err);
 /* Write all tensors to path (header sorted by name, data aligned to 8 bytes, with
- * "__metadata__": {"format": "mlx"}). */
+ * "__metadata__": {"format": "mlx"}, header padded with spaces to a multiple of 8). Writes path.tmp
+ * then renames it over path; on failure the .tmp is removed and path is untouched. */
 ib_status ib_st_writer_write(ib_st_writer *w, const char *path, ib_error *err);
 void ib_st_writer_free(ib_st_writer *w);
 

@@ -1,0 +1,366 @@
+/*
+ * config.c — config.json (Hugging Face / MLX fields) parsed, validated and written.
+ *
+ * Error codes: IB_ERR_IO (cannot open/write), IB_ERR_FORMAT (not JSON, a field missing, of the
+ * wrong type or out of range), IB_ERR_MODEL (fields that contradict each other),
+ * IB_ERR_UNSUPPORTED (a valid feature isobatch does not implement).
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "model/config.h"
+
+/* Default context length when max_position_embeddings is absent. */
+#define CFG_DEFAULT_MAX_POSITION 2048
+
+/* A JSON null counts as absent for optional fields. */
+static json_t *get_opt(json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+/* Read integer field `key` into *out, within [lo, hi]. Absent: *out = dflt when `required` is 0,
+ * else an error. */
+static ib_status get_int(const char *path, json_t *o, const char *key, int required, int dflt,
+                         long long lo, long long hi, int *out, ib_error *err) {
+    json_t *v = json_object_get(o, key);
+    if (!v || (!required && json_is_null(v))) {
+        if (required) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s: missing", path, key);
+        *out = dflt;
+        return IB_OK;
+    }
+    if (!json_is_integer(v))
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field %s: expected an integer", path, key);
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field %s: %lld not in [%lld, %lld]", path, key, x, lo,
+                       hi);
+    *out = (int)x;
+    return IB_OK;
+}
+
+/* Read an optional positive finite number (integer or real) into *out, default dflt. */
+static ib_status get_pos_number(const char *path, json_t *o, const char *key, double dflt,
+                                double *out, ib_error *err) {
+    json_t *v = get_opt(o, key);
+    if (!v) {
+        *out = dflt;
+        return IB_OK;
+    }
+    if (!json_is_number(v))
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field %s: expected a number", path, key);
+    double x = json_number_value(v);
+    if (!(x > 0) || !isfinite(x))
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field %s: %g is not a positive number", path, key, x);
+    *out = x;
+    return IB_OK;
+}
+
+/* Read an optional boolean into *out, default dflt. */
+static ib_status get_bool(const char *path, json_t *o, const char *key, int dflt, int *out,
+                          ib_error *err) {
+    json_t *v = get_opt(o, key);
+    if (!v) {
+        *out = dflt;
+        return IB_OK;
+    }
+    if (!json_is_boolean(v))
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field %s: expected true or false", path, key);
+    *out = json_is_true(v);
+    return IB_OK;
+}
+
+/* bos/eos: an integer, a list of integers (the first is used; empty = none), or absent/null (-1).
+ * Ids must be in [0, vocab). */
+static ib_status get_token_id(const char *path, json_t *o, const char *key, int vocab, int *out,
+                              ib_error *err) {
+    json_t *v = get_opt(o, key);
+    *out = -1;
+    if (!v) return IB_OK;
+    if (json_is_array(v)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(v, i, x) {
+            if (!json_is_integer(x))
+                return ib_fail(err, IB_ERR_FORMAT, "%s: field %s[%zu]: expected an integer", path, key,
+                               i);
+        }
+        if (json_array_size(v) == 0) return IB_OK;
+        v = json_array_get(v, 0);
+    } else if (!json_is_integer(v)) {
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field %s: expected an integer or a list of integers",
+                       path, key);
+    }
+    long long id = json_integer_value(v);
+    if (id < 0 || id >= vocab)
+        return ib_fail(err, IB_ERR_MODEL, "%s: field %s: token id %lld not in the vocabulary [0, %d)",
+                       path, key, id, vocab);
+    *out = (int)id;
+    return IB_OK;
+}
+
+/* Parse one quantization object `q` (field name `key`) into bits/group. */
+static ib_status get_quant(const char *path, const char *key, json_t *q, int *bits, int *group,
+                           ib_error *err) {
+    if (!json_is_object(q))
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field %s: expected an object", path, key);
+    json_t *m = get_opt(q, "quant_method");
+    if (m)
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s.quant_method: \"%s\" not supported (MLX "
+                       "affine quantization only)",
+                       path, key, json_is_string(m) ? json_string_value(m) : "?");
+    m = get_opt(q, "mode");
+    if (m && (!json_is_string(m) || strcmp(json_string_value(m), "affine") != 0))
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s.mode: \"%s\" not supported (affine only)",
+                       path, key, json_is_string(m) ? json_string_value(m) : "?");
+    const char *k;
+    json_t *v;
+    json_object_foreach(q, k, v) {
+        if (json_is_object(v) || json_is_boolean(v))
+            return ib_fail(err, IB_ERR_UNSUPPORTED,
+                           "%s: field %s.%s: per-layer quantization not supported", path, key, k);
+    }
+    json_t *b = json_object_get(q, "bits"), *g = json_object_get(q, "group_size");
+    if (!b) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.bits: missing", path, key);
+    if (!json_is_integer(b))
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.bits: expected an integer", path, key);
+    if (!g) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.group_size: missing", path, key);
+    if (!json_is_integer(g))
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.group_size: expected an integer", path, key);
+    long long bv = json_integer_value(b), gv = json_integer_value(g);
+    if (bv != 4 && bv != 8)
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s.bits: %lld not supported (4 or 8)", path,
+                       key, bv);
+    if (gv != 32 && gv != 64 && gv != 128)
+        return ib_fail(err, IB_ERR_UNSUPPORTED,
+                       "%s: field %s.group_size: %lld not supported (32, 64 or 128)", path, key, gv);
+    *bits = (int)bv;
+    *group = (int)gv;
+    return IB_OK;
+}
+
+/* All fields of the top-level object `o` into *c (path names the file in messages). */
+static ib_status parse_config(const char *path, json_t *o, ib_config *c, ib_error *err) {
+    ib_status st;
+    memset(c, 0, sizeof *c);
+
+    json_t *mt = json_object_get(o, "model_type");
+    if (!mt) return ib_fail(err, IB_ERR_FORMAT, "%s: field model_type: missing", path);
+    if (!json_is_string(mt))
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field model_type: expected a string", path);
+    const char *mts = json_string_value(mt), *arch_name;
+    if (strcmp(mts, "qwen3") == 0) {
+        c->arch = IB_ARCH_QWEN3;
+        c->qk_norm = 1;
+        arch_name = "Qwen3ForCausalLM";
+    } else if (strcmp(mts, "llama") == 0) {
+        c->arch = IB_ARCH_LLAMA;
+        c->qk_norm = 0;
+        arch_name = "LlamaForCausalLM";
+    } else {
+        return ib_fail(err, IB_ERR_UNSUPPORTED,
+                       "%s: field model_type: \"%s\" not supported (qwen3 or llama)", path, mts);
+    }
+    json_t *ar = get_opt(o, "architectures");
+    if (ar) {
+        if (!json_is_array(ar))
+            return ib_fail(err, IB_ERR_FORMAT, "%s: field architectures: expected a list of strings",
+                           path);
+        int found = 0;
+        size_t i;
+        json_t *x;
+        json_array_foreach(ar, i, x) {
+            if (!json_is_string(x))
+                return ib_fail(err, IB_ERR_FORMAT, "%s: field architectures[%zu]: expected a string",
+                               path, i);
+            found |= strcmp(json_string_value(x), arch_name) == 0;
+        }
+        if (!found && json_array_size(ar) > 0)
+            return ib_fail(err, IB_ERR_MODEL,
+                           "%s: field architectures: \"%s\" does not match model_type %s (%s)", path,
+                           json_string_value(json_array_get(ar, 0)), mts, arch_name);
+    }
+
+    if ((st = get_int(path, o, "vocab_size", 1, 0, 1, 1 << 24, &c->vocab_size, err)) ||
+        (st = get_int(path, o, "hidden_size", 1, 0, 1, 65536, &c->hidden_size, err)) ||
+        (st = get_int(path, o, "num_hidden_layers", 1, 0, 1, 4096, &c->n_layers, err)) ||
+        (st = get_int(path, o, "num_attention_heads", 1, 0, 1, 4096, &c->n_heads, err)) ||
+        (st = get_int(path, o, "intermediate_size", 1, 0, 1, 1 << 20, &c->intermediate_size, err)) ||
+        (st = get_int(path, o, "num_key_value_heads", 0, c->n_heads, 1, 4096, &c->n_kv_heads, err)) ||
+        (st = get_int(path, o, "max_position_embeddings", 0, CFG_DEFAULT_MAX_POSITION, 1, 1 << 24,
+                      &c->max_position, err)))
+        return st;
+    if (c->n_heads % c->n_kv_heads != 0)
+        return ib_fail(err, IB_ERR_MODEL,
+                       "%s: field num_key_value_heads: num_attention_heads %d is not a multiple of %d",
+                       path, c->n_heads, c->n_kv_heads);
+    if (!get_opt(o, "head_dim") && c->hidden_size % c->n_heads != 0)
+        return ib_fail(err, IB_ERR_MODEL,
+                       "%s: field head_dim: absent and hidden_size %d is not a multiple of "
+                       "num_attention_heads %d",
+                       path, c->hidden_size, c->n_heads);
+    if ((st = get_int(path, o, "head_dim", 0, c->hidden_size / c->n_heads, 1, 512, &c->head_dim, err)))
+        return st;
+    if (c->head_dim % 2 != 0)
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field head_dim: %d is odd (rotary needs pairs)", path,
+                       c->head_dim);
+
+    if ((st = get_pos_number(path, o, "rope_theta", 10000.0, &c->rope_theta, err)) ||
+        (st = get_pos_number(path, o, "rms_norm_eps", 1e-6, &c->rms_eps, err)) ||
+        (st = get_bool(path, o, "tie_word_embeddings", 0, &c->tie_embeddings, err)))
+        return st;
+
+    if (get_opt(o, "rope_scaling"))
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field rope_scaling: not supported", path);
+    static const char *const no_bias[] = {"attention_bias", "mlp_bias", "use_sliding_window"};
+    for (int i = 0; i < 3; i++) {
+        int on;
+        if ((st = get_bool(path, o, no_bias[i], 0, &on, err))) return st;
+        if (on) return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s: true not supported", path, no_bias[i]);
+    }
+    json_t *act = get_opt(o, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field hidden_act: \"%s\" not supported (silu)",
+                       path, json_is_string(act) ? json_string_value(act) : "?");
+
+    json_t *q1 = get_opt(o, "quantization"), *q2 = get_opt(o, "quantization_config");
+    if (q1 || q2) {
+        int b1 = 0, g1 = 0;
+        if ((st = get_quant(path, q1 ? "quantization" : "quantization_config", q1 ? q1 : q2,
+                            &c->quant_bits, &c->quant_group, err)))
+            return st;
+        if (q1 && q2) {
+            if ((st = get_quant(path, "quantization_config", q2, &b1, &g1, err))) return st;
+            if (b1 != c->quant_bits || g1 != c->quant_group)
+                return ib_fail(err, IB_ERR_MODEL,
+                               "%s: field quantization_config: bits %d group_size %d disagree with "
+                               "quantization (bits %d group_size %d)",
+                               path, b1, g1, c->quant_bits, c->quant_group);
+        }
+        const char *what[3] = {"hidden_size", "intermediate_size", "num_attention_heads*head_dim"};
+        long long dim[3] = {c->hidden_size, c->intermediate_size, (long long)c->n_heads * c->head_dim};
+        for (int i = 0; i < 3; i++)
+            if (dim[i] % c->quant_group != 0)
+                return ib_fail(err, IB_ERR_MODEL,
+                               "%s: field %s: %lld is not a multiple of quantization group_size %d",
+                               path, what[i], dim[i], c->quant_group);
+    }
+
+    if ((st = get_token_id(path, o, "bos_token_id", c->vocab_size, &c->bos_id, err)) ||
+        (st = get_token_id(path, o, "eos_token_id", c->vocab_size, &c->eos_id, err)))
+        return st;
+    return IB_OK;
+}
+
+ib_status ib_config_load(const char *path, ib_config *out, ib_error *err) {
+    if (!path || !out) return ib_fail(err, IB_ERR_INVALID_ARG, "ib_config_load: NULL argument");
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return ib_fail(err, IB_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    json_error_t jerr;
+    json_t *root = json_loadf(fp, JSON_REJECT_DUPLICATES, &jerr);
+    fclose(fp);
+    if (!root)
+        return ib_fail(err, IB_ERR_FORMAT, "%s: not valid JSON (line %d, column %d): %s", path,
+                       jerr.line, jerr.column, jerr.text);
+    ib_status st;
+    ib_config c;
+    if (!json_is_object(root))
+        st = ib_fail(err, IB_ERR_FORMAT, "%s: expected a JSON object at the top level", path);
+    else
+        st = parse_config(path, root, &c, err);
+    json_decref(root);
+    if (st == IB_OK) *out = c;
+    return st;
+}
+
+/* Smallest %g precision (up to 17) that reads back as exactly x, and at least the number of
+ * integer digits of a whole x below 1e15 (so 10000 prints as 10000.0, not 1e+04). */
+static int real_digits(double x) {
+    char buf[40];
+    int p = 1;
+    if (x == floor(x) && fabs(x) < 1e15)
+        for (double t = fabs(x); t >= 10; t /= 10) p++;
+    for (; p < 17; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, x);
+        if (strtod(buf, NULL) == x) return p;
+    }
+    return 17;
+}
+
+ib_status ib_config_save(const ib_config *cfg, const char *path, ib_error *err) {
+    if (!cfg || !path) return ib_fail(err, IB_ERR_INVALID_ARG, "ib_config_save: NULL argument");
+    if (cfg->arch != IB_ARCH_QWEN3 && cfg->arch != IB_ARCH_LLAMA)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "%s: arch %d unknown", path, (int)cfg->arch);
+    if (!(cfg->rope_theta > 0) || !isfinite(cfg->rope_theta) || !(cfg->rms_eps > 0) ||
+        !isfinite(cfg->rms_eps))
+        return ib_fail(err, IB_ERR_INVALID_ARG, "%s: rope_theta %g / rms_norm_eps %g not positive", path,
+                       cfg->rope_theta, cfg->rms_eps);
+    ib_status st = IB_OK;
+    char *tmp = NULL;
+    int is_qwen = cfg->arch == IB_ARCH_QWEN3;
+    json_t *o = json_object(), *ar = json_array();
+    int bad = !o || json_object_set_new(o, "architectures", ar);
+    bad = bad || json_array_append_new(ar, json_string(is_qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"));
+#define SET(k, v) bad = bad || json_object_set_new(o, (k), (v))
+    SET("model_type", json_string(is_qwen ? "qwen3" : "llama"));
+    SET("vocab_size", json_integer(cfg->vocab_size));
+    SET("hidden_size", json_integer(cfg->hidden_size));
+    SET("num_hidden_layers", json_integer(cfg->n_layers));
+    SET("num_attention_heads", json_integer(cfg->n_heads));
+    SET("num_key_value_heads", json_integer(cfg->n_kv_heads));
+    SET("head_dim", json_integer(cfg->head_dim));
+    SET("intermediate_size", json_integer(cfg->intermediate_size));
+    SET("max_position_embeddings", json_integer(cfg->max_position));
+    SET("rope_theta", json_real(cfg->rope_theta));
+    SET("rms_norm_eps", json_real(cfg->rms_eps));
+    SET("tie_word_embeddings", json_boolean(cfg->tie_embeddings));
+    SET("hidden_act", json_string("silu"));
+    SET("torch_dtype", json_string("bfloat16"));
+    SET("attention_bias", json_false());
+    if (cfg->bos_id >= 0) SET("bos_token_id", json_integer(cfg->bos_id));
+    if (cfg->eos_id >= 0) SET("eos_token_id", json_integer(cfg->eos_id));
+    if (cfg->quant_bits) {
+        for (int i = 0; i < 2; i++) {
+            json_t *q = json_object();
+            SET(i ? "quantization_config" : "quantization", q);
+            bad = bad || json_object_set_new(q, "group_size", json_integer(cfg->quant_group)) ||
+                  json_object_set_new(q, "bits", json_integer(cfg->quant_bits));
+        }
+    }
+#undef SET
+    if (bad) {
+        st = ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    size_t plen = strlen(path);
+    tmp = malloc(plen + 5);
+    if (!tmp) {
+        st = ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp", 5);
+    int d1 = real_digits(cfg->rope_theta), d2 = real_digits(cfg->rms_eps);
+    size_t flags = JSON_INDENT(4) | JSON_SORT_KEYS | JSON_REAL_PRECISION(d1 > d2 ? d1 : d2);
+    if (json_dump_file(o, tmp, flags) != 0) {
+        st = ib_fail(err, IB_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));
+        unlink(tmp);
+        goto done;
+    }
+    if (rename(tmp, path) != 0) {
+        st = ib_fail(err, IB_ERR_IO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+        unlink(tmp);
+        goto done;
+    }
+done:
+    free(tmp);
+    json_decref(o);
+    if (!o) json_decref(ar);
+    return st;
+}
