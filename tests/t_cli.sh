@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# CLI tests: the isobatch tool end to end on a tiny synthetic model — invariance through the CLI,
+# the --check-serial verdict (and that a fault makes it fail), and every bad input: a one-line error
+# naming what was wrong, a non-zero exit, no crash. Bad inputs run under the ASan/UBSan build.
+set -u
+BUILD=${BUILD:-build}
+BIN=$BUILD/isobatch
+ASAN_BIN=build-asan/isobatch
+[ -x "$ASAN_BIN" ] || ASAN_BIN=$BIN
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+pass=0; fail=0
+ok() { pass=$((pass+1)); }
+bad() { fail=$((fail+1)); echo "FAIL: $*"; }
+T=$(mktemp -d /tmp/ib_cli_XXXXXX)
+trap 'rm -rf "$T"' EXIT
+
+"$BIN" mkmodel --preset tiny --seed 3 --bits 4 --out "$T/m" >/dev/null || bad "mkmodel"
+"$BIN" info -m "$T/m" | grep -q "architecture qwen3" && ok || bad "info"
+"$BIN" info -m "$T/m" --json | grep -q '"quant_bits":4' && ok || bad "info --json"
+
+# invariance through the CLI: every line of --json output identical across batch/threads/chunk/isa
+P=(-p "Hello" -p "The quick brown fox jumps over the lazy dog" -p "a" -p "1234567890 1234567890 1234567890"
+   -p "batched decoding must not change answers" -p "xyz xyz xyz xyz xyz xyz xyz xyz xyz xyz xyz xyz")
+"$BIN" generate -m "$T/m" "${P[@]}" -n 10 --ignore-eos --json --batch 1 --threads 1 --isa scalar > "$T/ref" 2>/dev/null \
+    && [ "$(wc -l < "$T/ref")" = 6 ] && ok || bad "generate reference"
+for flags in "--batch 3" "--batch 6 --threads 2" "--batch 4 --prefill-chunk 1" "--batch 2 --prefill-chunk 5 --threads 3" "--isa auto --batch 5"; do
+    # shellcheck disable=SC2086
+    "$BIN" generate -m "$T/m" "${P[@]}" -n 10 --ignore-eos --json $flags > "$T/out" 2>/dev/null
+    cmp -s "$T/ref" "$T/out" && ok || bad "generate $flags differs from --batch 1"
+done
+"$BIN" generate -m "$T/m" "${P[@]}" -n 10 --ignore-eos --temp 0.8 --top-k 40 --top-p 0.9 --seed 5 --json --batch 1 > "$T/s1" 2>/dev/null
+"$BIN" generate -m "$T/m" "${P[@]}" -n 10 --ignore-eos --temp 0.8 --top-k 40 --top-p 0.9 --seed 5 --json --batch 6 > "$T/s6" 2>/dev/null
+cmp -s "$T/s1" "$T/s6" && ok || bad "seeded sampling differs between batch 1 and 6"
+cmp -s "$T/s1" "$T/ref" && bad "sampling gave the greedy output" || ok
+
+# --logits-out: prompt-major float32 rows, 6 prompts x 10 rows x vocab 320
+"$BIN" generate -m "$T/m" "${P[@]}" -n 10 --ignore-eos --batch 4 --logits-out "$T/logits.bin" >/dev/null 2>&1
+[ "$(stat -c %s "$T/logits.bin")" = $((6*10*320*4)) ] && ok || bad "--logits-out size"
+
+# --check-serial passes clean and fails under a fault
+"$BIN" generate -m "$T/m" "${P[@]}" -n 8 --batch 6 --check-serial > "$T/cs" 2>&1 \
+    && grep -q "6 of 6 prompts bitwise identical" "$T/cs" && ok || bad "--check-serial clean"
+"$BIN" generate -m "$T/m" "${P[@]}" -n 8 --batch 6 --check-serial --inject rope-scalar-offset > "$T/cs" 2>&1 \
+    && bad "--check-serial passed under rope-scalar-offset" || ok
+grep -q "differs from its serialized run" "$T/cs" && ok || bad "--check-serial did not name the differing prompt"
+
+# expect_error NAME SUBSTRING CMD...: non-zero exit, the substring in stderr, one line, no sanitizer report
+expect_error() {
+    local name=$1 want=$2; shift 2
+    local err rc
+    err=$("$@" 2>&1 >/dev/null); rc=$?
+    if [ $rc = 0 ]; then bad "$name: exit 0"; return; fi
+    if [ $rc -ge 128 ]; then bad "$name: crashed (exit $rc)"; return; fi
+    if printf '%s' "$err" | grep -qE "AddressSanitizer|runtime error|LeakSanitizer"; then bad "$name: sanitizer: $err"; return; fi
+    if ! printf '%s' "$err" | grep -qF -- "$want"; then bad "$name: message '$err' lacks '$want'"; return; fi
+    if [ "$(printf '%s\n' "$err" | wc -l)" != 1 ]; then bad "$name: not one line: $err"; return; fi
+    ok
+}
+B=$ASAN_BIN
+expect_error "unknown command" "unknown command 'frobnicate'" "$B" frobnicate
+expect_error "unknown flag" "unknown option '--bogus'" "$B" generate -m "$T/m" -p hi --bogus
+expect_error "missing value" "-n: missing value" "$B" generate -m "$T/m" -p hi -n
+expect_error "bad number" "--batch: bad value 'x'" "$B" generate -m "$T/m" -p hi --batch x
+expect_error "bad isa" "--isa: unknown 'sse9'" "$B" generate -m "$T/m" -p hi --isa sse9
+expect_error "no prompt" "no prompt" "$B" generate -m "$T/m"
+expect_error "missing dir" "$T/none" "$B" generate -m "$T/none" -p hi
+expect_error "bad prompt id" "--prompt-ids: bad id" "$B" generate -m "$T/m" --prompt-ids 1,2,99999
+expect_error "context" "exceed the context" "$B" generate -m "$T/m" -p hello -n 5000
+expect_error "mkmodel preset" "--preset: unknown 'huge'" "$B" mkmodel --preset huge --out "$T/x"
+
+# corrupted model directories (each a copy of the good one with one defect)
+mk() { rm -rf "$T/$1"; cp -r "$T/m" "$T/$1"; }
+ST=model.safetensors
+mk notjson; printf '{"model_type": "qwen3",' > "$T/notjson/config.json"
+expect_error "config not JSON" "notjson/config.json" "$B" info -m "$T/notjson"
+mk contra; sed -i 's/"hidden_size": 128/"hidden_size": 256/' "$T/contra/config.json"
+expect_error "config contradicts weights" "shape" "$B" info -m "$T/contra"
+mk arch; sed -i 's/"model_type": "qwen3"/"model_type": "gpt2"/' "$T/arch/config.json"
+expect_error "unknown architecture" "gpt2" "$B" info -m "$T/arch"
+mk trunc; head -c 4 "$T/m/$ST" > "$T/trunc/$ST"
+expect_error "truncated file" "trunc/$ST" "$B" info -m "$T/trunc"
+mk cut; head -c $(( $(stat -c %s "$T/m/$ST") - 1000 )) "$T/m/$ST" > "$T/cut/$ST"
+expect_error "truncated data" "cut/$ST" "$B" info -m "$T/cut"
+mk hlen; printf '\xff\xff\xff\x0f\x00\x00\x00\x00' | dd of="$T/hlen/$ST" bs=1 conv=notrunc status=none
+expect_error "header length past EOF" "header length" "$B" info -m "$T/hlen"
+mk hjson; printf '\x7b\x7b' | dd of="$T/hjson/$ST" bs=1 seek=8 conv=notrunc status=none
+expect_error "header not JSON" "hjson/$ST" "$B" info -m "$T/hjson"
+mk missing; sed -i 's/"model.norm.weight"/"model.norX.weight"/' "$T/missing/$ST"
+expect_error "missing tensor" "model.norm.weight" "$B" info -m "$T/missing"
+mk dtype; sed -i '0,/"dtype":"U32"/s//"dtype":"I32"/' "$T/dtype/$ST"
+expect_error "wrong dtype" "I32" "$B" info -m "$T/dtype"
+mk nocfg; rm "$T/nocfg/config.json"
+expect_error "missing config" "nocfg/config.json" "$B" info -m "$T/nocfg"
+
+echo "t_cli: $pass passed, $fail failed"
+[ $fail = 0 ]
