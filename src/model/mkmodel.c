@@ -1,0 +1,508 @@
+/*
+ * mkmodel.c — synthetic Qwen3 model directories with deterministic random weights (see mkmodel.h).
+ *
+ * Layout written (mlx-lm key names):
+ *   model.embed_tokens.weight [V][D]             (+ .scales/.biases when quantized)
+ *   model.layers.{i}.self_attn.{q,k,v,o}_proj.weight, model.layers.{i}.mlp.{gate,up,down}_proj.weight
+ *                                                (+ .scales/.biases when quantized)
+ *   model.layers.{i}.self_attn.{q,k}_norm.weight [head_dim]
+ *   model.layers.{i}.{input,post_attention}_layernorm.weight [D]
+ *   model.norm.weight [D], lm_head.weight [V][D] only when untied (+ .scales/.biases)
+ * Dtypes: quantized weights U32 [N][K*bits/32] with BF16 scales/biases [N][K/group]; norms BF16 for
+ * bits 4/8/16 and F32 for bits 32; float weights BF16 (16) or F32 (32).
+ *
+ * Memory stays bounded: the safetensors file is streamed. Every tensor's name, dtype and shape are
+ * known up front, so the header (sorted by name, "__metadata__": {"format": "mlx"}, padded with
+ * spaces so the data region starts 8-byte aligned) is written first, and then each tensor is
+ * generated a block of rows at a time (the generator is counter-based, quantization is per row) and
+ * written at its offset with pwrite. Tensors are stored contiguously in name order; every size is a
+ * multiple of 8 bytes, so every tensor is 8-byte aligned. Peak memory: about 150 KB of row buffers plus
+ * the header, whatever the preset.
+ *
+ * Weights before storage: for bits 4/8/16 each generated float is first rounded to bfloat16 (as if
+ * the source checkpoint were bf16), so the quantized models are quantizations of exactly the weights
+ * of the 16-bit model with the same seed; bits 32 keeps the generated floats.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "model/config.h"
+#include "model/mkmodel.h"
+#include "model/safetensors.h"
+#include "tokenizer/tokenizer.h"
+
+/* ---------------------------------------------------------------- quantizer */
+
+/* MLX affine quantization of W[N][K] (contract in mkmodel.h). bits divides 32 and group is a
+ * multiple of 32/bits. Codes are packed 32/bits per uint32, element j of a word at bits
+ * [j*bits, (j+1)*bits). */
+void ib_mlx_quantize(const float *w, int N, int K, int bits, int group, int round_bf16,
+                     uint32_t *wq, float *scales, float *biases) {
+    const int n_bins = (1 << bits) - 1;
+    const int per_word = 32 / bits;
+    const int words_per_row = K / per_word;
+    const int groups = K / group;
+    for (int n = 0; n < N; n++) {
+        const float *row = w + (size_t)n * K;                         /* [K] */
+        uint32_t *qrow = wq + (size_t)n * words_per_row;              /* [K*bits/32] */
+        for (int g = 0; g < groups; g++) {
+            const float *x = row + (size_t)g * group;                  /* [group] */
+            float mx = x[0], mn = x[0];
+            for (int j = 1; j < group; j++) {
+                if (x[j] > mx) mx = x[j];
+                if (x[j] < mn) mn = x[j];
+            }
+            float scale = (mx - mn) / (float)n_bins;
+            if (!(scale > 1e-7f)) scale = 1e-7f;
+            float edge = fabsf(mn) > fabsf(mx) ? mn : mx;
+            if (!(fabsf(mn) > fabsf(mx))) scale = -scale;
+            float q0 = rintf(edge / scale);
+            float bias = 0.0f;
+            if (q0 != 0.0f) {
+                scale = edge / q0;
+                bias = edge;
+            }
+            if (round_bf16) {
+                scale = ib_bf16_to_f32(ib_f32_to_bf16(scale));
+                bias = ib_bf16_to_f32(ib_f32_to_bf16(bias));
+            }
+            scales[(size_t)n * groups + g] = scale;
+            biases[(size_t)n * groups + g] = bias;
+            /* group is a multiple of 32, so a group fills whole words */
+            uint32_t *qw = qrow + (size_t)g * group / per_word;
+            for (int j0 = 0; j0 < group; j0 += per_word) {
+                uint32_t word = 0;
+                for (int j = 0; j < per_word; j++) {
+                    float q = rintf((x[j0 + j] - bias) / scale);
+                    if (!(q >= 0.0f)) q = 0.0f;                /* NaN -> 0 too */
+                    if (q > (float)n_bins) q = (float)n_bins;
+                    word |= (uint32_t)q << (j * bits);
+                }
+                qw[j0 / per_word] = word;
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- generator */
+
+/* SplitMix64's finalizer: a bijective 64-bit mix. */
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+#define GOLDEN 0x9E3779B97F4A7C15ull
+
+/* Key of tensor `index` under `seed`. */
+static uint64_t tensor_key(uint64_t seed, int index) {
+    return mix64(mix64(seed ^ 0x5851F42D4C957F2Dull) + (uint64_t)(index + 1) * GOLDEN);
+}
+
+/* Element e of the tensor keyed `key`: uniform on (-1, 1), symmetric, an odd multiple of 2^-24
+ * (exact in float32). */
+static inline float uniform_pm1(uint64_t key, uint64_t e) {
+    uint64_t x = mix64(key + (e + 1) * GOLDEN);
+    int32_t v = (int32_t)(2 * (x >> 40)) + 1 - (1 << 24);         /* odd, in [-(2^24-1), 2^24-1] */
+    return (float)v * (1.0f / 16777216.0f);
+}
+
+/* ---------------------------------------------------------------- model layout */
+
+typedef struct preset {
+    const char *name;
+    int vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx;
+} preset;
+
+static const preset presets[] = {
+    {"tiny", 320, 128, 2, 4, 2, 32, 384, 2048},
+    {"qwen3-0.6b", 151936, 1024, 28, 16, 8, 128, 3072, 40960},
+};
+
+enum { K_LINEAR, K_EMBED, K_NORM };         /* what a generated matrix is */
+enum { P_WEIGHT, P_SCALES, P_BIASES };      /* which stored part of it a tensor entry holds */
+
+/* One generated matrix W[N][K] (a norm is N = 1). */
+typedef struct gen_mat {
+    char base[80];          /* name without ".weight" */
+    int kind, index;        /* kind; generator index (stable: independent of bits and tying) */
+    int N, K;
+    int quantized;
+    size_t off[3];          /* data-region offsets of weight, scales, biases */
+} gen_mat;
+
+/* One stored tensor (header entry). */
+typedef struct tensor_ent {
+    char name[96];
+    const char *dtype;      /* "U32" | "BF16" | "F32" */
+    int64_t shape[2];
+    int ndim;
+    size_t nbytes;
+    gen_mat *mat;
+    int part;
+} tensor_ent;
+
+static int cmp_ent(const void *a, const void *b) {
+    return strcmp(((const tensor_ent *)a)->name, ((const tensor_ent *)b)->name);
+}
+
+/* ---------------------------------------------------------------- file helpers */
+
+/* mkdir -p dir. */
+static ib_status mkdir_p(const char *dir, ib_error *err) {
+    size_t n = strlen(dir);
+    char *p = malloc(n + 1);
+    if (!p) return ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", dir);
+    memcpy(p, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (p[i] != '/' && p[i] != '\0') continue;
+        char c = p[i];
+        p[i] = '\0';
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+            ib_status st = ib_fail(err, IB_ERR_IO, "%s: cannot create directory: %s", p, strerror(errno));
+            free(p);
+            return st;
+        }
+        p[i] = c;
+    }
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        free(p);
+        return ib_fail(err, IB_ERR_IO, "%s: not a directory", dir);
+    }
+    free(p);
+    return IB_OK;
+}
+
+/* Write all of buf at offset off of fd. */
+static int pwrite_all(int fd, const void *buf, size_t n, off_t off) {
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = pwrite(fd, p, n, off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+        off += w;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- safetensors streaming */
+
+/* Output bytes per block of rows (8 KB). Blocks therefore hold different row counts at different
+ * bit widths, which the tests use to show the generator does not depend on the blocking. */
+#define BLOCK_BYTES (1 << 13)
+#define BLOCK_ELEMS_MAX (2 * BLOCK_BYTES)      /* 4-bit: half a byte per element */
+
+typedef struct gen_bufs {
+    float *w;                   /* [rows][K] generated (and bf16-rounded) values */
+    uint32_t *wq;               /* [rows][K*bits/32] */
+    float *s, *b;               /* [rows][K/group] */
+    uint16_t *h;                /* [rows * K] bf16 staging */
+} gen_bufs;
+
+/* Generate rows [r0, r0+nr) of matrix m into bufs->w. */
+static void gen_rows(const gen_mat *m, uint64_t seed, int bits, int r0, int nr, float *w) {
+    uint64_t key = tensor_key(seed, m->index);
+    float a = 0.0f;
+    if (m->kind == K_LINEAR) a = sqrtf(3.0f / (float)m->K);    /* std 1/sqrt(fan_in) */
+    else if (m->kind == K_EMBED) a = sqrtf(3.0f);                /* std 1 */
+    size_t e0 = (size_t)r0 * m->K, n = (size_t)nr * m->K;
+    for (size_t i = 0; i < n; i++) {
+        float u = uniform_pm1(key, e0 + i);
+        float v = m->kind == K_NORM ? 1.0f + 0.1f * u : a * u;
+        if (bits != 32) v = ib_bf16_to_f32(ib_f32_to_bf16(v));
+        w[i] = v;
+    }
+}
+
+/* Generate matrix m and write its stored parts at data_start + m->off[*]. */
+static ib_status write_mat(int fd, const char *path, off_t data_start, const gen_mat *m, uint64_t seed,
+                           int bits, int group, gen_bufs *bf, ib_error *err) {
+    /* stored bytes per element, times 2 (4-bit codes are half a byte) */
+    int twice = m->quantized ? bits / 4 : bits == 32 ? 8 : 4;
+    int rows = (int)(2 * (size_t)BLOCK_BYTES / ((size_t)m->K * twice));
+    if (rows < 1) rows = 1;
+    size_t wq_row = m->quantized ? (size_t)m->K * bits / 32 : 0, g_row = m->quantized ? (size_t)m->K / group : 0;
+    for (int r0 = 0; r0 < m->N; r0 += rows) {
+        int nr = m->N - r0 < rows ? m->N - r0 : rows;
+        size_t n = (size_t)nr * m->K;
+        gen_rows(m, seed, bits, r0, nr, bf->w);
+        int bad = 0;
+        if (m->quantized) {
+            ib_mlx_quantize(bf->w, nr, m->K, bits, group, 1, bf->wq, bf->s, bf->b);
+            size_t ng = (size_t)nr * g_row;
+            for (size_t i = 0; i < ng; i++) bf->h[i] = ib_f32_to_bf16(bf->s[i]);
+            bad |= pwrite_all(fd, bf->wq, (size_t)nr * wq_row * 4, data_start + (off_t)(m->off[P_WEIGHT] + (size_t)r0 * wq_row * 4));
+            bad |= pwrite_all(fd, bf->h, ng * 2, data_start + (off_t)(m->off[P_SCALES] + (size_t)r0 * g_row * 2));
+            for (size_t i = 0; i < ng; i++) bf->h[i] = ib_f32_to_bf16(bf->b[i]);
+            bad |= pwrite_all(fd, bf->h, ng * 2, data_start + (off_t)(m->off[P_BIASES] + (size_t)r0 * g_row * 2));
+        } else if (bits == 32) {
+            bad |= pwrite_all(fd, bf->w, n * 4, data_start + (off_t)(m->off[P_WEIGHT] + (size_t)r0 * m->K * 4));
+        } else {
+            for (size_t i = 0; i < n; i++) bf->h[i] = ib_f32_to_bf16(bf->w[i]);  /* exact: already bf16 */
+            bad |= pwrite_all(fd, bf->h, n * 2, data_start + (off_t)(m->off[P_WEIGHT] + (size_t)r0 * m->K * 2));
+        }
+        if (bad) return ib_fail(err, IB_ERR_IO, "%s: tensor %s: write failed: %s", path, m->base, strerror(errno));
+    }
+    return IB_OK;
+}
+
+/* Build the header JSON text for ents (sorted), padded with spaces so 8 + length is a multiple
+ * of 8. Returns a malloc'd string (length in *len) or NULL when out of memory. */
+static char *build_header(const tensor_ent *ents, int n, size_t *len) {
+    json_t *root = json_object();
+    int bad = !root;
+    json_t *meta = json_object();
+    if (!meta || json_object_set_new(root, "__metadata__", meta) != 0) bad = 1;
+    else if (json_object_set_new(meta, "format", json_string("mlx")) != 0) bad = 1;
+    for (int i = 0; i < n && !bad; i++) {
+        const tensor_ent *t = &ents[i];
+        size_t begin = t->mat->off[t->part];
+        json_t *e = json_object(), *shape = json_array(), *offs = json_array();
+        if (!e || !shape || !offs) { json_decref(e); json_decref(shape); json_decref(offs); bad = 1; break; }
+        for (int d = 0; d < t->ndim; d++) bad |= json_array_append_new(shape, json_integer(t->shape[d]));
+        bad |= json_array_append_new(offs, json_integer((json_int_t)begin));
+        bad |= json_array_append_new(offs, json_integer((json_int_t)(begin + t->nbytes)));
+        bad |= json_object_set_new(e, "dtype", json_string(t->dtype));
+        bad |= json_object_set_new(e, "shape", shape);
+        bad |= json_object_set_new(e, "data_offsets", offs);
+        bad |= json_object_set_new(root, t->name, e);
+    }
+    char *s = bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(root);
+    if (!s) return NULL;
+    size_t l = strlen(s), padded = l + ((8 - (8 + l) % 8) % 8);
+    char *out = realloc(s, padded + 1);
+    if (!out) { free(s); return NULL; }
+    memset(out + l, ' ', padded - l);
+    out[padded] = '\0';
+    *len = padded;
+    return out;
+}
+
+/* Write model.safetensors of preset p to path (through path + ".tmp"; nothing left on failure). */
+static ib_status write_weights(const char *path, const preset *p, const ib_mkmodel_opts *o, int group,
+                               ib_error *err) {
+    ib_status st = IB_OK;
+    const int L = p->layers, D = p->hidden, qd = p->heads * p->head_dim, kvd = p->kv_heads * p->head_dim;
+    const int quant = o->bits == 4 || o->bits == 8;
+    const int n_mats = 1 + 11 * L + 1 + (o->tied ? 0 : 1);
+    gen_mat *mats = calloc((size_t)n_mats, sizeof *mats);
+    tensor_ent *ents = calloc((size_t)n_mats * 3, sizeof *ents);
+    gen_bufs bf = {0};
+    char *hdr = NULL, *tmp = NULL;
+    int fd = -1;
+    if (!mats || !ents) goto nomem;
+
+    /* matrices, in generator-index order */
+    int nm = 0;
+#define MAT(KIND, IDX, NN, KK, ...)                                                   \
+    do {                                                                              \
+        gen_mat *m_ = &mats[nm++];                                                    \
+        snprintf(m_->base, sizeof m_->base, __VA_ARGS__);                             \
+        m_->kind = (KIND); m_->index = (IDX); m_->N = (NN); m_->K = (KK);             \
+        m_->quantized = quant && (KIND) != K_NORM;                                    \
+    } while (0)
+    MAT(K_EMBED, 0, p->vocab, D, "model.embed_tokens");
+    for (int i = 0; i < L; i++) {
+        int b = 1 + 11 * i;
+        MAT(K_LINEAR, b + 0, qd, D, "model.layers.%d.self_attn.q_proj", i);
+        MAT(K_LINEAR, b + 1, kvd, D, "model.layers.%d.self_attn.k_proj", i);
+        MAT(K_LINEAR, b + 2, kvd, D, "model.layers.%d.self_attn.v_proj", i);
+        MAT(K_LINEAR, b + 3, D, qd, "model.layers.%d.self_attn.o_proj", i);
+        MAT(K_NORM, b + 4, 1, p->head_dim, "model.layers.%d.self_attn.q_norm", i);
+        MAT(K_NORM, b + 5, 1, p->head_dim, "model.layers.%d.self_attn.k_norm", i);
+        MAT(K_NORM, b + 6, 1, D, "model.layers.%d.input_layernorm", i);
+        MAT(K_NORM, b + 7, 1, D, "model.layers.%d.post_attention_layernorm", i);
+        MAT(K_LINEAR, b + 8, p->ffn, D, "model.layers.%d.mlp.gate_proj", i);
+        MAT(K_LINEAR, b + 9, p->ffn, D, "model.layers.%d.mlp.up_proj", i);
+        MAT(K_LINEAR, b + 10, D, p->ffn, "model.layers.%d.mlp.down_proj", i);
+    }
+    MAT(K_NORM, 1 + 11 * L, 1, D, "model.norm");
+    if (!o->tied) MAT(K_LINEAR, 2 + 11 * L, p->vocab, D, "lm_head");
+#undef MAT
+
+    /* stored tensors */
+    int ne = 0;
+    size_t max_k = 0;
+    for (int i = 0; i < nm; i++) {
+        gen_mat *m = &mats[i];
+        if ((size_t)m->K > max_k) max_k = (size_t)m->K;
+        for (int part = 0; part < (m->quantized ? 3 : 1); part++) {
+            tensor_ent *t = &ents[ne++];
+            static const char *const suffix[3] = {"weight", "scales", "biases"};
+            snprintf(t->name, sizeof t->name, "%s.%s", m->base, suffix[part]);
+            t->mat = m;
+            t->part = part;
+            t->ndim = m->kind == K_NORM ? 1 : 2;
+            t->shape[0] = m->kind == K_NORM ? m->K : m->N;
+            size_t elem;
+            if (part == P_WEIGHT && m->quantized) {
+                t->dtype = "U32";
+                t->shape[1] = (int64_t)m->K * o->bits / 32;
+                elem = 4;
+            } else if (part != P_WEIGHT) {
+                t->dtype = "BF16";
+                t->shape[1] = m->K / group;
+                elem = 2;
+            } else {
+                t->dtype = o->bits == 32 ? "F32" : "BF16";
+                t->shape[1] = m->K;
+                elem = o->bits == 32 ? 4 : 2;
+            }
+            t->nbytes = elem * (size_t)t->shape[0] * (t->ndim == 2 ? (size_t)t->shape[1] : 1);
+        }
+    }
+    qsort(ents, (size_t)ne, sizeof *ents, cmp_ent);
+    size_t data_len = 0;
+    for (int i = 0; i < ne; i++) {
+        ents[i].mat->off[ents[i].part] = data_len;
+        /* every size of both presets is a multiple of 8, so this rounding never leaves a gap */
+        data_len += (ents[i].nbytes + 7) & ~(size_t)7;
+    }
+
+    size_t hlen = 0;
+    hdr = build_header(ents, ne, &hlen);
+    if (!hdr) goto nomem;
+
+    size_t cap = BLOCK_ELEMS_MAX > max_k ? BLOCK_ELEMS_MAX : max_k;   /* elements of one block of rows */
+    bf.w = malloc(cap * sizeof *bf.w);
+    bf.wq = malloc(cap / 2 * sizeof *bf.wq + 4);     /* at most 8 bits per element */
+    bf.s = malloc(cap / 32 * sizeof *bf.s + 4);
+    bf.b = malloc(cap / 32 * sizeof *bf.b + 4);
+    bf.h = malloc(cap * sizeof *bf.h);
+    if (!bf.w || !bf.wq || !bf.s || !bf.b || !bf.h) goto nomem;
+
+    size_t pl = strlen(path);
+    tmp = malloc(pl + 5);
+    if (!tmp) goto nomem;
+    memcpy(tmp, path, pl);
+    memcpy(tmp + pl, ".tmp", 5);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) { st = ib_fail(err, IB_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno)); goto fail; }
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    if (pwrite_all(fd, len8, 8, 0) || pwrite_all(fd, hdr, hlen, 8)) {
+        st = ib_fail(err, IB_ERR_IO, "%s: header write failed: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    if (ftruncate(fd, (off_t)(8 + hlen + data_len)) != 0) {
+        st = ib_fail(err, IB_ERR_IO, "%s: cannot size to %zu bytes: %s", tmp, 8 + hlen + data_len, strerror(errno));
+        goto fail;
+    }
+    for (int i = 0; i < nm; i++)
+        if ((st = write_mat(fd, tmp, (off_t)(8 + hlen), &mats[i], o->seed, o->bits, group, &bf, err))) goto fail;
+    if (close(fd) != 0) {
+        fd = -1;
+        st = ib_fail(err, IB_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        st = ib_fail(err, IB_ERR_IO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+        goto fail;
+    }
+    goto done;
+
+nomem:
+    st = ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", path);
+fail:
+    if (fd >= 0) close(fd);
+    if (tmp) unlink(tmp);
+done:
+    free(tmp);
+    free(hdr);
+    free(bf.w); free(bf.wq); free(bf.s); free(bf.b); free(bf.h);
+    free(mats);
+    free(ents);
+    return st;
+}
+
+/* ---------------------------------------------------------------- entry point */
+
+/* Create dir and write config.json, model.safetensors, tokenizer.json and tokenizer_config.json.
+ * Options are validated first; on failure the files this call wrote are removed, and dir too when
+ * this call created it (parents that mkdir -p made stay). */
+ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err) {
+    if (!dir || !opts || !opts->preset)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: dir, options and preset are required");
+    const preset *p = NULL;
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (strcmp(presets[i].name, opts->preset) == 0) p = &presets[i];
+    if (!p) return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset \"%s\" unknown (tiny | qwen3-0.6b)", opts->preset);
+    if (opts->bits != 4 && opts->bits != 8 && opts->bits != 16 && opts->bits != 32)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: bits %d not one of 4, 8, 16, 32", opts->bits);
+    int group = opts->group ? opts->group : 64;
+    if (group != 32 && group != 64 && group != 128)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: group %d not one of 32, 64, 128", opts->group);
+    const int quant = opts->bits == 4 || opts->bits == 8;
+    /* every quantized input dimension must be a whole number of groups */
+    if (quant && (p->hidden % group || p->ffn % group || (p->heads * p->head_dim) % group))
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset %s: group %d does not divide the input sizes", p->name, group);
+
+    struct stat sb;
+    int existed = stat(dir, &sb) == 0;
+    ib_status st = mkdir_p(dir, err);
+    if (st) return st;
+    size_t dl = strlen(dir) + 32;
+    char *p_cfg = malloc(dl), *p_st = malloc(dl);
+    if (!p_cfg || !p_st) {
+        st = ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", dir);
+        goto done;
+    }
+    snprintf(p_cfg, dl, "%s/config.json", dir);
+    snprintf(p_st, dl, "%s/model.safetensors", dir);
+
+    ib_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.arch = IB_ARCH_QWEN3;
+    cfg.vocab_size = p->vocab;
+    cfg.hidden_size = p->hidden;
+    cfg.n_layers = p->layers;
+    cfg.n_heads = p->heads;
+    cfg.n_kv_heads = p->kv_heads;
+    cfg.head_dim = p->head_dim;
+    cfg.intermediate_size = p->ffn;
+    cfg.max_position = p->ctx;
+    cfg.rope_theta = 1000000.0;
+    cfg.rms_eps = 1e-6;
+    cfg.tie_embeddings = opts->tied ? 1 : 0;
+    cfg.qk_norm = 1;
+    cfg.quant_bits = quant ? opts->bits : 0;
+    cfg.quant_group = quant ? group : 0;
+    cfg.bos_id = -1;
+    cfg.eos_id = 258;               /* <|im_end|> of the byte tokenizer */
+
+    static const char *const specials[3] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+    int wrote_cfg = 0, wrote_st = 0;
+    if ((st = ib_config_save(&cfg, p_cfg, err))) goto fail;
+    wrote_cfg = 1;
+    if ((st = write_weights(p_st, p, opts, group, err))) goto fail;
+    wrote_st = 1;
+    if ((st = ib_tokenizer_write_bytelevel(dir, specials, 3, err))) goto fail;
+    goto done;
+
+fail:
+    if (wrote_cfg) unlink(p_cfg);
+    if (wrote_st) unlink(p_st);
+    if (!existed) rmdir(dir);       /* only the last level, and only when empty */
+done:
+    free(p_cfg);
+    free(p_st);
+    return st;
+}
