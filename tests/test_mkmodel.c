@@ -355,8 +355,9 @@ static void check_layout(const char *dir, int bits, int group, int tied) {
         const ib_st_tensor *t = ib_st_find(s, "model.embed_tokens.weight");
         if (t) {
             stats(t, &ms, &mn, &mx);
-            CHECK(ms > 0.95 && ms < 1.05 && mn > -1.74f && mx < 1.74f && mn < -1.7f && mx > 1.7f,
-                  "embedding: mean square %g range [%g, %g] (uniform, std 1)", ms, mn, mx);
+            /* uniform with std 1/sqrt(hidden = 128): range +-sqrt(3/128) ~ 0.153 */
+            CHECK(fabs(ms * 128 - 1) < 0.05 && mn > -0.1535f && mx < 0.1535f && mn < -0.15f && mx > 0.15f,
+                  "embedding: mean square * 128 = %g, range [%g, %g] (uniform, std 1/sqrt(128))", ms * 128, mn, mx);
         }
         t = ib_st_find(s, "model.layers.1.mlp.down_proj.weight");
         if (t) {

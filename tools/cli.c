@@ -48,7 +48,7 @@ int cli_int(const char *flag, const char *s, long lo, long hi, long *out) {
     long v = strtol(s, &end, 10);
     if (errno || end == s || *end || v < lo || v > hi) {
         cli_usage_error("%s: bad value '%s' (an integer from %ld to %ld)", flag, s, lo, hi);
-        return -1;
+        return 2;
     }
     *out = v;
     return 0;
@@ -60,7 +60,7 @@ int cli_float(const char *flag, const char *s, double lo, double hi, double *out
     double v = strtod(s, &end);
     if (errno || end == s || *end || !(v >= lo && v <= hi)) {
         cli_usage_error("%s: bad value '%s' (a number from %g to %g)", flag, s, lo, hi);
-        return -1;
+        return 2;
     }
     *out = v;
     return 0;
@@ -72,7 +72,7 @@ int cli_u64(const char *flag, const char *s, uint64_t *out) {
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s || *end || s[0] == '-') {
         cli_usage_error("%s: bad value '%s' (a non-negative integer)", flag, s);
-        return -1;
+        return 2;
     }
     *out = v;
     return 0;

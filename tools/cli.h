@@ -19,7 +19,8 @@ int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Flag value: argv[*i + 1], advancing *i; prints an error and returns NULL when missing. */
 const char *cli_value(int argc, char **argv, int *i);
 
-/* Parse a whole decimal integer / float; 0 on success, -1 (after printing "flag: bad value") otherwise. */
+/* Parse a whole decimal integer / float; 0 on success, 2 (the usage exit code, after printing
+ * "flag: bad value") otherwise. */
 int cli_int(const char *flag, const char *s, long lo, long hi, long *out);
 int cli_float(const char *flag, const char *s, double lo, double hi, double *out);
 int cli_u64(const char *flag, const char *s, uint64_t *out);

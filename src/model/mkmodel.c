@@ -220,7 +220,7 @@ static void gen_rows(const gen_mat *m, uint64_t seed, int bits, int r0, int nr, 
     uint64_t key = tensor_key(seed, m->index);
     float a = 0.0f;
     if (m->kind == K_LINEAR) a = sqrtf(3.0f / (float)m->K);    /* std 1/sqrt(fan_in) */
-    else if (m->kind == K_EMBED) a = sqrtf(3.0f);                /* std 1 */
+    else if (m->kind == K_EMBED) a = sqrtf(3.0f / (float)m->K);  /* std 1/sqrt(D): tied logits of std ~1 */
     size_t e0 = (size_t)r0 * m->K, n = (size_t)nr * m->K;
     for (size_t i = 0; i < n; i++) {
         float u = uniform_pm1(key, e0 + i);

@@ -9,7 +9,8 @@
  * bits: 4 or 8 -> MLX affine quantized (group 64 unless given), bf16 scales/biases, float norms;
  *       16 -> bfloat16 weights; 32 -> float32 weights.
  * Weights are drawn from a deterministic generator keyed by seed: linear weights uniform with
- * standard deviation 1/sqrt(fan_in), embeddings std 1, norm weights 1 + U(-0.1, 0.1).
+ * standard deviation 1/sqrt(fan_in), embeddings std 1/sqrt(hidden) (so tied logits have std ~1,
+ * a broad next-token distribution), norm weights 1 + U(-0.1, 0.1).
  * Quantization follows MLX's affine quantizer exactly (see ib_mlx_quantize).
  */
 #ifndef IB_MODEL_MKMODEL_H
