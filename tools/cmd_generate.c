@@ -196,6 +196,13 @@ static int write_logits(const char *path, const ib_gen_result *res, int n, int v
     return 0;
 }
 
+/* Replace control characters (other than newline and tab) by '.', for terminal display. */
+static void printable(char *s) {
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 && *s != '\n' && *s != '\t') *s = '.';
+        else if (*s == 0x7f) *s = '.';
+}
+
 static void print_results(const ib_model *m, const gen_args *a, const prompts *p, const ib_gen_result *res) {
     for (int i = 0; i < p->n; i++) {
         char *text = decode_text(m, res[i].tokens, res[i].n_tokens);
@@ -216,8 +223,10 @@ static void print_results(const ib_model *m, const gen_args *a, const prompts *p
             json_decref(o);
         } else {
             char *ptext = p->text[i] ? NULL : decode_text(m, p->ids[i], p->len[i]);
+            if (text) printable(text);
+            if (ptext) printable(ptext);
             printf("[%d] %s", i, p->text[i] ? p->text[i] : ptext ? ptext : "");
-            printf("%s\n    digest %s, %d tokens, %s\n", text ? text : "", digest, res[i].n_tokens, res[i].finish);
+            printf(" | %s\n    digest %s, %d tokens, %s\n", text ? text : "", digest, res[i].n_tokens, res[i].finish);
             free(ptext);
         }
         free(text);
