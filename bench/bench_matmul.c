@@ -1,0 +1,117 @@
+/*
+ * bench_matmul.c — prints (asserts nothing) the time of 1-row and 16-row products of a 1024 -> 3072
+ * (K = 1024, N = 3072) matrix in Q4 and Q8 (group 64) and float32, per supported ISA, activation
+ * mode and thread count. Not built by `make`; after `make build/libisobatch.a`:
+ *
+ *   cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -pthread bench/bench_matmul.c build/libisobatch.a \
+ *      -ljansson -lm -pthread -o build/bench_matmul && ./build/bench_matmul
+ *
+ * "GB/s" is the matrix's in-memory bytes (packed weights + float scales/biases) per second; the
+ * matrix is small enough to stay in a large L3, so it can exceed DRAM bandwidth.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backends/cpu/cpu.h"
+#include "core/pool.h"
+#include "ops/matmul.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t st = 12345;
+static uint32_t rnd(void) {
+    st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (uint32_t)(st >> 32);
+}
+
+/* Seconds per product (best of several batches of repetitions). */
+static double time_product(const ib_matrix *m, const float *x, int B, const ib_act_buf *q, ib_act act, ib_isa isa,
+                           ib_pool *pool, float *y) {
+    ib_matmul(m, x, B, q, act, isa, pool, y, m->rows); /* warm up */
+    int reps = 1;
+    for (;;) {
+        double t0 = now();
+        for (int i = 0; i < reps; i++) ib_matmul(m, x, B, q, act, isa, pool, y, m->rows);
+        double t = now() - t0;
+        if (t > 0.05) break;
+        reps *= 2;
+    }
+    double best = 1e30;
+    for (int trial = 0; trial < 5; trial++) {
+        double t0 = now();
+        for (int i = 0; i < reps; i++) ib_matmul(m, x, B, q, act, isa, pool, y, m->rows);
+        double t = (now() - t0) / reps;
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+int main(void) {
+    const int K = 1024, N = 3072, G = 64, BMAXR = 16;
+    ib_error err;
+    ib_matrix mats[3];
+    const char *names[3] = {"q4", "q8", "f32"};
+    float *scales = malloc(sizeof(float) * N * (K / G)), *biases = malloc(sizeof(float) * N * (K / G));
+    uint32_t *wq = malloc(sizeof(uint32_t) * (size_t)N * K / 4);
+    float *wf = malloc(sizeof(float) * (size_t)N * K);
+    for (int i = 0; i < N * (K / G); i++) {
+        scales[i] = 0.01f + (float)(rnd() % 100) * 1e-4f;
+        biases[i] = -0.08f;
+    }
+    for (size_t i = 0; i < (size_t)N * K / 4; i++) wq[i] = rnd();
+    for (size_t i = 0; i < (size_t)N * K; i++) wf[i] = (float)((int)(rnd() % 2001) - 1000) * 1e-4f;
+    if (ib_matrix_from_mlx(&mats[0], wq, scales, biases, N, K, 4, G, &err) ||
+        ib_matrix_from_mlx(&mats[1], wq, scales, biases, N, K, 8, G, &err) ||
+        ib_matrix_from_f32(&mats[2], wf, N, K, &err)) {
+        fprintf(stderr, "bench_matmul: %s\n", err.msg);
+        return 1;
+    }
+    float *x = malloc(sizeof(float) * BMAXR * K), *y = malloc(sizeof(float) * BMAXR * N);
+    for (int i = 0; i < BMAXR * K; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) * 1e-3f;
+    int8_t *xq = malloc((size_t)BMAXR * K);
+    float *d = malloc(sizeof(float) * BMAXR * (K / G)), *ad = malloc(sizeof(float) * BMAXR * (K / G));
+    ib_quantize_act(x, BMAXR, K, G, xq, d, ad);
+    ib_act_buf q = {xq, d, ad};
+    ib_pool *pool2 = NULL;
+    if (ib_pool_create(2, &pool2, &err)) {
+        fprintf(stderr, "bench_matmul: %s\n", err.msg);
+        return 1;
+    }
+
+    printf("matrix K=%d -> N=%d, group %d; times per product\n", K, N, G);
+    printf("%-7s %-4s %-4s %3s %3s %10s %9s %9s\n", "isa", "w", "act", "B", "thr", "us", "GB/s", "GMAC/s");
+    for (int isa = IB_ISA_SCALAR; isa <= IB_ISA_AVX512; isa++) {
+        if (!ib_isa_supported((ib_isa)isa)) continue;
+        for (int mi = 0; mi < 3; mi++)
+            for (int act = IB_ACT_F32; act <= IB_ACT_Q8; act++) {
+                if (act == IB_ACT_Q8 && mats[mi].fmt == IB_WF32) continue;
+                for (int bi = 0; bi < 2; bi++)
+                    for (int th = 1; th <= 2; th++) {
+                        int B = bi ? 16 : 1;
+                        double t = time_product(&mats[mi], x, B, &q, (ib_act)act, (ib_isa)isa, th == 2 ? pool2 : NULL, y);
+                        printf("%-7s %-4s %-4s %3d %3d %10.1f %9.2f %9.2f\n", ib_isa_name((ib_isa)isa), names[mi],
+                               act == IB_ACT_Q8 ? "q8" : "f32", B, th, t * 1e6, (double)mats[mi].bytes / t * 1e-9,
+                               (double)B * N * K / t * 1e-9);
+                    }
+            }
+    }
+    for (int i = 0; i < 3; i++) ib_matrix_free(&mats[i]);
+    ib_pool_free(pool2);
+    free(scales);
+    free(biases);
+    free(wq);
+    free(wf);
+    free(x);
+    free(y);
+    free(xq);
+    free(d);
+    free(ad);
+    return 0;
+}

@@ -1,0 +1,310 @@
+/*
+ * matmul_avx2.c — the AVX2 panel kernel. Same arithmetic as matmul_scalar.c, bit for bit: a ymm
+ * register holds 8 lanes (outputs) of a panel, every lane walks K (or the groups) in the canonical
+ * order, and products and sums are separate vmulps / vaddps (vfmadd only under IB_FAULT_ISA_FMA).
+ * Integer group sums (Q8 activations) are exact, so their order is free:
+ *   Q4 weights: vpmaddubsw(u4 code, s8 x) -> int16 pairs (|.| <= 2*15*127 = 3810); eight of them
+ *               are added in int16 (<= 30480 < 32767, no overflow) per 32 k, then vpmaddwd by 1.
+ *   Q8 weights: codes up to 255 would saturate vpmaddubsw, so the code bytes are split into even and
+ *               odd int16 (and / shift) and multiplied with the sign-extended activations by vpmaddwd.
+ */
+#include <immintrin.h>
+
+#include "backends/cpu/pack.h"
+
+#define AI static inline __attribute__((always_inline))
+
+/* ---------------------------------------------------------------- dequantization (F32 path) */
+
+/* Input: 8 lanes x 4 bytes (byte 4j+i of lane j). Output: qword i = byte i of lanes 0..7. */
+AI __m256i transpose_8x4(__m256i w) {
+    const __m256i sh = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                        0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m256i t = _mm256_shuffle_epi8(w, sh); /* per 128 bits: dword i = byte i of its 4 lanes */
+    return _mm256_permutevar8x32_epi32(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* The 8 bytes of qword i of t, zero-extended to 8 int32. */
+AI __m256i qword_u8(__m256i t, int i) {
+    __m128i h = (i < 2) ? _mm256_castsi256_si128(t) : _mm256_extracti128_si256(t, 1);
+    if (i & 1) h = _mm_unpackhi_epi64(h, h);
+    return _mm256_cvtepu8_epi32(h);
+}
+
+/* w = s*(float)q + b for 8 lanes. */
+AI __m256 deq8(__m256i q, __m256 s, __m256 b) {
+    return _mm256_add_ps(_mm256_mul_ps(s, _mm256_cvtepi32_ps(q)), b);
+}
+
+/* Dequantize columns [k0, k0+kn) of quantized panel p into w [kn][16] (k0, kn multiples of 8). */
+static void dequant_block(const ib_matrix *m, int p, int k0, int kn, float *w) {
+    const uint8_t *P = ib_pk_panel(m, p);
+    const float *S = ib_pk_scales(m, p), *Bs = ib_pk_biases(m, p);
+    const __m256i m4 = _mm256_set1_epi32(15);
+    if (m->fmt == IB_WQ4) {
+        for (int k = k0; k < k0 + kn; k += 8) {
+            const uint8_t *blk = P + (size_t)(k / 8) * 64;
+            const float *s = S + (size_t)(k / m->group) * 16, *b = Bs + (size_t)(k / m->group) * 16;
+            __m256 s0 = _mm256_loadu_ps(s), s1 = _mm256_loadu_ps(s + 8);
+            __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+            __m256i t0 = transpose_8x4(_mm256_loadu_si256((const __m256i *)blk));
+            __m256i t1 = transpose_8x4(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+            float *o = w + (size_t)(k - k0) * 16;
+            for (int i = 0; i < 4; i++) {
+                __m256i v0 = qword_u8(t0, i), v1 = qword_u8(t1, i);
+                _mm256_storeu_ps(o + i * 16, deq8(_mm256_and_si256(v0, m4), s0, b0));
+                _mm256_storeu_ps(o + i * 16 + 8, deq8(_mm256_and_si256(v1, m4), s1, b1));
+                _mm256_storeu_ps(o + (i + 4) * 16, deq8(_mm256_srli_epi32(v0, 4), s0, b0));
+                _mm256_storeu_ps(o + (i + 4) * 16 + 8, deq8(_mm256_srli_epi32(v1, 4), s1, b1));
+            }
+        }
+    } else {
+        for (int k = k0; k < k0 + kn; k += 4) {
+            const uint8_t *blk = P + (size_t)(k / 4) * 64;
+            const float *s = S + (size_t)(k / m->group) * 16, *b = Bs + (size_t)(k / m->group) * 16;
+            __m256 s0 = _mm256_loadu_ps(s), s1 = _mm256_loadu_ps(s + 8);
+            __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+            __m256i t0 = transpose_8x4(_mm256_loadu_si256((const __m256i *)blk));
+            __m256i t1 = transpose_8x4(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+            float *o = w + (size_t)(k - k0) * 16;
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_ps(o + i * 16, deq8(qword_u8(t0, i), s0, b0));
+                _mm256_storeu_ps(o + i * 16 + 8, deq8(qword_u8(t1, i), s1, b1));
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- F32 activations */
+
+/* One k of R rows: a[r] = a[r] + w(k) * x(r, k) (fma only under IB_FAULT_ISA_FMA). */
+AI void mac_k(const int R, const int fma, __m256 a[][2], const float *wk, const float *xk, size_t ldx) {
+    __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        __m256 xv = _mm256_broadcast_ss(xk + r * ldx);
+        if (fma) {
+            a[r][0] = _mm256_fmadd_ps(w0, xv, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(w1, xv, a[r][1]);
+        } else {
+            a[r][0] = _mm256_add_ps(a[r][0], _mm256_mul_ps(w0, xv));
+            a[r][1] = _mm256_add_ps(a[r][1], _mm256_mul_ps(w1, xv));
+        }
+    }
+}
+
+/* R rows (R <= 4) of a chunk: acc [R][16] += w [kn][16] times x (row r at x + r*ldx), walking k
+ * ascending, or descending when desc. */
+AI void tile_f32(const int R, const int fma, float *acc, const float *x, size_t ldx, const float *w, int kn,
+                 int desc) {
+    __m256 a[4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        a[r][0] = _mm256_loadu_ps(acc + r * 16);
+        a[r][1] = _mm256_loadu_ps(acc + r * 16 + 8);
+    }
+    if (desc)
+        for (int k = kn - 1; k >= 0; k--) mac_k(R, fma, a, w + (size_t)k * 16, x + k, ldx);
+    else
+        for (int k = 0; k < kn; k++) mac_k(R, fma, a, w + (size_t)k * 16, x + k, ldx);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(acc + r * 16, a[r][0]);
+        _mm256_storeu_ps(acc + r * 16 + 8, a[r][1]);
+    }
+}
+
+/* All rows of one K block, in tiles of 4 (then 3, 2, 1). */
+AI void rows_f32(const int fma, float (*acc)[16], const float *x, size_t ldx, int nb, const float *w, int kn,
+                 int desc) {
+    int r = 0;
+    for (; r + 4 <= nb; r += 4) tile_f32(4, fma, acc[r], x + r * ldx, ldx, w, kn, desc);
+    switch (nb - r) {
+    case 3: tile_f32(3, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
+    case 2: tile_f32(2, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
+    case 1: tile_f32(1, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
+    default: break;
+    }
+}
+
+/* F32 activations, panel p, all B rows (blocking in pack.h). */
+static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc, int fma, float *Y, int ldy) {
+    const int K = m->cols, lanes = ib_pk_lanes(m, p), nblk = (K + IB_KBLOCK - 1) / IB_KBLOCK;
+    float wbuf[IB_KBLOCK * 16] __attribute__((aligned(32)));   /* [IB_KBLOCK][16] */
+    float acc[IB_RCHUNK][16] __attribute__((aligned(32)));     /* [rows of the chunk][lane] */
+    for (int b0 = 0; b0 < B; b0 += IB_RCHUNK) {
+        int nb = B - b0 < IB_RCHUNK ? B - b0 : IB_RCHUNK;
+        memset(acc, 0, sizeof(float) * 16 * (size_t)nb);
+        for (int bi = 0; bi < nblk; bi++) {
+            int blk = desc ? nblk - 1 - bi : bi;
+            int k0 = blk * IB_KBLOCK, kn = K - k0 < IB_KBLOCK ? K - k0 : IB_KBLOCK;
+            const float *w;
+            if (m->fmt == IB_WF32) {
+                w = (const float *)ib_pk_panel(m, p) + (size_t)k0 * 16;
+            } else {
+                dequant_block(m, p, k0, kn, wbuf);
+                w = wbuf;
+            }
+            const float *x = X + (size_t)b0 * K + k0;
+            if (fma) rows_f32(1, acc, x, (size_t)K, nb, w, kn, desc);
+            else rows_f32(0, acc, x, (size_t)K, nb, w, kn, desc);
+        }
+        for (int r = 0; r < nb; r++) ib_pk_store(Y + (size_t)(b0 + r) * ldy + (size_t)p * 16, acc[r], lanes);
+    }
+}
+
+/* ---------------------------------------------------------------- Q8 activations */
+
+/* acc = (acc + (s*d)*(float)isum) + b*ad for the two halves of a row. */
+AI void combine(__m256 f[2], const __m256i is[2], __m256 s0, __m256 s1, __m256 b0, __m256 b1, float d, float ad) {
+    __m256 dv = _mm256_set1_ps(d), av = _mm256_set1_ps(ad);
+    __m256 t0 = _mm256_mul_ps(_mm256_mul_ps(s0, dv), _mm256_cvtepi32_ps(is[0]));
+    __m256 t1 = _mm256_mul_ps(_mm256_mul_ps(s1, dv), _mm256_cvtepi32_ps(is[1]));
+    f[0] = _mm256_add_ps(_mm256_add_ps(f[0], t0), _mm256_mul_ps(b0, av));
+    f[1] = _mm256_add_ps(_mm256_add_ps(f[1], t1), _mm256_mul_ps(b1, av));
+}
+
+/* Write R rows of finished outputs (f[r][0..1]) of panel p. */
+AI void store_rows(const int R, __m256 f[][2], float *y, int ldy, int lanes) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        float *yr = y + (size_t)r * ldy;
+        if (lanes == 16) {
+            _mm256_storeu_ps(yr, f[r][0]);
+            _mm256_storeu_ps(yr + 8, f[r][1]);
+        } else {
+            float tmp[16];
+            _mm256_storeu_ps(tmp, f[r][0]);
+            _mm256_storeu_ps(tmp + 8, f[r][1]);
+            ib_pk_store(yr, tmp, lanes);
+        }
+    }
+}
+
+/* R rows (R <= 4) of a Q4 panel against Q8 activations: xq row r at xq + r*K, d/ad row r at
+ * d + r*ng; outputs to y + r*ldy. Groups ascending (descending when desc). */
+AI void tile_q4(const int R, const ib_matrix *m, int p, const int8_t *xq, const float *d, const float *ad,
+                int desc, float *y, int ldy) {
+    const int K = m->cols, G = m->group, ng = K / G;
+    const uint8_t *P = ib_pk_panel(m, p);
+    const float *S = ib_pk_scales(m, p), *Bs = ib_pk_biases(m, p);
+    const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    __m256 f[4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) f[r][0] = f[r][1] = _mm256_setzero_ps();
+    for (int gi = 0; gi < ng; gi++) {
+        const int g = desc ? ng - 1 - gi : gi;
+        __m256i is[4][2];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) is[r][0] = is[r][1] = _mm256_setzero_si256();
+        for (int kc = g * G; kc < (g + 1) * G; kc += 32) {
+            __m256i h[4][2];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) h[r][0] = h[r][1] = _mm256_setzero_si256();
+            const uint8_t *blk = P + (size_t)kc * 8;   /* block kc/8, 64 bytes each */
+            for (int k = kc; k < kc + 32; k += 8, blk += 64) {
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)blk);
+                __m256i w1 = _mm256_loadu_si256((const __m256i *)(blk + 32));
+                __m256i l0 = _mm256_and_si256(w0, m4), h0 = _mm256_and_si256(_mm256_srli_epi16(w0, 4), m4);
+                __m256i l1 = _mm256_and_si256(w1, m4), h1 = _mm256_and_si256(_mm256_srli_epi16(w1, 4), m4);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    const int8_t *xr = xq + (size_t)r * K + k;
+                    __m256i xl = _mm256_set1_epi32(ib_pk_load4(xr)), xh = _mm256_set1_epi32(ib_pk_load4(xr + 4));
+                    h[r][0] = _mm256_add_epi16(h[r][0], _mm256_add_epi16(_mm256_maddubs_epi16(l0, xl),
+                                                                         _mm256_maddubs_epi16(h0, xh)));
+                    h[r][1] = _mm256_add_epi16(h[r][1], _mm256_add_epi16(_mm256_maddubs_epi16(l1, xl),
+                                                                         _mm256_maddubs_epi16(h1, xh)));
+                }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                is[r][0] = _mm256_add_epi32(is[r][0], _mm256_madd_epi16(h[r][0], ones));
+                is[r][1] = _mm256_add_epi32(is[r][1], _mm256_madd_epi16(h[r][1], ones));
+            }
+        }
+        const float *s = S + (size_t)g * 16, *b = Bs + (size_t)g * 16;
+        __m256 s0 = _mm256_loadu_ps(s), s1 = _mm256_loadu_ps(s + 8);
+        __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) combine(f[r], is[r], s0, s1, b0, b1, d[(size_t)r * ng + g], ad[(size_t)r * ng + g]);
+    }
+    store_rows(R, f, y, ldy, ib_pk_lanes(m, p));
+}
+
+/* R rows (R <= 4) of a Q8 panel against Q8 activations (arguments as tile_q4). */
+AI void tile_q8(const int R, const ib_matrix *m, int p, const int8_t *xq, const float *d, const float *ad,
+                int desc, float *y, int ldy) {
+    const int K = m->cols, G = m->group, ng = K / G;
+    const uint8_t *P = ib_pk_panel(m, p);
+    const float *S = ib_pk_scales(m, p), *Bs = ib_pk_biases(m, p);
+    const __m256i lo8 = _mm256_set1_epi16(0x00FF);
+    __m256 f[4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) f[r][0] = f[r][1] = _mm256_setzero_ps();
+    for (int gi = 0; gi < ng; gi++) {
+        const int g = desc ? ng - 1 - gi : gi;
+        __m256i is[4][2];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) is[r][0] = is[r][1] = _mm256_setzero_si256();
+        const uint8_t *blk = P + (size_t)g * G * 16;   /* block k/4, 64 bytes each */
+        for (int k = g * G; k < (g + 1) * G; k += 4, blk += 64) {
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)blk);
+            __m256i w1 = _mm256_loadu_si256((const __m256i *)(blk + 32));
+            /* int16 words of lane j: e = (q[k], q[k+2]), o = (q[k+1], q[k+3]) */
+            __m256i e0 = _mm256_and_si256(w0, lo8), o0 = _mm256_srli_epi16(w0, 8);
+            __m256i e1 = _mm256_and_si256(w1, lo8), o1 = _mm256_srli_epi16(w1, 8);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m256i v = _mm256_set1_epi32(ib_pk_load4(xq + (size_t)r * K + k));
+                __m256i xe = _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8); /* (x[k], x[k+2]) */
+                __m256i xo = _mm256_srai_epi16(v, 8);                       /* (x[k+1], x[k+3]) */
+                is[r][0] = _mm256_add_epi32(is[r][0], _mm256_add_epi32(_mm256_madd_epi16(e0, xe),
+                                                                       _mm256_madd_epi16(o0, xo)));
+                is[r][1] = _mm256_add_epi32(is[r][1], _mm256_add_epi32(_mm256_madd_epi16(e1, xe),
+                                                                       _mm256_madd_epi16(o1, xo)));
+            }
+        }
+        const float *s = S + (size_t)g * 16, *b = Bs + (size_t)g * 16;
+        __m256 s0 = _mm256_loadu_ps(s), s1 = _mm256_loadu_ps(s + 8);
+        __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) combine(f[r], is[r], s0, s1, b0, b1, d[(size_t)r * ng + g], ad[(size_t)r * ng + g]);
+    }
+    store_rows(R, f, y, ldy, ib_pk_lanes(m, p));
+}
+
+/* Q8 activations, panel p, all B rows in tiles of 4 (then 3, 2, 1). */
+static void panel_q8(const ib_matrix *m, int p, const ib_act_buf *q, int B, int desc, float *Y, int ldy) {
+    const int K = m->cols, ng = K / m->group;
+    int r = 0;
+#define Q_TILE(R)                                                                                        \
+    do {                                                                                                 \
+        const int8_t *xq = q->xq + (size_t)r * K;                                                        \
+        const float *d = q->d + (size_t)r * ng, *ad = q->ad + (size_t)r * ng;                             \
+        float *y = Y + (size_t)r * ldy + (size_t)p * 16;                                                 \
+        if (m->fmt == IB_WQ4) tile_q4(R, m, p, xq, d, ad, desc, y, ldy);                                 \
+        else tile_q8(R, m, p, xq, d, ad, desc, y, ldy);                                                  \
+    } while (0)
+    for (; r + 4 <= B; r += 4) Q_TILE(4);
+    switch (B - r) {
+    case 3: Q_TILE(3); break;
+    case 2: Q_TILE(2); break;
+    case 1: Q_TILE(1); break;
+    default: break;
+    }
+#undef Q_TILE
+}
+
+/* Panels [p0, p1) for all B rows (contract in ops/matmul.h). */
+void ib_matmul_panels_avx2(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act,
+                           int p0, int p1, float *Y, int ldy) {
+    const ib_fault fault = ib_fault_get();
+    const int desc = B > 1 && fault == IB_FAULT_GEMV_GEMM;
+    const int fma = fault == IB_FAULT_ISA_FMA;
+    const int use_q8 = ib_pk_use_q8(m, q, act);
+    for (int p = p0; p < p1; p++) {
+        if (use_q8) panel_q8(m, p, q, B, desc, Y, ldy);
+        else panel_f32(m, p, X, B, desc, fma, Y, ldy);
+    }
+}

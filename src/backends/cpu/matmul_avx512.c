@@ -1,0 +1,232 @@
+/*
+ * matmul_avx512.c — the AVX-512 panel kernel (F, BW, VL, DQ, VNNI). Same arithmetic as
+ * matmul_scalar.c, bit for bit: one zmm register holds the 16 lanes (outputs) of a panel, every lane
+ * walks K (or the groups) in the canonical order, and products and sums are separate vmulps / vaddps
+ * (vfmadd only under IB_FAULT_ISA_FMA). Q8 activations use vpdpbusd (u8 weight code x s8 activation,
+ * 4 consecutive k per lane, exact int32 accumulation: the group sum is exact in any order).
+ */
+#include <immintrin.h>
+
+#include "backends/cpu/pack.h"
+
+#define AI static inline __attribute__((always_inline))
+
+/* ---------------------------------------------------------------- dequantization (F32 path) */
+
+/* Input: 16 lanes x 4 bytes (byte 4j+i of lane j). Output: 128-bit chunk i = byte i of lanes 0..15. */
+AI __m512i transpose_16x4(__m512i w) {
+    const __m512i sh = _mm512_set4_epi32(0x0f0b0703, 0x0e0a0602, 0x0d090501, 0x0c080400);
+    __m512i t = _mm512_shuffle_epi8(w, sh); /* per 128 bits: dword i = byte i of its 4 lanes */
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_epi32(idx, t);
+}
+
+/* The 16 bytes of chunk i of t, zero-extended to 16 int32. */
+AI __m512i chunk_u8(__m512i t, int i) {
+    __m128i c;
+    switch (i) {
+    case 0: c = _mm512_castsi512_si128(t); break;
+    case 1: c = _mm512_extracti32x4_epi32(t, 1); break;
+    case 2: c = _mm512_extracti32x4_epi32(t, 2); break;
+    default: c = _mm512_extracti32x4_epi32(t, 3); break;
+    }
+    return _mm512_cvtepu8_epi32(c);
+}
+
+/* w = s*(float)q + b for 16 lanes. */
+AI __m512 deq16(__m512i q, __m512 s, __m512 b) {
+    return _mm512_add_ps(_mm512_mul_ps(s, _mm512_cvtepi32_ps(q)), b);
+}
+
+/* Dequantize columns [k0, k0+kn) of quantized panel p into w [kn][16] (k0, kn multiples of 8). */
+static void dequant_block(const ib_matrix *m, int p, int k0, int kn, float *w) {
+    const uint8_t *P = ib_pk_panel(m, p);
+    const float *S = ib_pk_scales(m, p), *Bs = ib_pk_biases(m, p);
+    const __m512i m4 = _mm512_set1_epi32(15);
+    const int step = m->fmt == IB_WQ4 ? 8 : 4;
+    for (int k = k0; k < k0 + kn; k += step) {
+        const uint8_t *blk = P + (size_t)(k / step) * 64;
+        __m512 s = _mm512_loadu_ps(S + (size_t)(k / m->group) * 16);
+        __m512 b = _mm512_loadu_ps(Bs + (size_t)(k / m->group) * 16);
+        __m512i t = transpose_16x4(_mm512_loadu_si512((const void *)blk));
+        float *o = w + (size_t)(k - k0) * 16;
+        if (m->fmt == IB_WQ4) {
+            for (int i = 0; i < 4; i++) {
+                __m512i v = chunk_u8(t, i);
+                _mm512_storeu_ps(o + i * 16, deq16(_mm512_and_si512(v, m4), s, b));
+                _mm512_storeu_ps(o + (i + 4) * 16, deq16(_mm512_srli_epi32(v, 4), s, b));
+            }
+        } else {
+            for (int i = 0; i < 4; i++) _mm512_storeu_ps(o + i * 16, deq16(chunk_u8(t, i), s, b));
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- F32 activations */
+
+/* One k of R rows: a[r] = a[r] + w(k) * x(r, k) (fma only under IB_FAULT_ISA_FMA). */
+AI void mac_k(const int R, const int fma, __m512 a[], const float *wk, const float *xk, size_t ldx) {
+    __m512 wv = _mm512_loadu_ps(wk);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        __m512 xv = _mm512_set1_ps(xk[r * ldx]);
+        if (fma) a[r] = _mm512_fmadd_ps(wv, xv, a[r]);
+        else a[r] = _mm512_add_ps(a[r], _mm512_mul_ps(wv, xv));
+    }
+}
+
+/* R rows (R <= 8) of a chunk: acc [R][16] += w [kn][16] times x (row r at x + r*ldx), walking k
+ * ascending, or descending when desc. */
+AI void tile_f32(const int R, const int fma, float *acc, const float *x, size_t ldx, const float *w, int kn,
+                 int desc) {
+    __m512 a[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) a[r] = _mm512_loadu_ps(acc + r * 16);
+    if (desc)
+        for (int k = kn - 1; k >= 0; k--) mac_k(R, fma, a, w + (size_t)k * 16, x + k, ldx);
+    else
+        for (int k = 0; k < kn; k++) mac_k(R, fma, a, w + (size_t)k * 16, x + k, ldx);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) _mm512_storeu_ps(acc + r * 16, a[r]);
+}
+
+/* All rows of one K block, in tiles of 8 (then the remainder). */
+AI void rows_f32(const int fma, float (*acc)[16], const float *x, size_t ldx, int nb, const float *w, int kn,
+                 int desc) {
+    int r = 0;
+    for (; r + 8 <= nb; r += 8) tile_f32(8, fma, acc[r], x + r * ldx, ldx, w, kn, desc);
+    switch (nb - r) {
+    case 7: tile_f32(7, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
+    case 6: tile_f32(6, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
+    case 5: tile_f32(5, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
+    case 4: tile_f32(4, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
+    case 3: tile_f32(3, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
+    case 2: tile_f32(2, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
+    case 1: tile_f32(1, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
+    default: break;
+    }
+}
+
+/* F32 activations, panel p, all B rows (blocking in pack.h). */
+static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc, int fma, float *Y, int ldy) {
+    const int K = m->cols, lanes = ib_pk_lanes(m, p), nblk = (K + IB_KBLOCK - 1) / IB_KBLOCK;
+    float wbuf[IB_KBLOCK * 16] __attribute__((aligned(64)));   /* [IB_KBLOCK][16] */
+    float acc[IB_RCHUNK][16] __attribute__((aligned(64)));     /* [rows of the chunk][lane] */
+    for (int b0 = 0; b0 < B; b0 += IB_RCHUNK) {
+        int nb = B - b0 < IB_RCHUNK ? B - b0 : IB_RCHUNK;
+        memset(acc, 0, sizeof(float) * 16 * (size_t)nb);
+        for (int bi = 0; bi < nblk; bi++) {
+            int blk = desc ? nblk - 1 - bi : bi;
+            int k0 = blk * IB_KBLOCK, kn = K - k0 < IB_KBLOCK ? K - k0 : IB_KBLOCK;
+            const float *w;
+            if (m->fmt == IB_WF32) {
+                w = (const float *)ib_pk_panel(m, p) + (size_t)k0 * 16;
+            } else {
+                dequant_block(m, p, k0, kn, wbuf);
+                w = wbuf;
+            }
+            const float *x = X + (size_t)b0 * K + k0;
+            if (fma) rows_f32(1, acc, x, (size_t)K, nb, w, kn, desc);
+            else rows_f32(0, acc, x, (size_t)K, nb, w, kn, desc);
+        }
+        for (int r = 0; r < nb; r++) ib_pk_store(Y + (size_t)(b0 + r) * ldy + (size_t)p * 16, acc[r], lanes);
+    }
+}
+
+/* ---------------------------------------------------------------- Q8 activations */
+
+/* R rows (R <= 8) of a quantized panel against Q8 activations: xq row r at xq + r*K, d/ad row r at
+ * d + r*ng; outputs to y + r*ldy. Two int32 accumulators per row (alternate k blocks) hide the
+ * vpdpbusd latency; groups ascending (descending when desc):
+ *   isum = a0 + a1;  acc = (acc + (s*d)*(float)isum) + b*ad. */
+AI void tile_q(const int R, const int q4, const ib_matrix *m, int p, const int8_t *xq, const float *d,
+               const float *ad, int desc, float *y, int ldy) {
+    const int K = m->cols, G = m->group, ng = K / G;
+    const uint8_t *P = ib_pk_panel(m, p);
+    const float *S = ib_pk_scales(m, p), *Bs = ib_pk_biases(m, p);
+    const __m512i m4 = _mm512_set1_epi8(15);
+    __m512 f[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
+    for (int gi = 0; gi < ng; gi++) {
+        const int g = desc ? ng - 1 - gi : gi;
+        __m512i a0[8], a1[8];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm512_setzero_si512();
+        if (q4) {
+            for (int k = g * G; k < (g + 1) * G; k += 8) {
+                __m512i w = _mm512_loadu_si512((const void *)(P + (size_t)(k / 8) * 64));
+                __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    const int8_t *xr = xq + (size_t)r * K + k;
+                    a0[r] = _mm512_dpbusd_epi32(a0[r], lo, _mm512_set1_epi32(ib_pk_load4(xr)));
+                    a1[r] = _mm512_dpbusd_epi32(a1[r], hi, _mm512_set1_epi32(ib_pk_load4(xr + 4)));
+                }
+            }
+        } else {
+            for (int k = g * G; k < (g + 1) * G; k += 8) {
+                const uint8_t *blk = P + (size_t)(k / 4) * 64;
+                __m512i w0 = _mm512_loadu_si512((const void *)blk);
+                __m512i w1 = _mm512_loadu_si512((const void *)(blk + 64));
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) {
+                    const int8_t *xr = xq + (size_t)r * K + k;
+                    a0[r] = _mm512_dpbusd_epi32(a0[r], w0, _mm512_set1_epi32(ib_pk_load4(xr)));
+                    a1[r] = _mm512_dpbusd_epi32(a1[r], w1, _mm512_set1_epi32(ib_pk_load4(xr + 4)));
+                }
+            }
+        }
+        __m512 s = _mm512_loadu_ps(S + (size_t)g * 16), b = _mm512_loadu_ps(Bs + (size_t)g * 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(a0[r], a1[r]));
+            __m512 t = _mm512_mul_ps(_mm512_mul_ps(s, _mm512_set1_ps(d[(size_t)r * ng + g])), isum);
+            __m512 u = _mm512_mul_ps(b, _mm512_set1_ps(ad[(size_t)r * ng + g]));
+            f[r] = _mm512_add_ps(_mm512_add_ps(f[r], t), u);
+        }
+    }
+    const int lanes = ib_pk_lanes(m, p);
+    const __mmask16 mask = (__mmask16)((1u << lanes) - 1);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (size_t)r * ldy, mask, f[r]);
+}
+
+/* Q8 activations, panel p, all B rows in tiles of 8 (then the remainder). */
+AI void panel_q8_fmt(const int q4, const ib_matrix *m, int p, const ib_act_buf *q, int B, int desc, float *Y,
+                     int ldy) {
+    const int K = m->cols, ng = K / m->group;
+    int r = 0;
+#define Q_TILE(R) tile_q(R, q4, m, p, q->xq + (size_t)r * K, q->d + (size_t)r * ng, q->ad + (size_t)r * ng, desc, \
+                         Y + (size_t)r * ldy + (size_t)p * 16, ldy)
+    for (; r + 8 <= B; r += 8) Q_TILE(8);
+    switch (B - r) {
+    case 7: Q_TILE(7); break;
+    case 6: Q_TILE(6); break;
+    case 5: Q_TILE(5); break;
+    case 4: Q_TILE(4); break;
+    case 3: Q_TILE(3); break;
+    case 2: Q_TILE(2); break;
+    case 1: Q_TILE(1); break;
+    default: break;
+    }
+#undef Q_TILE
+}
+
+static void panel_q8(const ib_matrix *m, int p, const ib_act_buf *q, int B, int desc, float *Y, int ldy) {
+    if (m->fmt == IB_WQ4) panel_q8_fmt(1, m, p, q, B, desc, Y, ldy);
+    else panel_q8_fmt(0, m, p, q, B, desc, Y, ldy);
+}
+
+/* Panels [p0, p1) for all B rows (contract in ops/matmul.h). */
+void ib_matmul_panels_avx512(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act,
+                             int p0, int p1, float *Y, int ldy) {
+    const ib_fault fault = ib_fault_get();
+    const int desc = B > 1 && fault == IB_FAULT_GEMV_GEMM;
+    const int fma = fault == IB_FAULT_ISA_FMA;
+    const int use_q8 = ib_pk_use_q8(m, q, act);
+    for (int p = p0; p < p1; p++) {
+        if (use_q8) panel_q8(m, p, q, B, desc, Y, ldy);
+        else panel_f32(m, p, X, B, desc, fma, Y, ldy);
+    }
+}

@@ -1,0 +1,88 @@
+/*
+ * pack.h — the private byte layout of ib_matrix (see ops/matmul.h) and small helpers shared by the
+ * CPU kernels (matmul_scalar.c, matmul_avx2.c, matmul_avx512.c) and the packer (ops/matmul.c).
+ *
+ * PANELS. Panel p holds the output rows n = 16p .. 16p+15; lane j of the panel is row 16p+j.
+ * Rows n >= N (padding up to a multiple of 16) have weight 0 / code 0, scale 0 and bias 0.
+ *
+ *   F32: m->packed is float [n_panels][K][16]:
+ *          element (p, k, j) = W[16p+j][k]                (a panel is K*64 bytes)
+ *
+ *   Q4:  m->packed is uint8 [n_panels][K/8][64]: block c of panel p covers k0 = 8c .. 8c+7 and
+ *          byte 4j+i (j = lane 0..15, i = 0..3) = q[16p+j][k0+i] | q[16p+j][k0+4+i] << 4
+ *        i.e. the little-endian dword j of a block is lane j; its low nibbles are k0..k0+3 (in byte
+ *        order) and its high nibbles k0+4..k0+7.                          (a panel is K*8 bytes)
+ *
+ *   Q8:  m->packed is uint8 [n_panels][K/4][64]: block c of panel p covers k0 = 4c .. 4c+3 and
+ *          byte 4j+i = q[16p+j][k0+i]                                    (a panel is K*16 bytes)
+ *
+ *   Q4/Q8 scales and biases: float [n_panels][K/G][16]: element (p, g, j) = s / b of row 16p+j for
+ *   k in [gG, gG+G).  (q = the unsigned MLX code, 0..15 or 0..255.)
+ *
+ * Every array starts 64-byte aligned; panels of quantized weights are multiples of 64 bytes because
+ * K is a multiple of the group (>= 32).
+ *
+ * BLOCKING (same in every kernel; it never changes the arithmetic, only where accumulators live):
+ *   F32 activations: rows in chunks of IB_RCHUNK whose accumulators live in a [IB_RCHUNK][16] stack
+ *   buffer; K in blocks of IB_KBLOCK (a multiple of every group size) whose weights are, for
+ *   quantized matrices, dequantized once per chunk into a [IB_KBLOCK][16] float stack buffer with
+ *   w = s*(float)q + b. Storing and reloading a float accumulator is exact.
+ *   Q8 activations: rows in register tiles, all of K per tile, one int32 sum per (row, lane, group).
+ */
+#ifndef IB_BACKENDS_CPU_PACK_H
+#define IB_BACKENDS_CPU_PACK_H
+#include <stdint.h>
+#include <string.h>
+
+#include "ops/matmul.h"
+
+#define IB_KBLOCK 128   /* K block of the F32-activation path (multiple of 32, 64 and 128) */
+#define IB_RCHUNK 64    /* rows per accumulator chunk of the F32-activation path */
+
+/* Bytes of one panel of m's packed weights. */
+static inline size_t ib_pk_panel_bytes(const ib_matrix *m) {
+    size_t K = (size_t)m->cols;
+    switch (m->fmt) {
+    case IB_WQ4: return K * 8;
+    case IB_WQ8: return K * 16;
+    default: return K * 16 * sizeof(float);
+    }
+}
+
+/* Start of panel p's packed weights. */
+static inline const uint8_t *ib_pk_panel(const ib_matrix *m, int p) {
+    return (const uint8_t *)m->packed + (size_t)p * ib_pk_panel_bytes(m);
+}
+
+/* Scales / biases of panel p: [K/G][16]. */
+static inline const float *ib_pk_scales(const ib_matrix *m, int p) {
+    return m->scales + (size_t)p * (size_t)(m->cols / m->group) * 16;
+}
+static inline const float *ib_pk_biases(const ib_matrix *m, int p) {
+    return m->biases + (size_t)p * (size_t)(m->cols / m->group) * 16;
+}
+
+/* Real (unpadded) output rows of panel p: 1..16. */
+static inline int ib_pk_lanes(const ib_matrix *m, int p) {
+    int r = m->rows - p * IB_PANEL;
+    return r < IB_PANEL ? r : IB_PANEL;
+}
+
+/* 4 int8 activations as one int32 (any alignment). */
+static inline int32_t ib_pk_load4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* Copy the first `lanes` of a panel's 16 outputs to y. */
+static inline void ib_pk_store(float *y, const float *v /* [16] */, int lanes) {
+    memcpy(y, v, (size_t)lanes * sizeof(float));
+}
+
+/* 1 when the kernel should use the Q8-activation path: Q8 asked, a quantized matrix, buffers given. */
+static inline int ib_pk_use_q8(const ib_matrix *m, const ib_act_buf *q, ib_act act) {
+    return act == IB_ACT_Q8 && m->fmt != IB_WF32 && q != NULL;
+}
+
+#endif

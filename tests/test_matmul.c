@@ -1,0 +1,624 @@
+/*
+ * test_matmul.c — the batched matrix-product kernels (src/ops/matmul.h, src/backends/cpu/).
+ *
+ *  (a) accuracy: every product against a float64 reference computed here from the same weights,
+ *      with a stated rounding-error bound; and, stronger, bit-exactness against the NUMERIC DEFINITION
+ *      evaluated here in plain float C (the canonical chain per output).
+ *  (b) invariance: every supported ISA equals the scalar kernel; row b of a B-row product equals the
+ *      1-row product of row b; any prefix of rows equals the full product's rows; pools of 1, 2, 3
+ *      threads give the same bits; padding columns of Y (ldy > N) are never written.
+ *  (c) MLX unpacking of hand-built 4- and 8-bit codes, and argument validation.
+ *  (d) fault injection: IB_FAULT_GEMV_GEMM and IB_FAULT_ISA_FMA make the invariance checks fail.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cpu/cpu.h"
+#include "check.h"
+#include "core/pool.h"
+#include "ops/matmul.h"
+
+#define BMAX 33
+static const int b_list[] = {1, 2, 3, 5, 6, 7, 8, 17, 33};   /* row-tile tails of 4 and of 8 */
+#define N_BLIST ((int)(sizeof b_list / sizeof b_list[0]))
+
+/* ---------------------------------------------------------------- deterministic random numbers */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
+static uint64_t rnd64(void) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static float rndf(void) { return (float)((double)(rnd64() >> 11) * 0x1.0p-53 * 2.0 - 1.0); } /* [-1, 1) */
+static int rndi(int n) { return (int)(rnd64() % (uint64_t)n); }
+
+static int same_bits(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
+
+/* ---------------------------------------------------------------- test weights */
+
+typedef struct wset {
+    ib_matrix m;
+    int bits, group, N, K;   /* bits 0 = float */
+    float *wf;               /* [N][K] float weights: given floats, or s*(float)q + b computed here */
+    uint8_t *codes;          /* [N][K] quantized codes (NULL for float) */
+    float *s, *b;            /* [N][K/G] */
+} wset;
+
+static void wset_free(wset *w) {
+    ib_matrix_free(&w->m);
+    free(w->wf);
+    free(w->codes);
+    free(w->s);
+    free(w->b);
+    memset(w, 0, sizeof *w);
+}
+
+/* Pack codes [N][K] into MLX words [N][K*bits/32]: element j of each 32/bits in bits j*bits.. (low first). */
+static uint32_t *mlx_pack(const uint8_t *codes, int N, int K, int bits) {
+    int per = 32 / bits, wpr = K / per;
+    uint32_t *wq = calloc((size_t)N * wpr, sizeof *wq);
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++) wq[(size_t)n * wpr + k / per] |= (uint32_t)codes[(size_t)n * K + k] << ((k % per) * bits);
+    return wq;
+}
+
+/* Random weights of the given kind; returns 0 on success. */
+static int wset_make(wset *w, int bits, int group, int N, int K) {
+    memset(w, 0, sizeof *w);
+    w->bits = bits;
+    w->group = group;
+    w->N = N;
+    w->K = K;
+    w->wf = malloc(sizeof(float) * N * K);
+    ib_error err;
+    if (bits == 0) {
+        for (size_t i = 0; i < (size_t)N * K; i++) w->wf[i] = rndf() * 0.5f;
+        w->wf[0] = 0.0f;
+        return ib_matrix_from_f32(&w->m, w->wf, N, K, &err) != IB_OK;
+    }
+    int ng = K / group, qmax = (1 << bits) - 1;
+    w->codes = malloc((size_t)N * K);
+    w->s = malloc(sizeof(float) * N * ng);
+    w->b = malloc(sizeof(float) * N * ng);
+    for (size_t i = 0; i < (size_t)N * K; i++) w->codes[i] = (uint8_t)rndi(qmax + 1);
+    for (size_t i = 0; i < (size_t)N * ng; i++) {
+        /* MLX-like: positive scale, bias near -scale*qmax/2 (so weights straddle 0) */
+        w->s[i] = 0.002f + 0.03f * (rndf() + 1.0f) / (float)(1 << (bits - 4));
+        w->b[i] = -w->s[i] * (float)qmax * 0.5f * (1.0f + 0.3f * rndf());
+    }
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++) {
+            size_t gi = (size_t)n * ng + k / group;
+            w->wf[(size_t)n * K + k] = w->s[gi] * (float)w->codes[(size_t)n * K + k] + w->b[gi];
+        }
+    uint32_t *wq = mlx_pack(w->codes, N, K, bits);
+    ib_status st = ib_matrix_from_mlx(&w->m, wq, w->s, w->b, N, K, bits, group, &err);
+    free(wq);
+    if (st != IB_OK) fprintf(stderr, "from_mlx: %s\n", err.msg);
+    return st != IB_OK;
+}
+
+/* ---------------------------------------------------------------- the definition, evaluated here */
+
+/* Q8 activation quantization per the definition in matmul.h (written independently of matmul.c). */
+static void my_quantize(const float *x, int B, int K, int G, int8_t *xq, float *d, float *ad) {
+    int ng = K / G;
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < ng; g++) {
+            float amax = 0.0f;
+            for (int k = g * G; k < (g + 1) * G; k++) amax = fmaxf(amax, fabsf(x[(size_t)b * K + k]));
+            float dd = amax / 127.0f;
+            int sum = 0;
+            for (int k = g * G; k < (g + 1) * G; k++) {
+                float v = amax == 0.0f ? 0.0f : rintf(x[(size_t)b * K + k] * (127.0f / amax));
+                v = fminf(127.0f, fmaxf(-127.0f, v));
+                xq[(size_t)b * K + k] = (int8_t)v;
+                sum += (int)v;
+            }
+            d[(size_t)b * ng + g] = amax == 0.0f ? 0.0f : dd;
+            ad[(size_t)b * ng + g] = d[(size_t)b * ng + g] * (float)sum;
+        }
+}
+
+/* Canonical F32-activation result: acc = acc + w*x, k ascending, float. y [B][N]. */
+static void canon_f32(const wset *w, const float *x, int B, float *y) {
+    for (int b = 0; b < B; b++)
+        for (int n = 0; n < w->N; n++) {
+            const float *wr = w->wf + (size_t)n * w->K, *xr = x + (size_t)b * w->K;
+            float acc = 0.0f;
+            for (int k = 0; k < w->K; k++) acc = acc + wr[k] * xr[k];
+            y[(size_t)b * w->N + n] = acc;
+        }
+}
+
+/* Canonical Q8-activation result: exact int group sums, acc = (acc + (s*d)*(float)isum) + b*ad. */
+static void canon_q8(const wset *w, const int8_t *xq, const float *d, const float *ad, int B, float *y) {
+    int K = w->K, G = w->group, ng = K / G;
+    for (int b = 0; b < B; b++)
+        for (int n = 0; n < w->N; n++) {
+            float acc = 0.0f;
+            for (int g = 0; g < ng; g++) {
+                int32_t isum = 0;
+                for (int k = g * G; k < (g + 1) * G; k++)
+                    isum += (int32_t)w->codes[(size_t)n * K + k] * xq[(size_t)b * K + k];
+                float t = (w->s[(size_t)n * ng + g] * d[(size_t)b * ng + g]) * (float)isum;
+                float u = w->b[(size_t)n * ng + g] * ad[(size_t)b * ng + g];
+                acc = (acc + t) + u;
+            }
+            y[(size_t)b * w->N + n] = acc;
+        }
+}
+
+/* ---------------------------------------------------------------- accuracy checks */
+
+/* F32 activations. Reference: sum_k w*x in float64 (w the same float weights). Bound: recursive
+ * summation of K float products has |error| <= gamma_(K+1) * sum|w*x| with gamma_n = n*u/(1-n*u),
+ * u = 2^-24; we assert |y - ref| <= 2 * (K+1) * 2^-24 * sum|w*x| (a factor 2 of slack). */
+static void check_accuracy_f32(const wset *w, const float *x, int B, const float *y, const char *what) {
+    int bad = 0;
+    double worst = 0;
+    for (int b = 0; b < B; b++)
+        for (int n = 0; n < w->N; n++) {
+            double ref = 0, mag = 0;
+            for (int k = 0; k < w->K; k++) {
+                double p = (double)w->wf[(size_t)n * w->K + k] * (double)x[(size_t)b * w->K + k];
+                ref += p;
+                mag += fabs(p);
+            }
+            double bound = 2.0 * (w->K + 1) * 0x1.0p-24 * mag, e = fabs((double)y[(size_t)b * w->N + n] - ref);
+            if (!(e <= bound)) bad++;
+            if (mag > 0 && e / mag > worst) worst = e / mag;
+        }
+    CHECK(bad == 0, "%s: %d outputs outside the float32 summation bound (worst err/sum|wx| %.3g)", what, bad, worst);
+}
+
+/* Q8 activations. Reference: sum over groups of sum_k (s*q + b) * (d*xq) in float64 (exact weights,
+ * the quantized activations). The kernel rounds (s*d), t = (s*d)*isum, ad = d*sum(xq), u = b*ad (each
+ * <= 2 roundings per term, isum exact) and adds 2 terms per group: |error| <= (2*ng + 3) * u *
+ * sum_g (|s*d*isum_g| + |b*d*sum_g(xq)|) to first order; we assert twice that. Separately, against
+ * the unquantized activations (sum_k (s*q+b)*x in float64) we print the errors and only assert a
+ * loose relative L2 error < 2e-2 over the output (without make_x's outlier rows 2, 3). */
+static void check_accuracy_q8(const wset *w, const float *x, const int8_t *xq, const float *d, int B,
+                              const float *y, const char *what) {
+    int K = w->K, G = w->group, ng = K / G, bad = 0;
+    double e2 = 0, r2 = 0, emax = 0, rmax = 0;
+    for (int b = 0; b < B; b++)
+        for (int n = 0; n < w->N; n++) {
+            double ref = 0, mag = 0, ref_x = 0;
+            for (int g = 0; g < ng; g++) {
+                double s = w->s[(size_t)n * ng + g], bb = w->b[(size_t)n * ng + g], dd = d[(size_t)b * ng + g];
+                long long isum = 0, xsum = 0;
+                for (int k = g * G; k < (g + 1) * G; k++) {
+                    int q = w->codes[(size_t)n * K + k], xv = xq[(size_t)b * K + k];
+                    isum += (long long)q * xv;
+                    xsum += xv;
+                    ref += (s * q + bb) * (dd * xv);
+                    ref_x += (s * q + bb) * (double)x[(size_t)b * K + k];
+                }
+                mag += fabs(s * dd * (double)isum) + fabs(bb * dd * (double)xsum);
+            }
+            double yv = y[(size_t)b * w->N + n];
+            double bound = 2.0 * (2 * ng + 3) * 0x1.0p-24 * mag;
+            if (!(fabs(yv - ref) <= bound)) bad++;
+            if (b == 2 || b == 3) continue; /* make_x's outlier rows: deliberately coarse quantization */
+            e2 += (yv - ref_x) * (yv - ref_x);
+            r2 += ref_x * ref_x;
+            if (fabs(yv - ref_x) > emax) emax = fabs(yv - ref_x);
+            if (fabs(ref_x) > rmax) rmax = fabs(ref_x);
+        }
+    CHECK(bad == 0, "%s: %d outputs outside the Q8 rounding bound", what, bad);
+    double rel = r2 > 0 ? sqrt(e2 / r2) : 0;
+    CHECK(rel < 2e-2, "%s: relative L2 error vs unquantized activations %.4g", what, rel);
+    if (getenv("IB_TEST_VERBOSE"))
+        printf("  %s: vs unquantized x: rel L2 %.3g, max |err| / max |ref| %.3g\n", what, rel, rmax > 0 ? emax / rmax : 0);
+}
+
+/* ---------------------------------------------------------------- the invariance checks */
+
+static ib_pool *pools[4]; /* [t] = pool of t threads, t = 1..3 */
+static ib_isa isas[3];
+static int n_isas;
+
+/* Run one product into y [B][ldy] (sentinel-filled first); check that the padding columns stay. */
+static void run_product(const ib_matrix *m, const float *x, int B, const ib_act_buf *q, ib_act act, ib_isa isa,
+                        ib_pool *pool, float *y, int ldy, int *pad_ok) {
+    for (size_t i = 0; i < (size_t)B * ldy; i++) y[i] = -1234.5f;
+    ib_matmul(m, x, B, q, act, isa, pool, y, ldy);
+    for (int b = 0; b < B; b++)
+        for (int n = m->rows; n < ldy; n++)
+            if (y[(size_t)b * ldy + n] != -1234.5f) *pad_ok = 0;
+}
+
+/* Compare rows [0, B) of y (stride ldy) with canon (stride N). */
+static int rows_equal(const float *y, int ldy, const float *canon, int N, int B) {
+    for (int b = 0; b < B; b++)
+        if (!same_bits(y + (size_t)b * ldy, canon + (size_t)b * N, (size_t)N)) return 0;
+    return 1;
+}
+
+/* All invariance checks of one (weights, activation mode) pair against the canonical result. */
+static void check_invariance(const wset *w, const float *x, const ib_act_buf *q, ib_act act, const float *canon,
+                             const char *what) {
+    const int N = w->N, K = w->K, ng = w->group ? K / w->group : 0, ldy = N + 3;
+    float *y = malloc(sizeof(float) * BMAX * ldy), *ys = malloc(sizeof(float) * BMAX * ldy);
+    int pad_ok = 1;
+    for (int ii = 0; ii < n_isas; ii++) {
+        ib_isa isa = isas[ii];
+        const char *in = ib_isa_name(isa);
+        /* full product, single thread: the canonical bits (and the scalar kernel's) */
+        run_product(&w->m, x, BMAX, q, act, isa, NULL, y, ldy, &pad_ok);
+        CHECK(rows_equal(y, ldy, canon, N, BMAX), "%s %s: B=%d differs from the numeric definition", what, in, BMAX);
+        if (isa == IB_ISA_SCALAR) memcpy(ys, y, sizeof(float) * BMAX * ldy);
+        else CHECK(same_bits(y, ys, (size_t)BMAX * ldy), "%s %s: differs from scalar", what, in);
+        /* prefixes of the rows: the B-row product of the first B rows */
+        for (int bi = 0; bi < N_BLIST - 1; bi++) {
+            int B = b_list[bi];
+            run_product(&w->m, x, B, q, act, isa, NULL, y, ldy, &pad_ok);
+            CHECK(rows_equal(y, ldy, canon, N, B), "%s %s: product of the first %d rows differs", what, in, B);
+        }
+        /* each row alone */
+        int rows_ok = 1;
+        for (int b = 0; b < BMAX; b++) {
+            ib_act_buf q1;
+            if (q) q1 = (ib_act_buf){ q->xq + (size_t)b * K, q->d + (size_t)b * ng, q->ad + (size_t)b * ng };
+            run_product(&w->m, x + (size_t)b * K, 1, q ? &q1 : NULL, act, isa, NULL, y, ldy, &pad_ok);
+            if (!rows_equal(y, ldy, canon + (size_t)b * N, N, 1)) rows_ok = 0;
+        }
+        CHECK(rows_ok, "%s %s: a 1-row product differs from its row of the %d-row product", what, in, BMAX);
+        /* thread counts */
+        for (int t = 1; t <= 3; t++) {
+            run_product(&w->m, x, BMAX, q, act, isa, pools[t], y, ldy, &pad_ok);
+            CHECK(rows_equal(y, ldy, canon, N, BMAX), "%s %s: %d threads differ", what, in, t);
+        }
+    }
+    CHECK(pad_ok, "%s: a product wrote past column N of Y", what);
+    free(y);
+    free(ys);
+}
+
+/* Random activations [BMAX][K] with rows of different magnitudes, an all-zero first group in row 1,
+ * an outlier in row 2 and round-half-to-even cases (x*127/amax = 2.5, -3.5) in row 3. */
+static void make_x(float *x, int K) {
+    for (int b = 0; b < BMAX; b++) {
+        float sc = ldexpf(1.0f, rndi(7) - 3);
+        for (int k = 0; k < K; k++) x[(size_t)b * K + k] = rndf() * sc;
+    }
+    for (int k = 0; k < K && k < 128; k++) x[(size_t)1 * K + k] = 0.0f;   /* a zero group at any G */
+    x[(size_t)2 * K + 5] = 40.0f;
+    x[(size_t)3 * K + 0] = 127.0f;   /* amax of the first group of row 3: inv = 1, x = 2.5 -> 2, 3.5 -> 4 */
+    x[(size_t)3 * K + 1] = 2.5f;
+    x[(size_t)3 * K + 2] = -3.5f;
+    for (int k = 3; k < 32; k++) x[(size_t)3 * K + k] = (float)(k % 7) - 3.0f;
+}
+
+/* One weight configuration: accuracy and invariance for F32 and (quantized) Q8 activations. */
+static void test_config(int bits, int group, int N, int K) {
+    char what[96];
+    snprintf(what, sizeof what, "%s%d g%d N=%d K=%d", bits ? "Q" : "F32", bits, group, N, K);
+    wset w;
+    if (wset_make(&w, bits, group, N, K)) {
+        CHECK(0, "%s: building the matrix failed", what);
+        wset_free(&w);
+        return;
+    }
+    /* the stored weights read back exactly (s*q+b for quantized) */
+    float *row = malloc(sizeof(float) * K);
+    int rows_ok = 1;
+    for (int n = 0; n < N; n++) {
+        ib_matrix_row_f32(&w.m, n, row);
+        if (!same_bits(row, w.wf + (size_t)n * K, (size_t)K)) rows_ok = 0;
+    }
+    CHECK(rows_ok, "%s: ib_matrix_row_f32 differs from the weights", what);
+    CHECK_EQ_INT(w.m.n_panels, (N + 15) / 16);
+    free(row);
+
+    float *x = malloc(sizeof(float) * BMAX * K), *canon = malloc(sizeof(float) * BMAX * N);
+    make_x(x, K);
+    char what2[128];
+
+    /* F32 activations */
+    canon_f32(&w, x, BMAX, canon);
+    snprintf(what2, sizeof what2, "%s f32-act", what);
+    check_accuracy_f32(&w, x, BMAX, canon, what2);
+    check_invariance(&w, x, NULL, IB_ACT_F32, canon, what2);
+
+    if (bits) {
+        int ng = K / group;
+        int8_t *xq = malloc((size_t)BMAX * K), *myxq = malloc((size_t)BMAX * K);
+        float *d = malloc(sizeof(float) * BMAX * ng), *ad = malloc(sizeof(float) * BMAX * ng);
+        float *myd = malloc(sizeof(float) * BMAX * ng), *myad = malloc(sizeof(float) * BMAX * ng);
+        ib_quantize_act(x, BMAX, K, group, xq, d, ad);
+        my_quantize(x, BMAX, K, group, myxq, myd, myad);
+        CHECK(memcmp(xq, myxq, (size_t)BMAX * K) == 0, "%s: ib_quantize_act codes differ from the definition", what);
+        CHECK(same_bits(d, myd, (size_t)BMAX * ng) && same_bits(ad, myad, (size_t)BMAX * ng),
+              "%s: ib_quantize_act d/ad differ from the definition", what);
+        CHECK(d[(size_t)1 * ng] == 0.0f && ad[(size_t)1 * ng] == 0.0f, "%s: zero group: d %g ad %g", what,
+              d[(size_t)1 * ng], ad[(size_t)1 * ng]);
+        if (group == 32)
+            CHECK(myxq[(size_t)3 * K + 1] == 2 && myxq[(size_t)3 * K + 2] == -4, "%s: rne: 2.5 -> %d, -3.5 -> %d", what,
+                  myxq[(size_t)3 * K + 1], myxq[(size_t)3 * K + 2]);
+        ib_act_buf q = { xq, d, ad };
+        canon_q8(&w, xq, d, ad, BMAX, canon);
+        snprintf(what2, sizeof what2, "%s q8-act", what);
+        check_accuracy_q8(&w, x, xq, d, BMAX, canon, what2);
+        check_invariance(&w, x, &q, IB_ACT_Q8, canon, what2);
+        free(xq);
+        free(myxq);
+        free(d);
+        free(ad);
+        free(myd);
+        free(myad);
+    }
+    free(x);
+    free(canon);
+    wset_free(&w);
+}
+
+/* More rows than one accumulator chunk (IB_RCHUNK = 64) of the F32 path, and several row tiles of
+ * the Q8 path: every ISA and 1 or 3 threads give the definition's bits. */
+static void test_big_batch(int bits, int group) {
+    const int N = 40, K = 384, B = 150, ng = group ? K / group : 0;
+    wset w;
+    if (wset_make(&w, bits, group, N, K)) {
+        CHECK(0, "big batch: building the matrix failed");
+        wset_free(&w);
+        return;
+    }
+    float *x = malloc(sizeof(float) * B * K), *canon = malloc(sizeof(float) * B * N), *y = malloc(sizeof(float) * B * N);
+    for (int i = 0; i < B * K; i++) x[i] = rndf();
+    int8_t *xq = malloc((size_t)B * K);
+    float *d = malloc(sizeof(float) * B * (ng + 1)), *ad = malloc(sizeof(float) * B * (ng + 1));
+    ib_act_buf q = { xq, d, ad };
+    for (int act = IB_ACT_F32; act <= (bits ? IB_ACT_Q8 : IB_ACT_F32); act++) {
+        if (act == IB_ACT_Q8) {
+            ib_quantize_act(x, B, K, group, xq, d, ad);
+            canon_q8(&w, xq, d, ad, B, canon);
+        } else {
+            canon_f32(&w, x, B, canon);
+        }
+        for (int ii = 0; ii < n_isas; ii++)
+            for (int t = 1; t <= 3; t += 2) {
+                memset(y, 0, sizeof(float) * B * N);
+                ib_matmul(&w.m, x, B, &q, (ib_act)act, isas[ii], pools[t], y, N);
+                CHECK(same_bits(y, canon, (size_t)B * N), "big batch B=%d bits %d %s-act %s %d threads", B, bits,
+                      act == IB_ACT_Q8 ? "q8" : "f32", ib_isa_name(isas[ii]), t);
+            }
+    }
+    free(x);
+    free(canon);
+    free(y);
+    free(xq);
+    free(d);
+    free(ad);
+    wset_free(&w);
+}
+
+/* ---------------------------------------------------------------- (c) MLX unpacking, validation */
+
+static void test_mlx_unpack(void) {
+    for (int bits = 4; bits <= 8; bits += 4) {
+        const int N = 3, K = 64, G = 32, ng = 2, per = 32 / bits, wpr = K / per;
+        uint8_t codes[3][64];
+        for (int n = 0; n < N; n++)
+            for (int k = 0; k < K; k++) codes[n][k] = (uint8_t)((n * 5 + k * 3 + (k >> 3)) % (1 << bits));
+        for (int k = 0; k < 8; k++) codes[0][k] = (uint8_t)k;
+        if (bits == 8) {
+            codes[1][0] = 255;
+            codes[1][1] = 128;
+            codes[1][2] = 127;
+            codes[1][3] = 1;
+        }
+        uint32_t wq[3 * 16] = {0}; /* [N][K*bits/32] */
+        for (int n = 0; n < N; n++)
+            for (int k = 0; k < K; k++) wq[n * wpr + k / per] |= (uint32_t)codes[n][k] << ((k % per) * bits);
+        /* the packing above is the MLX layout: spot-check literal words */
+        if (bits == 4) CHECK(wq[0] == 0x76543210u, "4-bit word 0 = %08x", wq[0]);
+        else {
+            CHECK(wq[0] == 0x03020100u, "8-bit word 0 = %08x", wq[0]);
+            CHECK(wq[wpr] == 0x017F80FFu, "8-bit row 1 word 0 = %08x", wq[wpr]);
+        }
+        float s[3 * 2], b[3 * 2];
+        for (int n = 0; n < N; n++)
+            for (int g = 0; g < ng; g++) {
+                s[n * ng + g] = 0.25f * (float)(n + 1) + 0.5f * (float)g;
+                b[n * ng + g] = -1.5f * (float)(g + 1) + (float)n;
+            }
+        ib_matrix m;
+        ib_error err;
+        CHECK_EQ_INT(ib_matrix_from_mlx(&m, wq, s, b, N, K, bits, G, &err), IB_OK);
+        CHECK_EQ_INT(m.fmt, bits == 4 ? IB_WQ4 : IB_WQ8);
+        int ok = 1;
+        float row[64];
+        for (int n = 0; n < N; n++) {
+            ib_matrix_row_f32(&m, n, row);
+            for (int k = 0; k < K; k++) {
+                /* small exact values: s*q + b is exact here, so the expected value is the real one */
+                float want = s[n * ng + k / G] * (float)codes[n][k] + b[n * ng + k / G];
+                if (row[k] != want) {
+                    if (ok) fprintf(stderr, "bits %d row %d k %d: %g != %g\n", bits, n, k, row[k], want);
+                    ok = 0;
+                }
+            }
+        }
+        CHECK(ok, "%d-bit MLX unpacking", bits);
+        ib_matrix_row_f32(&m, 0, row);
+        CHECK(row[7] == 0.25f * 7.0f - 1.5f, "%d-bit row 0 k 7 = %g", bits, row[7]);
+        if (bits == 8) {
+            ib_matrix_row_f32(&m, 1, row);
+            CHECK(row[0] == 0.5f * 255.0f - 0.5f && row[1] == 0.5f * 128.0f - 0.5f, "8-bit row 1: %g %g", row[0], row[1]);
+        }
+        ib_matrix_free(&m);
+        CHECK(m.packed == NULL && m.scales == NULL, "free clears the matrix");
+    }
+    /* F32 round trip with N not a multiple of 16 */
+    float w[5 * 7], row[7];
+    for (int i = 0; i < 35; i++) w[i] = (float)i * 0.5f - 3.0f;
+    ib_matrix m;
+    CHECK_EQ_INT(ib_matrix_from_f32(&m, w, 5, 7, NULL), IB_OK);
+    ib_matrix_row_f32(&m, 4, row);
+    CHECK(same_bits(row, w + 28, 7), "f32 row 4 round trip");
+    ib_matrix_free(&m);
+    ib_matrix_free(NULL);
+}
+
+static void test_validation(void) {
+    ib_matrix m;
+    ib_error err;
+    uint32_t wq[64] = {0};
+    float s[64] = {0}, b[64] = {0}, w[64] = {0};
+    err.msg[0] = 0;
+    CHECK_EQ_INT(ib_matrix_from_mlx(&m, wq, s, b, 2, 64, 3, 32, &err), IB_ERR_UNSUPPORTED);
+    CHECK(m.packed == NULL && m.rows == 0 && err.msg[0], "bits 3: %s", err.msg);
+    CHECK_EQ_INT(ib_matrix_from_mlx(&m, wq, s, b, 2, 64, 4, 48, &err), IB_ERR_UNSUPPORTED);
+    CHECK_EQ_INT(ib_matrix_from_mlx(&m, wq, s, b, 2, 96, 4, 64, &err), IB_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "96") != NULL, "message names K: %s", err.msg);
+    CHECK_EQ_INT(ib_matrix_from_mlx(&m, wq, s, b, 0, 64, 4, 32, &err), IB_ERR_INVALID_ARG);
+    CHECK_EQ_INT(ib_matrix_from_mlx(&m, NULL, s, b, 2, 64, 4, 32, &err), IB_ERR_INVALID_ARG);
+    CHECK_EQ_INT(ib_matrix_from_f32(&m, w, 0, 4, &err), IB_ERR_INVALID_ARG);
+    CHECK_EQ_INT(ib_matrix_from_f32(&m, w, 4, -1, &err), IB_ERR_INVALID_ARG);
+    CHECK(m.packed == NULL, "failed build leaves m zeroed");
+}
+
+static void test_isa_api(void) {
+    ib_isa i = IB_ISA_AUTO;
+    ib_act a = IB_ACT_AUTO;
+    CHECK(ib_isa_parse("avx2", &i) == 0 && i == IB_ISA_AVX2, "parse avx2");
+    CHECK(ib_isa_parse("avx512", &i) == 0 && i == IB_ISA_AVX512, "parse avx512");
+    CHECK(ib_isa_parse("scalar", &i) == 0 && i == IB_ISA_SCALAR, "parse scalar");
+    CHECK(ib_isa_parse("auto", &i) == 0 && i == IB_ISA_AUTO, "parse auto");
+    CHECK(ib_isa_parse("sse9", &i) == -1 && i == IB_ISA_AUTO, "parse unknown");
+    CHECK(ib_isa_parse(NULL, &i) == -1, "parse NULL");
+    CHECK(ib_act_parse("q8", &a) == 0 && a == IB_ACT_Q8, "parse q8");
+    CHECK(ib_act_parse("f32", &a) == 0 && a == IB_ACT_F32, "parse f32");
+    CHECK(ib_act_parse("auto", &a) == 0 && a == IB_ACT_AUTO, "parse auto act");
+    CHECK(ib_act_parse("f16", &a) == -1, "parse unknown act");
+    CHECK(strcmp(ib_isa_name(IB_ISA_AVX512), "avx512") == 0, "name avx512");
+    CHECK(strcmp(ib_isa_name((ib_isa)99), "unknown") == 0, "name unknown");
+    CHECK(ib_isa_supported(IB_ISA_SCALAR) == 1, "scalar supported");
+    CHECK(ib_isa_supported((ib_isa)99) == 0, "bogus isa unsupported");
+    CHECK(ib_isa_supported(ib_isa_best()), "best isa supported");
+    if (ib_isa_supported(IB_ISA_AVX512)) CHECK_EQ_INT(ib_isa_best(), IB_ISA_AVX512);
+    CHECK(ib_matmul_kernel_for(IB_ISA_SCALAR) == ib_matmul_panels_scalar, "kernel table scalar");
+    CHECK(ib_matmul_kernel_for(IB_ISA_AVX2) == ib_matmul_panels_avx2, "kernel table avx2");
+    CHECK(ib_matmul_kernel_for(IB_ISA_AVX512) == ib_matmul_panels_avx512, "kernel table avx512");
+    CHECK(ib_matmul_kernel_for((ib_isa)7) == NULL, "kernel table bogus");
+}
+
+/* ---------------------------------------------------------------- (d) fault injection */
+
+/* 1 when the B=3 product equals the three 1-row products (bitwise). */
+static int batch_matches_rows(const ib_matrix *m, const float *x, const ib_act_buf *q, ib_act act, ib_isa isa) {
+    const int N = m->rows, K = m->cols, ng = m->group ? K / m->group : 0;
+    float *y3 = malloc(sizeof(float) * 3 * N), *y1 = malloc(sizeof(float) * N);
+    int same = 1;
+    ib_matmul(m, x, 3, q, act, isa, NULL, y3, N);
+    for (int b = 0; b < 3; b++) {
+        ib_act_buf q1;
+        if (q) q1 = (ib_act_buf){ q->xq + (size_t)b * K, q->d + (size_t)b * ng, q->ad + (size_t)b * ng };
+        ib_matmul(m, x + (size_t)b * K, 1, q ? &q1 : NULL, act, isa, NULL, y1, N);
+        if (!same_bits(y1, y3 + (size_t)b * N, (size_t)N)) same = 0;
+    }
+    free(y3);
+    free(y1);
+    return same;
+}
+
+static void test_faults(void) {
+    const int N = 40, K = 1024;
+    wset wf, wq;
+    if (wset_make(&wf, 0, 0, N, K) || wset_make(&wq, 4, 32, N, K)) {
+        CHECK(0, "fault test matrices");
+        return;
+    }
+    float *x = malloc(sizeof(float) * 3 * K);
+    for (int i = 0; i < 3 * K; i++) x[i] = rndf();
+    int8_t *xq = malloc((size_t)3 * K);
+    float *d = malloc(sizeof(float) * 3 * K / 32), *ad = malloc(sizeof(float) * 3 * K / 32);
+    ib_quantize_act(x, 3, K, 32, xq, d, ad);
+    ib_act_buf q = { xq, d, ad };
+
+    for (int ii = 0; ii < n_isas; ii++) {
+        ib_isa isa = isas[ii];
+        const char *in = ib_isa_name(isa);
+        ib_fault_set(IB_FAULT_NONE);
+        CHECK(batch_matches_rows(&wf.m, x, NULL, IB_ACT_F32, isa), "%s f32: B=3 != 1-row products without fault", in);
+        CHECK(batch_matches_rows(&wq.m, x, NULL, IB_ACT_F32, isa), "%s q4 f32-act: B=3 != rows without fault", in);
+        CHECK(batch_matches_rows(&wq.m, x, &q, IB_ACT_Q8, isa), "%s q4 q8-act: B=3 != rows without fault", in);
+        ib_fault_set(IB_FAULT_GEMV_GEMM);
+        CHECK(!batch_matches_rows(&wf.m, x, NULL, IB_ACT_F32, isa), "%s f32: gemv-gemm fault not seen", in);
+        CHECK(!batch_matches_rows(&wq.m, x, NULL, IB_ACT_F32, isa), "%s q4 f32-act: gemv-gemm fault not seen", in);
+        CHECK(!batch_matches_rows(&wq.m, x, &q, IB_ACT_Q8, isa), "%s q4 q8-act: gemv-gemm fault not seen", in);
+        ib_fault_set(IB_FAULT_NONE);
+    }
+
+    float *ys = malloc(sizeof(float) * 3 * N), *yv = malloc(sizeof(float) * 3 * N);
+    for (int ii = 0; ii < n_isas; ii++) {
+        ib_isa isa = isas[ii];
+        if (isa == IB_ISA_SCALAR) continue;
+        ib_fault_set(IB_FAULT_ISA_FMA);
+        ib_matmul(&wf.m, x, 3, NULL, IB_ACT_F32, IB_ISA_SCALAR, NULL, ys, N);
+        ib_matmul(&wf.m, x, 3, NULL, IB_ACT_F32, isa, NULL, yv, N);
+        CHECK(!same_bits(ys, yv, (size_t)3 * N), "%s: isa-fma fault not seen", ib_isa_name(isa));
+        ib_fault_set(IB_FAULT_NONE);
+        ib_matmul(&wf.m, x, 3, NULL, IB_ACT_F32, isa, NULL, yv, N);
+        CHECK(same_bits(ys, yv, (size_t)3 * N), "%s: differs from scalar without fault", ib_isa_name(isa));
+    }
+    ib_fault_set(IB_FAULT_NONE);
+    free(ys);
+    free(yv);
+    free(x);
+    free(xq);
+    free(d);
+    free(ad);
+    wset_free(&wf);
+    wset_free(&wq);
+}
+
+/* ---------------------------------------------------------------- main */
+
+int main(void) {
+    ib_error err;
+    for (int t = 1; t <= 3; t++)
+        if (ib_pool_create(t, &pools[t], &err) != IB_OK) {
+            fprintf(stderr, "pool: %s\n", err.msg);
+            return 1;
+        }
+    isas[n_isas++] = IB_ISA_SCALAR;
+    if (ib_isa_supported(IB_ISA_AVX2)) isas[n_isas++] = IB_ISA_AVX2;
+    if (ib_isa_supported(IB_ISA_AVX512)) isas[n_isas++] = IB_ISA_AVX512;
+    printf("test_matmul: ISAs:");
+    for (int i = 0; i < n_isas; i++) printf(" %s", ib_isa_name(isas[i]));
+    printf("\n");
+
+    test_isa_api();
+    test_mlx_unpack();
+    test_validation();
+
+    static const int Ks[] = {64, 128, 384, 1024};
+    static const int groups[] = {32, 64, 128};
+    for (int ki = 0; ki < 4; ki++) test_config(0, 0, 40, Ks[ki]);
+    test_config(0, 0, 1000, 128);
+    test_config(0, 0, 17, 7);   /* K not a multiple of anything */
+    test_config(0, 0, 16, 300); /* K not a multiple of the K block */
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (int gi = 0; gi < 3; gi++) {
+            for (int ki = 0; ki < 4; ki++)
+                if (Ks[ki] % groups[gi] == 0) test_config(bits, groups[gi], 40, Ks[ki]);
+            test_config(bits, groups[gi], 1000, 384);
+        }
+    test_config(4, 64, 1000, 1024);
+    test_config(8, 128, 1000, 1024);
+
+    test_big_batch(0, 0);
+    test_big_batch(4, 64);
+    test_big_batch(8, 32);
+
+    test_faults();
+
+    for (int t = 1; t <= 3; t++) ib_pool_free(pools[t]);
+    TEST_MAIN_END("test_matmul");
+}
