@@ -44,6 +44,24 @@ cmp -s "$T/s1" "$T/ref" && bad "sampling gave the greedy output" || ok
     && bad "--check-serial passed under rope-scalar-offset" || ok
 grep -q "differs from its serialized run" "$T/cs" && ok || bad "--check-serial did not name the differing prompt"
 
+# the embedding example: two sessions stepped together equal each alone
+if [ -x "$BUILD/examples/two_sessions" ]; then
+    [ "$("$BUILD/examples/two_sessions" "$T/m" | grep -c "identical to decoding alone")" = 2 ] && ok || bad "examples/two_sessions"
+else
+    bad "examples/two_sessions not built"
+fi
+
+# other architectures and weight formats: Llama (no q/k norm), untied lm_head, 8-bit, bf16, f32
+"$BIN" mkmodel --preset tiny --arch llama --seed 4 --out "$T/llama" >/dev/null || bad "mkmodel llama"
+"$BIN" info -m "$T/llama" | grep -q "architecture llama" && ok || bad "info llama"
+for spec in "llama:" "u8:--untied --bits 8 --group 128" "bf16:--bits 16" "f32:--bits 32 --untied"; do
+    name=${spec%%:*}; flags=${spec#*:}
+    # shellcheck disable=SC2086
+    [ -d "$T/$name" ] || "$BIN" mkmodel --preset tiny --seed 6 $flags --out "$T/$name" >/dev/null || bad "mkmodel $name"
+    "$BIN" generate -m "$T/$name" "${P[@]}" -n 6 --batch 6 --threads 2 --prefill-chunk 3 --check-serial >/dev/null 2>&1 \
+        && ok || bad "$name: batched differs from serialized"
+done
+
 # expect_error NAME SUBSTRING CMD...: non-zero exit, the substring in stderr, one line, no sanitizer report
 expect_error() {
     local name=$1 want=$2; shift 2

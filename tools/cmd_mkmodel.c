@@ -10,7 +10,7 @@
 
 static const char help[] =
     "usage: isobatch mkmodel --preset tiny|qwen3-0.6b [--seed S] [--bits 4|8|16|32] [--group 32|64|128]\n"
-    "                        [--untied] --out DIR\n"
+    "                        [--untied] [--arch qwen3|llama] --out DIR\n"
     "  Writes config.json, model.safetensors (MLX layout), tokenizer.json and tokenizer_config.json.\n";
 
 int cmd_mkmodel(int argc, char **argv) {
@@ -29,6 +29,10 @@ int cmd_mkmodel(int argc, char **argv) {
         }
         if (!(v = cli_value(argc, argv, &i))) return 2;
         if (!strcmp(f, "--preset")) o.preset = v;
+        else if (!strcmp(f, "--arch")) {
+            if (strcmp(v, "qwen3") && strcmp(v, "llama")) return cli_usage_error("--arch: unknown '%s' (qwen3, llama)", v);
+            o.arch = v;
+        }
         else if (!strcmp(f, "--out")) out = v;
         else if (!strcmp(f, "--seed")) {
             if (cli_u64(f, v, &o.seed)) return 2;

@@ -295,6 +295,9 @@ static char *build_header(const tensor_ent *ents, int n, size_t *len) {
     return out;
 }
 
+/* 1 when the options ask for the Llama architecture (no q/k norm) instead of Qwen3. */
+static int is_llama(const ib_mkmodel_opts *o) { return o->arch && strcmp(o->arch, "llama") == 0; }
+
 /* Write model.safetensors of preset p to path (through path + ".tmp"; nothing left on failure). */
 static ib_status write_weights(const char *path, const preset *p, const ib_mkmodel_opts *o, int group,
                                ib_error *err) {
@@ -325,8 +328,10 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
         MAT(K_LINEAR, b + 1, kvd, D, "model.layers.%d.self_attn.k_proj", i);
         MAT(K_LINEAR, b + 2, kvd, D, "model.layers.%d.self_attn.v_proj", i);
         MAT(K_LINEAR, b + 3, D, qd, "model.layers.%d.self_attn.o_proj", i);
-        MAT(K_NORM, b + 4, 1, p->head_dim, "model.layers.%d.self_attn.q_norm", i);
-        MAT(K_NORM, b + 5, 1, p->head_dim, "model.layers.%d.self_attn.k_norm", i);
+        if (!is_llama(o)) { /* Llama has no q/k norm; generator indices stay the same */
+            MAT(K_NORM, b + 4, 1, p->head_dim, "model.layers.%d.self_attn.q_norm", i);
+            MAT(K_NORM, b + 5, 1, p->head_dim, "model.layers.%d.self_attn.k_norm", i);
+        }
         MAT(K_NORM, b + 6, 1, D, "model.layers.%d.input_layernorm", i);
         MAT(K_NORM, b + 7, 1, D, "model.layers.%d.post_attention_layernorm", i);
         MAT(K_LINEAR, b + 8, p->ffn, D, "model.layers.%d.mlp.gate_proj", i);
@@ -441,6 +446,8 @@ done:
 ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err) {
     if (!dir || !opts || !opts->preset)
         return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: dir, options and preset are required");
+    if (opts->arch && strcmp(opts->arch, "qwen3") && strcmp(opts->arch, "llama"))
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: arch '%s' is not qwen3 or llama", opts->arch);
     const preset *p = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (strcmp(presets[i].name, opts->preset) == 0) p = &presets[i];
@@ -470,7 +477,7 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
 
     ib_config cfg;
     memset(&cfg, 0, sizeof cfg);
-    cfg.arch = IB_ARCH_QWEN3;
+    cfg.arch = is_llama(opts) ? IB_ARCH_LLAMA : IB_ARCH_QWEN3;
     cfg.vocab_size = p->vocab;
     cfg.hidden_size = p->hidden;
     cfg.n_layers = p->layers;
@@ -482,7 +489,7 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
     cfg.rope_theta = 1000000.0;
     cfg.rms_eps = 1e-6;
     cfg.tie_embeddings = opts->tied ? 1 : 0;
-    cfg.qk_norm = 1;
+    cfg.qk_norm = !is_llama(opts);
     cfg.quant_bits = quant ? opts->bits : 0;
     cfg.quant_group = quant ? group : 0;
     cfg.bos_id = -1;

@@ -24,6 +24,7 @@ typedef struct ib_mkmodel_opts {
     int bits;             /* 4, 8, 16, 32 */
     int group;            /* 32, 64, 128 (quantized only); 0 means 64 */
     int tied;             /* 1 = tie_word_embeddings (default for both presets); 0 writes lm_head */
+    const char *arch;     /* NULL or "qwen3"; "llama" = the same shapes without q/k norm */
 } ib_mkmodel_opts;
 
 /* Create dir (mkdir -p) and write config.json, model.safetensors, tokenizer.json,

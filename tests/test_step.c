@@ -1,0 +1,108 @@
+/*
+ * test_step.c — the batched step's API contract: sessions at different positions with different
+ * token counts in one step; validation errors that leave every session unchanged; context limits;
+ * the embedding example's claim (two sessions stepped together equal each alone).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "isobatch.h"
+#include "model/mkmodel.h"
+
+static ib_model *m;
+static int V;
+
+/* Feed tokens to a fresh session one step at a time (chunk tokens per step); logits of the last. */
+static void alone(ib_engine *e, const int32_t *t, int n, int chunk, float *logits) {
+    ib_session *s;
+    ib_error err;
+    ib_session_create(m, &(ib_session_opts){.max_context = 256}, &s, &err);
+    for (int i = 0; i < n; i += chunk) {
+        int k = n - i < chunk ? n - i : chunk;
+        ib_step_item it = {s, t + i, k, i + k == n ? logits : NULL};
+        CHECK(ib_step(e, &it, 1, &err) == IB_OK, "alone step: %s", err.msg);
+    }
+    ib_session_free(s);
+}
+
+int main(void) {
+    char dir[] = "/tmp/ib_step_XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    ib_error err;
+    ib_mkmodel_opts mo = {.preset = "tiny", .seed = 5, .bits = 8, .group = 64, .tied = 1};
+    if (ib_mkmodel(dir, &mo, &err) || ib_model_load(dir, NULL, &m, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    V = ib_model_get_info(m)->vocab_size;
+    ib_engine *e;
+    CHECK(ib_engine_create(m, &(ib_engine_opts){.threads = 2, .max_step_tokens = 64}, &e, &err) == IB_OK, "%s", err.msg);
+
+    int32_t a[40], b[40];
+    for (int i = 0; i < 40; i++) a[i] = (i * 7 + 1) % 256, b[i] = (i * 13 + 5) % 256;
+    float *la = malloc(V * 4), *lb = malloc(V * 4), *ra = malloc(V * 4), *rb = malloc(V * 4);
+
+    /* a at position 10 brings 1 token, b at position 0 brings 30: one step */
+    ib_session *sa, *sb;
+    ib_session_create(m, &(ib_session_opts){.max_context = 40}, &sa, &err);
+    ib_session_create(m, &(ib_session_opts){.max_context = 40}, &sb, &err);
+    ib_step_item pre = {sa, a, 10, NULL};
+    CHECK(ib_step(e, &pre, 1, &err) == IB_OK, "%s", err.msg);
+    ib_step_item two[2] = {{sa, a + 10, 1, la}, {sb, b, 30, lb}};
+    CHECK(ib_step(e, two, 2, &err) == IB_OK, "%s", err.msg);
+    CHECK_EQ_INT(ib_session_position(sa), 11);
+    CHECK_EQ_INT(ib_session_position(sb), 30);
+    alone(e, a, 11, 11, ra);
+    alone(e, b, 30, 4, rb);
+    CHECK(memcmp(la, ra, V * 4) == 0, "session a: batched logits differ from alone");
+    CHECK(memcmp(lb, rb, V * 4) == 0, "session b: batched logits differ from alone (chunks of 4)");
+
+    /* errors leave every session unchanged */
+    ib_step_item dup[2] = {{sa, a, 1, NULL}, {sa, a, 1, NULL}};
+    CHECK(ib_step(e, dup, 2, &err) == IB_ERR_STATE && strstr(err.msg, "listed twice"), "dup: %s", err.msg);
+    int32_t badtok[2] = {1, V + 3};
+    ib_step_item bad[2] = {{sb, a, 1, NULL}, {sa, badtok, 2, NULL}};
+    CHECK(ib_step(e, bad, 2, &err) == IB_ERR_INVALID_ARG && strstr(err.msg, "outside the vocabulary"), "tok: %s", err.msg);
+    ib_step_item full = {sb, a, 11, NULL}; /* 30 + 11 > 40 */
+    CHECK(ib_step(e, &full, 1, &err) == IB_ERR_CONTEXT && strstr(err.msg, "exceed"), "ctx: %s", err.msg);
+    ib_step_item big[2] = {{sa, a, 29, NULL}, {sb, b, 1, NULL}};
+    ib_session *sc;
+    ib_session_create(m, &(ib_session_opts){.max_context = 100}, &sc, &err);
+    int32_t many[70] = {0};
+    ib_step_item toomany = {sc, many, 70, NULL}; /* > max_step_tokens 64 */
+    CHECK(ib_step(e, &toomany, 1, &err) == IB_ERR_INVALID_ARG && strstr(err.msg, "max_step_tokens"), "R: %s", err.msg);
+    ib_step_item empty = {sa, a, 0, NULL};
+    CHECK(ib_step(e, &empty, 1, &err) == IB_ERR_INVALID_ARG, "empty item accepted");
+    CHECK_EQ_INT(ib_session_position(sa), 11);
+    CHECK_EQ_INT(ib_session_position(sb), 30);
+    CHECK_EQ_INT(ib_session_position(sc), 0);
+    (void)big;
+
+    /* after the failed steps the sessions continue exactly as an uninterrupted run */
+    ib_step_item next = {sa, a + 11, 1, la};
+    CHECK(ib_step(e, &next, 1, &err) == IB_OK, "%s", err.msg);
+    alone(e, a, 12, 5, ra);
+    CHECK(memcmp(la, ra, V * 4) == 0, "session a changed by a failed step");
+
+    /* options: a session longer than the model; an ISA the CPU lacks; q8 on a float model */
+    ib_session *sx;
+    CHECK(ib_session_create(m, &(ib_session_opts){.max_context = 1 << 20}, &sx, &err) == IB_ERR_INVALID_ARG && !sx,
+          "oversized session accepted");
+    if (!ib_isa_supported(IB_ISA_AVX512)) {
+        ib_engine *ex;
+        CHECK(ib_engine_create(m, &(ib_engine_opts){.isa = IB_ISA_AVX512}, &ex, &err) == IB_ERR_UNSUPPORTED && !ex,
+              "avx512 engine on a CPU without it");
+    }
+
+    ib_session_free(sa);
+    ib_session_free(sb);
+    ib_session_free(sc);
+    free(la), free(lb), free(ra), free(rb);
+    ib_engine_free(e);
+    ib_model_free(m);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) return 1;
+    TEST_MAIN_END("test_step");
+}
