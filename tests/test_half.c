@@ -1,0 +1,52 @@
+/*
+ * test_half.c — float16 / bfloat16 conversions (used when loading F16/BF16 weights and writing
+ * synthetic models) against values computed here by definition.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/half.h"
+
+/* float16 value by definition: (-1)^s * 2^(e-15) * (1 + m/1024), subnormals 2^-14 * m/1024. */
+static double f16_ref(uint16_t h) {
+    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    double v;
+    if (e == 31) v = m ? NAN : INFINITY;
+    else if (e == 0) v = ldexp(m / 1024.0, -14);
+    else v = ldexp(1 + m / 1024.0, e - 15);
+    return s ? -v : v;
+}
+
+int main(void) {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        double ref = f16_ref((uint16_t)h);
+        float got = ib_f16_to_f32((uint16_t)h);
+        if (isnan(ref) ? !isnan(got) : (double)got != ref || !signbit(got) != !signbit(ref)) bad++;
+        /* round trip through float32 is exact for every non-NaN half */
+        if (!isnan(ref) && ib_f32_to_f16(got) != h) bad++;
+    }
+    CHECK_EQ_INT(bad, 0);
+    /* float32 -> float16 rounds to nearest even: 1 + 2^-11 is halfway between 1 and 1 + 2^-10 */
+    CHECK_EQ_INT(ib_f32_to_f16(1.0f + ldexpf(1, -11)), 0x3c00);
+    CHECK_EQ_INT(ib_f32_to_f16(1.0f + 3 * ldexpf(1, -11)), 0x3c02);
+    CHECK_EQ_INT(ib_f32_to_f16(65520.0f), 0x7c00);     /* rounds up to inf */
+    CHECK_EQ_INT(ib_f32_to_f16(65519.0f), 0x7bff);     /* largest finite */
+    CHECK_EQ_INT(ib_f32_to_f16(ldexpf(1, -25)), 0x0000);   /* half of the smallest subnormal: to even (0) */
+    CHECK_EQ_INT(ib_f32_to_f16(ldexpf(3, -26)), 0x0001);   /* 0.75 of it: up */
+    /* bfloat16: the top 16 bits, rounded to nearest even */
+    int bbad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = ib_bf16_to_f32((uint16_t)h);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        if (u != h << 16) bbad++;
+        if (!isnan(f) && ib_f32_to_bf16(f) != h) bbad++;
+    }
+    CHECK_EQ_INT(bbad, 0);
+    CHECK_EQ_INT(ib_f32_to_bf16(1.0f + ldexpf(1, -8)), 0x3f80);          /* tie -> even */
+    CHECK_EQ_INT(ib_f32_to_bf16(1.0f + 3 * ldexpf(1, -8)), 0x3f82);      /* tie -> even (up) */
+    CHECK(isnan(ib_bf16_to_f32(ib_f32_to_bf16(NAN))), "NaN must stay NaN");
+    TEST_MAIN_END("test_half");
+}
