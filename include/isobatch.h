@@ -191,6 +191,12 @@ int ib_session_capacity(const ib_session *s);  /* max tokens it can hold */
 void ib_session_reset(ib_session *s);
 /* Replace the session's sampling settings (takes effect at the next ib_sample). */
 void ib_session_set_sampling(ib_session *s, const ib_sampling *p);
+/* Make dst a copy of src's state: KV cache, position, history and sample step (dst keeps its own
+ * sampling settings). Both on the same model; dst's capacity must hold src's position. */
+ib_status ib_session_copy(ib_session *dst, const ib_session *src, ib_error *err);
+/* Rewind s to its first n tokens (0 <= n <= position): later keys/values are forgotten and the
+ * history is cut to n tokens; the sample step is kept. */
+ib_status ib_session_rewind(ib_session *s, int n, ib_error *err);
 
 /* ---------------------------------------------------------------- the batched step */
 

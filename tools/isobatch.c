@@ -13,6 +13,7 @@ static const char usage[] =
     "  generate   generate text for prompts, batched, with invariant results\n"
     "  mkmodel    write a synthetic model directory with random weights\n"
     "  info       describe a model directory\n"
+    "  bench      prefill and batched-decode throughput against the bandwidth floor\n"
     "\n"
     "`isobatch <command> --help` lists a command's options.\n";
 
@@ -25,5 +26,6 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "mkmodel")) return cmd_mkmodel(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     return cli_usage_error("unknown command '%s' (try --help)", cmd);
 }

@@ -1,22 +1,43 @@
 /*
- * pool.c — persistent thread pool (see pool.h). Workers wait on a condition variable for a new job
- * generation, run their static share of the tasks, and the caller runs share 0 and waits for the rest.
+ * pool.c — persistent thread pool (see pool.h).
+ *
+ * A job is published by bumping an atomic generation counter. Workers spin on it for a short while
+ * (a decode step runs hundreds of small jobs back to back, and a sleep/wake round trip per job would
+ * cost more than the job), then sleep on a condition variable. Each worker runs its static share of
+ * the tasks and decrements `pending`; the caller runs share 0 and spins until pending reaches zero.
  */
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "core/error.h"
 #include "core/pool.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define CPU_RELAX() __asm__ __volatile__("yield")
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+/* Spin iterations before a worker sleeps (tens of microseconds), and before a waiting caller starts
+ * yielding its core (so a preempted worker on a busy machine can finish its share). */
+#define SPIN_LIMIT 4000
+#define YIELD_AFTER 2000
+
 struct ib_pool {
     int n_threads;
     pthread_t *threads;
     pthread_mutex_t mu;
-    pthread_cond_t start_cv, done_cv;
-    unsigned long generation;  /* bumped for each job */
-    int pending;               /* workers still running the current job */
-    int quit;
-    /* current job */
+    pthread_cond_t start_cv;
+    _Atomic unsigned long generation;  /* bumped for each job */
+    _Atomic int pending;               /* workers still running the current job */
+    _Atomic int quit;
+    int sleepers;                      /* workers waiting on start_cv (guarded by mu) */
+    /* current job: written before generation is bumped, read after it is seen */
     ib_pool_fn fn;
     void *ctx;
     int n_tasks;
@@ -31,23 +52,35 @@ static void run_share(ib_pool *p, int w) {
     for (int i = lo; i < hi; i++) p->fn(p->ctx, i, w);
 }
 
+/* Wait until the generation differs from seen (or quit); return the new generation. */
+static unsigned long wait_job(ib_pool *p, unsigned long seen) {
+    for (int i = 0; i < SPIN_LIMIT; i++) {
+        unsigned long g = atomic_load_explicit(&p->generation, memory_order_acquire);
+        if (g != seen || atomic_load_explicit(&p->quit, memory_order_relaxed)) return g;
+        CPU_RELAX();
+    }
+    pthread_mutex_lock(&p->mu);
+    p->sleepers++;
+    unsigned long g;
+    while ((g = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen && !atomic_load(&p->quit))
+        pthread_cond_wait(&p->start_cv, &p->mu);
+    p->sleepers--;
+    pthread_mutex_unlock(&p->mu);
+    return g;
+}
+
 static void *worker_main(void *arg) {
     worker_arg *wa = arg;
     ib_pool *p = wa->pool;
     int w = wa->index;
     free(wa);
     unsigned long seen = 0;
-    pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!p->quit && p->generation == seen) pthread_cond_wait(&p->start_cv, &p->mu);
-        if (p->quit) break;
-        seen = p->generation;
-        pthread_mutex_unlock(&p->mu);
+        seen = wait_job(p, seen);
+        if (atomic_load(&p->quit)) break;
         run_share(p, w);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0) pthread_cond_signal(&p->done_cv);
+        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -57,49 +90,38 @@ ib_status ib_pool_create(int n_threads, ib_pool **out, ib_error *err) {
     if (n_threads > 256) return ib_fail(err, IB_ERR_INVALID_ARG, "threads: %d is more than 256", n_threads);
     ib_pool *p = calloc(1, sizeof *p);
     if (!p) return ib_fail(err, IB_ERR_NOMEM, "thread pool: out of memory");
-    p->n_threads = n_threads;
+    p->n_threads = 1; /* workers that exist; raised as they start */
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->start_cv, NULL);
-    pthread_cond_init(&p->done_cv, NULL);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
-    if (!p->threads) goto nomem;
-    for (int i = 1; i < n_threads; i++) {
-        worker_arg *wa = malloc(sizeof *wa);
-        if (!wa) goto nomem_started;
-        wa->pool = p;
-        wa->index = i;
-        if (pthread_create(&p->threads[i], NULL, worker_main, wa) != 0) {
-            free(wa);
-            p->n_threads = i; /* only 1..i-1 exist; shut them down */
-            ib_pool_free(p);
-            return ib_fail(err, IB_ERR_NOMEM, "thread pool: could not start thread %d", i);
-        }
-        continue;
-    nomem_started:
-        p->n_threads = i;
+    if (!p->threads) {
         ib_pool_free(p);
         return ib_fail(err, IB_ERR_NOMEM, "thread pool: out of memory");
     }
+    for (int i = 1; i < n_threads; i++) {
+        worker_arg *wa = malloc(sizeof *wa);
+        if (wa) *wa = (worker_arg){p, i};
+        if (!wa || pthread_create(&p->threads[i], NULL, worker_main, wa) != 0) {
+            free(wa);
+            ib_pool_free(p);
+            return ib_fail(err, IB_ERR_NOMEM, "thread pool: could not start thread %d", i);
+        }
+        p->n_threads = i + 1;
+    }
     *out = p;
     return IB_OK;
-nomem:
-    ib_pool_free(p);
-    return ib_fail(err, IB_ERR_NOMEM, "thread pool: out of memory");
 }
 
 void ib_pool_free(ib_pool *p) {
     if (!p) return;
-    if (p->threads) {
-        pthread_mutex_lock(&p->mu);
-        p->quit = 1;
-        pthread_cond_broadcast(&p->start_cv);
-        pthread_mutex_unlock(&p->mu);
-        for (int i = 1; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
-        free(p->threads);
-    }
+    pthread_mutex_lock(&p->mu);
+    atomic_store(&p->quit, 1);
+    pthread_cond_broadcast(&p->start_cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
+    free(p->threads);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->start_cv);
-    pthread_cond_destroy(&p->done_cv);
     free(p);
 }
 
@@ -111,16 +133,17 @@ void ib_pool_run(ib_pool *p, int n_tasks, ib_pool_fn fn, void *ctx) {
         for (int i = 0; i < n_tasks; i++) fn(ctx, i, 0);
         return;
     }
-    pthread_mutex_lock(&p->mu);
     p->fn = fn;
     p->ctx = ctx;
     p->n_tasks = n_tasks;
-    p->pending = p->n_threads - 1;
-    p->generation++;
-    pthread_cond_broadcast(&p->start_cv);
+    atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    pthread_mutex_lock(&p->mu);
+    if (p->sleepers) pthread_cond_broadcast(&p->start_cv);
     pthread_mutex_unlock(&p->mu);
     run_share(p, 0);
-    pthread_mutex_lock(&p->mu);
-    while (p->pending > 0) pthread_cond_wait(&p->done_cv, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
+        if (i < YIELD_AFTER) CPU_RELAX();
+        else sched_yield();
+    }
 }

@@ -59,6 +59,35 @@ void ib_session_reset(ib_session *s) {
 
 void ib_session_set_sampling(ib_session *s, const ib_sampling *p) { s->sampling = *p; }
 
+ib_status ib_session_copy(ib_session *dst, const ib_session *src, ib_error *err) {
+    if (dst == src) return IB_OK;
+    if (dst->model != src->model) return ib_fail(err, IB_ERR_INVALID_ARG, "session copy: sessions of different models");
+    if (src->pos > dst->capacity || src->n_history > dst->capacity + 1)
+        return ib_fail(err, IB_ERR_CONTEXT, "session copy: %d tokens do not fit a capacity of %d", src->pos, dst->capacity);
+    const ib_config *c = &src->model->cfg;
+    size_t plane = (size_t)c->head_dim * src->pos; /* floats per (layer, k|v, head) actually used */
+    for (int l = 0; l < c->n_layers; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int h = 0; h < c->n_kv_heads; h++) {
+                size_t idx = ((size_t)l * 2 + kv) * c->n_kv_heads + h;
+                memcpy(dst->kv + idx * dst->capacity * c->head_dim, src->kv + idx * src->capacity * c->head_dim,
+                       plane * sizeof(float));
+            }
+    dst->pos = src->pos;
+    memcpy(dst->history, src->history, (size_t)src->n_history * sizeof(int32_t));
+    dst->n_history = src->n_history;
+    dst->sample_step = src->sample_step;
+    return IB_OK;
+}
+
+ib_status ib_session_rewind(ib_session *s, int n, ib_error *err) {
+    if (n < 0 || n > s->pos)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "session rewind: %d is outside [0, %d]", n, s->pos);
+    s->pos = n;
+    if (s->n_history > n) s->n_history = n;
+    return IB_OK;
+}
+
 void ib_session_note_tokens(ib_session *s, const int32_t *tokens, int n) {
     for (int i = 0; i < n && s->n_history <= s->capacity; i++) s->history[s->n_history++] = tokens[i];
 }

@@ -1,0 +1,288 @@
+/*
+ * cmd_bench.c — `isobatch bench`: prefill and batched-decode throughput, memory, and how close decode
+ * comes to the machine's bandwidth floor. Every figure is the median of several repetitions, with the
+ * spread (min–max) beside it.
+ */
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "isobatch.h"
+
+static const char help[] =
+    "usage: isobatch bench [-m DIR] [--batch 1,2,4,8,16,32,64] [--prompt 128] [--gen 32] [--threads T]\n"
+    "                      [--act auto|f32|q8] [--isa auto|scalar|avx2|avx512] [--reps 3] [--json]\n"
+    "  prefill: one session, --prompt tokens in one step.  decode: B sessions holding --prompt tokens\n"
+    "  each step together for --gen tokens.  floor: (weight bytes + KV bytes read) per step over the\n"
+    "  read bandwidth measured here with the same thread count.\n";
+
+#define MAX_B 64
+#define MAX_REPS 15
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median of v[0..n) (sorts v). */
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+typedef struct { const uint64_t *p; size_t n; uint64_t sum; } read_job;
+
+/* Sum n words with four independent chains (so the loop is bound by memory, not by adds). */
+static void *read_words(void *arg) {
+    read_job *j = arg;
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    for (size_t i = 0; i + 4 <= j->n; i += 4) a += j->p[i], b += j->p[i + 1], c += j->p[i + 2], d += j->p[i + 3];
+    j->sum = a + b + c + d;
+    return NULL;
+}
+
+/* Read bandwidth in bytes/s over a 512 MiB buffer with `threads` threads: median of 5 passes. */
+static double measure_bandwidth(int threads) {
+    size_t bytes = (size_t)512 << 20, words = bytes / 8;
+    uint64_t *buf = malloc(bytes);
+    if (!buf) return 0;
+    for (size_t i = 0; i < words; i++) buf[i] = i;
+    double t[5];
+    for (int rep = 0; rep < 5; rep++) {
+        pthread_t th[64];
+        read_job jobs[64];
+        int n = threads > 64 ? 64 : threads;
+        double t0 = now_s();
+        for (int i = 0; i < n; i++) {
+            jobs[i] = (read_job){buf + words / n * i, words / n, 0};
+            pthread_create(&th[i], NULL, read_words, &jobs[i]);
+        }
+        uint64_t s = 0;
+        for (int i = 0; i < n; i++) {
+            pthread_join(th[i], NULL);
+            s += jobs[i].sum;
+        }
+        t[rep] = now_s() - t0;
+        if (s == 42) fputc(' ', stderr); /* keep the sum alive */
+    }
+    free(buf);
+    return (double)bytes / median(t, 5);
+}
+
+static long peak_rss_kb(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+/* Parse "1,2,4" into b[]; returns the count or -1. */
+static int parse_batches(const char *s, int *b, int cap) {
+    int n = 0;
+    while (*s && n < cap) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > MAX_B || (*end && *end != ',')) return -1;
+        b[n++] = (int)v;
+        s = end + (*end == ',');
+    }
+    return *s ? -1 : n;
+}
+
+typedef struct stat3 { double med, lo, hi; } stat3;
+
+static stat3 summarize(double *v, int n) {
+    stat3 s;
+    s.med = median(v, n);
+    s.lo = v[0];
+    s.hi = v[n - 1];
+    return s;
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *dir = NULL;
+    int batches[16] = {1, 2, 4, 8, 16, 32, 64}, nb = 7, as_json = 0;
+    long prompt = 128, gen = 32, threads = sysconf(_SC_NPROCESSORS_ONLN), reps = 3;
+    ib_isa isa = IB_ISA_AUTO;
+    ib_act act = IB_ACT_AUTO;
+    if (threads < 1) threads = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *v;
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            fputs(help, stdout);
+            return 0;
+        }
+        if (!strcmp(f, "--json")) {
+            as_json = 1;
+            continue;
+        }
+        if (!(v = cli_value(argc, argv, &i))) return 2;
+        if (!strcmp(f, "-m")) dir = v;
+        else if (!strcmp(f, "--batch")) {
+            if ((nb = parse_batches(v, batches, 16)) < 1)
+                return cli_usage_error("--batch: bad list '%s' (e.g. 1,2,4; each 1..%d)", v, MAX_B);
+        } else if (!strcmp(f, "--prompt")) {
+            if (cli_int(f, v, 1, 8192, &prompt)) return 2;
+        } else if (!strcmp(f, "--gen")) {
+            if (cli_int(f, v, 1, 4096, &gen)) return 2;
+        } else if (!strcmp(f, "--threads")) {
+            if (cli_int(f, v, 1, 256, &threads)) return 2;
+        } else if (!strcmp(f, "--reps")) {
+            if (cli_int(f, v, 1, MAX_REPS, &reps)) return 2;
+        } else if (!strcmp(f, "--act")) {
+            if (ib_act_parse(v, &act)) return cli_usage_error("--act: unknown '%s' (auto, f32, q8)", v);
+        } else if (!strcmp(f, "--isa")) {
+            if (ib_isa_parse(v, &isa)) return cli_usage_error("--isa: unknown '%s' (auto, scalar, avx2, avx512)", v);
+        } else
+            return cli_usage_error("bench: unknown option '%s' (try --help)", f);
+    }
+    if (!(dir = cli_model_dir(dir))) return 2;
+    ib_error err;
+    ib_model *m = NULL;
+    ib_engine *e = NULL;
+    ib_session *s[MAX_B] = {0}, *proto = NULL;
+    float *logits = NULL;
+    int32_t *ids = NULL;
+    int rc = 0;
+    json_t *out = NULL;
+    if (ib_model_load(dir, NULL, &m, &err)) return cli_error("%s", err.msg);
+    const ib_model_info *info = ib_model_get_info(m);
+    int V = info->vocab_size, maxb = 1;
+    for (int i = 0; i < nb; i++) maxb = batches[i] > maxb ? batches[i] : maxb;
+    ib_engine_opts eo = {.threads = (int)threads, .isa = isa, .act = act,
+                         .max_step_tokens = (int)(prompt > maxb ? prompt : maxb)};
+    if (ib_engine_create(m, &eo, &e, &err)) {
+        rc = cli_error("%s", err.msg);
+        goto out;
+    }
+    int ctx = (int)(prompt + gen);
+    if (ctx > info->max_context) {
+        rc = cli_usage_error("bench: --prompt + --gen = %d exceeds the model's context %d", ctx, info->max_context);
+        goto out;
+    }
+    logits = malloc((size_t)V * maxb * sizeof(float));
+    ids = malloc((size_t)(prompt > maxb ? prompt : maxb) * sizeof(int32_t));
+    if (!logits || !ids) {
+        rc = cli_error("out of memory");
+        goto out;
+    }
+    for (long i = 0; i < prompt; i++) ids[i] = (int32_t)((i * 7919 + 13) % (V < 256 ? V : 256));
+    ib_session_opts so = {.max_context = ctx, .sampling = ib_sampling_default()};
+    if (ib_session_create(m, &so, &proto, &err)) {
+        rc = cli_error("%s", err.msg);
+        goto out;
+    }
+    for (int b = 0; b < maxb; b++)
+        if (ib_session_create(m, &so, &s[b], &err)) {
+            rc = cli_error("%s", err.msg);
+            goto out;
+        }
+    double bw = measure_bandwidth((int)threads);
+
+    /* prefill: the whole prompt in one step, from position 0 */
+    double tp[MAX_REPS];
+    for (int r = 0; r < reps; r++) {
+        ib_session_rewind(proto, 0, NULL);
+        ib_step_item it = {proto, ids, (int)prompt, logits};
+        double t0 = now_s();
+        if (ib_step(e, &it, 1, &err)) {
+            rc = cli_error("%s", err.msg);
+            goto out;
+        }
+        tp[r] = prompt / (now_s() - t0);
+    }
+    stat3 pre = summarize(tp, (int)reps);
+    const char *act_name = ib_engine_act(e) == IB_ACT_Q8 ? "q8" : "f32";
+    if (as_json) {
+        out = json_object();
+        json_object_set_new(out, "model", json_string(dir));
+        json_object_set_new(out, "threads", json_integer(threads));
+        json_object_set_new(out, "isa", json_string(ib_isa_name(ib_engine_isa(e))));
+        json_object_set_new(out, "act", json_string(act_name));
+        json_object_set_new(out, "read_bandwidth_gbs", json_real(bw / 1e9));
+        json_object_set_new(out, "weight_bytes", json_integer((json_int_t)info->weight_bytes));
+        json_object_set_new(out, "kv_bytes_per_token", json_integer((json_int_t)info->kv_bytes_per_token));
+        json_object_set_new(out, "prefill_tok_s", json_pack("{s:f, s:f, s:f, s:i}", "median", pre.med, "min", pre.lo,
+                                                            "max", pre.hi, "tokens", (int)prompt));
+        json_object_set_new(out, "decode", json_array());
+    } else {
+        printf("model %s: %.1f MB weights, %zu KV bytes/token; %ld threads, isa %s, act %s\n", dir,
+               info->weight_bytes / 1e6, info->kv_bytes_per_token, threads, ib_isa_name(ib_engine_isa(e)), act_name);
+        printf("read bandwidth %.1f GB/s (measured, %ld threads)\n", bw / 1e9, threads);
+        printf("prefill %ld tokens: %.1f tok/s (min %.1f, max %.1f)\n", prompt, pre.med, pre.lo, pre.hi);
+        printf("%5s %12s %22s %10s %12s %9s\n", "batch", "decode tok/s", "(min-max)", "ms/step", "floor tok/s", "of floor");
+    }
+    /* the prompt's KV, copied into every session (identical prompts cost the same as distinct ones) */
+    for (int b = 0; b < maxb; b++)
+        if (ib_session_copy(s[b], proto, &err)) {
+            rc = cli_error("%s", err.msg);
+            goto out;
+        }
+    ib_step_item items[MAX_B];
+    int32_t next[MAX_B];
+    for (int bi = 0; bi < nb; bi++) {
+        int B = batches[bi];
+        double tput[MAX_REPS], ms[MAX_REPS];
+        for (int r = 0; r < reps; r++) {
+            for (int b = 0; b < B; b++) {
+                ib_session_rewind(s[b], (int)prompt, NULL);
+                next[b] = (int32_t)((b * 31 + 7) % (V < 256 ? V : 256));
+                items[b] = (ib_step_item){s[b], &next[b], 1, logits + (size_t)b * V};
+            }
+            double t0 = now_s();
+            for (long g = 0; g < gen; g++) {
+                if (ib_step(e, items, B, &err)) {
+                    rc = cli_error("%s", err.msg);
+                    goto out;
+                }
+                for (int b = 0; b < B; b++) next[b] = ib_sample(s[b], logits + (size_t)b * V);
+            }
+            double dt = now_s() - t0;
+            tput[r] = B * gen / dt;
+            ms[r] = dt * 1e3 / gen;
+        }
+        stat3 d = summarize(tput, (int)reps);
+        double step_ms = median(ms, (int)reps);
+        /* bytes one step must read: every weight once, and each session's keys and values so far */
+        double kv_read = (double)B * (prompt + gen / 2.0) * info->kv_bytes_per_token;
+        double floor_tps = B / ((info->weight_bytes + kv_read) / bw);
+        if (as_json) {
+            json_array_append_new(json_object_get(out, "decode"),
+                                  json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "batch", B, "tok_s", d.med, "min",
+                                            d.lo, "max", d.hi, "ms_per_step", step_ms, "floor_tok_s", floor_tps,
+                                            "fraction_of_floor", d.med / floor_tps));
+        } else {
+            printf("%5d %12.1f %10.1f - %-10.1f %10.2f %12.1f %8.0f%%\n", B, d.med, d.lo, d.hi, step_ms, floor_tps,
+                   100 * d.med / floor_tps);
+        }
+        fflush(stdout);
+    }
+    if (as_json) {
+        json_object_set_new(out, "peak_rss_mb", json_real(peak_rss_kb() / 1024.0));
+        char *txt = json_dumps(out, JSON_COMPACT);
+        if (txt) puts(txt);
+        free(txt);
+    } else {
+        printf("peak RSS %.1f MB\n", peak_rss_kb() / 1024.0);
+    }
+out:
+    json_decref(out);
+    for (int b = 0; b < maxb; b++) ib_session_free(s[b]);
+    ib_session_free(proto);
+    free(logits);
+    free(ids);
+    ib_engine_free(e);
+    ib_model_free(m);
+    return rc;
+}
