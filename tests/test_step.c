@@ -85,6 +85,25 @@ int main(void) {
     alone(e, a, 12, 5, ra);
     CHECK(memcmp(la, ra, V * 4) == 0, "session a changed by a failed step");
 
+    /* copy and rewind: a copy continues exactly as the original; a rewound session re-fed the same
+     * tokens gives the same logits */
+    ib_session *sd;
+    ib_session_create(m, &(ib_session_opts){.max_context = 40}, &sd, &err);
+    CHECK(ib_session_copy(sd, sa, &err) == IB_OK && ib_session_position(sd) == 12, "copy: %s", err.msg);
+    ib_step_item cont[2] = {{sa, a + 12, 3, la}, {sd, a + 12, 3, lb}};
+    CHECK(ib_step(e, cont, 2, &err) == IB_OK, "%s", err.msg);
+    CHECK(memcmp(la, lb, V * 4) == 0, "copied session diverged from its original");
+    CHECK(ib_session_rewind(sd, 5, &err) == IB_OK && ib_session_position(sd) == 5, "rewind");
+    ib_step_item refeed = {sd, a + 5, 10, lb};
+    CHECK(ib_step(e, &refeed, 1, &err) == IB_OK, "%s", err.msg);
+    CHECK(memcmp(la, lb, V * 4) == 0, "rewound and re-fed session differs");
+    CHECK(ib_session_rewind(sd, 99, &err) == IB_ERR_INVALID_ARG, "rewind past the end accepted");
+    ib_session *small;
+    ib_session_create(m, &(ib_session_opts){.max_context = 4}, &small, &err);
+    CHECK(ib_session_copy(small, sa, &err) == IB_ERR_CONTEXT && ib_session_position(small) == 0, "copy into a small session");
+    ib_session_free(small);
+    ib_session_free(sd);
+
     /* options: a session longer than the model; an ISA the CPU lacks; q8 on a float model */
     ib_session *sx;
     CHECK(ib_session_create(m, &(ib_session_opts){.max_context = 1 << 20}, &sx, &err) == IB_ERR_INVALID_ARG && !sx,
