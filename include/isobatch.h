@@ -270,6 +270,67 @@ void ib_gen_results_free(ib_gen_result *results, int n);
 int ib_tokenize(const ib_model *m, const char *text, size_t len, int32_t *ids, int cap);
 int ib_token_bytes(const ib_model *m, int32_t id, char *out, int cap);
 
+/* The tokenizer is the model directory's tokenizer.json: byte-level BPE as Hugging Face tokenizers
+ * runs it (added tokens matched in the text first, the normalizer, the Split/ByteLevel
+ * pre-tokenizers, merges by rank), giving the same ids as Hugging Face for valid UTF-8 text.
+ * Invalid UTF-8 bytes are kept (each run of them is its own piece, encoded with byte tokens), so
+ * decoding gives back the exact input bytes; Hugging Face only sees text, where such bytes would
+ * have become U+FFFD. ib_tokenize adds no special tokens around the text (no BOS); special-token
+ * text such as "<|im_end|>" inside it becomes that token. */
+
+/* Flags of ib_tokenize_ex. ADD_SPECIAL: add what the tokenizer adds around a text (the
+ * post-processor's template, else tokenizer_config.json's add_bos_token/add_eos_token).
+ * SPLIT_SPECIAL: text of tokens marked special is encoded as ordinary text. */
+typedef enum ib_tokenize_flags { IB_TOKENIZE_ADD_SPECIAL = 1, IB_TOKENIZE_SPLIT_SPECIAL = 2 } ib_tokenize_flags;
+
+/* ib_tokenize with flags (an OR of ib_tokenize_flags); same return contract. */
+int ib_tokenize_ex(const ib_model *m, const char *text, size_t len, int flags, int32_t *ids, int cap);
+
+/* Id of the added/special token whose text is exactly content ("<|im_end|>"), or -1. */
+int32_t ib_token_id(const ib_model *m, const char *content);
+
+/* 1 when id is an added token marked "special" in tokenizer.json, else 0. */
+int ib_token_is_special(const ib_model *m, int32_t id);
+
+/* Streaming decode: feed generated ids one at a time and print what comes out; the output is
+ * always valid UTF-8. Bytes of a character split across tokens are held until it is complete;
+ * bytes that can never form a character are written as U+FFFD. Zero-initialise the state. */
+typedef struct ib_text_stream {
+    unsigned char held[4];   /* an incomplete UTF-8 sequence waiting for its next byte */
+    int n_held;
+} ib_text_stream;
+
+/* Append the text that token id completes to out (cap bytes, not NUL-terminated) and return the
+ * byte count, or -1 when cap is too small (state unchanged; 3 * (token bytes + 4) always suffices).
+ * Ids without text (out of range) add nothing. */
+int ib_text_stream_push(const ib_model *m, ib_text_stream *s, int32_t id, char *out, int cap);
+
+/* End of stream: write held bytes as U+FFFD (at most 3 bytes) to out, reset s, return the count. */
+int ib_text_stream_flush(ib_text_stream *s, char *out, int cap);
+
+/* Chat formatting from the model's tokenizer_config.json facts. ChatML (Qwen2/Qwen3:
+ * "<|im_start|>role\ncontent<|im_end|>\n", also used when the chat template is absent but the
+ * tokenizer has <|im_start|> and <|im_end|>) and the Llama 3 header format are known. */
+typedef struct ib_chat_msg {
+    const char *role;      /* "system", "user", "assistant" */
+    const char *content;   /* UTF-8 */
+} ib_chat_msg;
+
+/* GENERATION_PROMPT: end with the assistant header. NO_THINKING: Qwen3's enable_thinking=false
+ * (an empty <think></think> block after the header, when the template knows enable_thinking). */
+typedef enum ib_chat_flags { IB_CHAT_GENERATION_PROMPT = 1, IB_CHAT_NO_THINKING = 2 } ib_chat_flags;
+
+/* Render n messages into out (cap bytes, NUL-terminated when cap > 0) and return the full length
+ * (which may exceed cap - 1: call again with a larger buffer), or -1 when the model has no known chat
+ * format or an argument is NULL. As the Qwen3 template does, <think>…</think> is dropped from
+ * assistant turns before the last user turn. Tokenize the result with ib_tokenize (no BOS added:
+ * the Llama 3 format writes its <|begin_of_text|> itself). */
+long ib_chat_format(const ib_model *m, const ib_chat_msg *msgs, int n, int flags, char *out, size_t cap);
+
+/* The ids that end an assistant turn (<|im_end|> or <|eot_id|>, and the eos token) into ids (cap);
+ * returns the count (0 when there is no chat format). */
+int ib_chat_stop_ids(const ib_model *m, int32_t *ids, int cap);
+
 /* ---------------------------------------------------------------- digests */
 
 /* 64-bit FNV-1a over bytes, continuing from h (start with IB_DIGEST_INIT). */
@@ -298,6 +359,33 @@ int ib_fault_parse(const char *name, ib_fault *out);
 const char *ib_fault_name(ib_fault f);
 void ib_fault_set(ib_fault f);
 ib_fault ib_fault_get(void);
+
+/* ---------------------------------------------------------------- diagnostics hooks */
+
+/* Layer capture, used by `isobatch diff` to compare a batched step with the same sessions stepped
+ * alone. When set, ib_step calls fn once per row of the step (rows are the items' tokens, item after
+ * item, in order) at each capture point, in this order:
+ *
+ *   per layer (layer = 0 .. n_layers-1):
+ *     "layer_in"   [D]       residual stream entering the layer
+ *     "attn_norm"  [D]       input RMSNorm
+ *     "q_proj"     [H*hd]    x·Wq               "k_proj" [KVH*hd] x·Wk        "v" [KVH*hd] x·Wv
+ *     "q_norm"     [H*hd]    q after q_norm     "k_norm" [KVH*hd]  (Qwen3 only; absent for Llama)
+ *     "q"          [H*hd]    q after norm and RoPE                  "k" [KVH*hd] likewise
+ *     "attn_out"   [H*hd]    attention output (before Wo)
+ *     "attn_proj"  [D]       attention output · Wo
+ *     "mlp_norm"   [D]       post-attention RMSNorm (of the residual after the attention add)
+ *     "gate" [F], "up" [F]   the MLP's input products
+ *     "mlp_act"    [F]       SwiGLU(gate, up)
+ *     "mlp_out"    [D]       · W_down
+ *     "layer_out"  [D]       residual stream leaving the layer
+ *   then, with layer = n_layers, for each item that asked for logits (row = its last token's row):
+ *     "final_norm" [D], "logits" [vocab]
+ *
+ * data holds n floats, valid only during the call. fn must not call back into the engine. NULL fn
+ * turns capture off (the default; then a step pays one pointer test per point). */
+typedef void (*ib_capture_fn)(void *ctx, int layer, const char *point, int row, const float *data, int n);
+void ib_engine_set_capture(ib_engine *e, ib_capture_fn fn, void *ctx);
 
 #ifdef __cplusplus
 }

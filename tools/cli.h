@@ -12,6 +12,9 @@ int cmd_generate(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 
 /* Print "isobatch: <message>" to stderr and return 2 (usage) or 1 (runtime failure). */
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -14,6 +14,9 @@ static const char usage[] =
     "  mkmodel    write a synthetic model directory with random weights\n"
     "  info       describe a model directory\n"
     "  bench      prefill and batched-decode throughput against the bandwidth floor\n"
+    "  tokenize   print the token ids of a text (Hugging Face tokenizer.json, byte-level BPE)\n"
+    "  detokenize print the text of token ids\n"
+    "  chat       interactive chat with a model (ChatML / Llama 3 format), streaming the reply\n"
     "\n"
     "`isobatch <command> --help` lists a command's options.\n";
 
@@ -27,5 +30,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "mkmodel")) return cmd_mkmodel(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "detokenize")) return cmd_detokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "chat")) return cmd_chat(argc - 1, argv + 1);
     return cli_usage_error("unknown command '%s' (try --help)", cmd);
 }

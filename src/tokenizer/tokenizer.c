@@ -1,103 +1,53 @@
 /*
- * tokenizer.c — the byte-level fallback tokenizer (see tokenizer.h).
+ * tokenizer.c — loading tokenizer.json, the encode driver, and decoding (see tokenizer.h and the
+ * pipeline in tok_internal.h).
  *
- * GPT-2 byte-to-unicode alphabet (a fact of the format): bytes 33..126, 161..172 and 174..255 stand
- * for the code point of the same value; the other 68 bytes (0..32, 127..160, 173) stand for the code
- * points 256, 257, … in increasing byte order. A vocabulary token is a string over this alphabet.
+ * A vocabulary token is a string over the GPT-2 byte alphabet; its decoded bytes are the bytes of
+ * its characters. A token with a character outside the alphabet decodes to its raw UTF-8 (what the
+ * Hugging Face ByteLevel decoder does). Added tokens decode to their content.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-
-#include <jansson.h>
 
 #include "core/error.h"
-#include "tokenizer/tokenizer.h"
+#include "tokenizer/tok_internal.h"
 
-typedef struct added_tok {
-    char *content;   /* owned, NUL-terminated (no NUL inside: jansson strings without JSON_ALLOW_NUL) */
-    size_t len;
-    int32_t id;
-} added_tok;
+/* ---------------------------------------------------------------- loading */
 
-struct ib_tokenizer {
-    int vocab_limit;
-    int32_t byte_id[256];     /* id of the single-byte token of each byte */
-    /* decoded bytes of each id: text[off[id] .. off[id] + len[id]); len 0 = no text */
-    size_t *off;              /* [vocab_limit] (NULL for the bytes tokenizer) */
-    uint32_t *len;            /* [vocab_limit] */
-    char *text;               /* arena of decoded bytes */
-    added_tok *added;         /* [n_added], sorted by length, longest first (for longest match) */
-    int n_added;
-};
-
-/* ---------------------------------------------------------------- the byte alphabet */
-
-static int byte_is_direct(int b) {
-    return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-}
-
-/* Fill cp[256] with the code point of each byte (the GPT-2 alphabet). */
-static void byte_alphabet(uint32_t cp[256]) {
-    uint32_t next = 256;
-    for (int b = 0; b < 256; b++) cp[b] = byte_is_direct(b) ? (uint32_t)b : next++;
-}
-
-/* Inverse of the alphabet: byte of code point c, or -1 when c is not in it. The 68 indirect bytes
- * are 0..32, 127..160 and 173, in that order, at code points 256..323. */
-static int alphabet_byte(uint32_t c) {
-    if (c < 256) return byte_is_direct((int)c) ? (int)c : -1;
-    if (c >= 324) return -1;
-    uint32_t k = c - 256;
-    if (k < 33) return (int)k;
-    if (k < 67) return (int)(127 + (k - 33));
-    return 173;
-}
-
-/* UTF-8 encoding of code point c (< 0x800 here) into out; returns the byte count. */
-static int utf8_put(uint32_t c, char *out) {
-    if (c < 0x80) { out[0] = (char)c; return 1; }
-    out[0] = (char)(0xC0 | (c >> 6));
-    out[1] = (char)(0x80 | (c & 0x3F));
-    return 2;
-}
-
-/* Decode a valid UTF-8 string s (len bytes) of alphabet characters into bytes at out (at least
- * len bytes of room). Returns the byte count, or -1 when some character is outside the alphabet
- * (the caller then keeps the raw UTF-8). */
+/* Decode a UTF-8 string s (len bytes) of alphabet characters into bytes at out (at least len bytes
+ * of room). Returns the byte count, or -1 when some character is outside the alphabet. */
 static long token_to_bytes(const char *s, size_t len, char *out) {
     const unsigned char *p = (const unsigned char *)s;
     size_t i = 0;
     long n = 0;
     while (i < len) {
-        uint32_t c;
-        if (p[i] < 0x80) { c = p[i]; i += 1; }
-        else if ((p[i] & 0xE0) == 0xC0 && i + 1 < len) { c = ((uint32_t)(p[i] & 0x1F) << 6) | (p[i + 1] & 0x3F); i += 2; }
-        else return -1;         /* 3- and 4-byte sequences are never in the alphabet */
-        int b = alphabet_byte(c);
+        int l = tok_utf8_valid_len(p + i, len - i);
+        if (l <= 0 || l > 2) return -1;         /* the alphabet is U+0021..U+0143: 1 or 2 bytes */
+        int b = tok_alphabet_byte(tok_utf8_decode(p + i, l));
         if (b < 0) return -1;
         out[n++] = (char)b;
+        i += (size_t)l;
     }
     return n;
 }
 
-/* ---------------------------------------------------------------- loading */
-
-static int cmp_added_len_desc(const void *a, const void *b) {
-    const added_tok *x = a, *y = b;
-    if (x->len != y->len) return x->len > y->len ? -1 : 1;
-    return x->id < y->id ? -1 : x->id > y->id;
-}
-
 void ib_tokenizer_free(ib_tokenizer *t) {
     if (!t) return;
-    for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
-    free(t->added);
+    tok_added_free(t);
+    tok_pretok_free(t);
+    tok_vocab_free(&t->vocab);
+    tok_merges_free(&t->merges);
+    tok_cache_free(&t->cache);
     free(t->off);
     free(t->len);
     free(t->text);
+    free(t->is_special);
+    free(t->post_prefix);
+    free(t->post_suffix);
+    free(t->bos_text);
     free(t);
 }
 
@@ -114,6 +64,125 @@ static ib_status get_id(const json_t *v, int limit, const char *path, const char
     return IB_OK;
 }
 
+/* Check the model section's options this tokenizer does not implement. */
+static ib_status check_model_options(const json_t *model, const char *path, ib_error *err) {
+    const json_t *ty = json_object_get(model, "type");
+    if (ty && !json_is_string(ty)) return ib_fail(err, IB_ERR_FORMAT, "%s: field model.type: not a string", path);
+    if (ty && strcmp(json_string_value(ty), "BPE") != 0)
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field model.type: \"%.64s\" is not supported (only BPE)", path,
+                       json_string_value(ty));
+    const json_t *d = json_object_get(model, "dropout");
+    if (d && !json_is_null(d)) {
+        if (!json_is_number(d)) return ib_fail(err, IB_ERR_FORMAT, "%s: field model.dropout: not a number", path);
+        if (json_number_value(d) > 0)
+            return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field model.dropout: %g is not supported (random merges)", path,
+                           json_number_value(d));
+    }
+    static const char *const affixes[2] = {"continuing_subword_prefix", "end_of_word_suffix"};
+    for (int i = 0; i < 2; i++) {
+        const json_t *v = json_object_get(model, affixes[i]);
+        if (v && !json_is_null(v) && (!json_is_string(v) || json_string_length(v) != 0))
+            return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field model.%s: only null or \"\" is supported", path, affixes[i]);
+    }
+    const json_t *im = json_object_get(model, "ignore_merges");
+    if (im && !json_is_null(im) && !json_is_boolean(im))
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field model.ignore_merges: not a boolean", path);
+    return IB_OK;
+}
+
+/* decoder: null, ByteLevel, or a Sequence of ByteLevel. */
+static ib_status check_decoder(const json_t *v, const char *field, const char *path, int depth, ib_error *err) {
+    if (!v || json_is_null(v)) return IB_OK;
+    if (!json_is_object(v)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s: not an object", path, field);
+    const json_t *ty = json_object_get(v, "type");
+    if (!json_is_string(ty)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.type: missing or not a string", path, field);
+    const char *s = json_string_value(ty);
+    if (!strcmp(s, "ByteLevel")) return IB_OK;
+    if (!strcmp(s, "Sequence") && depth < 4) {
+        const json_t *list = json_object_get(v, "decoders");
+        if (!json_is_array(list)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.decoders: missing or not an array", path, field);
+        for (size_t i = 0; i < json_array_size(list); i++) {
+            char sub[160];
+            snprintf(sub, sizeof sub, "%s.decoders[%zu]", field, i);
+            ib_status st = check_decoder(json_array_get(list, i), sub, path, depth + 1, err);
+            if (st) return st;
+        }
+        return IB_OK;
+    }
+    return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s.type: decoder \"%.64s\" is not supported (ByteLevel)", path, field, s);
+}
+
+/* Append ids to a malloc'ed array. */
+static int ids_cat(int32_t **a, int *n, const int32_t *ids, int k) {
+    int32_t *v = realloc(*a, (size_t)(*n + k + 1) * sizeof *v);
+    if (!v) return -1;
+    memcpy(v + *n, ids, (size_t)k * sizeof *ids);
+    *a = v;
+    *n += k;
+    return 0;
+}
+
+/* post_processor: null, ByteLevel (no effect on ids), TemplateProcessing (its "single" template
+ * gives the ids put before and after the text), or a Sequence of those. */
+static ib_status load_post(ib_tokenizer *t, const json_t *v, const char *field, const char *path, int depth, ib_error *err) {
+    if (!v || json_is_null(v)) return IB_OK;
+    if (!json_is_object(v)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s: not an object", path, field);
+    const json_t *ty = json_object_get(v, "type");
+    if (!json_is_string(ty)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.type: missing or not a string", path, field);
+    const char *s = json_string_value(ty);
+    char sub[200];
+    if (!strcmp(s, "ByteLevel")) return IB_OK;
+    if (!strcmp(s, "Sequence") && depth < 4) {
+        const json_t *list = json_object_get(v, "processors");
+        if (!json_is_array(list)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.processors: missing or not an array", path, field);
+        for (size_t i = 0; i < json_array_size(list); i++) {
+            snprintf(sub, sizeof sub, "%s.processors[%zu]", field, i);
+            ib_status st = load_post(t, json_array_get(list, i), sub, path, depth + 1, err);
+            if (st) return st;
+        }
+        return IB_OK;
+    }
+    if (strcmp(s, "TemplateProcessing") != 0)
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s.type: post-processor \"%.64s\" is not supported "
+                       "(ByteLevel, TemplateProcessing, Sequence)", path, field, s);
+    if (t->has_template) return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s: a second TemplateProcessing", path, field);
+    const json_t *single = json_object_get(v, "single"), *sp = json_object_get(v, "special_tokens");
+    if (!json_is_array(single)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.single: missing or not an array", path, field);
+    if (sp && !json_is_null(sp) && !json_is_object(sp))
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.special_tokens: not an object", path, field);
+    int seen_a = 0;
+    for (size_t i = 0; i < json_array_size(single); i++) {
+        const json_t *it = json_array_get(single, i);
+        snprintf(sub, sizeof sub, "%s.single[%zu]", field, i);
+        const json_t *seq = json_object_get(it, "Sequence"), *tok = json_object_get(it, "SpecialToken");
+        if (json_is_object(seq)) {
+            const json_t *id = json_object_get(seq, "id");
+            if (!json_is_string(id) || strcmp(json_string_value(id), "A") != 0 || seen_a)
+                return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s.Sequence.id: only one sequence \"A\" is supported", path, sub);
+            seen_a = 1;
+            continue;
+        }
+        if (!json_is_object(tok)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s: not a Sequence or a SpecialToken", path, sub);
+        const json_t *name = json_object_get(tok, "id");
+        if (!json_is_string(name)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.SpecialToken.id: not a string", path, sub);
+        const json_t *def = sp ? json_object_get(sp, json_string_value(name)) : NULL;
+        const json_t *ids = json_object_get(def, "ids");
+        if (!json_is_array(ids))
+            return ib_fail(err, IB_ERR_FORMAT, "%s: field %s: special token \"%.64s\" has no ids in %s.special_tokens", path, sub,
+                           json_string_value(name), field);
+        for (size_t j = 0; j < json_array_size(ids); j++) {
+            int32_t id;
+            ib_status st = get_id(json_array_get(ids, j), t->n_ids, path, sub, json_string_value(name), &id, err);
+            if (st) return st;
+            if (seen_a ? ids_cat(&t->post_suffix, &t->n_post_suffix, &id, 1) : ids_cat(&t->post_prefix, &t->n_post_prefix, &id, 1))
+                return ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", path);
+        }
+    }
+    if (!seen_a) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.single: no Sequence \"A\"", path, field);
+    t->has_template = 1;
+    return IB_OK;
+}
+
 /* Load a tokenizer.json (contract in tokenizer.h). Vocabulary tokens decode through the byte
  * alphabet (raw UTF-8 when a character is outside it); added tokens decode to their content and
  * win over a vocabulary entry with the same id. Two vocabulary tokens with one id are an error. */
@@ -121,7 +190,7 @@ ib_status ib_tokenizer_load(const char *path, int vocab_limit, ib_tokenizer **ou
     ib_status st = IB_OK;
     json_t *root = NULL;
     ib_tokenizer *t = NULL;
-    unsigned char *seen = NULL;   /* [vocab_limit] ids taken by a vocabulary token */
+    unsigned char *seen = NULL;   /* [n_ids] ids taken by a vocabulary token */
     if (out) *out = NULL;
     if (!path || !out || vocab_limit <= 0)
         return ib_fail(err, IB_ERR_INVALID_ARG, "tokenizer: path/out missing or vocab_limit %d <= 0", vocab_limit);
@@ -139,6 +208,7 @@ ib_status ib_tokenizer_load(const char *path, int vocab_limit, ib_tokenizer **ou
     json_t *model = json_object_get(root, "model");
     if (!model) { st = ib_fail(err, IB_ERR_FORMAT, "%s: field model: missing", path); goto fail; }
     if (!json_is_object(model)) { st = ib_fail(err, IB_ERR_FORMAT, "%s: field model: not an object", path); goto fail; }
+    if ((st = check_model_options(model, path, err))) goto fail;
     json_t *vocab = json_object_get(model, "vocab");
     if (!vocab) { st = ib_fail(err, IB_ERR_FORMAT, "%s: field model.vocab: missing", path); goto fail; }
     if (!json_is_object(vocab)) { st = ib_fail(err, IB_ERR_FORMAT, "%s: field model.vocab: not an object", path); goto fail; }
@@ -147,41 +217,60 @@ ib_status ib_tokenizer_load(const char *path, int vocab_limit, ib_tokenizer **ou
         st = ib_fail(err, IB_ERR_FORMAT, "%s: field added_tokens: not an array", path);
         goto fail;
     }
+    size_t n_added = added && json_is_array(added) ? json_array_size(added) : 0;
 
     t = calloc(1, sizeof *t);
     if (!t) goto nomem;
     t->vocab_limit = vocab_limit;
-    t->off = calloc((size_t)vocab_limit, sizeof *t->off);
-    t->len = calloc((size_t)vocab_limit, sizeof *t->len);
-    seen = calloc((size_t)vocab_limit, 1);
-    if (!t->off || !t->len || !seen) goto nomem;
+    t->bos_id = t->eos_id = t->pad_id = -1;
     for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
+    uint32_t cp[256];
+    tok_byte_alphabet(cp);
+    for (int b = 0; b < 256; b++) t->alpha_len[b] = (unsigned char)tok_utf8_put(cp[b], t->alpha[b]);
+    t->trie_raw.n_tok = t->trie_norm.n_tok = 0;
 
-    /* arena size: every token's decoded text is at most its UTF-8 length */
+    /* first pass: ids in range, the largest id, and the arena size (decoded text is at most the
+     * token's UTF-8 length) */
     size_t arena = 1;
+    int32_t max_id = -1, id;
     const char *key;
     json_t *val;
-    json_object_foreach(vocab, key, val) arena += strlen(key);
-    size_t n_added = added && json_is_array(added) ? json_array_size(added) : 0;
-    for (size_t i = 0; i < n_added; i++) {
-        json_t *c = json_object_get(json_array_get(added, i), "content");
-        if (json_is_string(c)) arena += json_string_length(c);
+    json_object_foreach(vocab, key, val) {
+        if ((st = get_id(val, vocab_limit, path, "model.vocab", key, &id, err))) goto fail;
+        if (id > max_id) max_id = id;
+        arena += strlen(key);
     }
+    for (size_t i = 0; i < n_added; i++) {
+        json_t *e = json_array_get(added, i);
+        json_t *c = json_object_get(e, "content"), *iv = json_object_get(e, "id");
+        if (json_is_string(c)) arena += json_string_length(c);
+        if (json_is_integer(iv)) {
+            char field[64];
+            snprintf(field, sizeof field, "added_tokens[%zu].id", i);
+            if ((st = get_id(iv, vocab_limit, path, field, json_is_string(c) ? json_string_value(c) : "?", &id, err))) goto fail;
+            if (id > max_id) max_id = id;
+        }
+    }
+    t->n_ids = max_id + 1;
+    size_t nid = t->n_ids > 0 ? (size_t)t->n_ids : 1;
+    t->off = calloc(nid, sizeof *t->off);
+    t->len = calloc(nid, sizeof *t->len);
+    t->is_special = calloc(nid, 1);
+    seen = calloc(nid, 1);
     t->text = malloc(arena);
-    if (!t->text) goto nomem;
+    if (!t->off || !t->len || !t->is_special || !seen || !t->text) goto nomem;
     size_t used = 0;
 
-    uint32_t cp[256];
-    byte_alphabet(cp);
     json_object_foreach(vocab, key, val) {
-        int32_t id;
-        if ((st = get_id(val, vocab_limit, path, "model.vocab", key, &id, err))) goto fail;
+        id = (int32_t)json_integer_value(val);
         if (seen[id]) {
             st = ib_fail(err, IB_ERR_MODEL, "%s: field model.vocab: token \"%.64s\": id %d used by two tokens", path, key, id);
             goto fail;
         }
         size_t klen = strlen(key);
         seen[id] = 1;
+        int r = tok_vocab_add(&t->vocab, key, klen, id);
+        if (r < 0) goto nomem;
         long n = token_to_bytes(key, klen, t->text + used);
         int raw = n < 0;            /* a character outside the alphabet: keep the raw UTF-8 */
         if (raw) { memcpy(t->text + used, key, klen); n = (long)klen; }
@@ -190,54 +279,32 @@ ib_status ib_tokenizer_load(const char *path, int vocab_limit, ib_tokenizer **ou
         used += (size_t)n;
         if (!raw && n == 1) t->byte_id[(unsigned char)t->text[t->off[id]]] = id;  /* single-byte token */
     }
-    if (n_added) {
-        t->added = calloc(n_added, sizeof *t->added);
-        if (!t->added) goto nomem;
-    }
-    for (size_t i = 0; i < n_added; i++) {
-        json_t *e = json_array_get(added, i);
-        char field[64];
-        snprintf(field, sizeof field, "added_tokens[%zu]", i);
-        if (!json_is_object(e)) { st = ib_fail(err, IB_ERR_FORMAT, "%s: field %s: not an object", path, field); goto fail; }
-        json_t *c = json_object_get(e, "content");
-        if (!json_is_string(c) || json_string_length(c) == 0) {
-            st = ib_fail(err, IB_ERR_FORMAT, "%s: field %s.content: missing, not a string or empty", path, field);
-            goto fail;
-        }
-        const char *s = json_string_value(c);
-        size_t sl = json_string_length(c);
-        if (strlen(s) != sl) {
-            st = ib_fail(err, IB_ERR_FORMAT, "%s: field %s.content: contains a NUL character", path, field);
-            goto fail;
-        }
-        int32_t id;
-        strncat(field, ".id", sizeof field - strlen(field) - 1);
-        if ((st = get_id(json_object_get(e, "id"), vocab_limit, path, field, s, &id, err))) goto fail;
-        for (int j = 0; j < t->n_added; j++)
-            if (t->added[j].id == id || strcmp(t->added[j].content, s) == 0) {
-                st = ib_fail(err, IB_ERR_MODEL, "%s: field %s: token \"%.64s\" id %d duplicates added token \"%.64s\" id %d",
-                             path, field, s, id, t->added[j].content, t->added[j].id);
-                goto fail;
-            }
-        added_tok *a = &t->added[t->n_added];
-        a->content = strdup(s);
-        if (!a->content) goto nomem;
-        a->len = sl;
-        a->id = id;
-        t->n_added++;
-        memcpy(t->text + used, s, sl);
-        t->off[id] = used;
-        t->len[id] = (uint32_t)sl;
-        used += sl;
-    }
-    if (t->n_added > 1) qsort(t->added, (size_t)t->n_added, sizeof *t->added, cmp_added_len_desc);
     for (int b = 0; b < 256; b++)
         if (t->byte_id[b] < 0) {
-            char enc[3] = {0};
-            utf8_put(cp[b], enc);
+            char enc[4] = {0};
+            tok_utf8_put(cp[b], enc);
             st = ib_fail(err, IB_ERR_MODEL, "%s: field model.vocab: byte 0x%02X has no token (\"%s\")", path, b, enc);
             goto fail;
         }
+    const json_t *im = json_object_get(model, "ignore_merges");
+    t->ignore_merges = json_is_true(im);
+    if ((st = tok_load_merges(t, model, path, err))) goto fail;
+
+    if ((st = tok_load_added(t, added, path, err))) goto fail;
+    for (int i = 0; i < t->n_added; i++) {
+        const added_tok *a = &t->added[i];
+        memcpy(t->text + used, a->content, a->len);
+        t->off[a->id] = used;
+        t->len[a->id] = (uint32_t)a->len;
+        t->is_special[a->id] = a->special;
+        used += a->len;
+    }
+    if ((st = tok_load_normalizer(t, json_object_get(root, "normalizer"), path, err))) goto fail;
+    if ((st = tok_load_pretokenizer(t, json_object_get(root, "pre_tokenizer"), path, err))) goto fail;
+    if ((st = check_decoder(json_object_get(root, "decoder"), "decoder", path, 0, err))) goto fail;
+    if ((st = load_post(t, json_object_get(root, "post_processor"), "post_processor", path, 0, err))) goto fail;
+    if ((st = tok_load_config(t, path, err))) goto fail;
+    if (tok_cache_init(&t->cache)) goto nomem;
     json_decref(root);
     free(seen);
     *out = t;
@@ -260,42 +327,94 @@ ib_status ib_tokenizer_bytes(int vocab_limit, ib_tokenizer **out, ib_error *err)
     ib_tokenizer *t = calloc(1, sizeof *t);
     if (!t) return ib_fail(err, IB_ERR_NOMEM, "tokenizer: out of memory");
     t->vocab_limit = vocab_limit;
+    t->n_ids = 256;
+    t->bos_id = t->eos_id = t->pad_id = -1;
+    for (int i = 0; i < 256; i++) t->trie_raw.root[i] = t->trie_norm.root[i] = -1;
     for (int b = 0; b < 256; b++) t->byte_id[b] = b;
     *out = t;
     return IB_OK;
 }
 
-/* ---------------------------------------------------------------- use */
+/* ---------------------------------------------------------------- encoding */
 
-/* Encode: at each position the longest added token that matches literally, else the byte's token.
- * Returns the full count; writes at most cap ids. */
-int ib_tokenizer_encode(const ib_tokenizer *t, const char *text, size_t len, int32_t *ids, int cap) {
-    int n = 0;
-    size_t i = 0;
-    while (i < len) {
-        int32_t id = -1;
-        size_t step = 1;
-        for (int a = 0; a < t->n_added; a++) {   /* longest first */
-            const added_tok *x = &t->added[a];
-            if (x->len <= len - i && memcmp(text + i, x->content, x->len) == 0) {
-                id = x->id;
-                step = x->len;
-                break;
-            }
-        }
-        if (id < 0) id = t->byte_id[(unsigned char)text[i]];
-        if (n < cap && ids) ids[n] = id;
-        n++;
-        i += step;
+/* Text between normalized added tokens: pre-tokenize and BPE. */
+static void norm_gap(tok_enc *e, const char *s, size_t n) { tok_pretokenize(e, s, n); }
+
+/* A run of valid UTF-8: normalize, then the normalized added tokens, then pre-tokenize. */
+static void valid_run(tok_enc *e, const char *s, size_t n) {
+    size_t nn;
+    const char *ns = tok_normalize(e->t, s, n, &nn);
+    if (!ns) {
+        e->out->oom = 1;
+        return;
     }
+    if (e->t->trie_norm.n_tok) tok_added_split(e, &e->t->trie_norm, ns, nn, norm_gap);
+    else tok_pretokenize(e, ns, nn);
+    if (ns != s) free((char *)ns);
+}
+
+/* Text between raw added tokens: runs of invalid UTF-8 bytes become their own pieces (BPE over
+ * their bytes); the valid runs between them go on through valid_run. */
+static void raw_gap(tok_enc *e, const char *s, size_t n) {
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0, run = 0;
+    while (i < n) {
+        if (p[i] < 0x80) {
+            i++;
+            continue;
+        }
+        int l = tok_utf8_valid_len(p + i, n - i);
+        if (l > 0) {
+            i += (size_t)l;
+            continue;
+        }
+        if (i > run) valid_run(e, s + run, i - run);
+        size_t j = i + 1;
+        while (j < n && p[j] >= 0x80 && tok_utf8_valid_len(p + j, n - j) == 0) j++;
+        tok_bpe_piece(e->t, p + i, j - i, &e->bpe, e->out);
+        i = run = j;
+    }
+    if (n > run) valid_run(e, s + run, n - run);
+}
+
+int ib_tokenizer_encode_ex(const ib_tokenizer *t, const char *text, size_t len, int flags, int32_t *ids, int cap) {
+    if (!t || (!text && len)) return -1;
+    tok_ids out = {0};
+    tok_enc e = {.t = t, .out = &out, .split_special = (flags & IB_TOKENIZE_SPLIT_SPECIAL) != 0};
+    e.md = tok_pretok_match_data(t);
+    int need_md = 0;
+    for (int i = 0; i < t->n_pt; i++) need_md |= t->pt[i].re != NULL;
+    if (need_md && !e.md) return -1;
+    int add = (flags & IB_TOKENIZE_ADD_SPECIAL) != 0;
+    if (add && t->has_template) tok_ids_append(&out, t->post_prefix, (size_t)t->n_post_prefix);
+    else if (add && t->add_bos && t->bos_id >= 0) tok_ids_push(&out, t->bos_id);
+    if (len) {
+        if (t->trie_raw.n_tok) tok_added_split(&e, &t->trie_raw, text, len, raw_gap);
+        else raw_gap(&e, text, len);
+    }
+    if (add && t->has_template) tok_ids_append(&out, t->post_suffix, (size_t)t->n_post_suffix);
+    else if (add && t->add_eos && t->eos_id >= 0) tok_ids_push(&out, t->eos_id);
+    pcre2_match_data_free(e.md);
+    tok_bpe_scratch_free(&e.bpe);
+    int n = -1;
+    if (!out.oom && out.n <= INT_MAX) {
+        n = (int)out.n;
+        if (ids && cap > 0 && n > 0) memcpy(ids, out.v, (size_t)(n < cap ? n : cap) * sizeof *ids);
+    }
+    free(out.v);
     return n;
 }
 
+int ib_tokenizer_encode(const ib_tokenizer *t, const char *text, size_t len, int32_t *ids, int cap) {
+    return ib_tokenizer_encode_ex(t, text, len, 0, ids, cap);
+}
+
+/* ---------------------------------------------------------------- decoding and facts */
+
 /* Bytes of id into out; -1 when cap is too small, 0 for ids without text. */
 int ib_tokenizer_decode(const ib_tokenizer *t, int32_t id, char *out, int cap) {
-    if (id < 0 || id >= t->vocab_limit) return 0;
+    if (!t || id < 0 || id >= t->vocab_limit || id >= t->n_ids) return 0;
     if (!t->off) {                               /* bytes tokenizer */
-        if (id >= 256) return 0;
         if (cap < 1) return -1;
         out[0] = (char)id;
         return 1;
@@ -313,132 +432,19 @@ int32_t ib_tokenizer_special(const ib_tokenizer *t, const char *content) {
     return -1;
 }
 
-/* ---------------------------------------------------------------- writing */
-
-/* Write root to path through path.tmp + rename, so a failure leaves no file behind. */
-static ib_status dump_json(json_t *root, const char *path, ib_error *err) {
-    size_t pl = strlen(path);
-    char *tmp = malloc(pl + 5);
-    if (!tmp) return ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", path);
-    memcpy(tmp, path, pl);
-    memcpy(tmp + pl, ".tmp", 5);
-    ib_status st = IB_OK;
-    if (json_dump_file(root, tmp, JSON_INDENT(2) | JSON_PRESERVE_ORDER) != 0) {
-        st = ib_fail(err, IB_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno ? errno : EIO));
-        unlink(tmp);
-    } else if (rename(tmp, path) != 0) {
-        st = ib_fail(err, IB_ERR_IO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
-        unlink(tmp);
-    }
-    free(tmp);
-    return st;
+int ib_tokenizer_is_special(const ib_tokenizer *t, int32_t id) {
+    return t && t->is_special && id >= 0 && id < t->n_ids && t->is_special[id];
 }
 
-/* json_object_set_new that remembers an allocation failure in *bad. */
-static void put(json_t *obj, const char *key, json_t *v, int *bad) {
-    if (!v || json_object_set_new(obj, key, v) != 0) *bad = 1;
+int32_t ib_tokenizer_n_ids(const ib_tokenizer *t) { return t ? t->n_ids : 0; }
+
+int32_t ib_tokenizer_eos(const ib_tokenizer *t) { return t ? t->eos_id : -1; }
+
+void ib_tokenizer_set_cache(ib_tokenizer *t, int on) {
+    if (t && t->cache.slot) t->cache.enabled = on != 0;
 }
 
-/* Write tokenizer.json (byte tokens at ids 0..255 in byte order, specials at 256.. as added tokens,
- * no merges; Hugging Face layout) and tokenizer_config.json (eos_token "<|im_end|>" when among the
- * specials, else the last special; pad_token "<|endoftext|>" when among them; bos_token null).
- * Specials must be non-empty and distinct. On failure neither file is left behind. */
-ib_status ib_tokenizer_write_bytelevel(const char *dir, const char *const *specials, int n_specials, ib_error *err) {
-    if (!dir || n_specials < 0 || (n_specials > 0 && !specials))
-        return ib_fail(err, IB_ERR_INVALID_ARG, "tokenizer: write_bytelevel: bad arguments");
-    for (int i = 0; i < n_specials; i++) {
-        if (!specials[i] || !specials[i][0])
-            return ib_fail(err, IB_ERR_INVALID_ARG, "tokenizer: write_bytelevel: special %d is empty", i);
-        for (int j = 0; j < i; j++)
-            if (strcmp(specials[i], specials[j]) == 0)
-                return ib_fail(err, IB_ERR_INVALID_ARG, "tokenizer: write_bytelevel: special \"%s\" given twice", specials[i]);
-    }
-    ib_status st = IB_OK;
-    int bad = 0;
-    size_t dl = strlen(dir);
-    char *p_tok = malloc(dl + 32), *p_cfg = malloc(dl + 32);
-    json_t *root = json_object(), *cfg = json_object();
-    if (!p_tok || !p_cfg || !root || !cfg) { bad = 1; goto done; }
-    snprintf(p_tok, dl + 32, "%s/tokenizer.json", dir);
-    snprintf(p_cfg, dl + 32, "%s/tokenizer_config.json", dir);
-
-    put(root, "version", json_string("1.0"), &bad);
-    put(root, "truncation", json_null(), &bad);
-    put(root, "padding", json_null(), &bad);
-    json_t *added = json_array();
-    put(root, "added_tokens", added, &bad);
-    for (int i = 0; added && i < n_specials; i++) {
-        json_t *e = json_object();
-        if (!e || json_array_append_new(added, e) != 0) { bad = 1; break; }
-        put(e, "id", json_integer(256 + i), &bad);
-        put(e, "content", json_string(specials[i]), &bad);
-        put(e, "single_word", json_false(), &bad);
-        put(e, "lstrip", json_false(), &bad);
-        put(e, "rstrip", json_false(), &bad);
-        put(e, "normalized", json_false(), &bad);
-        put(e, "special", json_true(), &bad);
-    }
-    put(root, "normalizer", json_null(), &bad);
-    json_t *pre = json_object();
-    put(root, "pre_tokenizer", pre, &bad);
-    if (pre) {
-        put(pre, "type", json_string("ByteLevel"), &bad);
-        put(pre, "add_prefix_space", json_false(), &bad);
-        put(pre, "trim_offsets", json_true(), &bad);
-        put(pre, "use_regex", json_true(), &bad);
-    }
-    put(root, "post_processor", json_null(), &bad);
-    json_t *dec = json_object();
-    put(root, "decoder", dec, &bad);
-    if (dec) {
-        put(dec, "type", json_string("ByteLevel"), &bad);
-        put(dec, "add_prefix_space", json_true(), &bad);
-        put(dec, "trim_offsets", json_true(), &bad);
-        put(dec, "use_regex", json_true(), &bad);
-    }
-    json_t *model = json_object();
-    put(root, "model", model, &bad);
-    if (model) {
-        put(model, "type", json_string("BPE"), &bad);
-        put(model, "dropout", json_null(), &bad);
-        put(model, "unk_token", json_null(), &bad);
-        put(model, "continuing_subword_prefix", json_string(""), &bad);
-        put(model, "end_of_word_suffix", json_string(""), &bad);
-        put(model, "fuse_unk", json_false(), &bad);
-        put(model, "byte_fallback", json_false(), &bad);
-        json_t *vocab = json_object();
-        put(model, "vocab", vocab, &bad);
-        uint32_t cp[256];
-        byte_alphabet(cp);
-        for (int b = 0; vocab && b < 256; b++) {
-            char s[3] = {0};
-            utf8_put(cp[b], s);
-            put(vocab, s, json_integer(b), &bad);
-        }
-        put(model, "merges", json_array(), &bad);
-    }
-
-    const char *eos = NULL, *pad = NULL;
-    for (int i = 0; i < n_specials; i++) {
-        if (strcmp(specials[i], "<|im_end|>") == 0) eos = specials[i];
-        if (strcmp(specials[i], "<|endoftext|>") == 0) pad = specials[i];
-    }
-    if (!eos && n_specials > 0) eos = specials[n_specials - 1];
-    put(cfg, "add_bos_token", json_false(), &bad);
-    put(cfg, "bos_token", json_null(), &bad);
-    put(cfg, "eos_token", eos ? json_string(eos) : json_null(), &bad);
-    put(cfg, "pad_token", pad ? json_string(pad) : json_null(), &bad);
-    put(cfg, "tokenizer_class", json_string("Qwen2Tokenizer"), &bad);
-
-done:
-    if (bad) {
-        st = ib_fail(err, IB_ERR_NOMEM, "%s: out of memory building tokenizer files", dir);
-    } else if ((st = dump_json(root, p_tok, err)) == IB_OK) {
-        if ((st = dump_json(cfg, p_cfg, err)) != IB_OK) unlink(p_tok);
-    }
-    json_decref(root);
-    json_decref(cfg);
-    free(p_tok);
-    free(p_cfg);
-    return st;
+void ib_tokenizer_cache_stats(const ib_tokenizer *t, unsigned long *hits, unsigned long *misses) {
+    *hits = t ? t->cache.hits : 0;
+    *misses = t ? t->cache.misses : 0;
 }

@@ -1,12 +1,19 @@
 /*
- * tokenizer.h — the model's tokenizer (tokenizer.json).
+ * tokenizer.h — the model's tokenizer: a Hugging Face tokenizer.json byte-level BPE tokenizer
+ * (Qwen2/Qwen3, Llama 3, GPT-2 style), encoding and decoding as Hugging Face tokenizers does.
  *
- * This is the byte-level fallback: it reads the vocabulary ("model": {"vocab": {token: id}}) and
- * "added_tokens" of a Hugging Face byte-level tokenizer.json, maps each UTF-8 byte of the text to
- * the id of its single-byte token (GPT-2 byte-to-unicode alphabet), and applies no merges. It decodes
- * any id of the vocabulary (merged tokens too) back to its bytes. Exact for models whose vocabulary
- * has no merges (the synthetic models of `isobatch mkmodel`); for real BPE models it yields a valid
- * but longer encoding than Hugging Face's.
+ * Supported tokenizer.json parts: model BPE (vocab; merges as "A B" strings or ["A", "B"] pairs;
+ * ignore_merges; dropout null), normalizer null / NFC / NFD / NFKC / NFKD / Sequence, pre_tokenizer
+ * Split (Regex or String pattern, any behavior, invert) / ByteLevel / Sequence, decoder ByteLevel
+ * (or null), post_processor ByteLevel / TemplateProcessing / Sequence, added_tokens with special,
+ * lstrip, rstrip, normalized, single_word. Anything else fails to load with a one-line message
+ * naming the field. Every byte needs a single-byte token (the GPT-2 byte alphabet); merges need
+ * not exist (the byte-level files of `isobatch mkmodel` have none: there id == byte).
+ * tokenizer_config.json beside tokenizer.json, when present, gives bos/eos/pad, add_bos_token,
+ * add_eos_token and which chat format the chat template uses.
+ *
+ * A tokenizer is read-only after load except for its word cache, which has its own lock: encode,
+ * decode and the rest may be called from several threads at once.
  */
 #ifndef IB_TOKENIZER_TOKENIZER_H
 #define IB_TOKENIZER_TOKENIZER_H
@@ -16,8 +23,9 @@
 
 typedef struct ib_tokenizer ib_tokenizer;
 
-/* Load path (a tokenizer.json). Ids must be < vocab_limit (the model's vocab_size). Errors name the
- * file and the field ("tok.json: field model.vocab: missing", "…: byte 0x41 has no token"). */
+/* Load path (a tokenizer.json). Ids must be < vocab_limit (the model's vocab_size; INT32_MAX when
+ * there is no model). Errors name the file and the field ("tok.json: field model.vocab: missing",
+ * "…: byte 0x41 has no token", "…: field model.merges[3]: token \"x\" is not in model.vocab"). */
 ib_status ib_tokenizer_load(const char *path, int vocab_limit, ib_tokenizer **out, ib_error *err);
 
 /* A tokenizer for models without tokenizer.json: id b (0..255) is byte b. */
@@ -25,8 +33,12 @@ ib_status ib_tokenizer_bytes(int vocab_limit, ib_tokenizer **out, ib_error *err)
 
 void ib_tokenizer_free(ib_tokenizer *t);
 
-/* Encode text (len bytes, any bytes) into ids; returns the count (may exceed cap: only cap written). */
+/* Encode text (len bytes, any bytes) into ids; returns the count (may exceed cap: only cap written),
+ * or -1 when memory runs out. Same as ib_tokenizer_encode_ex with flags 0. */
 int ib_tokenizer_encode(const ib_tokenizer *t, const char *text, size_t len, int32_t *ids, int cap);
+
+/* Flags: IB_TOKENIZE_ADD_SPECIAL, IB_TOKENIZE_SPLIT_SPECIAL (include/isobatch.h). */
+int ib_tokenizer_encode_ex(const ib_tokenizer *t, const char *text, size_t len, int flags, int32_t *ids, int cap);
 
 /* Bytes of token id into out (cap bytes); returns the byte count (0 for ids without text, e.g. unknown
  * ids), or -1 when cap is too small. Special tokens decode to their content. */
@@ -34,6 +46,29 @@ int ib_tokenizer_decode(const ib_tokenizer *t, int32_t id, char *out, int cap);
 
 /* Id of a special/added token by content ("<|im_end|>"), -1 when absent. */
 int32_t ib_tokenizer_special(const ib_tokenizer *t, const char *content);
+
+/* 1 when id is an added token marked special. */
+int ib_tokenizer_is_special(const ib_tokenizer *t, int32_t id);
+
+/* Largest id + 1 (0 for none). */
+int32_t ib_tokenizer_n_ids(const ib_tokenizer *t);
+
+/* eos_token of tokenizer_config.json (-1 when absent). */
+int32_t ib_tokenizer_eos(const ib_tokenizer *t);
+
+/* Turn the word cache on or off (benchmarks); results never depend on it. Not thread-safe. */
+void ib_tokenizer_set_cache(ib_tokenizer *t, int on);
+
+/* Cache hits and misses so far (benchmarks). */
+void ib_tokenizer_cache_stats(const ib_tokenizer *t, unsigned long *hits, unsigned long *misses);
+
+/* Streaming decode (contracts of ib_text_stream_push / ib_text_stream_flush in isobatch.h). */
+int ib_tokenizer_stream_push(const ib_tokenizer *t, ib_text_stream *s, int32_t id, char *out, int cap);
+int ib_tokenizer_stream_flush(ib_text_stream *s, char *out, int cap);
+
+/* Chat formatting and turn-ending ids (contracts of ib_chat_format / ib_chat_stop_ids). */
+long ib_tokenizer_chat_format(const ib_tokenizer *t, const ib_chat_msg *msgs, int n, int flags, char *out, size_t cap);
+int ib_tokenizer_chat_stops(const ib_tokenizer *t, int32_t *ids, int cap);
 
 /* Write a byte-level tokenizer.json (vocab: the 256 byte tokens at ids 0..255, then the given
  * special tokens at ids 256.. as added_tokens; no merges) and a tokenizer_config.json beside it

