@@ -356,7 +356,7 @@ static ib_status append_file(ib_st_set *s, const char *path, ib_error *err) {
         if (strcmp(key, "__metadata__") == 0) continue;
         ib_st_tensor t;
         memset(&t, 0, sizeof t);
-        uint64_t b, e;
+        uint64_t b = 0, e = 0;
         st = parse_entry(p, key, val, data_size, &t, &b, &e, err);
         if (st) goto fail;
         t.name = strdup(key);
