@@ -1,9 +1,9 @@
 /*
  * cmd_chat.c — `isobatch chat`: an interactive chat REPL. Each stdin line is a user turn; the whole
  * conversation is rendered in the model's chat format (ChatML for Qwen, headers for Llama 3),
- * tokenized, and only the tokens after what the session already holds are prefilled (the session
- * restarts when the rendering no longer extends them, e.g. when Qwen3 drops an earlier turn's
- * <think> block). The reply streams to stdout through the streaming decoder and ends at the
+ * tokenized, and only the tokens after the longest common prefix with what the session already
+ * holds are prefilled (the session is rewound to that prefix: the rendering can differ from the
+ * generated tokens, e.g. Qwen3 drops an earlier turn's <think> block). The reply streams to stdout through the streaming decoder and ends at the
  * format's end-of-turn token.
  */
 #include <stdio.h>
@@ -102,12 +102,17 @@ static int turn(chat *c, int flags, long max_new) {
     free(text);
     if (!ids) return cli_error("could not tokenize the conversation");
     int rc = 0;
+    /* keep the longest common prefix of what the session holds and the new rendering (at least one
+     * token must be stepped to get logits); rewinding also cuts the history to exactly those tokens */
     int common = 0;
     while (common < c->n_fed && common < n && c->fed[common] == ids[common]) common++;
-    if (common < c->n_fed || common == n) {   /* the session does not extend to this rendering: start over */
-        ib_session_reset(c->s);
-        c->n_fed = common = 0;
+    if (common == n) common--;
+    ib_error err;
+    if (ib_session_rewind(c->s, common, &err)) {
+        free(ids);
+        return cli_error("%s", err.msg);
     }
+    c->n_fed = common;
     if (n - common + max_new > ib_session_capacity(c->s) - c->n_fed) {
         free(ids);
         return cli_error("the conversation (%d tokens + %ld new) exceeds the context of %d tokens; /reset to start over", n,

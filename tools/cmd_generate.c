@@ -14,7 +14,7 @@ static const char help[] =
     "usage: isobatch generate [-m DIR] (-p TEXT)... [--prompts-file F] [--prompt-ids 1,2,3]... [-n N]\n"
     "         [--batch B] [--threads T] [--prefill-chunk C|whole] [--isa auto|scalar|avx2|avx512]\n"
     "         [--act auto|f32|q8] [--temp X] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R]\n"
-    "         [--seed S] [--ignore-eos] [--json] [--logits-out FILE] [--check-serial] [--inject FAULT]\n"
+    "         [--seed S] [--ignore-eos] [--json] [--logits-out FILE] [--check-serial] [--inject FAULT] [--chat]\n"
     "\n"
     "  -m DIR            model directory (default models/default)\n"
     "  -p TEXT           a prompt (repeatable)\n"
@@ -28,6 +28,8 @@ static const char help[] =
     "  --isa, --act      kernels and activation mode (results never depend on --isa)\n"
     "  --temp ... --seed sampling (default greedy); draws keyed by (seed, step)\n"
     "  --ignore-eos      do not stop at the end-of-sequence token\n"
+    "  --chat            wrap each text prompt as a user turn in the model's chat format (ChatML:\n"
+    "                    <|im_start|>user ... <|im_end|>) followed by the assistant header\n"
     "  --json            one JSON line per prompt: index, prompt_tokens, tokens, text, digest\n"
     "  --logits-out F    write the logits rows that chose each token (float32 LE, prompt-major)\n"
     "  --check-serial    also decode every prompt alone and verify bitwise equality\n"
@@ -86,6 +88,27 @@ static int add_text(prompts *p, const ib_model *m, const char *text) {
     return 0;
 }
 
+/* ---- --chat (added with the tokenizer): a text prompt becomes a user turn in the model's chat
+ * format followed by the assistant header; the prompt shown stays the user's text. */
+static int chat_mode;
+
+static int add_chat_text(prompts *p, const ib_model *m, const char *text) {
+    ib_chat_msg msg = {"user", text};
+    long n = ib_chat_format(m, &msg, 1, IB_CHAT_GENERATION_PROMPT, NULL, 0);
+    if (n < 0) return cli_usage_error("--chat: the model has no chat format (no chat template, no <|im_start|>/<|im_end|>)");
+    char *s = malloc((size_t)n + 1);
+    if (!s) return cli_error("out of memory");
+    ib_chat_format(m, &msg, 1, IB_CHAT_GENERATION_PROMPT, s, (size_t)n + 1);
+    int rc = add_text(p, m, s);
+    free(s);
+    if (!rc) {
+        free(p->text[p->n - 1]);
+        p->text[p->n - 1] = strdup(text);
+    }
+    return rc;
+}
+/* ---- end of --chat */
+
 /* Parse "1,2,3" into a new prompt. */
 static int add_ids(prompts *p, const char *list, int vocab) {
     int n = 1;
@@ -120,7 +143,7 @@ static int add_file(prompts *p, const ib_model *m, const char *path) {
     int rc = 0;
     while (!rc && (n = getline(&line, &cap, f)) >= 0) {
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
-        if (n > 0) rc = add_text(p, m, line);
+        if (n > 0) rc = chat_mode ? add_chat_text(p, m, line) : add_text(p, m, line);
     }
     free(line);
     fclose(f);
@@ -292,6 +315,7 @@ int cmd_generate(int argc, char **argv) {
             if (!VAL() || cli_u64(f, v, &a.sampling.seed)) rc = 2;
         } else if (!strcmp(f, "--json")) a.json = 1;
         else if (!strcmp(f, "--ignore-eos")) a.ignore_eos = 1;
+        else if (!strcmp(f, "--chat")) chat_mode = 1;
         else if (!strcmp(f, "--check-serial")) a.check_serial = 1;
         else if (!strcmp(f, "--logits-out")) rc = VAL() ? (a.logits_out = v, 0) : 2;
         else if (!strcmp(f, "--inject")) {
@@ -318,7 +342,7 @@ int cmd_generate(int argc, char **argv) {
         goto out;
     }
     const ib_model_info *info = ib_model_get_info(m);
-    for (int i = 0; i < nt && !rc; i++) rc = add_text(&p, m, texts[i]);
+    for (int i = 0; i < nt && !rc; i++) rc = chat_mode ? add_chat_text(&p, m, texts[i]) : add_text(&p, m, texts[i]);
     for (int i = 0; i < ni && !rc; i++) rc = add_ids(&p, idlists[i], info->vocab_size);
     if (!rc && a.prompts_file) rc = add_file(&p, m, a.prompts_file);
     if (rc) goto out;
