@@ -262,6 +262,82 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
                       ib_gen_result *results, ib_gen_stats *stats, ib_error *err);
 void ib_gen_results_free(ib_gen_result *results, int n);
 
+/* ---------------------------------------------------------------- scheduler (continuous batching) */
+
+/* A scheduler owns one loop thread that steps every active job of an engine together: jobs join and
+ * leave at any step; a prompt is fed in chunks of at most `prefill_chunk` tokens, interleaved with the
+ * other jobs' one-token decode rows (each step first takes one decode row per decoding job, then
+ * prompt chunks, starting from a rotating job so that long prompts share the step fairly); at most
+ * `max_batch` jobs are active, further ones wait in a FIFO queue of `max_queue`. Since each job has
+ * its own session and ib_step's logits do not depend on the batch, a job's tokens and logprobs are
+ * the same whatever else runs. Thread-safe: submit and cancel may be called from any thread. While a
+ * scheduler runs, its engine must not be used by anyone else. */
+typedef struct ib_sched ib_sched;
+
+typedef struct ib_sched_opts {
+    int max_batch;      /* jobs stepped together, >= 1; 0 means 32 */
+    int prefill_chunk;  /* most prompt tokens of one job per step; 0 means 64 */
+    int max_queue;      /* jobs waiting beyond max_batch; 0 means 64, < 0 means none */
+} ib_sched_opts;
+
+/* What a job reports, in order: one TOKEN event per generated token, then exactly one DONE event.
+ * After DONE the scheduler never touches the job, its session or its ctx again. */
+typedef struct ib_sched_event {
+    int done;              /* 0: a token; 1: the job ended */
+    int32_t token;         /* the generated token (token events) */
+    double logprob;        /* its log-probability under the raw logits (log-softmax), when asked */
+    const char *finish;    /* DONE: "stop" (a stop id was generated), "length", "cancelled", "error" */
+    int prompt_fed;        /* DONE: prompt tokens fed into the session */
+    int generated;         /* DONE: tokens generated */
+    const char *message;   /* DONE with "error": what failed (valid during the call) */
+} ib_sched_event;
+
+/* Called from the scheduler thread without its lock held; it must not block for long. It may call
+ * ib_sched_cancel. */
+typedef void (*ib_sched_event_fn)(void *ctx, const ib_sched_event *ev);
+
+typedef struct ib_sched_job {
+    ib_session *session;     /* fed then sampled from; in no other job while this one runs */
+    const int32_t *prompt;   /* [n_prompt] tokens fed at the session's position (copied by submit) */
+    int n_prompt;            /* >= 1 */
+    int max_new_tokens;      /* >= 0: tokens to sample; the last one is not fed (it is the next
+                              * prompt's first token when the session continues) */
+    const int32_t *stop_ids; /* [n_stop] ids that end generation (the stop token is reported); copied */
+    int n_stop;
+    int want_logprobs;       /* fill ib_sched_event.logprob */
+    ib_sched_event_fn on_event;
+    void *ctx;
+} ib_sched_job;
+
+typedef struct ib_sched_stats {
+    int active, queued;          /* jobs now */
+    int last_batch;              /* items in the last step */
+    long long steps, tokens_prefilled, tokens_generated;
+    double step_seconds;         /* total time inside ib_step */
+    long long step_hist[12];     /* steps by duration: <= 1,2,5,10,20,50,100,200,500,1000,2000 ms, more */
+} ib_sched_stats;
+
+/* Upper bounds (ms) of ib_sched_stats.step_hist's first 11 buckets. */
+extern const double ib_sched_hist_ms[11];
+
+/* Create a scheduler over e (which must outlive it) and start its thread. opts may be NULL. */
+ib_status ib_sched_create(ib_engine *e, const ib_sched_opts *opts, ib_sched **out, ib_error *err);
+/* Cancel every job (each gets its DONE "cancelled"), stop the thread, free. NULL allowed. */
+void ib_sched_free(ib_sched *s);
+/* Queue a job; *id (may be NULL) gets its id (> 0). Fails without side effects when the arguments are
+ * bad, when the session's context cannot hold n_prompt + max_new_tokens - 1 more tokens
+ * (IB_ERR_CONTEXT), or when max_batch jobs are active and the queue is full (IB_ERR_STATE, message
+ * "scheduler: queue full"). On failure on_event is never called. */
+ib_status ib_sched_submit(ib_sched *s, const ib_sched_job *job, uint64_t *id, ib_error *err);
+/* Ask job id to stop: it ends with DONE "cancelled" at the next step boundary. Returns 1 when the
+ * job was still known, 0 otherwise. */
+int ib_sched_cancel(ib_sched *s, uint64_t id);
+void ib_sched_get_stats(ib_sched *s, ib_sched_stats *out);
+
+/* Log-probability of token `id` under log-softmax(logits) ([vocab] floats): computed in double with
+ * ib's own exp/log, summing in ascending id order, so the value is a function of the logits only. */
+double ib_logprob(const float *logits, int vocab, int32_t id);
+
 /* ---------------------------------------------------------------- tokenizer */
 
 /* The model's tokenizer (owned by the model). encode writes at most cap ids and returns the count

@@ -1,10 +1,13 @@
 /*
- * test_tokenizer.c — the byte-level fallback tokenizer: written files, round trips, ids, load errors.
+ * test_tokenizer.c — the byte-level tokenizer files of `isobatch mkmodel`: written files, round trips,
+ * ids; load errors, and malformed or unsupported tokenizer.json / tokenizer_config.json sections
+ * (one-line messages naming the field). The BPE itself is tested in test_bpe.c.
  */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -357,6 +360,118 @@ static void test_load_errors(void) {
     CHECK_EQ_INT(ib_tokenizer_load("x.json", 0, &t, &err), IB_ERR_INVALID_ARG);
 }
 
+/* A root {"model": {"type": "BPE", "vocab": all byte tokens (id = byte) + "ab" (300)}}. */
+static json_t *base_root(void) {
+    json_t *root = json_object(), *model = json_object(), *vocab = json_object();
+    for (int b = 0; b < 256; b++) {
+        char c[3];
+        t_utf8(t_cp(b), c);
+        json_object_set_new(vocab, c, json_integer(b));
+    }
+    json_object_set_new(vocab, "ab", json_integer(300));
+    json_object_set_new(model, "type", json_string("BPE"));
+    json_object_set_new(model, "vocab", vocab);
+    json_object_set_new(root, "model", model);
+    return root;
+}
+
+/* base_root with field `key` of the model (model_field) or of the root set to the JSON text v. */
+static void fail_with(const char *name, int model_field, const char *key, const char *v, ib_status code, const char *frag1,
+                      const char *frag2) {
+    json_t *root = base_root();
+    json_t *val = json_loads(v, JSON_DECODE_ANY, NULL);
+    if (!val) {
+        fprintf(stderr, "bad test JSON %s\n", v);
+        exit(2);
+    }
+    json_object_set_new(model_field ? json_object_get(root, "model") : root, key, val);
+    char *txt = json_dumps(root, 0);
+    expect_load_fail(name, txt, 320, code, frag1, frag2);
+    free(txt);
+    json_decref(root);
+}
+
+/* Malformed and unsupported tokenizer.json sections: one-line errors naming the field. */
+static void test_malformed(void) {
+    fail_with("mf_type.json", 1, "type", "\"WordPiece\"", IB_ERR_UNSUPPORTED, "field model.type", "WordPiece");
+    fail_with("mf_typenum.json", 1, "type", "5", IB_ERR_FORMAT, "field model.type", NULL);
+    fail_with("mf_dropout.json", 1, "dropout", "0.1", IB_ERR_UNSUPPORTED, "field model.dropout", NULL);
+    fail_with("mf_prefix.json", 1, "continuing_subword_prefix", "\"##\"", IB_ERR_UNSUPPORTED, "field model.continuing_subword_prefix", NULL);
+    fail_with("mf_ignore.json", 1, "ignore_merges", "\"yes\"", IB_ERR_FORMAT, "field model.ignore_merges", NULL);
+    /* merges */
+    fail_with("mf_mtype.json", 1, "merges", "\"a b\"", IB_ERR_FORMAT, "field model.merges", "not an array");
+    fail_with("mf_m1.json", 1, "merges", "[\"ab\"]", IB_ERR_FORMAT, "field model.merges[0]", "LEFT RIGHT");
+    fail_with("mf_m2.json", 1, "merges", "[\"a b c\"]", IB_ERR_FORMAT, "field model.merges[0]", NULL);
+    fail_with("mf_m3.json", 1, "merges", "[[\"a\"]]", IB_ERR_FORMAT, "field model.merges[0]", NULL);
+    fail_with("mf_m4.json", 1, "merges", "[5]", IB_ERR_FORMAT, "field model.merges[0]", NULL);
+    fail_with("mf_m5.json", 1, "merges", "[\"a zz\"]", IB_ERR_MODEL, "field model.merges[0]", "\"zz\" is not in model.vocab");
+    fail_with("mf_m6.json", 1, "merges", "[\"a b\", \"c d\"]", IB_ERR_MODEL, "field model.merges[1]", "merged token \"cd\"");
+    fail_with("mf_m7.json", 1, "merges", "[[\"a\", \"\"]]", IB_ERR_FORMAT, "field model.merges[0]", "empty");
+    /* pre-tokenizers */
+    fail_with("mf_re.json", 0, "pre_tokenizer",
+              "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}, \"behavior\": \"Isolated\", \"invert\": false}",
+              IB_ERR_FORMAT, "field pre_tokenizer.pattern.Regex", "bad regex");
+    fail_with("mf_re2.json", 0, "pre_tokenizer",
+              "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"ByteLevel\"}, {\"type\": \"Split\", \"pattern\": "
+              "{\"Regex\": \"[a-\"}, \"behavior\": \"Isolated\"}]}",
+              IB_ERR_FORMAT, "field pre_tokenizer.pretokenizers[1].pattern.Regex", "bad regex");
+    fail_with("mf_re3.json", 0, "pre_tokenizer", "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\p{Nope}\"}, \"behavior\": \"Isolated\"}",
+              IB_ERR_FORMAT, "field pre_tokenizer.pattern.Regex", NULL);
+    fail_with("mf_beh.json", 0, "pre_tokenizer", "{\"type\": \"Split\", \"pattern\": {\"String\": \"x\"}, \"behavior\": \"Sideways\"}",
+              IB_ERR_FORMAT, "field pre_tokenizer.behavior", "Sideways");
+    fail_with("mf_pat.json", 0, "pre_tokenizer", "{\"type\": \"Split\", \"behavior\": \"Isolated\"}", IB_ERR_FORMAT,
+              "field pre_tokenizer.pattern", NULL);
+    fail_with("mf_pt.json", 0, "pre_tokenizer", "{\"type\": \"Metaspace\"}", IB_ERR_UNSUPPORTED, "field pre_tokenizer.type",
+              "Metaspace");
+    fail_with("mf_pt2.json", 0, "pre_tokenizer", "{}", IB_ERR_FORMAT, "field pre_tokenizer.type", NULL);
+    fail_with("mf_bl.json", 0, "pre_tokenizer", "{\"type\": \"ByteLevel\", \"add_prefix_space\": 1}", IB_ERR_FORMAT,
+              "field pre_tokenizer.add_prefix_space", NULL);
+    /* normalizer, decoder, post-processor */
+    fail_with("mf_norm.json", 0, "normalizer", "{\"type\": \"Lowercase\"}", IB_ERR_UNSUPPORTED, "field normalizer.type", "Lowercase");
+    fail_with("mf_norm2.json", 0, "normalizer", "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}, {\"type\": \"Strip\"}]}",
+              IB_ERR_UNSUPPORTED, "field normalizer.normalizers[1].type", NULL);
+    fail_with("mf_dec.json", 0, "decoder", "{\"type\": \"WordPiece\"}", IB_ERR_UNSUPPORTED, "field decoder.type", NULL);
+    fail_with("mf_post.json", 0, "post_processor", "{\"type\": \"BertProcessing\"}", IB_ERR_UNSUPPORTED, "field post_processor.type", NULL);
+    fail_with("mf_post2.json", 0, "post_processor",
+              "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<bos>\"}}, {\"Sequence\": {\"id\": \"A\"}}],"
+              " \"special_tokens\": {}}",
+              IB_ERR_FORMAT, "field post_processor.single[0]", "<bos>");
+    fail_with("mf_added.json", 0, "added_tokens", "[{\"id\": 301, \"content\": \"<x>\", \"lstrip\": \"yes\"}]", IB_ERR_FORMAT,
+              "field added_tokens[0].lstrip", NULL);
+
+    /* tokenizer_config.json beside tokenizer.json */
+    static const struct { const char *cfg; ib_status code; const char *frag; } cfgs[] = {
+        {"{\"eos_token\": ", IB_ERR_FORMAT, "JSON error"},
+        {"{\"eos_token\": \"<nope>\"}", IB_ERR_MODEL, "field eos_token"},
+        {"{\"bos_token\": 5}", IB_ERR_FORMAT, "field bos_token"},
+        {"{\"add_bos_token\": \"yes\"}", IB_ERR_FORMAT, "field add_bos_token"},
+        {"{\"chat_template\": 5}", IB_ERR_FORMAT, "field chat_template"},
+        {"[1]", IB_ERR_FORMAT, "top level"},
+    };
+    char dir[96], p[160], pc[160];
+    snprintf(dir, sizeof dir, "%s/cfgbad", tmpdir);
+    mkdir(dir, 0700);
+    snprintf(p, sizeof p, "%s/tokenizer.json", dir);
+    snprintf(pc, sizeof pc, "%s/tokenizer_config.json", dir);
+    json_t *root = base_root();
+    json_dump_file(root, p, 0);
+    json_decref(root);
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        FILE *f = fopen(pc, "w");
+        fputs(cfgs[i].cfg, f);
+        fclose(f);
+        ib_tokenizer *t = (ib_tokenizer *)(uintptr_t)1;
+        ib_error err = {0};
+        ib_status st = ib_tokenizer_load(p, 320, &t, &err);
+        CHECK(st == cfgs[i].code, "config %zu: status %d, want %d (%s)", i, st, cfgs[i].code, err.msg);
+        CHECK(t == NULL, "config %zu: out not cleared", i);
+        CHECK(strstr(err.msg, pc) && strstr(err.msg, cfgs[i].frag) && !strchr(err.msg, '\n'), "config %zu: message: %s", i, err.msg);
+    }
+    unlink(pc);
+    unlink(p);
+    rmdir(dir);
+}
+
 static void test_bytes_tokenizer(void) {
     ib_tokenizer *t = NULL;
     ib_error err = {0};
@@ -394,7 +509,10 @@ static void cleanup(void) {
     static const char *const names[] = {
         "tokenizer.json", "tokenizer_config.json", "custom.json", "missing.json", "nomodel.json", "array.json",
         "syntax.json", "nobyte.json", "limit.json", "range.json", "strid.json", "dupid.json", "addid.json",
-        "addcontent.json", "addtype.json",
+        "addcontent.json", "addtype.json", "mf_type.json", "mf_typenum.json", "mf_dropout.json", "mf_prefix.json",
+        "mf_ignore.json", "mf_mtype.json", "mf_m1.json", "mf_m2.json", "mf_m3.json", "mf_m4.json", "mf_m5.json", "mf_m6.json",
+        "mf_m7.json", "mf_re.json", "mf_re2.json", "mf_re3.json", "mf_beh.json", "mf_pat.json", "mf_pt.json", "mf_pt2.json",
+        "mf_bl.json", "mf_norm.json", "mf_norm2.json", "mf_dec.json", "mf_post.json", "mf_post2.json", "mf_added.json",
     };
     char p[128];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
@@ -411,6 +529,7 @@ int main(void) {
     test_bytelevel_model();
     test_custom_vocab();
     test_load_errors();
+    test_malformed();
     test_bytes_tokenizer();
     test_write_errors();
     cleanup();

@@ -50,9 +50,9 @@ ib_status tok_load_normalizer(ib_tokenizer *t, const json_t *v, const char *path
     return load_one(t, v, "normalizer", path, 0, err);
 }
 
-/* Every code point below U+0300 is unchanged by NFC and NFD and never combines with what precedes
- * it (the first characters with NFC/NFD quick-check "No" or "Maybe" are the combining marks from
- * U+0300), so such text needs no call into utf8proc. NFKC/NFKD map some of them (U+00A0, U+00B2, …). */
+/* Every code point below U+0300 is unchanged by NFC and never composes with what precedes it (the
+ * first characters with NFC quick-check "No" or "Maybe" are the combining marks from U+0300), so
+ * such text needs no call into utf8proc when every step is NFC. (NFD decomposes é, NFKC maps U+00B2.) */
 static int below_0300(const char *s, size_t n) {
     const unsigned char *p = (const unsigned char *)s;
     for (size_t i = 0; i < n; i++) {
@@ -66,9 +66,9 @@ static int below_0300(const char *s, size_t n) {
 const char *tok_normalize(const ib_tokenizer *t, const char *s, size_t n, size_t *out_n) {
     *out_n = n;
     if (t->n_norm == 0 || n == 0) return s;
-    int compat = 0;
-    for (int i = 0; i < t->n_norm; i++) compat |= t->norm[i] == NORM_NFKC || t->norm[i] == NORM_NFKD;
-    if (!compat && below_0300(s, n)) return s;
+    int only_nfc = 1;
+    for (int i = 0; i < t->n_norm; i++) only_nfc &= t->norm[i] == NORM_NFC;
+    if (only_nfc && below_0300(s, n)) return s;
     char *cur = NULL;   /* owned result of the previous step */
     const char *in = s;
     size_t in_n = n;

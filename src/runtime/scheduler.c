@@ -1,0 +1,362 @@
+/*
+ * scheduler.c — continuous batching on a loop thread: jobs (a session, a prompt, a token budget)
+ * join and leave at any step; prompts are fed in chunks interleaved with the others' decode rows.
+ * The contract is in include/isobatch.h ("scheduler").
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/error.h"
+#include "core/fmath.h"
+#include "runtime/runtime.h"
+#include "runtime/scheduler.h"
+
+const double ib_sched_hist_ms[11] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000};
+
+typedef struct job {
+    uint64_t id;
+    ib_session *s;
+    int32_t *prompt;          /* [n_prompt] (owned copy) */
+    int n_prompt, fed;
+    int max_new, generated;
+    int32_t next;             /* last sampled token, fed at the next step */
+    int32_t *stops;           /* [n_stop] (owned copy) */
+    int n_stop;
+    int want_lp;
+    ib_sched_event_fn fn;
+    void *ctx;
+    int cancel;               /* set under the lock by ib_sched_cancel */
+    const char *finish;       /* set when the job ends */
+    float *logits;            /* [V] */
+    struct job *qnext;        /* wait queue link */
+} job;
+
+struct ib_sched {
+    ib_engine *e;
+    ib_sched_opts o;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop;
+    uint64_t next_id;
+    job **active;             /* [max_batch] */
+    int n_active;
+    job *qhead, *qtail;
+    int n_queued;
+    int rr;                   /* rotating start for prefill chunks */
+    ib_sched_stats st;
+    /* step buffers, loop thread only */
+    ib_step_item *items;      /* [max_batch] */
+    job **item_job;           /* [max_batch] */
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double ib_logprob(const float *logits, int vocab, int32_t id) {
+    if (id < 0 || id >= vocab) return 0.0;
+    double mx = logits[0];
+    for (int i = 1; i < vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0.0;
+    for (int i = 0; i < vocab; i++) sum += ib_exp((double)logits[i] - mx);
+    return ((double)logits[id] - mx) - ib_log(sum);
+}
+
+static void job_free(job *j) {
+    if (!j) return;
+    free(j->prompt);
+    free(j->stops);
+    free(j->logits);
+    free(j);
+}
+
+/* Report DONE for j (outside the lock) and free it. */
+static void job_finish(job *j, const char *finish, const char *msg) {
+    ib_sched_event ev = {.done = 1, .token = -1, .finish = finish, .prompt_fed = j->fed, .generated = j->generated,
+                         .message = msg};
+    if (j->fn) j->fn(j->ctx, &ev);
+    job_free(j);
+}
+
+static int is_stop(const job *j, int32_t t) {
+    for (int i = 0; i < j->n_stop; i++)
+        if (j->stops[i] == t) return 1;
+    return 0;
+}
+
+/* The loop: admit, drop cancelled jobs, build one step, run it, hand out tokens. */
+static void *loop(void *arg) {
+    ib_sched *S = arg;
+    ib_engine *e = S->e;
+    int V = e->model->cfg.vocab_size;
+    job **done = malloc((size_t)S->o.max_batch * sizeof *done);
+    const char **done_why = malloc((size_t)S->o.max_batch * sizeof *done_why);
+    pthread_mutex_lock(&S->mu);
+    for (;;) {
+        while (S->n_active < S->o.max_batch && S->qhead) {
+            job *j = S->qhead;
+            S->qhead = j->qnext;
+            if (!S->qhead) S->qtail = NULL;
+            S->n_queued--;
+            S->active[S->n_active++] = j;
+        }
+        if (S->stop) break;
+        /* cancelled jobs leave now */
+        int nd = 0;
+        for (int a = 0; a < S->n_active;) {
+            if (S->active[a]->cancel) {
+                done[nd] = S->active[a];
+                done_why[nd++] = "cancelled";
+                S->active[a] = S->active[--S->n_active];
+            } else
+                a++;
+        }
+        S->st.active = S->n_active;
+        S->st.queued = S->n_queued;
+        if (nd) {
+            pthread_mutex_unlock(&S->mu);
+            for (int i = 0; i < nd; i++) job_finish(done[i], done_why[i], NULL);
+            pthread_mutex_lock(&S->mu);
+            continue;
+        }
+        if (S->n_active == 0) {
+            pthread_cond_wait(&S->cv, &S->mu);
+            continue;
+        }
+        /* one decode row per decoding job, then prompt chunks from a rotating start */
+        int ni = 0, budget = e->max_tokens, na = S->n_active;
+        for (int a = 0; a < na && budget > 0; a++) {
+            job *j = S->active[a];
+            if (j->fed < j->n_prompt) continue;
+            S->items[ni] = (ib_step_item){.session = j->s, .tokens = &j->next, .n_tokens = 1, .logits = j->logits};
+            S->item_job[ni++] = j;
+            budget--;
+        }
+        for (int k = 0; k < na && budget > 0; k++) {
+            job *j = S->active[(S->rr + k) % na];
+            if (j->fed >= j->n_prompt) continue;
+            int chunk = j->n_prompt - j->fed;
+            if (chunk > S->o.prefill_chunk) chunk = S->o.prefill_chunk;
+            if (chunk > budget) chunk = budget;
+            int last = j->fed + chunk == j->n_prompt;
+            S->items[ni] = (ib_step_item){.session = j->s, .tokens = j->prompt + j->fed, .n_tokens = chunk,
+                                          .logits = last && j->max_new > 0 ? j->logits : NULL};
+            S->item_job[ni++] = j;
+            budget -= chunk;
+        }
+        S->rr = (S->rr + 1) % (na > 0 ? na : 1);
+        pthread_mutex_unlock(&S->mu);
+
+        ib_error err;
+        double t0 = now_s();
+        ib_status rc = ib_step(e, S->items, ni, &err);
+        double dt = now_s() - t0;
+        long long pre = 0, gen = 0;
+        nd = 0;
+        for (int i = 0; i < ni; i++) {
+            job *j = S->item_job[i];
+            if (rc) {
+                done[nd] = j;
+                done_why[nd++] = "error";
+                continue;
+            }
+            int prefill = j->fed < j->n_prompt;
+            if (prefill) {
+                ib_session_note_tokens(j->s, S->items[i].tokens, S->items[i].n_tokens);
+                j->fed += S->items[i].n_tokens;
+                pre += S->items[i].n_tokens;
+            }
+            if (prefill && j->fed < j->n_prompt) continue;
+            if (j->generated >= j->max_new) {
+                done[nd] = j;
+                done_why[nd++] = "length";
+                continue;
+            }
+            int32_t t = ib_sample(j->s, j->logits);
+            j->generated++;
+            gen++;
+            ib_sched_event ev = {.done = 0, .token = t};
+            if (j->want_lp) ev.logprob = ib_logprob(j->logits, V, t);
+            if (j->fn) j->fn(j->ctx, &ev);
+            j->next = t;
+            if (is_stop(j, t) || j->generated >= j->max_new) {
+                done[nd] = j;
+                done_why[nd++] = is_stop(j, t) ? "stop" : "length";
+            }
+        }
+        pthread_mutex_lock(&S->mu);
+        S->st.steps++;
+        S->st.last_batch = ni;
+        S->st.tokens_prefilled += pre;
+        S->st.tokens_generated += gen;
+        S->st.step_seconds += dt;
+        int b = 0;
+        while (b < 11 && dt * 1000.0 > ib_sched_hist_ms[b]) b++;
+        S->st.step_hist[b]++;
+        for (int i = 0; i < nd; i++)
+            for (int a = 0; a < S->n_active; a++)
+                if (S->active[a] == done[i]) {
+                    S->active[a] = S->active[--S->n_active];
+                    break;
+                }
+        S->st.active = S->n_active;
+        if (nd) {
+            pthread_mutex_unlock(&S->mu);
+            for (int i = 0; i < nd; i++) job_finish(done[i], done_why[i], rc ? err.msg : NULL);
+            pthread_mutex_lock(&S->mu);
+        }
+    }
+    /* stopping: everything still known is cancelled */
+    job *q = S->qhead;
+    S->qhead = S->qtail = NULL;
+    S->n_queued = 0;
+    int na = S->n_active;
+    S->n_active = 0;
+    pthread_mutex_unlock(&S->mu);
+    for (int a = 0; a < na; a++) job_finish(S->active[a], "cancelled", NULL);
+    while (q) {
+        job *n = q->qnext;
+        job_finish(q, "cancelled", NULL);
+        q = n;
+    }
+    free(done);
+    free(done_why);
+    return NULL;
+}
+
+ib_status ib_sched_create(ib_engine *e, const ib_sched_opts *opts, ib_sched **out, ib_error *err) {
+    *out = NULL;
+    ib_sched_opts o = {0};
+    if (opts) o = *opts;
+    if (o.max_batch <= 0) o.max_batch = 32;
+    if (o.prefill_chunk <= 0) o.prefill_chunk = 64;
+    if (o.max_queue == 0) o.max_queue = 64;
+    if (o.max_queue < 0) o.max_queue = 0;
+    if (o.max_batch > e->max_tokens)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: max_batch %d exceeds the engine's max_step_tokens %d",
+                       o.max_batch, e->max_tokens);
+    ib_sched *S = calloc(1, sizeof *S);
+    if (!S) return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
+    S->e = e;
+    S->o = o;
+    S->next_id = 1;
+    S->active = calloc((size_t)o.max_batch, sizeof *S->active);
+    S->items = calloc((size_t)o.max_batch, sizeof *S->items);
+    S->item_job = calloc((size_t)o.max_batch, sizeof *S->item_job);
+    if (!S->active || !S->items || !S->item_job) {
+        free(S->active);
+        free(S->items);
+        free(S->item_job);
+        free(S);
+        return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
+    }
+    pthread_mutex_init(&S->mu, NULL);
+    pthread_cond_init(&S->cv, NULL);
+    if (pthread_create(&S->thread, NULL, loop, S)) {
+        pthread_mutex_destroy(&S->mu);
+        pthread_cond_destroy(&S->cv);
+        free(S->active);
+        free(S->items);
+        free(S->item_job);
+        free(S);
+        return ib_fail(err, IB_ERR_NOMEM, "scheduler: cannot start its thread");
+    }
+    *out = S;
+    return IB_OK;
+}
+
+void ib_sched_free(ib_sched *S) {
+    if (!S) return;
+    pthread_mutex_lock(&S->mu);
+    S->stop = 1;
+    pthread_cond_signal(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+    pthread_join(S->thread, NULL);
+    pthread_mutex_destroy(&S->mu);
+    pthread_cond_destroy(&S->cv);
+    free(S->active);
+    free(S->items);
+    free(S->item_job);
+    free(S);
+}
+
+ib_status ib_sched_submit(ib_sched *S, const ib_sched_job *jb, uint64_t *id, ib_error *err) {
+    if (id) *id = 0;
+    if (!jb || !jb->session || !jb->prompt || jb->n_prompt < 1 || jb->max_new_tokens < 0 || jb->n_stop < 0 ||
+        (jb->n_stop > 0 && !jb->stop_ids))
+        return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: a job needs a session, a prompt of >= 1 token, "
+                                                "max_new_tokens >= 0");
+    ib_session *s = jb->session;
+    if (s->model != S->e->model) return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: session of another model");
+    long need = (long)jb->n_prompt + (jb->max_new_tokens > 0 ? jb->max_new_tokens - 1 : 0);
+    if (need > ib_session_room(s))
+        return ib_fail(err, IB_ERR_CONTEXT, "scheduler: %d prompt + %d new tokens exceed the session's room of %ld",
+                       jb->n_prompt, jb->max_new_tokens, ib_session_room(s));
+    int V = S->e->model->cfg.vocab_size;
+    for (int i = 0; i < jb->n_prompt; i++)
+        if (jb->prompt[i] < 0 || jb->prompt[i] >= V)
+            return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: prompt token %d is %d, outside [0, %d)", i,
+                           jb->prompt[i], V);
+    job *j = calloc(1, sizeof *j);
+    if (!j) return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
+    j->s = s;
+    j->n_prompt = jb->n_prompt;
+    j->max_new = jb->max_new_tokens;
+    j->n_stop = jb->n_stop;
+    j->want_lp = jb->want_logprobs;
+    j->fn = jb->on_event;
+    j->ctx = jb->ctx;
+    j->prompt = malloc((size_t)jb->n_prompt * sizeof(int32_t));
+    j->stops = malloc(((size_t)jb->n_stop + 1) * sizeof(int32_t));
+    j->logits = malloc((size_t)V * sizeof(float));
+    if (!j->prompt || !j->stops || !j->logits) {
+        job_free(j);
+        return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
+    }
+    memcpy(j->prompt, jb->prompt, (size_t)jb->n_prompt * sizeof(int32_t));
+    if (jb->n_stop) memcpy(j->stops, jb->stop_ids, (size_t)jb->n_stop * sizeof(int32_t));
+    pthread_mutex_lock(&S->mu);
+    if (S->stop || S->n_active + S->n_queued >= S->o.max_batch + S->o.max_queue) {
+        pthread_mutex_unlock(&S->mu);
+        job_free(j);
+        return ib_fail(err, IB_ERR_STATE, "scheduler: queue full");
+    }
+    j->id = S->next_id++;
+    if (S->qtail)
+        S->qtail->qnext = j;
+    else
+        S->qhead = j;
+    S->qtail = j;
+    S->n_queued++;
+    S->st.queued = S->n_queued;
+    if (id) *id = j->id;
+    pthread_cond_signal(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+    return IB_OK;
+}
+
+int ib_sched_cancel(ib_sched *S, uint64_t id) {
+    int found = 0;
+    pthread_mutex_lock(&S->mu);
+    for (int a = 0; a < S->n_active && !found; a++)
+        if (S->active[a]->id == id) S->active[a]->cancel = found = 1;
+    for (job *q = S->qhead; q && !found; q = q->qnext)
+        if (q->id == id) q->cancel = found = 1;
+    if (found) pthread_cond_signal(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+    return found;
+}
+
+void ib_sched_get_stats(ib_sched *S, ib_sched_stats *out) {
+    pthread_mutex_lock(&S->mu);
+    *out = S->st;
+    out->active = S->n_active;
+    out->queued = S->n_queued;
+    pthread_mutex_unlock(&S->mu);
+}

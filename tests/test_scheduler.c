@@ -1,0 +1,285 @@
+/*
+ * test_scheduler.c — the continuous-batching scheduler on the tiny synthetic model: every job's
+ * tokens and logprobs equal those of the same prompt decoded alone with plain ib_step/ib_sample
+ * (greedy and seeded sampling), whatever the batch size, prefill chunk and arrival order; stop ids,
+ * length, cancellation, a full queue, a context overflow and prefill-only jobs behave as documented.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <math.h>
+
+#include "check.h"
+#include "isobatch.h"
+#include "model/mkmodel.h"
+
+#define NP 12
+#define GEN 10
+
+static int32_t prompts[NP][200];
+static int plen[NP];
+
+typedef struct rec {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t tok[64];
+    double lp[64];
+    int n;
+    int done;
+    char finish[16];
+    int fed, generated;
+    ib_session *s;
+} rec;
+
+static void on_event(void *ctx, const ib_sched_event *ev) {
+    rec *r = ctx;
+    pthread_mutex_lock(&r->mu);
+    if (!ev->done) {
+        if (r->n < 64) {
+            r->tok[r->n] = ev->token;
+            r->lp[r->n] = ev->logprob;
+        }
+        r->n++;
+    } else {
+        r->done = 1;
+        snprintf(r->finish, sizeof r->finish, "%s", ev->finish);
+        r->fed = ev->prompt_fed;
+        r->generated = ev->generated;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void rec_wait(rec *r) {
+    pthread_mutex_lock(&r->mu);
+    while (!r->done) pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static ib_sampling sampling(int sampled) {
+    ib_sampling p = ib_sampling_default();
+    if (sampled) {
+        p.temperature = 0.9f;
+        p.top_k = 40;
+        p.top_p = 0.95f;
+        p.seed = 1234;
+    }
+    return p;
+}
+
+/* The reference: prompt i decoded alone, token by token after a whole-prompt prefill. */
+static void reference(const ib_model *m, ib_engine *e, int i, int sampled, int32_t *tok, double *lp) {
+    int V = ib_model_get_info(m)->vocab_size;
+    ib_session_opts so = {.max_context = 256, .sampling = sampling(sampled)};
+    ib_session *s;
+    ib_error err;
+    float *logits = malloc((size_t)V * sizeof(float));
+    if (ib_session_create(m, &so, &s, &err)) return;
+    ib_session_note_tokens(s, prompts[i], plen[i]);
+    ib_step_item it = {.session = s, .tokens = prompts[i], .n_tokens = plen[i], .logits = logits};
+    ib_step(e, &it, 1, &err);
+    for (int g = 0; g < GEN; g++) {
+        tok[g] = ib_sample(s, logits);
+        lp[g] = ib_logprob(logits, V, tok[g]);
+        it = (ib_step_item){.session = s, .tokens = &tok[g], .n_tokens = 1, .logits = logits};
+        if (g + 1 < GEN) ib_step(e, &it, 1, &err);
+    }
+    ib_session_free(s);
+    free(logits);
+}
+
+/* All prompts through a scheduler (batch, chunk), submitted in order `order`; compare with ref. */
+static void run_sched(const ib_model *m, ib_engine *e, int batch, int chunk, int sampled, int reversed,
+                      int32_t ref_tok[NP][GEN], double ref_lp[NP][GEN]) {
+    ib_sched_opts so = {.max_batch = batch, .prefill_chunk = chunk, .max_queue = NP};
+    ib_sched *S;
+    ib_error err;
+    CHECK(ib_sched_create(e, &so, &S, &err) == IB_OK, "%s", err.msg);
+    rec r[NP];
+    for (int k = 0; k < NP; k++) {
+        int i = reversed ? NP - 1 - k : k;
+        memset(&r[i], 0, sizeof r[i]);
+        pthread_mutex_init(&r[i].mu, NULL);
+        pthread_cond_init(&r[i].cv, NULL);
+        ib_session_opts sopt = {.max_context = 256, .sampling = sampling(sampled)};
+        ib_session_create(m, &sopt, &r[i].s, &err);
+        ib_sched_job jb = {.session = r[i].s, .prompt = prompts[i], .n_prompt = plen[i], .max_new_tokens = GEN,
+                           .want_logprobs = 1, .on_event = on_event, .ctx = &r[i]};
+        CHECK(ib_sched_submit(S, &jb, NULL, &err) == IB_OK, "%s", err.msg);
+    }
+    int same = 0;
+    for (int i = 0; i < NP; i++) {
+        rec_wait(&r[i]);
+        int eq = r[i].n == GEN && !strcmp(r[i].finish, "length") && r[i].fed == plen[i];
+        for (int g = 0; eq && g < GEN; g++)
+            eq = r[i].tok[g] == ref_tok[i][g] && memcmp(&r[i].lp[g], &ref_lp[i][g], sizeof(double)) == 0;
+        same += eq;
+        ib_session_free(r[i].s);
+    }
+    CHECK(same == NP, "batch %d chunk %d sampled %d reversed %d: %d of %d jobs equal their lone run", batch, chunk,
+          sampled, reversed, same, NP);
+    ib_sched_stats st;
+    ib_sched_get_stats(S, &st);
+    CHECK(st.tokens_generated == NP * GEN, "generated %lld", st.tokens_generated);
+    if (batch > 1 && chunk > 1) CHECK(st.steps < NP * GEN, "no batching: %lld steps", st.steps);
+    ib_sched_free(S);
+}
+
+int main(void) {
+    char dir[] = "/tmp/ib_test_sched_XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    ib_error err;
+    ib_mkmodel_opts mo = {.preset = "tiny", .seed = 5, .bits = 4, .group = 32, .tied = 1};
+    if (ib_mkmodel(dir, &mo, &err)) {
+        fprintf(stderr, "mkmodel: %s\n", err.msg);
+        return 1;
+    }
+    ib_model *m;
+    if (ib_model_load(dir, NULL, &m, &err)) {
+        fprintf(stderr, "load: %s\n", err.msg);
+        return 1;
+    }
+    for (int i = 0; i < NP; i++) {
+        plen[i] = 1 + (i * 37) % 150;
+        for (int t = 0; t < plen[i]; t++) prompts[i][t] = (int32_t)((i * 131 + t * 17) % 250);
+    }
+    ib_engine_opts eo = {.threads = 2, .max_step_tokens = 256};
+    ib_engine *e;
+    CHECK(ib_engine_create(m, &eo, &e, &err) == IB_OK, "%s", err.msg);
+
+    for (int sampled = 0; sampled < 2; sampled++) {
+        int32_t rt[NP][GEN];
+        double rl[NP][GEN];
+        for (int i = 0; i < NP; i++) reference(m, e, i, sampled, rt[i], rl[i]);
+        run_sched(m, e, 1, 64, sampled, 0, rt, rl);
+        run_sched(m, e, 4, 7, sampled, 1, rt, rl);
+        run_sched(m, e, 12, 1, sampled, 0, rt, rl);
+        run_sched(m, e, 8, 200, sampled, 1, rt, rl);
+    }
+
+    /* logprob: a function of the logits; exp of all logprobs sums to 1 */
+    {
+        float lg[5] = {1.0f, 2.0f, 3.0f, -1.0f, 0.5f};
+        double sum = 0;
+        for (int i = 0; i < 5; i++) sum += exp(ib_logprob(lg, 5, i));
+        CHECK(sum > 0.999999 && sum < 1.000001, "sum %g", sum);
+        CHECK(ib_logprob(lg, 5, 2) > ib_logprob(lg, 5, 1), "order");
+    }
+
+    ib_sched_opts so = {.max_batch = 1, .prefill_chunk = 16, .max_queue = 1};
+    ib_sched *S;
+    CHECK(ib_sched_create(e, &so, &S, &err) == IB_OK, "%s", err.msg);
+    ib_session_opts sopt = {.max_context = 64, .sampling = sampling(0)};
+
+    /* stop ids: stop at the reference's 4th token */
+    {
+        int32_t rt[GEN];
+        double rl[GEN];
+        reference(m, e, 3, 0, rt, rl);
+        int k = 0;
+        while (k < 3 && rt[k] != rt[3]) k++; /* the first occurrence of that id */
+        rec r = {0};
+        pthread_mutex_init(&r.mu, NULL);
+        pthread_cond_init(&r.cv, NULL);
+        ib_session_opts so2 = {.max_context = 256, .sampling = sampling(0)};
+        ib_session_create(m, &so2, &r.s, &err);
+        ib_sched_job jb = {.session = r.s, .prompt = prompts[3], .n_prompt = plen[3], .max_new_tokens = GEN,
+                           .stop_ids = &rt[3], .n_stop = 1, .on_event = on_event, .ctx = &r};
+        CHECK(ib_sched_submit(S, &jb, NULL, &err) == IB_OK, "%s", err.msg);
+        rec_wait(&r);
+        CHECK(!strcmp(r.finish, "stop"), "finish %s", r.finish);
+        CHECK_EQ_INT(r.n, k + 1);
+        CHECK(r.n > 0 && r.tok[r.n - 1] == rt[3], "last token %d", r.tok[r.n - 1]);
+        /* the session holds prompt + generated - 1 tokens: the last one was not fed */
+        CHECK_EQ_INT(ib_session_position(r.s), plen[3] + r.n - 1);
+        ib_session_free(r.s);
+    }
+    /* context overflow: refused at submit */
+    {
+        ib_session *s;
+        ib_session_create(m, &sopt, &s, &err);
+        ib_sched_job jb = {.session = s, .prompt = prompts[5], .n_prompt = 60, .max_new_tokens = 6};
+        CHECK(ib_sched_submit(S, &jb, NULL, &err) == IB_ERR_CONTEXT, "code %d", err.code);
+        jb.max_new_tokens = 5; /* 60 + 5 - 1 = 64 fits */
+        rec r = {0};
+        pthread_mutex_init(&r.mu, NULL);
+        pthread_cond_init(&r.cv, NULL);
+        jb.on_event = on_event;
+        jb.ctx = &r;
+        CHECK(ib_sched_submit(S, &jb, NULL, &err) == IB_OK, "%s", err.msg);
+        rec_wait(&r);
+        CHECK_EQ_INT(r.n, 5);
+        CHECK_EQ_INT(ib_session_position(s), 64);
+        ib_session_free(s);
+    }
+    /* prefill only */
+    {
+        rec r = {0};
+        pthread_mutex_init(&r.mu, NULL);
+        pthread_cond_init(&r.cv, NULL);
+        ib_session *s;
+        ib_session_create(m, &sopt, &s, &err);
+        ib_sched_job jb = {.session = s, .prompt = prompts[2], .n_prompt = 40, .max_new_tokens = 0,
+                           .on_event = on_event, .ctx = &r};
+        CHECK(ib_sched_submit(S, &jb, NULL, &err) == IB_OK, "%s", err.msg);
+        rec_wait(&r);
+        CHECK(!strcmp(r.finish, "length") && r.n == 0 && r.fed == 40, "finish %s n %d fed %d", r.finish, r.n, r.fed);
+        CHECK_EQ_INT(ib_session_position(s), 40);
+        ib_session_free(s);
+    }
+    /* cancellation and a full queue: one active, one queued, the third refused */
+    {
+        rec r[3];
+        ib_session *s[3];
+        uint64_t id[3];
+        ib_session_opts big = {.max_context = 2048, .sampling = sampling(0)};
+        for (int i = 0; i < 3; i++) {
+            memset(&r[i], 0, sizeof r[i]);
+            pthread_mutex_init(&r[i].mu, NULL);
+            pthread_cond_init(&r[i].cv, NULL);
+            ib_session_create(m, &big, &s[i], &err);
+        }
+        ib_sched_job jb = {.session = s[0], .prompt = prompts[1], .n_prompt = 5, .max_new_tokens = 2000,
+                           .on_event = on_event, .ctx = &r[0]};
+        CHECK(ib_sched_submit(S, &jb, &id[0], &err) == IB_OK, "%s", err.msg);
+        jb.session = s[1];
+        jb.ctx = &r[1];
+        CHECK(ib_sched_submit(S, &jb, &id[1], &err) == IB_OK, "%s", err.msg);
+        jb.session = s[2];
+        jb.ctx = &r[2];
+        CHECK(ib_sched_submit(S, &jb, &id[2], &err) == IB_ERR_STATE, "third job accepted");
+        CHECK(strstr(err.msg, "queue full") != NULL, "%s", err.msg);
+        usleep(20000);
+        CHECK(ib_sched_cancel(S, id[1]) == 1, "cancel queued");
+        CHECK(ib_sched_cancel(S, id[0]) == 1, "cancel active");
+        rec_wait(&r[0]);
+        rec_wait(&r[1]);
+        CHECK(!strcmp(r[0].finish, "cancelled") && r[0].n < 2000, "%s %d", r[0].finish, r[0].n);
+        CHECK(!strcmp(r[1].finish, "cancelled") && r[1].n == 0, "%s %d", r[1].finish, r[1].n);
+        CHECK(ib_sched_cancel(S, id[0]) == 0, "cancel a finished job");
+        for (int i = 0; i < 3; i++) ib_session_free(s[i]);
+    }
+    /* freeing with work in flight cancels it */
+    {
+        rec r = {0};
+        pthread_mutex_init(&r.mu, NULL);
+        pthread_cond_init(&r.cv, NULL);
+        ib_session_opts big = {.max_context = 2048, .sampling = sampling(0)};
+        ib_session *s;
+        ib_session_create(m, &big, &s, &err);
+        ib_sched_job jb = {.session = s, .prompt = prompts[1], .n_prompt = 5, .max_new_tokens = 2000,
+                           .on_event = on_event, .ctx = &r};
+        CHECK(ib_sched_submit(S, &jb, NULL, &err) == IB_OK, "%s", err.msg);
+        ib_sched_free(S);
+        CHECK(r.done && !strcmp(r.finish, "cancelled"), "free: done %d finish %s", r.done, r.finish);
+        ib_session_free(s);
+    }
+    ib_engine_free(e);
+    ib_model_free(m);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
+    TEST_MAIN_END("test_scheduler");
+}
