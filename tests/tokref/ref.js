@@ -3,7 +3,8 @@
 //   node ref.js OUTDIR CORPUSDIR
 //
 // Builds the test cases from CORPUSDIR (every *.txt and *.bin file is one case; every line of a
-// *.jsonl file is one case, a JSON string), and for each case writes, under OUTDIR:
+// *.jsonl file is one case, a JSON string) plus 400 seeded random ones (below), and for each case
+// writes, under OUTDIR:
 //   cases/NNN.txt      the case as UTF-8 bytes: the file's bytes decoded lossily (WHATWG
 //                      TextDecoder: each maximal ill-formed subpart becomes U+FFFD, BOM kept) and
 //                      re-encoded, so both tokenizers see the same text (Hugging Face tokenizers
@@ -40,6 +41,26 @@ for (const name of fs.readdirSync(corpusDir).sort()) {
       cases.push({ src: `${name}:${i + 1}`, text: s });
     });
   }
+}
+
+// Random cases: concatenations of fragments chosen to meet at awkward boundaries (spaces before
+// letters, digits next to letters, contractions, combining marks after spaces, specials inside
+// words, CRLF, ZWJ). Deterministic (a fixed-seed generator). Left out on purpose: U+0085 and
+// U+FEFF (JS's \s disagrees with Oniguruma's on them) and "'ſ" (this JS port matches the
+// contractions in ASCII case only); see README.
+const FRAGS = ["a", "Z", "the", "The", " ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", " \n", "'s", "'S", "'ll", "'LL",
+  "'Ve", "'d", "'", "\"", "1", "12", "345", "67890", "3.14", "é", "e\u0301", "\u0301", "ñ", "Ω", "ß", "İ", "日本", "語",
+  "한국", "\u1100\u1161", "العربية", "\u064e", "😀", "👨\u200d👩\u200d👧", "\u200d", "🇺🇸", "1\ufe0f\u20e3", "<|im_end|>",
+  "<|im_start|>", "<|endoftext|>", "<|eot_id|>", "<|begin_of_text|>", "<think>", "</think>", "<|im_end", "\u00a0",
+  "\u3000", "\u2028", "\u180e", "\u200b", "!", "?!", "...", "-", "--", "_", "(", ")", "{", "}", "#", "$", "%", "@",
+  "ﬁ", "²", "½", "\ufffd", "x1", "A1B2", "foo_bar", "camelCase", "http://", "::", "->", "=>", "//", "/*", "*/"];
+let seed = 0x2545f491;
+const rnd = (n) => { seed ^= seed << 13; seed >>>= 0; seed ^= seed >>> 17; seed ^= seed << 5; seed >>>= 0; return seed % n; };
+for (let i = 0; i < 400; i++) {
+  let s = "";
+  const k = 1 + rnd(24);
+  for (let j = 0; j < k; j++) s += FRAGS[rnd(FRAGS.length)];
+  cases.push({ src: `random:${i}`, text: s });
 }
 
 fs.mkdirSync(path.join(outDir, "cases"), { recursive: true });
