@@ -102,12 +102,13 @@ static inline int merge_find(const tok_merges *m, int32_t a, int32_t b, uint32_t
     if (!m->n) return 0;
     uint64_t k = pair_key(a, b);
     for (size_t h = pair_slot(k, m->cap);; h = (h + 1) & (m->cap - 1)) {
-        if (m->key[h] == k) {
-            *rank = m->rank[h];
-            *merged = m->merged[h];
+        const tok_merge_slot *e = &m->slot[h];
+        if (e->key == k) {
+            *rank = e->rank;
+            *merged = e->merged;
             return 1;
         }
-        if (m->key[h] == UINT64_MAX) return 0;
+        if (e->key == UINT64_MAX) return 0;
     }
 }
 
@@ -116,17 +117,13 @@ static inline int merge_find(const tok_merges *m, int32_t a, int32_t b, uint32_t
 static void merge_put(tok_merges *m, int32_t a, int32_t b, uint32_t rank, int32_t merged) {
     uint64_t k = pair_key(a, b);
     size_t h = pair_slot(k, m->cap);
-    while (m->key[h] != UINT64_MAX && m->key[h] != k) h = (h + 1) & (m->cap - 1);
-    if (m->key[h] == UINT64_MAX) m->n++;
-    m->key[h] = k;
-    m->rank[h] = rank;
-    m->merged[h] = merged;
+    while (m->slot[h].key != UINT64_MAX && m->slot[h].key != k) h = (h + 1) & (m->cap - 1);
+    if (m->slot[h].key == UINT64_MAX) m->n++;
+    m->slot[h] = (tok_merge_slot){k, rank, merged};
 }
 
 void tok_merges_free(tok_merges *m) {
-    free(m->key);
-    free(m->rank);
-    free(m->merged);
+    free(m->slot);
     memset(m, 0, sizeof *m);
 }
 
@@ -152,14 +149,12 @@ ib_status tok_load_merges(ib_tokenizer *t, const json_t *model, const char *path
     tok_merges *m = &t->merges;
     m->cap = 1024;
     while (m->cap < 2 * n) m->cap *= 2;
-    m->key = malloc(m->cap * sizeof *m->key);
-    m->rank = malloc(m->cap * sizeof *m->rank);
-    m->merged = malloc(m->cap * sizeof *m->merged);
+    m->slot = malloc(m->cap * sizeof *m->slot);
     char *cat = NULL;
     size_t cat_cap = 0;
     ib_status st = IB_OK;
-    if (!m->key || !m->rank || !m->merged) goto nomem;
-    memset(m->key, 0xFF, m->cap * sizeof *m->key);
+    if (!m->slot) goto nomem;
+    for (size_t i = 0; i < m->cap; i++) m->slot[i].key = UINT64_MAX;
     for (size_t i = 0; i < n; i++) {
         const json_t *e = json_array_get(ms, i);
         const char *a, *b;
@@ -365,6 +360,32 @@ static inline void push_pair(const tok_merges *m, tok_bpe_scratch *s, size_t *nh
         heap_push(s->heap, nh, (struct tok_heap_ent){rank, l, r, s->sym[l], s->sym[r], merged});
 }
 
+/* Short words (the common case) skip the heap: each live symbol keeps the rank of the pair it
+ * starts, the lowest is found by a scan in position order (strict <, so the leftmost wins a tie), and
+ * after a merge only the two pairs touching the new symbol are looked up again. Same order as the
+ * heap, fewer instructions while the word is short. sym/prev/next as in bpe_word, n <= SMALL_WORD. */
+#define SMALL_WORD 32
+static void small_word(const tok_merges *m, int32_t *sym, int32_t *prev, int32_t *next) {
+    uint32_t rank[SMALL_WORD];
+    int32_t merged[SMALL_WORD];
+    for (int32_t i = 0; i >= 0; i = next[i])
+        if (next[i] < 0 || !merge_find(m, sym[i], sym[next[i]], &rank[i], &merged[i])) rank[i] = UINT32_MAX;
+    for (;;) {
+        int32_t best = -1;
+        uint32_t br = UINT32_MAX;
+        for (int32_t i = 0; i >= 0; i = next[i])
+            if (rank[i] < br) br = rank[i], best = i;
+        if (best < 0) return;
+        int32_t r = next[best];
+        sym[best] = merged[best];
+        next[best] = next[r];
+        if (next[r] >= 0) prev[next[r]] = best;
+        if (next[best] < 0 || !merge_find(m, sym[best], sym[next[best]], &rank[best], &merged[best])) rank[best] = UINT32_MAX;
+        int32_t p = prev[best];
+        if (p >= 0 && !merge_find(m, sym[p], sym[best], &rank[p], &merged[p])) rank[p] = UINT32_MAX;
+    }
+}
+
 /* BPE of w[0..n) without the cache: append ids to out. */
 static void bpe_word(const ib_tokenizer *t, const unsigned char *w, size_t n, tok_bpe_scratch *s, tok_ids *out) {
     if (n == 1 || t->merges.n == 0) {
@@ -392,6 +413,11 @@ static void bpe_word(const ib_tokenizer *t, const unsigned char *w, size_t n, to
         sym[i] = t->byte_id[w[i]];
         prev[i] = (int32_t)i - 1;
         next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    }
+    if (n <= SMALL_WORD) {
+        small_word(&t->merges, sym, prev, next);
+        for (int32_t i = 0; i >= 0; i = next[i]) tok_ids_push(out, sym[i]);
+        return;
     }
     size_t nh = 0;
     for (size_t i = 0; i + 1 < n; i++) push_pair(&t->merges, s, &nh, (int32_t)i, (int32_t)i + 1);

@@ -72,11 +72,16 @@ typedef struct tok_vocab {
     size_t keys_used, keys_cap;
 } tok_vocab;
 
-/* Merge table: (left id, right id) -> (rank, merged id). */
+/* Merge table: (left id, right id) -> (rank, merged id); one 16-byte slot per entry so that a
+ * lookup touches one cache line. */
+typedef struct tok_merge_slot {
+    uint64_t key;       /* left << 32 | right; UINT64_MAX = empty */
+    uint32_t rank;
+    int32_t merged;
+} tok_merge_slot;
+
 typedef struct tok_merges {
-    uint64_t *key;      /* [cap] left << 32 | right; UINT64_MAX = empty */
-    uint32_t *rank;     /* [cap] */
-    int32_t *merged;    /* [cap] */
+    tok_merge_slot *slot;   /* [cap] */
     size_t cap, n;
 } tok_merges;
 
