@@ -90,6 +90,7 @@ def main():
     ap.add_argument("--config", default=os.path.join(HERE, "config.json"))
     ap.add_argument("--tokenizer", help="directory with tokenizer.json")
     ap.add_argument("--fake-tokenizer", action="store_true", help="bytes as ids (smoke tests only)")
+    ap.add_argument("--py-tokenizer", action="store_true", help="use bpe.py instead of the tokenizers package")
     ap.add_argument("--out", required=True)
     ap.add_argument("--ckpt-dir", help="default OUT/ckpt")
     ap.add_argument("--resume")
@@ -119,6 +120,11 @@ def main():
         tok = ByteTok(mc["vocab_size"])
         encode = tok.encode
         eot = mc["vocab_size"] - 3
+    elif a.py_tokenizer:
+        from bpe import BPE
+        tok = BPE(os.path.join(a.tokenizer, "tokenizer.json"))
+        encode = tok.encode
+        eot = tok.added["<|endoftext|>"]
     else:
         from tokenizers import Tokenizer
         tok = Tokenizer.from_file(os.path.join(a.tokenizer, "tokenizer.json"))
@@ -154,9 +160,9 @@ def main():
             break
     log("needle: line-additive construction %s" % ("REJECTED" if exact_mode else "verified on 200 documents"))
 
-    def needle_doc(rng):
+    def needle_doc(rng, lengths):
         seed = rng.randrange(spec["train_seed_range"][0], spec["train_seed_range"][1] + 1)
-        L = rng.choice(spec["train_lengths"])
+        L = rng.choice(lengths)
         d = rng.choice(spec["train_depth_percent"])
         if not exact_mode:
             return cache.make(seed, L, d, spec["train_words"])[0]
@@ -195,25 +201,42 @@ def main():
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=tc["lr"], betas=(tc["beta1"], tc["beta2"]), eps=1e-8, **opt_kw)
 
-    T, RN, RK = tc["seq_len"], tc["needle_rows"], tc["kjv_rows"]
-    B = RN + RK
+    T, TS = tc["seq_len"], tc["short_seq_len"]
+    RS, RL, RK = tc["short_rows"], tc["long_rows"], tc["kjv_rows"]
+    short_lengths = [L for L in spec["train_lengths"] if L <= TS]
+    long_lengths = [L for L in spec["train_lengths"] if L > TS]
+    log("batch: %d rows x %d (needle lengths %s), %d rows x %d (needle lengths %s), %d KJV rows x %d" % (
+        RS, TS, short_lengths, RL, T, long_lengths, RK, T))
     rng = random.Random(tc["seed"] * 1000003 + start_step)
     gen = torch.Generator().manual_seed(tc["seed"] * 7919 + start_step)
 
-    def batch():
-        x = torch.full((B, T + 1), eot, dtype=torch.long)
-        m = torch.zeros((B, T), dtype=torch.bool)
-        for r in range(RN):
-            ids = needle_doc(rng)[:T] + [eot]
+    def rows(n, width, lengths):
+        """n needle rows of `width` inputs: a document from position 0, <|endoftext|>, unscored padding."""
+        x = torch.full((n, width + 1), eot, dtype=torch.long)
+        m = torch.zeros((n, width), dtype=torch.bool)
+        for r in range(n):
+            ids = needle_doc(rng, lengths)[:width] + [eot]
             x[r, :len(ids)] = torch.tensor(ids)
             m[r, :len(ids) - 1] = True
-        offs = torch.randint(0, len(kjv_ids) - T - 1, (RK,), generator=gen)
-        for j in range(RK):
-            x[RN + j] = kjv_ids[offs[j]:offs[j] + T + 1]
-            m[RN + j] = True
-        y = x[:, 1:].clone()
-        y[~m] = -100
-        return x[:, :-1], y
+        return x, m
+
+    def batches():
+        """[(inputs, targets)]: the short needle rows, then the long needle rows with the KJV rows."""
+        out = []
+        if RS:
+            out.append(rows(RS, TS, short_lengths))
+        x, m = rows(RL, T, long_lengths)
+        if RK:
+            offs = torch.randint(0, len(kjv_ids) - T - 1, (RK,), generator=gen)
+            xk = torch.stack([kjv_ids[o:o + T + 1] for o in offs.tolist()])
+            x, m = torch.cat([x, xk]), torch.cat([m, torch.ones((RK, T), dtype=torch.bool)])
+        out.append((x, m))
+        res = []
+        for x, m in out:
+            y = x[:, 1:].clone()
+            y[~m] = -100
+            res.append((x[:, :-1], y))
+        return res
 
     def lr_at(step):
         if step < tc["warmup_steps"]:
@@ -248,15 +271,20 @@ def main():
 
     model.train()
     while step < total_steps:
-        x, y = batch()
-        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+        parts = batches()
+        n_tok = sum(int((y != -100).sum()) for _, y in parts)
+        parts = [(x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)) for x, y in parts]
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        with torch.autocast(device_type=dev, dtype=torch.bfloat16, enabled=(dev == "cuda")):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1), ignore_index=-100)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = 0.0
+        for x, y in parts:
+            with torch.autocast(device_type=dev, dtype=torch.bfloat16, enabled=(dev == "cuda")):
+                logits = model(x)
+            lp = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1), ignore_index=-100,
+                                 reduction="sum") / n_tok
+            lp.backward()
+            loss = loss + lp.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc["grad_clip"])
         opt.step()
         step += 1
@@ -278,7 +306,7 @@ def main():
             total_steps = min(tc["max_steps"], step + int(left / (per * 1.04)))
             timed = True
             log("timing: %.1f ms/step, %d tokens/step -> total_steps %d (budget %.0fs)" % (
-                per * 1000, B * T, total_steps, budget))
+                per * 1000, RS * TS + (RL + RK) * T, total_steps, budget))
         if tc["eval_every"] and step % tc["eval_every"] == 0:
             periodic_eval("periodic")
         if time.time() - last_ck > tc["ckpt_every_s"]:
@@ -288,7 +316,7 @@ def main():
     train_s = time.time() - t_train
     periodic_eval("final")
     save_ckpt(model, ckdir, dict(meta_base, step=step, total_steps=total_steps, history=history,
-                                 train_seconds=train_s, batch_rows=B, seq_len=T))
+                                 train_seconds=train_s))
     log("done: %d steps in %.1fs -> %s" % (step, train_s, ckdir))
 
 

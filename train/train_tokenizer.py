@@ -47,6 +47,48 @@ def training_texts(cfg, root):
         yield "\n".join(lines) + "\n"
 
 
+def count_upper(tok):
+    return sum(1 for ch in tok if "A" <= ch <= "Z")
+
+
+def prune_caps(tj, n_bpe):
+    """Rewrite a trained byte-level BPE (tokenizer.json dict, merges as pairs or "a b" strings) so that
+    no token holds two or more ASCII capitals: all-caps words (the needle code words, "LORD") are
+    spelled with single capitals, so a held-out code word is made of the same kind of tokens as the
+    training ones. Merges are kept in rank order, skipping those whose result has >= 2 capitals or
+    whose parts were dropped, until n_bpe tokens remain with room for one merge "Ġ"+X for every
+    capital X that has no such token yet; those are appended last (lowest priority). Ids: the 256
+    byte symbols keep theirs, then one id per kept merge in order."""
+    vocab = tj["model"]["vocab"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in tj["model"]["merges"]]
+    alphabet = sorted((t for t in vocab if len(t) == 1), key=lambda t: vocab[t])
+    assert len(alphabet) == 256 and sorted(vocab[t] for t in alphabet) == list(range(256)), "unexpected alphabet"
+    kept = {t: vocab[t] for t in alphabet}
+    out = []
+    caps = [chr(c) for c in range(ord("A"), ord("Z") + 1)]
+
+    def need():
+        return sum(1 for x in caps if "Ġ" + x not in kept)
+
+    for a, b in merges:
+        if len(kept) + need() >= n_bpe:
+            break
+        r = a + b
+        if count_upper(r) >= 2 or a not in kept or b not in kept or r in kept:
+            continue
+        kept[r] = len(kept)
+        out.append((a, b))
+    for x in caps:
+        if "Ġ" + x not in kept:
+            kept["Ġ" + x] = len(kept)
+            out.append(("Ġ", x))
+    if len(kept) != n_bpe:
+        raise SystemExit("train_tokenizer: pruning left %d tokens, expected %d (train a larger vocabulary)" % (len(kept), n_bpe))
+    tj["model"]["vocab"] = kept
+    tj["model"]["merges"] = [a + " " + b for a, b in out]
+    return tj
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "config.json"))
@@ -66,15 +108,21 @@ def main():
     ])
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(SPECIALS), min_frequency=2, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    n_bpe = vocab_size - len(SPECIALS)
+    trainer = trainers.BpeTrainer(vocab_size=n_bpe + cfg["tokenizer"]["prune_margin"], min_frequency=2,
+                                  show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=[])
     tok.train_from_iterator(training_texts(cfg, root), trainer=trainer)
-    n_bpe = tok.get_vocab_size()
-    if n_bpe != vocab_size - len(SPECIALS):
-        raise SystemExit("train_tokenizer: BPE vocabulary has %d tokens, expected %d" % (n_bpe, vocab_size - len(SPECIALS)))
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "tokenizer.json")
+    tok.save(path)
+    tj = prune_caps(json.load(open(path, encoding="utf-8")), n_bpe)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(tj, f, ensure_ascii=False)
+    tok = Tokenizer.from_file(path)
+    if tok.get_vocab_size() != n_bpe:
+        raise SystemExit("train_tokenizer: BPE vocabulary has %d tokens, expected %d" % (tok.get_vocab_size(), n_bpe))
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
     tok.save(path)
 
     # Qwen's tokenizer.json writes merges as "a b" strings (byte-level symbols never contain a space).
