@@ -90,9 +90,17 @@ void tok_vocab_free(tok_vocab *v) {
 
 /* ---------------------------------------------------------------- merge table */
 
+/* Slot of a pair key: a full 64-bit mix (the MurmurHash3 finalizer's constants), so that both ids
+ * reach every bit of the index. (Taking middle bits of key * constant let pairs that share the
+ * right id collide in long probe chains.) */
 static inline size_t pair_slot(uint64_t key, size_t cap) {
-    uint64_t h = key * 0x9E3779B97F4A7C15ull;
-    return (size_t)(h >> 17) & (cap - 1);
+    uint64_t h = key;
+    h ^= h >> 33;
+    h *= 0xFF51AFD7ED558CCDull;
+    h ^= h >> 33;
+    h *= 0xC4CEB9FE1A85EC53ull;
+    h ^= h >> 33;
+    return (size_t)h & (cap - 1);
 }
 
 static inline uint64_t pair_key(int32_t a, int32_t b) { return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b; }
