@@ -34,7 +34,8 @@ ib_status ib_tokenizer_bytes(int vocab_limit, ib_tokenizer **out, ib_error *err)
 void ib_tokenizer_free(ib_tokenizer *t);
 
 /* Encode text (len bytes, any bytes) into ids; returns the count (may exceed cap: only cap written),
- * or -1 when memory runs out. Same as ib_tokenizer_encode_ex with flags 0. */
+ * or -1 when memory runs out (or PCRE2 reports a matching limit). Same as ib_tokenizer_encode_ex
+ * with flags 0. Adds no special tokens around the text. */
 int ib_tokenizer_encode(const ib_tokenizer *t, const char *text, size_t len, int32_t *ids, int cap);
 
 /* Flags: IB_TOKENIZE_ADD_SPECIAL, IB_TOKENIZE_SPLIT_SPECIAL (include/isobatch.h). */
