@@ -6,10 +6,11 @@
 #include "ops/ops.h"
 
 /* Sum of squares of x[0..n) in the canonical order, or — under a test-only fault — in an order that
- * depends on the row index or the thread count (the bugs the invariance tests must catch). */
+ * depends on the row index or the thread count (the bugs the invariance tests must catch).
+ * row < 0: no row index (the row-order fault does not apply). */
 static float sum_squares(const float *x, int n, int row, int n_threads) {
     ib_fault f = ib_fault_get();
-    if (f == IB_FAULT_ROW_ORDER && (row & 1)) {
+    if (f == IB_FAULT_ROW_ORDER && row >= 0 && (row & 1)) {
         float s = 0.0f;
         for (int i = n - 1; i >= 0; i--) s = s + x[i] * x[i];
         return s;
@@ -52,11 +53,11 @@ void ib_rmsnorm(const float *x, const float *w, int R, int D, float eps, float *
 }
 
 void ib_rmsnorm_heads(float *x, const float *w, int R, int H, int hd, float eps, ib_pool *pool) {
-    /* each (row, head) vector is its own norm; the row index passed to the fault is the token row */
+    /* each (row, head) vector is its own norm; the row-order fault breaks ib_rmsnorm only (row -1) */
     rms_job j = {x, w, x, hd, eps, ib_pool_threads(pool)};
     for (int r = 0; r < R; r++)
         for (int h = 0; h < H; h++) {
             float *v = x + ((size_t)r * H + h) * hd;
-            rms_row(v, w, hd, eps, v, r, j.n_threads);
+            rms_row(v, w, hd, eps, v, -1, j.n_threads);
         }
 }

@@ -17,8 +17,8 @@
 float ib_dot16(const float *a, const float *b, int n);
 
 /* RMSNorm of R rows: y[r] = (x[r] * (1 / sqrt(mean(x[r]^2) + eps))) * w.
- * x, y: [R][D] (may alias); w: [D]. `rows_base` is the index of row 0 in the step (used only by the
- * test-only row-order fault). Splits rows over the pool. */
+ * x, y: [R][D] (may alias); w: [D]. Splits rows over the pool. The test-only row-order fault breaks
+ * this op alone (not ib_rmsnorm_heads): odd rows r of the call sum their squares in reverse. */
 void ib_rmsnorm(const float *x, const float *w, int R, int D, float eps, float *y, ib_pool *pool);
 
 /* Per-head RMSNorm (Qwen3's q_norm / k_norm): x [R][H][hd] normalised per (row, head) with w [hd],
@@ -43,6 +43,17 @@ void ib_rope_positions(const int32_t *pos, const int *item_len, int n_items, int
  * fault (MLX #3496), when every item brings one token and there are several, only row 0 rotated. */
 void ib_rope_step(float *x, int R, int H, int hd, const float *cs, int n_items);
 
+/* RoPE pair layouts. HALVES pairs x[i] with x[i + hd/2] (Qwen3, Llama: what the engine uses);
+ * INTERLEAVED pairs x[2i] with x[2i + 1] (GPT-J style), with the same table and arithmetic. */
+typedef enum ib_rope_layout { IB_ROPE_HALVES = 0, IB_ROPE_INTERLEAVED } ib_rope_layout;
+
+/* ib_rope in the interleaved layout: for i < hd/2, a = x[2i], b = x[2i+1];
+ * x[2i] = a*c - b*s;  x[2i+1] = b*c + a*s   (products rounded). */
+void ib_rope_interleaved(float *x, int R, int H, int hd, const float *cs);
+
+/* ib_rope_step in either layout (ib_rope_step is the HALVES case); the same test-only fault applies. */
+void ib_rope_step_layout(float *x, int R, int H, int hd, const float *cs, int n_items, ib_rope_layout layout);
+
 /* SwiGLU in place: g[r][f] = silu(g) * u with silu(g) = g / (1 + exp(-g)) (ib_expf). g, u: [R][F]. */
 void ib_swiglu(float *g, const float *u, int R, int F);
 
@@ -52,6 +63,10 @@ void ib_add(float *x, const float *y, size_t n);
 /* Key block size of attention's online softmax. Fixed; never derived from batch or threads. */
 #define IB_ATTN_BLOCK 32
 
+/* The key block a step of n_items items uses: IB_ATTN_BLOCK — or, under the test-only
+ * split-kv-by-batch fault, IB_ATTN_BLOCK / 2 when n_items > 1 (a split chosen by batch size). */
+int ib_attn_block_for(int n_items);
+
 /* Causal attention for one query row and one head against a KV stream.
  * q [hd]; keys k [n_keys][hd] and values v [n_keys][hd] with row stride `kv_stride` floats (keys
  * 0..n_keys-1 are those at positions 0..n_keys-1); out [hd].
@@ -60,5 +75,12 @@ void ib_add(float *x, const float *y, size_t n);
  * then acc += p_j * v_j, in key order; out = acc / l. */
 void ib_attend_one(const float *q, const float *k, const float *v, int n_keys, int kv_stride, int hd,
                    float scale, int block, float *out);
+
+/* ib_attend_one with a sliding window: only the last `window` keys (keys n_keys-window .. n_keys-1)
+ * are attended; window <= 0 means no window (then it equals ib_attend_one bitwise). Blocks stay
+ * aligned to multiples of `block` key positions (the block holding the first attended key is
+ * partial), so chunked and token-by-token prefill still walk the same blocks. */
+void ib_attend_one_window(const float *q, const float *k, const float *v, int n_keys, int kv_stride, int hd,
+                          float scale, int block, int window, float *out);
 
 #endif

@@ -45,6 +45,27 @@ void ib_rope_positions(const int32_t *pos, const int *item_len, int n_items, int
 }
 
 void ib_rope_step(float *x, int R, int H, int hd, const float *cs, int n_items) {
+    ib_rope_step_layout(x, R, H, hd, cs, n_items, IB_ROPE_HALVES);
+}
+
+void ib_rope_interleaved(float *x, int R, int H, int hd, const float *cs) {
+    int half = hd / 2;
+    for (int r = 0; r < R; r++) {
+        const float *t = cs + (size_t)r * half * 2;
+        for (int h = 0; h < H; h++) {
+            float *v = x + ((size_t)r * H + h) * hd;
+            for (int i = 0; i < half; i++) {
+                float c = t[2 * i], s = t[2 * i + 1];
+                float a = v[2 * i], b = v[2 * i + 1];
+                v[2 * i] = a * c - b * s;
+                v[2 * i + 1] = b * c + a * s;
+            }
+        }
+    }
+}
+
+void ib_rope_step_layout(float *x, int R, int H, int hd, const float *cs, int n_items, ib_rope_layout layout) {
     if (ib_fault_get() == IB_FAULT_ROPE_SKIP_ROWS && n_items > 1 && n_items == R) R = 1;
-    ib_rope(x, R, H, hd, cs);
+    if (layout == IB_ROPE_INTERLEAVED) ib_rope_interleaved(x, R, H, hd, cs);
+    else ib_rope(x, R, H, hd, cs);
 }
