@@ -455,7 +455,8 @@ ib_fault ib_fault_get(void);
  *     "mlp_act"    [F]       SwiGLU(gate, up)
  *     "mlp_out"    [D]       · W_down
  *     "layer_out"  [D]       residual stream leaving the layer
- *   then, with layer = n_layers, for each item that asked for logits (row = its last token's row):
+ *   then, with layer = n_layers, for each item that asked for logits (row = its last token's row),
+ *   in groups of up to 16 items (all "final_norm" rows of a group, then its "logits" rows):
  *     "final_norm" [D], "logits" [vocab]
  *
  * data holds n floats, valid only during the call. fn must not call back into the engine. NULL fn

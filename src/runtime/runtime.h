@@ -49,6 +49,9 @@ struct ib_engine {
     ib_act_buf qa;            /* quantized activations: xq [R][max(D,F,H*hd)], d/ad [R][max/G] */
     float *last;              /* [IB_LOGIT_ROWS][D] final-normed rows for the lm_head */
     float *logits;            /* [IB_LOGIT_ROWS][V] */
+    /* diagnostics: layer capture (ib_engine_set_capture, src/diag/capture.c); NULL = off */
+    ib_capture_fn capture;
+    void *capture_ctx;
 };
 
 #endif

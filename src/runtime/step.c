@@ -60,6 +60,13 @@ static void attn_task(void *ctx, int task, int thread) {
                   e->pos[r] + 1, hd, hd, scale, j->block, e->att + ((size_t)r * H + h) * hd);
 }
 
+/* Diagnostics: hand rows [R][n] of capture point `point` to the engine's capture hook. */
+static void capture_rows(const ib_engine *e, int layer, const char *point, const float *x, int R, int n) {
+    for (int r = 0; r < R; r++) e->capture(e->capture_ctx, layer, point, r, x + (size_t)r * n, n);
+}
+#define CAPTURE(layer, point, x, n) \
+    do { if (e->capture) capture_rows(e, layer, point, x, R, n); } while (0)
+
 /* Check the items before anything is changed. */
 static ib_status validate(ib_engine *e, ib_step_item *items, int n, int *R_out, ib_error *err) {
     const ib_config *c = &e->model->cfg;
@@ -132,47 +139,68 @@ ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
     ib_rope_table(e->rope_pos, R, hd, c->rope_theta, e->cs);
     for (r = 0; r < R; r++) ib_matrix_row_f32(&m->embed, e->tok[r], e->x + (size_t)r * D);
 
-    attn_job aj = {e, items, 0, IB_ATTN_BLOCK};
-    if (ib_fault_get() == IB_FAULT_SPLIT_KV_BY_BATCH && n > 1) aj.block = IB_ATTN_BLOCK / 2;
+    attn_job aj = {e, items, 0, ib_attn_block_for(n)};
     for (int li = 0; li < c->n_layers; li++) {
         const ib_layer *L = &m->layers[li];
         /* attention */
+        CAPTURE(li, "layer_in", e->x, D);
         ib_rmsnorm(e->x, L->attn_norm, R, D, eps, e->xn, e->pool);
+        CAPTURE(li, "attn_norm", e->xn, D);
         linear(e, &L->wq, e->xn, R, e->q, 0);
         linear(e, &L->wk, e->xn, R, e->k, 1);
         linear(e, &L->wv, e->xn, R, e->v, 1);
+        CAPTURE(li, "q_proj", e->q, H * hd);
+        CAPTURE(li, "k_proj", e->k, KVH * hd);
+        CAPTURE(li, "v", e->v, KVH * hd);
         if (L->q_norm) {
             ib_rmsnorm_heads(e->q, L->q_norm, R, H, hd, eps, e->pool);
             ib_rmsnorm_heads(e->k, L->k_norm, R, KVH, hd, eps, e->pool);
+            CAPTURE(li, "q_norm", e->q, H * hd);
+            CAPTURE(li, "k_norm", e->k, KVH * hd);
         }
         ib_rope_step(e->q, R, H, hd, e->cs, n);
         ib_rope_step(e->k, R, KVH, hd, e->cs, n);
+        CAPTURE(li, "q", e->q, H * hd);
+        CAPTURE(li, "k", e->k, KVH * hd);
         store_kv(e, items, R, li);
         aj.li = li;
         ib_pool_run(e->pool, R * H, attn_task, &aj);
+        CAPTURE(li, "attn_out", e->att, H * hd);
         linear(e, &L->wo, e->att, R, e->o, 0);
+        CAPTURE(li, "attn_proj", e->o, D);
         ib_add(e->x, e->o, (size_t)R * D);
         /* MLP */
         ib_rmsnorm(e->x, L->mlp_norm, R, D, eps, e->xn, e->pool);
+        CAPTURE(li, "mlp_norm", e->xn, D);
         linear(e, &L->w_gate, e->xn, R, e->g, 0);
         linear(e, &L->w_up, e->xn, R, e->u, 1);
+        CAPTURE(li, "gate", e->g, F);
+        CAPTURE(li, "up", e->u, F);
         ib_swiglu(e->g, e->u, R, F);
+        CAPTURE(li, "mlp_act", e->g, F);
         linear(e, &L->w_down, e->g, R, e->o, 0);
+        CAPTURE(li, "mlp_out", e->o, D);
         ib_add(e->x, e->o, (size_t)R * D);
+        CAPTURE(li, "layer_out", e->x, D);
     }
 
     /* logits of each item's last row, IB_LOGIT_ROWS at a time */
     int V = c->vocab_size;
-    int pending[IB_LOGIT_ROWS], np = 0, last_row = -1;
+    int pending[IB_LOGIT_ROWS], pending_row[IB_LOGIT_ROWS], np = 0, last_row = -1;
     for (int i = 0; i < n; i++) {
         last_row += items[i].n_tokens;
         if (items[i].logits) {
             memcpy(e->last + (size_t)np * D, e->x + (size_t)last_row * D, (size_t)D * sizeof(float));
+            pending_row[np] = last_row;
             pending[np++] = i;
         }
         if (np == IB_LOGIT_ROWS || (i == n - 1 && np > 0)) {
             ib_rmsnorm(e->last, m->final_norm, np, D, eps, e->last, e->pool);
             linear(e, m->lm_head, e->last, np, e->logits, 0);
+            for (int j = 0; e->capture && j < np; j++)
+                e->capture(e->capture_ctx, c->n_layers, "final_norm", pending_row[j], e->last + (size_t)j * D, D);
+            for (int j = 0; e->capture && j < np; j++)
+                e->capture(e->capture_ctx, c->n_layers, "logits", pending_row[j], e->logits + (size_t)j * V, V);
             for (int j = 0; j < np; j++)
                 memcpy(items[pending[j]].logits, e->logits + (size_t)j * V, (size_t)V * sizeof(float));
             np = 0;
