@@ -15,6 +15,9 @@ int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+int cmd_probe(int argc, char **argv);
+int cmd_diff(int argc, char **argv);
+int cmd_recall(int argc, char **argv);
 
 /* Print "isobatch: <message>" to stderr and return 2 (usage) or 1 (runtime failure). */
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

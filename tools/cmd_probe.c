@@ -1,0 +1,338 @@
+/*
+ * cmd_probe.c — `isobatch probe`: the op × shape matrix of src/diag/probe.c as a table or JSON.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "diag/diag.h"
+
+static const char help[] =
+    "usage: isobatch probe [--backend cpu|scalar|avx2|avx512] [--op NAME] [--json] [--inject FAULT]\n"
+    "         [--threads N] [--batch-sizes L] [--tokens L] [--positions L] [--seed S] [--failures-only]\n"
+    "\n"
+    "Runs every op alone over [B,H,T,D] shapes, B in {1,2,3,4,8,16,33}, T in {1,2,7,64}, positions\n"
+    "{0,1,148,4095}, and checks bitwise: identical input rows give identical output rows; row i of a\n"
+    "batched run equals a B=1 run of row i; per-ISA kernels equal the scalar one. Exit 1 on any failure.\n"
+    "\n"
+    "  --backend B       cpu (default: every ISA this CPU runs) or one ISA\n"
+    "  --op NAME         one op or family (embed, rmsnorm, qknorm, matmul, rope, attention, swiglu,\n"
+    "                    sample); --op list prints the ops\n"
+    "  --json            one JSON object: cases, per-op summary, failures\n"
+    "  --inject FAULT    test-only: break a kernel on purpose (rope-scalar-offset, rope-skip-rows,\n"
+    "                    gemv-gemm, split-k-threads, isa-fma, row-order, shared-rng, split-kv-by-batch)\n"
+    "  --threads N       threads of the batched runs (default: the CPUs online, at least 2);\n"
+    "                    B=1 reference runs use one\n"
+    "  --batch-sizes L, --tokens L, --positions L   comma lists replacing the default axes (for quick runs)\n"
+    "  --seed S          input data seed (default 1)\n"
+    "  --failures-only   print only failing rows of the table (the summary lists every op)\n";
+
+/* Parse "1,2,3" into a new array (values in [lo, hi]); 2 after an error message. */
+static int parse_list(const char *flag, const char *s, long lo, long hi, int **out, int *n) {
+    int k = 1;
+    for (const char *c = s; *c; c++) k += *c == ',';
+    int *v = malloc((size_t)k * sizeof *v);
+    if (!v) return cli_error("out of memory");
+    const char *c = s;
+    for (int i = 0; i < k; i++) {
+        char *end;
+        long x = strtol(c, &end, 10);
+        if (end == c || (*end && *end != ',') || x < lo || x > hi) {
+            free(v);
+            return cli_usage_error("%s: bad list '%s' (comma-separated integers from %ld to %ld)", flag, s, lo, hi);
+        }
+        v[i] = (int)x;
+        c = end + (*end == ',');
+    }
+    free(*out);
+    *out = v;
+    *n = k;
+    return 0;
+}
+
+/* Per-op tally for the summary: failing cases and the axis values where they failed. */
+typedef struct tally {
+    int cases, failed, why;
+    int n_isa;
+    unsigned long long Bmask, Tmask, Pmask, Imask;   /* bit i: value index i failed */
+} tally;
+
+typedef struct pctx {
+    int json, failures_only, header_done;
+    json_t *cases;
+    tally *t;                         /* [n_ops] */
+    const int *Bs, *Ts, *Ps;
+    int nB, nT, nP;
+} pctx;
+
+static int index_of(const int *v, int n, int x) {
+    for (int i = 0; i < n; i++)
+        if (v[i] == x) return i;
+    return 0;
+}
+
+static const char *backend_name(ib_isa isa) { return isa == IB_ISA_AUTO ? "any" : ib_isa_name(isa); }
+
+static void why_text(int fail, char *buf, size_t cap) {
+    buf[0] = '\0';
+    if (!fail) {
+        snprintf(buf, cap, "ok");
+        return;
+    }
+    snprintf(buf, cap, "FAIL(%s%s%s)", fail & IB_PROBE_FAIL_ROWS ? "rows" : "",
+             (fail & IB_PROBE_FAIL_ROWS) && (fail & (IB_PROBE_FAIL_BATCH | IB_PROBE_FAIL_ISA)) ? "," : "",
+             fail & IB_PROBE_FAIL_BATCH ? (fail & IB_PROBE_FAIL_ISA ? "B=1,isa" : "B=1") : (fail & IB_PROBE_FAIL_ISA ? "isa" : ""));
+}
+
+static void on_case(void *vctx, const ib_probe_case *c) {
+    pctx *p = vctx;
+    int oi = 0;
+    while (oi < ib_probe_n_ops() && ib_probe_op(oi) != c->op) oi++;
+    tally *t = &p->t[oi];
+    t->cases++;
+    if (c->fail) {
+        t->failed++;
+        t->why |= c->fail;
+        t->Bmask |= 1ULL << index_of(p->Bs, p->nB, c->B);
+        t->Tmask |= 1ULL << index_of(p->Ts, p->nT, c->T);
+        if (c->pos >= 0) t->Pmask |= 1ULL << index_of(p->Ps, p->nP, c->pos);
+        t->Imask |= 1ULL << c->isa;
+    }
+    char why[32];
+    why_text(c->fail, why, sizeof why);
+    if (p->json) {
+        json_t *o = json_object();
+        json_object_set_new(o, "op", json_string(c->op->name));
+        json_object_set_new(o, "backend", json_string(backend_name(c->isa)));
+        json_object_set_new(o, "shape", json_pack("[iiii]", c->B, c->H, c->T, c->D));
+        json_object_set_new(o, "pos", c->pos >= 0 ? json_integer(c->pos) : json_null());
+        json_object_set_new(o, "row_diff", c->row_diff >= 0 ? json_real(isinf(c->row_diff) ? 1e300 : c->row_diff) : json_null());
+        json_object_set_new(o, "ulp_batch", json_integer((json_int_t)c->ulp_batch));
+        json_object_set_new(o, "ulp_isa", c->ulp_isa >= 0 ? json_integer(c->ulp_isa) : json_null());
+        json_object_set_new(o, "ok", json_boolean(!c->fail));
+        json_t *w = json_array();
+        if (c->fail & IB_PROBE_FAIL_ROWS) json_array_append_new(w, json_string("rows"));
+        if (c->fail & IB_PROBE_FAIL_BATCH) json_array_append_new(w, json_string("batch"));
+        if (c->fail & IB_PROBE_FAIL_ISA) json_array_append_new(w, json_string("isa"));
+        json_object_set_new(o, "fail", w);
+        json_array_append_new(p->cases, o);
+        return;
+    }
+    if (p->failures_only && !c->fail) return;
+    if (!p->header_done) {
+        printf("%-28s %-7s %-16s %5s %10s %10s %11s  %s\n", "op", "backend", "[B,H,T,D]", "pos", "row diff", "ulp(B=1)",
+               "ulp(scalar)", "result");
+        p->header_done = 1;
+    }
+    char shape[48], pos[16], rd[16], ui[24];
+    snprintf(shape, sizeof shape, "[%d,%d,%d,%d]", c->B, c->H, c->T, c->D);
+    if (c->pos >= 0) snprintf(pos, sizeof pos, "%d", c->pos);
+    else snprintf(pos, sizeof pos, "-");
+    if (c->row_diff < 0) snprintf(rd, sizeof rd, "n/a");
+    else if (c->row_diff == 0) snprintf(rd, sizeof rd, "0");
+    else snprintf(rd, sizeof rd, "%.3g", c->row_diff);
+    if (c->ulp_isa < 0) snprintf(ui, sizeof ui, "-");
+    else snprintf(ui, sizeof ui, "%lld", c->ulp_isa);
+    printf("%-28s %-7s %-16s %5s %10s %10llu %11s  %s\n", c->op->name, backend_name(c->isa), shape, pos, rd,
+           (unsigned long long)c->ulp_batch, ui, why);
+    fflush(stdout);
+}
+
+/* "{2,3,33}" from the values whose bit is set. */
+static void mask_text(unsigned long long mask, const int *v, int n, char *buf, size_t cap) {
+    size_t o = 0;
+    o += (size_t)snprintf(buf + o, cap - o, "{");
+    int first = 1;
+    for (int i = 0; i < n && o < cap; i++)
+        if (mask >> i & 1) {
+            o += (size_t)snprintf(buf + o, cap - o, first ? "%d" : ",%d", v[i]);
+            first = 0;
+        }
+    if (o < cap) snprintf(buf + o, cap - o, "}");
+}
+
+int cmd_probe(int argc, char **argv) {
+    ib_probe_opts po = {.threads = (int)sysconf(_SC_NPROCESSORS_ONLN), .seed = 1};
+    if (po.threads < 2) po.threads = 2;
+    const char *backend = "cpu";
+    int *Bs = NULL, *Ts = NULL, *Ps = NULL, rc = 0, list = 0;
+    pctx p = {0};
+    for (int i = 1; i < argc && !rc; i++) {
+        const char *f = argv[i], *v = NULL;
+        long n;
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            fputs(help, stdout);
+            goto out;
+        }
+#define VAL() (v = cli_value(argc, argv, &i))
+        if (!strcmp(f, "--backend")) rc = VAL() ? (backend = v, 0) : 2;
+        else if (!strcmp(f, "--op")) {
+            if (!VAL()) rc = 2;
+            else if (!strcmp(v, "list")) list = 1;
+            else po.op = v;
+        }
+        else if (!strcmp(f, "--json")) p.json = 1;
+        else if (!strcmp(f, "--failures-only")) p.failures_only = 1;
+        else if (!strcmp(f, "--threads")) {
+            if (!VAL() || cli_int(f, v, 1, 256, &n)) rc = 2;
+            else po.threads = (int)n;
+        }
+        else if (!strcmp(f, "--seed")) rc = VAL() ? cli_u64(f, v, &po.seed) : 2;
+        else if (!strcmp(f, "--batch-sizes")) rc = VAL() ? parse_list(f, v, 1, 4096, &Bs, &po.n_B) : 2;
+        else if (!strcmp(f, "--tokens")) rc = VAL() ? parse_list(f, v, 1, 4096, &Ts, &po.n_T) : 2;
+        else if (!strcmp(f, "--positions")) rc = VAL() ? parse_list(f, v, 0, 1 << 20, &Ps, &po.n_pos) : 2;
+        else if (!strcmp(f, "--inject")) {
+            ib_fault fault;
+            if (!VAL()) rc = 2;
+            else if (ib_fault_parse(v, &fault)) rc = cli_usage_error("--inject: unknown fault '%s'", v);
+            else ib_fault_set(fault);
+        } else rc = cli_usage_error("probe: unknown option '%s' (try --help)", f);
+#undef VAL
+    }
+    if (rc) goto out;
+    if (list) {
+        for (int i = 0; i < ib_probe_n_ops(); i++) {
+            const ib_probe_op_info *op = ib_probe_op(i);
+            printf("%-28s H=%d D=%-4d %s%s%s\n", op->name, op->H, op->D, op->about,
+                   op->uses_pos ? "" : " [no position: position axis skipped]",
+                   op->rows_check ? "" : " [identical-row check skipped: rows get their own positions]");
+        }
+        goto out;
+    }
+    if (po.op) {
+        int any = 0;
+        for (int i = 0; i < ib_probe_n_ops(); i++) any |= ib_probe_op_selected(ib_probe_op(i), po.op);
+        if (!any) {
+            rc = cli_usage_error("--op: no op or family '%s' (try --op list)", po.op);
+            goto out;
+        }
+    }
+    ib_isa isas[3];
+    int n_isa = 0;
+    char skipped[128] = "";
+    if (!strcmp(backend, "cpu")) {
+        const ib_isa all[3] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512};
+        for (int i = 0; i < 3; i++) {
+            if (ib_isa_supported(all[i])) isas[n_isa++] = all[i];
+            else snprintf(skipped + strlen(skipped), sizeof skipped - strlen(skipped), "%s%s", skipped[0] ? ", " : "",
+                          ib_isa_name(all[i]));
+        }
+    } else {
+        ib_isa one;
+        if (ib_isa_parse(backend, &one) || one == IB_ISA_AUTO) {
+            rc = cli_usage_error("--backend: unknown '%s' (cpu, scalar, avx2, avx512)", backend);
+            goto out;
+        }
+        if (!ib_isa_supported(one)) {
+            rc = cli_usage_error("--backend %s: not supported by this CPU", backend);
+            goto out;
+        }
+        isas[n_isa++] = one;
+    }
+    po.isas = isas;
+    po.n_isas = n_isa;
+    po.Bs = Bs;
+    po.Ts = Ts;
+    po.pos = Ps;
+    p.Bs = Bs ? Bs : ib_probe_default_B;
+    p.nB = Bs ? po.n_B : 7;
+    p.Ts = Ts ? Ts : ib_probe_default_T;
+    p.nT = Ts ? po.n_T : 4;
+    p.Ps = Ps ? Ps : ib_probe_default_pos;
+    p.nP = Ps ? po.n_pos : 4;
+    p.t = calloc((size_t)ib_probe_n_ops(), sizeof *p.t);
+    p.cases = p.json ? json_array() : NULL;
+    if (!p.t || (p.json && !p.cases)) {
+        rc = cli_error("out of memory");
+        goto out;
+    }
+    char backends[64] = "";
+    for (int i = 0; i < n_isa; i++)
+        snprintf(backends + strlen(backends), sizeof backends - strlen(backends), "%s%s", i ? " " : "", ib_isa_name(isas[i]));
+    if (!p.json)
+        printf("isobatch probe: backends %s%s%s%s, threads %d (B=1 references: 1)%s%s\n", backends,
+               skipped[0] ? " (not on this CPU: " : "", skipped, skipped[0] ? ")" : "", po.threads,
+               ib_fault_get() ? ", injected fault: " : "", ib_fault_get() ? ib_fault_name(ib_fault_get()) : "");
+    int n_fail = 0;
+    ib_error err;
+    if (ib_probe_run(&po, on_case, &p, &n_fail, &err)) {
+        rc = cli_error("%s", err.msg);
+        goto out;
+    }
+    int total = 0;
+    for (int i = 0; i < ib_probe_n_ops(); i++) total += p.t[i].cases;
+    if (p.json) {
+        json_t *o = json_object(), *sum = json_array(), *bk = json_array(), *sk = json_array();
+        for (int i = 0; i < n_isa; i++) json_array_append_new(bk, json_string(ib_isa_name(isas[i])));
+        for (int i = 0; i < ib_probe_n_ops(); i++) {
+            const ib_probe_op_info *op = ib_probe_op(i);
+            if (!p.t[i].cases) continue;
+            json_t *s = json_object();
+            json_object_set_new(s, "op", json_string(op->name));
+            json_object_set_new(s, "cases", json_integer(p.t[i].cases));
+            json_object_set_new(s, "failed", json_integer(p.t[i].failed));
+            json_array_append_new(sum, s);
+            if (!op->uses_pos) {
+                char b[96];
+                snprintf(b, sizeof b, "%s: position axis (the op has no position input)", op->name);
+                json_array_append_new(sk, json_string(b));
+            }
+            if (!op->rows_check) {
+                char b[96];
+                snprintf(b, sizeof b, "%s: identical-row check (rows get their own positions)", op->name);
+                json_array_append_new(sk, json_string(b));
+            }
+        }
+        json_object_set_new(o, "backends", bk);
+        json_object_set_new(o, "threads", json_integer(po.threads));
+        json_object_set_new(o, "fault", json_string(ib_fault_name(ib_fault_get())));
+        json_object_set_new(o, "cases", p.cases);
+        p.cases = NULL;
+        json_object_set_new(o, "summary", sum);
+        json_object_set_new(o, "skipped", sk);
+        json_object_set_new(o, "total", json_integer(total));
+        json_object_set_new(o, "failed", json_integer(n_fail));
+        char *s = json_dumps(o, JSON_COMPACT);
+        if (s) puts(s);
+        free(s);
+        json_decref(o);
+    } else {
+        printf("\nsummary (ops without a position input skip the position axis; row-pos RoPE skips the\n"
+               "identical-row check; ops with one C kernel for every ISA run once, backend \"any\"):\n");
+        for (int i = 0; i < ib_probe_n_ops(); i++) {
+            tally *t = &p.t[i];
+            if (!t->cases) continue;
+            const ib_probe_op_info *op = ib_probe_op(i);
+            if (!t->failed) {
+                printf("  %-28s %4d cases  ok\n", op->name, t->cases);
+                continue;
+            }
+            char bs[96], ts[64], ps[64], why[32];
+            mask_text(t->Bmask, p.Bs, p.nB, bs, sizeof bs);
+            mask_text(t->Tmask, p.Ts, p.nT, ts, sizeof ts);
+            mask_text(t->Pmask, p.Ps, p.nP, ps, sizeof ps);
+            why_text(t->why, why, sizeof why);
+            printf("  %-28s %4d cases  %d %s at B in %s, T in %s%s%s", op->name, t->cases, t->failed, why, bs, ts,
+                   op->uses_pos ? ", pos in " : "", op->uses_pos ? ps : "");
+            if (op->isa_dep) {
+                printf(", backend");
+                for (int k = 0; k < n_isa; k++)
+                    if (t->Imask >> isas[k] & 1) printf(" %s", ib_isa_name(isas[k]));
+            }
+            printf("\n");
+        }
+        printf("%d cases, %d failed\n", total, n_fail);
+    }
+    if (n_fail) rc = 1;
+out:
+    json_decref(p.cases);
+    free(p.t);
+    free(Bs);
+    free(Ts);
+    free(Ps);
+    return rc;
+}
