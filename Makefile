@@ -9,7 +9,7 @@ OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=c11 -Wall -Wextra -Wno-unused-parameter -ffp-contract=off -fno-strict-aliasing \
            -D_GNU_SOURCE -Iinclude -Isrc -pthread -MMD -MP
-LDLIBS  += -ljansson -lpcre2-8 -lutf8proc -lm -pthread
+LDLIBS  += -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -pthread
 
 SRC      := $(shell find src -name '*.c' | sort)
 OBJ      := $(SRC:%.c=$(BUILD)/%.o)
@@ -70,7 +70,7 @@ run: all
 # Sanitizer build (AddressSanitizer + UndefinedBehaviorSanitizer) in its own folder.
 asan:
 	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
-	    LDLIBS="-ljansson -lpcre2-8 -lutf8proc -lm -pthread -fsanitize=address,undefined" all $(patsubst $(BUILD)/%,build-asan/%,$(TEST_BIN))
+	    LDLIBS="-ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -pthread -fsanitize=address,undefined" all $(patsubst $(BUILD)/%,build-asan/%,$(TEST_BIN))
 
 clean:
 	rm -rf build build-asan

@@ -322,7 +322,10 @@ extern const double ib_sched_hist_ms[11];
 
 /* Create a scheduler over e (which must outlive it) and start its thread. opts may be NULL. */
 ib_status ib_sched_create(ib_engine *e, const ib_sched_opts *opts, ib_sched **out, ib_error *err);
-/* Cancel every job (each gets its DONE "cancelled"), stop the thread, free. NULL allowed. */
+/* Cancel every job (each gets its DONE "cancelled") and stop the thread; later submits fail with
+ * IB_ERR_STATE, cancel and stats still work. Idempotent; call it from one thread. */
+void ib_sched_stop(ib_sched *s);
+/* ib_sched_stop, then free. NULL allowed. */
 void ib_sched_free(ib_sched *s);
 /* Queue a job; *id (may be NULL) gets its id (> 0). Fails without side effects when the arguments are
  * bad, when the session's context cannot hold n_prompt + max_new_tokens - 1 more tokens

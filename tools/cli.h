@@ -15,6 +15,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
 int cmd_recall(int argc, char **argv);

@@ -17,6 +17,7 @@ static const char usage[] =
     "  tokenize   print the token ids of a text (Hugging Face tokenizer.json, byte-level BPE)\n"
     "  detokenize print the text of token ids\n"
     "  chat       interactive chat with a model (ChatML / Llama 3 format), streaming the reply\n"
+    "  serve      OpenAI-compatible HTTP server with continuous batching and stateful sessions\n"
     "  probe      check every op for batch invariance over a shape matrix (diagnostics)\n"
     "  diff       compare sessions stepped batched vs alone, layer by layer (diagnostics)\n"
     "  recall     multi-tenant needle recall, batched vs serialized (diagnostics)\n"
@@ -36,6 +37,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "detokenize")) return cmd_detokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "chat")) return cmd_chat(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return cmd_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "probe")) return cmd_probe(argc - 1, argv + 1);
     if (!strcmp(cmd, "diff")) return cmd_diff(argc - 1, argv + 1);
     if (!strcmp(cmd, "recall")) return cmd_recall(argc - 1, argv + 1);

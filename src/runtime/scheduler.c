@@ -40,6 +40,7 @@ struct ib_sched {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stop;
+    int joined;               /* ib_sched_stop has joined (or is joining) the thread */
     uint64_t next_id;
     job **active;             /* [max_batch] */
     int n_active;
@@ -271,13 +272,19 @@ ib_status ib_sched_create(ib_engine *e, const ib_sched_opts *opts, ib_sched **ou
     return IB_OK;
 }
 
-void ib_sched_free(ib_sched *S) {
-    if (!S) return;
+void ib_sched_stop(ib_sched *S) {
     pthread_mutex_lock(&S->mu);
+    int joined = S->joined;
     S->stop = 1;
+    S->joined = 1;
     pthread_cond_signal(&S->cv);
     pthread_mutex_unlock(&S->mu);
-    pthread_join(S->thread, NULL);
+    if (!joined) pthread_join(S->thread, NULL);
+}
+
+void ib_sched_free(ib_sched *S) {
+    if (!S) return;
+    ib_sched_stop(S);
     pthread_mutex_destroy(&S->mu);
     pthread_cond_destroy(&S->cv);
     free(S->active);

@@ -1,0 +1,1594 @@
+/*
+ * server.c — `isobatch serve`: HTTP endpoints over libmicrohttpd (one thread per connection), a
+ * scheduler doing the continuous batching, per-request and stateful sessions with KV memory
+ * accounting. docs/server.md documents every endpoint, limit and error.
+ *
+ * Threads: MHD's connection threads parse requests, wait for tokens and write responses; the
+ * scheduler thread steps the model and reports tokens through on_event. A `gen` (one generation)
+ * is shared by both and reference counted; a `sess` (stateful session) likewise.
+ * Lock order: gen->mu, then the scheduler's lock (ib_sched_cancel); srv->mu is never held while
+ * taking a gen lock.
+ */
+#include "server/server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/error.h"
+
+#define MAX_STOPS 4
+#define MAX_STOP_LEN 64
+#define MAX_STOP_IDS 8
+
+typedef struct server server;
+
+/* A stateful session (POST /v1/sessions). */
+typedef struct sess {
+    char id[40];
+    char *tenant;             /* the Bearer key that created it ("" without one) */
+    ib_session *s;
+    int32_t *pending;         /* [n_pending] tokens appended but not yet fed */
+    int n_pending, cap_pending;
+    int busy;                 /* a generation runs on it */
+    int closed;               /* deleted: freed when the last reference goes */
+    int refs;
+    size_t kv_bytes;
+} sess;
+
+/* One generation: a scheduler job and what it produced. */
+typedef struct gen {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;
+    server *srv;
+    uint64_t job;
+    int32_t *tok;             /* [n] generated tokens */
+    double *lp;               /* [n] their logprobs */
+    int n, cap;
+    int done;
+    char finish[16];
+    int fed;
+    /* request */
+    int chat, stream, want_lp, include_usage;
+    int session_gen;          /* a stateful session's generation */
+    int n_prompt;
+    int32_t stop_ids[MAX_STOP_IDS];
+    int n_stop_ids;
+    char *stops[MAX_STOPS];
+    int n_stops;
+    char id[48];
+    long created;
+    ib_session *own;          /* request-scoped session, freed at DONE */
+    size_t reserved;          /* its KV bytes, released at DONE */
+    sess *ss;                 /* stateful session, or NULL */
+    /* rendering (connection thread only, under mu) */
+    ib_text_stream ts;
+    char *text;               /* rendered text of tokens [0, rendered) */
+    size_t text_len, text_cap;
+    int *tok_off;             /* [n] byte offset of each token's text */
+    int rendered;             /* tokens rendered */
+    int stopped;              /* a stop string was found: text_len cut there */
+    size_t emitted;           /* bytes already streamed */
+    int lp_emitted;           /* tokens whose logprobs were streamed */
+    int sent_role, sent_final, sent_done;
+    char *out;                /* SSE bytes waiting to be written */
+    size_t out_len, out_pos, out_cap;
+} gen;
+
+struct server {
+    ib_server_opts o;
+    ib_model *m;
+    const ib_model_info *info;
+    ib_engine *e;
+    ib_sched *sched;
+    struct MHD_Daemon *d;
+    char model_id[128];
+    pthread_mutex_t mu;
+    pthread_cond_t mem_cv;
+    size_t kv_used;
+    int mem_waiters;
+    sess **sessions;          /* [max_sessions] */
+    int n_sessions;
+    int urandom;
+    double t_start;
+    long long http_by_class[6];  /* responses by status class 1xx..5xx (index 1..5) */
+    long long n_429;
+    double rate_t;            /* tokens/s gauge: time and count at the previous scrape */
+    long long rate_tokens;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+ib_server_opts ib_server_opts_default(void) {
+    ib_server_opts o;
+    memset(&o, 0, sizeof o);
+    o.host = "127.0.0.1";
+    o.port = 8080;
+    o.threads = 1;
+    o.max_batch = 32;
+    o.prefill_chunk = 64;
+    o.max_queue = 64;
+    o.max_sessions = 256;
+    o.session_context = 1024;
+    o.max_body = 1 << 20;
+    o.max_prompt_tokens = 4096;
+    o.max_tokens = 1024;
+    o.max_connections = 256;
+    o.timeout_s = 300;
+    o.queue_wait_ms = 5000;
+    return o;
+}
+
+/* ------------------------------------------------------------------ small helpers */
+
+/* Fill buf with 2*n lowercase hex characters of fresh random bytes (n <= 32). */
+static int random_hex(server *S, char *buf, int n) {
+    unsigned char b[32];
+    size_t got = 0;
+    while ((int)got < n) {
+        ssize_t r = read(S->urandom, b + got, (size_t)n - got);
+        if (r <= 0) return -1;
+        got += (size_t)r;
+    }
+    for (int i = 0; i < n; i++) sprintf(buf + 2 * i, "%02x", b[i]);
+    return 0;
+}
+
+/* Length of the longest prefix of s[0..n) that is valid, complete UTF-8. */
+static size_t utf8_complete(const char *s, size_t n) {
+    size_t i = n;
+    int back = 0;
+    while (i > 0 && back < 4 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) i--, back++;
+    if (i == 0) return n;
+    unsigned char c = (unsigned char)s[i - 1];
+    int need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return (size_t)back + 1 >= (size_t)need ? n : i - 1;
+}
+
+/* A JSON string of bytes s[0..n) with invalid UTF-8 replaced by U+FFFD. */
+static json_t *json_bytes_str(const char *s, size_t n) {
+    char *o = malloc(3 * n + 1);
+    if (!o) return json_string("");
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)s[i];
+        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        int ok = len > 0 && i + (size_t)len <= n;
+        for (int j = 1; ok && j < len; j++) ok = ((unsigned char)s[i + j] & 0xC0) == 0x80;
+        if (ok && len == 2 && c < 0xC2) ok = 0;
+        if (ok) {
+            memcpy(o + k, s + i, (size_t)len);
+            k += (size_t)len;
+            i += (size_t)len;
+        } else {
+            memcpy(o + k, "\xEF\xBF\xBD", 3);
+            k += 3;
+            i++;
+        }
+    }
+    json_t *j = json_stringn(o, k);
+    free(o);
+    return j ? j : json_string("");
+}
+
+/* ------------------------------------------------------------------ responses */
+
+static enum MHD_Result send_text(server *S, struct MHD_Connection *c, unsigned code, const char *type, const char *body,
+                                 size_t len, int retry_after) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    if (retry_after > 0) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", retry_after);
+        MHD_add_response_header(r, "Retry-After", ra);
+    }
+    pthread_mutex_lock(&S->mu);
+    if (code / 100 >= 1 && code / 100 <= 5) S->http_by_class[code / 100]++;
+    if (code == 429) S->n_429++;
+    pthread_mutex_unlock(&S->mu);
+    enum MHD_Result ret = MHD_queue_response(c, code, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result send_json(server *S, struct MHD_Connection *c, unsigned code, json_t *j, int retry_after) {
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!s) return MHD_NO;
+    enum MHD_Result r = send_text(S, c, code, "application/json", s, strlen(s), retry_after);
+    free(s);
+    return r;
+}
+
+/* An OpenAI-style error body: {"error": {"message", "type", "param", "code"}}. */
+static enum MHD_Result send_error(server *S, struct MHD_Connection *c, unsigned code, const char *type,
+                                  const char *ecode, const char *param, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    json_t *e = json_object();
+    json_object_set_new(e, "message", json_bytes_str(msg, strlen(msg)));
+    json_object_set_new(e, "type", json_string(type));
+    json_object_set_new(e, "param", param ? json_string(param) : json_null());
+    json_object_set_new(e, "code", ecode ? json_string(ecode) : json_null());
+    json_t *j = json_object();
+    json_object_set_new(j, "error", e);
+    return send_json(S, c, code, j, code == 429 || code == 503 ? 1 : 0);
+}
+
+#define BAD(param, ...) send_error(S, c, 400, "invalid_request_error", "invalid_value", param, __VA_ARGS__)
+
+/* ------------------------------------------------------------------ request parameters */
+
+/* Read an optional number field: 0 = absent (out untouched), 1 = read, -1 = wrong type/range. */
+static int get_num(json_t *o, const char *k, double lo, double hi, double *out) {
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) return -1;
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi)) return -1;
+    *out = x;
+    return 1;
+}
+
+static int get_int(json_t *o, const char *k, long long lo, long long hi, long long *out) {
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_integer(v)) return -1;
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi) return -1;
+    *out = x;
+    return 1;
+}
+
+static int get_bool(json_t *o, const char *k, int *out) {
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return -1;
+    *out = json_is_true(v);
+    return 1;
+}
+
+typedef struct gen_params {
+    ib_sampling sp;
+    int max_tokens;
+    int stream, include_usage, want_lp;
+    char *stops[MAX_STOPS];
+    int n_stops;
+} gen_params;
+
+static void params_free(gen_params *p) {
+    for (int i = 0; i < p->n_stops; i++) free(p->stops[i]);
+    p->n_stops = 0;
+}
+
+/* Parse the sampling, length, stream, stop and logprobs fields shared by every generating endpoint.
+ * On error writes the offending field into *param and a message into msg, returns -1. */
+static int parse_params(server *S, json_t *b, int chat, int default_max, gen_params *p, const char **param,
+                        char *msg, size_t msz) {
+    memset(p, 0, sizeof *p);
+    p->sp = ib_sampling_default();
+    p->sp.temperature = 1.0f;
+    double x;
+    long long n;
+    int r;
+    p->max_tokens = default_max;
+#define FAIL(field, ...) do { *param = field; snprintf(msg, msz, __VA_ARGS__); params_free(p); return -1; } while (0)
+    if ((r = get_num(b, "temperature", 0, 2, &x)) < 0) FAIL("temperature", "temperature must be a number in [0, 2]");
+    if (r) p->sp.temperature = (float)x;
+    if ((r = get_num(b, "top_p", 0, 1, &x)) < 0 || (r && x <= 0)) FAIL("top_p", "top_p must be a number in (0, 1]");
+    if (r) p->sp.top_p = (float)x;
+    if ((r = get_num(b, "min_p", 0, 1, &x)) < 0) FAIL("min_p", "min_p must be a number in [0, 1]");
+    if (r) p->sp.min_p = (float)x;
+    if ((r = get_int(b, "top_k", 0, 1 << 30, &n)) < 0) FAIL("top_k", "top_k must be an integer >= 0");
+    if (r) p->sp.top_k = (int)n;
+    if ((r = get_num(b, "repetition_penalty", 0.01, 100, &x)) < 0)
+        FAIL("repetition_penalty", "repetition_penalty must be a number in [0.01, 100]");
+    if (r) p->sp.repeat_penalty = (float)x;
+    if ((r = get_int(b, "seed", -(1LL << 62), 1LL << 62, &n)) < 0) FAIL("seed", "seed must be an integer");
+    if (r) p->sp.seed = (uint64_t)n;
+    if ((r = get_num(b, "frequency_penalty", -2, 2, &x)) < 0) FAIL("frequency_penalty", "frequency_penalty must be a number in [-2, 2]");
+    if ((r = get_num(b, "presence_penalty", -2, 2, &x)) < 0) FAIL("presence_penalty", "presence_penalty must be a number in [-2, 2]");
+    if ((r = get_int(b, "n", 1, 1, &n)) < 0) FAIL("n", "only n = 1 is supported");
+    const char *mk = chat && json_object_get(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    if ((r = get_int(b, mk, 0, 1LL << 30, &n)) < 0) FAIL(mk, "%s must be an integer >= 0", mk);
+    if (r) {
+        if (n > S->o.max_tokens)
+            FAIL(mk, "%s %lld exceeds this server's limit of %d tokens", mk, n, S->o.max_tokens);
+        p->max_tokens = (int)n;
+    }
+    if ((r = get_bool(b, "stream", &p->stream)) < 0) FAIL("stream", "stream must be a boolean");
+    json_t *so = json_object_get(b, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so) || get_bool(so, "include_usage", &p->include_usage) < 0)
+            FAIL("stream_options", "stream_options must be an object with a boolean include_usage");
+    }
+    if (chat) {
+        if ((r = get_bool(b, "logprobs", &p->want_lp)) < 0) FAIL("logprobs", "logprobs must be a boolean");
+    } else {
+        if ((r = get_int(b, "logprobs", 0, 5, &n)) < 0) FAIL("logprobs", "logprobs must be an integer in [0, 5]");
+        if (r) p->want_lp = 1;
+    }
+    json_t *st = json_object_get(b, "stop");
+    if (st && !json_is_null(st)) {
+        if (json_is_string(st)) {
+            json_t *a = json_array();
+            json_array_append(a, st);
+            st = a;
+        } else if (json_is_array(st)) {
+            json_incref(st);
+        } else
+            FAIL("stop", "stop must be a string or an array of strings");
+        size_t i;
+        json_t *v;
+        int bad = json_array_size(st) > MAX_STOPS;
+        json_array_foreach(st, i, v) {
+            if (bad || !json_is_string(v) || json_string_length(v) < 1 || json_string_length(v) > MAX_STOP_LEN) {
+                bad = 1;
+                break;
+            }
+            p->stops[p->n_stops++] = strdup(json_string_value(v));
+        }
+        json_decref(st);
+        if (bad) FAIL("stop", "stop: at most %d non-empty strings of at most %d bytes", MAX_STOPS, MAX_STOP_LEN);
+    }
+#undef FAIL
+    return 0;
+}
+
+/* ------------------------------------------------------------------ generations */
+
+static void sess_unref(server *S, sess *ss);
+
+static void gen_unref(gen *g) {
+    pthread_mutex_lock(&g->mu);
+    int left = --g->refs;
+    pthread_mutex_unlock(&g->mu);
+    if (left) return;
+    for (int i = 0; i < g->n_stops; i++) free(g->stops[i]);
+    free(g->tok);
+    free(g->lp);
+    free(g->tok_off);
+    free(g->text);
+    free(g->out);
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g);
+}
+
+/* Scheduler callback: record a token, or the end (then free a request-scoped session, release its
+ * memory, hand a stateful session its unfed tokens back). */
+static void on_event(void *ctx, const ib_sched_event *ev) {
+    gen *g = ctx;
+    server *S = g->srv;
+    if (ev->done) {
+        if (g->own) {
+            ib_session_free(g->own);
+            g->own = NULL;
+            pthread_mutex_lock(&S->mu);
+            S->kv_used -= g->reserved;
+            pthread_cond_broadcast(&S->mem_cv);
+            pthread_mutex_unlock(&S->mu);
+        }
+        if (g->ss) {
+            sess *ss = g->ss;
+            pthread_mutex_lock(&S->mu);
+            /* the prompt was kept at pending[0, n_prompt) (appends are refused while busy): its unfed
+             * tail goes back to the front; after generation the last sampled token is the pending one */
+            int unfed = g->n_prompt - ev->prompt_fed;
+            ss->n_pending = 0;
+            if (unfed > 0) {
+                memmove(ss->pending, ss->pending + ev->prompt_fed, (size_t)unfed * sizeof(int32_t));
+                ss->n_pending = unfed;
+            } else if (ev->generated > 0) {
+                pthread_mutex_lock(&g->mu);
+                ss->pending[ss->n_pending++] = g->tok[g->n - 1];
+                pthread_mutex_unlock(&g->mu);
+            }
+            ss->busy = 0;
+            pthread_mutex_unlock(&S->mu);
+            sess_unref(S, ss);
+            g->ss = NULL;
+        }
+        pthread_mutex_lock(&g->mu);
+        g->done = 1;
+        snprintf(g->finish, sizeof g->finish, "%s", ev->finish);
+        g->fed = ev->prompt_fed;
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        gen_unref(g);
+        return;
+    }
+    pthread_mutex_lock(&g->mu);
+    if (g->n == g->cap) {
+        int nc = g->cap ? 2 * g->cap : 64;
+        int32_t *t = realloc(g->tok, (size_t)nc * sizeof *t);
+        if (t) g->tok = t;
+        double *l = realloc(g->lp, (size_t)nc * sizeof *l);
+        if (l) g->lp = l;
+        int *o = realloc(g->tok_off, ((size_t)nc + 1) * sizeof *o);
+        if (o) g->tok_off = o;
+        if (t && l && o) g->cap = nc;
+    }
+    if (g->n < g->cap) {
+        g->tok[g->n] = ev->token;
+        g->lp[g->n] = ev->logprob;
+        g->n++;
+    }
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static int text_append(gen *g, const char *s, size_t n) {
+    if (g->text_len + n + 1 > g->text_cap) {
+        size_t nc = (g->text_len + n + 1) * 2;
+        char *t = realloc(g->text, nc);
+        if (!t) return -1;
+        g->text = t;
+        g->text_cap = nc;
+    }
+    memcpy(g->text + g->text_len, s, n);
+    g->text_len += n;
+    g->text[g->text_len] = 0;
+    return 0;
+}
+
+static int is_stop_id(const gen *g, int32_t t) {
+    for (int i = 0; i < g->n_stop_ids; i++)
+        if (g->stop_ids[i] == t) return 1;
+    return 0;
+}
+
+/* Render tokens [rendered, n) into text (stop ids add no text), look for stop strings; return how
+ * many bytes of text may be shown now. Called with g->mu held. */
+static size_t render(gen *g) {
+    const ib_model *m = g->srv->m;
+    char buf[512];
+    while (g->rendered < g->n && !g->stopped) {
+        int32_t t = g->tok[g->rendered];
+        g->tok_off[g->rendered] = (int)g->text_len;
+        if (!is_stop_id(g, t)) {
+            int w = ib_text_stream_push(m, &g->ts, t, buf, sizeof buf);
+            if (w > 0) text_append(g, buf, (size_t)w);
+        }
+        g->rendered++;
+        for (int i = 0; i < g->n_stops; i++) {
+            size_t sl = strlen(g->stops[i]);
+            size_t from = g->emitted > sl ? g->emitted - sl : 0;
+            char *hit = g->text_len >= sl ? memmem(g->text + from, g->text_len - from, g->stops[i], sl) : NULL;
+            if (hit) {
+                g->text_len = (size_t)(hit - g->text);
+                g->text[g->text_len] = 0;
+                g->stopped = 1;
+            }
+        }
+    }
+    if (g->stopped) return g->text_len;
+    if (g->done && g->rendered == g->n) {
+        int w = ib_text_stream_flush(&g->ts, buf, sizeof buf);
+        if (w > 0) text_append(g, buf, (size_t)w);
+        return g->text_len;
+    }
+    size_t hold = 0;
+    for (int i = 0; i < g->n_stops; i++)
+        if (strlen(g->stops[i]) - 1 > hold) hold = strlen(g->stops[i]) - 1;
+    size_t safe = g->text_len > hold ? g->text_len - hold : 0;
+    if (safe < g->emitted) safe = g->emitted;
+    return g->emitted + utf8_complete(g->text + g->emitted, safe - g->emitted);
+}
+
+static const char *finish_reason(const gen *g) {
+    if (g->stopped) return "stop";
+    if (!strcmp(g->finish, "stop") || !strcmp(g->finish, "length")) return g->finish;
+    return g->finish; /* "cancelled" or "error" */
+}
+
+/* Tokens covered by the shown text (a stop id is not shown; tokens after a stop string are not). */
+static int tokens_shown(const gen *g) {
+    int k = g->rendered;
+    if (g->stopped) {
+        while (k > 0 && (size_t)g->tok_off[k - 1] >= g->text_len) k--;
+    }
+    if (k > 0 && is_stop_id(g, g->tok[k - 1])) k--;
+    return k;
+}
+
+/* Logprobs of tokens [a, b) in the completions format or the chat format. */
+static json_t *logprobs_json(const gen *g, int a, int b) {
+    char buf[256];
+    if (g->chat) {
+        json_t *content = json_array();
+        for (int i = a; i < b; i++) {
+            int w = ib_token_bytes(g->srv->m, g->tok[i], buf, sizeof buf);
+            if (w < 0) w = 0;
+            json_t *bytes = json_array();
+            for (int k = 0; k < w; k++) json_array_append_new(bytes, json_integer((unsigned char)buf[k]));
+            json_t *e = json_object();
+            json_object_set_new(e, "token", json_bytes_str(buf, (size_t)w));
+            json_object_set_new(e, "logprob", json_real(g->lp[i]));
+            json_object_set_new(e, "bytes", bytes);
+            json_object_set_new(e, "top_logprobs", json_array());
+            json_object_set_new(e, "token_id", json_integer(g->tok[i]));
+            json_array_append_new(content, e);
+        }
+        json_t *o = json_object();
+        json_object_set_new(o, "content", content);
+        return o;
+    }
+    json_t *toks = json_array(), *lps = json_array(), *offs = json_array(), *ids = json_array();
+    for (int i = a; i < b; i++) {
+        int w = ib_token_bytes(g->srv->m, g->tok[i], buf, sizeof buf);
+        json_array_append_new(toks, json_bytes_str(buf, w > 0 ? (size_t)w : 0));
+        json_array_append_new(lps, json_real(g->lp[i]));
+        json_array_append_new(offs, json_integer(g->tok_off[i]));
+        json_array_append_new(ids, json_integer(g->tok[i]));
+    }
+    json_t *o = json_object();
+    json_object_set_new(o, "tokens", toks);
+    json_object_set_new(o, "token_logprobs", lps);
+    json_object_set_new(o, "top_logprobs", json_null());
+    json_object_set_new(o, "text_offset", offs);
+    json_object_set_new(o, "token_ids", ids);
+    return o;
+}
+
+static json_t *usage_json(const gen *g) {
+    json_t *u = json_object();
+    json_object_set_new(u, "prompt_tokens", json_integer(g->n_prompt));
+    json_object_set_new(u, "completion_tokens", json_integer(g->n));
+    json_object_set_new(u, "total_tokens", json_integer(g->n_prompt + g->n));
+    return u;
+}
+
+static json_t *envelope(const gen *g, const char *object) {
+    json_t *j = json_object();
+    json_object_set_new(j, "id", json_string(g->id));
+    json_object_set_new(j, "object", json_string(object));
+    json_object_set_new(j, "created", json_integer(g->created));
+    json_object_set_new(j, "model", json_string(g->srv->model_id));
+    return j;
+}
+
+/* The non-streaming body of a finished generation. */
+static json_t *final_json(gen *g) {
+    size_t show = render(g);
+    (void)show;
+    int k = tokens_shown(g);
+    json_t *ch = json_object();
+    json_object_set_new(ch, "index", json_integer(0));
+    json_t *j;
+    if (g->chat) {
+        j = envelope(g, "chat.completion");
+        json_t *msg = json_object();
+        json_object_set_new(msg, "role", json_string("assistant"));
+        json_object_set_new(msg, "content", json_bytes_str(g->text, g->text_len));
+        json_object_set_new(ch, "message", msg);
+    } else {
+        j = envelope(g, g->session_gen ? "session.generation" : "text_completion");
+        json_object_set_new(ch, "text", json_bytes_str(g->text, g->text_len));
+    }
+    json_object_set_new(ch, "logprobs", g->want_lp ? logprobs_json(g, 0, k) : json_null());
+    json_object_set_new(ch, "finish_reason", json_string(finish_reason(g)));
+    json_t *choices = json_array();
+    json_array_append_new(choices, ch);
+    json_object_set_new(j, "choices", choices);
+    json_object_set_new(j, "usage", usage_json(g));
+    return j;
+}
+
+static int out_append(gen *g, const char *s, size_t n) {
+    if (g->out_len + n > g->out_cap) {
+        size_t nc = (g->out_len + n) * 2 + 256;
+        char *t = realloc(g->out, nc);
+        if (!t) return -1;
+        g->out = t;
+        g->out_cap = nc;
+    }
+    memcpy(g->out + g->out_len, s, n);
+    g->out_len += n;
+    return 0;
+}
+
+static void out_event(gen *g, json_t *j) {
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!s) return;
+    out_append(g, "data: ", 6);
+    out_append(g, s, strlen(s));
+    out_append(g, "\n\n", 2);
+    free(s);
+}
+
+/* One SSE chunk with text delta [a, b) of the text, logprobs of tokens [ta, tb), and a finish reason. */
+static void out_chunk(gen *g, size_t a, size_t b, int ta, int tb, const char *finish) {
+    json_t *j = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
+    json_t *ch = json_object();
+    json_object_set_new(ch, "index", json_integer(0));
+    if (g->chat) {
+        json_t *delta = json_object();
+        if (!g->sent_role) {
+            json_object_set_new(delta, "role", json_string("assistant"));
+            g->sent_role = 1;
+        }
+        if (b > a) json_object_set_new(delta, "content", json_bytes_str(g->text + a, b - a));
+        json_object_set_new(ch, "delta", delta);
+    } else
+        json_object_set_new(ch, "text", json_bytes_str(g->text + a, b - a));
+    json_object_set_new(ch, "logprobs", g->want_lp && tb > ta ? logprobs_json(g, ta, tb) : json_null());
+    json_object_set_new(ch, "finish_reason", finish ? json_string(finish) : json_null());
+    json_t *choices = json_array();
+    json_array_append_new(choices, ch);
+    json_object_set_new(j, "choices", choices);
+    if (g->include_usage) json_object_set_new(j, "usage", json_null());
+    out_event(g, j);
+}
+
+/* MHD content reader for SSE: blocks until there is something to send. */
+static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    gen *g = cls;
+    server *S = g->srv;
+    pthread_mutex_lock(&g->mu);
+    double t_end = now_s() + S->o.timeout_s;
+    while (g->out_pos == g->out_len) {
+        g->out_pos = g->out_len = 0;
+        if (g->sent_done) {
+            pthread_mutex_unlock(&g->mu);
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        }
+        size_t show = render(g);
+        int finished = g->stopped || (g->done && g->rendered == g->n);
+        int k = tokens_shown(g);
+        if (show > g->emitted || (k > g->lp_emitted && g->want_lp) || (g->chat && !g->sent_role)) {
+            out_chunk(g, g->emitted, show, g->lp_emitted, k, NULL);
+            g->emitted = show;
+            g->lp_emitted = k;
+        }
+        if (finished) {
+            if (g->stopped && !g->done) ib_sched_cancel(S->sched, g->job);
+            if (!strcmp(finish_reason(g), "error")) {
+                out_append(g, "data: {\"error\":{\"message\":\"generation failed\",\"type\":\"server_error\"}}\n\n", 72);
+            } else
+                out_chunk(g, show, show, k, k, finish_reason(g));
+            if (g->include_usage) {
+                json_t *j = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
+                json_object_set_new(j, "choices", json_array());
+                json_object_set_new(j, "usage", usage_json(g));
+                out_event(g, j);
+            }
+            out_append(g, "data: [DONE]\n\n", 14);
+            g->sent_done = 1;
+        }
+        if (g->out_len) break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+        if (now_s() > t_end) { /* the request ran too long: stop it */
+            ib_sched_cancel(S->sched, g->job);
+            t_end = now_s() + 3600;
+        }
+    }
+    size_t n = g->out_len - g->out_pos;
+    if (n > max) n = max;
+    memcpy(buf, g->out + g->out_pos, n);
+    g->out_pos += n;
+    pthread_mutex_unlock(&g->mu);
+    return (ssize_t)n;
+}
+
+/* MHD: the stream's response is gone (finished or the client went away): stop the job. */
+static void sse_free(void *cls) {
+    gen *g = cls;
+    pthread_mutex_lock(&g->mu);
+    int done = g->done;
+    pthread_mutex_unlock(&g->mu);
+    if (!done) ib_sched_cancel(g->srv->sched, g->job);
+    gen_unref(g);
+}
+
+/* Reserve `bytes` of KV memory, waiting up to queue_wait_ms in a bounded queue. 0 on success. */
+static int mem_reserve(server *S, size_t bytes, int wait) {
+    pthread_mutex_lock(&S->mu);
+    if (S->o.memory_budget && bytes > S->o.memory_budget) {
+        pthread_mutex_unlock(&S->mu);
+        return -2;
+    }
+    if (S->o.memory_budget && S->kv_used + bytes > S->o.memory_budget) {
+        if (!wait || S->mem_waiters >= S->o.max_queue) {
+            pthread_mutex_unlock(&S->mu);
+            return -1;
+        }
+        S->mem_waiters++;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long long ns = ts.tv_nsec + (long long)S->o.queue_wait_ms * 1000000LL;
+        ts.tv_sec += ns / 1000000000LL;
+        ts.tv_nsec = ns % 1000000000LL;
+        int rc = 0;
+        while (S->kv_used + bytes > S->o.memory_budget && rc != ETIMEDOUT)
+            rc = pthread_cond_timedwait(&S->mem_cv, &S->mu, &ts);
+        S->mem_waiters--;
+        if (S->kv_used + bytes > S->o.memory_budget) {
+            pthread_mutex_unlock(&S->mu);
+            return -1;
+        }
+    }
+    S->kv_used += bytes;
+    pthread_mutex_unlock(&S->mu);
+    return 0;
+}
+
+static void mem_release(server *S, size_t bytes) {
+    pthread_mutex_lock(&S->mu);
+    S->kv_used -= bytes;
+    pthread_cond_broadcast(&S->mem_cv);
+    pthread_mutex_unlock(&S->mu);
+}
+
+/* Start generation g on session s (prompt ids) and answer: an SSE stream, or wait and send the body.
+ * Consumes the caller's reference to g. */
+static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids,
+                               int n_ids, gen_params *p) {
+    ib_session_set_sampling(s, &p->sp);
+    ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p->max_tokens,
+                       .stop_ids = g->stop_ids, .n_stop = g->n_stop_ids, .want_logprobs = p->want_lp,
+                       .on_event = on_event, .ctx = g};
+    g->refs = 2; /* the connection, the scheduler */
+    ib_error err;
+    uint64_t id;
+    if (ib_sched_submit(S->sched, &jb, &id, &err)) {
+        /* nothing was started: undo as the DONE event would have */
+        ib_sched_event ev = {.done = 1, .finish = "error", .prompt_fed = 0, .generated = 0};
+        on_event(g, &ev);
+        gen_unref(g);
+        if (err.code == IB_ERR_STATE)
+            return send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+                              "the server is at capacity (%d running, queue full); retry later", S->o.max_batch);
+        if (err.code == IB_ERR_CONTEXT)
+            return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", "max_tokens", "%s", err.msg);
+        return send_error(S, c, 500, "server_error", NULL, NULL, "%s", err.msg);
+    }
+    pthread_mutex_lock(&g->mu);
+    g->job = id;
+    pthread_mutex_unlock(&g->mu);
+    if (g->stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_read, g, sse_free);
+        if (!r) {
+            ib_sched_cancel(S->sched, id);
+            gen_unref(g);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        pthread_mutex_lock(&S->mu);
+        S->http_by_class[2]++;
+        pthread_mutex_unlock(&S->mu);
+        enum MHD_Result ret = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    /* wait for the end, a stop string, or the time limit */
+    pthread_mutex_lock(&g->mu);
+    double t_end = now_s() + S->o.timeout_s;
+    int cancelled = 0;
+    for (;;) {
+        render(g);
+        if (g->done) break;
+        if (g->stopped || now_s() > t_end) {
+            if (!cancelled) ib_sched_cancel(S->sched, g->job);
+            cancelled = 1;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+    }
+    enum MHD_Result ret;
+    if (!strcmp(g->finish, "error")) {
+        pthread_mutex_unlock(&g->mu);
+        ret = send_error(S, c, 500, "server_error", NULL, NULL, "generation failed");
+    } else if (!strcmp(g->finish, "cancelled") && !g->stopped) {
+        pthread_mutex_unlock(&g->mu);
+        ret = send_error(S, c, 504, "server_error", "timeout", NULL, "generation cancelled (time limit or shutdown)");
+    } else {
+        json_t *j = final_json(g);
+        pthread_mutex_unlock(&g->mu);
+        ret = send_json(S, c, 200, j, 0);
+    }
+    gen_unref(g);
+    return ret;
+}
+
+static gen *gen_new(server *S, int chat, gen_params *p) {
+    gen *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->refs = 1;
+    g->srv = S;
+    g->chat = chat;
+    g->stream = p->stream;
+    g->include_usage = p->include_usage;
+    g->want_lp = p->want_lp;
+    for (int i = 0; i < p->n_stops; i++) g->stops[i] = p->stops[i];
+    g->n_stops = p->n_stops;
+    p->n_stops = 0;
+    g->created = (long)time(NULL);
+    char hex[33];
+    if (random_hex(S, hex, 12)) snprintf(hex, sizeof hex, "0");
+    snprintf(g->id, sizeof g->id, "%s-%s", chat ? "chatcmpl" : "cmpl", hex);
+    return g;
+}
+
+/* ------------------------------------------------------------------ completions and chat */
+
+/* Tokenize text into a fresh array; *n gets the count. -1: out of memory; -2: over max_prompt. */
+static int32_t *tokenize(server *S, const char *text, size_t len, int flags, int *n, int *rc) {
+    int cap = S->o.max_prompt_tokens + 1;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    *rc = 0;
+    if (!ids) {
+        *rc = -1;
+        return NULL;
+    }
+    int k = ib_tokenize_ex(S->m, text, len, flags, ids, cap);
+    if (k < 0) {
+        free(ids);
+        *rc = -1;
+        return NULL;
+    }
+    *n = k;
+    if (k > S->o.max_prompt_tokens) *rc = -2;
+    return ids;
+}
+
+/* 0 when the body names the served model; else the error response has been queued into *r. */
+static int check_model(server *S, struct MHD_Connection *c, json_t *b, enum MHD_Result *r) {
+    json_t *mv = json_object_get(b, "model");
+    if (!mv)
+        *r = send_error(S, c, 400, "invalid_request_error", "missing_required_parameter", "model", "model is required");
+    else if (!json_is_string(mv))
+        *r = BAD("model", "model must be a string");
+    else if (strcmp(json_string_value(mv), S->model_id))
+        *r = send_error(S, c, 404, "invalid_request_error", "model_not_found", "model",
+                        "The model '%s' does not exist (this server serves '%s')", json_string_value(mv), S->model_id);
+    else
+        return 0;
+    return -1;
+}
+
+/* POST /v1/completions and /v1/chat/completions. */
+static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, int chat) {
+    enum MHD_Result mr;
+    if (check_model(S, c, b, &mr)) return mr;
+    int32_t *ids = NULL;
+    int n_ids = 0, trc = 0;
+    if (chat) {
+        json_t *msgs = json_object_get(b, "messages");
+        if (!json_is_array(msgs) || json_array_size(msgs) < 1)
+            return BAD("messages", "messages must be a non-empty array");
+        size_t nm = json_array_size(msgs);
+        if (nm > 4096) return BAD("messages", "too many messages");
+        ib_chat_msg *cm = calloc(nm, sizeof *cm);
+        if (!cm) return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+        for (size_t i = 0; i < nm; i++) {
+            json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role"), *ct = json_object_get(m, "content");
+            if (!json_is_object(m) || !json_is_string(role) || !json_is_string(ct)) {
+                free(cm);
+                return BAD("messages", "messages[%zu] needs a string role and a string content", i);
+            }
+            const char *r = json_string_value(role);
+            if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer")) {
+                free(cm);
+                return BAD("messages", "messages[%zu].role '%s' is not system, developer, user or assistant", i, r);
+            }
+            cm[i].role = strcmp(r, "developer") ? r : "system";
+            cm[i].content = json_string_value(ct);
+        }
+        int flags = IB_CHAT_GENERATION_PROMPT, think = 1;
+        if (get_bool(b, "enable_thinking", &think) < 0) {
+            free(cm);
+            return BAD("enable_thinking", "enable_thinking must be a boolean");
+        }
+        if (!think) flags |= IB_CHAT_NO_THINKING;
+        long need = ib_chat_format(S->m, cm, (int)nm, flags, NULL, 0);
+        if (need < 0) {
+            free(cm);
+            return BAD("messages", "this model has no chat format");
+        }
+        char *text = malloc((size_t)need + 1);
+        if (!text) {
+            free(cm);
+            return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+        }
+        ib_chat_format(S->m, cm, (int)nm, flags, text, (size_t)need + 1);
+        free(cm);
+        ids = tokenize(S, text, (size_t)need, 0, &n_ids, &trc);
+        free(text);
+    } else {
+        json_t *pr = json_object_get(b, "prompt");
+        if (json_is_array(pr) && json_array_size(pr) == 1 && json_is_string(json_array_get(pr, 0)))
+            pr = json_array_get(pr, 0);
+        if (json_is_string(pr)) {
+            ids = tokenize(S, json_string_value(pr), json_string_length(pr), IB_TOKENIZE_ADD_SPECIAL, &n_ids, &trc);
+        } else if (json_is_array(pr) && json_array_size(pr) > 0) {
+            size_t np = json_array_size(pr);
+            if (np > (size_t)S->o.max_prompt_tokens) {
+                trc = -2;
+                n_ids = (int)(np < 1u << 30 ? np : 1u << 30);
+            } else {
+                ids = malloc(np * sizeof *ids);
+                if (!ids) return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+                for (size_t i = 0; i < np; i++) {
+                    json_t *v = json_array_get(pr, i);
+                    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= S->info->vocab_size) {
+                        free(ids);
+                        return BAD("prompt", "prompt[%zu] must be a token id in [0, %d)", i, S->info->vocab_size);
+                    }
+                    ids[i] = (int32_t)json_integer_value(v);
+                }
+                n_ids = (int)np;
+            }
+        } else
+            return BAD("prompt", "prompt must be a string, a one-string array or a non-empty array of token ids");
+    }
+    if (trc == -1) return send_error(S, c, 500, "server_error", NULL, NULL, "tokenization failed");
+    if (trc == -2) {
+        free(ids);
+        return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt",
+                          "the prompt has more than this server's limit of %d tokens", S->o.max_prompt_tokens);
+    }
+    if (n_ids < 1) {
+        free(ids);
+        return BAD(chat ? "messages" : "prompt", "the prompt is empty");
+    }
+    gen_params p;
+    const char *param = NULL;
+    char msg[256];
+    int room = S->info->max_context - n_ids;
+    int def = chat ? (room < S->o.max_tokens ? room : S->o.max_tokens) : 16;
+    if (def < 0) def = 0;
+    if (parse_params(S, b, chat, def, &p, &param, msg, sizeof msg)) {
+        free(ids);
+        return BAD(param, "%s", msg);
+    }
+    if ((long)n_ids + p.max_tokens > S->info->max_context) {
+        free(ids);
+        params_free(&p);
+        return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
+                          "%d prompt tokens + max_tokens %d exceed the model's context of %d", n_ids, p.max_tokens,
+                          S->info->max_context);
+    }
+    int cap = n_ids + (p.max_tokens > 0 ? p.max_tokens : 1);
+    size_t bytes = (size_t)cap * S->info->kv_bytes_per_token;
+    int mrc = mem_reserve(S, bytes, 1);
+    if (mrc) {
+        free(ids);
+        params_free(&p);
+        if (mrc == -2)
+            return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", NULL,
+                              "this request needs %zu KV bytes, more than the memory budget of %zu", bytes,
+                              S->o.memory_budget);
+        return send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+                          "the KV memory budget is in use; retry later");
+    }
+    ib_session_opts so = {.max_context = cap, .sampling = p.sp};
+    ib_session *s;
+    ib_error err;
+    gen *g = NULL;
+    if (ib_session_create(S->m, &so, &s, &err) || !(g = gen_new(S, chat, &p))) {
+        if (!g) ib_session_free(s);
+        free(ids);
+        params_free(&p);
+        mem_release(S, bytes);
+        return send_error(S, c, 500, "server_error", NULL, NULL, "cannot create a session");
+    }
+    g->own = s;
+    g->reserved = bytes;
+    g->n_prompt = n_ids;
+    if (chat)
+        g->n_stop_ids = ib_chat_stop_ids(S->m, g->stop_ids, MAX_STOP_IDS);
+    else if (S->info->eos_id >= 0)
+        g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
+    enum MHD_Result r = run_gen(S, c, g, s, ids, n_ids, &p);
+    free(ids);
+    params_free(&p);
+    return r;
+}
+
+/* ------------------------------------------------------------------ stateful sessions */
+
+static void sess_free(server *S, sess *ss) {
+    ib_session_free(ss->s);
+    mem_release(S, ss->kv_bytes);
+    free(ss->pending);
+    free(ss->tenant);
+    free(ss);
+}
+
+static void sess_unref(server *S, sess *ss) {
+    pthread_mutex_lock(&S->mu);
+    int left = --ss->refs;
+    pthread_mutex_unlock(&S->mu);
+    if (!left) sess_free(S, ss);
+}
+
+/* Find session id for tenant (a new reference), or NULL. */
+static sess *sess_get(server *S, const char *id, const char *tenant) {
+    sess *r = NULL;
+    pthread_mutex_lock(&S->mu);
+    for (int i = 0; i < S->n_sessions; i++) {
+        sess *ss = S->sessions[i];
+        if (!strcmp(ss->id, id) && !strcmp(ss->tenant, tenant) && !ss->closed) {
+            ss->refs++;
+            r = ss;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&S->mu);
+    return r;
+}
+
+static json_t *sess_info(server *S, sess *ss) {
+    json_t *j = json_object();
+    pthread_mutex_lock(&S->mu);
+    int pos = ib_session_position(ss->s);
+    json_object_set_new(j, "id", json_string(ss->id));
+    json_object_set_new(j, "object", json_string("session"));
+    json_object_set_new(j, "model", json_string(S->model_id));
+    json_object_set_new(j, "tokens_held", json_integer(pos + ss->n_pending));
+    json_object_set_new(j, "kv_tokens", json_integer(pos));
+    json_object_set_new(j, "pending_tokens", json_integer(ss->n_pending));
+    json_object_set_new(j, "max_context", json_integer(ib_session_capacity(ss->s)));
+    json_object_set_new(j, "kv_bytes", json_integer((json_int_t)ss->kv_bytes));
+    json_object_set_new(j, "busy", json_boolean(ss->busy));
+    pthread_mutex_unlock(&S->mu);
+    return j;
+}
+
+static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c, json_t *b, const char *tenant) {
+    long long ctx = S->o.session_context;
+    if (b && get_int(b, "max_context", 1, S->info->max_context, &ctx) < 0)
+        return BAD("max_context", "max_context must be an integer in [1, %d]", S->info->max_context);
+    size_t bytes = (size_t)ctx * S->info->kv_bytes_per_token;
+    pthread_mutex_lock(&S->mu);
+    int full = S->n_sessions >= S->o.max_sessions;
+    pthread_mutex_unlock(&S->mu);
+    if (full)
+        return send_error(S, c, 429, "rate_limit_error", "too_many_sessions", NULL,
+                          "this server holds its limit of %d sessions; close one or retry later", S->o.max_sessions);
+    int mrc = mem_reserve(S, bytes, 0);
+    if (mrc)
+        return send_error(S, c, 429, "rate_limit_error", "memory_budget_exceeded", NULL,
+                          "a session of %lld tokens needs %zu KV bytes; the memory budget of %zu is in use", ctx, bytes,
+                          S->o.memory_budget);
+    sess *ss = calloc(1, sizeof *ss);
+    ib_error err;
+    ib_session_opts so = {.max_context = (int)ctx, .sampling = ib_sampling_default()};
+    if (!ss || !(ss->tenant = strdup(tenant)) || random_hex(S, ss->id + 5, 16) ||
+        ib_session_create(S->m, &so, &ss->s, &err)) {
+        if (ss) free(ss->tenant);
+        free(ss);
+        mem_release(S, bytes);
+        return send_error(S, c, 500, "server_error", NULL, NULL, "cannot create a session");
+    }
+    memcpy(ss->id, "sess_", 5);
+    ss->kv_bytes = bytes;
+    ss->refs = 1; /* the table's */
+    ss->cap_pending = (int)ctx + 1;
+    ss->pending = malloc((size_t)ss->cap_pending * sizeof(int32_t));
+    pthread_mutex_lock(&S->mu);
+    int ok = ss->pending && S->n_sessions < S->o.max_sessions;
+    if (ok) S->sessions[S->n_sessions++] = ss;
+    pthread_mutex_unlock(&S->mu);
+    if (!ok) {
+        sess_free(S, ss);
+        return send_error(S, c, 429, "rate_limit_error", "too_many_sessions", NULL, "session limit reached");
+    }
+    return send_json(S, c, 200, sess_info(S, ss), 0);
+}
+
+static enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c, sess *ss, json_t *b) {
+    json_t *text = json_object_get(b, "text"), *toks = json_object_get(b, "tokens"), *msgs = json_object_get(b, "messages");
+    int32_t *ids = NULL;
+    int n = 0, trc = 0;
+    if (json_is_string(text)) {
+        int add = 0;
+        if (get_bool(b, "add_special", &add) < 0) return BAD("add_special", "add_special must be a boolean");
+        ids = tokenize(S, json_string_value(text), json_string_length(text), add ? IB_TOKENIZE_ADD_SPECIAL : 0, &n, &trc);
+    } else if (json_is_array(msgs)) {
+        size_t nm = json_array_size(msgs);
+        if (nm < 1 || nm > 1024) return BAD("messages", "messages must hold 1 to 1024 messages");
+        ib_chat_msg *cm = calloc(nm, sizeof *cm);
+        if (!cm) return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+        for (size_t i = 0; i < nm; i++) {
+            json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role"), *ct = json_object_get(m, "content");
+            if (!json_is_string(role) || !json_is_string(ct)) {
+                free(cm);
+                return BAD("messages", "messages[%zu] needs a string role and a string content", i);
+            }
+            cm[i].role = json_string_value(role);
+            cm[i].content = json_string_value(ct);
+        }
+        int gp = 1;
+        if (get_bool(b, "add_generation_prompt", &gp) < 0) {
+            free(cm);
+            return BAD("add_generation_prompt", "add_generation_prompt must be a boolean");
+        }
+        long need = ib_chat_format(S->m, cm, (int)nm, gp ? IB_CHAT_GENERATION_PROMPT : 0, NULL, 0);
+        char *t = need >= 0 ? malloc((size_t)need + 1) : NULL;
+        if (!t) {
+            free(cm);
+            return BAD("messages", "this model has no chat format");
+        }
+        ib_chat_format(S->m, cm, (int)nm, gp ? IB_CHAT_GENERATION_PROMPT : 0, t, (size_t)need + 1);
+        free(cm);
+        ids = tokenize(S, t, (size_t)need, 0, &n, &trc);
+        free(t);
+    } else if (json_is_array(toks)) {
+        size_t nt = json_array_size(toks);
+        if (nt > (size_t)S->o.max_prompt_tokens) trc = -2;
+        else if (!(ids = malloc((nt + 1) * sizeof *ids))) trc = -1;
+        for (size_t i = 0; !trc && i < nt; i++) {
+            json_t *v = json_array_get(toks, i);
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= S->info->vocab_size) {
+                free(ids);
+                return BAD("tokens", "tokens[%zu] must be a token id in [0, %d)", i, S->info->vocab_size);
+            }
+            ids[i] = (int32_t)json_integer_value(v);
+        }
+        n = (int)nt;
+    } else
+        return BAD(NULL, "append needs \"text\" (a string), \"tokens\" (token ids) or \"messages\"");
+    if (trc == -1) return send_error(S, c, 500, "server_error", NULL, NULL, "tokenization failed");
+    if (trc == -2) {
+        free(ids);
+        return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", NULL,
+                          "more than this server's limit of %d tokens", S->o.max_prompt_tokens);
+    }
+    pthread_mutex_lock(&S->mu);
+    const char *why = NULL;
+    if (ss->busy)
+        why = "busy";
+    else if ((long)ib_session_position(ss->s) + ss->n_pending + n > ib_session_capacity(ss->s))
+        why = "full";
+    else {
+        memcpy(ss->pending + ss->n_pending, ids, (size_t)n * sizeof(int32_t));
+        ss->n_pending += n;
+    }
+    pthread_mutex_unlock(&S->mu);
+    free(ids);
+    if (why && !strcmp(why, "busy"))
+        return send_error(S, c, 409, "invalid_request_error", "session_busy", NULL, "the session is generating");
+    if (why)
+        return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", NULL,
+                          "the session's context of %d tokens cannot hold %d more", ib_session_capacity(ss->s), n);
+    json_t *j = sess_info(S, ss);
+    json_object_set_new(j, "appended", json_integer(n));
+    return send_json(S, c, 200, j, 0);
+}
+
+static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection *c, sess *ss, json_t *b) {
+    gen_params p;
+    const char *param = NULL;
+    char msg[256];
+    if (parse_params(S, b, 0, 16, &p, &param, msg, sizeof msg)) return BAD(param, "%s", msg);
+    int chat = 0;
+    if (get_bool(b, "chat", &chat) < 0) {
+        params_free(&p);
+        return BAD("chat", "chat must be a boolean");
+    }
+    pthread_mutex_lock(&S->mu);
+    const char *why = NULL;
+    int n = ss->n_pending;
+    int32_t *ids = NULL;
+    if (ss->busy)
+        why = "busy";
+    else if (n < 1)
+        why = "empty";
+    else if (!(ids = malloc((size_t)n * sizeof *ids)))
+        why = "nomem";
+    else if ((long)ib_session_position(ss->s) + n + (p.max_tokens > 0 ? p.max_tokens - 1 : 0) > ib_session_capacity(ss->s))
+        why = "full";
+    else {
+        memcpy(ids, ss->pending, (size_t)n * sizeof *ids);
+        ss->n_pending = 0;
+        ss->busy = 1;
+        ss->refs++; /* the generation's */
+    }
+    int pos = ib_session_position(ss->s);
+    pthread_mutex_unlock(&S->mu);
+    if (why) {
+        free(ids);
+        params_free(&p);
+        if (!strcmp(why, "busy"))
+            return send_error(S, c, 409, "invalid_request_error", "session_busy", NULL, "the session is generating");
+        if (!strcmp(why, "empty"))
+            return BAD(NULL, "the session has no pending tokens: append text or tokens first");
+        if (!strcmp(why, "full"))
+            return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
+                              "%d held + %d pending + max_tokens %d exceed the session's context of %d", pos, n,
+                              p.max_tokens, ib_session_capacity(ss->s));
+        return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    gen *g = gen_new(S, 0, &p);
+    if (!g) {
+        pthread_mutex_lock(&S->mu);
+        memcpy(ss->pending, ids, (size_t)n * sizeof *ids);
+        ss->n_pending = n;
+        ss->busy = 0;
+        ss->refs--;
+        pthread_mutex_unlock(&S->mu);
+        free(ids);
+        params_free(&p);
+        return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    snprintf(g->id, sizeof g->id, "%s", ss->id);
+    g->ss = ss;
+    g->session_gen = 1;
+    g->n_prompt = n;
+    if (chat)
+        g->n_stop_ids = ib_chat_stop_ids(S->m, g->stop_ids, MAX_STOP_IDS);
+    else if (S->info->eos_id >= 0)
+        g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
+    /* keep the prompt at the front of pending (unused while busy) so an unfed tail can be restored */
+    pthread_mutex_lock(&S->mu);
+    memcpy(ss->pending, ids, (size_t)n * sizeof *ids);
+    ss->n_pending = 0;
+    pthread_mutex_unlock(&S->mu);
+    enum MHD_Result r = run_gen(S, c, g, ss->s, ids, n, &p);
+    free(ids);
+    params_free(&p);
+    return r;
+}
+
+static enum MHD_Result handle_session_delete(server *S, struct MHD_Connection *c, sess *ss) {
+    pthread_mutex_lock(&S->mu);
+    int found = 0;
+    for (int i = 0; i < S->n_sessions; i++)
+        if (S->sessions[i] == ss) {
+            S->sessions[i] = S->sessions[--S->n_sessions];
+            found = 1;
+            break;
+        }
+    ss->closed = 1;
+    pthread_mutex_unlock(&S->mu);
+    if (found) sess_unref(S, ss); /* the table's reference; a running generation keeps its own */
+    json_t *j = json_object();
+    json_object_set_new(j, "id", json_string(ss->id));
+    json_object_set_new(j, "object", json_string("session"));
+    json_object_set_new(j, "deleted", json_true());
+    return send_json(S, c, 200, j, 0);
+}
+
+/* ------------------------------------------------------------------ health, models, metrics */
+
+static enum MHD_Result handle_metrics(server *S, struct MHD_Connection *c) {
+    ib_sched_stats st;
+    ib_sched_get_stats(S->sched, &st);
+    pthread_mutex_lock(&S->mu);
+    double t = now_s();
+    double dt = t - S->rate_t;
+    double rate = dt > 0 ? (double)(st.tokens_generated - S->rate_tokens) / dt : 0;
+    S->rate_t = t;
+    S->rate_tokens = st.tokens_generated;
+    int n_sessions = S->n_sessions;
+    size_t kv = S->kv_used;
+    long long cls[6];
+    memcpy(cls, S->http_by_class, sizeof cls);
+    long long n429 = S->n_429;
+    int waiters = S->mem_waiters;
+    pthread_mutex_unlock(&S->mu);
+    char *buf = malloc(8192);
+    if (!buf) return MHD_NO;
+    int k = 0;
+#define P(...) k += snprintf(buf + k, (size_t)(8192 - k), __VA_ARGS__)
+    P("# HELP isobatch_sessions Stateful sessions held.\n# TYPE isobatch_sessions gauge\nisobatch_sessions %d\n", n_sessions);
+    P("# HELP isobatch_jobs_active Generations being stepped.\n# TYPE isobatch_jobs_active gauge\nisobatch_jobs_active %d\n", st.active);
+    P("# HELP isobatch_queue_length Generations waiting for a batch slot, and requests waiting for KV memory.\n"
+      "# TYPE isobatch_queue_length gauge\nisobatch_queue_length{queue=\"batch\"} %d\nisobatch_queue_length{queue=\"memory\"} %d\n",
+      st.queued, waiters);
+    P("# HELP isobatch_batch_size Items in the last step.\n# TYPE isobatch_batch_size gauge\nisobatch_batch_size %d\n", st.last_batch);
+    P("# HELP isobatch_tokens_generated_total Tokens sampled.\n# TYPE isobatch_tokens_generated_total counter\n"
+      "isobatch_tokens_generated_total %lld\n", st.tokens_generated);
+    P("# HELP isobatch_tokens_prefilled_total Prompt tokens fed.\n# TYPE isobatch_tokens_prefilled_total counter\n"
+      "isobatch_tokens_prefilled_total %lld\n", st.tokens_prefilled);
+    P("# HELP isobatch_tokens_per_second Tokens generated per second since the previous scrape.\n"
+      "# TYPE isobatch_tokens_per_second gauge\nisobatch_tokens_per_second %.3f\n", rate);
+    P("# HELP isobatch_kv_bytes KV cache bytes reserved by live sessions.\n# TYPE isobatch_kv_bytes gauge\nisobatch_kv_bytes %zu\n", kv);
+    P("# HELP isobatch_kv_budget_bytes The memory budget (0 = none).\n# TYPE isobatch_kv_budget_bytes gauge\n"
+      "isobatch_kv_budget_bytes %zu\n", S->o.memory_budget);
+    P("# HELP isobatch_step_seconds Time of one batched step.\n# TYPE isobatch_step_seconds histogram\n");
+    long long cum = 0;
+    for (int i = 0; i < 11; i++) {
+        cum += st.step_hist[i];
+        P("isobatch_step_seconds_bucket{le=\"%g\"} %lld\n", ib_sched_hist_ms[i] / 1000.0, cum);
+    }
+    cum += st.step_hist[11];
+    P("isobatch_step_seconds_bucket{le=\"+Inf\"} %lld\nisobatch_step_seconds_sum %.6f\nisobatch_step_seconds_count %lld\n", cum,
+      st.step_seconds, st.steps);
+    P("# HELP isobatch_http_responses_total Responses by status class.\n# TYPE isobatch_http_responses_total counter\n");
+    for (int i = 2; i <= 5; i++) P("isobatch_http_responses_total{class=\"%dxx\"} %lld\n", i, cls[i]);
+    P("# HELP isobatch_rejected_total 429 responses.\n# TYPE isobatch_rejected_total counter\nisobatch_rejected_total %lld\n", n429);
+#undef P
+    enum MHD_Result r = send_text(S, c, 200, "text/plain; version=0.0.4", buf, (size_t)k, 0);
+    free(buf);
+    return r;
+}
+
+static enum MHD_Result handle_models(server *S, struct MHD_Connection *c) {
+    json_t *m = json_object();
+    json_object_set_new(m, "id", json_string(S->model_id));
+    json_object_set_new(m, "object", json_string("model"));
+    json_object_set_new(m, "created", json_integer(0));
+    json_object_set_new(m, "owned_by", json_string("isobatch"));
+    json_object_set_new(m, "context_length", json_integer(S->info->max_context));
+    json_t *d = json_array();
+    json_array_append_new(d, m);
+    json_t *j = json_object();
+    json_object_set_new(j, "object", json_string("list"));
+    json_object_set_new(j, "data", d);
+    return send_json(S, c, 200, j, 0);
+}
+
+/* ------------------------------------------------------------------ dispatch */
+
+typedef struct conn {
+    char *body;
+    size_t len, cap;
+    int too_big;
+} conn;
+
+/* The Bearer key of the request ("" when none): NULL when keys are configured and it is not one. */
+static const char *tenant_of(server *S, struct MHD_Connection *c) {
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    const char *key = "";
+    if (h && !strncasecmp(h, "Bearer ", 7)) key = h + 7;
+    if (S->o.n_api_keys == 0) return key;
+    for (int i = 0; i < S->o.n_api_keys; i++) {
+        const char *k = S->o.api_keys[i];
+        size_t a = strlen(k), b = strlen(key);
+        unsigned diff = (unsigned)(a ^ b);
+        for (size_t j = 0; j < a; j++) diff |= (unsigned char)k[j] ^ (unsigned char)(j < b ? key[j] : 0);
+        if (!diff) return key;
+    }
+    return NULL;
+}
+
+static enum MHD_Result dispatch(server *S, struct MHD_Connection *c, const char *url, const char *method, conn *cn) {
+    int get = !strcmp(method, "GET"), post = !strcmp(method, "POST"), del = !strcmp(method, "DELETE");
+    if (!strcmp(url, "/healthz")) {
+        if (!get) return send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use GET");
+        return send_text(S, c, 200, "application/json", "{\"status\":\"ok\"}", 15, 0);
+    }
+    if (!strcmp(url, "/metrics")) {
+        if (!get) return send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use GET");
+        return handle_metrics(S, c);
+    }
+    const char *tenant = tenant_of(S, c);
+    if (!tenant)
+        return send_error(S, c, 401, "invalid_request_error", "invalid_api_key", NULL,
+                          "Incorrect or missing API key: send Authorization: Bearer <key>");
+    if (cn->too_big)
+        return send_error(S, c, 413, "invalid_request_error", "request_too_large", NULL,
+                          "the request body exceeds this server's limit of %zu bytes", S->o.max_body);
+    if (!strcmp(url, "/v1/models")) {
+        if (!get) return send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use GET");
+        return handle_models(S, c);
+    }
+    json_t *b = NULL;
+    if (post) {
+        json_error_t je;
+        b = cn->len ? json_loadb(cn->body, cn->len, 0, &je) : NULL;
+        if (!b && (cn->len || strcmp(url, "/v1/sessions")))
+            return send_error(S, c, 400, "invalid_request_error", "invalid_json", NULL,
+                              "the body is not valid JSON: %s (line %d, column %d)", cn->len ? je.text : "empty body",
+                              cn->len ? je.line : 0, cn->len ? je.column : 0);
+        if (b && !json_is_object(b)) {
+            json_decref(b);
+            return BAD(NULL, "the body must be a JSON object");
+        }
+    }
+    enum MHD_Result r;
+    if (!strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions")) {
+        r = post ? handle_generate(S, c, b, url[4] == 'c' && url[5] == 'h')
+                 : send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use POST");
+    } else if (!strcmp(url, "/v1/sessions")) {
+        r = post ? handle_session_create(S, c, b, tenant)
+                 : send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use POST");
+    } else if (!strncmp(url, "/v1/sessions/", 13)) {
+        char id[64];
+        const char *rest = url + 13, *slash = strchr(rest, '/');
+        size_t il = slash ? (size_t)(slash - rest) : strlen(rest);
+        const char *action = slash ? slash + 1 : "";
+        sess *ss = NULL;
+        if (il < sizeof id) {
+            memcpy(id, rest, il);
+            id[il] = 0;
+            ss = sess_get(S, id, tenant);
+        }
+        if (!ss)
+            r = send_error(S, c, 404, "invalid_request_error", "session_not_found", NULL, "no such session");
+        else if (!*action && get)
+            r = send_json(S, c, 200, sess_info(S, ss), 0);
+        else if (!*action && del)
+            r = handle_session_delete(S, c, ss);
+        else if (!strcmp(action, "append") && post)
+            r = handle_session_append(S, c, ss, b);
+        else if (!strcmp(action, "generate") && post)
+            r = handle_session_generate(S, c, ss, b);
+        else
+            r = send_error(S, c, 404, "invalid_request_error", "not_found", NULL, "unknown session action");
+        if (ss) sess_unref(S, ss);
+    } else
+        r = send_error(S, c, 404, "invalid_request_error", "not_found", NULL, "unknown endpoint %s %s", method, url);
+    json_decref(b);
+    return r;
+}
+
+static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                 const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    server *S = cls;
+    conn *cn = *con_cls;
+    if (!cn) {
+        if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
+        *con_cls = cn;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > S->o.max_body) cn->too_big = 1;
+        if (cn->too_big)
+            return send_error(S, c, 413, "invalid_request_error", "request_too_large", NULL,
+                              "the request body exceeds this server's limit of %zu bytes", S->o.max_body);
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!cn->too_big) {
+            if (cn->len + *upload_size > S->o.max_body) {
+                cn->too_big = 1;
+                free(cn->body);
+                cn->body = NULL;
+                cn->len = 0;
+            } else {
+                if (cn->len + *upload_size + 1 > cn->cap) {
+                    size_t nc = (cn->len + *upload_size + 1) * 2;
+                    if (nc > S->o.max_body + 1) nc = S->o.max_body + 1;
+                    char *nb = realloc(cn->body, nc);
+                    if (!nb) return MHD_NO;
+                    cn->body = nb;
+                    cn->cap = nc;
+                }
+                memcpy(cn->body + cn->len, upload, *upload_size);
+                cn->len += *upload_size;
+            }
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    return dispatch(S, c, url, method, cn);
+}
+
+static void completed_cb(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    conn *cn = *con_cls;
+    if (cn) {
+        free(cn->body);
+        free(cn);
+    }
+    *con_cls = NULL;
+}
+
+/* ------------------------------------------------------------------ run */
+
+ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, void *logp, ib_error *err) {
+    FILE *log = logp;
+    server *S = calloc(1, sizeof *S);
+    if (!S) return ib_fail(err, IB_ERR_NOMEM, "serve: out of memory");
+    ib_status rc = IB_OK;
+    S->o = *o;
+    S->urandom = -1;
+    pthread_mutex_init(&S->mu, NULL);
+    pthread_cond_init(&S->mem_cv, NULL);
+    if (!o->model_dir) {
+        rc = ib_fail(err, IB_ERR_INVALID_ARG, "serve: no model directory");
+        goto done;
+    }
+    if ((S->urandom = open("/dev/urandom", O_RDONLY | O_CLOEXEC)) < 0) {
+        rc = ib_fail(err, IB_ERR_IO, "serve: /dev/urandom: %s", strerror(errno));
+        goto done;
+    }
+    if ((rc = ib_model_load(o->model_dir, NULL, &S->m, err))) goto done;
+    S->info = ib_model_get_info(S->m);
+    if (o->model_id)
+        snprintf(S->model_id, sizeof S->model_id, "%s", o->model_id);
+    else {
+        const char *d = o->model_dir;
+        size_t n = strlen(d);
+        while (n > 1 && d[n - 1] == '/') n--;
+        size_t a = n;
+        while (a > 0 && d[a - 1] != '/') a--;
+        snprintf(S->model_id, sizeof S->model_id, "%.*s", (int)(n - a), d + a);
+    }
+    int step_tokens = o->max_batch + o->prefill_chunk;
+    if (step_tokens < 64) step_tokens = 64;
+    ib_engine_opts eo = {.threads = o->threads, .isa = o->isa, .act = o->act, .max_step_tokens = step_tokens};
+    if ((rc = ib_engine_create(S->m, &eo, &S->e, err))) goto done;
+    ib_sched_opts so = {.max_batch = o->max_batch, .prefill_chunk = o->prefill_chunk, .max_queue = o->max_queue > 0 ? o->max_queue : -1};
+    if ((rc = ib_sched_create(S->e, &so, &S->sched, err))) goto done;
+    if (!(S->sessions = calloc((size_t)(o->max_sessions > 0 ? o->max_sessions : 1), sizeof *S->sessions))) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "serve: out of memory");
+        goto done;
+    }
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)o->port);
+    const char *host = o->host ? o->host : "127.0.0.1";
+    if (!strcmp(host, "localhost")) host = "127.0.0.1";
+    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) {
+        rc = ib_fail(err, IB_ERR_INVALID_ARG, "serve: --host %s: not an IPv4 address", host);
+        goto done;
+    }
+    S->t_start = S->rate_t = now_s();
+    S->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)o->port, NULL,
+                            NULL, access_cb, S, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)(o->timeout_s > 30 ? 30 : o->timeout_s), MHD_OPTION_NOTIFY_COMPLETED,
+                            completed_cb, S, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024), MHD_OPTION_END);
+    if (!S->d) {
+        rc = ib_fail(err, IB_ERR_IO, "serve: cannot listen on %s:%d (in use, or not allowed)", host, o->port);
+        goto done;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(S->d, MHD_DAEMON_INFO_BIND_PORT);
+    int port = di ? di->port : o->port;
+    if (log) {
+        fprintf(log, "isobatch serve: model '%s' (%s), http://%s:%d, batch %d, %d threads, ISA %s%s\n", S->model_id,
+                S->info->arch, host, port, o->max_batch, o->threads, ib_isa_name(ib_engine_isa(S->e)),
+                o->n_api_keys ? ", API key required" : "");
+        fflush(log);
+    }
+    if (o->port_file) {
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", o->port_file);
+        FILE *f = fopen(tmp, "w");
+        if (!f || fprintf(f, "%d\n", port) < 0 || fclose(f) || rename(tmp, o->port_file)) {
+            rc = ib_fail(err, IB_ERR_IO, "serve: cannot write the port file %s", o->port_file);
+            goto done;
+        }
+    }
+    while (!*stop) usleep(100000);
+    if (log) {
+        fprintf(log, "isobatch serve: stopping\n");
+        fflush(log);
+    }
+done:
+    if (S->d) MHD_quiesce_daemon(S->d);
+    /* cancel work in flight so streaming connections end, then stop the daemon */
+    if (S->sched) ib_sched_stop(S->sched);
+    if (S->d) MHD_stop_daemon(S->d);
+    ib_sched_free(S->sched);
+    if (S->sessions)
+        for (int i = 0; i < S->n_sessions; i++) sess_unref(S, S->sessions[i]);
+    free(S->sessions);
+    ib_engine_free(S->e);
+    ib_model_free(S->m);
+    if (S->urandom >= 0) close(S->urandom);
+    pthread_mutex_destroy(&S->mu);
+    pthread_cond_destroy(&S->mem_cv);
+    free(S);
+    return rc;
+}

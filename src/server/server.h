@@ -1,0 +1,42 @@
+/*
+ * server.h — the HTTP server of `isobatch serve`: OpenAI-compatible completions and chat
+ * completions (plain and SSE streaming), stateful sessions, health and Prometheus metrics, over
+ * libmicrohttpd, driving one scheduler (continuous batching). docs/server.md is the manual.
+ */
+#ifndef IB_SERVER_SERVER_H
+#define IB_SERVER_SERVER_H
+#include <signal.h>
+#include <stddef.h>
+
+#include "isobatch.h"
+
+typedef struct ib_server_opts {
+    const char *model_dir;
+    const char *model_id;        /* the name /v1/models lists and requests must use; NULL = dir's basename */
+    const char *host;            /* IPv4 address to bind; NULL = 127.0.0.1 */
+    int port;                    /* 0 = any free port (see port_file) */
+    const char *port_file;       /* when set, the bound port is written there once listening */
+    int threads, max_batch, prefill_chunk, max_queue;
+    int max_sessions;            /* stateful sessions held at once */
+    size_t memory_budget;        /* KV bytes over all sessions (request-scoped and stateful); 0 = none */
+    int session_context;         /* KV capacity of a stateful session (tokens) */
+    const char *const *api_keys; /* [n_api_keys] accepted Bearer keys; none = no key needed */
+    int n_api_keys;
+    size_t max_body;             /* request body bytes */
+    int max_prompt_tokens, max_tokens;
+    int max_connections;
+    int timeout_s;               /* idle connection timeout, and the longest a request may run */
+    int queue_wait_ms;           /* how long a request waits for memory before 429 */
+    ib_isa isa;
+    ib_act act;
+} ib_server_opts;
+
+/* Defaults for every field (model_dir NULL). */
+ib_server_opts ib_server_opts_default(void);
+
+/* Load the model, start the engine, scheduler and HTTP daemon, and serve until *stop becomes
+ * non-zero (checked a few times a second); then stop accepting, cancel the work in flight and free
+ * everything. Progress lines go to `log` (may be NULL). Returns IB_OK after a clean stop. */
+ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, void *log, ib_error *err);
+
+#endif

@@ -1,0 +1,94 @@
+// Drives a running `isobatch serve` with the official openai npm client: models, completions and chat
+// (plain and streaming, with logprobs), error classes, and invariance under load: the same greedy and
+// seeded-sampling requests return bitwise-identical tokens and logprobs alone and among 31 concurrent
+// others of varied lengths. Usage: node client_test.js BASE_URL API_KEY MODEL_ID
+// Prints "PASS name" / "FAIL name: detail" lines (tests/t_serve.sh counts them).
+const OpenAI = require("openai");
+const [base, key, model] = process.argv.slice(2);
+const client = new OpenAI({ baseURL: base + "/v1", apiKey: key, maxRetries: 0, timeout: 120000 });
+let fails = 0;
+function check(name, cond, detail) {
+  if (cond) console.log("PASS " + name);
+  else { fails++; console.log("FAIL " + name + ": " + (detail || "")); }
+}
+// The parts of a completion that must not change: text, token ids, logprobs (as exact doubles).
+function fingerprint(r) {
+  const c = r.choices[0];
+  const lp = c.logprobs ? (c.logprobs.token_logprobs || c.logprobs.content.map((e) => e.logprob)) : null;
+  const ids = c.logprobs ? (c.logprobs.token_ids || c.logprobs.content.map((e) => e.token_id)) : null;
+  return JSON.stringify({ text: c.text ?? c.message.content, lp, ids, finish: c.finish_reason });
+}
+const words = "the quick brown fox jumps over the lazy dog while batching never changes an answer".split(" ");
+function prompt(n) { let s = []; for (let i = 0; i < n; i++) s.push(words[(i * 7 + n) % words.length]); return s.join(" "); }
+
+async function main() {
+  const models = await client.models.list();
+  check("models.list", models.data.length === 1 && models.data[0].id === model, JSON.stringify(models.data));
+
+  const greedy = { model, prompt: "Hello there, isobatch", max_tokens: 24, temperature: 0, logprobs: 1 };
+  const seeded = { model, prompt: "A seeded story:", max_tokens: 24, temperature: 0.9, top_p: 0.95, seed: 42, logprobs: 1 };
+  const chatReq = { model, messages: [{ role: "user", content: "Say something." }], max_tokens: 16, temperature: 0.7, seed: 7, logprobs: true };
+
+  const c1 = await client.completions.create(greedy);
+  check("completions: text and usage", typeof c1.choices[0].text === "string" && c1.usage.completion_tokens > 0 &&
+        c1.usage.prompt_tokens > 0 && ["stop", "length"].includes(c1.choices[0].finish_reason), JSON.stringify(c1));
+  check("completions: logprobs per token", c1.choices[0].logprobs.token_logprobs.length === c1.choices[0].logprobs.tokens.length &&
+        c1.choices[0].logprobs.token_logprobs.every((x) => x <= 0), JSON.stringify(c1.choices[0].logprobs));
+  const c1b = await client.completions.create(greedy);
+  check("completions: repeatable", fingerprint(c1) === fingerprint(c1b));
+
+  let streamed = "", chunks = 0, fin = null;
+  for await (const ch of await client.completions.create({ ...greedy, logprobs: null, stream: true })) {
+    chunks++; streamed += ch.choices[0]?.text ?? ""; if (ch.choices[0]?.finish_reason) fin = ch.choices[0].finish_reason;
+  }
+  check("completions stream: same text as plain", streamed === c1.choices[0].text && chunks > 1 && fin === c1.choices[0].finish_reason,
+        JSON.stringify([streamed, c1.choices[0].text, chunks, fin]));
+
+  const ch1 = await client.chat.completions.create(chatReq);
+  check("chat: message", ch1.choices[0].message.role === "assistant" && typeof ch1.choices[0].message.content === "string" &&
+        ch1.object === "chat.completion", JSON.stringify(ch1));
+  check("chat: logprobs", Array.isArray(ch1.choices[0].logprobs.content) && ch1.choices[0].logprobs.content.length > 0);
+  let cs = "", usage = null, role = null;
+  const st = await client.chat.completions.create({ ...chatReq, logprobs: false, stream: true, stream_options: { include_usage: true } });
+  for await (const ch of st) {
+    if (ch.usage) usage = ch.usage;
+    const d = ch.choices[0]?.delta; if (d?.role) role = d.role; if (d?.content) cs += d.content;
+  }
+  check("chat stream: same text as plain, usage at the end", cs === ch1.choices[0].message.content && role === "assistant" &&
+        usage && usage.completion_tokens === ch1.usage.completion_tokens, JSON.stringify([cs, ch1.choices[0].message.content, usage]));
+
+  // errors through the client's classes
+  try { await new OpenAI({ baseURL: base + "/v1", apiKey: "wrong-key", maxRetries: 0 }).models.list(); check("wrong key", false, "accepted"); }
+  catch (e) { check("wrong key -> 401 AuthenticationError", e instanceof OpenAI.AuthenticationError && e.code === "invalid_api_key", String(e)); }
+  try { await client.completions.create({ ...greedy, model: "no-such-model" }); check("unknown model", false, "accepted"); }
+  catch (e) { check("unknown model -> 404 NotFoundError", e instanceof OpenAI.NotFoundError, String(e)); }
+  try { await client.completions.create({ ...greedy, max_tokens: "many" }); check("wrong type", false, "accepted"); }
+  catch (e) { check("wrong type -> 400 BadRequestError", e instanceof OpenAI.BadRequestError && e.param === "max_tokens", String(e)); }
+
+  // invariance under load
+  const aloneG = fingerprint(await client.completions.create(greedy));
+  const aloneS = fingerprint(await client.completions.create(seeded));
+  const aloneC = fingerprint(await client.chat.completions.create(chatReq));
+  const others = [];
+  for (let i = 0; i < 31; i++) {
+    const n = 1 + ((i * 37) % 120), mt = 4 + ((i * 13) % 40);
+    if (i % 3 === 0) {
+      others.push((async () => { let t = ""; for await (const ch of await client.completions.create({ model, prompt: prompt(n), max_tokens: mt, temperature: (i % 2) * 0.8, seed: i, stream: true })) t += ch.choices[0]?.text ?? ""; return t; })());
+    } else if (i % 3 === 1) {
+      others.push(client.chat.completions.create({ model, messages: [{ role: "user", content: prompt(n) }], max_tokens: mt, temperature: 0.5, seed: i }));
+    } else {
+      others.push(client.completions.create({ model, prompt: prompt(n), max_tokens: mt, temperature: 0 }));
+    }
+  }
+  await new Promise((r) => setTimeout(r, 30));
+  const [g, s, c] = await Promise.all([client.completions.create(greedy), client.completions.create(seeded),
+                                       client.chat.completions.create(chatReq)]);
+  const res = await Promise.allSettled(others);
+  check("31 concurrent requests all succeed", res.every((r) => r.status === "fulfilled"),
+        JSON.stringify(res.filter((r) => r.status !== "fulfilled").map((r) => String(r.reason)).slice(0, 3)));
+  check("invariance under load: greedy completion bitwise identical", fingerprint(g) === aloneG, fingerprint(g) + " vs " + aloneG);
+  check("invariance under load: seeded sampling bitwise identical", fingerprint(s) === aloneS, fingerprint(s) + " vs " + aloneS);
+  check("invariance under load: seeded chat bitwise identical", fingerprint(c) === aloneC, fingerprint(c) + " vs " + aloneC);
+  check("sampling differs from greedy", aloneS !== aloneG);
+}
+main().then(() => process.exit(fails ? 1 : 0), (e) => { console.log("FAIL client_test: " + (e.stack || e)); process.exit(1); });

@@ -1,0 +1,143 @@
+/*
+ * cmd_serve.c — `isobatch serve`: the OpenAI-compatible HTTP server (src/server/, docs/server.md).
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "server/server.h"
+
+static const char help[] =
+    "usage: isobatch serve [-m DIR] [--host 127.0.0.1] [--port N] [--max-batch B] [--max-sessions N]\n"
+    "                      [--kv full] [--memory-budget SIZE] [--threads T] [--api-key KEY]...\n"
+    "  --host ADDR            IPv4 address to bind (default 127.0.0.1: this machine only)\n"
+    "  --port N               TCP port (default 8080; 0 = any free port, see --port-file)\n"
+    "  --port-file F          write the bound port to F once listening\n"
+    "  --model-id NAME        the model name clients use (default: the directory's name)\n"
+    "  --max-batch B          generations stepped together (default 32)\n"
+    "  --prefill-chunk C      most prompt tokens of one request per step (default 64)\n"
+    "  --max-queue Q          generations waiting for a batch slot, and requests waiting for memory\n"
+    "                         (default 64); beyond that: 429 with Retry-After\n"
+    "  --max-sessions N       stateful sessions held at once (default 256)\n"
+    "  --session-context N    KV capacity of a stateful session in tokens (default 1024)\n"
+    "  --kv full              KV policy (full: every token kept)\n"
+    "  --memory-budget SIZE   KV bytes over all sessions, e.g. 512M, 4G (default: no limit)\n"
+    "  --threads T            compute threads (default: the CPUs online)\n"
+    "  --isa auto|scalar|avx2|avx512, --act auto|f32|q8\n"
+    "  --api-key KEY          require Authorization: Bearer KEY (repeat for several tenants)\n"
+    "  --max-body BYTES       request body limit (default 1048576)\n"
+    "  --max-prompt-tokens N  prompt limit (default 4096)\n"
+    "  --max-tokens N         max_tokens limit (default 1024)\n"
+    "  --max-connections N    open connections (default 256)\n"
+    "  --timeout S            idle connection timeout (<= 30 s used) and longest generation (default 300)\n"
+    "  --inject FAULT         tests only: serve with a deliberate invariance bug (see generate --help)\n";
+
+static volatile sig_atomic_t stop_flag;
+static void on_signal(int sig) { stop_flag = 1; }
+
+/* Parse a byte size with an optional K/M/G/T suffix (powers of 1024). 0 on success. */
+static int parse_size(const char *s, size_t *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v < 0) return -1;
+    double mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1024.0, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1024.0 * 1024, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1024.0 * 1024 * 1024, end++;
+    else if (*end == 'T' || *end == 't') mul = 1024.0 * 1024 * 1024 * 1024, end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (*end) return -1;
+    *out = (size_t)(v * mul);
+    return 0;
+}
+
+int cmd_serve(int argc, char **argv) {
+    ib_server_opts o = ib_server_opts_default();
+    long threads = sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads < 1) threads = 1;
+    const char *keys[64];
+    int nk = 0, rc = 0;
+    const char *dir = NULL;
+    long port = o.port, batch = o.max_batch, chunk = o.prefill_chunk, queue = o.max_queue, sessions = o.max_sessions,
+         sctx = o.session_context, maxp = o.max_prompt_tokens, maxt = o.max_tokens, conns = o.max_connections,
+         tmo = o.timeout_s, body = (long)o.max_body;
+    for (int i = 1; i < argc && !rc; i++) {
+        const char *f = argv[i], *v = NULL;
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            fputs(help, stdout);
+            return 0;
+        }
+#define VAL() (v = cli_value(argc, argv, &i))
+        if (!strcmp(f, "-m")) rc = VAL() ? (dir = v, 0) : 2;
+        else if (!strcmp(f, "--host")) rc = VAL() ? (o.host = v, 0) : 2;
+        else if (!strcmp(f, "--port")) rc = VAL() ? cli_int(f, v, 0, 65535, &port) : 2;
+        else if (!strcmp(f, "--port-file")) rc = VAL() ? (o.port_file = v, 0) : 2;
+        else if (!strcmp(f, "--model-id")) rc = VAL() ? (o.model_id = v, 0) : 2;
+        else if (!strcmp(f, "--max-batch")) rc = VAL() ? cli_int(f, v, 1, 1024, &batch) : 2;
+        else if (!strcmp(f, "--prefill-chunk")) rc = VAL() ? cli_int(f, v, 1, 4096, &chunk) : 2;
+        else if (!strcmp(f, "--max-queue")) rc = VAL() ? cli_int(f, v, 0, 100000, &queue) : 2;
+        else if (!strcmp(f, "--max-sessions")) rc = VAL() ? cli_int(f, v, 1, 1000000, &sessions) : 2;
+        else if (!strcmp(f, "--session-context")) rc = VAL() ? cli_int(f, v, 1, 1 << 24, &sctx) : 2;
+        else if (!strcmp(f, "--threads")) rc = VAL() ? cli_int(f, v, 1, 256, &threads) : 2;
+        else if (!strcmp(f, "--max-body")) rc = VAL() ? cli_int(f, v, 1, 1L << 30, &body) : 2;
+        else if (!strcmp(f, "--max-prompt-tokens")) rc = VAL() ? cli_int(f, v, 1, 1 << 24, &maxp) : 2;
+        else if (!strcmp(f, "--max-tokens")) rc = VAL() ? cli_int(f, v, 1, 1 << 24, &maxt) : 2;
+        else if (!strcmp(f, "--max-connections")) rc = VAL() ? cli_int(f, v, 1, 100000, &conns) : 2;
+        else if (!strcmp(f, "--timeout")) rc = VAL() ? cli_int(f, v, 1, 86400, &tmo) : 2;
+        else if (!strcmp(f, "--memory-budget")) {
+            if (!VAL()) rc = 2;
+            else if (parse_size(v, &o.memory_budget)) rc = cli_usage_error("--memory-budget: bad size '%s' (e.g. 512M, 4G)", v);
+        } else if (!strcmp(f, "--kv")) {
+            if (!VAL()) rc = 2;
+            else if (strcmp(v, "full")) rc = cli_usage_error("--kv: '%s' is not supported (full)", v);
+        } else if (!strcmp(f, "--api-key")) {
+            if (!VAL()) rc = 2;
+            else if (!*v || nk == 64) rc = cli_usage_error("--api-key: empty key, or more than 64 keys");
+            else keys[nk++] = v;
+        } else if (!strcmp(f, "--inject")) { /* tests only: a deliberate invariance bug (see ib_fault) */
+            ib_fault fl;
+            if (!VAL()) rc = 2;
+            else if (ib_fault_parse(v, &fl)) rc = cli_usage_error("--inject: unknown fault '%s'", v);
+            else ib_fault_set(fl);
+        } else if (!strcmp(f, "--isa")) {
+            if (!VAL()) rc = 2;
+            else if (ib_isa_parse(v, &o.isa)) rc = cli_usage_error("--isa: unknown '%s' (auto, scalar, avx2, avx512)", v);
+        } else if (!strcmp(f, "--act")) {
+            if (!VAL()) rc = 2;
+            else if (ib_act_parse(v, &o.act)) rc = cli_usage_error("--act: unknown '%s' (auto, f32, q8)", v);
+        } else
+            rc = cli_usage_error("serve: unknown option '%s' (try --help)", f);
+#undef VAL
+    }
+    if (rc) return rc;
+    if (!(dir = cli_model_dir(dir))) return 2;
+    const char *env_key = getenv("ISOBATCH_API_KEY");
+    if (env_key && *env_key && nk < 64) keys[nk++] = env_key;
+    o.model_dir = dir;
+    o.port = (int)port;
+    o.threads = (int)threads;
+    o.max_batch = (int)batch;
+    o.prefill_chunk = (int)chunk;
+    o.max_queue = (int)queue;
+    o.max_sessions = (int)sessions;
+    o.session_context = (int)sctx;
+    o.max_body = (size_t)body;
+    o.max_prompt_tokens = (int)maxp;
+    o.max_tokens = (int)maxt;
+    o.max_connections = (int)conns;
+    o.timeout_s = (int)tmo;
+    o.api_keys = keys;
+    o.n_api_keys = nk;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    ib_error err;
+    if (ib_server_run(&o, &stop_flag, stderr, &err)) return cli_error("%s", err.msg);
+    return 0;
+}
