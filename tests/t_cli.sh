@@ -33,6 +33,12 @@ done
 cmp -s "$T/s1" "$T/s6" && ok || bad "seeded sampling differs between batch 1 and 6"
 cmp -s "$T/s1" "$T/ref" && bad "sampling gave the greedy output" || ok
 
+# the sanitizer build (-O1, baseline-ISA elementwise ops without AVX2 clones) gives the same bits
+if [ "$ASAN_BIN" != "$BIN" ]; then
+    "$ASAN_BIN" generate -m "$T/m" "${P[@]}" -n 10 --ignore-eos --json --batch 3 > "$T/asan" 2>/dev/null
+    cmp -s "$T/ref" "$T/asan" && ok || bad "the ASan/no-clones build differs from the optimized build"
+fi
+
 # --logits-out: prompt-major float32 rows, 6 prompts x 10 rows x vocab 320
 "$BIN" generate -m "$T/m" "${P[@]}" -n 10 --ignore-eos --batch 4 --logits-out "$T/logits.bin" >/dev/null 2>&1
 [ "$(stat -c %s "$T/logits.bin")" = $((6*10*320*4)) ] && ok || bad "--logits-out size"

@@ -131,6 +131,22 @@ static void test_attention(void) {
     }
 }
 
+/* the lane-parallel exp used by softmax and SiLU equals ib_expf bit for bit */
+static void test_expf_lane(void) {
+    long bad = 0;
+    for (float x = -120.0f; x < 100.0f; x += 0.000731f) {
+        float a = ib_expf(x), b = ib_expf_lane(x);
+        if (memcmp(&a, &b, 4)) bad++;
+    }
+    static const float special[] = {INFINITY, -INFINITY, NAN, 0.0f, -0.0f, 88.72283172607421875f, 88.7228393554688f,
+                                    -87.33654022216796875f, -87.3365478515625f, 88.0f, 88.5f, -0.0f, 1e-30f, -1e-30f};
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++) {
+        float a = ib_expf(special[i]), b = ib_expf_lane(special[i]);
+        if (!(isnan(a) && isnan(b)) && memcmp(&a, &b, 4)) bad++;
+    }
+    CHECK(bad == 0, "ib_expf_lane differs from ib_expf at %ld inputs", bad);
+}
+
 static void test_fmath_in_ops(void) {
     /* ib_expf as used by softmax: exp(-inf) = 0, exp(0) = 1 exactly */
     CHECK(ib_expf(-INFINITY) == 0.0f, "expf(-inf) = %g", ib_expf(-INFINITY));
@@ -143,6 +159,7 @@ int main(void) {
     test_rope();
     test_swiglu();
     test_attention();
+    test_expf_lane();
     test_fmath_in_ops();
     TEST_MAIN_END("test_ops");
 }

@@ -6,10 +6,39 @@
  */
 #ifndef IB_CORE_FMATH_H
 #define IB_CORE_FMATH_H
+#include <math.h>
+#include <stdint.h>
 
 /* e^x in float: max error <= 2 ulp over the normal range; returns +inf above ~88.72, 0 below
  * ~-103.97 (subnormal results flushed to 0 are allowed below -87.3), NaN for NaN, 0 for -inf. */
 float ib_expf(float x);
+
+/* ib_expf with the same bits for every input, written without branches or calls so a loop over
+ * independent elements vectorizes (softmax weights, SiLU). Steps as in fmath.c's ib_expf; the two
+ * range ends and NaN are selected at the end, and 2^n is applied as (p * e) * 2^min(n, 127) with
+ * e = 2 when n = 128, else 1 (multiplying by 1 is exact). */
+static inline float ib_expf_lane(float x) {
+    const float x_max = 0x1.62e42ep+6f, x_min = -0x1.5d589ep+6f, shifter = 0x1.8p23f;
+    float xc = x > x_max ? x_max : x;
+    xc = xc < x_min ? x_min : xc;
+    xc = x != x ? 0.0f : xc;
+    float n = (xc * 0x1.715476p+0f + shifter) - shifter;
+    float r = (xc - n * 0x1.62e4p-1f) - n * 0x1.7f7d1cp-20f;
+    float r2 = r * r;
+    float a = 0.5f + 0x1.555556p-3f * r;
+    float b = 0x1.555556p-5f + 0x1.111112p-7f * r;
+    float c = 0x1.6c16c2p-10f + 0x1.a01a02p-13f * r;
+    float q = a + r2 * (b + r2 * c);
+    float p = 1.0f + (r + r2 * q);
+    int k = (int)n;
+    float extra = k > 127 ? 2.0f : 1.0f;
+    k = k > 127 ? 127 : k;
+    union { uint32_t u; float f; } two_k = {(uint32_t)(k + 127) << 23};
+    float res = (p * extra) * two_k.f;
+    res = x > x_max ? (float)INFINITY : res;
+    res = x < x_min ? 0.0f : res;
+    return x != x ? x + x : res;
+}
 
 /* e^x in double: relative error < 4e-16 for |x| < 700; +inf / 0 outside. */
 double ib_exp(double x);

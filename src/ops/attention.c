@@ -10,29 +10,7 @@
 
 void ib_attend_one(const float *q, const float *k, const float *v, int n_keys, int kv_stride, int hd,
                    float scale, int block, float *out) {
-    float s[128];  /* block <= 128 scores */
-    float m = -INFINITY, l = 0.0f;
-    for (int d = 0; d < hd; d++) out[d] = 0.0f;
-    for (int b0 = 0; b0 < n_keys; b0 += block) {
-        int nb = n_keys - b0 < block ? n_keys - b0 : block;
-        float mb = -INFINITY;
-        for (int j = 0; j < nb; j++) {
-            s[j] = ib_dot16(q, k + (size_t)(b0 + j) * kv_stride, hd) * scale;
-            if (s[j] > mb) mb = s[j];
-        }
-        float m_new = mb > m ? mb : m;
-        float c = ib_expf(m - m_new); /* exp(-inf) = 0 on the first block */
-        l = l * c;
-        for (int d = 0; d < hd; d++) out[d] = out[d] * c;
-        for (int j = 0; j < nb; j++) {
-            float p = ib_expf(s[j] - m_new);
-            const float *vj = v + (size_t)(b0 + j) * kv_stride;
-            l = l + p;
-            for (int d = 0; d < hd; d++) out[d] = out[d] + p * vj[d];
-        }
-        m = m_new;
-    }
-    for (int d = 0; d < hd; d++) out[d] = out[d] / l;
+    ib_attend_one_window(q, k, v, n_keys, kv_stride, hd, scale, block, 0, out);
 }
 
 int ib_attn_block_for(int n_items) {
@@ -40,7 +18,7 @@ int ib_attn_block_for(int n_items) {
     return IB_ATTN_BLOCK;
 }
 
-void ib_attend_one_window(const float *q, const float *k, const float *v, int n_keys, int kv_stride, int hd,
+IB_VECTOR_CLONES void ib_attend_one_window(const float *q, const float *k, const float *v, int n_keys, int kv_stride, int hd,
                           float scale, int block, int window, float *out) {
     float s[128];  /* block <= 128 scores */
     float m = -INFINITY, l = 0.0f;
@@ -51,18 +29,19 @@ void ib_attend_one_window(const float *q, const float *k, const float *v, int n_
         int nb = n_keys - b0 < block ? n_keys - b0 : block;
         float mb = -INFINITY;
         for (int j = j0; j < nb; j++) {
-            s[j] = ib_dot16(q, k + (size_t)(b0 + j) * kv_stride, hd) * scale;
+            s[j] = ib_dot16_inline(q, k + (size_t)(b0 + j) * kv_stride, hd) * scale;
             if (s[j] > mb) mb = s[j];
         }
         float m_new = mb > m ? mb : m;
         float c = ib_expf(m - m_new); /* exp(-inf) = 0 on the first block */
         l = l * c;
         for (int d = 0; d < hd; d++) out[d] = out[d] * c;
+        float pw[128]; /* the block's softmax weights, computed lane-parallel */
+        for (int j = j0; j < nb; j++) pw[j] = ib_expf_lane(s[j] - m_new);
         for (int j = j0; j < nb; j++) {
-            float p = ib_expf(s[j] - m_new);
             const float *vj = v + (size_t)(b0 + j) * kv_stride;
-            l = l + p;
-            for (int d = 0; d < hd; d++) out[d] = out[d] + p * vj[d];
+            l = l + pw[j];
+            for (int d = 0; d < hd; d++) out[d] = out[d] + pw[j] * vj[d];
         }
         m = m_new;
     }

@@ -19,15 +19,15 @@ static float sum_squares(const float *x, int n, int row, int n_threads) {
         float total = 0.0f;
         for (int t = 0; t < n_threads; t++) {
             int lo = n * t / n_threads, hi = n * (t + 1) / n_threads;
-            total = total + ib_dot16(x + lo, x + lo, hi - lo);
+            total = total + ib_dot16_inline(x + lo, x + lo, hi - lo);
         }
         return total;
     }
-    return ib_dot16(x, x, n);
+    return ib_dot16_inline(x, x, n);
 }
 
 /* y = x * (1/sqrt(ss/n + eps)) * w for one vector of n. */
-static void rms_row(const float *x, const float *w, int n, float eps, float *y, int row, int n_threads) {
+IB_VECTOR_CLONES static void rms_row(const float *x, const float *w, int n, float eps, float *y, int row, int n_threads) {
     float ss = sum_squares(x, n, row, n_threads);
     float r = 1.0f / sqrtf(ss / (float)n + eps);
     for (int i = 0; i < n; i++) y[i] = (x[i] * r) * w[i];

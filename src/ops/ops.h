@@ -16,6 +16,28 @@
 /* sum_i a[i]*b[i] in the 16-lane order (mul, then add; no fma). */
 float ib_dot16(const float *a, const float *b, int n);
 
+/* The same, inline, so callers compiled for a wider vector unit vectorize the lanes (the bits do
+ * not change: lanes are independent chains). */
+static inline float ib_dot16_inline(const float *a, const float *b, int n) {
+    float lane[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) lane[j] = lane[j] + a[i + j] * b[i + j];
+    for (int j = 0; i + j < n; j++) lane[j] = lane[j] + a[i + j] * b[i + j];
+    for (int w = 8; w >= 1; w >>= 1)
+        for (int j = 0; j < w; j++) lane[j] = lane[j] + lane[j + w];
+    return lane[0];
+}
+
+/* IB_VECTOR_CLONES: compile a function twice, for the baseline ISA and for AVX2, and pick at load
+ * time. Only for code whose vector lanes are independent (elementwise ops, the 16-lane order), so
+ * both clones give the same bits; -ffp-contract=off keeps multiplies and adds separate in both. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(IB_NO_CLONES)
+#define IB_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define IB_VECTOR_CLONES
+#endif
+
 /* RMSNorm of R rows: y[r] = (x[r] * (1 / sqrt(mean(x[r]^2) + eps))) * w.
  * x, y: [R][D] (may alias); w: [D]. Splits rows over the pool. The test-only row-order fault breaks
  * this op alone (not ib_rmsnorm_heads): odd rows r of the call sum their squares in reverse. */
