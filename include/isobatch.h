@@ -177,8 +177,16 @@ ib_sampling ib_sampling_default(void);
 typedef struct ib_session ib_session;
 
 typedef struct ib_session_opts {
-    int max_context;       /* KV capacity in tokens; 0 means min(model max_context, 4096) */
+    int max_context;       /* KV capacity in tokens; 0 means min(model max_context, 4096). Ignored by
+                            * windowed sessions (kv_window > 0) */
     ib_sampling sampling;  /* used by ib_sample */
+    /* KV policy (zero = full: every position kept, up to max_context). kv_window > 0: a token
+     * attends only the kv_sink first positions of the session ("attention sinks") and the last
+     * kv_window positions up to its own; the middle is evicted, positions keep counting (up to 2^30)
+     * and memory is fixed: kv_sink + kv_window + kv_chunk token slots. kv_chunk (0 = 64) bounds the
+     * tokens one ib_step item of this session may bring. Answers differ from a full session once the
+     * window slides, never between batchings or prefill chunkings of the same session. */
+    int kv_sink, kv_window, kv_chunk;
 } ib_session_opts;
 
 /* Create a session on model m with an empty KV cache at position 0. opts may be NULL (greedy,
@@ -186,7 +194,11 @@ typedef struct ib_session_opts {
 ib_status ib_session_create(const ib_model *m, const ib_session_opts *opts, ib_session **out, ib_error *err);
 void ib_session_free(ib_session *s);
 int ib_session_position(const ib_session *s);  /* tokens held in the KV cache */
-int ib_session_capacity(const ib_session *s);  /* max tokens it can hold */
+int ib_session_capacity(const ib_session *s);  /* max tokens it can hold (positions, for windowed ones) */
+/* Bytes of the session's KV cache (allocated at create, fixed for its life). */
+size_t ib_session_kv_bytes(const ib_session *s);
+/* Parse a KV policy "full" | "window:W" | "sink:S,window:W" into (sink, window); 0 or -1. */
+int ib_kv_policy_parse(const char *s, int *sink, int *window);
 /* Forget everything (position 0, empty history, sample step 0); keeps the allocation. */
 void ib_session_reset(ib_session *s);
 /* Replace the session's sampling settings (takes effect at the next ib_sample). */
@@ -195,7 +207,8 @@ void ib_session_set_sampling(ib_session *s, const ib_sampling *p);
  * sampling settings). Both on the same model; dst's capacity must hold src's position. */
 ib_status ib_session_copy(ib_session *dst, const ib_session *src, ib_error *err);
 /* Rewind s to its first n tokens (0 <= n <= position): later keys/values are forgotten and the
- * history is cut to n tokens; the sample step is kept. */
+ * history is cut to n tokens; the sample step is kept. A windowed session can rewind by at most
+ * kv_chunk tokens (older window keys are overwritten), or to 0; else IB_ERR_UNSUPPORTED. */
 ib_status ib_session_rewind(ib_session *s, int n, ib_error *err);
 
 /* ---------------------------------------------------------------- the batched step */

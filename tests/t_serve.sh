@@ -130,6 +130,28 @@ req 404 "unknown session" "${A[@]}" "$U/v1/sessions/sess_00000000000000000000000
 req 400 "generate with nothing pending" "${A[@]}" "$U/v1/sessions/$SID2/generate" -d '{"max_tokens":4}'
 req 200 "append chat messages" "${A[@]}" "$U/v1/sessions/$SID2/append" -d '{"messages":[{"role":"user","content":"hi"}]}'
 req 200 "chat turn in a session" "${A[@]}" "$U/v1/sessions/$SID2/generate" -d '{"max_tokens":5,"chat":true}'
+# windowed sessions (sink + window): fixed memory, positions past the window, same tokens alone and in a crowd
+LONG=$(head -c 300 /dev/zero | tr '\0' q)
+win_run() {
+    req 200 "windowed session create" "${A[@]}" -X POST "$U/v1/sessions" -d '{"kv":"sink:4,window:32"}'
+    local w; w=$(jget b.id)
+    req 200 "windowed append" "${A[@]}" "$U/v1/sessions/$w/append" -d "{\"text\":\"$LONG\"}"
+    req 200 "windowed generate" "${A[@]}" "$U/v1/sessions/$w/generate" -d '{"max_tokens":40,"temperature":0,"logprobs":1}'
+    node -e 'const b=JSON.parse(require("fs").readFileSync(process.argv[1]));console.log(JSON.stringify(b.choices[0].logprobs))' "$T/body" > "$T/win$1"
+    req 200 "windowed info" "${A[@]}" "$U/v1/sessions/$w"
+    [ "$(jget 'b.kv_bytes + "," + b.kv_policy + "," + b.tokens_held')" = "$(( (4 + 32 + 64) * 1024 )),sink:4,window:32,340" ] \
+        && ok || bad "windowed info: $(cat "$T/body")"
+    req 200 "windowed delete" "${A[@]}" -X DELETE "$U/v1/sessions/$w"
+}
+win_run 1
+curl -s -N -m 30 "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"crowd","max_tokens":150,"stream":true}' > /dev/null &
+C1=$!
+curl -s -m 30 "${A[@]}" "$U/v1/completions" -d "{\"model\":\"tiny\",\"prompt\":\"$LONG\",\"max_tokens\":60}" > /dev/null &
+C2=$!
+win_run 2
+wait $C1 $C2
+[ -s "$T/win1" ] && cmp -s "$T/win1" "$T/win2" && ok || bad "windowed session: tokens/logprobs differ alone and in a crowd"
+req 400 "bad kv policy" "${A[@]}" -X POST "$U/v1/sessions" -d '{"kv":"window:0"}'
 req 200 "delete" "${A[@]}" -X DELETE "$U/v1/sessions/$SID"
 req 404 "get after delete" "${A[@]}" "$U/v1/sessions/$SID"
 req 200 metrics "$U/metrics"

@@ -3,6 +3,9 @@
  * tokens and logprobs equal those of the same prompt decoded alone with plain ib_step/ib_sample
  * (greedy and seeded sampling), whatever the batch size, prefill chunk and arrival order; stop ids,
  * length, cancellation, a full queue, a context overflow and prefill-only jobs behave as documented.
+ * KV policies: sink+window attention equals a float64 reference over exactly the kept positions;
+ * windowed sessions give the same bits batched in chunks as alone token by token; a window wider
+ * than the sequence equals a full session bitwise; memory is fixed at sink + window + chunk slots.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -14,6 +17,7 @@
 #include "check.h"
 #include "isobatch.h"
 #include "model/mkmodel.h"
+#include "runtime/kv_policy.h"
 
 #define NP 12
 #define GEN 10
@@ -127,6 +131,94 @@ static void run_sched(const ib_model *m, ib_engine *e, int batch, int chunk, int
     ib_sched_free(S);
 }
 
+
+/* Feed prompt i then GEN greedy tokens through a windowed session; prefill in chunks of `chunk`,
+ * stepped together with a full-session neighbour when `crowd`. Logits of every generated token are
+ * digested into *dig. */
+static void run_window(const ib_model *m, ib_engine *e, int i, int sink, int window, int kv_chunk, int chunk, int crowd,
+                       uint64_t *dig, int32_t *toks) {
+    int V = ib_model_get_info(m)->vocab_size;
+    ib_error err;
+    ib_session_opts so = {.sampling = ib_sampling_default(), .kv_sink = sink, .kv_window = window, .kv_chunk = kv_chunk};
+    ib_session_opts fo = {.max_context = 1024, .sampling = ib_sampling_default()};
+    ib_session *s, *other;
+    float *lg = malloc((size_t)V * sizeof(float)), *lo = malloc((size_t)V * sizeof(float));
+    *dig = IB_DIGEST_INIT;
+    if (ib_session_create(m, &so, &s, &err) || ib_session_create(m, &fo, &other, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return;
+    }
+    int32_t filler[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    for (int fed = 0; fed < plen[i];) {
+        int n = plen[i] - fed < chunk ? plen[i] - fed : chunk;
+        ib_step_item it[2] = {{.session = other, .tokens = filler, .n_tokens = 1 + fed % 7, .logits = lo},
+                              {.session = s, .tokens = prompts[i] + fed, .n_tokens = n, .logits = lg}};
+        CHECK(ib_step(e, crowd ? it : it + 1, crowd ? 2 : 1, &err) == IB_OK, "%s", err.msg);
+        fed += n;
+    }
+    for (int g = 0; g < GEN; g++) {
+        toks[g] = ib_argmax(lg, V);
+        *dig = ib_digest_bytes(*dig, lg, (size_t)V * sizeof(float));
+        ib_step_item it[2] = {{.session = other, .tokens = filler, .n_tokens = 2, .logits = lo},
+                              {.session = s, .tokens = &toks[g], .n_tokens = 1, .logits = lg}};
+        CHECK(ib_step(e, crowd ? it : it + 1, crowd ? 2 : 1, &err) == IB_OK, "%s", err.msg);
+    }
+    size_t per_tok = ib_model_get_info(m)->kv_bytes_per_token;
+    if (window > 0) CHECK(ib_session_kv_bytes(s) == (size_t)(sink + window + kv_chunk) * per_tok, "kv bytes %zu", ib_session_kv_bytes(s));
+    ib_session_free(s);
+    ib_session_free(other);
+    free(lg);
+    free(lo);
+}
+
+/* ib_attend_policy against a float64 softmax over exactly the positions the policy keeps. */
+static void check_attend_policy(const ib_model *m) {
+    int hd = 32, S = 3, W = 20, C = 8, cap = S + W + C, n_pos = 90;
+    struct ib_session fake;
+    memset(&fake, 0, sizeof fake);
+    fake.model = m;
+    fake.capacity = cap;
+    fake.kv_sink = S;
+    fake.kv_window = W;
+    fake.kv_chunk = C;
+    static float K[200][32], Vv[200][32]; /* by position */
+    float *k = calloc((size_t)cap * hd, sizeof(float)), *v = calloc((size_t)cap * hd, sizeof(float)), q[32], out[32];
+    uint64_t x = 88172645463325252ULL;
+    for (int p = 0; p < n_pos; p++)
+        for (int d = 0; d < hd; d++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            K[p][d] = (float)((double)(x >> 11) / 9007199254740992.0 * 2 - 1);
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            Vv[p][d] = (float)((double)(x >> 11) / 9007199254740992.0 * 2 - 1);
+        }
+    double worst = 0;
+    for (int p = 0; p < n_pos; p++) {
+        int sl = ib_kv_slot(&fake, p);
+        memcpy(k + (size_t)sl * hd, K[p], sizeof K[p]);
+        memcpy(v + (size_t)sl * hd, Vv[p], sizeof Vv[p]);
+        for (int d = 0; d < hd; d++) q[d] = K[(p * 7) % (p + 1)][d] * 1.5f;
+        ib_attend_policy(&fake, q, k, v, p, hd, 0.25f, 32, out);
+        double sc[200], mx = -1e300, sum = 0, ref[32] = {0};
+        int kept[200], nk = 0;
+        for (int t = 0; t <= p; t++)
+            if (t < S || t > p - W) kept[nk++] = t;
+        for (int a = 0; a < nk; a++) {
+            double dot = 0;
+            for (int d = 0; d < hd; d++) dot += (double)q[d] * K[kept[a]][d];
+            sc[a] = dot * 0.25;
+            if (sc[a] > mx) mx = sc[a];
+        }
+        for (int a = 0; a < nk; a++) sum += exp(sc[a] - mx);
+        for (int a = 0; a < nk; a++)
+            for (int d = 0; d < hd; d++) ref[d] += exp(sc[a] - mx) / sum * Vv[kept[a]][d];
+        for (int d = 0; d < hd; d++)
+            if (fabs(out[d] - ref[d]) > worst) worst = fabs(out[d] - ref[d]);
+    }
+    CHECK(worst < 1e-5, "sink+window attention differs from the reference by %g", worst);
+    free(k);
+    free(v);
+}
+
 int main(void) {
     char dir[] = "/tmp/ib_test_sched_XXXXXX";
     if (!mkdtemp(dir)) return 1;
@@ -159,6 +251,46 @@ int main(void) {
         run_sched(m, e, 8, 200, sampled, 1, rt, rl);
     }
 
+
+    /* KV policies */
+    check_attend_policy(m);
+    {
+        int32_t t_full[GEN], t_a[GEN], t_b[GEN], t_c[GEN];
+        uint64_t d_full, d_a, d_b, d_c;
+        int i = 4; /* prompt of 149 tokens */
+        CHECK(plen[i] > 100, "prompt %d has %d tokens", i, plen[i]);
+        /* a window wider than everything equals the full session bitwise */
+        run_window(m, e, i, 0, 0, 0, 16, 0, &d_full, t_full);
+        run_window(m, e, i, 0, 400, 16, 16, 1, &d_a, t_a);
+        CHECK(d_a == d_full && !memcmp(t_a, t_full, sizeof t_a), "wide window differs from full");
+        /* sink + window: chunks of 16 in a crowd == token by token alone (another ring size) */
+        run_window(m, e, i, 4, 48, 16, 16, 1, &d_a, t_a);
+        run_window(m, e, i, 4, 48, 1, 1, 0, &d_b, t_b);
+        CHECK(d_a == d_b && !memcmp(t_a, t_b, sizeof t_a), "sink+window: batched chunks differ from alone token by token");
+        CHECK(d_a != d_full, "sink+window gave the full session's logits: nothing was evicted");
+        run_window(m, e, i, 0, 48, 32, 32, 1, &d_c, t_c);
+        run_window(m, e, i, 0, 48, 7, 7, 0, &d_b, t_b);
+        CHECK(d_c == d_b && !memcmp(t_c, t_b, sizeof t_c), "window: batched chunks differ from alone");
+        CHECK(d_c != d_a, "window and sink+window gave the same logits");
+        /* policy parsing, and a chunk larger than kv_chunk is refused */
+        int sk, wd;
+        CHECK(ib_kv_policy_parse("sink:4,window:1024", &sk, &wd) == 0 && sk == 4 && wd == 1024, "parse sink");
+        CHECK(ib_kv_policy_parse("window:64", &sk, &wd) == 0 && sk == 0 && wd == 64, "parse window");
+        CHECK(ib_kv_policy_parse("full", &sk, &wd) == 0 && wd == 0, "parse full");
+        CHECK(ib_kv_policy_parse("window:0", &sk, &wd) < 0 && ib_kv_policy_parse("sink:4", &sk, &wd) < 0 &&
+              ib_kv_policy_parse("sink:x,window:3", &sk, &wd) < 0, "bad policies accepted");
+        ib_session_opts so = {.sampling = ib_sampling_default(), .kv_window = 16, .kv_chunk = 8};
+        ib_session *s;
+        ib_session_create(m, &so, &s, &err);
+        ib_step_item it = {.session = s, .tokens = prompts[4], .n_tokens = 9};
+        CHECK(ib_step(e, &it, 1, &err) == IB_ERR_INVALID_ARG, "9 tokens into kv_chunk 8 accepted");
+        it.n_tokens = 8;
+        for (int r = 0; r < 10; r++) CHECK(ib_step(e, &it, 1, &err) == IB_OK, "%s", err.msg);
+        CHECK_EQ_INT(ib_session_position(s), 80);
+        CHECK(ib_session_rewind(s, 60, &err) == IB_ERR_UNSUPPORTED, "deep rewind of a windowed session");
+        CHECK(ib_session_rewind(s, 75, &err) == IB_OK, "%s", err.msg);
+        ib_session_free(s);
+    }
     /* logprob: a function of the logits; exp of all logprobs sums to 1 */
     {
         float lg[5] = {1.0f, 2.0f, 3.0f, -1.0f, 0.5f};

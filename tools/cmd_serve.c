@@ -12,7 +12,7 @@
 
 static const char help[] =
     "usage: isobatch serve [-m DIR] [--host 127.0.0.1] [--port N] [--max-batch B] [--max-sessions N]\n"
-    "                      [--kv full] [--memory-budget SIZE] [--threads T] [--api-key KEY]...\n"
+    "                      [--kv full|window:W|sink:S,window:W] [--memory-budget SIZE] [--threads T] [--api-key KEY]...\n"
     "  --host ADDR            IPv4 address to bind (default 127.0.0.1: this machine only)\n"
     "  --port N               TCP port (default 8080; 0 = any free port, see --port-file)\n"
     "  --port-file F          write the bound port to F once listening\n"
@@ -23,7 +23,9 @@ static const char help[] =
     "                         (default 64); beyond that: 429 with Retry-After\n"
     "  --max-sessions N       stateful sessions held at once (default 256)\n"
     "  --session-context N    KV capacity of a stateful session in tokens (default 1024)\n"
-    "  --kv full              KV policy (full: every token kept)\n"
+    "  --kv POLICY            stateful sessions' KV policy: full (every token, up to --session-context),\n"
+    "                         window:W (the last W positions), sink:S,window:W (the first S and the last W;\n"
+    "                         positions keep counting, memory is fixed at S + W + prefill-chunk tokens)\n"
     "  --memory-budget SIZE   KV bytes over all sessions, e.g. 512M, 4G (default: no limit)\n"
     "  --threads T            compute threads (default: the CPUs online)\n"
     "  --isa auto|scalar|avx2|avx512, --act auto|f32|q8\n"
@@ -92,7 +94,9 @@ int cmd_serve(int argc, char **argv) {
             else if (parse_size(v, &o.memory_budget)) rc = cli_usage_error("--memory-budget: bad size '%s' (e.g. 512M, 4G)", v);
         } else if (!strcmp(f, "--kv")) {
             if (!VAL()) rc = 2;
-            else if (strcmp(v, "full")) rc = cli_usage_error("--kv: '%s' is not supported (full)", v);
+            else if (ib_kv_policy_parse(v, &(int){0}, &(int){0}))
+                rc = cli_usage_error("--kv: '%s' is not full, window:W or sink:S,window:W", v);
+            else o.kv_policy = v;
         } else if (!strcmp(f, "--api-key")) {
             if (!VAL()) rc = 2;
             else if (!*v || nk == 64) rc = cli_usage_error("--api-key: empty key, or more than 64 keys");

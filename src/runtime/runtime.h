@@ -10,7 +10,10 @@
 
 struct ib_session {
     const ib_model *model;
-    int capacity;             /* KV capacity in tokens */
+    int capacity;             /* KV slots: tokens for a full session; kv_sink + kv_window + kv_chunk for a
+                               * windowed one (kv_policy.h maps positions to slots) */
+    int kv_sink, kv_window;   /* KV policy: kv_window 0 = full; else sinks + sliding window */
+    int kv_chunk;             /* windowed: most tokens one step item may bring */
     int pos;                  /* tokens held */
     float *kv;                /* [n_layers][2][KVH][capacity][hd]: keys then values per layer */
     int32_t *history;         /* [capacity + 1] tokens fed or sampled, oldest first */

@@ -144,6 +144,7 @@ static void *loop(void *arg) {
             if (j->fed >= j->n_prompt) continue;
             int chunk = j->n_prompt - j->fed;
             if (chunk > S->o.prefill_chunk) chunk = S->o.prefill_chunk;
+            if (ib_session_max_item(j->s) > 0 && chunk > ib_session_max_item(j->s)) chunk = ib_session_max_item(j->s);
             if (chunk > budget) chunk = budget;
             int last = j->fed + chunk == j->n_prompt;
             S->items[ni] = (ib_step_item){.session = j->s, .tokens = j->prompt + j->fed, .n_tokens = chunk,

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "runtime/kv_policy.h"
 #include "runtime/runtime.h"
 
 #define DEFAULT_SESSION_CONTEXT 4096
@@ -16,12 +17,21 @@ ib_status ib_session_create(const ib_model *m, const ib_session_opts *opts, ib_s
     const ib_config *c = &m->cfg;
     int cap = opts && opts->max_context > 0 ? opts->max_context : c->max_position;
     if (!(opts && opts->max_context > 0) && cap > DEFAULT_SESSION_CONTEXT) cap = DEFAULT_SESSION_CONTEXT;
-    if (cap > c->max_position)
+    int sink = opts ? opts->kv_sink : 0, window = opts ? opts->kv_window : 0, chunk = opts ? opts->kv_chunk : 0;
+    if (sink < 0 || window < 0 || chunk < 0 || (window == 0 && sink > 0) || window > (1 << 24) || sink > (1 << 20) ||
+        chunk > (1 << 20))
+        return ib_fail(err, IB_ERR_INVALID_ARG, "session: KV policy sink %d window %d chunk %d is invalid", sink, window,
+                       chunk);
+    if (window > 0) cap = sink + window + (chunk > 0 ? chunk : 64);
+    else if (cap > c->max_position)
         return ib_fail(err, IB_ERR_INVALID_ARG, "session: max_context %d exceeds the model's %d", cap, c->max_position);
     ib_session *s = calloc(1, sizeof *s);
     if (!s) return ib_fail(err, IB_ERR_NOMEM, "session: out of memory");
     s->model = m;
     s->capacity = cap;
+    s->kv_sink = window > 0 ? sink : 0;
+    s->kv_window = window;
+    s->kv_chunk = window > 0 ? (chunk > 0 ? chunk : 64) : 0;
     s->sampling = opts ? opts->sampling : ib_sampling_default();
     size_t kv_floats = (size_t)c->n_layers * 2 * c->n_kv_heads * cap * c->head_dim;
     s->kv = calloc(kv_floats, sizeof(float));
@@ -49,7 +59,7 @@ void ib_session_free(ib_session *s) {
 }
 
 int ib_session_position(const ib_session *s) { return s->pos; }
-int ib_session_capacity(const ib_session *s) { return s->capacity; }
+int ib_session_capacity(const ib_session *s) { return s->kv_window > 0 ? IB_WINDOW_MAX_POS : s->capacity; }
 
 void ib_session_reset(ib_session *s) {
     s->pos = 0;
@@ -62,10 +72,14 @@ void ib_session_set_sampling(ib_session *s, const ib_sampling *p) { s->sampling 
 ib_status ib_session_copy(ib_session *dst, const ib_session *src, ib_error *err) {
     if (dst == src) return IB_OK;
     if (dst->model != src->model) return ib_fail(err, IB_ERR_INVALID_ARG, "session copy: sessions of different models");
-    if (src->pos > dst->capacity || src->n_history > dst->capacity + 1)
+    if (dst->kv_window != src->kv_window || dst->kv_sink != src->kv_sink ||
+        (src->kv_window > 0 && dst->capacity != src->capacity))
+        return ib_fail(err, IB_ERR_INVALID_ARG, "session copy: sessions of different KV policies");
+    if ((src->kv_window == 0 && src->pos > dst->capacity) || src->n_history > dst->capacity + 1)
         return ib_fail(err, IB_ERR_CONTEXT, "session copy: %d tokens do not fit a capacity of %d", src->pos, dst->capacity);
     const ib_config *c = &src->model->cfg;
-    size_t plane = (size_t)c->head_dim * src->pos; /* floats per (layer, k|v, head) actually used */
+    int used = src->pos < src->capacity ? src->pos : src->capacity; /* slots in use */
+    size_t plane = (size_t)c->head_dim * used; /* floats per (layer, k|v, head) actually used */
     for (int l = 0; l < c->n_layers; l++)
         for (int kv = 0; kv < 2; kv++)
             for (int h = 0; h < c->n_kv_heads; h++) {
@@ -83,13 +97,27 @@ ib_status ib_session_copy(ib_session *dst, const ib_session *src, ib_error *err)
 ib_status ib_session_rewind(ib_session *s, int n, ib_error *err) {
     if (n < 0 || n > s->pos)
         return ib_fail(err, IB_ERR_INVALID_ARG, "session rewind: %d is outside [0, %d]", n, s->pos);
+    if (s->kv_window > 0 && n > 0 && s->pos - n > s->kv_chunk)
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "session rewind: a windowed session can go back at most %d tokens",
+                       s->kv_chunk);
     s->pos = n;
     if (s->n_history > n) s->n_history = n;
     return IB_OK;
 }
 
+/* A windowed session's history is full: keep its most recent half (a function of the tokens only). */
+static void history_slide(ib_session *s) {
+    if (s->kv_window <= 0 || s->n_history <= s->capacity) return;
+    int keep = (s->capacity + 1) / 2;
+    memmove(s->history, s->history + s->n_history - keep, (size_t)keep * sizeof(int32_t));
+    s->n_history = keep;
+}
+
 void ib_session_note_tokens(ib_session *s, const int32_t *tokens, int n) {
-    for (int i = 0; i < n && s->n_history <= s->capacity; i++) s->history[s->n_history++] = tokens[i];
+    for (int i = 0; i < n; i++) {
+        history_slide(s);
+        if (s->n_history <= s->capacity) s->history[s->n_history++] = tokens[i];
+    }
 }
 
 /* The process-wide stream used only under the test-only shared-rng fault. */
@@ -100,6 +128,7 @@ int32_t ib_sample(ib_session *s, const float *logits) {
     if (ib_fault_get() == IB_FAULT_SAMPLE_BY_ROW) step = shared_rng_counter++;
     int32_t t = ib_sample_logits(logits, s->model->cfg.vocab_size, &s->sampling, step, s->history, s->n_history,
                                  &s->scratch);
+    history_slide(s);
     if (s->n_history <= s->capacity) s->history[s->n_history++] = t;
     return t;
 }

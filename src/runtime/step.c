@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "runtime/kv_policy.h"
 #include "runtime/runtime.h"
 
 /* Y[R][N] = X[R][K] · W^T under the engine's activation mode. */
@@ -31,8 +32,9 @@ static void store_kv(ib_engine *e, ib_step_item *items, int R, int li) {
         float *kl = s->kv + (size_t)li * 2 * KVH * cap * hd;
         float *vl = kl + (size_t)KVH * cap * hd;
         for (int h = 0; h < KVH; h++) {
-            memcpy(kl + ((size_t)h * cap + e->pos[r]) * hd, e->k + ((size_t)r * KVH + h) * hd, hd * sizeof(float));
-            memcpy(vl + ((size_t)h * cap + e->pos[r]) * hd, e->v + ((size_t)r * KVH + h) * hd, hd * sizeof(float));
+            size_t slot = (size_t)ib_kv_slot(s, e->pos[r]);
+            memcpy(kl + ((size_t)h * cap + slot) * hd, e->k + ((size_t)r * KVH + h) * hd, hd * sizeof(float));
+            memcpy(vl + ((size_t)h * cap + slot) * hd, e->v + ((size_t)r * KVH + h) * hd, hd * sizeof(float));
         }
     }
 }
@@ -56,6 +58,11 @@ static void attn_task(void *ctx, int task, int thread) {
     const float *kl = s->kv + (size_t)j->li * 2 * KVH * cap * hd;
     const float *vl = kl + (size_t)KVH * cap * hd;
     float scale = 1.0f / sqrtf((float)hd);
+    if (s->kv_window > 0) {
+        ib_attend_policy(s, e->q + ((size_t)r * H + h) * hd, kl + (size_t)kvh * cap * hd, vl + (size_t)kvh * cap * hd,
+                         e->pos[r], hd, scale, j->block, e->att + ((size_t)r * H + h) * hd);
+        return;
+    }
     ib_attend_one(e->q + ((size_t)r * H + h) * hd, kl + (size_t)kvh * cap * hd, vl + (size_t)kvh * cap * hd,
                   e->pos[r] + 1, hd, hd, scale, j->block, e->att + ((size_t)r * H + h) * hd);
 }
@@ -89,9 +96,15 @@ static ib_status validate(ib_engine *e, ib_step_item *items, int n, int *R_out, 
             break;
         }
         it->session->in_step = 1;
-        if (it->session->pos + it->n_tokens > it->session->capacity) {
+        if (it->session->kv_window > 0 && it->n_tokens > it->session->kv_chunk) {
+            rc = ib_fail(err, IB_ERR_INVALID_ARG, "step: item %d: %d tokens exceed the windowed session's kv_chunk %d", i,
+                         it->n_tokens, it->session->kv_chunk);
+            i++;
+            break;
+        }
+        if (it->session->pos + it->n_tokens > ib_session_capacity(it->session)) {
             rc = ib_fail(err, IB_ERR_CONTEXT, "step: item %d: %d + %d tokens exceed the session context of %d", i,
-                         it->session->pos, it->n_tokens, it->session->capacity);
+                         it->session->pos, it->n_tokens, ib_session_capacity(it->session));
             i++;
             break;
         }

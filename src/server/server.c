@@ -43,6 +43,7 @@ typedef struct sess {
     int closed;               /* deleted: freed when the last reference goes */
     int refs;
     size_t kv_bytes;
+    char policy[48];          /* "full" | "window:W" | "sink:S,window:W" */
 } sess;
 
 /* One generation: a scheduler job and what it produced. */
@@ -1058,6 +1059,7 @@ static json_t *sess_info(server *S, sess *ss) {
     json_object_set_new(j, "pending_tokens", json_integer(ss->n_pending));
     json_object_set_new(j, "max_context", json_integer(ib_session_capacity(ss->s)));
     json_object_set_new(j, "kv_bytes", json_integer((json_int_t)ss->kv_bytes));
+    json_object_set_new(j, "kv_policy", json_string(ss->policy));
     json_object_set_new(j, "busy", json_boolean(ss->busy));
     pthread_mutex_unlock(&S->mu);
     return j;
@@ -1067,7 +1069,15 @@ static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c
     long long ctx = S->o.session_context;
     if (b && get_int(b, "max_context", 1, S->info->max_context, &ctx) < 0)
         return BAD("max_context", "max_context must be an integer in [1, %d]", S->info->max_context);
-    size_t bytes = (size_t)ctx * S->info->kv_bytes_per_token;
+    const char *policy = S->o.kv_policy ? S->o.kv_policy : "full";
+    json_t *kv = b ? json_object_get(b, "kv") : NULL;
+    if (kv && !json_is_string(kv)) return BAD("kv", "kv must be a string: full, window:W or sink:S,window:W");
+    if (kv) policy = json_string_value(kv);
+    int sink = 0, window = 0;
+    if (ib_kv_policy_parse(policy, &sink, &window) || strlen(policy) >= 48)
+        return BAD("kv", "kv '%s' is not full, window:W or sink:S,window:W", policy);
+    long long slots = window > 0 ? (long long)sink + window + S->o.prefill_chunk : ctx;
+    size_t bytes = (size_t)slots * S->info->kv_bytes_per_token;
     pthread_mutex_lock(&S->mu);
     int full = S->n_sessions >= S->o.max_sessions;
     pthread_mutex_unlock(&S->mu);
@@ -1081,7 +1091,8 @@ static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c
                           S->o.memory_budget);
     sess *ss = calloc(1, sizeof *ss);
     ib_error err;
-    ib_session_opts so = {.max_context = (int)ctx, .sampling = ib_sampling_default()};
+    ib_session_opts so = {.max_context = (int)ctx, .sampling = ib_sampling_default(), .kv_sink = sink,
+                          .kv_window = window, .kv_chunk = S->o.prefill_chunk};
     if (!ss || !(ss->tenant = strdup(tenant)) || random_hex(S, ss->id + 5, 16) ||
         ib_session_create(S->m, &so, &ss->s, &err)) {
         if (ss) free(ss->tenant);
@@ -1090,9 +1101,10 @@ static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c
         return send_error(S, c, 500, "server_error", NULL, NULL, "cannot create a session");
     }
     memcpy(ss->id, "sess_", 5);
+    snprintf(ss->policy, sizeof ss->policy, "%s", policy);
     ss->kv_bytes = bytes;
     ss->refs = 1; /* the table's */
-    ss->cap_pending = (int)ctx + 1;
+    ss->cap_pending = (int)(window > 0 || ctx < S->o.max_prompt_tokens ? S->o.max_prompt_tokens : ctx) + 1;
     ss->pending = malloc((size_t)ss->cap_pending * sizeof(int32_t));
     pthread_mutex_lock(&S->mu);
     int ok = ss->pending && S->n_sessions < S->o.max_sessions;
@@ -1167,7 +1179,8 @@ static enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c
     const char *why = NULL;
     if (ss->busy)
         why = "busy";
-    else if ((long)ib_session_position(ss->s) + ss->n_pending + n > ib_session_capacity(ss->s))
+    else if ((long)ib_session_position(ss->s) + ss->n_pending + n > ib_session_capacity(ss->s) ||
+             ss->n_pending + n >= ss->cap_pending)
         why = "full";
     else {
         memcpy(ss->pending + ss->n_pending, ids, (size_t)n * sizeof(int32_t));

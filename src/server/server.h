@@ -19,7 +19,9 @@ typedef struct ib_server_opts {
     int threads, max_batch, prefill_chunk, max_queue;
     int max_sessions;            /* stateful sessions held at once */
     size_t memory_budget;        /* KV bytes over all sessions (request-scoped and stateful); 0 = none */
-    int session_context;         /* KV capacity of a stateful session (tokens) */
+    int session_context;         /* KV capacity of a stateful session (tokens), under the full policy */
+    const char *kv_policy;       /* stateful sessions' default KV policy: "full" (NULL), "window:W",
+                                  * "sink:S,window:W" (request-scoped sessions are always full) */
     const char *const *api_keys; /* [n_api_keys] accepted Bearer keys; none = no key needed */
     int n_api_keys;
     size_t max_body;             /* request body bytes */

@@ -1,0 +1,83 @@
+/*
+ * kv_policy.c — sliding-window and sink+window attention over a session's slot-indexed KV ring,
+ * the policy parser and KV memory accounting (contracts in kv_policy.h and include/isobatch.h).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/fmath.h"
+#include "ops/ops.h"
+#include "runtime/kv_policy.h"
+
+void ib_attend_policy(const ib_session *s, const float *q, const float *k, const float *v, int p, int hd,
+                      float scale, int block, float *out) {
+    float sc[128];    /* block <= 128 scores */
+    int slot[128];
+    float m = -INFINITY, l = 0.0f;
+    int S = s->kv_sink < p + 1 ? s->kv_sink : p + 1;
+    int lo = p - s->kv_window + 1;
+    if (lo < S) lo = S;
+    for (int d = 0; d < hd; d++) out[d] = 0.0f;
+    /* the sink range [0, S), then the window range [lo, p], each cut at multiples of block */
+    int r0[2] = {0, lo}, r1[2] = {S, p + 1};
+    for (int r = 0; r < 2; r++)
+        for (int b0 = r0[r]; b0 < r1[r];) {
+            int end = (b0 / block + 1) * block;
+            if (end > r1[r]) end = r1[r];
+            int nb = end - b0;
+            float mb = -INFINITY;
+            for (int j = 0; j < nb; j++) {
+                slot[j] = ib_kv_slot(s, b0 + j);
+                sc[j] = ib_dot16(q, k + (size_t)slot[j] * hd, hd) * scale;
+                if (sc[j] > mb) mb = sc[j];
+            }
+            float m_new = mb > m ? mb : m;
+            float c = ib_expf(m - m_new); /* exp(-inf) = 0 on the first block */
+            l = l * c;
+            for (int d = 0; d < hd; d++) out[d] = out[d] * c;
+            for (int j = 0; j < nb; j++) {
+                float pr = ib_expf(sc[j] - m_new);
+                const float *vj = v + (size_t)slot[j] * hd;
+                l = l + pr;
+                for (int d = 0; d < hd; d++) out[d] = out[d] + pr * vj[d];
+            }
+            m = m_new;
+            b0 = end;
+        }
+    for (int d = 0; d < hd; d++) out[d] = out[d] / l;
+}
+
+int ib_kv_policy_parse(const char *str, int *sink, int *window) {
+    char *end;
+    long a, b;
+    if (!str) return -1;
+    if (!strcmp(str, "full")) {
+        *sink = *window = 0;
+        return 0;
+    }
+    if (!strncmp(str, "window:", 7)) {
+        a = strtol(str + 7, &end, 10);
+        if (end == str + 7 || *end || a < 1 || a > (1 << 24)) return -1;
+        *sink = 0;
+        *window = (int)a;
+        return 0;
+    }
+    if (!strncmp(str, "sink:", 5)) {
+        a = strtol(str + 5, &end, 10);
+        if (end == str + 5 || a < 0 || a > (1 << 20) || strncmp(end, ",window:", 8)) return -1;
+        const char *w = end + 8;
+        b = strtol(w, &end, 10);
+        if (end == w || *end || b < 1 || b > (1 << 24)) return -1;
+        *sink = (int)a;
+        *window = (int)b;
+        return 0;
+    }
+    return -1;
+}
+
+size_t ib_session_kv_bytes(const ib_session *s) {
+    const ib_config *c = &s->model->cfg;
+    return (size_t)c->n_layers * 2 * c->n_kv_heads * (size_t)s->capacity * c->head_dim * sizeof(float);
+}

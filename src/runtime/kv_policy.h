@@ -1,0 +1,32 @@
+/*
+ * kv_policy.h — KV policies of a session (full, sliding window, attention sinks + window): where a
+ * position's key/value lives in the session's cache, and attention over the kept positions.
+ */
+#ifndef IB_RUNTIME_KV_POLICY_H
+#define IB_RUNTIME_KV_POLICY_H
+#include "runtime/runtime.h"
+
+/* Largest position count a windowed session accepts (positions keep counting past eviction). */
+#define IB_WINDOW_MAX_POS (1 << 30)
+
+/* Cache slot of position pos in session s: pos itself for a full session; for a windowed one the
+ * first kv_sink positions own slots [0, kv_sink) and later positions share a ring of
+ * capacity - kv_sink slots (kv_window + kv_chunk: a step item of up to kv_chunk tokens stores all
+ * its keys before any of its queries attends, and never overwrites a key an earlier query of the
+ * same item still needs). */
+static inline int ib_kv_slot(const ib_session *s, int pos) {
+    if (s->kv_window <= 0 || pos < s->kv_sink) return pos;
+    return s->kv_sink + (pos - s->kv_sink) % (s->capacity - s->kv_sink);
+}
+
+/* Attention of query q [hd] at position p of windowed session s against one head's keys k and values
+ * v ([capacity][hd], slot-indexed). The attended positions are A(p) = [0, min(kv_sink, p + 1)) ∪
+ * [max(kv_sink, p - kv_window + 1), p], walked in ascending position order with an online softmax;
+ * the sink range and the window range are each cut into blocks at multiples of `block` positions.
+ * The arithmetic is a function of p and the kept keys only, so batching and prefill chunking do not
+ * change it. With kv_sink 0 it equals
+ * ib_attend_one_window bitwise, and ib_attend_one while p < kv_window. */
+void ib_attend_policy(const ib_session *s, const float *q, const float *k, const float *v, int p, int hd,
+                      float scale, int block, float *out);
+
+#endif
