@@ -94,7 +94,9 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--ckpt-dir", help="default OUT/ckpt")
     ap.add_argument("--resume")
-    ap.add_argument("--steps", type=int, help="fixed number of steps (overrides the time budget)")
+    ap.add_argument("--steps", type=int, help="fixed number of steps of this run (overrides the time budget)")
+    ap.add_argument("--new-schedule", action="store_true",
+                    help="with --resume: a fresh warmup + cosine schedule over this run's steps")
     ap.add_argument("--time-budget", type=float)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--override", action="append", default=[], help="section.key=json, e.g. train.lr=0.001")
@@ -182,12 +184,16 @@ def main():
     mc["dropout"] = tc["dropout"]
     model = Qwen3(mc)
     start_step, total_steps = 0, a.steps
+    resumed_history = []
     if a.resume:
         from export_mlx import load_ckpt
         sd, meta = load_ckpt(a.resume)
         model.load_state_dict(sd)
         start_step = meta["step"]
-        if total_steps is None and meta.get("total_steps", 0) > start_step:
+        resumed_history = meta.get("history", [])
+        if total_steps is not None:
+            total_steps += start_step
+        elif not a.new_schedule and meta.get("total_steps", 0) > start_step:
             total_steps = meta["total_steps"]
         log("resumed from %s at step %d" % (a.resume, start_step))
     else:
@@ -220,11 +226,40 @@ def main():
             m[r, :len(ids) - 1] = True
         return x, m
 
+    RC = tc.get("copy_rows", 0)
+    heldout_upper = [w.upper() for w in spec["heldout_words"]]
+    letters = [chr(c) for c in range(ord("A"), ord("Z") + 1)]
+
+    def copy_rows(n, width):
+        """n copy rows (not needle documents): a KJV window with the line "Name: S." inserted at a
+        random place and repeated at the end, S a random string of 3-8 capitals that contains no
+        held-out code word. Teaches copying capitals letter by letter (see docs/training.md)."""
+        x = torch.full((n, width + 1), eot, dtype=torch.long)
+        m = torch.zeros((n, width), dtype=torch.bool)
+        for r in range(n):
+            while True:
+                name = "".join(rng.choice(letters) for _ in range(rng.randint(3, 8)))
+                if not any(w in name for w in heldout_upper):
+                    break
+            line = encode("\nName: %s.\n" % name)
+            body = width + 1 - 2 * len(line)
+            a0 = rng.randrange(0, len(kjv_ids) - body - 1)
+            cut = rng.randint(0, (body * 3) // 4)
+            ids = kjv_ids[a0:a0 + cut].tolist() + line + kjv_ids[a0 + cut:a0 + body].tolist() + line
+            x[r, :len(ids)] = torch.tensor(ids)
+            m[r, :len(ids) - 1] = True
+        return x, m
+
     def batches():
-        """[(inputs, targets)]: the short needle rows, then the long needle rows with the KJV rows."""
+        """[(inputs, targets)]: the short needle rows (and copy rows), then the long needle rows with
+        the KJV rows."""
         out = []
         if RS:
-            out.append(rows(RS, TS, short_lengths))
+            xs, ms = rows(RS, TS, short_lengths)
+            if RC:
+                xc, mc_ = copy_rows(RC, TS)
+                xs, ms = torch.cat([xs, xc]), torch.cat([ms, mc_])
+            out.append((xs, ms))
         x, m = rows(RL, T, long_lengths)
         if RK:
             offs = torch.randint(0, len(kjv_ids) - T - 1, (RK,), generator=gen)
@@ -238,10 +273,13 @@ def main():
             res.append((x[:, :-1], y))
         return res
 
+    seg0 = start_step if a.new_schedule else 0   # where the LR schedule starts
+
     def lr_at(step):
+        step, total = step - seg0, total_steps - seg0
         if step < tc["warmup_steps"]:
             return tc["lr"] * (step + 1) / tc["warmup_steps"]
-        p = min(1.0, (step - tc["warmup_steps"]) / max(1, total_steps - tc["warmup_steps"]))
+        p = min(1.0, (step - tc["warmup_steps"]) / max(1, total - tc["warmup_steps"]))
         return tc["lr"] * (tc["min_lr_frac"] + (1 - tc["min_lr_frac"]) * 0.5 * (1 + math.cos(math.pi * p)))
 
     budget = a.time_budget if a.time_budget is not None else tc["time_budget_s"]
@@ -255,7 +293,7 @@ def main():
     last_ck = time.time()
     step = start_step
     loss_acc, loss_n = 0.0, 0
-    history = []
+    history = list(resumed_history)
 
     def periodic_eval(tag):
         model.eval()
@@ -306,7 +344,7 @@ def main():
             total_steps = min(tc["max_steps"], step + int(left / (per * 1.04)))
             timed = True
             log("timing: %.1f ms/step, %d tokens/step -> total_steps %d (budget %.0fs)" % (
-                per * 1000, RS * TS + (RL + RK) * T, total_steps, budget))
+                per * 1000, (RS + RC) * TS + (RL + RK) * T, total_steps, budget))
         if tc["eval_every"] and step % tc["eval_every"] == 0:
             periodic_eval("periodic")
         if time.time() - last_ck > tc["ckpt_every_s"]:
