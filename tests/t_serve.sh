@@ -176,6 +176,10 @@ n_ok=$(grep -c '^PASS ' "$T/client.out"); n_bad=$(grep -c '^FAIL ' "$T/client.ou
 pass=$((pass + n_ok)); fail=$((fail + n_bad))
 grep '^FAIL ' "$T/client.out"
 [ "$n_ok" -ge 16 ] && ok || { bad "openai client: only $n_ok checks passed"; tail -5 "$T/client.out"; }
+# the load generator runs against it (2 s, 4 clients, no errors)
+node "$ROOT/bench/loadgen.js" --url "$U" --key key-a --model tiny --clients 4 --seconds 2 --max-tokens 16 --json > "$T/lg" 2>&1
+[ "$(node -e 'const r=JSON.parse(require("fs").readFileSync(process.argv[1]));console.log(r.errors===0&&r.tokens>0&&r.ttft_ms_p50>0)' "$T/lg" 2>/dev/null)" = true ] \
+    && ok || bad "loadgen: $(cat "$T/lg")"
 stop "$LAST_PID" main
 
 # the invariance checks must fail when the server batches wrongly
