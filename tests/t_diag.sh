@@ -98,19 +98,25 @@ expect_usage "recall bad sessions" "--sessions: bad value" "$BIN" recall -m "$T/
 [ $? = 1 ] && grep -q "/nonexistent.json: cannot open" "$T/err" && ok || bad "recall missing spec"
 
 # ---- recall gap on the trained default model
+# Held-out recall (the benchmark) is reported and must agree bitwise between modes. The gap under a
+# fault needs a model that retrieves: the bundled model retrieves the codes of its training words
+# (its held-out recall is 0, see docs/training.md), so the gap is shown with --words train.
 if [ -f models/default/config.json ]; then
     num() { grep -oE "\"$1\":\{\"recalled\":[0-9]+" "$2" | grep -oE '[0-9]+$'; }
     "$BIN" recall -m models/default --sessions 8 --length 512 --json > "$T/rd" 2>&1; rc=$?
     [ $rc = 0 ] && grep -q '"bitwise_match":true' "$T/rd" && ok || bad "recall on models/default: batched differs from serialized (exit $rc)"
-    s=$(num serialized "$T/rd"); b=$(num batched "$T/rd")
-    [ -n "$s" ] && [ "$s" = "$b" ] && ok || bad "recall on models/default: serialized ${s:-?} vs batched ${b:-?} clean"
-    [ -n "$s" ] && [ "$s" -gt 0 ] && ok || bad "recall on models/default: the model recalls no needle (serialized ${s:-?}/8): no gap can show"
-    "$BIN" recall -m models/default --sessions 8 --length 512 --json --inject rope-skip-rows > "$T/rf" 2>&1; rc=$?
+    h=$(num serialized "$T/rd"); hb=$(num batched "$T/rd")
+    [ -n "$h" ] && [ "$h" = "$hb" ] && ok || bad "recall on models/default: serialized ${h:-?} vs batched ${hb:-?} clean"
+    "$BIN" recall -m models/default --sessions 8 --length 512 --words train --json > "$T/rt" 2>&1; rc=$?
+    s=$(num serialized "$T/rt"); b=$(num batched "$T/rt")
+    [ $rc = 0 ] && [ -n "$s" ] && [ "$s" = "$b" ] && ok || bad "recall --words train on models/default: clean modes differ (${s:-?} vs ${b:-?}, exit $rc)"
+    [ -n "$s" ] && [ "$s" -ge 6 ] && ok || bad "recall --words train on models/default: the model recalls ${s:-?}/8: no gap can show"
+    "$BIN" recall -m models/default --sessions 8 --length 512 --words train --json --inject rope-skip-rows > "$T/rf" 2>&1; rc=$?
     s2=$(num serialized "$T/rf"); b2=$(num batched "$T/rf")
     [ $rc = 1 ] && ok || bad "recall on models/default under rope-skip-rows: exit $rc"
     [ -n "$b2" ] && [ -n "$s2" ] && [ "$b2" -lt "$s2" ] && ok \
         || bad "recall on models/default under rope-skip-rows: no gap (serialized ${s2:-?}, batched ${b2:-?})"
-    echo "t_diag: models/default recall 8 x 512: clean ${s:-?}/8 both modes; rope-skip-rows serialized ${s2:-?}/8, batched ${b2:-?}/8"
+    echo "t_diag: models/default recall 8 x 512: held-out ${h:-?}/8 both modes; training words ${s:-?}/8 both modes; rope-skip-rows serialized ${s2:-?}/8, batched ${b2:-?}/8"
 else
     echo "t_diag: SKIPPED the recall-gap test on the trained model: models/default/config.json is missing"
 fi

@@ -15,7 +15,7 @@
 
 static const char help[] =
     "usage: isobatch recall [-m DIR] [--sessions N] [--length L] [--batch B] [--threads N] [--isa I]\n"
-    "         [--act A] [--spec FILE] [--first-case K] [--json] [--inject FAULT]\n"
+    "         [--act A] [--spec FILE] [--first-case K] [--words heldout|train] [--json] [--inject FAULT]\n"
     "\n"
     "Builds N needle-in-a-haystack benchmark cases (spec/needle.md: held-out words, seeds\n"
     "benchmark_seed_base + K + i, each document at most L tokens), decodes each greedily alone and then\n"
@@ -32,6 +32,8 @@ static const char help[] =
     "                    whole prompts in one step, at most 16384; decode steps then carry one token each)\n"
     "  --spec FILE       the needle spec (default spec/needle.json, else beside the executable's ../spec)\n"
     "  --first-case K    start at case K (seed benchmark_seed_base + K; default 0)\n"
+    "  --words W         heldout (the benchmark, default) or train: code words the model was trained on,\n"
+    "                    a diagnostic for models that only retrieve those (not a recall benchmark)\n"
     "  --json            one JSON object\n"
     "  --inject FAULT    test-only: break a kernel on purpose (see `isobatch generate --help`)\n";
 
@@ -100,7 +102,7 @@ int cmd_recall(int argc, char **argv) {
     long sessions = 8, length = 512, batch = 0, threads = sysconf(_SC_NPROCESSORS_ONLN), first = 0, max_step = 0;
     ib_isa isa = IB_ISA_AUTO;
     ib_act act = IB_ACT_AUTO;
-    int json = 0, rc = 0;
+    int json = 0, rc = 0, train_words = 0;
     if (threads < 1) threads = 1;
     ib_model *m = NULL;
     ib_needle_spec *sp = NULL;
@@ -122,6 +124,11 @@ int cmd_recall(int argc, char **argv) {
         else if (!strcmp(f, "--max-step-tokens")) rc = VAL() ? cli_int(f, v, 1, 1 << 20, &max_step) : 2;
         else if (!strcmp(f, "--first-case")) rc = VAL() ? cli_int(f, v, 0, 1L << 40, &first) : 2;
         else if (!strcmp(f, "--spec")) rc = VAL() ? (spec_path = v, 0) : 2;
+        else if (!strcmp(f, "--words")) {
+            if (!VAL()) rc = 2;
+            else if (!strcmp(v, "train")) train_words = 1;
+            else if (strcmp(v, "heldout")) rc = cli_usage_error("--words: unknown '%s' (heldout, train)", v);
+        }
         else if (!strcmp(f, "--isa")) {
             if (!VAL()) rc = 2;
             else if (ib_isa_parse(v, &isa)) rc = cli_usage_error("--isa: unknown '%s' (auto, scalar, avx2, avx512)", v);
@@ -146,6 +153,7 @@ int cmd_recall(int argc, char **argv) {
         rc = cli_error("%s", err.msg);
         goto out;
     }
+    if (train_words) ib_needle_use_train_words(sp);
     cases = calloc((size_t)sessions, sizeof *cases);
     if (!cases) {
         rc = cli_error("out of memory");

@@ -137,6 +137,9 @@ void ib_needle_spec_free(ib_needle_spec *s);
 /* The spec's benchmark_seed_base and heldout_lengths (for defaults and notices). */
 uint64_t ib_needle_seed_base(const ib_needle_spec *s);
 int ib_needle_heldout_length(const ib_needle_spec *s, int i);  /* -1 past the end */
+/* Draw case words from train_words instead of heldout_words (a diagnostic for models that only
+ * retrieve codes they were trained on; not the benchmark). */
+void ib_needle_use_train_words(ib_needle_spec *s);
 
 /* One benchmark case (spec/needle.md). */
 typedef struct ib_needle_case {

@@ -20,8 +20,10 @@ struct ib_needle_spec {
     char *header, *filler_line, *needle_line, *question, *answer_prefix, *answer, *code;
     char **fillers;      /* [n_fillers] */
     int n_fillers;
-    char **words;        /* [n_words] heldout_words */
+    char **words;        /* [n_words] the words cases draw from: heldout_words, or train_words */
     int n_words;
+    char **train_words;  /* [n_train_words] */
+    int n_train_words;
     int *depths;         /* [n_depths] heldout_depth_percent */
     int n_depths;
     int *lengths;        /* [n_lengths] heldout_lengths */
@@ -45,12 +47,22 @@ void ib_needle_spec_free(ib_needle_spec *s) {
     free(s->code);
     free_strs(s->fillers, s->n_fillers);
     free_strs(s->words, s->n_words);
+    free_strs(s->train_words, s->n_train_words);
     free(s->depths);
     free(s->lengths);
     free(s);
 }
 
 uint64_t ib_needle_seed_base(const ib_needle_spec *s) { return s->seed_base; }
+
+void ib_needle_use_train_words(ib_needle_spec *s) {
+    char **w = s->words;
+    int n = s->n_words;
+    s->words = s->train_words;
+    s->n_words = s->n_train_words;
+    s->train_words = w;
+    s->n_train_words = n;
+}
 
 int ib_needle_heldout_length(const ib_needle_spec *s, int i) {
     return i >= 0 && i < s->n_lengths ? s->lengths[i] : -1;
@@ -216,6 +228,7 @@ ib_status ib_needle_spec_load(const char *path, ib_needle_spec **out, ib_error *
         (rc = get_str(path, root, "answer", &s->answer, err)) || (rc = get_str(path, root, "code", &s->code, err)) ||
         (rc = get_strs(path, root, "fillers", &s->fillers, &s->n_fillers, err)) ||
         (rc = get_strs(path, root, "heldout_words", &s->words, &s->n_words, err)) ||
+        (rc = get_strs(path, root, "train_words", &s->train_words, &s->n_train_words, err)) ||
         (rc = get_ints(path, root, "heldout_depth_percent", 0, 100, &s->depths, &s->n_depths, err)) ||
         (rc = get_ints(path, root, "heldout_lengths", 1, 1 << 24, &s->lengths, &s->n_lengths, err)))
         goto done;
@@ -491,6 +504,11 @@ static ib_status run_mode(const ib_model *m, const ib_needle_case *cases, int n,
         return ib_fail(err, IB_ERR_NOMEM, "recall: out of memory");
     }
     for (int i = 0; i < n; i++) rq[i] = (ib_gen_request){cases[i].ids, cases[i].n_ids};
+    /* a document of L = context tokens leaves its answer's room, not max_new's: generate what fits */
+    int ctx = ib_model_get_info(m)->max_context, longest = 0;
+    for (int i = 0; i < n; i++)
+        if (cases[i].n_ids > longest) longest = cases[i].n_ids;
+    if (longest + max_new - 1 > ctx) max_new = ctx - longest + 1;
     ib_gen_opts go = {.max_new_tokens = max_new, .batch = batch, .stop_at_eos = 1, .sampling = ib_sampling_default()};
     rc = ib_generate(e, rq, n, &go, res, st, err);
     free(rq);
