@@ -3,12 +3,16 @@
  *
  * A job is published by bumping an atomic generation counter. Workers spin on it for a short while
  * (a decode step runs hundreds of small jobs back to back, and a sleep/wake round trip per job would
- * cost more than the job), then sleep on a condition variable. Each worker runs its static share of
- * the tasks and decrements `pending`; the caller runs share 0 and spins until pending reaches zero.
+ * cost more than the job), then sleep on a condition variable. Tasks are claimed one at a time from
+ * a counter tagged with the job's generation, by the caller and by whichever workers are awake: on a
+ * busy machine a descheduled worker delays nobody, because the caller takes the tasks it has not
+ * claimed. The caller returns when every task is done. (Which thread runs a task never changes its
+ * result: tasks write disjoint outputs and do their own reductions in full.)
  */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "core/error.h"
@@ -34,22 +38,29 @@ struct ib_pool {
     pthread_mutex_t mu;
     pthread_cond_t start_cv;
     _Atomic unsigned long generation;  /* bumped for each job */
-    _Atomic int pending;               /* workers still running the current job */
+    _Atomic uint64_t claim;            /* (generation low 32 bits) << 32 | next unclaimed task */
+    _Atomic int done;                  /* tasks finished in the current job */
     _Atomic int quit;
     int sleepers;                      /* workers waiting on start_cv (guarded by mu) */
     /* current job: written before generation is bumped, read after it is seen */
-    ib_pool_fn fn;
-    void *ctx;
-    int n_tasks;
+    _Atomic(ib_pool_fn) fn;
+    _Atomic(void *) ctx;
+    _Atomic int n_tasks;
 };
 
 typedef struct { ib_pool *pool; int index; } worker_arg;
 
-/* Run the tasks of the current job that belong to worker `w`: a contiguous static range. */
-static void run_share(ib_pool *p, int w) {
-    int n = p->n_tasks, t = p->n_threads;
-    int lo = (int)((long long)n * w / t), hi = (int)((long long)n * (w + 1) / t);
-    for (int i = lo; i < hi; i++) p->fn(p->ctx, i, w);
+/* Claim and run tasks of job `gen` until none is left; a claim made after the job changed fails. */
+static void run_tasks(ib_pool *p, unsigned long gen, ib_pool_fn fn, void *ctx, int n_tasks, int w) {
+    uint64_t tag = (uint64_t)(uint32_t)gen << 32;
+    for (;;) {
+        uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
+        if ((c & 0xffffffff00000000ull) != tag || (int)(uint32_t)c >= n_tasks) return;
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel, memory_order_relaxed))
+            continue;
+        fn(ctx, (int)(uint32_t)c, w);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+    }
 }
 
 /* Wait until the generation differs from seen (or quit); return the new generation. */
@@ -78,8 +89,9 @@ static void *worker_main(void *arg) {
     for (;;) {
         seen = wait_job(p, seen);
         if (atomic_load(&p->quit)) break;
-        run_share(p, w);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+        /* the job's fields were written before the generation was published; a stale read is caught
+         * by the generation tag of the claim counter */
+        run_tasks(p, seen, p->fn, p->ctx, p->n_tasks, w);
     }
     return NULL;
 }
@@ -136,13 +148,15 @@ void ib_pool_run(ib_pool *p, int n_tasks, ib_pool_fn fn, void *ctx) {
     p->fn = fn;
     p->ctx = ctx;
     p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    unsigned long gen = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1;
+    atomic_store_explicit(&p->claim, (uint64_t)(uint32_t)gen << 32, memory_order_release);
+    atomic_store_explicit(&p->generation, gen, memory_order_release);
     pthread_mutex_lock(&p->mu);
     if (p->sleepers) pthread_cond_broadcast(&p->start_cv);
     pthread_mutex_unlock(&p->mu);
-    run_share(p, 0);
-    for (int i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
+    run_tasks(p, gen, fn, ctx, n_tasks, 0);
+    for (int i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks; i++) {
         if (i < YIELD_AFTER) CPU_RELAX();
         else sched_yield();
     }

@@ -19,6 +19,10 @@ ib_status ib_pool_create(int n_threads, ib_pool **out, ib_error *err);
 void ib_pool_free(ib_pool *p);
 int ib_pool_threads(const ib_pool *p);
 
+/* Work (in multiply-adds) below which a job runs on the calling thread alone: waking workers costs
+ * microseconds, more than such a job takes. Only speed depends on it, never a result. */
+#define IB_MIN_PARALLEL_MACS 262144.0
+
 /* Run fn for every task and return when all are done. p may be NULL (runs inline). */
 void ib_pool_run(ib_pool *p, int n_tasks, ib_pool_fn fn, void *ctx);
 

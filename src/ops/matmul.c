@@ -202,5 +202,7 @@ void ib_matmul(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, i
     if (per < 1) per = 1;
     mm_job job = { m, X, B, q, act, kern, per, Y, ldy };
     int n_tasks = (m->n_panels + per - 1) / per;
+    /* a product too small to repay waking the workers runs on the caller alone */
+    if ((double)B * m->rows * m->cols < IB_MIN_PARALLEL_MACS) pool = NULL;
     ib_pool_run(pool, n_tasks, mm_task, &job);
 }

@@ -49,7 +49,7 @@ static void rms_task(void *ctx, int r, int thread) {
 
 void ib_rmsnorm(const float *x, const float *w, int R, int D, float eps, float *y, ib_pool *pool) {
     rms_job j = {x, w, y, D, eps, ib_pool_threads(pool)};
-    ib_pool_run(pool, R, rms_task, &j);
+    ib_pool_run((double)R * D * 8 < IB_MIN_PARALLEL_MACS ? NULL : pool, R, rms_task, &j);
 }
 
 void ib_rmsnorm_heads(float *x, const float *w, int R, int H, int hd, float eps, ib_pool *pool) {

@@ -153,6 +153,9 @@ ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
     for (r = 0; r < R; r++) ib_matrix_row_f32(&m->embed, e->tok[r], e->x + (size_t)r * D);
 
     attn_job aj = {e, items, 0, ib_attn_block_for(n)};
+    /* multiply-adds of one layer's attention: every row's query against its keys, scores and values */
+    double attn_work = 0;
+    for (int rr = 0; rr < R; rr++) attn_work += 2.0 * (e->pos[rr] + 1) * H * hd;
     for (int li = 0; li < c->n_layers; li++) {
         const ib_layer *L = &m->layers[li];
         /* attention */
@@ -177,7 +180,7 @@ ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
         CAPTURE(li, "k", e->k, KVH * hd);
         store_kv(e, items, R, li);
         aj.li = li;
-        ib_pool_run(e->pool, R * H, attn_task, &aj);
+        ib_pool_run(attn_work < IB_MIN_PARALLEL_MACS ? NULL : e->pool, R * H, attn_task, &aj);
         CAPTURE(li, "attn_out", e->att, H * hd);
         linear(e, &L->wo, e->att, R, e->o, 0);
         CAPTURE(li, "attn_proj", e->o, D);
