@@ -63,12 +63,11 @@ examples: $(EX_BIN)
 test: all asan $(TEST_BIN) $(EX_BIN)
 	@BUILD=$(BUILD) bash tests/run.sh
 
-# The main job: batched generation on the default model (a synthetic tiny model until a trained one
-# is bundled), printing the text, tokens/s, and whether every row matched its serialized run.
-RUN_MODEL ?= $(BUILD)/models/tiny
+# The main job: batched generation on the bundled default model (models/default, trained by train/),
+# printing the text, tokens/s, and whether every row matched its serialized run.
+RUN_MODEL ?= models/default
 run: all
-	@test -f $(RUN_MODEL)/config.json || ./$(BUILD)/isobatch mkmodel --preset tiny --seed 1 --out $(RUN_MODEL)
-	./$(BUILD)/isobatch generate -m $(RUN_MODEL) --prompts-file examples/prompts.txt -n 24 --batch 8 --check-serial
+	./$(BUILD)/isobatch generate -m $(RUN_MODEL) --prompts-file examples/prompts.txt -n 32 --batch 8 --check-serial
 
 # Sanitizer build (AddressSanitizer + UndefinedBehaviorSanitizer) in its own folder. It also leaves out
 # the AVX2 clones of the elementwise ops (IB_NO_CLONES), so tests can compare the two builds bitwise.
