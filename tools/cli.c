@@ -124,3 +124,41 @@ size_t cli_utf8_sanitize(const char *s, size_t n, char *out, size_t cap) {
     out[o] = '\0';
     return o;
 }
+
+int cli_isa(const char *v, ib_isa *out) {
+    if (ib_isa_parse(v, out) == 0) return 0;
+    return cli_usage_error("--isa: unknown '%s' (auto, scalar, avx2, avx512)", v);
+}
+
+int cli_act(const char *v, ib_act *out) {
+    if (ib_act_parse(v, out) == 0) return 0;
+    return cli_usage_error("--act: unknown '%s' (auto, f32, q8)", v);
+}
+
+int cli_inject(const char *v) {
+    ib_fault f;
+    if (ib_fault_parse(v, &f)) return cli_usage_error("--inject: unknown fault '%s'", v);
+    ib_fault_set(f);
+    return 0;
+}
+
+int cli_parse_ids(const char *list, int vocab, int32_t **out, int *n) {
+    int k = 1;
+    for (const char *c = list; *c; c++) k += *c == ',';
+    int32_t *v = malloc((size_t)k * sizeof *v);
+    if (!v) return cli_error("out of memory");
+    const char *c = list;
+    for (int i = 0; i < k; i++) {
+        char *end;
+        long x = strtol(c, &end, 10);
+        if (end == c || (*end && *end != ',') || x < 0 || x >= vocab) {
+            free(v);
+            return cli_usage_error("--prompt-ids: bad id at '%s' (ids are integers in [0, %d))", c, vocab);
+        }
+        v[i] = (int32_t)x;
+        c = end + (*end == ',');
+    }
+    *out = v;
+    *n = k;
+    return 0;
+}

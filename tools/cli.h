@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "isobatch.h"
+
 /* Subcommand entry points: argv[0] is the subcommand name. Return the process exit code. */
 int cmd_generate(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
@@ -32,6 +34,16 @@ const char *cli_value(int argc, char **argv, int *i);
 int cli_int(const char *flag, const char *s, long lo, long hi, long *out);
 int cli_float(const char *flag, const char *s, double lo, double hi, double *out);
 int cli_u64(const char *flag, const char *s, uint64_t *out);
+
+/* Flag values shared by the commands that run the engine: parse --isa / --act into *out, or --inject
+ * (switching the fault on); 0 on success, 2 (after a one-line error naming the flag) otherwise. */
+int cli_isa(const char *v, ib_isa *out);
+int cli_act(const char *v, ib_act *out);
+int cli_inject(const char *v);
+
+/* Parse a comma-separated id list ("1,2,3", each in [0, vocab)) into a new array *out of *n ids;
+ * 0 on success, 1 or 2 after an error message. */
+int cli_parse_ids(const char *list, int vocab, int32_t **out, int *n);
 
 /* The model directory to use: dir when given, else models/default beside the working directory,
  * else NULL after printing an error. */

@@ -141,9 +141,9 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(f, "--reps")) {
             if (cli_int(f, v, 1, MAX_REPS, &reps)) return 2;
         } else if (!strcmp(f, "--act")) {
-            if (ib_act_parse(v, &act)) return cli_usage_error("--act: unknown '%s' (auto, f32, q8)", v);
+            if (cli_act(v, &act)) return 2;
         } else if (!strcmp(f, "--isa")) {
-            if (ib_isa_parse(v, &isa)) return cli_usage_error("--isa: unknown '%s' (auto, scalar, avx2, avx512)", v);
+            if (cli_isa(v, &isa)) return 2;
         } else
             return cli_usage_error("bench: unknown option '%s' (try --help)", f);
     }

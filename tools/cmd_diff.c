@@ -43,27 +43,6 @@ static const char *const default_prompts[] = {
     "Question: what is the secret code? Answer: the code is written on the wall of the old tower.",
 };
 
-/* Parse "1,2,3" into ids (each in [0, vocab)); 2 after an error message. */
-static int parse_ids(const char *s, int vocab, int32_t **out, int *n) {
-    int k = 1;
-    for (const char *c = s; *c; c++) k += *c == ',';
-    int32_t *v = malloc((size_t)k * sizeof *v);
-    if (!v) return cli_error("out of memory");
-    const char *c = s;
-    for (int i = 0; i < k; i++) {
-        char *end;
-        long x = strtol(c, &end, 10);
-        if (end == c || (*end && *end != ',') || x < 0 || x >= vocab) {
-            free(v);
-            return cli_usage_error("--prompt-ids: bad id at '%s' (ids are integers in [0, %d))", c, vocab);
-        }
-        v[i] = (int32_t)x;
-        c = end + (*end == ',');
-    }
-    *out = v;
-    *n = k;
-    return 0;
-}
 
 static const char *layer_name(int l, int L, char *buf, size_t cap) {
     if (l == L) snprintf(buf, cap, "final");
@@ -111,17 +90,12 @@ int cmd_diff(int argc, char **argv) {
         else if (!strcmp(f, "--batch")) rc = VAL() ? cli_int(f, v, 1, 4096, &batch) : 2;
         else if (!strcmp(f, "--threads")) rc = VAL() ? cli_int(f, v, 1, 256, &threads) : 2;
         else if (!strcmp(f, "--isa")) {
-            if (!VAL()) rc = 2;
-            else if (ib_isa_parse(v, &isa)) rc = cli_usage_error("--isa: unknown '%s' (auto, scalar, avx2, avx512)", v);
+            rc = VAL() ? cli_isa(v, &isa) : 2;
         } else if (!strcmp(f, "--act")) {
-            if (!VAL()) rc = 2;
-            else if (ib_act_parse(v, &act)) rc = cli_usage_error("--act: unknown '%s' (auto, f32, q8)", v);
+            rc = VAL() ? cli_act(v, &act) : 2;
         } else if (!strcmp(f, "--json")) json = 1;
         else if (!strcmp(f, "--inject")) {
-            ib_fault fault;
-            if (!VAL()) rc = 2;
-            else if (ib_fault_parse(v, &fault)) rc = cli_usage_error("--inject: unknown fault '%s'", v);
-            else ib_fault_set(fault);
+            rc = VAL() ? cli_inject(v) : 2;
         } else rc = cli_usage_error("diff: unknown option '%s' (try --help)", f);
 #undef VAL
     }
@@ -152,7 +126,7 @@ int cmd_diff(int argc, char **argv) {
         n++;
     }
     for (int i = 0; i < ni; i++) {
-        if ((rc = parse_ids(idl[i], info->vocab_size, &ids[n], &lens[n]))) goto out;
+        if ((rc = cli_parse_ids(idl[i], info->vocab_size, &ids[n], &lens[n]))) goto out;
         n++;
     }
     ib_diff_opts o = {.step = (int)step, .batch = (int)batch, .threads = (int)threads, .isa = isa, .act = act};

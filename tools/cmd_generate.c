@@ -111,21 +111,9 @@ static int add_chat_text(prompts *p, const ib_model *m, const char *text) {
 
 /* Parse "1,2,3" into a new prompt. */
 static int add_ids(prompts *p, const char *list, int vocab) {
-    int n = 1;
-    for (const char *c = list; *c; c++) n += *c == ',';
-    int32_t *ids = malloc((size_t)n * sizeof *ids);
-    if (!ids) return cli_error("out of memory");
-    const char *c = list;
-    for (int i = 0; i < n; i++) {
-        char *end;
-        long v = strtol(c, &end, 10);
-        if (end == c || (*end && *end != ',') || v < 0 || v >= vocab) {
-            free(ids);
-            return cli_usage_error("--prompt-ids: bad id at '%s' (ids are integers in [0, %d))", c, vocab);
-        }
-        ids[i] = (int32_t)v;
-        c = end + (*end == ',');
-    }
+    int32_t *ids;
+    int n, rc = cli_parse_ids(list, vocab, &ids, &n);
+    if (rc) return rc;
     if (prompts_add(p, ids, n, NULL)) {
         free(ids);
         return cli_error("out of memory");
@@ -290,11 +278,9 @@ int cmd_generate(int argc, char **argv) {
             else if (!strcmp(v, "whole")) a.chunk = 0;
             else rc = cli_int(f, v, 0, 1 << 20, &a.chunk);
         } else if (!strcmp(f, "--isa")) {
-            if (!VAL()) rc = 2;
-            else if (ib_isa_parse(v, &a.isa)) rc = cli_usage_error("--isa: unknown '%s' (auto, scalar, avx2, avx512)", v);
+            rc = VAL() ? cli_isa(v, &a.isa) : 2;
         } else if (!strcmp(f, "--act")) {
-            if (!VAL()) rc = 2;
-            else if (ib_act_parse(v, &a.act)) rc = cli_usage_error("--act: unknown '%s' (auto, f32, q8)", v);
+            rc = VAL() ? cli_act(v, &a.act) : 2;
         } else if (!strcmp(f, "--temp")) {
             if (!VAL() || cli_float(f, v, 0, 100, &d)) rc = 2;
             else a.sampling.temperature = (float)d;
@@ -319,10 +305,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(f, "--check-serial")) a.check_serial = 1;
         else if (!strcmp(f, "--logits-out")) rc = VAL() ? (a.logits_out = v, 0) : 2;
         else if (!strcmp(f, "--inject")) {
-            ib_fault fault;
-            if (!VAL()) rc = 2;
-            else if (ib_fault_parse(v, &fault)) rc = cli_usage_error("--inject: unknown fault '%s'", v);
-            else ib_fault_set(fault);
+            rc = VAL() ? cli_inject(v) : 2;
         } else rc = cli_usage_error("generate: unknown option '%s' (try --help)", f);
 #undef VAL
     }

@@ -186,10 +186,7 @@ int cmd_probe(int argc, char **argv) {
         else if (!strcmp(f, "--tokens")) rc = VAL() ? parse_list(f, v, 1, 4096, &Ts, &po.n_T) : 2;
         else if (!strcmp(f, "--positions")) rc = VAL() ? parse_list(f, v, 0, 1 << 20, &Ps, &po.n_pos) : 2;
         else if (!strcmp(f, "--inject")) {
-            ib_fault fault;
-            if (!VAL()) rc = 2;
-            else if (ib_fault_parse(v, &fault)) rc = cli_usage_error("--inject: unknown fault '%s'", v);
-            else ib_fault_set(fault);
+            rc = VAL() ? cli_inject(v) : 2;
         } else rc = cli_usage_error("probe: unknown option '%s' (try --help)", f);
 #undef VAL
     }

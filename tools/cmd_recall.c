@@ -130,17 +130,12 @@ int cmd_recall(int argc, char **argv) {
             else if (strcmp(v, "heldout")) rc = cli_usage_error("--words: unknown '%s' (heldout, train)", v);
         }
         else if (!strcmp(f, "--isa")) {
-            if (!VAL()) rc = 2;
-            else if (ib_isa_parse(v, &isa)) rc = cli_usage_error("--isa: unknown '%s' (auto, scalar, avx2, avx512)", v);
+            rc = VAL() ? cli_isa(v, &isa) : 2;
         } else if (!strcmp(f, "--act")) {
-            if (!VAL()) rc = 2;
-            else if (ib_act_parse(v, &act)) rc = cli_usage_error("--act: unknown '%s' (auto, f32, q8)", v);
+            rc = VAL() ? cli_act(v, &act) : 2;
         } else if (!strcmp(f, "--json")) json = 1;
         else if (!strcmp(f, "--inject")) {
-            ib_fault fault;
-            if (!VAL()) rc = 2;
-            else if (ib_fault_parse(v, &fault)) rc = cli_usage_error("--inject: unknown fault '%s'", v);
-            else ib_fault_set(fault);
+            rc = VAL() ? cli_inject(v) : 2;
         } else rc = cli_usage_error("recall: unknown option '%s' (try --help)", f);
 #undef VAL
     }

@@ -102,16 +102,11 @@ int cmd_serve(int argc, char **argv) {
             else if (!*v || nk == 64) rc = cli_usage_error("--api-key: empty key, or more than 64 keys");
             else keys[nk++] = v;
         } else if (!strcmp(f, "--inject")) { /* tests only: a deliberate invariance bug (see ib_fault) */
-            ib_fault fl;
-            if (!VAL()) rc = 2;
-            else if (ib_fault_parse(v, &fl)) rc = cli_usage_error("--inject: unknown fault '%s'", v);
-            else ib_fault_set(fl);
+            rc = VAL() ? cli_inject(v) : 2;
         } else if (!strcmp(f, "--isa")) {
-            if (!VAL()) rc = 2;
-            else if (ib_isa_parse(v, &o.isa)) rc = cli_usage_error("--isa: unknown '%s' (auto, scalar, avx2, avx512)", v);
+            rc = VAL() ? cli_isa(v, &o.isa) : 2;
         } else if (!strcmp(f, "--act")) {
-            if (!VAL()) rc = 2;
-            else if (ib_act_parse(v, &o.act)) rc = cli_usage_error("--act: unknown '%s' (auto, f32, q8)", v);
+            rc = VAL() ? cli_act(v, &o.act) : 2;
         } else
             rc = cli_usage_error("serve: unknown option '%s' (try --help)", f);
 #undef VAL
