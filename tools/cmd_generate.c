@@ -277,9 +277,8 @@ int cmd_generate(int argc, char **argv) {
             if (!VAL()) rc = 2;
             else if (!strcmp(v, "whole")) a.chunk = 0;
             else rc = cli_int(f, v, 0, 1 << 20, &a.chunk);
-        } else if (!strcmp(f, "--isa")) {
-            rc = VAL() ? cli_isa(v, &a.isa) : 2;
-        } else if (!strcmp(f, "--act")) {
+        } else if (!strcmp(f, "--isa")) rc = VAL() ? cli_isa(v, &a.isa) : 2;
+        else if (!strcmp(f, "--act")) {
             rc = VAL() ? cli_act(v, &a.act) : 2;
         } else if (!strcmp(f, "--temp")) {
             if (!VAL() || cli_float(f, v, 0, 100, &d)) rc = 2;
@@ -304,9 +303,8 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(f, "--chat")) chat_mode = 1;
         else if (!strcmp(f, "--check-serial")) a.check_serial = 1;
         else if (!strcmp(f, "--logits-out")) rc = VAL() ? (a.logits_out = v, 0) : 2;
-        else if (!strcmp(f, "--inject")) {
-            rc = VAL() ? cli_inject(v) : 2;
-        } else rc = cli_usage_error("generate: unknown option '%s' (try --help)", f);
+        else if (!strcmp(f, "--inject")) rc = VAL() ? cli_inject(v) : 2;
+        else rc = cli_usage_error("generate: unknown option '%s' (try --help)", f);
 #undef VAL
     }
     if (rc) goto out;

@@ -185,9 +185,8 @@ int cmd_probe(int argc, char **argv) {
         else if (!strcmp(f, "--batch-sizes")) rc = VAL() ? parse_list(f, v, 1, 4096, &Bs, &po.n_B) : 2;
         else if (!strcmp(f, "--tokens")) rc = VAL() ? parse_list(f, v, 1, 4096, &Ts, &po.n_T) : 2;
         else if (!strcmp(f, "--positions")) rc = VAL() ? parse_list(f, v, 0, 1 << 20, &Ps, &po.n_pos) : 2;
-        else if (!strcmp(f, "--inject")) {
-            rc = VAL() ? cli_inject(v) : 2;
-        } else rc = cli_usage_error("probe: unknown option '%s' (try --help)", f);
+        else if (!strcmp(f, "--inject")) rc = VAL() ? cli_inject(v) : 2;
+        else rc = cli_usage_error("probe: unknown option '%s' (try --help)", f);
 #undef VAL
     }
     if (rc) goto out;

@@ -129,14 +129,12 @@ int cmd_recall(int argc, char **argv) {
             else if (!strcmp(v, "train")) train_words = 1;
             else if (strcmp(v, "heldout")) rc = cli_usage_error("--words: unknown '%s' (heldout, train)", v);
         }
-        else if (!strcmp(f, "--isa")) {
-            rc = VAL() ? cli_isa(v, &isa) : 2;
-        } else if (!strcmp(f, "--act")) {
+        else if (!strcmp(f, "--isa")) rc = VAL() ? cli_isa(v, &isa) : 2;
+        else if (!strcmp(f, "--act")) {
             rc = VAL() ? cli_act(v, &act) : 2;
         } else if (!strcmp(f, "--json")) json = 1;
-        else if (!strcmp(f, "--inject")) {
-            rc = VAL() ? cli_inject(v) : 2;
-        } else rc = cli_usage_error("recall: unknown option '%s' (try --help)", f);
+        else if (!strcmp(f, "--inject")) rc = VAL() ? cli_inject(v) : 2;
+        else rc = cli_usage_error("recall: unknown option '%s' (try --help)", f);
 #undef VAL
     }
     if (rc) return rc;

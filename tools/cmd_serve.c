@@ -103,9 +103,8 @@ int cmd_serve(int argc, char **argv) {
             else keys[nk++] = v;
         } else if (!strcmp(f, "--inject")) { /* tests only: a deliberate invariance bug (see ib_fault) */
             rc = VAL() ? cli_inject(v) : 2;
-        } else if (!strcmp(f, "--isa")) {
-            rc = VAL() ? cli_isa(v, &o.isa) : 2;
-        } else if (!strcmp(f, "--act")) {
+        } else if (!strcmp(f, "--isa")) rc = VAL() ? cli_isa(v, &o.isa) : 2;
+        else if (!strcmp(f, "--act")) {
             rc = VAL() ? cli_act(v, &o.act) : 2;
         } else
             rc = cli_usage_error("serve: unknown option '%s' (try --help)", f);
