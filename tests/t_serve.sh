@@ -188,8 +188,9 @@ timeout 300 node "$CL/client_test.js" "http://127.0.0.1:$PORT" none tiny > "$T/f
 grep -q '^FAIL invariance under load: greedy' "$T/faulty.out" && ok || bad "invariance check passed under rope-scalar-offset"
 stop "$LAST_PID" faulty
 
-# over capacity: one generation at a time, no queue, a small memory budget
-start small --max-batch 1 --max-queue 0 --memory-budget 1200K --timeout 20
+# over capacity: one generation at a time, no queue, a small memory budget; 20 ms per token, so the
+# long stream (20 s) holds the only slot until the client goes away
+start small --max-batch 1 --max-queue 0 --memory-budget 1200K --timeout 20 --token-delay-ms 20
 U=http://127.0.0.1:$PORT
 curl -s -N -m 20 "$U/v1/completions" -d '{"model":"tiny","prompt":"a long one","max_tokens":1000,"stream":true}' > /dev/null 2>&1 &
 CURL=$!

@@ -35,7 +35,8 @@ static const char help[] =
     "  --max-tokens N         max_tokens limit (default 1024)\n"
     "  --max-connections N    open connections (default 256)\n"
     "  --timeout S            idle connection timeout (<= 30 s used) and longest generation (default 300)\n"
-    "  --inject FAULT         tests only: serve with a deliberate invariance bug (see generate --help)\n";
+    "  --inject FAULT         tests only: serve with a deliberate invariance bug (see generate --help)\n"
+    "  --token-delay-ms N     tests only: sleep N ms on each generated token (a slow model)\n";
 
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int sig) { stop_flag = 1; }
@@ -65,7 +66,7 @@ int cmd_serve(int argc, char **argv) {
     const char *dir = NULL;
     long port = o.port, batch = o.max_batch, chunk = o.prefill_chunk, queue = o.max_queue, sessions = o.max_sessions,
          sctx = o.session_context, maxp = o.max_prompt_tokens, maxt = o.max_tokens, conns = o.max_connections,
-         tmo = o.timeout_s, body = (long)o.max_body;
+         tmo = o.timeout_s, body = (long)o.max_body, delay = 0;
     for (int i = 1; i < argc && !rc; i++) {
         const char *f = argv[i], *v = NULL;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -103,6 +104,8 @@ int cmd_serve(int argc, char **argv) {
             else keys[nk++] = v;
         } else if (!strcmp(f, "--inject")) { /* tests only: a deliberate invariance bug (see ib_fault) */
             rc = VAL() ? cli_inject(v) : 2;
+        } else if (!strcmp(f, "--token-delay-ms")) { /* tests only: a slow model */
+            rc = VAL() ? cli_int(f, v, 0, 10000, &delay) : 2;
         } else if (!strcmp(f, "--isa")) rc = VAL() ? cli_isa(v, &o.isa) : 2;
         else if (!strcmp(f, "--act")) {
             rc = VAL() ? cli_act(v, &o.act) : 2;
@@ -127,6 +130,7 @@ int cmd_serve(int argc, char **argv) {
     o.max_tokens = (int)maxt;
     o.max_connections = (int)conns;
     o.timeout_s = (int)tmo;
+    o.token_delay_ms = (int)delay;
     o.api_keys = keys;
     o.n_api_keys = nk;
     struct sigaction sa;

@@ -379,6 +379,7 @@ static void gen_unref(gen *g) {
 static void on_event(void *ctx, const ib_sched_event *ev) {
     gen *g = ctx;
     server *S = g->srv;
+    if (!ev->done && S->o.token_delay_ms > 0) nanosleep(&(struct timespec){S->o.token_delay_ms / 1000, (long)(S->o.token_delay_ms % 1000) * 1000000L}, NULL);
     if (ev->done) {
         if (g->own) {
             ib_session_free(g->own);
