@@ -210,6 +210,18 @@ done
 gen=$(grep '^isobatch_tokens_generated_total ' "$T/m" | cut -d' ' -f2)
 [ -n "$gen" ] && [ "$gen" -lt 1000 ] && ok || bad "the disconnected stream was not cancelled ($gen tokens generated)"
 req 200 "served after the disconnect" "$U/v1/completions" -d '{"model":"tiny","prompt":"x","max_tokens":4}'
+# a non-streaming client that gives up after 1 s: its generation is cancelled, not run to the end
+curl -s -m 1 "$U/v1/completions" -d '{"model":"tiny","prompt":"x","max_tokens":1000}' > /dev/null 2>&1
+freed=0
+for _ in $(seq 1 50); do
+    curl -s "$U/metrics" > "$T/m"
+    grep -q '^isobatch_jobs_active 0' "$T/m" && { freed=1; break; }
+    sleep 0.1
+done
+gen2=$(grep '^isobatch_tokens_generated_total ' "$T/m" | cut -d' ' -f2)
+[ $freed = 1 ] && [ -n "$gen2" ] && [ $((gen2 - gen)) -lt 500 ] && ok \
+    || bad "a non-streaming request kept running after its client left ($((gen2 - gen)) tokens)"
+req 200 "served after the non-streaming disconnect" "$U/v1/completions" -d '{"model":"tiny","prompt":"x","max_tokens":4}'
 req 200 "session within the budget" -X POST "$U/v1/sessions" -d '{"max_context":700}'
 req 429 "session over the memory budget" -X POST "$U/v1/sessions" -d '{"max_context":700}'
 err_is memory_budget_exceeded "session over the memory budget"

@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <microhttpd.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -744,6 +745,15 @@ static void mem_release(server *S, size_t bytes) {
     pthread_mutex_unlock(&S->mu);
 }
 
+/* Whether the client of connection c has closed its end (it gave up on a request it is waiting for).
+ * Looks at the socket without reading from it: a half-close or reset counts as gone. */
+static int client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    struct pollfd pf = {.fd = ci->connect_fd, .events = POLLRDHUP};
+    return poll(&pf, 1, 0) == 1 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
 /* Start generation g on session s (prompt ids) and answer: an SSE stream, or wait and send the body.
  * Consumes the caller's reference to g. */
 static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids,
@@ -770,6 +780,9 @@ static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_s
     pthread_mutex_lock(&g->mu);
     g->job = id;
     pthread_mutex_unlock(&g->mu);
+    /* the idle timeout guards reading the request; while the generation runs (queued, or streaming
+     * with gaps) its own time limit applies, so the connection must not be dropped as idle first */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)S->o.timeout_s + 30u);
     if (g->stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_read, g, sse_free);
         if (!r) {
@@ -786,24 +799,30 @@ static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_s
         MHD_destroy_response(r);
         return ret;
     }
-    /* wait for the end, a stop string, or the time limit */
+    /* wait for the end, a stop string, the time limit, or the client going away */
     pthread_mutex_lock(&g->mu);
     double t_end = now_s() + S->o.timeout_s;
-    int cancelled = 0;
+    int cancelled = 0, gone = 0;
     for (;;) {
         render(g);
         if (g->done) break;
-        if (g->stopped || now_s() > t_end) {
+        if (!gone && client_gone(c)) gone = 1;
+        if (g->stopped || gone || now_s() > t_end) {
             if (!cancelled) ib_sched_cancel(S->sched, g->job);
             cancelled = 1;
         }
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += 1;
+        long long ns = ts.tv_nsec + 200000000LL; /* 0.2 s: how soon a client's leaving is noticed */
+        ts.tv_sec += ns / 1000000000LL;
+        ts.tv_nsec = ns % 1000000000LL;
         pthread_cond_timedwait(&g->cv, &g->mu, &ts);
     }
     enum MHD_Result ret;
-    if (!strcmp(g->finish, "error")) {
+    if (gone && !strcmp(g->finish, "cancelled")) {
+        pthread_mutex_unlock(&g->mu);
+        ret = MHD_NO; /* nobody to answer: close the connection */
+    } else if (!strcmp(g->finish, "error")) {
         pthread_mutex_unlock(&g->mu);
         ret = send_error(S, c, 500, "server_error", NULL, NULL, "generation failed");
     } else if (!strcmp(g->finish, "cancelled") && !g->stopped) {
