@@ -295,6 +295,8 @@ typedef struct ib_sched_opts {
 
 /* What a job reports, in order: one TOKEN event per generated token, then exactly one DONE event.
  * After DONE the scheduler never touches the job, its session or its ctx again. */
+#define IB_MAX_TOP_LOGPROBS 20
+
 typedef struct ib_sched_event {
     int done;              /* 0: a token; 1: the job ended */
     int32_t token;         /* the generated token (token events) */
@@ -303,6 +305,9 @@ typedef struct ib_sched_event {
     int prompt_fed;        /* DONE: prompt tokens fed into the session */
     int generated;         /* DONE: tokens generated */
     const char *message;   /* DONE with "error": what failed (valid during the call) */
+    int n_top;             /* token events of a job with top_logprobs > 0: entries in top_ids/top_logprob */
+    const int32_t *top_ids;     /* [n_top] the most likely tokens, by logit descending, ties -> lowest id */
+    const double *top_logprob;  /* [n_top] their log-probabilities (valid during the call) */
 } ib_sched_event;
 
 /* Called from the scheduler thread without its lock held; it must not block for long. It may call
@@ -318,6 +323,7 @@ typedef struct ib_sched_job {
     const int32_t *stop_ids; /* [n_stop] ids that end generation (the stop token is reported); copied */
     int n_stop;
     int want_logprobs;       /* fill ib_sched_event.logprob */
+    int top_logprobs;        /* 0..IB_MAX_TOP_LOGPROBS: also report that many most likely tokens */
     ib_sched_event_fn on_event;
     void *ctx;
 } ib_sched_job;
@@ -353,6 +359,11 @@ void ib_sched_get_stats(ib_sched *s, ib_sched_stats *out);
 /* Log-probability of token `id` under log-softmax(logits) ([vocab] floats): computed in double with
  * ib's own exp/log, summing in ascending id order, so the value is a function of the logits only. */
 double ib_logprob(const float *logits, int vocab, int32_t id);
+
+/* The k most likely tokens of logits ([vocab] floats), by logit descending with ties to the lowest
+ * id, into ids[k] and their log-probabilities (as ib_logprob) into lp[k]. k is clamped to
+ * [0, min(vocab, IB_MAX_TOP_LOGPROBS)]; returns the count written. */
+int ib_top_logprobs(const float *logits, int vocab, int k, int32_t *ids, double *lp);
 
 /* ---------------------------------------------------------------- tokenizer */
 

@@ -78,6 +78,15 @@ req 200 models "${A[@]}" "$U/v1/models"
 req 200 completion "${A[@]}" "${J[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"Hello","max_tokens":8,"temperature":0,"logprobs":1}'
 [ "$(jget 'b.choices[0].logprobs.token_ids.length + "," + b.usage.completion_tokens')" = "8,8" ] && ok || bad "completion: 8 tokens"
 cp "$T/body" "$T/c8"
+# top logprobs: greedy, so each token is its step's most likely one; alternatives in descending order
+req 200 "completion top_logprobs" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"Hello","max_tokens":8,"temperature":0,"logprobs":3}'
+[ "$(jget 'const l=b.choices[0].logprobs; l.top_logprobs.every((m,i)=>{const v=Object.values(m); return v.length>=1&&v.length<=3&&v[0]===l.token_logprobs[i]&&v.every((x,j)=>j==0||x<=v[j-1])})')" = true ] \
+    && ok || bad "completion top_logprobs: $(head -c 400 "$T/body")"
+req 200 "chat top_logprobs" "${A[@]}" "$U/v1/chat/completions" -d '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":6,"temperature":0,"logprobs":true,"top_logprobs":4}'
+[ "$(jget 'b.choices[0].logprobs.content.every(e=>e.top_logprobs.length===4&&e.top_logprobs[0].token_id===e.token_id&&e.top_logprobs[0].logprob===e.logprob&&e.top_logprobs.every((x,j,a)=>j==0||x.logprob<=a[j-1].logprob))')" = true ] \
+    && ok || bad "chat top_logprobs: $(head -c 400 "$T/body")"
+req 400 "top_logprobs without logprobs" "${A[@]}" "$U/v1/chat/completions" -d '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"top_logprobs":2}'
+err_is invalid_value "top_logprobs without logprobs"
 req 200 chat "${A[@]}" "${J[@]}" "$U/v1/chat/completions" -d '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":6}'
 [ "$(jget 'b.object + "," + b.choices[0].message.role')" = "chat.completion,assistant" ] && ok || bad "chat: body"
 curl -s -N -m 30 "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"Hello","max_tokens":8,"temperature":0,"stream":true}' > "$T/sse"

@@ -299,6 +299,35 @@ int main(void) {
         CHECK(sum > 0.999999 && sum < 1.000001, "sum %g", sum);
         CHECK(ib_logprob(lg, 5, 2) > ib_logprob(lg, 5, 1), "order");
     }
+    /* top logprobs: the k largest by logit, ties to the lowest id, against a selection by brute force */
+    {
+        enum { NV = 300 };
+        float lg[NV];
+        unsigned r = 12345;
+        for (int i = 0; i < NV; i++) {
+            r = r * 1103515245u + 12345u;
+            lg[i] = (float)((r >> 16) % 40) * 0.25f; /* many ties */
+        }
+        for (int k = 0; k <= IB_MAX_TOP_LOGPROBS + 2; k++) {
+            int32_t ids[IB_MAX_TOP_LOGPROBS];
+            double lp[IB_MAX_TOP_LOGPROBS];
+            int n = ib_top_logprobs(lg, NV, k, ids, lp);
+            CHECK_EQ_INT(n, k > IB_MAX_TOP_LOGPROBS ? IB_MAX_TOP_LOGPROBS : k);
+            char taken[NV] = {0};
+            int bad = 0;
+            for (int j = 0; j < n; j++) {
+                int best = -1;
+                for (int i = 0; i < NV; i++)
+                    if (!taken[i] && (best < 0 || lg[i] > lg[best])) best = i;
+                taken[best] = 1;
+                if (ids[j] != best || lp[j] != ib_logprob(lg, NV, best)) bad++;
+            }
+            CHECK(bad == 0, "k %d: %d entries differ from the brute-force order", k, bad);
+        }
+        int32_t ids[3];
+        double lp[3];
+        CHECK_EQ_INT(ib_top_logprobs(lg, 2, 3, ids, lp), 2);
+    }
 
     ib_sched_opts so = {.max_batch = 1, .prefill_chunk = 16, .max_queue = 1};
     ib_sched *S;

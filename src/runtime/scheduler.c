@@ -24,7 +24,7 @@ typedef struct job {
     int32_t next;             /* last sampled token, fed at the next step */
     int32_t *stops;           /* [n_stop] (owned copy) */
     int n_stop;
-    int want_lp;
+    int want_lp, top;         /* logprob of each token; how many top alternatives */
     ib_sched_event_fn fn;
     void *ctx;
     int cancel;               /* set under the lock by ib_sched_cancel */
@@ -59,14 +59,43 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* log(sum exp(logits)) as max + log(sum exp(l - max)), summed in ascending id order; *mx gets the max. */
+static double log_sum_exp(const float *logits, int vocab, double *mx) {
+    double m = logits[0];
+    for (int i = 1; i < vocab; i++)
+        if (logits[i] > m) m = logits[i];
+    double sum = 0.0;
+    for (int i = 0; i < vocab; i++) sum += ib_exp((double)logits[i] - m);
+    *mx = m;
+    return ib_log(sum);
+}
+
 double ib_logprob(const float *logits, int vocab, int32_t id) {
     if (id < 0 || id >= vocab) return 0.0;
-    double mx = logits[0];
-    for (int i = 1; i < vocab; i++)
-        if (logits[i] > mx) mx = logits[i];
-    double sum = 0.0;
-    for (int i = 0; i < vocab; i++) sum += ib_exp((double)logits[i] - mx);
-    return ((double)logits[id] - mx) - ib_log(sum);
+    double mx, lse = log_sum_exp(logits, vocab, &mx);
+    return ((double)logits[id] - mx) - lse;
+}
+
+int ib_top_logprobs(const float *logits, int vocab, int k, int32_t *ids, double *lp) {
+    if (k > IB_MAX_TOP_LOGPROBS) k = IB_MAX_TOP_LOGPROBS;
+    if (k > vocab) k = vocab;
+    if (k <= 0) return 0;
+    int n = 0;
+    /* insertion into a sorted list of at most k: strictly greater logits go first, so among equal
+     * logits the earlier (lower) id stays ahead */
+    for (int i = 0; i < vocab; i++) {
+        float v = logits[i];
+        if (n == k && !(v > logits[ids[n - 1]])) continue;
+        int at = n < k ? n++ : k - 1;
+        while (at > 0 && v > logits[ids[at - 1]]) {
+            ids[at] = ids[at - 1];
+            at--;
+        }
+        ids[at] = i;
+    }
+    double mx, lse = log_sum_exp(logits, vocab, &mx);
+    for (int i = 0; i < n; i++) lp[i] = ((double)logits[ids[i]] - mx) - lse;
+    return n;
 }
 
 static void job_free(job *j) {
@@ -185,6 +214,13 @@ static void *loop(void *arg) {
             gen++;
             ib_sched_event ev = {.done = 0, .token = t};
             if (j->want_lp) ev.logprob = ib_logprob(j->logits, V, t);
+            int32_t top_ids[IB_MAX_TOP_LOGPROBS];
+            double top_lp[IB_MAX_TOP_LOGPROBS];
+            if (j->top) {
+                ev.n_top = ib_top_logprobs(j->logits, V, j->top, top_ids, top_lp);
+                ev.top_ids = top_ids;
+                ev.top_logprob = top_lp;
+            }
             if (j->fn) j->fn(j->ctx, &ev);
             j->next = t;
             if (is_stop(j, t) || j->generated >= j->max_new) {
@@ -318,6 +354,7 @@ ib_status ib_sched_submit(ib_sched *S, const ib_sched_job *jb, uint64_t *id, ib_
     j->max_new = jb->max_new_tokens;
     j->n_stop = jb->n_stop;
     j->want_lp = jb->want_logprobs;
+    j->top = jb->top_logprobs < 0 ? 0 : jb->top_logprobs > IB_MAX_TOP_LOGPROBS ? IB_MAX_TOP_LOGPROBS : jb->top_logprobs;
     j->fn = jb->on_event;
     j->ctx = jb->ctx;
     j->prompt = malloc((size_t)jb->n_prompt * sizeof(int32_t));

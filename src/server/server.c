@@ -56,6 +56,9 @@ typedef struct gen {
     uint64_t job;
     int32_t *tok;             /* [n] generated tokens */
     double *lp;               /* [n] their logprobs */
+    int n_top;                /* alternatives asked for per token (top_logprobs) */
+    int32_t *top_ids;         /* [n][n_top] the most likely tokens at each step */
+    double *top_lp;           /* [n][n_top] their logprobs */
     int n, cap;
     int done;
     char finish[16];
@@ -271,7 +274,7 @@ static int get_bool(json_t *o, const char *k, int *out) {
 typedef struct gen_params {
     ib_sampling sp;
     int max_tokens;
-    int stream, include_usage, want_lp;
+    int stream, include_usage, want_lp, top_lp;
     char *stops[MAX_STOPS];
     int n_stops;
 } gen_params;
@@ -324,9 +327,13 @@ static int parse_params(server *S, json_t *b, int chat, int default_max, gen_par
     }
     if (chat) {
         if ((r = get_bool(b, "logprobs", &p->want_lp)) < 0) FAIL("logprobs", "logprobs must be a boolean");
+        if ((r = get_int(b, "top_logprobs", 0, IB_MAX_TOP_LOGPROBS, &n)) < 0)
+            FAIL("top_logprobs", "top_logprobs must be an integer in [0, %d]", IB_MAX_TOP_LOGPROBS);
+        if (r && n > 0 && !p->want_lp) FAIL("top_logprobs", "top_logprobs needs logprobs: true");
+        if (r) p->top_lp = (int)n;
     } else {
         if ((r = get_int(b, "logprobs", 0, 5, &n)) < 0) FAIL("logprobs", "logprobs must be an integer in [0, 5]");
-        if (r) p->want_lp = 1;
+        if (r) p->want_lp = 1, p->top_lp = (int)n;
     }
     json_t *st = json_object_get(b, "stop");
     if (st && !json_is_null(st)) {
@@ -367,6 +374,8 @@ static void gen_unref(gen *g) {
     for (int i = 0; i < g->n_stops; i++) free(g->stops[i]);
     free(g->tok);
     free(g->lp);
+    free(g->top_ids);
+    free(g->top_lp);
     free(g->tok_off);
     free(g->text);
     free(g->out);
@@ -428,11 +437,21 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
         if (l) g->lp = l;
         int *o = realloc(g->tok_off, ((size_t)nc + 1) * sizeof *o);
         if (o) g->tok_off = o;
-        if (t && l && o) g->cap = nc;
+        int32_t *ti = g->top_ids;
+        double *tl = g->top_lp;
+        if (g->n_top) {
+            if ((ti = realloc(g->top_ids, (size_t)nc * g->n_top * sizeof *ti))) g->top_ids = ti;
+            if ((tl = realloc(g->top_lp, (size_t)nc * g->n_top * sizeof *tl))) g->top_lp = tl;
+        }
+        if (t && l && o && (!g->n_top || (ti && tl))) g->cap = nc;
     }
     if (g->n < g->cap) {
         g->tok[g->n] = ev->token;
         g->lp[g->n] = ev->logprob;
+        for (int i = 0; i < g->n_top; i++) { /* the scheduler gives exactly n_top (vocab >= 20) */
+            g->top_ids[(size_t)g->n * g->n_top + i] = i < ev->n_top ? ev->top_ids[i] : -1;
+            g->top_lp[(size_t)g->n * g->n_top + i] = i < ev->n_top ? ev->top_logprob[i] : 0.0;
+        }
         g->n++;
     }
     pthread_cond_broadcast(&g->cv);
@@ -527,7 +546,22 @@ static json_t *logprobs_json(const gen *g, int a, int b) {
             json_object_set_new(e, "token", json_bytes_str(buf, (size_t)w));
             json_object_set_new(e, "logprob", json_real(g->lp[i]));
             json_object_set_new(e, "bytes", bytes);
-            json_object_set_new(e, "top_logprobs", json_array());
+            json_t *top = json_array();
+            for (int t = 0; t < g->n_top; t++) {
+                int32_t id = g->top_ids[(size_t)i * g->n_top + t];
+                if (id < 0) continue;
+                int tw = ib_token_bytes(g->srv->m, id, buf, sizeof buf);
+                if (tw < 0) tw = 0;
+                json_t *tb = json_array();
+                for (int q = 0; q < tw; q++) json_array_append_new(tb, json_integer((unsigned char)buf[q]));
+                json_t *te = json_object();
+                json_object_set_new(te, "token", json_bytes_str(buf, (size_t)tw));
+                json_object_set_new(te, "logprob", json_real(g->top_lp[(size_t)i * g->n_top + t]));
+                json_object_set_new(te, "bytes", tb);
+                json_object_set_new(te, "token_id", json_integer(id));
+                json_array_append_new(top, te);
+            }
+            json_object_set_new(e, "top_logprobs", top);
             json_object_set_new(e, "token_id", json_integer(g->tok[i]));
             json_array_append_new(content, e);
         }
@@ -536,17 +570,31 @@ static json_t *logprobs_json(const gen *g, int a, int b) {
         return o;
     }
     json_t *toks = json_array(), *lps = json_array(), *offs = json_array(), *ids = json_array();
+    json_t *tops = g->n_top ? json_array() : json_null();
     for (int i = a; i < b; i++) {
         int w = ib_token_bytes(g->srv->m, g->tok[i], buf, sizeof buf);
         json_array_append_new(toks, json_bytes_str(buf, w > 0 ? (size_t)w : 0));
         json_array_append_new(lps, json_real(g->lp[i]));
         json_array_append_new(offs, json_integer(g->tok_off[i]));
         json_array_append_new(ids, json_integer(g->tok[i]));
+        if (!g->n_top) continue;
+        /* {token text: logprob}; tokens whose text repeats keep the first (the more likely) entry */
+        json_t *m = json_object();
+        for (int t = 0; t < g->n_top; t++) {
+            int32_t id = g->top_ids[(size_t)i * g->n_top + t];
+            if (id < 0) continue;
+            int tw = ib_token_bytes(g->srv->m, id, buf, sizeof buf);
+            json_t *key = json_bytes_str(buf, tw > 0 ? (size_t)tw : 0);
+            const char *ks = key ? json_string_value(key) : NULL;
+            if (ks && !json_object_get(m, ks)) json_object_set_new(m, ks, json_real(g->top_lp[(size_t)i * g->n_top + t]));
+            json_decref(key);
+        }
+        json_array_append_new(tops, m);
     }
     json_t *o = json_object();
     json_object_set_new(o, "tokens", toks);
     json_object_set_new(o, "token_logprobs", lps);
-    json_object_set_new(o, "top_logprobs", json_null());
+    json_object_set_new(o, "top_logprobs", tops);
     json_object_set_new(o, "text_offset", offs);
     json_object_set_new(o, "token_ids", ids);
     return o;
@@ -761,6 +809,7 @@ static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_s
     ib_session_set_sampling(s, &p->sp);
     ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p->max_tokens,
                        .stop_ids = g->stop_ids, .n_stop = g->n_stop_ids, .want_logprobs = p->want_lp,
+                       .top_logprobs = g->n_top,
                        .on_event = on_event, .ctx = g};
     g->refs = 2; /* the connection, the scheduler */
     ib_error err;
@@ -848,6 +897,7 @@ static gen *gen_new(server *S, int chat, gen_params *p) {
     g->stream = p->stream;
     g->include_usage = p->include_usage;
     g->want_lp = p->want_lp;
+    g->n_top = p->want_lp ? p->top_lp : 0;
     for (int i = 0; i < p->n_stops; i++) g->stops[i] = p->stops[i];
     g->n_stops = p->n_stops;
     p->n_stops = 0;
