@@ -236,6 +236,26 @@ req 429 "session over the memory budget" -X POST "$U/v1/sessions" -d '{"max_cont
 err_is memory_budget_exceeded "session over the memory budget"
 stop "$LAST_PID" small
 
+# queued requests outlive the idle timeout (1 s here): one slot at 50 ms/token, a 60-token stream
+# holds it for 3 s while a streaming and a plain request wait; a client stalled mid-request is cut off
+start queue --max-batch 1 --max-queue 4 --idle-timeout 1 --token-delay-ms 50
+U=http://127.0.0.1:$PORT
+curl -s -N -m 30 "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":60,"stream":true}' > "$T/q0" 2>&1 &
+Q0=$!
+for _ in $(seq 1 100); do curl -s "$U/metrics" | grep -q '^isobatch_jobs_active 1' && break; sleep 0.05; done
+curl -s -N -m 30 "$U/v1/completions" -d '{"model":"tiny","prompt":"b","max_tokens":4,"stream":true}' > "$T/q1" 2>&1 &
+Q1=$!
+curl -s -m 30 -o "$T/q2" -w '%{http_code}' "$U/v1/completions" -d '{"model":"tiny","prompt":"c","max_tokens":4}' > "$T/q2code" 2>&1 &
+Q2=$!
+wait $Q0 $Q1 $Q2
+for q in q0 q1; do tail -c 200 "$T/$q" | grep -q 'data: \[DONE\]' && ok || bad "queued stream $q cut off: $(tail -c 200 "$T/$q")"; done
+[ "$(cat "$T/q2code")" = 200 ] && grep -q '"completion_tokens":4' "$T/q2" && ok || bad "queued plain request: $(cat "$T/q2code") $(head -c 200 "$T/q2")"
+exec 3<>"/dev/tcp/127.0.0.1/$PORT"
+printf 'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{' >&3
+timeout 10 cat <&3 > /dev/null; [ $? != 124 ] && ok || bad "a stalled request was not closed by the idle timeout"
+exec 3<&-
+stop "$LAST_PID" queue
+
 # bad flags
 "$BIN" serve -m "$T/tiny" --host not-an-ip --port 0 2> "$T/e" && bad "bad --host accepted" || { grep -q "not an IPv4 address" "$T/e" && ok || bad "bad --host: $(cat "$T/e")"; }
 "$BIN" serve -m "$T/tiny" --memory-budget lots 2> "$T/e"; [ $? = 2 ] && ok || bad "bad --memory-budget"

@@ -34,7 +34,8 @@ static const char help[] =
     "  --max-prompt-tokens N  prompt limit (default 4096)\n"
     "  --max-tokens N         max_tokens limit (default 1024)\n"
     "  --max-connections N    open connections (default 256)\n"
-    "  --timeout S            idle connection timeout (<= 30 s used) and longest generation (default 300)\n"
+    "  --timeout S            longest generation, queue wait included (default 300)\n"
+    "  --idle-timeout S       close a connection idle this long while sending its request (default 30)\n"
     "  --inject FAULT         tests only: serve with a deliberate invariance bug (see generate --help)\n"
     "  --token-delay-ms N     tests only: sleep N ms on each generated token (a slow model)\n";
 
@@ -66,7 +67,7 @@ int cmd_serve(int argc, char **argv) {
     const char *dir = NULL;
     long port = o.port, batch = o.max_batch, chunk = o.prefill_chunk, queue = o.max_queue, sessions = o.max_sessions,
          sctx = o.session_context, maxp = o.max_prompt_tokens, maxt = o.max_tokens, conns = o.max_connections,
-         tmo = o.timeout_s, body = (long)o.max_body, delay = 0;
+         tmo = o.timeout_s, idle = o.idle_timeout_s, body = (long)o.max_body, delay = 0;
     for (int i = 1; i < argc && !rc; i++) {
         const char *f = argv[i], *v = NULL;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -90,6 +91,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(f, "--max-tokens")) rc = VAL() ? cli_int(f, v, 1, 1 << 24, &maxt) : 2;
         else if (!strcmp(f, "--max-connections")) rc = VAL() ? cli_int(f, v, 1, 100000, &conns) : 2;
         else if (!strcmp(f, "--timeout")) rc = VAL() ? cli_int(f, v, 1, 86400, &tmo) : 2;
+        else if (!strcmp(f, "--idle-timeout")) rc = VAL() ? cli_int(f, v, 1, 3600, &idle) : 2;
         else if (!strcmp(f, "--memory-budget")) {
             if (!VAL()) rc = 2;
             else if (parse_size(v, &o.memory_budget)) rc = cli_usage_error("--memory-budget: bad size '%s' (e.g. 512M, 4G)", v);
@@ -130,6 +132,7 @@ int cmd_serve(int argc, char **argv) {
     o.max_tokens = (int)maxt;
     o.max_connections = (int)conns;
     o.timeout_s = (int)tmo;
+    o.idle_timeout_s = (int)idle;
     o.token_delay_ms = (int)delay;
     o.api_keys = keys;
     o.n_api_keys = nk;

@@ -134,6 +134,7 @@ ib_server_opts ib_server_opts_default(void) {
     o.max_tokens = 1024;
     o.max_connections = 256;
     o.timeout_s = 300;
+    o.idle_timeout_s = 30;
     o.queue_wait_ms = 5000;
     return o;
 }
@@ -1630,7 +1631,7 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     S->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)o->port, NULL,
                             NULL, access_cb, S, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)(o->timeout_s > 30 ? 30 : o->timeout_s), MHD_OPTION_NOTIFY_COMPLETED,
+                            (unsigned)o->idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
                             completed_cb, S, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024), MHD_OPTION_END);
     if (!S->d) {
         rc = ib_fail(err, IB_ERR_IO, "serve: cannot listen on %s:%d (in use, or not allowed)", host, o->port);

@@ -27,7 +27,8 @@ typedef struct ib_server_opts {
     size_t max_body;             /* request body bytes */
     int max_prompt_tokens, max_tokens;
     int max_connections;
-    int timeout_s;               /* idle connection timeout, and the longest a request may run */
+    int timeout_s;               /* the longest a generation may run (queue wait included) */
+    int idle_timeout_s;          /* a connection idle this long while sending its request is closed */
     int queue_wait_ms;           /* how long a request waits for memory before 429 */
     ib_isa isa;
     ib_act act;
