@@ -18,31 +18,101 @@ int ib_attn_block_for(int n_items) {
     return IB_ATTN_BLOCK;
 }
 
+/* 8 float lanes (GCC/Clang vector extension): each operation is lane-wise IEEE arithmetic, so the
+ * baseline clone (two SSE halves) and the AVX2 clone give the same bits. */
+typedef float v8f __attribute__((vector_size(32)));
+/* the helpers below are inlined into the clones; no vector crosses a call boundary */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+static inline __attribute__((always_inline)) v8f ld8(const float *p) {
+    v8f v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void st8(float *p, v8f v) { __builtin_memcpy(p, &v, sizeof v); }
+
+/* The 16 lanes (lo = lanes 0..7, hi = 8..15) of a partial dot product, finished as ib_dot16_inline
+ * does: the tail i..n-1 added into lanes 0.., then the halving tree. */
+static inline float dot16_finish(v8f lo, v8f hi, const float *a, const float *b, int i, int n) {
+    float lane[16];
+    st8(lane, lo);
+    st8(lane + 8, hi);
+    for (int j = 0; i + j < n; j++) lane[j] = lane[j] + a[i + j] * b[i + j];
+    for (int w = 8; w >= 1; w >>= 1)
+        for (int j = 0; j < w; j++) lane[j] = lane[j] + lane[j + w];
+    return lane[0];
+}
+
+/* r[t] = ib_dot16_inline(q, k + t*stride, n) for t = 0..3, bitwise: four independent chains. */
+static inline void dot16_x4(const float *q, const float *k, size_t stride, int n, float r[4]) {
+    const float *k0 = k, *k1 = k + stride, *k2 = k + 2 * stride, *k3 = k + 3 * stride;
+    v8f z = {0}, a0 = z, b0 = z, a1 = z, b1 = z, a2 = z, b2 = z, a3 = z, b3 = z;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        v8f ql = ld8(q + i), qh = ld8(q + i + 8);
+        a0 = a0 + ql * ld8(k0 + i), b0 = b0 + qh * ld8(k0 + i + 8);
+        a1 = a1 + ql * ld8(k1 + i), b1 = b1 + qh * ld8(k1 + i + 8);
+        a2 = a2 + ql * ld8(k2 + i), b2 = b2 + qh * ld8(k2 + i + 8);
+        a3 = a3 + ql * ld8(k3 + i), b3 = b3 + qh * ld8(k3 + i + 8);
+    }
+    r[0] = dot16_finish(a0, b0, q, k0, i, n);
+    r[1] = dot16_finish(a1, b1, q, k1, i, n);
+    r[2] = dot16_finish(a2, b2, q, k2, i, n);
+    r[3] = dot16_finish(a3, b3, q, k3, i, n);
+}
+
+/* out[d] = out[d]*c, then out[d] = out[d] + p[j]*v_j[d] for j = j0..nb-1 in order, for every d:
+ * the contract's per-element sequence. Columns are walked in register-sized chunks with the keys
+ * inside, so the accumulators stay in registers; each element's operations are unchanged. */
+static inline void scale_accumulate(float *out, int hd, float c, const float *p, const float *v, size_t stride,
+                                    int j0, int nb) {
+    int d0 = 0;
+    for (; d0 + 32 <= hd; d0 += 32) {
+        v8f cv = {c, c, c, c, c, c, c, c};
+        v8f o0 = ld8(out + d0) * cv, o1 = ld8(out + d0 + 8) * cv;
+        v8f o2 = ld8(out + d0 + 16) * cv, o3 = ld8(out + d0 + 24) * cv;
+        for (int j = j0; j < nb; j++) {
+            const float *vj = v + (size_t)j * stride + d0;
+            float pj = p[j];
+            v8f pv = {pj, pj, pj, pj, pj, pj, pj, pj};
+            o0 = o0 + pv * ld8(vj), o1 = o1 + pv * ld8(vj + 8);
+            o2 = o2 + pv * ld8(vj + 16), o3 = o3 + pv * ld8(vj + 24);
+        }
+        st8(out + d0, o0), st8(out + d0 + 8, o1), st8(out + d0 + 16, o2), st8(out + d0 + 24, o3);
+    }
+    for (; d0 < hd; d0++) {
+        float o = out[d0] * c;
+        for (int j = j0; j < nb; j++) o = o + p[j] * v[(size_t)j * stride + d0];
+        out[d0] = o;
+    }
+}
+
 IB_VECTOR_CLONES void ib_attend_one_window(const float *q, const float *k, const float *v, int n_keys, int kv_stride, int hd,
                           float scale, int block, int window, float *out) {
     float s[128];  /* block <= 128 scores */
     float m = -INFINITY, l = 0.0f;
     int lo = window > 0 && n_keys > window ? n_keys - window : 0;  /* first attended key */
+    const size_t st = (size_t)kv_stride;
     for (int d = 0; d < hd; d++) out[d] = 0.0f;
     for (int b0 = lo - lo % block; b0 < n_keys; b0 += block) {
         int j0 = lo > b0 ? lo - b0 : 0;
         int nb = n_keys - b0 < block ? n_keys - b0 : block;
+        const float *kb = k + (size_t)b0 * st;
+        int j = j0;
+        for (; j + 4 <= nb; j += 4) dot16_x4(q, kb + (size_t)j * st, st, hd, s + j);
+        for (; j < nb; j++) s[j] = ib_dot16_inline(q, kb + (size_t)j * st, hd);
         float mb = -INFINITY;
-        for (int j = j0; j < nb; j++) {
-            s[j] = ib_dot16_inline(q, k + (size_t)(b0 + j) * kv_stride, hd) * scale;
+        for (j = j0; j < nb; j++) {
+            s[j] = s[j] * scale;
             if (s[j] > mb) mb = s[j];
         }
         float m_new = mb > m ? mb : m;
         float c = ib_expf(m - m_new); /* exp(-inf) = 0 on the first block */
         l = l * c;
-        for (int d = 0; d < hd; d++) out[d] = out[d] * c;
         float pw[128]; /* the block's softmax weights, computed lane-parallel */
-        for (int j = j0; j < nb; j++) pw[j] = ib_expf_lane(s[j] - m_new);
-        for (int j = j0; j < nb; j++) {
-            const float *vj = v + (size_t)(b0 + j) * kv_stride;
-            l = l + pw[j];
-            for (int d = 0; d < hd; d++) out[d] = out[d] + pw[j] * vj[d];
-        }
+        for (j = j0; j < nb; j++) pw[j] = ib_expf_lane(s[j] - m_new);
+        for (j = j0; j < nb; j++) l = l + pw[j];
+        scale_accumulate(out, hd, c, pw, v + (size_t)b0 * st, st, j0, nb);
         m = m_new;
     }
     for (int d = 0; d < hd; d++) out[d] = out[d] / l;
