@@ -68,6 +68,16 @@ for spec in "llama:" "u8:--untied --bits 8 --group 128" "bf16:--bits 16" "f32:--
         && ok || bad "$name: batched differs from serialized"
 done
 
+# accuracy: the engine against the float64 reference; f32 agrees on every token's argmax
+"$BIN" accuracy -m "$T/m" --tokens 32 --threads 2 --json > "$T/acc" 2>/dev/null && ok || bad "accuracy --json"
+for k in '"tokens":32' '"reference_seconds":' '"act":"f32"' '"act":"q8"' '"top1_agree":' '"kl_mean":' '"kl_max":' \
+         '"max_abs_diff":' '"rel_l2":'; do
+    grep -qF -- "$k" "$T/acc" && ok || bad "accuracy --json lacks $k"
+done
+grep -qF '"act":"f32","tokens":32,"top1_agree":32,"top1_fraction":1.0,' "$T/acc" && ok || bad "accuracy: f32 top-1 agreement is not 1: $(cat "$T/acc")"
+"$BIN" accuracy -m "$T/m" --tokens 8 --act f32 -p "The quick brown fox jumps" > "$T/acct" 2>&1 \
+    && grep -q "^f32 .* 8/8 = 1.000" "$T/acct" && ! grep -q "^q8 " "$T/acct" && ok || bad "accuracy table: $(cat "$T/acct")"
+
 # expect_error NAME SUBSTRING CMD...: non-zero exit, the substring in stderr, one line, no sanitizer report
 expect_error() {
     local name=$1 want=$2; shift 2
@@ -90,6 +100,11 @@ expect_error "no prompt" "no prompt" "$B" generate -m "$T/m"
 expect_error "missing dir" "$T/none" "$B" generate -m "$T/none" -p hi
 expect_error "bad prompt id" "--prompt-ids: bad id" "$B" generate -m "$T/m" --prompt-ids 1,2,99999
 expect_error "context" "exceed the context" "$B" generate -m "$T/m" -p hello -n 5000
+expect_error "accuracy bad act" "--act: unknown 'q4'" "$B" accuracy -m "$T/m" --act q4
+expect_error "accuracy one token" "at least 2 are needed" "$B" accuracy -m "$T/m" --prompt-ids 5
+expect_error "accuracy bad id" "--prompt-ids: bad id" "$B" accuracy -m "$T/m" --prompt-ids 1,2,99999
+expect_error "accuracy -p and ids" "not both" "$B" accuracy -m "$T/m" -p hi --prompt-ids 1,2
+expect_error "accuracy q8 on floats" "not quantized" "$B" accuracy -m "$T/f32" --act q8 --tokens 4
 expect_error "mkmodel preset" "--preset: unknown 'huge'" "$B" mkmodel --preset huge --out "$T/x"
 
 # corrupted model directories (each a copy of the good one with one defect)

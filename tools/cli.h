@@ -21,6 +21,7 @@ int cmd_serve(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
 int cmd_recall(int argc, char **argv);
+int cmd_accuracy(int argc, char **argv);
 
 /* Print "isobatch: <message>" to stderr and return 2 (usage) or 1 (runtime failure). */
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

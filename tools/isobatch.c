@@ -21,6 +21,7 @@ static const char usage[] =
     "  probe      check every op for batch invariance over a shape matrix (diagnostics)\n"
     "  diff       compare sessions stepped batched vs alone, layer by layer (diagnostics)\n"
     "  recall     multi-tenant needle recall, batched vs serialized (diagnostics)\n"
+    "  accuracy   the engine's logits vs a float64 reference forward pass, per activation mode\n"
     "\n"
     "`isobatch <command> --help` lists a command's options.\n";
 
@@ -41,5 +42,6 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "probe")) return cmd_probe(argc - 1, argv + 1);
     if (!strcmp(cmd, "diff")) return cmd_diff(argc - 1, argv + 1);
     if (!strcmp(cmd, "recall")) return cmd_recall(argc - 1, argv + 1);
+    if (!strcmp(cmd, "accuracy")) return cmd_accuracy(argc - 1, argv + 1);
     return cli_usage_error("unknown command '%s' (try --help)", cmd);
 }

@@ -11,6 +11,8 @@
  *           (capture.c).
  *   recall  the multi-tenant needle test: needle documents built per spec/needle.md, decoded batched
  *           and serialized; recall, tokens/s and bitwise agreement per mode (recall.c).
+ *   accuracy  the engine's logits against a float64 reference forward pass of the same model, per
+ *           activation mode: top-1 agreement, KL, max and relative L2 logit error (reference.c).
  */
 #ifndef IB_DIAG_DIAG_H
 #define IB_DIAG_DIAG_H
@@ -191,5 +193,39 @@ typedef struct ib_recall_result {
 ib_status ib_recall_run(const ib_model *m, const ib_needle_case *cases, int n, const ib_recall_opts *o,
                         ib_recall_result *r, ib_error *err);
 void ib_recall_result_free(ib_recall_result *r);
+
+/* ================================================================ accuracy */
+
+/* The logits of every position of one sequence, tokens[0..T) fed from position 0, by a float64 forward
+ * pass written apart from the engine's ops (weights read as floats through ib_matrix_row_f32, the values
+ * the F32 activation path uses; everything else in double). logits: [T][vocab], row t = the logits
+ * after token t. Fails (nothing written) when T < 1, T > max_position_embeddings or a token id is
+ * outside the vocabulary, or on out of memory. Splits each product's rows over two threads. */
+ib_status ib_reference_logits(const ib_model *m, const int32_t *tokens, int T, double *logits, ib_error *err);
+
+/* Engine logits against reference logits, accumulated token by token. */
+typedef struct ib_accuracy {
+    int tokens;             /* tokens compared */
+    int top1_agree;         /* tokens whose argmax (ties to the lowest id) agrees */
+    double top1_fraction;   /* top1_agree / tokens */
+    double kl_mean, kl_max; /* KL(ref || engine) per token in nats, log-softmax in double for both */
+    double max_abs_diff;    /* max |engine - ref| over all logits */
+    double rel_l2;          /* ||engine - ref||_2 / ||ref||_2 over all logits of all tokens */
+    double seconds;         /* ib_accuracy_run: time stepping the engine */
+    ib_isa isa;             /* ib_accuracy_run: the ISA the engine used */
+    double kl_sum, sum_sq_diff, sum_sq_ref;  /* running sums behind the fields above */
+} ib_accuracy;
+
+/* Add one token's comparison (ref [V] doubles, eng [V] floats) to a (zero-initialised first) and
+ * update its derived fields. */
+void ib_accuracy_add(ib_accuracy *a, const double *ref, const float *eng, int V);
+/* Recompute the derived fields (fraction, mean, relative L2) from the counts and sums. */
+void ib_accuracy_finish(ib_accuracy *a);
+
+/* Create an engine with opts (NULL: defaults) and one session, feed tokens[0..T) one ib_step at a
+ * time, and compare the logits after each token with ref ([T][vocab], e.g. from ib_reference_logits)
+ * into *out. Fails with the engine's or the step's error (e.g. act q8 on a float model). */
+ib_status ib_accuracy_run(const ib_model *m, const ib_engine_opts *opts, const int32_t *tokens, int T,
+                          const double *ref, ib_accuracy *out, ib_error *err);
 
 #endif

@@ -1,0 +1,332 @@
+/*
+ * reference.c — a float64 reference forward pass and the accuracy metrics of `isobatch accuracy`.
+ *
+ * ib_reference_logits is a textbook forward of one sequence from position 0, written apart from the
+ * engine's ops: the only engine function it calls is ib_matrix_row_f32, to read each weight row as the
+ * floats the F32 activation path multiplies with (for quantized models: s*q + b, in float). Everything
+ * after that — norms, projections, RoPE, attention, softmax, SwiGLU, the residual stream — is double.
+ * It follows the architecture the engine implements (src/runtime/step.c): RMSNorm y = x/sqrt(mean(x^2)
+ * + eps) * w, per-head q/k RMSNorm when the layer has one (Qwen3), RoPE on split halves, causal GQA
+ * attention scaled by 1/sqrt(head_dim), SwiGLU MLP, final norm, m->lm_head (the embedding when tied).
+ *
+ * The metrics (ib_accuracy_add) compare one token's engine logits against the reference's: argmax
+ * agreement, KL(ref || engine) of the log-softmaxes, max |difference|, and sums for the relative L2
+ * error over all logits. ib_accuracy_run drives an engine over the tokens one step at a time.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/error.h"
+#include "diag/diag.h"
+#include "model/model.h"
+
+/* Threads each weight product's rows are split over (a product of fewer multiply-adds than
+ * REF_MIN_PARALLEL runs on the caller alone). The result does not depend on the split. */
+#define REF_THREADS 2
+#define REF_MIN_PARALLEL 1000000.0
+
+/* ---------------------------------------------------------------- linear layers */
+
+/* One thread's share of a product: rows [n0, n1) of w against all T tokens. */
+typedef struct lin_job {
+    const ib_matrix *w;
+    const double *X;     /* [T][K] */
+    int T;
+    double *Y;           /* [T][N] */
+    int n0, n1;
+    float *wf;           /* [K] scratch: the row as floats */
+    double *wd;          /* [K] scratch: the row as doubles */
+} lin_job;
+
+/* a · b over n doubles with four partial sums (the order is irrelevant at float64 precision against a
+ * float32 engine). */
+static double dot(const double *a, const double *b, int n) {
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    for (; i < n; i++) s0 += a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* Rows outer, tokens inner: each weight row is dequantized once and applied to every token. */
+static void *lin_run(void *arg) {
+    lin_job *j = arg;
+    const int K = j->w->cols, N = j->w->rows;
+    for (int n = j->n0; n < j->n1; n++) {
+        ib_matrix_row_f32(j->w, n, j->wf);
+        for (int k = 0; k < K; k++) j->wd[k] = j->wf[k];
+        for (int t = 0; t < j->T; t++) j->Y[(size_t)t * N + n] = dot(j->wd, j->X + (size_t)t * K, K);
+    }
+    return NULL;
+}
+
+/* Scratch rows for the product threads: REF_THREADS of (float [Kmax], double [Kmax]). */
+typedef struct lin_scratch {
+    float *wf[REF_THREADS];
+    double *wd[REF_THREADS];
+} lin_scratch;
+
+/* Y[T][N] = X[T][K] · W^T for W = w ([N][K]), rows split over up to REF_THREADS threads. A thread
+ * that cannot be started is run on the caller (same result). */
+static void linear(const ib_matrix *w, const double *X, int T, double *Y, lin_scratch *s) {
+    int nt = (double)w->rows * w->cols * T < REF_MIN_PARALLEL ? 1 : REF_THREADS;
+    lin_job jobs[REF_THREADS];
+    pthread_t th[REF_THREADS];
+    int started[REF_THREADS] = {0};
+    for (int i = 0; i < nt; i++) {
+        jobs[i] = (lin_job){w, X, T, Y, (int)((long)w->rows * i / nt), (int)((long)w->rows * (i + 1) / nt), s->wf[i],
+                            s->wd[i]};
+        if (i > 0) started[i] = pthread_create(&th[i], NULL, lin_run, &jobs[i]) == 0;
+    }
+    lin_run(&jobs[0]);
+    for (int i = 1; i < nt; i++) {
+        if (started[i]) pthread_join(th[i], NULL);
+        else lin_run(&jobs[i]);
+    }
+}
+
+/* ---------------------------------------------------------------- the other layers */
+
+/* y[n] = x[n] / sqrt(mean(x^2) + eps) * w[n]; y may be x. */
+static void rmsnorm(const double *x, const float *w, int n, double eps, double *y) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    double r = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++) y[i] = x[i] * r * (double)w[i];
+}
+
+/* Rotate each head of one token's x ([nh][hd]) on split halves: pairs (i, i + hd/2) by the angle
+ * whose cos/sin are cs[i][0..1] ([hd/2][2]). */
+static void rope(double *x, int nh, int hd, const double *cs) {
+    int half = hd / 2;
+    for (int h = 0; h < nh; h++) {
+        double *v = x + (size_t)h * hd;
+        for (int i = 0; i < half; i++) {
+            double c = cs[2 * i], s = cs[2 * i + 1], a = v[i], b = v[i + half];
+            v[i] = a * c - b * s;
+            v[i + half] = b * c + a * s;
+        }
+    }
+}
+
+/* Causal GQA attention of all T tokens of one sequence: for token t and head h (kv head
+ * h / (H/KVH)), softmax over j <= t of q_t·k_j / sqrt(hd), then the weighted sum of v_j.
+ * q, out: [T][H][hd]; k, v: [T][KVH][hd]; p: [T] scratch. */
+static void attention(const double *q, const double *k, const double *v, int T, int H, int KVH, int hd, double *p,
+                      double *out) {
+    double scale = 1.0 / sqrt((double)hd);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            int kvh = h / (H / KVH);
+            const double *qh = q + ((size_t)t * H + h) * hd;
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j <= t; j++) {
+                p[j] = dot(qh, k + ((size_t)j * KVH + kvh) * hd, hd) * scale;
+                if (p[j] > mx) mx = p[j];
+            }
+            for (int j = 0; j <= t; j++) sum += p[j] = exp(p[j] - mx);
+            double *o = out + ((size_t)t * H + h) * hd;
+            for (int d = 0; d < hd; d++) o[d] = 0;
+            for (int j = 0; j <= t; j++) {
+                const double *vj = v + ((size_t)j * KVH + kvh) * hd;
+                double wj = p[j] / sum;
+                for (int d = 0; d < hd; d++) o[d] += wj * vj[d];
+            }
+        }
+}
+
+/* ---------------------------------------------------------------- the forward pass */
+
+ib_status ib_reference_logits(const ib_model *m, const int32_t *tokens, int T, double *logits, ib_error *err) {
+    if (!m || !tokens || !logits) return ib_fail(err, IB_ERR_INVALID_ARG, "reference: NULL model, tokens or logits");
+    const ib_config *c = &m->cfg;
+    if (T < 1) return ib_fail(err, IB_ERR_INVALID_ARG, "reference: %d tokens (at least 1 is needed)", T);
+    if (T > c->max_position)
+        return ib_fail(err, IB_ERR_CONTEXT, "reference: %d tokens exceed the model's max_position_embeddings %d", T,
+                       c->max_position);
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->vocab_size)
+            return ib_fail(err, IB_ERR_INVALID_ARG, "reference: token %d is %d, outside the vocabulary [0, %d)", t,
+                           tokens[t], c->vocab_size);
+
+    const int D = c->hidden_size, H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim, F = c->intermediate_size;
+    const int HD = H * hd, KD = KVH * hd, half = hd / 2;
+    const double eps = c->rms_eps;
+    int Kmax = D > F ? D : F;
+    if (HD > Kmax) Kmax = HD;
+    size_t TT = (size_t)T;
+    double *x = malloc(TT * D * sizeof *x);            /* [T][D] residual stream */
+    double *xn = malloc(TT * D * sizeof *xn);          /* [T][D] normed */
+    double *q = malloc(TT * HD * sizeof *q);           /* [T][H][hd] */
+    double *k = malloc(TT * KD * sizeof *k);           /* [T][KVH][hd] */
+    double *v = malloc(TT * KD * sizeof *v);           /* [T][KVH][hd] */
+    double *att = malloc(TT * HD * sizeof *att);       /* [T][H][hd] attention output */
+    double *o = malloc(TT * D * sizeof *o);            /* [T][D] o_proj / down_proj output */
+    double *g = malloc(TT * F * sizeof *g);            /* [T][F] gate, then silu(gate)*up */
+    double *u = malloc(TT * F * sizeof *u);            /* [T][F] up */
+    double *cs = malloc(TT * half * 2 * sizeof *cs);   /* [T][hd/2][cos, sin] */
+    double *p = malloc(TT * sizeof *p);                /* [T] attention weights of one query */
+    lin_scratch s = {{0}, {0}};
+    int ok = x && xn && q && k && v && att && o && g && u && cs && p;
+    for (int i = 0; i < REF_THREADS; i++) {
+        s.wf[i] = malloc((size_t)Kmax * sizeof(float));
+        s.wd[i] = malloc((size_t)Kmax * sizeof(double));
+        ok = ok && s.wf[i] && s.wd[i];
+    }
+    ib_status rc = IB_OK;
+    if (!ok) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "reference: out of memory for %d tokens", T);
+        goto out;
+    }
+
+    /* RoPE angles: inv_freq_i = theta^(-2i/hd), angle = pos * inv_freq_i */
+    for (int i = 0; i < half; i++) {
+        double inv_freq = pow(c->rope_theta, -(double)(2 * i) / hd);
+        for (int t = 0; t < T; t++) {
+            cs[((size_t)t * half + i) * 2] = cos(t * inv_freq);
+            cs[((size_t)t * half + i) * 2 + 1] = sin(t * inv_freq);
+        }
+    }
+    /* embedding rows */
+    for (int t = 0; t < T; t++) {
+        ib_matrix_row_f32(&m->embed, tokens[t], s.wf[0]);
+        for (int d = 0; d < D; d++) x[(size_t)t * D + d] = s.wf[0][d];
+    }
+    for (int li = 0; li < c->n_layers; li++) {
+        const ib_layer *L = &m->layers[li];
+        /* attention block */
+        for (int t = 0; t < T; t++) rmsnorm(x + (size_t)t * D, L->attn_norm, D, eps, xn + (size_t)t * D);
+        linear(&L->wq, xn, T, q, &s);
+        linear(&L->wk, xn, T, k, &s);
+        linear(&L->wv, xn, T, v, &s);
+        for (int t = 0; t < T; t++) {
+            if (L->q_norm) {
+                for (int h = 0; h < H; h++) rmsnorm(q + ((size_t)t * H + h) * hd, L->q_norm, hd, eps, q + ((size_t)t * H + h) * hd);
+                for (int h = 0; h < KVH; h++)
+                    rmsnorm(k + ((size_t)t * KVH + h) * hd, L->k_norm, hd, eps, k + ((size_t)t * KVH + h) * hd);
+            }
+            rope(q + (size_t)t * HD, H, hd, cs + (size_t)t * half * 2);
+            rope(k + (size_t)t * KD, KVH, hd, cs + (size_t)t * half * 2);
+        }
+        attention(q, k, v, T, H, KVH, hd, p, att);
+        linear(&L->wo, att, T, o, &s);
+        for (size_t i = 0; i < TT * D; i++) x[i] += o[i];
+        /* MLP block */
+        for (int t = 0; t < T; t++) rmsnorm(x + (size_t)t * D, L->mlp_norm, D, eps, xn + (size_t)t * D);
+        linear(&L->w_gate, xn, T, g, &s);
+        linear(&L->w_up, xn, T, u, &s);
+        for (size_t i = 0; i < TT * F; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+        linear(&L->w_down, g, T, o, &s);
+        for (size_t i = 0; i < TT * D; i++) x[i] += o[i];
+    }
+    for (int t = 0; t < T; t++) rmsnorm(x + (size_t)t * D, m->final_norm, D, eps, xn + (size_t)t * D);
+    linear(m->lm_head, xn, T, logits, &s);
+out:
+    free(x);
+    free(xn);
+    free(q);
+    free(k);
+    free(v);
+    free(att);
+    free(o);
+    free(g);
+    free(u);
+    free(cs);
+    free(p);
+    for (int i = 0; i < REF_THREADS; i++) {
+        free(s.wf[i]);
+        free(s.wd[i]);
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------- metrics */
+
+/* log-sum-exp of n values (max-shifted). */
+static double logsumexp_d(const double *x, int n) {
+    double mx = -INFINITY, s = 0;
+    for (int i = 0; i < n; i++)
+        if (x[i] > mx) mx = x[i];
+    for (int i = 0; i < n; i++) s += exp(x[i] - mx);
+    return mx + log(s);
+}
+
+static double logsumexp_f(const float *x, int n) {
+    double mx = -INFINITY, s = 0;
+    for (int i = 0; i < n; i++)
+        if (x[i] > mx) mx = x[i];
+    for (int i = 0; i < n; i++) s += exp((double)x[i] - mx);
+    return mx + log(s);
+}
+
+void ib_accuracy_add(ib_accuracy *a, const double *ref, const float *eng, int V) {
+    int ar = 0, ae = 0;
+    double lr = logsumexp_d(ref, V), le = logsumexp_f(eng, V), kl = 0;
+    for (int i = 0; i < V; i++) {
+        if (ref[i] > ref[ar]) ar = i;   /* strict: ties go to the lowest id */
+        if (eng[i] > eng[ae]) ae = i;
+        double d = (double)eng[i] - ref[i], lpr = ref[i] - lr, lpe = (double)eng[i] - le;
+        kl += exp(lpr) * (lpr - lpe);
+        a->sum_sq_diff += d * d;
+        a->sum_sq_ref += ref[i] * ref[i];
+        if (fabs(d) > a->max_abs_diff || d != d) a->max_abs_diff = fabs(d);
+    }
+    if (kl < 0) kl = 0;   /* rounding residue below ~1e-16: KL is non-negative */
+    a->tokens++;
+    a->top1_agree += ar == ae;
+    a->kl_sum += kl;
+    if (kl > a->kl_max || kl != kl) a->kl_max = kl;
+    ib_accuracy_finish(a);
+}
+
+void ib_accuracy_finish(ib_accuracy *a) {
+    a->top1_fraction = a->tokens ? (double)a->top1_agree / a->tokens : 0.0;
+    a->kl_mean = a->tokens ? a->kl_sum / a->tokens : 0.0;
+    a->rel_l2 = a->sum_sq_ref > 0 ? sqrt(a->sum_sq_diff / a->sum_sq_ref) : sqrt(a->sum_sq_diff);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+ib_status ib_accuracy_run(const ib_model *m, const ib_engine_opts *opts, const int32_t *tokens, int T,
+                          const double *ref, ib_accuracy *out, ib_error *err) {
+    memset(out, 0, sizeof *out);
+    if (!m || !tokens || !ref) return ib_fail(err, IB_ERR_INVALID_ARG, "accuracy: NULL model, tokens or reference");
+    if (T < 1) return ib_fail(err, IB_ERR_INVALID_ARG, "accuracy: %d tokens (at least 1 is needed)", T);
+    const int V = m->cfg.vocab_size;
+    ib_engine *e = NULL;
+    ib_session *s = NULL;
+    float *lg = malloc((size_t)V * sizeof *lg);   /* [V] logits after one token */
+    ib_status rc;
+    if (!lg) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "accuracy: out of memory");
+        goto out;
+    }
+    if ((rc = ib_engine_create(m, opts, &e, err))) goto out;
+    if ((rc = ib_session_create(m, &(ib_session_opts){.max_context = T}, &s, err))) goto out;
+    double t0 = now_s();
+    for (int t = 0; t < T; t++) {
+        ib_step_item it = {.session = s, .tokens = tokens + t, .n_tokens = 1, .logits = lg};
+        if ((rc = ib_step(e, &it, 1, err))) goto out;
+        ib_accuracy_add(out, ref + (size_t)t * V, lg, V);
+    }
+    out->isa = ib_engine_isa(e);
+    out->seconds = now_s() - t0;
+out:
+    if (rc) memset(out, 0, sizeof *out);
+    ib_session_free(s);
+    ib_engine_free(e);
+    free(lg);
+    return rc;
+}

@@ -1,0 +1,189 @@
+/*
+ * cmd_accuracy.c — `isobatch accuracy`: how close the engine's logits are to a float64 reference
+ * forward pass of the same model (src/diag/reference.c), per activation mode: top-1 agreement, KL,
+ * max and relative L2 logit error over every position of one token sequence.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "diag/diag.h"
+
+static const char help[] =
+    "usage: isobatch accuracy [-m DIR] [-p TEXT | --prompt-ids L] [--tokens N] [--act f32|q8|both]\n"
+    "         [--isa I] [--threads N] [--json]\n"
+    "\n"
+    "Runs a float64 reference forward pass of the model over one token sequence (every position, from\n"
+    "position 0), then feeds the same tokens to the engine one step at a time per activation mode and\n"
+    "compares the logits after each token: top-1 agreement (argmax, ties to the lowest id), mean and max\n"
+    "KL(reference || engine) per token in nats, max |logit difference|, relative L2 error of all logits.\n"
+    "\n"
+    "  -m DIR            model directory (default models/default)\n"
+    "  -p TEXT           the text to encode (default: a built-in English paragraph)\n"
+    "  --prompt-ids L    the tokens as comma-separated ids instead\n"
+    "  --tokens N        compare the first N tokens (default 64; at least 2 are needed)\n"
+    "  --act A           f32, q8 or both (default both; q8 is skipped on float models)\n"
+    "  --isa I           engine kernels: auto, scalar, avx2, avx512 (default auto)\n"
+    "  --threads N       engine threads (default: the CPUs online; the reference uses two)\n"
+    "  --json            one JSON object\n";
+
+static const char default_text[] =
+    "The river rises in the hills north of the town and runs south through farmland for about forty "
+    "miles before it reaches the sea. In the spring, when the snow melts, it floods the low fields on "
+    "both banks, and the farmers move their animals to higher ground until the water goes down. The "
+    "old stone bridge in the middle of the town was built more than three hundred years ago, and it has "
+    "survived every flood since then, although the wooden mill beside it was swept away twice and had "
+    "to be rebuilt. Today the mill is a small museum, and children come from the schools nearby to "
+    "learn how grain was once ground into flour by the power of the water.";
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A number, or null when it is not finite (JSON has no NaN or infinity). */
+static json_t *jnum(double d) { return isfinite(d) ? json_real(d) : json_null(); }
+
+static json_t *mode_json(const char *act, const ib_accuracy *a) {
+    return json_pack("{s:s,s:i,s:i,s:o,s:o,s:o,s:o,s:o,s:f}", "act", act, "tokens", a->tokens, "top1_agree",
+                     a->top1_agree, "top1_fraction", jnum(a->top1_fraction), "kl_mean", jnum(a->kl_mean), "kl_max",
+                     jnum(a->kl_max), "max_abs_diff", jnum(a->max_abs_diff), "rel_l2", jnum(a->rel_l2), "seconds",
+                     a->seconds);
+}
+
+int cmd_accuracy(int argc, char **argv) {
+    const char *dir = NULL, *text = NULL, *idlist = NULL, *acts = "both";
+    long n_tokens = 64, threads = sysconf(_SC_NPROCESSORS_ONLN);
+    ib_isa isa = IB_ISA_AUTO;
+    int json = 0, rc = 0;
+    if (threads < 1) threads = 1;
+    ib_model *m = NULL;
+    int32_t *ids = NULL;
+    double *ref = NULL;
+    for (int i = 1; i < argc && !rc; i++) {
+        const char *f = argv[i], *v = NULL;
+        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+            fputs(help, stdout);
+            return 0;
+        }
+#define VAL() (v = cli_value(argc, argv, &i))
+        if (!strcmp(f, "-m")) rc = VAL() ? (dir = v, 0) : 2;
+        else if (!strcmp(f, "-p")) rc = VAL() ? (text = v, 0) : 2;
+        else if (!strcmp(f, "--prompt-ids")) rc = VAL() ? (idlist = v, 0) : 2;
+        else if (!strcmp(f, "--tokens")) rc = VAL() ? cli_int(f, v, 2, 1 << 20, &n_tokens) : 2;
+        else if (!strcmp(f, "--threads")) rc = VAL() ? cli_int(f, v, 1, 256, &threads) : 2;
+        else if (!strcmp(f, "--isa")) rc = VAL() ? cli_isa(v, &isa) : 2;
+        else if (!strcmp(f, "--act")) {
+            if (!VAL()) rc = 2;
+            else if (strcmp(v, "f32") && strcmp(v, "q8") && strcmp(v, "both"))
+                rc = cli_usage_error("--act: unknown '%s' (f32, q8, both)", v);
+            else acts = v;
+        } else if (!strcmp(f, "--json")) json = 1;
+        else rc = cli_usage_error("accuracy: unknown option '%s' (try --help)", f);
+#undef VAL
+    }
+    if (rc) return rc;
+    if (text && idlist) return cli_usage_error("accuracy: give -p or --prompt-ids, not both");
+    if (!(dir = cli_model_dir(dir))) return 2;
+    ib_error err;
+    if (ib_model_load(dir, NULL, &m, &err)) {
+        rc = cli_error("%s", err.msg);
+        goto out;
+    }
+    const ib_model_info *info = ib_model_get_info(m);
+    const int V = info->vocab_size;
+    int T = 0;
+    if (idlist) {
+        if ((rc = cli_parse_ids(idlist, V, &ids, &T))) goto out;
+    } else {
+        const char *s = text ? text : default_text;
+        int k = ib_tokenize(m, s, strlen(s), NULL, 0);
+        if (k < 0) {
+            rc = cli_error("-p: could not tokenize");
+            goto out;
+        }
+        if (!(ids = malloc((size_t)(k > 0 ? k : 1) * sizeof *ids))) {
+            rc = cli_error("out of memory");
+            goto out;
+        }
+        T = ib_tokenize(m, s, strlen(s), ids, k);
+    }
+    if (T > n_tokens) T = (int)n_tokens;
+    if (T < 2) {
+        rc = cli_usage_error("accuracy: %d token%s; at least 2 are needed", T, T == 1 ? "" : "s");
+        goto out;
+    }
+    if (!(ref = malloc((size_t)T * V * sizeof *ref))) {
+        rc = cli_error("out of memory for the reference logits (%d x %d)", T, V);
+        goto out;
+    }
+    double t0 = now_s();
+    if (ib_reference_logits(m, ids, T, ref, &err)) {
+        rc = cli_error("%s", err.msg);
+        goto out;
+    }
+    double ref_s = now_s() - t0;
+
+    /* the modes asked for; q8 of "both" is skipped on a float model (q8 needs quantized weights) */
+    const char *names[2] = {"f32", "q8"};
+    ib_act modes[2] = {IB_ACT_F32, IB_ACT_Q8};
+    int run[2] = {strcmp(acts, "q8") != 0, strcmp(acts, "f32") != 0};
+    int skipped_q8 = 0;
+    if (!strcmp(acts, "both") && !info->quant_bits) run[1] = 0, skipped_q8 = 1;
+    ib_accuracy acc[2] = {{0}};
+    ib_isa isa_used = isa;
+    for (int k = 0; k < 2; k++) {
+        if (!run[k]) continue;
+        ib_engine_opts eo = {.threads = (int)threads, .isa = isa, .act = modes[k], .max_step_tokens = 1};
+        if (ib_accuracy_run(m, &eo, ids, T, ref, &acc[k], &err)) {
+            rc = cli_error("%s", err.msg);
+            goto out;
+        }
+        isa_used = acc[k].isa;
+    }
+    if (json) {
+        json_t *o = json_object(), *ms = json_array();
+        json_object_set_new(o, "model", json_string(dir));
+        json_object_set_new(o, "tokens", json_integer(T));
+        json_object_set_new(o, "vocab", json_integer(V));
+        json_object_set_new(o, "quant_bits", json_integer(info->quant_bits));
+        json_object_set_new(o, "isa", json_string(ib_isa_name(isa_used)));
+        json_object_set_new(o, "threads", json_integer(threads));
+        json_object_set_new(o, "reference_seconds", json_real(ref_s));
+        for (int k = 0; k < 2; k++)
+            if (run[k]) json_array_append_new(ms, mode_json(names[k], &acc[k]));
+        if (skipped_q8)
+            json_array_append_new(ms, json_pack("{s:s,s:s}", "act", "q8", "skipped", "the model's weights are not quantized"));
+        json_object_set_new(o, "modes", ms);
+        char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
+        if (s) puts(s);
+        free(s);
+        json_decref(o);
+    } else {
+        printf("isobatch accuracy: %d tokens, vocab %d, %s weights; float64 reference in %.2f s; engine isa %s, %ld thread%s\n",
+               T, V, info->weight_dtype, ref_s, ib_isa_name(isa_used), threads, threads == 1 ? "" : "s");
+        printf("%-4s %6s  %-16s %10s %10s %13s %10s %8s\n", "act", "tokens", "top-1 agree", "KL mean", "KL max",
+               "max |dlogit|", "rel L2", "seconds");
+        for (int k = 0; k < 2; k++) {
+            if (!run[k]) continue;
+            const ib_accuracy *a = &acc[k];
+            char agree[32];
+            snprintf(agree, sizeof agree, "%d/%d = %.3f", a->top1_agree, a->tokens, a->top1_fraction);
+            printf("%-4s %6d  %-16s %10.3e %10.3e %13.3e %10.3e %8.2f\n", names[k], a->tokens, agree, a->kl_mean,
+                   a->kl_max, a->max_abs_diff, a->rel_l2, a->seconds);
+        }
+        if (skipped_q8) printf("q8   skipped: the model's weights are not quantized\n");
+        printf("(KL in nats per token, KL(reference || engine); rel L2 = ||engine - ref|| / ||ref|| over all logits)\n");
+    }
+out:
+    free(ref);
+    free(ids);
+    ib_model_free(m);
+    return rc;
+}
