@@ -87,33 +87,50 @@ static inline void scale_accumulate(float *out, int hd, float c, const float *p,
     }
 }
 
-IB_VECTOR_CLONES void ib_attend_one_window(const float *q, const float *k, const float *v, int n_keys, int kv_stride, int hd,
-                          float scale, int block, int window, float *out) {
+/* One key block for one query head: scores, the running max m and sum l, and out updated. */
+static inline __attribute__((always_inline)) void attend_block(const float *q, const float *kb, const float *vb,
+                                                               size_t st, int hd, float scale, int j0, int nb,
+                                                               float *m, float *l, float *out) {
     float s[128];  /* block <= 128 scores */
-    float m = -INFINITY, l = 0.0f;
+    int j = j0;
+    for (; j + 4 <= nb; j += 4) dot16_x4(q, kb + (size_t)j * st, st, hd, s + j);
+    for (; j < nb; j++) s[j] = ib_dot16_inline(q, kb + (size_t)j * st, hd);
+    float mb = -INFINITY;
+    for (j = j0; j < nb; j++) {
+        s[j] = s[j] * scale;
+        if (s[j] > mb) mb = s[j];
+    }
+    float m_new = mb > *m ? mb : *m;
+    float c = ib_expf(*m - m_new); /* exp(-inf) = 0 on the first block */
+    float lv = *l * c;
+    float pw[128]; /* the block's softmax weights, computed lane-parallel */
+    for (j = j0; j < nb; j++) pw[j] = ib_expf_lane(s[j] - m_new);
+    for (j = j0; j < nb; j++) lv = lv + pw[j];
+    scale_accumulate(out, hd, c, pw, vb, st, j0, nb);
+    *m = m_new;
+    *l = lv;
+}
+
+IB_VECTOR_CLONES void ib_attend_heads(const float *q, int nq, const float *k, const float *v, int n_keys,
+                                      int kv_stride, int hd, float scale, int block, int window, float *out) {
+    float m[IB_ATTN_MAX_GROUP], l[IB_ATTN_MAX_GROUP];
     int lo = window > 0 && n_keys > window ? n_keys - window : 0;  /* first attended key */
     const size_t st = (size_t)kv_stride;
-    for (int d = 0; d < hd; d++) out[d] = 0.0f;
+    for (int h = 0; h < nq; h++) m[h] = -INFINITY, l[h] = 0.0f;
+    for (int d = 0; d < nq * hd; d++) out[d] = 0.0f;
     for (int b0 = lo - lo % block; b0 < n_keys; b0 += block) {
         int j0 = lo > b0 ? lo - b0 : 0;
         int nb = n_keys - b0 < block ? n_keys - b0 : block;
-        const float *kb = k + (size_t)b0 * st;
-        int j = j0;
-        for (; j + 4 <= nb; j += 4) dot16_x4(q, kb + (size_t)j * st, st, hd, s + j);
-        for (; j < nb; j++) s[j] = ib_dot16_inline(q, kb + (size_t)j * st, hd);
-        float mb = -INFINITY;
-        for (j = j0; j < nb; j++) {
-            s[j] = s[j] * scale;
-            if (s[j] > mb) mb = s[j];
-        }
-        float m_new = mb > m ? mb : m;
-        float c = ib_expf(m - m_new); /* exp(-inf) = 0 on the first block */
-        l = l * c;
-        float pw[128]; /* the block's softmax weights, computed lane-parallel */
-        for (j = j0; j < nb; j++) pw[j] = ib_expf_lane(s[j] - m_new);
-        for (j = j0; j < nb; j++) l = l + pw[j];
-        scale_accumulate(out, hd, c, pw, v + (size_t)b0 * st, st, j0, nb);
-        m = m_new;
+        /* every head of the group walks this block while its keys and values are in L1 */
+        for (int h = 0; h < nq; h++)
+            attend_block(q + (size_t)h * hd, k + (size_t)b0 * st, v + (size_t)b0 * st, st, hd, scale, j0, nb, &m[h],
+                         &l[h], out + (size_t)h * hd);
     }
-    for (int d = 0; d < hd; d++) out[d] = out[d] / l;
+    for (int h = 0; h < nq; h++)
+        for (int d = 0; d < hd; d++) out[(size_t)h * hd + d] = out[(size_t)h * hd + d] / l[h];
+}
+
+void ib_attend_one_window(const float *q, const float *k, const float *v, int n_keys, int kv_stride, int hd,
+                          float scale, int block, int window, float *out) {
+    ib_attend_heads(q, 1, k, v, n_keys, kv_stride, hd, scale, block, window, out);
 }

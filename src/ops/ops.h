@@ -105,4 +105,13 @@ void ib_attend_one(const float *q, const float *k, const float *v, int n_keys, i
 void ib_attend_one_window(const float *q, const float *k, const float *v, int n_keys, int kv_stride, int hd,
                           float scale, int block, int window, float *out);
 
+/* Most query heads sharing one KV head that ib_attend_heads takes at once. */
+#define IB_ATTN_MAX_GROUP 16
+
+/* ib_attend_one_window for nq (1..IB_ATTN_MAX_GROUP) query heads that share one KV head (GQA):
+ * q [nq][hd], out [nq][hd]; head h's output is bitwise ib_attend_one_window(q + h*hd, ...). The heads
+ * walk each key block in turn, so the block's keys and values are read from memory once. */
+void ib_attend_heads(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride, int hd,
+                     float scale, int block, int window, float *out);
+
 #endif

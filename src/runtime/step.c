@@ -46,25 +46,31 @@ typedef struct {
     int block;
 } attn_job;
 
-/* One task = one (row, head): attend the row's query to keys 0..pos of its session. */
+/* One task = one (row, KV head): attend the row's query heads of that KV head's group to keys
+ * 0..pos of its session (each head's result as ib_attend_one's). */
 static void attn_task(void *ctx, int task, int thread) {
     attn_job *j = ctx;
     ib_engine *e = j->e;
     const ib_config *c = &e->model->cfg;
-    int H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim;
-    int r = task / H, h = task % H, kvh = h / (H / KVH);
+    int H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim, G = H / KVH;
+    int r = task / KVH, kvh = task % KVH, h0 = kvh * G;
     ib_session *s = j->items[e->row_item[r]].session;
     size_t cap = (size_t)s->capacity;
-    const float *kl = s->kv + (size_t)j->li * 2 * KVH * cap * hd;
+    const float *kl = s->kv + (size_t)j->li * 2 * KVH * cap * hd + (size_t)kvh * cap * hd;
     const float *vl = kl + (size_t)KVH * cap * hd;
+    const float *q = e->q + ((size_t)r * H + h0) * hd;
+    float *out = e->att + ((size_t)r * H + h0) * hd;
     float scale = 1.0f / sqrtf((float)hd);
     if (s->kv_window > 0) {
-        ib_attend_policy(s, e->q + ((size_t)r * H + h) * hd, kl + (size_t)kvh * cap * hd, vl + (size_t)kvh * cap * hd,
-                         e->pos[r], hd, scale, j->block, e->att + ((size_t)r * H + h) * hd);
+        for (int h = 0; h < G; h++)
+            ib_attend_policy(s, q + (size_t)h * hd, kl, vl, e->pos[r], hd, scale, j->block, out + (size_t)h * hd);
         return;
     }
-    ib_attend_one(e->q + ((size_t)r * H + h) * hd, kl + (size_t)kvh * cap * hd, vl + (size_t)kvh * cap * hd,
-                  e->pos[r] + 1, hd, hd, scale, j->block, e->att + ((size_t)r * H + h) * hd);
+    for (int h = 0; h < G; h += IB_ATTN_MAX_GROUP) {
+        int nq = G - h < IB_ATTN_MAX_GROUP ? G - h : IB_ATTN_MAX_GROUP;
+        ib_attend_heads(q + (size_t)h * hd, nq, kl, vl, e->pos[r] + 1, hd, hd, scale, j->block, 0,
+                        out + (size_t)h * hd);
+    }
 }
 
 /* Diagnostics: hand rows [R][n] of capture point `point` to the engine's capture hook. */
@@ -180,7 +186,7 @@ ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
         CAPTURE(li, "k", e->k, KVH * hd);
         store_kv(e, items, R, li);
         aj.li = li;
-        ib_pool_run(attn_work < IB_MIN_PARALLEL_MACS ? NULL : e->pool, R * H, attn_task, &aj);
+        ib_pool_run(attn_work < IB_MIN_PARALLEL_MACS ? NULL : e->pool, R * KVH, attn_task, &aj);
         CAPTURE(li, "attn_out", e->att, H * hd);
         linear(e, &L->wo, e->att, R, e->o, 0);
         CAPTURE(li, "attn_proj", e->o, D);
