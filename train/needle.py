@@ -45,10 +45,29 @@ class Case:
         return "\n".join(self.lines[:-1]) + "\n" + self.lines[-1][: -len(self.answer)]
 
 
+TRAIN_POOL = "train-pool"
+
+
+def pool_word(spec, rng):
+    """A training code word from spec["train_word_pool"]: with probability list_fraction one of
+    train_words, else a string of min_letters..max_letters random capitals that contains no held-out
+    word (redrawn until it does not). Draws: one random(), then choice() or randint() + choice()s."""
+    pool = spec["train_word_pool"]
+    if rng.random() < pool["list_fraction"]:
+        return rng.choice(spec["train_words"])
+    held = spec["heldout_words"]
+    while True:
+        n = rng.randint(pool["min_letters"], pool["max_letters"])
+        w = "".join(rng.choice(pool["letters"]) for _ in range(n))
+        if not any(h in w for h in held):
+            return w
+
+
 def draw(spec, seed, words):
-    """The case's generator after drawing the code; returns (rng, code)."""
+    """The case's generator after drawing the code; returns (rng, code). words: a list to choose
+    from, or TRAIN_POOL for the training pool (pool_word)."""
     rng = random.Random(seed)
-    word = rng.choice(words)
+    word = pool_word(spec, rng) if words == TRAIN_POOL else rng.choice(words)
     number = rng.randrange(10000)
     return rng, spec["code"].format(word=word, number=number)
 
@@ -111,10 +130,13 @@ class LineCache:
 
     def code_ids(self, code):
         """(needle line ids, answer ids ' CODE.\\n')."""
-        if code not in self.codes:
-            self.codes[code] = (self.encode(self.spec["needle_line"].format(code=code) + "\n"),
-                                self.encode(self.spec["answer"].format(code=code) + "\n"))
-        return self.codes[code]
+        if code in self.codes:
+            return self.codes[code]
+        ids = (self.encode(self.spec["needle_line"].format(code=code) + "\n"),
+               self.encode(self.spec["answer"].format(code=code) + "\n"))
+        if len(self.codes) < 100000:   # pool words are mostly unique: keep the cache bounded
+            self.codes[code] = ids
+        return ids
 
     def header_ids(self, seed):
         d = seed % 1000

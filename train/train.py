@@ -98,6 +98,7 @@ def main():
     ap.add_argument("--new-schedule", action="store_true",
                     help="with --resume: a fresh warmup + cosine schedule over this run's steps")
     ap.add_argument("--time-budget", type=float)
+    ap.add_argument("--eval-data", help="reuse this eval_data.json (held-out cases) instead of building it")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--override", action="append", default=[], help="section.key=json, e.g. train.lr=0.001")
     a = ap.parse_args()
@@ -147,12 +148,12 @@ def main():
         seed = chk.randrange(0, 10 ** 9)
         L = chk.choice(spec["train_lengths"])
         d = chk.choice(spec["train_depth_percent"])
-        ids, n, at, code, sents = cache.make(seed, L, d, spec["train_words"])
+        ids, n, at, code, sents = cache.make(seed, L, d, needle.TRAIN_POOL)
         lines, at2 = needle.assemble(spec, seed, d, code, sents, n)
         text = "\n".join(lines) + "\n"
         ref = encode(text)
         if i < 20 and not a.fake_tokenizer:
-            c = needle.make_case(spec, seed, L, d, spec["train_words"], lambda t: len(encode(t)))
+            c = needle.make_case(spec, seed, L, d, needle.TRAIN_POOL, lambda t: len(encode(t)))
             if c.text() != text:
                 log("needle: exact construction differs from the line cache for seed %d" % seed)
                 exact_mode = True
@@ -167,13 +168,19 @@ def main():
         L = rng.choice(lengths)
         d = rng.choice(spec["train_depth_percent"])
         if not exact_mode:
-            return cache.make(seed, L, d, spec["train_words"])[0]
-        c = needle.make_case(spec, seed, L, d, spec["train_words"], lambda t: len(encode(t)))
+            return cache.make(seed, L, d, needle.TRAIN_POOL)[0]
+        c = needle.make_case(spec, seed, L, d, needle.TRAIN_POOL, lambda t: len(encode(t)))
         return encode(c.text())
 
     # held-out evaluation data (token ids) for eval.py and the C engine
     t1 = time.time()
-    ecases = ev.make_cases(spec, encode, spec["heldout_lengths"], cfg["eval"]["cases_per_length"])
+    if a.eval_data:
+        with open(a.eval_data) as f:
+            edata = json.load(f)
+        ecases = edata["cases"]
+        assert edata["heldout_ids"] == held_ids, "--eval-data: its held-out KJV ids differ from this tokenizer's"
+    else:
+        ecases = ev.make_cases(spec, encode, spec["heldout_lengths"], cfg["eval"]["cases_per_length"])
     with open(os.path.join(a.out, "eval_data.json"), "w") as f:
         json.dump({"heldout_ids": held_ids, "cases": ecases, "eot": eot}, f)
     log("eval data: %d cases in %.1fs; doc tokens min/max %d/%d" % (
@@ -216,14 +223,25 @@ def main():
     rng = random.Random(tc["seed"] * 1000003 + start_step)
     gen = torch.Generator().manual_seed(tc["seed"] * 7919 + start_step)
 
+    answer_only = tc.get("answer_only_loss", False)
+    prefix = list(cache.answer_prefix)
+
+    def answer_start(ids):
+        """Index of the first answer token (after the last 'Answer:')."""
+        for a in range(len(ids) - len(prefix), -1, -1):
+            if ids[a:a + len(prefix)] == prefix:
+                return a + len(prefix)
+        return 0
+
     def rows(n, width, lengths):
-        """n needle rows of `width` inputs: a document from position 0, <|endoftext|>, unscored padding."""
+        """n needle rows of `width` inputs: a document from position 0, <|endoftext|>, unscored padding.
+        With train.answer_only_loss only the answer ' CODE.' and what follows it are scored."""
         x = torch.full((n, width + 1), eot, dtype=torch.long)
         m = torch.zeros((n, width), dtype=torch.bool)
         for r in range(n):
             ids = needle_doc(rng, lengths)[:width] + [eot]
             x[r, :len(ids)] = torch.tensor(ids)
-            m[r, :len(ids) - 1] = True
+            m[r, (max(0, answer_start(ids) - 1) if answer_only else 0):len(ids) - 1] = True
         return x, m
 
     RC = tc.get("copy_rows", 0)
@@ -260,12 +278,13 @@ def main():
                 xc, mc_ = copy_rows(RC, TS)
                 xs, ms = torch.cat([xs, xc]), torch.cat([ms, mc_])
             out.append((xs, ms))
-        x, m = rows(RL, T, long_lengths)
+        x, m = rows(RL, T, long_lengths) if RL else (torch.zeros((0, T + 1), dtype=torch.long), torch.zeros((0, T), dtype=torch.bool))
         if RK:
             offs = torch.randint(0, len(kjv_ids) - T - 1, (RK,), generator=gen)
             xk = torch.stack([kjv_ids[o:o + T + 1] for o in offs.tolist()])
             x, m = torch.cat([x, xk]), torch.cat([m, torch.ones((RK, T), dtype=torch.bool)])
-        out.append((x, m))
+        if len(x):
+            out.append((x, m))
         res = []
         for x, m in out:
             y = x[:, 1:].clone()
