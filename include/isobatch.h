@@ -187,6 +187,11 @@ typedef struct ib_session_opts {
      * tokens one ib_step item of this session may bring. Answers differ from a full session once the
      * window slides, never between batchings or prefill chunkings of the same session. */
     int kv_sink, kv_window, kv_chunk;
+    /* kv_f16 = 1: keys and values are stored as IEEE half (rounded to nearest even when written,
+     * converted exactly when read): half the KV memory and the bandwidth attention reads. A session's
+     * answers then differ slightly from a float32-KV session's, but never between batchings, thread
+     * counts, chunkings or ISAs (the rounding is a function of the value alone). */
+    int kv_f16;
 } ib_session_opts;
 
 /* Create a session on model m with an empty KV cache at position 0. opts may be NULL (greedy,
@@ -253,6 +258,7 @@ typedef struct ib_gen_opts {
     int keep_logits;        /* keep each chosen token's logits row in the result */
     int max_context;        /* per-session KV capacity; 0 = the longest request needs */
     ib_sampling sampling;
+    int kv_f16;             /* sessions keep their KV in IEEE half (ib_session_opts.kv_f16) */
 } ib_gen_opts;
 
 typedef struct ib_gen_result {

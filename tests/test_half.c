@@ -28,6 +28,19 @@ int main(void) {
         if (!isnan(ref) && ib_f32_to_f16(got) != h) bad++;
     }
     CHECK_EQ_INT(bad, 0);
+    /* the branch-free row conversion (half-precision KV) equals the scalar one bit for bit */
+    {
+        static uint16_t all[65536];
+        static float row[65536];
+        for (uint32_t h = 0; h < 65536; h++) all[h] = (uint16_t)h;
+        ib_f16_to_f32_row(all, row, 65536);
+        int rbad = 0;
+        for (uint32_t h = 0; h < 65536; h++) {
+            float a = ib_f16_to_f32((uint16_t)h);
+            if (memcmp(&a, &row[h], 4)) rbad++;
+        }
+        CHECK(rbad == 0, "ib_f16_to_f32_row differs from ib_f16_to_f32 at %d inputs", rbad);
+    }
     /* float32 -> float16 rounds to nearest even: 1 + 2^-11 is halfway between 1 and 1 + 2^-10 */
     CHECK_EQ_INT(ib_f32_to_f16(1.0f + ldexpf(1, -11)), 0x3c00);
     CHECK_EQ_INT(ib_f32_to_f16(1.0f + 3 * ldexpf(1, -11)), 0x3c02);

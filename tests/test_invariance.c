@@ -25,6 +25,7 @@ typedef struct run_cfg {
     ib_act act;
     int sampled;    /* 0 greedy, 1 seeded sampling */
     int shuffled;   /* feed the prompts in a permuted order */
+    int kv_f16;     /* sessions keep half-precision KV */
 } run_cfg;
 
 typedef struct outcome {
@@ -52,7 +53,8 @@ static outcome run(const ib_model *m, run_cfg c) {
         int src = c.shuffled ? perm(i) : i;
         rq[i] = (ib_gen_request){prompt_ids[src], prompt_len[src]};
     }
-    ib_gen_opts go = {.max_new_tokens = GEN, .batch = c.batch, .prefill_chunk = c.chunk, .sampling = ib_sampling_default()};
+    ib_gen_opts go = {.max_new_tokens = GEN, .batch = c.batch, .prefill_chunk = c.chunk, .sampling = ib_sampling_default(),
+                      .kv_f16 = c.kv_f16};
     if (c.sampled) {
         go.sampling.temperature = 0.9f;
         go.sampling.top_k = 50;
@@ -87,8 +89,11 @@ static int differing(const outcome *a, const outcome *b) {
     return d;
 }
 
+static int g_kv_f16; /* every run of the current section keeps half-precision KV */
+
 static run_cfg base_cfg(ib_act act, int sampled) {
-    return (run_cfg){.batch = 1, .threads = 1, .chunk = 0, .isa = IB_ISA_SCALAR, .act = act, .sampled = sampled};
+    return (run_cfg){.batch = 1, .threads = 1, .chunk = 0, .isa = IB_ISA_SCALAR, .act = act, .sampled = sampled,
+                     .kv_f16 = g_kv_f16};
 }
 
 /* All clean variations against the serialized scalar baseline. */
@@ -213,6 +218,23 @@ int main(void) {
         check_fault(m, IB_FAULT_ISA_FMA, isa, IB_ACT_F32, 0);
     } else {
         printf("skip: isa-fma fault needs AVX2\n");
+    }
+
+    /* half-precision KV: the same contract; it changes the answers (the option is in effect), and a
+     * batch-dependent attention split still breaks it */
+    {
+        outcome f32kv = run(m, base_cfg(IB_ACT_F32, 0));
+        g_kv_f16 = 1;
+        outcome f16kv = run(m, base_cfg(IB_ACT_F32, 0));
+        CHECK(differing(&f32kv, &f16kv) > 0, "f16 KV gives the same digests as f32 KV");
+        check_clean(m, IB_ACT_F32, 0, "f32 greedy, f16 KV");
+        check_clean(m, IB_ACT_Q8, 1, "q8 sampled, f16 KV");
+        run_cfg h8 = base_cfg(IB_ACT_Q8, 0);
+        h8.batch = 8;
+        h8.isa = IB_ISA_AUTO;
+        check_fault(m, IB_FAULT_SPLIT_KV_BY_BATCH, h8, IB_ACT_Q8, 0);
+        check_fault(m, IB_FAULT_ROPE_SKIP_ROWS, h8, IB_ACT_Q8, 0);
+        g_kv_f16 = 0;
     }
 
     for (int i = 0; i < N_PROMPTS; i++) free(prompt_ids[i]);

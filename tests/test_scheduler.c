@@ -135,12 +135,15 @@ static void run_sched(const ib_model *m, ib_engine *e, int batch, int chunk, int
 /* Feed prompt i then GEN greedy tokens through a windowed session; prefill in chunks of `chunk`,
  * stepped together with a full-session neighbour when `crowd`. Logits of every generated token are
  * digested into *dig. */
+static int g_kv_f16; /* run_window's sessions keep half-precision KV */
+
 static void run_window(const ib_model *m, ib_engine *e, int i, int sink, int window, int kv_chunk, int chunk, int crowd,
                        uint64_t *dig, int32_t *toks) {
     int V = ib_model_get_info(m)->vocab_size;
     ib_error err;
-    ib_session_opts so = {.sampling = ib_sampling_default(), .kv_sink = sink, .kv_window = window, .kv_chunk = kv_chunk};
-    ib_session_opts fo = {.max_context = 1024, .sampling = ib_sampling_default()};
+    ib_session_opts so = {.sampling = ib_sampling_default(), .kv_sink = sink, .kv_window = window, .kv_chunk = kv_chunk,
+                          .kv_f16 = g_kv_f16};
+    ib_session_opts fo = {.max_context = 1024, .sampling = ib_sampling_default(), .kv_f16 = g_kv_f16};
     ib_session *s, *other;
     float *lg = malloc((size_t)V * sizeof(float)), *lo = malloc((size_t)V * sizeof(float));
     *dig = IB_DIGEST_INIT;
@@ -164,6 +167,7 @@ static void run_window(const ib_model *m, ib_engine *e, int i, int sink, int win
         CHECK(ib_step(e, crowd ? it : it + 1, crowd ? 2 : 1, &err) == IB_OK, "%s", err.msg);
     }
     size_t per_tok = ib_model_get_info(m)->kv_bytes_per_token;
+    if (g_kv_f16) per_tok /= 2;
     if (window > 0) CHECK(ib_session_kv_bytes(s) == (size_t)(sink + window + kv_chunk) * per_tok, "kv bytes %zu", ib_session_kv_bytes(s));
     ib_session_free(s);
     ib_session_free(other);
@@ -272,6 +276,20 @@ int main(void) {
         run_window(m, e, i, 0, 48, 7, 7, 0, &d_b, t_b);
         CHECK(d_c == d_b && !memcmp(t_c, t_b, sizeof t_c), "window: batched chunks differ from alone");
         CHECK(d_c != d_a, "window and sink+window gave the same logits");
+        /* the same with half-precision KV: batched chunks equal alone token by token, full and windowed */
+        {
+            uint64_t h_a, h_b, h_f;
+            int32_t u_a[GEN], u_b[GEN], u_f[GEN];
+            g_kv_f16 = 1;
+            run_window(m, e, i, 4, 48, 16, 16, 1, &h_a, u_a);
+            run_window(m, e, i, 4, 48, 1, 1, 0, &h_b, u_b);
+            CHECK(h_a == h_b && !memcmp(u_a, u_b, sizeof u_a), "f16 KV sink+window: batched chunks differ from alone");
+            CHECK(h_a != d_a, "f16 KV sink+window gave the f32 KV logits");
+            run_window(m, e, i, 0, 0, 0, 16, 1, &h_a, u_a);
+            run_window(m, e, i, 0, 0, 0, 1, 0, &h_f, u_f);
+            CHECK(h_a == h_f && !memcmp(u_a, u_f, sizeof u_a), "f16 KV full session: batched chunks differ from alone");
+            g_kv_f16 = 0;
+        }
         /* policy parsing, and a chunk larger than kv_chunk is refused */
         int sk, wd;
         CHECK(ib_kv_policy_parse("sink:4,window:1024", &sk, &wd) == 0 && sk == 4 && wd == 1024, "parse sink");

@@ -135,6 +135,14 @@ int cli_act(const char *v, ib_act *out) {
     return cli_usage_error("--act: unknown '%s' (auto, f32, q8)", v);
 }
 
+int cli_kv_dtype(const char *v, int *f16) {
+    if (!strcmp(v, "f32") || !strcmp(v, "f16")) {
+        *f16 = v[1] == '1';
+        return 0;
+    }
+    return cli_usage_error("--kv-dtype: unknown '%s' (f32, f16)", v);
+}
+
 int cli_inject(const char *v) {
     ib_fault f;
     if (ib_fault_parse(v, &f)) return cli_usage_error("--inject: unknown fault '%s'", v);

@@ -17,7 +17,7 @@
 
 static const char help[] =
     "usage: isobatch bench [-m DIR] [--batch 1,2,4,8,16,32,64] [--prompt 128] [--gen 32] [--threads T]\n"
-    "                      [--act auto|f32|q8] [--isa auto|scalar|avx2|avx512] [--reps 3] [--json]\n"
+    "                      [--act auto|f32|q8] [--isa auto|scalar|avx2|avx512] [--kv-dtype f32|f16] [--reps 3] [--json]\n"
     "  prefill: one session, --prompt tokens in one step.  decode: B sessions holding --prompt tokens\n"
     "  each step together for --gen tokens.  floor: (weight bytes + KV bytes read) per step over the\n"
     "  read bandwidth measured here with the same thread count.\n";
@@ -116,6 +116,7 @@ int cmd_bench(int argc, char **argv) {
     long prompt = 128, gen = 32, threads = sysconf(_SC_NPROCESSORS_ONLN), reps = 3;
     ib_isa isa = IB_ISA_AUTO;
     ib_act act = IB_ACT_AUTO;
+    int kv_f16 = 0;
     if (threads < 1) threads = 1;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v;
@@ -142,6 +143,8 @@ int cmd_bench(int argc, char **argv) {
             if (cli_int(f, v, 1, MAX_REPS, &reps)) return 2;
         } else if (!strcmp(f, "--act")) {
             if (cli_act(v, &act)) return 2;
+        } else if (!strcmp(f, "--kv-dtype")) {
+            if (cli_kv_dtype(v, &kv_f16)) return 2;
         } else if (!strcmp(f, "--isa")) {
             if (cli_isa(v, &isa)) return 2;
         } else
@@ -178,7 +181,8 @@ int cmd_bench(int argc, char **argv) {
         goto out;
     }
     for (long i = 0; i < prompt; i++) ids[i] = (int32_t)((i * 7919 + 13) % (V < 256 ? V : 256));
-    ib_session_opts so = {.max_context = ctx, .sampling = ib_sampling_default()};
+    ib_session_opts so = {.max_context = ctx, .sampling = ib_sampling_default(), .kv_f16 = kv_f16};
+    size_t kv_per_token = info->kv_bytes_per_token / (kv_f16 ? 2 : 1);
     if (ib_session_create(m, &so, &proto, &err)) {
         rc = cli_error("%s", err.msg);
         goto out;
@@ -212,13 +216,15 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(out, "act", json_string(act_name));
         json_object_set_new(out, "read_bandwidth_gbs", json_real(bw / 1e9));
         json_object_set_new(out, "weight_bytes", json_integer((json_int_t)info->weight_bytes));
-        json_object_set_new(out, "kv_bytes_per_token", json_integer((json_int_t)info->kv_bytes_per_token));
+        json_object_set_new(out, "kv_dtype", json_string(kv_f16 ? "f16" : "f32"));
+        json_object_set_new(out, "kv_bytes_per_token", json_integer((json_int_t)kv_per_token));
         json_object_set_new(out, "prefill_tok_s", json_pack("{s:f, s:f, s:f, s:i}", "median", pre.med, "min", pre.lo,
                                                             "max", pre.hi, "tokens", (int)prompt));
         json_object_set_new(out, "decode", json_array());
     } else {
-        printf("model %s: %.1f MB weights, %zu KV bytes/token; %ld threads, isa %s, act %s\n", dir,
-               info->weight_bytes / 1e6, info->kv_bytes_per_token, threads, ib_isa_name(ib_engine_isa(e)), act_name);
+        printf("model %s: %.1f MB weights, %zu KV bytes/token (%s); %ld threads, isa %s, act %s\n", dir,
+               info->weight_bytes / 1e6, kv_per_token, kv_f16 ? "f16" : "f32", threads, ib_isa_name(ib_engine_isa(e)),
+               act_name);
         printf("read bandwidth %.1f GB/s (measured, %ld threads)\n", bw / 1e9, threads);
         printf("prefill %ld tokens: %.1f tok/s (min %.1f, max %.1f)\n", prompt, pre.med, pre.lo, pre.hi);
         printf("%5s %12s %22s %10s %12s %9s\n", "batch", "decode tok/s", "(min-max)", "ms/step", "floor tok/s", "of floor");
@@ -255,7 +261,7 @@ int cmd_bench(int argc, char **argv) {
         stat3 d = summarize(tput, (int)reps);
         double step_ms = median(ms, (int)reps);
         /* bytes one step must read: every weight once, and each session's keys and values so far */
-        double kv_read = (double)B * (prompt + gen / 2.0) * info->kv_bytes_per_token;
+        double kv_read = (double)B * (prompt + gen / 2.0) * kv_per_token;
         double floor_tps = B / ((info->weight_bytes + kv_read) / bw);
         if (as_json) {
             json_array_append_new(json_object_get(out, "decode"),

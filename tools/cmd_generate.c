@@ -13,7 +13,7 @@
 static const char help[] =
     "usage: isobatch generate [-m DIR] (-p TEXT)... [--prompts-file F] [--prompt-ids 1,2,3]... [-n N]\n"
     "         [--batch B] [--threads T] [--prefill-chunk C|whole] [--isa auto|scalar|avx2|avx512]\n"
-    "         [--act auto|f32|q8] [--temp X] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R]\n"
+    "         [--act auto|f32|q8] [--kv-dtype f32|f16] [--temp X] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R]\n"
     "         [--seed S] [--ignore-eos] [--json] [--logits-out FILE] [--check-serial] [--inject FAULT] [--chat]\n"
     "\n"
     "  -m DIR            model directory (default models/default)\n"
@@ -26,6 +26,7 @@ static const char help[] =
     "  --prefill-chunk C prompt tokens per step per session (default whole)\n"
     "  --max-step-tokens N  tokens per step over all sessions (default 512)\n"
     "  --isa, --act      kernels and activation mode (results never depend on --isa)\n"
+    "  --kv-dtype f16    keep keys/values in IEEE half: half the KV memory (answers change slightly)\n"
     "  --temp ... --seed sampling (default greedy); draws keyed by (seed, step)\n"
     "  --ignore-eos      do not stop at the end-of-sequence token\n"
     "  --chat            wrap each text prompt as a user turn in the model's chat format (ChatML:\n"
@@ -172,6 +173,7 @@ typedef struct gen_args {
     ib_act act;
     ib_sampling sampling;
     int json, ignore_eos, check_serial;
+    int kv_f16;               /* --kv-dtype f16 */
 } gen_args;
 
 /* Run one generation with the given batch. */
@@ -187,7 +189,8 @@ static int run(ib_model *m, const gen_args *a, const prompts *p, long batch, ib_
     }
     for (int i = 0; i < p->n; i++) rq[i] = (ib_gen_request){p->ids[i], p->len[i]};
     ib_gen_opts go = {.max_new_tokens = (int)a->n, .batch = (int)batch, .prefill_chunk = (int)a->chunk,
-                      .stop_at_eos = !a->ignore_eos, .keep_logits = a->logits_out != NULL, .sampling = a->sampling};
+                      .stop_at_eos = !a->ignore_eos, .keep_logits = a->logits_out != NULL, .sampling = a->sampling,
+                      .kv_f16 = a->kv_f16};
     ib_status rc = ib_generate(e, rq, p->n, &go, res, st, &err);
     free(rq);
     ib_engine_free(e);
@@ -280,6 +283,8 @@ int cmd_generate(int argc, char **argv) {
         } else if (!strcmp(f, "--isa")) rc = VAL() ? cli_isa(v, &a.isa) : 2;
         else if (!strcmp(f, "--act")) {
             rc = VAL() ? cli_act(v, &a.act) : 2;
+        } else if (!strcmp(f, "--kv-dtype")) {
+            rc = VAL() ? cli_kv_dtype(v, &a.kv_f16) : 2;
         } else if (!strcmp(f, "--temp")) {
             if (!VAL() || cli_float(f, v, 0, 100, &d)) rc = 2;
             else a.sampling.temperature = (float)d;

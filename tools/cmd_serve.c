@@ -27,6 +27,7 @@ static const char help[] =
     "                         window:W (the last W positions), sink:S,window:W (the first S and the last W;\n"
     "                         positions keep counting, memory is fixed at S + W + prefill-chunk tokens)\n"
     "  --memory-budget SIZE   KV bytes over all sessions, e.g. 512M, 4G (default: no limit)\n"
+    "  --kv-dtype f32|f16     KV precision of every session (f16: half the memory; answers change slightly)\n"
     "  --threads T            compute threads (default: the CPUs online)\n"
     "  --isa auto|scalar|avx2|avx512, --act auto|f32|q8\n"
     "  --api-key KEY          require Authorization: Bearer KEY (repeat for several tenants)\n"
@@ -108,6 +109,8 @@ int cmd_serve(int argc, char **argv) {
             rc = VAL() ? cli_inject(v) : 2;
         } else if (!strcmp(f, "--token-delay-ms")) { /* tests only: a slow model */
             rc = VAL() ? cli_int(f, v, 0, 10000, &delay) : 2;
+        } else if (!strcmp(f, "--kv-dtype")) {
+            rc = VAL() ? cli_kv_dtype(v, &o.kv_f16) : 2;
         } else if (!strcmp(f, "--isa")) rc = VAL() ? cli_isa(v, &o.isa) : 2;
         else if (!strcmp(f, "--act")) {
             rc = VAL() ? cli_act(v, &o.act) : 2;

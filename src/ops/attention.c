@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "core/fmath.h"
+#include "core/half.h"
 #include "ops/ops.h"
 
 void ib_attend_one(const float *q, const float *k, const float *v, int n_keys, int kv_stride, int hd,
@@ -87,28 +88,40 @@ static inline void scale_accumulate(float *out, int hd, float c, const float *p,
     }
 }
 
+/* The scaled scores s[j] = dot16(q, k_j) * scale of keys j0..nb-1 of a block (key j at kb + j*st). */
+static inline __attribute__((always_inline)) void block_scores(const float *q, const float *kb, size_t st, int hd,
+                                                               float scale, int j0, int nb, float *s) {
+    int j = j0;
+    for (; j + 4 <= nb; j += 4) dot16_x4(q, kb + (size_t)j * st, st, hd, s + j);
+    for (; j < nb; j++) s[j] = ib_dot16_inline(q, kb + (size_t)j * st, hd);
+    for (j = j0; j < nb; j++) s[j] = s[j] * scale;
+}
+
+/* The online-softmax update of one block from its scores s[j0..nb): the running max m and sum l,
+ * and out rescaled then accumulated with the values (value j at vb + j*st). */
+static inline __attribute__((always_inline)) void block_update(const float *s, const float *vb, size_t st, int hd,
+                                                               int j0, int nb, float *m, float *l, float *out) {
+    float mb = -INFINITY;
+    for (int j = j0; j < nb; j++)
+        if (s[j] > mb) mb = s[j];
+    float m_new = mb > *m ? mb : *m;
+    float c = ib_expf(*m - m_new); /* exp(-inf) = 0 on the first block */
+    float lv = *l * c;
+    float pw[128]; /* the block's softmax weights, computed lane-parallel */
+    for (int j = j0; j < nb; j++) pw[j] = ib_expf_lane(s[j] - m_new);
+    for (int j = j0; j < nb; j++) lv = lv + pw[j];
+    scale_accumulate(out, hd, c, pw, vb, st, j0, nb);
+    *m = m_new;
+    *l = lv;
+}
+
 /* One key block for one query head: scores, the running max m and sum l, and out updated. */
 static inline __attribute__((always_inline)) void attend_block(const float *q, const float *kb, const float *vb,
                                                                size_t st, int hd, float scale, int j0, int nb,
                                                                float *m, float *l, float *out) {
     float s[128];  /* block <= 128 scores */
-    int j = j0;
-    for (; j + 4 <= nb; j += 4) dot16_x4(q, kb + (size_t)j * st, st, hd, s + j);
-    for (; j < nb; j++) s[j] = ib_dot16_inline(q, kb + (size_t)j * st, hd);
-    float mb = -INFINITY;
-    for (j = j0; j < nb; j++) {
-        s[j] = s[j] * scale;
-        if (s[j] > mb) mb = s[j];
-    }
-    float m_new = mb > *m ? mb : *m;
-    float c = ib_expf(*m - m_new); /* exp(-inf) = 0 on the first block */
-    float lv = *l * c;
-    float pw[128]; /* the block's softmax weights, computed lane-parallel */
-    for (j = j0; j < nb; j++) pw[j] = ib_expf_lane(s[j] - m_new);
-    for (j = j0; j < nb; j++) lv = lv + pw[j];
-    scale_accumulate(out, hd, c, pw, vb, st, j0, nb);
-    *m = m_new;
-    *l = lv;
+    block_scores(q, kb, st, hd, scale, j0, nb, s);
+    block_update(s, vb, st, hd, j0, nb, m, l, out);
 }
 
 IB_VECTOR_CLONES void ib_attend_heads(const float *q, int nq, const float *k, const float *v, int n_keys,
@@ -125,6 +138,27 @@ IB_VECTOR_CLONES void ib_attend_heads(const float *q, int nq, const float *k, co
         for (int h = 0; h < nq; h++)
             attend_block(q + (size_t)h * hd, k + (size_t)b0 * st, v + (size_t)b0 * st, st, hd, scale, j0, nb, &m[h],
                          &l[h], out + (size_t)h * hd);
+    }
+    for (int h = 0; h < nq; h++)
+        for (int d = 0; d < hd; d++) out[(size_t)h * hd + d] = out[(size_t)h * hd + d] / l[h];
+}
+
+IB_VECTOR_CLONES void ib_attend_heads_f16(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
+                                          int kv_stride, int hd, float scale, int block, int window, float *out) {
+    float m[IB_ATTN_MAX_GROUP], l[IB_ATTN_MAX_GROUP];
+    float s[IB_ATTN_MAX_GROUP][IB_ATTN_BLOCK];  /* scores of the block per head */
+    float buf[IB_ATTN_BLOCK * IB_ATTN_MAX_HD];  /* [block][hd]: the block's keys, then its values */
+    int lo = window > 0 && n_keys > window ? n_keys - window : 0;
+    const size_t st = (size_t)kv_stride;
+    for (int h = 0; h < nq; h++) m[h] = -INFINITY, l[h] = 0.0f;
+    for (int d = 0; d < nq * hd; d++) out[d] = 0.0f;
+    for (int b0 = lo - lo % block; b0 < n_keys; b0 += block) {
+        int j0 = lo > b0 ? lo - b0 : 0;
+        int nb = n_keys - b0 < block ? n_keys - b0 : block;
+        for (int j = j0; j < nb; j++) ib_f16_to_f32_row(k + (size_t)(b0 + j) * st, buf + (size_t)j * hd, hd);
+        for (int h = 0; h < nq; h++) block_scores(q + (size_t)h * hd, buf, (size_t)hd, hd, scale, j0, nb, s[h]);
+        for (int j = j0; j < nb; j++) ib_f16_to_f32_row(v + (size_t)(b0 + j) * st, buf + (size_t)j * hd, hd);
+        for (int h = 0; h < nq; h++) block_update(s[h], buf, (size_t)hd, hd, j0, nb, &m[h], &l[h], out + (size_t)h * hd);
     }
     for (int h = 0; h < nq; h++)
         for (int d = 0; d < hd; d++) out[(size_t)h * hd + d] = out[(size_t)h * hd + d] / l[h];

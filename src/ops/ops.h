@@ -114,4 +114,13 @@ void ib_attend_one_window(const float *q, const float *k, const float *v, int n_
 void ib_attend_heads(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride, int hd,
                      float scale, int block, int window, float *out);
 
+/* Largest head_dim ib_attend_heads_f16 takes (the config allows no more). */
+#define IB_ATTN_MAX_HD 512
+
+/* ib_attend_heads over keys and values stored as IEEE half (k, v [n_keys][kv_stride] uint16):
+ * bitwise ib_attend_heads over their exact float32 conversions. block <= IB_ATTN_BLOCK,
+ * hd <= IB_ATTN_MAX_HD. */
+void ib_attend_heads_f16(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys, int kv_stride,
+                         int hd, float scale, int block, int window, float *out);
+
 #endif

@@ -80,7 +80,8 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
         rc = ib_fail(err, IB_ERR_NOMEM, "generate: out of memory");
         goto done;
     }
-    ib_session_opts so = {.max_context = o->max_context > 0 ? o->max_context : need, .sampling = o->sampling};
+    ib_session_opts so = {.max_context = o->max_context > 0 ? o->max_context : need, .sampling = o->sampling,
+                          .kv_f16 = o->kv_f16};
     for (int b = 0; b < B; b++) {
         slots[b].req = -1;
         if ((rc = ib_session_create(m, &so, &slots[b].s, err))) goto done;

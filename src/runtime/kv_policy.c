@@ -8,13 +8,23 @@
 
 #include "core/error.h"
 #include "core/fmath.h"
+#include "core/half.h"
 #include "ops/ops.h"
 #include "runtime/kv_policy.h"
 
-void ib_attend_policy(const ib_session *s, const float *q, const float *k, const float *v, int p, int hd,
+/* Row `slot` of a slot-indexed plane ([capacity][hd], float or half): a pointer to it, converted into
+ * buf when the session keeps half-precision KV. */
+static const float *kv_row(const ib_session *s, const void *plane, int slot, int hd, float *buf) {
+    if (!s->kv_f16) return (const float *)plane + (size_t)slot * hd;
+    ib_f16_to_f32_row((const uint16_t *)plane + (size_t)slot * hd, buf, hd);
+    return buf;
+}
+
+void ib_attend_policy(const ib_session *s, const float *q, const void *k, const void *v, int p, int hd,
                       float scale, int block, float *out) {
     float sc[128];    /* block <= 128 scores */
     int slot[128];
+    float buf[IB_ATTN_MAX_HD];
     float m = -INFINITY, l = 0.0f;
     int S = s->kv_sink < p + 1 ? s->kv_sink : p + 1;
     int lo = p - s->kv_window + 1;
@@ -30,7 +40,7 @@ void ib_attend_policy(const ib_session *s, const float *q, const float *k, const
             float mb = -INFINITY;
             for (int j = 0; j < nb; j++) {
                 slot[j] = ib_kv_slot(s, b0 + j);
-                sc[j] = ib_dot16(q, k + (size_t)slot[j] * hd, hd) * scale;
+                sc[j] = ib_dot16(q, kv_row(s, k, slot[j], hd, buf), hd) * scale;
                 if (sc[j] > mb) mb = sc[j];
             }
             float m_new = mb > m ? mb : m;
@@ -39,7 +49,7 @@ void ib_attend_policy(const ib_session *s, const float *q, const float *k, const
             for (int d = 0; d < hd; d++) out[d] = out[d] * c;
             for (int j = 0; j < nb; j++) {
                 float pr = ib_expf(sc[j] - m_new);
-                const float *vj = v + (size_t)slot[j] * hd;
+                const float *vj = kv_row(s, v, slot[j], hd, buf);
                 l = l + pr;
                 for (int d = 0; d < hd; d++) out[d] = out[d] + pr * vj[d];
             }
@@ -79,5 +89,5 @@ int ib_kv_policy_parse(const char *str, int *sink, int *window) {
 
 size_t ib_session_kv_bytes(const ib_session *s) {
     const ib_config *c = &s->model->cfg;
-    return (size_t)c->n_layers * 2 * c->n_kv_heads * (size_t)s->capacity * c->head_dim * sizeof(float);
+    return (size_t)c->n_layers * 2 * c->n_kv_heads * (size_t)s->capacity * c->head_dim * ib_kv_elem_bytes(s);
 }

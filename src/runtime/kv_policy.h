@@ -26,7 +26,7 @@ static inline int ib_kv_slot(const ib_session *s, int pos) {
  * The arithmetic is a function of p and the kept keys only, so batching and prefill chunking do not
  * change it. With kv_sink 0 it equals
  * ib_attend_one_window bitwise, and ib_attend_one while p < kv_window. */
-void ib_attend_policy(const ib_session *s, const float *q, const float *k, const float *v, int p, int hd,
+void ib_attend_policy(const ib_session *s, const float *q, const void *k, const void *v, int p, int hd,
                       float scale, int block, float *out);
 
 #endif

@@ -15,7 +15,9 @@ struct ib_session {
     int kv_sink, kv_window;   /* KV policy: kv_window 0 = full; else sinks + sliding window */
     int kv_chunk;             /* windowed: most tokens one step item may bring */
     int pos;                  /* tokens held */
-    float *kv;                /* [n_layers][2][KVH][capacity][hd]: keys then values per layer */
+    void *kv;                 /* [n_layers][2][KVH][capacity][hd]: keys then values per layer, float or
+                               * (kv_f16) uint16 IEEE half */
+    int kv_f16;
     int32_t *history;         /* [capacity + 1] tokens fed or sampled, oldest first */
     int n_history;
     uint64_t sample_step;     /* draws made so far: the counter of the (seed, step) generator */
@@ -23,6 +25,15 @@ struct ib_session {
     ib_sample_scratch scratch;
     int in_step;              /* marks a session already listed in the current step */
 };
+
+/* Bytes of one KV element of session s. */
+static inline size_t ib_kv_elem_bytes(const ib_session *s) { return s->kv_f16 ? 2 : sizeof(float); }
+
+/* Element offset of (layer li, keys kv=0 / values kv=1, KV head h, slot 0) in s->kv. */
+static inline size_t ib_kv_offset(const ib_session *s, int li, int kv, int h) {
+    const ib_config *c = &s->model->cfg;
+    return (((size_t)li * 2 + kv) * c->n_kv_heads + h) * (size_t)s->capacity * c->head_dim;
+}
 
 /* Rows of logits computed per lm_head product (bounds the logits scratch). */
 #define IB_LOGIT_ROWS 16

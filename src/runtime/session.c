@@ -33,13 +33,14 @@ ib_status ib_session_create(const ib_model *m, const ib_session_opts *opts, ib_s
     s->kv_window = window;
     s->kv_chunk = window > 0 ? (chunk > 0 ? chunk : 64) : 0;
     s->sampling = opts ? opts->sampling : ib_sampling_default();
+    s->kv_f16 = opts && opts->kv_f16;
     size_t kv_floats = (size_t)c->n_layers * 2 * c->n_kv_heads * cap * c->head_dim;
-    s->kv = calloc(kv_floats, sizeof(float));
+    s->kv = calloc(kv_floats, ib_kv_elem_bytes(s));
     s->history = malloc(((size_t)cap + 1) * sizeof(int32_t));
     ib_status rc = IB_OK;
     if (!s->kv || !s->history) {
         rc = ib_fail(err, IB_ERR_NOMEM, "session: out of memory for a KV cache of %d tokens (%zu bytes)", cap,
-                     kv_floats * sizeof(float));
+                     kv_floats * ib_kv_elem_bytes(s));
         goto fail;
     }
     if ((rc = ib_sample_scratch_init(&s->scratch, c->vocab_size, err))) goto fail;
@@ -72,21 +73,19 @@ void ib_session_set_sampling(ib_session *s, const ib_sampling *p) { s->sampling 
 ib_status ib_session_copy(ib_session *dst, const ib_session *src, ib_error *err) {
     if (dst == src) return IB_OK;
     if (dst->model != src->model) return ib_fail(err, IB_ERR_INVALID_ARG, "session copy: sessions of different models");
-    if (dst->kv_window != src->kv_window || dst->kv_sink != src->kv_sink ||
+    if (dst->kv_window != src->kv_window || dst->kv_sink != src->kv_sink || dst->kv_f16 != src->kv_f16 ||
         (src->kv_window > 0 && dst->capacity != src->capacity))
-        return ib_fail(err, IB_ERR_INVALID_ARG, "session copy: sessions of different KV policies");
+        return ib_fail(err, IB_ERR_INVALID_ARG, "session copy: sessions of different KV policies or KV types");
     if ((src->kv_window == 0 && src->pos > dst->capacity) || src->n_history > dst->capacity + 1)
         return ib_fail(err, IB_ERR_CONTEXT, "session copy: %d tokens do not fit a capacity of %d", src->pos, dst->capacity);
     const ib_config *c = &src->model->cfg;
     int used = src->pos < src->capacity ? src->pos : src->capacity; /* slots in use */
-    size_t plane = (size_t)c->head_dim * used; /* floats per (layer, k|v, head) actually used */
+    size_t eb = ib_kv_elem_bytes(src), plane = (size_t)c->head_dim * used; /* elements per (layer, k|v, head) used */
     for (int l = 0; l < c->n_layers; l++)
         for (int kv = 0; kv < 2; kv++)
-            for (int h = 0; h < c->n_kv_heads; h++) {
-                size_t idx = ((size_t)l * 2 + kv) * c->n_kv_heads + h;
-                memcpy(dst->kv + idx * dst->capacity * c->head_dim, src->kv + idx * src->capacity * c->head_dim,
-                       plane * sizeof(float));
-            }
+            for (int h = 0; h < c->n_kv_heads; h++)
+                memcpy((char *)dst->kv + ib_kv_offset(dst, l, kv, h) * eb,
+                       (const char *)src->kv + ib_kv_offset(src, l, kv, h) * eb, plane * eb);
     dst->pos = src->pos;
     memcpy(dst->history, src->history, (size_t)src->n_history * sizeof(int32_t));
     dst->n_history = src->n_history;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "ops/ops.h"
 #include "runtime/kv_policy.h"
 #include "runtime/runtime.h"
@@ -28,13 +29,17 @@ static void store_kv(ib_engine *e, ib_step_item *items, int R, int li) {
     int KVH = c->n_kv_heads, hd = c->head_dim;
     for (int r = 0; r < R; r++) {
         ib_session *s = items[e->row_item[r]].session;
-        size_t cap = (size_t)s->capacity;
-        float *kl = s->kv + (size_t)li * 2 * KVH * cap * hd;
-        float *vl = kl + (size_t)KVH * cap * hd;
+        size_t slot = (size_t)ib_kv_slot(s, e->pos[r]);
         for (int h = 0; h < KVH; h++) {
-            size_t slot = (size_t)ib_kv_slot(s, e->pos[r]);
-            memcpy(kl + ((size_t)h * cap + slot) * hd, e->k + ((size_t)r * KVH + h) * hd, hd * sizeof(float));
-            memcpy(vl + ((size_t)h * cap + slot) * hd, e->v + ((size_t)r * KVH + h) * hd, hd * sizeof(float));
+            size_t ko = ib_kv_offset(s, li, 0, h) + slot * hd, vo = ib_kv_offset(s, li, 1, h) + slot * hd;
+            const float *kr = e->k + ((size_t)r * KVH + h) * hd, *vr = e->v + ((size_t)r * KVH + h) * hd;
+            if (s->kv_f16) {
+                uint16_t *kd = (uint16_t *)s->kv + ko, *vd = (uint16_t *)s->kv + vo;
+                for (int d = 0; d < hd; d++) kd[d] = ib_f32_to_f16(kr[d]), vd[d] = ib_f32_to_f16(vr[d]);
+            } else {
+                memcpy((float *)s->kv + ko, kr, hd * sizeof(float));
+                memcpy((float *)s->kv + vo, vr, hd * sizeof(float));
+            }
         }
     }
 }
@@ -55,9 +60,9 @@ static void attn_task(void *ctx, int task, int thread) {
     int H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim, G = H / KVH;
     int r = task / KVH, kvh = task % KVH, h0 = kvh * G;
     ib_session *s = j->items[e->row_item[r]].session;
-    size_t cap = (size_t)s->capacity;
-    const float *kl = s->kv + (size_t)j->li * 2 * KVH * cap * hd + (size_t)kvh * cap * hd;
-    const float *vl = kl + (size_t)KVH * cap * hd;
+    size_t eb = ib_kv_elem_bytes(s);
+    const void *kl = (const char *)s->kv + ib_kv_offset(s, j->li, 0, kvh) * eb;
+    const void *vl = (const char *)s->kv + ib_kv_offset(s, j->li, 1, kvh) * eb;
     const float *q = e->q + ((size_t)r * H + h0) * hd;
     float *out = e->att + ((size_t)r * H + h0) * hd;
     float scale = 1.0f / sqrtf((float)hd);
@@ -68,8 +73,12 @@ static void attn_task(void *ctx, int task, int thread) {
     }
     for (int h = 0; h < G; h += IB_ATTN_MAX_GROUP) {
         int nq = G - h < IB_ATTN_MAX_GROUP ? G - h : IB_ATTN_MAX_GROUP;
-        ib_attend_heads(q + (size_t)h * hd, nq, kl, vl, e->pos[r] + 1, hd, hd, scale, j->block, 0,
-                        out + (size_t)h * hd);
+        if (s->kv_f16)
+            ib_attend_heads_f16(kl, vl, q + (size_t)h * hd, nq, e->pos[r] + 1, hd, hd, scale, j->block, 0,
+                                out + (size_t)h * hd);
+        else
+            ib_attend_heads(q + (size_t)h * hd, nq, kl, vl, e->pos[r] + 1, hd, hd, scale, j->block, 0,
+                            out + (size_t)h * hd);
     }
 }
 

@@ -755,6 +755,9 @@ static void sse_free(void *cls) {
     gen_unref(g);
 }
 
+/* KV bytes of one token of one session of this server. */
+static size_t kv_token_bytes(const server *S) { return S->info->kv_bytes_per_token / (S->o.kv_f16 ? 2 : 1); }
+
 /* Reserve `bytes` of KV memory, waiting up to queue_wait_ms in a bounded queue. 0 on success. */
 static int mem_reserve(server *S, size_t bytes, int wait) {
     pthread_mutex_lock(&S->mu);
@@ -1049,7 +1052,7 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
                           S->info->max_context);
     }
     int cap = n_ids + (p.max_tokens > 0 ? p.max_tokens : 1);
-    size_t bytes = (size_t)cap * S->info->kv_bytes_per_token;
+    size_t bytes = (size_t)cap * kv_token_bytes(S);
     int mrc = mem_reserve(S, bytes, 1);
     if (mrc) {
         free(ids);
@@ -1061,7 +1064,7 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
         return send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
                           "the KV memory budget is in use; retry later");
     }
-    ib_session_opts so = {.max_context = cap, .sampling = p.sp};
+    ib_session_opts so = {.max_context = cap, .sampling = p.sp, .kv_f16 = S->o.kv_f16};
     ib_session *s;
     ib_error err;
     gen *g = NULL;
@@ -1148,7 +1151,7 @@ static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c
     if (ib_kv_policy_parse(policy, &sink, &window) || strlen(policy) >= 48)
         return BAD("kv", "kv '%s' is not full, window:W or sink:S,window:W", policy);
     long long slots = window > 0 ? (long long)sink + window + S->o.prefill_chunk : ctx;
-    size_t bytes = (size_t)slots * S->info->kv_bytes_per_token;
+    size_t bytes = (size_t)slots * kv_token_bytes(S);
     pthread_mutex_lock(&S->mu);
     int full = S->n_sessions >= S->o.max_sessions;
     pthread_mutex_unlock(&S->mu);
@@ -1162,7 +1165,7 @@ static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c
                           S->o.memory_budget);
     sess *ss = calloc(1, sizeof *ss);
     ib_error err;
-    ib_session_opts so = {.max_context = (int)ctx, .sampling = ib_sampling_default(), .kv_sink = sink,
+    ib_session_opts so = {.max_context = (int)ctx, .sampling = ib_sampling_default(), .kv_f16 = S->o.kv_f16, .kv_sink = sink,
                           .kv_window = window, .kv_chunk = S->o.prefill_chunk};
     if (!ss || !(ss->tenant = strdup(tenant)) || random_hex(S, ss->id + 5, 16) ||
         ib_session_create(S->m, &so, &ss->s, &err)) {
