@@ -24,11 +24,15 @@ EX_SRC   := $(wildcard examples/*.c)
 EX_BIN   := $(EX_SRC:examples/%.c=$(BUILD)/examples/%)
 
 # Per-file ISA flags: only the kernels named *_avx2.c / *_avx512.c may use those instructions; the
-# CPU is checked at run time before they are called.
+# CPU is checked at run time before they are called. On other architectures those files compile to
+# nothing. (matmul_neon.c needs no flags: Advanced SIMD is baseline on aarch64 and the dot-product
+# functions carry their own target attribute; on other architectures it compiles to nothing.)
+ifneq ($(filter x86_64% i386% i486% i586% i686%,$(shell $(CC) -dumpmachine)),)
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
+endif
 
-.PHONY: all test asan examples clean run
+.PHONY: all test asan examples clean run neon-test
 all: $(BUILD)/isobatch $(BUILD)/libisobatch.a
 
 $(BUILD)/libisobatch.a: $(OBJ)
@@ -74,6 +78,24 @@ run: all
 asan:
 	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -DIB_NO_CLONES" \
 	    LDLIBS="-ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -pthread -fsanitize=address,undefined" all $(patsubst $(BUILD)/%,build-asan/%,$(TEST_BIN))
+
+# The NEON matmul kernel, tested under emulation on any host: tests/test_matmul_neon.c and the few
+# sources it needs (no libraries beyond libc) cross-built statically for aarch64, then run under
+# qemu-aarch64 on a CPU with the int8 dot product (-cpu max) and on one without (-cpu cortex-a57).
+# Needs the Debian packages gcc-aarch64-linux-gnu and qemu-user; tests/t_neon.sh skips without them.
+CROSS_CC  ?= aarch64-linux-gnu-gcc
+QEMU_A64  ?= qemu-aarch64
+NEON_SRC  := src/ops/matmul.c src/backends/cpu/matmul_scalar.c src/backends/cpu/matmul_neon.c \
+             src/backends/cpu/isa.c src/core/pool.c src/core/status.c src/core/fault.c
+NEON_TEST := $(BUILD)/aarch64/test_matmul_neon
+
+$(NEON_TEST): tests/test_matmul_neon.c $(NEON_SRC) $(wildcard src/ops/*.h src/backends/cpu/*.h src/core/*.h) include/isobatch.h tests/check.h
+	@mkdir -p $(@D)
+	$(CROSS_CC) $(filter-out -MMD -MP,$(CFLAGS)) -Itests -static -o $@ tests/test_matmul_neon.c $(NEON_SRC) -lm -pthread
+
+neon-test: $(NEON_TEST)
+	$(QEMU_A64) -cpu max $(NEON_TEST)
+	$(QEMU_A64) -cpu cortex-a57 $(NEON_TEST)
 
 clean:
 	rm -rf build build-asan

@@ -36,8 +36,8 @@
  *
  *   For one model, one activation mode and one session's inputs, the logits written by ib_step and
  *   the tokens chosen by ib_sample are bitwise identical regardless of batch composition, row order,
- *   thread count, prefill chunking, and ISA (scalar / AVX2 / AVX-512). The tests prove it, and each
- *   test is shown to fail under a deliberate fault (see ib_fault below).
+ *   thread count, prefill chunking, and ISA (scalar / AVX2 / AVX-512 / NEON). The tests prove it, and
+ *   each test is shown to fail under a deliberate fault (see ib_fault below).
  *
  * ERRORS AND OWNERSHIP
  *
@@ -83,8 +83,9 @@ typedef struct ib_error {
 
 /* ---------------------------------------------------------------- numeric options */
 
-/* Instruction set for the CPU kernels. AUTO picks the best the CPU supports. All give the same bits. */
-typedef enum ib_isa { IB_ISA_AUTO = 0, IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512 } ib_isa;
+/* Instruction set for the CPU kernels. AUTO picks the best the CPU supports. All give the same bits.
+ * AVX2 and AVX512 exist on x86-64 builds, NEON (AArch64 Advanced SIMD) on aarch64 builds. */
+typedef enum ib_isa { IB_ISA_AUTO = 0, IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512, IB_ISA_NEON } ib_isa;
 
 /* Activation mode for matrix products. F32: float activations against dequantized weights (the
  * accuracy path). Q8: activations quantized to int8 per weight group, exact integer block dot
@@ -95,7 +96,7 @@ typedef enum ib_act { IB_ACT_AUTO = 0, IB_ACT_F32, IB_ACT_Q8 } ib_act;
 /* Name of an ISA ("scalar", …), and whether this CPU can run it. */
 const char *ib_isa_name(ib_isa isa);
 int ib_isa_supported(ib_isa isa);
-/* Parse "auto|scalar|avx2|avx512" / "auto|f32|q8"; return 0 on success, -1 on an unknown name. */
+/* Parse "auto|scalar|avx2|avx512|neon" / "auto|f32|q8"; return 0 on success, -1 on an unknown name. */
 int ib_isa_parse(const char *s, ib_isa *out);
 int ib_act_parse(const char *s, ib_act *out);
 

@@ -96,6 +96,11 @@ expect_error "unknown flag" "unknown option '--bogus'" "$B" generate -m "$T/m" -
 expect_error "missing value" "-n: missing value" "$B" generate -m "$T/m" -p hi -n
 expect_error "bad number" "--batch: bad value 'x'" "$B" generate -m "$T/m" -p hi --batch x
 expect_error "bad isa" "--isa: unknown 'sse9'" "$B" generate -m "$T/m" -p hi --isa sse9
+# an ISA of the other architecture is a known name that this build never supports
+case "$(uname -m)" in
+    x86_64) expect_error "neon on x86" "isa neon: not supported" "$B" generate -m "$T/m" -p hi --isa neon ;;
+    aarch64) expect_error "avx2 on aarch64" "isa avx2: not supported" "$B" generate -m "$T/m" -p hi --isa avx2 ;;
+esac
 expect_error "no prompt" "no prompt" "$B" generate -m "$T/m"
 expect_error "missing dir" "$T/none" "$B" generate -m "$T/none" -p hi
 expect_error "bad prompt id" "--prompt-ids: bad id" "$B" generate -m "$T/m" --prompt-ids 1,2,99999

@@ -220,7 +220,7 @@ static void check_accuracy_q8(const wset *w, const float *x, const int8_t *xq, c
 /* ---------------------------------------------------------------- the invariance checks */
 
 static ib_pool *pools[4]; /* [t] = pool of t threads, t = 1..3 */
-static ib_isa isas[3];
+static ib_isa isas[4];
 static int n_isas;
 
 /* Run one product into y [B][ldy] (sentinel-filled first); check that the padding columns stay. */
@@ -488,6 +488,7 @@ static void test_isa_api(void) {
     ib_act a = IB_ACT_AUTO;
     CHECK(ib_isa_parse("avx2", &i) == 0 && i == IB_ISA_AVX2, "parse avx2");
     CHECK(ib_isa_parse("avx512", &i) == 0 && i == IB_ISA_AVX512, "parse avx512");
+    CHECK(ib_isa_parse("neon", &i) == 0 && i == IB_ISA_NEON, "parse neon");
     CHECK(ib_isa_parse("scalar", &i) == 0 && i == IB_ISA_SCALAR, "parse scalar");
     CHECK(ib_isa_parse("auto", &i) == 0 && i == IB_ISA_AUTO, "parse auto");
     CHECK(ib_isa_parse("sse9", &i) == -1 && i == IB_ISA_AUTO, "parse unknown");
@@ -497,14 +498,22 @@ static void test_isa_api(void) {
     CHECK(ib_act_parse("auto", &a) == 0 && a == IB_ACT_AUTO, "parse auto act");
     CHECK(ib_act_parse("f16", &a) == -1, "parse unknown act");
     CHECK(strcmp(ib_isa_name(IB_ISA_AVX512), "avx512") == 0, "name avx512");
+    CHECK(strcmp(ib_isa_name(IB_ISA_NEON), "neon") == 0, "name neon");
     CHECK(strcmp(ib_isa_name((ib_isa)99), "unknown") == 0, "name unknown");
     CHECK(ib_isa_supported(IB_ISA_SCALAR) == 1, "scalar supported");
     CHECK(ib_isa_supported((ib_isa)99) == 0, "bogus isa unsupported");
     CHECK(ib_isa_supported(ib_isa_best()), "best isa supported");
     if (ib_isa_supported(IB_ISA_AVX512)) CHECK_EQ_INT(ib_isa_best(), IB_ISA_AVX512);
     CHECK(ib_matmul_kernel_for(IB_ISA_SCALAR) == ib_matmul_panels_scalar, "kernel table scalar");
+#if defined(__x86_64__) || defined(__i386__)
     CHECK(ib_matmul_kernel_for(IB_ISA_AVX2) == ib_matmul_panels_avx2, "kernel table avx2");
     CHECK(ib_matmul_kernel_for(IB_ISA_AVX512) == ib_matmul_panels_avx512, "kernel table avx512");
+    CHECK(ib_matmul_kernel_for(IB_ISA_NEON) == NULL && !ib_isa_supported(IB_ISA_NEON), "no NEON on x86");
+#elif defined(__aarch64__)
+    CHECK(ib_matmul_kernel_for(IB_ISA_NEON) == ib_matmul_panels_neon, "kernel table neon");
+    CHECK(ib_matmul_kernel_for(IB_ISA_AVX2) == NULL && !ib_isa_supported(IB_ISA_AVX2), "no AVX2 on aarch64");
+    CHECK_EQ_INT(ib_isa_best(), IB_ISA_NEON);
+#endif
     CHECK(ib_matmul_kernel_for((ib_isa)7) == NULL, "kernel table bogus");
 }
 
@@ -590,6 +599,7 @@ int main(void) {
     isas[n_isas++] = IB_ISA_SCALAR;
     if (ib_isa_supported(IB_ISA_AVX2)) isas[n_isas++] = IB_ISA_AVX2;
     if (ib_isa_supported(IB_ISA_AVX512)) isas[n_isas++] = IB_ISA_AVX512;
+    if (ib_isa_supported(IB_ISA_NEON)) isas[n_isas++] = IB_ISA_NEON;
     printf("test_matmul: ISAs:");
     for (int i = 0; i < n_isas; i++) printf(" %s", ib_isa_name(isas[i]));
     printf("\n");

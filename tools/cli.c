@@ -127,7 +127,7 @@ size_t cli_utf8_sanitize(const char *s, size_t n, char *out, size_t cap) {
 
 int cli_isa(const char *v, ib_isa *out) {
     if (ib_isa_parse(v, out) == 0) return 0;
-    return cli_usage_error("--isa: unknown '%s' (auto, scalar, avx2, avx512)", v);
+    return cli_usage_error("--isa: unknown '%s' (auto, scalar, avx2, avx512, neon)", v);
 }
 
 int cli_act(const char *v, ib_act *out) {

@@ -12,7 +12,7 @@
 
 static const char help[] =
     "usage: isobatch generate [-m DIR] (-p TEXT)... [--prompts-file F] [--prompt-ids 1,2,3]... [-n N]\n"
-    "         [--batch B] [--threads T] [--prefill-chunk C|whole] [--isa auto|scalar|avx2|avx512]\n"
+    "         [--batch B] [--threads T] [--prefill-chunk C|whole] [--isa auto|scalar|avx2|avx512|neon]\n"
     "         [--act auto|f32|q8] [--kv-dtype f32|f16] [--temp X] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R]\n"
     "         [--seed S] [--ignore-eos] [--json] [--logits-out FILE] [--check-serial] [--inject FAULT] [--chat]\n"
     "\n"

@@ -12,7 +12,7 @@
 #include "diag/diag.h"
 
 static const char help[] =
-    "usage: isobatch probe [--backend cpu|scalar|avx2|avx512] [--op NAME] [--json] [--inject FAULT]\n"
+    "usage: isobatch probe [--backend cpu|scalar|avx2|avx512|neon] [--op NAME] [--json] [--inject FAULT]\n"
     "         [--threads N] [--batch-sizes L] [--tokens L] [--positions L] [--seed S] [--failures-only]\n"
     "\n"
     "Runs every op alone over [B,H,T,D] shapes, B in {1,2,3,4,8,16,33}, T in {1,2,7,64}, positions\n"
@@ -207,12 +207,17 @@ int cmd_probe(int argc, char **argv) {
             goto out;
         }
     }
-    ib_isa isas[3];
+    ib_isa isas[4];
     int n_isa = 0;
     char skipped[128] = "";
     if (!strcmp(backend, "cpu")) {
-        const ib_isa all[3] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512};
-        for (int i = 0; i < 3; i++) {
+        /* the ISAs of this build's architecture (the others are never supported) */
+#if defined(__aarch64__)
+        const ib_isa all[] = {IB_ISA_SCALAR, IB_ISA_NEON};
+#else
+        const ib_isa all[] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512};
+#endif
+        for (int i = 0; i < (int)(sizeof all / sizeof all[0]); i++) {
             if (ib_isa_supported(all[i])) isas[n_isa++] = all[i];
             else snprintf(skipped + strlen(skipped), sizeof skipped - strlen(skipped), "%s%s", skipped[0] ? ", " : "",
                           ib_isa_name(all[i]));
@@ -220,7 +225,7 @@ int cmd_probe(int argc, char **argv) {
     } else {
         ib_isa one;
         if (ib_isa_parse(backend, &one) || one == IB_ISA_AUTO) {
-            rc = cli_usage_error("--backend: unknown '%s' (cpu, scalar, avx2, avx512)", backend);
+            rc = cli_usage_error("--backend: unknown '%s' (cpu, scalar, avx2, avx512, neon)", backend);
             goto out;
         }
         if (!ib_isa_supported(one)) {

@@ -29,7 +29,7 @@ static const char help[] =
     "  --memory-budget SIZE   KV bytes over all sessions, e.g. 512M, 4G (default: no limit)\n"
     "  --kv-dtype f32|f16     KV precision of every session (f16: half the memory; answers change slightly)\n"
     "  --threads T            compute threads (default: the CPUs online)\n"
-    "  --isa auto|scalar|avx2|avx512, --act auto|f32|q8\n"
+    "  --isa auto|scalar|avx2|avx512|neon, --act auto|f32|q8\n"
     "  --api-key KEY          require Authorization: Bearer KEY (repeat for several tenants)\n"
     "  --max-body BYTES       request body limit (default 1048576)\n"
     "  --max-prompt-tokens N  prompt limit (default 4096)\n"

@@ -24,7 +24,7 @@
  *   (q = the unsigned MLX code 0..15 or 0..255; s, b = the MLX scale and bias as float32.)
  *
  * LAYOUT. ib_matrix holds W repacked at load time into panels of IB_PANEL (16) output rows so that
- * a vector register holds 16 (AVX-512) or 8 (AVX2) outputs of one k; N is padded up to a multiple of
+ * a vector register holds 16 (AVX-512), 8 (AVX2) or 4 (NEON) outputs of one k; N is padded up to a multiple of
  * 16 with zero rows (their outputs are computed and dropped). The exact byte layout is private to
  * src/backends/cpu/ and documented there.
  *
@@ -96,5 +96,7 @@ void ib_matmul_panels_avx2(const ib_matrix *m, const float *X, int B, const ib_a
                            int p0, int p1, float *Y, int ldy);
 void ib_matmul_panels_avx512(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act,
                              int p0, int p1, float *Y, int ldy);
+void ib_matmul_panels_neon(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act,
+                           int p0, int p1, float *Y, int ldy);
 
 #endif

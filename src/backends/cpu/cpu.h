@@ -6,11 +6,21 @@
 #include "isobatch.h"
 #include "ops/matmul.h"
 
-/* The best ISA this CPU runs: AVX512 (with VNNI), else AVX2 (with FMA), else SCALAR. */
+/* The best ISA this CPU runs: AVX512 (with VNNI), else AVX2 (with FMA), else NEON (aarch64), else
+ * SCALAR. */
 ib_isa ib_isa_best(void);
 
 /* The matmul panel kernel of an ISA (AUTO resolves to ib_isa_best()); NULL for a value outside the
- * enum. It does not check that the CPU supports the ISA: that is the caller's job. */
+ * enum or an ISA of another architecture than this build's. It does not check that the CPU supports
+ * the ISA: that is the caller's job. */
 ib_matmul_kernel ib_matmul_kernel_for(ib_isa isa);
+
+#if defined(__aarch64__)
+/* NEON kernel (matmul_neon.c): 1 when the CPU has the int8 dot product (HWCAP_ASIMDDP), which the
+ * Q8-activation path then uses; ib_neon_dotprod_disable(1) makes it take the plain NEON path anyway
+ * (same bits; for tests), ib_neon_dotprod_disable(0) undoes that. */
+int ib_neon_has_dotprod(void);
+void ib_neon_dotprod_disable(int off);
+#endif
 
 #endif

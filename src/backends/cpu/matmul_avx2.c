@@ -8,6 +8,8 @@
  *   Q8 weights: codes up to 255 would saturate vpmaddubsw, so the code bytes are split into even and
  *               odd int16 (and / shift) and multiplied with the sign-extended activations by vpmaddwd.
  */
+#if defined(__x86_64__) || defined(__i386__)
+
 #include <immintrin.h>
 
 #include "backends/cpu/pack.h"
@@ -308,3 +310,8 @@ void ib_matmul_panels_avx2(const ib_matrix *m, const float *X, int B, const ib_a
         else panel_f32(m, p, X, B, desc, fma, Y, ldy);
     }
 }
+
+#else
+/* Not x86: no AVX2 kernel (ISO C wants a translation unit to declare something). */
+typedef int ib_matmul_avx2_unused;
+#endif

@@ -5,6 +5,8 @@
  * (vfmadd only under IB_FAULT_ISA_FMA). Q8 activations use vpdpbusd (u8 weight code x s8 activation,
  * 4 consecutive k per lane, exact int32 accumulation: the group sum is exact in any order).
  */
+#if defined(__x86_64__) || defined(__i386__)
+
 #include <immintrin.h>
 
 #include "backends/cpu/pack.h"
@@ -230,3 +232,8 @@ void ib_matmul_panels_avx512(const ib_matrix *m, const float *X, int B, const ib
         else panel_f32(m, p, X, B, desc, fma, Y, ldy);
     }
 }
+
+#else
+/* Not x86: no AVX-512 kernel (ISO C wants a translation unit to declare something). */
+typedef int ib_matmul_avx512_unused;
+#endif

@@ -1,6 +1,7 @@
 /*
  * pack.h — the private byte layout of ib_matrix (see ops/matmul.h) and small helpers shared by the
- * CPU kernels (matmul_scalar.c, matmul_avx2.c, matmul_avx512.c) and the packer (ops/matmul.c).
+ * CPU kernels (matmul_scalar.c, matmul_avx2.c, matmul_avx512.c, matmul_neon.c) and the packer
+ * (ops/matmul.c).
  *
  * PANELS. Panel p holds the output rows n = 16p .. 16p+15; lane j of the panel is row 16p+j.
  * Rows n >= N (padding up to a multiple of 16) have weight 0 / code 0, scale 0 and bias 0.
