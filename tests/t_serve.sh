@@ -238,8 +238,12 @@ stop "$LAST_PID" small
 
 # queued requests outlive the idle timeout (1 s here): one slot at 50 ms/token, a 60-token stream
 # holds it for 3 s while a streaming and a plain request wait; a client stalled mid-request is cut off
-start queue --max-batch 1 --max-queue 4 --idle-timeout 1 --token-delay-ms 50
+start queue --max-batch 1 --max-queue 4 --idle-timeout 1 --token-delay-ms 50 --kv-dtype f16
 U=http://127.0.0.1:$PORT
+# --kv-dtype f16: a session's KV takes half the bytes (tiny model: 512 per token instead of 1024)
+req 200 "f16 session create" -X POST "$U/v1/sessions" -d '{"kv":"sink:4,window:32"}'
+req 200 "f16 session info" "$U/v1/sessions/$(jget b.id)"
+[ "$(jget 'b.kv_bytes')" = "$(( (4 + 32 + 64) * 512 ))" ] && ok || bad "f16 session info: $(cat "$T/body")"
 curl -s -N -m 30 "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":60,"stream":true}' > "$T/q0" 2>&1 &
 Q0=$!
 for _ in $(seq 1 100); do curl -s "$U/metrics" | grep -q '^isobatch_jobs_active 1' && break; sleep 0.05; done
