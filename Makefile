@@ -54,7 +54,7 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libisobatch.a tests/check.h
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libisobatch.a tests/check.h tests/test_rng.h
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libisobatch.a $(LDLIBS)
 
@@ -89,7 +89,7 @@ NEON_SRC  := src/ops/matmul.c src/backends/cpu/matmul_scalar.c src/backends/cpu/
              src/backends/cpu/isa.c src/core/pool.c src/core/status.c src/core/fault.c
 NEON_TEST := $(BUILD)/aarch64/test_matmul_neon
 
-$(NEON_TEST): tests/test_matmul_neon.c $(NEON_SRC) $(wildcard src/ops/*.h src/backends/cpu/*.h src/core/*.h) include/isobatch.h tests/check.h
+$(NEON_TEST): tests/test_matmul_neon.c $(NEON_SRC) $(wildcard src/ops/*.h src/backends/cpu/*.h src/core/*.h) include/isobatch.h tests/check.h tests/test_rng.h
 	@mkdir -p $(@D)
 	$(CROSS_CC) $(filter-out -MMD -MP,$(CFLAGS)) -Itests -static -o $@ tests/test_matmul_neon.c $(NEON_SRC) -lm -pthread
 

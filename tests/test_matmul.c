@@ -26,15 +26,8 @@ static const int b_list[] = {1, 2, 3, 5, 6, 7, 8, 17, 33};   /* row-tile tails o
 
 /* ---------------------------------------------------------------- deterministic random numbers */
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
-static uint64_t rnd64(void) {
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-static float rndf(void) { return (float)((double)(rnd64() >> 11) * 0x1.0p-53 * 2.0 - 1.0); } /* [-1, 1) */
-static int rndi(int n) { return (int)(rnd64() % (uint64_t)n); }
+#define TEST_RNG_SEED 0x9e3779b97f4a7c15ULL
+#include "test_rng.h"
 
 static int same_bits(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
 
