@@ -3,6 +3,8 @@
 # bad-input tests; `make examples` builds examples/.
 CC      ?= cc
 BUILD   ?= build
+# The sanitizer build's folder (`make asan`); tests/*.sh read it from the environment.
+ASAN_BUILD ?= build-asan
 OPT     ?= -O2
 # -ffp-contract=off: a fused multiply-add is written where one is meant, never introduced by the
 # compiler (the same C must give the same bits on every ISA).
@@ -65,7 +67,7 @@ $(BUILD)/examples/%: examples/%.c $(BUILD)/libisobatch.a
 examples: $(EX_BIN)
 
 test: all asan $(TEST_BIN) $(EX_BIN)
-	@BUILD=$(BUILD) bash tests/run.sh
+	@BUILD=$(BUILD) ASAN_BUILD=$(ASAN_BUILD) bash tests/run.sh
 
 # The main job: batched generation on the bundled default model (models/default, trained by train/),
 # printing the text, tokens/s, and whether every row matched its serialized run.
@@ -73,11 +75,11 @@ RUN_MODEL ?= models/default
 run: all
 	./$(BUILD)/isobatch generate -m $(RUN_MODEL) --prompts-file examples/prompts.txt -n 32 --batch 8 --check-serial
 
-# Sanitizer build (AddressSanitizer + UndefinedBehaviorSanitizer) in its own folder. It also leaves out
+# Sanitizer build (AddressSanitizer + UndefinedBehaviorSanitizer) in its own folder ($(ASAN_BUILD)). It also leaves out
 # the AVX2 clones of the elementwise ops (IB_NO_CLONES), so tests can compare the two builds bitwise.
 asan:
-	$(MAKE) BUILD=build-asan OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -DIB_NO_CLONES" \
-	    LDLIBS="-ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -pthread -fsanitize=address,undefined" all $(patsubst $(BUILD)/%,build-asan/%,$(TEST_BIN))
+	$(MAKE) BUILD=$(ASAN_BUILD) OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -DIB_NO_CLONES" \
+	    LDLIBS="-ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -pthread -fsanitize=address,undefined" all $(patsubst $(BUILD)/%,$(ASAN_BUILD)/%,$(TEST_BIN))
 
 # The NEON matmul kernel, tested under emulation on any host: tests/test_matmul_neon.c and the few
 # sources it needs (no libraries beyond libc) cross-built statically for aarch64, then run under

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Runs every unit test binary again from the AddressSanitizer/UndefinedBehaviorSanitizer build
-# (build-asan/, made by `make asan`), so bad-input paths are checked for leaks and UB too.
+# ($ASAN_BUILD, default build-asan/, made by `make asan`), so bad-input paths are checked for leaks and UB too.
 set -u
+A=${ASAN_BUILD:-build-asan}
 export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 pass=0; fail=0
-[ -d build-asan/tests ] || { echo "t_asan: build-asan/tests missing (run make asan)"; echo "t_asan: 0 passed, 1 failed"; exit 1; }
-for t in build-asan/tests/test_*; do
+[ -d "$A/tests" ] || { echo "t_asan: $A/tests missing (run make asan)"; echo "t_asan: 0 passed, 1 failed"; exit 1; }
+for t in "$A"/tests/test_*; do
     [ -x "$t" ] || continue
     out=$("$t" 2>&1); rc=$?
     if [ $rc = 0 ] && ! printf '%s' "$out" | grep -qE "AddressSanitizer|runtime error|LeakSanitizer"; then

@@ -5,7 +5,7 @@
 set -u
 BUILD=${BUILD:-build}
 BIN=$BUILD/isobatch
-ASAN_BIN=build-asan/isobatch
+ASAN_BIN=${ASAN_BUILD:-build-asan}/isobatch
 [ -x "$ASAN_BIN" ] || ASAN_BIN=$BIN
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 pass=0; fail=0

@@ -7,7 +7,7 @@
 set -u
 BUILD=${BUILD:-build}
 BIN=$BUILD/isobatch
-ASAN_BIN=build-asan/isobatch
+ASAN_BIN=${ASAN_BUILD:-build-asan}/isobatch
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 pass=0; fail=0
 ok() { pass=$((pass+1)); }
@@ -134,7 +134,7 @@ if [ -x "$ASAN_BIN" ]; then
         grep -qE "AddressSanitizer|LeakSanitizer|runtime error" "$T/a" && bad "sanitizers: isobatch $cmd: $(grep -m1 -E 'Sanitizer|runtime error' "$T/a")" || ok
     done
 else
-    bad "build-asan/isobatch missing (run make asan)"
+    bad "$ASAN_BIN missing (run make asan)"
 fi
 
 echo "t_diag: $pass passed, $fail failed"

@@ -14,8 +14,10 @@
 set -u
 BUILD=${BUILD:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=$ROOT/$BUILD/isobatch
-SBIN=$ROOT/build-asan/isobatch
+case $BUILD in /*) BIN=$BUILD/isobatch ;; *) BIN=$ROOT/$BUILD/isobatch ;; esac
+ASAN_BUILD=${ASAN_BUILD:-build-asan}
+case $ASAN_BUILD in /*) ;; *) ASAN_BUILD=$ROOT/$ASAN_BUILD ;; esac
+SBIN=$ASAN_BUILD/isobatch
 [ -x "$SBIN" ] || SBIN=$BIN
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 pass=0; fail=0

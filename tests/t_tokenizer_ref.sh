@@ -16,8 +16,10 @@
 set -u
 BUILD=${BUILD:-build}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=$ROOT/$BUILD/isobatch
-ASAN_BIN=$ROOT/build-asan/isobatch
+case $BUILD in /*) BIN=$BUILD/isobatch ;; *) BIN=$ROOT/$BUILD/isobatch ;; esac
+ASAN_BUILD=${ASAN_BUILD:-build-asan}
+case $ASAN_BUILD in /*) ;; *) ASAN_BUILD=$ROOT/$ASAN_BUILD ;; esac
+ASAN_BIN=$ASAN_BUILD/isobatch
 export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 pass=0; fail=0
 ok() { pass=$((pass+1)); }
