@@ -154,17 +154,28 @@ static void check_clean(const ib_model *m, ib_act act, int sampled, const char *
     }
 }
 
-/* Under fault f, the variation `c` must differ from the fault-free baseline `base` (and, for faults
- * that only break batched or threaded runs, the serialized run under the fault still matches). */
-static void check_fault(const ib_model *m, ib_fault f, run_cfg c, ib_act act, int sampled) {
-    outcome base = run(m, base_cfg(act, sampled));
+/* The check "variation c gives the serialized scalar baseline's answers" must fail under fault f:
+ * both runs under the fault, as they would be with a real bug (a fault that merely changed every
+ * answer the same way would pass such a check and prove nothing). When base_unaffected is set, the
+ * fault must also leave the baseline itself bitwise unchanged: it breaks only what the check varies.
+ * Returns the number of differing prompts. */
+static int check_fault(const ib_model *m, ib_fault f, run_cfg c, int base_unaffected) {
+    run_cfg b = base_cfg(c.act, c.sampled);
+    outcome clean = base_unaffected ? run(m, b) : (outcome){0};
     ib_fault_set(f);
+    outcome base = run(m, b);
     outcome o = run(m, c);
     ib_fault_set(IB_FAULT_NONE);
     int d = differing(&base, &o);
-    CHECK(d > 0 && d <= N_PROMPTS, "fault %s was not caught (batch %d threads %d chunk %d isa %s shuffled %d)",
-          ib_fault_name(f), c.batch, c.threads, c.chunk, ib_isa_name(c.isa), c.shuffled);
-    printf("fault %-20s caught: %d of %d prompts differ\n", ib_fault_name(f), d, N_PROMPTS);
+    CHECK(d > 0 && d <= N_PROMPTS, "fault %s was not caught (batch %d threads %d chunk %d isa %s shuffled %d sampled %d)",
+          ib_fault_name(f), c.batch, c.threads, c.chunk, ib_isa_name(c.isa), c.shuffled, c.sampled);
+    if (base_unaffected)
+        CHECK(differing(&clean, &base) == 0, "fault %s changed the serialized scalar baseline (%d prompts)",
+              ib_fault_name(f), differing(&clean, &base));
+    printf("fault %-20s %s (%s, batch %2d threads %d chunk %2d isa %-6s%s%s): %d of %d prompts differ\n",
+           ib_fault_name(f), d > 0 ? "caught" : "NOT caught", c.act == IB_ACT_F32 ? "f32" : "q8", c.batch, c.threads, c.chunk, ib_isa_name(c.isa),
+           c.shuffled ? " shuffled" : "", c.sampled ? " sampled" : "", d, N_PROMPTS);
+    return d;
 }
 
 int main(void) {
@@ -196,35 +207,58 @@ int main(void) {
     check_clean(m, IB_ACT_F32, 0, "f32 greedy");
     check_clean(m, IB_ACT_F32, 1, "f32 sampled");
 
-    /* every check above must be able to fail */
+    /* every check above must be able to fail: each kind of variation (batch size, threads, order,
+     * prefill chunking, ISA, sampling) against the serialized baseline, with a fault that breaks it */
     run_cfg b8 = base_cfg(IB_ACT_Q8, 0);
     b8.batch = 8;
     b8.isa = IB_ISA_AUTO;
-    check_fault(m, IB_FAULT_ROPE_SCALAR_OFFSET, b8, IB_ACT_Q8, 0);
-    check_fault(m, IB_FAULT_ROPE_SKIP_ROWS, b8, IB_ACT_Q8, 0);
-    check_fault(m, IB_FAULT_GEMV_GEMM, b8, IB_ACT_Q8, 0);
-    check_fault(m, IB_FAULT_SPLIT_KV_BY_BATCH, b8, IB_ACT_Q8, 0);
+    check_fault(m, IB_FAULT_ROPE_SCALAR_OFFSET, b8, 1);
+    check_fault(m, IB_FAULT_ROPE_SKIP_ROWS, b8, 1);
+    check_fault(m, IB_FAULT_GEMV_GEMM, b8, 0);       /* the baseline's whole-prompt prefill has > 1 row */
+    check_fault(m, IB_FAULT_SPLIT_KV_BY_BATCH, b8, 1);
     run_cfg thr = base_cfg(IB_ACT_Q8, 0);
     thr.threads = 3;
-    check_fault(m, IB_FAULT_SPLIT_K_THREADS, thr, IB_ACT_Q8, 0);
+    check_fault(m, IB_FAULT_SPLIT_K_THREADS, thr, 1);
     run_cfg shuf = base_cfg(IB_ACT_Q8, 0);
     shuf.batch = 8;
     shuf.shuffled = 1;
-    check_fault(m, IB_FAULT_ROW_ORDER, shuf, IB_ACT_Q8, 0);
-    run_cfg chunk = base_cfg(IB_ACT_F32, 0);
-    chunk.chunk = 7;
-    check_fault(m, IB_FAULT_GEMV_GEMM, chunk, IB_ACT_F32, 0);
+    check_fault(m, IB_FAULT_ROW_ORDER, shuf, 0);      /* odd rows of a whole-prompt prefill too */
+    {
+        /* the order alone, at one batch size, changes answers under row-order */
+        run_cfg plain = shuf;
+        plain.shuffled = 0;
+        ib_fault_set(IB_FAULT_ROW_ORDER);
+        outcome a = run(m, plain), z = run(m, shuf);
+        ib_fault_set(IB_FAULT_NONE);
+        int d = differing(&a, &z);
+        CHECK(d > 0 && d <= N_PROMPTS, "row-order: shuffling at batch 8 changes nothing (%d)", d);
+    }
+    /* chunked against whole-prompt prefill, serialized: 1-row products (chunk 1) against the
+     * multi-row whole prompt, in both modes */
+    for (int a = 0; a < 2; a++) {
+        run_cfg chunk = base_cfg(a ? IB_ACT_F32 : IB_ACT_Q8, 0);
+        chunk.chunk = 1;
+        check_fault(m, IB_FAULT_GEMV_GEMM, chunk, 0);
+    }
     run_cfg samp = base_cfg(IB_ACT_Q8, 1);
     samp.batch = 8;
-    check_fault(m, IB_FAULT_SAMPLE_BY_ROW, samp, IB_ACT_Q8, 1);
-    const ib_isa vec = ib_isa_supported(IB_ISA_AVX2) ? IB_ISA_AVX2 : IB_ISA_NEON;
-    if (ib_isa_supported(vec)) {
+    check_fault(m, IB_FAULT_SAMPLE_BY_ROW, samp, 0);  /* one process-wide stream: runs differ too */
+#if defined(__aarch64__)
+    static const ib_isa vec_isas[] = {IB_ISA_NEON};
+#else
+    static const ib_isa vec_isas[] = {IB_ISA_AVX2, IB_ISA_AVX512};
+#endif
+    int n_vec = 0;
+    for (size_t i = 0; i < sizeof vec_isas / sizeof vec_isas[0]; i++) {
+        if (!ib_isa_supported(vec_isas[i])) continue;
+        /* f32 activations (in q8 the per-group dot products are exact integers and the fault,
+         * a fused multiply-add in the float kernels, does not reach them) */
         run_cfg isa = base_cfg(IB_ACT_F32, 0);
-        isa.isa = vec;
-        check_fault(m, IB_FAULT_ISA_FMA, isa, IB_ACT_F32, 0);
-    } else {
-        printf("skip: isa-fma fault needs AVX2 or NEON\n");
+        isa.isa = vec_isas[i];
+        check_fault(m, IB_FAULT_ISA_FMA, isa, 1);
+        n_vec++;
     }
+    if (!n_vec) printf("skip: isa-fma fault needs a vector ISA\n");
 
     /* half-precision KV: the same contract; it changes the answers (the option is in effect), and a
      * batch-dependent attention split still breaks it */
@@ -238,8 +272,8 @@ int main(void) {
         run_cfg h8 = base_cfg(IB_ACT_Q8, 0);
         h8.batch = 8;
         h8.isa = IB_ISA_AUTO;
-        check_fault(m, IB_FAULT_SPLIT_KV_BY_BATCH, h8, IB_ACT_Q8, 0);
-        check_fault(m, IB_FAULT_ROPE_SKIP_ROWS, h8, IB_ACT_Q8, 0);
+        check_fault(m, IB_FAULT_SPLIT_KV_BY_BATCH, h8, 1);
+        check_fault(m, IB_FAULT_ROPE_SKIP_ROWS, h8, 1);
         g_kv_f16 = 0;
     }
 
