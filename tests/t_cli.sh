@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# CLI tests: the isobatch tool end to end on a tiny synthetic model — invariance through the CLI,
-# the --check-serial verdict (and that a fault makes it fail), and every bad input: a one-line error
-# naming what was wrong, a non-zero exit, no crash. Bad inputs run under the ASan/UBSan build.
+# CLI tests: the isobatch tool end to end on a tiny synthetic model — invariance through the CLI
+# (12 prompts: every --batch, --threads, --prefill-chunk and --isa of the contract, reversed order,
+# greedy and seeded, each comparison failing under --inject), --json fields, --logits-out, the
+# --check-serial verdict under every batch fault, the mkmodel presets and weight formats, and every bad
+# input: a one-line error naming what was wrong, a non-zero exit, no crash. Bad inputs run under the
+# ASan/UBSan build.
 set -u
 BUILD=${BUILD:-build}
 BIN=$BUILD/isobatch
@@ -33,6 +36,85 @@ done
 cmp -s "$T/s1" "$T/s6" && ok || bad "seeded sampling differs between batch 1 and 6"
 cmp -s "$T/s1" "$T/ref" && bad "sampling gave the greedy output" || ok
 
+# the full matrix through the CLI: 12 prompts of 1 to 150 tokens (one per line), every --json line
+# (tokens, text, digest) equal to the serialized scalar run for --batch 2 3 5 8 16, --threads 1-4,
+# --prefill-chunk 1 7 64 whole, every --isa this CPU has, and the prompts in reverse order; greedy and
+# seeded sampling. Then each kind of comparison, both of its runs under --inject, must fail.
+PF=$T/prompts12.txt; : > "$PF"
+for i in $(seq 0 11); do
+    len=$(( 1 + (i * 53) % 150 ))
+    printf 'The %d quick brown foxes jump over %d lazy dogs; batching must not change answers. ' "$i" "$((i * 7))" \
+        | head -c "$len" | tr '\n' ' ' >> "$PF"; echo >> "$PF"
+done
+tac "$PF" > "$T/prompts12.rev"
+gen12() { "$BIN" generate -m "$T/m" --prompts-file "$PF" -n 8 --ignore-eos --json "$@" 2>"$T/gen12.err"; }
+unindex() { sed -E 's/^\{"index":[0-9]+,/{/' "$@"; }
+SAMPLING=(--temp 0.9 --top-k 50 --top-p 0.95 --min-p 0.01 --repeat-penalty 1.1 --seed 7)
+for mode in greedy seeded; do
+    S=(); [ $mode = seeded ] && S=("${SAMPLING[@]}")
+    gen12 --batch 1 --threads 1 --isa scalar "${S[@]}" > "$T/ref12" && [ "$(wc -l < "$T/ref12")" = 12 ] \
+        && ok || bad "$mode: 12-prompt reference run"
+    for flags in "--batch 2" "--batch 3" "--batch 5" "--batch 8" "--batch 16" \
+                 "--batch 5 --threads 1" "--batch 5 --threads 2" "--batch 5 --threads 3" "--batch 5 --threads 4" \
+                 "--batch 3 --prefill-chunk 1" "--batch 3 --prefill-chunk 7" "--batch 3 --prefill-chunk 64" \
+                 "--batch 3 --prefill-chunk whole" "--batch 1 --prefill-chunk 7"; do
+        # shellcheck disable=SC2086
+        gen12 $flags "${S[@]}" > "$T/out12"
+        cmp -s "$T/ref12" "$T/out12" && ok || bad "$mode: generate $flags differs from --batch 1 --threads 1 --isa scalar"
+    done
+    for isa in scalar avx2 avx512 neon; do
+        if gen12 --batch 4 --threads 2 --isa $isa "${S[@]}" > "$T/out12"; then
+            cmp -s "$T/ref12" "$T/out12" && ok || bad "$mode: --isa $isa differs from scalar"
+        elif grep -q "not supported" "$T/gen12.err"; then
+            echo "t_cli: --isa $isa not supported here: skipped"
+        else
+            bad "$mode: --isa $isa failed: $(cat "$T/gen12.err")"
+        fi
+    done
+    "$BIN" generate -m "$T/m" --prompts-file "$T/prompts12.rev" -n 8 --ignore-eos --json --batch 8 "${S[@]}" 2>/dev/null \
+        | tac | unindex > "$T/out12"
+    unindex "$T/ref12" | cmp -s - "$T/out12" && ok || bad "$mode: reversed prompt order changes answers"
+done
+cmp -s "$T/ref12" <(gen12 --batch 1 --threads 1 --isa scalar) && bad "seeded sampling gave the greedy output" || ok
+
+# each comparison above fails when both of its runs carry a fault (faults of the kind that break it)
+fault_breaks() {   # fault_breaks FAULT "REFERENCE FLAGS" "VARIATION FLAGS" [reversed]
+    local f=$1 rf=$2 vf=$3
+    # shellcheck disable=SC2086
+    gen12 --inject "$f" $rf > "$T/fref" || { bad "--inject $f: reference run failed: $(cat "$T/gen12.err")"; return; }
+    if [ "${4:-}" = reversed ]; then
+        # shellcheck disable=SC2086
+        "$BIN" generate -m "$T/m" --prompts-file "$T/prompts12.rev" -n 8 --ignore-eos --json --inject "$f" $vf 2>/dev/null \
+            | tac | unindex > "$T/fout"
+        unindex "$T/fref" > "$T/fref2"; mv "$T/fref2" "$T/fref"
+    else
+        # shellcheck disable=SC2086
+        gen12 --inject "$f" $vf > "$T/fout"
+    fi
+    [ -s "$T/fout" ] && ! cmp -s "$T/fref" "$T/fout" && ok || bad "--inject $f: '$vf' still equals '$rf'"
+}
+REF1="--batch 1 --threads 1 --isa scalar"
+for f in rope-scalar-offset rope-skip-rows gemv-gemm split-kv-by-batch; do fault_breaks $f "$REF1" "--batch 8"; done
+fault_breaks split-k-threads "$REF1" "--batch 1 --threads 3 --isa scalar"
+fault_breaks row-order "$REF1" "--batch 8" reversed
+fault_breaks gemv-gemm "$REF1" "--batch 1 --threads 1 --isa scalar --prefill-chunk 1"
+fault_breaks shared-rng "$REF1 ${SAMPLING[*]}" "--batch 8 ${SAMPLING[*]}"
+for isa in avx2 avx512 neon; do
+    gen12 --isa $isa -n 1 > /dev/null 2>&1 || continue
+    fault_breaks isa-fma "$REF1 --act f32" "--batch 1 --threads 1 --isa $isa --act f32"
+done
+# --check-serial (batched against each prompt alone, in one command) under each batch fault
+for f in rope-scalar-offset rope-skip-rows gemv-gemm split-kv-by-batch row-order; do
+    "$BIN" generate -m "$T/m" --prompts-file "$PF" -n 8 --ignore-eos --batch 8 --check-serial --inject $f > "$T/cs" 2>&1; rc=$?
+    [ $rc = 1 ] && grep -q "differs from its serialized run" "$T/cs" && ok || bad "--check-serial --inject $f: exit $rc"
+done
+
+# --json: every field, the digest as 16 hex digits
+for k in '"index":0,' '"prompt_tokens":' '"tokens":[' '"text":"' '"finish_reason":"length"' '"digest":"'; do
+    head -1 "$T/ref12" | grep -qF -- "$k" && ok || bad "--json lacks $k: $(head -1 "$T/ref12")"
+done
+grep -qE '"digest":"[0-9a-f]{16}"' "$T/ref12" && ok || bad "--json digest is not 16 hex digits"
+
 # the sanitizer build (-O1, baseline-ISA elementwise ops without AVX2 clones) gives the same bits
 if [ "$ASAN_BIN" != "$BIN" ]; then
     "$ASAN_BIN" generate -m "$T/m" "${P[@]}" -n 10 --ignore-eos --json --batch 3 > "$T/asan" 2>/dev/null
@@ -42,6 +124,10 @@ fi
 # --logits-out: prompt-major float32 rows, 6 prompts x 10 rows x vocab 320
 "$BIN" generate -m "$T/m" "${P[@]}" -n 10 --ignore-eos --batch 4 --logits-out "$T/logits.bin" >/dev/null 2>&1
 [ "$(stat -c %s "$T/logits.bin")" = $((6*10*320*4)) ] && ok || bad "--logits-out size"
+"$BIN" generate -m "$T/m" "${P[@]}" -n 10 --ignore-eos --batch 1 --threads 1 --isa scalar --logits-out "$T/logits1.bin" >/dev/null 2>&1
+cmp -s "$T/logits.bin" "$T/logits1.bin" && ok || bad "--logits-out: batch 4 rows differ from batch 1 rows"
+"$BIN" generate -m "$T/m" "${P[@]}" -n 10 --ignore-eos --batch 4 --logits-out "$T/logits_f.bin" --inject rope-skip-rows >/dev/null 2>&1
+cmp -s "$T/logits.bin" "$T/logits_f.bin" && bad "--logits-out: rope-skip-rows left the rows unchanged" || ok
 
 # --check-serial passes clean and fails under a fault
 "$BIN" generate -m "$T/m" "${P[@]}" -n 8 --batch 6 --check-serial > "$T/cs" 2>&1 \
@@ -56,6 +142,18 @@ if [ -x "$BUILD/examples/two_sessions" ]; then
 else
     bad "examples/two_sessions not built"
 fi
+
+# the benchmark preset: Qwen3-0.6B's shapes (written, checked by info, removed)
+if "$BIN" mkmodel --preset qwen3-0.6b --out "$T/q06" > /dev/null; then
+    "$BIN" info -m "$T/q06" --json > "$T/q06.json"
+    for k in '"arch":"qwen3"' '"vocab_size":151936' '"hidden_size":1024' '"layers":28' '"heads":16' '"kv_heads":8' \
+             '"head_dim":128' '"intermediate_size":3072' '"tied_embeddings":true' '"quant_bits":4' '"quant_group":64'; do
+        grep -qF -- "$k" "$T/q06.json" && ok || bad "mkmodel qwen3-0.6b: info lacks $k: $(cat "$T/q06.json")"
+    done
+else
+    bad "mkmodel --preset qwen3-0.6b"
+fi
+rm -rf "$T/q06"
 
 # other architectures and weight formats: Llama (no q/k norm), untied lm_head, 8-bit, bf16, f32
 "$BIN" mkmodel --preset tiny --arch llama --seed 4 --out "$T/llama" >/dev/null || bad "mkmodel llama"
@@ -133,6 +231,19 @@ mk missing; sed -i 's/"model.norm.weight"/"model.norX.weight"/' "$T/missing/$ST"
 expect_error "missing tensor" "model.norm.weight" "$B" info -m "$T/missing"
 mk dtype; sed -i '0,/"dtype":"U32"/s//"dtype":"I32"/' "$T/dtype/$ST"
 expect_error "wrong dtype" "I32" "$B" info -m "$T/dtype"
+# byte ranges and shapes, edited in place (same length, so the header stays valid JSON)
+mk overlap; sed -i 's/"data_offsets":\[1280,2560\]/"data_offsets":[1000,2280]/' "$T/overlap/$ST"
+expect_error "overlapping offsets" "tensors model.embed_tokens.biases and model.embed_tokens.scales overlap" "$B" info -m "$T/overlap"
+mk range; sed -i 's/"data_offsets":\[245504,245760\]/"data_offsets":[945504,945760]/' "$T/range/$ST"
+expect_error "offsets past the data" "tensor model.norm.weight: data_offsets [945504, 945760] past data end" "$B" info -m "$T/range"
+mk shape; sed -i 's/"shape":\[320,2\]/"shape":[640,1]/' "$T/shape/$ST"
+expect_error "wrong shape" "tensor model.embed_tokens.biases: shape [640,1], expected [320,2]" "$B" info -m "$T/shape"
+cmp -s "$T/m/$ST" "$T/overlap/$ST" || cmp -s "$T/m/$ST" "$T/range/$ST" || cmp -s "$T/m/$ST" "$T/shape/$ST" \
+    && bad "a safetensors edit did not apply (the tiny model's layout changed?)" || ok
+# a prompt that alone is longer than the context (2048 tokens; the byte tokenizer: one per byte)
+head -c 2100 /dev/zero | tr '\0' 'a' > "$T/long.txt"; echo >> "$T/long.txt"
+expect_error "prompt longer than the context" "prompt 0: 2100 tokens + 1 new exceed the context of 2048" \
+    "$B" generate -m "$T/m" --prompts-file "$T/long.txt" -n 1
 mk nocfg; rm "$T/nocfg/config.json"
 expect_error "missing config" "nocfg/config.json" "$B" info -m "$T/nocfg"
 
