@@ -19,25 +19,25 @@ int ib_attn_block_for(int n_items) {
     return IB_ATTN_BLOCK;
 }
 
-/* 8 float lanes (GCC/Clang vector extension): each operation is lane-wise IEEE arithmetic, so the
- * baseline clone (two SSE halves) and the AVX2 clone give the same bits. */
-typedef float v8f __attribute__((vector_size(32)));
+/* 16 float lanes (GCC/Clang vector extension): each operation is lane-wise IEEE arithmetic, so the
+ * baseline clone (four SSE quarters), the AVX2 clone (two halves) and the AVX-512 clone (one zmm)
+ * give the same bits. */
+typedef float v16f __attribute__((vector_size(64)));
 /* the helpers below are inlined into the clones; no vector crosses a call boundary */
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-static inline __attribute__((always_inline)) v8f ld8(const float *p) {
-    v8f v;
+static inline __attribute__((always_inline)) v16f ld16(const float *p) {
+    v16f v;
     __builtin_memcpy(&v, p, sizeof v);
     return v;
 }
-static inline void st8(float *p, v8f v) { __builtin_memcpy(p, &v, sizeof v); }
+static inline __attribute__((always_inline)) void st16(float *p, v16f v) { __builtin_memcpy(p, &v, sizeof v); }
 
-/* The 16 lanes (lo = lanes 0..7, hi = 8..15) of a partial dot product, finished as ib_dot16_inline
- * does: the tail i..n-1 added into lanes 0.., then the halving tree. */
-static inline float dot16_finish(v8f lo, v8f hi, const float *a, const float *b, int i, int n) {
+/* The 16 lanes of a partial dot product, finished as ib_dot16_inline does: the tail i..n-1 added into
+ * lanes 0.., then the halving tree. */
+static inline float dot16_finish(v16f acc, const float *a, const float *b, int i, int n) {
     float lane[16];
-    st8(lane, lo);
-    st8(lane + 8, hi);
+    st16(lane, acc);
     for (int j = 0; i + j < n; j++) lane[j] = lane[j] + a[i + j] * b[i + j];
     for (int w = 8; w >= 1; w >>= 1)
         for (int j = 0; j < w; j++) lane[j] = lane[j] + lane[j + w];
@@ -45,41 +45,47 @@ static inline float dot16_finish(v8f lo, v8f hi, const float *a, const float *b,
 }
 
 /* r[t] = ib_dot16_inline(q, k + t*stride, n) for t = 0..3, bitwise: four independent chains. */
-static inline void dot16_x4(const float *q, const float *k, size_t stride, int n, float r[4]) {
+static inline __attribute__((always_inline)) void dot16_x4(const float *q, const float *k, size_t stride, int n,
+                                                           float r[4]) {
     const float *k0 = k, *k1 = k + stride, *k2 = k + 2 * stride, *k3 = k + 3 * stride;
-    v8f z = {0}, a0 = z, b0 = z, a1 = z, b1 = z, a2 = z, b2 = z, a3 = z, b3 = z;
+    v16f a0 = {0}, a1 = a0, a2 = a0, a3 = a0;
     int i = 0;
     for (; i + 16 <= n; i += 16) {
-        v8f ql = ld8(q + i), qh = ld8(q + i + 8);
-        a0 = a0 + ql * ld8(k0 + i), b0 = b0 + qh * ld8(k0 + i + 8);
-        a1 = a1 + ql * ld8(k1 + i), b1 = b1 + qh * ld8(k1 + i + 8);
-        a2 = a2 + ql * ld8(k2 + i), b2 = b2 + qh * ld8(k2 + i + 8);
-        a3 = a3 + ql * ld8(k3 + i), b3 = b3 + qh * ld8(k3 + i + 8);
+        v16f qv = ld16(q + i);
+        a0 = a0 + qv * ld16(k0 + i);
+        a1 = a1 + qv * ld16(k1 + i);
+        a2 = a2 + qv * ld16(k2 + i);
+        a3 = a3 + qv * ld16(k3 + i);
     }
-    r[0] = dot16_finish(a0, b0, q, k0, i, n);
-    r[1] = dot16_finish(a1, b1, q, k1, i, n);
-    r[2] = dot16_finish(a2, b2, q, k2, i, n);
-    r[3] = dot16_finish(a3, b3, q, k3, i, n);
+    r[0] = dot16_finish(a0, q, k0, i, n);
+    r[1] = dot16_finish(a1, q, k1, i, n);
+    r[2] = dot16_finish(a2, q, k2, i, n);
+    r[3] = dot16_finish(a3, q, k3, i, n);
 }
 
 /* out[d] = out[d]*c, then out[d] = out[d] + p[j]*v_j[d] for j = j0..nb-1 in order, for every d:
  * the contract's per-element sequence. Columns are walked in register-sized chunks with the keys
  * inside, so the accumulators stay in registers; each element's operations are unchanged. */
-static inline void scale_accumulate(float *out, int hd, float c, const float *p, const float *v, size_t stride,
-                                    int j0, int nb) {
+static inline __attribute__((always_inline)) void scale_accumulate(float *out, int hd, float c, const float *p,
+                                                                   const float *v, size_t stride, int j0, int nb) {
+    /* a scalar operand of a vector operation is broadcast (a 16-element initializer would not compile
+     * to one broadcast) */
     int d0 = 0;
-    for (; d0 + 32 <= hd; d0 += 32) {
-        v8f cv = {c, c, c, c, c, c, c, c};
-        v8f o0 = ld8(out + d0) * cv, o1 = ld8(out + d0 + 8) * cv;
-        v8f o2 = ld8(out + d0 + 16) * cv, o3 = ld8(out + d0 + 24) * cv;
+    for (; d0 + 64 <= hd; d0 += 64) {
+        v16f o0 = ld16(out + d0) * c, o1 = ld16(out + d0 + 16) * c;
+        v16f o2 = ld16(out + d0 + 32) * c, o3 = ld16(out + d0 + 48) * c;
         for (int j = j0; j < nb; j++) {
             const float *vj = v + (size_t)j * stride + d0;
-            float pj = p[j];
-            v8f pv = {pj, pj, pj, pj, pj, pj, pj, pj};
-            o0 = o0 + pv * ld8(vj), o1 = o1 + pv * ld8(vj + 8);
-            o2 = o2 + pv * ld8(vj + 16), o3 = o3 + pv * ld8(vj + 24);
+            const float pj = p[j];
+            o0 = o0 + pj * ld16(vj), o1 = o1 + pj * ld16(vj + 16);
+            o2 = o2 + pj * ld16(vj + 32), o3 = o3 + pj * ld16(vj + 48);
         }
-        st8(out + d0, o0), st8(out + d0 + 8, o1), st8(out + d0 + 16, o2), st8(out + d0 + 24, o3);
+        st16(out + d0, o0), st16(out + d0 + 16, o1), st16(out + d0 + 32, o2), st16(out + d0 + 48, o3);
+    }
+    for (; d0 + 16 <= hd; d0 += 16) {
+        v16f o0 = ld16(out + d0) * c;
+        for (int j = j0; j < nb; j++) o0 = o0 + p[j] * ld16(v + (size_t)j * stride + d0);
+        st16(out + d0, o0);
     }
     for (; d0 < hd; d0++) {
         float o = out[d0] * c;
@@ -124,6 +130,19 @@ static inline __attribute__((always_inline)) void attend_block(const float *q, c
     block_update(s, vb, st, hd, j0, nb, m, l, out);
 }
 
+/* Ask for the keys and values of the block starting at key b (if any) to be brought into the cache
+ * while the current block is computed: rows of row_bytes, stride_bytes apart. A session's keys are
+ * only a few dozen kilobytes per head, too short a stream for the hardware prefetcher to ramp up. */
+static inline __attribute__((always_inline)) void prefetch_block(const void *k, const void *v, int b, int n_keys,
+                                                                 int block, size_t stride_bytes, size_t row_bytes) {
+    int e = b + block < n_keys ? b + block : n_keys;
+    for (int j = b; j < e; j++)
+        for (size_t o = 0; o < row_bytes; o += 64) {
+            __builtin_prefetch((const char *)k + (size_t)j * stride_bytes + o);
+            __builtin_prefetch((const char *)v + (size_t)j * stride_bytes + o);
+        }
+}
+
 IB_VECTOR_CLONES void ib_attend_heads(const float *q, int nq, const float *k, const float *v, int n_keys,
                                       int kv_stride, int hd, float scale, int block, int window, float *out) {
     float m[IB_ATTN_MAX_GROUP], l[IB_ATTN_MAX_GROUP];
@@ -134,6 +153,7 @@ IB_VECTOR_CLONES void ib_attend_heads(const float *q, int nq, const float *k, co
     for (int b0 = lo - lo % block; b0 < n_keys; b0 += block) {
         int j0 = lo > b0 ? lo - b0 : 0;
         int nb = n_keys - b0 < block ? n_keys - b0 : block;
+        prefetch_block(k, v, b0 + block, n_keys, block, st * sizeof(float), hd * sizeof(float));
         /* every head of the group walks this block while its keys and values are in L1 */
         for (int h = 0; h < nq; h++)
             attend_block(q + (size_t)h * hd, k + (size_t)b0 * st, v + (size_t)b0 * st, st, hd, scale, j0, nb, &m[h],
@@ -155,9 +175,10 @@ IB_VECTOR_CLONES void ib_attend_heads_f16(const uint16_t *k, const uint16_t *v, 
     for (int b0 = lo - lo % block; b0 < n_keys; b0 += block) {
         int j0 = lo > b0 ? lo - b0 : 0;
         int nb = n_keys - b0 < block ? n_keys - b0 : block;
-        for (int j = j0; j < nb; j++) ib_f16_to_f32_row(k + (size_t)(b0 + j) * st, buf + (size_t)j * hd, hd);
+        prefetch_block(k, v, b0 + block, n_keys, block, st, hd * sizeof(uint16_t));
+        for (int j = j0; j < nb; j++) ib_f16_to_f32_rows(k + (size_t)(b0 + j) * st, buf + (size_t)j * hd, hd);
         for (int h = 0; h < nq; h++) block_scores(q + (size_t)h * hd, buf, (size_t)hd, hd, scale, j0, nb, s[h]);
-        for (int j = j0; j < nb; j++) ib_f16_to_f32_row(v + (size_t)(b0 + j) * st, buf + (size_t)j * hd, hd);
+        for (int j = j0; j < nb; j++) ib_f16_to_f32_rows(v + (size_t)(b0 + j) * st, buf + (size_t)j * hd, hd);
         for (int h = 0; h < nq; h++) block_update(s[h], buf, (size_t)hd, hd, j0, nb, &m[h], &l[h], out + (size_t)h * hd);
     }
     for (int h = 0; h < nq; h++)

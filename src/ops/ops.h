@@ -29,11 +29,11 @@ static inline float ib_dot16_inline(const float *a, const float *b, int n) {
     return lane[0];
 }
 
-/* IB_VECTOR_CLONES: compile a function twice, for the baseline ISA and for AVX2, and pick at load
- * time. Only for code whose vector lanes are independent (elementwise ops, the 16-lane order), so
- * both clones give the same bits; -ffp-contract=off keeps multiplies and adds separate in both. */
+/* IB_VECTOR_CLONES: compile a function three times, for the baseline ISA, AVX2 and AVX-512, and pick
+ * at load time. Only for code whose vector lanes are independent (elementwise ops, the 16-lane order),
+ * so every clone gives the same bits; -ffp-contract=off keeps multiplies and adds separate in all. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(IB_NO_CLONES)
-#define IB_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#define IB_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define IB_VECTOR_CLONES
 #endif

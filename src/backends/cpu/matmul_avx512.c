@@ -13,6 +13,10 @@
 
 #define AI static inline __attribute__((always_inline))
 
+/* Weights are prefetched this many bytes ahead of the tile that reads them (panels are contiguous, so
+ * this runs on into the next panel): the first tile of a panel streams them from memory. */
+#define IB_PF_DIST 1024
+
 /* ---------------------------------------------------------------- dequantization (F32 path) */
 
 /* Input: 16 lanes x 4 bytes (byte 4j+i of lane j). Output: 128-bit chunk i = byte i of lanes 0..15. */
@@ -139,7 +143,7 @@ static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc
 
 /* R rows (R <= 8) of a quantized panel against Q8 activations: xq row r at xq + r*K, d/ad row r at
  * d + r*ng; outputs to y + r*ldy. Two int32 accumulators per row (alternate k blocks) hide the
- * vpdpbusd latency; groups ascending (descending when desc):
+ * vpdpbusd latency; groups ascending (descending when desc); weights prefetched IB_PF_DIST ahead:
  *   isum = a0 + a1;  acc = (acc + (s*d)*(float)isum) + b*ad. */
 AI void tile_q(const int R, const int q4, const ib_matrix *m, int p, const int8_t *xq, const float *d,
                const float *ad, int desc, float *y, int ldy) {
@@ -157,6 +161,7 @@ AI void tile_q(const int R, const int q4, const ib_matrix *m, int p, const int8_
         for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm512_setzero_si512();
         if (q4) {
             for (int k = g * G; k < (g + 1) * G; k += 8) {
+                _mm_prefetch((const char *)(P + (size_t)(k / 8) * 64 + IB_PF_DIST), _MM_HINT_T0);
                 __m512i w = _mm512_loadu_si512((const void *)(P + (size_t)(k / 8) * 64));
                 __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
 #pragma GCC unroll 8
@@ -169,6 +174,8 @@ AI void tile_q(const int R, const int q4, const ib_matrix *m, int p, const int8_
         } else {
             for (int k = g * G; k < (g + 1) * G; k += 8) {
                 const uint8_t *blk = P + (size_t)(k / 4) * 64;
+                _mm_prefetch((const char *)(blk + IB_PF_DIST), _MM_HINT_T0);
+                _mm_prefetch((const char *)(blk + 64 + IB_PF_DIST), _MM_HINT_T0);
                 __m512i w0 = _mm512_loadu_si512((const void *)blk);
                 __m512i w1 = _mm512_loadu_si512((const void *)(blk + 64));
 #pragma GCC unroll 8
