@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Diagnostics end to end through the CLI: `isobatch probe` (the full default matrix clean, each fault
 # flagged in its op only), `isobatch diff` (clean, and the first divergent layer and sub-op under each
-# fault), `isobatch recall` (bitwise agreement on a synthetic model; the batched/serialized recall gap
-# on the trained model models/default when it exists, else SKIPPED with a notice), bad options, and
+# fault), `isobatch recall` (bitwise agreement on a synthetic model, lost under each batch fault; on the
+# trained model models/default, when it exists, else SKIPPED with a notice: every batch fault changes
+# answers, and the two RoPE faults open a batched/serialized recall gap), bad options, and
 # short runs of all three under the ASan/UBSan build.
 set -u
 BUILD=${BUILD:-build}
@@ -85,7 +86,7 @@ expect_usage "diff bad step" "--step: bad value" "$BIN" diff -m "$T/m" --step -1
 [ $rc = 0 ] && grep -q "^bitwise: 4 of 4 sessions identical" "$T/r" && ok || bad "recall clean: exit $rc"
 grep -qE '^serialized +recall [0-9]+/4 = .* tok/s$' "$T/r" && grep -qE '^batched +recall [0-9]+/4 = .* tok/s$' "$T/r" \
     && ok || bad "recall: per-mode recall and tok/s lines"
-for f in rope-skip-rows gemv-gemm; do
+for f in rope-scalar-offset rope-skip-rows gemv-gemm split-kv-by-batch row-order; do
     "$BIN" recall -m "$T/m" --sessions 4 --length 256 --inject "$f" > "$T/r" 2>&1; rc=$?
     [ $rc = 1 ] && grep -q "batching changed answers" "$T/r" && ok || bad "recall --inject $f: exit $rc"
 done
@@ -111,12 +112,24 @@ if [ -f models/default/config.json ]; then
     s=$(num serialized "$T/rt"); b=$(num batched "$T/rt")
     [ $rc = 0 ] && [ -n "$s" ] && [ "$s" = "$b" ] && ok || bad "recall --words train on models/default: clean modes differ (${s:-?} vs ${b:-?}, exit $rc)"
     [ -n "$s" ] && [ "$s" -ge 6 ] && ok || bad "recall --words train on models/default: the model recalls ${s:-?}/8: no gap can show"
-    "$BIN" recall -m models/default --sessions 8 --length 512 --words train --json --inject rope-skip-rows > "$T/rf" 2>&1; rc=$?
-    s2=$(num serialized "$T/rf"); b2=$(num batched "$T/rf")
-    [ $rc = 1 ] && ok || bad "recall on models/default under rope-skip-rows: exit $rc"
-    [ -n "$b2" ] && [ -n "$s2" ] && [ "$b2" -lt "$s2" ] && ok \
-        || bad "recall on models/default under rope-skip-rows: no gap (serialized ${s2:-?}, batched ${b2:-?})"
-    echo "t_diag: models/default recall 8 x 512: held-out ${h:-?}/8 both modes; training words ${s:-?}/8 both modes; rope-skip-rows serialized ${s2:-?}/8, batched ${b2:-?}/8"
+    # every batch fault changes answers (exit 1, not bitwise); the RoPE faults, which misplace rows,
+    # also cost recall in the batched mode only (the others reorder float sums: answers change, recall
+    # need not)
+    gaps=""
+    for f in rope-scalar-offset rope-skip-rows gemv-gemm split-kv-by-batch row-order; do
+        "$BIN" recall -m models/default --sessions 8 --length 512 --words train --json --inject $f > "$T/rf" 2>&1; rc=$?
+        s2=$(num serialized "$T/rf"); b2=$(num batched "$T/rf")
+        [ $rc = 1 ] && grep -q '"bitwise_match":false' "$T/rf" && ok || bad "recall on models/default under $f: exit $rc, no bitwise difference"
+        case $f in rope-*|split-kv-by-batch)   # faults that leave a lone session's run unchanged
+            [ -n "$s2" ] && [ "$s2" = "$s" ] && ok || bad "recall on models/default under $f: serialized recall ${s2:-?}/8, clean $s/8" ;;
+        esac
+        case $f in rope-*)
+            [ -n "$b2" ] && [ -n "$s2" ] && [ "$b2" -lt "$s2" ] && ok \
+                || bad "recall on models/default under $f: no gap (serialized ${s2:-?}, batched ${b2:-?})" ;;
+        esac
+        gaps="$gaps; $f serialized ${s2:-?}/8, batched ${b2:-?}/8"
+    done
+    echo "t_diag: models/default recall 8 x 512: held-out ${h:-?}/8 both modes; training words ${s:-?}/8 both modes$gaps"
 else
     echo "t_diag: SKIPPED the recall-gap test on the trained model: models/default/config.json is missing"
 fi
