@@ -7,7 +7,8 @@
 #   - `isobatch tokenize --json` gives exactly the reference ids (one check per case per model);
 #   - `isobatch detokenize` of those ids gives back the case's bytes (Llama 3) or their NFC form
 #     (Qwen3, whose normalizer is NFC; the NFC is ICU's, from node);
-# before that, the CLI (tokenize, detokenize, generate --chat, the chat REPL) on a synthetic model;
+# before that, the CLI (tokenize, detokenize, generate --chat, the chat REPL, malformed tokenizer.json
+# files: one-line errors naming the field, under ASan/UBSan) on a synthetic model;
 # then the raw invalid-UTF-8 file round-trips byte for byte (our own guarantee: Hugging Face only
 # sees text, so the reference got the lossily decoded text), the real files load under ASan/UBSan,
 # and, when python3 has jinja2, ChatML rendering equals the real Qwen3 chat template's.
@@ -41,6 +42,26 @@ RUNBIN=$BIN; [ -x "$ASAN_BIN" ] && RUNBIN=$ASAN_BIN
 [ $rc = 1 ] && grep -q "id 70000 is not a token" "$T/err" && ok || bad "detokenize of an unknown id: exit $rc, $(cat "$T/err")"
 "$RUNBIN" tokenize -m "$T/tiny" > /dev/null 2>&1; [ $? = 2 ] && ok || bad "tokenize without text: exit 2"
 "$RUNBIN" tokenize --tokenizer "$T/nope.json" hi > /dev/null 2> "$T/err"; [ $? = 1 ] && grep -q "nope.json: cannot open" "$T/err" && ok || bad "missing tokenizer file"
+# malformed tokenizer.json through the CLI (the ASan/UBSan build when there is one): exit 1, one line
+# naming the file and the field, no sanitizer report; also when a model directory holds it
+S=$T/tiny/tokenizer.json
+sed 's/"model": {/"modelx": {/' "$S" > "$T/bad_nomodel.json"
+sed 's/"type": "BPE"/"type": "Unigram"/' "$S" > "$T/bad_type.json"
+sed 's/"merges": \[\]/"merges": ["a zz"]/' "$S" > "$T/bad_merges.json"
+sed 's/"pre_tokenizer": {/"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "("}, "behavior": "Isolated"}, "unused": {/' "$S" > "$T/bad_regex.json"
+head -c 500 "$S" > "$T/bad_json.json"
+for spec in "nomodel:field model: missing" "type:field model.type: \"Unigram\" is not supported" \
+            "merges:field model.merges[0]: token \"zz\" is not in model.vocab" "regex:field pre_tokenizer.pattern.Regex: bad regex" \
+            "json:JSON error at line"; do
+    name=${spec%%:*}; want=${spec#*:}
+    "$RUNBIN" tokenize --tokenizer "$T/bad_$name.json" hi > /dev/null 2> "$T/err"; rc=$?
+    [ $rc = 1 ] && grep -qF -- "$T/bad_$name.json: $want" "$T/err" && [ "$(wc -l < "$T/err")" = 1 ] \
+        && ! grep -qE "Sanitizer|runtime error" "$T/err" && ok || bad "malformed tokenizer.json ($name): exit $rc, $(head -3 "$T/err")"
+done
+mkdir -p "$T/badtok" && cp "$T/tiny/"* "$T/badtok/" && cp "$T/bad_merges.json" "$T/badtok/tokenizer.json"
+"$RUNBIN" generate -m "$T/badtok" -p hi -n 2 > /dev/null 2> "$T/err"; rc=$?
+[ $rc = 1 ] && grep -qF "badtok/tokenizer.json: field model.merges[0]" "$T/err" && [ "$(wc -l < "$T/err")" = 1 ] \
+    && ok || bad "generate with a malformed tokenizer.json: exit $rc, $(head -3 "$T/err")"
 printf '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n' > "$T/chatml"
 "$RUNBIN" tokenize -m "$T/tiny" --chat --render hi | cmp -s - "$T/chatml" && ok || bad "tokenize --chat --render"
 "$BIN" generate -m "$T/tiny" --chat -p hi -n 3 --json 2>/dev/null | grep -q '"prompt_tokens":21' && ok || bad "generate --chat: 21 prompt tokens"
