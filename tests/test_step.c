@@ -1,7 +1,8 @@
 /*
  * test_step.c — the batched step's API contract: sessions at different positions with different
  * token counts in one step; validation errors that leave every session unchanged; context limits;
- * the embedding example's claim (two sessions stepped together equal each alone).
+ * the embedding example's claim (two sessions stepped together equal each alone); ib_generate's kept
+ * logits rows and digest (the definition behind `generate --json` and `--logits-out`).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -112,6 +113,41 @@ int main(void) {
         ib_engine *ex;
         CHECK(ib_engine_create(m, &(ib_engine_opts){.isa = IB_ISA_AVX512}, &ex, &err) == IB_ERR_UNSUPPORTED && !ex,
               "avx512 engine on a CPU without it");
+    }
+
+    /* ib_generate's results: each kept logits row is the one a lone session computes at that token,
+     * its greedy argmax is the token, and the digest is 64-bit FNV-1a (offset basis 0xcbf29ce484222325,
+     * prime 0x100000001b3) over the rows' float32 bytes in order, written out here from its definition */
+    {
+        ib_gen_request rq[2] = {{a, 9}, {b, 23}};
+        ib_gen_opts go = {.max_new_tokens = 6, .batch = 2, .keep_logits = 1, .sampling = ib_sampling_default()};
+        ib_gen_result res[2];
+        CHECK(ib_generate(e, rq, 2, &go, res, NULL, &err) == IB_OK, "%s", err.msg);
+        for (int i = 0; i < 2; i++) {
+            const int32_t *p = i ? b : a;
+            int plen = i ? 23 : 9;
+            CHECK(res[i].logits != NULL && res[i].n_tokens == 6, "prompt %d: %d tokens, logits %p", i, res[i].n_tokens,
+                  (void *)res[i].logits);
+            if (!res[i].logits || res[i].n_tokens != 6) continue;
+            uint64_t h = 0xcbf29ce484222325ULL;
+            const unsigned char *bytes = (const unsigned char *)res[i].logits;
+            for (size_t k = 0; k < (size_t)6 * V * sizeof(float); k++) h = (h ^ bytes[k]) * 0x100000001b3ULL;
+            CHECK(h == res[i].digest, "prompt %d: digest %016llx, FNV-1a of the rows %016llx", i,
+                  (unsigned long long)res[i].digest, (unsigned long long)h);
+            int32_t seq[40];
+            memcpy(seq, p, plen * sizeof *seq);
+            for (int t = 0; t < 6; t++) {
+                const float *row = res[i].logits + (size_t)t * V;
+                int best = 0;
+                for (int v = 1; v < V; v++)
+                    if (row[v] > row[best]) best = v;
+                CHECK(res[i].tokens[t] == best, "prompt %d token %d: %d, argmax of its row %d", i, t, res[i].tokens[t], best);
+                alone(e, seq, plen + t, plen + t, ra);
+                CHECK(memcmp(ra, row, V * 4) == 0, "prompt %d token %d: kept row differs from a lone session's", i, t);
+                seq[plen + t] = res[i].tokens[t];
+            }
+        }
+        ib_gen_results_free(res, 2);
     }
 
     ib_session_free(sa);
