@@ -3,8 +3,8 @@
 # flagged in its op only), `isobatch diff` (clean, and the first divergent layer and sub-op under each
 # fault), `isobatch recall` (bitwise agreement on a synthetic model, lost under each batch fault; on the
 # trained model models/default, when it exists, else SKIPPED with a notice: every batch fault changes
-# answers, and the two RoPE faults open a batched/serialized recall gap), bad options, and
-# short runs of all three under the ASan/UBSan build.
+# answers, and the two RoPE faults open a batched/serialized recall gap; diff's verdicts there too),
+# bad options, and short runs of all three under the ASan/UBSan build.
 set -u
 BUILD=${BUILD:-build}
 BIN=$BUILD/isobatch
@@ -64,11 +64,12 @@ fi
 # ---- diff: clean, then each fault's first divergent layer and sub-op
 "$BIN" diff -m "$T/m" > "$T/d" 2>&1; rc=$?
 [ $rc = 0 ] && grep -q "^no divergence" "$T/d" && ok || bad "diff clean: exit $rc"
-for spec in "rope-scalar-offset:step 1, layer 0, point q: sub-op rope" \
-            "rope-skip-rows:step 1, layer 0, point q: sub-op rope" \
-            "gemv-gemm:point logits: sub-op matmul" \
-            "split-kv-by-batch:step 0, layer 0, point attn_out: sub-op attention" \
-            "row-order:layer 0, point attn_norm: sub-op rmsnorm"; do
+DIFF_FAULTS=("rope-scalar-offset:step 1, layer 0, point q: sub-op rope"
+             "rope-skip-rows:step 1, layer 0, point q: sub-op rope"
+             "gemv-gemm:point logits: sub-op matmul"
+             "split-kv-by-batch:step 0, layer 0, point attn_out: sub-op attention"
+             "row-order:layer 0, point attn_norm: sub-op rmsnorm")
+for spec in "${DIFF_FAULTS[@]}"; do
     f=${spec%%:*}; want=${spec#*:}
     "$BIN" diff -m "$T/m" --inject "$f" > "$T/d" 2>&1; rc=$?
     [ $rc = 1 ] && grep -q "^first divergence: .*$want" "$T/d" && ok || bad "diff --inject $f: exit $rc, $(grep '^first' "$T/d")"
@@ -98,11 +99,19 @@ expect_usage "recall bad sessions" "--sessions: bad value" "$BIN" recall -m "$T/
 "$BIN" recall -m "$T/m" --spec /nonexistent.json > "$T/err" 2>&1
 [ $? = 1 ] && grep -q "/nonexistent.json: cannot open" "$T/err" && ok || bad "recall missing spec"
 
-# ---- recall gap on the trained default model
+# ---- diff and the recall gap on the trained default model
 # Held-out recall (the benchmark) is reported and must agree bitwise between modes. The gap under a
 # fault needs a model that retrieves: the bundled model retrieves the codes of its training words
 # (its held-out recall is 0, see docs/training.md), so the gap is shown with --words train.
 if [ -f models/default/config.json ]; then
+    # diff on the trained model: clean, and the same verdict as on the synthetic one for every fault
+    "$BIN" diff -m models/default > "$T/d" 2>&1; rc=$?
+    [ $rc = 0 ] && grep -q "^no divergence" "$T/d" && ok || bad "diff on models/default clean: exit $rc"
+    for spec in "${DIFF_FAULTS[@]}"; do
+        f=${spec%%:*}; want=${spec#*:}
+        "$BIN" diff -m models/default --inject "$f" > "$T/d" 2>&1; rc=$?
+        [ $rc = 1 ] && grep -q "^first divergence: .*$want" "$T/d" && ok || bad "diff on models/default --inject $f: exit $rc, $(grep '^first' "$T/d")"
+    done
     num() { grep -oE "\"$1\":\{\"recalled\":[0-9]+" "$2" | grep -oE '[0-9]+$'; }
     "$BIN" recall -m models/default --sessions 8 --length 512 --json > "$T/rd" 2>&1; rc=$?
     [ $rc = 0 ] && grep -q '"bitwise_match":true' "$T/rd" && ok || bad "recall on models/default: batched differs from serialized (exit $rc)"
