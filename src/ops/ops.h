@@ -114,13 +114,39 @@ void ib_attend_one_window(const float *q, const float *k, const float *v, int n_
 void ib_attend_heads(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride, int hd,
                      float scale, int block, int window, float *out);
 
-/* Largest head_dim ib_attend_heads_f16 takes (the config allows no more). */
+/* Largest head_dim the config allows. */
 #define IB_ATTN_MAX_HD 512
 
 /* ib_attend_heads over keys and values stored as IEEE half (k, v [n_keys][kv_stride] uint16):
- * bitwise ib_attend_heads over their exact float32 conversions. block <= IB_ATTN_BLOCK,
- * hd <= IB_ATTN_MAX_HD. */
+ * bitwise ib_attend_heads over their exact float32 conversions (converted as they are read).
+ * block <= 128 for both. */
 void ib_attend_heads_f16(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys, int kv_stride,
                          int hd, float scale, int block, int window, float *out);
+
+/* ib_attend_heads / ib_attend_heads_f16 computed by the copy for isa (attention_impl.h): AUTO picks
+ * the best this CPU runs; SCALAR, NEON and an ISA the CPU lacks take the portable copy. Every copy
+ * gives the same bits (the test-only isa-fma fault makes the AVX2 / AVX-512 copies fuse the dot
+ * products' multiply-adds). */
+void ib_attend_heads_isa(ib_isa isa, const float *q, int nq, const float *k, const float *v, int n_keys,
+                         int kv_stride, int hd, float scale, int block, int window, float *out);
+void ib_attend_heads_f16_isa(ib_isa isa, const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
+                             int kv_stride, int hd, float scale, int block, int window, float *out);
+
+/* The copies themselves (same arguments as ib_attend_heads / ib_attend_heads_f16); the AVX2 and
+ * AVX-512 ones exist on x86 only and need a CPU that runs them. */
+void ib_attend_heads_portable(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride,
+                              int hd, float scale, int block, int window, float *out);
+void ib_attend_heads_f16_portable(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
+                                  int kv_stride, int hd, float scale, int block, int window, float *out);
+#if defined(__x86_64__) || defined(__i386__)
+void ib_attend_heads_avx2(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride, int hd,
+                          float scale, int block, int window, float *out);
+void ib_attend_heads_f16_avx2(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
+                              int kv_stride, int hd, float scale, int block, int window, float *out);
+void ib_attend_heads_avx512(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride,
+                            int hd, float scale, int block, int window, float *out);
+void ib_attend_heads_f16_avx512(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
+                                int kv_stride, int hd, float scale, int block, int window, float *out);
+#endif
 
 #endif

@@ -74,11 +74,11 @@ static void attn_task(void *ctx, int task, int thread) {
     for (int h = 0; h < G; h += IB_ATTN_MAX_GROUP) {
         int nq = G - h < IB_ATTN_MAX_GROUP ? G - h : IB_ATTN_MAX_GROUP;
         if (s->kv_f16)
-            ib_attend_heads_f16(kl, vl, q + (size_t)h * hd, nq, e->pos[r] + 1, hd, hd, scale, j->block, 0,
-                                out + (size_t)h * hd);
+            ib_attend_heads_f16_isa(e->isa, kl, vl, q + (size_t)h * hd, nq, e->pos[r] + 1, hd, hd, scale, j->block, 0,
+                                    out + (size_t)h * hd);
         else
-            ib_attend_heads(q + (size_t)h * hd, nq, kl, vl, e->pos[r] + 1, hd, hd, scale, j->block, 0,
-                            out + (size_t)h * hd);
+            ib_attend_heads_isa(e->isa, q + (size_t)h * hd, nq, kl, vl, e->pos[r] + 1, hd, hd, scale, j->block, 0,
+                                out + (size_t)h * hd);
     }
 }
 
