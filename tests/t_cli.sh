@@ -101,7 +101,7 @@ fault_breaks gemv-gemm "$REF1" "--batch 1 --threads 1 --isa scalar --prefill-chu
 fault_breaks shared-rng "$REF1 ${SAMPLING[*]}" "--batch 8 ${SAMPLING[*]}"
 for isa in avx2 avx512 neon; do
     gen12 --isa $isa -n 1 > /dev/null 2>&1 || continue
-    fault_breaks isa-fma "$REF1 --act f32" "--batch 1 --threads 1 --isa $isa --act f32"
+    for act in q8 f32; do fault_breaks isa-fma "$REF1 --act $act" "--batch 1 --threads 1 --isa $isa --act $act"; done
 done
 # --check-serial (batched against each prompt alone, in one command) under each batch fault
 for f in rope-scalar-offset rope-skip-rows gemv-gemm split-kv-by-batch row-order; do
