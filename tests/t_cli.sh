@@ -9,11 +9,12 @@ set -u
 BUILD=${BUILD:-build}
 BIN=$BUILD/isobatch
 ASAN_BIN=${ASAN_BUILD:-build-asan}/isobatch
-[ -x "$ASAN_BIN" ] || ASAN_BIN=$BIN
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 pass=0; fail=0
 ok() { pass=$((pass+1)); }
 bad() { fail=$((fail+1)); echo "FAIL: $*"; }
+# the bad inputs must run under the sanitizers: without that build they still run, and the test fails
+[ -x "$ASAN_BIN" ] || { bad "$ASAN_BIN missing (run make asan): bad inputs run without ASan/UBSan"; ASAN_BIN=$BIN; }
 T=$(mktemp -d /tmp/ib_cli_XXXXXX)
 trap 'rm -rf "$T"' EXIT
 
