@@ -31,6 +31,7 @@ trap 'rm -rf "$T"' EXIT
 
 [ -x "$BIN" ] || { bad "$BIN missing (run make)"; finish; }
 RUNBIN=$BIN; [ -x "$ASAN_BIN" ] && RUNBIN=$ASAN_BIN
+[ -x "$ASAN_BIN" ] || bad "$ASAN_BIN missing (run make asan): the CLI and malformed-file checks run without ASan/UBSan"
 
 # ---- the CLI on a synthetic model (byte-level tokenizer.json of mkmodel: id == byte, ChatML specials)
 "$BIN" mkmodel --preset tiny --seed 2 --out "$T/tiny" > /dev/null || bad "mkmodel"
