@@ -582,6 +582,44 @@ static void test_faults(void) {
 
 /* ---------------------------------------------------------------- main */
 
+/* ib_matmul_many: several products sharing one input in one pool job give, each, the bits of
+ * ib_matmul alone, for every ISA, thread count and a few batch sizes; five products (more than one
+ * job holds) and a mix of 4-bit, 8-bit and float weights included. The comparison is shown able to
+ * fail: one product's output against another product's. */
+static void test_many(void) {
+    enum { NP = 5, K = 128, G = 64, MANY_B = 9 };
+    static const int Ns[NP] = {48, 16, 100, 32, 17}, kinds[NP] = {4, 4, 8, 0, 4};
+    wset w[NP];
+    for (int i = 0; i < NP; i++)
+        if (wset_make(&w[i], kinds[i], kinds[i] ? G : 0, Ns[i], K)) {
+            CHECK(0, "wset_make failed");
+            return;
+        }
+    const ib_matrix *ms[NP];
+    for (int i = 0; i < NP; i++) ms[i] = &w[i].m;
+    float *x = malloc(sizeof(float) * MANY_B * K);
+    for (int i = 0; i < MANY_B * K; i++) x[i] = rndf();
+    ib_act_buf q = {malloc(MANY_B * K), malloc(sizeof(float) * MANY_B * K / G), malloc(sizeof(float) * MANY_B * K / G)};
+    ib_quantize_act(x, MANY_B, K, G, q.xq, q.d, q.ad);
+    float *alone[NP], *many[NP];
+    for (int i = 0; i < NP; i++) alone[i] = malloc(sizeof(float) * MANY_B * Ns[i]), many[i] = malloc(sizeof(float) * MANY_B * Ns[i]);
+    static const int Bs[] = {1, 3, 9};
+    int bad = 0, cases = 0;
+    for (int ii = 0; ii < n_isas; ii++)
+        for (int t = 1; t <= 3; t++)
+            for (int bi = 0; bi < 3; bi++)
+                for (int act = 0; act < 2; act++) {
+                    ib_act a = act ? IB_ACT_Q8 : IB_ACT_F32;
+                    for (int i = 0; i < NP; i++) ib_matmul(ms[i], x, Bs[bi], &q, a, isas[ii], pools[t], alone[i], Ns[i]);
+                    ib_matmul_many(NP, ms, x, Bs[bi], &q, a, isas[ii], pools[t], many);
+                    for (int i = 0; i < NP; i++) bad += !same_bits(alone[i], many[i], (size_t)Bs[bi] * Ns[i]), cases++;
+                }
+    CHECK(bad == 0, "ib_matmul_many differs from ib_matmul in %d of %d products", bad, cases);
+    CHECK(!same_bits(alone[0], many[1], (size_t)Ns[1]), "the comparison cannot tell two products apart");
+    for (int i = 0; i < NP; i++) free(alone[i]), free(many[i]), wset_free(&w[i]);
+    free(x), free(q.xq), free(q.d), free(q.ad);
+}
+
 int main(void) {
     ib_error err;
     for (int t = 1; t <= 3; t++)
@@ -621,6 +659,7 @@ int main(void) {
     test_big_batch(8, 32);
 
     test_faults();
+    test_many();
 
     for (int t = 1; t <= 3; t++) ib_pool_free(pools[t]);
     TEST_MAIN_END("test_matmul");

@@ -168,39 +168,98 @@ void ib_quantize_act(const float *x, int B, int K, int G, int8_t *xq, float *d, 
         }
 }
 
-typedef struct mm_job {
+/* One product of a (possibly fused) dispatch: its matrix, mode, kernel, output and first task. */
+typedef struct mm_part {
     const ib_matrix *m;
+    ib_act act;
+    float *Y;
+    int ldy;
+    int task0;   /* first task of this product */
+} mm_part;
+
+typedef struct mm_job {
     const float *X;
     int B;
     const ib_act_buf *q;
-    ib_act act;
     ib_matmul_kernel kern;
     int per_task;   /* panels per task */
-    float *Y;
-    int ldy;
+    int n_parts;
+    mm_part part[IB_MATMUL_MAX_MANY];
 } mm_job;
 
-/* Pool task: a contiguous range of panels. */
+/* Pool task: a contiguous range of panels of one product. */
 static void mm_task(void *ctx, int task, int thread) {
     const mm_job *j = ctx;
-    int p0 = task * j->per_task, p1 = p0 + j->per_task;
-    if (p1 > j->m->n_panels) p1 = j->m->n_panels;
-    j->kern(j->m, j->X, j->B, j->q, j->act, p0, p1, j->Y, j->ldy);
+    int i = j->n_parts - 1;
+    while (i > 0 && j->part[i].task0 > task) i--;
+    const mm_part *pt = &j->part[i];
+    int p0 = (task - pt->task0) * j->per_task, p1 = p0 + j->per_task;
+    if (p1 > pt->m->n_panels) p1 = pt->m->n_panels;
+    j->kern(pt->m, j->X, j->B, j->q, pt->act, p0, p1, pt->Y, pt->ldy);
 }
 
-/* Y = X · W^T split over the pool by panel ranges (each panel's arithmetic is the same whichever
- * task or thread computes it). A Q8 request on float weights, or without buffers, runs the F32 path. */
+/* Y_i = X · W_i^T for n products sharing X, split over the pool by panel ranges in one run (each
+ * panel's arithmetic is the same whichever task or thread computes it, and whichever products share
+ * the run). A Q8 request on float weights, or without buffers, runs the F32 path. */
+void ib_matmul_many(int n, const ib_matrix *const *ms, const float *X, int B, const ib_act_buf *q, ib_act act,
+                    ib_isa isa, ib_pool *pool, float *const *Ys) {
+    if (B <= 0 || n <= 0) return;
+    if (n > IB_MATMUL_MAX_MANY) {
+        ib_matmul_many(IB_MATMUL_MAX_MANY, ms, X, B, q, act, isa, pool, Ys);
+        ib_matmul_many(n - IB_MATMUL_MAX_MANY, ms + IB_MATMUL_MAX_MANY, X, B, q, act, isa, pool, Ys + IB_MATMUL_MAX_MANY);
+        return;
+    }
+    mm_job job;
+    job.X = X;
+    job.B = B;
+    job.q = q;
+    job.kern = ib_matmul_kernel_for(isa);
+    if (!job.kern) job.kern = ib_matmul_panels_scalar;
+    int threads = ib_pool_threads(pool), panels = 0;
+    double macs = 0;
+    for (int i = 0; i < n; i++) {
+        panels += ms[i]->n_panels;
+        macs += (double)B * ms[i]->rows * ms[i]->cols;
+    }
+    int per = panels / threads;
+    if (per > PANELS_PER_TASK) per = PANELS_PER_TASK;
+    if (per < 1) per = 1;
+    job.per_task = per;
+    job.n_parts = 0;
+    int n_tasks = 0;
+    for (int i = 0; i < n; i++) {
+        if (ms[i]->n_panels <= 0) continue;
+        mm_part *pt = &job.part[job.n_parts++];
+        pt->m = ms[i];
+        pt->act = ib_pk_use_q8(ms[i], q, act) ? act : IB_ACT_F32;
+        pt->Y = Ys[i];
+        pt->ldy = ms[i]->rows;
+        pt->task0 = n_tasks;
+        n_tasks += (ms[i]->n_panels + per - 1) / per;
+    }
+    if (job.n_parts == 0) return;
+    /* a product too small to repay waking the workers runs on the caller alone */
+    if (macs < IB_MIN_PARALLEL_MACS) pool = NULL;
+    ib_pool_run(pool, n_tasks, mm_task, &job);
+}
+
+/* Y = X · W^T split over the pool by panel ranges (ib_matmul_many with one product, any ldy). */
 void ib_matmul(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act, ib_isa isa,
                ib_pool *pool, float *Y, int ldy) {
     if (B <= 0 || m->n_panels <= 0) return;
-    if (!ib_pk_use_q8(m, q, act)) act = IB_ACT_F32;
-    ib_matmul_kernel kern = ib_matmul_kernel_for(isa);
-    if (!kern) kern = ib_matmul_panels_scalar;
+    mm_job job;
+    job.X = X;
+    job.B = B;
+    job.q = q;
+    job.kern = ib_matmul_kernel_for(isa);
+    if (!job.kern) job.kern = ib_matmul_panels_scalar;
     int threads = ib_pool_threads(pool);
     int per = m->n_panels / threads;
     if (per > PANELS_PER_TASK) per = PANELS_PER_TASK;
     if (per < 1) per = 1;
-    mm_job job = { m, X, B, q, act, kern, per, Y, ldy };
+    job.per_task = per;
+    job.n_parts = 1;
+    job.part[0] = (mm_part){m, ib_pk_use_q8(m, q, act) ? act : IB_ACT_F32, Y, ldy, 0};
     int n_tasks = (m->n_panels + per - 1) / per;
     /* a product too small to repay waking the workers runs on the caller alone */
     if ((double)B * m->rows * m->cols < IB_MIN_PARALLEL_MACS) pool = NULL;

@@ -86,6 +86,16 @@ typedef struct ib_act_buf {
 void ib_matmul(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act, ib_isa isa,
                ib_pool *pool, float *Y, int ldy);
 
+/* Most products ib_matmul_many runs in one pool job (more are split into several jobs). */
+#define IB_MATMUL_MAX_MANY 4
+
+/* Ys[i][b][n] = (X · W_i^T)[b][n] for the n products W_i = ms[i] that read the same X [B][K] (all
+ * ms[i]->cols equal, and the same group size when q holds X quantized for them), each output with
+ * row stride ms[i]->rows. One pool job covers the panels of all of them, so a decode step waits once
+ * instead of n times; every output is bitwise what ib_matmul gives for that product alone. */
+void ib_matmul_many(int n, const ib_matrix *const *ms, const float *X, int B, const ib_act_buf *q, ib_act act,
+                    ib_isa isa, ib_pool *pool, float *const *Ys);
+
 /* ---- backend entry points (src/backends/cpu/), one per ISA, same signature ----
  * Compute panels [p0, p1) for all B rows. */
 typedef void (*ib_matmul_kernel)(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act,

@@ -16,11 +16,24 @@
 #include "runtime/runtime.h"
 
 /* Y[R][N] = X[R][K] · W^T under the engine's activation mode. */
-static void linear(ib_engine *e, const ib_matrix *w, const float *X, int R, float *Y, int quantized_ready) {
+static void linear(ib_engine *e, const ib_matrix *w, const float *X, int R, float *Y) {
     ib_act act = e->act;
     if (w->fmt == IB_WF32) act = IB_ACT_F32;
-    if (act == IB_ACT_Q8 && !quantized_ready) ib_quantize_act(X, R, w->cols, w->group, e->qa.xq, e->qa.d, e->qa.ad);
+    if (act == IB_ACT_Q8) ib_quantize_act(X, R, w->cols, w->group, e->qa.xq, e->qa.d, e->qa.ad);
     ib_matmul(w, X, R, &e->qa, act, e->isa, e->pool, Y, w->rows);
+}
+
+/* Ys[i][R][N_i] = X[R][K] · W_i^T for products that read the same X, in one pool job. Under Q8
+ * activations X is quantized once, with the group of the first quantized W_i (the products of one
+ * layer input share it). */
+static void linear_many(ib_engine *e, int n, const ib_matrix *const *ws, const float *X, int R, float *const *Ys) {
+    if (e->act == IB_ACT_Q8)
+        for (int i = 0; i < n; i++)
+            if (ws[i]->fmt != IB_WF32) {
+                ib_quantize_act(X, R, ws[i]->cols, ws[i]->group, e->qa.xq, e->qa.d, e->qa.ad);
+                break;
+            }
+    ib_matmul_many(n, ws, X, R, &e->qa, e->act, e->isa, e->pool, Ys);
 }
 
 /* Copy this step's keys and values of every row into its session's cache for layer li. */
@@ -177,9 +190,11 @@ ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
         CAPTURE(li, "layer_in", e->x, D);
         ib_rmsnorm(e->x, L->attn_norm, R, D, eps, e->xn, e->pool);
         CAPTURE(li, "attn_norm", e->xn, D);
-        linear(e, &L->wq, e->xn, R, e->q, 0);
-        linear(e, &L->wk, e->xn, R, e->k, 1);
-        linear(e, &L->wv, e->xn, R, e->v, 1);
+        {
+            const ib_matrix *ws[3] = {&L->wq, &L->wk, &L->wv};
+            float *ys[3] = {e->q, e->k, e->v};
+            linear_many(e, 3, ws, e->xn, R, ys);
+        }
         CAPTURE(li, "q_proj", e->q, H * hd);
         CAPTURE(li, "k_proj", e->k, KVH * hd);
         CAPTURE(li, "v", e->v, KVH * hd);
@@ -197,19 +212,22 @@ ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
         aj.li = li;
         ib_pool_run(attn_work < IB_MIN_PARALLEL_MACS ? NULL : e->pool, R * KVH, attn_task, &aj);
         CAPTURE(li, "attn_out", e->att, H * hd);
-        linear(e, &L->wo, e->att, R, e->o, 0);
+        linear(e, &L->wo, e->att, R, e->o);
         CAPTURE(li, "attn_proj", e->o, D);
         ib_add(e->x, e->o, (size_t)R * D);
         /* MLP */
         ib_rmsnorm(e->x, L->mlp_norm, R, D, eps, e->xn, e->pool);
         CAPTURE(li, "mlp_norm", e->xn, D);
-        linear(e, &L->w_gate, e->xn, R, e->g, 0);
-        linear(e, &L->w_up, e->xn, R, e->u, 1);
+        {
+            const ib_matrix *ws[2] = {&L->w_gate, &L->w_up};
+            float *ys[2] = {e->g, e->u};
+            linear_many(e, 2, ws, e->xn, R, ys);
+        }
         CAPTURE(li, "gate", e->g, F);
         CAPTURE(li, "up", e->u, F);
         ib_swiglu(e->g, e->u, R, F);
         CAPTURE(li, "mlp_act", e->g, F);
-        linear(e, &L->w_down, e->g, R, e->o, 0);
+        linear(e, &L->w_down, e->g, R, e->o);
         CAPTURE(li, "mlp_out", e->o, D);
         ib_add(e->x, e->o, (size_t)R * D);
         CAPTURE(li, "layer_out", e->x, D);
@@ -227,7 +245,7 @@ ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
         }
         if (np == IB_LOGIT_ROWS || (i == n - 1 && np > 0)) {
             ib_rmsnorm(e->last, m->final_norm, np, D, eps, e->last, e->pool);
-            linear(e, m->lm_head, e->last, np, e->logits, 0);
+            linear(e, m->lm_head, e->last, np, e->logits);
             for (int j = 0; e->capture && j < np; j++)
                 e->capture(e->capture_ctx, c->n_layers, "final_norm", pending_row[j], e->last + (size_t)j * D, D);
             for (int j = 0; e->capture && j < np; j++)
