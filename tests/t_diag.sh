@@ -101,8 +101,8 @@ expect_usage "recall bad sessions" "--sessions: bad value" "$BIN" recall -m "$T/
 
 # ---- diff and the recall gap on the trained default model
 # Held-out recall (the benchmark) is reported and must agree bitwise between modes. The gap under a
-# fault needs a model that retrieves: the bundled model retrieves the codes of its training words
-# (its held-out recall is 0, see docs/training.md), so the gap is shown with --words train.
+# fault needs a model that retrieves; it is shown with --words train, the code words a model learns to
+# retrieve first (the bundled model retrieves held-out and training words alike, see docs/training.md).
 if [ -f models/default/config.json ]; then
     # diff on the trained model: clean, and the same verdict as on the synthetic one for every fault
     "$BIN" diff -m models/default > "$T/d" 2>&1; rc=$?
