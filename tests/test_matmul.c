@@ -17,6 +17,7 @@
 
 #include "backends/cpu/cpu.h"
 #include "check.h"
+#include "core/half.h"
 #include "core/pool.h"
 #include "ops/matmul.h"
 
@@ -59,6 +60,17 @@ static uint32_t *mlx_pack(const uint8_t *codes, int N, int K, int bits) {
     return wq;
 }
 
+/* How wset_make rounds quantized scales and biases: 0 not at all (float32 storage), 1 to bfloat16,
+ * 2 to float16 — the storage the packer must then choose (ib_sbfmt). */
+static int sb_round;
+static const ib_sbfmt sb_expect[3] = {IB_SB_F32, IB_SB_BF16, IB_SB_F16};
+
+static float round_sb(float v) {
+    if (sb_round == 1) return ib_bf16_to_f32(ib_f32_to_bf16(v));
+    if (sb_round == 2) return ib_f16_to_f32(ib_f32_to_f16(v));
+    return v;
+}
+
 /* Random weights of the given kind; returns 0 on success. */
 static int wset_make(wset *w, int bits, int group, int N, int K) {
     memset(w, 0, sizeof *w);
@@ -82,6 +94,7 @@ static int wset_make(wset *w, int bits, int group, int N, int K) {
         /* MLX-like: positive scale, bias near -scale*qmax/2 (so weights straddle 0) */
         w->s[i] = 0.002f + 0.03f * (rndf() + 1.0f) / (float)(1 << (bits - 4));
         w->b[i] = -w->s[i] * (float)qmax * 0.5f * (1.0f + 0.3f * rndf());
+        w->s[i] = round_sb(w->s[i]), w->b[i] = round_sb(w->b[i]);
     }
     for (int n = 0; n < N; n++)
         for (int k = 0; k < K; k++) {
@@ -307,6 +320,8 @@ static void test_config(int bits, int group, int N, int K) {
     }
     CHECK(rows_ok, "%s: ib_matrix_row_f32 differs from the weights", what);
     CHECK_EQ_INT(w.m.n_panels, (N + 15) / 16);
+    if (bits) CHECK(w.m.sb_fmt == sb_expect[sb_round], "%s: scales stored as %d, expected %d", what, (int)w.m.sb_fmt,
+                    (int)sb_expect[sb_round]);
     free(row);
 
     float *x = malloc(sizeof(float) * BMAX * K), *canon = malloc(sizeof(float) * BMAX * N);
@@ -445,7 +460,7 @@ static void test_mlx_unpack(void) {
             CHECK(row[0] == 0.5f * 255.0f - 0.5f && row[1] == 0.5f * 128.0f - 0.5f, "8-bit row 1: %g %g", row[0], row[1]);
         }
         ib_matrix_free(&m);
-        CHECK(m.packed == NULL && m.scales == NULL, "free clears the matrix");
+        CHECK(m.packed == NULL && m.sb == NULL, "free clears the matrix");
     }
     /* F32 round trip with N not a multiple of 16 */
     float w[5 * 7], row[7];
@@ -653,6 +668,14 @@ int main(void) {
         }
     test_config(4, 64, 1000, 1024);
     test_config(8, 128, 1000, 1024);
+    /* scales and biases exact in bfloat16 or float16 are stored in 16 bits (as MLX files give them) */
+    for (sb_round = 1; sb_round <= 2; sb_round++) {
+        test_config(4, 64, 40, 384);
+        test_config(8, 32, 40, 128);
+        test_config(4, 128, 1000, 384);
+        test_big_batch(4, 64);
+    }
+    sb_round = 0;
 
     test_big_batch(0, 0);
     test_big_batch(4, 64);

@@ -21,6 +21,7 @@
 
 #include "backends/cpu/cpu.h"
 #include "check.h"
+#include "core/half.h"
 #include "core/pool.h"
 #include "ops/matmul.h"
 
@@ -53,6 +54,10 @@ static void kern_select(const kern *k) {
 
 /* ---------------------------------------------------------------- one configuration */
 
+/* Scales and biases rounded to bfloat16 (1) or float16 (2) so the packer stores them in 16 bits;
+ * 0 leaves them float32. */
+static int sb_round;
+
 /* A matrix of `bits` (0 = float32) with group G, N x K; extreme = codes 0 / max only. */
 static int make_matrix(ib_matrix *m, int bits, int G, int N, int K, int extreme) {
     ib_error err;
@@ -74,6 +79,8 @@ static int make_matrix(ib_matrix *m, int bits, int G, int N, int K, int extreme)
         for (size_t i = 0; i < (size_t)N * ng; i++) {
             s[i] = 0.002f + 0.03f * (rndf() + 1.0f);
             b[i] = -s[i] * (float)qmax * 0.5f * (1.0f + 0.3f * rndf());
+            if (sb_round == 1) s[i] = ib_bf16_to_f32(ib_f32_to_bf16(s[i])), b[i] = ib_bf16_to_f32(ib_f32_to_bf16(b[i]));
+            if (sb_round == 2) s[i] = ib_f16_to_f32(ib_f32_to_f16(s[i])), b[i] = ib_f16_to_f32(ib_f32_to_f16(b[i]));
         }
         rc = ib_matrix_from_mlx(m, wq, s, b, N, K, bits, G, &err) != IB_OK;
         free(wq);
@@ -327,6 +334,13 @@ int main(void) {
             check_config(bits, G, 5, 5 * G, 0, 0);
             check_config(bits, G, 40, 2 * G, 1, 0);
         }
+    /* scales and biases stored as bfloat16 and as float16 */
+    for (sb_round = 1; sb_round <= 2; sb_round++)
+        for (int bits = 4; bits <= 8; bits += 4) {
+            check_config(bits, 64, 29, 192, 0, 1);
+            check_config(bits, 32, 40, 64, 1, 0);
+        }
+    sb_round = 0;
     check_threads();
     check_faults();
     printf("test_matmul_neon: %d kernel(s):", n_kerns);

@@ -9,9 +9,21 @@
 #include "backends/cpu/cpu.h"
 #include "backends/cpu/pack.h"
 #include "core/error.h"
+#include "core/half.h"
 #include "ops/matmul.h"
 
+/* Panels per pool task: few rows stream the weights from memory, and longer runs of contiguous panels
+ * keep each thread's stream sequential; many rows make each panel long enough to balance finer. */
+#define PANELS_PER_TASK_FEW_ROWS 16
 #define PANELS_PER_TASK 4
+#define FEW_ROWS 4
+
+/* Panels per task for B rows over np panels and `threads` threads. */
+static int panels_per_task(int B, int np, int threads) {
+    int per = np / threads, cap = B <= FEW_ROWS ? PANELS_PER_TASK_FEW_ROWS : PANELS_PER_TASK;
+    if (per > cap) per = cap;
+    return per < 1 ? 1 : per;
+}
 
 /* 64-byte aligned, zeroed allocation of n bytes (n rounded up to 64); NULL on failure. */
 static void *alloc64(size_t n) {
@@ -24,9 +36,29 @@ static void *alloc64(size_t n) {
 void ib_matrix_free(ib_matrix *m) {
     if (!m) return;
     free(m->packed);
-    free(m->scales);
-    free(m->biases);
+    free(m->sb);
     memset(m, 0, sizeof *m);
+}
+
+/* The narrowest storage that holds every one of the n values of each array exactly (see ib_sbfmt). */
+static ib_sbfmt choose_sb_fmt(const float *a, const float *b, size_t n) {
+    int bf16 = 1, f16 = 1;
+    for (size_t i = 0; i < 2 * n && (bf16 || f16); i++) {
+        float v = i < n ? a[i] : b[i - n];
+        uint32_t u = ib_f32_to_bits(v);
+        if (u & 0xffffu) bf16 = 0;
+        if (v != v || ib_f32_to_bits(ib_f16_to_f32(ib_f32_to_f16(v))) != u) f16 = 0;
+    }
+    return bf16 ? IB_SB_BF16 : f16 ? IB_SB_F16 : IB_SB_F32;
+}
+
+/* Store v at element i of a scale/bias array of format fmt. */
+static void put_sb(void *sb, ib_sbfmt fmt, size_t i, float v) {
+    if (fmt == IB_SB_F32) {
+        ((float *)sb)[i] = v;
+    } else {
+        ((uint16_t *)sb)[i] = fmt == IB_SB_BF16 ? (uint16_t)(ib_f32_to_bits(v) >> 16) : ib_f32_to_f16(v);
+    }
 }
 
 ib_status ib_matrix_from_f32(ib_matrix *m, const float *w, int N, int K, ib_error *err) {
@@ -65,13 +97,13 @@ ib_status ib_matrix_from_mlx(ib_matrix *m, const uint32_t *wq, const float *scal
     const int np = (N + IB_PANEL - 1) / IB_PANEL, ng = K / group;
     const size_t wpr = (size_t)K * (size_t)bits / 32;   /* uint32 words per MLX row */
     const size_t pbytes = (size_t)K * (bits == 4 ? 8 : 16);
-    const size_t sbytes = (size_t)np * (size_t)ng * IB_PANEL * sizeof(float);
+    const ib_sbfmt sbf = choose_sb_fmt(scales, biases, (size_t)N * (size_t)ng);
+    const size_t sbytes = (size_t)np * (size_t)ng * 2 * IB_PANEL * (sbf == IB_SB_F32 ? 4 : 2);
     uint8_t *pk = alloc64((size_t)np * pbytes);
-    float *sc = alloc64(sbytes), *bi = alloc64(sbytes);   /* [np][ng][16] each */
-    if (!pk || !sc || !bi) {
+    void *sb = alloc64(sbytes);   /* [np][ng][2][16] */
+    if (!pk || !sb) {
         free(pk);
-        free(sc);
-        free(bi);
+        free(sb);
         return ib_fail(err, IB_ERR_NOMEM, "matrix: [%d, %d] %d-bit: out of memory", N, K, bits);
     }
     const uint32_t mask = bits == 4 ? 15u : 255u;
@@ -89,11 +121,10 @@ ib_status ib_matrix_from_mlx(ib_matrix *m, const uint32_t *wq, const float *scal
                 panel[(size_t)(k / 4) * 64 + (size_t)j * 4 + (k % 4)] = (uint8_t)q;
             }
         }
-        float *sd = sc + (size_t)(n / IB_PANEL) * ng * IB_PANEL + j;
-        float *bd = bi + (size_t)(n / IB_PANEL) * ng * IB_PANEL + j;
         for (int g = 0; g < ng; g++) {
-            sd[(size_t)g * IB_PANEL] = scales[(size_t)n * ng + g];
-            bd[(size_t)g * IB_PANEL] = biases[(size_t)n * ng + g];
+            size_t e = ((size_t)(n / IB_PANEL) * ng + (size_t)g) * 2 * IB_PANEL + (size_t)j;
+            put_sb(sb, sbf, e, scales[(size_t)n * ng + g]);
+            put_sb(sb, sbf, e + IB_PANEL, biases[(size_t)n * ng + g]);
         }
     }
     m->fmt = bits == 4 ? IB_WQ4 : IB_WQ8;
@@ -102,9 +133,9 @@ ib_status ib_matrix_from_mlx(ib_matrix *m, const uint32_t *wq, const float *scal
     m->group = group;
     m->n_panels = np;
     m->packed = pk;
-    m->scales = sc;
-    m->biases = bi;
-    m->bytes = (size_t)np * pbytes + 2 * sbytes;
+    m->sb_fmt = sbf;
+    m->sb = sb;
+    m->bytes = (size_t)np * pbytes + sbytes;
     return IB_OK;
 }
 
@@ -117,7 +148,6 @@ void ib_matrix_row_f32(const ib_matrix *m, int n, float *out) {
         return;
     }
     const uint8_t *P = ib_pk_panel(m, p);
-    const float *S = ib_pk_scales(m, p), *Bs = ib_pk_biases(m, p);
     for (int k = 0; k < K; k++) {
         int q;
         if (m->fmt == IB_WQ4) {
@@ -126,8 +156,8 @@ void ib_matrix_row_f32(const ib_matrix *m, int n, float *out) {
         } else {
             q = P[(size_t)(k / 4) * 64 + (size_t)j * 4 + (k % 4)];
         }
-        size_t gi = (size_t)(k / m->group) * IB_PANEL + j;
-        out[k] = S[gi] * (float)q + Bs[gi];
+        const uint8_t *sb = ib_pk_sb(m, p, k / m->group);
+        out[k] = ib_pk_sb_get(m, sb, j) * (float)q + ib_pk_sb_get(m, sb, IB_PANEL + j);
     }
 }
 
@@ -221,9 +251,7 @@ void ib_matmul_many(int n, const ib_matrix *const *ms, const float *X, int B, co
         panels += ms[i]->n_panels;
         macs += (double)B * ms[i]->rows * ms[i]->cols;
     }
-    int per = panels / threads;
-    if (per > PANELS_PER_TASK) per = PANELS_PER_TASK;
-    if (per < 1) per = 1;
+    int per = panels_per_task(B, panels, threads);
     job.per_task = per;
     job.n_parts = 0;
     int n_tasks = 0;
@@ -254,9 +282,7 @@ void ib_matmul(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, i
     job.kern = ib_matmul_kernel_for(isa);
     if (!job.kern) job.kern = ib_matmul_panels_scalar;
     int threads = ib_pool_threads(pool);
-    int per = m->n_panels / threads;
-    if (per > PANELS_PER_TASK) per = PANELS_PER_TASK;
-    if (per < 1) per = 1;
+    int per = panels_per_task(B, m->n_panels, threads);
     job.per_task = per;
     job.n_parts = 1;
     job.part[0] = (mm_part){m, ib_pk_use_q8(m, q, act) ? act : IB_ACT_F32, Y, ldy, 0};

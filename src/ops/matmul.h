@@ -42,6 +42,11 @@
 
 typedef enum ib_wfmt { IB_WF32 = 0, IB_WQ4, IB_WQ8 } ib_wfmt;
 
+/* Storage of a quantized matrix's scales and biases: the narrowest of bfloat16, float16, float32 that
+ * holds every one of them exactly (MLX files store them as bfloat16 or float16), so the values the
+ * kernels compute with are the file's values either way. */
+typedef enum ib_sbfmt { IB_SB_F32 = 0, IB_SB_BF16, IB_SB_F16 } ib_sbfmt;
+
 typedef struct ib_matrix {
     ib_wfmt fmt;
     int rows;          /* N, output features */
@@ -49,8 +54,8 @@ typedef struct ib_matrix {
     int group;         /* quantization group along K (0 for F32) */
     int n_panels;      /* ceil(N / 16) */
     void *packed;      /* panel data, 64-byte aligned; layout private to the CPU backend */
-    float *scales;     /* [n_panels][K/group][16] for quantized, else NULL */
-    float *biases;     /* [n_panels][K/group][16] for quantized, else NULL */
+    ib_sbfmt sb_fmt;   /* how scales and biases are stored (quantized only) */
+    void *sb;          /* [n_panels][K/group][2][16] scales then biases, as sb_fmt; NULL for F32 */
     size_t bytes;      /* total bytes owned */
 } ib_matrix;
 

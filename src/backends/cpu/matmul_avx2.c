@@ -38,17 +38,29 @@ AI __m256 deq8(__m256i q, __m256 s, __m256 b) {
     return _mm256_add_ps(_mm256_mul_ps(s, _mm256_cvtepi32_ps(q)), b);
 }
 
+/* 8 stored scales or biases (layout in pack.h) as floats, exactly. */
+AI __m256 load_sb8(ib_sbfmt fmt, const uint8_t *p) {
+    if (fmt == IB_SB_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    if (fmt == IB_SB_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_loadu_ps((const float *)p);
+}
+
+/* Lanes 8*half .. 8*half+7 of the scales (which = 0) or biases (which = 1) of panel p, group g. */
+AI __m256 group_sb(const ib_matrix *m, int p, int g, int which, int half) {
+    return load_sb8(m->sb_fmt, ib_pk_sb(m, p, g) + (size_t)(which * 16 + half * 8) * ib_pk_sb_elem(m));
+}
+
 /* Dequantize columns [k0, k0+kn) of quantized panel p into w [kn][16] (k0, kn multiples of 8). */
 static void dequant_block(const ib_matrix *m, int p, int k0, int kn, float *w) {
     const uint8_t *P = ib_pk_panel(m, p);
-    const float *S = ib_pk_scales(m, p), *Bs = ib_pk_biases(m, p);
     const __m256i m4 = _mm256_set1_epi32(15);
     if (m->fmt == IB_WQ4) {
         for (int k = k0; k < k0 + kn; k += 8) {
             const uint8_t *blk = P + (size_t)(k / 8) * 64;
-            const float *s = S + (size_t)(k / m->group) * 16, *b = Bs + (size_t)(k / m->group) * 16;
-            __m256 s0 = _mm256_loadu_ps(s), s1 = _mm256_loadu_ps(s + 8);
-            __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+            const int g = k / m->group;
+            __m256 s0 = group_sb(m, p, g, 0, 0), s1 = group_sb(m, p, g, 0, 1);
+            __m256 b0 = group_sb(m, p, g, 1, 0), b1 = group_sb(m, p, g, 1, 1);
             __m256i t0 = transpose_8x4(_mm256_loadu_si256((const __m256i *)blk));
             __m256i t1 = transpose_8x4(_mm256_loadu_si256((const __m256i *)(blk + 32)));
             float *o = w + (size_t)(k - k0) * 16;
@@ -63,9 +75,9 @@ static void dequant_block(const ib_matrix *m, int p, int k0, int kn, float *w) {
     } else {
         for (int k = k0; k < k0 + kn; k += 4) {
             const uint8_t *blk = P + (size_t)(k / 4) * 64;
-            const float *s = S + (size_t)(k / m->group) * 16, *b = Bs + (size_t)(k / m->group) * 16;
-            __m256 s0 = _mm256_loadu_ps(s), s1 = _mm256_loadu_ps(s + 8);
-            __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+            const int g = k / m->group;
+            __m256 s0 = group_sb(m, p, g, 0, 0), s1 = group_sb(m, p, g, 0, 1);
+            __m256 b0 = group_sb(m, p, g, 1, 0), b1 = group_sb(m, p, g, 1, 1);
             __m256i t0 = transpose_8x4(_mm256_loadu_si256((const __m256i *)blk));
             __m256i t1 = transpose_8x4(_mm256_loadu_si256((const __m256i *)(blk + 32)));
             float *o = w + (size_t)(k - k0) * 16;
@@ -189,7 +201,6 @@ AI void tile_q4(const int R, const ib_matrix *m, int p, const int8_t *xq, const 
                 int desc, float *y, int ldy) {
     const int K = m->cols, G = m->group, ng = K / G;
     const uint8_t *P = ib_pk_panel(m, p);
-    const float *S = ib_pk_scales(m, p), *Bs = ib_pk_biases(m, p);
     const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     __m256 f[4][2];
 #pragma GCC unroll 4
@@ -225,9 +236,8 @@ AI void tile_q4(const int R, const ib_matrix *m, int p, const int8_t *xq, const 
                 is[r][1] = _mm256_add_epi32(is[r][1], _mm256_madd_epi16(h[r][1], ones));
             }
         }
-        const float *s = S + (size_t)g * 16, *b = Bs + (size_t)g * 16;
-        __m256 s0 = _mm256_loadu_ps(s), s1 = _mm256_loadu_ps(s + 8);
-        __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+        __m256 s0 = group_sb(m, p, g, 0, 0), s1 = group_sb(m, p, g, 0, 1);
+        __m256 b0 = group_sb(m, p, g, 1, 0), b1 = group_sb(m, p, g, 1, 1);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) combine(f[r], is[r], s0, s1, b0, b1, d[(size_t)r * ng + g], ad[(size_t)r * ng + g]);
     }
@@ -239,7 +249,6 @@ AI void tile_q8(const int R, const ib_matrix *m, int p, const int8_t *xq, const 
                 int desc, float *y, int ldy) {
     const int K = m->cols, G = m->group, ng = K / G;
     const uint8_t *P = ib_pk_panel(m, p);
-    const float *S = ib_pk_scales(m, p), *Bs = ib_pk_biases(m, p);
     const __m256i lo8 = _mm256_set1_epi16(0x00FF);
     __m256 f[4][2];
 #pragma GCC unroll 4
@@ -267,9 +276,8 @@ AI void tile_q8(const int R, const ib_matrix *m, int p, const int8_t *xq, const 
                                                                        _mm256_madd_epi16(o1, xo)));
             }
         }
-        const float *s = S + (size_t)g * 16, *b = Bs + (size_t)g * 16;
-        __m256 s0 = _mm256_loadu_ps(s), s1 = _mm256_loadu_ps(s + 8);
-        __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+        __m256 s0 = group_sb(m, p, g, 0, 0), s1 = group_sb(m, p, g, 0, 1);
+        __m256 b0 = group_sb(m, p, g, 1, 0), b1 = group_sb(m, p, g, 1, 1);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) combine(f[r], is[r], s0, s1, b0, b1, d[(size_t)r * ng + g], ad[(size_t)r * ng + g]);
     }

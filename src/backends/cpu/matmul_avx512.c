@@ -44,16 +44,27 @@ AI __m512 deq16(__m512i q, __m512 s, __m512 b) {
     return _mm512_add_ps(_mm512_mul_ps(s, _mm512_cvtepi32_ps(q)), b);
 }
 
+/* 16 stored scales or biases (layout in pack.h) as floats, exactly. */
+AI __m512 load_sb16(ib_sbfmt fmt, const uint8_t *p) {
+    if (fmt == IB_SB_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+    if (fmt == IB_SB_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_loadu_ps((const float *)p);
+}
+
+/* The scales (which = 0) or biases (which = 1) of panel p, group g. */
+AI __m512 group_sb(const ib_matrix *m, int p, int g, int which) {
+    return load_sb16(m->sb_fmt, ib_pk_sb(m, p, g) + (size_t)which * 16 * ib_pk_sb_elem(m));
+}
+
 /* Dequantize columns [k0, k0+kn) of quantized panel p into w [kn][16] (k0, kn multiples of 8). */
 static void dequant_block(const ib_matrix *m, int p, int k0, int kn, float *w) {
     const uint8_t *P = ib_pk_panel(m, p);
-    const float *S = ib_pk_scales(m, p), *Bs = ib_pk_biases(m, p);
     const __m512i m4 = _mm512_set1_epi32(15);
     const int step = m->fmt == IB_WQ4 ? 8 : 4;
     for (int k = k0; k < k0 + kn; k += step) {
         const uint8_t *blk = P + (size_t)(k / step) * 64;
-        __m512 s = _mm512_loadu_ps(S + (size_t)(k / m->group) * 16);
-        __m512 b = _mm512_loadu_ps(Bs + (size_t)(k / m->group) * 16);
+        __m512 s = group_sb(m, p, k / m->group, 0), b = group_sb(m, p, k / m->group, 1);
         __m512i t = transpose_16x4(_mm512_loadu_si512((const void *)blk));
         float *o = w + (size_t)(k - k0) * 16;
         if (m->fmt == IB_WQ4) {
@@ -149,7 +160,6 @@ AI void tile_q(const int R, const int q4, const ib_matrix *m, int p, const int8_
                const float *ad, int desc, float *y, int ldy) {
     const int K = m->cols, G = m->group, ng = K / G;
     const uint8_t *P = ib_pk_panel(m, p);
-    const float *S = ib_pk_scales(m, p), *Bs = ib_pk_biases(m, p);
     const __m512i m4 = _mm512_set1_epi8(15);
     __m512 f[8];
 #pragma GCC unroll 8
@@ -186,7 +196,7 @@ AI void tile_q(const int R, const int q4, const ib_matrix *m, int p, const int8_
                 }
             }
         }
-        __m512 s = _mm512_loadu_ps(S + (size_t)g * 16), b = _mm512_loadu_ps(Bs + (size_t)g * 16);
+        __m512 s = group_sb(m, p, g, 0), b = group_sb(m, p, g, 1);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(a0[r], a1[r]));

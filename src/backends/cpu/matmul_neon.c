@@ -76,21 +76,33 @@ AI void deq16(float *o, uint8x16_t c, const float32x4_t s[4], const float32x4_t 
     for (int i = 0; i < 4; i++) vst1q_f32(o + 4 * i, vaddq_f32(vmulq_f32(s[i], f[i]), b[i]));
 }
 
+/* 4 stored scales or biases (layout in pack.h) as floats, exactly. */
+AI float32x4_t load_sb4(ib_sbfmt fmt, const uint8_t *p) {
+    if (fmt == IB_SB_BF16) return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)(const void *)p), 16));
+    if (fmt == IB_SB_F16) return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(const void *)p)));
+    return vld1q_f32((const float *)(const void *)p);
+}
+
+/* The 16 scales s[0..3] and 16 biases b[0..3] of panel p, group g. */
+AI void group_sb(const ib_matrix *m, int p, int g, float32x4_t s[4], float32x4_t b[4]) {
+    const uint8_t *sb = ib_pk_sb(m, p, g);
+    const size_t e = ib_pk_sb_elem(m);
+#pragma GCC unroll 8
+    for (int i = 0; i < 4; i++) {
+        s[i] = load_sb4(m->sb_fmt, sb + (size_t)(4 * i) * e);
+        b[i] = load_sb4(m->sb_fmt, sb + (size_t)(16 + 4 * i) * e);
+    }
+}
+
 /* Dequantize columns [k0, k0+kn) of quantized panel p into w [kn][16] (k0, kn multiples of 8).
  * vld4q_u8 of a 64-byte block is the transpose: val[i] holds byte i of each of the 16 lanes. */
 static void dequant_block(const ib_matrix *m, int p, int k0, int kn, float *w) {
     const uint8_t *P = ib_pk_panel(m, p);
-    const float *S = ib_pk_scales(m, p), *Bs = ib_pk_biases(m, p);
     const int step = m->fmt == IB_WQ4 ? 8 : 4;
     for (int k = k0; k < k0 + kn; k += step) {
         const uint8_t *blk = P + (size_t)(k / step) * 64;
-        const float *s = S + (size_t)(k / m->group) * 16, *b = Bs + (size_t)(k / m->group) * 16;
         float32x4_t sv[4], bv[4];
-#pragma GCC unroll 8
-        for (int i = 0; i < 4; i++) {
-            sv[i] = vld1q_f32(s + 4 * i);
-            bv[i] = vld1q_f32(b + 4 * i);
-        }
+        group_sb(m, p, k / m->group, sv, bv);
         uint8x16x4_t t = vld4q_u8(blk);
         float *o = w + (size_t)(k - k0) * 16;
         if (m->fmt == IB_WQ4) {
@@ -188,11 +200,12 @@ static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc
 /* ---------------------------------------------------------------- Q8 activations */
 
 /* acc = (acc + (s*d)*(float)isum) + b*ad for the 16 lanes of a row. */
-AI void combine(float32x4_t f[4], const int32x4_t is[4], const float *s, const float *b, float d, float ad) {
+AI void combine(float32x4_t f[4], const int32x4_t is[4], const float32x4_t s[4], const float32x4_t b[4], float d,
+                float ad) {
 #pragma GCC unroll 8
     for (int i = 0; i < 4; i++) {
-        float32x4_t t = vmulq_f32(vmulq_n_f32(vld1q_f32(s + 4 * i), d), vcvtq_f32_s32(is[i]));
-        float32x4_t u = vmulq_n_f32(vld1q_f32(b + 4 * i), ad);
+        float32x4_t t = vmulq_f32(vmulq_n_f32(s[i], d), vcvtq_f32_s32(is[i]));
+        float32x4_t u = vmulq_n_f32(b[i], ad);
         f[i] = vaddq_f32(vaddq_f32(f[i], t), u);
     }
 }
@@ -342,7 +355,6 @@ AI void gsum_plain(const int R, const int q4, const uint8_t *P, const int8_t *xq
                       int desc, float *y, int ldy) {                                                           \
         const int K = m->cols, G = m->group, ng = K / G, q4 = m->fmt == IB_WQ4;                                \
         const uint8_t *P = ib_pk_panel(m, p);                                                                  \
-        const float *S = ib_pk_scales(m, p), *Bs = ib_pk_biases(m, p);                                         \
         float32x4_t f[4][4];                                                                                   \
         _Pragma("GCC unroll 8")                                                                                \
         for (int r = 0; r < R; r++)                                                                            \
@@ -352,10 +364,11 @@ AI void gsum_plain(const int R, const int q4, const uint8_t *P, const int8_t *xq
             const int g = desc ? ng - 1 - gi : gi;                                                             \
             int32x4_t is[4][4];                                                                                \
             GSUM(R, q4, P, xq, K, G, g, is);                                                                   \
+            float32x4_t sv[4], bv[4];                                                                          \
+            group_sb(m, p, g, sv, bv);                                                                         \
             _Pragma("GCC unroll 8")                                                                            \
             for (int r = 0; r < R; r++)                                                                        \
-                combine(f[r], is[r], S + (size_t)g * 16, Bs + (size_t)g * 16, d[(size_t)r * ng + g],           \
-                        ad[(size_t)r * ng + g]);                                                               \
+                combine(f[r], is[r], sv, bv, d[(size_t)r * ng + g], ad[(size_t)r * ng + g]);                   \
         }                                                                                                      \
         store_rows(R, f, y, ldy, ib_pk_lanes(m, p));                                                           \
     }

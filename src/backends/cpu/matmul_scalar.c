@@ -19,9 +19,9 @@ static inline int code_at(const ib_matrix *m, const uint8_t *P, int j, int k) {
 /* Dequantize columns [k0, k0+kn) of quantized panel p into w [kn][16]: w = s*(float)q + b. */
 static void dequant_block(const ib_matrix *m, int p, int k0, int kn, float *w) {
     const uint8_t *P = ib_pk_panel(m, p);
-    const float *S = ib_pk_scales(m, p), *Bs = ib_pk_biases(m, p);
+    float s[16], b[16];
     for (int k = k0; k < k0 + kn; k++) {
-        const float *s = S + (size_t)(k / m->group) * 16, *b = Bs + (size_t)(k / m->group) * 16;
+        if (k == k0 || k % m->group == 0) ib_pk_sb_f32(m, p, k / m->group, s, b);
         float *o = w + (size_t)(k - k0) * 16;
         for (int j = 0; j < 16; j++) o[j] = s[j] * (float)code_at(m, P, j, k) + b[j];
     }
@@ -65,7 +65,6 @@ static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc
 static void panel_q8(const ib_matrix *m, int p, const ib_act_buf *q, int B, int desc, float *Y, int ldy) {
     const int K = m->cols, G = m->group, ng = K / G, lanes = ib_pk_lanes(m, p);
     const uint8_t *P = ib_pk_panel(m, p);
-    const float *S = ib_pk_scales(m, p), *Bs = ib_pk_biases(m, p);
     for (int b = 0; b < B; b++) {
         const int8_t *xq = q->xq + (size_t)b * K;
         const float *d = q->d + (size_t)b * ng, *ad = q->ad + (size_t)b * ng;
@@ -89,7 +88,8 @@ static void panel_q8(const ib_matrix *m, int p, const ib_act_buf *q, int B, int 
                         for (int i = 0; i < 4; i++) isum[j] += blk[j * 4 + i] * xq[k0 + i];
                 }
             }
-            const float *s = S + (size_t)g * 16, *bb = Bs + (size_t)g * 16;
+            float s[16], bb[16];
+            ib_pk_sb_f32(m, p, g, s, bb);
             for (int j = 0; j < 16; j++) {
                 float t = (s[j] * d[g]) * (float)isum[j];
                 float u = bb[j] * ad[g];

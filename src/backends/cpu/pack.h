@@ -17,8 +17,10 @@
  *   Q8:  m->packed is uint8 [n_panels][K/4][64]: block c of panel p covers k0 = 4c .. 4c+3 and
  *          byte 4j+i = q[16p+j][k0+i]                                    (a panel is K*16 bytes)
  *
- *   Q4/Q8 scales and biases: float [n_panels][K/G][16]: element (p, g, j) = s / b of row 16p+j for
- *   k in [gG, gG+G).  (q = the unsigned MLX code, 0..15 or 0..255.)
+ *   Q4/Q8 scales and biases: m->sb is [n_panels][K/G][2][16] elements of m->sb_fmt (bfloat16, float16
+ *   or float32): element (p, g, 0, j) = s and (p, g, 1, j) = b of row 16p+j for k in [gG, gG+G), so
+ *   one group's 16 scales and 16 biases are adjacent (64 bytes in 16-bit storage).
+ *   (q = the unsigned MLX code, 0..15 or 0..255.)
  *
  * Every array starts 64-byte aligned; panels of quantized weights are multiples of 64 bytes because
  * K is a multiple of the group (>= 32).
@@ -35,6 +37,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "core/half.h"
 #include "ops/matmul.h"
 
 #define IB_KBLOCK 128   /* K block of the F32-activation path (multiple of 32, 64 and 128) */
@@ -55,12 +58,31 @@ static inline const uint8_t *ib_pk_panel(const ib_matrix *m, int p) {
     return (const uint8_t *)m->packed + (size_t)p * ib_pk_panel_bytes(m);
 }
 
-/* Scales / biases of panel p: [K/G][16]. */
-static inline const float *ib_pk_scales(const ib_matrix *m, int p) {
-    return m->scales + (size_t)p * (size_t)(m->cols / m->group) * 16;
+/* Bytes of one stored scale or bias. */
+static inline size_t ib_pk_sb_elem(const ib_matrix *m) { return m->sb_fmt == IB_SB_F32 ? 4 : 2; }
+
+/* The 16 scales of panel p, group g (the 16 biases follow them: ib_pk_sb_elem(m) * 16 bytes on). */
+static inline const uint8_t *ib_pk_sb(const ib_matrix *m, int p, int g) {
+    size_t ng = (size_t)(m->cols / m->group);
+    return (const uint8_t *)m->sb + ((size_t)p * ng + (size_t)g) * 32 * ib_pk_sb_elem(m);
 }
-static inline const float *ib_pk_biases(const ib_matrix *m, int p) {
-    return m->biases + (size_t)p * (size_t)(m->cols / m->group) * 16;
+
+/* Element i (0..31: scales 0..15, biases 16..31) of a group's scales and biases, as float (exact). */
+static inline float ib_pk_sb_get(const ib_matrix *m, const uint8_t *sb, int i) {
+    uint16_t h;
+    if (m->sb_fmt == IB_SB_F32) {
+        float f;
+        memcpy(&f, sb + 4 * (size_t)i, 4);
+        return f;
+    }
+    memcpy(&h, sb + 2 * (size_t)i, 2);
+    return m->sb_fmt == IB_SB_BF16 ? ib_bf16_to_f32(h) : ib_f16_to_f32(h);
+}
+
+/* The 16 scales (s) and 16 biases (b) of panel p, group g, as floats. */
+static inline void ib_pk_sb_f32(const ib_matrix *m, int p, int g, float s[16], float b[16]) {
+    const uint8_t *sb = ib_pk_sb(m, p, g);
+    for (int j = 0; j < 16; j++) s[j] = ib_pk_sb_get(m, sb, j), b[j] = ib_pk_sb_get(m, sb, 16 + j);
 }
 
 /* Real (unpadded) output rows of panel p: 1..16. */
