@@ -33,6 +33,7 @@ typedef float v16f __attribute__((vector_size(64)));
 
 #define ATTN_AI static inline __attribute__((always_inline))
 #define IB_ATTN_MAX_BLOCK 128   /* largest key block the body takes */
+#define IB_ATTN_PF_KEYS 32      /* keys (rows) ahead that are prefetched */
 
 ATTN_AI v16f ld16(const float *p) {
     v16f v;
@@ -124,18 +125,31 @@ ATTN_AI void dot16_keys(const int T, const int f16, const int fused, const float
     for (int t = 0; t < T; t++) r[t] = dot16_finish(a[t], q, k, ko + (size_t)t * st, i, n, f16);
 }
 
+/* Ask for key or value row j + IB_ATTN_PF_KEYS (bytes [o0, o1) of it) while row j is computed, when
+ * that row exists (j + IB_ATTN_PF_KEYS < n_rows). Row i starts at element base + i*st. One head's
+ * keys are a few dozen kilobytes in rows far apart from its values: too short and scattered a stream
+ * for the hardware prefetcher, so without this every block waits for memory. */
+ATTN_AI void prefetch_row(const int f16, const void *p, size_t base, size_t st, int j, int n_rows, size_t o0,
+                          size_t o1) {
+    if (j + IB_ATTN_PF_KEYS >= n_rows) return;
+    const char *r = (const char *)p + (base + (size_t)(j + IB_ATTN_PF_KEYS) * st) * (f16 ? 2 : 4);
+    for (size_t o = o0; o < o1; o += 64) __builtin_prefetch(r + o);
+}
+
 /* out[d] = out[d]*c, then out[d] = out[d] + p[j]*v_j[d] for j = j0..nb-1 in order, for every d:
  * the contract's per-element sequence. Columns are walked in register-sized chunks with the values
  * inside, so the accumulators stay in registers; each element's operations are unchanged. A scalar
  * operand of a vector operation is broadcast (a 16-element initializer would not compile to one
  * broadcast). Value j starts at element vo + j*st. */
 ATTN_AI void scale_accumulate(const int f16, float *out, int hd, float c, const float *p, const void *v, size_t vo,
-                              size_t st, int j0, int nb) {
+                              size_t st, int j0, int nb, int n_rows) {
+    const size_t eb = f16 ? 2 : 4;
     int d0 = 0;
     for (; d0 + 64 <= hd; d0 += 64) {
         v16f o0 = ld16(out + d0) * c, o1 = ld16(out + d0 + 16) * c;
         v16f o2 = ld16(out + d0 + 32) * c, o3 = ld16(out + d0 + 48) * c;
         for (int j = j0; j < nb; j++) {
+            prefetch_row(f16, v, vo, st, j, n_rows, (size_t)d0 * eb, (size_t)(d0 + 64) * eb);
             size_t e = vo + (size_t)j * st + (size_t)d0;
             const float pj = p[j];
             o0 = o0 + pj * kv16(v, e, f16), o1 = o1 + pj * kv16(v, e + 16, f16);
@@ -156,11 +170,16 @@ ATTN_AI void scale_accumulate(const int f16, float *out, int hd, float c, const 
 }
 
 /* The scaled scores s[j] = dot16(q, k_j) * scale of keys j0..nb-1 of a block (key j at element
- * ko + j*st). */
+ * ko + j*st; the block's keys and those after it number n_rows). */
 ATTN_AI void block_scores(const int f16, const int fused, const float *q, const void *k, size_t ko, size_t st, int hd,
-                          float scale, int j0, int nb, float *s) {
+                          float scale, int j0, int nb, int n_rows, float *s) {
+    const size_t row_bytes = (size_t)hd * (f16 ? 2 : 4);
     int j = j0;
-    for (; j + 4 <= nb; j += 4) dot16_keys(4, f16, fused, q, k, ko + (size_t)j * st, st, hd, s + j);
+    for (; j + 4 <= nb; j += 4) {
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; t++) prefetch_row(f16, k, ko, st, j + t, n_rows, 0, row_bytes);
+        dot16_keys(4, f16, fused, q, k, ko + (size_t)j * st, st, hd, s + j);
+    }
     for (; j < nb; j++) dot16_keys(1, f16, fused, q, k, ko + (size_t)j * st, st, hd, s + j);
     for (j = j0; j < nb; j++) s[j] = s[j] * scale;
 }
@@ -168,7 +187,7 @@ ATTN_AI void block_scores(const int f16, const int fused, const float *q, const 
 /* The online-softmax update of one block from its scores s[j0..nb): the running max m and sum l,
  * and out rescaled then accumulated with the values (value j at element vo + j*st). */
 ATTN_AI void block_update(const int f16, const float *s, const void *v, size_t vo, size_t st, int hd, int j0, int nb,
-                          float *m, float *l, float *out) {
+                          int n_rows, float *m, float *l, float *out) {
     float mb = -INFINITY;
     for (int j = j0; j < nb; j++)
         if (s[j] > mb) mb = s[j];
@@ -178,22 +197,9 @@ ATTN_AI void block_update(const int f16, const float *s, const void *v, size_t v
     float pw[IB_ATTN_MAX_BLOCK]; /* the block's softmax weights, computed lane-parallel */
     for (int j = j0; j < nb; j++) pw[j] = ib_expf_lane(s[j] - m_new);
     for (int j = j0; j < nb; j++) lv = lv + pw[j];
-    scale_accumulate(f16, out, hd, c, pw, v, vo, st, j0, nb);
+    scale_accumulate(f16, out, hd, c, pw, v, vo, st, j0, nb, n_rows);
     *m = m_new;
     *l = lv;
-}
-
-/* Ask for the keys and values of keys b .. b+block-1 (those below n_keys) to be brought into the
- * cache while the current block is computed: rows of row_bytes, stride_bytes apart. One head's keys
- * are a few dozen kilobytes, too short a stream for the hardware prefetcher to ramp up. */
-ATTN_AI void prefetch_block(const void *k, const void *v, int b, int n_keys, int block, size_t stride_bytes,
-                            size_t row_bytes) {
-    int e = b + block < n_keys ? b + block : n_keys;
-    for (int j = b; j < e; j++)
-        for (size_t o = 0; o < row_bytes; o += 64) {
-            __builtin_prefetch((const char *)k + (size_t)j * stride_bytes + o);
-            __builtin_prefetch((const char *)v + (size_t)j * stride_bytes + o);
-        }
 }
 
 /* ib_attend_heads over a float (f16 = 0) or half (f16 = 1) KV plane: nq query heads q [nq][hd] walk
@@ -203,16 +209,17 @@ ATTN_AI void attend_heads_body(const int f16, const int fused, const float *q, i
     float m[IB_ATTN_MAX_GROUP], l[IB_ATTN_MAX_GROUP];
     float s[IB_ATTN_MAX_BLOCK];   /* one head's scores of the block */
     const int lo = window > 0 && n_keys > window ? n_keys - window : 0;  /* first attended key */
-    const size_t st = (size_t)kv_stride, eb = f16 ? sizeof(uint16_t) : sizeof(float);
+    const size_t st = (size_t)kv_stride;
     for (int h = 0; h < nq; h++) m[h] = -INFINITY, l[h] = 0.0f;
     for (int d = 0; d < nq * hd; d++) out[d] = 0.0f;
     for (int b0 = lo - lo % block; b0 < n_keys; b0 += block) {
         int j0 = lo > b0 ? lo - b0 : 0;
         int nb = n_keys - b0 < block ? n_keys - b0 : block;
-        prefetch_block(k, v, b0 + block, n_keys, block, st * eb, (size_t)hd * eb);
+        /* every head's pass asks for the rows IB_ATTN_PF_KEYS on (asking again costs little, and was
+         * measured faster than asking in the first head's pass only) */
         for (int h = 0; h < nq; h++) {
-            block_scores(f16, fused, q + (size_t)h * hd, k, (size_t)b0 * st, st, hd, scale, j0, nb, s);
-            block_update(f16, s, v, (size_t)b0 * st, st, hd, j0, nb, &m[h], &l[h], out + (size_t)h * hd);
+            block_scores(f16, fused, q + (size_t)h * hd, k, (size_t)b0 * st, st, hd, scale, j0, nb, n_keys - b0, s);
+            block_update(f16, s, v, (size_t)b0 * st, st, hd, j0, nb, n_keys - b0, &m[h], &l[h], out + (size_t)h * hd);
         }
     }
     for (int h = 0; h < nq; h++)
