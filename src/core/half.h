@@ -42,6 +42,10 @@ static inline void ib_f16_to_f32_row(const uint16_t *h, float *f, int n) {
  * ib_f16_to_f32 on every input but signaling NaNs, which may come back quieted. */
 void ib_f16_to_f32_rows(const uint16_t *h, float *f, int n);
 
+/* h[i] = ib_f32_to_f16(f[i]) for n values, with the fastest conversion this CPU has (half.c); equal
+ * to ib_f32_to_f16 on every input. */
+void ib_f32_to_f16_rows(const float *f, uint16_t *h, int n);
+
 /* float32 -> bfloat16, round to nearest even (NaN stays NaN). */
 static inline uint16_t ib_f32_to_bf16(float f) {
     uint32_t u = ib_f32_to_bits(f);

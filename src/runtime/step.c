@@ -48,7 +48,8 @@ static void store_kv(ib_engine *e, ib_step_item *items, int R, int li) {
             const float *kr = e->k + ((size_t)r * KVH + h) * hd, *vr = e->v + ((size_t)r * KVH + h) * hd;
             if (s->kv_f16) {
                 uint16_t *kd = (uint16_t *)s->kv + ko, *vd = (uint16_t *)s->kv + vo;
-                for (int d = 0; d < hd; d++) kd[d] = ib_f32_to_f16(kr[d]), vd[d] = ib_f32_to_f16(vr[d]);
+                ib_f32_to_f16_rows(kr, kd, hd);
+                ib_f32_to_f16_rows(vr, vd, hd);
             } else {
                 memcpy((float *)s->kv + ko, kr, hd * sizeof(float));
                 memcpy((float *)s->kv + vo, vr, hd * sizeof(float));
