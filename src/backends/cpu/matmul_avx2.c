@@ -16,6 +16,10 @@
 
 #define AI static inline __attribute__((always_inline))
 
+/* Weights are prefetched this many bytes ahead of the tile that reads them (panels are contiguous, so
+ * this runs on into the next panel): the first tile of a panel streams them from memory. */
+#define IB_PF_DIST 1024
+
 /* ---------------------------------------------------------------- dequantization (F32 path) */
 
 /* Input: 8 lanes x 4 bytes (byte 4j+i of lane j). Output: qword i = byte i of lanes 0..7. */
@@ -216,6 +220,7 @@ AI void tile_q4(const int R, const ib_matrix *m, int p, const int8_t *xq, const 
             for (int r = 0; r < R; r++) h[r][0] = h[r][1] = _mm256_setzero_si256();
             const uint8_t *blk = P + (size_t)kc * 8;   /* block kc/8, 64 bytes each */
             for (int k = kc; k < kc + 32; k += 8, blk += 64) {
+                _mm_prefetch((const char *)(blk + IB_PF_DIST), _MM_HINT_T0);
                 __m256i w0 = _mm256_loadu_si256((const __m256i *)blk);
                 __m256i w1 = _mm256_loadu_si256((const __m256i *)(blk + 32));
                 __m256i l0 = _mm256_and_si256(w0, m4), h0 = _mm256_and_si256(_mm256_srli_epi16(w0, 4), m4);
@@ -260,6 +265,7 @@ AI void tile_q8(const int R, const ib_matrix *m, int p, const int8_t *xq, const 
         for (int r = 0; r < R; r++) is[r][0] = is[r][1] = _mm256_setzero_si256();
         const uint8_t *blk = P + (size_t)g * G * 16;   /* block k/4, 64 bytes each */
         for (int k = g * G; k < (g + 1) * G; k += 4, blk += 64) {
+            _mm_prefetch((const char *)(blk + IB_PF_DIST), _MM_HINT_T0);
             __m256i w0 = _mm256_loadu_si256((const __m256i *)blk);
             __m256i w1 = _mm256_loadu_si256((const __m256i *)(blk + 32));
             /* int16 words of lane j: e = (q[k], q[k+2]), o = (q[k+1], q[k+3]) */
