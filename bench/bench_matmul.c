@@ -6,7 +6,7 @@
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -pthread bench/bench_matmul.c build/libisobatch.a \
  *      -ljansson -lm -pthread -o build/bench_matmul && ./build/bench_matmul
  *
- * "GB/s" is the matrix's in-memory bytes (packed weights + float scales/biases) per second; the
+ * "GB/s" is the matrix's in-memory bytes (packed weights + scales/biases) per second; the
  * matrix is small enough to stay in a large L3, so it can exceed DRAM bandwidth.
  */
 #include <stdint.h>

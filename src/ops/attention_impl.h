@@ -4,9 +4,10 @@
  * Each includer defines at most one of IB_ATTN_AVX512 / IB_ATTN_AVX2 first; everything here is
  * static, so each translation unit gets its own copy.
  *
- * All arithmetic is written on 16-lane GCC vectors whose operations are lane-wise IEEE (products and
- * sums separate: -ffp-contract=off), so the portable, AVX2 (two ymm halves) and AVX-512 (one zmm)
- * copies give the same bits. Only two things differ between copies, neither of them arithmetic:
+ * All arithmetic is written on GCC vectors (16 lanes in the AVX-512 copy, 8 elsewhere) whose
+ * operations are lane-wise IEEE (products and sums separate: -ffp-contract=off), and every lane of a
+ * dot product or of an output walks its elements in the same order whatever the width, so the copies
+ * give the same bits. Only two things differ between copies, neither of them arithmetic:
  *   - how 16 half-precision keys or values become floats (an exact conversion: F16C / vcvtph2ps,
  *     NEON vcvt, or the portable bit manipulation of half.h), done in registers as they are used;
  *   - under the test-only isa-fma fault the vector copies fuse the dot products' multiply-adds.
@@ -27,83 +28,77 @@
 #include <arm_neon.h>
 #endif
 
-/* 16 float lanes; a vector never crosses a call boundary (every helper is inlined). */
-typedef float v16f __attribute__((vector_size(64)));
+/* The native vector of this copy: 16 float lanes (AVX-512) or 8 (AVX2; portable: two SSE or NEON
+ * halves). A 16-lane dot product's lanes are held in NV of them. No vector crosses a call boundary
+ * (every helper is inlined). */
+#if defined(IB_ATTN_AVX512)
+#define VL 16
+typedef float vecf __attribute__((vector_size(64)));
+#else
+#define VL 8
+typedef float vecf __attribute__((vector_size(32)));
+#endif
+#define NV (16 / VL)
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 #define ATTN_AI static inline __attribute__((always_inline))
 #define IB_ATTN_MAX_BLOCK 128   /* largest key block the body takes */
 #define IB_ATTN_PF_KEYS 32      /* keys (rows) ahead that are prefetched */
 
-ATTN_AI v16f ld16(const float *p) {
-    v16f v;
+ATTN_AI vecf ldv(const float *p) {
+    vecf v;
     __builtin_memcpy(&v, p, sizeof v);
     return v;
 }
-ATTN_AI void st16(float *p, v16f v) { __builtin_memcpy(p, &v, sizeof v); }
+ATTN_AI void stv(float *p, vecf v) { __builtin_memcpy(p, &v, sizeof v); }
 
-/* 16 halves as floats, exactly. */
-ATTN_AI v16f ld16_half(const uint16_t *p) {
-    v16f v;
+/* VL halves as floats, exactly. */
+ATTN_AI vecf ldv_half(const uint16_t *p) {
+    vecf v;
 #if defined(IB_ATTN_AVX512)
     __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
     __builtin_memcpy(&v, &x, sizeof v);
 #elif defined(IB_ATTN_AVX2)
-    __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
-    __builtin_memcpy(&v, &lo, 32);
-    __builtin_memcpy((char *)&v + 32, &hi, 32);
+    __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    __builtin_memcpy(&v, &x, sizeof v);
 #elif defined(__aarch64__)
-    float f[16];
-    for (int i = 0; i < 16; i += 4) vst1q_f32(f + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + i))));
-    v = ld16(f);
+    float f[VL];
+    for (int i = 0; i < VL; i += 4) vst1q_f32(f + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p + i))));
+    v = ldv(f);
 #else
-    float f[16];
-    ib_f16_to_f32_row(p, f, 16);
-    v = ld16(f);
+    float f[VL];
+    ib_f16_to_f32_row(p, f, VL);
+    v = ldv(f);
 #endif
     return v;
 }
 
-/* Keys and values: element i of a KV plane of floats (f16 = 0) or halves (f16 = 1); f16 is a
- * constant wherever these are inlined. */
-ATTN_AI v16f kv16(const void *p, size_t i, const int f16) {
-    return f16 ? ld16_half((const uint16_t *)p + i) : ld16((const float *)p + i);
+/* Keys and values: VL elements from element i of a KV plane of floats (f16 = 0) or halves (f16 = 1);
+ * f16 is a constant wherever these are inlined. */
+ATTN_AI vecf kvv(const void *p, size_t i, const int f16) {
+    return f16 ? ldv_half((const uint16_t *)p + i) : ldv((const float *)p + i);
 }
 ATTN_AI float kv1(const void *p, size_t i, const int f16) {
     return f16 ? ib_f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
 /* acc + a*b, lane-wise; fused only in the vector copies under the isa-fma fault. */
-ATTN_AI v16f mac16(v16f acc, v16f a, v16f b, const int fused) {
+ATTN_AI vecf mac(vecf acc, vecf a, vecf b, const int fused) {
 #if defined(IB_ATTN_AVX512)
-    if (fused) {
-        __m512 x, y, z;
-        __builtin_memcpy(&x, &a, 64), __builtin_memcpy(&y, &b, 64), __builtin_memcpy(&z, &acc, 64);
-        z = _mm512_fmadd_ps(x, y, z);
-        __builtin_memcpy(&acc, &z, 64);
-        return acc;
-    }
+    if (fused) return (vecf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)acc);
 #elif defined(IB_ATTN_AVX2)
-    if (fused) {
-        __m256 x0, x1, y0, y1, z0, z1;
-        __builtin_memcpy(&x0, &a, 32), __builtin_memcpy(&x1, (char *)&a + 32, 32);
-        __builtin_memcpy(&y0, &b, 32), __builtin_memcpy(&y1, (char *)&b + 32, 32);
-        __builtin_memcpy(&z0, &acc, 32), __builtin_memcpy(&z1, (char *)&acc + 32, 32);
-        z0 = _mm256_fmadd_ps(x0, y0, z0), z1 = _mm256_fmadd_ps(x1, y1, z1);
-        __builtin_memcpy(&acc, &z0, 32), __builtin_memcpy((char *)&acc + 32, &z1, 32);
-        return acc;
-    }
+    if (fused) return (vecf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)acc);
 #endif
     (void)fused;
     return acc + a * b;
 }
 
-/* The 16 lanes of a partial dot product, finished as ib_dot16_inline does: the tail i..n-1 added into
- * lanes 0.., then the halving tree. */
-ATTN_AI float dot16_finish(v16f acc, const float *q, const void *k, size_t ko, int i, int n, const int f16) {
+/* The 16 lanes (NV vectors) of a partial dot product, finished as ib_dot16_inline does: the tail
+ * i..n-1 added into lanes 0.., then the halving tree. */
+ATTN_AI float dot16_finish(const vecf *acc, const float *q, const void *k, size_t ko, int i, int n, const int f16) {
     float lane[16];
-    st16(lane, acc);
+#pragma GCC unroll 2
+    for (int u = 0; u < NV; u++) stv(lane + u * VL, acc[u]);
     for (int j = 0; i + j < n; j++) lane[j] = lane[j] + q[i + j] * kv1(k, ko + (size_t)(i + j), f16);
     for (int w = 8; w >= 1; w >>= 1)
         for (int j = 0; j < w; j++) lane[j] = lane[j] + lane[j + w];
@@ -114,13 +109,20 @@ ATTN_AI float dot16_finish(v16f acc, const float *q, const void *k, size_t ko, i
  * chains. */
 ATTN_AI void dot16_keys(const int T, const int f16, const int fused, const float *q, const void *k, size_t ko,
                         size_t st, int n, float *r) {
-    v16f a[4] = {{0}, {0}, {0}, {0}};
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        v16f qv = ld16(q + i);
+    vecf a[4][NV];
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) a[t] = mac16(a[t], qv, kv16(k, ko + (size_t)t * st + (size_t)i, f16), fused);
-    }
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 2
+        for (int u = 0; u < NV; u++) a[t][u] = (vecf){0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+#pragma GCC unroll 2
+        for (int u = 0; u < NV; u++) {
+            vecf qv = ldv(q + i + u * VL);
+#pragma GCC unroll 4
+            for (int t = 0; t < T; t++)
+                a[t][u] = mac(a[t][u], qv, kvv(k, ko + (size_t)t * st + (size_t)(i + u * VL), f16), fused);
+        }
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) r[t] = dot16_finish(a[t], q, k, ko + (size_t)t * st, i, n, f16);
 }
@@ -144,23 +146,26 @@ ATTN_AI void prefetch_row(const int f16, const void *p, size_t base, size_t st, 
 ATTN_AI void scale_accumulate(const int f16, float *out, int hd, float c, const float *p, const void *v, size_t vo,
                               size_t st, int j0, int nb, int n_rows) {
     const size_t eb = f16 ? 2 : 4;
+    enum { CW = 64, NC = CW / VL };   /* columns per chunk, vectors per chunk */
     int d0 = 0;
-    for (; d0 + 64 <= hd; d0 += 64) {
-        v16f o0 = ld16(out + d0) * c, o1 = ld16(out + d0 + 16) * c;
-        v16f o2 = ld16(out + d0 + 32) * c, o3 = ld16(out + d0 + 48) * c;
+    for (; d0 + CW <= hd; d0 += CW) {
+        vecf o[NC];
+#pragma GCC unroll 8
+        for (int u = 0; u < NC; u++) o[u] = ldv(out + d0 + u * VL) * c;
         for (int j = j0; j < nb; j++) {
-            prefetch_row(f16, v, vo, st, j, n_rows, (size_t)d0 * eb, (size_t)(d0 + 64) * eb);
+            prefetch_row(f16, v, vo, st, j, n_rows, (size_t)d0 * eb, (size_t)(d0 + CW) * eb);
             size_t e = vo + (size_t)j * st + (size_t)d0;
             const float pj = p[j];
-            o0 = o0 + pj * kv16(v, e, f16), o1 = o1 + pj * kv16(v, e + 16, f16);
-            o2 = o2 + pj * kv16(v, e + 32, f16), o3 = o3 + pj * kv16(v, e + 48, f16);
+#pragma GCC unroll 8
+            for (int u = 0; u < NC; u++) o[u] = o[u] + pj * kvv(v, e + (size_t)(u * VL), f16);
         }
-        st16(out + d0, o0), st16(out + d0 + 16, o1), st16(out + d0 + 32, o2), st16(out + d0 + 48, o3);
+#pragma GCC unroll 8
+        for (int u = 0; u < NC; u++) stv(out + d0 + u * VL, o[u]);
     }
-    for (; d0 + 16 <= hd; d0 += 16) {
-        v16f o0 = ld16(out + d0) * c;
-        for (int j = j0; j < nb; j++) o0 = o0 + p[j] * kv16(v, vo + (size_t)j * st + (size_t)d0, f16);
-        st16(out + d0, o0);
+    for (; d0 + VL <= hd; d0 += VL) {
+        vecf o0 = ldv(out + d0) * c;
+        for (int j = j0; j < nb; j++) o0 = o0 + p[j] * kvv(v, vo + (size_t)j * st + (size_t)d0, f16);
+        stv(out + d0, o0);
     }
     for (; d0 < hd; d0++) {
         float o = out[d0] * c;

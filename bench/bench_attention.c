@@ -1,0 +1,91 @@
+/*
+ * bench_attention.c — prints (asserts nothing) the time of decode attention per key and KV head, the
+ * shape of a Qwen3-0.6B layer (head_dim 128, two query heads per KV head, 8 KV heads), for each
+ * attention copy this CPU runs and float32 / float16 KV, with the keys either in cache (8 sessions'
+ * planes, a few MB) or streamed from memory (448 planes, as 16 sessions x 28 layers: ~290 MB in f16).
+ * One thread. Not built by `make`; after `make build/libisobatch.a`:
+ *
+ *   cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -pthread bench/bench_attention.c build/libisobatch.a \
+ *      -lm -pthread -o build/bench_attention && ./build/bench_attention [n_keys]
+ *
+ * "GB/s" counts the key and value bytes read (n_keys rows of each per KV head).
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "core/half.h"
+#include "ops/ops.h"
+
+enum { HD = 128, KVH = 8, NQ = 2, CAP = 512 };
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Best of `reps` passes over n_planes planes x KVH heads, seconds per pass. */
+static double time_pass(ib_isa isa, int f16, void *kv, int n_planes, int n_keys, int reps, const float *q,
+                        float *out) {
+    const size_t eb = f16 ? 2 : 4, plane = (size_t)CAP * HD;  /* elements of one head's K (or V) */
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now();
+        for (int p = 0; p < n_planes; p++)
+            for (int h = 0; h < KVH; h++) {
+                char *k = (char *)kv + ((size_t)(p * KVH + h) * 2) * plane * eb, *v = k + plane * eb;
+                if (f16)
+                    ib_attend_heads_f16_isa(isa, (const uint16_t *)k, (const uint16_t *)v, q, NQ, n_keys, HD, HD,
+                                            0.088f, IB_ATTN_BLOCK, 0, out);
+                else
+                    ib_attend_heads_isa(isa, q, NQ, (const float *)k, (const float *)v, n_keys, HD, HD, 0.088f,
+                                        IB_ATTN_BLOCK, 0, out);
+            }
+        double t = now() - t0;
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+int main(int argc, char **argv) {
+    int n_keys = argc > 1 ? atoi(argv[1]) : 150;
+    if (n_keys < 1 || n_keys > CAP) {
+        fprintf(stderr, "bench_attention: n_keys must be 1..%d\n", CAP);
+        return 2;
+    }
+    const int big = 448, small = 8;
+    const size_t n = (size_t)big * KVH * 2 * CAP * HD;   /* elements of all planes */
+    float *kf = malloc(n * sizeof(float));
+    uint16_t *kh = malloc(n * sizeof(uint16_t));
+    if (!kf || !kh) {
+        fprintf(stderr, "bench_attention: out of memory\n");
+        return 1;
+    }
+    uint64_t s = 88172645463325252ull;
+    for (size_t i = 0; i < n; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        kf[i] = (float)((double)(s >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+        kh[i] = ib_f32_to_f16(kf[i]);
+    }
+    float q[NQ * HD], out[NQ * HD];
+    for (int i = 0; i < NQ * HD; i++) q[i] = (float)(i % 7) * 0.1f - 0.3f;
+    static const ib_isa isas[] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512};
+    printf("decode attention, %d keys, head_dim %d, %d query heads per KV head, 1 thread\n", n_keys, HD, NQ);
+    printf("%-8s %-4s %-10s %10s %10s\n", "isa", "kv", "keys", "ns/key/kvh", "GB/s");
+    for (int ii = 0; ii < 3; ii++) {
+        if (!ib_isa_supported(isas[ii])) continue;
+        for (int f16 = 0; f16 <= 1; f16++)
+            for (int mem = 0; mem <= 1; mem++) {
+                int planes = mem ? big : small, reps = mem ? 3 : 50;
+                double t = time_pass(isas[ii], f16, f16 ? (void *)kh : (void *)kf, planes, n_keys, reps, q, out);
+                double keys = (double)planes * KVH * n_keys, bytes = keys * 2 * HD * (f16 ? 2 : 4);
+                printf("%-8s %-4s %-10s %10.1f %10.1f\n", ib_isa_name(isas[ii]), f16 ? "f16" : "f32",
+                       mem ? "memory" : "cache", t * 1e9 / keys, bytes / t * 1e-9);
+            }
+    }
+    free(kf);
+    free(kh);
+    return 0;
+}
