@@ -13,15 +13,7 @@ int ib_attn_block_for(int n_items) {
     return IB_ATTN_BLOCK;
 }
 
-void ib_attend_heads_portable(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride,
-                              int hd, float scale, int block, int window, float *out) {
-    attend_heads_f32_copy(q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out);
-}
-
-void ib_attend_heads_f16_portable(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
-                                  int kv_stride, int hd, float scale, int block, int window, float *out) {
-    attend_heads_f16_copy(k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out);
-}
+IB_ATTN_DEFINE_COPY(portable)
 
 /* The copy for isa: AUTO means the best this CPU runs; an ISA without its own copy (SCALAR, NEON, or
  * one this CPU lacks) gets the portable one. */

@@ -6,15 +6,7 @@
 #define IB_ATTN_AVX512 1
 #include "ops/attention_impl.h"
 
-void ib_attend_heads_avx512(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride, int hd,
-                         float scale, int block, int window, float *out) {
-    attend_heads_f32_copy(q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out);
-}
-
-void ib_attend_heads_f16_avx512(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys, int kv_stride,
-                             int hd, float scale, int block, int window, float *out) {
-    attend_heads_f16_copy(k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out);
-}
+IB_ATTN_DEFINE_COPY(avx512)
 #else
 /* Not x86: no AVX512 copy (ISO C wants a translation unit to declare something). */
 typedef int ib_attention_avx512_unused;

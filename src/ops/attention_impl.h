@@ -231,27 +231,30 @@ ATTN_AI void attend_heads_body(const int f16, const int fused, const float *q, i
         for (int d = 0; d < hd; d++) out[(size_t)h * hd + d] = out[(size_t)h * hd + d] / l[h];
 }
 
-/* The two entry points of this copy: float and half KV, the fault read once per call. */
-static void attend_heads_f32_copy(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride,
-                                  int hd, float scale, int block, int window, float *out) {
+/* The body for float (f16 = 0) or half (f16 = 1) KV, the fault read once per call. */
+static void attend_copy(const int f16, const void *k, const void *v, const float *q, int nq, int n_keys, int kv_stride,
+                        int hd, float scale, int block, int window, float *out) {
 #ifdef IB_ATTN_VECTOR_ISA
     if (ib_fault_get() == IB_FAULT_ISA_FMA) {
-        attend_heads_body(0, 1, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out);
+        if (f16) attend_heads_body(1, 1, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out);
+        else attend_heads_body(0, 1, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out);
         return;
     }
 #endif
-    attend_heads_body(0, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out);
+    if (f16) attend_heads_body(1, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out);
+    else attend_heads_body(0, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out);
 }
 
-static void attend_heads_f16_copy(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
-                                  int kv_stride, int hd, float scale, int block, int window, float *out) {
-#ifdef IB_ATTN_VECTOR_ISA
-    if (ib_fault_get() == IB_FAULT_ISA_FMA) {
-        attend_heads_body(1, 1, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out);
-        return;
+/* The two entry points of a copy, named ib_attend_heads_<sfx> and ib_attend_heads_f16_<sfx> (their
+ * declarations are in ops.h). */
+#define IB_ATTN_DEFINE_COPY(sfx)                                                                                 \
+    void ib_attend_heads_##sfx(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride, \
+                               int hd, float scale, int block, int window, float *out) {                        \
+        attend_copy(0, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out);                           \
+    }                                                                                                            \
+    void ib_attend_heads_f16_##sfx(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,     \
+                                   int kv_stride, int hd, float scale, int block, int window, float *out) {     \
+        attend_copy(1, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out);                           \
     }
-#endif
-    attend_heads_body(1, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out);
-}
 
 #endif

@@ -228,30 +228,25 @@ static void mm_task(void *ctx, int task, int thread) {
     j->kern(pt->m, j->X, j->B, j->q, pt->act, p0, p1, pt->Y, pt->ldy);
 }
 
-/* Y_i = X · W_i^T for n products sharing X, split over the pool by panel ranges in one run (each
- * panel's arithmetic is the same whichever task or thread computes it, and whichever products share
- * the run). A Q8 request on float weights, or without buffers, runs the F32 path. */
-void ib_matmul_many(int n, const ib_matrix *const *ms, const float *X, int B, const ib_act_buf *q, ib_act act,
-                    ib_isa isa, ib_pool *pool, float *const *Ys) {
-    if (B <= 0 || n <= 0) return;
-    if (n > IB_MATMUL_MAX_MANY) {
-        ib_matmul_many(IB_MATMUL_MAX_MANY, ms, X, B, q, act, isa, pool, Ys);
-        ib_matmul_many(n - IB_MATMUL_MAX_MANY, ms + IB_MATMUL_MAX_MANY, X, B, q, act, isa, pool, Ys + IB_MATMUL_MAX_MANY);
-        return;
-    }
+/* Ys[i] (row stride ldys[i]) = X · W_i^T for n <= IB_MATMUL_MAX_MANY products sharing X, split over
+ * the pool by panel ranges in one run (each panel's arithmetic is the same whichever task or thread
+ * computes it, and whichever products share the run). A Q8 request on float weights, or without
+ * buffers, runs the F32 path. */
+static void run_products(int n, const ib_matrix *const *ms, const float *X, int B, const ib_act_buf *q, ib_act act,
+                         ib_isa isa, ib_pool *pool, float *const *Ys, const int *ldys) {
     mm_job job;
     job.X = X;
     job.B = B;
     job.q = q;
     job.kern = ib_matmul_kernel_for(isa);
     if (!job.kern) job.kern = ib_matmul_panels_scalar;
-    int threads = ib_pool_threads(pool), panels = 0;
+    int panels = 0;
     double macs = 0;
     for (int i = 0; i < n; i++) {
         panels += ms[i]->n_panels;
         macs += (double)B * ms[i]->rows * ms[i]->cols;
     }
-    int per = panels_per_task(B, panels, threads);
+    const int per = panels_per_task(B, panels, ib_pool_threads(pool));
     job.per_task = per;
     job.n_parts = 0;
     int n_tasks = 0;
@@ -261,7 +256,7 @@ void ib_matmul_many(int n, const ib_matrix *const *ms, const float *X, int B, co
         pt->m = ms[i];
         pt->act = ib_pk_use_q8(ms[i], q, act) ? act : IB_ACT_F32;
         pt->Y = Ys[i];
-        pt->ldy = ms[i]->rows;
+        pt->ldy = ldys[i];
         pt->task0 = n_tasks;
         n_tasks += (ms[i]->n_panels + per - 1) / per;
     }
@@ -271,23 +266,18 @@ void ib_matmul_many(int n, const ib_matrix *const *ms, const float *X, int B, co
     ib_pool_run(pool, n_tasks, mm_task, &job);
 }
 
-/* Y = X · W^T split over the pool by panel ranges (ib_matmul_many with one product, any ldy). */
+void ib_matmul_many(int n, const ib_matrix *const *ms, const float *X, int B, const ib_act_buf *q, ib_act act,
+                    ib_isa isa, ib_pool *pool, float *const *Ys) {
+    for (int i0 = 0; i0 < n && B > 0; i0 += IB_MATMUL_MAX_MANY) {
+        int k = n - i0 < IB_MATMUL_MAX_MANY ? n - i0 : IB_MATMUL_MAX_MANY, ldys[IB_MATMUL_MAX_MANY];
+        for (int i = 0; i < k; i++) ldys[i] = ms[i0 + i]->rows;
+        run_products(k, ms + i0, X, B, q, act, isa, pool, Ys + i0, ldys);
+    }
+}
+
+/* Y = X · W^T split over the pool by panel ranges (one product, any row stride ldy). */
 void ib_matmul(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act, ib_isa isa,
                ib_pool *pool, float *Y, int ldy) {
-    if (B <= 0 || m->n_panels <= 0) return;
-    mm_job job;
-    job.X = X;
-    job.B = B;
-    job.q = q;
-    job.kern = ib_matmul_kernel_for(isa);
-    if (!job.kern) job.kern = ib_matmul_panels_scalar;
-    int threads = ib_pool_threads(pool);
-    int per = panels_per_task(B, m->n_panels, threads);
-    job.per_task = per;
-    job.n_parts = 1;
-    job.part[0] = (mm_part){m, ib_pk_use_q8(m, q, act) ? act : IB_ACT_F32, Y, ldy, 0};
-    int n_tasks = (m->n_panels + per - 1) / per;
-    /* a product too small to repay waking the workers runs on the caller alone */
-    if ((double)B * m->rows * m->cols < IB_MIN_PARALLEL_MACS) pool = NULL;
-    ib_pool_run(pool, n_tasks, mm_task, &job);
+    if (B <= 0) return;
+    run_products(1, &m, X, B, q, act, isa, pool, &Y, &ldy);
 }
