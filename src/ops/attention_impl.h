@@ -105,6 +105,38 @@ ATTN_AI float dot16_finish(const vecf *acc, const float *q, const void *k, size_
     return lane[0];
 }
 
+#if defined(IB_ATTN_AVX512) || defined(IB_ATTN_AVX2)
+/* The halving trees of four 16-lane partial dot products with no tail (r[t] as dot16_finish gives it):
+ * each step adds lane j + w to lane j for w = 8, 4, 2, 1, operands in that order, four keys at a time
+ * in the vector unit instead of one lane at a time. */
+ATTN_AI void finish4(vecf a[4][NV], float r[4]) {
+#if defined(IB_ATTN_AVX512)
+    __m512 x[4];
+    for (int t = 0; t < 4; t++) x[t] = (__m512)a[t][0];
+    /* w = 8: [k0 lanes 0-7 | k1 lanes 0-7] + [k0 lanes 8-15 | k1 lanes 8-15], and keys 2, 3 */
+    __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x44), _mm512_shuffle_f32x4(x[0], x[1], 0xee));
+    __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0x44), _mm512_shuffle_f32x4(x[2], x[3], 0xee));
+    /* w = 4: 128-bit lane t = key t's lanes 0-3 plus its lanes 4-7 */
+    __m512 r4 = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xdd));
+    /* w = 2, then w = 1, within each 128-bit lane */
+    __m512 r2 = _mm512_add_ps(r4, _mm512_permute_ps(r4, 0xee));
+    __m512 r1 = _mm512_add_ps(r2, _mm512_permute_ps(r2, 0x55));
+    _mm_storeu_ps(r, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0,
+                                                                                      0, 0, 0, 0, 0, 0), r1)));
+#else
+    __m256 s8[4];
+    for (int t = 0; t < 4; t++) s8[t] = _mm256_add_ps((__m256)a[t][0], (__m256)a[t][1]);   /* w = 8 */
+    /* w = 4: [k0 lanes 0-3 | k1 lanes 0-3] + [k0 lanes 4-7 | k1 lanes 4-7], and keys 2, 3 */
+    __m256 r01 = _mm256_add_ps(_mm256_permute2f128_ps(s8[0], s8[1], 0x20), _mm256_permute2f128_ps(s8[0], s8[1], 0x31));
+    __m256 r23 = _mm256_add_ps(_mm256_permute2f128_ps(s8[2], s8[3], 0x20), _mm256_permute2f128_ps(s8[2], s8[3], 0x31));
+    r01 = _mm256_add_ps(r01, _mm256_permute_ps(r01, 0xee)), r23 = _mm256_add_ps(r23, _mm256_permute_ps(r23, 0xee));
+    r01 = _mm256_add_ps(r01, _mm256_permute_ps(r01, 0x55)), r23 = _mm256_add_ps(r23, _mm256_permute_ps(r23, 0x55));
+    r[0] = _mm256_cvtss_f32(r01), r[1] = _mm_cvtss_f32(_mm256_extractf128_ps(r01, 1));
+    r[2] = _mm256_cvtss_f32(r23), r[3] = _mm_cvtss_f32(_mm256_extractf128_ps(r23, 1));
+#endif
+}
+#endif
+
 /* r[t] = ib_dot16(q, key at element ko + t*st, n) for t = 0..T-1 (T <= 4), bitwise: T independent
  * chains. */
 ATTN_AI void dot16_keys(const int T, const int f16, const int fused, const float *q, const void *k, size_t ko,
@@ -123,6 +155,12 @@ ATTN_AI void dot16_keys(const int T, const int f16, const int fused, const float
             for (int t = 0; t < T; t++)
                 a[t][u] = mac(a[t][u], qv, kvv(k, ko + (size_t)t * st + (size_t)(i + u * VL), f16), fused);
         }
+#if defined(IB_ATTN_AVX512) || defined(IB_ATTN_AVX2)
+    if (T == 4 && i == n) {
+        finish4(a, r);
+        return;
+    }
+#endif
 #pragma GCC unroll 4
     for (int t = 0; t < T; t++) r[t] = dot16_finish(a[t], q, k, ko + (size_t)t * st, i, n, f16);
 }
