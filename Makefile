@@ -95,9 +95,20 @@ $(NEON_TEST): tests/test_matmul_neon.c $(NEON_SRC) $(wildcard src/ops/*.h src/ba
 	@mkdir -p $(@D)
 	$(CROSS_CC) $(filter-out -MMD -MP,$(CFLAGS)) -Itests -static -o $@ tests/test_matmul_neon.c $(NEON_SRC) -lm -pthread
 
-neon-test: $(NEON_TEST)
+# The attention copies too (on aarch64 the portable one, with NEON half conversion): tests/test_attention_isa.c.
+NEON_ATT_SRC  := src/ops/attention.c src/ops/attention_avx2.c src/ops/attention_avx512.c src/core/fmath.c \
+                 src/core/half.c src/backends/cpu/isa.c src/backends/cpu/matmul_scalar.c \
+                 src/backends/cpu/matmul_neon.c src/core/fault.c
+NEON_ATT_TEST := $(BUILD)/aarch64/test_attention_isa
+
+$(NEON_ATT_TEST): tests/test_attention_isa.c $(NEON_ATT_SRC) $(wildcard src/ops/*.h src/backends/cpu/*.h src/core/*.h) include/isobatch.h tests/check.h tests/test_rng.h
+	@mkdir -p $(@D)
+	$(CROSS_CC) $(filter-out -MMD -MP,$(CFLAGS)) -Itests -static -o $@ tests/test_attention_isa.c $(NEON_ATT_SRC) -lm -pthread
+
+neon-test: $(NEON_TEST) $(NEON_ATT_TEST)
 	$(QEMU_A64) -cpu max $(NEON_TEST)
 	$(QEMU_A64) -cpu cortex-a57 $(NEON_TEST)
+	$(QEMU_A64) -cpu max $(NEON_ATT_TEST)
 
 clean:
 	rm -rf build build-asan

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The NEON matmul kernel (src/backends/cpu/matmul_neon.c) checked from an x86 host: `make neon-test`'s
+# The NEON matmul kernel (src/backends/cpu/matmul_neon.c) and the attention copies' test
+# (tests/test_attention_isa.c, once under -cpu max) checked from an x86 host: `make neon-test`'s
 # binary (tests/test_matmul_neon.c and the matmul sources, cross-built statically for aarch64) runs
 # under qemu-aarch64 on a CPU with the int8 dot product (-cpu max: the SDOT and the plain NEON paths)
 # and on one without (-cpu cortex-a57: the plain path, and the run-time detection must say "no"); every
@@ -48,5 +49,23 @@ for spec in max:1 cortex-a57:0; do
     fi
     pass=$((pass + ${p:-0})); fail=$((fail + ${f:-0}))
 done
+# the attention copies' test: on aarch64 the portable copy with the NEON half conversion
+ABIN=$BUILD/aarch64/test_attention_isa
+if ! log=$(env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s BUILD="$BUILD" CROSS_CC="$CROSS_CC" "$ABIN" 2>&1); then
+    printf '%s\n' "$log" | tail -20
+    echo "t_neon: cross build of $ABIN failed"
+    fail=$((fail + 1))
+else
+    [ -n "$log" ] && printf '%s\n' "$log"
+    out=$("$QEMU_A64" -cpu max "$ABIN" 2>&1); rc=$?
+    line=$(printf '%s\n' "$out" | grep -E '^test_attention_isa: [0-9]+ passed, [0-9]+ failed' | tail -1)
+    p=$(printf '%s' "$line" | sed -nE 's/.* ([0-9]+) passed.*/\1/p'); f=$(printf '%s' "$line" | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
+    echo "t_neon: attention under -cpu max: ${line:-no summary}"
+    if [ -z "$line" ] || [ $rc != 0 ]; then
+        printf '%s\n' "$out" | grep -E 'FAIL|error' | head -20
+        [ -z "$f" ] || [ "$f" = 0 ] && f=1
+    fi
+    pass=$((pass + ${p:-0})); fail=$((fail + ${f:-0}))
+fi
 echo "t_neon: $pass passed, $fail failed"
 [ $fail = 0 ]

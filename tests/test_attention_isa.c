@@ -1,6 +1,8 @@
 /*
  * test_attention_isa.c — the attention copies (portable, AVX2, AVX-512: attention_impl.h) give the
- * same bits on fresh random inputs: float and half KV, 1..16 query heads, head sizes with and without
+ * same bits on fresh random inputs, and half KV gives the bits of float KV holding its exact values
+ * (the contract of ib_attend_heads_f16; on aarch64 this checks the NEON half conversion): float and
+ * half KV, 1..16 query heads, head sizes with and without
  * a tail, key counts around the block edges, windows, blocks of 16 and 32, and a stride wider than
  * the head. The isa-fma fault (the vector copies fuse the dot products' multiply-adds) must make the
  * comparison fail on every vector copy this CPU runs.
@@ -31,23 +33,41 @@ static int compare_isa(ib_isa isa, int *cases) {
                     int nq = nqs[a], hd = hds[b], nk = keys[c], stride = hd + (b & 1) * 8;
                     int window = w == 0 ? 0 : w == 1 ? 40 : 1 + rndi(60), block = (c & 1) ? 16 : 32;
                     float scale = 1.0f / sqrtf((float)hd);
+                    /* float KV = the exact values of the half KV, so the two kinds must agree too */
                     for (int i = 0; i < nk * stride; i++) {
-                        kf[i] = 2 * rndf(), vf[i] = rndf();
-                        kh[i] = ib_f32_to_f16(kf[i]), vh[i] = ib_f32_to_f16(vf[i]);
+                        kh[i] = ib_f32_to_f16(2 * rndf()), vh[i] = ib_f32_to_f16(rndf());
+                        kf[i] = ib_f16_to_f32(kh[i]), vf[i] = ib_f16_to_f32(vh[i]);
                     }
                     for (int i = 0; i < nq * hd; i++) q[i] = 3 * rndf();
                     ib_attend_heads_portable(q, nq, kf, vf, nk, stride, hd, scale, block, window, ref);
                     ib_attend_heads_isa(isa, q, nq, kf, vf, nk, stride, hd, scale, block, window, got);
                     bad += memcmp(ref, got, sizeof(float) * (size_t)(nq * hd)) != 0;
-                    ib_attend_heads_f16_portable(kh, vh, q, nq, nk, stride, hd, scale, block, window, ref);
                     ib_attend_heads_f16_isa(isa, kh, vh, q, nq, nk, stride, hd, scale, block, window, got);
                     bad += memcmp(ref, got, sizeof(float) * (size_t)(nq * hd)) != 0;
-                    *cases += 2;
+                    ib_attend_heads_f16_portable(kh, vh, q, nq, nk, stride, hd, scale, block, window, got);
+                    bad += memcmp(ref, got, sizeof(float) * (size_t)(nq * hd)) != 0;
+                    *cases += 3;
                 }
     return bad;
 }
 
+/* The half-KV copy against the float one over a key set that differs in one value's lowest bit: the
+ * comparison must see it. */
+static int perturbed_differs(void) {
+    enum { NK = 40, HD = 64 };
+    for (int i = 0; i < NK * HD; i++) {
+        kh[i] = ib_f32_to_f16(2 * rndf()), vh[i] = ib_f32_to_f16(rndf());
+        kf[i] = ib_f16_to_f32(kh[i]), vf[i] = ib_f16_to_f32(vh[i]);
+    }
+    for (int i = 0; i < HD; i++) q[i] = 3 * rndf();
+    kh[5 * HD + 3] ^= 1;
+    ib_attend_heads_portable(q, 1, kf, vf, NK, HD, HD, 0.125f, IB_ATTN_BLOCK, 0, ref);
+    ib_attend_heads_f16_portable(kh, vh, q, 1, NK, HD, HD, 0.125f, IB_ATTN_BLOCK, 0, got);
+    return memcmp(ref, got, sizeof(float) * HD) != 0;
+}
+
 int main(void) {
+    CHECK(perturbed_differs(), "a one-bit change of a half key went unseen");
     static const ib_isa isas[] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512, IB_ISA_NEON, IB_ISA_AUTO};
     for (int i = 0; i < 5; i++) {
         if (!ib_isa_supported(isas[i])) continue;
