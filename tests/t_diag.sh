@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Diagnostics end to end through the CLI: `isobatch probe` (the full default matrix clean, each fault
 # flagged in its op only), `isobatch diff` (clean, and the first divergent layer and sub-op under each
-# fault), `isobatch recall` (bitwise agreement on a synthetic model, lost under each batch fault; on the
-# trained model models/default, when it exists, else SKIPPED with a notice: every batch fault changes
-# answers, and the two RoPE faults open a batched/serialized recall gap; diff's verdicts there too),
+# fault), `isobatch recall` (bitwise agreement on a synthetic model, lost under each batch fault; each
+# case's own new-token limit near the end of the context; on the trained model models/default, when it
+# exists, else SKIPPED with a notice: every batch fault changes answers, and the two RoPE faults open a
+# batched/serialized recall gap; diff's verdicts there too),
 # bad options, and short runs of all three under the ASan/UBSan build.
 set -u
 BUILD=${BUILD:-build}
@@ -93,6 +94,16 @@ for f in rope-scalar-offset rope-skip-rows gemv-gemm split-kv-by-batch row-order
 done
 "$BIN" recall -m "$T/m" --sessions 2 --length 256 --json > "$T/rj" 2>&1
 grep -q '"bitwise_match":true' "$T/rj" && grep -q '"code":"[A-Z]*-[0-9][0-9][0-9][0-9]"' "$T/rj" && ok || bad "recall --json"
+# each case's new-token limit is its own: the answer budget, or what its prompt leaves in the
+# 2048-token context (2049 - prompt tokens), whichever is less. Documents of up to 2056 tokens make
+# some prompts leave less than the budget and others not (here one case of the six gets 10 of 15).
+"$BIN" recall -m "$T/m" --sessions 6 --length 2056 --batch 4 --json > "$T/rl" 2>&1; rc=$?
+lims=$(grep -oE '"prompt_tokens":[0-9]+,"max_new_tokens":[0-9]+' "$T/rl" | sed -E 's/.*:([0-9]+),.*:([0-9]+)/\1 \2/')
+budget=$(printf '%s\n' "$lims" | awk '$2 > m { m = $2 } END { print m + 0 }')
+wrong=$(printf '%s\n' "$lims" | awk -v b="$budget" '{ r = 2049 - $1; w = r < b ? r : b; if ($2 != w) print }')
+kinds=$(printf '%s\n' "$lims" | awk '{ print $2 }' | sort -u | wc -l)
+[ $rc = 0 ] && grep -q '"bitwise_match":true' "$T/rl" && [ "$(printf '%s\n' "$lims" | grep -c .)" = 6 ] && [ -z "$wrong" ] \
+    && [ "$kinds" -ge 2 ] && ok || bad "recall per-case new-token limits (exit $rc, budget $budget, wrong: ${wrong:-none}, $kinds distinct)"
 expect_usage "recall bad sessions" "--sessions: bad value" "$BIN" recall -m "$T/m" --sessions 0
 "$BIN" recall -m "$T/m" --sessions 1 --length 20 > "$T/err" 2>&1
 [ $? = 1 ] && grep -q "below the empty document" "$T/err" && ok || bad "recall length below the empty document"
@@ -150,7 +161,8 @@ if [ -x "$ASAN_BIN" ]; then
                "probe --op sample --batch-sizes 2 --tokens 2 --positions 1 --json" \
                "probe --op matmul --batch-sizes 1,2 --tokens 1 --json --inject gemv-gemm" \
                "diff -m $T/m --inject row-order --json" "diff -m $T/llama --step 2" \
-               "recall -m $T/m --sessions 2 --length 128" "recall -m $T/m --sessions 2 --length 20"; do
+               "recall -m $T/m --sessions 2 --length 128" "recall -m $T/m --sessions 2 --length 20" \
+               "recall -m $T/m --first-case 3 --sessions 3 --length 2056 --batch 2"; do
         # shellcheck disable=SC2086
         "$ASAN_BIN" $cmd > "$T/a" 2>&1
         grep -qE "AddressSanitizer|LeakSanitizer|runtime error" "$T/a" && bad "sanitizers: isobatch $cmd: $(grep -m1 -E 'Sanitizer|runtime error' "$T/a")" || ok

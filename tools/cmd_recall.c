@@ -19,7 +19,9 @@ static const char help[] =
     "\n"
     "Builds N needle-in-a-haystack benchmark cases (spec/needle.md: held-out words, seeds\n"
     "benchmark_seed_base + K + i, each document at most L tokens), decodes each greedily alone and then\n"
-    "B sessions per step, and prints recall, tokens/s and bitwise agreement for both modes.\n"
+    "B sessions per step, and prints recall, tokens/s and bitwise agreement for both modes. Each case\n"
+    "generates up to the longest expected answer's tokens + 1, fewer when its own prompt leaves less\n"
+    "room in the model's context; the same in both modes.\n"
     "Exit 1 when a batched output differs from its serialized one.\n"
     "\n"
     "  -m DIR            model directory (default models/default)\n"
@@ -185,9 +187,10 @@ int cmd_recall(int argc, char **argv) {
         json_t *o_ = json_object(), *cs = json_array();
         for (int i = 0; i < n; i++) {
             const ib_needle_case *c = &cases[i];
-            json_array_append_new(cs, json_pack("{s:I,s:i,s:i,s:i,s:s,s:s,s:s,s:b,s:b,s:b}", "seed", (json_int_t)c->seed,
-                                                "depth", c->depth, "doc_tokens", c->doc_tokens, "prompt_tokens",
-                                                c->n_ids, "code", c->code, "serialized", r.text_serial[i], "batched",
+            json_array_append_new(cs, json_pack("{s:I,s:i,s:i,s:i,s:i,s:s,s:s,s:s,s:b,s:b,s:b}", "seed",
+                                                (json_int_t)c->seed, "depth", c->depth, "doc_tokens", c->doc_tokens,
+                                                "prompt_tokens", c->n_ids, "max_new_tokens", r.max_new[i], "code",
+                                                c->code, "serialized", r.text_serial[i], "batched",
                                                 r.text_batched[i], "recalled_serialized", r.ok_serial[i],
                                                 "recalled_batched", r.ok_batched[i], "match", r.match[i]));
         }

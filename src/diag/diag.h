@@ -182,6 +182,7 @@ typedef struct ib_recall_mode {
 typedef struct ib_recall_result {
     int n;
     ib_recall_mode serial, batched;
+    int *max_new;                        /* [n] new-token limit of each case (the same in both modes) */
     int *ok_serial, *ok_batched;         /* [n] recalled per case */
     int *match;                          /* [n] 1 when tokens and logits digests agree bitwise */
     char **text_serial, **text_batched;  /* [n] generated text (raw bytes, NUL-terminated) */
@@ -189,7 +190,12 @@ typedef struct ib_recall_result {
 } ib_recall_result;
 
 /* Decode every case greedily in both modes — serialized (batch 1) and batched (o->batch sessions
- * per step, continuous batching) — each with its own engine. Fills r (ib_recall_result_free). */
+ * per step, continuous batching) — each with its own engine. Case i generates until the model's eos
+ * or r->max_new[i] tokens: the answer budget (the longest expected answer of the set in tokens, + 1),
+ * or fewer when its own prompt leaves less room in the model's context (P prompt tokens leave
+ * max_context - P + 1: the last token is not fed); the same limit in both modes, so outputs compare
+ * bitwise. Fails (IB_ERR_CONTEXT) before any work when a prompt exceeds the context. Fills r
+ * (ib_recall_result_free). */
 ib_status ib_recall_run(const ib_model *m, const ib_needle_case *cases, int n, const ib_recall_opts *o,
                         ib_recall_result *r, ib_error *err);
 void ib_recall_result_free(ib_recall_result *r);
