@@ -249,10 +249,11 @@ void ib_session_note_tokens(ib_session *s, const int32_t *tokens, int n);
 typedef struct ib_gen_request {
     const int32_t *prompt;  /* [n_prompt] token ids */
     int n_prompt;           /* >= 1 */
+    int max_new_tokens;     /* this request's limit (>= 0); 0 = ib_gen_opts.max_new_tokens */
 } ib_gen_request;
 
 typedef struct ib_gen_opts {
-    int max_new_tokens;     /* tokens to generate per prompt (>= 0) */
+    int max_new_tokens;     /* tokens to generate per prompt (>= 0), unless its request sets its own */
     int batch;              /* sessions per step, >= 1 */
     int prefill_chunk;      /* 0 = whole prompt in one item */
     int stop_at_eos;        /* stop a row at the model's eos id */

@@ -119,7 +119,7 @@ int main(void) {
      * its greedy argmax is the token, and the digest is 64-bit FNV-1a (offset basis 0xcbf29ce484222325,
      * prime 0x100000001b3) over the rows' float32 bytes in order, written out here from its definition */
     {
-        ib_gen_request rq[2] = {{a, 9}, {b, 23}};
+        ib_gen_request rq[2] = {{a, 9, 0}, {b, 23, 0}};
         ib_gen_opts go = {.max_new_tokens = 6, .batch = 2, .keep_logits = 1, .sampling = ib_sampling_default()};
         ib_gen_result res[2];
         CHECK(ib_generate(e, rq, 2, &go, res, NULL, &err) == IB_OK, "%s", err.msg);
@@ -148,6 +148,22 @@ int main(void) {
             }
         }
         ib_gen_results_free(res, 2);
+    }
+
+    /* per-request limits: a request's own max_new_tokens wins over the options' (0 = the options'),
+     * and its tokens are the first ones of the same request under the larger limit; a negative limit
+     * is refused before any work */
+    {
+        ib_gen_request rq[3] = {{a, 9, 2}, {b, 23, 0}, {a, 9, 5}};
+        ib_gen_opts go = {.max_new_tokens = 4, .batch = 2, .sampling = ib_sampling_default()};
+        ib_gen_result res[3], full[1];
+        CHECK(ib_generate(e, rq, 3, &go, res, NULL, &err) == IB_OK, "%s", err.msg);
+        CHECK(res[0].n_tokens == 2 && res[1].n_tokens == 4 && res[2].n_tokens == 5, "limits 2/4/5 gave %d/%d/%d tokens",
+              res[0].n_tokens, res[1].n_tokens, res[2].n_tokens);
+        CHECK(memcmp(res[0].tokens, res[2].tokens, 2 * sizeof(int32_t)) == 0, "limit 2 is not a prefix of limit 5");
+        ib_gen_request neg = {a, 9, -1};
+        CHECK(ib_generate(e, &neg, 1, &go, full, NULL, &err) == IB_ERR_INVALID_ARG, "a negative limit was accepted");
+        ib_gen_results_free(res, 3);
     }
 
     ib_session_free(sa);

@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/error.h"
 #include "diag/diag.h"
@@ -484,16 +483,10 @@ static char *token_text(const ib_model *m, const int32_t *t, int n) {
     return b.s;
 }
 
-/* One mode: every case decoded greedily with `batch` sessions per step, case i generating until eos
- * or limit[i] tokens. This is ib_generate's loop (prefill_chunk 0, stop_at_eos, greedy): a row is
- * refilled with the next case in order as soon as its case ends; a prompt is fed whole, or in chunks
- * of what the step's token budget has left; rows past their prompt decode one token each; each
- * result's digest covers every logits row that chose a token. The one difference: each case has its
- * own new-token limit, where ib_gen_opts has one for all. Stats as ib_generate's. */
+/* One mode: every case through ib_generate (greedy, stop at eos) with `batch` sessions per step, case i
+ * generating at most limit[i] tokens. */
 static ib_status run_mode(const ib_model *m, const ib_needle_case *cases, int n, const ib_recall_opts *o, int batch,
                           const int *limit, ib_gen_result *res, ib_gen_stats *st, ib_error *err) {
-    const ib_model_info *info = ib_model_get_info(m);
-    int V = info->vocab_size;
     ib_engine_opts eo = {.threads = o->threads, .isa = o->isa, .act = o->act, .max_step_tokens = o->max_step_tokens};
     if (eo.max_step_tokens <= 0) {
         /* default: room to prefill `batch` whole prompts in one step, so decode steps carry one token
@@ -505,104 +498,19 @@ static ib_status run_mode(const ib_model *m, const ib_needle_case *cases, int n,
         eo.max_step_tokens = (int)(want < 512 ? 512 : want > 16384 ? 16384 : want);
     }
     if (eo.max_step_tokens < batch) eo.max_step_tokens = batch;
-    /* sessions hold the longest case's prompt and the tokens fed after it (its last token is not fed) */
-    int need = 1;
-    for (int i = 0; i < n; i++)
-        if (cases[i].n_ids + limit[i] - 1 > need) need = cases[i].n_ids + limit[i] - 1;
-    int B = batch < n ? batch : n;
-    ib_session **sess = calloc((size_t)B, sizeof *sess);
-    float *logits = malloc((size_t)B * V * sizeof(float));
-    int *req = malloc((size_t)B * sizeof *req), *fed = calloc((size_t)B, sizeof *fed);
-    int *item_row = malloc((size_t)B * sizeof *item_row);
-    int32_t *next = calloc((size_t)B, sizeof *next);
-    ib_step_item *items = calloc((size_t)B, sizeof *items);
-    ib_engine *e = NULL;
-    ib_status rc = IB_OK;
-    memset(res, 0, (size_t)n * sizeof *res);
-    if (!sess || !logits || !req || !fed || !item_row || !next || !items) {
-        rc = ib_fail(err, IB_ERR_NOMEM, "recall: out of memory");
-        goto done;
+    ib_engine *e;
+    ib_status rc = ib_engine_create(m, &eo, &e, err);
+    if (rc) return rc;
+    ib_gen_request *rq = malloc((size_t)n * sizeof *rq);
+    if (!rq) {
+        ib_engine_free(e);
+        return ib_fail(err, IB_ERR_NOMEM, "recall: out of memory");
     }
-    if ((rc = ib_engine_create(m, &eo, &e, err))) goto done;
-    ib_session_opts so = {.max_context = need, .sampling = ib_sampling_default()};
-    for (int b = 0; b < B; b++) {
-        req[b] = -1;
-        if ((rc = ib_session_create(m, &so, &sess[b], err))) goto done;
-    }
-    for (int i = 0; i < n; i++) {
-        res[i].digest = IB_DIGEST_INIT;
-        res[i].finish = "length";
-        if (!(res[i].tokens = malloc((size_t)limit[i] * sizeof(int32_t)))) {
-            rc = ib_fail(err, IB_ERR_NOMEM, "recall: out of memory");
-            goto done;
-        }
-    }
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    int next_case = 0, steps = 0;
-    long prompt_tokens = 0, gen_tokens = 0;
-    for (;;) {
-        for (int b = 0; b < B; b++)
-            if (req[b] < 0 && next_case < n) {
-                req[b] = next_case++;
-                fed[b] = 0;
-                ib_session_reset(sess[b]);
-                ib_session_note_tokens(sess[b], cases[req[b]].ids, cases[req[b]].n_ids);
-            }
-        int ni = 0, left = eo.max_step_tokens;
-        for (int b = 0; b < B && left > 0; b++) {
-            if (req[b] < 0) continue;
-            const ib_needle_case *c = &cases[req[b]];
-            ib_step_item *it = &items[ni];
-            it->session = sess[b];
-            if (fed[b] < c->n_ids) {
-                int chunk = c->n_ids - fed[b] < left ? c->n_ids - fed[b] : left;
-                it->tokens = c->ids + fed[b];
-                it->n_tokens = chunk;
-                it->logits = fed[b] + chunk == c->n_ids ? logits + (size_t)b * V : NULL;
-            } else {
-                it->tokens = &next[b];
-                it->n_tokens = 1;
-                it->logits = logits + (size_t)b * V;
-            }
-            left -= it->n_tokens;
-            item_row[ni++] = b;
-        }
-        if (ni == 0) break;
-        if ((rc = ib_step(e, items, ni, err))) goto done;
-        steps++;
-        for (int k = 0; k < ni; k++) {
-            int b = item_row[k];
-            const ib_needle_case *c = &cases[req[b]];
-            if (fed[b] < c->n_ids) {
-                fed[b] += items[k].n_tokens;
-                prompt_tokens += items[k].n_tokens;
-            }
-            if (!items[k].logits) continue;
-            ib_gen_result *r = &res[req[b]];
-            int32_t tok = ib_sample(sess[b], items[k].logits);
-            gen_tokens++;
-            r->digest = ib_digest_bytes(r->digest, items[k].logits, (size_t)V * sizeof(float));
-            r->tokens[r->n_tokens++] = tok;
-            if (tok == info->eos_id) r->finish = "stop";
-            if (tok == info->eos_id || r->n_tokens >= limit[req[b]]) req[b] = -1;
-            else next[b] = tok;
-        }
-    }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    *st = (ib_gen_stats){(double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9, prompt_tokens, gen_tokens,
-                         steps};
-done:
-    for (int b = 0; sess && b < B; b++) ib_session_free(sess[b]);
-    free(sess);
-    free(logits);
-    free(req);
-    free(fed);
-    free(item_row);
-    free(next);
-    free(items);
+    for (int i = 0; i < n; i++) rq[i] = (ib_gen_request){cases[i].ids, cases[i].n_ids, limit[i]};
+    ib_gen_opts go = {.max_new_tokens = 1, .batch = batch, .stop_at_eos = 1, .sampling = ib_sampling_default()};
+    rc = ib_generate(e, rq, n, &go, res, st, err);
+    free(rq);
     ib_engine_free(e);
-    if (rc) ib_gen_results_free(res, n);
     return rc;
 }
 

@@ -32,9 +32,15 @@ void ib_gen_results_free(ib_gen_result *r, int n) {
     }
 }
 
-/* Record the token chosen from `logits` in result res; return 1 when the request is finished. */
-static int take_token(const ib_gen_opts *o, const ib_model_info *info, ib_gen_result *res, const float *logits,
-                      int32_t tok) {
+/* Request r's new-token limit: its own, or the options' when it sets none. */
+static int limit_of(const ib_gen_request *r, const ib_gen_opts *o) {
+    return r->max_new_tokens > 0 ? r->max_new_tokens : o->max_new_tokens;
+}
+
+/* Record the token chosen from `logits` in result res (of a request allowed `limit` tokens); return 1
+ * when the request is finished. */
+static int take_token(const ib_gen_opts *o, const ib_model_info *info, int limit, ib_gen_result *res,
+                      const float *logits, int32_t tok) {
     int V = info->vocab_size;
     res->digest = ib_digest_bytes(res->digest, logits, (size_t)V * sizeof(float));
     if (res->logits) memcpy(res->logits + (size_t)res->n_tokens * V, logits, (size_t)V * sizeof(float));
@@ -43,7 +49,7 @@ static int take_token(const ib_gen_opts *o, const ib_model_info *info, ib_gen_re
         res->finish = "stop";
         return 1;
     }
-    if (res->n_tokens >= o->max_new_tokens) {
+    if (res->n_tokens >= limit) {
         res->finish = "length";
         return 1;
     }
@@ -64,11 +70,15 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
     for (int i = 0; i < n; i++) {
         if (reqs[i].n_prompt < 1)
             return ib_fail(err, IB_ERR_INVALID_ARG, "generate: prompt %d is empty", i);
-        int want = reqs[i].n_prompt + (o->max_new_tokens > 0 ? o->max_new_tokens - 1 : 0);
+        if (reqs[i].max_new_tokens < 0)
+            return ib_fail(err, IB_ERR_INVALID_ARG, "generate: request %d: max_new_tokens %d is negative", i,
+                           reqs[i].max_new_tokens);
+        int lim = limit_of(&reqs[i], o);
+        int want = reqs[i].n_prompt + (lim > 0 ? lim - 1 : 0);
         int cap = o->max_context > 0 ? o->max_context : info->max_context;
         if (want > cap || want > info->max_context)
             return ib_fail(err, IB_ERR_CONTEXT, "prompt %d: %d tokens + %d new exceed the context of %d tokens", i,
-                           reqs[i].n_prompt, o->max_new_tokens, cap < info->max_context ? cap : info->max_context);
+                           reqs[i].n_prompt, lim, cap < info->max_context ? cap : info->max_context);
         if (want > need) need = want;
     }
     int B = o->batch < n ? o->batch : (n > 0 ? n : 1);
@@ -93,10 +103,10 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
     for (int i = 0; i < n; i++) {
         res[i].digest = IB_DIGEST_INIT;
         res[i].finish = "length";
-        res[i].tokens = malloc(((size_t)o->max_new_tokens + 1) * sizeof(int32_t));
-        if (o->keep_logits && o->max_new_tokens > 0)
-            res[i].logits = malloc((size_t)o->max_new_tokens * V * sizeof(float));
-        if (!res[i].tokens || (o->keep_logits && o->max_new_tokens > 0 && !res[i].logits)) {
+        int lim = limit_of(&reqs[i], o);
+        res[i].tokens = malloc(((size_t)lim + 1) * sizeof(int32_t));
+        if (o->keep_logits && lim > 0) res[i].logits = malloc((size_t)lim * V * sizeof(float));
+        if (!res[i].tokens || (o->keep_logits && lim > 0 && !res[i].logits)) {
             rc = ib_fail(err, IB_ERR_NOMEM, "generate: out of memory for results");
             goto done;
         }
@@ -110,7 +120,7 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
         for (int b = 0; b < B; b++)
             while (slots[b].req < 0 && next_req < n) {
                 int q = next_req++;
-                if (o->max_new_tokens == 0) continue; /* nothing to generate: no work */
+                if (limit_of(&reqs[q], o) == 0) continue; /* nothing to generate: no work */
                 slots[b].req = q;
                 slots[b].fed = 0;
                 ib_session_reset(slots[b].s);
@@ -151,7 +161,7 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
             if (!items[i].logits) continue;
             int32_t tok = ib_sample(sl->s, sl->logits);
             gen_tokens++;
-            if (take_token(o, info, &res[sl->req], sl->logits, tok))
+            if (take_token(o, info, limit_of(rq, o), &res[sl->req], sl->logits, tok))
                 sl->req = -1;
             else
                 sl->next = tok;
