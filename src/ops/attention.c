@@ -16,19 +16,18 @@ int ib_attn_block_for(int n_items) {
 IB_ATTN_DEFINE_COPY(portable)
 
 /* The copy for isa: AUTO means the best this CPU runs; an ISA without its own copy (SCALAR, NEON, or
- * one this CPU lacks) gets the portable one. */
+ * one this CPU lacks) gets the portable one. The CPU is asked once (this runs once per attention task). */
 static ib_isa attn_isa(ib_isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (isa == IB_ISA_AUTO) {
-        static _Atomic int best = -1;   /* racing first callers store the same value */
-        int b = atomic_load_explicit(&best, memory_order_relaxed);
-        if (b < 0) {
-            b = ib_isa_supported(IB_ISA_AVX512) ? IB_ISA_AVX512 : ib_isa_supported(IB_ISA_AVX2) ? IB_ISA_AVX2 : IB_ISA_SCALAR;
-            atomic_store_explicit(&best, b, memory_order_relaxed);
-        }
-        return (ib_isa)b;
+    static _Atomic int has512 = -1, has2 = -1;   /* racing first callers store the same values */
+    int a512 = atomic_load_explicit(&has512, memory_order_relaxed), a2 = atomic_load_explicit(&has2, memory_order_relaxed);
+    if (a512 < 0 || a2 < 0) {
+        a512 = ib_isa_supported(IB_ISA_AVX512), a2 = ib_isa_supported(IB_ISA_AVX2);
+        atomic_store_explicit(&has512, a512, memory_order_relaxed);
+        atomic_store_explicit(&has2, a2, memory_order_relaxed);
     }
-    if ((isa == IB_ISA_AVX2 || isa == IB_ISA_AVX512) && ib_isa_supported(isa)) return isa;
+    if ((isa == IB_ISA_AUTO || isa == IB_ISA_AVX512) && a512) return IB_ISA_AVX512;
+    if ((isa == IB_ISA_AUTO || isa == IB_ISA_AVX2) && a2) return IB_ISA_AVX2;
 #endif
     (void)isa;
     return IB_ISA_SCALAR;

@@ -6,7 +6,7 @@
 #include "isobatch.h"
 #include "ops/matmul.h"
 
-/* The best ISA this CPU runs: AVX512 (with VNNI), else AVX2 (with FMA), else NEON (aarch64), else
+/* The best ISA this CPU runs: AVX512 (with VNNI), else AVX2 (with FMA and F16C), else NEON (aarch64), else
  * SCALAR. */
 ib_isa ib_isa_best(void);
 

@@ -33,7 +33,7 @@ const char *ib_isa_name(ib_isa isa) {
     return (unsigned)isa <= ISA_LAST ? isa_names[isa] : "unknown";
 }
 
-/* 1 when this CPU (and OS) can run isa. SCALAR and AUTO always; AVX2 needs avx2+fma; AVX512 needs
+/* 1 when this CPU (and OS) can run isa. SCALAR and AUTO always; AVX2 needs avx2+fma+f16c; AVX512 needs
  * avx512f/bw/vl/dq and vnni (libgcc's detection also checks that the OS saves the vector state);
  * NEON needs an aarch64 build and Advanced SIMD (HWCAP_ASIMD, present on every AArch64 Linux CPU;
  * the kernel checks the optional int8 dot product itself, see matmul_neon.c). */
@@ -44,7 +44,7 @@ int ib_isa_supported(ib_isa isa) {
 #if IB_HAVE_X86
     case IB_ISA_AVX2:
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     case IB_ISA_AVX512:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
