@@ -14,8 +14,10 @@
 #define AI static inline __attribute__((always_inline))
 
 /* Weights are prefetched this many bytes ahead of the tile that reads them (panels are contiguous, so
- * this runs on into the next panel): the first tile of a panel streams them from memory. */
-#define IB_PF_DIST 1024
+ * this runs on into the next panel): the first tile of a panel streams them from memory. The distance
+ * covers a DRAM latency at the rate one core consumes weights (about 100 ns x 40 GB/s, with room);
+ * at 1 KiB a 1-row product from memory ran 20-25% slower on a Zen 4 core, its loads waiting on lines. */
+#define IB_PF_DIST 8192
 
 /* ---------------------------------------------------------------- dequantization (F32 path) */
 
@@ -153,53 +155,73 @@ static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc
 /* ---------------------------------------------------------------- Q8 activations */
 
 /* R rows (R <= 8) of a quantized panel against Q8 activations: xq row r at xq + r*K, d/ad row r at
- * d + r*ng; outputs to y + r*ldy. Two int32 accumulators per row (alternate k blocks) hide the
- * vpdpbusd latency; groups ascending (descending when desc); weights prefetched IB_PF_DIST ahead:
- *   isum = a0 + a1;  acc = (acc + (s*d)*(float)isum) + b*ad. */
+ * d + r*ng; outputs to y + r*ldy. Groups ascending (descending when desc); weights prefetched
+ * IB_PF_DIST ahead. Per row, A independent int32 accumulators (A = 4 for tiles of up to 2 rows, else
+ * 2: enough chains to hide the vpdpbusd latency with the registers there are) each take every A-th
+ * 64-byte block of the group's low or high nibbles; the 4-bit high nibble is used in place (w & 0xf0 =
+ * 16 * code), so its accumulators hold 16 times the sum. All of it is exact integer arithmetic, so
+ *   isum = lo sums + (hi sums >> 4);  acc = (acc + (s*d)*(float)isum) + b*ad
+ * gives the canonical value whatever A is. */
 AI void tile_q(const int R, const int q4, const ib_matrix *m, int p, const int8_t *xq, const float *d,
                const float *ad, int desc, float *y, int ldy) {
     const int K = m->cols, G = m->group, ng = K / G;
+    enum { AMAX = 4 };
+    const int A = R <= 2 ? 4 : 2; /* accumulators per row: A/2 for low nibbles (or even blocks), A/2 high */
     const uint8_t *P = ib_pk_panel(m, p);
-    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i lo4 = _mm512_set1_epi8(0x0f), hi4 = _mm512_set1_epi8((char)0xf0);
     __m512 f[8];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) f[r] = _mm512_setzero_ps();
     for (int gi = 0; gi < ng; gi++) {
         const int g = desc ? ng - 1 - gi : gi;
-        __m512i a0[8], a1[8];
+        __m512i a[8][AMAX];
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm512_setzero_si512();
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int i = 0; i < A; i++) a[r][i] = _mm512_setzero_si512();
         if (q4) {
-            for (int k = g * G; k < (g + 1) * G; k += 8) {
-                _mm_prefetch((const char *)(P + (size_t)(k / 8) * 64 + IB_PF_DIST), _MM_HINT_T0);
-                __m512i w = _mm512_loadu_si512((const void *)(P + (size_t)(k / 8) * 64));
-                __m512i lo = _mm512_and_si512(w, m4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+            /* block j (8 k) -> accumulators (j % (A/2)) for low, A/2 + (j % (A/2)) for high */
+            for (int k = g * G; k < (g + 1) * G; k += 4 * A) {
+#pragma GCC unroll 2
+                for (int h = 0; h < A / 2; h++) {
+                    const uint8_t *blk = P + (size_t)(k / 8 + h) * 64;
+                    _mm_prefetch((const char *)(blk + IB_PF_DIST), _MM_HINT_T0);
+                    __m512i w = _mm512_loadu_si512((const void *)blk);
+                    __m512i lo = _mm512_and_si512(w, lo4), hi = _mm512_and_si512(w, hi4);
 #pragma GCC unroll 8
-                for (int r = 0; r < R; r++) {
-                    const int8_t *xr = xq + (size_t)r * K + k;
-                    a0[r] = _mm512_dpbusd_epi32(a0[r], lo, _mm512_set1_epi32(ib_pk_load4(xr)));
-                    a1[r] = _mm512_dpbusd_epi32(a1[r], hi, _mm512_set1_epi32(ib_pk_load4(xr + 4)));
+                    for (int r = 0; r < R; r++) {
+                        const int8_t *xr = xq + (size_t)r * K + k + 8 * h;
+                        a[r][h] = _mm512_dpbusd_epi32(a[r][h], lo, _mm512_set1_epi32(ib_pk_load4(xr)));
+                        a[r][A / 2 + h] = _mm512_dpbusd_epi32(a[r][A / 2 + h], hi, _mm512_set1_epi32(ib_pk_load4(xr + 4)));
+                    }
                 }
             }
         } else {
-            for (int k = g * G; k < (g + 1) * G; k += 8) {
-                const uint8_t *blk = P + (size_t)(k / 4) * 64;
-                _mm_prefetch((const char *)(blk + IB_PF_DIST), _MM_HINT_T0);
-                _mm_prefetch((const char *)(blk + 64 + IB_PF_DIST), _MM_HINT_T0);
-                __m512i w0 = _mm512_loadu_si512((const void *)blk);
-                __m512i w1 = _mm512_loadu_si512((const void *)(blk + 64));
+            /* block pair j (8 k) -> accumulators 2*(j % (A/2)) and 2*(j % (A/2)) + 1 */
+            for (int k = g * G; k < (g + 1) * G; k += 4 * A) {
+#pragma GCC unroll 2
+                for (int h = 0; h < A / 2; h++) {
+                    const uint8_t *blk = P + (size_t)(k / 4 + 2 * h) * 64;
+                    _mm_prefetch((const char *)(blk + IB_PF_DIST), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(blk + 64 + IB_PF_DIST), _MM_HINT_T0);
+                    __m512i w0 = _mm512_loadu_si512((const void *)blk);
+                    __m512i w1 = _mm512_loadu_si512((const void *)(blk + 64));
 #pragma GCC unroll 8
-                for (int r = 0; r < R; r++) {
-                    const int8_t *xr = xq + (size_t)r * K + k;
-                    a0[r] = _mm512_dpbusd_epi32(a0[r], w0, _mm512_set1_epi32(ib_pk_load4(xr)));
-                    a1[r] = _mm512_dpbusd_epi32(a1[r], w1, _mm512_set1_epi32(ib_pk_load4(xr + 4)));
+                    for (int r = 0; r < R; r++) {
+                        const int8_t *xr = xq + (size_t)r * K + k + 8 * h;
+                        a[r][2 * h] = _mm512_dpbusd_epi32(a[r][2 * h], w0, _mm512_set1_epi32(ib_pk_load4(xr)));
+                        a[r][2 * h + 1] = _mm512_dpbusd_epi32(a[r][2 * h + 1], w1, _mm512_set1_epi32(ib_pk_load4(xr + 4)));
+                    }
                 }
             }
         }
         __m512 s = group_sb(m, p, g, 0), b = group_sb(m, p, g, 1);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(a0[r], a1[r]));
+            __m512i lo_sum = a[r][0], hi_sum = a[r][A / 2];
+            if (A == 4) lo_sum = _mm512_add_epi32(lo_sum, a[r][1]), hi_sum = _mm512_add_epi32(hi_sum, a[r][3]);
+            __m512i tot = q4 ? _mm512_add_epi32(lo_sum, _mm512_srai_epi32(hi_sum, 4)) : _mm512_add_epi32(lo_sum, hi_sum);
+            __m512 isum = _mm512_cvtepi32_ps(tot);
             __m512 t = _mm512_mul_ps(_mm512_mul_ps(s, _mm512_set1_ps(d[(size_t)r * ng + g])), isum);
             __m512 u = _mm512_mul_ps(b, _mm512_set1_ps(ad[(size_t)r * ng + g]));
             f[r] = _mm512_add_ps(_mm512_add_ps(f[r], t), u);
