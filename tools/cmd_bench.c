@@ -4,7 +4,6 @@
  * spread (min–max) beside it.
  */
 #include <jansson.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bandwidth.h"
 #include "cli.h"
 #include "isobatch.h"
 
@@ -20,7 +20,8 @@ static const char help[] =
     "                      [--act auto|f32|q8] [--isa auto|scalar|avx2|avx512|neon] [--kv-dtype f32|f16] [--reps 3] [--json]\n"
     "  prefill: one session, --prompt tokens in one step.  decode: B sessions holding --prompt tokens\n"
     "  each step together for --gen tokens.  floor: (weight bytes + KV bytes read) per step over the\n"
-    "  read bandwidth measured here with the same thread count.\n";
+    "  read bandwidth, measured with the same thread count right before and after each repetition;\n"
+    "  'of floor' is the median over repetitions of decode tok/s over the floor of that moment.\n";
 
 #define MAX_B 64
 #define MAX_REPS 15
@@ -42,43 +43,11 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-typedef struct { const uint64_t *p; size_t n; uint64_t sum; } read_job;
-
-/* Sum n words with four independent chains (so the loop is bound by memory, not by adds). */
-static void *read_words(void *arg) {
-    read_job *j = arg;
-    uint64_t a = 0, b = 0, c = 0, d = 0;
-    for (size_t i = 0; i + 4 <= j->n; i += 4) a += j->p[i], b += j->p[i + 1], c += j->p[i + 2], d += j->p[i + 3];
-    j->sum = a + b + c + d;
-    return NULL;
-}
-
-/* Read bandwidth in bytes/s over a 512 MiB buffer with `threads` threads: median of 5 passes. */
-static double measure_bandwidth(int threads) {
-    size_t bytes = (size_t)512 << 20, words = bytes / 8;
-    uint64_t *buf = malloc(bytes);
-    if (!buf) return 0;
-    for (size_t i = 0; i < words; i++) buf[i] = i;
-    double t[5];
-    for (int rep = 0; rep < 5; rep++) {
-        pthread_t th[64];
-        read_job jobs[64];
-        int n = threads > 64 ? 64 : threads;
-        double t0 = now_s();
-        for (int i = 0; i < n; i++) {
-            jobs[i] = (read_job){buf + words / n * i, words / n, 0};
-            pthread_create(&th[i], NULL, read_words, &jobs[i]);
-        }
-        uint64_t s = 0;
-        for (int i = 0; i < n; i++) {
-            pthread_join(th[i], NULL);
-            s += jobs[i].sum;
-        }
-        t[rep] = now_s() - t0;
-        if (s == 42) fputc(' ', stderr); /* keep the sum alive */
-    }
-    free(buf);
-    return (double)bytes / median(t, 5);
+/* Median of v[0..n), n <= MAX_REPS + 1, leaving v in its order. */
+static double median_kept(const double *v, int n) {
+    double c[MAX_REPS + 1];
+    memcpy(c, v, sizeof *v * (size_t)n);
+    return median(c, n);
 }
 
 static long peak_rss_kb(void) {
@@ -151,6 +120,10 @@ int cmd_bench(int argc, char **argv) {
             return cli_usage_error("bench: unknown option '%s' (try --help)", f);
     }
     if (!(dir = cli_model_dir(dir))) return 2;
+    /* started before anything large is allocated: the probe's process then copies no page tables of
+     * the model and the benchmark never pays copy-on-write faults for pages it shares with it */
+    bw_probe *probe = bw_probe_start((int)threads);
+    if (!probe) return cli_error("bench: could not start the bandwidth probe process");
     ib_error err;
     ib_model *m = NULL;
     ib_engine *e = NULL;
@@ -159,7 +132,10 @@ int cmd_bench(int argc, char **argv) {
     int32_t *ids = NULL;
     int rc = 0;
     json_t *out = NULL;
-    if (ib_model_load(dir, NULL, &m, &err)) return cli_error("%s", err.msg);
+    if (ib_model_load(dir, NULL, &m, &err)) {
+        bw_probe_stop(probe);
+        return cli_error("%s", err.msg);
+    }
     const ib_model_info *info = ib_model_get_info(m);
     int V = info->vocab_size, maxb = 1;
     for (int i = 0; i < nb; i++) maxb = batches[i] > maxb ? batches[i] : maxb;
@@ -192,7 +168,17 @@ int cmd_bench(int argc, char **argv) {
             rc = cli_error("%s", err.msg);
             goto out;
         }
-    double bw = measure_bandwidth((int)threads);
+    /* bandwidth passes: five now (the header's figure) and one around every decode repetition */
+    double bw_all[5 + MAX_B * (MAX_REPS + 1)];
+    int n_bw = 0;
+    for (int i = 0; i < 5; i++) bw_all[n_bw++] = bw_probe_measure(probe);
+    double bw_start[5];
+    memcpy(bw_start, bw_all, sizeof bw_start);
+    double bw = median(bw_start, 5);
+    if (bw <= 0) {
+        rc = cli_error("bench: the bandwidth probe failed");
+        goto out;
+    }
 
     /* prefill: the whole prompt in one step, from position 0 */
     double tp[MAX_REPS];
@@ -225,7 +211,8 @@ int cmd_bench(int argc, char **argv) {
         printf("model %s: %.1f MB weights, %zu KV bytes/token (%s); %ld threads, isa %s, act %s\n", dir,
                info->weight_bytes / 1e6, kv_per_token, kv_f16 ? "f16" : "f32", threads, ib_isa_name(ib_engine_isa(e)),
                act_name);
-        printf("read bandwidth %.1f GB/s (measured, %ld threads)\n", bw / 1e9, threads);
+        printf("read bandwidth %.1f GB/s (measured, %ld threads; measured again around every repetition below)\n",
+               bw / 1e9, threads);
         printf("prefill %ld tokens: %.1f tok/s (min %.1f, max %.1f)\n", prompt, pre.med, pre.lo, pre.hi);
         printf("%5s %12s %22s %10s %12s %9s\n", "batch", "decode tok/s", "(min-max)", "ms/step", "floor tok/s", "of floor");
     }
@@ -239,7 +226,10 @@ int cmd_bench(int argc, char **argv) {
     int32_t next[MAX_B];
     for (int bi = 0; bi < nb; bi++) {
         int B = batches[bi];
-        double tput[MAX_REPS], ms[MAX_REPS];
+        double tput[MAX_REPS], ms[MAX_REPS], frac[MAX_REPS], bw_rep[MAX_REPS + 1], bw_mid[MAX_REPS];
+        /* bytes one step must read: every weight once, and each session's keys and values so far */
+        double step_bytes = info->weight_bytes + (double)B * (prompt + gen / 2.0) * kv_per_token;
+        bw_rep[0] = bw_probe_measure(probe);
         for (int r = 0; r < reps; r++) {
             for (int b = 0; b < B; b++) {
                 ib_session_rewind(s[b], (int)prompt, NULL);
@@ -257,32 +247,49 @@ int cmd_bench(int argc, char **argv) {
             double dt = now_s() - t0;
             tput[r] = B * gen / dt;
             ms[r] = dt * 1e3 / gen;
+            bw_rep[r + 1] = bw_probe_measure(probe);
+            /* the floor of this repetition: the bandwidth read just before and just after it */
+            bw_mid[r] = 0.5 * (bw_rep[r] + bw_rep[r + 1]);
+            frac[r] = tput[r] / (B / (step_bytes / bw_mid[r]));
         }
-        stat3 d = summarize(tput, (int)reps);
+        for (int r = 0; r <= reps && n_bw < (int)(sizeof bw_all / sizeof *bw_all); r++) bw_all[n_bw++] = bw_rep[r];
         double step_ms = median(ms, (int)reps);
-        /* bytes one step must read: every weight once, and each session's keys and values so far */
-        double kv_read = (double)B * (prompt + gen / 2.0) * kv_per_token;
-        double floor_tps = B / ((info->weight_bytes + kv_read) / bw);
+        double floor_tps = B / (step_bytes / median_kept(bw_mid, (int)reps));
+        double of_floor = median_kept(frac, (int)reps);
+        double tput_sorted[MAX_REPS];
+        memcpy(tput_sorted, tput, sizeof tput);
+        stat3 d = summarize(tput_sorted, (int)reps);
         if (as_json) {
+            json_t *per_rep = json_array();
+            for (int r = 0; r < reps; r++)
+                json_array_append_new(per_rep, json_pack("{s:f, s:f, s:f}", "tok_s", tput[r], "read_bandwidth_gbs",
+                                                         bw_mid[r] / 1e9, "fraction_of_floor", frac[r]));
             json_array_append_new(json_object_get(out, "decode"),
-                                  json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "batch", B, "tok_s", d.med, "min",
-                                            d.lo, "max", d.hi, "ms_per_step", step_ms, "floor_tok_s", floor_tps,
-                                            "fraction_of_floor", d.med / floor_tps));
+                                  json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:o}", "batch", B, "tok_s", d.med,
+                                            "min", d.lo, "max", d.hi, "ms_per_step", step_ms, "floor_tok_s",
+                                            floor_tps, "fraction_of_floor", of_floor, "reps", per_rep));
         } else {
             printf("%5d %12.1f %10.1f - %-10.1f %10.2f %12.1f %8.0f%%\n", B, d.med, d.lo, d.hi, step_ms, floor_tps,
-                   100 * d.med / floor_tps);
+                   100 * of_floor);
         }
         fflush(stdout);
     }
+    stat3 bws = summarize(bw_all, n_bw);
     if (as_json) {
+        json_object_set_new(out, "read_bandwidth_all_gbs", json_pack("{s:f, s:f, s:f, s:i}", "median", bws.med / 1e9,
+                                                                     "min", bws.lo / 1e9, "max", bws.hi / 1e9,
+                                                                     "passes", n_bw));
         json_object_set_new(out, "peak_rss_mb", json_real(peak_rss_kb() / 1024.0));
         char *txt = json_dumps(out, JSON_COMPACT);
         if (txt) puts(txt);
         free(txt);
     } else {
+        printf("read bandwidth over all %d passes: median %.1f GB/s (min %.1f, max %.1f)\n", n_bw, bws.med / 1e9,
+               bws.lo / 1e9, bws.hi / 1e9);
         printf("peak RSS %.1f MB\n", peak_rss_kb() / 1024.0);
     }
 out:
+    bw_probe_stop(probe);
     json_decref(out);
     for (int b = 0; b < maxb; b++) ib_session_free(s[b]);
     ib_session_free(proto);
