@@ -12,9 +12,11 @@
 #include "core/half.h"
 #include "ops/matmul.h"
 
-/* Panels per pool task: few rows stream the weights from memory, and longer runs of contiguous panels
- * keep each thread's stream sequential; many rows make each panel long enough to balance finer. */
-#define PANELS_PER_TASK_FEW_ROWS 16
+/* Panels per pool task: few rows stream the weights from memory, and long runs of contiguous panels
+ * keep each thread's stream sequential (every task start waits on memory before its prefetches run
+ * ahead: 1-row products in decode order ran 5-10% faster with 64 panels per task than with 16); many
+ * rows make each panel long enough to balance finer. */
+#define PANELS_PER_TASK_FEW_ROWS 64
 #define PANELS_PER_TASK 4
 #define FEW_ROWS 4
 
