@@ -20,11 +20,14 @@ static const char help[] =
     "                      [--act auto|f32|q8] [--isa auto|scalar|avx2|avx512|neon] [--kv-dtype f32|f16] [--reps 3] [--json]\n"
     "  prefill: one session, --prompt tokens in one step.  decode: B sessions holding --prompt tokens\n"
     "  each step together for --gen tokens.  floor: (weight bytes + KV bytes read) per step over the\n"
-    "  read bandwidth, measured with the same thread count right before and after each repetition;\n"
-    "  'of floor' is the median over repetitions of decode tok/s over the floor of that moment.\n";
+    "  read bandwidth measured with the same thread count in passes taken between the repetitions\n"
+    "  (the median of a batch size's passes; --json also gives each repetition's own ratio).\n";
 
 #define MAX_B 64
 #define MAX_REPS 15
+/* bandwidth passes before the first decode repetition of a batch size and after each one */
+#define GAP_PASSES 3
+#define MAX_PASSES (5 + 16 * GAP_PASSES * (MAX_REPS + 1))
 
 static double now_s(void) {
     struct timespec ts;
@@ -43,11 +46,21 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Median of v[0..n), n <= MAX_REPS + 1, leaving v in its order. */
+/* Median of v[0..n), n <= MAX_PASSES, leaving v in its order. */
 static double median_kept(const double *v, int n) {
-    double c[MAX_REPS + 1];
+    double c[MAX_PASSES];
     memcpy(c, v, sizeof *v * (size_t)n);
     return median(c, n);
+}
+
+/* GAP_PASSES bandwidth passes now, appended to all[*n] (capacity MAX_PASSES): their median. */
+static double bw_gap(bw_probe *probe, double *all, int *n) {
+    double v[GAP_PASSES];
+    for (int i = 0; i < GAP_PASSES; i++) {
+        v[i] = bw_probe_measure(probe);
+        if (*n < MAX_PASSES) all[(*n)++] = v[i];
+    }
+    return median(v, GAP_PASSES);
 }
 
 static long peak_rss_kb(void) {
@@ -169,7 +182,7 @@ int cmd_bench(int argc, char **argv) {
             goto out;
         }
     /* bandwidth passes: five now (the header's figure) and one around every decode repetition */
-    double bw_all[5 + MAX_B * (MAX_REPS + 1)];
+    double bw_all[MAX_PASSES];
     int n_bw = 0;
     for (int i = 0; i < 5; i++) bw_all[n_bw++] = bw_probe_measure(probe);
     double bw_start[5];
@@ -211,7 +224,7 @@ int cmd_bench(int argc, char **argv) {
         printf("model %s: %.1f MB weights, %zu KV bytes/token (%s); %ld threads, isa %s, act %s\n", dir,
                info->weight_bytes / 1e6, kv_per_token, kv_f16 ? "f16" : "f32", threads, ib_isa_name(ib_engine_isa(e)),
                act_name);
-        printf("read bandwidth %.1f GB/s (measured, %ld threads; measured again around every repetition below)\n",
+        printf("read bandwidth %.1f GB/s (measured, %ld threads; again between the repetitions below)\n",
                bw / 1e9, threads);
         printf("prefill %ld tokens: %.1f tok/s (min %.1f, max %.1f)\n", prompt, pre.med, pre.lo, pre.hi);
         printf("%5s %12s %22s %10s %12s %9s\n", "batch", "decode tok/s", "(min-max)", "ms/step", "floor tok/s", "of floor");
@@ -227,9 +240,10 @@ int cmd_bench(int argc, char **argv) {
     for (int bi = 0; bi < nb; bi++) {
         int B = batches[bi];
         double tput[MAX_REPS], ms[MAX_REPS], frac[MAX_REPS], bw_rep[MAX_REPS + 1], bw_mid[MAX_REPS];
+        int first_pass = n_bw;
         /* bytes one step must read: every weight once, and each session's keys and values so far */
         double step_bytes = info->weight_bytes + (double)B * (prompt + gen / 2.0) * kv_per_token;
-        bw_rep[0] = bw_probe_measure(probe);
+        bw_rep[0] = bw_gap(probe, bw_all, &n_bw);
         for (int r = 0; r < reps; r++) {
             for (int b = 0; b < B; b++) {
                 ib_session_rewind(s[b], (int)prompt, NULL);
@@ -247,18 +261,18 @@ int cmd_bench(int argc, char **argv) {
             double dt = now_s() - t0;
             tput[r] = B * gen / dt;
             ms[r] = dt * 1e3 / gen;
-            bw_rep[r + 1] = bw_probe_measure(probe);
-            /* the floor of this repetition: the bandwidth read just before and just after it */
+            bw_rep[r + 1] = bw_gap(probe, bw_all, &n_bw);
+            /* the floor of this repetition alone: the bandwidth read just before and just after it */
             bw_mid[r] = 0.5 * (bw_rep[r] + bw_rep[r + 1]);
             frac[r] = tput[r] / (B / (step_bytes / bw_mid[r]));
         }
-        for (int r = 0; r <= reps && n_bw < (int)(sizeof bw_all / sizeof *bw_all); r++) bw_all[n_bw++] = bw_rep[r];
         double step_ms = median(ms, (int)reps);
-        double floor_tps = B / (step_bytes / median_kept(bw_mid, (int)reps));
-        double of_floor = median_kept(frac, (int)reps);
+        /* the row's floor: the median of every pass taken around its repetitions */
+        double floor_tps = B / (step_bytes / median_kept(bw_all + first_pass, n_bw - first_pass));
         double tput_sorted[MAX_REPS];
         memcpy(tput_sorted, tput, sizeof tput);
         stat3 d = summarize(tput_sorted, (int)reps);
+        double of_floor = d.med / floor_tps;
         if (as_json) {
             json_t *per_rep = json_array();
             for (int r = 0; r < reps; r++)
