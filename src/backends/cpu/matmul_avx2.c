@@ -243,6 +243,7 @@ AI void tile_q4(const int R, const ib_matrix *m, int p, const int8_t *xq, const 
                 is[r][1] = _mm256_add_epi32(is[r][1], _mm256_madd_epi16(h[r][1], ones));
             }
         }
+        ib_pk_sb_prefetch(m, p, g);
         __m256 s0 = group_sb(m, p, g, 0, 0), s1 = group_sb(m, p, g, 0, 1);
         __m256 b0 = group_sb(m, p, g, 1, 0), b1 = group_sb(m, p, g, 1, 1);
 #pragma GCC unroll 4
@@ -284,6 +285,7 @@ AI void tile_q8(const int R, const ib_matrix *m, int p, const int8_t *xq, const 
                                                                        _mm256_madd_epi16(o1, xo)));
             }
         }
+        ib_pk_sb_prefetch(m, p, g);
         __m256 s0 = group_sb(m, p, g, 0, 0), s1 = group_sb(m, p, g, 0, 1);
         __m256 b0 = group_sb(m, p, g, 1, 0), b1 = group_sb(m, p, g, 1, 1);
 #pragma GCC unroll 4

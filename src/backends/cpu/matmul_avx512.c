@@ -215,6 +215,7 @@ AI void tile_q(const int R, const int q4, const ib_matrix *m, int p, const int8_
                 }
             }
         }
+        ib_pk_sb_prefetch(m, p, g);
         __m512 s = group_sb(m, p, g, 0), b = group_sb(m, p, g, 1);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {

@@ -67,6 +67,13 @@ static inline const uint8_t *ib_pk_sb(const ib_matrix *m, int p, int g) {
     return (const uint8_t *)m->sb + ((size_t)p * ng + (size_t)g) * 32 * ib_pk_sb_elem(m);
 }
 
+/* Ask for the scales and biases IB_SB_PF_DIST bytes after those of panel p, group g (a tile reading the
+ * groups in order stays that far ahead of their stream; 1-row products from memory ran 2-3% faster). */
+#define IB_SB_PF_DIST 1024
+static inline void ib_pk_sb_prefetch(const ib_matrix *m, int p, int g) {
+    __builtin_prefetch(ib_pk_sb(m, p, g) + IB_SB_PF_DIST);
+}
+
 /* Element i (0..31: scales 0..15, biases 16..31) of a group's scales and biases, as float (exact). */
 static inline float ib_pk_sb_get(const ib_matrix *m, const uint8_t *sb, int i) {
     uint16_t h;
