@@ -15,6 +15,7 @@
 #include <math.h>
 
 #include "check.h"
+#include "core/half.h"
 #include "isobatch.h"
 #include "model/mkmodel.h"
 #include "runtime/kv_policy.h"
@@ -175,6 +176,71 @@ static void run_window(const ib_model *m, ib_engine *e, int i, int sink, int win
     free(lo);
 }
 
+/* Count the (position, config) cases where ib_attend_policy_heads with the copy for isa differs from
+ * ib_attend_policy head by head: float and half KV, with and without sinks, blocks that the ring's
+ * wrap cuts in two, 1 and 3 query heads. */
+static int policy_heads_mismatches(const ib_model *m, ib_isa isa, int *cases) {
+    enum { HD = 32, NPOS = 70, NQ = 3 };
+    static const int cfg[][3] = {{3, 20, 8}, {0, 20, 8}, {5, 7, 3}}, blocks[] = {8, 32};
+    static float kf[64 * HD], vf[64 * HD];
+    static uint16_t kh[64 * HD], vh[64 * HD];
+    float q[NQ * HD], ref[NQ * HD], got[NQ * HD];
+    uint64_t x = 0x9e3779b97f4a7c15ULL;
+    int bad = 0;
+    for (int f16 = 0; f16 < 2; f16++)
+        for (int c = 0; c < 3; c++)
+            for (int bi = 0; bi < 2; bi++)
+                for (int nq = 1; nq <= NQ; nq += 2) {
+                    struct ib_session fake;
+                    memset(&fake, 0, sizeof fake);
+                    fake.model = m;
+                    fake.kv_sink = cfg[c][0];
+                    fake.kv_window = cfg[c][1];
+                    fake.kv_chunk = cfg[c][2];
+                    fake.capacity = cfg[c][0] + cfg[c][1] + cfg[c][2];
+                    fake.kv_f16 = f16;
+                    const void *k = f16 ? (const void *)kh : (const void *)kf, *v = f16 ? (const void *)vh : (const void *)vf;
+                    for (int p = 0; p < NPOS; p++) {
+                        int sl = ib_kv_slot(&fake, p);
+                        for (int d = 0; d < HD; d++) {
+                            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                            float a = (float)((double)(x >> 11) / 9007199254740992.0 * 4 - 2);
+                            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                            float b = (float)((double)(x >> 11) / 9007199254740992.0 * 2 - 1);
+                            kh[sl * HD + d] = ib_f32_to_f16(a), vh[sl * HD + d] = ib_f32_to_f16(b);
+                            kf[sl * HD + d] = a, vf[sl * HD + d] = b;
+                        }
+                        for (int i = 0; i < nq * HD; i++) q[i] = kf[(size_t)((i * 7) % (sl * HD + HD))] * 1.5f;
+                        for (int h = 0; h < nq; h++)
+                            ib_attend_policy(&fake, q + h * HD, k, v, p, HD, 0.25f, blocks[bi], ref + h * HD);
+                        ib_attend_policy_heads(&fake, isa, q, nq, k, v, p, HD, 0.25f, blocks[bi], got);
+                        bad += memcmp(ref, got, sizeof(float) * (size_t)nq * HD) != 0;
+                        (*cases)++;
+                    }
+                }
+    return bad;
+}
+
+/* ib_attend_policy_heads (the path windowed sessions take) equals ib_attend_policy bitwise on every
+ * attention copy this CPU runs; the isa-fma fault must break the comparison on the vector copies. */
+static void check_policy_heads(const ib_model *m) {
+    static const ib_isa isas[] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512, IB_ISA_NEON, IB_ISA_AUTO};
+    for (int i = 0; i < 5; i++) {
+        if (!ib_isa_supported(isas[i])) continue;
+        int cases = 0, bad = policy_heads_mismatches(m, isas[i], &cases);
+        CHECK(bad == 0, "windowed attention, --isa %s: %d of %d cases differ from ib_attend_policy",
+              ib_isa_name(isas[i]), bad, cases);
+        if (isas[i] == IB_ISA_AVX2 || isas[i] == IB_ISA_AVX512) {
+            ib_fault_set(IB_FAULT_ISA_FMA);
+            cases = 0;
+            bad = policy_heads_mismatches(m, isas[i], &cases);
+            ib_fault_set(IB_FAULT_NONE);
+            CHECK(bad > cases / 4, "isa-fma fault on windowed attention, --isa %s, changed only %d of %d cases",
+                  ib_isa_name(isas[i]), bad, cases);
+        }
+    }
+}
+
 /* ib_attend_policy against a float64 softmax over exactly the positions the policy keeps. */
 static void check_attend_policy(const ib_model *m) {
     int hd = 32, S = 3, W = 20, C = 8, cap = S + W + C, n_pos = 90;
@@ -258,6 +324,7 @@ int main(void) {
 
     /* KV policies */
     check_attend_policy(m);
+    check_policy_heads(m);
     {
         int32_t t_full[GEN], t_a[GEN], t_b[GEN], t_c[GEN];
         uint64_t d_full, d_a, d_b, d_c;

@@ -57,6 +57,20 @@ void ib_attend_heads_f16_isa(ib_isa isa, const uint16_t *k, const uint16_t *v, c
     }
 }
 
+void ib_attend_block2_isa(ib_isa isa, int f16, const float *q, int nq, const void *k1, const void *v1, int n1,
+                          const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale, float *m,
+                          float *l, float *out) {
+    switch (attn_isa(isa)) {
+#if defined(__x86_64__) || defined(__i386__)
+    case IB_ISA_AVX512:
+        ib_attend_block2_avx512(f16, q, nq, k1, v1, n1, k2, v2, n2, kv_stride, hd, scale, m, l, out);
+        return;
+    case IB_ISA_AVX2: ib_attend_block2_avx2(f16, q, nq, k1, v1, n1, k2, v2, n2, kv_stride, hd, scale, m, l, out); return;
+#endif
+    default: ib_attend_block2_portable(f16, q, nq, k1, v1, n1, k2, v2, n2, kv_stride, hd, scale, m, l, out); return;
+    }
+}
+
 void ib_attend_heads(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride, int hd,
                      float scale, int block, int window, float *out) {
     ib_attend_heads_isa(IB_ISA_AUTO, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out);

@@ -227,22 +227,51 @@ ATTN_AI void block_scores(const int f16, const int fused, const float *q, const 
     for (j = j0; j < nb; j++) s[j] = s[j] * scale;
 }
 
-/* The online-softmax update of one block from its scores s[j0..nb): the running max m and sum l,
- * and out rescaled then accumulated with the values (value j at element vo + j*st). */
-ATTN_AI void block_update(const int f16, const float *s, const void *v, size_t vo, size_t st, int hd, int j0, int nb,
-                          int n_rows, float *m, float *l, float *out) {
+/* The softmax side of one block's online update from its scores s[j0..nb): the running max m and
+ * sum l move on, pw[j0..nb) gets the block's weights (computed lane-parallel); returns the factor c
+ * that rescales what the outputs hold so far. */
+ATTN_AI float block_weights(const float *s, int j0, int nb, float *m, float *l, float *pw) {
     float mb = -INFINITY;
     for (int j = j0; j < nb; j++)
         if (s[j] > mb) mb = s[j];
     float m_new = mb > *m ? mb : *m;
     float c = ib_expf(*m - m_new); /* exp(-inf) = 0 on the first block */
     float lv = *l * c;
-    float pw[IB_ATTN_MAX_BLOCK]; /* the block's softmax weights, computed lane-parallel */
     for (int j = j0; j < nb; j++) pw[j] = ib_expf_lane(s[j] - m_new);
     for (int j = j0; j < nb; j++) lv = lv + pw[j];
-    scale_accumulate(f16, out, hd, c, pw, v, vo, st, j0, nb, n_rows);
     *m = m_new;
     *l = lv;
+    return c;
+}
+
+/* The online-softmax update of one block from its scores s[j0..nb): the running max m and sum l,
+ * and out rescaled then accumulated with the values (value j at element vo + j*st). */
+ATTN_AI void block_update(const int f16, const float *s, const void *v, size_t vo, size_t st, int hd, int j0, int nb,
+                          int n_rows, float *m, float *l, float *out) {
+    float pw[IB_ATTN_MAX_BLOCK];
+    float c = block_weights(s, j0, nb, m, l, pw);
+    scale_accumulate(f16, out, hd, c, pw, v, vo, st, j0, nb, n_rows);
+}
+
+/* One key block for nq heads whose n1 + n2 (<= IB_ATTN_MAX_BLOCK, n1 >= 1) rows lie in two runs: n1
+ * at k1 / v1, then n2 at k2 / v2 (row stride st elements; a ring buffer that wraps inside the block).
+ * Continues each head's online softmax: running max m[nq], sum l[nq], unnormalized out [nq][hd].
+ * Bitwise what attend_heads_body does for the same keys as one block in one run: scores are per key,
+ * and the values' pass over the second run goes on from the first's outputs with a factor of 1
+ * (x * 1 = x exactly). */
+ATTN_AI void attend_block2_body(const int f16, const int fused, const float *q, int nq, const void *k1,
+                                const void *v1, int n1, const void *k2, const void *v2, int n2, size_t st, int hd,
+                                float scale, float *m, float *l, float *out) {
+    float s[IB_ATTN_MAX_BLOCK], pw[IB_ATTN_MAX_BLOCK];
+    for (int h = 0; h < nq; h++) {
+        const float *qh = q + (size_t)h * hd;
+        float *oh = out + (size_t)h * hd;
+        block_scores(f16, fused, qh, k1, 0, st, hd, scale, 0, n1, n1, s);
+        if (n2 > 0) block_scores(f16, fused, qh, k2, 0, st, hd, scale, 0, n2, n2, s + n1);
+        float c = block_weights(s, 0, n1 + n2, &m[h], &l[h], pw);
+        scale_accumulate(f16, oh, hd, c, pw, v1, 0, st, 0, n1, n1);
+        if (n2 > 0) scale_accumulate(f16, oh, hd, 1.0f, pw + n1, v2, 0, st, 0, n2, n2);
+    }
 }
 
 /* ib_attend_heads over a float (f16 = 0) or half (f16 = 1) KV plane: nq query heads q [nq][hd] walk
@@ -283,8 +312,23 @@ static void attend_copy(const int f16, const void *k, const void *v, const float
     else attend_heads_body(0, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out);
 }
 
-/* The two entry points of a copy, named ib_attend_heads_<sfx> and ib_attend_heads_f16_<sfx> (their
- * declarations are in ops.h). */
+/* attend_block2_body for float (f16 = 0) or half (f16 = 1) KV, the fault read once per call. */
+static void block2_copy(const int f16, const float *q, int nq, const void *k1, const void *v1, int n1, const void *k2,
+                        const void *v2, int n2, int kv_stride, int hd, float scale, float *m, float *l, float *out) {
+    const size_t st = (size_t)kv_stride;
+#ifdef IB_ATTN_VECTOR_ISA
+    if (ib_fault_get() == IB_FAULT_ISA_FMA) {
+        if (f16) attend_block2_body(1, 1, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out);
+        else attend_block2_body(0, 1, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out);
+        return;
+    }
+#endif
+    if (f16) attend_block2_body(1, 0, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out);
+    else attend_block2_body(0, 0, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out);
+}
+
+/* The three entry points of a copy, named ib_attend_heads_<sfx>, ib_attend_heads_f16_<sfx> and
+ * ib_attend_block2_<sfx> (their declarations are in ops.h). */
 #define IB_ATTN_DEFINE_COPY(sfx)                                                                                 \
     void ib_attend_heads_##sfx(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride, \
                                int hd, float scale, int block, int window, float *out) {                        \
@@ -293,6 +337,11 @@ static void attend_copy(const int f16, const void *k, const void *v, const float
     void ib_attend_heads_f16_##sfx(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,     \
                                    int kv_stride, int hd, float scale, int block, int window, float *out) {     \
         attend_copy(1, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out);                           \
+    }                                                                                                            \
+    void ib_attend_block2_##sfx(int f16, const float *q, int nq, const void *k1, const void *v1, int n1,         \
+                                const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale,      \
+                                float *m, float *l, float *out) {                                                \
+        block2_copy(f16, q, nq, k1, v1, n1, k2, v2, n2, kv_stride, hd, scale, m, l, out);                        \
     }
 
 #endif

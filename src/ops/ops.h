@@ -132,12 +132,28 @@ void ib_attend_heads_isa(ib_isa isa, const float *q, int nq, const float *k, con
 void ib_attend_heads_f16_isa(ib_isa isa, const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
                              int kv_stride, int hd, float scale, int block, int window, float *out);
 
-/* The copies themselves (same arguments as ib_attend_heads / ib_attend_heads_f16); the AVX2 and
- * AVX-512 ones exist on x86 only and need a CPU that runs them. */
+/* One step of the online softmax that ib_attend_heads runs, for callers whose keys are not one
+ * contiguous run (a ring buffer): one key block of n1 + n2 keys (1 <= n1, 0 <= n2, n1 + n2 <= 128) for
+ * nq (<= IB_ATTN_MAX_GROUP) query heads q [nq][hd], the keys and values stored as float (f16 = 0) or
+ * IEEE half (f16 = 1) in two runs: n1 rows at k1 / v1 then n2 rows at k2 / v2, row stride kv_stride
+ * elements. Updates each head's running max m[nq] (start: -INFINITY), running sum l[nq] (start: 0)
+ * and unnormalized output out [nq][hd] (start: 0); after the last block out / l is the attention
+ * output. Walking a query's blocks in order through this gives bitwise what ib_attend_heads gives for
+ * the same keys in one run cut into the same blocks, with the copy for isa as in
+ * ib_attend_heads_isa. */
+void ib_attend_block2_isa(ib_isa isa, int f16, const float *q, int nq, const void *k1, const void *v1, int n1,
+                          const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale, float *m,
+                          float *l, float *out);
+
+/* The copies themselves (same arguments as ib_attend_heads / ib_attend_heads_f16 / ib_attend_block2_isa
+ * without isa); the AVX2 and AVX-512 ones exist on x86 only and need a CPU that runs them. */
 void ib_attend_heads_portable(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride,
                               int hd, float scale, int block, int window, float *out);
 void ib_attend_heads_f16_portable(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
                                   int kv_stride, int hd, float scale, int block, int window, float *out);
+void ib_attend_block2_portable(int f16, const float *q, int nq, const void *k1, const void *v1, int n1,
+                               const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale, float *m,
+                               float *l, float *out);
 #if defined(__x86_64__) || defined(__i386__)
 void ib_attend_heads_avx2(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride, int hd,
                           float scale, int block, int window, float *out);
@@ -147,6 +163,11 @@ void ib_attend_heads_avx512(const float *q, int nq, const float *k, const float 
                             int hd, float scale, int block, int window, float *out);
 void ib_attend_heads_f16_avx512(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
                                 int kv_stride, int hd, float scale, int block, int window, float *out);
+void ib_attend_block2_avx2(int f16, const float *q, int nq, const void *k1, const void *v1, int n1, const void *k2,
+                           const void *v2, int n2, int kv_stride, int hd, float scale, float *m, float *l, float *out);
+void ib_attend_block2_avx512(int f16, const float *q, int nq, const void *k1, const void *v1, int n1,
+                             const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale, float *m,
+                             float *l, float *out);
 #endif
 
 #endif

@@ -59,6 +59,35 @@ void ib_attend_policy(const ib_session *s, const float *q, const void *k, const 
     for (int d = 0; d < hd; d++) out[d] = out[d] / l;
 }
 
+void ib_attend_policy_heads(const ib_session *s, ib_isa isa, const float *q, int nq, const void *k, const void *v,
+                            int p, int hd, float scale, int block, float *out) {
+    float m[IB_ATTN_MAX_GROUP], l[IB_ATTN_MAX_GROUP];
+    const int f16 = s->kv_f16;
+    const size_t eb = f16 ? 2 : 4, row = (size_t)hd * eb;
+    const char *kb = k, *vb = v;
+    for (int h = 0; h < nq; h++) m[h] = -INFINITY, l[h] = 0.0f;
+    for (int d = 0; d < nq * hd; d++) out[d] = 0.0f;
+    int S = s->kv_sink < p + 1 ? s->kv_sink : p + 1;
+    int lo = p - s->kv_window + 1;
+    if (lo < S) lo = S;
+    /* the same ranges and blocks as ib_attend_policy; a block of the window range whose slots run past
+     * the ring's end continues at its start (slot kv_sink) */
+    int r0[2] = {0, lo}, r1[2] = {S, p + 1};
+    for (int r = 0; r < 2; r++)
+        for (int b0 = r0[r]; b0 < r1[r];) {
+            int end = (b0 / block + 1) * block;
+            if (end > r1[r]) end = r1[r];
+            int nb = end - b0, slot = ib_kv_slot(s, b0);
+            int n1 = s->capacity - slot < nb ? s->capacity - slot : nb;
+            ib_attend_block2_isa(isa, f16, q, nq, kb + (size_t)slot * row, vb + (size_t)slot * row, n1,
+                                 kb + (size_t)s->kv_sink * row, vb + (size_t)s->kv_sink * row, nb - n1, hd, hd, scale,
+                                 m, l, out);
+            b0 = end;
+        }
+    for (int h = 0; h < nq; h++)
+        for (int d = 0; d < hd; d++) out[(size_t)h * hd + d] = out[(size_t)h * hd + d] / l[h];
+}
+
 int ib_kv_policy_parse(const char *str, int *sink, int *window) {
     char *end;
     long a, b;

@@ -29,4 +29,12 @@ static inline int ib_kv_slot(const ib_session *s, int pos) {
 void ib_attend_policy(const ib_session *s, const float *q, const void *k, const void *v, int p, int hd,
                       float scale, int block, float *out);
 
+/* ib_attend_policy for nq (1..IB_ATTN_MAX_GROUP) query heads q [nq][hd] sharing the KV head k, v,
+ * out [nq][hd], computed by the attention copy for isa (ib_attend_block2_isa: every copy, and every
+ * block cut by the ring's wrap, gives the same bits). Head h's output is bitwise
+ * ib_attend_policy(s, q + h*hd, ...); the keys and values are read in place, half KV converted in
+ * registers. block <= 128. */
+void ib_attend_policy_heads(const ib_session *s, ib_isa isa, const float *q, int nq, const void *k, const void *v,
+                            int p, int hd, float scale, int block, float *out);
+
 #endif

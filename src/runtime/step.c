@@ -81,8 +81,11 @@ static void attn_task(void *ctx, int task, int thread) {
     float *out = e->att + ((size_t)r * H + h0) * hd;
     float scale = 1.0f / sqrtf((float)hd);
     if (s->kv_window > 0) {
-        for (int h = 0; h < G; h++)
-            ib_attend_policy(s, q + (size_t)h * hd, kl, vl, e->pos[r], hd, scale, j->block, out + (size_t)h * hd);
+        for (int h = 0; h < G; h += IB_ATTN_MAX_GROUP) {
+            int nq = G - h < IB_ATTN_MAX_GROUP ? G - h : IB_ATTN_MAX_GROUP;
+            ib_attend_policy_heads(s, e->isa, q + (size_t)h * hd, nq, kl, vl, e->pos[r], hd, scale, j->block,
+                                   out + (size_t)h * hd);
+        }
         return;
     }
     for (int h = 0; h < G; h += IB_ATTN_MAX_GROUP) {
