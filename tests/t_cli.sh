@@ -187,6 +187,9 @@ fi
 "$BIN" bench -m "$T/m" --batch 2 --prompt 4 --gen 2 --threads 1 --reps 1 > "$T/bench.txt" 2>&1 \
     && grep -q "^read bandwidth over all 11 passes" "$T/bench.txt" && grep -qE '^ +2 ' "$T/bench.txt" && ok \
     || bad "bench text output: $(cat "$T/bench.txt")"
+"$BIN" bench -m "$T/m" --batch 1,2 --prompt 12 --gen 6 --threads 2 --reps 2 --kv sink:2,window:8 --kv-dtype f16 \
+    > "$T/bench.txt" 2>&1 && grep -q "(f16, kv sink:2,window:8)" "$T/bench.txt" && grep -qE '^ +2 ' "$T/bench.txt" && ok \
+    || bad "bench --kv sink:2,window:8: $(cat "$T/bench.txt")"
 
 # other architectures and weight formats: Llama (no q/k norm), untied lm_head, 8-bit, bf16, f32
 "$BIN" mkmodel --preset tiny --arch llama --seed 4 --out "$T/llama" >/dev/null || bad "mkmodel llama"
@@ -246,6 +249,7 @@ expect_error "bench batch list" "--batch: bad list '1,0'" "$B" bench -m "$T/m" -
 expect_error "bench reps" "--reps" "$B" bench -m "$T/m" --reps 99
 expect_error "bench context" "exceeds the model's context" "$B" bench -m "$T/m" --prompt 8000 --gen 4000
 expect_error "bench missing dir" "$T/none" "$B" bench -m "$T/none"
+expect_error "bench kv policy" "--kv: 'window:0'" "$B" bench -m "$T/m" --kv window:0
 
 # corrupted model directories (each a copy of the good one with one defect)
 mk() { rm -rf "$T/$1"; cp -r "$T/m" "$T/$1"; }

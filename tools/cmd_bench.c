@@ -17,11 +17,13 @@
 
 static const char help[] =
     "usage: isobatch bench [-m DIR] [--batch 1,2,4,8,16,32,64] [--prompt 128] [--gen 32] [--threads T]\n"
-    "                      [--act auto|f32|q8] [--isa auto|scalar|avx2|avx512|neon] [--kv-dtype f32|f16] [--reps 3] [--json]\n"
+    "                      [--act auto|f32|q8] [--isa auto|scalar|avx2|avx512|neon] [--kv-dtype f32|f16]\n"
+    "                      [--kv full|window:W|sink:S,window:W] [--reps 3] [--json]\n"
     "  prefill: one session, --prompt tokens in one step.  decode: B sessions holding --prompt tokens\n"
     "  each step together for --gen tokens.  floor: (weight bytes + KV bytes read) per step over the\n"
     "  read bandwidth measured with the same thread count in passes taken between the repetitions\n"
-    "  (the median of a batch size's passes; --json also gives each repetition's own ratio).\n";
+    "  (the median of a batch size's passes; --json also gives each repetition's own ratio).\n"
+    "  --kv: the sessions' KV policy (windowed sessions attend at most S + W keys, which the floor counts).\n";
 
 #define MAX_B 64
 #define MAX_REPS 15
@@ -98,7 +100,8 @@ int cmd_bench(int argc, char **argv) {
     long prompt = 128, gen = 32, threads = sysconf(_SC_NPROCESSORS_ONLN), reps = 3;
     ib_isa isa = IB_ISA_AUTO;
     ib_act act = IB_ACT_AUTO;
-    int kv_f16 = 0;
+    int kv_f16 = 0, kv_sink = 0, kv_window = 0;
+    const char *kv_policy = "full";
     if (threads < 1) threads = 1;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v;
@@ -127,6 +130,10 @@ int cmd_bench(int argc, char **argv) {
             if (cli_act(v, &act)) return 2;
         } else if (!strcmp(f, "--kv-dtype")) {
             if (cli_kv_dtype(v, &kv_f16)) return 2;
+        } else if (!strcmp(f, "--kv")) {
+            if (ib_kv_policy_parse(v, &kv_sink, &kv_window))
+                return cli_usage_error("--kv: '%s' is not full, window:W or sink:S,window:W", v);
+            kv_policy = v;
         } else if (!strcmp(f, "--isa")) {
             if (cli_isa(v, &isa)) return 2;
         } else
@@ -170,7 +177,10 @@ int cmd_bench(int argc, char **argv) {
         goto out;
     }
     for (long i = 0; i < prompt; i++) ids[i] = (int32_t)((i * 7919 + 13) % (V < 256 ? V : 256));
-    ib_session_opts so = {.max_context = ctx, .sampling = ib_sampling_default(), .kv_f16 = kv_f16};
+    /* a windowed session takes the whole prompt in one step and rewinds by --gen between repetitions */
+    ib_session_opts so = {.max_context = ctx, .sampling = ib_sampling_default(), .kv_f16 = kv_f16,
+                          .kv_sink = kv_sink, .kv_window = kv_window,
+                          .kv_chunk = kv_window > 0 ? (int)(prompt > gen ? prompt : gen) : 0};
     size_t kv_per_token = info->kv_bytes_per_token / (kv_f16 ? 2 : 1);
     if (ib_session_create(m, &so, &proto, &err)) {
         rc = cli_error("%s", err.msg);
@@ -216,14 +226,15 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(out, "read_bandwidth_gbs", json_real(bw / 1e9));
         json_object_set_new(out, "weight_bytes", json_integer((json_int_t)info->weight_bytes));
         json_object_set_new(out, "kv_dtype", json_string(kv_f16 ? "f16" : "f32"));
+        json_object_set_new(out, "kv_policy", json_string(kv_policy));
         json_object_set_new(out, "kv_bytes_per_token", json_integer((json_int_t)kv_per_token));
         json_object_set_new(out, "prefill_tok_s", json_pack("{s:f, s:f, s:f, s:i}", "median", pre.med, "min", pre.lo,
                                                             "max", pre.hi, "tokens", (int)prompt));
         json_object_set_new(out, "decode", json_array());
     } else {
-        printf("model %s: %.1f MB weights, %zu KV bytes/token (%s); %ld threads, isa %s, act %s\n", dir,
-               info->weight_bytes / 1e6, kv_per_token, kv_f16 ? "f16" : "f32", threads, ib_isa_name(ib_engine_isa(e)),
-               act_name);
+        printf("model %s: %.1f MB weights, %zu KV bytes/token (%s, kv %s); %ld threads, isa %s, act %s\n", dir,
+               info->weight_bytes / 1e6, kv_per_token, kv_f16 ? "f16" : "f32", kv_policy, threads,
+               ib_isa_name(ib_engine_isa(e)), act_name);
         printf("read bandwidth %.1f GB/s (measured, %ld threads; again between the repetitions below)\n",
                bw / 1e9, threads);
         printf("prefill %ld tokens: %.1f tok/s (min %.1f, max %.1f)\n", prompt, pre.med, pre.lo, pre.hi);
@@ -241,8 +252,10 @@ int cmd_bench(int argc, char **argv) {
         int B = batches[bi];
         double tput[MAX_REPS], ms[MAX_REPS], frac[MAX_REPS], bw_rep[MAX_REPS + 1], bw_mid[MAX_REPS];
         int first_pass = n_bw;
-        /* bytes one step must read: every weight once, and each session's keys and values so far */
-        double step_bytes = info->weight_bytes + (double)B * (prompt + gen / 2.0) * kv_per_token;
+        /* bytes one step must read: every weight once, and the keys and values each session attends */
+        double keys = prompt + gen / 2.0; /* keys a row attends, on average over the repetition */
+        if (kv_window > 0 && keys > kv_sink + kv_window) keys = kv_sink + kv_window;
+        double step_bytes = info->weight_bytes + (double)B * keys * kv_per_token;
         bw_rep[0] = bw_gap(probe, bw_all, &n_bw);
         for (int r = 0; r < reps; r++) {
             for (int b = 0; b < B; b++) {
