@@ -5,7 +5,9 @@
  * length, cancellation, a full queue, a context overflow and prefill-only jobs behave as documented.
  * KV policies: sink+window attention equals a float64 reference over exactly the kept positions;
  * windowed sessions give the same bits batched in chunks as alone token by token; a window wider
- * than the sequence equals a full session bitwise; memory is fixed at sink + window + chunk slots.
+ * than the sequence equals a full session bitwise; memory is fixed at sink + window + chunk slots;
+ * the step's windowed attention (ib_attend_policy_heads, every --isa copy, blocks cut by the ring's
+ * wrap) equals ib_attend_policy bitwise, and the isa-fma fault breaks that on the vector copies.
  */
 #include <pthread.h>
 #include <stdio.h>
