@@ -175,6 +175,7 @@ for (const d of r.decode) {
   if (Math.abs(d.tok_s / d.floor_tok_s - d.fraction_of_floor) > 1e-9 * d.fraction_of_floor) bad.push("fraction B=" + d.batch);
   if (Math.abs(med(d.reps.map(x => x.tok_s)) - d.tok_s) > 1e-9 * d.tok_s) bad.push("tok_s median B=" + d.batch);
   const stepBytes = r.weight_bytes + d.batch * (8 + 4 / 2) * r.kv_bytes_per_token;
+  if (Math.abs(stepBytes / (d.batch / d.tok_s) / 1e9 - d.read_gbs) > 1e-9 * d.read_gbs) bad.push("read_gbs B=" + d.batch);
   for (const x of d.reps) {
     const floor = d.batch / (stepBytes / (x.read_bandwidth_gbs * 1e9));
     if (!(x.read_bandwidth_gbs > 0) || Math.abs(x.tok_s / floor - x.fraction_of_floor) > 1e-9 * x.fraction_of_floor) bad.push("rep fraction B=" + d.batch);

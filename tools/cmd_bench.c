@@ -23,6 +23,7 @@ static const char help[] =
     "  each step together for --gen tokens.  floor: (weight bytes + KV bytes read) per step over the\n"
     "  read bandwidth measured with the same thread count in passes taken between the repetitions\n"
     "  (the median of a batch size's passes; --json also gives each repetition's own ratio).\n"
+    "  read GB/s: the bytes a step must read over the median step time.\n"
     "  --kv: the sessions' KV policy (windowed sessions attend at most S + W keys, which the floor counts).\n";
 
 #define MAX_B 64
@@ -238,7 +239,8 @@ int cmd_bench(int argc, char **argv) {
         printf("read bandwidth %.1f GB/s (measured, %ld threads; again between the repetitions below)\n",
                bw / 1e9, threads);
         printf("prefill %ld tokens: %.1f tok/s (min %.1f, max %.1f)\n", prompt, pre.med, pre.lo, pre.hi);
-        printf("%5s %12s %22s %10s %12s %9s\n", "batch", "decode tok/s", "(min-max)", "ms/step", "floor tok/s", "of floor");
+        printf("%5s %12s %22s %10s %9s %12s %9s\n", "batch", "decode tok/s", "(min-max)", "ms/step", "read GB/s",
+               "floor tok/s", "of floor");
     }
     /* the prompt's KV, copied into every session (identical prompts cost the same as distinct ones) */
     for (int b = 0; b < maxb; b++)
@@ -286,18 +288,20 @@ int cmd_bench(int argc, char **argv) {
         memcpy(tput_sorted, tput, sizeof tput);
         stat3 d = summarize(tput_sorted, (int)reps);
         double of_floor = d.med / floor_tps;
+        double read_gbs = step_bytes / (B / d.med) / 1e9; /* what the median step read per second */
         if (as_json) {
             json_t *per_rep = json_array();
             for (int r = 0; r < reps; r++)
                 json_array_append_new(per_rep, json_pack("{s:f, s:f, s:f}", "tok_s", tput[r], "read_bandwidth_gbs",
                                                          bw_mid[r] / 1e9, "fraction_of_floor", frac[r]));
             json_array_append_new(json_object_get(out, "decode"),
-                                  json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:o}", "batch", B, "tok_s", d.med,
-                                            "min", d.lo, "max", d.hi, "ms_per_step", step_ms, "floor_tok_s",
-                                            floor_tps, "fraction_of_floor", of_floor, "reps", per_rep));
+                                  json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:o}", "batch", B, "tok_s",
+                                            d.med, "min", d.lo, "max", d.hi, "ms_per_step", step_ms, "read_gbs",
+                                            read_gbs, "floor_tok_s", floor_tps, "fraction_of_floor", of_floor, "reps",
+                                            per_rep));
         } else {
-            printf("%5d %12.1f %10.1f - %-10.1f %10.2f %12.1f %8.0f%%\n", B, d.med, d.lo, d.hi, step_ms, floor_tps,
-                   100 * of_floor);
+            printf("%5d %12.1f %10.1f - %-10.1f %10.2f %9.1f %12.1f %8.0f%%\n", B, d.med, d.lo, d.hi, step_ms, read_gbs,
+                   floor_tps, 100 * of_floor);
         }
         fflush(stdout);
     }
