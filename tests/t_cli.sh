@@ -251,6 +251,17 @@ expect_error "bench reps" "--reps" "$B" bench -m "$T/m" --reps 99
 expect_error "bench context" "exceeds the model's context" "$B" bench -m "$T/m" --prompt 8000 --gen 4000
 expect_error "bench missing dir" "$T/none" "$B" bench -m "$T/none"
 expect_error "bench kv policy" "--kv: 'window:0'" "$B" bench -m "$T/m" --kv window:0
+# the bandwidth probe process dying mid-run: a one-line error and a failing exit, not a floor of 0
+"$B" bench -m "$T/m" --batch 1,2,4 --prompt 8 --gen 2000 --reps 15 > "$T/probe.out" 2> "$T/probe.err" &
+bp=$!
+child=""
+child_of() { for d in /proc/[0-9]*; do [ "$(cut -d' ' -f4 "$d/stat" 2>/dev/null)" = "$1" ] && echo "${d#/proc/}"; done; }
+for _ in $(seq 100); do child=$(child_of "$bp" | head -1); [ -n "$child" ] && break; sleep 0.05; done
+sleep 0.5
+[ -n "$child" ] && kill -9 "$child" 2>/dev/null
+wait "$bp"; brc=$?
+[ "$brc" != 0 ] && grep -q "the bandwidth probe process failed" "$T/probe.err" && [ "$(wc -l < "$T/probe.err")" = 1 ] && ok \
+    || bad "bench with its probe killed: exit $brc, stderr: $(cat "$T/probe.err")"
 
 # corrupted model directories (each a copy of the good one with one defect)
 mk() { rm -rf "$T/$1"; cp -r "$T/m" "$T/$1"; }

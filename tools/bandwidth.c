@@ -8,6 +8,7 @@
  * share in four independent chains (so the loop is bound by memory, not by adds).
  */
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/types.h>
@@ -76,6 +77,8 @@ bw_probe *bw_probe_start(int threads) {
     if (threads < 1) threads = 1;
     if (threads > PROBE_MAX_THREADS) threads = PROBE_MAX_THREADS;
     int req[2], rep[2];
+    /* a probe that died must make bw_probe_measure fail, not kill the caller with SIGPIPE */
+    signal(SIGPIPE, SIG_IGN);
     if (pipe(req)) return NULL;
     if (pipe(rep)) {
         close(req[0]);

@@ -56,11 +56,13 @@ static double median_kept(const double *v, int n) {
     return median(c, n);
 }
 
-/* GAP_PASSES bandwidth passes now, appended to all[*n] (capacity MAX_PASSES): their median. */
+/* GAP_PASSES bandwidth passes now, appended to all[*n] (capacity MAX_PASSES): their median, or 0 if
+ * the probe failed. */
 static double bw_gap(bw_probe *probe, double *all, int *n) {
     double v[GAP_PASSES];
     for (int i = 0; i < GAP_PASSES; i++) {
         v[i] = bw_probe_measure(probe);
+        if (v[i] <= 0) return 0;
         if (*n < MAX_PASSES) all[(*n)++] = v[i];
     }
     return median(v, GAP_PASSES);
@@ -195,14 +197,13 @@ int cmd_bench(int argc, char **argv) {
     /* bandwidth passes: five now (the header's figure) and one around every decode repetition */
     double bw_all[MAX_PASSES];
     int n_bw = 0;
-    for (int i = 0; i < 5; i++) bw_all[n_bw++] = bw_probe_measure(probe);
     double bw_start[5];
-    memcpy(bw_start, bw_all, sizeof bw_start);
+    for (int i = 0; i < 5; i++)
+        if ((bw_all[n_bw++] = bw_start[i] = bw_probe_measure(probe)) <= 0) {
+            rc = cli_error("bench: the bandwidth probe process failed");
+            goto out;
+        }
     double bw = median(bw_start, 5);
-    if (bw <= 0) {
-        rc = cli_error("bench: the bandwidth probe failed");
-        goto out;
-    }
 
     /* prefill: the whole prompt in one step, from position 0 */
     double tp[MAX_REPS];
@@ -259,6 +260,10 @@ int cmd_bench(int argc, char **argv) {
         if (kv_window > 0 && keys > kv_sink + kv_window) keys = kv_sink + kv_window;
         double step_bytes = info->weight_bytes + (double)B * keys * kv_per_token;
         bw_rep[0] = bw_gap(probe, bw_all, &n_bw);
+        if (bw_rep[0] <= 0) {
+            rc = cli_error("bench: the bandwidth probe process failed");
+            goto out;
+        }
         for (int r = 0; r < reps; r++) {
             for (int b = 0; b < B; b++) {
                 ib_session_rewind(s[b], (int)prompt, NULL);
@@ -277,6 +282,10 @@ int cmd_bench(int argc, char **argv) {
             tput[r] = B * gen / dt;
             ms[r] = dt * 1e3 / gen;
             bw_rep[r + 1] = bw_gap(probe, bw_all, &n_bw);
+            if (bw_rep[r + 1] <= 0) {
+                rc = cli_error("bench: the bandwidth probe process failed");
+                goto out;
+            }
             /* the floor of this repetition alone: the bandwidth read just before and just after it */
             bw_mid[r] = 0.5 * (bw_rep[r] + bw_rep[r + 1]);
             frac[r] = tput[r] / (B / (step_bytes / bw_mid[r]));
