@@ -193,8 +193,10 @@ node "$ROOT/bench/loadgen.js" --url "$U" --key key-a --model tiny --clients 4 --
     && ok || bad "loadgen: $(cat "$T/lg")"
 stop "$LAST_PID" main
 
-# the invariance checks must fail when the server batches wrongly
-start faulty --inject rope-scalar-offset --max-batch 16
+# the invariance checks must fail when the server batches wrongly. The fault only shows in a step that
+# holds rows at different positions, so a 1 ms delay per generated token keeps the 31 other requests
+# decoding while the checked ones run (with a fast model they could all be done before those arrive).
+start faulty --inject rope-scalar-offset --max-batch 16 --token-delay-ms 1
 timeout 300 node "$CL/client_test.js" "http://127.0.0.1:$PORT" none tiny > "$T/faulty.out" 2>&1
 grep -q '^FAIL invariance under load: greedy' "$T/faulty.out" && ok || bad "invariance check passed under rope-scalar-offset"
 stop "$LAST_PID" faulty
