@@ -56,16 +56,16 @@ static double median_kept(const double *v, int n) {
     return median(c, n);
 }
 
-/* GAP_PASSES bandwidth passes now, appended to all[*n] (capacity MAX_PASSES): their median, or 0 if
+/* n (<= 5) bandwidth passes now, appended to all[*n_all] (capacity MAX_PASSES): their median, or 0 if
  * the probe failed. */
-static double bw_gap(bw_probe *probe, double *all, int *n) {
-    double v[GAP_PASSES];
-    for (int i = 0; i < GAP_PASSES; i++) {
+static double bw_passes(bw_probe *probe, int n, double *all, int *n_all) {
+    double v[5];
+    for (int i = 0; i < n; i++) {
         v[i] = bw_probe_measure(probe);
         if (v[i] <= 0) return 0;
-        if (*n < MAX_PASSES) all[(*n)++] = v[i];
+        if (*n_all < MAX_PASSES) all[(*n_all)++] = v[i];
     }
-    return median(v, GAP_PASSES);
+    return median(v, n);
 }
 
 static long peak_rss_kb(void) {
@@ -194,16 +194,15 @@ int cmd_bench(int argc, char **argv) {
             rc = cli_error("%s", err.msg);
             goto out;
         }
-    /* bandwidth passes: five now (the header's figure) and one around every decode repetition */
+    /* bandwidth passes: five now (the header's figure), then GAP_PASSES before and after every decode
+     * repetition */
     double bw_all[MAX_PASSES];
     int n_bw = 0;
-    double bw_start[5];
-    for (int i = 0; i < 5; i++)
-        if ((bw_all[n_bw++] = bw_start[i] = bw_probe_measure(probe)) <= 0) {
-            rc = cli_error("bench: the bandwidth probe process failed");
-            goto out;
-        }
-    double bw = median(bw_start, 5);
+    double bw = bw_passes(probe, 5, bw_all, &n_bw);
+    if (bw <= 0) {
+        rc = cli_error("bench: the bandwidth probe process failed");
+        goto out;
+    }
 
     /* prefill: the whole prompt in one step, from position 0 */
     double tp[MAX_REPS];
@@ -259,12 +258,18 @@ int cmd_bench(int argc, char **argv) {
         double keys = prompt + gen / 2.0; /* keys a row attends, on average over the repetition */
         if (kv_window > 0 && keys > kv_sink + kv_window) keys = kv_sink + kv_window;
         double step_bytes = info->weight_bytes + (double)B * keys * kv_per_token;
-        bw_rep[0] = bw_gap(probe, bw_all, &n_bw);
-        if (bw_rep[0] <= 0) {
-            rc = cli_error("bench: the bandwidth probe process failed");
-            goto out;
-        }
-        for (int r = 0; r < reps; r++) {
+        for (int r = 0;; r++) {
+            bw_rep[r] = bw_passes(probe, GAP_PASSES, bw_all, &n_bw);
+            if (bw_rep[r] <= 0) {
+                rc = cli_error("bench: the bandwidth probe process failed");
+                goto out;
+            }
+            if (r > 0) {
+                /* the floor of repetition r - 1 alone: the bandwidth read just before and just after it */
+                bw_mid[r - 1] = 0.5 * (bw_rep[r - 1] + bw_rep[r]);
+                frac[r - 1] = tput[r - 1] / (B / (step_bytes / bw_mid[r - 1]));
+            }
+            if (r == reps) break;
             for (int b = 0; b < B; b++) {
                 ib_session_rewind(s[b], (int)prompt, NULL);
                 next[b] = (int32_t)((b * 31 + 7) % (V < 256 ? V : 256));
@@ -281,14 +286,6 @@ int cmd_bench(int argc, char **argv) {
             double dt = now_s() - t0;
             tput[r] = B * gen / dt;
             ms[r] = dt * 1e3 / gen;
-            bw_rep[r + 1] = bw_gap(probe, bw_all, &n_bw);
-            if (bw_rep[r + 1] <= 0) {
-                rc = cli_error("bench: the bandwidth probe process failed");
-                goto out;
-            }
-            /* the floor of this repetition alone: the bandwidth read just before and just after it */
-            bw_mid[r] = 0.5 * (bw_rep[r] + bw_rep[r + 1]);
-            frac[r] = tput[r] / (B / (step_bytes / bw_mid[r]));
         }
         double step_ms = median(ms, (int)reps);
         /* the row's floor: the median of every pass taken around its repetitions */
