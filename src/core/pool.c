@@ -3,11 +3,17 @@
  *
  * A job is published by bumping an atomic generation counter. Workers spin on it for a short while
  * (a decode step runs hundreds of small jobs back to back, and a sleep/wake round trip per job would
- * cost more than the job), then sleep on a condition variable. Tasks are claimed one at a time from
- * a counter tagged with the job's generation, by the caller and by whichever workers are awake: on a
- * busy machine a descheduled worker delays nobody, because the caller takes the tasks it has not
- * claimed. The caller returns when every task is done. (Which thread runs a task never changes its
- * result: tasks write disjoint outputs and do their own reductions in full.)
+ * cost more than the job), then sleep on a condition variable.
+ *
+ * Tasks are handed out by shares: the job's task range is cut into one contiguous share per thread.
+ * A thread takes the tasks of its own share from the front, one at a time, then steals from the back
+ * of the others' shares until every share is empty. So each thread walks memory in one ascending run
+ * (a product's weights stream with the hardware and software prefetch running ahead across task
+ * boundaries), a slow or descheduled thread delays nobody (its tasks are stolen), and the threads
+ * finish within about one task of each other. Each share is one atomic word tagged with the job's
+ * generation, so a claim made for an earlier job fails. The caller returns when every task is done.
+ * (Which thread runs a task never changes its result: tasks write disjoint outputs and do their own
+ * reductions in full.)
  */
 #include <pthread.h>
 #include <sched.h>
@@ -32,34 +38,59 @@
 #define SPIN_LIMIT 4000
 #define YIELD_AFTER 2000
 
+/* Tasks a job publishes at once (a share's bounds are 16-bit); ib_pool_run cuts larger jobs into
+ * consecutive parts of at most this many. */
+#define PART_TASKS 65535
+
+/* One thread's share of a job: (generation low 32 bits) << 32 | front << 16 | back, the tasks
+ * [front, back) of the current part not yet claimed. Alone on its cache line. */
+typedef struct {
+    _Alignas(64) _Atomic uint64_t word;
+} share;
+
 struct ib_pool {
     int n_threads;
     pthread_t *threads;
+    share *shares;                     /* [n_threads] */
     pthread_mutex_t mu;
     pthread_cond_t start_cv;
-    _Atomic unsigned long generation;  /* bumped for each job */
-    _Atomic uint64_t claim;            /* (generation low 32 bits) << 32 | next unclaimed task */
-    _Atomic int done;                  /* tasks finished in the current job */
+    _Atomic unsigned long generation;  /* bumped for each part of a job */
+    _Atomic int done;                  /* tasks finished in the current part */
     _Atomic int quit;
     int sleepers;                      /* workers waiting on start_cv (guarded by mu) */
-    /* current job: written before generation is bumped, read after it is seen */
+    /* current part: written before generation is bumped, read after it is seen */
     _Atomic(ib_pool_fn) fn;
     _Atomic(void *) ctx;
-    _Atomic int n_tasks;
+    _Atomic int base;                  /* task index of the part's first task */
 };
 
 typedef struct { ib_pool *pool; int index; } worker_arg;
 
-/* Claim and run tasks of job `gen` until none is left; a claim made after the job changed fails. */
-static void run_tasks(ib_pool *p, unsigned long gen, ib_pool_fn fn, void *ctx, int n_tasks, int w) {
-    uint64_t tag = (uint64_t)(uint32_t)gen << 32;
+/* Claim one task of share sh for the part tagged tag: from the front (own share) or the back
+ * (stealing). Returns the task's index within the part, or -1 when the share is empty or holds
+ * another part. */
+static int claim(share *sh, uint64_t tag, int from_back) {
+    uint64_t c = atomic_load_explicit(&sh->word, memory_order_acquire);
     for (;;) {
-        uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
-        if ((c & 0xffffffff00000000ull) != tag || (int)(uint32_t)c >= n_tasks) return;
-        if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel, memory_order_relaxed))
-            continue;
-        fn(ctx, (int)(uint32_t)c, w);
-        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        unsigned front = (unsigned)(c >> 16) & 0xffff, back = (unsigned)c & 0xffff;
+        if ((c & 0xffffffff00000000ull) != tag || front >= back) return -1;
+        uint64_t next = from_back ? c - 1 : c + (1ull << 16);
+        if (atomic_compare_exchange_weak_explicit(&sh->word, &c, next, memory_order_acq_rel, memory_order_acquire))
+            return (int)(from_back ? back - 1 : front);
+    }
+}
+
+/* Run tasks of part `gen` as thread w until none is left: its own share front to back, then the
+ * others' shares from their backs. */
+static void run_tasks(ib_pool *p, unsigned long gen, ib_pool_fn fn, void *ctx, int base, int w) {
+    const uint64_t tag = (uint64_t)(uint32_t)gen << 32;
+    const int T = p->n_threads;
+    for (int i = 0; i < T; i++) {
+        share *sh = &p->shares[(w + i) % T];
+        for (int t; (t = claim(sh, tag, i > 0)) >= 0;) {
+            fn(ctx, base + t, w);
+            atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        }
     }
 }
 
@@ -89,9 +120,9 @@ static void *worker_main(void *arg) {
     for (;;) {
         seen = wait_job(p, seen);
         if (atomic_load(&p->quit)) break;
-        /* the job's fields were written before the generation was published; a stale read is caught
-         * by the generation tag of the claim counter */
-        run_tasks(p, seen, p->fn, p->ctx, p->n_tasks, w);
+        /* the part's fields were written before the generation was published; a stale read is caught
+         * by the generation tag of the shares */
+        run_tasks(p, seen, p->fn, p->ctx, p->base, w);
     }
     return NULL;
 }
@@ -106,10 +137,12 @@ ib_status ib_pool_create(int n_threads, ib_pool **out, ib_error *err) {
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->start_cv, NULL);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
-    if (!p->threads) {
+    p->shares = aligned_alloc(_Alignof(share), (size_t)n_threads * sizeof(share));
+    if (!p->threads || !p->shares) {
         ib_pool_free(p);
         return ib_fail(err, IB_ERR_NOMEM, "thread pool: out of memory");
     }
+    for (int i = 0; i < n_threads; i++) atomic_init(&p->shares[i].word, 0);
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = malloc(sizeof *wa);
         if (wa) *wa = (worker_arg){p, i};
@@ -132,6 +165,7 @@ void ib_pool_free(ib_pool *p) {
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
     free(p->threads);
+    free(p->shares);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->start_cv);
     free(p);
@@ -139,25 +173,37 @@ void ib_pool_free(ib_pool *p) {
 
 int ib_pool_threads(const ib_pool *p) { return p ? p->n_threads : 1; }
 
+/* Publish tasks [base, base + n) (n <= PART_TASKS) as the next part, run them with the workers and
+ * return when all are done. */
+static void run_part(ib_pool *p, int base, int n, ib_pool_fn fn, void *ctx) {
+    const int T = p->n_threads;
+    p->fn = fn;
+    p->ctx = ctx;
+    p->base = base;
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    unsigned long gen = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1;
+    const uint64_t tag = (uint64_t)(uint32_t)gen << 32;
+    for (int i = 0; i < T; i++) {
+        uint64_t front = (uint64_t)((long)n * i / T), back = (uint64_t)((long)n * (i + 1) / T);
+        atomic_store_explicit(&p->shares[i].word, tag | front << 16 | back, memory_order_relaxed);
+    }
+    atomic_store_explicit(&p->generation, gen, memory_order_release);
+    pthread_mutex_lock(&p->mu);
+    if (p->sleepers) pthread_cond_broadcast(&p->start_cv);
+    pthread_mutex_unlock(&p->mu);
+    run_tasks(p, gen, fn, ctx, base, 0);
+    for (int i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n; i++) {
+        if (i < YIELD_AFTER) CPU_RELAX();
+        else sched_yield();
+    }
+}
+
 void ib_pool_run(ib_pool *p, int n_tasks, ib_pool_fn fn, void *ctx) {
     if (n_tasks <= 0) return;
     if (!p || p->n_threads == 1 || n_tasks == 1) {
         for (int i = 0; i < n_tasks; i++) fn(ctx, i, 0);
         return;
     }
-    p->fn = fn;
-    p->ctx = ctx;
-    p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
-    unsigned long gen = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1;
-    atomic_store_explicit(&p->claim, (uint64_t)(uint32_t)gen << 32, memory_order_release);
-    atomic_store_explicit(&p->generation, gen, memory_order_release);
-    pthread_mutex_lock(&p->mu);
-    if (p->sleepers) pthread_cond_broadcast(&p->start_cv);
-    pthread_mutex_unlock(&p->mu);
-    run_tasks(p, gen, fn, ctx, n_tasks, 0);
-    for (int i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks; i++) {
-        if (i < YIELD_AFTER) CPU_RELAX();
-        else sched_yield();
-    }
+    for (int base = 0; base < n_tasks; base += PART_TASKS)
+        run_part(p, base, n_tasks - base < PART_TASKS ? n_tasks - base : PART_TASKS, fn, ctx);
 }

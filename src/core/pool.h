@@ -1,8 +1,9 @@
 /*
  * pool.h — a persistent thread pool. Threads are created once and parked between jobs.
  *
- * A job is a function called for task indices 0..n_tasks-1; tasks are handed out in contiguous
- * static ranges. Results must never depend on which thread runs a task (that is how the engine stays
+ * A job is a function called for task indices 0..n_tasks-1. Each thread starts on its own contiguous
+ * share of the tasks, in ascending order, and then steals from the ends of the others' shares (so
+ * neighbouring tasks should touch neighbouring memory). Results must never depend on which thread runs a task (that is how the engine stays
  * invariant to the thread count): tasks write disjoint outputs and do their own reductions in full.
  */
 #ifndef IB_CORE_POOL_H

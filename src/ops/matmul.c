@@ -12,11 +12,12 @@
 #include "core/half.h"
 #include "ops/matmul.h"
 
-/* Panels per pool task: few rows stream the weights from memory, and long runs of contiguous panels
- * keep each thread's stream sequential (every task start waits on memory before its prefetches run
- * ahead: 1-row products in decode order ran 5-10% faster with 64 panels per task than with 16); many
- * rows make each panel long enough to balance finer. */
-#define PANELS_PER_TASK_FEW_ROWS 64
+/* Panels per pool task. Each thread walks its own contiguous share of the tasks (core/pool.h), so
+ * its weight stream stays sequential across tasks whatever their size; small tasks let the threads
+ * end a product together (1-row decode steps: 16 panels per task ran ~5% faster than 64, which the
+ * old one-counter pool needed to keep each thread's stream sequential). Many rows make each panel long
+ * enough to balance finer. */
+#define PANELS_PER_TASK_FEW_ROWS 16
 #define PANELS_PER_TASK 4
 #define FEW_ROWS 4
 
