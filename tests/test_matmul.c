@@ -130,6 +130,49 @@ static void my_quantize(const float *x, int B, int K, int G, int8_t *xq, float *
         }
 }
 
+/* ib_quantize_act on inputs the random tests never hold, against the definition in matmul.h written
+ * out one element at a time with rintf: NaNs (quantized to 0, not counted in amax), infinities,
+ * subnormal and huge amax, exact ties, values that round just past +-127, signed zeros. */
+static void test_quantize_special(void) {
+    enum { G = 32, NG = 12, K = G * NG };
+    float x[K];
+    for (int k = 0; k < K; k++) x[k] = (float)((k * 37) % 41 - 20) * 0.25f;
+    x[0] = NAN, x[5] = -NAN;                                               /* group 0: NaNs */
+    x[G] = INFINITY;                                                        /* group 1: +inf amax */
+    x[2 * G + 3] = -INFINITY, x[2 * G + 4] = NAN;                           /* group 2 */
+    for (int k = 0; k < G; k++) x[3 * G + k] = (float)(k + 1) * 1e-40f;    /* group 3: subnormal */
+    for (int k = 0; k < G; k++) x[4 * G + k] = (k % 2 ? -3e38f : 2.9e38f);  /* group 4: huge */
+    for (int k = 0; k < G; k++) x[5 * G + k] = (float)(k - 16) + 0.5f;      /* group 5: ties */
+    x[5 * G + 31] = 127.0f;
+    for (int k = 0; k < G; k++) x[6 * G + k] = k % 2 ? -0.0f : 0.0f;        /* group 6: signed zeros */
+    for (int k = 0; k < G; k++) x[7 * G + k] = NAN;                         /* group 7: all NaN */
+    for (int k = 0; k < G; k++) x[8 * G + k] = 1.0f - (float)k * 0x1p-24f;  /* group 8: just below amax */
+    x[9 * G + 7] = -0x1p-149f;                                              /* group 9: tiny next to 5 */
+    int8_t xq[K];
+    float d[NG], ad[NG];
+    ib_quantize_act(x, 1, K, G, xq, d, ad);
+    int bad_q = -1, bad_d = -1;
+    for (int g = 0; g < NG; g++) {
+        float amax = 0.0f;
+        for (int k = g * G; k < (g + 1) * G; k++)
+            if (fabsf(x[k]) > amax) amax = fabsf(x[k]);
+        float dd = amax == 0.0f ? 0.0f : amax / 127.0f, inv = 127.0f / amax;
+        int sum = 0;
+        for (int k = g * G; k < (g + 1) * G; k++) {
+            float v = amax == 0.0f ? 0.0f : rintf(x[k] * inv);
+            int iv = v != v ? 0 : v > 127.0f ? 127 : v < -127.0f ? -127 : (int)v;
+            if (xq[k] != iv && bad_q < 0) bad_q = k;
+            sum += iv;
+        }
+        float want_ad = amax == 0.0f ? 0.0f : dd * (float)sum;
+        if ((memcmp(&d[g], &dd, 4) || memcmp(&ad[g], &want_ad, 4)) && bad_d < 0) bad_d = g;
+    }
+    CHECK(bad_q < 0, "quantize special values: element %d (x = %g) gave %d", bad_q, bad_q < 0 ? 0.0 : (double)x[bad_q],
+          bad_q < 0 ? 0 : xq[bad_q]);
+    CHECK(bad_d < 0, "quantize special values: group %d d/ad %g/%g", bad_d, bad_d < 0 ? 0.0 : (double)d[bad_d],
+          bad_d < 0 ? 0.0 : (double)ad[bad_d]);
+}
+
 /* Canonical F32-activation result: acc = acc + w*x, k ascending, float. y [B][N]. */
 static void canon_f32(const wset *w, const float *x, int B, float *y) {
     for (int b = 0; b < B; b++)
@@ -651,6 +694,7 @@ int main(void) {
     printf("\n");
 
     test_isa_api();
+    test_quantize_special();
     test_mlx_unpack();
     test_validation();
 

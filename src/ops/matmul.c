@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "ops/matmul.h"
+#include "ops/ops.h"
 
 /* Panels per pool task. Each thread walks its own contiguous share of the tasks (core/pool.h), so
  * its weight stream stays sequential across tasks whatever their size; small tasks let the threads
@@ -165,18 +166,33 @@ void ib_matrix_row_f32(const ib_matrix *m, int n, float *out) {
 }
 
 /* Per row and group: amax, d = amax/127, xq = clamp(rne(x * (127/amax)), -127, 127), ad = d*sum(xq).
- * A NaN input quantizes to 0 (it does not count in amax); an all-zero group gives d = ad = 0. */
-void ib_quantize_act(const float *x, int B, int K, int G, int8_t *xq, float *d, float *ad) {
+ * A NaN input quantizes to 0 (it does not count in amax); an all-zero group gives d = ad = 0.
+ *
+ * Written lane-parallel so that the vector clones compute it with the same bits: amax over 16 lanes
+ * (a maximum is the same in any order once NaNs are skipped), and round-to-nearest-even as
+ * (v + 1.5*2^23) - 1.5*2^23, which is exact for |v| < 2^22 and passes infinities and NaNs through,
+ * so it equals rintf wherever the clamps that follow can tell. */
+IB_VECTOR_CLONES void ib_quantize_act(const float *x, int B, int K, int G, int8_t *xq, float *d, float *ad) {
     const int ng = K / G;
+    const float rne = 12582912.0f; /* 1.5 * 2^23 */
     for (int b = 0; b < B; b++)
         for (int g = 0; g < ng; g++) {
             const float *xs = x + (size_t)b * K + (size_t)g * G;
             int8_t *qs = xq + (size_t)b * K + (size_t)g * G;
-            float amax = 0.0f;
-            for (int k = 0; k < G; k++) {
-                float a = fabsf(xs[k]);
-                if (a > amax) amax = a;
+            float lane[16] = {0};
+            int k = 0;
+            for (; k + 16 <= G; k += 16)
+                for (int j = 0; j < 16; j++) {
+                    float a = fabsf(xs[k + j]);
+                    lane[j] = a > lane[j] ? a : lane[j];
+                }
+            for (int j = 0; k + j < G; j++) {
+                float a = fabsf(xs[k + j]);
+                lane[j] = a > lane[j] ? a : lane[j];
             }
+            for (int w = 8; w >= 1; w >>= 1)
+                for (int j = 0; j < w; j++) lane[j] = lane[j + w] > lane[j] ? lane[j + w] : lane[j];
+            const float amax = lane[0];
             size_t di = (size_t)b * ng + g;
             if (amax == 0.0f) {
                 memset(qs, 0, (size_t)G);
@@ -185,17 +201,15 @@ void ib_quantize_act(const float *x, int B, int K, int G, int8_t *xq, float *d, 
                 continue;
             }
             const float dd = amax / 127.0f, inv = 127.0f / amax;
-            int32_t sum = 0;
-            for (int k = 0; k < G; k++) {
-                float v = rintf(xs[k] * inv);
-                int iv;
-                if (v > 127.0f) iv = 127;
-                else if (v < -127.0f) iv = -127;
-                else if (v == v) iv = (int)v;
-                else iv = 0;
-                qs[k] = (int8_t)iv;
-                sum += iv;
+            for (k = 0; k < G; k++) {
+                float v = (xs[k] * inv + rne) - rne;
+                v = v > 127.0f ? 127.0f : v;
+                v = v < -127.0f ? -127.0f : v;
+                v = v == v ? v : 0.0f;
+                qs[k] = (int8_t)(int)v;
             }
+            int32_t sum = 0; /* a separate loop: GCC vectorizes neither loop when they are one */
+            for (k = 0; k < G; k++) sum += qs[k];
             d[di] = dd;
             ad[di] = dd * (float)sum;
         }
