@@ -30,22 +30,24 @@ static void count_task(void *ctx, int task, int thread) {
     atomic_fetch_add_explicit(&j->runs[task], 1, memory_order_relaxed);
 }
 
-/* One job of n tasks on pool p: each task exactly once, thread indices in range. */
-static void check_once(ib_pool *p, int threads, int n) {
+/* One job of n tasks on pool p: 1 when each task ran exactly once with thread and task indices in range;
+ * otherwise 0, with the first wrong task in *wrong (-1: an index out of range). */
+static int run_once(ib_pool *p, int threads, int n, int *wrong) {
     count_job j = {calloc((size_t)n, sizeof(_Atomic int)), n, threads, 0};
-    if (!j.runs) {
-        CHECK(0, "out of memory");
-        return;
-    }
+    *wrong = -1;
+    if (!j.runs) return 0;
     ib_pool_run(p, n, count_task, &j);
-    int wrong = -1;
-    for (int i = 0; i < n && wrong < 0; i++)
-        if (atomic_load(&j.runs[i]) != 1) wrong = i;
-    CHECK(wrong < 0, "%d threads, %d tasks: task %d ran %d times", threads, n, wrong,
-          wrong < 0 ? 1 : atomic_load(&j.runs[wrong]));
-    CHECK(!atomic_load(&j.bad_thread), "%d threads, %d tasks: a task got a thread or task index out of range",
-          threads, n);
+    int ok = !atomic_load(&j.bad_thread);
+    for (int i = 0; i < n && ok; i++)
+        if (atomic_load(&j.runs[i]) != 1) ok = 0, *wrong = i;
     free(j.runs);
+    return ok;
+}
+
+static void check_once(ib_pool *p, int threads, int n) {
+    int wrong;
+    CHECK(run_once(p, threads, n, &wrong), "%d threads, %d tasks: task %d did not run exactly once (-1: an index "
+          "out of range or no memory)", threads, n, wrong);
 }
 
 static double now_s(void) {
@@ -93,7 +95,11 @@ int main(void) {
         CHECK_EQ_INT(ib_pool_threads(p), t);
         for (int s = 0; s < n_sizes; s++) check_once(p, t, sizes[s]);
         /* many small jobs back to back: shares of one job must never hand out tasks of another */
-        for (int rep = 0; rep < 2000; rep++) check_once(p, t, 1 + rep % 9);
+        int failed = 0, wrong = -1, n_bad = 0;
+        for (int rep = 0, w; rep < 2000; rep++)
+            if (!run_once(p, t, 1 + rep % 9, &w) && !failed++) n_bad = 1 + rep % 9, wrong = w;
+        CHECK(failed == 0, "%d threads, 2000 small jobs: %d went wrong (first: %d tasks, task %d)", t, failed, n_bad,
+              wrong);
         if (t >= 2) {
             /* 8 tasks over t threads: the caller's share is the first 8 / t of them */
             steal_job j = {8 / t, 0, 0, 0};
