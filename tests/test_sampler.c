@@ -127,6 +127,33 @@ static void test_argmax(ib_sample_scratch *sc)
     CHECK_EQ_INT(ib_argmax(f, 3), 1);
     CHECK_EQ_INT(ib_argmax(a, 0), -1);
 
+    /* long vocabularies (blocks of 1024 and a tail) against a one-by-one scan: ties within and across
+     * blocks, NaNs, infinities, and values drawn from a few levels so that maxima repeat */
+    {
+        enum { NV = 5000 };
+        static float big[NV];
+        uint64_t st = 12345;
+        int bad = 0;
+        for (int trial = 0; trial < 400; trial++) {
+            int n = 1 + trial * 37 % NV;
+            for (int i = 0; i < n; i++) {
+                st = st * 6364136223846793005ull + 1442695040888963407ull;
+                unsigned r = (unsigned)(st >> 33);
+                int kind = (int)(r % 16);
+                big[i] = kind == 0 ? NAN : kind == 1 ? -INFINITY : kind == 2 && trial % 5 == 0 ? INFINITY
+                       : kind == 3 ? -0.0f : (float)((int)(r >> 8) % (trial % 3 ? 7 : 100000)) - 3.0f;
+            }
+            if (trial % 7 == 0)
+                for (int i = 0; i < n; i++) big[i] = (i % 3) ? -INFINITY : NAN;
+            int want = 0;
+            float bv = big[0] != big[0] ? -INFINITY : big[0];
+            for (int i = 1; i < n; i++)
+                if (big[i] > bv) bv = big[i], want = i;
+            bad += ib_argmax(big, n) != want;
+        }
+        CHECK(bad == 0, "argmax differs from the one-by-one scan in %d of 400 long cases", bad);
+    }
+
     ib_sampling g = ib_sampling_default();
     CHECK_EQ_INT(ib_sample_logits(a, 6, &g, 0, NULL, 0, sc), 1);
     CHECK_EQ_INT(ib_sample_logits(b, 4, &g, 3, NULL, 0, sc), 2);

@@ -44,6 +44,7 @@
 
 #include "core/error.h"
 #include "core/fmath.h"
+#include "ops/ops.h"
 
 /* ---------------------------------------------------------------- defaults and generator */
 
@@ -156,20 +157,38 @@ static inline uint32_t desc_key_(float v)
 
 /* Greedy argmax: the largest logit, ties to the lowest id, NaN treated as -inf (so an all-NaN/-inf
  * row gives 0). Returns -1 when vocab <= 0 or logits is NULL. */
+/* The largest of x[0..n), NaNs skipped (-inf when there is nothing larger). Kept in 16 lanes so the
+ * vector clones compute it: a maximum is the same in any order once NaNs are skipped. */
+IB_VECTOR_CLONES static float block_max_(const float *x, int n)
+{
+    float lane[16];
+    for (int j = 0; j < 16; j++) lane[j] = -INFINITY;
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+    for (int j = 0; i + j < n; j++) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+    for (int w = 8; w >= 1; w >>= 1)
+        for (int j = 0; j < w; j++) lane[j] = lane[j + w] > lane[j] ? lane[j + w] : lane[j];
+    return lane[0];
+}
+
+/* The first id holding the largest logit (NaN never wins; all NaN or -inf: id 0), as a one-by-one
+ * scan keeping the first strict maximum gives it, found block by block: each block's maximum in the
+ * vector unit, then the first block that holds the overall one is searched for its first id. */
 int32_t ib_argmax(const float *logits, int vocab)
 {
+    enum { BLOCK = 1024 };
     if (!logits || vocab <= 0) return -1;
-    int32_t best = 0;
-    float bv = logits[0];
-    if (bv != bv) bv = -INFINITY;
-    for (int i = 1; i < vocab; i++) {
-        float v = logits[i];
-        if (v > bv) { /* false for NaN: never beats anything */
-            bv = v;
-            best = i;
-        }
+    float best = -INFINITY;
+    int best_block = -1;
+    for (int b0 = 0; b0 < vocab; b0 += BLOCK) {
+        float m = block_max_(logits + b0, vocab - b0 < BLOCK ? vocab - b0 : BLOCK);
+        if (m > best) best = m, best_block = b0;
     }
-    return best;
+    if (best_block < 0) return 0;
+    int i = best_block;
+    while (logits[i] != best) i++;
+    return i;
 }
 
 /* Restore the heap property at pos of a heap of n (value, id) pairs whose root is the WORST element
