@@ -249,12 +249,14 @@ ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
         }
         if (np == IB_LOGIT_ROWS || (i == n - 1 && np > 0)) {
             ib_rmsnorm(e->last, m->final_norm, np, D, eps, e->last, e->pool);
-            linear(e, m->lm_head, e->last, np, e->logits);
+            /* one row goes straight to its item (no copy of V floats); several, through e->logits */
+            float *lg = np == 1 ? items[pending[0]].logits : e->logits;
+            linear(e, m->lm_head, e->last, np, lg);
             for (int j = 0; e->capture && j < np; j++)
                 e->capture(e->capture_ctx, c->n_layers, "final_norm", pending_row[j], e->last + (size_t)j * D, D);
             for (int j = 0; e->capture && j < np; j++)
-                e->capture(e->capture_ctx, c->n_layers, "logits", pending_row[j], e->logits + (size_t)j * V, V);
-            for (int j = 0; j < np; j++)
+                e->capture(e->capture_ctx, c->n_layers, "logits", pending_row[j], lg + (size_t)j * V, V);
+            for (int j = 0; j < np && lg == e->logits; j++)
                 memcpy(items[pending[j]].logits, e->logits + (size_t)j * V, (size_t)V * sizeof(float));
             np = 0;
         }
