@@ -153,6 +153,19 @@ static void check_new_ops(void) {
     ib_rope_step(y, R, H, HD, cs, R);
     ib_rope_step_layout(z, R, H, HD, cs, R, IB_ROPE_HALVES);
     CHECK(memcmp(y, z, sizeof y) == 0, "ib_rope_step_layout(HALVES) differs from ib_rope_step");
+    /* ib_rope_step_rows one row at a time == ib_rope_step on the whole step, with and without the
+     * rope-skip-rows fault (which must still leave rows 1.. unrotated) */
+    for (int f = 0; f < 2; f++) {
+        ib_fault_set(f ? IB_FAULT_ROPE_SKIP_ROWS : IB_FAULT_NONE);
+        memcpy(y, x, sizeof x);
+        memcpy(z, x, sizeof x);
+        ib_rope_step(y, R, H, HD, cs, R);
+        for (int r = 0; r < R; r++) ib_rope_step_rows(z, r, r + 1, R, H, HD, cs, R);
+        CHECK(memcmp(y, z, sizeof y) == 0, "ib_rope_step_rows row by row differs from ib_rope_step (fault %d)", f);
+        CHECK((memcmp(z + H * HD, x + H * HD, sizeof(float) * H * HD) == 0) == f,
+              "rope-skip-rows %s row 1 under ib_rope_step_rows", f ? "rotated" : "left unrotated");
+    }
+    ib_fault_set(IB_FAULT_NONE);
 
     /* windowed attention: softmax over the last `window` keys only */
     enum { NK = 100, D = 32 };

@@ -65,6 +65,11 @@ void ib_rope_positions(const int32_t *pos, const int *item_len, int n_items, int
  * fault (MLX #3496), when every item brings one token and there are several, only row 0 rotated. */
 void ib_rope_step(float *x, int R, int H, int hd, const float *cs, int n_items);
 
+/* Rows [r0, r1) of ib_rope_step over a step of R rows (x and cs hold the whole step): those rows come
+ * out exactly as ib_rope_step leaves them, the test-only fault included, so a step's rows can be
+ * split over tasks. */
+void ib_rope_step_rows(float *x, int r0, int r1, int R, int H, int hd, const float *cs, int n_items);
+
 /* RoPE pair layouts. HALVES pairs x[i] with x[i + hd/2] (Qwen3, Llama: what the engine uses);
  * INTERLEAVED pairs x[2i] with x[2i + 1] (GPT-J style), with the same table and arithmetic. */
 typedef enum ib_rope_layout { IB_ROPE_HALVES = 0, IB_ROPE_INTERLEAVED } ib_rope_layout;

@@ -64,6 +64,11 @@ void ib_rope_interleaved(float *x, int R, int H, int hd, const float *cs) {
     }
 }
 
+void ib_rope_step_rows(float *x, int r0, int r1, int R, int H, int hd, const float *cs, int n_items) {
+    if (ib_fault_get() == IB_FAULT_ROPE_SKIP_ROWS && n_items > 1 && n_items == R && r1 > 1) r1 = 1;
+    if (r0 < r1) ib_rope(x + (size_t)r0 * H * hd, r1 - r0, H, hd, cs + (size_t)r0 * (size_t)(hd / 2) * 2);
+}
+
 void ib_rope_step_layout(float *x, int R, int H, int hd, const float *cs, int n_items, ib_rope_layout layout) {
     if (ib_fault_get() == IB_FAULT_ROPE_SKIP_ROWS && n_items > 1 && n_items == R) R = 1;
     if (layout == IB_ROPE_INTERLEAVED) ib_rope_interleaved(x, R, H, hd, cs);

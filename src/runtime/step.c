@@ -15,11 +15,38 @@
 #include "runtime/kv_policy.h"
 #include "runtime/runtime.h"
 
+/* A step's rows are split over the pool for the per-row work between products (head norms, rotary
+ * embedding, KV store, SwiGLU, activation quantization) when they hold at least this many elements in
+ * all; below it, waking the workers costs more than the work saves. Only speed depends on it. */
+#define ROW_JOB_MIN_ELEMS 8192
+
+static ib_pool *rows_pool(const ib_engine *e, double elems) { return elems >= ROW_JOB_MIN_ELEMS ? e->pool : NULL; }
+
+typedef struct {
+    ib_engine *e;
+    const float *X;   /* [R][K] */
+    int K, G;
+} quant_job;
+
+static void quant_task(void *ctx, int r, int thread) {
+    quant_job *j = ctx;
+    ib_act_buf *qa = &j->e->qa;
+    const size_t ng = (size_t)(j->K / j->G);
+    ib_quantize_act(j->X + (size_t)r * j->K, 1, j->K, j->G, qa->xq + (size_t)r * j->K, qa->d + (size_t)r * ng,
+                    qa->ad + (size_t)r * ng);
+}
+
+/* The engine's Q8 activations of X [R][K] for weight group G, row by row (each row's own numbers). */
+static void quantize(ib_engine *e, const float *X, int R, int K, int G) {
+    quant_job j = {e, X, K, G};
+    ib_pool_run(rows_pool(e, (double)R * K), R, quant_task, &j);
+}
+
 /* Y[R][N] = X[R][K] · W^T under the engine's activation mode. */
 static void linear(ib_engine *e, const ib_matrix *w, const float *X, int R, float *Y) {
     ib_act act = e->act;
     if (w->fmt == IB_WF32) act = IB_ACT_F32;
-    if (act == IB_ACT_Q8) ib_quantize_act(X, R, w->cols, w->group, e->qa.xq, e->qa.d, e->qa.ad);
+    if (act == IB_ACT_Q8) quantize(e, X, R, w->cols, w->group);
     ib_matmul(w, X, R, &e->qa, act, e->isa, e->pool, Y, w->rows);
 }
 
@@ -30,17 +57,17 @@ static void linear_many(ib_engine *e, int n, const ib_matrix *const *ws, const f
     if (e->act == IB_ACT_Q8)
         for (int i = 0; i < n; i++)
             if (ws[i]->fmt != IB_WF32) {
-                ib_quantize_act(X, R, ws[i]->cols, ws[i]->group, e->qa.xq, e->qa.d, e->qa.ad);
+                quantize(e, X, R, ws[i]->cols, ws[i]->group);
                 break;
             }
     ib_matmul_many(n, ws, X, R, &e->qa, e->act, e->isa, e->pool, Ys);
 }
 
-/* Copy this step's keys and values of every row into its session's cache for layer li. */
-static void store_kv(ib_engine *e, ib_step_item *items, int R, int li) {
+/* Copy row r's keys and values into its session's cache for layer li. */
+static void store_kv_row(ib_engine *e, ib_step_item *items, int r, int li) {
     const ib_config *c = &e->model->cfg;
     int KVH = c->n_kv_heads, hd = c->head_dim;
-    for (int r = 0; r < R; r++) {
+    {
         ib_session *s = items[e->row_item[r]].session;
         size_t slot = (size_t)ib_kv_slot(s, e->pos[r]);
         for (int h = 0; h < KVH; h++) {
@@ -56,6 +83,46 @@ static void store_kv(ib_engine *e, ib_step_item *items, int R, int li) {
             }
         }
     }
+}
+
+enum { QK_NORM = 1, QK_ROPE_STORE = 2 };
+
+typedef struct {
+    ib_engine *e;
+    ib_step_item *items;
+    const ib_layer *L;
+    int li, R, n_items;
+    int phases;   /* QK_NORM and/or QK_ROPE_STORE */
+} qk_job;
+
+/* Row task between the q/k/v products and attention: the row's q and k head norms (QK_NORM), then
+ * its rotary embedding and KV store (QK_ROPE_STORE). Every operation is the row's own, so how rows
+ * are split over threads changes nothing. */
+static void qk_task(void *ctx, int r, int thread) {
+    qk_job *j = ctx;
+    ib_engine *e = j->e;
+    const ib_config *c = &e->model->cfg;
+    const int H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim;
+    if ((j->phases & QK_NORM) && j->L->q_norm) {
+        ib_rmsnorm_heads(e->q + (size_t)r * H * hd, j->L->q_norm, 1, H, hd, (float)c->rms_eps, e->pool);
+        ib_rmsnorm_heads(e->k + (size_t)r * KVH * hd, j->L->k_norm, 1, KVH, hd, (float)c->rms_eps, e->pool);
+    }
+    if (j->phases & QK_ROPE_STORE) {
+        ib_rope_step_rows(e->q, r, r + 1, j->R, H, hd, e->cs, j->n_items);
+        ib_rope_step_rows(e->k, r, r + 1, j->R, KVH, hd, e->cs, j->n_items);
+        store_kv_row(e, j->items, r, j->li);
+    }
+}
+
+typedef struct {
+    float *g;
+    const float *u;   /* [R][F] each */
+    int F;
+} swiglu_job;
+
+static void swiglu_task(void *ctx, int r, int thread) {
+    swiglu_job *j = ctx;
+    ib_swiglu(j->g + (size_t)r * j->F, j->u + (size_t)r * j->F, 1, j->F);
 }
 
 typedef struct {
@@ -202,17 +269,23 @@ ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
         CAPTURE(li, "q_proj", e->q, H * hd);
         CAPTURE(li, "k_proj", e->k, KVH * hd);
         CAPTURE(li, "v", e->v, KVH * hd);
-        if (L->q_norm) {
-            ib_rmsnorm_heads(e->q, L->q_norm, R, H, hd, eps, e->pool);
-            ib_rmsnorm_heads(e->k, L->k_norm, R, KVH, hd, eps, e->pool);
-            CAPTURE(li, "q_norm", e->q, H * hd);
-            CAPTURE(li, "k_norm", e->k, KVH * hd);
+        {
+            /* head norms, rotary embedding and KV store, row by row (in two jobs when captured) */
+            qk_job qj = {e, items, L, li, R, n, QK_NORM | QK_ROPE_STORE};
+            ib_pool *rp = rows_pool(e, (double)R * (H + 2 * KVH) * hd);
+            if (e->capture) {
+                qj.phases = QK_NORM;
+                ib_pool_run(rp, R, qk_task, &qj);
+                if (L->q_norm) {
+                    CAPTURE(li, "q_norm", e->q, H * hd);
+                    CAPTURE(li, "k_norm", e->k, KVH * hd);
+                }
+                qj.phases = QK_ROPE_STORE;
+            }
+            ib_pool_run(rp, R, qk_task, &qj);
         }
-        ib_rope_step(e->q, R, H, hd, e->cs, n);
-        ib_rope_step(e->k, R, KVH, hd, e->cs, n);
         CAPTURE(li, "q", e->q, H * hd);
         CAPTURE(li, "k", e->k, KVH * hd);
-        store_kv(e, items, R, li);
         aj.li = li;
         ib_pool_run(attn_work < IB_MIN_PARALLEL_MACS ? NULL : e->pool, R * KVH, attn_task, &aj);
         CAPTURE(li, "attn_out", e->att, H * hd);
@@ -229,7 +302,10 @@ ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
         }
         CAPTURE(li, "gate", e->g, F);
         CAPTURE(li, "up", e->u, F);
-        ib_swiglu(e->g, e->u, R, F);
+        {
+            swiglu_job sj = {e->g, e->u, F};
+            ib_pool_run(rows_pool(e, (double)R * F), R, swiglu_task, &sj);
+        }
         CAPTURE(li, "mlp_act", e->g, F);
         linear(e, &L->w_down, e->g, R, e->o);
         CAPTURE(li, "mlp_out", e->o, D);
