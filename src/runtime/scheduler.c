@@ -51,6 +51,7 @@ struct ib_sched {
     /* step buffers, loop thread only */
     ib_step_item *items;      /* [max_batch] */
     job **item_job;           /* [max_batch] */
+    struct draw *draws;       /* [max_batch]: the sampling pass's results per item */
 };
 
 static double now_s(void) {
@@ -120,11 +121,43 @@ static int is_stop(const job *j, int32_t t) {
     return 0;
 }
 
+/* One item's token of a step, drawn by the sampling pass: its id and what its job asked to know. */
+typedef struct draw {
+    int sampled;   /* 0: the item draws nothing this step (a prompt chunk before the last, or no room) */
+    int32_t tok;
+    double logprob;
+    int n_top;
+    int32_t top_ids[IB_MAX_TOP_LOGPROBS];
+    double top_lp[IB_MAX_TOP_LOGPROBS];
+} draw;
+
+/* Sampling pass task for item i of the step just run: notes the item's prompt tokens in its session
+ * and, when the item ends its prompt or generates, draws its token (with the logprobs its job wants).
+ * Every item's work touches only its own job and session, and a draw depends only on the session's
+ * own seed, step and history, so items are drawn on any threads in any order with the same result;
+ * over a vocabulary of 150k, a temperature draw with logprobs takes milliseconds, and done one item
+ * after another it held back every step of a busy server. */
+static void sample_task(void *ctx, int i, int thread) {
+    ib_sched *S = ctx;
+    job *j = S->item_job[i];
+    draw *d = &S->draws[i];
+    const int V = S->e->model->cfg.vocab_size;
+    d->sampled = 0;
+    if (j->fed < j->n_prompt) {
+        ib_session_note_tokens(j->s, S->items[i].tokens, S->items[i].n_tokens);
+        if (j->fed + S->items[i].n_tokens < j->n_prompt) return;
+    }
+    if (j->generated >= j->max_new) return;
+    d->tok = ib_sample(j->s, j->logits);
+    d->logprob = j->want_lp ? ib_logprob(j->logits, V, d->tok) : 0.0;
+    d->n_top = j->top ? ib_top_logprobs(j->logits, V, j->top, d->top_ids, d->top_lp) : 0;
+    d->sampled = 1;
+}
+
 /* The loop: admit, drop cancelled jobs, build one step, run it, hand out tokens. */
 static void *loop(void *arg) {
     ib_sched *S = arg;
     ib_engine *e = S->e;
-    int V = e->model->cfg.vocab_size;
     job **done = malloc((size_t)S->o.max_batch * sizeof *done);
     const char **done_why = malloc((size_t)S->o.max_batch * sizeof *done_why);
     pthread_mutex_lock(&S->mu);
@@ -190,6 +223,7 @@ static void *loop(void *arg) {
         double dt = now_s() - t0;
         long long pre = 0, gen = 0;
         nd = 0;
+        if (!rc) ib_pool_run(ni > 1 ? e->pool : NULL, ni, sample_task, S);
         for (int i = 0; i < ni; i++) {
             job *j = S->item_job[i];
             if (rc) {
@@ -197,29 +231,26 @@ static void *loop(void *arg) {
                 done_why[nd++] = "error";
                 continue;
             }
+            const draw *d = &S->draws[i];
             int prefill = j->fed < j->n_prompt;
             if (prefill) {
-                ib_session_note_tokens(j->s, S->items[i].tokens, S->items[i].n_tokens);
-                j->fed += S->items[i].n_tokens;
+                j->fed += S->items[i].n_tokens;   /* noted in the session by sample_task */
                 pre += S->items[i].n_tokens;
             }
             if (prefill && j->fed < j->n_prompt) continue;
-            if (j->generated >= j->max_new) {
+            if (!d->sampled) { /* no room left (the sampling pass made the same test) */
                 done[nd] = j;
                 done_why[nd++] = "length";
                 continue;
             }
-            int32_t t = ib_sample(j->s, j->logits);
+            int32_t t = d->tok;
             j->generated++;
             gen++;
-            ib_sched_event ev = {.done = 0, .token = t};
-            if (j->want_lp) ev.logprob = ib_logprob(j->logits, V, t);
-            int32_t top_ids[IB_MAX_TOP_LOGPROBS];
-            double top_lp[IB_MAX_TOP_LOGPROBS];
+            ib_sched_event ev = {.done = 0, .token = t, .logprob = d->logprob};
             if (j->top) {
-                ev.n_top = ib_top_logprobs(j->logits, V, j->top, top_ids, top_lp);
-                ev.top_ids = top_ids;
-                ev.top_logprob = top_lp;
+                ev.n_top = d->n_top;
+                ev.top_ids = d->top_ids;
+                ev.top_logprob = d->top_lp;
             }
             if (j->fn) j->fn(j->ctx, &ev);
             j->next = t;
@@ -287,10 +318,12 @@ ib_status ib_sched_create(ib_engine *e, const ib_sched_opts *opts, ib_sched **ou
     S->active = calloc((size_t)o.max_batch, sizeof *S->active);
     S->items = calloc((size_t)o.max_batch, sizeof *S->items);
     S->item_job = calloc((size_t)o.max_batch, sizeof *S->item_job);
-    if (!S->active || !S->items || !S->item_job) {
+    S->draws = calloc((size_t)o.max_batch, sizeof *S->draws);
+    if (!S->active || !S->items || !S->item_job || !S->draws) {
         free(S->active);
         free(S->items);
         free(S->item_job);
+        free(S->draws);
         free(S);
         return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
     }
@@ -302,6 +335,7 @@ ib_status ib_sched_create(ib_engine *e, const ib_sched_opts *opts, ib_sched **ou
         free(S->active);
         free(S->items);
         free(S->item_job);
+        free(S->draws);
         free(S);
         return ib_fail(err, IB_ERR_NOMEM, "scheduler: cannot start its thread");
     }
@@ -327,6 +361,7 @@ void ib_sched_free(ib_sched *S) {
     free(S->active);
     free(S->items);
     free(S->item_job);
+    free(S->draws);
     free(S);
 }
 

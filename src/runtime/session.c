@@ -120,7 +120,7 @@ void ib_session_note_tokens(ib_session *s, const int32_t *tokens, int n) {
 }
 
 /* The process-wide stream used only under the test-only shared-rng fault. */
-static uint64_t shared_rng_counter;
+static _Atomic uint64_t shared_rng_counter;   /* the fault's one counter; steps may sample on several threads */
 
 int32_t ib_sample(ib_session *s, const float *logits) {
     uint64_t step = s->sample_step++;
