@@ -34,6 +34,9 @@ typedef struct rec {
     int32_t tok[64];
     double lp[64];
     int n;
+    int n_top[64];              /* per token: top alternatives reported, the two of them, their logprobs */
+    int32_t top_id[64][2];
+    double top_lp[64][2];
     int done;
     char finish[16];
     int fed, generated;
@@ -47,6 +50,9 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
         if (r->n < 64) {
             r->tok[r->n] = ev->token;
             r->lp[r->n] = ev->logprob;
+            r->n_top[r->n] = ev->n_top;
+            for (int k = 0; k < ev->n_top && k < 2; k++)
+                r->top_id[r->n][k] = ev->top_ids[k], r->top_lp[r->n][k] = ev->top_logprob[k];
         }
         r->n++;
     } else {
@@ -77,6 +83,9 @@ static ib_sampling sampling(int sampled) {
 }
 
 /* The reference: prompt i decoded alone, token by token after a whole-prompt prefill. */
+static int32_t ref_top_id[2][NP][GEN][2];   /* [sampled][prompt][token]: ib_top_logprobs of the lone run */
+static double ref_top_lp[2][NP][GEN][2];
+
 static void reference(const ib_model *m, ib_engine *e, int i, int sampled, int32_t *tok, double *lp) {
     int V = ib_model_get_info(m)->vocab_size;
     ib_session_opts so = {.max_context = 256, .sampling = sampling(sampled)};
@@ -90,6 +99,7 @@ static void reference(const ib_model *m, ib_engine *e, int i, int sampled, int32
     for (int g = 0; g < GEN; g++) {
         tok[g] = ib_sample(s, logits);
         lp[g] = ib_logprob(logits, V, tok[g]);
+        ib_top_logprobs(logits, V, 2, ref_top_id[sampled][i][g], ref_top_lp[sampled][i][g]);
         it = (ib_step_item){.session = s, .tokens = &tok[g], .n_tokens = 1, .logits = logits};
         if (g + 1 < GEN) ib_step(e, &it, 1, &err);
     }
@@ -113,20 +123,27 @@ static void run_sched(const ib_model *m, ib_engine *e, int batch, int chunk, int
         ib_session_opts sopt = {.max_context = 256, .sampling = sampling(sampled)};
         ib_session_create(m, &sopt, &r[i].s, &err);
         ib_sched_job jb = {.session = r[i].s, .prompt = prompts[i], .n_prompt = plen[i], .max_new_tokens = GEN,
-                           .want_logprobs = 1, .on_event = on_event, .ctx = &r[i]};
+                           .want_logprobs = 1, .top_logprobs = 2, .on_event = on_event, .ctx = &r[i]};
         CHECK(ib_sched_submit(S, &jb, NULL, &err) == IB_OK, "%s", err.msg);
     }
-    int same = 0;
+    int same = 0, same_top = 0;
     for (int i = 0; i < NP; i++) {
         rec_wait(&r[i]);
         int eq = r[i].n == GEN && !strcmp(r[i].finish, "length") && r[i].fed == plen[i];
         for (int g = 0; eq && g < GEN; g++)
             eq = r[i].tok[g] == ref_tok[i][g] && memcmp(&r[i].lp[g], &ref_lp[i][g], sizeof(double)) == 0;
         same += eq;
+        int eq_top = r[i].n == GEN;
+        for (int g = 0; eq_top && g < GEN; g++)
+            eq_top = r[i].n_top[g] == 2 && !memcmp(r[i].top_id[g], ref_top_id[sampled][i][g], sizeof r[i].top_id[g]) &&
+                     !memcmp(r[i].top_lp[g], ref_top_lp[sampled][i][g], sizeof r[i].top_lp[g]);
+        same_top += eq_top;
         ib_session_free(r[i].s);
     }
     CHECK(same == NP, "batch %d chunk %d sampled %d reversed %d: %d of %d jobs equal their lone run", batch, chunk,
           sampled, reversed, same, NP);
+    CHECK(same_top == NP, "batch %d chunk %d sampled %d reversed %d: %d of %d jobs' top logprobs equal their lone run's",
+          batch, chunk, sampled, reversed, same_top, NP);
     ib_sched_stats st;
     ib_sched_get_stats(S, &st);
     CHECK(st.tokens_generated == NP * GEN, "generated %lld", st.tokens_generated);

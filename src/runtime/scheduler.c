@@ -77,7 +77,9 @@ double ib_logprob(const float *logits, int vocab, int32_t id) {
     return ((double)logits[id] - mx) - lse;
 }
 
-int ib_top_logprobs(const float *logits, int vocab, int k, int32_t *ids, double *lp) {
+/* The ids of the k largest logits (k clamped to 0..IB_MAX_TOP_LOGPROBS and vocab), largest first, the
+ * lower id first among equal logits; returns how many. */
+static int top_ids(const float *logits, int vocab, int k, int32_t *ids) {
     if (k > IB_MAX_TOP_LOGPROBS) k = IB_MAX_TOP_LOGPROBS;
     if (k > vocab) k = vocab;
     if (k <= 0) return 0;
@@ -94,6 +96,12 @@ int ib_top_logprobs(const float *logits, int vocab, int k, int32_t *ids, double 
         }
         ids[at] = i;
     }
+    return n;
+}
+
+int ib_top_logprobs(const float *logits, int vocab, int k, int32_t *ids, double *lp) {
+    int n = top_ids(logits, vocab, k, ids);
+    if (n == 0) return 0;
     double mx, lse = log_sum_exp(logits, vocab, &mx);
     for (int i = 0; i < n; i++) lp[i] = ((double)logits[ids[i]] - mx) - lse;
     return n;
@@ -149,8 +157,15 @@ static void sample_task(void *ctx, int i, int thread) {
     }
     if (j->generated >= j->max_new) return;
     d->tok = ib_sample(j->s, j->logits);
-    d->logprob = j->want_lp ? ib_logprob(j->logits, V, d->tok) : 0.0;
-    d->n_top = j->top ? ib_top_logprobs(j->logits, V, j->top, d->top_ids, d->top_lp) : 0;
+    d->logprob = 0.0;
+    d->n_top = 0;
+    if (j->want_lp || j->top) {
+        /* ib_logprob's and ib_top_logprobs' numbers, the vocabulary's log-sum-exp taken once */
+        double mx, lse = log_sum_exp(j->logits, V, &mx);
+        if (j->want_lp) d->logprob = ((double)j->logits[d->tok] - mx) - lse;
+        d->n_top = j->top ? top_ids(j->logits, V, j->top, d->top_ids) : 0;
+        for (int k = 0; k < d->n_top; k++) d->top_lp[k] = ((double)j->logits[d->top_ids[k]] - mx) - lse;
+    }
     d->sampled = 1;
 }
 
