@@ -13,8 +13,25 @@ typedef struct slot {
     int req;          /* request index, -1 when idle */
     int fed;          /* prompt tokens fed so far */
     int32_t next;     /* last sampled token, fed at the next step */
+    int32_t drawn;    /* the token drawn after this step (draw_task) */
     float *logits;    /* [V] */
 } slot;
+
+typedef struct {
+    const ib_step_item *items;
+    slot *slots;
+    const int *item_slot;
+} draw_job;
+
+/* Draw the token of item i of the step just run, when it asked for logits. Each draw reads and
+ * advances only its own session (seed, step, history), so the items are drawn on any threads with
+ * the same tokens; a draw at a temperature over a large vocabulary takes milliseconds. */
+static void draw_task(void *ctx, int i, int thread) {
+    draw_job *j = ctx;
+    if (!j->items[i].logits) return;
+    slot *sl = &j->slots[j->item_slot[i]];
+    sl->drawn = ib_sample(sl->s, sl->logits);
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -151,6 +168,8 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
         if (ni == 0) break;
         if ((rc = ib_step(e, items, ni, err))) goto done;
         steps++;
+        draw_job dj = {items, slots, item_slot};
+        ib_pool_run(ni > 1 ? e->pool : NULL, ni, draw_task, &dj);
         for (int i = 0; i < ni; i++) {
             slot *sl = &slots[item_slot[i]];
             const ib_gen_request *rq = &reqs[sl->req];
@@ -159,7 +178,7 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
                 prompt_tokens += items[i].n_tokens;
             }
             if (!items[i].logits) continue;
-            int32_t tok = ib_sample(sl->s, sl->logits);
+            int32_t tok = sl->drawn;
             gen_tokens++;
             if (take_token(o, info, limit_of(rq, o), &res[sl->req], sl->logits, tok))
                 sl->req = -1;
