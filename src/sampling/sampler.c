@@ -157,6 +157,13 @@ static inline uint32_t desc_key_(float v)
 
 /* Greedy argmax: the largest logit, ties to the lowest id, NaN treated as -inf (so an all-NaN/-inf
  * row gives 0). Returns -1 when vocab <= 0 or logits is NULL. */
+/* v[j] = ib_expf(v[j] - mx), with the difference taken as exactly 0 where v[j] == mx (step 4 of the
+ * pipeline), for j < n: ib_expf_lane gives ib_expf's bits lane by lane, so the vector clones do too. */
+IB_VECTOR_CLONES static void weights_(float *v, int n, float mx)
+{
+    for (int j = 0; j < n; j++) v[j] = ib_expf_lane(v[j] == mx ? 0.0f : v[j] - mx);
+}
+
 /* The largest of x[0..n), NaNs skipped (-inf when there is nothing larger). Kept in 16 lanes so the
  * vector clones compute it: a maximum is the same in any order once NaNs are skipped. */
 IB_VECTOR_CLONES static float block_max_(const float *x, int n)
@@ -371,11 +378,11 @@ int32_t ib_sample_logits(const float *logits, int vocab, const ib_sampling *p, u
 
     /* 4. softmax weights over the kept set (max = the first candidate); zero weights dropped */
     const float mx = cv[0];
+    weights_(cv, n, mx);
     double sum = 0.0;
     int nw = 0;
     for (int j = 0; j < n; j++) {
-        float v = cv[j];
-        float w = ib_expf(v == mx ? 0.0f : v - mx);
+        float w = cv[j];
         if (w > 0.0f) {
             cv[nw] = w;
             ci[nw] = ci[j];
