@@ -147,6 +147,28 @@ static void test_expf_lane(void) {
     CHECK(bad == 0, "ib_expf_lane differs from ib_expf at %ld inputs", bad);
 }
 
+/* the lane-parallel double exp used by log-sum-exp equals ib_exp bit for bit: a sweep, both range
+ * ends, the subnormal results (k < -1022) and the k = 1024 case, specials */
+static void test_exp_lane(void) {
+    long bad = 0;
+    for (double x = -760.0; x < 720.0; x += 0.0137) {
+        double a = ib_exp(x), b = ib_exp_lane(x);
+        if (memcmp(&a, &b, 8)) bad++;
+    }
+    for (double x = -1.0; x < 1.0; x += 0.000123) {
+        double a = ib_exp(x), b = ib_exp_lane(x);
+        if (memcmp(&a, &b, 8)) bad++;
+    }
+    static const double special[] = {INFINITY, -INFINITY, NAN, 0.0, -0.0, 0x1.62e42fefa39efp+9,
+                                     0x1.62e42fefa39f0p+9, 709.5, 709.0, -745.2, -745.19999, -745.2000001,
+                                     -708.4, -708.39, -709.09, -744.0, -740.5, 1e-300, -1e-300, 0.5, -0.5};
+    for (size_t i = 0; i < sizeof special / sizeof *special; i++) {
+        double a = ib_exp(special[i]), b = ib_exp_lane(special[i]);
+        if (!(isnan(a) && isnan(b)) && memcmp(&a, &b, 8)) bad++;
+    }
+    CHECK(bad == 0, "ib_exp_lane differs from ib_exp at %ld inputs", bad);
+}
+
 static void test_fmath_in_ops(void) {
     /* ib_expf as used by softmax: exp(-inf) = 0, exp(0) = 1 exactly */
     CHECK(ib_expf(-INFINITY) == 0.0f, "expf(-inf) = %g", ib_expf(-INFINITY));
@@ -160,6 +182,7 @@ int main(void) {
     test_swiglu();
     test_attention();
     test_expf_lane();
+    test_exp_lane();
     test_fmath_in_ops();
     TEST_MAIN_END("test_ops");
 }

@@ -43,6 +43,43 @@ static inline float ib_expf_lane(float x) {
 /* e^x in double: relative error < 4e-16 for |x| < 700; +inf / 0 outside. */
 double ib_exp(double x);
 
+/* ib_exp with the same bits for every input, written without branches or calls so a loop over
+ * independent elements vectorizes (log-sum-exp over a vocabulary). Steps as in fmath.c's ib_exp: n =
+ * rint(x * log2 e) as (v + 1.5*2^52) - 1.5*2^52 on x clamped to ib_exp's range (exact there), whose
+ * low bits also give the integer k for 2^k; the three ways ib_exp applies 2^k are one product
+ * ((y * pre) * 2^kk) * post with factors of 1 where a case does not apply (multiplying by 1 is
+ * exact); the range ends and NaN are selected at the end. */
+static inline double ib_exp_lane(double x) {
+    const double x_max = 0x1.62e42fefa39efp+9, x_min = -745.2, shifter = 0x1.8p52;
+    double xc = x > x_max ? x_max : x;
+    xc = xc < x_min ? x_min : xc;
+    xc = x != x ? 0.0 : xc;
+    double s = xc * 0x1.71547652b82fep+0 + shifter, n = s - shifter;
+    double r = (xc - n * 0x1.62e42fefa38p-1) - n * 0x1.ef35793c7673p-45;
+    double q = 0x1.6124613a86d09p-33;
+    q = q * r + 0x1.1eed8eff8d898p-29;
+    q = q * r + 0x1.ae64567f544e4p-26;
+    q = q * r + 0x1.27e4fb7789f5cp-22;
+    q = q * r + 0x1.71de3a556c734p-19;
+    q = q * r + 0x1.a01a01a01a01ap-16;
+    q = q * r + 0x1.a01a01a01a01ap-13;
+    q = q * r + 0x1.6c16c16c16c17p-10;
+    q = q * r + 0x1.1111111111111p-7;
+    q = q * r + 0x1.5555555555555p-5;
+    q = q * r + 0x1.5555555555555p-3;
+    q = q * r + 0.5;
+    double y = 1.0 + (r + (r * r) * q);
+    union { double d; int64_t i; } sb = {s}, shb = {shifter};
+    int64_t k = sb.i - shb.i; /* n as an integer: s and the shifter share their exponent */
+    int64_t kk = k > 1023 ? 1023 : (k < -1022 ? k + 54 : k);
+    double pre = k > 1023 ? 2.0 : 1.0, post = k < -1022 ? 0x1p-54 : 1.0;
+    union { int64_t i; double d; } two_kk = {(kk + 1023) << 52};
+    double res = ((y * pre) * two_kk.d) * post;
+    res = x > x_max ? (double)INFINITY : res;
+    res = x < x_min ? 0.0 : res;
+    return x != x ? x + x : res;
+}
+
 /* Natural log in double: relative error < 4e-16 for x > 0 normal; -inf for 0, NaN for x < 0. */
 double ib_log(double x);
 

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/fmath.h"
+#include "ops/ops.h"
 #include "runtime/runtime.h"
 #include "runtime/scheduler.h"
 
@@ -60,13 +61,25 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* log(sum exp(logits)) as max + log(sum exp(l - max)), summed in ascending id order; *mx gets the max. */
+/* out[i] = ib_exp((double)l[i] - m) for i < n; ib_exp_lane gives ib_exp's bits lane by lane, so the
+ * vector clones do too. */
+IB_VECTOR_CLONES static void exps_(const float *l, int n, double m, double *out) {
+    for (int i = 0; i < n; i++) out[i] = ib_exp_lane((double)l[i] - m);
+}
+
+/* log(sum exp(logits)) as max + log(sum exp(l - max)), summed in ascending id order; *mx gets the max.
+ * The exponentials are taken a block at a time in the vector unit, the sum stays one chain. */
 static double log_sum_exp(const float *logits, int vocab, double *mx) {
+    enum { BLOCK = 512 };
     double m = logits[0];
     for (int i = 1; i < vocab; i++)
         if (logits[i] > m) m = logits[i];
-    double sum = 0.0;
-    for (int i = 0; i < vocab; i++) sum += ib_exp((double)logits[i] - m);
+    double sum = 0.0, e[BLOCK];
+    for (int b0 = 0; b0 < vocab; b0 += BLOCK) {
+        const int n = vocab - b0 < BLOCK ? vocab - b0 : BLOCK;
+        exps_(logits + b0, n, m, e);
+        for (int i = 0; i < n; i++) sum += e[i];
+    }
     *mx = m;
     return ib_log(sum);
 }
