@@ -84,10 +84,15 @@ static double log_sum_exp(const float *logits, int vocab, double *mx) {
     return ib_log(sum);
 }
 
+/* log p(id) given the vocabulary's max and log-sum-exp (from log_sum_exp). */
+static double logprob_at(const float *logits, int32_t id, double mx, double lse) {
+    return ((double)logits[id] - mx) - lse;
+}
+
 double ib_logprob(const float *logits, int vocab, int32_t id) {
     if (id < 0 || id >= vocab) return 0.0;
     double mx, lse = log_sum_exp(logits, vocab, &mx);
-    return ((double)logits[id] - mx) - lse;
+    return logprob_at(logits, id, mx, lse);
 }
 
 /* The ids of the k largest logits (k clamped to 0..IB_MAX_TOP_LOGPROBS and vocab), largest first, the
@@ -116,7 +121,7 @@ int ib_top_logprobs(const float *logits, int vocab, int k, int32_t *ids, double 
     int n = top_ids(logits, vocab, k, ids);
     if (n == 0) return 0;
     double mx, lse = log_sum_exp(logits, vocab, &mx);
-    for (int i = 0; i < n; i++) lp[i] = ((double)logits[ids[i]] - mx) - lse;
+    for (int i = 0; i < n; i++) lp[i] = logprob_at(logits, ids[i], mx, lse);
     return n;
 }
 
@@ -142,9 +147,12 @@ static int is_stop(const job *j, int32_t t) {
     return 0;
 }
 
-/* One item's token of a step, drawn by the sampling pass: its id and what its job asked to know. */
+/* What the sampling pass decided for one item of a step. */
+typedef enum { DRAW_PROMPT_GOES_ON, DRAW_NO_ROOM, DRAW_TOKEN } draw_outcome;
+
+/* One item's outcome of a step and, for DRAW_TOKEN, its token and what its job asked to know. */
 typedef struct draw {
-    int sampled;   /* 0: the item draws nothing this step (a prompt chunk before the last, or no room) */
+    draw_outcome outcome;
     int32_t tok;
     double logprob;
     int n_top;
@@ -163,23 +171,24 @@ static void sample_task(void *ctx, int i, int thread) {
     job *j = S->item_job[i];
     draw *d = &S->draws[i];
     const int V = S->e->model->cfg.vocab_size;
-    d->sampled = 0;
     if (j->fed < j->n_prompt) {
         ib_session_note_tokens(j->s, S->items[i].tokens, S->items[i].n_tokens);
+        d->outcome = DRAW_PROMPT_GOES_ON;
         if (j->fed + S->items[i].n_tokens < j->n_prompt) return;
     }
+    d->outcome = DRAW_NO_ROOM;
     if (j->generated >= j->max_new) return;
+    d->outcome = DRAW_TOKEN;
     d->tok = ib_sample(j->s, j->logits);
     d->logprob = 0.0;
     d->n_top = 0;
     if (j->want_lp || j->top) {
         /* ib_logprob's and ib_top_logprobs' numbers, the vocabulary's log-sum-exp taken once */
         double mx, lse = log_sum_exp(j->logits, V, &mx);
-        if (j->want_lp) d->logprob = ((double)j->logits[d->tok] - mx) - lse;
+        if (j->want_lp) d->logprob = logprob_at(j->logits, d->tok, mx, lse);
         d->n_top = j->top ? top_ids(j->logits, V, j->top, d->top_ids) : 0;
-        for (int k = 0; k < d->n_top; k++) d->top_lp[k] = ((double)j->logits[d->top_ids[k]] - mx) - lse;
+        for (int k = 0; k < d->n_top; k++) d->top_lp[k] = logprob_at(j->logits, d->top_ids[k], mx, lse);
     }
-    d->sampled = 1;
 }
 
 /* The loop: admit, drop cancelled jobs, build one step, run it, hand out tokens. */
@@ -260,13 +269,12 @@ static void *loop(void *arg) {
                 continue;
             }
             const draw *d = &S->draws[i];
-            int prefill = j->fed < j->n_prompt;
-            if (prefill) {
+            if (j->fed < j->n_prompt) {
                 j->fed += S->items[i].n_tokens;   /* noted in the session by sample_task */
                 pre += S->items[i].n_tokens;
             }
-            if (prefill && j->fed < j->n_prompt) continue;
-            if (!d->sampled) { /* no room left (the sampling pass made the same test) */
+            if (d->outcome == DRAW_PROMPT_GOES_ON) continue;
+            if (d->outcome == DRAW_NO_ROOM) {
                 done[nd] = j;
                 done_why[nd++] = "length";
                 continue;
