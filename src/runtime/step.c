@@ -67,20 +67,18 @@ static void linear_many(ib_engine *e, int n, const ib_matrix *const *ws, const f
 static void store_kv_row(ib_engine *e, ib_step_item *items, int r, int li) {
     const ib_config *c = &e->model->cfg;
     int KVH = c->n_kv_heads, hd = c->head_dim;
-    {
-        ib_session *s = items[e->row_item[r]].session;
-        size_t slot = (size_t)ib_kv_slot(s, e->pos[r]);
-        for (int h = 0; h < KVH; h++) {
-            size_t ko = ib_kv_offset(s, li, 0, h) + slot * hd, vo = ib_kv_offset(s, li, 1, h) + slot * hd;
-            const float *kr = e->k + ((size_t)r * KVH + h) * hd, *vr = e->v + ((size_t)r * KVH + h) * hd;
-            if (s->kv_f16) {
-                uint16_t *kd = (uint16_t *)s->kv + ko, *vd = (uint16_t *)s->kv + vo;
-                ib_f32_to_f16_rows(kr, kd, hd);
-                ib_f32_to_f16_rows(vr, vd, hd);
-            } else {
-                memcpy((float *)s->kv + ko, kr, hd * sizeof(float));
-                memcpy((float *)s->kv + vo, vr, hd * sizeof(float));
-            }
+    ib_session *s = items[e->row_item[r]].session;
+    size_t slot = (size_t)ib_kv_slot(s, e->pos[r]);
+    for (int h = 0; h < KVH; h++) {
+        size_t ko = ib_kv_offset(s, li, 0, h) + slot * hd, vo = ib_kv_offset(s, li, 1, h) + slot * hd;
+        const float *kr = e->k + ((size_t)r * KVH + h) * hd, *vr = e->v + ((size_t)r * KVH + h) * hd;
+        if (s->kv_f16) {
+            uint16_t *kd = (uint16_t *)s->kv + ko, *vd = (uint16_t *)s->kv + vo;
+            ib_f32_to_f16_rows(kr, kd, hd);
+            ib_f32_to_f16_rows(vr, vd, hd);
+        } else {
+            memcpy((float *)s->kv + ko, kr, hd * sizeof(float));
+            memcpy((float *)s->kv + vo, vr, hd * sizeof(float));
         }
     }
 }
