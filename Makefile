@@ -6,14 +6,19 @@ BUILD   ?= build
 # The sanitizer build's folder (`make asan`); tests/*.sh read it from the environment.
 ASAN_BUILD ?= build-asan
 OPT     ?= -O2
-# -ffp-contract=off: a fused multiply-add is written where one is meant, never introduced by the
-# compiler (the same C must give the same bits on every ISA).
 CFLAGS  ?= $(OPT) -g
-# -fvect-cost-model=dynamic -fno-trapping-math: let loops over independent lanes vectorize (this never
-# reorders a float reduction: that would need -fassociative-math, which is never given).
-CFLAGS  += -std=c11 -Wall -Wextra -Wno-unused-parameter -ffp-contract=off -fno-strict-aliasing \
+# Flags the build needs whatever the user's CFLAGS say (`make CFLAGS=-O3` keeps them): the language
+# level, warnings, include paths, dependency files. -fvect-cost-model=dynamic -fno-trapping-math let
+# loops over independent lanes vectorize (this never reorders a float reduction: that would need
+# -fassociative-math, which is never given).
+IB_BASE_FLAGS := -std=c11 -Wall -Wextra -Wno-unused-parameter -fno-strict-aliasing \
            -fvect-cost-model=dynamic -fno-trapping-math \
            -D_GNU_SOURCE -Iinclude -Isrc -pthread -MMD -MP
+# The numeric contract's flags come after the user's, so no user flag can undo them: -ffp-contract=off
+# (a fused multiply-add is written where one is meant, never introduced by the compiler: the same C
+# must give the same bits on every ISA) and no fast-math. SAN_FLAGS: the sanitizer build's (`make asan`).
+IB_NUMERIC_FLAGS := -ffp-contract=off -fno-fast-math
+ALL_CFLAGS = $(IB_BASE_FLAGS) $(CFLAGS) $(SAN_FLAGS) $(IB_NUMERIC_FLAGS)
 LDLIBS  += -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -pthread
 
 SRC      := $(shell find src -name '*.c' | sort)
@@ -42,27 +47,27 @@ $(BUILD)/libisobatch.a: $(OBJ)
 	$(AR) rcs $@ $^
 
 $(BUILD)/isobatch: $(TOOL_OBJ) $(BUILD)/libisobatch.a
-	$(CC) $(CFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libisobatch.a $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libisobatch.a $(LDLIBS)
 
 $(BUILD)/%_avx2.o: %_avx2.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) $(AVX2_FLAGS) -c $< -o $@
 
 $(BUILD)/%_avx512.o: %_avx512.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(AVX512_FLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) $(AVX512_FLAGS) -c $< -o $@
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libisobatch.a tests/check.h tests/test_rng.h
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -Itests -o $@ $< $(BUILD)/libisobatch.a $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< $(BUILD)/libisobatch.a $(LDLIBS)
 
 $(BUILD)/examples/%: examples/%.c $(BUILD)/libisobatch.a
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libisobatch.a $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libisobatch.a $(LDLIBS)
 
 examples: $(EX_BIN)
 
@@ -78,7 +83,7 @@ run: all
 # Sanitizer build (AddressSanitizer + UndefinedBehaviorSanitizer) in its own folder ($(ASAN_BUILD)). It also leaves out
 # the AVX2 clones of the elementwise ops (IB_NO_CLONES), so tests can compare the two builds bitwise.
 asan:
-	$(MAKE) BUILD=$(ASAN_BUILD) OPT="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -DIB_NO_CLONES" \
+	$(MAKE) BUILD=$(ASAN_BUILD) SAN_FLAGS="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -DIB_NO_CLONES" \
 	    LDLIBS="-ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -pthread -fsanitize=address,undefined" all $(patsubst $(BUILD)/%,$(ASAN_BUILD)/%,$(TEST_BIN))
 
 # The NEON matmul kernel, tested under emulation on any host: tests/test_matmul_neon.c and the few
@@ -93,7 +98,7 @@ NEON_TEST := $(BUILD)/aarch64/test_matmul_neon
 
 $(NEON_TEST): tests/test_matmul_neon.c $(NEON_SRC) $(wildcard src/ops/*.h src/backends/cpu/*.h src/core/*.h) include/isobatch.h tests/check.h tests/test_rng.h
 	@mkdir -p $(@D)
-	$(CROSS_CC) $(filter-out -MMD -MP,$(CFLAGS)) -Itests -static -o $@ tests/test_matmul_neon.c $(NEON_SRC) -lm -pthread
+	$(CROSS_CC) $(filter-out -MMD -MP,$(ALL_CFLAGS)) -Itests -static -o $@ tests/test_matmul_neon.c $(NEON_SRC) -lm -pthread
 
 # The attention copies too (on aarch64 the portable one, with NEON half conversion): tests/test_attention_isa.c.
 NEON_ATT_SRC  := src/ops/attention.c src/ops/attention_avx2.c src/ops/attention_avx512.c src/core/fmath.c \
@@ -103,7 +108,7 @@ NEON_ATT_TEST := $(BUILD)/aarch64/test_attention_isa
 
 $(NEON_ATT_TEST): tests/test_attention_isa.c $(NEON_ATT_SRC) $(wildcard src/ops/*.h src/backends/cpu/*.h src/core/*.h) include/isobatch.h tests/check.h tests/test_rng.h
 	@mkdir -p $(@D)
-	$(CROSS_CC) $(filter-out -MMD -MP,$(CFLAGS)) -Itests -static -o $@ tests/test_attention_isa.c $(NEON_ATT_SRC) -lm -pthread
+	$(CROSS_CC) $(filter-out -MMD -MP,$(ALL_CFLAGS)) -Itests -static -o $@ tests/test_attention_isa.c $(NEON_ATT_SRC) -lm -pthread
 
 neon-test: $(NEON_TEST) $(NEON_ATT_TEST)
 	$(QEMU_A64) -cpu max $(NEON_TEST)
@@ -113,4 +118,4 @@ neon-test: $(NEON_TEST) $(NEON_ATT_TEST)
 clean:
 	rm -rf build build-asan
 
--include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d)
+-include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_BIN:=.d) $(EX_BIN:=.d)
