@@ -9,6 +9,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "core/hd.h"
+
 /* e^x in float: max error <= 2 ulp over the normal range; returns +inf above ~88.72, 0 below
  * ~-103.97 (subnormal results flushed to 0 are allowed below -87.3), NaN for NaN, 0 for -inf. */
 float ib_expf(float x);
@@ -16,8 +18,9 @@ float ib_expf(float x);
 /* ib_expf with the same bits for every input, written without branches or calls so a loop over
  * independent elements vectorizes (softmax weights, SiLU). Steps as in fmath.c's ib_expf; the two
  * range ends and NaN are selected at the end, and 2^n is applied as (p * e) * 2^min(n, 127) with
- * e = 2 when n = 128, else 1 (multiplying by 1 is exact). */
-static inline float ib_expf_lane(float x) {
+ * e = 2 when n = 128, else 1 (multiplying by 1 is exact). Callable from CUDA device code (IB_HD): the
+ * CUDA backend's softmax and SiLU use it, so GPU and CPU exponentials are one definition. */
+IB_HD static inline float ib_expf_lane(float x) {
     const float x_max = 0x1.62e42ep+6f, x_min = -0x1.5d589ep+6f, shifter = 0x1.8p23f;
     float xc = x > x_max ? x_max : x;
     xc = xc < x_min ? x_min : xc;

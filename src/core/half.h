@@ -1,20 +1,23 @@
 /*
  * half.h — exact conversions of IEEE half (float16) and bfloat16 to float32, and float32 to
- * bfloat16/float16 with round-to-nearest-even (used when writing synthetic models).
+ * bfloat16/float16 with round-to-nearest-even (used when writing synthetic models). The scalar ones
+ * are IB_HD: the CUDA backend stores and reads half KV with these same definitions.
  */
 #ifndef IB_CORE_HALF_H
 #define IB_CORE_HALF_H
 #include <stdint.h>
 #include <string.h>
 
-static inline float ib_bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t ib_f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+#include "core/hd.h"
+
+IB_HD static inline float ib_bits_to_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+IB_HD static inline uint32_t ib_f32_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
 /* bfloat16 -> float32: the 16 bits are the top half of a float32. Exact. */
-static inline float ib_bf16_to_f32(uint16_t h) { return ib_bits_to_f32((uint32_t)h << 16); }
+IB_HD static inline float ib_bf16_to_f32(uint16_t h) { return ib_bits_to_f32((uint32_t)h << 16); }
 
 /* float16 -> float32, exact for every input (subnormals, inf, NaN kept). */
-static inline float ib_f16_to_f32(uint16_t h) {
+IB_HD static inline float ib_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
     if (exp == 0x1f) return ib_bits_to_f32(sign | 0x7f800000u | (man << 13));
     if (exp == 0) {
@@ -55,7 +58,7 @@ static inline uint16_t ib_f32_to_bf16(float f) {
 }
 
 /* float32 -> float16, round to nearest even, overflow to inf, underflow through subnormals. */
-static inline uint16_t ib_f32_to_f16(float f) {
+IB_HD static inline uint16_t ib_f32_to_f16(float f) {
     uint32_t u = ib_f32_to_bits(f);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
     uint32_t a = u & 0x7fffffffu;
