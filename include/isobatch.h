@@ -489,6 +489,7 @@ typedef enum ib_fault {
     IB_FAULT_ROW_ORDER,           /* a reduction whose order depends on the row index */
     IB_FAULT_SAMPLE_BY_ROW,       /* "shared-rng": draws from one process-wide stream, not (seed, step) */
     IB_FAULT_SPLIT_KV_BY_BATCH,   /* attention key blocks sized by the batch size */
+    IB_FAULT_GPU_FMA,             /* the CUDA backend fuses the multiply-adds of its products (epilogue) */
     IB_FAULT_COUNT
 } ib_fault;
 
