@@ -23,6 +23,25 @@ LDLIBS  += -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -pthread
 
 SRC      := $(shell find src -name '*.c' | sort)
 OBJ      := $(SRC:%.c=$(BUILD)/%.o)
+
+# The CUDA backend (src/backends/cuda/*.cu): built when nvcc is found (on the PATH or in
+# /usr/local/cuda), left out cleanly otherwise (`make NVCC=` leaves it out too). It defines
+# IB_HAVE_CUDA for every file and links the CUDA runtime statically, so the binaries need only the
+# driver where a GPU is; without one the backend reports "no CUDA device". The numeric contract's
+# flags: no fused multiply-add unless written (-fmad=false), IEEE division and square root, denormals
+# kept; kernels for Hopper (sm_90a).
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+ifneq ($(strip $(NVCC)),)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CU_SRC   := $(shell find src -name '*.cu' | sort)
+OBJ      += $(CU_SRC:%.cu=$(BUILD)/%.o)
+IB_BASE_FLAGS += -DIB_HAVE_CUDA
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+NVCC_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
+IB_NVCC_FLAGS := -std=c++17 -O3 -DIB_HAVE_CUDA -D_GNU_SOURCE -Iinclude -Isrc $(NVCC_ARCH) \
+           -fmad=false -prec-div=true -prec-sqrt=true -ftz=false \
+           -Xcompiler -fno-strict-aliasing,-ffp-contract=off,-fno-fast-math -MMD -MP
+endif
 TOOL_SRC := $(wildcard tools/*.c)
 TOOL_OBJ := $(TOOL_SRC:%.c=$(BUILD)/%.o)
 TEST_SRC := $(wildcard tests/test_*.c)
@@ -47,7 +66,7 @@ $(BUILD)/libisobatch.a: $(OBJ)
 	$(AR) rcs $@ $^
 
 $(BUILD)/isobatch: $(TOOL_OBJ) $(BUILD)/libisobatch.a
-	$(CC) $(ALL_CFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libisobatch.a $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libisobatch.a $(LDLIBS) $(CUDA_LIBS)
 
 $(BUILD)/%_avx2.o: %_avx2.c
 	@mkdir -p $(@D)
@@ -61,13 +80,17 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(IB_NVCC_FLAGS) -c $< -o $@
+
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libisobatch.a tests/check.h tests/test_rng.h
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< $(BUILD)/libisobatch.a $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< $(BUILD)/libisobatch.a $(LDLIBS) $(CUDA_LIBS)
 
 $(BUILD)/examples/%: examples/%.c $(BUILD)/libisobatch.a
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libisobatch.a $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libisobatch.a $(LDLIBS) $(CUDA_LIBS)
 
 examples: $(EX_BIN)
 

@@ -1,0 +1,1000 @@
+/*
+ * cuda_backend.cu — the CUDA backend: backend.h's table of operations over device memory, every op
+ * producing the numeric definitions of src/ops/ bit for bit (the spec; see the contract in backend.h).
+ *
+ * How each definition maps onto the GPU (device layout in cuda.h):
+ *   - Q8-activation products: the per-group integer sums are exact in any order, so they are
+ *     computed with dp4a by the K-slices (warps) of a block in parallel and parked in shared memory;
+ *     then one thread per (row, output) combines the groups in ascending order in float32, as
+ *     matmul.h writes it: acc = (acc + (s*d)*(float)isum) + b*ad.
+ *   - F32-activation products: one thread per (row, output) walks K in ascending order,
+ *     acc = acc + (s*(float)q + b) * x.
+ *   - Row norms and dot products: 16 lanes of a warp own the 16 lanes of ib_dot16's order (lane j
+ *     sums elements j, j+16, … in order) and fold 8, 4, 2, 1 with shuffles.
+ *   - Attention: one block per (row, query head); one thread per key computes that key's score in
+ *     the 16-lane order, one thread runs the block's max and running sum in key order, one thread
+ *     per output dimension accumulates the values in key order; key blocks are cut exactly as
+ *     ib_attend_heads (full) and ib_attend_policy (sink + window) cut them.
+ *   - exp is fmath.h's ib_expf_lane (the same bits as ib_expf), half conversions are half.h's,
+ *     compiled for the device from the same source (IB_HD).
+ * The build gives nvcc -fmad=false, IEEE division and square root, denormals kept, so no product and
+ * sum is fused unless written (__fmaf_rn: only under the test-only gpu-fma fault).
+ *
+ * Work is enqueued on one stream per instance; step_end waits for it. Every output row depends only on
+ * its own row (and its own session's cache): grids are sized by R, never the arithmetic.
+ */
+extern "C" {
+#include "backends/backend.h"
+#include "backends/cpu/pack.h"
+#include "core/error.h"
+#include "core/fmath.h"
+#include "core/half.h"
+#include "ops/ops.h"
+}
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cuda/cuda.h"
+
+#define NT 32              /* outputs per product tile: one warp's lanes */
+#define NWARP 8            /* warps per product block (256 threads) */
+#define RB 8               /* rows per pass of a Q8 product block (one epilogue warp each) */
+#define GCH 16             /* groups per pass of the Q8 epilogue: shared isums [RB][GCH][NT] */
+#define ROWS_PER_BLOCK 64  /* rows one Q8 product block walks (its weight tile stays in L1/L2) */
+#define LOGIT_CHUNK 64     /* lm_head rows per product (bounds the logits scratch) */
+#define ATT_THREADS 128    /* threads of an attention block */
+#define ATT_MAX_BLOCK 128  /* largest key block (ops.h: block <= 128) */
+
+/* ---------------------------------------------------------------- device data */
+
+/* A matrix in device memory (layout in cuda.h). */
+typedef struct dmat {
+    int fmt;          /* ib_wfmt */
+    int N, K, G, Np, ng;
+    const uint4 *w;   /* quantized codes */
+    const float *wf;  /* F32 weights */
+    const float *s, *b;
+} dmat;
+
+/* Per row of a step: where its session's cache is and how it is kept. */
+typedef struct rowinfo {
+    void *kv;          /* device cache base */
+    int cap, sink, window, f16;
+    int pos;           /* the row's position */
+} rowinfo;
+
+/* A KV cache on the device. */
+typedef struct cuda_kv {
+    ib_kv pub;
+    void *dev;
+} cuda_kv;
+
+/* One backend instance. */
+typedef struct cuda_backend {
+    ib_backend base;                 /* ops first: the runtime calls through it */
+    int D, H, KVH, hd, F, V, L, R_max, Kmax;
+    ib_act act;
+    float eps, scale;
+    double theta;
+    cudaStream_t st;
+    cudaError_t err;                 /* first failure since step_begin */
+    const char *err_where;
+    dmat *mats;                      /* [L][IB_W_COUNT] */
+    dmat embed, lm_own;
+    const dmat *lm_head;
+    float *norms;                    /* [L][2][D] attn, mlp; then final [D]; then [L][2][hd] q, k */
+    int has_qk_norm;
+    float *buf[IB_BUF_COUNT];        /* [R_max][width] each */
+    int8_t *xq;                      /* [R_max][Kmax] */
+    float *qd, *qad;                 /* [R_max][Kmax/32] */
+    float *last;                     /* [R_max][D] final-normed rows */
+    float *logits;                   /* [LOGIT_CHUNK][V] */
+    int32_t *d_tok, *d_lrow;         /* [R_max] */
+    rowinfo *d_ri;                   /* [R_max] */
+    float *d_cs;                     /* [R_max][hd/2][2] */
+    /* pinned host staging of step_begin */
+    int32_t *h_tok, *h_lrow, *h_pos;
+    rowinfo *h_ri;
+    float *h_cs;
+    /* the step */
+    int R, n_items, n_logits, attn_block;
+    float **lout;                    /* [R_max] host logits buffers */
+    float *h_rows;                   /* read_rows / read_final scratch */
+    size_t h_rows_n;
+    void **alloc_list;               /* [cap_alloc] device allocations (freed at destroy) */
+    int n_alloc, cap_alloc;
+} cuda_backend;
+
+/* Record the first CUDA failure of a step (reported by step_end). */
+static void note(cuda_backend *b, cudaError_t e, const char *where) {
+    if (e != cudaSuccess && b->err == cudaSuccess) b->err = e, b->err_where = where;
+}
+#define LAUNCHED(b, what) note((b), cudaGetLastError(), (what))
+
+/* ---------------------------------------------------------------- kernels: products */
+
+/* a·b over 4 byte lanes, a unsigned (weight codes 0..255), b signed (activation codes), plus c. */
+__device__ __forceinline__ int dp4a_us(unsigned a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* Code q(n, k) of a quantized device matrix. */
+__device__ __forceinline__ int code_at(const dmat &m, int n, int k) {
+    if (m.fmt == IB_WQ4) {
+        const uint4 v = m.w[(size_t)(k >> 5) * m.Np + n];
+        const int i = (k & 31) >> 3, e = k & 7;
+        const unsigned w = i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+        return e < 4 ? (int)((w >> (8 * e)) & 15u) : (int)((w >> (8 * (e - 4) + 4)) & 15u);
+    }
+    const uint4 v = m.w[(size_t)(k >> 4) * m.Np + n];
+    const int i = (k & 15) >> 2, e = k & 3;
+    const unsigned w = i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+    return (int)((w >> (8 * e)) & 255u);
+}
+
+/* Weight (n, k) as float: stored float, or s*(float)q + b (mul, then add) — ib_matrix_row_f32's formula. */
+__device__ __forceinline__ float weight_at(const dmat &m, int n, int k) {
+    if (m.fmt == IB_WF32) return m.wf[(size_t)k * m.Np + n];
+    const size_t gi = (size_t)(k / m.G) * m.Np + n;
+    return m.s[gi] * (float)code_at(m, n, k) + m.b[gi];
+}
+
+/* Y[r][n] (row stride ldy) for r < R, n < N, Q8 activations (matmul.h). Block (x: 32 outputs, y: 64
+ * rows); in each pass of 8 rows and 16 groups, warp w sums groups w, w+8 (exact int32 via dp4a) into
+ * shared memory, then warp r continues row r's float chains over those groups in ascending order.
+ * xq [R][K] int8, d/ad [R][K/G]. fused: the test-only gpu-fma fault. */
+template <int FMT>
+__global__ void __launch_bounds__(256) mm_q8_kernel(dmat m, const int8_t *__restrict__ xq, const float *__restrict__ d,
+                                                    const float *__restrict__ ad, int R, float *__restrict__ Y, int ldy,
+                                                    int fused) {
+    __shared__ int isum_s[RB][GCH][NT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n = blockIdx.x * NT + lane;
+    const int K = m.K, G = m.G, ng = m.ng, Np = m.Np;
+    constexpr int KC = FMT == IB_WQ4 ? 32 : 16;   /* k per uint4 */
+    const int cpg = G / KC;
+    const int rbeg = blockIdx.y * ROWS_PER_BLOCK, rend = min(R, rbeg + ROWS_PER_BLOCK);
+    for (int r0 = rbeg; r0 < rend; r0 += RB) {
+        const int nr = min(RB, rend - r0);
+        float acc = 0.0f;   /* row r0 + warp, output n */
+        for (int g0 = 0; g0 < ng; g0 += GCH) {
+            const int gn = min(GCH, ng - g0);
+            for (int gi = warp; gi < gn; gi += NWARP) {
+                const int g = g0 + gi;
+                int s[RB];
+#pragma unroll
+                for (int r = 0; r < RB; r++) s[r] = 0;
+                for (int c = 0; c < cpg; c++) {
+                    const uint4 wv = m.w[(size_t)(g * cpg + c) * Np + n];
+                    const int k0 = g * G + c * KC;
+#pragma unroll
+                    for (int r = 0; r < RB; r++) {
+                        if (r >= nr) break;
+                        const int4 *xp = (const int4 *)(xq + (size_t)(r0 + r) * K + k0);
+                        if (FMT == IB_WQ4) {
+                            const int4 xa = xp[0], xb = xp[1];
+                            int a = s[r];
+                            a = __dp4a((int)(wv.x & 0x0f0f0f0fu), xa.x, a);
+                            a = __dp4a((int)((wv.x >> 4) & 0x0f0f0f0fu), xa.y, a);
+                            a = __dp4a((int)(wv.y & 0x0f0f0f0fu), xa.z, a);
+                            a = __dp4a((int)((wv.y >> 4) & 0x0f0f0f0fu), xa.w, a);
+                            a = __dp4a((int)(wv.z & 0x0f0f0f0fu), xb.x, a);
+                            a = __dp4a((int)((wv.z >> 4) & 0x0f0f0f0fu), xb.y, a);
+                            a = __dp4a((int)(wv.w & 0x0f0f0f0fu), xb.z, a);
+                            a = __dp4a((int)((wv.w >> 4) & 0x0f0f0f0fu), xb.w, a);
+                            s[r] = a;
+                        } else {
+                            const int4 xa = xp[0];
+                            int a = s[r];
+                            a = dp4a_us(wv.x, xa.x, a);
+                            a = dp4a_us(wv.y, xa.y, a);
+                            a = dp4a_us(wv.z, xa.z, a);
+                            a = dp4a_us(wv.w, xa.w, a);
+                            s[r] = a;
+                        }
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < RB; r++) isum_s[r][gi][lane] = s[r];
+            }
+            __syncthreads();
+            if (warp < nr) {
+                const int row = r0 + warp;
+                for (int gi = 0; gi < gn; gi++) {
+                    const int g = g0 + gi;
+                    const float sc = m.s[(size_t)g * Np + n], bi = m.b[(size_t)g * Np + n];
+                    const float dd = d[(size_t)row * ng + g], aa = ad[(size_t)row * ng + g];
+                    const float sd = sc * dd, u = bi * aa, fi = (float)isum_s[warp][gi][lane];
+                    if (fused) acc = __fmaf_rn(sd, fi, acc);
+                    else acc = acc + sd * fi;
+                    acc = acc + u;
+                }
+            }
+            __syncthreads();
+        }
+        if (warp < nr && n < m.N) Y[(size_t)(r0 + warp) * ldy + n] = acc;
+    }
+}
+
+/* Y[r][n] for r < R, n < N, F32 activations: one thread per (row, output), acc = acc + w*x over k
+ * ascending (matmul.h). Block: 32 outputs x 8 rows. X [R][K]. fused: the test-only gpu-fma fault. */
+template <int FMT>
+__global__ void __launch_bounds__(256) mm_f32_kernel(dmat m, const float *__restrict__ X, int R, float *__restrict__ Y,
+                                                     int ldy, int fused) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n = blockIdx.x * NT + lane, row = blockIdx.y * NWARP + warp;
+    if (row >= R) return;
+    const float *x = X + (size_t)row * m.K;
+    const int Np = m.Np;
+    float acc = 0.0f;
+    if (FMT == IB_WF32) {
+        for (int k = 0; k < m.K; k++) {
+            const float w = m.wf[(size_t)k * Np + n];
+            acc = fused ? __fmaf_rn(w, x[k], acc) : acc + w * x[k];
+        }
+    } else {
+        constexpr int KC = FMT == IB_WQ4 ? 32 : 16;
+        for (int c = 0; c < m.K / KC; c++) {
+            const size_t gi = (size_t)(c * KC / m.G) * Np + n;
+            const float sc = m.s[gi], bi = m.b[gi];
+            const uint4 v = m.w[(size_t)c * Np + n];
+            const unsigned wd[4] = {v.x, v.y, v.z, v.w};
+            const float *xc = x + c * KC;
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int e = 0; e < KC / 4; e++) {
+                    int q;
+                    if (FMT == IB_WQ4) q = e < 4 ? (int)((wd[i] >> (8 * e)) & 15u) : (int)((wd[i] >> (8 * (e - 4) + 4)) & 15u);
+                    else q = (int)((wd[i] >> (8 * e)) & 255u);
+                    const float w = sc * (float)q + bi;
+                    const float xv = xc[i * (KC / 4) + e];
+                    acc = fused ? __fmaf_rn(w, xv, acc) : acc + w * xv;
+                }
+        }
+    }
+    if (n < m.N) Y[(size_t)row * ldy + n] = acc;
+}
+
+/* ---------------------------------------------------------------- kernels: activation quantization */
+
+/* clamp(rne(x * inv), -127, 127), 0 for NaN: the same float operations as matmul.c's quant_code. */
+__device__ __forceinline__ int quant_code(float x, float inv) {
+    const float rne = 12582912.0f; /* 1.5 * 2^23 */
+    float v = (x * inv + rne) - rne;
+    v = v > 127.0f ? 127.0f : v;
+    v = v < -127.0f ? -127.0f : v;
+    v = v == v ? v : 0.0f;
+    return (int)v;
+}
+
+/* ib_quantize_act of X [R][K] for group G: one warp per (row, group). amax is a maximum of non-NaN
+ * magnitudes (the same in any order); the code sum is an exact integer. */
+__global__ void quantize_kernel(const float *__restrict__ X, int R, int K, int G, int8_t *__restrict__ xq,
+                                float *__restrict__ d, float *__restrict__ ad) {
+    const int wid = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    const int ng = K / G;
+    if (wid >= R * ng) return;
+    const int r = wid / ng, g = wid % ng;
+    const float *xs = X + (size_t)r * K + (size_t)g * G;
+    int8_t *qs = xq + (size_t)r * K + (size_t)g * G;
+    float amax = 0.0f;
+    for (int k = lane; k < G; k += 32) {
+        const float a = fabsf(xs[k]);
+        amax = a > amax ? a : amax;
+    }
+    for (int o = 16; o; o >>= 1) {
+        const float b = __shfl_xor_sync(0xffffffffu, amax, o);
+        amax = b > amax ? b : amax;
+    }
+    const size_t di = (size_t)r * ng + g;
+    if (amax == 0.0f) {
+        for (int k = lane; k < G; k += 32) qs[k] = 0;
+        if (lane == 0) d[di] = 0.0f, ad[di] = 0.0f;
+        return;
+    }
+    const float dd = amax / 127.0f, inv = 127.0f / amax;
+    int sum = 0;
+    for (int k = lane; k < G; k += 32) {
+        const int c = quant_code(xs[k], inv);
+        qs[k] = (int8_t)c;
+        sum += c;
+    }
+    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) d[di] = dd, ad[di] = dd * (float)sum;
+}
+
+/* ---------------------------------------------------------------- kernels: elementwise and norms */
+
+/* RMSNorm of nvec vectors of n floats (x, y [nvec][n], may alias; weights w [n]), one warp each:
+ * lanes 0..15 own ib_dot16's lanes, folded 8, 4, 2, 1; then y = (x * (1/sqrt(ss/n + eps))) * w.
+ * reverse_odd: the test-only row-order fault (odd vectors sum their squares in reverse, serially). */
+__global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, int nvec, int n, float eps, float *y,
+                               int reverse_odd) {
+    const int v = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    if (v >= nvec) return;
+    const float *xv = x + (size_t)v * n;
+    float *yv = y + (size_t)v * n;
+    float a = 0.0f;
+    if (reverse_odd && (v & 1)) {
+        if (lane == 0)
+            for (int i = n - 1; i >= 0; i--) a = a + xv[i] * xv[i];
+    } else {
+        if (lane < 16)
+            for (int i = lane; i < n; i += 16) a = a + xv[i] * xv[i];
+        for (int wd = 8; wd >= 1; wd >>= 1) {
+            const float o = __shfl_down_sync(0xffffffffu, a, wd, 16);
+            if (lane < wd) a = a + o;
+        }
+    }
+    const float ss = __shfl_sync(0xffffffffu, a, 0);
+    const float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = lane; i < n; i += 32) yv[i] = (xv[i] * r) * w[i];
+}
+
+/* X[r] = embedding row tok[r] (ib_matrix_row_f32's formula). X [R][D]. */
+__global__ void embed_kernel(dmat m, const int32_t *__restrict__ tok, int R, float *__restrict__ X) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)R * m.K) return;
+    const int r = (int)(i / m.K), k = (int)(i % m.K);
+    X[i] = weight_at(m, tok[r], k);
+}
+
+/* g = silu(g) * u with silu(g) = g / (1 + ib_expf(-g)); n elements. */
+__global__ void swiglu_kernel(float *g, const float *__restrict__ u, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float x = g[i];
+    const float silu = x / (1.0f + ib_expf_lane(-x));
+    g[i] = silu * u[i];
+}
+
+/* x += y, n elements. */
+__global__ void add_kernel(float *x, const float *__restrict__ y, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] + y[i];
+}
+
+/* out[j] = X[rows[j]] for j < n (rows of width D). */
+__global__ void gather_kernel(const float *__restrict__ X, const int32_t *__restrict__ rows, int n, int D,
+                              float *__restrict__ out) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * D) return;
+    out[i] = X[(size_t)rows[i / D] * D + i % D];
+}
+
+/* ---------------------------------------------------------------- kernels: RoPE + KV store, attention */
+
+/* Slot of position pos in a cache kept as info says (ib_kv_desc_slot). */
+__device__ __forceinline__ int slot_of(const rowinfo &ri, int pos) {
+    if (ri.window <= 0 || pos < ri.sink) return pos;
+    return ri.sink + (pos - ri.sink) % (ri.cap - ri.sink);
+}
+
+/* One block per row r: rotate Q [R][H][hd] and K [R][KVH][hd] by cs [R][hd/2][2] (ib_rope: a*c - b*s,
+ * b*c + a*s, products rounded) when r < rope_rows, then store the row's K and V into its session's
+ * cache at layer li, slot(pos) (half rounded by ib_f32_to_f16). */
+__global__ void rope_store_kernel(float *Q, float *K, const float *__restrict__ V, const float *__restrict__ cs,
+                                  const rowinfo *__restrict__ ri, int H, int KVH, int hd, int li, int rope_rows,
+                                  int store) {
+    const int r = blockIdx.x, half = hd / 2;
+    if (r < rope_rows) {
+        const float *t = cs + (size_t)r * half * 2;
+        for (int e = threadIdx.x; e < (H + KVH) * half; e += blockDim.x) {
+            const int h = e / half, i = e % half;
+            float *v = h < H ? Q + ((size_t)r * H + h) * hd : K + ((size_t)r * KVH + (h - H)) * hd;
+            const float c = t[2 * i], s = t[2 * i + 1];
+            const float a = v[i], b = v[i + half];
+            v[i] = a * c - b * s;
+            v[i + half] = b * c + a * s;
+        }
+    }
+    if (!store) return;
+    __syncthreads();
+    const rowinfo info = ri[r];
+    const size_t plane = (size_t)info.cap * hd, slot = (size_t)slot_of(info, info.pos);
+    for (int e = threadIdx.x; e < KVH * hd; e += blockDim.x) {
+        const int h = e / hd, i = e % hd;
+        const size_t ko = (((size_t)li * 2 + 0) * KVH + h) * plane + slot * hd + i;
+        const size_t vo = (((size_t)li * 2 + 1) * KVH + h) * plane + slot * hd + i;
+        const float kx = K[(size_t)r * KVH * hd + e], vx = V[(size_t)r * KVH * hd + e];
+        if (info.f16) {
+            ((uint16_t *)info.kv)[ko] = ib_f32_to_f16(kx);
+            ((uint16_t *)info.kv)[vo] = ib_f32_to_f16(vx);
+        } else {
+            ((float *)info.kv)[ko] = kx;
+            ((float *)info.kv)[vo] = vx;
+        }
+    }
+}
+
+/* Element i of row `slot` of a cache plane (float or half) as float, exactly. */
+__device__ __forceinline__ float kv_at(const void *plane, int f16, size_t slot, int hd, int i) {
+    if (f16) return ib_f16_to_f32(((const uint16_t *)plane)[slot * hd + i]);
+    return ((const float *)plane)[slot * hd + i];
+}
+
+/* ATT[r][h] = attention of Q[r][h] over its session's kept keys at layer li; one block per (row,
+ * query head). Positions are walked in ascending order in blocks cut at multiples of `block`: a full
+ * session [0, pos]; a windowed one the sink range [0, min(sink, pos+1)) then the window range
+ * [max(pos-window+1, that), pos] (ib_attend_heads / ib_attend_policy). Per block: scores in the
+ * 16-lane order times scale; m' = max(m, block max) in key order; c = exp(m - m'); l = l*c then
+ * l += p_j in key order; out = out*c then out += p_j * v_j in key order; finally out / l. */
+__global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
+                                                                const rowinfo *__restrict__ ri, int H, int KVH, int hd,
+                                                                int li, float scale, int block) {
+    __shared__ float q_s[IB_ATTN_MAX_HD], out_s[IB_ATTN_MAX_HD];
+    __shared__ float sc_s[ATT_MAX_BLOCK], pw_s[ATT_MAX_BLOCK];
+    __shared__ int slot_s[ATT_MAX_BLOCK];
+    __shared__ float c_s, m_s, l_s;
+    const int r = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KVH), tid = threadIdx.x;
+    const rowinfo info = ri[r];
+    for (int d = tid; d < hd; d += blockDim.x) q_s[d] = Q[((size_t)r * H + h) * hd + d], out_s[d] = 0.0f;
+    const size_t plane = (size_t)info.cap * hd;
+    const size_t eb = info.f16 ? 2 : 4;
+    const char *kp = (const char *)info.kv + (((size_t)li * 2 + 0) * KVH + kvh) * plane * eb;
+    const char *vp = (const char *)info.kv + (((size_t)li * 2 + 1) * KVH + kvh) * plane * eb;
+    const int p = info.pos;
+    int S, lo;
+    if (info.window <= 0) {
+        S = p + 1, lo = p + 1;
+    } else {
+        S = info.sink < p + 1 ? info.sink : p + 1;
+        lo = p - info.window + 1;
+        if (lo < S) lo = S;
+    }
+    float m = -INFINITY, l = 0.0f;   /* thread 0's running max and sum */
+    __syncthreads();
+    const int r0[2] = {0, lo}, r1[2] = {S, p + 1};
+    for (int rg = 0; rg < 2; rg++)
+        for (int b0 = r0[rg]; b0 < r1[rg];) {
+            int end = (b0 / block + 1) * block;
+            if (end > r1[rg]) end = r1[rg];
+            const int nb = end - b0;
+            for (int j = tid; j < nb; j += blockDim.x) {
+                const int slot = slot_of(info, b0 + j);
+                slot_s[j] = slot;
+                float lane[16];
+#pragma unroll
+                for (int u = 0; u < 16; u++) lane[u] = 0.0f;
+                for (int i0 = 0; i0 < hd; i0 += 16)
+#pragma unroll
+                    for (int u = 0; u < 16; u++)
+                        if (i0 + u < hd) lane[u] = lane[u] + q_s[i0 + u] * kv_at(kp, info.f16, slot, hd, i0 + u);
+#pragma unroll
+                for (int w = 8; w >= 1; w >>= 1)
+#pragma unroll
+                    for (int u = 0; u < w; u++) lane[u] = lane[u] + lane[u + w];
+                sc_s[j] = lane[0] * scale;
+            }
+            __syncthreads();
+            if (tid == 0) {
+                float mb = -INFINITY;
+                for (int j = 0; j < nb; j++)
+                    if (sc_s[j] > mb) mb = sc_s[j];
+                const float m_new = mb > m ? mb : m;
+                c_s = ib_expf_lane(m - m_new);
+                m = m_new;
+                m_s = m_new;
+            }
+            __syncthreads();
+            for (int j = tid; j < nb; j += blockDim.x) pw_s[j] = ib_expf_lane(sc_s[j] - m_s);
+            __syncthreads();
+            if (tid == 0) {
+                l = l * c_s;
+                for (int j = 0; j < nb; j++) l = l + pw_s[j];
+            }
+            const float c = c_s;
+            for (int d = tid; d < hd; d += blockDim.x) {
+                float o = out_s[d] * c;
+                for (int j = 0; j < nb; j++) o = o + pw_s[j] * kv_at(vp, info.f16, slot_s[j], hd, d);
+                out_s[d] = o;
+            }
+            __syncthreads();
+            b0 = end;
+        }
+    if (tid == 0) l_s = l;
+    __syncthreads();
+    for (int d = tid; d < hd; d += blockDim.x) ATT[((size_t)r * H + h) * hd + d] = out_s[d] / l_s;
+}
+
+/* ---------------------------------------------------------------- availability */
+
+static int device_ok(const char **why) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n < 1) {
+        cudaGetLastError();
+        if (why) *why = "no CUDA device";
+        return 0;
+    }
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, 0) != cudaSuccess || p.major != 9 || p.minor != 0) {
+        if (why) *why = "the CUDA device is not compute capability 9.0 (this build's kernels are sm_90a)";
+        return 0;
+    }
+    if (why) *why = NULL;
+    return 1;
+}
+
+extern "C" int ib_cuda_describe(char *buf, size_t n) {
+    const char *why;
+    if (!device_ok(&why)) {
+        snprintf(buf, n, "%s", why);
+        return 0;
+    }
+    cudaDeviceProp p;
+    cudaGetDeviceProperties(&p, 0);
+    snprintf(buf, n, "%s, %d SMs, sm_%d%d, %.1f GiB", p.name, p.multiProcessorCount, p.major, p.minor,
+             (double)p.totalGlobalMem / (1 << 30));
+    return 1;
+}
+
+static int cuda_available(const char **why) { return device_ok(why); }
+
+/* ---------------------------------------------------------------- create / destroy */
+
+/* Device allocation of n bytes recorded in b's list (freed at destroy); NULL on failure. */
+static void *dalloc(cuda_backend *b, size_t n) {
+    void *p = NULL;
+    if (b->n_alloc == b->cap_alloc) {
+        int cap = b->cap_alloc ? 2 * b->cap_alloc : 256;
+        void **l = (void **)realloc(b->alloc_list, (size_t)cap * sizeof(void *));
+        if (!l) return NULL;
+        b->alloc_list = l, b->cap_alloc = cap;
+    }
+    if (cudaMalloc(&p, n ? n : 16) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    b->alloc_list[b->n_alloc++] = p;
+    return p;
+}
+
+/* Upload src (n bytes) into a new device allocation; NULL on failure. */
+static void *dupload(cuda_backend *b, const void *src, size_t n) {
+    void *p = dalloc(b, n);
+    if (p && cudaMemcpy(p, src, n, cudaMemcpyHostToDevice) != cudaSuccess) return NULL;
+    return p;
+}
+
+/* Repack the CPU-packed matrix cm into the device layout of cuda.h and upload it into *dm. */
+static ib_status upload_matrix(cuda_backend *b, const ib_matrix *cm, dmat *dm, ib_error *err) {
+    const int N = cm->rows, K = cm->cols, Np = (N + NT - 1) / NT * NT;
+    memset(dm, 0, sizeof *dm);
+    dm->fmt = cm->fmt, dm->N = N, dm->K = K, dm->G = cm->group, dm->Np = Np;
+    if (cm->fmt == IB_WF32) {
+        float *w = (float *)calloc((size_t)K * Np, sizeof(float));   /* [K][Np] */
+        if (!w) return ib_fail(err, IB_ERR_NOMEM, "cuda: repacking a [%d, %d] matrix: out of host memory", N, K);
+        for (int n = 0; n < N; n++) {
+            const float *src = (const float *)ib_pk_panel(cm, n / IB_PANEL) + n % IB_PANEL;
+            for (int k = 0; k < K; k++) w[(size_t)k * Np + n] = src[(size_t)k * IB_PANEL];
+        }
+        dm->wf = (const float *)dupload(b, w, (size_t)K * Np * sizeof(float));
+        free(w);
+        if (!dm->wf) return ib_fail(err, IB_ERR_NOMEM, "cuda: uploading a [%d, %d] float matrix failed", N, K);
+        return IB_OK;
+    }
+    const int G = cm->group, ng = K / G, q4 = cm->fmt == IB_WQ4, KC = q4 ? 32 : 16;
+    dm->ng = ng;
+    const size_t nwords = (size_t)(K / KC) * Np * 4;
+    uint32_t *w = (uint32_t *)calloc(nwords, 4);            /* [K/KC][Np][4] */
+    float *s = (float *)calloc((size_t)ng * Np, sizeof(float)), *bb = (float *)calloc((size_t)ng * Np, sizeof(float));
+    if (!w || !s || !bb) {
+        free(w), free(s), free(bb);
+        return ib_fail(err, IB_ERR_NOMEM, "cuda: repacking a [%d, %d] matrix: out of host memory", N, K);
+    }
+    for (int n = 0; n < N; n++) {
+        const int p = n / IB_PANEL, j = n % IB_PANEL;
+        const uint8_t *P = ib_pk_panel(cm, p);
+        /* CPU block kb (8 k for Q4, 4 k for Q8): dword j is lane j's word, the same bytes as word i of
+         * device chunk c = kb / 4, i = kb % 4 */
+        const int nkb = q4 ? K / 8 : K / 4;
+        for (int kb = 0; kb < nkb; kb++) {
+            uint32_t v;
+            memcpy(&v, P + (size_t)kb * 64 + (size_t)j * 4, 4);
+            w[((size_t)(kb / 4) * Np + n) * 4 + kb % 4] = v;
+        }
+        for (int g = 0; g < ng; g++) {
+            const uint8_t *sb = ib_pk_sb(cm, p, g);
+            s[(size_t)g * Np + n] = ib_pk_sb_get(cm, sb, j);
+            bb[(size_t)g * Np + n] = ib_pk_sb_get(cm, sb, IB_PANEL + j);
+        }
+    }
+    dm->w = (const uint4 *)dupload(b, w, nwords * 4);
+    dm->s = (const float *)dupload(b, s, (size_t)ng * Np * sizeof(float));
+    dm->b = (const float *)dupload(b, bb, (size_t)ng * Np * sizeof(float));
+    free(w), free(s), free(bb);
+    if (!dm->w || !dm->s || !dm->b) return ib_fail(err, IB_ERR_NOMEM, "cuda: uploading a [%d, %d] matrix failed", N, K);
+    return IB_OK;
+}
+
+static void cuda_destroy(ib_backend *base) {
+    cuda_backend *b = (cuda_backend *)base;
+    if (!b) return;
+    if (b->st) cudaStreamSynchronize(b->st);
+    for (int i = 0; i < b->n_alloc; i++) cudaFree(b->alloc_list[i]);
+    cudaFreeHost(b->h_tok), cudaFreeHost(b->h_lrow), cudaFreeHost(b->h_pos), cudaFreeHost(b->h_ri);
+    cudaFreeHost(b->h_cs);
+    if (b->st) cudaStreamDestroy(b->st);
+    free(b->mats), free(b->lout), free(b->h_rows), free(b->alloc_list);
+    free(b);
+}
+
+
+static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_backend **out, ib_error *err) {
+    *out = NULL;
+    const char *why;
+    if (!device_ok(&why)) return ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: %s", why);
+    const ib_config *c = &m->cfg;
+    if (c->head_dim > IB_ATTN_MAX_HD || c->n_heads % c->n_kv_heads)
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: head_dim %d / heads %d, %d not supported", c->head_dim,
+                       c->n_heads, c->n_kv_heads);
+    cuda_backend *b = (cuda_backend *)calloc(1, sizeof *b);
+    if (!b) return ib_fail(err, IB_ERR_NOMEM, "cuda: out of host memory");
+    b->base.ops = &ib_backend_cuda;
+    b->D = c->hidden_size, b->H = c->n_heads, b->KVH = c->n_kv_heads, b->hd = c->head_dim;
+    b->F = c->intermediate_size, b->V = c->vocab_size, b->L = c->n_layers;
+    b->R_max = cfg->max_rows > 0 ? cfg->max_rows : 1;
+    b->act = cfg->act == IB_ACT_Q8 ? IB_ACT_Q8 : IB_ACT_F32;
+    b->eps = (float)c->rms_eps;
+    b->scale = 1.0f / sqrtf((float)c->head_dim);
+    b->theta = c->rope_theta;
+    int Kmax = b->D > b->F ? b->D : b->F;
+    if (b->H * b->hd > Kmax) Kmax = b->H * b->hd;
+    b->Kmax = Kmax;
+    const int D = b->D, Rm = b->R_max, L = b->L, hd = b->hd;
+    ib_status rc = IB_OK;
+    if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreate(&b->st) != cudaSuccess) {
+        rc = ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: could not start a stream on device 0");
+        goto fail;
+    }
+    b->mats = (dmat *)calloc((size_t)L * IB_W_COUNT, sizeof(dmat));
+    b->lout = (float **)calloc((size_t)Rm, sizeof(float *));
+    if (!b->mats || !b->lout) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "cuda: out of host memory");
+        goto fail;
+    }
+    for (int li = 0; li < L; li++) {
+        const ib_layer *ly = &m->layers[li];
+        const ib_matrix *ws[IB_W_COUNT] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
+        for (int i = 0; i < IB_W_COUNT; i++)
+            if ((rc = upload_matrix(b, ws[i], &b->mats[(size_t)li * IB_W_COUNT + i], err))) goto fail;
+    }
+    if ((rc = upload_matrix(b, &m->embed, &b->embed, err))) goto fail;
+    if (m->lm_head == &m->embed) {
+        b->lm_head = &b->embed;
+    } else {
+        if ((rc = upload_matrix(b, m->lm_head, &b->lm_own, err))) goto fail;
+        b->lm_head = &b->lm_own;
+    }
+    {
+        /* norms: [L][2][D], final [D], [L][2][hd] */
+        const size_t nn = (size_t)L * 2 * D + D + (size_t)L * 2 * hd;
+        float *h = (float *)calloc(nn, sizeof(float));
+        if (!h) {
+            rc = ib_fail(err, IB_ERR_NOMEM, "cuda: out of host memory");
+            goto fail;
+        }
+        b->has_qk_norm = m->layers[0].q_norm != NULL;
+        for (int li = 0; li < L; li++) {
+            memcpy(h + ((size_t)li * 2 + 0) * D, m->layers[li].attn_norm, (size_t)D * sizeof(float));
+            memcpy(h + ((size_t)li * 2 + 1) * D, m->layers[li].mlp_norm, (size_t)D * sizeof(float));
+            if (m->layers[li].q_norm) {
+                memcpy(h + (size_t)L * 2 * D + D + ((size_t)li * 2 + 0) * hd, m->layers[li].q_norm, (size_t)hd * 4);
+                memcpy(h + (size_t)L * 2 * D + D + ((size_t)li * 2 + 1) * hd, m->layers[li].k_norm, (size_t)hd * 4);
+            }
+        }
+        memcpy(h + (size_t)L * 2 * D, m->final_norm, (size_t)D * sizeof(float));
+        b->norms = (float *)dupload(b, h, nn * sizeof(float));
+        free(h);
+    }
+    {
+        const int widths[IB_BUF_COUNT] = {D, D, b->H * hd, b->KVH * hd, b->KVH * hd, b->H * hd, D, b->F, b->F};
+        for (int i = 0; i < IB_BUF_COUNT; i++) b->buf[i] = (float *)dalloc(b, (size_t)Rm * widths[i] * sizeof(float));
+    }
+    b->xq = (int8_t *)dalloc(b, (size_t)Rm * Kmax);
+    b->qd = (float *)dalloc(b, (size_t)Rm * (Kmax / 32 + 1) * sizeof(float));
+    b->qad = (float *)dalloc(b, (size_t)Rm * (Kmax / 32 + 1) * sizeof(float));
+    b->last = (float *)dalloc(b, (size_t)Rm * D * sizeof(float));
+    b->logits = (float *)dalloc(b, (size_t)LOGIT_CHUNK * b->V * sizeof(float));
+    b->d_tok = (int32_t *)dalloc(b, (size_t)Rm * 4);
+    b->d_lrow = (int32_t *)dalloc(b, (size_t)Rm * 4);
+    b->d_ri = (rowinfo *)dalloc(b, (size_t)Rm * sizeof(rowinfo));
+    b->d_cs = (float *)dalloc(b, (size_t)Rm * hd * sizeof(float));
+    if (!b->norms || !b->buf[IB_BUF_COUNT - 1] || !b->buf[0] || !b->xq || !b->qd || !b->qad || !b->last || !b->logits ||
+        !b->d_tok || !b->d_lrow || !b->d_ri || !b->d_cs) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "cuda: out of device memory for %d rows of scratch", Rm);
+        goto fail;
+    }
+    for (int i = 0; i < IB_BUF_COUNT; i++)
+        if (!b->buf[i]) {
+            rc = ib_fail(err, IB_ERR_NOMEM, "cuda: out of device memory for %d rows of scratch", Rm);
+            goto fail;
+        }
+    if (cudaMallocHost((void **)&b->h_tok, (size_t)Rm * 4) != cudaSuccess ||
+        cudaMallocHost((void **)&b->h_lrow, (size_t)Rm * 4) != cudaSuccess ||
+        cudaMallocHost((void **)&b->h_pos, (size_t)Rm * 4) != cudaSuccess ||
+        cudaMallocHost((void **)&b->h_ri, (size_t)Rm * sizeof(rowinfo)) != cudaSuccess ||
+        cudaMallocHost((void **)&b->h_cs, (size_t)Rm * hd * sizeof(float)) != cudaSuccess) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "cuda: out of pinned host memory");
+        goto fail;
+    }
+    *out = &b->base;
+    return IB_OK;
+fail:
+    cudaGetLastError();
+    cuda_destroy(&b->base);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- KV caches */
+
+static ib_status cuda_kv_create(const ib_kv_desc *d, ib_kv **out, ib_error *err) {
+    *out = NULL;
+    const char *why;
+    if (!device_ok(&why)) return ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: %s", why);
+    cuda_kv *kv = (cuda_kv *)calloc(1, sizeof *kv);
+    if (!kv) return ib_fail(err, IB_ERR_NOMEM, "cuda: out of host memory");
+    kv->pub.desc = *d;
+    kv->pub.kind = IB_BACKEND_CUDA;
+    const size_t n = ib_kv_desc_bytes(d);
+    if (cudaMalloc(&kv->dev, n ? n : 16) != cudaSuccess || cudaMemset(kv->dev, 0, n) != cudaSuccess) {
+        cudaGetLastError();
+        if (kv->dev) cudaFree(kv->dev);
+        free(kv);
+        return ib_fail(err, IB_ERR_NOMEM, "cuda: KV cache of %zu bytes: out of device memory", n);
+    }
+    *out = &kv->pub;
+    return IB_OK;
+}
+
+static void cuda_kv_free(ib_kv *k) {
+    cuda_kv *kv = (cuda_kv *)k;
+    if (!kv) return;
+    cudaFree(kv->dev);
+    free(kv);
+}
+
+static void cuda_kv_copy(ib_kv *dst, const ib_kv *src, int n_slots) {
+    const ib_kv_desc *dd = &dst->desc, *sd = &src->desc;
+    const size_t row = (size_t)sd->head_dim * ib_kv_dtype_bytes(sd->dtype);
+    cudaMemcpy2D(((cuda_kv *)dst)->dev, (size_t)dd->capacity * row, ((const cuda_kv *)src)->dev,
+                 (size_t)sd->capacity * row, (size_t)n_slots * row, (size_t)sd->n_layers * 2 * sd->n_kv_heads,
+                 cudaMemcpyDeviceToDevice);
+}
+
+extern "C" int ib_cuda_kv_read(const void *kv, void *dst, size_t bytes) {
+    const cuda_kv *k = (const cuda_kv *)kv;
+    return cudaMemcpy(dst, k->dev, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+}
+
+/* ---------------------------------------------------------------- the step */
+
+static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_error *err) {
+    cuda_backend *b = (cuda_backend *)base;
+    if (d->R < 1 || d->R > b->R_max || d->n_logits > d->R || d->attn_block < 1 || d->attn_block > ATT_MAX_BLOCK)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "cuda: step of %d rows (at most %d), %d logits rows, key block %d",
+                       d->R, b->R_max, d->n_logits, d->attn_block);
+    /* the previous step's staging may still be read by its copies */
+    cudaStreamSynchronize(b->st);
+    b->err = cudaSuccess;
+    b->err_where = NULL;
+    b->R = d->R, b->n_items = d->n_items, b->n_logits = d->n_logits, b->attn_block = d->attn_block;
+    for (int r = 0; r < d->R; r++) {
+        const cuda_kv *kv = (const cuda_kv *)d->kv[d->row_item[r]];
+        if (kv->pub.kind != IB_BACKEND_CUDA)
+            return ib_fail(err, IB_ERR_INVALID_ARG, "cuda: row %d: its session's KV cache is not on the GPU", r);
+        rowinfo *ri = &b->h_ri[r];
+        ri->kv = kv->dev;
+        ri->cap = kv->pub.desc.capacity, ri->sink = kv->pub.desc.sink, ri->window = kv->pub.desc.window;
+        ri->f16 = kv->pub.desc.dtype == IB_KV_F16;
+        ri->pos = d->pos[r];
+        b->h_tok[r] = d->tok[r];
+        b->h_pos[r] = d->rope_pos[r];
+    }
+    for (int j = 0; j < d->n_logits; j++) b->h_lrow[j] = d->logit_row[j], b->lout[j] = d->logits_out[j];
+    ib_rope_table(b->h_pos, d->R, b->hd, b->theta, b->h_cs);
+    note(b, cudaMemcpyAsync(b->d_tok, b->h_tok, (size_t)d->R * 4, cudaMemcpyHostToDevice, b->st), "step_begin");
+    note(b, cudaMemcpyAsync(b->d_ri, b->h_ri, (size_t)d->R * sizeof(rowinfo), cudaMemcpyHostToDevice, b->st), "step_begin");
+    note(b, cudaMemcpyAsync(b->d_cs, b->h_cs, (size_t)d->R * b->hd * sizeof(float), cudaMemcpyHostToDevice, b->st),
+         "step_begin");
+    if (d->n_logits > 0)
+        note(b, cudaMemcpyAsync(b->d_lrow, b->h_lrow, (size_t)d->n_logits * 4, cudaMemcpyHostToDevice, b->st),
+             "step_begin");
+    if (b->err) return ib_fail(err, IB_ERR_STATE, "cuda: step_begin: %s", cudaGetErrorString(b->err));
+    return IB_OK;
+}
+
+static unsigned blocks_for(size_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+static void cuda_embed(ib_backend *base) {
+    cuda_backend *b = (cuda_backend *)base;
+    const size_t n = (size_t)b->R * b->D;
+    embed_kernel<<<blocks_for(n, 256), 256, 0, b->st>>>(b->embed, b->d_tok, b->R, b->buf[IB_BUF_X]);
+    LAUNCHED(b, "embed");
+}
+
+/* nvec vectors of n floats normed with weights w (device), in -> out. */
+static void launch_rmsnorm(cuda_backend *b, const float *in, const float *w, int nvec, int n, float *out, int rows) {
+    const int reverse_odd = rows && ib_fault_get() == IB_FAULT_ROW_ORDER;
+    rmsnorm_kernel<<<blocks_for((size_t)nvec * 32, 256), 256, 0, b->st>>>(in, w, nvec, n, b->eps, out, reverse_odd);
+    LAUNCHED(b, "rmsnorm");
+}
+
+static const float *norm_weights(cuda_backend *b, ib_nsel n, int li) {
+    if (n == IB_N_FINAL) return b->norms + (size_t)b->L * 2 * b->D;
+    return b->norms + ((size_t)li * 2 + (n == IB_N_MLP)) * b->D;
+}
+
+static void cuda_rmsnorm(ib_backend *base, ib_buf in, ib_nsel n, int li, ib_buf out) {
+    cuda_backend *b = (cuda_backend *)base;
+    launch_rmsnorm(b, b->buf[in], norm_weights(b, n, li), b->R, b->D, b->buf[out], 1);
+}
+
+/* Y [R][N] = X [R][K] · W^T for one device matrix, with X already quantized into b->xq/qd/qad when q8. */
+static void launch_product(cuda_backend *b, const dmat *m, const float *X, int R, int q8, float *Y) {
+    const int fused = ib_fault_get() == IB_FAULT_GPU_FMA;
+    const unsigned gx = (unsigned)(m->Np / NT);
+    if (q8 && m->fmt != IB_WF32) {
+        dim3 grid(gx, blocks_for((size_t)R, ROWS_PER_BLOCK));
+        if (m->fmt == IB_WQ4) mm_q8_kernel<IB_WQ4><<<grid, 256, 0, b->st>>>(*m, b->xq, b->qd, b->qad, R, Y, m->N, fused);
+        else mm_q8_kernel<IB_WQ8><<<grid, 256, 0, b->st>>>(*m, b->xq, b->qd, b->qad, R, Y, m->N, fused);
+    } else {
+        dim3 grid(gx, blocks_for((size_t)R, NWARP));
+        if (m->fmt == IB_WQ4) mm_f32_kernel<IB_WQ4><<<grid, 256, 0, b->st>>>(*m, X, R, Y, m->N, fused);
+        else if (m->fmt == IB_WQ8) mm_f32_kernel<IB_WQ8><<<grid, 256, 0, b->st>>>(*m, X, R, Y, m->N, fused);
+        else mm_f32_kernel<IB_WF32><<<grid, 256, 0, b->st>>>(*m, X, R, Y, m->N, fused);
+    }
+    LAUNCHED(b, "linear");
+}
+
+/* Quantize X [R][K] for group G into b's Q8 buffers. */
+static void launch_quantize(cuda_backend *b, const float *X, int R, int K, int G) {
+    const size_t warps = (size_t)R * (K / G);
+    quantize_kernel<<<blocks_for(warps * 32, 256), 256, 0, b->st>>>(X, R, K, G, b->xq, b->qd, b->qad);
+    LAUNCHED(b, "quantize");
+}
+
+static void cuda_linear(ib_backend *base, int li, int n, const ib_wsel *ws, ib_buf in, const ib_buf *outs) {
+    cuda_backend *b = (cuda_backend *)base;
+    const dmat *ms[IB_W_COUNT];
+    int q8 = 0;
+    for (int i = 0; i < n; i++) ms[i] = &b->mats[(size_t)li * IB_W_COUNT + ws[i]];
+    if (b->act == IB_ACT_Q8)
+        for (int i = 0; i < n; i++)
+            if (ms[i]->fmt != IB_WF32) {
+                launch_quantize(b, b->buf[in], b->R, ms[i]->K, ms[i]->G);
+                q8 = 1;
+                break;
+            }
+    for (int i = 0; i < n; i++) launch_product(b, ms[i], b->buf[in], b->R, q8, b->buf[outs[i]]);
+}
+
+static void cuda_qk_prepare(ib_backend *base, int li, int phases) {
+    cuda_backend *b = (cuda_backend *)base;
+    const int R = b->R, H = b->H, KVH = b->KVH, hd = b->hd;
+    if ((phases & IB_QK_NORM) && b->has_qk_norm) {
+        const float *qn = b->norms + (size_t)b->L * 2 * b->D + b->D + (size_t)li * 2 * hd;
+        launch_rmsnorm(b, b->buf[IB_BUF_Q], qn, R * H, hd, b->buf[IB_BUF_Q], 0);
+        launch_rmsnorm(b, b->buf[IB_BUF_K], qn + hd, R * KVH, hd, b->buf[IB_BUF_K], 0);
+    }
+    if (phases & IB_QK_ROPE_STORE) {
+        /* the test-only rope-skip-rows fault, as ib_rope_step_rows applies it */
+        const int skip = ib_fault_get() == IB_FAULT_ROPE_SKIP_ROWS && b->n_items > 1 && b->n_items == R;
+        rope_store_kernel<<<R, 128, 0, b->st>>>(b->buf[IB_BUF_Q], b->buf[IB_BUF_K], b->buf[IB_BUF_V], b->d_cs, b->d_ri, H,
+                                                KVH, hd, li, skip ? 1 : R, 1);
+        LAUNCHED(b, "rope_store");
+    }
+}
+
+static void cuda_attention(ib_backend *base, int li) {
+    cuda_backend *b = (cuda_backend *)base;
+    attention_kernel<<<b->R * b->H, ATT_THREADS, 0, b->st>>>(b->buf[IB_BUF_Q], b->buf[IB_BUF_ATT], b->d_ri, b->H, b->KVH,
+                                                             b->hd, li, b->scale, b->attn_block);
+    LAUNCHED(b, "attention");
+}
+
+static void cuda_swiglu(ib_backend *base) {
+    cuda_backend *b = (cuda_backend *)base;
+    const size_t n = (size_t)b->R * b->F;
+    swiglu_kernel<<<blocks_for(n, 256), 256, 0, b->st>>>(b->buf[IB_BUF_G], b->buf[IB_BUF_U], n);
+    LAUNCHED(b, "swiglu");
+}
+
+static void cuda_add(ib_backend *base, ib_buf x, ib_buf y) {
+    cuda_backend *b = (cuda_backend *)base;
+    const size_t n = (size_t)b->R * b->D;
+    add_kernel<<<blocks_for(n, 256), 256, 0, b->st>>>(b->buf[x], b->buf[y], n);
+    LAUNCHED(b, "add");
+}
+
+static void cuda_logits(ib_backend *base) {
+    cuda_backend *b = (cuda_backend *)base;
+    const int nl = b->n_logits, D = b->D, V = b->V;
+    if (nl < 1) return;
+    gather_kernel<<<blocks_for((size_t)nl * D, 256), 256, 0, b->st>>>(b->buf[IB_BUF_X], b->d_lrow, nl, D, b->last);
+    LAUNCHED(b, "logits");
+    launch_rmsnorm(b, b->last, norm_weights(b, IB_N_FINAL, 0), nl, D, b->last, 1);
+    const dmat *lm = b->lm_head;
+    for (int j0 = 0; j0 < nl; j0 += LOGIT_CHUNK) {
+        const int n = nl - j0 < LOGIT_CHUNK ? nl - j0 : LOGIT_CHUNK;
+        const float *X = b->last + (size_t)j0 * D;
+        const int q8 = b->act == IB_ACT_Q8 && lm->fmt != IB_WF32;
+        if (q8) launch_quantize(b, X, n, lm->K, lm->G);
+        launch_product(b, lm, X, n, q8, b->logits);
+        for (int j = 0; j < n; j++)
+            note(b, cudaMemcpyAsync(b->lout[j0 + j], b->logits + (size_t)j * V, (size_t)V * sizeof(float),
+                                    cudaMemcpyDeviceToHost, b->st),
+                 "logits copy");
+    }
+}
+
+static ib_status cuda_step_end(ib_backend *base, ib_error *err) {
+    cuda_backend *b = (cuda_backend *)base;
+    note(b, cudaStreamSynchronize(b->st), "step_end");
+    if (b->err != cudaSuccess)
+        return ib_fail(err, IB_ERR_STATE, "cuda: %s: %s", b->err_where ? b->err_where : "step", cudaGetErrorString(b->err));
+    return IB_OK;
+}
+
+/* Host scratch of at least n floats in b (kept across calls); NULL on failure. */
+static float *host_rows(cuda_backend *b, size_t n) {
+    if (n > b->h_rows_n) {
+        float *p = (float *)realloc(b->h_rows, n * sizeof(float));
+        if (!p) return NULL;
+        b->h_rows = p, b->h_rows_n = n;
+    }
+    return b->h_rows;
+}
+
+static const float *cuda_read_rows(ib_backend *base, ib_buf buf, int R, int width) {
+    cuda_backend *b = (cuda_backend *)base;
+    float *h = host_rows(b, (size_t)R * width);
+    if (!h) return NULL;
+    note(b, cudaStreamSynchronize(b->st), "read_rows");
+    note(b, cudaMemcpy(h, b->buf[buf], (size_t)R * width * sizeof(float), cudaMemcpyDeviceToHost), "read_rows");
+    return h;
+}
+
+static const float *cuda_read_final(ib_backend *base, int logits) {
+    cuda_backend *b = (cuda_backend *)base;
+    const int nl = b->n_logits;
+    note(b, cudaStreamSynchronize(b->st), "read_final");
+    if (!logits) {
+        float *h = host_rows(b, (size_t)nl * b->D + 1);
+        if (h) note(b, cudaMemcpy(h, b->last, (size_t)nl * b->D * sizeof(float), cudaMemcpyDeviceToHost), "read_final");
+        return h;
+    }
+    float *h = host_rows(b, (size_t)nl * b->V + 1);
+    for (int j = 0; h && j < nl; j++) memcpy(h + (size_t)j * b->V, b->lout[j], (size_t)b->V * sizeof(float));
+    return h;
+}
+
+extern "C" const ib_backend_ops ib_backend_cuda = {
+    "cuda",
+    IB_BACKEND_CUDA,
+    cuda_available,
+    cuda_create,
+    cuda_destroy,
+    cuda_kv_create,
+    cuda_kv_free,
+    cuda_kv_copy,
+    cuda_step_begin,
+    cuda_embed,
+    cuda_rmsnorm,
+    cuda_linear,
+    cuda_qk_prepare,
+    cuda_attention,
+    cuda_swiglu,
+    cuda_add,
+    cuda_logits,
+    cuda_step_end,
+    cuda_read_rows,
+    cuda_read_final,
+};

@@ -1,0 +1,537 @@
+/*
+ * test_backend_cuda.c — the CUDA backend's table (backends/backend.h) against the scalar references of
+ * src/ops, bit for bit, op by op.
+ *
+ * A tiny random model (mkmodel; 4-bit group 64, 8-bit group 32, float32 weights) is uploaded; three
+ * sessions join at different steps and bring 1..7 tokens per step (prefill chunks and decode mixed in
+ * one batch), for every activation mode (f32, q8), KV dtype (f32, f16) and KV policy (full,
+ * sink + window with ring wrap-around). The test drives the table as src/runtime/step.c does and, beside
+ * it on the host, runs the same forward pass with the scalar references (ib_matrix_row_f32, ib_rmsnorm,
+ * ib_matmul on IB_ISA_SCALAR after ib_quantize_act, ib_rmsnorm_heads, ib_rope, ib_attend_heads_portable
+ * / ib_attend_policy, ib_swiglu, ib_add); after every op the device buffer must equal the host one
+ * byte for byte, the KV caches too, and the logits. Then: a session decoded alone gives the logits it
+ * got in the batch; and under the test-only gpu-fma fault (an FMA in the products' epilogue) the check
+ * fails, so it can.
+ *
+ * No GPU (or a build without CUDA): one SKIP line and no checks. `test_backend_cuda --bench` also
+ * times a qwen3-0.6b-shaped 4-bit model (decode B=1, B=128, prefill) — used on the device machine.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "isobatch.h"
+
+#ifndef IB_HAVE_CUDA
+int main(void) {
+    printf("SKIP test_backend_cuda: this build has no CUDA backend (nvcc not found)\n");
+    TEST_MAIN_END("test_backend_cuda");
+}
+#else
+#include "backends/backend.h"
+#include "backends/cuda/cuda.h"
+#include "core/half.h"
+#include "model/mkmodel.h"
+#include "model/model.h"
+#include "ops/matmul.h"
+#include "ops/ops.h"
+#include "runtime/kv_policy.h"
+#include "runtime/runtime.h"
+#include "test_rng.h"
+
+static const ib_backend_ops *CU = &ib_backend_cuda;
+
+/* A session: its device cache and the host mirror the references compute on. */
+typedef struct sess {
+    ib_kv *kv;
+    ib_kv_desc desc;
+    void *hkv;   /* [L][2][KVH][cap][hd] as desc.dtype */
+    int pos;
+} sess;
+
+/* One configuration's run: the model, the backend, host scratch and the mismatch tally. */
+typedef struct run {
+    const ib_model *m;
+    ib_backend *b;
+    ib_act act;
+    int R_max;
+    float *x, *xn, *q, *k, *v, *att, *o, *g, *u, *cs, *last, *hlog;
+    int8_t *xq;
+    float *qd, *qad;
+    int checks, bad;
+    char first_bad[96];
+    int verbose;
+} run;
+
+static void *xmalloc(size_t n) {
+    void *p = calloc(1, n ? n : 1);
+    if (!p) abort();
+    return p;
+}
+
+/* Compare device buffer buf (R rows of width floats) with the host rows h; tally under `what`. */
+static void cmp_buf(run *t, ib_buf buf, const float *h, int R, int width, const char *what, int li) {
+    const float *d = CU->read_rows(t->b, buf, R, width);
+    t->checks++;
+    if (d && memcmp(d, h, (size_t)R * width * sizeof(float)) == 0) return;
+    if (!t->bad++) {
+        size_t i = 0, n = (size_t)R * width;
+        while (d && i < n && memcmp(d + i, h + i, 4) == 0) i++;
+        snprintf(t->first_bad, sizeof t->first_bad, "%s (layer %d, element %zu: %.9g vs %.9g)", what, li, i,
+                 d && i < n ? d[i] : NAN, i < n ? h[i] : NAN);
+    }
+}
+
+/* Y [R][N] = X · W^T by the scalar reference under t's activation mode (what step.c asks of ib_matmul). */
+static void ref_linear(run *t, const ib_matrix *w, const float *X, int R, float *Y) {
+    if (t->act == IB_ACT_Q8 && w->fmt != IB_WF32) {
+        ib_quantize_act(X, R, w->cols, w->group, t->xq, t->qd, t->qad);
+        ib_act_buf q = {t->xq, t->qd, t->qad};
+        ib_matmul(w, X, R, &q, IB_ACT_Q8, IB_ISA_SCALAR, NULL, Y, w->rows);
+    } else {
+        ib_matmul(w, X, R, NULL, IB_ACT_F32, IB_ISA_SCALAR, NULL, Y, w->rows);
+    }
+}
+
+/* Element offset of (layer, k|v, head, slot 0) in a cache of shape d. */
+static size_t plane_off(const ib_kv_desc *d, int li, int kv, int h) {
+    return (((size_t)li * 2 + kv) * d->n_kv_heads + h) * (size_t)d->capacity * d->head_dim;
+}
+
+/* One step of n items (item i: session ss[i] brings nt[i] tokens toks[i]) through the CUDA table and the
+ * host references, compared after every op; logits of each item's last row into lg[i] (V floats). */
+static void step(run *t, sess **ss, int n, const int32_t *const *toks, const int *nt, float **lg) {
+    const ib_model *m = t->m;
+    const ib_config *c = &m->cfg;
+    const int D = c->hidden_size, H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim, F = c->intermediate_size;
+    const int V = c->vocab_size, G = H / KVH;
+    const float eps = (float)c->rms_eps, scale = 1.0f / sqrtf((float)hd);
+    int32_t tok[512], pos[512], item[512], lrow[64];
+    ib_kv *kvs[64];
+    int R = 0;
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < nt[i]; j++, R++) tok[R] = toks[i][j], pos[R] = ss[i]->pos + j, item[R] = i;
+        lrow[i] = R - 1;
+        kvs[i] = ss[i]->kv;
+    }
+    ib_step_desc sd = {R, n, tok, pos, pos, item, kvs, ib_attn_block_for(n), n, lrow, lg};
+    ib_error err;
+    if (CU->step_begin(t->b, &sd, &err)) {
+        CHECK(0, "step_begin: %s", err.msg);
+        return;
+    }
+    ib_rope_table(pos, R, hd, c->rope_theta, t->cs);
+    CU->embed(t->b);
+    for (int r = 0; r < R; r++) ib_matrix_row_f32(&m->embed, tok[r], t->x + (size_t)r * D);
+    cmp_buf(t, IB_BUF_X, t->x, R, D, "embed", -1);
+    for (int li = 0; li < c->n_layers; li++) {
+        const ib_layer *L = &m->layers[li];
+        CU->rmsnorm(t->b, IB_BUF_X, IB_N_ATTN, li, IB_BUF_XN);
+        ib_rmsnorm(t->x, L->attn_norm, R, D, eps, t->xn, NULL);
+        cmp_buf(t, IB_BUF_XN, t->xn, R, D, "rmsnorm attn", li);
+        {
+            ib_wsel ws[3] = {IB_W_Q, IB_W_K, IB_W_V};
+            ib_buf os[3] = {IB_BUF_Q, IB_BUF_K, IB_BUF_V};
+            CU->linear(t->b, li, 3, ws, IB_BUF_XN, os);
+        }
+        ref_linear(t, &L->wq, t->xn, R, t->q);
+        ref_linear(t, &L->wk, t->xn, R, t->k);
+        ref_linear(t, &L->wv, t->xn, R, t->v);
+        cmp_buf(t, IB_BUF_Q, t->q, R, H * hd, "linear q", li);
+        cmp_buf(t, IB_BUF_K, t->k, R, KVH * hd, "linear k", li);
+        cmp_buf(t, IB_BUF_V, t->v, R, KVH * hd, "linear v", li);
+        CU->qk_prepare(t->b, li, IB_QK_NORM);
+        if (L->q_norm) {
+            ib_rmsnorm_heads(t->q, L->q_norm, R, H, hd, eps, NULL);
+            ib_rmsnorm_heads(t->k, L->k_norm, R, KVH, hd, eps, NULL);
+        }
+        cmp_buf(t, IB_BUF_Q, t->q, R, H * hd, "q norm", li);
+        cmp_buf(t, IB_BUF_K, t->k, R, KVH * hd, "k norm", li);
+        CU->qk_prepare(t->b, li, IB_QK_ROPE_STORE);
+        ib_rope_step(t->q, R, H, hd, t->cs, n);
+        ib_rope_step(t->k, R, KVH, hd, t->cs, n);
+        cmp_buf(t, IB_BUF_Q, t->q, R, H * hd, "rope q", li);
+        cmp_buf(t, IB_BUF_K, t->k, R, KVH * hd, "rope k", li);
+        for (int r = 0; r < R; r++) {
+            sess *s = ss[item[r]];
+            const size_t slot = (size_t)ib_kv_desc_slot(&s->desc, pos[r]);
+            for (int h = 0; h < KVH; h++)
+                for (int e = 0; e < hd; e++) {
+                    const size_t ko = plane_off(&s->desc, li, 0, h) + slot * hd + e;
+                    const size_t vo = plane_off(&s->desc, li, 1, h) + slot * hd + e;
+                    const float kx = t->k[((size_t)r * KVH + h) * hd + e], vx = t->v[((size_t)r * KVH + h) * hd + e];
+                    if (s->desc.dtype == IB_KV_F16) {
+                        ((uint16_t *)s->hkv)[ko] = ib_f32_to_f16(kx);
+                        ((uint16_t *)s->hkv)[vo] = ib_f32_to_f16(vx);
+                    } else {
+                        ((float *)s->hkv)[ko] = kx;
+                        ((float *)s->hkv)[vo] = vx;
+                    }
+                }
+        }
+        CU->attention(t->b, li);
+        for (int r = 0; r < R; r++) {
+            sess *s = ss[item[r]];
+            const size_t eb = ib_kv_dtype_bytes(s->desc.dtype);
+            for (int kh = 0; kh < KVH; kh++) {
+                const char *kp = (const char *)s->hkv + plane_off(&s->desc, li, 0, kh) * eb;
+                const char *vp = (const char *)s->hkv + plane_off(&s->desc, li, 1, kh) * eb;
+                const float *qr = t->q + ((size_t)r * H + kh * G) * hd;
+                float *out = t->att + ((size_t)r * H + kh * G) * hd;
+                if (s->desc.window > 0) {
+                    ib_session fake;
+                    memset(&fake, 0, sizeof fake);
+                    fake.capacity = s->desc.capacity, fake.kv_sink = s->desc.sink, fake.kv_window = s->desc.window;
+                    fake.kv_f16 = s->desc.dtype == IB_KV_F16;
+                    for (int h = 0; h < G; h++)
+                        ib_attend_policy(&fake, qr + (size_t)h * hd, kp, vp, pos[r], hd, scale, sd.attn_block,
+                                         out + (size_t)h * hd);
+                } else if (s->desc.dtype == IB_KV_F16) {
+                    ib_attend_heads_f16_portable((const uint16_t *)kp, (const uint16_t *)vp, qr, G, pos[r] + 1, hd, hd,
+                                                 scale, sd.attn_block, 0, out);
+                } else {
+                    ib_attend_heads_portable(qr, G, (const float *)kp, (const float *)vp, pos[r] + 1, hd, hd, scale,
+                                             sd.attn_block, 0, out);
+                }
+            }
+        }
+        cmp_buf(t, IB_BUF_ATT, t->att, R, H * hd, "attention", li);
+        {
+            ib_wsel ws[1] = {IB_W_O};
+            ib_buf os[1] = {IB_BUF_O};
+            CU->linear(t->b, li, 1, ws, IB_BUF_ATT, os);
+        }
+        ref_linear(t, &L->wo, t->att, R, t->o);
+        cmp_buf(t, IB_BUF_O, t->o, R, D, "linear o", li);
+        CU->add(t->b, IB_BUF_X, IB_BUF_O);
+        ib_add(t->x, t->o, (size_t)R * D);
+        cmp_buf(t, IB_BUF_X, t->x, R, D, "add attn", li);
+        CU->rmsnorm(t->b, IB_BUF_X, IB_N_MLP, li, IB_BUF_XN);
+        ib_rmsnorm(t->x, L->mlp_norm, R, D, eps, t->xn, NULL);
+        cmp_buf(t, IB_BUF_XN, t->xn, R, D, "rmsnorm mlp", li);
+        {
+            ib_wsel ws[2] = {IB_W_GATE, IB_W_UP};
+            ib_buf os[2] = {IB_BUF_G, IB_BUF_U};
+            CU->linear(t->b, li, 2, ws, IB_BUF_XN, os);
+        }
+        ref_linear(t, &L->w_gate, t->xn, R, t->g);
+        ref_linear(t, &L->w_up, t->xn, R, t->u);
+        cmp_buf(t, IB_BUF_G, t->g, R, F, "linear gate", li);
+        cmp_buf(t, IB_BUF_U, t->u, R, F, "linear up", li);
+        CU->swiglu(t->b);
+        ib_swiglu(t->g, t->u, R, F);
+        cmp_buf(t, IB_BUF_G, t->g, R, F, "swiglu", li);
+        {
+            ib_wsel ws[1] = {IB_W_DOWN};
+            ib_buf os[1] = {IB_BUF_O};
+            CU->linear(t->b, li, 1, ws, IB_BUF_G, os);
+        }
+        ref_linear(t, &L->w_down, t->g, R, t->o);
+        cmp_buf(t, IB_BUF_O, t->o, R, D, "linear down", li);
+        CU->add(t->b, IB_BUF_X, IB_BUF_O);
+        ib_add(t->x, t->o, (size_t)R * D);
+        cmp_buf(t, IB_BUF_X, t->x, R, D, "add mlp", li);
+    }
+    CU->logits(t->b);
+    CHECK(CU->step_end(t->b, &err) == IB_OK, "step_end: %s", err.msg);
+    for (int i = 0; i < n; i++) memcpy(t->last + (size_t)i * D, t->x + (size_t)lrow[i] * D, (size_t)D * sizeof(float));
+    ib_rmsnorm(t->last, m->final_norm, n, D, eps, t->last, NULL);
+    const float *fin = CU->read_final(t->b, 0);
+    t->checks++;
+    if (!fin || memcmp(fin, t->last, (size_t)n * D * sizeof(float))) {
+        if (!t->bad++) snprintf(t->first_bad, sizeof t->first_bad, "final norm");
+    }
+    ref_linear(t, m->lm_head, t->last, n, t->hlog);
+    for (int i = 0; i < n; i++) {
+        t->checks++;
+        if (memcmp(lg[i], t->hlog + (size_t)i * V, (size_t)V * sizeof(float))) {
+            if (!t->bad++) snprintf(t->first_bad, sizeof t->first_bad, "logits of item %d", i);
+        }
+    }
+    /* the caches, byte for byte */
+    for (int i = 0; i < n; i++) {
+        const size_t bytes = ib_kv_desc_bytes(&ss[i]->desc);
+        void *dk = xmalloc(bytes);
+        t->checks++;
+        if (ib_cuda_kv_read(ss[i]->kv, dk, bytes) || memcmp(dk, ss[i]->hkv, bytes)) {
+            if (!t->bad++) snprintf(t->first_bad, sizeof t->first_bad, "KV cache of item %d", i);
+        }
+        free(dk);
+        ss[i]->pos += nt[i];
+    }
+}
+
+static void sess_init(const ib_model *m, sess *s, ib_kv_dtype dt, int sink, int window, int chunk, int cap) {
+    const ib_config *c = &m->cfg;
+    memset(s, 0, sizeof *s);
+    s->desc = (ib_kv_desc){dt, c->n_layers, c->n_kv_heads, c->head_dim, window > 0 ? sink + window + chunk : cap, sink,
+                           window};
+    ib_error err;
+    CHECK(CU->kv_create(&s->desc, &s->kv, &err) == IB_OK, "kv_create: %s", err.msg);
+    s->hkv = xmalloc(ib_kv_desc_bytes(&s->desc));
+}
+
+static void sess_free(sess *s) {
+    CU->kv_free(s->kv);
+    free(s->hkv);
+}
+
+static run *run_new(const ib_model *m, ib_act act, int R_max) {
+    const ib_config *c = &m->cfg;
+    run *t = xmalloc(sizeof *t);
+    t->m = m, t->act = act, t->R_max = R_max;
+    const size_t D = c->hidden_size, Q = (size_t)c->n_heads * c->head_dim, KV = (size_t)c->n_kv_heads * c->head_dim;
+    const size_t F = c->intermediate_size, Km = (D > F ? D : F) > Q ? (D > F ? D : F) : Q;
+    t->x = xmalloc(R_max * D * 4), t->xn = xmalloc(R_max * D * 4), t->o = xmalloc(R_max * D * 4);
+    t->q = xmalloc(R_max * Q * 4), t->att = xmalloc(R_max * Q * 4);
+    t->k = xmalloc(R_max * KV * 4), t->v = xmalloc(R_max * KV * 4);
+    t->g = xmalloc(R_max * F * 4), t->u = xmalloc(R_max * F * 4);
+    t->cs = xmalloc((size_t)R_max * c->head_dim * 4);
+    t->last = xmalloc(R_max * D * 4);
+    t->hlog = xmalloc((size_t)R_max * c->vocab_size * 4);
+    t->xq = xmalloc(R_max * Km), t->qd = xmalloc(R_max * Km * 4), t->qad = xmalloc(R_max * Km * 4);
+    ib_backend_cfg cfg = {IB_ISA_SCALAR, act, R_max, NULL};
+    ib_error err;
+    CHECK(CU->create(m, &cfg, &t->b, &err) == IB_OK, "create: %s", err.msg);
+    return t;
+}
+
+static void run_free(run *t) {
+    if (t->b) CU->destroy(t->b);
+    free(t->x), free(t->xn), free(t->o), free(t->q), free(t->att), free(t->k), free(t->v), free(t->g), free(t->u);
+    free(t->cs), free(t->last), free(t->hlog), free(t->xq), free(t->qd), free(t->qad);
+    free(t);
+}
+
+#define NSESS 3
+#define NSTEPS 16
+
+/* Tokens item i brings at step s (0 when it has not joined yet): 1..7. */
+static int tokens_at(int s, int i) { return s < i * 2 ? 0 : 1 + (s * 3 + i * 5) % 7; }
+
+/* One configuration: three sessions over NSTEPS steps, every op compared. Keeps item 0's logits of
+ * each step in lg0 [NSTEPS][V] (when non-NULL) and its tokens in tk0. Returns the mismatch count. */
+static int schedule(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, const char *name, float *lg0,
+                    int solo) {
+    const int V = m->cfg.vocab_size;
+    run *t = run_new(m, act, 64);
+    if (!t->b) {
+        run_free(t);
+        return -1;
+    }
+    sess s[NSESS];
+    for (int i = 0; i < NSESS; i++) sess_init(m, &s[i], dt, window ? 4 : 0, window, 8, 160);
+    rng_state = 0x1234;
+    int32_t tk[NSESS][8];
+    float *lg[NSESS];
+    for (int i = 0; i < NSESS; i++) lg[i] = xmalloc((size_t)V * 4);
+    for (int st = 0; st < NSTEPS; st++) {
+        sess *ss[NSESS];
+        const int32_t *tp[NSESS];
+        float *lp[NSESS];
+        int nt[NSESS], n = 0;
+        for (int i = 0; i < NSESS; i++) {
+            int k = tokens_at(st, i);
+            for (int j = 0; j < 8; j++) tk[i][j] = rndi(V);   /* same draws whatever joins */
+            if (!k || (solo && i)) continue;
+            ss[n] = &s[i], tp[n] = tk[i], nt[n] = k, lp[n] = lg[i], n++;
+        }
+        step(t, ss, n, tp, nt, lp);
+        if (lg0) memcpy(lg0 + (size_t)st * V, lg[0], (size_t)V * 4);
+    }
+    printf("  %-44s %5d ops compared bitwise, %s%s\n", name, t->checks, t->bad ? "first mismatch: " : "all equal",
+           t->bad ? t->first_bad : "");
+    int bad = t->bad;
+    for (int i = 0; i < NSESS; i++) sess_free(&s[i]), free(lg[i]);
+    run_free(t);
+    return bad;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The forward pass of one step through the table alone (as step.c enqueues it), no checks. */
+static int fwd(ib_backend *b, const ib_model *m, ib_kv **kvs, int n, const int32_t *tok, const int32_t *pos,
+               const int32_t *item, int R, const int32_t *lrow, float **lg) {
+    ib_step_desc sd = {R, n, tok, pos, pos, item, kvs, ib_attn_block_for(n), n, lrow, lg};
+    ib_error err;
+    if (CU->step_begin(b, &sd, &err)) return fprintf(stderr, "%s\n", err.msg), -1;
+    CU->embed(b);
+    for (int li = 0; li < m->cfg.n_layers; li++) {
+        ib_wsel qkv[3] = {IB_W_Q, IB_W_K, IB_W_V}, o[1] = {IB_W_O}, gu[2] = {IB_W_GATE, IB_W_UP}, dn[1] = {IB_W_DOWN};
+        ib_buf qkvb[3] = {IB_BUF_Q, IB_BUF_K, IB_BUF_V}, ob[1] = {IB_BUF_O}, gub[2] = {IB_BUF_G, IB_BUF_U};
+        CU->rmsnorm(b, IB_BUF_X, IB_N_ATTN, li, IB_BUF_XN);
+        CU->linear(b, li, 3, qkv, IB_BUF_XN, qkvb);
+        CU->qk_prepare(b, li, IB_QK_NORM | IB_QK_ROPE_STORE);
+        CU->attention(b, li);
+        CU->linear(b, li, 1, o, IB_BUF_ATT, ob);
+        CU->add(b, IB_BUF_X, IB_BUF_O);
+        CU->rmsnorm(b, IB_BUF_X, IB_N_MLP, li, IB_BUF_XN);
+        CU->linear(b, li, 2, gu, IB_BUF_XN, gub);
+        CU->swiglu(b);
+        CU->linear(b, li, 1, dn, IB_BUF_G, ob);
+        CU->add(b, IB_BUF_X, IB_BUF_O);
+    }
+    CU->logits(b);
+    if (CU->step_end(b, &err)) return fprintf(stderr, "%s\n", err.msg), -1;
+    return 0;
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* --bench: a qwen3-0.6b-shaped 4-bit model; prefill of a 128-token prompt, then decode at B=1 and B=128
+ * (median step time), and the B=1 session's logits checked equal to row 0 of the B=128 batch. */
+static int bench(const char *dir_in, ib_act act) {
+    ib_error err;
+    ib_model *m;
+    char dir[64] = "/tmp/ib_cuda_bench_XXXXXX";
+    const char *d = dir_in;
+    double t0 = now_s();
+    if (!d) {
+        if (!mkdtemp(dir)) return 1;
+        ib_mkmodel_opts mo = {.preset = "qwen3-0.6b", .seed = 1, .bits = 4, .group = 64, .tied = 1};
+        if (ib_mkmodel(dir, &mo, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
+        d = dir;
+    }
+    if (ib_model_load(d, NULL, &m, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
+    printf("bench model ready in %.1f s\n", now_s() - t0);
+    const ib_config *c = &m->cfg;
+    const int V = c->vocab_size, P = 128, BMAX = 128, NDEC = 32, RMAX = 512;
+    ib_backend_cfg cfg = {IB_ISA_SCALAR, act, RMAX, NULL};
+    ib_backend *b;
+    if (CU->create(m, &cfg, &b, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
+    ib_kv *kv[BMAX];
+    ib_kv_desc kd = {IB_KV_F16, c->n_layers, c->n_kv_heads, c->head_dim, P + NDEC + 8, 0, 0};
+    for (int i = 0; i < BMAX; i++)
+        if (CU->kv_create(&kd, &kv[i], &err)) return fprintf(stderr, "%s\n", err.msg), 1;
+    int32_t *tok = xmalloc(RMAX * 4), *pos = xmalloc(RMAX * 4), *item = xmalloc(RMAX * 4), lrow[BMAX];
+    float **lg = xmalloc(BMAX * sizeof(float *)), *solo = xmalloc((size_t)NDEC * V * 4);
+    for (int i = 0; i < BMAX; i++) lg[i] = xmalloc((size_t)V * 4);
+    int32_t prompt[128], dec[64];
+    rng_state = 99;
+    for (int i = 0; i < P; i++) prompt[i] = rndi(V);
+    for (int i = 0; i < NDEC; i++) dec[i] = rndi(V);
+    /* B = 1: prefill (timed), then NDEC decode steps (median) */
+    double ts[64];
+    for (int rep = 0; rep < 3; rep++) {
+        for (int r = 0; r < P; r++) tok[r] = prompt[r], pos[r] = r, item[r] = 0;
+        lrow[0] = P - 1;
+        double a = now_s();
+        if (fwd(b, m, kv, 1, tok, pos, item, P, lrow, lg)) return 1;
+        ts[rep] = now_s() - a;
+    }
+    qsort(ts, 3, sizeof(double), cmp_dbl);
+    printf("prefill B=1 x %d tokens: %.2f ms  (%.0f tok/s)\n", P, ts[1] * 1e3, P / ts[1]);
+    for (int st = 0; st < NDEC; st++) {
+        tok[0] = dec[st], pos[0] = P + st, item[0] = 0, lrow[0] = 0;
+        double a = now_s();
+        if (fwd(b, m, kv, 1, tok, pos, item, 1, lrow, lg)) return 1;
+        ts[st] = now_s() - a;
+        memcpy(solo + (size_t)st * V, lg[0], (size_t)V * 4);
+    }
+    qsort(ts, NDEC, sizeof(double), cmp_dbl);
+    printf("decode B=1: median step %.3f ms  (%.0f tok/s)\n", ts[NDEC / 2] * 1e3, 1.0 / ts[NDEC / 2]);
+    /* B = 128: every session prefills the same prompt, 4 sessions (512 rows) per step (timed) */
+    double pf = 0;
+    for (int i0 = 0; i0 < BMAX; i0 += 4) {
+        int R = 0;
+        for (int i = 0; i < 4; i++) {
+            for (int r = 0; r < P; r++, R++) tok[R] = prompt[r], pos[R] = r, item[R] = i;
+            lrow[i] = R - 1;
+        }
+        double a = now_s();
+        if (fwd(b, m, kv + i0, 4, tok, pos, item, R, lrow, lg)) return 1;
+        pf += now_s() - a;
+    }
+    printf("prefill 4 x %d tokens per step: %.0f tok/s over %d sessions\n", P, BMAX * P / pf, BMAX);
+    int same = 1;
+    for (int st = 0; st < NDEC; st++) {
+        for (int i = 0; i < BMAX; i++) tok[i] = dec[st], pos[i] = P + st, item[i] = i, lrow[i] = i;
+        double a = now_s();
+        if (fwd(b, m, kv, BMAX, tok, pos, item, BMAX, lrow, lg)) return 1;
+        ts[st] = now_s() - a;
+        for (int i = 0; i < BMAX; i++) same &= memcmp(lg[i], solo + (size_t)st * V, (size_t)V * 4) == 0;
+    }
+    qsort(ts, NDEC, sizeof(double), cmp_dbl);
+    printf("decode B=%d: median step %.3f ms  (%.0f tok/s aggregate)\n", BMAX, ts[NDEC / 2] * 1e3,
+           BMAX / ts[NDEC / 2]);
+    printf("B=%d decode logits of every row bitwise equal to the B=1 run: %s\n", BMAX, same ? "yes" : "NO");
+    CHECK(same, "batched logits differ from the lone session's");
+    for (int i = 0; i < BMAX; i++) CU->kv_free(kv[i]), free(lg[i]);
+    CU->destroy(b);
+    ib_model_free(m);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *why;
+    char desc[256];
+    (void)rndf;
+    if (!CU->available(&why)) {
+        printf("SKIP test_backend_cuda: %s\n", why);
+        TEST_MAIN_END("test_backend_cuda");
+    }
+    ib_cuda_describe(desc, sizeof desc);
+    printf("device: %s\n", desc);
+    if (argc > 1 && !strcmp(argv[1], "--bench")) {
+        bench(argc > 2 ? argv[2] : NULL, IB_ACT_Q8);
+        TEST_MAIN_END("test_backend_cuda --bench");
+    }
+    static const struct { int bits, group; const char *name; } models[] = {
+        {4, 64, "q4 g64"}, {8, 32, "q8 g32"}, {32, 0, "f32"}};
+    for (int mi = 0; mi < 3; mi++) {
+        char dir[] = "/tmp/ib_cuda_XXXXXX";
+        if (!mkdtemp(dir)) return 1;
+        ib_error err;
+        ib_model *m;
+        ib_mkmodel_opts mo = {.preset = "tiny", .seed = 7 + mi, .bits = models[mi].bits, .group = models[mi].group, .tied = 1};
+        if (ib_mkmodel(dir, &mo, &err) || ib_model_load(dir, NULL, &m, &err)) {
+            CHECK(0, "model %s: %s", models[mi].name, err.msg);
+            continue;
+        }
+        const int V = m->cfg.vocab_size;
+        printf("model tiny %s:\n", models[mi].name);
+        for (int act = 0; act < 2; act++)
+            for (int kvd = 0; kvd < 2; kvd++)
+                for (int win = 0; win < 2; win++) {
+                    char name[96];
+                    snprintf(name, sizeof name, "act %s, kv %s, %s", act ? "q8" : "f32", kvd ? "f16" : "f32",
+                             win ? "sink 4 + window 40 (ring)" : "full");
+                    float *lgb = xmalloc((size_t)NSTEPS * V * 4), *lgs = xmalloc((size_t)NSTEPS * V * 4);
+                    int bad = schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0, name,
+                                       lgb, 0);
+                    CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
+                    /* item 0 alone, the same chunks: the same logits at every step */
+                    snprintf(name + strlen(name), sizeof name - strlen(name), ", alone");
+                    bad = schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0, name,
+                                   lgs, 1);
+                    CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
+                    CHECK(memcmp(lgb, lgs, (size_t)NSTEPS * V * 4) == 0,
+                          "model %s, %s: session 0's logits batched differ from alone", models[mi].name, name);
+                    free(lgb), free(lgs);
+                }
+        /* the check can fail: an FMA in the products' epilogue (Q8 and F32 paths) */
+        ib_fault_set(IB_FAULT_GPU_FMA);
+        for (int act = 0; act < 2; act++) {
+            int bad = schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, IB_KV_F32, 0,
+                               act ? "FAULT gpu-fma, act q8 (must mismatch)" : "FAULT gpu-fma, act f32 (must mismatch)",
+                               NULL, 0);
+            CHECK(bad > 0, "model %s: the gpu-fma fault went unnoticed (act %d)", models[mi].name, act);
+        }
+        ib_fault_set(IB_FAULT_NONE);
+        ib_model_free(m);
+    }
+    TEST_MAIN_END("test_backend_cuda");
+}
+#endif
