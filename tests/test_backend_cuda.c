@@ -36,6 +36,7 @@ int main(void) {
 #include "backends/backend.h"
 #include "backends/cuda/cuda.h"
 #include "core/half.h"
+#include "core/pool.h"
 #include "model/mkmodel.h"
 #include "model/model.h"
 #include "ops/matmul.h"
@@ -317,7 +318,7 @@ static int tokens_at(int s, int i) { return s < i * 2 ? 0 : 1 + (s * 3 + i * 5) 
 /* One configuration: three sessions over NSTEPS steps, every op compared. Keeps item 0's logits of
  * each step in lg0 [NSTEPS][V] (when non-NULL) and its tokens in tk0. Returns the mismatch count. */
 static int schedule(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, const char *name, float *lg0,
-                    int solo) {
+                    int solo, int nsteps) {
     const int V = m->cfg.vocab_size;
     run *t = run_new(m, act, 64);
     if (!t->b) {
@@ -330,7 +331,7 @@ static int schedule(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, c
     int32_t tk[NSESS][8];
     float *lg[NSESS];
     for (int i = 0; i < NSESS; i++) lg[i] = xmalloc((size_t)V * 4);
-    for (int st = 0; st < NSTEPS; st++) {
+    for (int st = 0; st < nsteps; st++) {
         sess *ss[NSESS];
         const int32_t *tp[NSESS];
         float *lp[NSESS];
@@ -392,7 +393,7 @@ static int cmp_dbl(const void *a, const void *b) {
 
 /* --bench: a qwen3-0.6b-shaped 4-bit model; prefill of a 128-token prompt, then decode at B=1 and B=128
  * (median step time), and the B=1 session's logits checked equal to row 0 of the B=128 batch. */
-static int bench(const char *dir_in, ib_act act) {
+static int bench(const char *dir_in, ib_act act, int profile) {
     ib_error err;
     ib_model *m;
     char dir[64] = "/tmp/ib_cuda_bench_XXXXXX";
@@ -406,9 +407,18 @@ static int bench(const char *dir_in, ib_act act) {
     }
     if (ib_model_load(d, NULL, &m, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
     printf("bench model ready in %.1f s\n", now_s() - t0);
+    if (!profile) {
+        /* every op of 3 steps (17 rows, two sessions) against the scalar references on this model too */
+        double a = now_s();
+        int bad = schedule(m, act, IB_KV_F16, 0, "qwen3-0.6b-shaped q4, act q8, kv f16, 3 steps", NULL, 0, 3);
+        CHECK(bad == 0, "0.6b-shaped model: CUDA differs from the scalar reference");
+        printf("  (%.1f s)\n", now_s() - a);
+    }
     const ib_config *c = &m->cfg;
     const int V = c->vocab_size, P = 128, BMAX = 128, NDEC = 32, RMAX = 512;
-    ib_backend_cfg cfg = {IB_ISA_SCALAR, act, RMAX, NULL};
+    ib_pool *pool = NULL;
+    ib_pool_create((int)sysconf(_SC_NPROCESSORS_ONLN), &pool, &err);
+    ib_backend_cfg cfg = {IB_ISA_SCALAR, act, RMAX, pool};
     ib_backend *b;
     if (CU->create(m, &cfg, &b, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
     ib_kv *kv[BMAX];
@@ -422,6 +432,24 @@ static int bench(const char *dir_in, ib_act act) {
     rng_state = 99;
     for (int i = 0; i < P; i++) prompt[i] = rndi(V);
     for (int i = 0; i < NDEC; i++) dec[i] = rndi(V);
+    if (profile) {
+        /* 128 sessions prefilled (4 a step), then one decode step at B = 1 and one at B = 128 profiled */
+        for (int i0 = 0; i0 < BMAX; i0 += 4) {
+            int R = 0;
+            for (int i = 0; i < 4; i++) {
+                for (int r = 0; r < P; r++, R++) tok[R] = prompt[r], pos[R] = r, item[R] = i;
+                lrow[i] = R - 1;
+            }
+            if (fwd(b, m, kv + i0, 4, tok, pos, item, R, lrow, lg)) return 1;
+        }
+        ib_cuda_profile(1);
+        tok[0] = dec[0], pos[0] = P, item[0] = 0, lrow[0] = 0;
+        if (fwd(b, m, kv, 1, tok, pos, item, 1, lrow, lg)) return 1;
+        for (int i = 0; i < BMAX; i++) tok[i] = dec[1], pos[i] = P + (i == 0), item[i] = i, lrow[i] = i;
+        if (fwd(b, m, kv, BMAX, tok, pos, item, BMAX, lrow, lg)) return 1;
+        ib_cuda_profile(0);
+        return 0;
+    }
     /* B = 1: prefill (timed), then NDEC decode steps (median) */
     double ts[64];
     for (int rep = 0; rep < 3; rep++) {
@@ -442,6 +470,32 @@ static int bench(const char *dir_in, ib_act act) {
     }
     qsort(ts, NDEC, sizeof(double), cmp_dbl);
     printf("decode B=1: median step %.3f ms  (%.0f tok/s)\n", ts[NDEC / 2] * 1e3, 1.0 / ts[NDEC / 2]);
+    {
+        /* the same run op by op (no graphs): the same bits */
+        setenv("IB_CUDA_GRAPHS", "0", 1);
+        ib_backend *b2;
+        ib_kv *kv2;
+        if (CU->create(m, &cfg, &b2, &err) || CU->kv_create(&kd, &kv2, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
+        unsetenv("IB_CUDA_GRAPHS");
+        for (int r = 0; r < P; r++) tok[r] = prompt[r], pos[r] = r, item[r] = 0;
+        lrow[0] = P - 1;
+        if (fwd(b2, m, &kv2, 1, tok, pos, item, P, lrow, lg)) return 1;
+        int eq = 1;
+        double t2[64];
+        for (int st = 0; st < NDEC; st++) {
+            tok[0] = dec[st], pos[0] = P + st, item[0] = 0, lrow[0] = 0;
+            double a = now_s();
+            if (fwd(b2, m, &kv2, 1, tok, pos, item, 1, lrow, lg)) return 1;
+            t2[st] = now_s() - a;
+            eq &= memcmp(lg[0], solo + (size_t)st * V, (size_t)V * 4) == 0;
+        }
+        qsort(t2, NDEC, sizeof(double), cmp_dbl);
+        printf("decode B=1 without graphs: median step %.3f ms; logits bitwise equal to the graph run: %s\n",
+               t2[NDEC / 2] * 1e3, eq ? "yes" : "NO");
+        CHECK(eq, "graph replay changed the logits");
+        CU->kv_free(kv2);
+        CU->destroy(b2);
+    }
     /* B = 128: every session prefills the same prompt, 4 sessions (512 rows) per step (timed) */
     double pf = 0;
     for (int i0 = 0; i0 < BMAX; i0 += 4) {
@@ -467,9 +521,43 @@ static int bench(const char *dir_in, ib_act act) {
     printf("decode B=%d: median step %.3f ms  (%.0f tok/s aggregate)\n", BMAX, ts[NDEC / 2] * 1e3,
            BMAX / ts[NDEC / 2]);
     printf("B=%d decode logits of every row bitwise equal to the B=1 run: %s\n", BMAX, same ? "yes" : "NO");
+    /* each op alone: 200 calls inside one step at B = 1 and B = 128 (host wall time per call) */
+    for (int bi = 0; bi < 2; bi++) {
+        const int B = bi ? BMAX : 1;
+        for (int i = 0; i < B; i++) tok[i] = dec[0], pos[i] = P + NDEC, item[i] = i, lrow[i] = i;
+        ib_step_desc sd = {B, B, tok, pos, pos, item, kv, 32, B, lrow, lg};
+        static const char *names[] = {"embed", "rmsnorm", "linear qkv", "qk_prepare", "attention", "linear o",
+                                      "add", "linear gate+up", "swiglu", "linear down", "logits"};
+        printf("op times at B=%d (us per call):", B);
+        for (int op = 0; op < 11; op++) {
+            const int N = op == 10 ? 20 : 200;
+            if (CU->step_begin(b, &sd, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
+            ib_wsel qkv[3] = {IB_W_Q, IB_W_K, IB_W_V}, o[1] = {IB_W_O}, gu[2] = {IB_W_GATE, IB_W_UP}, dn[1] = {IB_W_DOWN};
+            ib_buf qkvb[3] = {IB_BUF_Q, IB_BUF_K, IB_BUF_V}, ob[1] = {IB_BUF_O}, gub[2] = {IB_BUF_G, IB_BUF_U};
+            CU->step_end(b, &err);
+            double a = now_s();
+            for (int i = 0; i < N; i++) switch (op) {
+                case 0: CU->embed(b); break;
+                case 1: CU->rmsnorm(b, IB_BUF_X, IB_N_ATTN, 0, IB_BUF_XN); break;
+                case 2: CU->linear(b, 0, 3, qkv, IB_BUF_XN, qkvb); break;
+                case 3: CU->qk_prepare(b, 0, IB_QK_NORM | IB_QK_ROPE_STORE); break;
+                case 4: CU->attention(b, 0); break;
+                case 5: CU->linear(b, 0, 1, o, IB_BUF_ATT, ob); break;
+                case 6: CU->add(b, IB_BUF_X, IB_BUF_O); break;
+                case 7: CU->linear(b, 0, 2, gu, IB_BUF_XN, gub); break;
+                case 8: CU->swiglu(b); break;
+                case 9: CU->linear(b, 0, 1, dn, IB_BUF_G, ob); break;
+                default: CU->logits(b); break;
+                }
+            CU->step_end(b, &err);
+            printf(" %s %.1f", names[op], (now_s() - a) / N * 1e6);
+        }
+        printf("\n");
+    }
     CHECK(same, "batched logits differ from the lone session's");
     for (int i = 0; i < BMAX; i++) CU->kv_free(kv[i]), free(lg[i]);
     CU->destroy(b);
+    ib_pool_free(pool);
     ib_model_free(m);
     return 0;
 }
@@ -484,8 +572,13 @@ int main(int argc, char **argv) {
     }
     ib_cuda_describe(desc, sizeof desc);
     printf("device: %s\n", desc);
+    if (argc > 1 && !strcmp(argv[1], "--profile")) {
+        setenv("IB_CUDA_GRAPHS", "0", 1);
+        bench(NULL, IB_ACT_Q8, 1);
+        TEST_MAIN_END("test_backend_cuda --profile");
+    }
     if (argc > 1 && !strcmp(argv[1], "--bench")) {
-        bench(argc > 2 ? argv[2] : NULL, IB_ACT_Q8);
+        bench(argc > 2 ? argv[2] : NULL, IB_ACT_Q8, 0);
         TEST_MAIN_END("test_backend_cuda --bench");
     }
     static const struct { int bits, group; const char *name; } models[] = {
@@ -510,12 +603,15 @@ int main(int argc, char **argv) {
                              win ? "sink 4 + window 40 (ring)" : "full");
                     float *lgb = xmalloc((size_t)NSTEPS * V * 4), *lgs = xmalloc((size_t)NSTEPS * V * 4);
                     int bad = schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0, name,
-                                       lgb, 0);
+                                       lgb, 0, NSTEPS);
                     CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
                     /* item 0 alone, the same chunks: the same logits at every step */
-                    snprintf(name + strlen(name), sizeof name - strlen(name), ", alone");
+                    /* the lone runs take the tensor-core products from 1 row (the batched ones, dp4a) */
+                    snprintf(name + strlen(name), sizeof name - strlen(name), ", alone, mma");
+                    setenv("IB_CUDA_MMA_ROWS", "1", 1);
                     bad = schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0, name,
-                                   lgs, 1);
+                                   lgs, 1, NSTEPS);
+                    unsetenv("IB_CUDA_MMA_ROWS");
                     CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
                     CHECK(memcmp(lgb, lgs, (size_t)NSTEPS * V * 4) == 0,
                           "model %s, %s: session 0's logits batched differ from alone", models[mi].name, name);
@@ -523,10 +619,14 @@ int main(int argc, char **argv) {
                 }
         /* the check can fail: an FMA in the products' epilogue (Q8 and F32 paths) */
         ib_fault_set(IB_FAULT_GPU_FMA);
-        for (int act = 0; act < 2; act++) {
+        for (int act = 0; act < 3; act++) {
+            if (act == 2) setenv("IB_CUDA_MMA_ROWS", "1", 1);
             int bad = schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, IB_KV_F32, 0,
-                               act ? "FAULT gpu-fma, act q8 (must mismatch)" : "FAULT gpu-fma, act f32 (must mismatch)",
-                               NULL, 0);
+                               act == 2   ? "FAULT gpu-fma, act q8, mma (must mismatch)"
+                               : act == 1 ? "FAULT gpu-fma, act q8 (must mismatch)"
+                                          : "FAULT gpu-fma, act f32 (must mismatch)",
+                               NULL, 0, NSTEPS);
+            unsetenv("IB_CUDA_MMA_ROWS");
             CHECK(bad > 0, "model %s: the gpu-fma fault went unnoticed (act %d)", models[mi].name, act);
         }
         ib_fault_set(IB_FAULT_NONE);

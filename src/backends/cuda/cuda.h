@@ -30,6 +30,9 @@ int ib_cuda_describe(char *buf, size_t n);
 /* Copy `bytes` of a CUDA KV cache's device storage into host memory dst (tests compare caches). */
 int ib_cuda_kv_read(const void *kv, void *dst, size_t bytes);
 
+/* Start (1) or stop (0) the profiler's collection (ncu --profile-from-start off). */
+void ib_cuda_profile(int on);
+
 #ifdef __cplusplus
 }
 #endif

@@ -31,6 +31,7 @@ extern "C" {
 #include "core/half.h"
 #include "ops/ops.h"
 }
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -43,9 +44,14 @@ extern "C" {
 #define NWARP 8            /* warps per product block (256 threads) */
 #define RB 8               /* rows per pass of a Q8 product block (one epilogue warp each) */
 #define GCH 16             /* groups per pass of the Q8 epilogue: shared isums [RB][GCH][NT] */
-#define ROWS_PER_BLOCK 64  /* rows one Q8 product block walks (its weight tile stays in L1/L2) */
-#define LOGIT_CHUNK 64     /* lm_head rows per product (bounds the logits scratch) */
-#define ATT_THREADS 128    /* threads of an attention block */
+#define MAX_PASSES 8       /* most 8-row passes one Q8 product block walks (its weight tile stays in L1) */
+#define LOGIT_CHUNK 128    /* lm_head rows per product (bounds the logits scratch) */
+#define MMA_MIN_ROWS 16    /* Q8 products of at least this many rows run on the tensor cores */
+#define NGRAPH 16          /* step graphs kept per instance */
+#define REC_ARGS 10        /* ints of one recorded op */
+#define ATT_THREADS 256    /* threads of an attention block */
+#define ATT_CHUNK 512      /* most keys an attention block scores at once */
+#define ATT_MAX_BLOCKS 64  /* most key blocks in one such chunk */
 #define ATT_MAX_BLOCK 128  /* largest key block (ops.h: block <= 128) */
 
 /* ---------------------------------------------------------------- device data */
@@ -71,6 +77,22 @@ typedef struct cuda_kv {
     ib_kv pub;
     void *dev;
 } cuda_kv;
+
+/* One recorded op of a step: its kind and arguments (all it needs besides the instance's fixed state). */
+typedef struct oprec {
+    int op, a[REC_ARGS];
+} oprec;
+enum { OP_UPLOAD = 1, OP_EMBED, OP_RMSNORM, OP_LINEAR, OP_QK, OP_ATTN, OP_SWIGLU, OP_ADD, OP_LOGITS };
+
+/* A step shape seen before: the key (row counts, key block, fault, the op records) and, once it came
+ * twice, its captured graph. */
+typedef struct gcache {
+    int R, n_items, n_logits, attn_block, fault, nrec, nograph;
+    oprec *rec;
+    cudaGraph_t g;
+    cudaGraphExec_t x;
+    unsigned long long used;
+} gcache;
 
 /* One backend instance. */
 typedef struct cuda_backend {
@@ -104,9 +126,22 @@ typedef struct cuda_backend {
     float **lout;                    /* [R_max] host logits buffers */
     float *h_rows;                   /* read_rows / read_final scratch */
     size_t h_rows_n;
+    int fault;                       /* ib_fault_get() at step_begin */
+    ib_pool *pool;                   /* host threads for the logits copy (may be NULL) */
+    float *h_logits;                 /* pinned [h_logits_rows][V]: the step's logits come back here */
+    int h_logits_rows;
+    /* the step's ops, recorded, then run at step_end as a cached graph (or directly) */
+    struct oprec *rec;
+    int nrec, caprec;
+    int use_graphs;
+    int mma_rows;                    /* Q8 products of at least this many rows use the tensor cores */
+    struct gcache *gc;               /* [NGRAPH] */
+    unsigned long long tick;
     void **alloc_list;               /* [cap_alloc] device allocations (freed at destroy) */
     int n_alloc, cap_alloc;
 } cuda_backend;
+
+static void drop_graphs(cuda_backend *b);
 
 /* Record the first CUDA failure of a step (reported by step_end). */
 static void note(cuda_backend *b, cudaError_t e, const char *where) {
@@ -144,21 +179,21 @@ __device__ __forceinline__ float weight_at(const dmat &m, int n, int k) {
     return m.s[gi] * (float)code_at(m, n, k) + m.b[gi];
 }
 
-/* Y[r][n] (row stride ldy) for r < R, n < N, Q8 activations (matmul.h). Block (x: 32 outputs, y: 64
- * rows); in each pass of 8 rows and 16 groups, warp w sums groups w, w+8 (exact int32 via dp4a) into
+/* Y[r][n] (row stride ldy) for r < R, n < N, Q8 activations (matmul.h). Block (x: 32 outputs, y: rpb
+ * rows, a multiple of 8 chosen from the grid's size only: it never changes the arithmetic); in each pass of 8 rows and 16 groups, warp w sums groups w, w+8 (exact int32 via dp4a) into
  * shared memory, then warp r continues row r's float chains over those groups in ascending order.
  * xq [R][K] int8, d/ad [R][K/G]. fused: the test-only gpu-fma fault. */
 template <int FMT>
 __global__ void __launch_bounds__(256) mm_q8_kernel(dmat m, const int8_t *__restrict__ xq, const float *__restrict__ d,
-                                                    const float *__restrict__ ad, int R, float *__restrict__ Y, int ldy,
-                                                    int fused) {
+                                                    const float *__restrict__ ad, int R, int rpb, float *__restrict__ Y,
+                                                    int ldy, int fused) {
     __shared__ int isum_s[RB][GCH][NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n = blockIdx.x * NT + lane;
     const int K = m.K, G = m.G, ng = m.ng, Np = m.Np;
     constexpr int KC = FMT == IB_WQ4 ? 32 : 16;   /* k per uint4 */
     const int cpg = G / KC;
-    const int rbeg = blockIdx.y * ROWS_PER_BLOCK, rend = min(R, rbeg + ROWS_PER_BLOCK);
+    const int rbeg = blockIdx.y * rpb, rend = min(R, rbeg + rpb);
     for (int r0 = rbeg; r0 < rend; r0 += RB) {
         const int nr = min(RB, rend - r0);
         float acc = 0.0f;   /* row r0 + warp, output n */
@@ -169,8 +204,15 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(dmat m, const int8_t *__rest
                 int s[RB];
 #pragma unroll
                 for (int r = 0; r < RB; r++) s[r] = 0;
-                for (int c = 0; c < cpg; c++) {
-                    const uint4 wv = m.w[(size_t)(g * cpg + c) * Np + n];
+                /* the group's weights first (at most 8 uint4), so their loads are in flight together */
+                uint4 wg[8];
+#pragma unroll
+                for (int c = 0; c < 8; c++)
+                    if (c < cpg) wg[c] = m.w[(size_t)(g * cpg + c) * Np + n];
+#pragma unroll
+                for (int c = 0; c < 8; c++) {
+                    if (c >= cpg) break;
+                    const uint4 wv = wg[c];
                     const int k0 = g * G + c * KC;
 #pragma unroll
                     for (int r = 0; r < RB; r++) {
@@ -205,6 +247,7 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(dmat m, const int8_t *__rest
             __syncthreads();
             if (warp < nr) {
                 const int row = r0 + warp;
+#pragma unroll 8
                 for (int gi = 0; gi < gn; gi++) {
                     const int g = g0 + gi;
                     const float sc = m.s[(size_t)g * Np + n], bi = m.b[(size_t)g * Np + n];
@@ -218,6 +261,108 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(dmat m, const int8_t *__rest
             __syncthreads();
         }
         if (warp < nr && n < m.N) Y[(size_t)(r0 + warp) * ldy + n] = acc;
+    }
+}
+
+/* d += a · b for one m16n8k32 tile: a 16x32 int8 activations (row major fragment), b 32x8 weight codes
+ * (int8 for 4-bit codes, uint8 for 8-bit ones), d 16x8 int32. Integer arithmetic: exact. */
+template <int FMT>
+__device__ __forceinline__ void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    if (FMT == IB_WQ8)
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* The Q8 product of mm_q8_kernel for many rows, on the tensor cores: block tile 16 rows x 32 outputs.
+ * In each pass of GCH groups, warp w takes groups w, w+8, …: their integer sums come from mma.sync
+ * (s8 x s8/u8 -> s32, exact: the same isum as any order) into shared memory; then each thread
+ * continues the float chains of two (row, output) pairs over those groups in ascending order:
+ * acc = (acc + (s*d)*(float)isum) + b*ad — matmul.h's arithmetic, bit for bit. */
+template <int FMT>
+__global__ void __launch_bounds__(256) mm_q8_mma_kernel(dmat m, const int8_t *__restrict__ xq, const float *__restrict__ d,
+                                                        const float *__restrict__ ad, int R, float *__restrict__ Y,
+                                                        int ldy, int fused) {
+    __shared__ int isum_s[GCH][16][33];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
+    const int K = m.K, G = m.G, ng = m.ng, Np = m.Np;
+    const int r0 = blockIdx.y * 16, n0 = blockIdx.x * 32;
+    const int ra = r0 + gq, rb = r0 + gq + 8;
+    const bool oka = ra < R, okb = rb < R;
+    const int8_t *xa = xq + (size_t)(oka ? ra : 0) * K, *xb = xq + (size_t)(okb ? rb : 0) * K;
+    const unsigned *w = (const unsigned *)m.w;
+    const int ksteps = G / 32;
+    float acc[2] = {0.0f, 0.0f};   /* pairs p = tid, tid + 256: row r0 + p/32, output n0 + p%32 */
+    for (int g0 = 0; g0 < ng; g0 += GCH) {
+        const int gn = min(GCH, ng - g0);
+        for (int gi = warp; gi < gn; gi += NWARP) {
+            const int g = g0 + gi;
+            int is[4][4];
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) is[nt][e] = 0;
+#pragma unroll 4
+            for (int ks = 0; ks < ksteps; ks++) {
+                const int k0 = g * G + ks * 32;
+                unsigned a[4], b0[4], b1[4];
+                a[0] = oka ? *(const unsigned *)(xa + k0 + 4 * t) : 0u;
+                a[1] = okb ? *(const unsigned *)(xb + k0 + 4 * t) : 0u;
+                a[2] = oka ? *(const unsigned *)(xa + k0 + 16 + 4 * t) : 0u;
+                a[3] = okb ? *(const unsigned *)(xb + k0 + 16 + 4 * t) : 0u;
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    const int n = n0 + nt * 8 + gq;
+                    if (FMT == IB_WQ4) {
+                        /* chunk k0/32: word i holds k 8i..8i+7 (low nibbles the first 4) */
+                        const size_t base = ((size_t)(k0 >> 5) * Np + n) * 4;
+                        const unsigned w0 = w[base + (t >> 1)], w1 = w[base + 2 + (t >> 1)];
+                        b0[nt] = ((t & 1) ? w0 >> 4 : w0) & 0x0f0f0f0fu;
+                        b1[nt] = ((t & 1) ? w1 >> 4 : w1) & 0x0f0f0f0fu;
+                    } else {
+                        b0[nt] = w[((size_t)(k0 >> 4) * Np + n) * 4 + t];
+                        b1[nt] = w[((size_t)((k0 >> 4) + 1) * Np + n) * 4 + t];
+                    }
+                }
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) mma_k32<FMT>(is[nt], a, b0[nt], b1[nt]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) isum_s[gi][gq + (e >= 2 ? 8 : 0)][nt * 8 + 2 * t + (e & 1)] = is[nt][e];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int pp = 0; pp < 2; pp++) {
+            const int pr = threadIdx.x + pp * 256, rl = pr >> 5, cl = pr & 31, row = r0 + rl, n = n0 + cl;
+            if (row < R) {
+                float x = acc[pp];
+#pragma unroll 8
+                for (int gi = 0; gi < gn; gi++) {
+                    const int g = g0 + gi;
+                    const float sc = m.s[(size_t)g * Np + n], bi = m.b[(size_t)g * Np + n];
+                    const float dd = d[(size_t)row * ng + g], aa = ad[(size_t)row * ng + g];
+                    const float sd = sc * dd, u = bi * aa, fi = (float)isum_s[gi][rl][cl];
+                    if (fused) x = __fmaf_rn(sd, fi, x);
+                    else x = x + sd * fi;
+                    x = x + u;
+                }
+                acc[pp] = x;
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int pp = 0; pp < 2; pp++) {
+        const int pr = threadIdx.x + pp * 256, row = r0 + (pr >> 5), n = n0 + (pr & 31);
+        if (row < R && n < m.N) Y[(size_t)row * ldy + n] = acc[pp];
     }
 }
 
@@ -325,8 +470,10 @@ __global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, int 
         if (lane == 0)
             for (int i = n - 1; i >= 0; i--) a = a + xv[i] * xv[i];
     } else {
-        if (lane < 16)
+        if (lane < 16) {
+#pragma unroll 8
             for (int i = lane; i < n; i += 16) a = a + xv[i] * xv[i];
+        }
         for (int wd = 8; wd >= 1; wd >>= 1) {
             const float o = __shfl_down_sync(0xffffffffu, a, wd, 16);
             if (lane < wd) a = a + o;
@@ -413,32 +560,57 @@ __global__ void rope_store_kernel(float *Q, float *K, const float *__restrict__ 
     }
 }
 
-/* Element i of row `slot` of a cache plane (float or half) as float, exactly. */
-__device__ __forceinline__ float kv_at(const void *plane, int f16, size_t slot, int hd, int i) {
-    if (f16) return ib_f16_to_f32(((const uint16_t *)plane)[slot * hd + i]);
-    return ((const float *)plane)[slot * hd + i];
+/* A KV element as float, exactly (half by half.h's conversion). */
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(uint16_t h) { return ib_f16_to_f32(h); }
+
+/* Lane u (0..15) of ib_dot16(q, key): elements u, u+16, … in ascending order (q in shared memory). The
+ * loads of 8 elements are issued before their products. */
+template <typename T>
+__device__ __forceinline__ float dot16_lane(const float *q_s, const T *__restrict__ key, int hd, int u) {
+    float a = 0.0f;
+    for (int i0 = 0; i0 < hd; i0 += 128) {
+        float k[8];
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            const int i = i0 + u + 16 * t;
+            k[t] = i < hd ? to_f32(key[i]) : 0.0f;
+        }
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+            if (i0 + u + 16 * t < hd) a = a + q_s[i0 + u + 16 * t] * k[t];
+    }
+    return a;
 }
 
+/* Shared memory of an attention block. */
+struct att_smem {
+    float q[IB_ATTN_MAX_HD], out[IB_ATTN_MAX_HD];
+    float sc[ATT_CHUNK], pw[ATT_CHUNK], mk[ATT_CHUNK];
+    int slot[ATT_CHUNK];
+    int bt0[ATT_MAX_BLOCKS + 1];   /* chunk index of each key block's first key, then the chunk's size */
+    float c[ATT_MAX_BLOCKS];       /* each key block's rescale factor */
+    float l;
+};
+
 /* ATT[r][h] = attention of Q[r][h] over its session's kept keys at layer li; one block per (row,
- * query head). Positions are walked in ascending order in blocks cut at multiples of `block`: a full
- * session [0, pos]; a windowed one the sink range [0, min(sink, pos+1)) then the window range
- * [max(pos-window+1, that), pos] (ib_attend_heads / ib_attend_policy). Per block: scores in the
- * 16-lane order times scale; m' = max(m, block max) in key order; c = exp(m - m'); l = l*c then
- * l += p_j in key order; out = out*c then out += p_j * v_j in key order; finally out / l. */
-__global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
-                                                                const rowinfo *__restrict__ ri, int H, int KVH, int hd,
-                                                                int li, float scale, int block) {
-    __shared__ float q_s[IB_ATTN_MAX_HD], out_s[IB_ATTN_MAX_HD];
-    __shared__ float sc_s[ATT_MAX_BLOCK], pw_s[ATT_MAX_BLOCK];
-    __shared__ int slot_s[ATT_MAX_BLOCK];
-    __shared__ float c_s, m_s, l_s;
-    const int r = blockIdx.x / H, h = blockIdx.x % H, kvh = h / (H / KVH), tid = threadIdx.x;
-    const rowinfo info = ri[r];
-    for (int d = tid; d < hd; d += blockDim.x) q_s[d] = Q[((size_t)r * H + h) * hd + d], out_s[d] = 0.0f;
+ * query head), ATT_THREADS threads. The attended positions — a full session [0, pos]; a windowed one
+ * the sink range [0, min(sink, pos+1)) then the window range [max(pos-window+1, that), pos] — are cut
+ * into key blocks at multiples of `block` (ib_attend_heads / ib_attend_policy) and walked in chunks of
+ * whole key blocks (at most ATT_CHUNK keys). Per chunk: every key's score s_j = dot16(q, k_j) * scale
+ * in parallel (16 threads per key own ib_dot16's lanes and fold them 8, 4, 2, 1; a score does not
+ * depend on the softmax state); then, per key block in order, one thread: m' = max(m, block max) in key
+ * order, c = exp(m - m'); every key's p_j = exp(s_j - m') in parallel; one thread: l = l*c then
+ * l += p_j in key order; a thread per output element: out = out*c then out += p_j * v_j in key order;
+ * finally out / l. Exactly the reference's operations, in its order. T: float or half KV. */
+template <typename T>
+__device__ void attend_row_head(att_smem &sm, const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo &info,
+                                int r, int h, int H, int KVH, int hd, int li, float scale, int block) {
+    const int kvh = h / (H / KVH), tid = threadIdx.x, grp = tid >> 4, u = tid & 15, ngrp = blockDim.x >> 4;
+    for (int d = tid; d < hd; d += blockDim.x) sm.q[d] = Q[((size_t)r * H + h) * hd + d], sm.out[d] = 0.0f;
     const size_t plane = (size_t)info.cap * hd;
-    const size_t eb = info.f16 ? 2 : 4;
-    const char *kp = (const char *)info.kv + (((size_t)li * 2 + 0) * KVH + kvh) * plane * eb;
-    const char *vp = (const char *)info.kv + (((size_t)li * 2 + 1) * KVH + kvh) * plane * eb;
+    const T *kp = (const T *)info.kv + (((size_t)li * 2 + 0) * KVH + kvh) * plane;
+    const T *vp = (const T *)info.kv + (((size_t)li * 2 + 1) * KVH + kvh) * plane;
     const int p = info.pos;
     int S, lo;
     if (info.window <= 0) {
@@ -448,59 +620,112 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__r
         lo = p - info.window + 1;
         if (lo < S) lo = S;
     }
+    const int ra[2] = {0, lo}, rb[2] = {S, p + 1};
     float m = -INFINITY, l = 0.0f;   /* thread 0's running max and sum */
-    __syncthreads();
-    const int r0[2] = {0, lo}, r1[2] = {S, p + 1};
-    for (int rg = 0; rg < 2; rg++)
-        for (int b0 = r0[rg]; b0 < r1[rg];) {
+    int rg = 0, b0 = 0;              /* the next key block: range rg, position b0 (uniform over threads) */
+    while (rg < 2) {
+        /* the chunk: whole key blocks, positions pa.. for its first na keys, then pb.. (second range) */
+        int nc = 0, nbk = 0, na = -1, pa = 0, pb = 0;
+        while (rg < 2 && nbk < ATT_MAX_BLOCKS) {
+            if (b0 >= rb[rg]) {
+                if (++rg < 2) b0 = ra[rg];
+                continue;
+            }
             int end = (b0 / block + 1) * block;
-            if (end > r1[rg]) end = r1[rg];
-            const int nb = end - b0;
-            for (int j = tid; j < nb; j += blockDim.x) {
-                const int slot = slot_of(info, b0 + j);
-                slot_s[j] = slot;
-                float lane[16];
-#pragma unroll
-                for (int u = 0; u < 16; u++) lane[u] = 0.0f;
-                for (int i0 = 0; i0 < hd; i0 += 16)
-#pragma unroll
-                    for (int u = 0; u < 16; u++)
-                        if (i0 + u < hd) lane[u] = lane[u] + q_s[i0 + u] * kv_at(kp, info.f16, slot, hd, i0 + u);
-#pragma unroll
-                for (int w = 8; w >= 1; w >>= 1)
-#pragma unroll
-                    for (int u = 0; u < w; u++) lane[u] = lane[u] + lane[u + w];
-                sc_s[j] = lane[0] * scale;
-            }
-            __syncthreads();
-            if (tid == 0) {
-                float mb = -INFINITY;
-                for (int j = 0; j < nb; j++)
-                    if (sc_s[j] > mb) mb = sc_s[j];
-                const float m_new = mb > m ? mb : m;
-                c_s = ib_expf_lane(m - m_new);
-                m = m_new;
-                m_s = m_new;
-            }
-            __syncthreads();
-            for (int j = tid; j < nb; j += blockDim.x) pw_s[j] = ib_expf_lane(sc_s[j] - m_s);
-            __syncthreads();
-            if (tid == 0) {
-                l = l * c_s;
-                for (int j = 0; j < nb; j++) l = l + pw_s[j];
-            }
-            const float c = c_s;
-            for (int d = tid; d < hd; d += blockDim.x) {
-                float o = out_s[d] * c;
-                for (int j = 0; j < nb; j++) o = o + pw_s[j] * kv_at(vp, info.f16, slot_s[j], hd, d);
-                out_s[d] = o;
-            }
-            __syncthreads();
-            b0 = end;
+            if (end > rb[rg]) end = rb[rg];
+            if (nc + (end - b0) > ATT_CHUNK) break;
+            if (nbk == 0) pa = b0;
+            else if (na < 0 && rg == 1 && ra[1] == b0 && b0 != pa + nc) na = nc, pb = b0;
+            if (tid == 0) sm.bt0[nbk] = nc;
+            nbk++, nc += end - b0, b0 = end;
         }
-    if (tid == 0) l_s = l;
+        if (nc == 0) break;
+        if (na < 0) na = nc;
+        if (tid == 0) sm.bt0[nbk] = nc;
+        for (int j = tid; j < nc; j += blockDim.x) sm.slot[j] = slot_of(info, j < na ? pa + j : pb + (j - na));
+        __syncthreads();
+        /* scores: two keys per group per round, every group the same number of rounds */
+        for (int j0 = 0; j0 < nc; j0 += 4 * ngrp) {
+            float a[4];
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const int j = j0 + x * ngrp + grp;
+                a[x] = j < nc ? dot16_lane(sm.q, kp + (size_t)sm.slot[j] * hd, hd, u) : 0.0f;
+            }
+#pragma unroll
+            for (int w = 8; w >= 1; w >>= 1)
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    const float o = __shfl_down_sync(0xffffffffu, a[x], w, 16);
+                    if (u < w) a[x] = a[x] + o;
+                }
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const int j = j0 + x * ngrp + grp;
+                if (u == 0 && j < nc) sm.sc[j] = a[x] * scale;
+            }
+        }
+        __syncthreads();
+        if (tid == 0)
+            for (int k = 0; k < nbk; k++) {
+                float mb = -INFINITY;
+#pragma unroll 8
+                for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++)
+                    if (sm.sc[j] > mb) mb = sm.sc[j];
+                const float m_new = mb > m ? mb : m;
+                sm.c[k] = ib_expf_lane(m - m_new);
+                m = m_new;
+                for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++) sm.mk[j] = m_new;
+            }
+        __syncthreads();
+        for (int j = tid; j < nc; j += blockDim.x) sm.pw[j] = ib_expf_lane(sm.sc[j] - sm.mk[j]);
+        __syncthreads();
+        if (tid == 0)
+            for (int k = 0; k < nbk; k++) {
+                l = l * sm.c[k];
+#pragma unroll 8
+                for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++) l = l + sm.pw[j];
+            }
+        for (int d = tid; d < hd; d += blockDim.x) {
+            float o = sm.out[d];
+            for (int k = 0; k < nbk; k++) {
+                o = o * sm.c[k];
+                int j = sm.bt0[k];
+                const int je = sm.bt0[k + 1];
+                for (; j + 16 <= je; j += 16) {
+                    float v[16];
+#pragma unroll
+                    for (int t = 0; t < 16; t++) v[t] = to_f32(vp[(size_t)sm.slot[j + t] * hd + d]);
+#pragma unroll
+                    for (int t = 0; t < 16; t++) o = o + sm.pw[j + t] * v[t];
+                }
+                for (; j + 4 <= je; j += 4) {
+                    float v[4];
+#pragma unroll
+                    for (int t = 0; t < 4; t++) v[t] = to_f32(vp[(size_t)sm.slot[j + t] * hd + d]);
+#pragma unroll
+                    for (int t = 0; t < 4; t++) o = o + sm.pw[j + t] * v[t];
+                }
+                for (; j < je; j++) o = o + sm.pw[j] * to_f32(vp[(size_t)sm.slot[j] * hd + d]);
+            }
+            sm.out[d] = o;
+        }
+        __syncthreads();
+    }
+    if (tid == 0) sm.l = l;
     __syncthreads();
-    for (int d = tid; d < hd; d += blockDim.x) ATT[((size_t)r * H + h) * hd + d] = out_s[d] / l_s;
+    for (int d = tid; d < hd; d += blockDim.x) ATT[((size_t)r * H + h) * hd + d] = sm.out[d] / sm.l;
+}
+
+/* One block per (row, query head): attend_row_head for the row's KV dtype. */
+__global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
+                                                                const rowinfo *__restrict__ ri, int H, int KVH, int hd,
+                                                                int li, float scale, int block) {
+    __shared__ att_smem sm;
+    const int r = blockIdx.x / H, h = blockIdx.x % H;
+    const rowinfo info = ri[r];
+    if (info.f16) attend_row_head<uint16_t>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block);
+    else attend_row_head<float>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block);
 }
 
 /* ---------------------------------------------------------------- availability */
@@ -618,6 +843,9 @@ static void cuda_destroy(ib_backend *base) {
     cuda_backend *b = (cuda_backend *)base;
     if (!b) return;
     if (b->st) cudaStreamSynchronize(b->st);
+    drop_graphs(b);
+    free(b->gc), free(b->rec);
+    cudaFreeHost(b->h_logits);
     for (int i = 0; i < b->n_alloc; i++) cudaFree(b->alloc_list[i]);
     cudaFreeHost(b->h_tok), cudaFreeHost(b->h_lrow), cudaFreeHost(b->h_pos), cudaFreeHost(b->h_ri);
     cudaFreeHost(b->h_cs);
@@ -645,6 +873,14 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
     b->eps = (float)c->rms_eps;
     b->scale = 1.0f / sqrtf((float)c->head_dim);
     b->theta = c->rope_theta;
+    b->pool = cfg->pool;
+    {
+        const char *g = getenv("IB_CUDA_GRAPHS");   /* "0": run every step op by op (for comparisons) */
+        b->use_graphs = !(g && !strcmp(g, "0"));
+        /* rows from which Q8 products use the tensor cores (tests set it to compare both kernels) */
+        const char *t = getenv("IB_CUDA_MMA_ROWS");
+        b->mma_rows = t && atoi(t) > 0 ? atoi(t) : MMA_MIN_ROWS;
+    }
     int Kmax = b->D > b->F ? b->D : b->F;
     if (b->H * b->hd > Kmax) Kmax = b->H * b->hd;
     b->Kmax = Kmax;
@@ -656,7 +892,8 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
     }
     b->mats = (dmat *)calloc((size_t)L * IB_W_COUNT, sizeof(dmat));
     b->lout = (float **)calloc((size_t)Rm, sizeof(float *));
-    if (!b->mats || !b->lout) {
+    b->gc = (gcache *)calloc(NGRAPH, sizeof(gcache));
+    if (!b->mats || !b->lout || !b->gc) {
         rc = ib_fail(err, IB_ERR_NOMEM, "cuda: out of host memory");
         goto fail;
     }
@@ -769,12 +1006,54 @@ static void cuda_kv_copy(ib_kv *dst, const ib_kv *src, int n_slots) {
                  cudaMemcpyDeviceToDevice);
 }
 
+extern "C" void ib_cuda_profile(int on) {
+    if (on) cudaProfilerStart();
+    else cudaProfilerStop();
+}
+
 extern "C" int ib_cuda_kv_read(const void *kv, void *dst, size_t bytes) {
     const cuda_kv *k = (const cuda_kv *)kv;
     return cudaMemcpy(dst, k->dev, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
 }
 
 /* ---------------------------------------------------------------- the step */
+
+/* Make room for n logits rows in the pinned host buffer; a new buffer invalidates the cached graphs
+ * (they copy into the old one). */
+static int ensure_host_logits(cuda_backend *b, int n) {
+    if (n <= b->h_logits_rows) return 0;
+    int rows = b->h_logits_rows ? b->h_logits_rows : 16;
+    while (rows < n) rows *= 2;
+    if (rows > b->R_max) rows = b->R_max;
+    float *p = NULL;
+    if (cudaMallocHost((void **)&p, (size_t)rows * b->V * sizeof(float)) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    drop_graphs(b);
+    cudaFreeHost(b->h_logits);
+    b->h_logits = p, b->h_logits_rows = rows;
+    return 0;
+}
+
+/* Append one op to the step's record. */
+static void push(cuda_backend *b, int op, int a0 = 0, int a1 = 0, int a2 = 0, int a3 = 0, int a4 = 0, int a5 = 0,
+                 int a6 = 0, int a7 = 0, int a8 = 0, int a9 = 0) {
+    if (b->nrec == b->caprec) {
+        int cap = b->caprec ? 2 * b->caprec : 512;
+        oprec *r = (oprec *)realloc(b->rec, (size_t)cap * sizeof(oprec));
+        if (!r) {
+            note(b, cudaErrorMemoryAllocation, "recording the step");
+            return;
+        }
+        b->rec = r, b->caprec = cap;
+    }
+    oprec *r = &b->rec[b->nrec++];
+    memset(r, 0, sizeof *r);
+    r->op = op;
+    const int a[REC_ARGS] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9};
+    memcpy(r->a, a, sizeof a);
+}
 
 static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_error *err) {
     cuda_backend *b = (cuda_backend *)base;
@@ -785,7 +1064,11 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
     cudaStreamSynchronize(b->st);
     b->err = cudaSuccess;
     b->err_where = NULL;
+    b->nrec = 0;
+    if (ensure_host_logits(b, d->n_logits))
+        return ib_fail(err, IB_ERR_NOMEM, "cuda: pinned host memory for %d logits rows", d->n_logits);
     b->R = d->R, b->n_items = d->n_items, b->n_logits = d->n_logits, b->attn_block = d->attn_block;
+    b->fault = ib_fault_get();
     for (int r = 0; r < d->R; r++) {
         const cuda_kv *kv = (const cuda_kv *)d->kv[d->row_item[r]];
         if (kv->pub.kind != IB_BACKEND_CUDA)
@@ -800,51 +1083,60 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
     }
     for (int j = 0; j < d->n_logits; j++) b->h_lrow[j] = d->logit_row[j], b->lout[j] = d->logits_out[j];
     ib_rope_table(b->h_pos, d->R, b->hd, b->theta, b->h_cs);
-    note(b, cudaMemcpyAsync(b->d_tok, b->h_tok, (size_t)d->R * 4, cudaMemcpyHostToDevice, b->st), "step_begin");
-    note(b, cudaMemcpyAsync(b->d_ri, b->h_ri, (size_t)d->R * sizeof(rowinfo), cudaMemcpyHostToDevice, b->st), "step_begin");
-    note(b, cudaMemcpyAsync(b->d_cs, b->h_cs, (size_t)d->R * b->hd * sizeof(float), cudaMemcpyHostToDevice, b->st),
-         "step_begin");
-    if (d->n_logits > 0)
-        note(b, cudaMemcpyAsync(b->d_lrow, b->h_lrow, (size_t)d->n_logits * 4, cudaMemcpyHostToDevice, b->st),
-             "step_begin");
-    if (b->err) return ib_fail(err, IB_ERR_STATE, "cuda: step_begin: %s", cudaGetErrorString(b->err));
+    push(b, OP_UPLOAD);
     return IB_OK;
 }
 
 static unsigned blocks_for(size_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
-static void cuda_embed(ib_backend *base) {
-    cuda_backend *b = (cuda_backend *)base;
+/* The step's rows from the pinned staging to the device. */
+static void launch_upload(cuda_backend *b) {
+    note(b, cudaMemcpyAsync(b->d_tok, b->h_tok, (size_t)b->R * 4, cudaMemcpyHostToDevice, b->st), "upload");
+    note(b, cudaMemcpyAsync(b->d_ri, b->h_ri, (size_t)b->R * sizeof(rowinfo), cudaMemcpyHostToDevice, b->st), "upload");
+    note(b, cudaMemcpyAsync(b->d_cs, b->h_cs, (size_t)b->R * b->hd * sizeof(float), cudaMemcpyHostToDevice, b->st),
+         "upload");
+    if (b->n_logits > 0)
+        note(b, cudaMemcpyAsync(b->d_lrow, b->h_lrow, (size_t)b->n_logits * 4, cudaMemcpyHostToDevice, b->st), "upload");
+}
+
+static void launch_embed(cuda_backend *b) {
     const size_t n = (size_t)b->R * b->D;
     embed_kernel<<<blocks_for(n, 256), 256, 0, b->st>>>(b->embed, b->d_tok, b->R, b->buf[IB_BUF_X]);
     LAUNCHED(b, "embed");
 }
 
-/* nvec vectors of n floats normed with weights w (device), in -> out. */
+/* nvec vectors of n floats normed with weights w (device), in -> out. rows: a row norm (the row-order
+ * fault applies), not a head norm. */
 static void launch_rmsnorm(cuda_backend *b, const float *in, const float *w, int nvec, int n, float *out, int rows) {
-    const int reverse_odd = rows && ib_fault_get() == IB_FAULT_ROW_ORDER;
+    const int reverse_odd = rows && b->fault == IB_FAULT_ROW_ORDER;
     rmsnorm_kernel<<<blocks_for((size_t)nvec * 32, 256), 256, 0, b->st>>>(in, w, nvec, n, b->eps, out, reverse_odd);
     LAUNCHED(b, "rmsnorm");
 }
 
-static const float *norm_weights(cuda_backend *b, ib_nsel n, int li) {
+static const float *norm_weights(cuda_backend *b, int n, int li) {
     if (n == IB_N_FINAL) return b->norms + (size_t)b->L * 2 * b->D;
     return b->norms + ((size_t)li * 2 + (n == IB_N_MLP)) * b->D;
 }
 
-static void cuda_rmsnorm(ib_backend *base, ib_buf in, ib_nsel n, int li, ib_buf out) {
-    cuda_backend *b = (cuda_backend *)base;
-    launch_rmsnorm(b, b->buf[in], norm_weights(b, n, li), b->R, b->D, b->buf[out], 1);
-}
-
-/* Y [R][N] = X [R][K] · W^T for one device matrix, with X already quantized into b->xq/qd/qad when q8. */
+/* Y [R][N] = X [R][K] · W^T for one device matrix, with X already quantized into b->xq/qd/qad when q8.
+ * The Q8 kernel's rows per block grow with the work (about 4 blocks per multiprocessor), which changes
+ * which block computes a row, never how. */
 static void launch_product(cuda_backend *b, const dmat *m, const float *X, int R, int q8, float *Y) {
-    const int fused = ib_fault_get() == IB_FAULT_GPU_FMA;
+    const int fused = b->fault == IB_FAULT_GPU_FMA;
     const unsigned gx = (unsigned)(m->Np / NT);
-    if (q8 && m->fmt != IB_WF32) {
-        dim3 grid(gx, blocks_for((size_t)R, ROWS_PER_BLOCK));
-        if (m->fmt == IB_WQ4) mm_q8_kernel<IB_WQ4><<<grid, 256, 0, b->st>>>(*m, b->xq, b->qd, b->qad, R, Y, m->N, fused);
-        else mm_q8_kernel<IB_WQ8><<<grid, 256, 0, b->st>>>(*m, b->xq, b->qd, b->qad, R, Y, m->N, fused);
+    if (q8 && m->fmt != IB_WF32 && R >= b->mma_rows) {
+        dim3 grid(gx, blocks_for((size_t)R, 16));
+        if (m->fmt == IB_WQ4)
+            mm_q8_mma_kernel<IB_WQ4><<<grid, 256, 0, b->st>>>(*m, b->xq, b->qd, b->qad, R, Y, m->N, fused);
+        else mm_q8_mma_kernel<IB_WQ8><<<grid, 256, 0, b->st>>>(*m, b->xq, b->qd, b->qad, R, Y, m->N, fused);
+    } else if (q8 && m->fmt != IB_WF32) {
+        long passes = ((long)(R + RB - 1) / RB) * (long)gx / 528;
+        passes = passes < 1 ? 1 : passes > MAX_PASSES ? MAX_PASSES : passes;
+        const int rpb = (int)passes * RB;
+        dim3 grid(gx, blocks_for((size_t)R, rpb));
+        if (m->fmt == IB_WQ4)
+            mm_q8_kernel<IB_WQ4><<<grid, 256, 0, b->st>>>(*m, b->xq, b->qd, b->qad, R, rpb, Y, m->N, fused);
+        else mm_q8_kernel<IB_WQ8><<<grid, 256, 0, b->st>>>(*m, b->xq, b->qd, b->qad, R, rpb, Y, m->N, fused);
     } else {
         dim3 grid(gx, blocks_for((size_t)R, NWARP));
         if (m->fmt == IB_WQ4) mm_f32_kernel<IB_WQ4><<<grid, 256, 0, b->st>>>(*m, X, R, Y, m->N, fused);
@@ -861,8 +1153,9 @@ static void launch_quantize(cuda_backend *b, const float *X, int R, int K, int G
     LAUNCHED(b, "quantize");
 }
 
-static void cuda_linear(ib_backend *base, int li, int n, const ib_wsel *ws, ib_buf in, const ib_buf *outs) {
-    cuda_backend *b = (cuda_backend *)base;
+/* outs[i] = in · W_i^T for the n matrices ws[i] of layer li; Q8 quantizes `in` once, with the group of
+ * the first quantized matrix (as step.c's linear_many). */
+static void launch_linear(cuda_backend *b, int li, int n, const int *ws, int in, const int *outs) {
     const dmat *ms[IB_W_COUNT];
     int q8 = 0;
     for (int i = 0; i < n; i++) ms[i] = &b->mats[(size_t)li * IB_W_COUNT + ws[i]];
@@ -876,8 +1169,7 @@ static void cuda_linear(ib_backend *base, int li, int n, const ib_wsel *ws, ib_b
     for (int i = 0; i < n; i++) launch_product(b, ms[i], b->buf[in], b->R, q8, b->buf[outs[i]]);
 }
 
-static void cuda_qk_prepare(ib_backend *base, int li, int phases) {
-    cuda_backend *b = (cuda_backend *)base;
+static void launch_qk(cuda_backend *b, int li, int phases) {
     const int R = b->R, H = b->H, KVH = b->KVH, hd = b->hd;
     if ((phases & IB_QK_NORM) && b->has_qk_norm) {
         const float *qn = b->norms + (size_t)b->L * 2 * b->D + b->D + (size_t)li * 2 * hd;
@@ -886,36 +1178,21 @@ static void cuda_qk_prepare(ib_backend *base, int li, int phases) {
     }
     if (phases & IB_QK_ROPE_STORE) {
         /* the test-only rope-skip-rows fault, as ib_rope_step_rows applies it */
-        const int skip = ib_fault_get() == IB_FAULT_ROPE_SKIP_ROWS && b->n_items > 1 && b->n_items == R;
+        const int skip = b->fault == IB_FAULT_ROPE_SKIP_ROWS && b->n_items > 1 && b->n_items == R;
         rope_store_kernel<<<R, 128, 0, b->st>>>(b->buf[IB_BUF_Q], b->buf[IB_BUF_K], b->buf[IB_BUF_V], b->d_cs, b->d_ri, H,
                                                 KVH, hd, li, skip ? 1 : R, 1);
         LAUNCHED(b, "rope_store");
     }
 }
 
-static void cuda_attention(ib_backend *base, int li) {
-    cuda_backend *b = (cuda_backend *)base;
+static void launch_attention(cuda_backend *b, int li) {
     attention_kernel<<<b->R * b->H, ATT_THREADS, 0, b->st>>>(b->buf[IB_BUF_Q], b->buf[IB_BUF_ATT], b->d_ri, b->H, b->KVH,
                                                              b->hd, li, b->scale, b->attn_block);
     LAUNCHED(b, "attention");
 }
 
-static void cuda_swiglu(ib_backend *base) {
-    cuda_backend *b = (cuda_backend *)base;
-    const size_t n = (size_t)b->R * b->F;
-    swiglu_kernel<<<blocks_for(n, 256), 256, 0, b->st>>>(b->buf[IB_BUF_G], b->buf[IB_BUF_U], n);
-    LAUNCHED(b, "swiglu");
-}
-
-static void cuda_add(ib_backend *base, ib_buf x, ib_buf y) {
-    cuda_backend *b = (cuda_backend *)base;
-    const size_t n = (size_t)b->R * b->D;
-    add_kernel<<<blocks_for(n, 256), 256, 0, b->st>>>(b->buf[x], b->buf[y], n);
-    LAUNCHED(b, "add");
-}
-
-static void cuda_logits(ib_backend *base) {
-    cuda_backend *b = (cuda_backend *)base;
+/* Final norm of the wanted rows, lm_head in chunks, logits into the pinned host buffer. */
+static void launch_logits(cuda_backend *b) {
     const int nl = b->n_logits, D = b->D, V = b->V;
     if (nl < 1) return;
     gather_kernel<<<blocks_for((size_t)nl * D, 256), 256, 0, b->st>>>(b->buf[IB_BUF_X], b->d_lrow, nl, D, b->last);
@@ -928,18 +1205,161 @@ static void cuda_logits(ib_backend *base) {
         const int q8 = b->act == IB_ACT_Q8 && lm->fmt != IB_WF32;
         if (q8) launch_quantize(b, X, n, lm->K, lm->G);
         launch_product(b, lm, X, n, q8, b->logits);
-        for (int j = 0; j < n; j++)
-            note(b, cudaMemcpyAsync(b->lout[j0 + j], b->logits + (size_t)j * V, (size_t)V * sizeof(float),
-                                    cudaMemcpyDeviceToHost, b->st),
-                 "logits copy");
+        note(b, cudaMemcpyAsync(b->h_logits + (size_t)j0 * V, b->logits, (size_t)n * V * sizeof(float),
+                                cudaMemcpyDeviceToHost, b->st),
+             "logits copy");
     }
+}
+
+/* Enqueue one recorded op. */
+static void exec_rec(cuda_backend *b, const oprec *r) {
+    const int *a = r->a;
+    switch (r->op) {
+    case OP_UPLOAD: launch_upload(b); break;
+    case OP_EMBED: launch_embed(b); break;
+    case OP_RMSNORM: launch_rmsnorm(b, b->buf[a[0]], norm_weights(b, a[1], a[2]), b->R, b->D, b->buf[a[3]], 1); break;
+    case OP_LINEAR: launch_linear(b, a[0], a[1], a + 2, a[5], a + 6); break;
+    case OP_QK: launch_qk(b, a[0], a[1]); break;
+    case OP_ATTN: launch_attention(b, a[0]); break;
+    case OP_SWIGLU: {
+        const size_t n = (size_t)b->R * b->F;
+        swiglu_kernel<<<blocks_for(n, 256), 256, 0, b->st>>>(b->buf[IB_BUF_G], b->buf[IB_BUF_U], n);
+        LAUNCHED(b, "swiglu");
+        break;
+    }
+    case OP_ADD: {
+        const size_t n = (size_t)b->R * b->D;
+        add_kernel<<<blocks_for(n, 256), 256, 0, b->st>>>(b->buf[a[0]], b->buf[a[1]], n);
+        LAUNCHED(b, "add");
+        break;
+    }
+    case OP_LOGITS: launch_logits(b); break;
+    }
+}
+
+/* Enqueue the ops recorded so far, one by one, and forget them. */
+static void flush_direct(cuda_backend *b) {
+    for (int i = 0; i < b->nrec; i++) exec_rec(b, &b->rec[i]);
+    b->nrec = 0;
+}
+
+static void drop_entry(gcache *e) {
+    if (e->x) cudaGraphExecDestroy(e->x);
+    if (e->g) cudaGraphDestroy(e->g);
+    free(e->rec);
+    memset(e, 0, sizeof *e);
+}
+
+static void drop_graphs(cuda_backend *b) {
+    for (int i = 0; b->gc && i < NGRAPH; i++) drop_entry(&b->gc[i]);
+}
+
+/* Enqueue the step's recorded ops: as the cached graph of this exact shape and op sequence when it
+ * has one; captured into one when the shape comes the second time; else one by one. A graph runs the
+ * same kernels with the same arguments as the direct path (every per-step datum is read from device
+ * buffers at fixed addresses), so it changes no bit. */
+static void flush_step(cuda_backend *b) {
+    if (!b->use_graphs || !b->gc || b->nrec == 0) {
+        flush_direct(b);
+        return;
+    }
+    gcache *e = NULL, *free_e = NULL, *old = NULL;
+    for (int i = 0; i < NGRAPH; i++) {
+        gcache *c = &b->gc[i];
+        if (!c->rec) {
+            if (!free_e) free_e = c;
+            continue;
+        }
+        if (!old || c->used < old->used) old = c;
+        if (c->R == b->R && c->n_items == b->n_items && c->n_logits == b->n_logits && c->attn_block == b->attn_block &&
+            c->fault == b->fault && c->nrec == b->nrec && !memcmp(c->rec, b->rec, (size_t)b->nrec * sizeof(oprec)))
+            e = c;
+    }
+    if (!e) {
+        /* first sight: remember the shape, run directly */
+        gcache *c = free_e ? free_e : old;
+        drop_entry(c);
+        c->rec = (oprec *)malloc((size_t)b->nrec * sizeof(oprec));
+        if (c->rec) {
+            memcpy(c->rec, b->rec, (size_t)b->nrec * sizeof(oprec));
+            c->R = b->R, c->n_items = b->n_items, c->n_logits = b->n_logits, c->attn_block = b->attn_block;
+            c->fault = b->fault, c->nrec = b->nrec, c->used = ++b->tick;
+        }
+        flush_direct(b);
+        return;
+    }
+    e->used = ++b->tick;
+    if (!e->x && !e->nograph) {
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t x = NULL;
+        if (cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+            for (int i = 0; i < b->nrec; i++) exec_rec(b, &b->rec[i]);
+            if (cudaStreamEndCapture(b->st, &g) == cudaSuccess && g &&
+                cudaGraphInstantiate(&x, g, 0) == cudaSuccess) {
+                e->g = g, e->x = x;
+            } else {
+                if (g) cudaGraphDestroy(g);
+                e->nograph = 1;
+            }
+        } else {
+            e->nograph = 1;
+        }
+        if (e->nograph) {
+            /* capture failed: what it swallowed never ran; run the step directly */
+            cudaGetLastError();
+            b->err = cudaSuccess;
+            flush_direct(b);
+            return;
+        }
+    }
+    if (e->x) {
+        note(b, cudaGraphLaunch(e->x, b->st), "graph launch");
+        b->nrec = 0;
+    } else {
+        flush_direct(b);
+    }
+}
+
+static void cuda_embed(ib_backend *base) { push((cuda_backend *)base, OP_EMBED); }
+
+static void cuda_rmsnorm(ib_backend *base, ib_buf in, ib_nsel n, int li, ib_buf out) {
+    push((cuda_backend *)base, OP_RMSNORM, in, n, li, out);
+}
+
+static void cuda_linear(ib_backend *base, int li, int n, const ib_wsel *ws, ib_buf in, const ib_buf *outs) {
+    int w[3] = {0, 0, 0}, o[3] = {0, 0, 0};
+    for (int i = 0; i < n && i < 3; i++) w[i] = ws[i], o[i] = outs[i];
+    push((cuda_backend *)base, OP_LINEAR, li, n < 3 ? n : 3, w[0], w[1], w[2], in, o[0], o[1], o[2]);
+}
+
+static void cuda_qk_prepare(ib_backend *base, int li, int phases) { push((cuda_backend *)base, OP_QK, li, phases); }
+
+static void cuda_attention(ib_backend *base, int li) { push((cuda_backend *)base, OP_ATTN, li); }
+
+static void cuda_swiglu(ib_backend *base) { push((cuda_backend *)base, OP_SWIGLU); }
+
+static void cuda_add(ib_backend *base, ib_buf x, ib_buf y) { push((cuda_backend *)base, OP_ADD, x, y); }
+
+static void cuda_logits(ib_backend *base) { push((cuda_backend *)base, OP_LOGITS); }
+
+typedef struct copy_job {
+    cuda_backend *b;
+} copy_job;
+
+/* Pool task: logits row j from the pinned buffer into its host buffer. */
+static void copy_task(void *ctx, int j, int thread) {
+    cuda_backend *b = ((copy_job *)ctx)->b;
+    memcpy(b->lout[j], b->h_logits + (size_t)j * b->V, (size_t)b->V * sizeof(float));
 }
 
 static ib_status cuda_step_end(ib_backend *base, ib_error *err) {
     cuda_backend *b = (cuda_backend *)base;
+    flush_step(b);
     note(b, cudaStreamSynchronize(b->st), "step_end");
     if (b->err != cudaSuccess)
         return ib_fail(err, IB_ERR_STATE, "cuda: %s: %s", b->err_where ? b->err_where : "step", cudaGetErrorString(b->err));
+    copy_job j = {b};
+    ib_pool_run(b->n_logits >= 4 ? b->pool : NULL, b->n_logits, copy_task, &j);
     return IB_OK;
 }
 
@@ -957,6 +1377,7 @@ static const float *cuda_read_rows(ib_backend *base, ib_buf buf, int R, int widt
     cuda_backend *b = (cuda_backend *)base;
     float *h = host_rows(b, (size_t)R * width);
     if (!h) return NULL;
+    flush_direct(b);
     note(b, cudaStreamSynchronize(b->st), "read_rows");
     note(b, cudaMemcpy(h, b->buf[buf], (size_t)R * width * sizeof(float), cudaMemcpyDeviceToHost), "read_rows");
     return h;
@@ -965,15 +1386,14 @@ static const float *cuda_read_rows(ib_backend *base, ib_buf buf, int R, int widt
 static const float *cuda_read_final(ib_backend *base, int logits) {
     cuda_backend *b = (cuda_backend *)base;
     const int nl = b->n_logits;
+    flush_direct(b);
     note(b, cudaStreamSynchronize(b->st), "read_final");
     if (!logits) {
         float *h = host_rows(b, (size_t)nl * b->D + 1);
         if (h) note(b, cudaMemcpy(h, b->last, (size_t)nl * b->D * sizeof(float), cudaMemcpyDeviceToHost), "read_final");
         return h;
     }
-    float *h = host_rows(b, (size_t)nl * b->V + 1);
-    for (int j = 0; h && j < nl; j++) memcpy(h + (size_t)j * b->V, b->lout[j], (size_t)b->V * sizeof(float));
-    return h;
+    return b->h_logits;
 }
 
 extern "C" const ib_backend_ops ib_backend_cuda = {
