@@ -40,6 +40,13 @@ int main(void) {
             if (memcmp(&a, &row[h], 4)) rbad++;
         }
         CHECK(rbad == 0, "ib_f16_to_f32_row differs from ib_f16_to_f32 at %d inputs", rbad);
+        /* its one-value form (the CUDA backend reads half KV with it) too */
+        int lbad = 0;
+        for (uint32_t h = 0; h < 65536; h++) {
+            float a = ib_f16_to_f32((uint16_t)h), b = ib_f16_to_f32_lane((uint16_t)h);
+            if (memcmp(&a, &b, 4)) lbad++;
+        }
+        CHECK(lbad == 0, "ib_f16_to_f32_lane differs from ib_f16_to_f32 at %d inputs", lbad);
         /* the dispatched conversion (F16C where the CPU has it) too, odd lengths and offsets
          * included; a signaling NaN may come back quieted, with its sign */
         for (int off = 0; off < 3; off++) {

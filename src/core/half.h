@@ -41,6 +41,15 @@ static inline void ib_f16_to_f32_row(const uint16_t *h, float *f, int n) {
     }
 }
 
+/* One value of ib_f16_to_f32_row (the same operations): equal to ib_f16_to_f32 for every input, with
+ * no branch, so a GPU thread can issue many loads before converting them (the CUDA backend's half KV). */
+IB_HD static inline float ib_f16_to_f32_lane(uint16_t h) {
+    uint32_t em = h & 0x7fffu;
+    uint32_t r = ib_f32_to_bits(ib_bits_to_f32(em << 13) * 0x1p112f);
+    r = em >= 0x7c00u ? 0x7f800000u | ((em & 0x3ffu) << 13) : r;
+    return ib_bits_to_f32(r | ((uint32_t)(h & 0x8000u) << 16));
+}
+
 /* float16 -> float32 for n values with the fastest exact conversion this CPU has (half.c): equal to
  * ib_f16_to_f32 on every input but signaling NaNs, which may come back quieted. */
 void ib_f16_to_f32_rows(const uint16_t *h, float *f, int n);

@@ -456,32 +456,40 @@ __global__ void quantize_kernel(const float *__restrict__ X, int R, int K, int G
 
 /* ---------------------------------------------------------------- kernels: elementwise and norms */
 
-/* RMSNorm of nvec vectors of n floats (x, y [nvec][n], may alias; weights w [n]), one warp each:
- * lanes 0..15 own ib_dot16's lanes, folded 8, 4, 2, 1; then y = (x * (1/sqrt(ss/n + eps))) * w.
- * reverse_odd: the test-only row-order fault (odd vectors sum their squares in reverse, serially). */
+/* RMSNorm of nvec vectors of n floats (x, y [nvec][n], may alias; weights w [n]), one block per vector:
+ * the vector is staged in shared memory (n floats of dynamic shared memory), threads 0..15 own
+ * ib_dot16's lanes (lane j sums elements j, j+16, … in order) and fold 8, 4, 2, 1; then
+ * y = (x * (1/sqrt(ss/n + eps))) * w. reverse_odd: the test-only row-order fault (odd vectors sum
+ * their squares in reverse, serially). */
 __global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, int nvec, int n, float eps, float *y,
                                int reverse_odd) {
-    const int v = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
-    if (v >= nvec) return;
+    extern __shared__ float xs[];
+    __shared__ float r_s;
+    const int v = blockIdx.x, tid = threadIdx.x;
     const float *xv = x + (size_t)v * n;
     float *yv = y + (size_t)v * n;
-    float a = 0.0f;
-    if (reverse_odd && (v & 1)) {
-        if (lane == 0)
-            for (int i = n - 1; i >= 0; i--) a = a + xv[i] * xv[i];
-    } else {
-        if (lane < 16) {
+    for (int i = tid; i < n; i += blockDim.x) xs[i] = xv[i];
+    __syncthreads();
+    if (tid < 32) {
+        float a = 0.0f;
+        if (reverse_odd && (v & 1)) {
+            if (tid == 0)
+                for (int i = n - 1; i >= 0; i--) a = a + xs[i] * xs[i];
+        } else {
+            if (tid < 16) {
 #pragma unroll 8
-            for (int i = lane; i < n; i += 16) a = a + xv[i] * xv[i];
+                for (int i = tid; i < n; i += 16) a = a + xs[i] * xs[i];
+            }
+            for (int wd = 8; wd >= 1; wd >>= 1) {
+                const float o = __shfl_down_sync(0xffffffffu, a, wd, 16);
+                if (tid < wd) a = a + o;
+            }
         }
-        for (int wd = 8; wd >= 1; wd >>= 1) {
-            const float o = __shfl_down_sync(0xffffffffu, a, wd, 16);
-            if (lane < wd) a = a + o;
-        }
+        if (tid == 0) r_s = 1.0f / sqrtf(a / (float)n + eps);
     }
-    const float ss = __shfl_sync(0xffffffffu, a, 0);
-    const float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = lane; i < n; i += 32) yv[i] = (xv[i] * r) * w[i];
+    __syncthreads();
+    const float r = r_s;
+    for (int i = tid; i < n; i += blockDim.x) yv[i] = (xs[i] * r) * w[i];
 }
 
 /* X[r] = embedding row tok[r] (ib_matrix_row_f32's formula). X [R][D]. */
@@ -532,37 +540,61 @@ __global__ void rope_store_kernel(float *Q, float *K, const float *__restrict__ 
     const int r = blockIdx.x, half = hd / 2;
     if (r < rope_rows) {
         const float *t = cs + (size_t)r * half * 2;
-        for (int e = threadIdx.x; e < (H + KVH) * half; e += blockDim.x) {
-            const int h = e / half, i = e % half;
-            float *v = h < H ? Q + ((size_t)r * H + h) * hd : K + ((size_t)r * KVH + (h - H)) * hd;
-            const float c = t[2 * i], s = t[2 * i + 1];
-            const float a = v[i], b = v[i + half];
-            v[i] = a * c - b * s;
-            v[i + half] = b * c + a * s;
+        const int np = (H + KVH) * half;
+        for (int e0 = threadIdx.x; e0 < np; e0 += 4 * blockDim.x) {
+            /* four pairs' loads first, then their rotations (a pair is read and written by one thread) */
+            float a[4], b[4], c[4], s[4];
+            float *v[4];
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const int e = e0 + x * blockDim.x;
+                v[x] = NULL;
+                if (e < np) {
+                    const int h = e / half, i = e % half;
+                    v[x] = (h < H ? Q + ((size_t)r * H + h) * hd : K + ((size_t)r * KVH + (h - H)) * hd) + i;
+                    c[x] = t[2 * i], s[x] = t[2 * i + 1], a[x] = v[x][0], b[x] = v[x][half];
+                }
+            }
+#pragma unroll
+            for (int x = 0; x < 4; x++)
+                if (v[x]) {
+                    v[x][0] = a[x] * c[x] - b[x] * s[x];
+                    v[x][half] = b[x] * c[x] + a[x] * s[x];
+                }
         }
     }
     if (!store) return;
     __syncthreads();
     const rowinfo info = ri[r];
     const size_t plane = (size_t)info.cap * hd, slot = (size_t)slot_of(info, info.pos);
-    for (int e = threadIdx.x; e < KVH * hd; e += blockDim.x) {
-        const int h = e / hd, i = e % hd;
-        const size_t ko = (((size_t)li * 2 + 0) * KVH + h) * plane + slot * hd + i;
-        const size_t vo = (((size_t)li * 2 + 1) * KVH + h) * plane + slot * hd + i;
-        const float kx = K[(size_t)r * KVH * hd + e], vx = V[(size_t)r * KVH * hd + e];
-        if (info.f16) {
-            ((uint16_t *)info.kv)[ko] = ib_f32_to_f16(kx);
-            ((uint16_t *)info.kv)[vo] = ib_f32_to_f16(vx);
-        } else {
-            ((float *)info.kv)[ko] = kx;
-            ((float *)info.kv)[vo] = vx;
+    for (int e0 = threadIdx.x; e0 < KVH * hd; e0 += 4 * blockDim.x) {
+        float kx[4], vx[4];
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const int e = e0 + x * blockDim.x;
+            if (e < KVH * hd) kx[x] = K[(size_t)r * KVH * hd + e], vx[x] = V[(size_t)r * KVH * hd + e];
+        }
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const int e = e0 + x * blockDim.x;
+            if (e >= KVH * hd) break;
+            const int h = e / hd, i = e % hd;
+            const size_t ko = (((size_t)li * 2 + 0) * KVH + h) * plane + slot * hd + i;
+            const size_t vo = (((size_t)li * 2 + 1) * KVH + h) * plane + slot * hd + i;
+            if (info.f16) {
+                ((uint16_t *)info.kv)[ko] = ib_f32_to_f16(kx[x]);
+                ((uint16_t *)info.kv)[vo] = ib_f32_to_f16(vx[x]);
+            } else {
+                ((float *)info.kv)[ko] = kx[x];
+                ((float *)info.kv)[vo] = vx[x];
+            }
         }
     }
 }
 
 /* A KV element as float, exactly (half by half.h's conversion). */
 __device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(uint16_t h) { return ib_f16_to_f32(h); }
+__device__ __forceinline__ float to_f32(uint16_t h) { return ib_f16_to_f32_lane(h); }
 
 /* Lane u (0..15) of ib_dot16(q, key): elements u, u+16, … in ascending order (q in shared memory). The
  * loads of 8 elements are issued before their products. */
@@ -1109,7 +1141,8 @@ static void launch_embed(cuda_backend *b) {
  * fault applies), not a head norm. */
 static void launch_rmsnorm(cuda_backend *b, const float *in, const float *w, int nvec, int n, float *out, int rows) {
     const int reverse_odd = rows && b->fault == IB_FAULT_ROW_ORDER;
-    rmsnorm_kernel<<<blocks_for((size_t)nvec * 32, 256), 256, 0, b->st>>>(in, w, nvec, n, b->eps, out, reverse_odd);
+    rmsnorm_kernel<<<nvec, n >= 512 ? 256 : 128, (size_t)n * sizeof(float), b->st>>>(in, w, nvec, n, b->eps, out,
+                                                                                     reverse_odd);
     LAUNCHED(b, "rmsnorm");
 }
 
@@ -1179,7 +1212,7 @@ static void launch_qk(cuda_backend *b, int li, int phases) {
     if (phases & IB_QK_ROPE_STORE) {
         /* the test-only rope-skip-rows fault, as ib_rope_step_rows applies it */
         const int skip = b->fault == IB_FAULT_ROPE_SKIP_ROWS && b->n_items > 1 && b->n_items == R;
-        rope_store_kernel<<<R, 128, 0, b->st>>>(b->buf[IB_BUF_Q], b->buf[IB_BUF_K], b->buf[IB_BUF_V], b->d_cs, b->d_ri, H,
+        rope_store_kernel<<<R, 256, 0, b->st>>>(b->buf[IB_BUF_Q], b->buf[IB_BUF_K], b->buf[IB_BUF_V], b->d_cs, b->d_ri, H,
                                                 KVH, hd, li, skip ? 1 : R, 1);
         LAUNCHED(b, "rope_store");
     }
