@@ -100,6 +100,29 @@ int ib_isa_supported(ib_isa isa);
 int ib_isa_parse(const char *s, ib_isa *out);
 int ib_act_parse(const char *s, ib_act *out);
 
+/* Element type of a session's KV cache. F32: float32. F16: IEEE half, rounded to nearest even when
+ * written and converted exactly when read: half the memory and the bandwidth attention reads; answers
+ * differ slightly from F32's, but never between batchings, thread counts, chunkings, ISAs or backends
+ * (the rounding is a function of the value alone). */
+typedef enum ib_kv_dtype { IB_KV_F32 = 0, IB_KV_F16 } ib_kv_dtype;
+/* "f32" / "f16"; parse returns 0, or -1 on an unknown name. */
+const char *ib_kv_dtype_name(ib_kv_dtype t);
+int ib_kv_dtype_parse(const char *s, ib_kv_dtype *out);
+
+/* Where an engine computes and a session's KV cache lives. CPU: host memory and the CPU kernels of
+ * the engine's ISA. CUDA: one NVIDIA GPU's memory and kernels (when compiled in and a GPU is
+ * present). Every backend gives the same bits: the numeric definitions are in src/ops/. */
+typedef enum ib_backend_kind { IB_BACKEND_CPU = 0, IB_BACKEND_CUDA, IB_BACKEND_COUNT } ib_backend_kind;
+/* "cpu" / "cuda"; parse returns 0, or -1 on an unknown name. */
+const char *ib_backend_name(ib_backend_kind k);
+int ib_backend_parse(const char *s, ib_backend_kind *out);
+/* 1 when backend k is compiled into this build and can run on this machine; else 0 and, when why is
+ * not NULL, *why gets a static one-line reason ("not compiled in (built without nvcc)", "no CUDA
+ * device: ..."). */
+int ib_backend_available(ib_backend_kind k, const char **why);
+/* The backends compiled into this build, as a static string ("cpu" or "cpu cuda"). */
+const char *ib_backends_compiled(void);
+
 /* ---------------------------------------------------------------- model */
 
 typedef struct ib_model ib_model;
@@ -145,6 +168,7 @@ typedef struct ib_engine_opts {
     ib_isa isa;           /* IB_ISA_AUTO by default */
     ib_act act;           /* IB_ACT_AUTO by default */
     int max_step_tokens;  /* most tokens (over all items) one ib_step may carry; 0 means 512 */
+    ib_backend_kind backend; /* IB_BACKEND_CPU by default; the isa applies to the CPU backend */
 } ib_engine_opts;
 
 /* Create an engine for model m (which must outlive it). opts may be NULL (defaults above).
@@ -153,6 +177,7 @@ ib_status ib_engine_create(const ib_model *m, const ib_engine_opts *opts, ib_eng
 void ib_engine_free(ib_engine *e);
 ib_isa ib_engine_isa(const ib_engine *e);   /* the ISA actually used */
 ib_act ib_engine_act(const ib_engine *e);   /* the activation mode actually used */
+ib_backend_kind ib_engine_backend(const ib_engine *e);   /* where it computes */
 
 /* ---------------------------------------------------------------- sampling */
 
@@ -188,19 +213,20 @@ typedef struct ib_session_opts {
      * tokens one ib_step item of this session may bring. Answers differ from a full session once the
      * window slides, never between batchings or prefill chunkings of the same session. */
     int kv_sink, kv_window, kv_chunk;
-    /* kv_f16 = 1: keys and values are stored as IEEE half (rounded to nearest even when written,
-     * converted exactly when read): half the KV memory and the bandwidth attention reads. A session's
-     * answers then differ slightly from a float32-KV session's, but never between batchings, thread
-     * counts, chunkings or ISAs (the rounding is a function of the value alone). */
-    int kv_f16;
+    ib_kv_dtype kv_dtype;     /* element type of the KV cache (IB_KV_F32 by default; see ib_kv_dtype) */
+    ib_backend_kind backend;  /* where the KV cache lives; only an engine of the same backend can step
+                               * the session (IB_BACKEND_CPU by default) */
 } ib_session_opts;
 
 /* Create a session on model m with an empty KV cache at position 0. opts may be NULL (greedy,
- * full context). The KV cache is allocated here, never during a step. */
+ * full context, float32 KV in host memory). The KV cache is allocated here, never during a step;
+ * IB_ERR_UNSUPPORTED when opts->backend is not available. */
 ib_status ib_session_create(const ib_model *m, const ib_session_opts *opts, ib_session **out, ib_error *err);
 void ib_session_free(ib_session *s);
 int ib_session_position(const ib_session *s);  /* tokens held in the KV cache */
 int ib_session_capacity(const ib_session *s);  /* max tokens it can hold (positions, for windowed ones) */
+/* KV cache bytes one token of one session takes with this element type. */
+size_t ib_kv_bytes_per_token(const ib_model *m, ib_kv_dtype t);
 /* Bytes of the session's KV cache (allocated at create, fixed for its life). */
 size_t ib_session_kv_bytes(const ib_session *s);
 /* Parse a KV policy "full" | "window:W" | "sink:S,window:W" into (sink, window); 0 or -1. */
@@ -260,7 +286,8 @@ typedef struct ib_gen_opts {
     int keep_logits;        /* keep each chosen token's logits row in the result */
     int max_context;        /* per-session KV capacity; 0 = the longest request needs */
     ib_sampling sampling;
-    int kv_f16;             /* sessions keep their KV in IEEE half (ib_session_opts.kv_f16) */
+    ib_kv_dtype kv_dtype;   /* the sessions' KV element type (ib_session_opts.kv_dtype); they live on
+                             * the engine's backend */
 } ib_gen_opts;
 
 typedef struct ib_gen_result {

@@ -135,11 +135,8 @@ int cli_act(const char *v, ib_act *out) {
     return cli_usage_error("--act: unknown '%s' (auto, f32, q8)", v);
 }
 
-int cli_kv_dtype(const char *v, int *f16) {
-    if (!strcmp(v, "f32") || !strcmp(v, "f16")) {
-        *f16 = v[1] == '1';
-        return 0;
-    }
+int cli_kv_dtype(const char *v, ib_kv_dtype *out) {
+    if (ib_kv_dtype_parse(v, out) == 0) return 0;
     return cli_usage_error("--kv-dtype: unknown '%s' (f32, f16)", v);
 }
 

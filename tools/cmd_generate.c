@@ -173,7 +173,7 @@ typedef struct gen_args {
     ib_act act;
     ib_sampling sampling;
     int json, ignore_eos, check_serial;
-    int kv_f16;               /* --kv-dtype f16 */
+    ib_kv_dtype kv_dtype;     /* --kv-dtype */
 } gen_args;
 
 /* Run one generation with the given batch. */
@@ -190,7 +190,7 @@ static int run(ib_model *m, const gen_args *a, const prompts *p, long batch, ib_
     for (int i = 0; i < p->n; i++) rq[i] = (ib_gen_request){p->ids[i], p->len[i], 0};
     ib_gen_opts go = {.max_new_tokens = (int)a->n, .batch = (int)batch, .prefill_chunk = (int)a->chunk,
                       .stop_at_eos = !a->ignore_eos, .keep_logits = a->logits_out != NULL, .sampling = a->sampling,
-                      .kv_f16 = a->kv_f16};
+                      .kv_dtype = a->kv_dtype};
     ib_status rc = ib_generate(e, rq, p->n, &go, res, st, &err);
     free(rq);
     ib_engine_free(e);
@@ -284,7 +284,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(f, "--act")) {
             rc = VAL() ? cli_act(v, &a.act) : 2;
         } else if (!strcmp(f, "--kv-dtype")) {
-            rc = VAL() ? cli_kv_dtype(v, &a.kv_f16) : 2;
+            rc = VAL() ? cli_kv_dtype(v, &a.kv_dtype) : 2;
         } else if (!strcmp(f, "--temp")) {
             if (!VAL() || cli_float(f, v, 0, 100, &d)) rc = 2;
             else a.sampling.temperature = (float)d;

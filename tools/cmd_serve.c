@@ -110,7 +110,7 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(f, "--token-delay-ms")) { /* tests only: a slow model */
             rc = VAL() ? cli_int(f, v, 0, 10000, &delay) : 2;
         } else if (!strcmp(f, "--kv-dtype")) {
-            rc = VAL() ? cli_kv_dtype(v, &o.kv_f16) : 2;
+            rc = VAL() ? cli_kv_dtype(v, &o.kv_dtype) : 2;
         } else if (!strcmp(f, "--isa")) rc = VAL() ? cli_isa(v, &o.isa) : 2;
         else if (!strcmp(f, "--act")) {
             rc = VAL() ? cli_act(v, &o.act) : 2;

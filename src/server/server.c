@@ -756,7 +756,7 @@ static void sse_free(void *cls) {
 }
 
 /* KV bytes of one token of one session of this server. */
-static size_t kv_token_bytes(const server *S) { return S->info->kv_bytes_per_token / (S->o.kv_f16 ? 2 : 1); }
+static size_t kv_token_bytes(const server *S) { return ib_kv_bytes_per_token(S->m, S->o.kv_dtype); }
 
 /* Reserve `bytes` of KV memory, waiting up to queue_wait_ms in a bounded queue. 0 on success. */
 static int mem_reserve(server *S, size_t bytes, int wait) {
@@ -1064,7 +1064,7 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
         return send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
                           "the KV memory budget is in use; retry later");
     }
-    ib_session_opts so = {.max_context = cap, .sampling = p.sp, .kv_f16 = S->o.kv_f16};
+    ib_session_opts so = {.max_context = cap, .sampling = p.sp, .kv_dtype = S->o.kv_dtype};
     ib_session *s;
     ib_error err;
     gen *g = NULL;
@@ -1165,7 +1165,7 @@ static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c
                           S->o.memory_budget);
     sess *ss = calloc(1, sizeof *ss);
     ib_error err;
-    ib_session_opts so = {.max_context = (int)ctx, .sampling = ib_sampling_default(), .kv_f16 = S->o.kv_f16, .kv_sink = sink,
+    ib_session_opts so = {.max_context = (int)ctx, .sampling = ib_sampling_default(), .kv_dtype = S->o.kv_dtype, .kv_sink = sink,
                           .kv_window = window, .kv_chunk = S->o.prefill_chunk};
     if (!ss || !(ss->tenant = strdup(tenant)) || random_hex(S, ss->id + 5, 16) ||
         ib_session_create(S->m, &so, &ss->s, &err)) {

@@ -1,0 +1,187 @@
+/*
+ * backend.h — the seam between the runtime and the kernels.
+ *
+ * The forward pass (src/runtime/step.c) is written once, as a sequence of calls into a backend's
+ * table of operations. A backend owns everything the step computes on: the model's weights in its own
+ * layout and memory, the step's activation buffers, and the sessions' KV caches. Nothing the runtime
+ * passes across this seam is a pointer into the backend's memory; buffers are named (ib_buf), weights
+ * are named (layer, ib_wsel), KV caches are opaque handles (ib_kv). So a backend whose memory is on a
+ * GPU fits behind the same table as the CPU one.
+ *
+ * ASYNCHRONY. A step is enqueued: step_begin hands the backend the step's rows (host arrays it copies),
+ * then each operation is enqueued in order, then step_end waits and leaves each wanted row's logits in
+ * the host buffers named by step_begin. A backend may run each call at once (CPU) or record the whole
+ * sequence and run it later, e.g. as a captured graph (a GPU); the runtime never reads a buffer between
+ * step_begin and step_end except through read_rows (diagnostics), which waits.
+ *
+ * WHAT A BACKEND MUST GUARANTEE. Every operation produces, bit for bit, the numeric definition in
+ * src/ops/ (ops.h, matmul.h, the attention and KV-policy definitions): the scalar references there are
+ * the spec. Each output row depends on that row's own inputs only (and, for attention, on its own
+ * session's KV), never on the number of rows, their order, or the thread/block layout. `isobatch probe
+ * --backend NAME` and the invariance tests check this.
+ *
+ * SHAPES. A step has R rows (tokens) from n_items items (sessions); row r belongs to item row_item[r]
+ * and sits at position pos[r] of that session. D = hidden size, H / KVH = query / KV heads, hd = head
+ * dim, F = intermediate size, V = vocabulary.
+ *
+ * OWNERSHIP. The engine owns its backend instance (create/destroy). A session owns its ib_kv
+ * (kv_create/kv_free through the backend kind's table, which needs no instance, so sessions can be
+ * made from a model alone).
+ */
+#ifndef IB_BACKENDS_BACKEND_H
+#define IB_BACKENDS_BACKEND_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/pool.h"
+#include "isobatch.h"
+#include "model/model.h"
+
+/* A step's activation buffers, each [R_max][width] float32 rows owned by the backend instance. */
+typedef enum ib_buf {
+    IB_BUF_X = 0,   /* [R][D]  residual stream */
+    IB_BUF_XN,      /* [R][D]  normed input of a block */
+    IB_BUF_Q,       /* [R][H*hd] */
+    IB_BUF_K,       /* [R][KVH*hd] */
+    IB_BUF_V,       /* [R][KVH*hd] */
+    IB_BUF_ATT,     /* [R][H*hd] attention output */
+    IB_BUF_O,       /* [R][D]  output of a projection back to D */
+    IB_BUF_G,       /* [R][F]  gate, then the MLP activation */
+    IB_BUF_U,       /* [R][F]  up */
+    IB_BUF_COUNT
+} ib_buf;
+
+/* Matrices of a layer, by name. */
+typedef enum ib_wsel { IB_W_Q = 0, IB_W_K, IB_W_V, IB_W_O, IB_W_GATE, IB_W_UP, IB_W_DOWN, IB_W_COUNT } ib_wsel;
+
+/* Norm weights: per layer (ATTN, MLP) or the model's final norm (FINAL, layer ignored). */
+typedef enum ib_nsel { IB_N_ATTN = 0, IB_N_MLP, IB_N_FINAL } ib_nsel;
+
+/* Shape and policy of one session's KV cache: [n_layers][2 (keys, values)][n_kv_heads][capacity][head_dim]
+ * elements of dtype. window 0: full (slot = position); window > 0: the first `sink` positions own slots
+ * [0, sink) and later positions share a ring of capacity - sink slots (runtime/kv_policy.h). */
+typedef struct ib_kv_desc {
+    ib_kv_dtype dtype;
+    int n_layers, n_kv_heads, head_dim;
+    int capacity;       /* slots */
+    int sink, window;   /* KV policy */
+} ib_kv_desc;
+
+/* A session's KV cache on some backend. The descriptor is public to the runtime; the storage is not. */
+typedef struct ib_kv {
+    ib_kv_desc desc;
+    ib_backend_kind kind;   /* the backend whose memory holds it */
+} ib_kv;
+
+/* Bytes of one KV element of a dtype. */
+static inline size_t ib_kv_dtype_bytes(ib_kv_dtype t) { return t == IB_KV_F16 ? 2 : 4; }
+
+/* Bytes of a KV cache of this shape. */
+static inline size_t ib_kv_desc_bytes(const ib_kv_desc *d) {
+    return (size_t)d->n_layers * 2 * d->n_kv_heads * (size_t)d->capacity * d->head_dim * ib_kv_dtype_bytes(d->dtype);
+}
+
+/* Slot of position pos in a cache of this policy (see ib_kv_desc). */
+static inline int ib_kv_desc_slot(const ib_kv_desc *d, int pos) {
+    if (d->window <= 0 || pos < d->sink) return pos;
+    return d->sink + (pos - d->sink) % (d->capacity - d->sink);
+}
+
+/* The rows of one step, as the runtime hands them to step_begin (host arrays, copied by the backend
+ * before step_begin returns, so the caller may reuse them at once). */
+typedef struct ib_step_desc {
+    int R, n_items;
+    const int32_t *tok;        /* [R] token ids (validated: inside the vocabulary) */
+    const int32_t *pos;        /* [R] position of each row in its session */
+    const int32_t *rope_pos;   /* [R] position RoPE rotates by (pos, except under test-only faults) */
+    const int32_t *row_item;   /* [R] item of each row; rows of an item are consecutive, in order */
+    ib_kv *const *kv;          /* [n_items] each item's KV cache, of this backend's kind */
+    int attn_block;            /* key block of attention's online softmax (ib_attn_block_for) */
+    int n_logits;              /* rows whose logits are wanted (<= n_items) */
+    const int32_t *logit_row;  /* [n_logits] those rows, ascending */
+    float *const *logits_out;  /* [n_logits] host buffers of V floats each, filled by step_end */
+} ib_step_desc;
+
+/* Engine-level settings a backend instance is created with. */
+typedef struct ib_backend_cfg {
+    ib_isa isa;          /* CPU: resolved (never AUTO) and supported; others ignore it */
+    ib_act act;          /* resolved: IB_ACT_F32 or IB_ACT_Q8 */
+    int max_rows;        /* R_max: most rows a step may bring */
+    ib_pool *pool;       /* the engine's host thread pool (a CPU backend computes on it) */
+} ib_backend_cfg;
+
+typedef struct ib_backend ib_backend;   /* an instance: one per engine */
+
+/* Phases of qk_prepare. */
+enum { IB_QK_NORM = 1, IB_QK_ROPE_STORE = 2 };
+
+typedef struct ib_backend_ops {
+    const char *name;                    /* "cpu", "cuda" */
+    ib_backend_kind kind;
+
+    /* Whether this build and machine can run the backend (a GPU present, …); when not, *why gets a
+     * static one-line reason. */
+    int (*available)(const char **why);
+
+    /* ---- instance: weights and step scratch ---- */
+    /* Make an instance for model m: weights in the backend's memory and layout, scratch for
+     * cfg->max_rows rows. Fails cleanly (nothing left allocated) with a one-line message. */
+    ib_status (*create)(const ib_model *m, const ib_backend_cfg *cfg, ib_backend **out, ib_error *err);
+    void (*destroy)(ib_backend *b);
+
+    /* ---- KV caches (no instance needed) ---- */
+    /* Allocate a zeroed KV cache of this shape. */
+    ib_status (*kv_create)(const ib_kv_desc *d, ib_kv **out, ib_error *err);
+    void (*kv_free)(ib_kv *kv);
+    /* Copy slots [0, n_slots) of every (layer, k|v, head) plane from src to dst (same dtype, layers,
+     * heads, head_dim; capacities may differ). */
+    void (*kv_copy)(ib_kv *dst, const ib_kv *src, int n_slots);
+
+    /* ---- one step, enqueued in this order by src/runtime/step.c ---- */
+    /* Take the step's rows; RoPE tables for rope_pos. */
+    ib_status (*step_begin)(ib_backend *b, const ib_step_desc *d, ib_error *err);
+    /* X[r] = embedding row tok[r] (dequantized as ib_matrix_row_f32). */
+    void (*embed)(ib_backend *b);
+    /* out[r] = rmsnorm(in[r]) with norm `n` of layer li (ops.h ib_rmsnorm; in and out may be equal). */
+    void (*rmsnorm)(ib_backend *b, ib_buf in, ib_nsel n, int li, ib_buf out);
+    /* outs[i] = in · W_i^T for the n (1..3) matrices ws[i] of layer li that read the same input
+     * (matmul.h, under the engine's activation mode; Q8 quantizes `in` once, ib_quantize_act). */
+    void (*linear)(ib_backend *b, int li, int n, const ib_wsel *ws, ib_buf in, const ib_buf *outs);
+    /* Layer li's q/k head norms (IB_QK_NORM: ib_rmsnorm_heads, when the model has them) and/or the
+     * rotary embedding of Q and K followed by the store of each row's K and V into its session's
+     * cache at slot(pos[r]) (IB_QK_ROPE_STORE: ib_rope_step_rows; half KV rounded by ib_f32_to_f16). */
+    void (*qk_prepare)(ib_backend *b, int li, int phases);
+    /* ATT[r] = attention of Q[r] over keys 0..pos[r] of its session at layer li (full: ib_attend_heads
+     * order; windowed: ib_attend_policy order), key block attn_block. */
+    void (*attention)(ib_backend *b, int li);
+    /* G = silu(G) * U (ib_swiglu). */
+    void (*swiglu)(ib_backend *b);
+    /* x += y (ib_add), all R rows. */
+    void (*add)(ib_backend *b, ib_buf x, ib_buf y);
+    /* For each wanted row j (< n_logits): XN[j] = final norm of X[logit_row[j]] (XN's other rows are
+     * left undefined), then that row's logits = XN[j] · lm_head^T, delivered by step_end. */
+    void (*logits)(ib_backend *b);
+    /* Wait for the step; every logits_out buffer is filled. */
+    ib_status (*step_end)(ib_backend *b, ib_error *err);
+
+    /* ---- diagnostics ---- */
+    /* Rows [0, R) of buffer `buf` (width floats each) as host memory, valid until the next call on b.
+     * Waits for the work enqueued so far. */
+    const float *(*read_rows)(ib_backend *b, ib_buf buf, int R, int width);
+} ib_backend_ops;
+
+/* An instance starts with a pointer to its kind's table, so the runtime can call through it. */
+struct ib_backend {
+    const ib_backend_ops *ops;
+};
+
+/* The table of a backend kind; NULL when the kind is not compiled into this build. */
+const ib_backend_ops *ib_backend_ops_for(ib_backend_kind kind);
+
+/* The backends compiled in. */
+extern const ib_backend_ops ib_backend_cpu;
+#ifdef IB_HAVE_CUDA
+extern const ib_backend_ops ib_backend_cuda;
+#endif
+
+#endif
