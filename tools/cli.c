@@ -130,6 +130,11 @@ int cli_isa(const char *v, ib_isa *out) {
     return cli_usage_error("--isa: unknown '%s' (auto, scalar, avx2, avx512, neon)", v);
 }
 
+int cli_backend(const char *v, ib_backend_kind *out) {
+    if (ib_backend_parse(v, out) == 0) return 0;
+    return cli_usage_error("--backend: unknown '%s' (cpu, cuda)", v);
+}
+
 int cli_act(const char *v, ib_act *out) {
     if (ib_act_parse(v, out) == 0) return 0;
     return cli_usage_error("--act: unknown '%s' (auto, f32, q8)", v);

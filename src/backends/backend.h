@@ -168,6 +168,9 @@ typedef struct ib_backend_ops {
     /* Rows [0, R) of buffer `buf` (width floats each) as host memory, valid until the next call on b.
      * Waits for the work enqueued so far. */
     const float *(*read_rows)(ib_backend *b, ib_buf buf, int R, int width);
+    /* Set rows [0, R) of buffer `buf` (width floats each) from host memory x, in stream order with the
+     * enqueued work (the op checker feeds every op its inputs this way). */
+    void (*write_rows)(ib_backend *b, ib_buf buf, int R, int width, const float *x);
 } ib_backend_ops;
 
 /* An instance starts with a pointer to its kind's table, so the runtime can call through it. */

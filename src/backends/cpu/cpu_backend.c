@@ -395,6 +395,10 @@ static ib_status cpu_step_end(ib_backend *b, ib_error *err) { return IB_OK; }
 
 static const float *cpu_read_rows(ib_backend *b, ib_buf buf, int R, int width) { return cb(b)->buf[buf]; }
 
+static void cpu_write_rows(ib_backend *b, ib_buf buf, int R, int width, const float *x) {
+    memcpy(cb(b)->buf[buf], x, (size_t)R * width * sizeof(float));
+}
+
 const ib_backend_ops ib_backend_cpu = {
     .name = "cpu",
     .kind = IB_BACKEND_CPU,
@@ -415,4 +419,5 @@ const ib_backend_ops ib_backend_cpu = {
     .logits = cpu_logits,
     .step_end = cpu_step_end,
     .read_rows = cpu_read_rows,
+    .write_rows = cpu_write_rows,
 };
