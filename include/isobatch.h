@@ -57,6 +57,9 @@
 extern "C" {
 #endif
 
+/* The library's version. */
+#define IB_VERSION_STRING "0.9.0"
+
 /* ---------------------------------------------------------------- status codes */
 
 typedef enum ib_status {

@@ -185,12 +185,8 @@ static void step(run *t, sess **ss, int n, const int32_t *const *toks, const int
                 const float *qr = t->q + ((size_t)r * H + kh * G) * hd;
                 float *out = t->att + ((size_t)r * H + kh * G) * hd;
                 if (s->desc.window > 0) {
-                    ib_session fake;
-                    memset(&fake, 0, sizeof fake);
-                    fake.capacity = s->desc.capacity, fake.kv_sink = s->desc.sink, fake.kv_window = s->desc.window;
-                    fake.kv_f16 = s->desc.dtype == IB_KV_F16;
                     for (int h = 0; h < G; h++)
-                        ib_attend_policy(&fake, qr + (size_t)h * hd, kp, vp, pos[r], hd, scale, sd.attn_block,
+                        ib_attend_policy(&s->desc, qr + (size_t)h * hd, kp, vp, pos[r], hd, scale, sd.attn_block,
                                          out + (size_t)h * hd);
                 } else if (s->desc.dtype == IB_KV_F16) {
                     ib_attend_heads_f16_portable((const uint16_t *)kp, (const uint16_t *)vp, qr, G, pos[r] + 1, hd, hd,
@@ -242,7 +238,7 @@ static void step(run *t, sess **ss, int n, const int32_t *const *toks, const int
     CHECK(CU->step_end(t->b, &err) == IB_OK, "step_end: %s", err.msg);
     for (int i = 0; i < n; i++) memcpy(t->last + (size_t)i * D, t->x + (size_t)lrow[i] * D, (size_t)D * sizeof(float));
     ib_rmsnorm(t->last, m->final_norm, n, D, eps, t->last, NULL);
-    const float *fin = CU->read_final(t->b, 0);
+    const float *fin = CU->read_rows(t->b, IB_BUF_XN, n, D);
     t->checks++;
     if (!fin || memcmp(fin, t->last, (size_t)n * D * sizeof(float))) {
         if (!t->bad++) snprintf(t->first_bad, sizeof t->first_bad, "final norm");
@@ -351,6 +347,57 @@ static int schedule(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, c
     for (int i = 0; i < NSESS; i++) sess_free(&s[i]), free(lg[i]);
     run_free(t);
     return bad;
+}
+
+/* Whole steps through the public API: the same sessions and schedule on a CPU engine and a CUDA
+ * engine (src/runtime/step.c over each backend's table); every item's logits at every step must be
+ * bitwise equal. Returns the number of differing logits rows. */
+static int engine_compare(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, const char *name) {
+    const int V = m->cfg.vocab_size;
+    ib_engine *e[2];
+    ib_session *s[2][NSESS];
+    ib_error err;
+    for (int k = 0; k < 2; k++) {
+        ib_engine_opts eo = {.threads = 2, .act = act, .max_step_tokens = 64,
+                             .backend = k ? IB_BACKEND_CUDA : IB_BACKEND_CPU};
+        if (ib_engine_create(m, &eo, &e[k], &err)) {
+            CHECK(0, "engine %s: %s", k ? "cuda" : "cpu", err.msg);
+            return -1;
+        }
+        for (int i = 0; i < NSESS; i++) {
+            ib_session_opts so = {.max_context = 160, .kv_dtype = dt, .backend = k ? IB_BACKEND_CUDA : IB_BACKEND_CPU};
+            if (window) so.kv_sink = 4, so.kv_window = window, so.kv_chunk = 8;
+            if (ib_session_create(m, &so, &s[k][i], &err)) {
+                CHECK(0, "session: %s", err.msg);
+                return -1;
+            }
+        }
+    }
+    rng_state = 0x777;
+    int32_t tk[NSESS][8];
+    float *lg[2][NSESS];
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < NSESS; i++) lg[k][i] = xmalloc((size_t)V * 4);
+    int diff = 0, rows = 0;
+    for (int st = 0; st < NSTEPS; st++) {
+        ib_step_item it[2][NSESS];
+        int n = 0;
+        for (int i = 0; i < NSESS; i++) {
+            int c = tokens_at(st, i);
+            for (int j = 0; j < 8; j++) tk[i][j] = rndi(V);
+            if (!c) continue;
+            for (int k = 0; k < 2; k++) it[k][n] = (ib_step_item){s[k][i], tk[i], c, lg[k][i]};
+            n++;
+        }
+        for (int k = 0; k < 2; k++) CHECK(ib_step(e[k], it[k], n, &err) == IB_OK, "ib_step: %s", err.msg);
+        for (int j = 0; j < n; j++, rows++) diff += memcmp(it[0][j].logits, it[1][j].logits, (size_t)V * 4) != 0;
+    }
+    printf("  %-44s %5d logits rows CPU vs CUDA: %s\n", name, rows, diff ? "DIFFER" : "all bitwise equal");
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < NSESS; i++) ib_session_free(s[k][i]), free(lg[k][i]);
+        ib_engine_free(e[k]);
+    }
+    return diff;
 }
 
 static double now_s(void) {
@@ -617,6 +664,23 @@ int main(int argc, char **argv) {
                           "model %s, %s: session 0's logits batched differ from alone", models[mi].name, name);
                     free(lgb), free(lgs);
                 }
+        /* whole steps, CPU engine vs CUDA engine */
+        for (int act = 0; act < 2; act++)
+            for (int kvd = 0; kvd < 2; kvd++)
+                for (int win = 0; win < 2; win++) {
+                    char name[96];
+                    snprintf(name, sizeof name, "engine: act %s, kv %s, %s", act ? "q8" : "f32", kvd ? "f16" : "f32",
+                             win ? "sink 4 + window 40" : "full");
+                    int d = engine_compare(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0,
+                                           name);
+                    CHECK(d == 0, "model %s, %s: CUDA engine's logits differ from the CPU engine's", models[mi].name,
+                          name);
+                }
+        /* and the comparison can fail: gpu-fma on the CUDA side only */
+        ib_fault_set(IB_FAULT_GPU_FMA);
+        CHECK(engine_compare(m, IB_ACT_Q8, IB_KV_F32, 0, "engine, FAULT gpu-fma (must differ)") > 0,
+              "model %s: the engine comparison missed the gpu-fma fault", models[mi].name);
+        ib_fault_set(IB_FAULT_NONE);
         /* the check can fail: an FMA in the products' epilogue (Q8 and F32 paths) */
         ib_fault_set(IB_FAULT_GPU_FMA);
         for (int act = 0; act < 3; act++) {

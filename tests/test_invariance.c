@@ -25,7 +25,7 @@ typedef struct run_cfg {
     ib_act act;
     int sampled;    /* 0 greedy, 1 seeded sampling */
     int shuffled;   /* feed the prompts in a permuted order */
-    int kv_f16;     /* sessions keep half-precision KV */
+    ib_kv_dtype kv_dtype;   /* the sessions' KV element type */
 } run_cfg;
 
 typedef struct outcome {
@@ -54,7 +54,7 @@ static outcome run(const ib_model *m, run_cfg c) {
         rq[i] = (ib_gen_request){prompt_ids[src], prompt_len[src], 0};
     }
     ib_gen_opts go = {.max_new_tokens = GEN, .batch = c.batch, .prefill_chunk = c.chunk, .sampling = ib_sampling_default(),
-                      .kv_f16 = c.kv_f16};
+                      .kv_dtype = c.kv_dtype};
     if (c.sampled) {
         go.sampling.temperature = 0.9f;
         go.sampling.top_k = 50;
@@ -89,11 +89,11 @@ static int differing(const outcome *a, const outcome *b) {
     return d;
 }
 
-static int g_kv_f16; /* every run of the current section keeps half-precision KV */
+static ib_kv_dtype g_kv_dtype; /* every run of the current section keeps half-precision KV */
 
 static run_cfg base_cfg(ib_act act, int sampled) {
     return (run_cfg){.batch = 1, .threads = 1, .chunk = 0, .isa = IB_ISA_SCALAR, .act = act, .sampled = sampled,
-                     .kv_f16 = g_kv_f16};
+                     .kv_dtype = g_kv_dtype};
 }
 
 /* All clean variations against the serialized scalar baseline. */
@@ -266,7 +266,7 @@ int main(void) {
      * batch-dependent attention split still breaks it */
     {
         outcome f32kv = run(m, base_cfg(IB_ACT_F32, 0));
-        g_kv_f16 = 1;
+        g_kv_dtype = IB_KV_F16;
         outcome f16kv = run(m, base_cfg(IB_ACT_F32, 0));
         CHECK(differing(&f32kv, &f16kv) > 0, "f16 KV gives the same digests as f32 KV");
         check_clean(m, IB_ACT_F32, 0, "f32 greedy, f16 KV");
@@ -276,7 +276,7 @@ int main(void) {
         h8.isa = IB_ISA_AUTO;
         check_fault(m, IB_FAULT_SPLIT_KV_BY_BATCH, h8, 1);
         check_fault(m, IB_FAULT_ROPE_SKIP_ROWS, h8, 1);
-        g_kv_f16 = 0;
+        g_kv_dtype = IB_KV_F32;
     }
 
     for (int i = 0; i < N_PROMPTS; i++) free(prompt_ids[i]);

@@ -17,6 +17,7 @@
 #include <math.h>
 
 #include "check.h"
+#include "backends/cpu/cpu.h"
 #include "core/half.h"
 #include "isobatch.h"
 #include "model/mkmodel.h"
@@ -155,15 +156,15 @@ static void run_sched(const ib_model *m, ib_engine *e, int batch, int chunk, int
 /* Feed prompt i then GEN greedy tokens through a windowed session; prefill in chunks of `chunk`,
  * stepped together with a full-session neighbour when `crowd`. Logits of every generated token are
  * digested into *dig. */
-static int g_kv_f16; /* run_window's sessions keep half-precision KV */
+static ib_kv_dtype g_kv_dtype; /* run_window's sessions keep half-precision KV */
 
 static void run_window(const ib_model *m, ib_engine *e, int i, int sink, int window, int kv_chunk, int chunk, int crowd,
                        uint64_t *dig, int32_t *toks) {
     int V = ib_model_get_info(m)->vocab_size;
     ib_error err;
     ib_session_opts so = {.sampling = ib_sampling_default(), .kv_sink = sink, .kv_window = window, .kv_chunk = kv_chunk,
-                          .kv_f16 = g_kv_f16};
-    ib_session_opts fo = {.max_context = 1024, .sampling = ib_sampling_default(), .kv_f16 = g_kv_f16};
+                          .kv_dtype = g_kv_dtype};
+    ib_session_opts fo = {.max_context = 1024, .sampling = ib_sampling_default(), .kv_dtype = g_kv_dtype};
     ib_session *s, *other;
     float *lg = malloc((size_t)V * sizeof(float)), *lo = malloc((size_t)V * sizeof(float));
     *dig = IB_DIGEST_INIT;
@@ -187,7 +188,7 @@ static void run_window(const ib_model *m, ib_engine *e, int i, int sink, int win
         CHECK(ib_step(e, crowd ? it : it + 1, crowd ? 2 : 1, &err) == IB_OK, "%s", err.msg);
     }
     size_t per_tok = ib_model_get_info(m)->kv_bytes_per_token;
-    if (g_kv_f16) per_tok /= 2;
+    if (g_kv_dtype == IB_KV_F16) per_tok /= 2;
     if (window > 0) CHECK(ib_session_kv_bytes(s) == (size_t)(sink + window + kv_chunk) * per_tok, "kv bytes %zu", ib_session_kv_bytes(s));
     ib_session_free(s);
     ib_session_free(other);
@@ -206,18 +207,15 @@ static int policy_heads_mismatches(const ib_model *m, ib_isa isa, int *cases) {
     float q[NQ * HD], ref[NQ * HD], got[NQ * HD];
     uint64_t x = 0x9e3779b97f4a7c15ULL;
     int bad = 0;
+    ib_attn_kernels ak;
+    if (ib_attn_kernels_for(isa == IB_ISA_AUTO ? ib_isa_best() : isa, &ak)) return -1;
     for (int f16 = 0; f16 < 2; f16++)
         for (int c = 0; c < 3; c++)
             for (int bi = 0; bi < 2; bi++)
                 for (int nq = 1; nq <= NQ; nq += 2) {
-                    struct ib_session fake;
-                    memset(&fake, 0, sizeof fake);
-                    fake.model = m;
-                    fake.kv_sink = cfg[c][0];
-                    fake.kv_window = cfg[c][1];
-                    fake.kv_chunk = cfg[c][2];
-                    fake.capacity = cfg[c][0] + cfg[c][1] + cfg[c][2];
-                    fake.kv_f16 = f16;
+                    ib_kv_desc fake = {.dtype = f16 ? IB_KV_F16 : IB_KV_F32, .n_layers = 1, .n_kv_heads = 1,
+                                       .head_dim = HD, .capacity = cfg[c][0] + cfg[c][1] + cfg[c][2],
+                                       .sink = cfg[c][0], .window = cfg[c][1]};
                     const void *k = f16 ? (const void *)kh : (const void *)kf, *v = f16 ? (const void *)vh : (const void *)vf;
                     for (int p = 0; p < NPOS; p++) {
                         int sl = ib_kv_slot(&fake, p);
@@ -232,7 +230,7 @@ static int policy_heads_mismatches(const ib_model *m, ib_isa isa, int *cases) {
                         for (int i = 0; i < nq * HD; i++) q[i] = kf[(size_t)((i * 7) % (sl * HD + HD))] * 1.5f;
                         for (int h = 0; h < nq; h++)
                             ib_attend_policy(&fake, q + h * HD, k, v, p, HD, 0.25f, blocks[bi], ref + h * HD);
-                        ib_attend_policy_heads(&fake, isa, q, nq, k, v, p, HD, 0.25f, blocks[bi], got);
+                        ib_attend_policy_heads(&fake, ak.block2, q, nq, k, v, p, HD, 0.25f, blocks[bi], got);
                         bad += memcmp(ref, got, sizeof(float) * (size_t)nq * HD) != 0;
                         (*cases)++;
                     }
@@ -263,13 +261,8 @@ static void check_policy_heads(const ib_model *m) {
 /* ib_attend_policy against a float64 softmax over exactly the positions the policy keeps. */
 static void check_attend_policy(const ib_model *m) {
     int hd = 32, S = 3, W = 20, C = 8, cap = S + W + C, n_pos = 90;
-    struct ib_session fake;
-    memset(&fake, 0, sizeof fake);
-    fake.model = m;
-    fake.capacity = cap;
-    fake.kv_sink = S;
-    fake.kv_window = W;
-    fake.kv_chunk = C;
+    ib_kv_desc fake = {.dtype = IB_KV_F32, .n_layers = 1, .n_kv_heads = 1, .head_dim = hd, .capacity = cap,
+                       .sink = S, .window = W};
     static float K[200][32], Vv[200][32]; /* by position */
     float *k = calloc((size_t)cap * hd, sizeof(float)), *v = calloc((size_t)cap * hd, sizeof(float)), q[32], out[32];
     uint64_t x = 88172645463325252ULL;
@@ -366,7 +359,7 @@ int main(void) {
         {
             uint64_t h_a, h_b, h_f;
             int32_t u_a[GEN], u_b[GEN], u_f[GEN];
-            g_kv_f16 = 1;
+            g_kv_dtype = IB_KV_F16;
             run_window(m, e, i, 4, 48, 16, 16, 1, &h_a, u_a);
             run_window(m, e, i, 4, 48, 1, 1, 0, &h_b, u_b);
             CHECK(h_a == h_b && !memcmp(u_a, u_b, sizeof u_a), "f16 KV sink+window: batched chunks differ from alone");
@@ -374,7 +367,7 @@ int main(void) {
             run_window(m, e, i, 0, 0, 0, 16, 1, &h_a, u_a);
             run_window(m, e, i, 0, 0, 0, 1, 0, &h_f, u_f);
             CHECK(h_a == h_f && !memcmp(u_a, u_f, sizeof u_a), "f16 KV full session: batched chunks differ from alone");
-            g_kv_f16 = 0;
+            g_kv_dtype = IB_KV_F32;
         }
         /* policy parsing, and a chunk larger than kv_chunk is refused */
         int sk, wd;

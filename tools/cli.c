@@ -130,16 +130,18 @@ int cli_isa(const char *v, ib_isa *out) {
     return cli_usage_error("--isa: unknown '%s' (auto, scalar, avx2, avx512, neon)", v);
 }
 
+int cli_backend(const char *v, ib_backend_kind *out) {
+    if (ib_backend_parse(v, out) == 0) return 0;
+    return cli_usage_error("--backend: unknown '%s' (cpu, cuda)", v);
+}
+
 int cli_act(const char *v, ib_act *out) {
     if (ib_act_parse(v, out) == 0) return 0;
     return cli_usage_error("--act: unknown '%s' (auto, f32, q8)", v);
 }
 
-int cli_kv_dtype(const char *v, int *f16) {
-    if (!strcmp(v, "f32") || !strcmp(v, "f16")) {
-        *f16 = v[1] == '1';
-        return 0;
-    }
+int cli_kv_dtype(const char *v, ib_kv_dtype *out) {
+    if (ib_kv_dtype_parse(v, out) == 0) return 0;
     return cli_usage_error("--kv-dtype: unknown '%s' (f32, f16)", v);
 }
 

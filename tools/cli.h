@@ -40,9 +40,11 @@ int cli_u64(const char *flag, const char *s, uint64_t *out);
  * (switching the fault on); 0 on success, 2 (after a one-line error naming the flag) otherwise. */
 int cli_isa(const char *v, ib_isa *out);
 int cli_act(const char *v, ib_act *out);
+/* --backend cpu|cuda. */
+int cli_backend(const char *v, ib_backend_kind *out);
 int cli_inject(const char *v);
 /* --kv-dtype f32|f16: *f16 = 1 for half-precision KV. 0, or 2 after a usage error. */
-int cli_kv_dtype(const char *v, int *f16);
+int cli_kv_dtype(const char *v, ib_kv_dtype *out);
 
 /* Parse a comma-separated id list ("1,2,3", each in [0, vocab)) into a new array *out of *n ids;
  * 0 on success, 1 or 2 after an error message. */

@@ -18,6 +18,7 @@
 static const char help[] =
     "usage: isobatch bench [-m DIR] [--batch 1,2,4,8,16,32,64] [--prompt 128] [--gen 32] [--threads T]\n"
     "                      [--act auto|f32|q8] [--isa auto|scalar|avx2|avx512|neon] [--kv-dtype f32|f16]\n"
+    "                      [--backend cpu|cuda]\n"
     "                      [--kv full|window:W|sink:S,window:W] [--reps 3] [--json]\n"
     "  prefill: one session, --prompt tokens in one step.  decode: B sessions holding --prompt tokens\n"
     "  each step together for --gen tokens.  floor: (weight bytes + KV bytes read) per step over the\n"
@@ -102,8 +103,10 @@ int cmd_bench(int argc, char **argv) {
     int batches[16] = {1, 2, 4, 8, 16, 32, 64}, nb = 7, as_json = 0;
     long prompt = 128, gen = 32, threads = sysconf(_SC_NPROCESSORS_ONLN), reps = 3;
     ib_isa isa = IB_ISA_AUTO;
+    ib_backend_kind backend = IB_BACKEND_CPU;
     ib_act act = IB_ACT_AUTO;
-    int kv_f16 = 0, kv_sink = 0, kv_window = 0;
+    ib_kv_dtype kv_dtype = IB_KV_F32;
+    int kv_sink = 0, kv_window = 0;
     const char *kv_policy = "full";
     if (threads < 1) threads = 1;
     for (int i = 1; i < argc; i++) {
@@ -132,11 +135,13 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(f, "--act")) {
             if (cli_act(v, &act)) return 2;
         } else if (!strcmp(f, "--kv-dtype")) {
-            if (cli_kv_dtype(v, &kv_f16)) return 2;
+            if (cli_kv_dtype(v, &kv_dtype)) return 2;
         } else if (!strcmp(f, "--kv")) {
             if (ib_kv_policy_parse(v, &kv_sink, &kv_window))
                 return cli_usage_error("--kv: '%s' is not full, window:W or sink:S,window:W", v);
             kv_policy = v;
+        } else if (!strcmp(f, "--backend")) {
+            if (cli_backend(v, &backend)) return 2;
         } else if (!strcmp(f, "--isa")) {
             if (cli_isa(v, &isa)) return 2;
         } else
@@ -162,7 +167,7 @@ int cmd_bench(int argc, char **argv) {
     const ib_model_info *info = ib_model_get_info(m);
     int V = info->vocab_size, maxb = 1;
     for (int i = 0; i < nb; i++) maxb = batches[i] > maxb ? batches[i] : maxb;
-    ib_engine_opts eo = {.threads = (int)threads, .isa = isa, .act = act,
+    ib_engine_opts eo = {.threads = (int)threads, .isa = isa, .act = act, .backend = backend,
                          .max_step_tokens = (int)(prompt > maxb ? prompt : maxb)};
     if (ib_engine_create(m, &eo, &e, &err)) {
         rc = cli_error("%s", err.msg);
@@ -181,10 +186,10 @@ int cmd_bench(int argc, char **argv) {
     }
     for (long i = 0; i < prompt; i++) ids[i] = (int32_t)((i * 7919 + 13) % (V < 256 ? V : 256));
     /* a windowed session takes the whole prompt in one step and rewinds by --gen between repetitions */
-    ib_session_opts so = {.max_context = ctx, .sampling = ib_sampling_default(), .kv_f16 = kv_f16,
+    ib_session_opts so = {.max_context = ctx, .sampling = ib_sampling_default(), .kv_dtype = kv_dtype, .backend = backend,
                           .kv_sink = kv_sink, .kv_window = kv_window,
                           .kv_chunk = kv_window > 0 ? (int)(prompt > gen ? prompt : gen) : 0};
-    size_t kv_per_token = info->kv_bytes_per_token / (kv_f16 ? 2 : 1);
+    size_t kv_per_token = ib_kv_bytes_per_token(m, kv_dtype);
     if (ib_session_create(m, &so, &proto, &err)) {
         rc = cli_error("%s", err.msg);
         goto out;
@@ -226,7 +231,7 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(out, "act", json_string(act_name));
         json_object_set_new(out, "read_bandwidth_gbs", json_real(bw / 1e9));
         json_object_set_new(out, "weight_bytes", json_integer((json_int_t)info->weight_bytes));
-        json_object_set_new(out, "kv_dtype", json_string(kv_f16 ? "f16" : "f32"));
+        json_object_set_new(out, "kv_dtype", json_string(ib_kv_dtype_name(kv_dtype)));
         json_object_set_new(out, "kv_policy", json_string(kv_policy));
         json_object_set_new(out, "kv_bytes_per_token", json_integer((json_int_t)kv_per_token));
         json_object_set_new(out, "prefill_tok_s", json_pack("{s:f, s:f, s:f, s:i}", "median", pre.med, "min", pre.lo,
@@ -234,7 +239,7 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(out, "decode", json_array());
     } else {
         printf("model %s: %.1f MB weights, %zu KV bytes/token (%s, kv %s); %ld threads, isa %s, act %s\n", dir,
-               info->weight_bytes / 1e6, kv_per_token, kv_f16 ? "f16" : "f32", kv_policy, threads,
+               info->weight_bytes / 1e6, kv_per_token, ib_kv_dtype_name(kv_dtype), kv_policy, threads,
                ib_isa_name(ib_engine_isa(e)), act_name);
         printf("read bandwidth %.1f GB/s (measured, %ld threads; again between the repetitions below)\n",
                bw / 1e9, threads);

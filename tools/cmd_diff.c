@@ -30,6 +30,7 @@ static const char help[] =
     "  --batch B         sessions per batched step (default: all)\n"
     "  --threads N       engine threads (default: the CPUs online)\n"
     "  --isa, --act      kernels and activation mode (as generate)\n"
+    "  --backend B       cpu (default) or cuda\n"
     "  --json            one JSON object instead of the tables\n"
     "  --inject FAULT    test-only: break a kernel on purpose (see `isobatch generate --help`)\n";
 
@@ -64,6 +65,7 @@ int cmd_diff(int argc, char **argv) {
     const char *dir = NULL;
     long step = 1, batch = 0, threads = sysconf(_SC_NPROCESSORS_ONLN);
     ib_isa isa = IB_ISA_AUTO;
+    ib_backend_kind backend = IB_BACKEND_CPU;
     ib_act act = IB_ACT_AUTO;
     int json = 0, rc = 0, nt = 0, ni = 0, n = 0;
     if (threads < 1) threads = 1;
@@ -90,6 +92,7 @@ int cmd_diff(int argc, char **argv) {
         else if (!strcmp(f, "--batch")) rc = VAL() ? cli_int(f, v, 1, 4096, &batch) : 2;
         else if (!strcmp(f, "--threads")) rc = VAL() ? cli_int(f, v, 1, 256, &threads) : 2;
         else if (!strcmp(f, "--isa")) rc = VAL() ? cli_isa(v, &isa) : 2;
+        else if (!strcmp(f, "--backend")) rc = VAL() ? cli_backend(v, &backend) : 2;
         else if (!strcmp(f, "--act")) {
             rc = VAL() ? cli_act(v, &act) : 2;
         } else if (!strcmp(f, "--json")) json = 1;
@@ -127,7 +130,7 @@ int cmd_diff(int argc, char **argv) {
         if ((rc = cli_parse_ids(idl[i], info->vocab_size, &ids[n], &lens[n]))) goto out;
         n++;
     }
-    ib_diff_opts o = {.step = (int)step, .batch = (int)batch, .threads = (int)threads, .isa = isa, .act = act};
+    ib_diff_opts o = {.step = (int)step, .batch = (int)batch, .threads = (int)threads, .isa = isa, .act = act, .backend = backend};
     if (ib_diff_run(m, (const int32_t *const *)ids, lens, n, &o, &r, &err)) {
         rc = cli_error("%s", err.msg);
         goto out;

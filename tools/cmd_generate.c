@@ -26,6 +26,7 @@ static const char help[] =
     "  --prefill-chunk C prompt tokens per step per session (default whole)\n"
     "  --max-step-tokens N  tokens per step over all sessions (default 512)\n"
     "  --isa, --act      kernels and activation mode (results never depend on --isa)\n"
+    "  --backend B       cpu (default) or cuda: where the engine computes (same bits on both)\n"
     "  --kv-dtype f16    keep keys/values in IEEE half: half the KV memory (answers change slightly)\n"
     "  --temp ... --seed sampling (default greedy); draws keyed by (seed, step)\n"
     "  --ignore-eos      do not stop at the end-of-sequence token\n"
@@ -170,16 +171,17 @@ typedef struct gen_args {
     const char *model_dir, *logits_out, *prompts_file;
     long n, batch, threads, chunk, max_step;
     ib_isa isa;
+    ib_backend_kind backend;  /* --backend */
     ib_act act;
     ib_sampling sampling;
     int json, ignore_eos, check_serial;
-    int kv_f16;               /* --kv-dtype f16 */
+    ib_kv_dtype kv_dtype;     /* --kv-dtype */
 } gen_args;
 
 /* Run one generation with the given batch. */
 static int run(ib_model *m, const gen_args *a, const prompts *p, long batch, ib_gen_result *res, ib_gen_stats *st) {
     ib_error err;
-    ib_engine_opts eo = {.threads = (int)a->threads, .isa = a->isa, .act = a->act, .max_step_tokens = (int)a->max_step};
+    ib_engine_opts eo = {.threads = (int)a->threads, .isa = a->isa, .act = a->act, .backend = a->backend, .max_step_tokens = (int)a->max_step};
     ib_engine *e;
     if (ib_engine_create(m, &eo, &e, &err)) return cli_error("%s", err.msg);
     ib_gen_request *rq = malloc((size_t)p->n * sizeof *rq);
@@ -190,7 +192,7 @@ static int run(ib_model *m, const gen_args *a, const prompts *p, long batch, ib_
     for (int i = 0; i < p->n; i++) rq[i] = (ib_gen_request){p->ids[i], p->len[i], 0};
     ib_gen_opts go = {.max_new_tokens = (int)a->n, .batch = (int)batch, .prefill_chunk = (int)a->chunk,
                       .stop_at_eos = !a->ignore_eos, .keep_logits = a->logits_out != NULL, .sampling = a->sampling,
-                      .kv_f16 = a->kv_f16};
+                      .kv_dtype = a->kv_dtype};
     ib_status rc = ib_generate(e, rq, p->n, &go, res, st, &err);
     free(rq);
     ib_engine_free(e);
@@ -281,10 +283,11 @@ int cmd_generate(int argc, char **argv) {
             else if (!strcmp(v, "whole")) a.chunk = 0;
             else rc = cli_int(f, v, 0, 1 << 20, &a.chunk);
         } else if (!strcmp(f, "--isa")) rc = VAL() ? cli_isa(v, &a.isa) : 2;
+        else if (!strcmp(f, "--backend")) rc = VAL() ? cli_backend(v, &a.backend) : 2;
         else if (!strcmp(f, "--act")) {
             rc = VAL() ? cli_act(v, &a.act) : 2;
         } else if (!strcmp(f, "--kv-dtype")) {
-            rc = VAL() ? cli_kv_dtype(v, &a.kv_f16) : 2;
+            rc = VAL() ? cli_kv_dtype(v, &a.kv_dtype) : 2;
         } else if (!strcmp(f, "--temp")) {
             if (!VAL() || cli_float(f, v, 0, 100, &d)) rc = 2;
             else a.sampling.temperature = (float)d;

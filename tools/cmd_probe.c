@@ -10,16 +10,21 @@
 
 #include "cli.h"
 #include "diag/diag.h"
+#include "model/mkmodel.h"
 
 static const char help[] =
-    "usage: isobatch probe [--backend cpu|scalar|avx2|avx512|neon] [--op NAME] [--json] [--inject FAULT]\n"
+    "usage: isobatch probe [--backend cpu|cuda|scalar|avx2|avx512|neon] [-m DIR] [--op NAME] [--json] [--inject FAULT]\n"
     "         [--threads N] [--batch-sizes L] [--tokens L] [--positions L] [--seed S] [--failures-only]\n"
     "\n"
     "Runs every op alone over [B,H,T,D] shapes, B in {1,2,3,4,8,16,33}, T in {1,2,7,64}, positions\n"
     "{0,1,148,4095}, and checks bitwise: identical input rows give identical output rows; row i of a\n"
-    "batched run equals a B=1 run of row i; per-ISA kernels equal the scalar one. Exit 1 on any failure.\n"
+    "batched run equals a B=1 run of row i; per-ISA kernels equal the scalar one. Then every op of the\n"
+    "backend's table (src/backends/backend.h) is run inside whole steps of a model (several sessions,\n"
+    "f32/f16 KV, full and sink+window caches, q8 and f32 activations) and compared with the scalar\n"
+    "references of src/ops bitwise. Exit 1 on any failure.\n"
     "\n"
-    "  --backend B       cpu (default: every ISA this CPU runs) or one ISA\n"
+    "  --backend B       cpu (default: every ISA this CPU runs), one ISA, or cuda (the op table only)\n"
+    "  -m DIR            the model of the op-table check (default: a tiny random 4-bit model)\n"
     "  --op NAME         one op or family (embed, rmsnorm, qknorm, matmul, rope, attention, swiglu,\n"
     "                    sample); --op list prints the ops\n"
     "  --json            one JSON object: cases, per-op summary, failures\n"
@@ -155,10 +160,102 @@ static void mask_text(unsigned long long mask, const int *v, int n, char *buf, s
     if (o < cap) snprintf(buf + o, cap - o, "}");
 }
 
+typedef struct optab {
+    const char *names[16];
+    long elems[16], bad[16];
+    int n;
+} optab;
+
+static void on_op(void *ctx, const ib_opcheck *r) {
+    optab *t = ctx;
+    int i = 0;
+    while (i < t->n && strcmp(t->names[i], r->op)) i++;
+    if (i == t->n && t->n < 16) t->names[t->n++] = r->op;
+    if (i < 16) t->elems[i] += r->elems, t->bad[i] += r->mismatches;
+}
+
+/* The backend op-table check (ib_backend_check) of `kind` — for the CPU once per ISA in isas — under
+ * Q8 and F32 activations, on the model in dir or a tiny random 4-bit one. Text: one line per op;
+ * json: objects appended to arr. Returns 0, 1 when an op differs from the reference, or 2/1 after an
+ * error message. */
+static int op_table(ib_backend_kind kind, const ib_isa *isas, int n_isa, const char *dir, int json, json_t *arr) {
+    char tmp[] = "/tmp/ib_probe_XXXXXX";
+    ib_error err;
+    ib_model *m = NULL;
+    int rc = 0, made = 0, errored = 0;
+    const char *why = NULL;
+    if (!ib_backend_available(kind, &why)) return cli_error("backend %s: %s", ib_backend_name(kind), why);
+    if (!dir) {
+        if (!mkdtemp(tmp)) return cli_error("probe: cannot make a temporary model directory");
+        made = 1;
+        ib_mkmodel_opts mo = {.preset = "tiny", .seed = 3, .bits = 4, .group = 32, .tied = 1};
+        if (ib_mkmodel(tmp, &mo, &err)) {
+            rc = cli_error("%s", err.msg);
+            goto done;
+        }
+        dir = tmp;
+    }
+    if (ib_model_load(dir, NULL, &m, &err)) {
+        rc = cli_error("%s", err.msg);
+        goto done;
+    }
+    const ib_isa one = IB_ISA_AUTO;
+    if (kind != IB_BACKEND_CPU) isas = &one, n_isa = 1;
+    const int quantized = ib_model_get_info(m)->quant_bits != 0;
+    if (!json) printf("\nbackend op table (every op inside whole steps vs the scalar reference, bitwise):\n");
+    json_t *own = json && !arr ? json_array() : NULL;
+    for (int i = 0; i < n_isa && !rc; i++)
+        for (int a = quantized ? 0 : 1; a < 2 && !rc; a++) {
+            ib_act act = a ? IB_ACT_F32 : IB_ACT_Q8;
+            optab t = {0};
+            long bad = 0;
+            ib_backend_check_opts o = {.backend = kind, .isa = isas[i], .act = act, .threads = 2};
+            if (ib_backend_check(m, &o, on_op, &t, &bad, &err)) {
+                rc = cli_error("%s", err.msg);
+                errored = 1;
+                break;
+            }
+            char who[48];
+            snprintf(who, sizeof who, "%s%s%s", ib_backend_name(kind), kind == IB_BACKEND_CPU ? " " : "",
+                     kind == IB_BACKEND_CPU ? ib_isa_name(isas[i]) : "");
+            for (int k = 0; k < t.n; k++) {
+                if (json) {
+                    json_t *r = json_pack("{s:s, s:s, s:s, s:I, s:I}", "backend", who, "act", a ? "f32" : "q8", "op",
+                                          t.names[k], "floats", (json_int_t)t.elems[k], "mismatches",
+                                          (json_int_t)t.bad[k]);
+                    json_array_append_new(arr ? arr : own, r);
+                } else {
+                    printf("  %-10s %-4s %-22s %10ld floats  %s\n", who, a ? "f32" : "q8", t.names[k], t.elems[k],
+                           t.bad[k] ? "DIFFER" : "bitwise equal");
+                    if (t.bad[k]) printf("    %ld floats differ\n", t.bad[k]);
+                }
+            }
+            if (bad) rc = 1;
+        }
+    if (own && !errored) {
+        json_t *o = json_pack("{s:o, s:b}", "backend_ops", own, "ok", rc == 0);
+        char *s = json_dumps(o, JSON_COMPACT);
+        if (s) puts(s);
+        free(s);
+        json_decref(o);
+    } else if (!json && !errored) {
+        printf("%s\n", rc ? "backend op table: FAILED" : "backend op table: every op bitwise equal");
+    }
+    json_decref(errored ? own : NULL);
+done:
+    ib_model_free(m);
+    if (made) {
+        char cmd[64];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+        if (system(cmd) != 0) fprintf(stderr, "isobatch: could not remove %s\n", tmp);
+    }
+    return rc;
+}
+
 int cmd_probe(int argc, char **argv) {
     ib_probe_opts po = {.threads = (int)sysconf(_SC_NPROCESSORS_ONLN), .seed = 1};
     if (po.threads < 2) po.threads = 2;
-    const char *backend = "cpu";
+    const char *backend = "cpu", *model_dir = NULL;
     int *Bs = NULL, *Ts = NULL, *Ps = NULL, rc = 0, list = 0;
     pctx p = {0};
     for (int i = 1; i < argc && !rc; i++) {
@@ -170,6 +267,7 @@ int cmd_probe(int argc, char **argv) {
         }
 #define VAL() (v = cli_value(argc, argv, &i))
         if (!strcmp(f, "--backend")) rc = VAL() ? (backend = v, 0) : 2;
+        else if (!strcmp(f, "-m")) rc = VAL() ? (model_dir = v, 0) : 2;
         else if (!strcmp(f, "--op")) {
             if (!VAL()) rc = 2;
             else if (!strcmp(v, "list")) list = 1;
@@ -210,6 +308,10 @@ int cmd_probe(int argc, char **argv) {
     ib_isa isas[4];
     int n_isa = 0;
     char skipped[128] = "";
+    if (!strcmp(backend, "cuda")) {
+        rc = op_table(IB_BACKEND_CUDA, NULL, 0, model_dir, p.json, NULL);
+        goto out;
+    }
     if (!strcmp(backend, "cpu")) {
         /* the ISAs of this build's architecture (the others are never supported) */
 #if defined(__aarch64__)
@@ -296,6 +398,13 @@ int cmd_probe(int argc, char **argv) {
         json_object_set_new(o, "summary", sum);
         json_object_set_new(o, "skipped", sk);
         json_object_set_new(o, "total", json_integer(total));
+        json_t *bo = json_array();
+        if ((rc = op_table(IB_BACKEND_CPU, isas, n_isa, model_dir, 1, bo))) {
+            json_decref(o);
+            json_decref(bo);
+            goto out;
+        }
+        json_object_set_new(o, "backend_ops", bo);
         json_object_set_new(o, "failed", json_integer(n_fail));
         char *s = json_dumps(o, JSON_COMPACT);
         if (s) puts(s);
@@ -327,6 +436,7 @@ int cmd_probe(int argc, char **argv) {
             printf("\n");
         }
         printf("%d cases, %d failed\n", total, n_fail);
+        if ((rc = op_table(IB_BACKEND_CPU, isas, n_isa, model_dir, 0, NULL))) goto out;
     }
     if (n_fail) rc = 1;
 out:

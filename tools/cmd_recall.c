@@ -30,6 +30,7 @@ static const char help[] =
     "  --batch B         sessions per step in the batched mode (default: N)\n"
     "  --threads N       engine threads (default: the CPUs online)\n"
     "  --isa, --act      kernels and activation mode (as generate)\n"
+    "  --backend B       cpu (default) or cuda\n"
     "  --max-step-tokens N  tokens per step over all sessions (default: enough to prefill the batch's\n"
     "                    whole prompts in one step, at most 16384; decode steps then carry one token each)\n"
     "  --spec FILE       the needle spec (default spec/needle.json, else beside the executable's ../spec)\n"
@@ -103,6 +104,7 @@ int cmd_recall(int argc, char **argv) {
     const char *dir = NULL, *spec_path = NULL;
     long sessions = 8, length = 512, batch = 0, threads = sysconf(_SC_NPROCESSORS_ONLN), first = 0, max_step = 0;
     ib_isa isa = IB_ISA_AUTO;
+    ib_backend_kind backend = IB_BACKEND_CPU;
     ib_act act = IB_ACT_AUTO;
     int json = 0, rc = 0, train_words = 0;
     if (threads < 1) threads = 1;
@@ -132,6 +134,7 @@ int cmd_recall(int argc, char **argv) {
             else if (strcmp(v, "heldout")) rc = cli_usage_error("--words: unknown '%s' (heldout, train)", v);
         }
         else if (!strcmp(f, "--isa")) rc = VAL() ? cli_isa(v, &isa) : 2;
+        else if (!strcmp(f, "--backend")) rc = VAL() ? cli_backend(v, &backend) : 2;
         else if (!strcmp(f, "--act")) {
             rc = VAL() ? cli_act(v, &act) : 2;
         } else if (!strcmp(f, "--json")) json = 1;
@@ -160,7 +163,7 @@ int cmd_recall(int argc, char **argv) {
             rc = cli_error("%s", err.msg);
             goto out;
         }
-    ib_recall_opts o = {.batch = (int)batch, .threads = (int)threads, .isa = isa, .act = act, .max_step_tokens = (int)max_step};
+    ib_recall_opts o = {.batch = (int)batch, .threads = (int)threads, .isa = isa, .act = act, .backend = backend, .max_step_tokens = (int)max_step};
     if (ib_recall_run(m, cases, (int)sessions, &o, &r, &err)) {
         rc = cli_error("%s", err.msg);
         goto out;

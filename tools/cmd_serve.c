@@ -30,6 +30,7 @@ static const char help[] =
     "  --kv-dtype f32|f16     KV precision of every session (f16: half the memory; answers change slightly)\n"
     "  --threads T            compute threads (default: the CPUs online)\n"
     "  --isa auto|scalar|avx2|avx512|neon, --act auto|f32|q8\n"
+    "  --backend cpu|cuda   where the engine computes and sessions' KV caches live (default cpu)\n"
     "  --api-key KEY          require Authorization: Bearer KEY (repeat for several tenants)\n"
     "  --max-body BYTES       request body limit (default 1048576)\n"
     "  --max-prompt-tokens N  prompt limit (default 4096)\n"
@@ -110,8 +111,9 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(f, "--token-delay-ms")) { /* tests only: a slow model */
             rc = VAL() ? cli_int(f, v, 0, 10000, &delay) : 2;
         } else if (!strcmp(f, "--kv-dtype")) {
-            rc = VAL() ? cli_kv_dtype(v, &o.kv_f16) : 2;
+            rc = VAL() ? cli_kv_dtype(v, &o.kv_dtype) : 2;
         } else if (!strcmp(f, "--isa")) rc = VAL() ? cli_isa(v, &o.isa) : 2;
+        else if (!strcmp(f, "--backend")) rc = VAL() ? cli_backend(v, &o.backend) : 2;
         else if (!strcmp(f, "--act")) {
             rc = VAL() ? cli_act(v, &o.act) : 2;
         } else

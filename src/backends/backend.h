@@ -158,7 +158,8 @@ typedef struct ib_backend_ops {
     void (*swiglu)(ib_backend *b);
     /* x += y (ib_add), all R rows. */
     void (*add)(ib_backend *b, ib_buf x, ib_buf y);
-    /* For each wanted row: final norm of X[row], then lm_head, into that row's logits. */
+    /* For each wanted row j (< n_logits): XN[j] = final norm of X[logit_row[j]] (XN's other rows are
+     * left undefined), then that row's logits = XN[j] · lm_head^T, delivered by step_end. */
     void (*logits)(ib_backend *b);
     /* Wait for the step; every logits_out buffer is filled. */
     ib_status (*step_end)(ib_backend *b, ib_error *err);
@@ -167,9 +168,9 @@ typedef struct ib_backend_ops {
     /* Rows [0, R) of buffer `buf` (width floats each) as host memory, valid until the next call on b.
      * Waits for the work enqueued so far. */
     const float *(*read_rows)(ib_backend *b, ib_buf buf, int R, int width);
-    /* The final-normed rows and logits of the last `logits` call ([n_logits][D], [n_logits][V]), host
-     * memory valid until the next call on b. */
-    const float *(*read_final)(ib_backend *b, int logits);
+    /* Set rows [0, R) of buffer `buf` (width floats each) from host memory x, in stream order with the
+     * enqueued work (the op checker feeds every op its inputs this way). */
+    void (*write_rows)(ib_backend *b, ib_buf buf, int R, int width, const float *x);
 } ib_backend_ops;
 
 /* An instance starts with a pointer to its kind's table, so the runtime can call through it. */

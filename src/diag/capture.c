@@ -167,10 +167,10 @@ ib_status ib_diff_run(const ib_model *m, const int32_t *const *prompts, const in
     }
     for (int i = 0; i < n; i++) r->prompt_len[i] = lens[i];
 
-    ib_engine_opts eo = {.threads = o->threads, .isa = o->isa, .act = o->act,
+    ib_engine_opts eo = {.threads = o->threads, .isa = o->isa, .act = o->act, .backend = o->backend,
                          .max_step_tokens = (int)(step_tokens > 512 ? step_tokens : 512)};
     if ((rc = ib_engine_create(m, &eo, &e, err))) goto done;
-    ib_session_opts so = {.max_context = (int)(max_len + K + 1), .sampling = ib_sampling_default()};
+    ib_session_opts so = {.max_context = (int)(max_len + K + 1), .sampling = ib_sampling_default(), .backend = o->backend};
     for (int i = 0; i < n; i++)
         if ((rc = ib_session_create(m, &so, &alone[i], err)) || (rc = ib_session_create(m, &so, &bat[i], err))) goto done;
     ib_engine_set_capture(e, on_capture, &d);

@@ -100,6 +100,7 @@ typedef struct ib_diff_opts {
     int threads;         /* engine threads (both modes use the same engine) */
     ib_isa isa;
     ib_act act;
+    ib_backend_kind backend;
 } ib_diff_opts;
 
 /* Where a step first diverged, in forward order (layer n_layers holds final_norm and logits). */
@@ -170,6 +171,7 @@ typedef struct ib_recall_opts {
     int threads;
     ib_isa isa;
     ib_act act;
+    ib_backend_kind backend;
     int max_step_tokens; /* 0 = enough to prefill `batch` whole prompts in one step (512 .. 16384) */
 } ib_recall_opts;
 
@@ -233,5 +235,31 @@ void ib_accuracy_finish(ib_accuracy *a);
  * into *out. Fails with the engine's or the step's error (e.g. act q8 on a float model). */
 ib_status ib_accuracy_run(const ib_model *m, const ib_engine_opts *opts, const int32_t *tokens, int T,
                           const double *ref, ib_accuracy *out, ib_error *err);
+
+/* ---- the backend op check (backend_check.c): every op of a backend's table against the scalar
+ * references of src/ops/, bitwise, inside whole steps of the model (several sessions at different
+ * positions and lengths; f32 and f16 KV; full and sink+window caches). */
+typedef struct ib_opcheck {
+    const char *op;       /* "embed", "rmsnorm", "linear q/k/v", "q/k norm", "rope", "kv store + attention",
+                           * "linear o", "add", "linear gate/up", "swiglu", "linear down", "final norm", "logits" */
+    const char *config;   /* "f32 KV, full", "f16 KV, sink+window", ... */
+    long elems;           /* floats compared in this call */
+    long mismatches;      /* of them, not bitwise equal to the reference */
+} ib_opcheck;
+typedef void (*ib_opcheck_fn)(void *ctx, const ib_opcheck *r);
+
+typedef struct ib_backend_check_opts {
+    ib_backend_kind backend;
+    ib_isa isa;           /* the CPU backend's ISA (AUTO: the best this CPU runs) */
+    ib_act act;           /* AUTO: as an engine would choose for the model */
+    int threads;
+} ib_backend_check_opts;
+
+/* Run the check on model m; fn (may be NULL) gets one result per op call. *mismatches = the total
+ * count of floats that differ from the reference (0: the backend is exact). The references run with
+ * the test-only faults off; the backend runs with whatever fault is set. Errors (backend unavailable,
+ * out of memory) return non-OK. */
+ib_status ib_backend_check(const ib_model *m, const ib_backend_check_opts *o, ib_opcheck_fn fn, void *ctx,
+                           long *mismatches, ib_error *err);
 
 #endif

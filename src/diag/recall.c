@@ -487,7 +487,8 @@ static char *token_text(const ib_model *m, const int32_t *t, int n) {
  * generating at most limit[i] tokens. */
 static ib_status run_mode(const ib_model *m, const ib_needle_case *cases, int n, const ib_recall_opts *o, int batch,
                           const int *limit, ib_gen_result *res, ib_gen_stats *st, ib_error *err) {
-    ib_engine_opts eo = {.threads = o->threads, .isa = o->isa, .act = o->act, .max_step_tokens = o->max_step_tokens};
+    ib_engine_opts eo = {.threads = o->threads, .isa = o->isa, .act = o->act, .backend = o->backend,
+                         .max_step_tokens = o->max_step_tokens};
     if (eo.max_step_tokens <= 0) {
         /* default: room to prefill `batch` whole prompts in one step, so decode steps carry one token
          * per session (the shape of a batched-decode bug), within 512 .. 16384 rows of scratch */

@@ -33,6 +33,25 @@ static ib_isa attn_isa(ib_isa isa) {
     return IB_ISA_SCALAR;
 }
 
+int ib_attn_kernels_for(ib_isa isa, ib_attn_kernels *out) {
+    if (isa == IB_ISA_AUTO || !ib_isa_supported(isa)) return -1;
+    switch (isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    case IB_ISA_AVX512:
+        *out = (ib_attn_kernels){ib_attend_heads_avx512, ib_attend_heads_f16_avx512, ib_attend_block2_avx512};
+        return 0;
+    case IB_ISA_AVX2:
+        *out = (ib_attn_kernels){ib_attend_heads_avx2, ib_attend_heads_f16_avx2, ib_attend_block2_avx2};
+        return 0;
+#endif
+    case IB_ISA_SCALAR:
+    case IB_ISA_NEON:
+        *out = (ib_attn_kernels){ib_attend_heads_portable, ib_attend_heads_f16_portable, ib_attend_block2_portable};
+        return 0;
+    default: return -1;
+    }
+}
+
 void ib_attend_heads_isa(ib_isa isa, const float *q, int nq, const float *k, const float *v, int n_keys,
                          int kv_stride, int hd, float scale, int block, int window, float *out) {
     switch (attn_isa(isa)) {

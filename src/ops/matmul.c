@@ -261,13 +261,12 @@ static void mm_task(void *ctx, int task, int thread) {
  * computes it, and whichever products share the run). A Q8 request on float weights, or without
  * buffers, runs the F32 path. */
 static void run_products(int n, const ib_matrix *const *ms, const float *X, int B, const ib_act_buf *q, ib_act act,
-                         ib_isa isa, ib_pool *pool, float *const *Ys, const int *ldys) {
+                         ib_matmul_kernel kern, ib_pool *pool, float *const *Ys, const int *ldys) {
     mm_job job;
     job.X = X;
     job.B = B;
     job.q = q;
-    job.kern = ib_matmul_kernel_for(isa);
-    if (!job.kern) job.kern = ib_matmul_panels_scalar;
+    job.kern = kern;
     int panels = 0;
     double macs = 0;
     for (int i = 0; i < n; i++) {
@@ -294,18 +293,30 @@ static void run_products(int n, const ib_matrix *const *ms, const float *X, int 
     ib_pool_run(pool, n_tasks, mm_task, &job);
 }
 
-void ib_matmul_many(int n, const ib_matrix *const *ms, const float *X, int B, const ib_act_buf *q, ib_act act,
-                    ib_isa isa, ib_pool *pool, float *const *Ys) {
+void ib_matmul_many_k(int n, const ib_matrix *const *ms, const float *X, int B, const ib_act_buf *q, ib_act act,
+                      ib_matmul_kernel kern, ib_pool *pool, float *const *Ys) {
     for (int i0 = 0; i0 < n && B > 0; i0 += IB_MATMUL_MAX_MANY) {
         int k = n - i0 < IB_MATMUL_MAX_MANY ? n - i0 : IB_MATMUL_MAX_MANY, ldys[IB_MATMUL_MAX_MANY];
         for (int i = 0; i < k; i++) ldys[i] = ms[i0 + i]->rows;
-        run_products(k, ms + i0, X, B, q, act, isa, pool, Ys + i0, ldys);
+        run_products(k, ms + i0, X, B, q, act, kern, pool, Ys + i0, ldys);
     }
+}
+
+/* The kernel of isa for the isa-taking entry points (tests, diagnostics): AUTO resolves to the best
+ * this CPU runs; an ISA of another architecture than this build's gets the scalar kernel. */
+static ib_matmul_kernel kernel_of(ib_isa isa) {
+    ib_matmul_kernel k = ib_matmul_kernel_for(isa);
+    return k ? k : ib_matmul_panels_scalar;
+}
+
+void ib_matmul_many(int n, const ib_matrix *const *ms, const float *X, int B, const ib_act_buf *q, ib_act act,
+                    ib_isa isa, ib_pool *pool, float *const *Ys) {
+    ib_matmul_many_k(n, ms, X, B, q, act, kernel_of(isa), pool, Ys);
 }
 
 /* Y = X · W^T split over the pool by panel ranges (one product, any row stride ldy). */
 void ib_matmul(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act, ib_isa isa,
                ib_pool *pool, float *Y, int ldy) {
     if (B <= 0) return;
-    run_products(1, &m, X, B, q, act, isa, pool, &Y, &ldy);
+    run_products(1, &m, X, B, q, act, kernel_of(isa), pool, &Y, &ldy);
 }

@@ -84,6 +84,15 @@ typedef struct ib_act_buf {
     float *ad;    /* [B][K/G] */
 } ib_act_buf;
 
+/* ---- kernels (src/backends/cpu/), one per ISA, same signature ----
+ * Compute panels [p0, p1) for all B rows. */
+typedef void (*ib_matmul_kernel)(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act,
+                                 int p0, int p1, float *Y, int ldy);
+
+/* ib_matmul_many with the panel kernel given (the CPU backend picks it once, at engine creation). */
+void ib_matmul_many_k(int n, const ib_matrix *const *ms, const float *X, int B, const ib_act_buf *q, ib_act act,
+                      ib_matmul_kernel kern, ib_pool *pool, float *const *Ys);
+
 /* Y[b][n] for b < B, n < N (ldy = row stride of Y, >= N), by the definition above.
  * act must be IB_ACT_F32 or IB_ACT_Q8 (Q8 requires a quantized m and a filled `q` from
  * ib_quantize_act with m->group; q is ignored for F32). isa must be supported (not AUTO).
@@ -101,10 +110,7 @@ void ib_matmul(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, i
 void ib_matmul_many(int n, const ib_matrix *const *ms, const float *X, int B, const ib_act_buf *q, ib_act act,
                     ib_isa isa, ib_pool *pool, float *const *Ys);
 
-/* ---- backend entry points (src/backends/cpu/), one per ISA, same signature ----
- * Compute panels [p0, p1) for all B rows. */
-typedef void (*ib_matmul_kernel)(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act,
-                                 int p0, int p1, float *Y, int ldy);
+
 void ib_matmul_panels_scalar(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act,
                              int p0, int p1, float *Y, int ldy);
 void ib_matmul_panels_avx2(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act,

@@ -150,6 +150,24 @@ void ib_attend_block2_isa(ib_isa isa, int f16, const float *q, int nq, const voi
                           const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale, float *m,
                           float *l, float *out);
 
+/* The copies as function pointers, picked once (an engine's CPU backend does at creation). */
+typedef void (*ib_attend_heads_fn)(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride,
+                                   int hd, float scale, int block, int window, float *out);
+typedef void (*ib_attend_heads_f16_fn)(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
+                                       int kv_stride, int hd, float scale, int block, int window, float *out);
+typedef void (*ib_attend_block2_fn)(int f16, const float *q, int nq, const void *k1, const void *v1, int n1,
+                                    const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale,
+                                    float *m, float *l, float *out);
+typedef struct ib_attn_kernels {
+    ib_attend_heads_fn heads;
+    ib_attend_heads_f16_fn heads_f16;
+    ib_attend_block2_fn block2;
+} ib_attn_kernels;
+
+/* The attention copies for isa (not AUTO): the AVX2 / AVX-512 ones on x86, the portable one for SCALAR
+ * and NEON. Returns 0, or -1 (out untouched) when this build or this CPU cannot run isa. */
+int ib_attn_kernels_for(ib_isa isa, ib_attn_kernels *out);
+
 /* The copies themselves (same arguments as ib_attend_heads / ib_attend_heads_f16 / ib_attend_block2_isa
  * without isa); the AVX2 and AVX-512 ones exist on x86 only and need a CPU that runs them. */
 void ib_attend_heads_portable(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride,

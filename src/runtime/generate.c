@@ -108,7 +108,7 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
         goto done;
     }
     ib_session_opts so = {.max_context = o->max_context > 0 ? o->max_context : need, .sampling = o->sampling,
-                          .kv_f16 = o->kv_f16};
+                          .kv_dtype = o->kv_dtype, .backend = ib_engine_backend(e)};
     for (int b = 0; b < B; b++) {
         slots[b].req = -1;
         if ((rc = ib_session_create(m, &so, &slots[b].s, err))) goto done;

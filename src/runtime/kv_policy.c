@@ -14,20 +14,20 @@
 
 /* Row `slot` of a slot-indexed plane ([capacity][hd], float or half): a pointer to it, converted into
  * buf when the session keeps half-precision KV. */
-static const float *kv_row(const ib_session *s, const void *plane, int slot, int hd, float *buf) {
-    if (!s->kv_f16) return (const float *)plane + (size_t)slot * hd;
+static const float *kv_row(const ib_kv_desc *d, const void *plane, int slot, int hd, float *buf) {
+    if (d->dtype != IB_KV_F16) return (const float *)plane + (size_t)slot * hd;
     ib_f16_to_f32_row((const uint16_t *)plane + (size_t)slot * hd, buf, hd);
     return buf;
 }
 
-void ib_attend_policy(const ib_session *s, const float *q, const void *k, const void *v, int p, int hd,
+void ib_attend_policy(const ib_kv_desc *s, const float *q, const void *k, const void *v, int p, int hd,
                       float scale, int block, float *out) {
     float sc[128];    /* block <= 128 scores */
     int slot[128];
     float buf[IB_ATTN_MAX_HD];
     float m = -INFINITY, l = 0.0f;
-    int S = s->kv_sink < p + 1 ? s->kv_sink : p + 1;
-    int lo = p - s->kv_window + 1;
+    int S = s->sink < p + 1 ? s->sink : p + 1;
+    int lo = p - s->window + 1;
     if (lo < S) lo = S;
     for (int d = 0; d < hd; d++) out[d] = 0.0f;
     /* the sink range [0, S), then the window range [lo, p], each cut at multiples of block */
@@ -59,16 +59,16 @@ void ib_attend_policy(const ib_session *s, const float *q, const void *k, const 
     for (int d = 0; d < hd; d++) out[d] = out[d] / l;
 }
 
-void ib_attend_policy_heads(const ib_session *s, ib_isa isa, const float *q, int nq, const void *k, const void *v,
+void ib_attend_policy_heads(const ib_kv_desc *s, ib_attend_block2_fn block2, const float *q, int nq, const void *k, const void *v,
                             int p, int hd, float scale, int block, float *out) {
     float m[IB_ATTN_MAX_GROUP], l[IB_ATTN_MAX_GROUP];
-    const int f16 = s->kv_f16;
+    const int f16 = s->dtype == IB_KV_F16;
     const size_t eb = f16 ? 2 : 4, row = (size_t)hd * eb;
     const char *kb = k, *vb = v;
     for (int h = 0; h < nq; h++) m[h] = -INFINITY, l[h] = 0.0f;
     for (int d = 0; d < nq * hd; d++) out[d] = 0.0f;
-    int S = s->kv_sink < p + 1 ? s->kv_sink : p + 1;
-    int lo = p - s->kv_window + 1;
+    int S = s->sink < p + 1 ? s->sink : p + 1;
+    int lo = p - s->window + 1;
     if (lo < S) lo = S;
     /* the same ranges and blocks as ib_attend_policy; a block of the window range whose slots run past
      * the ring's end continues at its start (slot kv_sink) */
@@ -79,9 +79,8 @@ void ib_attend_policy_heads(const ib_session *s, ib_isa isa, const float *q, int
             if (end > r1[r]) end = r1[r];
             int nb = end - b0, slot = ib_kv_slot(s, b0);
             int n1 = s->capacity - slot < nb ? s->capacity - slot : nb;
-            ib_attend_block2_isa(isa, f16, q, nq, kb + (size_t)slot * row, vb + (size_t)slot * row, n1,
-                                 kb + (size_t)s->kv_sink * row, vb + (size_t)s->kv_sink * row, nb - n1, hd, hd, scale,
-                                 m, l, out);
+            block2(f16, q, nq, kb + (size_t)slot * row, vb + (size_t)slot * row, n1, kb + (size_t)s->sink * row,
+                   vb + (size_t)s->sink * row, nb - n1, hd, hd, scale, m, l, out);
             b0 = end;
         }
     for (int h = 0; h < nq; h++)
@@ -116,7 +115,9 @@ int ib_kv_policy_parse(const char *str, int *sink, int *window) {
     return -1;
 }
 
-size_t ib_session_kv_bytes(const ib_session *s) {
-    const ib_config *c = &s->model->cfg;
-    return (size_t)c->n_layers * 2 * c->n_kv_heads * (size_t)s->capacity * c->head_dim * ib_kv_elem_bytes(s);
+size_t ib_session_kv_bytes(const ib_session *s) { return ib_kv_desc_bytes(&s->kv->desc); }
+
+size_t ib_kv_bytes_per_token(const ib_model *m, ib_kv_dtype t) {
+    const ib_config *c = &m->cfg;
+    return (size_t)c->n_layers * 2 * c->n_kv_heads * c->head_dim * ib_kv_dtype_bytes(t);
 }

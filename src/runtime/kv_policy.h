@@ -4,6 +4,7 @@
  */
 #ifndef IB_RUNTIME_KV_POLICY_H
 #define IB_RUNTIME_KV_POLICY_H
+#include "ops/ops.h"
 #include "runtime/runtime.h"
 
 /* Largest position count a windowed session accepts (positions keep counting past eviction). */
@@ -14,27 +15,24 @@
  * capacity - kv_sink slots (kv_window + kv_chunk: a step item of up to kv_chunk tokens stores all
  * its keys before any of its queries attends, and never overwrites a key an earlier query of the
  * same item still needs). */
-static inline int ib_kv_slot(const ib_session *s, int pos) {
-    if (s->kv_window <= 0 || pos < s->kv_sink) return pos;
-    return s->kv_sink + (pos - s->kv_sink) % (s->capacity - s->kv_sink);
-}
+static inline int ib_kv_slot(const ib_kv_desc *d, int pos) { return ib_kv_desc_slot(d, pos); }
 
-/* Attention of query q [hd] at position p of windowed session s against one head's keys k and values
+/* Attention of query q [hd] at position p of a windowed cache d against one head's keys k and values
  * v ([capacity][hd], slot-indexed). The attended positions are A(p) = [0, min(kv_sink, p + 1)) ∪
  * [max(kv_sink, p - kv_window + 1), p], walked in ascending position order with an online softmax;
  * the sink range and the window range are each cut into blocks at multiples of `block` positions.
  * The arithmetic is a function of p and the kept keys only, so batching and prefill chunking do not
  * change it. With kv_sink 0 it equals
  * ib_attend_one_window bitwise, and ib_attend_one while p < kv_window. */
-void ib_attend_policy(const ib_session *s, const float *q, const void *k, const void *v, int p, int hd,
+void ib_attend_policy(const ib_kv_desc *d, const float *q, const void *k, const void *v, int p, int hd,
                       float scale, int block, float *out);
 
 /* ib_attend_policy for nq (1..IB_ATTN_MAX_GROUP) query heads q [nq][hd] sharing the KV head k, v,
- * out [nq][hd], computed by the attention copy for isa (ib_attend_block2_isa: every copy, and every
+ * out [nq][hd], computed by the attention copy `block2` (one of ib_attn_kernels: every copy, and every
  * block cut by the ring's wrap, gives the same bits). Head h's output is bitwise
- * ib_attend_policy(s, q + h*hd, ...); the keys and values are read in place, half KV converted in
+ * ib_attend_policy(d, q + h*hd, ...); the keys and values are read in place, half KV converted in
  * registers. block <= 128. */
-void ib_attend_policy_heads(const ib_session *s, ib_isa isa, const float *q, int nq, const void *k, const void *v,
+void ib_attend_policy_heads(const ib_kv_desc *d, ib_attend_block2_fn block2, const float *q, int nq, const void *k, const void *v,
                             int p, int hd, float scale, int block, float *out);
 
 #endif

@@ -12,6 +12,18 @@
 
 ib_sampling ib_sampling_default(void);
 
+/* The table of the backend that will hold a session's KV: an error naming the backend when this
+ * build or machine lacks it, or the dtype is outside the enum. */
+static ib_status kv_ops_for(ib_backend_kind kind, ib_kv_dtype dtype, const ib_backend_ops **out, ib_error *err) {
+    const char *why = NULL;
+    if (dtype != IB_KV_F32 && dtype != IB_KV_F16)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "session: kv_dtype %d is not a KV element type", (int)dtype);
+    if (!ib_backend_available(kind, &why))
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "session: backend %s: %s", ib_backend_name(kind), why);
+    *out = ib_backend_ops_for(kind);
+    return IB_OK;
+}
+
 ib_status ib_session_create(const ib_model *m, const ib_session_opts *opts, ib_session **out, ib_error *err) {
     *out = NULL;
     const ib_config *c = &m->cfg;
@@ -33,14 +45,14 @@ ib_status ib_session_create(const ib_model *m, const ib_session_opts *opts, ib_s
     s->kv_window = window;
     s->kv_chunk = window > 0 ? (chunk > 0 ? chunk : 64) : 0;
     s->sampling = opts ? opts->sampling : ib_sampling_default();
-    s->kv_f16 = opts && opts->kv_f16;
-    size_t kv_floats = (size_t)c->n_layers * 2 * c->n_kv_heads * cap * c->head_dim;
-    s->kv = calloc(kv_floats, ib_kv_elem_bytes(s));
-    s->history = malloc(((size_t)cap + 1) * sizeof(int32_t));
+    ib_kv_desc kd = {.dtype = opts ? opts->kv_dtype : IB_KV_F32, .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
+                     .head_dim = c->head_dim, .capacity = cap, .sink = s->kv_sink, .window = s->kv_window};
     ib_status rc = IB_OK;
-    if (!s->kv || !s->history) {
-        rc = ib_fail(err, IB_ERR_NOMEM, "session: out of memory for a KV cache of %d tokens (%zu bytes)", cap,
-                     kv_floats * ib_kv_elem_bytes(s));
+    if ((rc = kv_ops_for(opts ? opts->backend : IB_BACKEND_CPU, kd.dtype, &s->kv_ops, err))) goto fail;
+    if ((rc = s->kv_ops->kv_create(&kd, &s->kv, err))) goto fail;
+    s->history = malloc(((size_t)cap + 1) * sizeof(int32_t));
+    if (!s->history) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "session: out of memory for a history of %d tokens", cap);
         goto fail;
     }
     if ((rc = ib_sample_scratch_init(&s->scratch, c->vocab_size, err))) goto fail;
@@ -53,7 +65,7 @@ fail:
 
 void ib_session_free(ib_session *s) {
     if (!s) return;
-    free(s->kv);
+    if (s->kv) s->kv_ops->kv_free(s->kv);
     free(s->history);
     ib_sample_scratch_free(&s->scratch);
     free(s);
@@ -73,19 +85,14 @@ void ib_session_set_sampling(ib_session *s, const ib_sampling *p) { s->sampling 
 ib_status ib_session_copy(ib_session *dst, const ib_session *src, ib_error *err) {
     if (dst == src) return IB_OK;
     if (dst->model != src->model) return ib_fail(err, IB_ERR_INVALID_ARG, "session copy: sessions of different models");
-    if (dst->kv_window != src->kv_window || dst->kv_sink != src->kv_sink || dst->kv_f16 != src->kv_f16 ||
+    if (dst->kv_window != src->kv_window || dst->kv_sink != src->kv_sink ||
+        dst->kv->desc.dtype != src->kv->desc.dtype || dst->kv->kind != src->kv->kind ||
         (src->kv_window > 0 && dst->capacity != src->capacity))
         return ib_fail(err, IB_ERR_INVALID_ARG, "session copy: sessions of different KV policies or KV types");
     if ((src->kv_window == 0 && src->pos > dst->capacity) || src->n_history > dst->capacity + 1)
         return ib_fail(err, IB_ERR_CONTEXT, "session copy: %d tokens do not fit a capacity of %d", src->pos, dst->capacity);
-    const ib_config *c = &src->model->cfg;
     int used = src->pos < src->capacity ? src->pos : src->capacity; /* slots in use */
-    size_t eb = ib_kv_elem_bytes(src), plane = (size_t)c->head_dim * used; /* elements per (layer, k|v, head) used */
-    for (int l = 0; l < c->n_layers; l++)
-        for (int kv = 0; kv < 2; kv++)
-            for (int h = 0; h < c->n_kv_heads; h++)
-                memcpy((char *)dst->kv + ib_kv_offset(dst, l, kv, h) * eb,
-                       (const char *)src->kv + ib_kv_offset(src, l, kv, h) * eb, plane * eb);
+    src->kv_ops->kv_copy(dst->kv, src->kv, used);
     dst->pos = src->pos;
     memcpy(dst->history, src->history, (size_t)src->n_history * sizeof(int32_t));
     dst->n_history = src->n_history;

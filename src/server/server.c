@@ -756,7 +756,7 @@ static void sse_free(void *cls) {
 }
 
 /* KV bytes of one token of one session of this server. */
-static size_t kv_token_bytes(const server *S) { return S->info->kv_bytes_per_token / (S->o.kv_f16 ? 2 : 1); }
+static size_t kv_token_bytes(const server *S) { return ib_kv_bytes_per_token(S->m, S->o.kv_dtype); }
 
 /* Reserve `bytes` of KV memory, waiting up to queue_wait_ms in a bounded queue. 0 on success. */
 static int mem_reserve(server *S, size_t bytes, int wait) {
@@ -1064,7 +1064,8 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
         return send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
                           "the KV memory budget is in use; retry later");
     }
-    ib_session_opts so = {.max_context = cap, .sampling = p.sp, .kv_f16 = S->o.kv_f16};
+    ib_session_opts so = {.max_context = cap, .sampling = p.sp, .kv_dtype = S->o.kv_dtype,
+                          .backend = S->o.backend};
     ib_session *s;
     ib_error err;
     gen *g = NULL;
@@ -1165,7 +1166,7 @@ static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c
                           S->o.memory_budget);
     sess *ss = calloc(1, sizeof *ss);
     ib_error err;
-    ib_session_opts so = {.max_context = (int)ctx, .sampling = ib_sampling_default(), .kv_f16 = S->o.kv_f16, .kv_sink = sink,
+    ib_session_opts so = {.max_context = (int)ctx, .sampling = ib_sampling_default(), .kv_dtype = S->o.kv_dtype, .backend = S->o.backend, .kv_sink = sink,
                           .kv_window = window, .kv_chunk = S->o.prefill_chunk};
     if (!ss || !(ss->tenant = strdup(tenant)) || random_hex(S, ss->id + 5, 16) ||
         ib_session_create(S->m, &so, &ss->s, &err)) {
@@ -1612,7 +1613,8 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     }
     int step_tokens = o->max_batch + o->prefill_chunk;
     if (step_tokens < 64) step_tokens = 64;
-    ib_engine_opts eo = {.threads = o->threads, .isa = o->isa, .act = o->act, .max_step_tokens = step_tokens};
+    ib_engine_opts eo = {.threads = o->threads, .isa = o->isa, .act = o->act, .backend = o->backend,
+                         .max_step_tokens = step_tokens};
     if ((rc = ib_engine_create(S->m, &eo, &S->e, err))) goto done;
     ib_sched_opts so = {.max_batch = o->max_batch, .prefill_chunk = o->prefill_chunk, .max_queue = o->max_queue > 0 ? o->max_queue : -1};
     if ((rc = ib_sched_create(S->e, &so, &S->sched, err))) goto done;

@@ -32,7 +32,8 @@ typedef struct ib_server_opts {
     int queue_wait_ms;           /* how long a request waits for memory before 429 */
     ib_isa isa;
     ib_act act;
-    int kv_f16;                  /* every session keeps its KV in IEEE half (half the memory) */
+    ib_backend_kind backend;     /* where the engine computes and the sessions' KV caches live */
+    ib_kv_dtype kv_dtype;        /* every session's KV element type (f16: half the memory) */
     int token_delay_ms;          /* tests only: the scheduler sleeps this long on each token (a slow
                                   * model, so a test can hold a batch slot for as long as it needs) */
 } ib_server_opts;

@@ -5,6 +5,7 @@
 #define IB_BACKENDS_CPU_CPU_H
 #include "isobatch.h"
 #include "ops/matmul.h"
+#include "ops/ops.h"
 
 /* The best ISA this CPU runs: AVX512 (with VNNI), else AVX2 (with FMA and F16C), else NEON (aarch64), else
  * SCALAR. */
@@ -14,6 +15,17 @@ ib_isa ib_isa_best(void);
  * enum or an ISA of another architecture than this build's. It does not check that the CPU supports
  * the ISA: that is the caller's job. */
 ib_matmul_kernel ib_matmul_kernel_for(ib_isa isa);
+
+/* Every kernel the CPU backend runs, for one ISA, picked once. */
+typedef struct ib_cpu_kernels {
+    ib_isa isa;
+    ib_matmul_kernel matmul;
+    ib_attn_kernels attn;
+} ib_cpu_kernels;
+
+/* The kernels of isa (AUTO is not accepted: the engine resolves it first). IB_ERR_UNSUPPORTED, naming
+ * the ISA, when this build or this CPU cannot run it: never a silent fallback to another ISA. */
+ib_status ib_cpu_kernels_for(ib_isa isa, ib_cpu_kernels *out, ib_error *err);
 
 #if defined(__aarch64__)
 /* NEON kernel (matmul_neon.c): 1 when the CPU has the int8 dot product (HWCAP_ASIMDDP), which the

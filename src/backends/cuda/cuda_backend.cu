@@ -112,7 +112,6 @@ typedef struct cuda_backend {
     float *buf[IB_BUF_COUNT];        /* [R_max][width] each */
     int8_t *xq;                      /* [R_max][Kmax] */
     float *qd, *qad;                 /* [R_max][Kmax/32] */
-    float *last;                     /* [R_max][D] final-normed rows */
     float *logits;                   /* [LOGIT_CHUNK][V] */
     int32_t *d_tok, *d_lrow;         /* [R_max] */
     rowinfo *d_ri;                   /* [R_max] */
@@ -970,13 +969,12 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
     b->xq = (int8_t *)dalloc(b, (size_t)Rm * Kmax);
     b->qd = (float *)dalloc(b, (size_t)Rm * (Kmax / 32 + 1) * sizeof(float));
     b->qad = (float *)dalloc(b, (size_t)Rm * (Kmax / 32 + 1) * sizeof(float));
-    b->last = (float *)dalloc(b, (size_t)Rm * D * sizeof(float));
     b->logits = (float *)dalloc(b, (size_t)LOGIT_CHUNK * b->V * sizeof(float));
     b->d_tok = (int32_t *)dalloc(b, (size_t)Rm * 4);
     b->d_lrow = (int32_t *)dalloc(b, (size_t)Rm * 4);
     b->d_ri = (rowinfo *)dalloc(b, (size_t)Rm * sizeof(rowinfo));
     b->d_cs = (float *)dalloc(b, (size_t)Rm * hd * sizeof(float));
-    if (!b->norms || !b->buf[IB_BUF_COUNT - 1] || !b->buf[0] || !b->xq || !b->qd || !b->qad || !b->last || !b->logits ||
+    if (!b->norms || !b->buf[IB_BUF_COUNT - 1] || !b->buf[0] || !b->xq || !b->qd || !b->qad || !b->logits ||
         !b->d_tok || !b->d_lrow || !b->d_ri || !b->d_cs) {
         rc = ib_fail(err, IB_ERR_NOMEM, "cuda: out of device memory for %d rows of scratch", Rm);
         goto fail;
@@ -1224,17 +1222,19 @@ static void launch_attention(cuda_backend *b, int li) {
     LAUNCHED(b, "attention");
 }
 
-/* Final norm of the wanted rows, lm_head in chunks, logits into the pinned host buffer. */
+/* XN[j] = final norm of X[logit_row[j]] for the wanted rows, lm_head in chunks, logits into the pinned
+ * host buffer. */
 static void launch_logits(cuda_backend *b) {
     const int nl = b->n_logits, D = b->D, V = b->V;
+    float *xn = b->buf[IB_BUF_XN];
     if (nl < 1) return;
-    gather_kernel<<<blocks_for((size_t)nl * D, 256), 256, 0, b->st>>>(b->buf[IB_BUF_X], b->d_lrow, nl, D, b->last);
+    gather_kernel<<<blocks_for((size_t)nl * D, 256), 256, 0, b->st>>>(b->buf[IB_BUF_X], b->d_lrow, nl, D, xn);
     LAUNCHED(b, "logits");
-    launch_rmsnorm(b, b->last, norm_weights(b, IB_N_FINAL, 0), nl, D, b->last, 1);
+    launch_rmsnorm(b, xn, norm_weights(b, IB_N_FINAL, 0), nl, D, xn, 1);
     const dmat *lm = b->lm_head;
     for (int j0 = 0; j0 < nl; j0 += LOGIT_CHUNK) {
         const int n = nl - j0 < LOGIT_CHUNK ? nl - j0 : LOGIT_CHUNK;
-        const float *X = b->last + (size_t)j0 * D;
+        const float *X = xn + (size_t)j0 * D;
         const int q8 = b->act == IB_ACT_Q8 && lm->fmt != IB_WF32;
         if (q8) launch_quantize(b, X, n, lm->K, lm->G);
         launch_product(b, lm, X, n, q8, b->logits);
@@ -1416,17 +1416,11 @@ static const float *cuda_read_rows(ib_backend *base, ib_buf buf, int R, int widt
     return h;
 }
 
-static const float *cuda_read_final(ib_backend *base, int logits) {
+static void cuda_write_rows(ib_backend *base, ib_buf buf, int R, int width, const float *x) {
     cuda_backend *b = (cuda_backend *)base;
-    const int nl = b->n_logits;
     flush_direct(b);
-    note(b, cudaStreamSynchronize(b->st), "read_final");
-    if (!logits) {
-        float *h = host_rows(b, (size_t)nl * b->D + 1);
-        if (h) note(b, cudaMemcpy(h, b->last, (size_t)nl * b->D * sizeof(float), cudaMemcpyDeviceToHost), "read_final");
-        return h;
-    }
-    return b->h_logits;
+    note(b, cudaStreamSynchronize(b->st), "write_rows");
+    note(b, cudaMemcpy(b->buf[buf], x, (size_t)R * width * sizeof(float), cudaMemcpyHostToDevice), "write_rows");
 }
 
 extern "C" const ib_backend_ops ib_backend_cuda = {
@@ -1449,5 +1443,5 @@ extern "C" const ib_backend_ops ib_backend_cuda = {
     cuda_logits,
     cuda_step_end,
     cuda_read_rows,
-    cuda_read_final,
+    cuda_write_rows,
 };

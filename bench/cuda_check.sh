@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# cuda_check.sh [BIN_DIR] [OUT_DIR] — the CUDA backend's whole check-and-bench set, for one call on a
+# machine with a GPU (built elsewhere: BIN_DIR holds isobatch, test_backend_cuda, test_backend_ops,
+# and lib/ with the shared libraries the device lacks). Writes one log per part into OUT_DIR and a
+# summary table last.
+#   1. test_backend_cuda: every op of the CUDA table bitwise vs the scalar references (3 weight
+#      formats x act f32/q8 x KV f32/f16 x full/sink+window; dp4a and tensor-core products), batched ==
+#      alone, CPU engine == CUDA engine on whole steps, each shown to fail under gpu-fma.
+#   2. test_backend_ops: the backend op checker (diag/backend_check.c) on the CPU ISAs and on CUDA.
+#   3. generate digests, CPU vs CUDA, on models/default: act q8/f32 x KV f32/f16 x greedy/sampled x
+#      three schedules (batch 1; batch 8 chunks of 5; batch 4 whole prompts); --check-serial on CUDA;
+#      gpu-fma must change the CUDA digests.
+#   4. speed: test_backend_cuda --bench (qwen3-0.6b-shaped 4-bit: prefill, decode B=1 and B=128) and
+#      isobatch bench --backend cuda.
+set -u
+bin=${1:-.devcarry}
+out=${2:-${OUT:-/tmp/cuda_check}}
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+sum="$out/summary.txt"
+: >"$sum"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$out/gpu.txt" 2>&1
+echo "gpu: $(cat "$out/gpu.txt")" >>"$sum"
+
+"$bin/test_backend_cuda" >"$out/test_backend_cuda.log" 2>&1
+echo "test_backend_cuda (rc $?): $(tail -1 "$out/test_backend_cuda.log")" >>"$sum"
+"$bin/test_backend_ops" >"$out/test_backend_ops.log" 2>&1
+echo "test_backend_ops (rc $?): $(grep -i cuda "$out/test_backend_ops.log" | tail -1); $(tail -1 "$out/test_backend_ops.log")" >>"$sum"
+
+model=models/default
+prompts=examples/prompts.txt
+n=0 same=0
+{
+    for act in q8 f32; do
+        for kv in f32 f16; do
+            for samp in "" "--temp 0.8 --top-p 0.9 --seed 7"; do
+                for sched in "--batch 1" "--batch 8 --prefill-chunk 5" "--batch 4 --prefill-chunk whole"; do
+                    args="-m $model --prompts-file $prompts -n 24 --json --act $act --kv-dtype $kv $samp $sched"
+                    a=$("$bin/isobatch" generate $args --backend cpu 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
+                    b=$("$bin/isobatch" generate $args --backend cuda 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
+                    n=$((n + 1))
+                    if [ -n "$a" ] && [ "$a" = "$b" ]; then same=$((same + 1)); r=EQUAL; else r=DIFF; fi
+                    echo "$r  $args"
+                done
+            done
+        done
+    done
+} >"$out/digests.log" 2>&1
+n=$(grep -c '' "$out/digests.log"); same=$(grep -c '^EQUAL' "$out/digests.log")
+echo "generate digests CPU vs CUDA: $same of $n configurations equal (8 prompts x 24 tokens each)" >>"$sum"
+"$bin/isobatch" generate -m $model --prompts-file $prompts -n 24 --batch 8 --prefill-chunk 3 --backend cuda \
+    --check-serial >"$out/check_serial.log" 2>&1
+echo "generate --backend cuda --check-serial (rc $?): $(grep -i 'serial' "$out/check_serial.log" | tail -1)" >>"$sum"
+a=$("$bin/isobatch" generate -m $model --prompts-file $prompts -n 24 --json --backend cpu 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
+b=$("$bin/isobatch" generate -m $model --prompts-file $prompts -n 24 --json --backend cuda --inject gpu-fma 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
+[ -n "$b" ] && [ "$a" != "$b" ] && r="digests differ (caught)" || r="NOT caught"
+echo "generate --backend cuda --inject gpu-fma vs cpu: $r" >>"$sum"
+
+"$bin/test_backend_cuda" --bench >"$out/bench_cuda.log" 2>&1
+echo "--- test_backend_cuda --bench (rc $?)" >>"$sum"
+grep -E "prefill|decode|bitwise|every op" "$out/bench_cuda.log" >>"$sum"
+"$bin/isobatch" mkmodel --preset qwen3-0.6b --bits 4 --out /tmp/q06 >/dev/null 2>&1
+"$bin/isobatch" bench -m /tmp/q06 --backend cuda --batch 1,16,64 --prompt 128 --gen 32 --reps 3 >"$out/isobatch_bench.log" 2>&1
+echo "--- isobatch bench --backend cuda (rc $?)" >>"$sum"
+cat "$out/isobatch_bench.log" >>"$sum"
+cat "$sum"

@@ -1,0 +1,423 @@
+/*
+ * cpu_backend.c — the CPU backend: the backend table (backends/backend.h) over host memory, the
+ * engine's thread pool and the kernels of one ISA, chosen once at creation (ib_cpu_kernels_for).
+ *
+ * Weights are the model's own packed matrices (ops/matmul.h), read in place. Each call runs at once:
+ * step_end has nothing left to wait for. Work is split over the pool by rows, (row, KV head) pairs or
+ * weight panels — never inside one reduction — so how rows are split over threads changes nothing.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/cpu/cpu.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "ops/ops.h"
+#include "runtime/kv_policy.h"
+
+/* A step's rows are split over the pool for the per-row work between products (head norms, rotary
+ * embedding, KV store, SwiGLU, activation quantization) when they hold at least this many elements in
+ * all; below it, waking the workers costs more than the work saves. Only speed depends on it. */
+#define ROW_JOB_MIN_ELEMS 8192
+
+/* Rows of logits computed per lm_head product (bounds the logits scratch). */
+#define LOGIT_ROWS 16
+
+/* A KV cache in host memory. */
+typedef struct cpu_kv {
+    ib_kv base;
+    void *data;   /* [n_layers][2][KVH][capacity][hd] elements of base.desc.dtype: keys then values */
+} cpu_kv;
+
+typedef struct cpu_backend {
+    ib_backend base;
+    const ib_model *model;
+    ib_cpu_kernels k;
+    ib_act act;
+    ib_pool *pool;
+    int max_rows;
+    /* the step in progress (copied by step_begin) */
+    int R, n_items, attn_block, n_logits;
+    int32_t *tok, *pos, *row_item;   /* [R_max] */
+    int32_t *logit_row;              /* [R_max] */
+    float **logits_out;              /* [R_max] */
+    cpu_kv **kv;                     /* [R_max] per item */
+    /* activations, [R_max][width] each (ib_buf order) */
+    float *buf[IB_BUF_COUNT];
+    float *cs;                       /* [R][hd/2][2] RoPE cos/sin */
+    ib_act_buf qa;                   /* quantized activations: xq [R][max(D,F,H*hd)], d/ad [R][max/G] */
+    float *logits;                   /* [LOGIT_ROWS][V] */
+} cpu_backend;
+
+static cpu_backend *cb(ib_backend *b) { return (cpu_backend *)b; }
+
+static ib_pool *rows_pool(const cpu_backend *c, double elems) { return elems >= ROW_JOB_MIN_ELEMS ? c->pool : NULL; }
+
+/* Element offset of (layer li, keys kv=0 / values kv=1, KV head h, slot 0) in a cache of shape d. */
+static size_t kv_offset(const ib_kv_desc *d, int li, int kv, int h) {
+    return (((size_t)li * 2 + kv) * d->n_kv_heads + h) * (size_t)d->capacity * d->head_dim;
+}
+
+/* ---------------------------------------------------------------- KV caches */
+
+static ib_status cpu_kv_create(const ib_kv_desc *d, ib_kv **out, ib_error *err) {
+    *out = NULL;
+    cpu_kv *kv = calloc(1, sizeof *kv);
+    size_t bytes = ib_kv_desc_bytes(d);
+    if (kv) kv->data = calloc(1, bytes ? bytes : 1);
+    if (!kv || !kv->data) {
+        free(kv);
+        return ib_fail(err, IB_ERR_NOMEM, "session: out of memory for a KV cache of %d tokens (%zu bytes)", d->capacity,
+                       bytes);
+    }
+    kv->base.desc = *d;
+    kv->base.kind = IB_BACKEND_CPU;
+    *out = &kv->base;
+    return IB_OK;
+}
+
+static void cpu_kv_free(ib_kv *kv) {
+    if (!kv) return;
+    free(((cpu_kv *)kv)->data);
+    free(kv);
+}
+
+static void cpu_kv_copy(ib_kv *dst, const ib_kv *src, int n_slots) {
+    const ib_kv_desc *d = &src->desc;
+    size_t eb = ib_kv_dtype_bytes(d->dtype), plane = (size_t)d->head_dim * n_slots * eb;
+    for (int l = 0; l < d->n_layers; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int h = 0; h < d->n_kv_heads; h++)
+                memcpy((char *)((cpu_kv *)dst)->data + kv_offset(&dst->desc, l, kv, h) * eb,
+                       (const char *)((const cpu_kv *)src)->data + kv_offset(d, l, kv, h) * eb, plane);
+}
+
+/* ---------------------------------------------------------------- instance */
+
+static void cpu_destroy(ib_backend *b) {
+    cpu_backend *c = cb(b);
+    if (!c) return;
+    free(c->tok);
+    free(c->pos);
+    free(c->row_item);
+    free(c->logit_row);
+    free(c->logits_out);
+    free(c->kv);
+    for (int i = 0; i < IB_BUF_COUNT; i++) free(c->buf[i]);
+    free(c->cs);
+    free(c->qa.xq);
+    free(c->qa.d);
+    free(c->qa.ad);
+    free(c->logits);
+    free(c);
+}
+
+static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+
+static ib_status cpu_create(const ib_model *m, const ib_backend_cfg *cfg, ib_backend **out, ib_error *err) {
+    *out = NULL;
+    ib_cpu_kernels k;
+    ib_status rc = ib_cpu_kernels_for(cfg->isa, &k, err);
+    if (rc) return rc;
+    cpu_backend *c = calloc(1, sizeof *c);
+    if (!c) return ib_fail(err, IB_ERR_NOMEM, "engine: out of memory");
+    c->base.ops = &ib_backend_cpu;
+    c->model = m;
+    c->k = k;
+    c->act = cfg->act;
+    c->pool = cfg->pool;
+    c->max_rows = cfg->max_rows;
+    const ib_config *mc = &m->cfg;
+    size_t R = (size_t)cfg->max_rows, D = mc->hidden_size, hd = mc->head_dim, F = mc->intermediate_size;
+    size_t HD = (size_t)mc->n_heads * hd, KD = (size_t)mc->n_kv_heads * hd;
+    size_t widest = (size_t)max3((int)D, (int)F, (int)HD);
+    const size_t width[IB_BUF_COUNT] = {
+        [IB_BUF_X] = D, [IB_BUF_XN] = D, [IB_BUF_Q] = HD, [IB_BUF_K] = KD, [IB_BUF_V] = KD,
+        [IB_BUF_ATT] = HD, [IB_BUF_O] = D > F ? D : F, [IB_BUF_G] = F, [IB_BUF_U] = F,
+    };
+    int G = mc->quant_group ? mc->quant_group : 32;
+    int ok = 1;
+    c->tok = malloc(R * sizeof(int32_t));
+    c->pos = malloc(R * sizeof(int32_t));
+    c->row_item = malloc(R * sizeof(int32_t));
+    c->logit_row = malloc(R * sizeof(int32_t));
+    c->logits_out = malloc(R * sizeof(float *));
+    c->kv = malloc(R * sizeof(cpu_kv *));
+    for (int i = 0; i < IB_BUF_COUNT; i++) ok &= (c->buf[i] = malloc(R * width[i] * sizeof(float))) != NULL;
+    c->cs = malloc(R * hd * sizeof(float));
+    c->qa.xq = malloc(R * widest);
+    c->qa.d = malloc(R * (widest / G + 1) * sizeof(float));
+    c->qa.ad = malloc(R * (widest / G + 1) * sizeof(float));
+    c->logits = malloc((size_t)LOGIT_ROWS * mc->vocab_size * sizeof(float));
+    if (!ok || !c->tok || !c->pos || !c->row_item || !c->logit_row || !c->logits_out || !c->kv || !c->cs || !c->qa.xq ||
+        !c->qa.d || !c->qa.ad || !c->logits) {
+        cpu_destroy(&c->base);
+        return ib_fail(err, IB_ERR_NOMEM, "engine: out of memory for %d tokens per step", cfg->max_rows);
+    }
+    *out = &c->base;
+    return IB_OK;
+}
+
+/* ---------------------------------------------------------------- the step */
+
+static ib_status cpu_step_begin(ib_backend *b, const ib_step_desc *d, ib_error *err) {
+    cpu_backend *c = cb(b);
+    const ib_config *mc = &c->model->cfg;
+    if (d->R > c->max_rows || d->n_logits > d->R)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "step: %d rows exceed the backend's %d", d->R, c->max_rows);
+    c->R = d->R;
+    c->n_items = d->n_items;
+    c->attn_block = d->attn_block;
+    c->n_logits = d->n_logits;
+    memcpy(c->tok, d->tok, (size_t)d->R * sizeof(int32_t));
+    memcpy(c->pos, d->pos, (size_t)d->R * sizeof(int32_t));
+    memcpy(c->row_item, d->row_item, (size_t)d->R * sizeof(int32_t));
+    memcpy(c->logit_row, d->logit_row, (size_t)d->n_logits * sizeof(int32_t));
+    memcpy(c->logits_out, d->logits_out, (size_t)d->n_logits * sizeof(float *));
+    for (int i = 0; i < d->n_items; i++) c->kv[i] = (cpu_kv *)d->kv[i];
+    ib_rope_table(d->rope_pos, d->R, mc->head_dim, mc->rope_theta, c->cs);
+    return IB_OK;
+}
+
+static void cpu_embed(ib_backend *b) {
+    cpu_backend *c = cb(b);
+    int D = c->model->cfg.hidden_size;
+    for (int r = 0; r < c->R; r++) ib_matrix_row_f32(&c->model->embed, c->tok[r], c->buf[IB_BUF_X] + (size_t)r * D);
+}
+
+static const float *norm_weight(const ib_model *m, ib_nsel n, int li) {
+    if (n == IB_N_FINAL) return m->final_norm;
+    return n == IB_N_ATTN ? m->layers[li].attn_norm : m->layers[li].mlp_norm;
+}
+
+static void cpu_rmsnorm(ib_backend *b, ib_buf in, ib_nsel n, int li, ib_buf out) {
+    cpu_backend *c = cb(b);
+    const ib_config *mc = &c->model->cfg;
+    ib_rmsnorm(c->buf[in], norm_weight(c->model, n, li), c->R, mc->hidden_size, (float)mc->rms_eps, c->buf[out],
+               c->pool);
+}
+
+static const ib_matrix *layer_matrix(const ib_layer *L, ib_wsel w) {
+    switch (w) {
+    case IB_W_Q: return &L->wq;
+    case IB_W_K: return &L->wk;
+    case IB_W_V: return &L->wv;
+    case IB_W_O: return &L->wo;
+    case IB_W_GATE: return &L->w_gate;
+    case IB_W_UP: return &L->w_up;
+    default: return &L->w_down;
+    }
+}
+
+typedef struct {
+    cpu_backend *c;
+    const float *X;   /* [R][K] */
+    int K, G;
+} quant_job;
+
+static void quant_task(void *ctx, int r, int thread) {
+    quant_job *j = ctx;
+    ib_act_buf *qa = &j->c->qa;
+    const size_t ng = (size_t)(j->K / j->G);
+    ib_quantize_act(j->X + (size_t)r * j->K, 1, j->K, j->G, qa->xq + (size_t)r * j->K, qa->d + (size_t)r * ng,
+                    qa->ad + (size_t)r * ng);
+}
+
+/* The Q8 activations of X [R][K] for weight group G, row by row (each row's own numbers). */
+static void quantize(cpu_backend *c, const float *X, int R, int K, int G) {
+    quant_job j = {c, X, K, G};
+    ib_pool_run(rows_pool(c, (double)R * K), R, quant_task, &j);
+}
+
+/* Ys[i][R][N_i] = X[R][K] · W_i^T for products that read the same X, in one pool job. Under Q8
+ * activations X is quantized once, with the group of the first quantized W_i (the products of one
+ * layer input share it); float matrices take the F32 path. */
+static void linear_many(cpu_backend *c, int n, const ib_matrix *const *ws, const float *X, int R, float *const *Ys) {
+    if (c->act == IB_ACT_Q8)
+        for (int i = 0; i < n; i++)
+            if (ws[i]->fmt != IB_WF32) {
+                quantize(c, X, R, ws[i]->cols, ws[i]->group);
+                break;
+            }
+    ib_matmul_many_k(n, ws, X, R, &c->qa, c->act, c->k.matmul, c->pool, Ys);
+}
+
+static void cpu_linear(ib_backend *b, int li, int n, const ib_wsel *ws, ib_buf in, const ib_buf *outs) {
+    cpu_backend *c = cb(b);
+    const ib_matrix *ms[IB_MATMUL_MAX_MANY];
+    float *ys[IB_MATMUL_MAX_MANY];
+    for (int i = 0; i < n; i++) ms[i] = layer_matrix(&c->model->layers[li], ws[i]), ys[i] = c->buf[outs[i]];
+    linear_many(c, n, ms, c->buf[in], c->R, ys);
+}
+
+/* Copy row r's keys and values into its session's cache for layer li. */
+static void store_kv_row(cpu_backend *c, int r, int li) {
+    const ib_config *mc = &c->model->cfg;
+    int KVH = mc->n_kv_heads, hd = mc->head_dim;
+    cpu_kv *kv = c->kv[c->row_item[r]];
+    const ib_kv_desc *d = &kv->base.desc;
+    size_t slot = (size_t)ib_kv_desc_slot(d, c->pos[r]);
+    for (int h = 0; h < KVH; h++) {
+        size_t ko = kv_offset(d, li, 0, h) + slot * hd, vo = kv_offset(d, li, 1, h) + slot * hd;
+        const float *kr = c->buf[IB_BUF_K] + ((size_t)r * KVH + h) * hd, *vr = c->buf[IB_BUF_V] + ((size_t)r * KVH + h) * hd;
+        if (d->dtype == IB_KV_F16) {
+            ib_f32_to_f16_rows(kr, (uint16_t *)kv->data + ko, hd);
+            ib_f32_to_f16_rows(vr, (uint16_t *)kv->data + vo, hd);
+        } else {
+            memcpy((float *)kv->data + ko, kr, hd * sizeof(float));
+            memcpy((float *)kv->data + vo, vr, hd * sizeof(float));
+        }
+    }
+}
+
+typedef struct {
+    cpu_backend *c;
+    const ib_layer *L;
+    int li, phases;   /* IB_QK_NORM and/or IB_QK_ROPE_STORE */
+} qk_job;
+
+/* Row task between the q/k/v products and attention: the row's q and k head norms, then its rotary
+ * embedding and KV store. Every operation is the row's own. */
+static void qk_task(void *ctx, int r, int thread) {
+    qk_job *j = ctx;
+    cpu_backend *c = j->c;
+    const ib_config *mc = &c->model->cfg;
+    const int H = mc->n_heads, KVH = mc->n_kv_heads, hd = mc->head_dim;
+    float *q = c->buf[IB_BUF_Q], *k = c->buf[IB_BUF_K];
+    if ((j->phases & IB_QK_NORM) && j->L->q_norm) {
+        ib_rmsnorm_heads(q + (size_t)r * H * hd, j->L->q_norm, 1, H, hd, (float)mc->rms_eps, c->pool);
+        ib_rmsnorm_heads(k + (size_t)r * KVH * hd, j->L->k_norm, 1, KVH, hd, (float)mc->rms_eps, c->pool);
+    }
+    if (j->phases & IB_QK_ROPE_STORE) {
+        ib_rope_step_rows(q, r, r + 1, c->R, H, hd, c->cs, c->n_items);
+        ib_rope_step_rows(k, r, r + 1, c->R, KVH, hd, c->cs, c->n_items);
+        store_kv_row(c, r, j->li);
+    }
+}
+
+static void cpu_qk_prepare(ib_backend *b, int li, int phases) {
+    cpu_backend *c = cb(b);
+    const ib_config *mc = &c->model->cfg;
+    qk_job j = {c, &c->model->layers[li], li, phases};
+    ib_pool_run(rows_pool(c, (double)c->R * (mc->n_heads + 2 * mc->n_kv_heads) * mc->head_dim), c->R, qk_task, &j);
+}
+
+typedef struct {
+    cpu_backend *c;
+    int li;
+} attn_job;
+
+/* One task = one (row, KV head): attend the row's query heads of that KV head's group to the kept keys
+ * 0..pos of its session (each head's result as ib_attend_one's / ib_attend_policy's). */
+static void attn_task(void *ctx, int task, int thread) {
+    attn_job *j = ctx;
+    cpu_backend *c = j->c;
+    const ib_config *mc = &c->model->cfg;
+    int H = mc->n_heads, KVH = mc->n_kv_heads, hd = mc->head_dim, G = H / KVH;
+    int r = task / KVH, kvh = task % KVH, h0 = kvh * G;
+    const cpu_kv *kv = c->kv[c->row_item[r]];
+    const ib_kv_desc *d = &kv->base.desc;
+    size_t eb = ib_kv_dtype_bytes(d->dtype);
+    const void *kl = (const char *)kv->data + kv_offset(d, j->li, 0, kvh) * eb;
+    const void *vl = (const char *)kv->data + kv_offset(d, j->li, 1, kvh) * eb;
+    const float *q = c->buf[IB_BUF_Q] + ((size_t)r * H + h0) * hd;
+    float *out = c->buf[IB_BUF_ATT] + ((size_t)r * H + h0) * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    int pos = c->pos[r];
+    for (int h = 0; h < G; h += IB_ATTN_MAX_GROUP) {
+        int nq = G - h < IB_ATTN_MAX_GROUP ? G - h : IB_ATTN_MAX_GROUP;
+        const float *qh = q + (size_t)h * hd;
+        float *oh = out + (size_t)h * hd;
+        if (d->window > 0)
+            ib_attend_policy_heads(d, c->k.attn.block2, qh, nq, kl, vl, pos, hd, scale, c->attn_block, oh);
+        else if (d->dtype == IB_KV_F16)
+            c->k.attn.heads_f16(kl, vl, qh, nq, pos + 1, hd, hd, scale, c->attn_block, 0, oh);
+        else
+            c->k.attn.heads(qh, nq, kl, vl, pos + 1, hd, hd, scale, c->attn_block, 0, oh);
+    }
+}
+
+static void cpu_attention(ib_backend *b, int li) {
+    cpu_backend *c = cb(b);
+    const ib_config *mc = &c->model->cfg;
+    /* multiply-adds of one layer's attention: every row's query against its keys, scores and values */
+    double work = 0;
+    for (int r = 0; r < c->R; r++) work += 2.0 * (c->pos[r] + 1) * mc->n_heads * mc->head_dim;
+    attn_job j = {c, li};
+    ib_pool_run(work < IB_MIN_PARALLEL_MACS ? NULL : c->pool, c->R * mc->n_kv_heads, attn_task, &j);
+}
+
+typedef struct {
+    float *g;
+    const float *u;   /* [R][F] each */
+    int F;
+} swiglu_job;
+
+static void swiglu_task(void *ctx, int r, int thread) {
+    swiglu_job *j = ctx;
+    ib_swiglu(j->g + (size_t)r * j->F, j->u + (size_t)r * j->F, 1, j->F);
+}
+
+static void cpu_swiglu(ib_backend *b) {
+    cpu_backend *c = cb(b);
+    int F = c->model->cfg.intermediate_size;
+    swiglu_job j = {c->buf[IB_BUF_G], c->buf[IB_BUF_U], F};
+    ib_pool_run(rows_pool(c, (double)c->R * F), c->R, swiglu_task, &j);
+}
+
+static void cpu_add(ib_backend *b, ib_buf x, ib_buf y) {
+    cpu_backend *c = cb(b);
+    ib_add(c->buf[x], c->buf[y], (size_t)c->R * c->model->cfg.hidden_size);
+}
+
+/* The wanted rows' logits: XN[j] = final norm of X[logit_row[j]], then the lm_head product LOGIT_ROWS
+ * rows at a time. A lone row goes straight into its destination (no copy of the vocabulary's floats). */
+static void cpu_logits(ib_backend *b) {
+    cpu_backend *c = cb(b);
+    const ib_model *m = c->model;
+    const ib_config *mc = &m->cfg;
+    int D = mc->hidden_size, V = mc->vocab_size;
+    float *xn = c->buf[IB_BUF_XN];
+    for (int j = 0; j < c->n_logits; j++)
+        memcpy(xn + (size_t)j * D, c->buf[IB_BUF_X] + (size_t)c->logit_row[j] * D, (size_t)D * sizeof(float));
+    ib_rmsnorm(xn, m->final_norm, c->n_logits, D, (float)mc->rms_eps, xn, c->pool);
+    for (int i0 = 0; i0 < c->n_logits; i0 += LOGIT_ROWS) {
+        int np = c->n_logits - i0 < LOGIT_ROWS ? c->n_logits - i0 : LOGIT_ROWS;
+        float *lg = np == 1 ? c->logits_out[i0] : c->logits;
+        linear_many(c, 1, &m->lm_head, xn + (size_t)i0 * D, np, &lg);
+        for (int j = 0; j < np && lg == c->logits; j++)
+            memcpy(c->logits_out[i0 + j], c->logits + (size_t)j * V, (size_t)V * sizeof(float));
+    }
+}
+
+static ib_status cpu_step_end(ib_backend *b, ib_error *err) { return IB_OK; }
+
+static const float *cpu_read_rows(ib_backend *b, ib_buf buf, int R, int width) { return cb(b)->buf[buf]; }
+
+static void cpu_write_rows(ib_backend *b, ib_buf buf, int R, int width, const float *x) {
+    memcpy(cb(b)->buf[buf], x, (size_t)R * width * sizeof(float));
+}
+
+const ib_backend_ops ib_backend_cpu = {
+    .name = "cpu",
+    .kind = IB_BACKEND_CPU,
+    .available = NULL,
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .kv_create = cpu_kv_create,
+    .kv_free = cpu_kv_free,
+    .kv_copy = cpu_kv_copy,
+    .step_begin = cpu_step_begin,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .linear = cpu_linear,
+    .qk_prepare = cpu_qk_prepare,
+    .attention = cpu_attention,
+    .swiglu = cpu_swiglu,
+    .add = cpu_add,
+    .logits = cpu_logits,
+    .step_end = cpu_step_end,
+    .read_rows = cpu_read_rows,
+    .write_rows = cpu_write_rows,
+};

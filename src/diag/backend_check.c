@@ -1,0 +1,372 @@
+/*
+ * backend_check.c — every operation of a backend's table checked against the scalar references of
+ * src/ops/, bitwise (`isobatch probe --backend B`, tests/test_backend_ops.c).
+ *
+ * The check drives a backend instance through whole steps of a model exactly as src/runtime/step.c
+ * does, over several sessions at different positions bringing different numbers of tokens, with
+ * float and half KV caches, full and sink+window policies. Before each operation it reads the
+ * operation's inputs back from the backend; after it, the outputs; and it compares them with what
+ * the scalar reference computes from those same inputs on the host (faults switched off). So each
+ * operation is judged on its own, errors never compound, and a wrong KV store shows up in the
+ * attention that reads it (the host keeps a mirror of every cache, written by the reference store).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/backend.h"
+#include "core/error.h"
+#include "core/half.h"
+#include "diag/diag.h"
+#include "ops/matmul.h"
+#include "ops/ops.h"
+#include "runtime/kv_policy.h"
+#include "runtime/runtime.h"
+
+#define N_ITEMS 4
+#define N_STEPS 6
+#define KV_CHUNK 16
+#define WIN_SINK 2
+#define WIN_WINDOW 9
+
+/* Tokens each item brings at each step (<= KV_CHUNK, so windowed sessions take them too); item 0
+ * reaches position 51, past one attention block of 32 keys. */
+static const int step_tokens[N_STEPS][N_ITEMS] = {
+    {16, 1, 3, 16}, {1, 16, 2, 1}, {16, 16, 16, 16}, {1, 1, 16, 1}, {16, 16, 16, 16}, {1, 1, 1, 1},
+};
+
+typedef struct check {
+    const ib_model *m;
+    const ib_backend_ops *ops;
+    ib_backend *be;
+    ib_act act;
+    ib_opcheck_fn fn;
+    void *ctx;
+    long mismatches;
+    const char *config;
+    /* host copies, [R_max][width] */
+    float *in, *in2, *ref, *got;
+    ib_act_buf qa;
+    float *cs;
+    /* the step */
+    int R, n_items;
+    int32_t tok[N_ITEMS * KV_CHUNK], pos[N_ITEMS * KV_CHUNK], row_item[N_ITEMS * KV_CHUNK];
+    /* mirrors of the caches: [item][layer][k|v][KVH][capacity][hd] float (half values converted) */
+    float *mirror[N_ITEMS];
+    ib_kv_desc desc;
+} check;
+
+static size_t width_of(const ib_config *c, ib_buf b) {
+    size_t hd = c->head_dim;
+    switch (b) {
+    case IB_BUF_Q:
+    case IB_BUF_ATT: return (size_t)c->n_heads * hd;
+    case IB_BUF_K:
+    case IB_BUF_V: return (size_t)c->n_kv_heads * hd;
+    case IB_BUF_G:
+    case IB_BUF_U: return (size_t)c->intermediate_size;
+    default: return (size_t)c->hidden_size;
+    }
+}
+
+/* Run a reference computation with the test-only faults off (the backend keeps the caller's fault). */
+#define REF(...)                             \
+    do {                                     \
+        ib_fault held_ = ib_fault_get();     \
+        ib_fault_set(IB_FAULT_NONE);         \
+        __VA_ARGS__;                         \
+        ib_fault_set(held_);                 \
+    } while (0)
+
+/* Copy rows [0, R) of a backend buffer into dst. */
+static void fetch(check *k, ib_buf b, int R, float *dst) {
+    size_t w = width_of(&k->m->cfg, b);
+    memcpy(dst, k->ops->read_rows(k->be, b, R, (int)w), (size_t)R * w * sizeof(float));
+}
+
+/* Compare n floats bitwise and report one line for op. */
+static void report(check *k, const char *op, const float *want, const float *have, long n) {
+    long bad = 0;
+    for (long i = 0; i < n; i++) bad += memcmp(&want[i], &have[i], sizeof(float)) != 0;
+    ib_opcheck r = {.op = op, .config = k->config, .elems = n, .mismatches = bad};
+    k->mismatches += bad;
+    if (k->fn) k->fn(k->ctx, &r);
+}
+
+/* Compare rows [0, R) of buffer b with k->ref. */
+static void compare_buf(check *k, const char *op, ib_buf b, int R) {
+    fetch(k, b, R, k->got);
+    report(k, op, k->ref, k->got, (long)R * (long)width_of(&k->m->cfg, b));
+}
+
+static const ib_matrix *matrix_of(const ib_layer *L, ib_wsel w) {
+    const ib_matrix *t[IB_W_COUNT] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    return t[w];
+}
+
+/* The reference product Y [R][N] = X [R][K] · W^T under the check's activation mode, scalar kernel. */
+static void ref_linear(check *k, const ib_matrix *w, const float *X, int R, float *Y) {
+    ib_act act = k->act == IB_ACT_Q8 && w->fmt != IB_WF32 ? IB_ACT_Q8 : IB_ACT_F32;
+    if (act == IB_ACT_Q8) ib_quantize_act(X, R, w->cols, w->group, k->qa.xq, k->qa.d, k->qa.ad);
+    ib_matmul(w, X, R, &k->qa, act, IB_ISA_SCALAR, NULL, Y, w->rows);
+}
+
+/* Run linear over matrices ws of layer li reading buffer `in` into outs, checking each output. */
+static void check_linear(check *k, int li, int n, const ib_wsel *ws, ib_buf in, const ib_buf *outs, const char *op) {
+    fetch(k, in, k->R, k->in);
+    k->ops->linear(k->be, li, n, ws, in, outs);
+    for (int i = 0; i < n; i++) {
+        REF(ref_linear(k, matrix_of(&k->m->layers[li], ws[i]), k->in, k->R, k->ref));
+        compare_buf(k, op, outs[i], k->R);
+    }
+}
+
+/* Element offset of (layer, k|v, head, slot 0) in an item's mirror. */
+static size_t mirror_off(const check *k, int li, int kv, int h) {
+    return (((size_t)li * 2 + kv) * k->desc.n_kv_heads + h) * (size_t)k->desc.capacity * k->desc.head_dim;
+}
+
+/* The reference of qk_prepare's ROPE_STORE phase: rotate Q and K (host copies in k->in / k->in2),
+ * store each row's K and V into its item's mirror (half caches: rounded as the store rounds). */
+static void ref_rope_store(check *k, int li, float *q, float *kk, const float *v) {
+    const ib_config *c = &k->m->cfg;
+    int H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim;
+    ib_rope(q, k->R, H, hd, k->cs);
+    ib_rope(kk, k->R, KVH, hd, k->cs);
+    for (int r = 0; r < k->R; r++) {
+        float *mir = k->mirror[k->row_item[r]];
+        size_t slot = (size_t)ib_kv_desc_slot(&k->desc, k->pos[r]);
+        for (int h = 0; h < KVH; h++)
+            for (int d = 0; d < hd; d++) {
+                float kv2[2] = {kk[((size_t)r * KVH + h) * hd + d], v[((size_t)r * KVH + h) * hd + d]};
+                for (int t = 0; t < 2; t++) {
+                    float x = kv2[t];
+                    if (k->desc.dtype == IB_KV_F16) x = ib_f16_to_f32(ib_f32_to_f16(x));
+                    mir[mirror_off(k, li, t, h) + slot * hd + d] = x;
+                }
+            }
+    }
+}
+
+/* The reference attention of every row of the step at layer li, from the mirrors, into out. */
+static void ref_attention(check *k, int li, const float *q, float *out) {
+    const ib_config *c = &k->m->cfg;
+    int H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim, G = H / KVH;
+    float scale = 1.0f / sqrtf((float)hd);
+    ib_kv_desc fd = k->desc;
+    fd.dtype = IB_KV_F32;   /* the mirror holds the exact float values of half caches */
+    for (int r = 0; r < k->R; r++)
+        for (int h = 0; h < H; h++) {
+            const float *mir = k->mirror[k->row_item[r]];
+            const float *kp = mir + mirror_off(k, li, 0, h / G), *vp = mir + mirror_off(k, li, 1, h / G);
+            const float *qh = q + ((size_t)r * H + h) * hd;
+            float *oh = out + ((size_t)r * H + h) * hd;
+            if (k->desc.window > 0) ib_attend_policy(&fd, qh, kp, vp, k->pos[r], hd, scale, IB_ATTN_BLOCK, oh);
+            else ib_attend_one(qh, kp, vp, k->pos[r] + 1, hd, hd, scale, IB_ATTN_BLOCK, oh);
+        }
+}
+
+/* One step through the backend, every op checked. logits_out: [N_ITEMS][V] host buffers. */
+static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos, float *const *logits_out,
+                            ib_error *err) {
+    const ib_model *m = k->m;
+    const ib_config *c = &m->cfg;
+    const ib_backend_ops *ops = k->ops;
+    int D = c->hidden_size, H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim, F = c->intermediate_size;
+    float eps = (float)c->rms_eps;
+    int32_t logit_row[N_ITEMS];
+    float *lo[N_ITEMS];
+    int n_logits = 0;
+    k->R = 0;
+    for (int i = 0; i < N_ITEMS; i++) {
+        for (int t = 0; t < step_tokens[step][i]; t++, k->R++) {
+            k->tok[k->R] = (int32_t)((step * 131 + i * 31 + t * 7) % c->vocab_size);
+            k->pos[k->R] = item_pos[i] + t;
+            k->row_item[k->R] = i;
+        }
+        if ((step + i) % 3 != 1) {
+            logit_row[n_logits] = k->R - 1;
+            lo[n_logits++] = logits_out[i];
+        }
+    }
+    int R = k->R;
+    ib_step_desc d = {.R = R, .n_items = N_ITEMS, .tok = k->tok, .pos = k->pos, .rope_pos = k->pos,
+                      .row_item = k->row_item, .kv = kvs, .attn_block = IB_ATTN_BLOCK, .n_logits = n_logits,
+                      .logit_row = logit_row, .logits_out = lo};
+    ib_status rc = ops->step_begin(k->be, &d, err);
+    if (rc) return rc;
+    REF(ib_rope_table(k->pos, R, hd, c->rope_theta, k->cs));
+
+    ops->embed(k->be);
+    REF(for (int r = 0; r < R; r++) ib_matrix_row_f32(&m->embed, k->tok[r], k->ref + (size_t)r * D));
+    compare_buf(k, "embed", IB_BUF_X, R);
+
+    for (int li = 0; li < c->n_layers; li++) {
+        const ib_layer *L = &m->layers[li];
+        fetch(k, IB_BUF_X, R, k->in);
+        ops->rmsnorm(k->be, IB_BUF_X, IB_N_ATTN, li, IB_BUF_XN);
+        REF(ib_rmsnorm(k->in, L->attn_norm, R, D, eps, k->ref, NULL));
+        compare_buf(k, "rmsnorm", IB_BUF_XN, R);
+
+        static const ib_wsel qkv[3] = {IB_W_Q, IB_W_K, IB_W_V};
+        static const ib_buf qkv_out[3] = {IB_BUF_Q, IB_BUF_K, IB_BUF_V};
+        check_linear(k, li, 3, qkv, IB_BUF_XN, qkv_out, "linear q/k/v");
+
+        if (L->q_norm) {
+            fetch(k, IB_BUF_Q, R, k->in);
+            fetch(k, IB_BUF_K, R, k->in2);
+            ops->qk_prepare(k->be, li, IB_QK_NORM);
+            REF(ib_rmsnorm_heads(k->in, L->q_norm, R, H, hd, eps, NULL));
+            memcpy(k->ref, k->in, (size_t)R * H * hd * sizeof(float));
+            compare_buf(k, "q/k norm", IB_BUF_Q, R);
+            REF(ib_rmsnorm_heads(k->in2, L->k_norm, R, KVH, hd, eps, NULL));
+            memcpy(k->ref, k->in2, (size_t)R * KVH * hd * sizeof(float));
+            compare_buf(k, "q/k norm", IB_BUF_K, R);
+        }
+        fetch(k, IB_BUF_Q, R, k->in);
+        fetch(k, IB_BUF_K, R, k->in2);
+        fetch(k, IB_BUF_V, R, k->ref);
+        ops->qk_prepare(k->be, li, IB_QK_ROPE_STORE);
+        REF(ref_rope_store(k, li, k->in, k->in2, k->ref));
+        memcpy(k->ref, k->in, (size_t)R * H * hd * sizeof(float));
+        compare_buf(k, "rope", IB_BUF_Q, R);
+        memcpy(k->ref, k->in2, (size_t)R * KVH * hd * sizeof(float));
+        compare_buf(k, "rope", IB_BUF_K, R);
+
+        fetch(k, IB_BUF_Q, R, k->in);
+        ops->attention(k->be, li);
+        REF(ref_attention(k, li, k->in, k->ref));
+        compare_buf(k, "kv store + attention", IB_BUF_ATT, R);
+
+        static const ib_wsel wo = IB_W_O, wd = IB_W_DOWN;
+        static const ib_buf yo = IB_BUF_O;
+        check_linear(k, li, 1, &wo, IB_BUF_ATT, &yo, "linear o");
+
+        fetch(k, IB_BUF_X, R, k->in);
+        fetch(k, IB_BUF_O, R, k->in2);
+        ops->add(k->be, IB_BUF_X, IB_BUF_O);
+        memcpy(k->ref, k->in, (size_t)R * D * sizeof(float));
+        REF(ib_add(k->ref, k->in2, (size_t)R * D));
+        compare_buf(k, "add", IB_BUF_X, R);
+
+        fetch(k, IB_BUF_X, R, k->in);
+        ops->rmsnorm(k->be, IB_BUF_X, IB_N_MLP, li, IB_BUF_XN);
+        REF(ib_rmsnorm(k->in, L->mlp_norm, R, D, eps, k->ref, NULL));
+        compare_buf(k, "rmsnorm", IB_BUF_XN, R);
+
+        static const ib_wsel gu[2] = {IB_W_GATE, IB_W_UP};
+        static const ib_buf gu_out[2] = {IB_BUF_G, IB_BUF_U};
+        check_linear(k, li, 2, gu, IB_BUF_XN, gu_out, "linear gate/up");
+
+        fetch(k, IB_BUF_G, R, k->ref);
+        fetch(k, IB_BUF_U, R, k->in2);
+        ops->swiglu(k->be);
+        REF(ib_swiglu(k->ref, k->in2, R, F));
+        compare_buf(k, "swiglu", IB_BUF_G, R);
+
+        check_linear(k, li, 1, &wd, IB_BUF_G, &yo, "linear down");
+
+        fetch(k, IB_BUF_X, R, k->in);
+        fetch(k, IB_BUF_O, R, k->in2);
+        ops->add(k->be, IB_BUF_X, IB_BUF_O);
+        memcpy(k->ref, k->in, (size_t)R * D * sizeof(float));
+        REF(ib_add(k->ref, k->in2, (size_t)R * D));
+        compare_buf(k, "add", IB_BUF_X, R);
+    }
+
+    /* logits of the wanted rows: final norm, then the lm_head */
+    fetch(k, IB_BUF_X, R, k->in);
+    if (n_logits > 0) ops->logits(k->be);
+    if ((rc = ops->step_end(k->be, err))) return rc;
+    if (n_logits > 0) {
+        for (int j = 0; j < n_logits; j++)
+            memcpy(k->in2 + (size_t)j * D, k->in + (size_t)logit_row[j] * D, (size_t)D * sizeof(float));
+        REF(ib_rmsnorm(k->in2, m->final_norm, n_logits, D, eps, k->in2, NULL));
+        memcpy(k->ref, k->in2, (size_t)n_logits * D * sizeof(float));
+        fetch(k, IB_BUF_XN, n_logits, k->got);
+        report(k, "final norm", k->ref, k->got, (long)n_logits * D);
+        int V = c->vocab_size;
+        float *want = malloc((size_t)n_logits * V * sizeof(float));
+        if (!want) return ib_fail(err, IB_ERR_NOMEM, "backend check: out of memory");
+        REF(ref_linear(k, m->lm_head, k->in2, n_logits, want));
+        for (int j = 0; j < n_logits; j++) report(k, "logits", want + (size_t)j * V, lo[j], V);
+        free(want);
+    }
+    for (int i = 0; i < N_ITEMS; i++) item_pos[i] += step_tokens[step][i];
+    return IB_OK;
+}
+
+/* One configuration (KV dtype, policy): fresh caches, N_STEPS steps. */
+static ib_status check_config(check *k, ib_kv_dtype dtype, int windowed, ib_error *err) {
+    const ib_config *c = &k->m->cfg;
+    ib_kv *kvs[N_ITEMS] = {0};
+    float *lg[N_ITEMS] = {0};
+    int item_pos[N_ITEMS] = {0};
+    ib_status rc = IB_OK;
+    k->desc = (ib_kv_desc){.dtype = dtype, .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                           .capacity = windowed ? WIN_SINK + WIN_WINDOW + KV_CHUNK : N_STEPS * KV_CHUNK,
+                           .sink = windowed ? WIN_SINK : 0, .window = windowed ? WIN_WINDOW : 0};
+    k->config = dtype == IB_KV_F16 ? (windowed ? "f16 KV, sink+window" : "f16 KV, full")
+                                   : (windowed ? "f32 KV, sink+window" : "f32 KV, full");
+    size_t mirror_floats = ib_kv_desc_bytes(&k->desc) / ib_kv_dtype_bytes(dtype);
+    for (int i = 0; i < N_ITEMS && !rc; i++) {
+        rc = k->ops->kv_create(&k->desc, &kvs[i], err);
+        if (!rc && (!(k->mirror[i] = calloc(mirror_floats, sizeof(float))) ||
+                    !(lg[i] = malloc((size_t)c->vocab_size * sizeof(float)))))
+            rc = ib_fail(err, IB_ERR_NOMEM, "backend check: out of memory");
+    }
+    for (int s = 0; s < N_STEPS && !rc; s++) rc = check_step(k, s, kvs, item_pos, lg, err);
+    for (int i = 0; i < N_ITEMS; i++) {
+        if (kvs[i]) k->ops->kv_free(kvs[i]);
+        free(k->mirror[i]);
+        k->mirror[i] = NULL;
+        free(lg[i]);
+    }
+    return rc;
+}
+
+ib_status ib_backend_check(const ib_model *m, const ib_backend_check_opts *o, ib_opcheck_fn fn, void *ctx,
+                           long *mismatches, ib_error *err) {
+    const ib_config *c = &m->cfg;
+    const char *why = NULL;
+    *mismatches = 0;
+    if (!ib_backend_available(o->backend, &why))
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "backend %s: %s", ib_backend_name(o->backend), why);
+    ib_engine_opts eo = {.threads = o->threads, .isa = o->isa, .act = o->act, .backend = o->backend};
+    ib_engine *e = NULL;
+    check k = {.m = m, .ops = ib_backend_ops_for(o->backend), .fn = fn, .ctx = ctx};
+    /* the engine decides ISA and activation mode exactly as in serving; its backend is the one checked */
+    ib_status rc = ib_engine_create(m, &eo, &e, err);
+    if (rc) return rc;
+    k.be = e->be;
+    k.act = ib_engine_act(e);
+    size_t R = N_ITEMS * KV_CHUNK, w = (size_t)c->hidden_size;
+    size_t widest = (size_t)c->n_heads * c->head_dim;
+    if ((size_t)c->intermediate_size > widest) widest = c->intermediate_size;
+    if (w > widest) widest = w;
+    int G = c->quant_group ? c->quant_group : 32;
+    k.in = malloc(R * widest * sizeof(float));
+    k.in2 = malloc(R * widest * sizeof(float));
+    k.ref = malloc(R * widest * sizeof(float));
+    k.got = malloc(R * widest * sizeof(float));
+    k.qa.xq = malloc(R * widest);
+    k.qa.d = malloc(R * (widest / G + 1) * sizeof(float));
+    k.qa.ad = malloc(R * (widest / G + 1) * sizeof(float));
+    k.cs = malloc(R * c->head_dim * sizeof(float));
+    if (!k.in || !k.in2 || !k.ref || !k.got || !k.qa.xq || !k.qa.d || !k.qa.ad || !k.cs)
+        rc = ib_fail(err, IB_ERR_NOMEM, "backend check: out of memory");
+    /* the references run fault-free; the backend keeps whatever fault the caller set */
+    for (int dt = 0; dt < 2 && !rc; dt++)
+        for (int win = 0; win < 2 && !rc; win++) rc = check_config(&k, dt ? IB_KV_F16 : IB_KV_F32, win, err);
+    free(k.in);
+    free(k.in2);
+    free(k.ref);
+    free(k.got);
+    free(k.qa.xq);
+    free(k.qa.d);
+    free(k.qa.ad);
+    free(k.cs);
+    ib_engine_free(e);
+    *mismatches = k.mismatches;
+    return rc;
+}
