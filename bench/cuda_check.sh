@@ -63,4 +63,25 @@ grep -E "prefill|decode|bitwise|every op" "$out/bench_cuda.log" >>"$sum"
 "$bin/isobatch" bench -m /tmp/q06 --backend cuda --batch 1,16,64 --prompt 128 --gen 32 --reps 3 >"$out/isobatch_bench.log" 2>&1
 echo "--- isobatch bench --backend cuda (rc $?)" >>"$sum"
 cat "$out/isobatch_bench.log" >>"$sum"
+# 5. where a decode step's GPU time goes: ncu, one step at B = 1 and one at B = 128 (kernel durations)
+if command -v ncu >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/ncu ]; then
+    ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    "$ncu" --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
+        "$bin/test_backend_cuda" --profile >"$out/ncu.csv" 2>"$out/ncu.err"
+    python3 - "$out/ncu.csv" >>"$sum" <<'EOF2'
+import csv, collections, sys
+rows = list(csv.reader(open(sys.argv[1])))
+hdr = [i for i, r in enumerate(rows) if 'Kernel Name' in r][0]
+h = rows[hdr]; ki = h.index('Kernel Name'); vi = h.index('Metric Value')
+data = [(r[ki], float(r[vi].replace(',', ''))) for r in rows[hdr + 1:] if len(r) > vi]
+n = len(data)
+for part, (a, b) in (('B=1', (0, n // 2)), ('B=128', (n // 2, n))):
+    agg = collections.defaultdict(lambda: [0, 0.0])
+    for k, v in data[a:b]:
+        kk = k.split('(')[0][:36]; agg[kk][0] += 1; agg[kk][1] += v
+    print('--- ncu, one decode step at %s: %d kernels, %.0f us of kernel time' % (part, b - a, sum(v[1] for v in agg.values()) / 1e3))
+    for k, v in sorted(agg.items(), key=lambda x: -x[1][1]):
+        print('  %-36s %4d  %8.1f us' % (k, v[0], v[1] / 1e3))
+EOF2
+fi
 cat "$sum"

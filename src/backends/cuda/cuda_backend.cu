@@ -72,6 +72,26 @@ typedef struct rowinfo {
     int pos;           /* the row's position */
 } rowinfo;
 
+/* Up to three products that read the same input, run as one grid: matrix i owns the 32-output tiles
+ * [t0[i], t0[i+1]) of blockIdx.x and writes Y[i] (row stride its N). Which block computes an output
+ * never changes how. */
+typedef struct mset {
+    dmat m[3];
+    float *Y[3];
+    int t0[4];
+    int n;
+} mset;
+
+/* The product of mset ms that 32-output tile `tile` belongs to, its matrix, output and local tile. */
+__device__ __forceinline__ int mset_pick(const mset &ms, int tile, dmat &m, float *&Y) {
+    int i = 0;
+    if (ms.n > 1 && tile >= ms.t0[1]) i = 1;
+    if (ms.n > 2 && tile >= ms.t0[2]) i = 2;
+    m = i == 0 ? ms.m[0] : i == 1 ? ms.m[1] : ms.m[2];
+    Y = i == 0 ? ms.Y[0] : i == 1 ? ms.Y[1] : ms.Y[2];
+    return tile - (i == 0 ? ms.t0[0] : i == 1 ? ms.t0[1] : ms.t0[2]);
+}
+
 /* A KV cache on the device. */
 typedef struct cuda_kv {
     ib_kv pub;
@@ -134,6 +154,7 @@ typedef struct cuda_backend {
     int nrec, caprec;
     int use_graphs;
     int mma_rows;                    /* Q8 products of at least this many rows use the tensor cores */
+    int q_ready_buf, q_ready_G;      /* buffer whose Q8 form (group G) a fused norm just wrote, or -1 */
     struct gcache *gc;               /* [NGRAPH] */
     unsigned long long tick;
     void **alloc_list;               /* [cap_alloc] device allocations (freed at destroy) */
@@ -183,12 +204,14 @@ __device__ __forceinline__ float weight_at(const dmat &m, int n, int k) {
  * shared memory, then warp r continues row r's float chains over those groups in ascending order.
  * xq [R][K] int8, d/ad [R][K/G]. fused: the test-only gpu-fma fault. */
 template <int FMT>
-__global__ void __launch_bounds__(256) mm_q8_kernel(dmat m, const int8_t *__restrict__ xq, const float *__restrict__ d,
-                                                    const float *__restrict__ ad, int R, int rpb, float *__restrict__ Y,
-                                                    int ldy, int fused) {
+__global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
+                                                    const float *__restrict__ ad, int R, int rpb, int fused) {
     __shared__ int isum_s[RB][GCH][NT];
+    dmat m;
+    float *Y;
+    const int tile = mset_pick(ms, blockIdx.x, m, Y), ldy = m.N;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int n = blockIdx.x * NT + lane;
+    const int n = tile * NT + lane;
     const int K = m.K, G = m.G, ng = m.ng, Np = m.Np;
     constexpr int KC = FMT == IB_WQ4 ? 32 : 16;   /* k per uint4 */
     const int cpg = G / KC;
@@ -203,13 +226,14 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(dmat m, const int8_t *__rest
                 int s[RB];
 #pragma unroll
                 for (int r = 0; r < RB; r++) s[r] = 0;
-                /* the group's weights first (at most 8 uint4), so their loads are in flight together */
-                uint4 wg[8];
+                /* the group's weights first (at most 4 or 8 uint4), so their loads are in flight together */
+                constexpr int MAXC = FMT == IB_WQ4 ? 4 : 8;
+                uint4 wg[MAXC];
 #pragma unroll
-                for (int c = 0; c < 8; c++)
+                for (int c = 0; c < MAXC; c++)
                     if (c < cpg) wg[c] = m.w[(size_t)(g * cpg + c) * Np + n];
 #pragma unroll
-                for (int c = 0; c < 8; c++) {
+                for (int c = 0; c < MAXC; c++) {
                     if (c >= cpg) break;
                     const uint4 wv = wg[c];
                     const int k0 = g * G + c * KC;
@@ -245,6 +269,7 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(dmat m, const int8_t *__rest
             }
             __syncthreads();
             if (warp < nr) {
+                /* t = (s*d)*(float)isum, u = b*ad, acc = (acc + t) + u, groups ascending */
                 const int row = r0 + warp;
 #pragma unroll 8
                 for (int gi = 0; gi < gn; gi++) {
@@ -285,13 +310,15 @@ __device__ __forceinline__ void mma_k32(int (&d)[4], const unsigned (&a)[4], uns
  * continues the float chains of two (row, output) pairs over those groups in ascending order:
  * acc = (acc + (s*d)*(float)isum) + b*ad — matmul.h's arithmetic, bit for bit. */
 template <int FMT>
-__global__ void __launch_bounds__(256) mm_q8_mma_kernel(dmat m, const int8_t *__restrict__ xq, const float *__restrict__ d,
-                                                        const float *__restrict__ ad, int R, float *__restrict__ Y,
-                                                        int ldy, int fused) {
+__global__ void __launch_bounds__(256) mm_q8_mma_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
+                                                        const float *__restrict__ ad, int R, int fused) {
     __shared__ int isum_s[GCH][16][33];
+    dmat m;
+    float *Y;
+    const int tile = mset_pick(ms, blockIdx.x, m, Y), ldy = m.N;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
     const int K = m.K, G = m.G, ng = m.ng, Np = m.Np;
-    const int r0 = blockIdx.y * 16, n0 = blockIdx.x * 32;
+    const int r0 = blockIdx.y * 16, n0 = tile * 32;
     const int ra = r0 + gq, rb = r0 + gq + 8;
     const bool oka = ra < R, okb = rb < R;
     const int8_t *xa = xq + (size_t)(oka ? ra : 0) * K, *xb = xq + (size_t)(okb ? rb : 0) * K;
@@ -368,10 +395,12 @@ __global__ void __launch_bounds__(256) mm_q8_mma_kernel(dmat m, const int8_t *__
 /* Y[r][n] for r < R, n < N, F32 activations: one thread per (row, output), acc = acc + w*x over k
  * ascending (matmul.h). Block: 32 outputs x 8 rows. X [R][K]. fused: the test-only gpu-fma fault. */
 template <int FMT>
-__global__ void __launch_bounds__(256) mm_f32_kernel(dmat m, const float *__restrict__ X, int R, float *__restrict__ Y,
-                                                     int ldy, int fused) {
+__global__ void __launch_bounds__(256) mm_f32_kernel(mset ms, const float *__restrict__ X, int R, int fused) {
+    dmat m;
+    float *Y;
+    const int tile = mset_pick(ms, blockIdx.x, m, Y), ldy = m.N;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int n = blockIdx.x * NT + lane, row = blockIdx.y * NWARP + warp;
+    const int n = tile * NT + lane, row = blockIdx.y * NWARP + warp;
     if (row >= R) return;
     const float *x = X + (size_t)row * m.K;
     const int Np = m.Np;
@@ -417,16 +446,10 @@ __device__ __forceinline__ int quant_code(float x, float inv) {
     return (int)v;
 }
 
-/* ib_quantize_act of X [R][K] for group G: one warp per (row, group). amax is a maximum of non-NaN
- * magnitudes (the same in any order); the code sum is an exact integer. */
-__global__ void quantize_kernel(const float *__restrict__ X, int R, int K, int G, int8_t *__restrict__ xq,
-                                float *__restrict__ d, float *__restrict__ ad) {
-    const int wid = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
-    const int ng = K / G;
-    if (wid >= R * ng) return;
-    const int r = wid / ng, g = wid % ng;
-    const float *xs = X + (size_t)r * K + (size_t)g * G;
-    int8_t *qs = xq + (size_t)r * K + (size_t)g * G;
+/* ib_quantize_act of one group of G floats xs (any memory) by one warp: codes into qs, d and ad into *d,
+ * *ad (written by lane 0). amax is a maximum of non-NaN magnitudes (the same in any order); the code sum
+ * is an exact integer. */
+__device__ __forceinline__ void quantize_group(const float *xs, int G, int8_t *qs, float *d, float *ad, int lane) {
     float amax = 0.0f;
     for (int k = lane; k < G; k += 32) {
         const float a = fabsf(xs[k]);
@@ -436,10 +459,9 @@ __global__ void quantize_kernel(const float *__restrict__ X, int R, int K, int G
         const float b = __shfl_xor_sync(0xffffffffu, amax, o);
         amax = b > amax ? b : amax;
     }
-    const size_t di = (size_t)r * ng + g;
     if (amax == 0.0f) {
         for (int k = lane; k < G; k += 32) qs[k] = 0;
-        if (lane == 0) d[di] = 0.0f, ad[di] = 0.0f;
+        if (lane == 0) *d = 0.0f, *ad = 0.0f;
         return;
     }
     const float dd = amax / 127.0f, inv = 127.0f / amax;
@@ -450,7 +472,18 @@ __global__ void quantize_kernel(const float *__restrict__ X, int R, int K, int G
         sum += c;
     }
     for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) d[di] = dd, ad[di] = dd * (float)sum;
+    if (lane == 0) *d = dd, *ad = dd * (float)sum;
+}
+
+/* ib_quantize_act of X [R][K] for group G: one warp per (row, group). */
+__global__ void quantize_kernel(const float *__restrict__ X, int R, int K, int G, int8_t *__restrict__ xq,
+                                float *__restrict__ d, float *__restrict__ ad) {
+    const int wid = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    const int ng = K / G;
+    if (wid >= R * ng) return;
+    const int r = wid / ng, g = wid % ng;
+    const size_t di = (size_t)r * ng + g;
+    quantize_group(X + (size_t)r * K + (size_t)g * G, G, xq + (size_t)r * K + (size_t)g * G, d + di, ad + di, lane);
 }
 
 /* ---------------------------------------------------------------- kernels: elementwise and norms */
@@ -459,15 +492,28 @@ __global__ void quantize_kernel(const float *__restrict__ X, int R, int K, int G
  * the vector is staged in shared memory (n floats of dynamic shared memory), threads 0..15 own
  * ib_dot16's lanes (lane j sums elements j, j+16, … in order) and fold 8, 4, 2, 1; then
  * y = (x * (1/sqrt(ss/n + eps))) * w. reverse_odd: the test-only row-order fault (odd vectors sum
- * their squares in reverse, serially). */
-__global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, int nvec, int n, float eps, float *y,
-                               int reverse_odd) {
+ * their squares in reverse, serially).
+ * Fused neighbours (the same operations as the separate ops, in the same order): add_y != NULL first
+ * does x = x + add_y (ib_add; x written back); G > 0 then quantizes y for group G into xq/qd/qad
+ * (ib_quantize_act of the rows just written). */
+__global__ void rmsnorm_kernel(float *x, const float *__restrict__ add_y, const float *__restrict__ w, int nvec, int n,
+                               float eps, float *y, int reverse_odd, int8_t *__restrict__ xq, float *__restrict__ qd,
+                               float *__restrict__ qad, int G) {
     extern __shared__ float xs[];
     __shared__ float r_s;
     const int v = blockIdx.x, tid = threadIdx.x;
-    const float *xv = x + (size_t)v * n;
+    float *xv = x + (size_t)v * n;
     float *yv = y + (size_t)v * n;
-    for (int i = tid; i < n; i += blockDim.x) xs[i] = xv[i];
+    if (add_y) {
+        const float *av = add_y + (size_t)v * n;
+        for (int i = tid; i < n; i += blockDim.x) {
+            const float t = xv[i] + av[i];
+            xv[i] = t;
+            xs[i] = t;
+        }
+    } else {
+        for (int i = tid; i < n; i += blockDim.x) xs[i] = xv[i];
+    }
     __syncthreads();
     if (tid < 32) {
         float a = 0.0f;
@@ -488,7 +534,18 @@ __global__ void rmsnorm_kernel(const float *x, const float *__restrict__ w, int 
     }
     __syncthreads();
     const float r = r_s;
-    for (int i = tid; i < n; i += blockDim.x) yv[i] = (xs[i] * r) * w[i];
+    for (int i = tid; i < n; i += blockDim.x) {
+        const float t = (xs[i] * r) * w[i];
+        yv[i] = t;
+        xs[i] = t;
+    }
+    if (G <= 0) return;
+    __syncthreads();
+    const int ng = n / G, lane = tid & 31;
+    for (int g = tid >> 5; g < ng; g += blockDim.x >> 5) {
+        const size_t di = (size_t)v * ng + g;
+        quantize_group(xs + (size_t)g * G, G, xq + (size_t)v * n + (size_t)g * G, qd + di, qad + di, lane);
+    }
 }
 
 /* X[r] = embedding row tok[r] (ib_matrix_row_f32's formula). X [R][D]. */
@@ -905,6 +962,7 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
     b->scale = 1.0f / sqrtf((float)c->head_dim);
     b->theta = c->rope_theta;
     b->pool = cfg->pool;
+    b->q_ready_buf = -1;
     {
         const char *g = getenv("IB_CUDA_GRAPHS");   /* "0": run every step op by op (for comparisons) */
         b->use_graphs = !(g && !strcmp(g, "0"));
@@ -1137,11 +1195,21 @@ static void launch_embed(cuda_backend *b) {
 
 /* nvec vectors of n floats normed with weights w (device), in -> out. rows: a row norm (the row-order
  * fault applies), not a head norm. */
-static void launch_rmsnorm(cuda_backend *b, const float *in, const float *w, int nvec, int n, float *out, int rows) {
+static void launch_rmsnorm(cuda_backend *b, float *in, const float *w, int nvec, int n, float *out, int rows) {
     const int reverse_odd = rows && b->fault == IB_FAULT_ROW_ORDER;
-    rmsnorm_kernel<<<nvec, n >= 512 ? 256 : 128, (size_t)n * sizeof(float), b->st>>>(in, w, nvec, n, b->eps, out,
-                                                                                     reverse_odd);
+    rmsnorm_kernel<<<nvec, n >= 512 ? 256 : 128, (size_t)n * sizeof(float), b->st>>>(in, NULL, w, nvec, n, b->eps, out,
+                                                                                     reverse_odd, NULL, NULL, NULL, 0);
     LAUNCHED(b, "rmsnorm");
+}
+
+/* A row norm of R rows (in -> out) with its fused neighbours: add_y (x += add_y first) and, when G > 0,
+ * the quantization of the normed rows for group G (then marked ready for the linear that reads `out`). */
+static void launch_rmsnorm_fused(cuda_backend *b, int in, const float *add_y, const float *w, int out, int G) {
+    const int n = b->D, reverse_odd = b->fault == IB_FAULT_ROW_ORDER;
+    rmsnorm_kernel<<<b->R, n >= 512 ? 256 : 128, (size_t)n * sizeof(float), b->st>>>(
+        b->buf[in], add_y, w, b->R, n, b->eps, b->buf[out], reverse_odd, b->xq, b->qd, b->qad, G);
+    LAUNCHED(b, "rmsnorm");
+    if (G > 0) b->q_ready_buf = out, b->q_ready_G = G;
 }
 
 static const float *norm_weights(cuda_backend *b, int n, int li) {
@@ -1149,32 +1217,46 @@ static const float *norm_weights(cuda_backend *b, int n, int li) {
     return b->norms + ((size_t)li * 2 + (n == IB_N_MLP)) * b->D;
 }
 
-/* Y [R][N] = X [R][K] · W^T for one device matrix, with X already quantized into b->xq/qd/qad when q8.
- * The Q8 kernel's rows per block grow with the work (about 4 blocks per multiprocessor), which changes
- * which block computes a row, never how. */
-static void launch_product(cuda_backend *b, const dmat *m, const float *X, int R, int q8, float *Y) {
+/* Ys[i] [R][N_i] = X [R][K] · W_i^T for n (1..3) device matrices of one format read as one grid, with X
+ * already quantized into b->xq/qd/qad when q8. The Q8 dp4a kernel's rows per block grow with the work
+ * (about 4 blocks per multiprocessor); many rows take the tensor-core kernel. Neither choice changes
+ * any output's arithmetic. */
+static void launch_products(cuda_backend *b, int n, const dmat *const *m, const float *X, int R, int q8,
+                            float *const *Y) {
     const int fused = b->fault == IB_FAULT_GPU_FMA;
-    const unsigned gx = (unsigned)(m->Np / NT);
-    if (q8 && m->fmt != IB_WF32 && R >= b->mma_rows) {
-        dim3 grid(gx, blocks_for((size_t)R, 16));
-        if (m->fmt == IB_WQ4)
-            mm_q8_mma_kernel<IB_WQ4><<<grid, 256, 0, b->st>>>(*m, b->xq, b->qd, b->qad, R, Y, m->N, fused);
-        else mm_q8_mma_kernel<IB_WQ8><<<grid, 256, 0, b->st>>>(*m, b->xq, b->qd, b->qad, R, Y, m->N, fused);
-    } else if (q8 && m->fmt != IB_WF32) {
-        long passes = ((long)(R + RB - 1) / RB) * (long)gx / 528;
+    mset ms;
+    memset(&ms, 0, sizeof ms);
+    ms.n = n;
+    int tiles = 0;
+    for (int i = 0; i < n; i++) {
+        ms.m[i] = *m[i], ms.Y[i] = Y[i], ms.t0[i] = tiles;
+        tiles += m[i]->Np / NT;
+    }
+    ms.t0[n] = tiles;
+    const int fmt = m[0]->fmt;
+    if (q8 && fmt != IB_WF32 && R >= b->mma_rows) {
+        dim3 grid((unsigned)tiles, blocks_for((size_t)R, 16));
+        if (fmt == IB_WQ4) mm_q8_mma_kernel<IB_WQ4><<<grid, 256, 0, b->st>>>(ms, b->xq, b->qd, b->qad, R, fused);
+        else mm_q8_mma_kernel<IB_WQ8><<<grid, 256, 0, b->st>>>(ms, b->xq, b->qd, b->qad, R, fused);
+    } else if (q8 && fmt != IB_WF32) {
+        long passes = ((long)(R + RB - 1) / RB) * (long)tiles / 528;
         passes = passes < 1 ? 1 : passes > MAX_PASSES ? MAX_PASSES : passes;
         const int rpb = (int)passes * RB;
-        dim3 grid(gx, blocks_for((size_t)R, rpb));
-        if (m->fmt == IB_WQ4)
-            mm_q8_kernel<IB_WQ4><<<grid, 256, 0, b->st>>>(*m, b->xq, b->qd, b->qad, R, rpb, Y, m->N, fused);
-        else mm_q8_kernel<IB_WQ8><<<grid, 256, 0, b->st>>>(*m, b->xq, b->qd, b->qad, R, rpb, Y, m->N, fused);
+        dim3 grid((unsigned)tiles, blocks_for((size_t)R, rpb));
+        if (fmt == IB_WQ4) mm_q8_kernel<IB_WQ4><<<grid, 256, 0, b->st>>>(ms, b->xq, b->qd, b->qad, R, rpb, fused);
+        else mm_q8_kernel<IB_WQ8><<<grid, 256, 0, b->st>>>(ms, b->xq, b->qd, b->qad, R, rpb, fused);
     } else {
-        dim3 grid(gx, blocks_for((size_t)R, NWARP));
-        if (m->fmt == IB_WQ4) mm_f32_kernel<IB_WQ4><<<grid, 256, 0, b->st>>>(*m, X, R, Y, m->N, fused);
-        else if (m->fmt == IB_WQ8) mm_f32_kernel<IB_WQ8><<<grid, 256, 0, b->st>>>(*m, X, R, Y, m->N, fused);
-        else mm_f32_kernel<IB_WF32><<<grid, 256, 0, b->st>>>(*m, X, R, Y, m->N, fused);
+        dim3 grid((unsigned)tiles, blocks_for((size_t)R, NWARP));
+        if (fmt == IB_WQ4) mm_f32_kernel<IB_WQ4><<<grid, 256, 0, b->st>>>(ms, X, R, fused);
+        else if (fmt == IB_WQ8) mm_f32_kernel<IB_WQ8><<<grid, 256, 0, b->st>>>(ms, X, R, fused);
+        else mm_f32_kernel<IB_WF32><<<grid, 256, 0, b->st>>>(ms, X, R, fused);
     }
     LAUNCHED(b, "linear");
+}
+
+/* One product (launch_products of one matrix). */
+static void launch_product(cuda_backend *b, const dmat *m, const float *X, int R, int q8, float *Y) {
+    launch_products(b, 1, &m, X, R, q8, &Y);
 }
 
 /* Quantize X [R][K] for group G into b's Q8 buffers. */
@@ -1193,11 +1275,20 @@ static void launch_linear(cuda_backend *b, int li, int n, const int *ws, int in,
     if (b->act == IB_ACT_Q8)
         for (int i = 0; i < n; i++)
             if (ms[i]->fmt != IB_WF32) {
-                launch_quantize(b, b->buf[in], b->R, ms[i]->K, ms[i]->G);
+                if (b->q_ready_buf != in || b->q_ready_G != ms[i]->G)
+                    launch_quantize(b, b->buf[in], b->R, ms[i]->K, ms[i]->G);
                 q8 = 1;
                 break;
             }
-    for (int i = 0; i < n; i++) launch_product(b, ms[i], b->buf[in], b->R, q8, b->buf[outs[i]]);
+    /* consecutive matrices of one format (and one path) share a grid */
+    for (int i0 = 0; i0 < n;) {
+        int i1 = i0 + 1;
+        while (i1 < n && ms[i1]->fmt == ms[i0]->fmt) i1++;
+        float *ys[3];
+        for (int i = i0; i < i1; i++) ys[i - i0] = b->buf[outs[i]];
+        launch_products(b, i1 - i0, ms + i0, b->buf[in], b->R, q8, ys);
+        i0 = i1;
+    }
 }
 
 static void launch_qk(cuda_backend *b, int li, int phases) {
@@ -1250,7 +1341,7 @@ static void exec_rec(cuda_backend *b, const oprec *r) {
     switch (r->op) {
     case OP_UPLOAD: launch_upload(b); break;
     case OP_EMBED: launch_embed(b); break;
-    case OP_RMSNORM: launch_rmsnorm(b, b->buf[a[0]], norm_weights(b, a[1], a[2]), b->R, b->D, b->buf[a[3]], 1); break;
+    case OP_RMSNORM: launch_rmsnorm_fused(b, a[0], NULL, norm_weights(b, a[1], a[2]), a[3], 0); break;
     case OP_LINEAR: launch_linear(b, a[0], a[1], a + 2, a[5], a + 6); break;
     case OP_QK: launch_qk(b, a[0], a[1]); break;
     case OP_ATTN: launch_attention(b, a[0]); break;
@@ -1270,10 +1361,52 @@ static void exec_rec(cuda_backend *b, const oprec *r) {
     }
 }
 
-/* Enqueue the ops recorded so far, one by one, and forget them. */
+/* Group size the Q8 linear `next` quantizes its input `buf` with, when it reads buf under Q8
+ * activations; 0 otherwise. */
+static int q8_group_for(const cuda_backend *b, const oprec *next, int buf) {
+    if (!next || next->op != OP_LINEAR || b->act != IB_ACT_Q8 || next->a[5] != buf) return 0;
+    for (int i = 0; i < next->a[1]; i++) {
+        const dmat *m = &b->mats[(size_t)next->a[0] * IB_W_COUNT + next->a[2 + i]];
+        if (m->fmt != IB_WF32) return m->K == b->D ? m->G : 0;
+    }
+    return 0;
+}
+
+/* Enqueue records [0, n) in order, fusing neighbours into one kernel where the same operations allow:
+ * a residual add followed by the row norm of its sum, and a row norm followed by the Q8 linear that
+ * reads it (its quantization done by the norm's block). Every fused kernel performs the separate ops'
+ * arithmetic in their order, so fusing changes no bit (and read_rows, which flushes op by op, sees the
+ * same values). */
+static void exec_records(cuda_backend *b, const oprec *rec, int n) {
+    for (int i = 0; i < n; i++) {
+        const oprec *r = &rec[i], *nx = i + 1 < n ? &rec[i + 1] : NULL;
+        int consumed = 1;
+        if (r->op == OP_ADD && nx && nx->op == OP_RMSNORM && nx->a[0] == r->a[0] && nx->a[3] != r->a[0] &&
+            nx->a[3] != r->a[1]) {
+            const oprec *nn = i + 2 < n ? &rec[i + 2] : NULL;
+            launch_rmsnorm_fused(b, r->a[0], b->buf[r->a[1]], norm_weights(b, nx->a[1], nx->a[2]), nx->a[3],
+                                 q8_group_for(b, nn, nx->a[3]));
+            consumed = 2;
+        } else if (r->op == OP_RMSNORM && r->a[0] != r->a[3]) {
+            launch_rmsnorm_fused(b, r->a[0], NULL, norm_weights(b, r->a[1], r->a[2]), r->a[3], q8_group_for(b, nx, r->a[3]));
+        } else {
+            exec_rec(b, r);
+            b->q_ready_buf = -1;
+        }
+        i += consumed - 1;
+        /* a fused quantization serves only the op right after it */
+        if (consumed == 2 || r->op == OP_RMSNORM) {
+            const oprec *after = &rec[i + 1 < n ? i + 1 : i];
+            if (i + 1 >= n || after->op != OP_LINEAR) b->q_ready_buf = -1;
+        }
+    }
+}
+
+/* Enqueue the ops recorded so far and forget them. */
 static void flush_direct(cuda_backend *b) {
-    for (int i = 0; i < b->nrec; i++) exec_rec(b, &b->rec[i]);
+    exec_records(b, b->rec, b->nrec);
     b->nrec = 0;
+    b->q_ready_buf = -1;
 }
 
 static void drop_entry(gcache *e) {
@@ -1326,7 +1459,8 @@ static void flush_step(cuda_backend *b) {
         cudaGraph_t g = NULL;
         cudaGraphExec_t x = NULL;
         if (cudaStreamBeginCapture(b->st, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
-            for (int i = 0; i < b->nrec; i++) exec_rec(b, &b->rec[i]);
+            exec_records(b, b->rec, b->nrec);
+            b->q_ready_buf = -1;
             if (cudaStreamEndCapture(b->st, &g) == cudaSuccess && g &&
                 cudaGraphInstantiate(&x, g, 0) == cudaSuccess) {
                 e->g = g, e->x = x;
