@@ -10,7 +10,8 @@
 #   3. generate digests, CPU vs CUDA, on models/default: act q8/f32 x KV f32/f16 x greedy/sampled x
 #      three schedules (batch 1; batch 8 chunks of 5; batch 4 whole prompts); --check-serial on CUDA;
 #      gpu-fma must change the CUDA digests.
-#   4. speed: test_backend_cuda --bench (qwen3-0.6b-shaped 4-bit: prefill, decode B=1 and B=128) and
+#   4. recall --backend cuda vs cpu (answers batched and serialized).
+#   5. speed: test_backend_cuda --bench (qwen3-0.6b-shaped 4-bit: prefill, decode B=1 and B=128) and
 #      isobatch bench --backend cuda.
 set -u
 bin=${1:-.devcarry}
@@ -56,6 +57,20 @@ b=$("$bin/isobatch" generate -m $model --prompts-file $prompts -n 24 --json --ba
 [ -n "$b" ] && [ "$a" != "$b" ] && r="digests differ (caught)" || r="NOT caught"
 echo "generate --backend cuda --inject gpu-fma vs cpu: $r" >>"$sum"
 
+# recall (the multi-tenant needle benchmark): the CUDA engine's answers, batched and serialized, are the
+# CPU engine's
+for be in cpu cuda; do
+    "$bin/isobatch" recall -m $model --sessions 8 --length 512 --json --backend $be >"$out/recall_$be.json" 2>"$out/recall_$be.err"
+done
+python3 - "$out/recall_cpu.json" "$out/recall_cuda.json" >>"$sum" <<'EOF3'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+ca = [(c['serialized'], c['batched']) for c in a['cases']]
+cb = [(c['serialized'], c['batched']) for c in b['cases']]
+print('recall 8 x 512: cpu recall %.3f (batched == serialized bitwise: %s); cuda recall %.3f (%s); cuda answers == cpu answers: %s'
+      % (a['batched']['recall'], a['bitwise_match'], b['batched']['recall'], b['bitwise_match'], ca == cb))
+EOF3
+
 "$bin/test_backend_cuda" --bench >"$out/bench_cuda.log" 2>&1
 echo "--- test_backend_cuda --bench (rc $?)" >>"$sum"
 grep -E "prefill|decode|bitwise|every op" "$out/bench_cuda.log" >>"$sum"
@@ -63,7 +78,7 @@ grep -E "prefill|decode|bitwise|every op" "$out/bench_cuda.log" >>"$sum"
 "$bin/isobatch" bench -m /tmp/q06 --backend cuda --batch 1,16,64 --prompt 128 --gen 32 --reps 3 >"$out/isobatch_bench.log" 2>&1
 echo "--- isobatch bench --backend cuda (rc $?)" >>"$sum"
 cat "$out/isobatch_bench.log" >>"$sum"
-# 5. where a decode step's GPU time goes: ncu, one step at B = 1 and one at B = 128 (kernel durations)
+# 6. where a decode step's GPU time goes: ncu, one step at B = 1 and one at B = 128 (kernel durations)
 if command -v ncu >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/ncu ]; then
     ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     "$ncu" --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
