@@ -312,10 +312,13 @@ typedef struct ib_sched_event {
     const char *finish;    /* DONE: "stop" (a stop id was generated), "length", "cancelled", "error" */
     int prompt_fed;        /* DONE: prompt tokens fed into the session */
     int generated;         /* DONE: tokens generated */
+    ib_status status;      /* DONE with "error": the failure's status code (IB_OK otherwise) */
     const char *message;   /* DONE with "error": what failed (valid during the call) */
     int n_top;             /* token events of a job with top_logprobs > 0: entries in top_ids/top_logprob */
     const int32_t *top_ids;     /* [n_top] the most likely tokens, by logit descending, ties -> lowest id */
     const double *top_logprob;  /* [n_top] their log-probabilities (valid during the call) */
+    const float *logits;   /* token events: the [vocab_size] float32 logits the token was drawn from
+                            * (the row ib_step wrote; valid during the call) */
 } ib_sched_event;
 
 /* Called from the scheduler thread without its lock held; it must not block for long. It may call
