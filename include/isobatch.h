@@ -241,11 +241,13 @@ void ib_session_note_tokens(ib_session *s, const int32_t *tokens, int n);
 
 /* ---------------------------------------------------------------- generation runner */
 
-/* A convenience loop over ib_step/ib_sample with continuous batching: up to `batch` sessions are
- * stepped together; a finished session's row is refilled with the next prompt at once. Prompts are
- * prefilled in chunks of `prefill_chunk` tokens (0 = whole), interleaved with the other rows' decode.
- * Every session uses `sampling` (the same seed), so a prompt's result does not depend on its place in
- * the list. */
+/* A whole batch of prompts run to completion by the scheduler's loop (below), on the calling thread:
+ * up to `batch` sessions (rows; at most the engine's max_step_tokens) are stepped together, each
+ * prompt a job on a row's session; a finished row is refilled with the next prompt at once. Prompts
+ * are prefilled in chunks of `prefill_chunk` tokens (0 = whole, within the step's token budget),
+ * interleaved with the other rows' decode. Every session uses `sampling` (the same seed), so a
+ * prompt's result does not depend on its place in the list. The engine is the call's alone while it
+ * runs. */
 typedef struct ib_gen_request {
     const int32_t *prompt;  /* [n_prompt] token ids */
     int n_prompt;           /* >= 1 */
@@ -278,7 +280,9 @@ typedef struct ib_gen_stats {
 } ib_gen_stats;
 
 /* Run every request to completion. results: [n] (zeroed by the call). stats may be NULL.
- * Fails before any work when a request does not fit the context. */
+ * Fails before any work when a request does not fit the context, or when a prompt that is to be fed
+ * (its limit is > 0) holds a token outside the vocabulary.
+ * On failure the results own no memory. */
 ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_gen_opts *opts,
                       ib_gen_result *results, ib_gen_stats *stats, ib_error *err);
 void ib_gen_results_free(ib_gen_result *results, int n);
