@@ -13,8 +13,9 @@ static inline int ib_session_max_item(const ib_session *s) { return s->kv_window
 
 /* A scheduler without a thread (ib_generate uses one): jobs are submitted as to any scheduler, and its
  * loop — the same loop, step for step — runs only inside ib_sched_drain, on the caller's thread. The
- * caller is then the engine's one user. ib_sched_stop and ib_sched_free work as for a threaded one
- * (a stop with jobs queued delivers their DONE "cancelled" on the calling thread). */
+ * caller is then the engine's one user, and the one thread that drains, stops and frees it.
+ * ib_sched_stop and ib_sched_free work as for a threaded one (a stop with jobs queued delivers their
+ * DONE "cancelled" on the calling thread; a stop from inside an event ends the drain that way). */
 ib_status ib_sched_create_inline(ib_engine *e, const ib_sched_opts *opts, ib_sched **out, ib_error *err);
 
 /* Inline schedulers only (else a no-op): run the loop on the calling thread until no job is active or
