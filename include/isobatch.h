@@ -270,11 +270,13 @@ void ib_session_note_tokens(ib_session *s, const int32_t *tokens, int n);
 
 /* ---------------------------------------------------------------- generation runner */
 
-/* A convenience loop over ib_step/ib_sample with continuous batching: up to `batch` sessions are
- * stepped together; a finished session's row is refilled with the next prompt at once. Prompts are
- * prefilled in chunks of `prefill_chunk` tokens (0 = whole), interleaved with the other rows' decode.
- * Every session uses `sampling` (the same seed), so a prompt's result does not depend on its place in
- * the list. */
+/* A whole batch of prompts run to completion by the scheduler's loop (below), on the calling thread:
+ * up to `batch` sessions (rows; at most the engine's max_step_tokens) are stepped together, each
+ * prompt a job on a row's session; a finished row is refilled with the next prompt at once. Prompts
+ * are prefilled in chunks of `prefill_chunk` tokens (0 = whole, within the step's token budget),
+ * interleaved with the other rows' decode. Every session uses `sampling` (the same seed), so a
+ * prompt's result does not depend on its place in the list. The engine is the call's alone while it
+ * runs. */
 typedef struct ib_gen_request {
     const int32_t *prompt;  /* [n_prompt] token ids */
     int n_prompt;           /* >= 1 */
@@ -308,7 +310,9 @@ typedef struct ib_gen_stats {
 } ib_gen_stats;
 
 /* Run every request to completion. results: [n] (zeroed by the call). stats may be NULL.
- * Fails before any work when a request does not fit the context. */
+ * Fails before any work when a request does not fit the context, or when a prompt that is to be fed
+ * (its limit is > 0) holds a token outside the vocabulary.
+ * On failure the results own no memory. */
 ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_gen_opts *opts,
                       ib_gen_result *results, ib_gen_stats *stats, ib_error *err);
 void ib_gen_results_free(ib_gen_result *results, int n);
@@ -342,10 +346,13 @@ typedef struct ib_sched_event {
     const char *finish;    /* DONE: "stop" (a stop id was generated), "length", "cancelled", "error" */
     int prompt_fed;        /* DONE: prompt tokens fed into the session */
     int generated;         /* DONE: tokens generated */
+    ib_status status;      /* DONE with "error": the failure's status code (IB_OK otherwise) */
     const char *message;   /* DONE with "error": what failed (valid during the call) */
     int n_top;             /* token events of a job with top_logprobs > 0: entries in top_ids/top_logprob */
     const int32_t *top_ids;     /* [n_top] the most likely tokens, by logit descending, ties -> lowest id */
     const double *top_logprob;  /* [n_top] their log-probabilities (valid during the call) */
+    const float *logits;   /* token events: the [vocab_size] float32 logits the token was drawn from
+                            * (the row ib_step wrote; valid during the call) */
 } ib_sched_event;
 
 /* Called from the scheduler thread without its lock held; it must not block for long. It may call

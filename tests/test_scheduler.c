@@ -1,8 +1,9 @@
 /*
  * test_scheduler.c — the continuous-batching scheduler on the tiny synthetic model: every job's
- * tokens and logprobs equal those of the same prompt decoded alone with plain ib_step/ib_sample
- * (greedy and seeded sampling), whatever the batch size, prefill chunk and arrival order; stop ids,
- * length, cancellation, a full queue, a context overflow and prefill-only jobs behave as documented.
+ * tokens, logprobs and the logits rows its events expose equal those of the same prompt decoded alone
+ * with plain ib_step/ib_sample (greedy and seeded sampling), whatever the batch size, prefill chunk and
+ * arrival order; stop ids, length, cancellation, a full queue, a context overflow and prefill-only jobs
+ * behave as documented.
  * KV policies: sink+window attention equals a float64 reference over exactly the kept positions;
  * windowed sessions give the same bits batched in chunks as alone token by token; a window wider
  * than the sequence equals a full session bitwise; memory is fixed at sink + window + chunk slots;
@@ -29,6 +30,8 @@
 static int32_t prompts[NP][200];
 static int plen[NP];
 
+static int g_vocab; /* the tiny model's vocabulary, for digesting the events' logits rows */
+
 typedef struct rec {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -38,6 +41,7 @@ typedef struct rec {
     int n_top[64];              /* per token: top alternatives reported, the two of them, their logprobs */
     int32_t top_id[64][2];
     double top_lp[64][2];
+    uint64_t dig;               /* ib_digest_bytes over the token events' logits rows */
     int done;
     char finish[16];
     int fed, generated;
@@ -48,6 +52,7 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
     rec *r = ctx;
     pthread_mutex_lock(&r->mu);
     if (!ev->done) {
+        r->dig = ib_digest_bytes(r->dig, ev->logits, (size_t)g_vocab * sizeof(float));
         if (r->n < 64) {
             r->tok[r->n] = ev->token;
             r->lp[r->n] = ev->logprob;
@@ -86,6 +91,7 @@ static ib_sampling sampling(int sampled) {
 /* The reference: prompt i decoded alone, token by token after a whole-prompt prefill. */
 static int32_t ref_top_id[2][NP][GEN][2];   /* [sampled][prompt][token]: ib_top_logprobs of the lone run */
 static double ref_top_lp[2][NP][GEN][2];
+static uint64_t ref_dig[2][NP];             /* [sampled][prompt]: digest of the lone run's logits rows */
 
 static void reference(const ib_model *m, ib_engine *e, int i, int sampled, int32_t *tok, double *lp) {
     int V = ib_model_get_info(m)->vocab_size;
@@ -97,7 +103,9 @@ static void reference(const ib_model *m, ib_engine *e, int i, int sampled, int32
     ib_session_note_tokens(s, prompts[i], plen[i]);
     ib_step_item it = {.session = s, .tokens = prompts[i], .n_tokens = plen[i], .logits = logits};
     ib_step(e, &it, 1, &err);
+    ref_dig[sampled][i] = IB_DIGEST_INIT;
     for (int g = 0; g < GEN; g++) {
+        ref_dig[sampled][i] = ib_digest_bytes(ref_dig[sampled][i], logits, (size_t)V * sizeof(float));
         tok[g] = ib_sample(s, logits);
         lp[g] = ib_logprob(logits, V, tok[g]);
         ib_top_logprobs(logits, V, 2, ref_top_id[sampled][i][g], ref_top_lp[sampled][i][g]);
@@ -119,6 +127,7 @@ static void run_sched(const ib_model *m, ib_engine *e, int batch, int chunk, int
     for (int k = 0; k < NP; k++) {
         int i = reversed ? NP - 1 - k : k;
         memset(&r[i], 0, sizeof r[i]);
+        r[i].dig = IB_DIGEST_INIT;
         pthread_mutex_init(&r[i].mu, NULL);
         pthread_cond_init(&r[i].cv, NULL);
         ib_session_opts sopt = {.max_context = 256, .sampling = sampling(sampled)};
@@ -127,7 +136,7 @@ static void run_sched(const ib_model *m, ib_engine *e, int batch, int chunk, int
                            .want_logprobs = 1, .top_logprobs = 2, .on_event = on_event, .ctx = &r[i]};
         CHECK(ib_sched_submit(S, &jb, NULL, &err) == IB_OK, "%s", err.msg);
     }
-    int same = 0, same_top = 0;
+    int same = 0, same_top = 0, same_rows = 0;
     for (int i = 0; i < NP; i++) {
         rec_wait(&r[i]);
         int eq = r[i].n == GEN && !strcmp(r[i].finish, "length") && r[i].fed == plen[i];
@@ -139,8 +148,11 @@ static void run_sched(const ib_model *m, ib_engine *e, int batch, int chunk, int
             eq_top = r[i].n_top[g] == 2 && !memcmp(r[i].top_id[g], ref_top_id[sampled][i][g], sizeof r[i].top_id[g]) &&
                      !memcmp(r[i].top_lp[g], ref_top_lp[sampled][i][g], sizeof r[i].top_lp[g]);
         same_top += eq_top;
+        same_rows += r[i].dig == ref_dig[sampled][i];
         ib_session_free(r[i].s);
     }
+    CHECK(same_rows == NP, "batch %d chunk %d sampled %d reversed %d: %d of %d jobs' event logits rows equal their lone run's",
+          batch, chunk, sampled, reversed, same_rows, NP);
     CHECK(same == NP, "batch %d chunk %d sampled %d reversed %d: %d of %d jobs equal their lone run", batch, chunk,
           sampled, reversed, same, NP);
     CHECK(same_top == NP, "batch %d chunk %d sampled %d reversed %d: %d of %d jobs' top logprobs equal their lone run's",
@@ -315,6 +327,7 @@ int main(void) {
         fprintf(stderr, "load: %s\n", err.msg);
         return 1;
     }
+    g_vocab = ib_model_get_info(m)->vocab_size;
     for (int i = 0; i < NP; i++) {
         plen[i] = 1 + (i * 37) % 150;
         for (int t = 0; t < plen[i]; t++) prompts[i][t] = (int32_t)((i * 131 + t * 17) % 250);

@@ -2,7 +2,8 @@
  * test_step.c — the batched step's API contract: sessions at different positions with different
  * token counts in one step; validation errors that leave every session unchanged; context limits;
  * the embedding example's claim (two sessions stepped together equal each alone); ib_generate's kept
- * logits rows and digest (the definition behind `generate --json` and `--logits-out`).
+ * logits rows and digest (the definition behind `generate --json` and `--logits-out`), per-request
+ * limits, its stats, and the checks it makes before any work.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -164,6 +165,32 @@ int main(void) {
         ib_gen_request neg = {a, 9, -1};
         CHECK(ib_generate(e, &neg, 1, &go, full, NULL, &err) == IB_ERR_INVALID_ARG, "a negative limit was accepted");
         ib_gen_results_free(res, 3);
+    }
+
+    /* a request with nothing to generate (limit 0) does no work and ends "length" with no tokens; the
+     * stats count the others' prompt and generated tokens; a token outside the vocabulary is refused
+     * before any work */
+    {
+        ib_gen_request rq[3] = {{a, 9, 0}, {b, 23, 3}, {a, 9, 2}};
+        ib_gen_opts go = {.max_new_tokens = 0, .batch = 2, .prefill_chunk = 5, .sampling = ib_sampling_default()};
+        ib_gen_result res[3];
+        ib_gen_stats st = {0};
+        CHECK(ib_generate(e, rq, 3, &go, res, &st, &err) == IB_OK, "%s", err.msg);
+        CHECK(res[0].n_tokens == 0 && !strcmp(res[0].finish, "length") && res[0].digest == IB_DIGEST_INIT,
+              "limit 0: %d tokens, %s", res[0].n_tokens, res[0].finish);
+        CHECK(res[1].n_tokens == 3 && res[2].n_tokens == 2, "limits 3/2 gave %d/%d tokens", res[1].n_tokens,
+              res[2].n_tokens);
+        CHECK(st.prompt_tokens == 23 + 9 && st.generated_tokens == 5, "stats: %ld prompt, %ld generated tokens",
+              st.prompt_tokens, st.generated_tokens);
+        /* b's 23 prompt tokens take 5 steps in chunks of 5, the last drawing its first token, then 2
+         * decode steps; a's prompt and its 2 tokens ride along in the first 3 */
+        CHECK(st.steps == 7, "stats: %d steps", st.steps);
+        ib_gen_results_free(res, 3);
+        int32_t bad[3] = {1, V, 2};
+        ib_gen_request rb[2] = {{a, 9, 0}, {bad, 3, 0}};
+        go.max_new_tokens = 2;
+        CHECK(ib_generate(e, rb, 2, &go, res, &st, &err) == IB_ERR_INVALID_ARG && strstr(err.msg, "vocabulary"),
+              "a token outside the vocabulary: code %d, %s", err.code, err.msg);
     }
 
     ib_session_free(sa);

@@ -1,5 +1,9 @@
 /*
- * generate.c — ib_generate: continuous batching over ib_step and ib_sample.
+ * generate.c — ib_generate: a client of the scheduler. It validates every request before any work,
+ * keeps `batch` sessions (rows), and runs the scheduler's own loop on the calling thread (an inline
+ * scheduler, scheduler.h): each row holds one request's job; when a job ends, its row's session is
+ * reset and the next request is submitted on it, so the next step refills the row. The results are
+ * gathered from the jobs' events. There is one continuous-batching loop in isobatch: the scheduler's.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -7,31 +11,31 @@
 
 #include "core/error.h"
 #include "runtime/runtime.h"
+#include "runtime/scheduler.h"
 
-typedef struct slot {
+typedef struct gen_run gen_run;
+
+/* One row: a session and the request it serves now. */
+typedef struct gen_row {
+    gen_run *g;
     ib_session *s;
-    int req;          /* request index, -1 when idle */
-    int fed;          /* prompt tokens fed so far */
-    int32_t next;     /* last sampled token, fed at the next step */
-    int32_t drawn;    /* the token drawn after this step (draw_task) */
-    float *logits;    /* [V] */
-} slot;
+    int req;                  /* request index; -1 when idle */
+} gen_row;
 
-typedef struct {
-    const ib_step_item *items;
-    slot *slots;
-    const int *item_slot;
-} draw_job;
-
-/* Draw the token of item i of the step just run, when it asked for logits. Each draw reads and
- * advances only its own session (seed, step, history), so the items are drawn on any threads with
- * the same tokens; a draw at a temperature over a large vocabulary takes milliseconds. */
-static void draw_task(void *ctx, int i, int thread) {
-    draw_job *j = ctx;
-    if (!j->items[i].logits) return;
-    slot *sl = &j->slots[j->item_slot[i]];
-    sl->drawn = ib_sample(sl->s, sl->logits);
-}
+/* What the rows share: the requests, the options and the results being filled. */
+struct gen_run {
+    const ib_gen_request *reqs;
+    int n;
+    const ib_gen_opts *o;
+    int vocab;
+    ib_gen_result *res;
+    ib_sched *S;
+    int next_req;             /* next request to hand to a row */
+    int32_t stop_id;          /* the model's eos, a stop id when stop_at_eos */
+    int n_stop;
+    ib_status rc;             /* first failure (IB_OK while none) */
+    ib_error *err;
+};
 
 static double now_s(void) {
     struct timespec ts;
@@ -54,23 +58,55 @@ static int limit_of(const ib_gen_request *r, const ib_gen_opts *o) {
     return r->max_new_tokens > 0 ? r->max_new_tokens : o->max_new_tokens;
 }
 
-/* Record the token chosen from `logits` in result res (of a request allowed `limit` tokens); return 1
- * when the request is finished. */
-static int take_token(const ib_gen_opts *o, const ib_model_info *info, int limit, ib_gen_result *res,
-                      const float *logits, int32_t tok) {
-    int V = info->vocab_size;
-    res->digest = ib_digest_bytes(res->digest, logits, (size_t)V * sizeof(float));
-    if (res->logits) memcpy(res->logits + (size_t)res->n_tokens * V, logits, (size_t)V * sizeof(float));
-    res->tokens[res->n_tokens++] = tok;
-    if (o->stop_at_eos && tok == info->eos_id) {
-        res->finish = "stop";
-        return 1;
+static void on_event(void *ctx, const ib_sched_event *ev);
+
+/* Give row r the next request that has tokens to generate (one with a limit of 0 needs no work: its
+ * result stays empty, "length"), on the row's reset session; the row goes idle when none is left.
+ * A submit failure (none is expected: the requests were validated) is recorded and stops the run. */
+static void row_next(gen_row *r) {
+    gen_run *g = r->g;
+    r->req = -1;
+    if (g->rc) return;
+    while (g->next_req < g->n) {
+        int q = g->next_req++;
+        const ib_gen_request *rq = &g->reqs[q];
+        int lim = limit_of(rq, g->o);
+        if (lim == 0) continue;
+        ib_session_reset(r->s);
+        ib_sched_job jb = {.session = r->s, .prompt = rq->prompt, .n_prompt = rq->n_prompt, .max_new_tokens = lim,
+                           .stop_ids = &g->stop_id, .n_stop = g->n_stop, .on_event = on_event, .ctx = r};
+        ib_error e2;
+        ib_status rc = ib_sched_submit(g->S, &jb, NULL, &e2);
+        if (rc) {
+            g->rc = ib_fail(g->err, rc, "generate: request %d: %s", q, e2.msg);
+            ib_sched_stop(g->S);
+            return;
+        }
+        r->req = q;
+        return;
     }
-    if (res->n_tokens >= limit) {
-        res->finish = "length";
-        return 1;
+}
+
+/* A job's event: a token goes into its request's result (digest of the row that chose it, the row
+ * itself when keep_logits); the end sets the finish reason and hands the row the next request. */
+static void on_event(void *ctx, const ib_sched_event *ev) {
+    gen_row *r = ctx;
+    gen_run *g = r->g;
+    ib_gen_result *res = &g->res[r->req];
+    const size_t row_bytes = (size_t)g->vocab * sizeof(float);
+    if (!ev->done) {
+        res->digest = ib_digest_bytes(res->digest, ev->logits, row_bytes);
+        if (res->logits) memcpy(res->logits + (size_t)res->n_tokens * g->vocab, ev->logits, row_bytes);
+        res->tokens[res->n_tokens++] = ev->token;
+        return;
     }
-    return 0;
+    if (!strcmp(ev->finish, "error")) {
+        if (!g->rc) g->rc = ib_fail(g->err, ev->status ? ev->status : IB_ERR_STATE, "%s", ev->message);
+        ib_sched_stop(g->S);
+    }
+    if (g->rc) return; /* the run is over: the other jobs end "cancelled" */
+    res->finish = ev->finish; /* "stop" or "length": the only ends of a job nobody cancels */
+    row_next(r);
 }
 
 ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_gen_opts *o, ib_gen_result *res,
@@ -82,8 +118,8 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
         return ib_fail(err, IB_ERR_INVALID_ARG, "generate: bad options (batch %d, max_new_tokens %d, prefill_chunk %d)",
                        o->batch, o->max_new_tokens, o->prefill_chunk);
     memset(res, 0, (size_t)n * sizeof *res);
-    /* context check first: nothing runs when a request cannot fit */
-    int need = 1;
+    /* every check first: nothing runs when a request cannot fit or is malformed */
+    int need = 1, longest = 1;
     for (int i = 0; i < n; i++) {
         if (reqs[i].n_prompt < 1)
             return ib_fail(err, IB_ERR_INVALID_ARG, "generate: prompt %d is empty", i);
@@ -97,25 +133,30 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
             return ib_fail(err, IB_ERR_CONTEXT, "prompt %d: %d tokens + %d new exceed the context of %d tokens", i,
                            reqs[i].n_prompt, lim, cap < info->max_context ? cap : info->max_context);
         if (want > need) need = want;
+        if (lim == 0) continue; /* never fed */
+        for (int t = 0; t < reqs[i].n_prompt; t++)
+            if (reqs[i].prompt[t] < 0 || reqs[i].prompt[t] >= V)
+                return ib_fail(err, IB_ERR_INVALID_ARG, "generate: prompt %d: token %d is %d, outside the vocabulary [0, %d)",
+                               i, t, reqs[i].prompt[t], V);
+        if (reqs[i].n_prompt > longest) longest = reqs[i].n_prompt;
     }
+    /* rows: no more than the requests, nor than a step can hold with one token each */
     int B = o->batch < n ? o->batch : (n > 0 ? n : 1);
-    slot *slots = calloc((size_t)B, sizeof *slots);
-    ib_step_item *items = calloc((size_t)B, sizeof *items);
-    int *item_slot = calloc((size_t)B, sizeof *item_slot);
+    if (B > e->max_tokens) B = e->max_tokens;
+    gen_row *rows = calloc((size_t)B, sizeof *rows);
     ib_status rc = IB_OK;
-    if (!slots || !items || !item_slot) {
+    gen_run g = {.reqs = reqs, .n = n, .o = o, .vocab = V, .res = res, .stop_id = info->eos_id,
+                 .n_stop = o->stop_at_eos && info->eos_id >= 0, .err = err};
+    if (!rows) {
         rc = ib_fail(err, IB_ERR_NOMEM, "generate: out of memory");
         goto done;
     }
     ib_session_opts so = {.max_context = o->max_context > 0 ? o->max_context : need, .sampling = o->sampling,
                           .kv_dtype = o->kv_dtype, .backend = ib_engine_backend(e)};
     for (int b = 0; b < B; b++) {
-        slots[b].req = -1;
-        if ((rc = ib_session_create(m, &so, &slots[b].s, err))) goto done;
-        if (!(slots[b].logits = malloc((size_t)V * sizeof(float)))) {
-            rc = ib_fail(err, IB_ERR_NOMEM, "generate: out of memory");
-            goto done;
-        }
+        rows[b].g = &g;
+        rows[b].req = -1;
+        if ((rc = ib_session_create(m, &so, &rows[b].s, err))) goto done;
     }
     for (int i = 0; i < n; i++) {
         res[i].digest = IB_DIGEST_INIT;
@@ -128,79 +169,27 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
             goto done;
         }
     }
+    /* whole prompts (prefill_chunk 0) are the longest prompt's length: the step budget still cuts them */
+    ib_sched_opts sched_o = {.max_batch = B, .prefill_chunk = o->prefill_chunk > 0 ? o->prefill_chunk : longest,
+                             .max_queue = B};
+    if ((rc = ib_sched_create_inline(e, &sched_o, &g.S, err))) goto done;
     double t0 = now_s();
-    int next_req = 0, steps = 0;
-    long prompt_tokens = 0, gen_tokens = 0;
-    int budget_max = e->max_tokens;
-    for (;;) {
-        /* refill idle rows */
-        for (int b = 0; b < B; b++)
-            while (slots[b].req < 0 && next_req < n) {
-                int q = next_req++;
-                if (limit_of(&reqs[q], o) == 0) continue; /* nothing to generate: no work */
-                slots[b].req = q;
-                slots[b].fed = 0;
-                ib_session_reset(slots[b].s);
-                ib_session_note_tokens(slots[b].s, reqs[q].prompt, reqs[q].n_prompt);
-            }
-        int ni = 0, budget = budget_max;
-        for (int b = 0; b < B && budget > 0; b++) {
-            slot *sl = &slots[b];
-            if (sl->req < 0) continue;
-            const ib_gen_request *rq = &reqs[sl->req];
-            ib_step_item *it = &items[ni];
-            it->session = sl->s;
-            if (sl->fed < rq->n_prompt) {
-                int left = rq->n_prompt - sl->fed;
-                int chunk = o->prefill_chunk > 0 && o->prefill_chunk < left ? o->prefill_chunk : left;
-                if (chunk > budget) chunk = budget;
-                it->tokens = rq->prompt + sl->fed;
-                it->n_tokens = chunk;
-                it->logits = sl->fed + chunk == rq->n_prompt ? sl->logits : NULL;
-            } else {
-                it->tokens = &sl->next;
-                it->n_tokens = 1;
-                it->logits = sl->logits;
-            }
-            budget -= it->n_tokens;
-            item_slot[ni++] = b;
-        }
-        if (ni == 0) break;
-        if ((rc = ib_step(e, items, ni, err))) goto done;
-        steps++;
-        draw_job dj = {items, slots, item_slot};
-        ib_pool_run(ni > 1 ? e->pool : NULL, ni, draw_task, &dj);
-        for (int i = 0; i < ni; i++) {
-            slot *sl = &slots[item_slot[i]];
-            const ib_gen_request *rq = &reqs[sl->req];
-            if (sl->fed < rq->n_prompt) {
-                sl->fed += items[i].n_tokens;
-                prompt_tokens += items[i].n_tokens;
-            }
-            if (!items[i].logits) continue;
-            int32_t tok = sl->drawn;
-            gen_tokens++;
-            if (take_token(o, info, limit_of(rq, o), &res[sl->req], sl->logits, tok))
-                sl->req = -1;
-            else
-                sl->next = tok;
-        }
-    }
+    for (int b = 0; b < B; b++) row_next(&rows[b]);
+    ib_sched_drain(g.S);
+    if ((rc = g.rc)) goto done;
     if (stats) {
+        ib_sched_stats st;
+        ib_sched_get_stats(g.S, &st);
         stats->seconds = now_s() - t0;
-        stats->prompt_tokens = prompt_tokens;
-        stats->generated_tokens = gen_tokens;
-        stats->steps = steps;
+        stats->prompt_tokens = (long)st.tokens_prefilled;
+        stats->generated_tokens = (long)st.tokens_generated;
+        stats->steps = (int)st.steps;
     }
 done:
-    if (slots)
-        for (int b = 0; b < B; b++) {
-            ib_session_free(slots[b].s);
-            free(slots[b].logits);
-        }
-    free(slots);
-    free(items);
-    free(item_slot);
+    ib_sched_free(g.S); /* after an error: cancels what is left, on this thread */
+    if (rows)
+        for (int b = 0; b < B; b++) ib_session_free(rows[b].s);
+    free(rows);
     if (rc) ib_gen_results_free(res, n);
     return rc;
 }

@@ -1,7 +1,8 @@
 /*
  * scheduler.c — continuous batching on a loop thread: jobs (a session, a prompt, a token budget)
  * join and leave at any step; prompts are fed in chunks interleaved with the others' decode rows.
- * The contract is in include/isobatch.h ("scheduler").
+ * The contract is in include/isobatch.h ("scheduler"). The same loop also runs without a thread, on
+ * its caller's (ib_sched_create_inline / ib_sched_drain, scheduler.h): that is how ib_generate batches.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -37,7 +38,9 @@ typedef struct job {
 struct ib_sched {
     ib_engine *e;
     ib_sched_opts o;
-    pthread_t thread;
+    pthread_t thread;         /* not started when inline */
+    int inline_run;           /* no thread: the loop runs in ib_sched_drain on the caller's thread */
+    int draining;             /* inline: ib_sched_drain is running (touched by its thread only) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stop;
@@ -53,6 +56,8 @@ struct ib_sched {
     ib_step_item *items;      /* [max_batch] */
     job **item_job;           /* [max_batch] */
     struct draw *draws;       /* [max_batch]: the sampling pass's results per item */
+    job **done;               /* [max_batch]: jobs ending at this step boundary */
+    const char **done_why;    /* [max_batch]: their finish reasons */
 };
 
 static double now_s(void) {
@@ -133,10 +138,10 @@ static void job_free(job *j) {
     free(j);
 }
 
-/* Report DONE for j (outside the lock) and free it. */
-static void job_finish(job *j, const char *finish, const char *msg) {
+/* Report DONE for j (outside the lock) and free it; status and msg describe an "error" end. */
+static void job_finish(job *j, const char *finish, ib_status status, const char *msg) {
     ib_sched_event ev = {.done = 1, .token = -1, .finish = finish, .prompt_fed = j->fed, .generated = j->generated,
-                         .message = msg};
+                         .status = status, .message = msg};
     if (j->fn) j->fn(j->ctx, &ev);
     job_free(j);
 }
@@ -191,12 +196,13 @@ static void sample_task(void *ctx, int i, int thread) {
     }
 }
 
-/* The loop: admit, drop cancelled jobs, build one step, run it, hand out tokens. */
-static void *loop(void *arg) {
-    ib_sched *S = arg;
+/* The loop: admit, drop cancelled jobs, build one step, run it, hand out tokens; until stopped (then
+ * every job still known ends "cancelled") or, inline, until no job is active or queued. Events are
+ * delivered without the lock held, so callbacks may submit and cancel. */
+static void run_loop(ib_sched *S) {
     ib_engine *e = S->e;
-    job **done = malloc((size_t)S->o.max_batch * sizeof *done);
-    const char **done_why = malloc((size_t)S->o.max_batch * sizeof *done_why);
+    job **done = S->done;
+    const char **done_why = S->done_why;
     pthread_mutex_lock(&S->mu);
     for (;;) {
         while (S->n_active < S->o.max_batch && S->qhead) {
@@ -221,11 +227,12 @@ static void *loop(void *arg) {
         S->st.queued = S->n_queued;
         if (nd) {
             pthread_mutex_unlock(&S->mu);
-            for (int i = 0; i < nd; i++) job_finish(done[i], done_why[i], NULL);
+            for (int i = 0; i < nd; i++) job_finish(done[i], done_why[i], IB_OK, NULL);
             pthread_mutex_lock(&S->mu);
             continue;
         }
         if (S->n_active == 0) {
+            if (S->inline_run) break; /* idle: nothing queued either (admission above took it) */
             pthread_cond_wait(&S->cv, &S->mu);
             continue;
         }
@@ -282,7 +289,7 @@ static void *loop(void *arg) {
             int32_t t = d->tok;
             j->generated++;
             gen++;
-            ib_sched_event ev = {.done = 0, .token = t, .logprob = d->logprob};
+            ib_sched_event ev = {.done = 0, .token = t, .logprob = d->logprob, .logits = j->logits};
             if (j->top) {
                 ev.n_top = d->n_top;
                 ev.top_ids = d->top_ids;
@@ -313,29 +320,46 @@ static void *loop(void *arg) {
         S->st.active = S->n_active;
         if (nd) {
             pthread_mutex_unlock(&S->mu);
-            for (int i = 0; i < nd; i++) job_finish(done[i], done_why[i], rc ? err.msg : NULL);
+            for (int i = 0; i < nd; i++) job_finish(done[i], done_why[i], rc, rc ? err.msg : NULL);
             pthread_mutex_lock(&S->mu);
         }
     }
-    /* stopping: everything still known is cancelled */
+    /* stopping (or idle, inline: nothing is left): everything still known is cancelled */
     job *q = S->qhead;
     S->qhead = S->qtail = NULL;
     S->n_queued = 0;
     int na = S->n_active;
     S->n_active = 0;
     pthread_mutex_unlock(&S->mu);
-    for (int a = 0; a < na; a++) job_finish(S->active[a], "cancelled", NULL);
+    for (int a = 0; a < na; a++) job_finish(S->active[a], "cancelled", IB_OK, NULL);
     while (q) {
         job *n = q->qnext;
-        job_finish(q, "cancelled", NULL);
+        job_finish(q, "cancelled", IB_OK, NULL);
         q = n;
     }
-    free(done);
-    free(done_why);
+}
+
+/* The scheduler thread's body. */
+static void *loop_thread(void *arg) {
+    run_loop(arg);
     return NULL;
 }
 
-ib_status ib_sched_create(ib_engine *e, const ib_sched_opts *opts, ib_sched **out, ib_error *err) {
+/* Free S's arrays and S itself (the thread, if any, is gone; the lock and condition are destroyed by
+ * the caller when they were initialized). */
+static void sched_free_mem(ib_sched *S) {
+    free(S->active);
+    free(S->items);
+    free(S->item_job);
+    free(S->draws);
+    free(S->done);
+    free(S->done_why);
+    free(S);
+}
+
+/* ib_sched_create and ib_sched_create_inline: a scheduler over e with opts (defaults filled in), its
+ * loop on a new thread unless inline_run. */
+static ib_status sched_create(ib_engine *e, const ib_sched_opts *opts, int inline_run, ib_sched **out, ib_error *err) {
     *out = NULL;
     ib_sched_opts o = {0};
     if (opts) o = *opts;
@@ -355,28 +379,38 @@ ib_status ib_sched_create(ib_engine *e, const ib_sched_opts *opts, ib_sched **ou
     S->items = calloc((size_t)o.max_batch, sizeof *S->items);
     S->item_job = calloc((size_t)o.max_batch, sizeof *S->item_job);
     S->draws = calloc((size_t)o.max_batch, sizeof *S->draws);
-    if (!S->active || !S->items || !S->item_job || !S->draws) {
-        free(S->active);
-        free(S->items);
-        free(S->item_job);
-        free(S->draws);
-        free(S);
+    S->done = calloc((size_t)o.max_batch, sizeof *S->done);
+    S->done_why = calloc((size_t)o.max_batch, sizeof *S->done_why);
+    if (!S->active || !S->items || !S->item_job || !S->draws || !S->done || !S->done_why) {
+        sched_free_mem(S);
         return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
     }
+    S->inline_run = inline_run;
     pthread_mutex_init(&S->mu, NULL);
     pthread_cond_init(&S->cv, NULL);
-    if (pthread_create(&S->thread, NULL, loop, S)) {
+    if (!inline_run && pthread_create(&S->thread, NULL, loop_thread, S)) {
         pthread_mutex_destroy(&S->mu);
         pthread_cond_destroy(&S->cv);
-        free(S->active);
-        free(S->items);
-        free(S->item_job);
-        free(S->draws);
-        free(S);
+        sched_free_mem(S);
         return ib_fail(err, IB_ERR_NOMEM, "scheduler: cannot start its thread");
     }
     *out = S;
     return IB_OK;
+}
+
+ib_status ib_sched_create(ib_engine *e, const ib_sched_opts *opts, ib_sched **out, ib_error *err) {
+    return sched_create(e, opts, 0, out, err);
+}
+
+ib_status ib_sched_create_inline(ib_engine *e, const ib_sched_opts *opts, ib_sched **out, ib_error *err) {
+    return sched_create(e, opts, 1, out, err);
+}
+
+void ib_sched_drain(ib_sched *S) {
+    if (!S->inline_run || S->draining) return;
+    S->draining = 1;
+    run_loop(S);
+    S->draining = 0;
 }
 
 void ib_sched_stop(ib_sched *S) {
@@ -386,7 +420,12 @@ void ib_sched_stop(ib_sched *S) {
     S->joined = 1;
     pthread_cond_signal(&S->cv);
     pthread_mutex_unlock(&S->mu);
-    if (!joined) pthread_join(S->thread, NULL);
+    if (joined) return;
+    if (!S->inline_run)
+        pthread_join(S->thread, NULL);
+    else if (!S->draining)
+        run_loop(S); /* inline and idle: the loop sees the stop at once and cancels what is queued */
+    /* inline and called from an event of ib_sched_drain: that loop sees the stop at its next turn */
 }
 
 void ib_sched_free(ib_sched *S) {
@@ -394,11 +433,7 @@ void ib_sched_free(ib_sched *S) {
     ib_sched_stop(S);
     pthread_mutex_destroy(&S->mu);
     pthread_cond_destroy(&S->cv);
-    free(S->active);
-    free(S->items);
-    free(S->item_job);
-    free(S->draws);
-    free(S);
+    sched_free_mem(S);
 }
 
 ib_status ib_sched_submit(ib_sched *S, const ib_sched_job *jb, uint64_t *id, ib_error *err) {
