@@ -20,8 +20,11 @@
  * The build gives nvcc -fmad=false, IEEE division and square root, denormals kept, so no product and
  * sum is fused unless written (__fmaf_rn: only under the test-only gpu-fma fault).
  *
- * Work is enqueued on one stream per instance; step_end waits for it. Every output row depends only on
- * its own row (and its own session's cache): grids are sized by R, never the arithmetic.
+ * A step's ops are recorded by the table's calls and enqueued at step_end on the instance's one stream
+ * — from the second step of the same shape as a captured CUDA graph — with neighbouring ops fused where
+ * the fused kernel performs the same operations in the same order (flush_step, exec_records). Every
+ * output row depends only on its own row (and its own session's cache): grids are sized by R, never the
+ * arithmetic. docs/cuda.md has the whole picture and what was verified on an H200.
  */
 extern "C" {
 #include "backends/backend.h"
@@ -818,6 +821,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__r
 
 /* ---------------------------------------------------------------- availability */
 
+/* 1 when device 0 exists and is compute capability 9.0 (this build's kernels are sm_90a); else 0 and
+ * *why says why in one static line. */
 static int device_ok(const char **why) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -835,6 +840,7 @@ static int device_ok(const char **why) {
     return 1;
 }
 
+/* cuda.h */
 extern "C" int ib_cuda_describe(char *buf, size_t n) {
     const char *why;
     if (!device_ok(&why)) {
@@ -847,6 +853,8 @@ extern "C" int ib_cuda_describe(char *buf, size_t n) {
              (double)p.totalGlobalMem / (1 << 30));
     return 1;
 }
+
+/* ---- the table (contracts in backend.h) ---- */
 
 static int cuda_available(const char **why) { return device_ok(why); }
 
@@ -927,6 +935,8 @@ static ib_status upload_matrix(cuda_backend *b, const ib_matrix *cm, dmat *dm, i
     return IB_OK;
 }
 
+/* Free everything an instance holds (NULL and partly built instances too): graphs, device and pinned
+ * memory, the stream. */
 static void cuda_destroy(ib_backend *base) {
     cuda_backend *b = (cuda_backend *)base;
     if (!b) return;
@@ -943,6 +953,8 @@ static void cuda_destroy(ib_backend *base) {
 }
 
 
+/* An instance for m: every matrix repacked and uploaded (upload_matrix), norms, step scratch for
+ * cfg->max_rows rows, pinned staging; on failure nothing stays allocated. */
 static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_backend **out, ib_error *err) {
     *out = NULL;
     const char *why;
@@ -1060,6 +1072,7 @@ fail:
 
 /* ---------------------------------------------------------------- KV caches */
 
+/* A zeroed cache of d's shape in device memory (the layout of ib_kv_desc). */
 static ib_status cuda_kv_create(const ib_kv_desc *d, ib_kv **out, ib_error *err) {
     *out = NULL;
     const char *why;
@@ -1079,6 +1092,7 @@ static ib_status cuda_kv_create(const ib_kv_desc *d, ib_kv **out, ib_error *err)
     return IB_OK;
 }
 
+/* Free a cache from cuda_kv_create (NULL allowed). */
 static void cuda_kv_free(ib_kv *k) {
     cuda_kv *kv = (cuda_kv *)k;
     if (!kv) return;
@@ -1086,6 +1100,7 @@ static void cuda_kv_free(ib_kv *k) {
     free(kv);
 }
 
+/* Slots [0, n_slots) of every (layer, k|v, head) plane, device to device (one strided copy). */
 static void cuda_kv_copy(ib_kv *dst, const ib_kv *src, int n_slots) {
     const ib_kv_desc *dd = &dst->desc, *sd = &src->desc;
     const size_t row = (size_t)sd->head_dim * ib_kv_dtype_bytes(sd->dtype);
@@ -1094,11 +1109,13 @@ static void cuda_kv_copy(ib_kv *dst, const ib_kv *src, int n_slots) {
                  cudaMemcpyDeviceToDevice);
 }
 
+/* cuda.h */
 extern "C" void ib_cuda_profile(int on) {
     if (on) cudaProfilerStart();
     else cudaProfilerStop();
 }
 
+/* cuda.h */
 extern "C" int ib_cuda_kv_read(const void *kv, void *dst, size_t bytes) {
     const cuda_kv *k = (const cuda_kv *)kv;
     return cudaMemcpy(dst, k->dev, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
@@ -1143,6 +1160,8 @@ static void push(cuda_backend *b, int op, int a0 = 0, int a1 = 0, int a2 = 0, in
     memcpy(r->a, a, sizeof a);
 }
 
+/* Copy the step's rows into pinned staging (tokens, per-row cache info, RoPE table computed here with
+ * ib_rope_table, logits rows) and record their upload as the step's first op. */
 static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_error *err) {
     cuda_backend *b = (cuda_backend *)base;
     if (d->R < 1 || d->R > b->R_max || d->n_logits > d->R || d->attn_block < 1 || d->attn_block > ATT_MAX_BLOCK)
@@ -1175,6 +1194,7 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
     return IB_OK;
 }
 
+/* Blocks of `threads` covering n items. */
 static unsigned blocks_for(size_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
 /* The step's rows from the pinned staging to the device. */
@@ -1187,6 +1207,7 @@ static void launch_upload(cuda_backend *b) {
         note(b, cudaMemcpyAsync(b->d_lrow, b->h_lrow, (size_t)b->n_logits * 4, cudaMemcpyHostToDevice, b->st), "upload");
 }
 
+/* X = embedding rows of the step's tokens. */
 static void launch_embed(cuda_backend *b) {
     const size_t n = (size_t)b->R * b->D;
     embed_kernel<<<blocks_for(n, 256), 256, 0, b->st>>>(b->embed, b->d_tok, b->R, b->buf[IB_BUF_X]);
@@ -1212,6 +1233,7 @@ static void launch_rmsnorm_fused(cuda_backend *b, int in, const float *add_y, co
     if (G > 0) b->q_ready_buf = out, b->q_ready_G = G;
 }
 
+/* Device weights of norm n (ib_nsel) of layer li. */
 static const float *norm_weights(cuda_backend *b, int n, int li) {
     if (n == IB_N_FINAL) return b->norms + (size_t)b->L * 2 * b->D;
     return b->norms + ((size_t)li * 2 + (n == IB_N_MLP)) * b->D;
@@ -1291,6 +1313,7 @@ static void launch_linear(cuda_backend *b, int li, int n, const int *ws, int in,
     }
 }
 
+/* Layer li's q/k head norms (IB_QK_NORM, when the model has them) and/or RoPE + KV store. */
 static void launch_qk(cuda_backend *b, int li, int phases) {
     const int R = b->R, H = b->H, KVH = b->KVH, hd = b->hd;
     if ((phases & IB_QK_NORM) && b->has_qk_norm) {
@@ -1307,6 +1330,7 @@ static void launch_qk(cuda_backend *b, int li, int phases) {
     }
 }
 
+/* ATT = attention of every row and query head at layer li. */
 static void launch_attention(cuda_backend *b, int li) {
     attention_kernel<<<b->R * b->H, ATT_THREADS, 0, b->st>>>(b->buf[IB_BUF_Q], b->buf[IB_BUF_ATT], b->d_ri, b->H, b->KVH,
                                                              b->hd, li, b->scale, b->attn_block);
@@ -1409,6 +1433,7 @@ static void flush_direct(cuda_backend *b) {
     b->q_ready_buf = -1;
 }
 
+/* Forget one cached step shape and its graph. */
 static void drop_entry(gcache *e) {
     if (e->x) cudaGraphExecDestroy(e->x);
     if (e->g) cudaGraphDestroy(e->g);
@@ -1416,6 +1441,7 @@ static void drop_entry(gcache *e) {
     memset(e, 0, sizeof *e);
 }
 
+/* Forget every cached step graph. */
 static void drop_graphs(cuda_backend *b) {
     for (int i = 0; b->gc && i < NGRAPH; i++) drop_entry(&b->gc[i]);
 }
@@ -1487,6 +1513,7 @@ static void flush_step(cuda_backend *b) {
     }
 }
 
+/* The step's ops are recorded here and enqueued by step_end (or by read_rows / write_rows). */
 static void cuda_embed(ib_backend *base) { push((cuda_backend *)base, OP_EMBED); }
 
 static void cuda_rmsnorm(ib_backend *base, ib_buf in, ib_nsel n, int li, ib_buf out) {
@@ -1519,6 +1546,7 @@ static void copy_task(void *ctx, int j, int thread) {
     memcpy(b->lout[j], b->h_logits + (size_t)j * b->V, (size_t)b->V * sizeof(float));
 }
 
+/* Run the recorded step (flush_step), wait, report the first CUDA failure, copy the logits out. */
 static ib_status cuda_step_end(ib_backend *base, ib_error *err) {
     cuda_backend *b = (cuda_backend *)base;
     flush_step(b);
@@ -1540,6 +1568,7 @@ static float *host_rows(cuda_backend *b, size_t n) {
     return b->h_rows;
 }
 
+/* Run what is recorded, wait, copy R rows of buf into host scratch (valid until the next call). */
 static const float *cuda_read_rows(ib_backend *base, ib_buf buf, int R, int width) {
     cuda_backend *b = (cuda_backend *)base;
     float *h = host_rows(b, (size_t)R * width);
@@ -1550,6 +1579,7 @@ static const float *cuda_read_rows(ib_backend *base, ib_buf buf, int R, int widt
     return h;
 }
 
+/* Run what is recorded, wait, copy R rows from host x into buf. */
 static void cuda_write_rows(ib_backend *base, ib_buf buf, int R, int width, const float *x) {
     cuda_backend *b = (cuda_backend *)base;
     flush_direct(b);
