@@ -36,7 +36,8 @@ static const char help[] =
     "  --logits-out F    write the logits rows that chose each token (float32 LE, prompt-major)\n"
     "  --check-serial    also decode every prompt alone and verify bitwise equality\n"
     "  --inject FAULT    test-only: break a kernel on purpose (rope-scalar-offset, rope-skip-rows,\n"
-    "                    gemv-gemm, split-k-threads, isa-fma, row-order, shared-rng, split-kv-by-batch)\n";
+    "                    gemv-gemm, split-k-threads, isa-fma, row-order, shared-rng, split-kv-by-batch,\n"
+    "                    gpu-fma: the CUDA backend fuses its products' multiply-adds)\n";
 
 typedef struct prompts {
     int n, cap;
