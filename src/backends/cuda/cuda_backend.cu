@@ -54,6 +54,8 @@ extern "C" {
 #define REC_ARGS 10        /* ints of one recorded op */
 #define ATT_THREADS 256    /* threads of an attention block */
 #define ATT_CHUNK 512      /* most keys an attention block scores at once */
+#define ATT_GROUP_MIN_ROWS 16  /* steps of at least this many rows: one attention block per (row, KV head) */
+#define ATT_QH 2048        /* floats of an attention block's per-head arrays: G * head_dim <= ATT_QH */
 #define ATT_MAX_BLOCKS 64  /* most key blocks in one such chunk */
 #define ATT_MAX_BLOCK 128  /* largest key block (ops.h: block <= 128) */
 
@@ -157,6 +159,7 @@ typedef struct cuda_backend {
     int nrec, caprec;
     int use_graphs;
     int mma_rows;                    /* Q8 products of at least this many rows use the tensor cores */
+    int att_group_rows;              /* attention takes a block per KV head from this many rows */
     int q_ready_buf, q_ready_G;      /* buffer whose Q8 form (group G) a fused norm just wrote, or -1 */
     struct gcache *gc;               /* [NGRAPH] */
     unsigned long long tick;
@@ -674,8 +677,8 @@ __device__ __forceinline__ float dot16_lane(const float *q_s, const T *__restric
     return a;
 }
 
-/* Shared memory of an attention block. */
-struct att_smem {
+/* Shared memory of a per-head attention block. */
+struct att_smem1 {
     float q[IB_ATTN_MAX_HD], out[IB_ATTN_MAX_HD];
     float sc[ATT_CHUNK], pw[ATT_CHUNK], mk[ATT_CHUNK];
     int slot[ATT_CHUNK];
@@ -695,7 +698,7 @@ struct att_smem {
  * l += p_j in key order; a thread per output element: out = out*c then out += p_j * v_j in key order;
  * finally out / l. Exactly the reference's operations, in its order. T: float or half KV. */
 template <typename T>
-__device__ void attend_row_head(att_smem &sm, const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo &info,
+__device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo &info,
                                 int r, int h, int H, int KVH, int hd, int li, float scale, int block) {
     const int kvh = h / (H / KVH), tid = threadIdx.x, grp = tid >> 4, u = tid & 15, ngrp = blockDim.x >> 4;
     for (int d = tid; d < hd; d += blockDim.x) sm.q[d] = Q[((size_t)r * H + h) * hd + d], sm.out[d] = 0.0f;
@@ -808,15 +811,177 @@ __device__ void attend_row_head(att_smem &sm, const float *__restrict__ Q, float
     for (int d = tid; d < hd; d += blockDim.x) ATT[((size_t)r * H + h) * hd + d] = sm.out[d] / sm.l;
 }
 
-/* One block per (row, query head): attend_row_head for the row's KV dtype. */
-__global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
+/* One block per (row, query head): attend_row_head for the row's KV dtype (few rows: twice the blocks
+ * of attention_kernel for the latency-bound case; the same arithmetic). */
+__global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
                                                                 const rowinfo *__restrict__ ri, int H, int KVH, int hd,
                                                                 int li, float scale, int block) {
-    __shared__ att_smem sm;
+    __shared__ att_smem1 sm;
     const int r = blockIdx.x / H, h = blockIdx.x % H;
     const rowinfo info = ri[r];
     if (info.f16) attend_row_head<uint16_t>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block);
     else attend_row_head<float>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block);
+}
+
+/* Shared memory of an attention block: ATT_QH floats hold the G query heads' q and outputs, ATT_QH
+ * scores (G heads x the chunk's keys). */
+struct att_smem {
+    float q[ATT_QH], out[ATT_QH];
+    float sc[ATT_QH], pw[ATT_QH], mk[ATT_QH];
+    int slot[ATT_CHUNK];
+    int bt0[ATT_MAX_BLOCKS + 1];            /* chunk index of each key block's first key, then the chunk's size */
+    float c[IB_ATTN_MAX_GROUP * ATT_MAX_BLOCKS];   /* [head][key block] rescale factors */
+    float l[IB_ATTN_MAX_GROUP];
+};
+
+/* ATT[r][h] for the G = H/KVH query heads h of KV head kvh = attention of Q[r][h] over its session's
+ * kept keys at layer li; one block per (row, KV head), ATT_THREADS threads, the keys and values read
+ * once for the G heads. The attended positions — a full session [0, pos]; a windowed one the sink range
+ * [0, min(sink, pos+1)) then the window range [max(pos-window+1, that), pos] — are cut into key blocks
+ * at multiples of `block` (ib_attend_heads / ib_attend_policy) and walked in chunks of whole key blocks
+ * (at most ATT_CHUNK keys, and ATT_QH / G). Per chunk: every (head, key) score s = dot16(q, k) * scale
+ * in parallel (16 threads own ib_dot16's lanes and fold them 8, 4, 2, 1; a score does not depend on
+ * the softmax state); then per head (thread h) and key block in order: m' = max(m, block max) in key
+ * order, c = exp(m - m'); every p = exp(s - m') in parallel; thread h: l = l*c then l += p_j in key
+ * order; a thread per (head, output element): out = out*c then out += p_j * v_j in key order; finally
+ * out / l. Exactly the reference's operations, in its order, for each head. T: float or half KV. */
+template <typename T>
+__device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, float *__restrict__ ATT,
+                                  const rowinfo &info, int r, int kvh, int H, int KVH, int hd, int li, float scale,
+                                  int block) {
+    const int G = H / KVH, tid = threadIdx.x, grp = tid >> 4, u = tid & 15, ngrp = blockDim.x >> 4;
+    const int gw = G * hd;
+    for (int e = tid; e < gw; e += blockDim.x) sm.q[e] = Q[((size_t)r * H + (size_t)kvh * G) * hd + e], sm.out[e] = 0.0f;
+    const size_t plane = (size_t)info.cap * hd;
+    const T *kp = (const T *)info.kv + (((size_t)li * 2 + 0) * KVH + kvh) * plane;
+    const T *vp = (const T *)info.kv + (((size_t)li * 2 + 1) * KVH + kvh) * plane;
+    const int p = info.pos;
+    int S, lo;
+    if (info.window <= 0) {
+        S = p + 1, lo = p + 1;
+    } else {
+        S = info.sink < p + 1 ? info.sink : p + 1;
+        lo = p - info.window + 1;
+        if (lo < S) lo = S;
+    }
+    const int ra[2] = {0, lo}, rb[2] = {S, p + 1};
+    const int chunk = ATT_QH / G < ATT_CHUNK ? ATT_QH / G : ATT_CHUNK;
+    float m = -INFINITY, l = 0.0f;   /* thread h < G: head h's running max and sum */
+    int rg = 0, b0 = 0;              /* the next key block: range rg, position b0 (uniform over threads) */
+    while (rg < 2) {
+        /* the chunk: whole key blocks, positions pa.. for its first na keys, then pb.. (second range) */
+        int nc = 0, nbk = 0, na = -1, pa = 0, pb = 0;
+        while (rg < 2 && nbk < ATT_MAX_BLOCKS) {
+            if (b0 >= rb[rg]) {
+                if (++rg < 2) b0 = ra[rg];
+                continue;
+            }
+            int end = (b0 / block + 1) * block;
+            if (end > rb[rg]) end = rb[rg];
+            if (nc + (end - b0) > chunk) break;
+            if (nbk == 0) pa = b0;
+            else if (na < 0 && rg == 1 && ra[1] == b0 && b0 != pa + nc) na = nc, pb = b0;
+            if (tid == 0) sm.bt0[nbk] = nc;
+            nbk++, nc += end - b0, b0 = end;
+        }
+        if (nc == 0) break;
+        if (na < 0) na = nc;
+        if (tid == 0) sm.bt0[nbk] = nc;
+        for (int j = tid; j < nc; j += blockDim.x) sm.slot[j] = slot_of(info, j < na ? pa + j : pb + (j - na));
+        __syncthreads();
+        /* scores of the (head, key) pairs e = h*nc + j: four per group per round, every group the same
+         * number of rounds, so the shuffles see whole warps */
+        const int npair = G * nc;
+        for (int e0 = 0; e0 < npair; e0 += 4 * ngrp) {
+            float a[4];
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const int e = e0 + x * ngrp + grp;
+                a[x] = e < npair ? dot16_lane(sm.q + (size_t)(e / nc) * hd, kp + (size_t)sm.slot[e % nc] * hd, hd, u)
+                                 : 0.0f;
+            }
+#pragma unroll
+            for (int w = 8; w >= 1; w >>= 1)
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    const float o = __shfl_down_sync(0xffffffffu, a[x], w, 16);
+                    if (u < w) a[x] = a[x] + o;
+                }
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const int e = e0 + x * ngrp + grp;
+                if (u == 0 && e < npair) sm.sc[e] = a[x] * scale;
+            }
+        }
+        __syncthreads();
+        if (tid < G) {
+            const float *sc = sm.sc + (size_t)tid * nc;
+            float *mk = sm.mk + (size_t)tid * nc;
+            for (int k = 0; k < nbk; k++) {
+                float mb = -INFINITY;
+#pragma unroll 8
+                for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++)
+                    if (sc[j] > mb) mb = sc[j];
+                const float m_new = mb > m ? mb : m;
+                sm.c[tid * ATT_MAX_BLOCKS + k] = ib_expf_lane(m - m_new);
+                m = m_new;
+                for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++) mk[j] = m_new;
+            }
+        }
+        __syncthreads();
+        for (int e = tid; e < npair; e += blockDim.x) sm.pw[e] = ib_expf_lane(sm.sc[e] - sm.mk[e]);
+        __syncthreads();
+        if (tid < G) {
+            const float *pw = sm.pw + (size_t)tid * nc;
+            for (int k = 0; k < nbk; k++) {
+                l = l * sm.c[tid * ATT_MAX_BLOCKS + k];
+#pragma unroll 8
+                for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++) l = l + pw[j];
+            }
+        }
+        for (int e = tid; e < gw; e += blockDim.x) {
+            const int h = e / hd, d = e % hd;
+            const float *pw = sm.pw + (size_t)h * nc, *cc = sm.c + h * ATT_MAX_BLOCKS;
+            float o = sm.out[e];
+            for (int k = 0; k < nbk; k++) {
+                o = o * cc[k];
+                int j = sm.bt0[k];
+                const int je = sm.bt0[k + 1];
+                for (; j + 16 <= je; j += 16) {
+                    float v[16];
+#pragma unroll
+                    for (int t = 0; t < 16; t++) v[t] = to_f32(vp[(size_t)sm.slot[j + t] * hd + d]);
+#pragma unroll
+                    for (int t = 0; t < 16; t++) o = o + pw[j + t] * v[t];
+                }
+                for (; j + 4 <= je; j += 4) {
+                    float v[4];
+#pragma unroll
+                    for (int t = 0; t < 4; t++) v[t] = to_f32(vp[(size_t)sm.slot[j + t] * hd + d]);
+#pragma unroll
+                    for (int t = 0; t < 4; t++) o = o + pw[j + t] * v[t];
+                }
+                for (; j < je; j++) o = o + pw[j] * to_f32(vp[(size_t)sm.slot[j] * hd + d]);
+            }
+            sm.out[e] = o;
+        }
+        __syncthreads();
+    }
+    if (tid < G) sm.l[tid] = l;
+    __syncthreads();
+    for (int e = tid; e < gw; e += blockDim.x)
+        ATT[((size_t)r * H + (size_t)kvh * G) * hd + e] = sm.out[e] / sm.l[e / hd];
+}
+
+/* One block per (row, KV head): attend_row_kvhead for the row's KV dtype. */
+__global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
+                                                                const rowinfo *__restrict__ ri, int H, int KVH, int hd,
+                                                                int li, float scale, int block) {
+    __shared__ att_smem sm;
+    const int r = blockIdx.x / KVH, kvh = blockIdx.x % KVH;
+    const rowinfo info = ri[r];
+    if (info.f16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block);
+    else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block);
 }
 
 /* ---------------------------------------------------------------- availability */
@@ -960,7 +1125,8 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
     const char *why;
     if (!device_ok(&why)) return ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: %s", why);
     const ib_config *c = &m->cfg;
-    if (c->head_dim > IB_ATTN_MAX_HD || c->n_heads % c->n_kv_heads)
+    if (c->head_dim > IB_ATTN_MAX_HD || c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > IB_ATTN_MAX_GROUP ||
+        (c->n_heads / c->n_kv_heads) * c->head_dim > ATT_QH)
         return ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: head_dim %d / heads %d, %d not supported", c->head_dim,
                        c->n_heads, c->n_kv_heads);
     cuda_backend *b = (cuda_backend *)calloc(1, sizeof *b);
@@ -981,6 +1147,9 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         /* rows from which Q8 products use the tensor cores (tests set it to compare both kernels) */
         const char *t = getenv("IB_CUDA_MMA_ROWS");
         b->mma_rows = t && atoi(t) > 0 ? atoi(t) : MMA_MIN_ROWS;
+        /* rows from which attention takes a block per KV head (tests set it to compare both kernels) */
+        const char *a = getenv("IB_CUDA_ATT_GROUP_ROWS");
+        b->att_group_rows = a && atoi(a) > 0 ? atoi(a) : ATT_GROUP_MIN_ROWS;
     }
     int Kmax = b->D > b->F ? b->D : b->F;
     if (b->H * b->hd > Kmax) Kmax = b->H * b->hd;
@@ -1330,10 +1499,15 @@ static void launch_qk(cuda_backend *b, int li, int phases) {
     }
 }
 
-/* ATT = attention of every row and query head at layer li. */
+/* ATT = attention of every row and query head at layer li: a block per (row, KV head) from
+ * att_group_rows rows, a block per (row, query head) below (same arithmetic, more blocks when few). */
 static void launch_attention(cuda_backend *b, int li) {
-    attention_kernel<<<b->R * b->H, ATT_THREADS, 0, b->st>>>(b->buf[IB_BUF_Q], b->buf[IB_BUF_ATT], b->d_ri, b->H, b->KVH,
-                                                             b->hd, li, b->scale, b->attn_block);
+    if (b->R >= b->att_group_rows)
+        attention_kernel<<<b->R * b->KVH, ATT_THREADS, 0, b->st>>>(b->buf[IB_BUF_Q], b->buf[IB_BUF_ATT], b->d_ri, b->H,
+                                                                   b->KVH, b->hd, li, b->scale, b->attn_block);
+    else
+        attention_head_kernel<<<b->R * b->H, ATT_THREADS, 0, b->st>>>(b->buf[IB_BUF_Q], b->buf[IB_BUF_ATT], b->d_ri, b->H,
+                                                                      b->KVH, b->hd, li, b->scale, b->attn_block);
     LAUNCHED(b, "attention");
 }
 
