@@ -9,12 +9,16 @@
  * it on the host, runs the same forward pass with the scalar references (ib_matrix_row_f32, ib_rmsnorm,
  * ib_matmul on IB_ISA_SCALAR after ib_quantize_act, ib_rmsnorm_heads, ib_rope, ib_attend_heads_portable
  * / ib_attend_policy, ib_swiglu, ib_add); after every op the device buffer must equal the host one
- * byte for byte, the KV caches too, and the logits. Then: a session decoded alone gives the logits it
- * got in the batch; and under the test-only gpu-fma fault (an FMA in the products' epilogue) the check
- * fails, so it can.
+ * byte for byte, the KV caches too, and the logits. The batched runs (< 16 rows a step) take the dp4a
+ * products and per-query-head attention; the lone runs are told to take the tensor-core products and
+ * per-KV-head attention from one row. Then: a session decoded alone gives the logits it got in the
+ * batch; whole steps of a CPU engine and a CUDA engine (the public API, src/runtime/step.c over each
+ * table) give bitwise equal logits; and under the test-only gpu-fma fault (an FMA in the products'
+ * epilogue) each of these checks fails, so it can.
  *
  * No GPU (or a build without CUDA): one SKIP line and no checks. `test_backend_cuda --bench` also
- * times a qwen3-0.6b-shaped 4-bit model (decode B=1, B=128, prefill) — used on the device machine.
+ * checks and times a qwen3-0.6b-shaped 4-bit model (decode B=1, B=128, prefill), `--profile` runs one
+ * decode step at B=1 and one at B=128 for ncu — used on the device machine (bench/cuda_check.sh).
  */
 #include <math.h>
 #include <stdint.h>
