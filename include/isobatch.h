@@ -316,6 +316,8 @@ typedef struct ib_sched_event {
     int n_top;             /* token events of a job with top_logprobs > 0: entries in top_ids/top_logprob */
     const int32_t *top_ids;     /* [n_top] the most likely tokens, by logit descending, ties -> lowest id */
     const double *top_logprob;  /* [n_top] their log-probabilities (valid during the call) */
+    double queue_seconds;  /* token events and DONE: seconds the job waited in the queue for a batch slot
+                            * (0 until it was admitted) */
 } ib_sched_event;
 
 /* Called from the scheduler thread without its lock held; it must not block for long. It may call
@@ -334,7 +336,15 @@ typedef struct ib_sched_job {
     int top_logprobs;        /* 0..IB_MAX_TOP_LOGPROBS: also report that many most likely tokens */
     ib_sched_event_fn on_event;
     void *ctx;
+    /* logit bias (OpenAI's logit_bias): before each draw, logit_bias[i] is added (in float) to the logit
+     * of logit_bias_ids[i], in order; logprobs stay those of the raw logits. Copied by submit. */
+    const int32_t *logit_bias_ids;  /* [n_logit_bias] ids in [0, vocab) */
+    const float *logit_bias;        /* [n_logit_bias] */
+    int n_logit_bias;               /* 0..IB_MAX_LOGIT_BIAS */
 } ib_sched_job;
+
+/* Most logit_bias entries of one job. */
+#define IB_MAX_LOGIT_BIAS 1024
 
 typedef struct ib_sched_stats {
     int active, queued;          /* jobs now */

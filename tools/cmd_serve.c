@@ -13,7 +13,8 @@
 static const char help[] =
     "usage: isobatch serve [-m DIR] [--host 127.0.0.1] [--port N] [--max-batch B] [--max-sessions N]\n"
     "                      [--kv full|window:W|sink:S,window:W] [--memory-budget SIZE] [--threads T] [--api-key KEY]...\n"
-    "  --host ADDR            IPv4 address to bind (default 127.0.0.1: this machine only)\n"
+    "  --host ADDR            IPv4 or IPv6 address to bind (default 127.0.0.1: this machine only;\n"
+    "                         ::1 or [::1] for IPv6 loopback, :: or 0.0.0.0 for every interface)\n"
     "  --port N               TCP port (default 8080; 0 = any free port, see --port-file)\n"
     "  --port-file F          write the bound port to F once listening\n"
     "  --model-id NAME        the model name clients use (default: the directory's name)\n"
@@ -37,6 +38,8 @@ static const char help[] =
     "  --max-connections N    open connections (default 256)\n"
     "  --timeout S            longest generation, queue wait included (default 300)\n"
     "  --idle-timeout S       close a connection idle this long while sending its request (default 30)\n"
+    "  --cors-origin ORIGIN   Access-Control-Allow-Origin of every response (default *; none: no CORS)\n"
+    "  --no-request-log       do not log one line per request on stderr (id, method, path, status, ms)\n"
     "  --inject FAULT         tests only: serve with a deliberate invariance bug (see generate --help)\n"
     "  --token-delay-ms N     tests only: sleep N ms on each generated token (a slow model)\n";
 
@@ -114,7 +117,13 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(f, "--isa")) rc = VAL() ? cli_isa(v, &o.isa) : 2;
         else if (!strcmp(f, "--act")) {
             rc = VAL() ? cli_act(v, &o.act) : 2;
-        } else
+        } else if (!strcmp(f, "--cors-origin")) {
+            if (!VAL()) rc = 2;
+            else if (!*v || strlen(v) > 200 || strpbrk(v, "\r\n"))
+                rc = cli_usage_error("--cors-origin: '%s' is not an origin (e.g. https://app.example, *, none)", v);
+            else o.cors_origin = strcmp(v, "none") ? v : NULL;
+        } else if (!strcmp(f, "--no-request-log")) o.request_log = 0;
+        else
             rc = cli_usage_error("serve: unknown option '%s' (try --help)", f);
 #undef VAL
     }
