@@ -65,6 +65,39 @@ async function main() {
   try { await client.completions.create({ ...greedy, max_tokens: "many" }); check("wrong type", false, "accepted"); }
   catch (e) { check("wrong type -> 400 BadRequestError", e instanceof OpenAI.BadRequestError && e.param === "max_tokens", String(e)); }
 
+  // what users touch: reported seeds, fields refused by name, logit_bias, content parts, several prompts
+  const m1 = await client.models.retrieve(model);
+  check("models.retrieve", m1.id === model && m1.object === "model", JSON.stringify(m1));
+  const u1 = await client.completions.create({ model, prompt: "Unseeded:", max_tokens: 16, temperature: 1, logprobs: 1 });
+  const u2 = await client.completions.create({ model, prompt: "Unseeded:", max_tokens: 16, temperature: 1, logprobs: 1 });
+  check("unseeded: a fresh seed each time, reported", Number.isSafeInteger(u1.seed) && Number.isSafeInteger(u2.seed) &&
+        u1.seed !== u2.seed && fingerprint(u1) !== fingerprint(u2), JSON.stringify([u1.seed, u2.seed]));
+  const u3 = await client.completions.create({ model, prompt: "Unseeded:", max_tokens: 16, temperature: 1, logprobs: 1, seed: u1.seed });
+  check("unseeded: the reported seed reproduces the answer", fingerprint(u3) === fingerprint(u1), fingerprint(u3) + " vs " + fingerprint(u1));
+  async function refused(name, p, param) {
+    try { await p; check(name, false, "accepted"); }
+    catch (e) { check(name + " -> 400 naming " + param, e instanceof OpenAI.BadRequestError && e.param === param, String(e) + " param " + e.param); }
+  }
+  const chatBase = { model, messages: [{ role: "user", content: "hi" }], max_tokens: 4 };
+  await refused("chat tools", client.chat.completions.create({ ...chatBase, tools: [{ type: "function", function: { name: "f", parameters: {} } }] }), "tools");
+  await refused("chat response_format json_object", client.chat.completions.create({ ...chatBase, response_format: { type: "json_object" } }), "response_format");
+  await refused("completions echo", client.completions.create({ ...greedy, echo: true }), "echo");
+  await refused("completions best_of", client.completions.create({ ...greedy, best_of: 2 }), "best_of");
+  await refused("completions suffix", client.completions.create({ ...greedy, suffix: "!" }), "suffix");
+  await refused("unknown field", client.completions.create({ ...greedy, no_such_field: 1 }), "no_such_field");
+  await refused("max_tokens 0", client.completions.create({ ...greedy, max_tokens: 0 }), "max_tokens");
+  const lb = await client.completions.create({ ...greedy, max_tokens: 5, logit_bias: { "66": 100 } });
+  check("logit_bias", lb.choices[0].logprobs.token_ids.every((t) => t === 66) && lb.choices[0].text === "BBBBB", JSON.stringify(lb.choices[0]));
+  const parts = await client.chat.completions.create({ ...chatReq, messages: [{ role: "user", content: [{ type: "text", text: "Say " }, { type: "text", text: "something." }] }] });
+  check("chat content as text parts", fingerprint(parts) === fingerprint(ch1), fingerprint(parts) + " vs " + fingerprint(ch1));
+  const multi = await client.completions.create({ ...greedy, prompt: [greedy.prompt, "Another prompt"] });
+  const other = await client.completions.create({ ...greedy, prompt: "Another prompt" });
+  check("several prompts: one choice each, in order", multi.choices.length === 2 && multi.choices[0].index === 0 &&
+        multi.choices[0].text === c1.choices[0].text && multi.choices[1].text === other.choices[0].text &&
+        multi.usage.completion_tokens === c1.usage.completion_tokens + other.usage.completion_tokens, JSON.stringify(multi));
+  const tk = await client.completions.create({ ...greedy, top_k: -1 });
+  check("top_k -1 accepted (off)", fingerprint(tk) === fingerprint(c1));
+
   // invariance under load
   const aloneG = fingerprint(await client.completions.create(greedy));
   const aloneS = fingerprint(await client.completions.create(seeded));
