@@ -261,6 +261,11 @@ typedef struct ib_gen_opts {
     int max_context;        /* per-session KV capacity; 0 = the longest request needs */
     ib_sampling sampling;
     int kv_f16;             /* sessions keep their KV in IEEE half (ib_session_opts.kv_f16) */
+    /* Called on the calling thread for each generated token as soon as it is drawn, in the order
+     * the tokens are produced (request index, token id; done = 1 when this token ends its request).
+     * NULL = none. Streaming output uses it; it must not call back into this generation. */
+    void (*on_token)(void *ctx, int request, int32_t token, int done);
+    void *on_token_ctx;
 } ib_gen_opts;
 
 typedef struct ib_gen_result {
@@ -275,6 +280,11 @@ typedef struct ib_gen_stats {
     double seconds;         /* wall time of the whole run */
     long prompt_tokens, generated_tokens;
     int steps;
+    /* The split llama.cpp users know as prompt eval / eval: steps that fed any prompt tokens (their
+     * decode rows included) count as prefill; steps that only decoded count as generation. */
+    double prefill_seconds; /* time of the steps that fed prompt tokens */
+    double decode_seconds;  /* time of the steps that only decoded */
+    long decode_tokens;     /* tokens drawn in those decode-only steps */
 } ib_gen_stats;
 
 /* Run every request to completion. results: [n] (zeroed by the call). stats may be NULL.

@@ -130,7 +130,8 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
     }
     double t0 = now_s();
     int next_req = 0, steps = 0;
-    long prompt_tokens = 0, gen_tokens = 0;
+    long prompt_tokens = 0, gen_tokens = 0, decode_tokens = 0;
+    double prefill_s = 0, decode_s = 0;
     int budget_max = e->max_tokens;
     for (;;) {
         /* refill idle rows */
@@ -166,10 +167,20 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
             item_slot[ni++] = b;
         }
         if (ni == 0) break;
+        int has_prompt = 0;
+        for (int i = 0; i < ni; i++) has_prompt |= slots[item_slot[i]].fed < reqs[slots[item_slot[i]].req].n_prompt;
+        double ts = now_s();
         if ((rc = ib_step(e, items, ni, err))) goto done;
         steps++;
         draw_job dj = {items, slots, item_slot};
         ib_pool_run(ni > 1 ? e->pool : NULL, ni, draw_task, &dj);
+        double dt = now_s() - ts;
+        if (has_prompt)
+            prefill_s += dt;
+        else {
+            decode_s += dt;
+            decode_tokens += ni;
+        }
         for (int i = 0; i < ni; i++) {
             slot *sl = &slots[item_slot[i]];
             const ib_gen_request *rq = &reqs[sl->req];
@@ -180,10 +191,13 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
             if (!items[i].logits) continue;
             int32_t tok = sl->drawn;
             gen_tokens++;
-            if (take_token(o, info, limit_of(rq, o), &res[sl->req], sl->logits, tok))
+            int req = sl->req;
+            int fin = take_token(o, info, limit_of(rq, o), &res[req], sl->logits, tok);
+            if (fin)
                 sl->req = -1;
             else
                 sl->next = tok;
+            if (o->on_token) o->on_token(o->on_token_ctx, req, tok, fin);
         }
     }
     if (stats) {
@@ -191,6 +205,9 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
         stats->prompt_tokens = prompt_tokens;
         stats->generated_tokens = gen_tokens;
         stats->steps = steps;
+        stats->prefill_seconds = prefill_s;
+        stats->decode_seconds = decode_s;
+        stats->decode_tokens = decode_tokens;
     }
 done:
     if (slots)
