@@ -15,15 +15,27 @@
  *               sessions together. Not thread-safe: one caller at a time.
  *   ib_session  one user's state: its KV cache, its position and its sampling settings/seed.
  *
- *   Typical use:
+ *   Typical use (dir: a model directory; ids[n]: prompt token ids; tests/t_lib.sh compiles and runs
+ *   this block, so it cannot go stale):
  *
  *     ib_error err;
- *     ib_model *m;   if (ib_model_load("models/x", NULL, &m, &err)) { puts(err.msg); ... }
+ *     ib_model *m;   if (ib_model_load(dir, NULL, &m, &err)) { puts(err.msg); return 1; }
  *     ib_engine *e;  ib_engine_create(m, NULL, &e, &err);
  *     ib_session *s; ib_session_create(m, NULL, &s, &err);
+ *     float *buf = malloc(ib_model_get_info(m)->vocab_size * sizeof *buf);
  *     ib_step_item it = { .session = s, .tokens = ids, .n_tokens = n, .logits = buf };
  *     ib_step(e, &it, 1, &err);      // buf now holds the logits after the last of the n tokens
- *     int32_t next = ib_sample(s, buf, NULL, 0);
+ *     int32_t next = ib_sample(s, buf);
+ *     ib_session_free(s); ib_engine_free(e); ib_model_free(m); free(buf);
+ *
+ * LINKING
+ *
+ *   `make install` (PREFIX=/usr/local, DESTDIR for staging) installs this header, libisobatch.a,
+ *   libisobatch.so and a pkg-config file:
+ *
+ *     cc app.c $(pkg-config --cflags --libs isobatch)          # shared (libisobatch.so.0)
+ *     cc app.c $(pkg-config --cflags --libs isobatch-static)   # static: libisobatch.a with jansson,
+ *                                                              # pcre2-8, utf8proc, microhttpd, m
  *
  * THE BATCHED STEP
  *
@@ -56,6 +68,19 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* ---------------------------------------------------------------- version */
+
+#define IB_VERSION_MAJOR 0
+#define IB_VERSION_MINOR 1
+#define IB_VERSION_PATCH 0
+#define IB_VERSION_STRING "0.1.0"
+/* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons */
+#define IB_VERSION_NUMBER (IB_VERSION_MAJOR * 10000 + IB_VERSION_MINOR * 100 + IB_VERSION_PATCH)
+
+/* The version of the library actually linked ("0.1.0"), which may differ from IB_VERSION_STRING
+ * of the header a program was compiled with. */
+const char *ib_version(void);
 
 /* ---------------------------------------------------------------- status codes */
 

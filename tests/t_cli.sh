@@ -297,6 +297,16 @@ cmp -s "$T/m/$ST" "$T/overlap/$ST" || cmp -s "$T/m/$ST" "$T/range/$ST" || cmp -s
 head -c 2100 /dev/zero | tr '\0' 'a' > "$T/long.txt"; echo >> "$T/long.txt"
 expect_error "prompt longer than the context" "prompt 0: 2100 tokens + 1 new exceed the context of 2048" \
     "$B" generate -m "$T/m" --prompts-file "$T/long.txt" -n 1
+# flags people type: a "did you mean", --flag=value, a missing tokenizer.json named (token ids still work)
+expect_error "did you mean" "unknown option '--tmp' (did you mean --temp? try --help)" "$B" generate -m "$T/m" -p hi --tmp 0.5
+expect_error "did you mean (serve)" "(did you mean --max-batch?" "$B" serve -m "$T/m" --max-bach 4
+"$BIN" generate -m "$T/m" -p "Hello" -n 6 --ignore-eos --json > "$T/eq1" 2>/dev/null
+"$BIN" generate -m "$T/m" -p "Hello" -n 6 --ignore-eos --json --batch=2 --threads=1 > "$T/eq2" 2>/dev/null \
+    && [ -s "$T/eq1" ] && cmp -s "$T/eq1" "$T/eq2" && ok || bad "--flag=value: $(head -c 200 "$T/eq2")"
+expect_error "--flag=value checked" "--batch: bad value 'x'" "$B" generate -m "$T/m" -p hi --batch=x
+mk notok; rm "$T/notok/tokenizer.json"
+expect_error "no tokenizer.json" "notok/tokenizer.json: missing" "$B" generate -m "$T/notok" -p hi -n 2
+"$BIN" generate -m "$T/notok" --prompt-ids 1,2,3 -n 2 --json > /dev/null 2>&1 && ok || bad "--prompt-ids without tokenizer.json"
 mk nocfg; rm "$T/nocfg/config.json"
 expect_error "missing config" "nocfg/config.json" "$B" info -m "$T/nocfg"
 

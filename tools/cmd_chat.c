@@ -180,7 +180,7 @@ int cmd_chat(int argc, char **argv) {
         if (!strcmp(f, "-m")) dir = v;
         else if (!strcmp(f, "--system")) system = v;
         else if (!strcmp(f, "-n")) { if (cli_int(f, v, 1, 1 << 20, &max_new)) return 2; }
-        else if (!strcmp(f, "--threads")) { if (cli_int(f, v, 1, 256, &threads)) return 2; }
+        else if ((!strcmp(f, "--threads") || !strcmp(f, "-t"))) { if (cli_int(f, v, 1, 256, &threads)) return 2; }
         else if (!strcmp(f, "--context")) { if (cli_int(f, v, 1, 1 << 24, &context)) return 2; }
         else if (!strcmp(f, "--temp")) { if (cli_float(f, v, 0, 100, &d)) return 2; smp.temperature = (float)d; }
         else if (!strcmp(f, "--top-k")) { if (cli_int(f, v, 0, 1 << 24, &k)) return 2; smp.top_k = (int)k; }
@@ -188,7 +188,7 @@ int cmd_chat(int argc, char **argv) {
         else if (!strcmp(f, "--min-p")) { if (cli_float(f, v, 0, 1, &d)) return 2; smp.min_p = (float)d; }
         else if (!strcmp(f, "--repeat-penalty")) { if (cli_float(f, v, 0.01, 100, &d)) return 2; smp.repeat_penalty = (float)d; }
         else if (!strcmp(f, "--seed")) { if (cli_u64(f, v, &smp.seed)) return 2; }
-        else return cli_usage_error("chat: unknown option '%s' (try --help)", f);
+        else return cli_unknown_option("chat", f, help);
     }
     if (!(dir = cli_model_dir(dir))) return 2;
     chat c = {.max_step = 512};

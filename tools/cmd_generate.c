@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -434,7 +435,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(f, "--check-serial")) a.check_serial = 1;
         else if (!strcmp(f, "--logits-out")) rc = VAL() ? (a.logits_out = v, 0) : 2;
         else if (!strcmp(f, "--inject")) rc = VAL() ? cli_inject(v) : 2;
-        else rc = cli_usage_error("generate: unknown option '%s' (try --help)", f);
+        else rc = cli_unknown_option("generate", f, help);
 #undef VAL
     }
     if (rc) goto out;
@@ -453,6 +454,16 @@ int cmd_generate(int argc, char **argv) {
         goto out;
     }
     const ib_model_info *info = ib_model_get_info(m);
+    if (nt > 0 || a.prompts_file) {
+        /* without tokenizer.json the model would fall back to raw bytes: text prompts would be garbage */
+        char tp[4200];
+        struct stat sb;
+        snprintf(tp, sizeof tp, "%s/tokenizer.json", dir);
+        if (stat(tp, &sb) != 0) {
+            rc = cli_error("%s: missing: text prompts need the model's tokenizer (--prompt-ids works without one)", tp);
+            goto out;
+        }
+    }
     for (int i = 0; i < nt && !rc; i++) rc = chat_mode ? add_chat_text(&p, m, texts[i]) : add_text(&p, m, texts[i]);
     for (int i = 0; i < ni && !rc; i++) rc = add_ids(&p, idlists[i], info->vocab_size);
     if (!rc && a.prompts_file) rc = add_file(&p, m, a.prompts_file);

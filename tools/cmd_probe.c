@@ -177,7 +177,7 @@ int cmd_probe(int argc, char **argv) {
         }
         else if (!strcmp(f, "--json")) p.json = 1;
         else if (!strcmp(f, "--failures-only")) p.failures_only = 1;
-        else if (!strcmp(f, "--threads")) {
+        else if ((!strcmp(f, "--threads") || !strcmp(f, "-t"))) {
             if (!VAL() || cli_int(f, v, 1, 256, &n)) rc = 2;
             else po.threads = (int)n;
         }
@@ -186,7 +186,7 @@ int cmd_probe(int argc, char **argv) {
         else if (!strcmp(f, "--tokens")) rc = VAL() ? parse_list(f, v, 1, 4096, &Ts, &po.n_T) : 2;
         else if (!strcmp(f, "--positions")) rc = VAL() ? parse_list(f, v, 0, 1 << 20, &Ps, &po.n_pos) : 2;
         else if (!strcmp(f, "--inject")) rc = VAL() ? cli_inject(v) : 2;
-        else rc = cli_usage_error("probe: unknown option '%s' (try --help)", f);
+        else rc = cli_unknown_option("probe", f, help);
 #undef VAL
     }
     if (rc) goto out;

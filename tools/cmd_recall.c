@@ -122,7 +122,7 @@ int cmd_recall(int argc, char **argv) {
         else if (!strcmp(f, "--sessions")) rc = VAL() ? cli_int(f, v, 1, 4096, &sessions) : 2;
         else if (!strcmp(f, "--length")) rc = VAL() ? cli_int(f, v, 16, 1 << 20, &length) : 2;
         else if (!strcmp(f, "--batch")) rc = VAL() ? cli_int(f, v, 1, 4096, &batch) : 2;
-        else if (!strcmp(f, "--threads")) rc = VAL() ? cli_int(f, v, 1, 256, &threads) : 2;
+        else if ((!strcmp(f, "--threads") || !strcmp(f, "-t"))) rc = VAL() ? cli_int(f, v, 1, 256, &threads) : 2;
         else if (!strcmp(f, "--max-step-tokens")) rc = VAL() ? cli_int(f, v, 1, 1 << 20, &max_step) : 2;
         else if (!strcmp(f, "--first-case")) rc = VAL() ? cli_int(f, v, 0, 1L << 40, &first) : 2;
         else if (!strcmp(f, "--spec")) rc = VAL() ? (spec_path = v, 0) : 2;
@@ -136,7 +136,7 @@ int cmd_recall(int argc, char **argv) {
             rc = VAL() ? cli_act(v, &act) : 2;
         } else if (!strcmp(f, "--json")) json = 1;
         else if (!strcmp(f, "--inject")) rc = VAL() ? cli_inject(v) : 2;
-        else rc = cli_usage_error("recall: unknown option '%s' (try --help)", f);
+        else rc = cli_unknown_option("recall", f, help);
 #undef VAL
     }
     if (rc) return rc;

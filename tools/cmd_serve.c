@@ -89,7 +89,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(f, "--max-queue")) rc = VAL() ? cli_int(f, v, 0, 100000, &queue) : 2;
         else if (!strcmp(f, "--max-sessions")) rc = VAL() ? cli_int(f, v, 1, 1000000, &sessions) : 2;
         else if (!strcmp(f, "--session-context")) rc = VAL() ? cli_int(f, v, 1, 1 << 24, &sctx) : 2;
-        else if (!strcmp(f, "--threads")) rc = VAL() ? cli_int(f, v, 1, 256, &threads) : 2;
+        else if ((!strcmp(f, "--threads") || !strcmp(f, "-t"))) rc = VAL() ? cli_int(f, v, 1, 256, &threads) : 2;
         else if (!strcmp(f, "--max-body")) rc = VAL() ? cli_int(f, v, 1, 1L << 30, &body) : 2;
         else if (!strcmp(f, "--max-prompt-tokens")) rc = VAL() ? cli_int(f, v, 1, 1 << 24, &maxp) : 2;
         else if (!strcmp(f, "--max-tokens")) rc = VAL() ? cli_int(f, v, 1, 1 << 24, &maxt) : 2;
@@ -124,7 +124,7 @@ int cmd_serve(int argc, char **argv) {
             else o.cors_origin = strcmp(v, "none") ? v : NULL;
         } else if (!strcmp(f, "--no-request-log")) o.request_log = 0;
         else
-            rc = cli_usage_error("serve: unknown option '%s' (try --help)", f);
+            rc = cli_unknown_option("serve", f, help);
 #undef VAL
     }
     if (rc) return rc;
