@@ -347,6 +347,22 @@ if [ -f models/default/model.safetensors ]; then
       p.stdout.on("data",()=>{ if(first<0) first=Date.now()-t0; });
       p.on("close",(rc)=>{ const total=Date.now()-t0; console.log(first+" "+total); process.exit(rc===0&&first>=0&&first<0.5*total?0:1); });' "$BIN" > "$T/stream.t" \
         && ok || bad "generate does not stream: first output at/of total ms: $(cat "$T/stream.t")"
+    # chat: Ctrl-C while a reply is written stops that reply, not the program; Ctrl-C at the prompt
+    # asks before leaving; the conversation goes on; /quit leaves with status 0
+    node -e '
+      const {spawn}=require("child_process"); let out="", err="", stage=0;
+      const p=spawn(process.argv[1],["chat","-n","1500","-t","1"],{stdio:["pipe","pipe","pipe"]});
+      const fail=(m)=>{ console.log(m+" | stderr: "+err.slice(-300)); p.kill("SIGKILL"); process.exit(1); };
+      const timer=setTimeout(()=>fail("timed out at stage "+stage),60000);
+      p.stdout.on("data",(d)=>{ out+=d; if(stage===0){ stage=1; p.kill("SIGINT"); } });
+      p.stderr.on("data",(d)=>{ err+=d;
+        if(stage===1&&err.includes("[reply interrupted]")){ stage=2; setTimeout(()=>p.kill("SIGINT"),300); }
+        if(stage===2&&err.includes("Ctrl-C again")){ stage=3; p.stdin.write("/help\n/quit\n"); } });
+      p.on("close",(rc)=>{ clearTimeout(timer);
+        if(stage!==3||rc!==0||!err.includes("/reset")) fail("stage "+stage+", exit "+rc);
+        process.exit(0); });
+      p.stdin.write("And it came to pass\n");' "$BIN" > "$T/chatint" 2>&1 \
+        && ok || bad "chat Ctrl-C: $(cat "$T/chatint")"
 else
     echo "NOTICE: models/default absent: the streaming checks on the trained model were skipped"
 fi
