@@ -275,6 +275,10 @@ typedef struct ib_gen_request {
     const int32_t *prompt;  /* [n_prompt] token ids */
     int n_prompt;           /* >= 1 */
     int max_new_tokens;     /* this request's limit (>= 0); 0 = ib_gen_opts.max_new_tokens */
+    const ib_sampling *sampling;  /* this request's sampling settings; NULL = ib_gen_opts.sampling */
+    const char *const *stop;      /* [n_stop] stop strings (non-empty): the request ends with the token
+                                   * whose text completes one of them (finish "stop", stop_string set) */
+    int n_stop;
 } ib_gen_request;
 
 typedef struct ib_gen_opts {
@@ -299,6 +303,7 @@ typedef struct ib_gen_result {
     uint64_t digest;        /* ib_digest_bytes over the float32 logits rows that chose each token */
     float *logits;          /* [n_tokens][vocab] when keep_logits, else NULL */
     const char *finish;     /* "length" or "stop" */
+    int stop_string;        /* index of the request's stop string that ended it, else -1 */
 } ib_gen_result;
 
 typedef struct ib_gen_stats {

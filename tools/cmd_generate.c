@@ -305,7 +305,7 @@ static int run(ib_model *m, const gen_args *a, const prompts *p, long batch, ib_
         ib_engine_free(e);
         return cli_error("out of memory");
     }
-    for (int i = 0; i < p->n; i++) rq[i] = (ib_gen_request){p->ids[i], p->len[i], 0};
+    for (int i = 0; i < p->n; i++) rq[i] = (ib_gen_request){.prompt = p->ids[i], .n_prompt = p->len[i]};
     ib_gen_opts go = {.max_new_tokens = (int)a->n, .batch = (int)batch, .prefill_chunk = (int)a->chunk,
                       .stop_at_eos = !a->ignore_eos, .keep_logits = a->logits_out != NULL, .sampling = a->sampling,
                       .kv_f16 = a->kv_f16, .on_token = out ? st_token : NULL, .on_token_ctx = out};

@@ -15,6 +15,8 @@ typedef struct slot {
     int32_t next;     /* last sampled token, fed at the next step */
     int32_t drawn;    /* the token drawn after this step (draw_task) */
     float *logits;    /* [V] */
+    char *text;       /* bytes of the tokens generated so far (requests with stop strings) */
+    size_t text_len, text_cap;
 } slot;
 
 typedef struct {
@@ -54,6 +56,32 @@ static int limit_of(const ib_gen_request *r, const ib_gen_opts *o) {
     return r->max_new_tokens > 0 ? r->max_new_tokens : o->max_new_tokens;
 }
 
+/* Append token tok's bytes to the slot's text and return the index of a stop string of rq that the
+ * text now contains in a position that reaches into these bytes (so each is found once, when it
+ * completes), or -1. -2 when out of memory. */
+static int stop_hit(const ib_model *m, slot *sl, const ib_gen_request *rq, int32_t tok) {
+    char b[512];
+    int w = ib_token_bytes(m, tok, b, sizeof b);
+    if (w < 0) w = 0;
+    if (sl->text_len + (size_t)w > sl->text_cap) {
+        size_t nc = (sl->text_len + (size_t)w) * 2 + 64;
+        char *t = realloc(sl->text, nc);
+        if (!t) return -2;
+        sl->text = t;
+        sl->text_cap = nc;
+    }
+    size_t before = sl->text_len;
+    memcpy(sl->text + before, b, (size_t)w);
+    sl->text_len += (size_t)w;
+    for (int i = 0; i < rq->n_stop; i++) {
+        size_t k = strlen(rq->stop[i]);
+        if (!k || k > sl->text_len) continue;
+        size_t from = before + 1 > k ? before + 1 - k : 0; /* a match must end after `before` */
+        if (memmem(sl->text + from, sl->text_len - from, rq->stop[i], k)) return i;
+    }
+    return -1;
+}
+
 /* Record the token chosen from `logits` in result res (of a request allowed `limit` tokens); return 1
  * when the request is finished. */
 static int take_token(const ib_gen_opts *o, const ib_model_info *info, int limit, ib_gen_result *res,
@@ -78,6 +106,10 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
     const ib_model *m = e->model;
     const ib_model_info *info = ib_model_get_info(m);
     int V = info->vocab_size;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < reqs[i].n_stop; k++)
+            if (!reqs[i].stop || !reqs[i].stop[k] || !reqs[i].stop[k][0])
+                return ib_fail(err, IB_ERR_INVALID_ARG, "generate: request %d: stop string %d is NULL or empty", i, k);
     if (n < 0 || o->batch < 1 || o->max_new_tokens < 0 || o->prefill_chunk < 0)
         return ib_fail(err, IB_ERR_INVALID_ARG, "generate: bad options (batch %d, max_new_tokens %d, prefill_chunk %d)",
                        o->batch, o->max_new_tokens, o->prefill_chunk);
@@ -120,6 +152,7 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
     for (int i = 0; i < n; i++) {
         res[i].digest = IB_DIGEST_INIT;
         res[i].finish = "length";
+        res[i].stop_string = -1;
         int lim = limit_of(&reqs[i], o);
         res[i].tokens = malloc(((size_t)lim + 1) * sizeof(int32_t));
         if (o->keep_logits && lim > 0) res[i].logits = malloc((size_t)lim * V * sizeof(float));
@@ -141,7 +174,9 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
                 if (limit_of(&reqs[q], o) == 0) continue; /* nothing to generate: no work */
                 slots[b].req = q;
                 slots[b].fed = 0;
+                slots[b].text_len = 0;
                 ib_session_reset(slots[b].s);
+                ib_session_set_sampling(slots[b].s, reqs[q].sampling ? reqs[q].sampling : &o->sampling);
                 ib_session_note_tokens(slots[b].s, reqs[q].prompt, reqs[q].n_prompt);
             }
         int ni = 0, budget = budget_max;
@@ -193,6 +228,18 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
             gen_tokens++;
             int req = sl->req;
             int fin = take_token(o, info, limit_of(rq, o), &res[req], sl->logits, tok);
+            if (rq->n_stop > 0) {
+                int hit = stop_hit(m, sl, rq, tok);
+                if (hit == -2) {
+                    rc = ib_fail(err, IB_ERR_NOMEM, "generate: out of memory for stop strings");
+                    goto done;
+                }
+                if (hit >= 0 && !(fin && !strcmp(res[req].finish, "stop"))) {
+                    fin = 1;
+                    res[req].finish = "stop";
+                    res[req].stop_string = hit;
+                }
+            }
             if (fin)
                 sl->req = -1;
             else
@@ -214,6 +261,7 @@ done:
         for (int b = 0; b < B; b++) {
             ib_session_free(slots[b].s);
             free(slots[b].logits);
+            free(slots[b].text);
         }
     free(slots);
     free(items);
