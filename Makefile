@@ -135,6 +135,12 @@ SHLIB      := $(BUILD)/libisobatch.so.$(IB_VERSION)
 LIB_LDLIBS := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -pthread
 
 $(OBJ): ALL_CFLAGS += -fPIC -fno-semantic-interposition
+# objects of a build folder made before its library became position-independent are rebuilt once
+# (the stamp is newer than they are); afterwards the stamp is older than every object
+$(OBJ): $(BUILD)/.pic-objects
+$(BUILD)/.pic-objects:
+	@mkdir -p $(@D)
+	@touch $@
 
 .PHONY: shared install uninstall
 all: $(SHLIB) $(BUILD)/isobatch.pc $(BUILD)/isobatch-static.pc
