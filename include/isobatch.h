@@ -381,6 +381,12 @@ typedef struct ib_sched_job {
     const int32_t *logit_bias_ids;  /* [n_logit_bias] ids in [0, vocab) */
     const float *logit_bias;        /* [n_logit_bias] */
     int n_logit_bias;               /* 0..IB_MAX_LOGIT_BIAS */
+    /* Constrained decoding: before each draw (after the logit bias), constrain(constrain_ctx, logits,
+     * vocab) may set logits to -inf; it returns the tokens left, and 0 means "no constraint this time"
+     * (the row is put back). The raw row is restored after the draw, so logprobs stay raw. Called on a
+     * worker thread, never concurrently for one job, and after the job's previous TOKEN event. */
+    int (*constrain)(void *ctx, float *logits, int vocab);
+    void *constrain_ctx;
 } ib_sched_job;
 
 /* Most logit_bias entries of one job. */

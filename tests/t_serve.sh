@@ -112,7 +112,17 @@ field_400() { # NAME CODE PARAM URL BODY
 field_400 "unknown field" unknown_parameter frobnicate /v1/completions '{"model":"tiny","prompt":"x","frobnicate":1}'
 field_400 "tools" unsupported_parameter tools /v1/chat/completions "{$CH,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}"
 field_400 "tool_choice" unsupported_parameter tool_choice /v1/chat/completions "{$CH,\"tool_choice\":\"auto\"}"
-field_400 "response_format json_object" unsupported_parameter response_format /v1/chat/completions "{$CH,\"response_format\":{\"type\":\"json_object\"}}"
+# response_format json_object: decoding constrained to one JSON object (json_schema is refused)
+req 200 "response_format json_object" "${A[@]}" "$U/v1/chat/completions" -d '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":200,"temperature":0.9,"seed":4,"response_format":{"type":"json_object"}}'
+[ "$(jget 'const c=b.choices[0]; const t=c.message.content.trimStart(); t[0]==="{" && (c.finish_reason!=="stop" || (typeof JSON.parse(t)==="object" && !Array.isArray(JSON.parse(t))))')" = true ] \
+    && ok || bad "json_object: not a JSON object (prefix): $(head -c 400 "$T/body")"
+# steered to completion: '}' (id 125) strongly favoured, so the object closes at once and the turn ends
+req 200 "json_object completes" "${A[@]}" "$U/v1/chat/completions" -d '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":40,"temperature":0,"logit_bias":{"125":100},"response_format":{"type":"json_object"}}'
+[ "$(jget 'const c=b.choices[0]; c.finish_reason + "," + JSON.stringify(JSON.parse(c.message.content))')" = "stop,{}" ] \
+    && ok || bad "json_object did not complete as {}: $(head -c 400 "$T/body")"
+# without the constraint the same request does not give an object
+req 200 "no json mode" "${A[@]}" "$U/v1/chat/completions" -d '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":40,"temperature":0,"logit_bias":{"125":100}}'
+[ "$(jget 'b.choices[0].message.content.startsWith("}")')" = true ] && ok || bad "the json_object check cannot fail: $(head -c 200 "$T/body")"
 field_400 "response_format json_schema" unsupported_parameter response_format /v1/chat/completions "{$CH,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{}}}}"
 field_400 "echo" unsupported_parameter echo /v1/completions '{"model":"tiny","prompt":"x","echo":true}'
 field_400 "suffix" unsupported_parameter suffix /v1/completions '{"model":"tiny","prompt":"x","suffix":"end"}'

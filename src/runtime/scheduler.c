@@ -34,6 +34,9 @@ typedef struct job {
     int32_t *bias_ids;        /* [n_bias] logit_bias: ids (owned copy) */
     float *bias;              /* [n_bias] values added to those logits before the draw */
     int n_bias;
+    int (*constrain)(void *ctx, float *logits, int vocab);
+    void *constrain_ctx;
+    float *raw;               /* [V] the raw row while a constraint masks it (constrain only) */
     double t_submit;          /* when submitted (CLOCK_MONOTONIC seconds) */
     double queued_s;          /* seconds it waited for a batch slot (set when admitted) */
     struct job *qnext;        /* wait queue link */
@@ -137,6 +140,7 @@ static void job_free(job *j) {
     free(j->logits);
     free(j->bias_ids);
     free(j->bias);
+    free(j->raw);
     free(j);
 }
 
@@ -189,12 +193,20 @@ static void sample_task(void *ctx, int i, int thread) {
     /* logit_bias: added to the job's own logits row for the draw only, then the raw values are put
      * back, so logprobs stay those of the raw logits. Bias values and order are the job's alone. */
     float saved[IB_MAX_LOGIT_BIAS];
+    if (j->constrain) memcpy(j->raw, j->logits, (size_t)V * sizeof(float));
     for (int k = 0; k < j->n_bias; k++) {
         saved[k] = j->logits[j->bias_ids[k]];
         j->logits[j->bias_ids[k]] = saved[k] + j->bias[k];
     }
+    if (j->constrain && j->constrain(j->constrain_ctx, j->logits, V) == 0) { /* nothing left: unconstrained */
+        memcpy(j->logits, j->raw, (size_t)V * sizeof(float));
+        for (int k = 0; k < j->n_bias; k++) j->logits[j->bias_ids[k]] += j->bias[k];
+    }
     d->tok = ib_sample(j->s, j->logits);
-    for (int k = j->n_bias - 1; k >= 0; k--) j->logits[j->bias_ids[k]] = saved[k];
+    if (j->constrain)
+        memcpy(j->logits, j->raw, (size_t)V * sizeof(float));
+    else
+        for (int k = j->n_bias - 1; k >= 0; k--) j->logits[j->bias_ids[k]] = saved[k];
     d->logprob = 0.0;
     d->n_top = 0;
     if (j->want_lp || j->top) {
@@ -443,6 +455,12 @@ ib_status ib_sched_submit(ib_sched *S, const ib_sched_job *jb, uint64_t *id, ib_
     if (!j) return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
     j->t_submit = now_s();
     j->s = s;
+    j->constrain = jb->constrain;
+    j->constrain_ctx = jb->constrain_ctx;
+    if (j->constrain && !(j->raw = malloc((size_t)V * sizeof(float)))) {
+        job_free(j);
+        return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
+    }
     j->n_prompt = jb->n_prompt;
     j->max_new = jb->max_new_tokens;
     j->n_stop = jb->n_stop;

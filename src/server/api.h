@@ -106,6 +106,38 @@ const char *ib_http_allowed(const char *url);
  * in brackets), "localhost" (127.0.0.1) or "::" / "0.0.0.0". *v6 says which. -1 when it is neither. */
 int ib_http_bind_addr(const char *host, int port, struct sockaddr_storage *out, int *v6);
 
+/* ------------------------------------------------------------------ JSON mode (json_constraint.c) */
+
+/* Where a byte-by-byte JSON reader stands in the text generated so far (small: copied per token). */
+typedef struct ib_json_state {
+    uint8_t mode, sub, lit, key, utf8_left, ws, depth;
+    uint64_t stack;                /* open containers, innermost in bit 0: 1 object, 0 array */
+} ib_json_state;
+
+/* Every token's bytes, for masking: token t is bytes[off[t], off[t+1]). */
+typedef struct ib_json_vocab {
+    size_t *off;                   /* [n + 1] */
+    char *bytes;
+    int n;
+} ib_json_vocab;
+
+/* The empty text: expecting an object. */
+void ib_json_init(ib_json_state *s);
+/* Feed one byte: 0 when the text so far can still become one JSON object (then s advanced), -1 when
+ * not (s is then undefined: step a copy to try a byte). */
+int ib_json_step(ib_json_state *s, unsigned char c);
+/* Whether the object is complete (only whitespace may follow). */
+int ib_json_done(const ib_json_state *s);
+/* The byte table of m's vocabulary; -1 when out of memory. */
+int ib_json_vocab_init(ib_json_vocab *v, const ib_model *m);
+void ib_json_vocab_free(ib_json_vocab *v);
+/* Set logits[t] = -inf for every token t that cannot follow s: before completion a stop id, or a
+ * token with a byte the grammar refuses (or with no bytes); after it, every token but the stop ids
+ * (all but whitespace-only ones when there are no stop ids). Returns the tokens left; 0 leaves the row
+ * all -inf, which the caller must undo. */
+int ib_json_mask(const ib_json_state *s, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop,
+                 int n_stop);
+
 /* ------------------------------------------------------------------ latency metrics (latency.c) */
 
 #define IB_LAT_BUCKETS 14

@@ -54,9 +54,10 @@ static int is_noop(const char *k, json_t *v) {
     if (!strcmp(k, "parallel_tool_calls")) return json_is_boolean(v);
     if (!strcmp(k, "frequency_penalty") || !strcmp(k, "presence_penalty"))
         return json_is_number(v) && json_number_value(v) == 0.0;
-    if (!strcmp(k, "response_format")) {
+    if (!strcmp(k, "response_format")) { /* text, or json_object (constrained decoding: json_constraint.c) */
         json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
-        return json_is_string(t) && !strcmp(json_string_value(t), "text") && json_object_size(v) == 1;
+        return json_is_string(t) && json_object_size(v) == 1 &&
+               (!strcmp(json_string_value(t), "text") || !strcmp(json_string_value(t), "json_object"));
     }
     return 0;
 }
@@ -85,8 +86,8 @@ int ib_api_check_fields(json_t *body, ib_api_endpoint ep, const char **param, co
             if (!strcmp(k, "frequency_penalty") || !strcmp(k, "presence_penalty"))
                 return failf(param, k, msg, msz, "%s is not supported (only 0); use repetition_penalty", k);
             if (!strcmp(k, "response_format"))
-                return failf(param, k, msg, msz, "response_format: only {\"type\": \"text\"} is supported "
-                                                 "(no json_object or json_schema constrained decoding)");
+                return failf(param, k, msg, msz, "response_format: {\"type\": \"text\"} and {\"type\": "
+                                                 "\"json_object\"} are supported (no json_schema)");
             return failf(param, k, msg, msz, "%s is not supported by this server", k);
         }
     }

@@ -88,6 +88,8 @@ typedef struct gen {
     int lp_emitted;           /* tokens whose logprobs were streamed */
     int sent_role, sent_final, sent_done;
     uint64_t seed;            /* the sampling seed used (reported: fresh when the request gave none) */
+    int want_json;            /* response_format json_object: decoding constrained to one JSON object */
+    ib_json_state json;       /* the JSON reader over the tokens generated so far (scheduler thread) */
     double t_arrive, t_last;  /* when it was accepted; when its last token came (latency metrics) */
     char *out;                /* SSE bytes waiting to be written */
     size_t out_len, out_pos, out_cap;
@@ -112,6 +114,7 @@ struct server {
     long long http_by_class[6];  /* responses by status class 1xx..5xx (index 1..5) */
     long long n_429;
     ib_latency lat;           /* TTFT, inter-token and queue-time histograms, tokens/s (latency.c) */
+    ib_json_vocab jv;         /* the vocabulary's bytes, for response_format json_object */
 };
 
 static double now_s(void) {
@@ -409,6 +412,12 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
             ib_latency_next(&S->lat, t - g->t_last);
         g->t_last = t;
         ib_latency_token(&S->lat, t);
+        if (g->want_json) { /* advance the JSON reader past this token (its mask allowed it) */
+            int stop = 0;
+            for (int i = 0; i < g->n_stop_ids; i++) stop |= g->stop_ids[i] == ev->token;
+            for (size_t k = S->jv.off[ev->token]; !stop && k < S->jv.off[ev->token + 1]; k++)
+                if (ib_json_step(&g->json, (unsigned char)S->jv.bytes[k])) break;
+        }
     }
     if (!ev->done && S->o.token_delay_ms > 0) nanosleep(&(struct timespec){S->o.token_delay_ms / 1000, (long)(S->o.token_delay_ms % 1000) * 1000000L}, NULL);
     if (ev->done) {
@@ -827,6 +836,12 @@ static int client_gone(struct MHD_Connection *c) {
     return poll(&pf, 1, 0) == 1 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
+/* ib_sched_job.constrain of a response_format json_object generation (json_constraint.c). */
+static int json_constrain(void *ctx, float *logits, int vocab) {
+    gen *g = ctx;
+    return ib_json_mask(&g->json, &g->srv->jv, logits, vocab, g->stop_ids, g->n_stop_ids);
+}
+
 /* Start generation g on session s (prompt ids) and answer: an SSE stream, or wait and send the body.
  * Consumes the caller's reference to g. */
 static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids,
@@ -836,7 +851,8 @@ static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_s
                        .stop_ids = g->stop_ids, .n_stop = g->n_stop_ids, .want_logprobs = p->want_lp,
                        .top_logprobs = g->n_top,
                        .on_event = on_event, .ctx = g,
-                       .logit_bias_ids = p->bias.ids, .logit_bias = p->bias.vals, .n_logit_bias = p->bias.n};
+                       .logit_bias_ids = p->bias.ids, .logit_bias = p->bias.vals, .n_logit_bias = p->bias.n,
+                       .constrain = g->want_json ? json_constrain : NULL, .constrain_ctx = g};
     g->refs = 2; /* the connection, the scheduler */
     ib_error err;
     uint64_t id;
@@ -1337,6 +1353,11 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
         g->n_stop_ids = ib_chat_stop_ids(S->m, g->stop_ids, MAX_STOP_IDS);
     else if (S->info->eos_id >= 0)
         g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
+    json_t *rf = chat ? json_object_get(json_object_get(b, "response_format"), "type") : NULL;
+    if (json_is_string(rf) && !strcmp(json_string_value(rf), "json_object")) {
+        g->want_json = 1;
+        ib_json_init(&g->json);
+    }
     enum MHD_Result r = run_gen(S, c, g, s, ids, n_ids, &p);
     free(ids);
     params_free(&p);
@@ -1921,6 +1942,10 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     }
     if ((rc = ib_model_load(o->model_dir, NULL, &S->m, err))) goto done;
     S->info = ib_model_get_info(S->m);
+    if (ib_json_vocab_init(&S->jv, S->m)) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "serve: out of memory");
+        goto done;
+    }
     if (o->model_id)
         snprintf(S->model_id, sizeof S->model_id, "%s", o->model_id);
     else {
@@ -1999,6 +2024,7 @@ done:
     ib_model_free(S->m);
     if (S->urandom >= 0) close(S->urandom);
     if (lat_init) ib_latency_destroy(&S->lat);
+    ib_json_vocab_free(&S->jv);
     ib_http_configure(NULL, NULL);
     pthread_mutex_destroy(&S->mu);
     pthread_cond_destroy(&S->mem_cv);
