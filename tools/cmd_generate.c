@@ -203,6 +203,7 @@ typedef struct streamer {
     int oom;
 } streamer;
 
+/* Buffer n bytes of prompt r's text (shown when r's turn comes); sets st->oom when out of memory. */
 static void st_append(streamer *st, int r, const char *s, size_t n) {
     if (st->len[r] + n > st->cap[r]) {
         size_t nc = (st->len[r] + n) * 2 + 64;
@@ -260,6 +261,8 @@ static void st_token(void *ctx, int r, int32_t tok, int done) {
     if (r == st->cur) st_advance(st);
 }
 
+/* Set up streaming output for prompts p and show prompt 0's header; -1 when out of memory (then
+ * st_finish frees what was made). */
 static int st_init(streamer *st, const ib_model *m, const prompts *p, const gen_args *a) {
     memset(st, 0, sizeof *st);
     st->m = m;

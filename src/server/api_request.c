@@ -25,12 +25,14 @@ static const char *const chat_fields[] = {"model",         "messages",      "max
                                           "audio",         "prediction",    "web_search_options", NULL};
 static const char *const session_fields[] = {"chat", "model", NULL};
 
+/* Whether k is one of the NULL-terminated list l. */
 static int in_list(const char *const *l, const char *k) {
     for (; *l; l++)
         if (!strcmp(*l, k)) return 1;
     return 0;
 }
 
+/* Write the message, name the field p (NULL: the body) and return -1: every failure path's tail. */
 static int failf(const char **param, const char *p, char *msg, size_t msz, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Write the message, name the field p (NULL: the body) and return -1: every failure path's tail. */
 static int failf(const char **param, const char *p, char *msg, size_t msz, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

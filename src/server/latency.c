@@ -20,6 +20,7 @@ void ib_latency_init(ib_latency *l, double now) {
 
 void ib_latency_destroy(ib_latency *l) { pthread_mutex_destroy(&l->mu); }
 
+/* Count x (seconds; NaN or negative as 0) in histogram h, its sum and its count. */
 static void observe(long long *h, double *sum, long long *n, double x) {
     if (!(x >= 0)) x = 0;
     int b = 0;
