@@ -142,3 +142,76 @@ clean:
 	rm -rf build build-asan
 
 -include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_BIN:=.d) $(EX_BIN:=.d)
+
+# ---- the linkable library: shared library, pkg-config file, install (rules kept apart from the build above)
+# The version comes from include/isobatch.h (IB_VERSION_*), its one home. The library's objects are
+# position-independent so the same objects make libisobatch.a and libisobatch.so (-fPIC changes no
+# arithmetic; -fno-semantic-interposition keeps calls inside the library direct).
+IB_VERSION := $(shell sed -n 's/^\#define IB_VERSION_STRING "\(.*\)"/\1/p' include/isobatch.h)
+IB_SOMAJOR := $(firstword $(subst ., ,$(IB_VERSION)))
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+DATADIR    ?= $(PREFIX)/share
+SHLIB      := $(BUILD)/libisobatch.so.$(IB_VERSION)
+LIB_LDLIBS := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -pthread
+
+$(OBJ): ALL_CFLAGS += -fPIC -fno-semantic-interposition
+# objects of a build folder made before its library became position-independent are rebuilt once
+# (the stamp is newer than they are); afterwards the stamp is older than every object
+$(OBJ): $(BUILD)/.pic-objects
+$(BUILD)/.pic-objects:
+	@mkdir -p $(@D)
+	@touch $@
+
+.PHONY: shared install uninstall
+all: $(SHLIB) $(BUILD)/isobatch.pc $(BUILD)/isobatch-static.pc
+shared: $(SHLIB)
+
+$(SHLIB): $(OBJ)
+	@mkdir -p $(@D)
+	$(CC) -shared -Wl,-soname,libisobatch.so.$(IB_SOMAJOR) -o $@ $(OBJ) $(LIB_LDLIBS) $(filter -fsanitize=%,$(SAN_FLAGS))
+	ln -sf libisobatch.so.$(IB_VERSION) $(BUILD)/libisobatch.so.$(IB_SOMAJOR)
+	ln -sf libisobatch.so.$(IB_SOMAJOR) $(BUILD)/libisobatch.so
+
+# pkg-config files, written for the PREFIX/LIBDIR/INCLUDEDIR of the make that writes them (install
+# writes its own, so `make install PREFIX=...` never ships a stale prefix). isobatch-static names
+# libisobatch.a itself, so the static library is used even where the shared one sits beside it.
+# $(call ib_pc,NAME,DESCRIPTION,LIBS,FILE)
+ib_pc = printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$(INCLUDEDIR)' '' 'Name: $(1)' \
+    'Description: $(2)' 'Version: $(IB_VERSION)' 'Libs: $(3)' 'Cflags: -I$${includedir}' > $(4)
+IB_PC_DESC := LLM serving runtime whose batched logits are bitwise those of unbatched decoding
+
+$(BUILD)/isobatch.pc: include/isobatch.h Makefile
+	@mkdir -p $(@D)
+	$(call ib_pc,isobatch,$(IB_PC_DESC),-L$${libdir} -lisobatch,$@)
+	printf 'Libs.private: %s\n' '$(LIB_LDLIBS)' >> $@
+
+$(BUILD)/isobatch-static.pc: include/isobatch.h Makefile
+	@mkdir -p $(@D)
+	$(call ib_pc,isobatch-static,$(IB_PC_DESC) (static),$${libdir}/libisobatch.a $(LIB_LDLIBS),$@)
+
+# make install [PREFIX=/usr/local] [DESTDIR=/staging]: the tool, both libraries, the header, the
+# pkg-config file and the bundled default model (the tool finds it in $(DATADIR)/isobatch/models/default).
+install: all
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)
+	install -m 755 $(BUILD)/isobatch $(DESTDIR)$(BINDIR)/isobatch
+	install -m 644 $(BUILD)/libisobatch.a $(DESTDIR)$(LIBDIR)/libisobatch.a
+	install -m 755 $(SHLIB) $(DESTDIR)$(LIBDIR)/libisobatch.so.$(IB_VERSION)
+	ln -sf libisobatch.so.$(IB_VERSION) $(DESTDIR)$(LIBDIR)/libisobatch.so.$(IB_SOMAJOR)
+	ln -sf libisobatch.so.$(IB_SOMAJOR) $(DESTDIR)$(LIBDIR)/libisobatch.so
+	install -m 644 include/isobatch.h $(DESTDIR)$(INCLUDEDIR)/isobatch.h
+	$(call ib_pc,isobatch,$(IB_PC_DESC),-L$${libdir} -lisobatch,$(DESTDIR)$(LIBDIR)/pkgconfig/isobatch.pc)
+	printf 'Libs.private: %s\n' '$(LIB_LDLIBS)' >> $(DESTDIR)$(LIBDIR)/pkgconfig/isobatch.pc
+	$(call ib_pc,isobatch-static,$(IB_PC_DESC) (static),$${libdir}/libisobatch.a $(LIB_LDLIBS),$(DESTDIR)$(LIBDIR)/pkgconfig/isobatch-static.pc)
+	if [ -f models/default/model.safetensors ]; then \
+	    install -d $(DESTDIR)$(DATADIR)/isobatch/models/default && \
+	    install -m 644 models/default/*.json models/default/model.safetensors $(DESTDIR)$(DATADIR)/isobatch/models/default/; fi
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/isobatch $(DESTDIR)$(LIBDIR)/libisobatch.a $(DESTDIR)$(LIBDIR)/libisobatch.so \
+	    $(DESTDIR)$(LIBDIR)/libisobatch.so.$(IB_SOMAJOR) $(DESTDIR)$(LIBDIR)/libisobatch.so.$(IB_VERSION) \
+	    $(DESTDIR)$(INCLUDEDIR)/isobatch.h $(DESTDIR)$(LIBDIR)/pkgconfig/isobatch.pc \
+	    $(DESTDIR)$(LIBDIR)/pkgconfig/isobatch-static.pc
+	rm -rf $(DESTDIR)$(DATADIR)/isobatch

@@ -15,15 +15,27 @@
  *               sessions together. Not thread-safe: one caller at a time.
  *   ib_session  one user's state: its KV cache, its position and its sampling settings/seed.
  *
- *   Typical use:
+ *   Typical use (dir: a model directory; ids[n]: prompt token ids; tests/t_lib.sh compiles and runs
+ *   this block, so it cannot go stale):
  *
  *     ib_error err;
- *     ib_model *m;   if (ib_model_load("models/x", NULL, &m, &err)) { puts(err.msg); ... }
+ *     ib_model *m;   if (ib_model_load(dir, NULL, &m, &err)) { puts(err.msg); return 1; }
  *     ib_engine *e;  ib_engine_create(m, NULL, &e, &err);
  *     ib_session *s; ib_session_create(m, NULL, &s, &err);
+ *     float *buf = malloc(ib_model_get_info(m)->vocab_size * sizeof *buf);
  *     ib_step_item it = { .session = s, .tokens = ids, .n_tokens = n, .logits = buf };
  *     ib_step(e, &it, 1, &err);      // buf now holds the logits after the last of the n tokens
- *     int32_t next = ib_sample(s, buf, NULL, 0);
+ *     int32_t next = ib_sample(s, buf);
+ *     ib_session_free(s); ib_engine_free(e); ib_model_free(m); free(buf);
+ *
+ * LINKING
+ *
+ *   `make install` (PREFIX=/usr/local, DESTDIR for staging) installs this header, libisobatch.a,
+ *   libisobatch.so and a pkg-config file:
+ *
+ *     cc app.c $(pkg-config --cflags --libs isobatch)          # shared (libisobatch.so.0)
+ *     cc app.c $(pkg-config --cflags --libs isobatch-static)   # static: libisobatch.a with jansson,
+ *                                                              # pcre2-8, utf8proc, microhttpd, m
  *
  * THE BATCHED STEP
  *
@@ -57,8 +69,18 @@
 extern "C" {
 #endif
 
-/* The library's version. */
-#define IB_VERSION_STRING "0.9.0"
+/* ---------------------------------------------------------------- version */
+
+#define IB_VERSION_MAJOR 0
+#define IB_VERSION_MINOR 1
+#define IB_VERSION_PATCH 0
+#define IB_VERSION_STRING "0.1.0"
+/* MAJOR * 10000 + MINOR * 100 + PATCH, for #if comparisons */
+#define IB_VERSION_NUMBER (IB_VERSION_MAJOR * 10000 + IB_VERSION_MINOR * 100 + IB_VERSION_PATCH)
+
+/* The version of the library actually linked ("0.1.0"), which may differ from IB_VERSION_STRING
+ * of the header a program was compiled with. */
+const char *ib_version(void);
 
 /* ---------------------------------------------------------------- status codes */
 
@@ -281,6 +303,10 @@ typedef struct ib_gen_request {
     const int32_t *prompt;  /* [n_prompt] token ids */
     int n_prompt;           /* >= 1 */
     int max_new_tokens;     /* this request's limit (>= 0); 0 = ib_gen_opts.max_new_tokens */
+    const ib_sampling *sampling;  /* this request's sampling settings; NULL = ib_gen_opts.sampling */
+    const char *const *stop;      /* [n_stop] stop strings (non-empty): the request ends with the token
+                                   * whose text completes one of them (finish "stop", stop_string set) */
+    int n_stop;
 } ib_gen_request;
 
 typedef struct ib_gen_opts {
@@ -293,6 +319,11 @@ typedef struct ib_gen_opts {
     ib_sampling sampling;
     ib_kv_dtype kv_dtype;   /* the sessions' KV element type (ib_session_opts.kv_dtype); they live on
                              * the engine's backend */
+    /* Called on the calling thread for each generated token as soon as it is drawn, in the order
+     * the tokens are produced (request index, token id; done = 1 when this token ends its request).
+     * NULL = none. Streaming output uses it; it must not call back into this generation. */
+    void (*on_token)(void *ctx, int request, int32_t token, int done);
+    void *on_token_ctx;
 } ib_gen_opts;
 
 typedef struct ib_gen_result {
@@ -301,12 +332,18 @@ typedef struct ib_gen_result {
     uint64_t digest;        /* ib_digest_bytes over the float32 logits rows that chose each token */
     float *logits;          /* [n_tokens][vocab] when keep_logits, else NULL */
     const char *finish;     /* "length" or "stop" */
+    int stop_string;        /* index of the request's stop string that ended it, else -1 */
 } ib_gen_result;
 
 typedef struct ib_gen_stats {
     double seconds;         /* wall time of the whole run */
     long prompt_tokens, generated_tokens;
     int steps;
+    /* The split llama.cpp users know as prompt eval / eval: steps that fed any prompt tokens (their
+     * decode rows included) count as prefill; steps that only decoded count as generation. */
+    double prefill_seconds; /* time of the steps that fed prompt tokens */
+    double decode_seconds;  /* time of the steps that only decoded */
+    long decode_tokens;     /* tokens drawn in those decode-only steps */
 } ib_gen_stats;
 
 /* Run every request to completion. results: [n] (zeroed by the call). stats may be NULL.
@@ -353,6 +390,8 @@ typedef struct ib_sched_event {
     const double *top_logprob;  /* [n_top] their log-probabilities (valid during the call) */
     const float *logits;   /* token events: the [vocab_size] float32 logits the token was drawn from
                             * (the row ib_step wrote; valid during the call) */
+    double queue_seconds;  /* token events and DONE: seconds the job waited in the queue for a batch slot
+                            * (0 until it was admitted) */
 } ib_sched_event;
 
 /* Called from the scheduler thread without its lock held; it must not block for long. It may call
@@ -371,13 +410,29 @@ typedef struct ib_sched_job {
     int top_logprobs;        /* 0..IB_MAX_TOP_LOGPROBS: also report that many most likely tokens */
     ib_sched_event_fn on_event;
     void *ctx;
+    /* logit bias (OpenAI's logit_bias): before each draw, logit_bias[i] is added (in float) to the logit
+     * of logit_bias_ids[i], in order; logprobs stay those of the raw logits. Copied by submit. */
+    const int32_t *logit_bias_ids;  /* [n_logit_bias] ids in [0, vocab) */
+    const float *logit_bias;        /* [n_logit_bias] */
+    int n_logit_bias;               /* 0..IB_MAX_LOGIT_BIAS */
+    /* Constrained decoding: before each draw (after the logit bias), constrain(constrain_ctx, logits,
+     * vocab) may set logits to -inf; it returns the tokens left, and 0 means "no constraint this time"
+     * (the row is put back). The raw row is restored after the draw, so logprobs stay raw. Called on a
+     * worker thread, never concurrently for one job, and after the job's previous TOKEN event. */
+    int (*constrain)(void *ctx, float *logits, int vocab);
+    void *constrain_ctx;
 } ib_sched_job;
+
+/* Most logit_bias entries of one job. */
+#define IB_MAX_LOGIT_BIAS 1024
 
 typedef struct ib_sched_stats {
     int active, queued;          /* jobs now */
     int last_batch;              /* items in the last step */
     long long steps, tokens_prefilled, tokens_generated;
     double step_seconds;         /* total time inside ib_step */
+    double prefill_seconds;      /* of it, steps that fed prompt tokens (their decode rows included) */
+    long long decode_tokens;     /* tokens drawn in the steps that only decoded */
     long long step_hist[12];     /* steps by duration: <= 1,2,5,10,20,50,100,200,500,1000,2000 ms, more */
 } ib_sched_stats;
 

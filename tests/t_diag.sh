@@ -21,12 +21,17 @@ trap 'rm -rf "$T"' EXIT
 "$BIN" mkmodel --preset tiny --seed 5 --bits 32 --arch llama --out "$T/llama" >/dev/null || bad "mkmodel llama"
 
 # ---- probe: the full default matrix (every op, B 1..33, T 1..64, positions 0..4095), clean
-"$BIN" probe > "$T/probe" 2>&1; rc=$?
+"$BIN" probe --verbose > "$T/probe" 2>&1; rc=$?
 [ $rc = 0 ] && ok || bad "probe (full matrix) exit $rc: $(grep FAIL "$T/probe" | head -3)"
 grep -qE '^[0-9]+ cases, 0 failed$' "$T/probe" && ok || bad "probe: no clean summary line"
 grep -qE '^attention +any +\[33,4,64,64\] +4095 ' "$T/probe" && ok || bad "probe: largest attention case missing"
 grep -qE '^matmul/q4-q8 +scalar +\[33,1,64,256\] ' "$T/probe" && ok || bad "probe: matmul/q4-q8 scalar case missing"
 [ "$(grep -cE '^(embed|rmsnorm|qknorm|matmul|rope|attention|swiglu|sample)' "$T/probe")" -ge 1300 ] && ok || bad "probe: fewer cases than the matrix"
+
+# by default only failing rows and the summary: a few dozen lines, not one per case
+"$BIN" probe --op rope --batch-sizes 1,2,3 --tokens 1,2 > "$T/pq" 2>&1; rc=$?
+[ $rc = 0 ] && grep -qE '^[0-9]+ cases, 0 failed$' "$T/pq" && ! grep -qE '^rope/.* ok$' "$T/pq" && [ "$(wc -l < "$T/pq")" -lt 40 ] \
+    && ok || bad "probe default output is not a summary: $(wc -l < "$T/pq") lines"
 
 # ---- probe under each batch fault: exit 1, failures only in the broken op's family
 Q=(--batch-sizes 1,2,3 --tokens 1,2,7 --positions 0,148 --json)
@@ -92,6 +97,10 @@ for f in rope-scalar-offset rope-skip-rows gemv-gemm split-kv-by-batch row-order
     "$BIN" recall -m "$T/m" --sessions 4 --length 256 --inject "$f" > "$T/r" 2>&1; rc=$?
     [ $rc = 1 ] && grep -q "batching changed answers" "$T/r" && ok || bad "recall --inject $f: exit $rc"
 done
+# progress (by default on a terminal; --progress here): cases done and the running recall per mode
+"$BIN" recall -m "$T/m" --sessions 3 --length 256 --progress > /dev/null 2> "$T/rp"
+tr '\r' '\n' < "$T/rp" | grep -qE '^recall: serialized +3/3 cases done, running recall [0-9]/3$' \
+    && tr '\r' '\n' < "$T/rp" | grep -qE '^recall: batched +1/3 cases done' && ok || bad "recall --progress: $(tr '\r' '|' < "$T/rp")"
 "$BIN" recall -m "$T/m" --sessions 2 --length 256 --json > "$T/rj" 2>&1
 grep -q '"bitwise_match":true' "$T/rj" && grep -q '"code":"[A-Z]*-[0-9][0-9][0-9][0-9]"' "$T/rj" && ok || bad "recall --json"
 # each case's new-token limit is its own: the answer budget, or what its prompt leaves in the

@@ -94,6 +94,122 @@ req 200 chat "${A[@]}" "${J[@]}" "$U/v1/chat/completions" -d '{"model":"tiny","m
 curl -s -N -m 30 "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"Hello","max_tokens":8,"temperature":0,"stream":true}' > "$T/sse"
 [ "$(grep -c '^data: ' "$T/sse")" -ge 3 ] && [ "$(tail -2 "$T/sse" | head -1)" = "data: [DONE]" ] && ok || bad "SSE stream: $(head -c 300 "$T/sse")"
 
+# ---- what users touch: seeds, request fields, logit_bias, content parts, several prompts, new endpoints
+# unseeded sampling draws a fresh seed and reports it; sending that seed back reproduces the answer
+SAMP='"model":"tiny","prompt":"Hello","max_tokens":12,"temperature":1,"logprobs":1'
+req 200 "unseeded 1" "${A[@]}" "$U/v1/completions" -d "{$SAMP}"; S1=$(jget b.seed); I1=$(jget 'JSON.stringify(b.choices[0].logprobs.token_ids)')
+req 200 "unseeded 2" "${A[@]}" "$U/v1/completions" -d "{$SAMP}"; S2=$(jget b.seed); I2=$(jget 'JSON.stringify(b.choices[0].logprobs.token_ids)')
+[[ "$S1" =~ ^[0-9]+$ ]] && [[ "$S2" =~ ^[0-9]+$ ]] && [ "$S1" != "$S2" ] && ok || bad "unseeded requests: seeds '$S1' '$S2' (want two different reported seeds)"
+[ "$I1" != "$I2" ] && ok || bad "two unseeded temperature-1 requests gave the same tokens $I1"
+req 200 "replay the reported seed" "${A[@]}" "$U/v1/completions" -d "{$SAMP,\"seed\":$S1}"
+[ "$(jget b.seed)" = "$S1" ] && [ "$(jget 'JSON.stringify(b.choices[0].logprobs.token_ids)')" = "$I1" ] && ok || bad "seed $S1 did not reproduce $I1"
+# fields: unknown ones and unimplemented ones are a 400 naming the field; their "off" values are accepted
+CH='"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":4'
+field_400() { # NAME CODE PARAM URL BODY
+    req 400 "$1" "${A[@]}" "$U$4" -d "$5"
+    [ "$(jget 'b.error.code + " " + b.error.param')" = "$2 $3" ] && ok || bad "$1: want $2 naming $3: $(head -c 300 "$T/body")"
+}
+field_400 "unknown field" unknown_parameter frobnicate /v1/completions '{"model":"tiny","prompt":"x","frobnicate":1}'
+field_400 "tools" unsupported_parameter tools /v1/chat/completions "{$CH,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}"
+field_400 "tool_choice" unsupported_parameter tool_choice /v1/chat/completions "{$CH,\"tool_choice\":\"auto\"}"
+# response_format json_object: decoding constrained to one JSON object (json_schema is refused)
+req 200 "response_format json_object" "${A[@]}" "$U/v1/chat/completions" -d '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":200,"temperature":0.9,"seed":4,"response_format":{"type":"json_object"}}'
+[ "$(jget 'const c=b.choices[0]; const t=c.message.content.trimStart(); t[0]==="{" && (c.finish_reason!=="stop" || (typeof JSON.parse(t)==="object" && !Array.isArray(JSON.parse(t))))')" = true ] \
+    && ok || bad "json_object: not a JSON object (prefix): $(head -c 400 "$T/body")"
+# steered to completion: '}' (id 125) strongly favoured, so the object closes at once and the turn ends
+req 200 "json_object completes" "${A[@]}" "$U/v1/chat/completions" -d '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":40,"temperature":0,"logit_bias":{"125":100},"response_format":{"type":"json_object"}}'
+[ "$(jget 'const c=b.choices[0]; c.finish_reason + "," + JSON.stringify(JSON.parse(c.message.content))')" = "stop,{}" ] \
+    && ok || bad "json_object did not complete as {}: $(head -c 400 "$T/body")"
+# without the constraint the same request does not give an object
+req 200 "no json mode" "${A[@]}" "$U/v1/chat/completions" -d '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":40,"temperature":0,"logit_bias":{"125":100}}'
+[ "$(jget 'b.choices[0].message.content.startsWith("}")')" = true ] && ok || bad "the json_object check cannot fail: $(head -c 200 "$T/body")"
+field_400 "response_format json_schema" unsupported_parameter response_format /v1/chat/completions "{$CH,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{}}}}"
+field_400 "echo" unsupported_parameter echo /v1/completions '{"model":"tiny","prompt":"x","echo":true}'
+field_400 "suffix" unsupported_parameter suffix /v1/completions '{"model":"tiny","prompt":"x","suffix":"end"}'
+field_400 "best_of" unsupported_parameter best_of /v1/completions '{"model":"tiny","prompt":"x","best_of":3}'
+field_400 "frequency_penalty" unsupported_parameter frequency_penalty /v1/completions '{"model":"tiny","prompt":"x","frequency_penalty":0.5}'
+field_400 "tools on completions" unknown_parameter tools /v1/completions '{"model":"tiny","prompt":"x","tools":[]}'
+req 200 "off values accepted" "${A[@]}" "$U/v1/chat/completions" -d "{$CH,\"tools\":[],\"tool_choice\":\"none\",\"response_format\":{\"type\":\"text\"},\"presence_penalty\":0,\"user\":\"u1\"}"
+req 200 "echo false, best_of 1" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"x","max_tokens":2,"echo":false,"best_of":1}'
+field_400 "max_tokens 0" invalid_value max_tokens /v1/completions '{"model":"tiny","prompt":"x","max_tokens":0}'
+field_400 "max_completion_tokens 0" invalid_value max_completion_tokens /v1/chat/completions '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0}'
+# top_k -1 is "off", the same as top_k 0
+req 200 "top_k -1" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"Hello","max_tokens":8,"temperature":1,"seed":5,"top_k":-1}'
+K1=$(jget 'b.choices[0].text')
+req 200 "top_k 0" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"Hello","max_tokens":8,"temperature":1,"seed":5,"top_k":0}'
+[ "$K1" = "$(jget 'b.choices[0].text')" ] && ok || bad "top_k -1 differs from top_k 0"
+field_400 "top_k -2" invalid_value top_k /v1/completions '{"model":"tiny","prompt":"x","top_k":-2}'
+# logit_bias: +100 on one id makes greedy pick it; -100 on the greedy first token bans it; logprobs stay raw
+req 200 "logit_bias +100" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"Hello","max_tokens":6,"temperature":0,"logprobs":1,"logit_bias":{"65":100}}'
+[ "$(jget 'b.choices[0].logprobs.token_ids.join(",")')" = "65,65,65,65,65,65" ] && ok || bad "logit_bias +100: $(head -c 300 "$T/body")"
+FIRST=$(node -e 'const b=JSON.parse(require("fs").readFileSync(process.argv[1]));console.log(b.choices[0].logprobs.token_ids[0])' "$T/c8")
+req 200 "logit_bias -100" "${A[@]}" "$U/v1/completions" -d "{\"model\":\"tiny\",\"prompt\":\"Hello\",\"max_tokens\":1,\"temperature\":0,\"logprobs\":1,\"logit_bias\":{\"$FIRST\":-100}}"
+[ "$(jget 'b.choices[0].logprobs.token_ids[0]')" != "$FIRST" ] && ok || bad "logit_bias -100 did not ban token $FIRST"
+field_400 "logit_bias bad id" invalid_value logit_bias /v1/completions '{"model":"tiny","prompt":"x","logit_bias":{"999999":1}}'
+field_400 "logit_bias bad value" invalid_value logit_bias /v1/completions '{"model":"tiny","prompt":"x","logit_bias":{"5":101}}'
+# content as an array of text parts = the same content as one string
+req 200 "content parts" "${A[@]}" "$U/v1/chat/completions" -d '{"model":"tiny","messages":[{"role":"user","content":[{"type":"text","text":"hel"},{"type":"text","text":"lo"}]}],"max_tokens":6,"temperature":0}'
+P1=$(jget 'b.choices[0].message.content + "|" + b.usage.prompt_tokens')
+req 200 "content string" "${A[@]}" "$U/v1/chat/completions" -d '{"model":"tiny","messages":[{"role":"user","content":"hello"}],"max_tokens":6,"temperature":0}'
+[ "$P1" = "$(jget 'b.choices[0].message.content + "|" + b.usage.prompt_tokens')" ] && ok || bad "content parts differ from the joined string"
+field_400 "image part" invalid_value messages /v1/chat/completions '{"model":"tiny","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}'
+grep -q "image_url" "$T/body" && ok || bad "image part: the message does not name the part type"
+# several prompts: one choice per prompt, each equal to that prompt alone; usage adds up
+req 200 "two prompts" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":["Hello","crowd"],"max_tokens":8,"temperature":0}'
+cp "$T/body" "$T/multi"
+req 200 "prompt crowd alone" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"crowd","max_tokens":8,"temperature":0}'
+CROWD=$(jget 'b.choices[0].text')
+HELLO=$(node -e 'const b=JSON.parse(require("fs").readFileSync(process.argv[1]));console.log(b.choices[0].text)' "$T/c8")
+cp "$T/multi" "$T/body"
+[ "$(jget 'b.choices.length + "," + b.choices[0].index + "," + b.choices[1].index + "," + b.usage.completion_tokens')" = "2,0,1,16" ] \
+    && [ "$(jget 'b.choices[0].text')" = "$HELLO" ] && [ "$(jget 'b.choices[1].text')" = "$CROWD" ] && ok || bad "two prompts: $(head -c 400 "$T/body")"
+req 200 "two token-id prompts" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":[[72,101,108,108,111],[99,114,111,119,100]],"max_tokens":8,"temperature":0}'
+[ "$(jget 'b.choices[0].text')" = "$HELLO" ] && [ "$(jget 'b.choices[1].text')" = "$CROWD" ] && ok || bad "token-id prompts: $(head -c 400 "$T/body")"
+field_400 "mixed prompt list" invalid_value prompt /v1/completions '{"model":"tiny","prompt":["a",[1,2]]}'
+field_400 "several prompts streamed" invalid_value stream /v1/completions '{"model":"tiny","prompt":["a","b"],"stream":true}'
+# models/{id}, /health, OPTIONS and Allow, request ids and the request log
+req 200 "GET /v1/models/{id}" "${A[@]}" "$U/v1/models/tiny"
+[ "$(jget 'b.id + "," + b.object')" = "tiny,model" ] && ok || bad "models/{id}: $(cat "$T/body")"
+req 404 "GET /v1/models/{unknown}" "${A[@]}" "$U/v1/models/gpt-4"
+err_is model_not_found "GET /v1/models/{unknown}"
+req 401 "GET /v1/models/{id} without a key" "$U/v1/models/tiny"
+req 200 "/health" "$U/health"
+req 204 "OPTIONS preflight" -X OPTIONS -H "Origin: http://example.test" -H "Access-Control-Request-Method: POST" "$U/v1/chat/completions"
+grep -qi '^Allow: POST, OPTIONS' "$T/hdr" && grep -qi '^Access-Control-Allow-Origin: \*' "$T/hdr" && grep -qi '^Access-Control-Allow-Headers: .*Authorization' "$T/hdr" \
+    && ok || bad "OPTIONS: headers $(tr -d '\r' < "$T/hdr" | tr '\n' '|')"
+req 405 "405 carries Allow" "${A[@]}" -X PUT "$U/v1/completions"
+grep -qi '^Allow: POST, OPTIONS' "$T/hdr" && ok || bad "405 without Allow: $(tr -d '\r' < "$T/hdr" | tr '\n' '|')"
+req 200 "request id made" "$U/healthz"
+grep -qiE '^X-Request-Id: [0-9a-f]{16}' "$T/hdr" && ok || bad "no X-Request-Id header"
+req 200 "request id echoed" -H "X-Request-Id: trace-42-abc" "$U/healthz"
+grep -qi '^X-Request-Id: trace-42-abc' "$T/hdr" && ok || bad "X-Request-Id not echoed"
+sleep 0.2
+grep -qE '^isobatch serve: [0-9T:-]+Z trace-42-abc GET /healthz 200 [0-9.]+ ms$' "$T/main.log" && ok || bad "request log line missing: $(tail -3 "$T/main.log")"
+# /tokenize and /detokenize
+req 200 "/tokenize" "${A[@]}" "$U/tokenize" -d '{"content":"Hello"}'
+[ "$(jget 'b.tokens.join(",") + "|" + b.count')" = "72,101,108,108,111|5" ] && ok || bad "/tokenize: $(cat "$T/body")"
+req 200 "/tokenize with pieces" "${A[@]}" "$U/tokenize" -d '{"prompt":"Hi","with_pieces":true}'
+[ "$(jget 'b.tokens.map(t=>t.id+":"+t.piece).join(",")')" = "72:H,105:i" ] && ok || bad "/tokenize pieces: $(cat "$T/body")"
+req 200 "chat prompt size" "${A[@]}" "$U/v1/chat/completions" -d '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":1}'
+NCHAT=$(jget b.usage.prompt_tokens)
+req 200 "/tokenize messages" "${A[@]}" "$U/tokenize" -d '{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}'
+[ "$(jget b.count)" = "$NCHAT" ] && ok || bad "/tokenize messages: count $(jget b.count), want the chat prompt's $NCHAT"
+req 200 "/detokenize" "${A[@]}" "$U/detokenize" -d '{"tokens":[72,101,108,108,111]}'
+[ "$(jget b.content)" = Hello ] && ok || bad "/detokenize: $(cat "$T/body")"
+field_400 "/tokenize unknown field" invalid_value text /tokenize '{"text":"x"}'
+field_400 "/detokenize bad id" invalid_value tokens /detokenize '{"tokens":[-1]}'
+req 401 "/tokenize without a key" "$U/tokenize" -d '{"content":"x"}'
+req 405 "/tokenize GET" "${A[@]}" "$U/tokenize"
+# latency histograms, and a tokens/s gauge that scrapes do not reset
+sleep 1.1
+curl -s "$U/metrics" > "$T/m1"; curl -s "$U/metrics" > "$T/m2"
+for m in isobatch_time_to_first_token_seconds isobatch_inter_token_seconds isobatch_queue_seconds; do
+    c=$(grep "^${m}_count " "$T/m1" | cut -d' ' -f2)
+    [ -n "$c" ] && [ "$c" -gt 0 ] && grep -q "^${m}_bucket{le=\"+Inf\"} $c\$" "$T/m1" && ok || bad "metrics: $m histogram (count '$c')"
+done
+R1=$(grep '^isobatch_tokens_per_second ' "$T/m1" | cut -d' ' -f2); R2=$(grep '^isobatch_tokens_per_second ' "$T/m2" | cut -d' ' -f2)
+[ -n "$R1" ] && [ "$R1" = "$R2" ] && [ "$(node -e "console.log($R1 > 0)")" = true ] && ok || bad "tokens/s gauge reset by a scrape: $R1 then $R2"
+
 # errors
 req 400 "malformed JSON" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny",'
 err_is invalid_json "malformed JSON"
@@ -138,8 +254,10 @@ req 404 "another tenant's session" "${B[@]}" "$U/v1/sessions/$SID"
 err_is session_not_found "another tenant's session"
 req 404 "another tenant's append" "${B[@]}" "$U/v1/sessions/$SID/append" -d '{"text":"x"}'
 req 404 "unknown session" "${A[@]}" "$U/v1/sessions/sess_00000000000000000000000000000000"
+req 400 "unknown field in a session generate" "${A[@]}" "$U/v1/sessions/$SID2/generate" -d '{"max_tokens":4,"nope":1}'
+[ "$(jget 'b.error.code + " " + b.error.param')" = "unknown_parameter nope" ] && ok || bad "session generate: unknown field: $(cat "$T/body")"
 req 400 "generate with nothing pending" "${A[@]}" "$U/v1/sessions/$SID2/generate" -d '{"max_tokens":4}'
-req 200 "append chat messages" "${A[@]}" "$U/v1/sessions/$SID2/append" -d '{"messages":[{"role":"user","content":"hi"}]}'
+req 200 "append chat messages" "${A[@]}" "$U/v1/sessions/$SID2/append" -d '{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}'
 req 200 "chat turn in a session" "${A[@]}" "$U/v1/sessions/$SID2/generate" -d '{"max_tokens":5,"chat":true}'
 # windowed sessions (sink + window): fixed memory, positions past the window, same tokens alone and in a crowd
 LONG=$(head -c 300 /dev/zero | tr '\0' q)
@@ -186,7 +304,7 @@ timeout 300 node "$CL/client_test.js" "$U" key-a tiny > "$T/client.out" 2>&1
 n_ok=$(grep -c '^PASS ' "$T/client.out"); n_bad=$(grep -c '^FAIL ' "$T/client.out")
 pass=$((pass + n_ok)); fail=$((fail + n_bad))
 grep '^FAIL ' "$T/client.out"
-[ "$n_ok" -ge 16 ] && ok || { bad "openai client: only $n_ok checks passed"; tail -5 "$T/client.out"; }
+[ "$n_ok" -ge 27 ] && ok || { bad "openai client: only $n_ok checks passed"; tail -5 "$T/client.out"; }
 # the load generator runs against it (2 s, 4 clients, no errors)
 node "$ROOT/bench/loadgen.js" --url "$U" --key key-a --model tiny --clients 4 --seconds 2 --max-tokens 16 --json > "$T/lg" 2>&1
 [ "$(node -e 'const r=JSON.parse(require("fs").readFileSync(process.argv[1]));console.log(r.errors===0&&r.tokens>0&&r.ttft_ms_p50>0)' "$T/lg" 2>/dev/null)" = true ] \
@@ -264,7 +382,13 @@ timeout 10 cat <&3 > /dev/null; [ $? != 124 ] && ok || bad "a stalled request wa
 exec 3<&-
 stop "$LAST_PID" queue
 
+# IPv6: --host ::1 listens on the IPv6 loopback
+start v6 --host ::1
+req 200 "IPv6 bind" -g "http://[::1]:$PORT/health"
+grep -q "http://\[::1\]:$PORT" "$T/v6.log" && ok || bad "IPv6: the startup line does not show http://[::1]:$PORT"
+stop "$LAST_PID" v6
+
 # bad flags
-"$BIN" serve -m "$T/tiny" --host not-an-ip --port 0 2> "$T/e" && bad "bad --host accepted" || { grep -q "not an IPv4 address" "$T/e" && ok || bad "bad --host: $(cat "$T/e")"; }
+"$BIN" serve -m "$T/tiny" --host not-an-ip --port 0 2> "$T/e" && bad "bad --host accepted" || { grep -q "not an IPv4 or IPv6 address" "$T/e" && ok || bad "bad --host: $(cat "$T/e")"; }
 "$BIN" serve -m "$T/tiny" --memory-budget lots 2> "$T/e"; [ $? = 2 ] && ok || bad "bad --memory-budget"
 finish

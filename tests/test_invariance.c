@@ -51,7 +51,7 @@ static outcome run(const ib_model *m, run_cfg c) {
     ib_gen_request rq[N_PROMPTS];
     for (int i = 0; i < N_PROMPTS; i++) {
         int src = c.shuffled ? perm(i) : i;
-        rq[i] = (ib_gen_request){prompt_ids[src], prompt_len[src], 0};
+        rq[i] = (ib_gen_request){.prompt = prompt_ids[src], .n_prompt = prompt_len[src]};
     }
     ib_gen_opts go = {.max_new_tokens = GEN, .batch = c.batch, .prefill_chunk = c.chunk, .sampling = ib_sampling_default(),
                       .kv_dtype = c.kv_dtype};

@@ -120,7 +120,7 @@ int main(void) {
      * its greedy argmax is the token, and the digest is 64-bit FNV-1a (offset basis 0xcbf29ce484222325,
      * prime 0x100000001b3) over the rows' float32 bytes in order, written out here from its definition */
     {
-        ib_gen_request rq[2] = {{a, 9, 0}, {b, 23, 0}};
+        ib_gen_request rq[2] = {{.prompt = a, .n_prompt = 9, .max_new_tokens = 0}, {.prompt = b, .n_prompt = 23, .max_new_tokens = 0}};
         ib_gen_opts go = {.max_new_tokens = 6, .batch = 2, .keep_logits = 1, .sampling = ib_sampling_default()};
         ib_gen_result res[2];
         CHECK(ib_generate(e, rq, 2, &go, res, NULL, &err) == IB_OK, "%s", err.msg);
@@ -155,14 +155,14 @@ int main(void) {
      * and its tokens are the first ones of the same request under the larger limit; a negative limit
      * is refused before any work */
     {
-        ib_gen_request rq[3] = {{a, 9, 2}, {b, 23, 0}, {a, 9, 5}};
+        ib_gen_request rq[3] = {{.prompt = a, .n_prompt = 9, .max_new_tokens = 2}, {.prompt = b, .n_prompt = 23, .max_new_tokens = 0}, {.prompt = a, .n_prompt = 9, .max_new_tokens = 5}};
         ib_gen_opts go = {.max_new_tokens = 4, .batch = 2, .sampling = ib_sampling_default()};
         ib_gen_result res[3], full[1];
         CHECK(ib_generate(e, rq, 3, &go, res, NULL, &err) == IB_OK, "%s", err.msg);
         CHECK(res[0].n_tokens == 2 && res[1].n_tokens == 4 && res[2].n_tokens == 5, "limits 2/4/5 gave %d/%d/%d tokens",
               res[0].n_tokens, res[1].n_tokens, res[2].n_tokens);
         CHECK(memcmp(res[0].tokens, res[2].tokens, 2 * sizeof(int32_t)) == 0, "limit 2 is not a prefix of limit 5");
-        ib_gen_request neg = {a, 9, -1};
+        ib_gen_request neg = {.prompt = a, .n_prompt = 9, .max_new_tokens = -1};
         CHECK(ib_generate(e, &neg, 1, &go, full, NULL, &err) == IB_ERR_INVALID_ARG, "a negative limit was accepted");
         ib_gen_results_free(res, 3);
     }
@@ -171,7 +171,7 @@ int main(void) {
      * stats count the others' prompt and generated tokens; a token outside the vocabulary is refused
      * before any work */
     {
-        ib_gen_request rq[3] = {{a, 9, 0}, {b, 23, 3}, {a, 9, 2}};
+        ib_gen_request rq[3] = {{.prompt = a, .n_prompt = 9, .max_new_tokens = 0}, {.prompt = b, .n_prompt = 23, .max_new_tokens = 3}, {.prompt = a, .n_prompt = 9, .max_new_tokens = 2}};
         ib_gen_opts go = {.max_new_tokens = 0, .batch = 2, .prefill_chunk = 5, .sampling = ib_sampling_default()};
         ib_gen_result res[3];
         ib_gen_stats st = {0};
@@ -187,7 +187,7 @@ int main(void) {
         CHECK(st.steps == 7, "stats: %d steps", st.steps);
         ib_gen_results_free(res, 3);
         int32_t bad[3] = {1, V, 2};
-        ib_gen_request rb[2] = {{a, 9, 0}, {bad, 3, 0}};
+        ib_gen_request rb[2] = {{.prompt = a, .n_prompt = 9, .max_new_tokens = 0}, {.prompt = bad, .n_prompt = 3, .max_new_tokens = 0}};
         go.max_new_tokens = 2;
         CHECK(ib_generate(e, rb, 2, &go, res, &st, &err) == IB_ERR_INVALID_ARG && strstr(err.msg, "vocabulary"),
               "a token outside the vocabulary: code %d, %s", err.code, err.msg);

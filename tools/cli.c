@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 
@@ -82,7 +83,23 @@ const char *cli_model_dir(const char *dir) {
     if (dir) return dir;
     struct stat sb;
     if (stat("models/default/config.json", &sb) == 0) return "models/default";
-    cli_usage_error("no model: pass -m DIR (`isobatch mkmodel --preset tiny --out DIR` makes one)");
+    /* installed: <prefix>/bin/isobatch finds <prefix>/share/isobatch/models/default */
+    static char installed[4160];
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, 4000);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            char cfg[4200];
+            snprintf(installed, sizeof installed, "%s/../share/isobatch/models/default", exe);
+            snprintf(cfg, sizeof cfg, "%s/config.json", installed);
+            if (stat(cfg, &sb) == 0) return installed;
+        }
+    }
+    cli_usage_error("no model: pass -m DIR (no models/default here or in the installed share/isobatch; "
+                    "`isobatch mkmodel --preset tiny --out DIR` makes one)");
     return NULL;
 }
 
@@ -171,4 +188,65 @@ int cli_parse_ids(const char *list, int vocab, int32_t **out, int *n) {
     *out = v;
     *n = k;
     return 0;
+}
+
+/* Edit distance between a[0..na) and b[0..nb) (insertions, deletions, substitutions), capped at 9. */
+static int edit_distance(const char *a, size_t na, const char *b, size_t nb) {
+    if (na > 40 || nb > 40) return 9;
+    int d[41][41];
+    for (size_t i = 0; i <= na; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= nb; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= na; i++)
+        for (size_t j = 1; j <= nb; j++) {
+            int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+            d[i][j] = best;
+        }
+    return d[na][nb] > 9 ? 9 : d[na][nb];
+}
+
+int cli_unknown_option(const char *cmd, const char *flag, const char *help) {
+    const char *best = NULL;
+    size_t best_len = 0, fl = strlen(flag);
+    int best_d = 3; /* suggest only within two edits */
+    for (const char *p = help; (p = strstr(p, "-")) != NULL;) {
+        int at_word = p == help || p[-1] == ' ' || p[-1] == '[' || p[-1] == '(' || p[-1] == '|' || p[-1] == ',';
+        size_t n = 0;
+        while (p[n] == '-' || (p[n] >= 'a' && p[n] <= 'z') || (p[n] >= 'A' && p[n] <= 'Z') || (p[n] >= '0' && p[n] <= '9')) n++;
+        if (at_word && n >= 2 && p[1] != ' ') {
+            int d = edit_distance(flag, fl, p, n);
+            if (d > 0 && d < best_d && (d == 1 || fl > 4)) {
+                best_d = d;
+                best = p;
+                best_len = n;
+            }
+        }
+        p += n ? n : 1;
+    }
+    if (best)
+        return cli_usage_error("%s: unknown option '%s' (did you mean %.*s? try --help)", cmd, flag, (int)best_len, best);
+    return cli_usage_error("%s: unknown option '%s' (try --help)", cmd, flag);
+}
+
+int cli_split_eq(int argc, char **argv, char ***out) {
+    *out = NULL;
+    int extra = 0;
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], "--", 2) && argv[i][2] && strchr(argv[i], '=')) extra++;
+    if (!extra) return argc;
+    char **v = calloc((size_t)(argc + extra + 1), sizeof *v);
+    if (!v) return -1;
+    int k = 0;
+    for (int i = 0; i < argc; i++) {
+        char *eq = i > 0 && !strncmp(argv[i], "--", 2) && argv[i][2] ? strchr(argv[i], '=') : NULL;
+        if (eq) {
+            *eq = 0; /* argv strings are ours to modify (C11 5.1.2.2.1) */
+            v[k++] = argv[i];
+            v[k++] = eq + 1;
+        } else
+            v[k++] = argv[i];
+    }
+    *out = v;
+    return k;
 }

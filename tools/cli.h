@@ -54,6 +54,15 @@ int cli_parse_ids(const char *list, int vocab, int32_t **out, int *n);
  * else NULL after printing an error. */
 const char *cli_model_dir(const char *dir);
 
+/* The usage error for an unknown option of command cmd: names it and, when a flag of help is within
+ * two edits of it, suggests that one ("did you mean --temp?"). Returns 2. */
+int cli_unknown_option(const char *cmd, const char *flag, const char *help);
+
+/* argv with every "--name=value" split into "--name" "value" (the first '=' only; argv[0] and other
+ * arguments untouched). Returns the new count and sets *out to a new array (free it; the strings are
+ * argv's), or returns argc with *out NULL when nothing needed splitting, -1 when out of memory. */
+int cli_split_eq(int argc, char **argv, char ***out);
+
 /* Append to out (cap bytes, NUL-terminated) the bytes of s with invalid UTF-8 replaced by U+FFFD. */
 size_t cli_utf8_sanitize(const char *s, size_t n, char *out, size_t cap);
 

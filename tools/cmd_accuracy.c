@@ -77,7 +77,7 @@ int cmd_accuracy(int argc, char **argv) {
         else if (!strcmp(f, "-p")) rc = VAL() ? (text = v, 0) : 2;
         else if (!strcmp(f, "--prompt-ids")) rc = VAL() ? (idlist = v, 0) : 2;
         else if (!strcmp(f, "--tokens")) rc = VAL() ? cli_int(f, v, 2, 1 << 20, &n_tokens) : 2;
-        else if (!strcmp(f, "--threads")) rc = VAL() ? cli_int(f, v, 1, 256, &threads) : 2;
+        else if ((!strcmp(f, "--threads") || !strcmp(f, "-t"))) rc = VAL() ? cli_int(f, v, 1, 256, &threads) : 2;
         else if (!strcmp(f, "--isa")) rc = VAL() ? cli_isa(v, &isa) : 2;
         else if (!strcmp(f, "--act")) {
             if (!VAL()) rc = 2;
@@ -85,7 +85,7 @@ int cmd_accuracy(int argc, char **argv) {
                 rc = cli_usage_error("--act: unknown '%s' (f32, q8, both)", v);
             else acts = v;
         } else if (!strcmp(f, "--json")) json = 1;
-        else rc = cli_usage_error("accuracy: unknown option '%s' (try --help)", f);
+        else rc = cli_unknown_option("accuracy", f, help);
 #undef VAL
     }
     if (rc) return rc;

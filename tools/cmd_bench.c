@@ -128,7 +128,7 @@ int cmd_bench(int argc, char **argv) {
             if (cli_int(f, v, 1, 8192, &prompt)) return 2;
         } else if (!strcmp(f, "--gen")) {
             if (cli_int(f, v, 1, 4096, &gen)) return 2;
-        } else if (!strcmp(f, "--threads")) {
+        } else if ((!strcmp(f, "--threads") || !strcmp(f, "-t"))) {
             if (cli_int(f, v, 1, 256, &threads)) return 2;
         } else if (!strcmp(f, "--reps")) {
             if (cli_int(f, v, 1, MAX_REPS, &reps)) return 2;
@@ -145,7 +145,7 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(f, "--isa")) {
             if (cli_isa(v, &isa)) return 2;
         } else
-            return cli_usage_error("bench: unknown option '%s' (try --help)", f);
+            return cli_unknown_option("bench", f, help);
     }
     if (!(dir = cli_model_dir(dir))) return 2;
     /* started before anything large is allocated: the probe's process then copies no page tables of

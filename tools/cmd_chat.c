@@ -6,9 +6,12 @@
  * generated tokens, e.g. Qwen3 drops an earlier turn's <think> block). The reply streams to stdout through the streaming decoder and ends at the
  * format's end-of-turn token.
  */
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -18,15 +21,30 @@ static const char help[] =
     "usage: isobatch chat [-m DIR] [--system TEXT] [-n N] [--no-think] [--threads T] [--context N]\n"
     "                     [--temp X] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R] [--seed S]\n"
     "\n"
-    "  Reads one user message per line from stdin and streams each reply to stdout.\n"
-    "  Lines \"/reset\" (forget the conversation) and \"/quit\" are commands.\n"
+    "  Reads one user message per line from stdin and streams each reply to stdout. Ctrl-C stops the\n"
+    "  reply being written (the conversation goes on); at the prompt, Ctrl-C twice or Ctrl-D leaves.\n"
+    "  Commands: /help, /reset (forget the conversation), /quit; start a message with // to send a\n"
+    "  line that begins with /. (models/default is a King James Bible text model, not a chat model:\n"
+    "  it continues text in that style and rarely ends a turn by itself; -n bounds each reply.)\n"
     "  -m DIR            model directory (default models/default)\n"
     "  --system TEXT     a system message first\n"
     "  -n N              most tokens per reply (default 512)\n"
     "  --no-think        Qwen3: enable_thinking=false (an empty <think></think> block)\n"
     "  --threads T       worker threads (default: the CPUs online)\n"
     "  --context N       KV capacity in tokens (default min(model, 4096))\n"
-    "  --temp ... --seed sampling (default greedy)\n";
+    "  --temp ... --seed sampling (default greedy); without --seed a fresh seed, printed on stderr\n";
+
+static const char commands[] =
+    "commands:\n"
+    "  /help    this list\n"
+    "  /reset   forget the conversation (the system message stays)\n"
+    "  /quit    leave (also /exit, Ctrl-D, or Ctrl-C twice at the prompt)\n"
+    "  //text   send a message that begins with /text\n"
+    "Ctrl-C while a reply is written stops that reply; the conversation goes on.\n";
+
+/* Set by SIGINT: stops the reply being generated, or (at the prompt) asks to leave. */
+static volatile sig_atomic_t interrupted;
+static void on_sigint(int sig) { interrupted = 1; }
 
 typedef struct chat {
     ib_model *m;
@@ -127,7 +145,12 @@ static int turn(chat *c, int flags, long max_new) {
     char *reply = malloc(rcap);
     ib_text_stream ts = {0};
     char out[4096], tb[1024];
+    interrupted = 0;
     for (long k = 0; !rc && reply && k < max_new; k++) {
+        if (interrupted) {
+            fputs("\n[reply interrupted]", stderr);
+            break;
+        }
         int32_t tok = ib_sample(c->s, c->logits);
         if (is_stop(c, tok)) break;
         int w = ib_text_stream_push(c->m, &ts, tok, out, sizeof out);
@@ -163,6 +186,7 @@ int cmd_chat(int argc, char **argv) {
     long max_new = 512, threads = sysconf(_SC_NPROCESSORS_ONLN), context = 0;
     int flags = IB_CHAT_GENERATION_PROMPT;
     ib_sampling smp = ib_sampling_default();
+    int seeded = 0;
     if (threads < 1) threads = 1;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v;
@@ -180,17 +204,24 @@ int cmd_chat(int argc, char **argv) {
         if (!strcmp(f, "-m")) dir = v;
         else if (!strcmp(f, "--system")) system = v;
         else if (!strcmp(f, "-n")) { if (cli_int(f, v, 1, 1 << 20, &max_new)) return 2; }
-        else if (!strcmp(f, "--threads")) { if (cli_int(f, v, 1, 256, &threads)) return 2; }
+        else if ((!strcmp(f, "--threads") || !strcmp(f, "-t"))) { if (cli_int(f, v, 1, 256, &threads)) return 2; }
         else if (!strcmp(f, "--context")) { if (cli_int(f, v, 1, 1 << 24, &context)) return 2; }
         else if (!strcmp(f, "--temp")) { if (cli_float(f, v, 0, 100, &d)) return 2; smp.temperature = (float)d; }
         else if (!strcmp(f, "--top-k")) { if (cli_int(f, v, 0, 1 << 24, &k)) return 2; smp.top_k = (int)k; }
         else if (!strcmp(f, "--top-p")) { if (cli_float(f, v, 0, 1, &d)) return 2; smp.top_p = (float)d; }
         else if (!strcmp(f, "--min-p")) { if (cli_float(f, v, 0, 1, &d)) return 2; smp.min_p = (float)d; }
         else if (!strcmp(f, "--repeat-penalty")) { if (cli_float(f, v, 0.01, 100, &d)) return 2; smp.repeat_penalty = (float)d; }
-        else if (!strcmp(f, "--seed")) { if (cli_u64(f, v, &smp.seed)) return 2; }
-        else return cli_usage_error("chat: unknown option '%s' (try --help)", f);
+        else if (!strcmp(f, "--seed")) { if (cli_u64(f, v, &smp.seed)) return 2; seeded = 1; }
+        else return cli_unknown_option("chat", f, help);
     }
     if (!(dir = cli_model_dir(dir))) return 2;
+    if (smp.temperature > 0 && !seeded) {
+        uint64_t seed = 0;
+        if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed) seed = (uint64_t)getpid() * 2654435761u;
+        smp.seed = seed & ((1ULL << 53) - 1);
+        fprintf(stderr, "isobatch chat: sampling with seed %llu (--seed %llu repeats this conversation)\n",
+                (unsigned long long)smp.seed, (unsigned long long)smp.seed);
+    }
     chat c = {.max_step = 512};
     ib_error err;
     int rc = 0;
@@ -214,20 +245,47 @@ int cmd_chat(int argc, char **argv) {
         goto out;
     }
     int base = c.n_msgs, tty = isatty(0);
+    /* Ctrl-C stops a reply instead of the program (no SA_RESTART: it also wakes a waiting read) */
+    struct sigaction sa, old_sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigaction(SIGINT, &sa, &old_sa);
+    if (tty) fputs("isobatch chat: /help lists the commands\n", stderr);
     ssize_t len;
+    int int_at_prompt = 0;
     for (;;) {
         if (tty) fputs("> ", stderr);
-        if ((len = getline(&line, &lcap, stdin)) < 0) break;
+        interrupted = 0;
+        errno = 0;
+        if ((len = getline(&line, &lcap, stdin)) < 0) {
+            if (errno == EINTR && interrupted && !int_at_prompt) {
+                int_at_prompt = 1;
+                clearerr(stdin);
+                fputs("\n(Ctrl-C again, Ctrl-D or /quit to leave)\n", stderr);
+                continue;
+            }
+            break;
+        }
+        int_at_prompt = 0;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
         if (len == 0) continue;
-        if (!strcmp(line, "/quit")) break;
-        if (!strcmp(line, "/reset")) {
-            drop_msgs(&c, base);
-            ib_session_reset(c.s);
-            c.n_fed = 0;
+        char *msg = line;
+        if (line[0] == '/' && line[1] == '/') {
+            msg = line + 1; /* "//text" sends "/text" */
+            len--;
+        } else if (line[0] == '/') {
+            if (!strcmp(line, "/quit") || !strcmp(line, "/exit")) break;
+            if (!strcmp(line, "/help")) fputs(commands, stderr);
+            else if (!strcmp(line, "/reset")) {
+                drop_msgs(&c, base);
+                ib_session_reset(c.s);
+                c.n_fed = 0;
+                fputs("(conversation cleared)\n", stderr);
+            } else
+                fprintf(stderr, "unknown command '%s': /help lists the commands (// sends a line beginning with /)\n", line);
             continue;
         }
-        if (add_msg(&c, "user", line, (size_t)len)) {
+        if (add_msg(&c, "user", msg, (size_t)len)) {
             rc = cli_error("out of memory");
             break;
         }
@@ -237,6 +295,7 @@ int cmd_chat(int argc, char **argv) {
             rc = 0;
         }
     }
+    sigaction(SIGINT, &old_sa, NULL);
 out:
     free(line);
     drop_msgs(&c, 0);

@@ -90,14 +90,14 @@ int cmd_diff(int argc, char **argv) {
         else if (!strcmp(f, "--prompt-ids")) rc = VAL() ? (idl[ni++] = v, 0) : 2;
         else if (!strcmp(f, "--step")) rc = VAL() ? cli_int(f, v, 0, 4096, &step) : 2;
         else if (!strcmp(f, "--batch")) rc = VAL() ? cli_int(f, v, 1, 4096, &batch) : 2;
-        else if (!strcmp(f, "--threads")) rc = VAL() ? cli_int(f, v, 1, 256, &threads) : 2;
+        else if ((!strcmp(f, "--threads") || !strcmp(f, "-t"))) rc = VAL() ? cli_int(f, v, 1, 256, &threads) : 2;
         else if (!strcmp(f, "--isa")) rc = VAL() ? cli_isa(v, &isa) : 2;
         else if (!strcmp(f, "--backend")) rc = VAL() ? cli_backend(v, &backend) : 2;
         else if (!strcmp(f, "--act")) {
             rc = VAL() ? cli_act(v, &act) : 2;
         } else if (!strcmp(f, "--json")) json = 1;
         else if (!strcmp(f, "--inject")) rc = VAL() ? cli_inject(v) : 2;
-        else rc = cli_usage_error("diff: unknown option '%s' (try --help)", f);
+        else rc = cli_unknown_option("diff", f, help);
 #undef VAL
     }
     if (rc) goto out;

@@ -5,6 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -14,7 +17,7 @@ static const char help[] =
     "usage: isobatch generate [-m DIR] (-p TEXT)... [--prompts-file F] [--prompt-ids 1,2,3]... [-n N]\n"
     "         [--batch B] [--threads T] [--prefill-chunk C|whole] [--isa auto|scalar|avx2|avx512|neon]\n"
     "         [--act auto|f32|q8] [--kv-dtype f32|f16] [--temp X] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R]\n"
-    "         [--seed S] [--ignore-eos] [--json] [--logits-out FILE] [--check-serial] [--inject FAULT] [--chat]\n"
+    "         [--seed S] [--ignore-eos] [--json] [--stream] [--logits-out FILE] [--check-serial] [--inject FAULT] [--chat]\n"
     "\n"
     "  -m DIR            model directory (default models/default)\n"
     "  -p TEXT           a prompt (repeatable)\n"
@@ -22,17 +25,23 @@ static const char help[] =
     "  --prompt-ids L    a prompt given as comma-separated token ids (repeatable)\n"
     "  -n N              tokens to generate per prompt (default 32)\n"
     "  --batch B         sessions stepped together (default 8); 1 decodes prompts one at a time\n"
-    "  --threads T       worker threads (default: the CPUs online)\n"
+    "  -t, --threads T   worker threads (default: the CPUs online)\n"
     "  --prefill-chunk C prompt tokens per step per session (default whole)\n"
     "  --max-step-tokens N  tokens per step over all sessions (default 512)\n"
     "  --isa, --act      kernels and activation mode (results never depend on --isa)\n"
     "  --backend B       cpu (default) or cuda: where the engine computes (same bits on both)\n"
     "  --kv-dtype f16    keep keys/values in IEEE half: half the KV memory (answers change slightly)\n"
-    "  --temp ... --seed sampling (default greedy); draws keyed by (seed, step)\n"
+    "  --temp ... --seed sampling (default greedy); draws keyed by (seed, step). Sampling without\n"
+    "                    --seed draws a fresh seed and prints it on stderr (and in --json), so a run can\n"
+    "                    be repeated\n"
     "  --ignore-eos      do not stop at the end-of-sequence token\n"
     "  --chat            wrap each text prompt as a user turn in the model's chat format (ChatML:\n"
     "                    <|im_start|>user ... <|im_end|>) followed by the assistant header\n"
-    "  --json            one JSON line per prompt: index, prompt_tokens, tokens, text, digest\n"
+    "  --json            one JSON line per prompt: index, prompt_tokens, tokens, text, digest, seed\n"
+    "  --stream          print text as it is generated (the default with one prompt); several prompts\n"
+    "                    are shown in order, each live once those before it are done\n"
+    "                    Output: the generated text on stdout (one prompt: the text alone; several:\n"
+    "                    '[i] prompt | text' lines); digests and statistics on stderr\n"
     "  --logits-out F    write the logits rows that chose each token (float32 LE, prompt-major)\n"
     "  --check-serial    also decode every prompt alone and verify bitwise equality\n"
     "  --inject FAULT    test-only: break a kernel on purpose (rope-scalar-offset, rope-skip-rows,\n"
@@ -177,10 +186,122 @@ typedef struct gen_args {
     ib_sampling sampling;
     int json, ignore_eos, check_serial;
     ib_kv_dtype kv_dtype;     /* --kv-dtype */
+    int stream;               /* --stream, or one prompt in text mode */
+    int seeded;               /* --seed was given */
 } gen_args;
 
-/* Run one generation with the given batch. */
-static int run(ib_model *m, const gen_args *a, const prompts *p, long batch, ib_gen_result *res, ib_gen_stats *st) {
+/* ---- streaming output: prompts are shown in index order; the current one is written as its tokens
+ * come, later ones are buffered until every earlier one is done. */
+typedef struct streamer {
+    const ib_model *m;
+    const prompts *p;
+    int multi;                /* several prompts: '[i] prompt | ' before each */
+    int stop_eos;             /* the eos token that ends a row is not shown */
+    int32_t eos;
+    ib_text_stream *ts;       /* [n] */
+    char **buf;               /* [n] text of prompts not yet shown */
+    size_t *len, *cap;        /* [n] */
+    int *done;                /* [n] */
+    int cur;                  /* the prompt being shown */
+    int oom;
+} streamer;
+
+/* Buffer n bytes of prompt r's text (shown when r's turn comes); sets st->oom when out of memory. */
+static void st_append(streamer *st, int r, const char *s, size_t n) {
+    if (st->len[r] + n > st->cap[r]) {
+        size_t nc = (st->len[r] + n) * 2 + 64;
+        char *b = realloc(st->buf[r], nc);
+        if (!b) {
+            st->oom = 1;
+            return;
+        }
+        st->buf[r] = b;
+        st->cap[r] = nc;
+    }
+    memcpy(st->buf[r] + st->len[r], s, n);
+    st->len[r] += n;
+}
+
+/* Write prompt r's header (several prompts) to stdout. */
+static void st_header(streamer *st, int r) {
+    if (!st->multi) return;
+    char *pt = NULL;
+    if (!st->p->text[r]) pt = decode_text(st->m, st->p->ids[r], st->p->len[r]);
+    const char *shown = st->p->text[r] ? st->p->text[r] : pt ? pt : "";
+    fprintf(stdout, "[%d] ", r);
+    for (const char *c = shown; *c; c++) fputc((unsigned char)*c < 0x20 && *c != '\t' ? '.' : *c, stdout);
+    fputs(" | ", stdout);
+    free(pt);
+}
+
+/* Show what can be shown: the current prompt's buffered text; then, while it is done, move on. */
+static void st_advance(streamer *st) {
+    while (st->cur < st->p->n) {
+        int r = st->cur;
+        if (st->len[r]) {
+            fwrite(st->buf[r], 1, st->len[r], stdout);
+            st->len[r] = 0;
+        }
+        if (!st->done[r]) break;
+        fputc('\n', stdout);
+        if (++st->cur < st->p->n) st_header(st, st->cur);
+    }
+    fflush(stdout);
+}
+
+/* ib_gen_opts.on_token: text of request r's token, to stdout when r is shown now, else buffered. */
+static void st_token(void *ctx, int r, int32_t tok, int done) {
+    streamer *st = ctx;
+    char piece[3 * (256 + 4)];
+    int w = 0;
+    if (!(done && st->stop_eos && tok == st->eos)) w = ib_text_stream_push(st->m, &st->ts[r], tok, piece, sizeof piece);
+    if (w > 0) st_append(st, r, piece, (size_t)w);
+    if (done) {
+        w = ib_text_stream_flush(&st->ts[r], piece, sizeof piece);
+        if (w > 0) st_append(st, r, piece, (size_t)w);
+        st->done[r] = 1;
+    }
+    if (r == st->cur) st_advance(st);
+}
+
+/* Set up streaming output for prompts p and show prompt 0's header; -1 when out of memory (then
+ * st_finish frees what was made). */
+static int st_init(streamer *st, const ib_model *m, const prompts *p, const gen_args *a) {
+    memset(st, 0, sizeof *st);
+    st->m = m;
+    st->p = p;
+    st->multi = p->n > 1;
+    st->stop_eos = !a->ignore_eos;
+    st->eos = ib_model_get_info(m)->eos_id;
+    st->ts = calloc((size_t)p->n, sizeof *st->ts);
+    st->buf = calloc((size_t)p->n, sizeof *st->buf);
+    st->len = calloc((size_t)p->n, sizeof *st->len);
+    st->cap = calloc((size_t)p->n, sizeof *st->cap);
+    st->done = calloc((size_t)p->n, sizeof *st->done);
+    if (!st->ts || !st->buf || !st->len || !st->cap || !st->done) return -1;
+    if (p->n > 0) st_header(st, 0);
+    fflush(stdout);
+    return 0;
+}
+
+/* After the run: rows that produced nothing (-n 0) are done too; show the rest; free. */
+static void st_finish(streamer *st, int ok) {
+    if (ok && st->done) {
+        for (int r = 0; r < st->p->n; r++) st->done[r] = 1;
+        st_advance(st);
+    }
+    for (int r = 0; st->buf && r < st->p->n; r++) free(st->buf[r]);
+    free(st->ts);
+    free(st->buf);
+    free(st->len);
+    free(st->cap);
+    free(st->done);
+}
+/* ---- end of streaming output */
+
+/* Run one generation with the given batch; with out, stream its text as it comes. */
+static int run(ib_model *m, const gen_args *a, const prompts *p, long batch, ib_gen_result *res, ib_gen_stats *st,
+               streamer *out) {
     ib_error err;
     ib_engine_opts eo = {.threads = (int)a->threads, .isa = a->isa, .act = a->act, .backend = a->backend, .max_step_tokens = (int)a->max_step};
     ib_engine *e;
@@ -190,10 +311,10 @@ static int run(ib_model *m, const gen_args *a, const prompts *p, long batch, ib_
         ib_engine_free(e);
         return cli_error("out of memory");
     }
-    for (int i = 0; i < p->n; i++) rq[i] = (ib_gen_request){p->ids[i], p->len[i], 0};
+    for (int i = 0; i < p->n; i++) rq[i] = (ib_gen_request){.prompt = p->ids[i], .n_prompt = p->len[i]};
     ib_gen_opts go = {.max_new_tokens = (int)a->n, .batch = (int)batch, .prefill_chunk = (int)a->chunk,
                       .stop_at_eos = !a->ignore_eos, .keep_logits = a->logits_out != NULL, .sampling = a->sampling,
-                      .kv_dtype = a->kv_dtype};
+                      .kv_dtype = a->kv_dtype, .on_token = out ? st_token : NULL, .on_token_ctx = out};
     ib_status rc = ib_generate(e, rq, p->n, &go, res, st, &err);
     free(rq);
     ib_engine_free(e);
@@ -220,6 +341,8 @@ static void printable(char *s) {
         else if (*s == 0x7f) *s = '.';
 }
 
+/* --json lines, or (text mode) '[i] prompt | text' lines on stdout unless the text was streamed; in
+ * text mode the per-prompt digest lines go to stderr. */
 static void print_results(const ib_model *m, const gen_args *a, const prompts *p, const ib_gen_result *res) {
     for (int i = 0; i < p->n; i++) {
         char *text = decode_text(m, res[i].tokens, res[i].n_tokens);
@@ -234,17 +357,21 @@ static void print_results(const ib_model *m, const gen_args *a, const prompts *p
             json_object_set_new(o, "text", json_string(text ? text : ""));
             json_object_set_new(o, "finish_reason", json_string(res[i].finish));
             json_object_set_new(o, "digest", json_string(digest));
+            if (a->sampling.temperature > 0) json_object_set_new(o, "seed", json_integer((json_int_t)a->sampling.seed));
             char *s = json_dumps(o, JSON_COMPACT);
             if (s) puts(s);
             free(s);
             json_decref(o);
         } else {
-            char *ptext = p->text[i] ? NULL : decode_text(m, p->ids[i], p->len[i]);
-            if (text) printable(text);
-            if (ptext) printable(ptext);
-            printf("[%d] %s", i, p->text[i] ? p->text[i] : ptext ? ptext : "");
-            printf(" | %s\n    digest %s, %d tokens, %s\n", text ? text : "", digest, res[i].n_tokens, res[i].finish);
-            free(ptext);
+            if (!a->stream) {
+                char *ptext = p->text[i] ? NULL : decode_text(m, p->ids[i], p->len[i]);
+                if (text) printable(text);
+                if (ptext) printable(ptext);
+                printf("[%d] %s", i, p->text[i] ? p->text[i] : ptext ? ptext : "");
+                printf(" | %s\n", text ? text : "");
+                free(ptext);
+            }
+            fprintf(stderr, "[%d] digest %s, %d tokens, %s\n", i, digest, res[i].n_tokens, res[i].finish);
         }
         free(text);
     }
@@ -277,7 +404,7 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(f, "--prompt-ids")) rc = VAL() ? (idlists[ni++] = v, 0) : 2;
         else if (!strcmp(f, "-n")) rc = VAL() ? cli_int(f, v, 0, 1 << 20, &a.n) : 2;
         else if (!strcmp(f, "--batch")) rc = VAL() ? cli_int(f, v, 1, 4096, &a.batch) : 2;
-        else if (!strcmp(f, "--threads")) rc = VAL() ? cli_int(f, v, 1, 256, &a.threads) : 2;
+        else if (!strcmp(f, "--threads") || !strcmp(f, "-t")) rc = VAL() ? cli_int(f, v, 1, 256, &a.threads) : 2;
         else if (!strcmp(f, "--max-step-tokens")) rc = VAL() ? cli_int(f, v, 1, 1 << 20, &a.max_step) : 2;
         else if (!strcmp(f, "--prefill-chunk")) {
             if (!VAL()) rc = 2;
@@ -307,13 +434,15 @@ int cmd_generate(int argc, char **argv) {
             else a.sampling.repeat_penalty = (float)d;
         } else if (!strcmp(f, "--seed")) {
             if (!VAL() || cli_u64(f, v, &a.sampling.seed)) rc = 2;
+            a.seeded = 1;
         } else if (!strcmp(f, "--json")) a.json = 1;
+        else if (!strcmp(f, "--stream")) a.stream = 1;
         else if (!strcmp(f, "--ignore-eos")) a.ignore_eos = 1;
         else if (!strcmp(f, "--chat")) chat_mode = 1;
         else if (!strcmp(f, "--check-serial")) a.check_serial = 1;
         else if (!strcmp(f, "--logits-out")) rc = VAL() ? (a.logits_out = v, 0) : 2;
         else if (!strcmp(f, "--inject")) rc = VAL() ? cli_inject(v) : 2;
-        else rc = cli_usage_error("generate: unknown option '%s' (try --help)", f);
+        else rc = cli_unknown_option("generate", f, help);
 #undef VAL
     }
     if (rc) goto out;
@@ -332,6 +461,16 @@ int cmd_generate(int argc, char **argv) {
         goto out;
     }
     const ib_model_info *info = ib_model_get_info(m);
+    if (nt > 0 || a.prompts_file) {
+        /* without tokenizer.json the model would fall back to raw bytes: text prompts would be garbage */
+        char tp[4200];
+        struct stat sb;
+        snprintf(tp, sizeof tp, "%s/tokenizer.json", dir);
+        if (stat(tp, &sb) != 0) {
+            rc = cli_error("%s: missing: text prompts need the model's tokenizer (--prompt-ids works without one)", tp);
+            goto out;
+        }
+    }
     for (int i = 0; i < nt && !rc; i++) rc = chat_mode ? add_chat_text(&p, m, texts[i]) : add_text(&p, m, texts[i]);
     for (int i = 0; i < ni && !rc; i++) rc = add_ids(&p, idlists[i], info->vocab_size);
     if (!rc && a.prompts_file) rc = add_file(&p, m, a.prompts_file);
@@ -342,14 +481,36 @@ int cmd_generate(int argc, char **argv) {
         rc = cli_error("out of memory");
         goto out;
     }
+    if (a.sampling.temperature > 0 && !a.seeded) {
+        /* unseeded sampling: a fresh seed, told so the run can be repeated */
+        uint64_t seed = 0;
+        if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed) seed = (uint64_t)time(NULL) * 2654435761u;
+        a.sampling.seed = seed & ((1ULL << 53) - 1);
+        fprintf(stderr, "isobatch: sampling with seed %llu (--seed %llu repeats this run)\n",
+                (unsigned long long)a.sampling.seed, (unsigned long long)a.sampling.seed);
+    }
+    if (!a.json && p.n == 1) a.stream = 1;
+    if (a.json) a.stream = 0;
     ib_gen_stats st;
-    if ((rc = run(m, &a, &p, a.batch, res, &st))) goto out;
+    streamer sm;
+    if (a.stream && st_init(&sm, m, &p, &a)) {
+        st_finish(&sm, 0);
+        rc = cli_error("out of memory");
+        goto out;
+    }
+    rc = run(m, &a, &p, a.batch, res, &st, a.stream ? &sm : NULL);
+    if (a.stream) st_finish(&sm, rc == 0);
+    if (rc) goto out;
     print_results(m, &a, &p, res);
     if (a.logits_out && (rc = write_logits(a.logits_out, res, p.n, info->vocab_size))) goto out;
-    fprintf(a.json ? stderr : stdout,
+    fprintf(stderr,
             "%d prompts, batch %ld, %ld threads: %ld prompt + %ld generated tokens in %.3f s (%.1f tok/s generated, %d steps)\n",
             p.n, a.batch, a.threads, st.prompt_tokens, st.generated_tokens, st.seconds,
             st.seconds > 0 ? st.generated_tokens / st.seconds : 0.0, st.steps);
+    fprintf(stderr, "prompt: %ld tokens, %.1f tok/s (%.3f s of steps that fed prompt tokens); "
+                    "generation: %ld tokens, %.1f tok/s (%.3f s of decode-only steps)\n",
+            st.prompt_tokens, st.prefill_seconds > 0 ? st.prompt_tokens / st.prefill_seconds : 0.0, st.prefill_seconds,
+            st.decode_tokens, st.decode_seconds > 0 ? st.decode_tokens / st.decode_seconds : 0.0, st.decode_seconds);
     if (a.check_serial) {
         ser = calloc((size_t)p.n, sizeof *ser);
         ib_gen_stats st1;
@@ -357,7 +518,7 @@ int cmd_generate(int argc, char **argv) {
             rc = cli_error("out of memory");
             goto out;
         }
-        if ((rc = run(m, &a, &p, 1, ser, &st1))) goto out;
+        if ((rc = run(m, &a, &p, 1, ser, &st1, NULL))) goto out;
         int bad = 0;
         for (int i = 0; i < p.n; i++)
             if (ser[i].digest != res[i].digest || ser[i].n_tokens != res[i].n_tokens ||
@@ -365,7 +526,7 @@ int cmd_generate(int argc, char **argv) {
                 fprintf(stderr, "isobatch: prompt %d: batched result differs from its serialized run\n", i);
                 bad++;
             }
-        fprintf(a.json ? stderr : stdout,
+        fprintf(stderr,
                 "serialized check: %d of %d prompts bitwise identical to decoding alone (serial %.1f tok/s, batched %.2fx)\n",
                 p.n - bad, p.n, st1.seconds > 0 ? st1.generated_tokens / st1.seconds : 0.0,
                 st.seconds > 0 ? st1.seconds / st.seconds : 0.0);

@@ -29,7 +29,7 @@ int cmd_info(int argc, char **argv) {
         } else if (!strcmp(f, "--context")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_int(f, v, 1, 1 << 24, &ctx)) return 2;
         } else
-            return cli_usage_error("info: unknown option '%s' (try --help)", f);
+            return cli_unknown_option("info", f, help);
     }
     if (!(dir = cli_model_dir(dir))) return 2;
     ib_model *m;

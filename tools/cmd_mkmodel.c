@@ -45,7 +45,7 @@ int cmd_mkmodel(int argc, char **argv) {
             if (x != 32 && x != 64 && x != 128) return cli_usage_error("--group: %ld is not 32, 64 or 128", x);
             o.group = (int)x;
         } else
-            return cli_usage_error("mkmodel: unknown option '%s' (try --help)", f);
+            return cli_unknown_option("mkmodel", f, help);
     }
     if (!o.preset) return cli_usage_error("mkmodel: --preset is required (tiny or qwen3-0.6b)");
     if (strcmp(o.preset, "tiny") && strcmp(o.preset, "qwen3-0.6b"))

@@ -14,7 +14,7 @@
 
 static const char help[] =
     "usage: isobatch probe [--backend cpu|cuda|scalar|avx2|avx512|neon] [-m DIR] [--op NAME] [--json] [--inject FAULT]\n"
-    "         [--threads N] [--batch-sizes L] [--tokens L] [--positions L] [--seed S] [--failures-only]\n"
+    "         [--threads N] [--batch-sizes L] [--tokens L] [--positions L] [--seed S] [--verbose]\n"
     "\n"
     "Runs every op alone over [B,H,T,D] shapes, B in {1,2,3,4,8,16,33}, T in {1,2,7,64}, positions\n"
     "{0,1,148,4095}, and checks bitwise: identical input rows give identical output rows; row i of a\n"
@@ -35,7 +35,8 @@ static const char help[] =
     "                    B=1 reference runs use one\n"
     "  --batch-sizes L, --tokens L, --positions L   comma lists replacing the default axes (for quick runs)\n"
     "  --seed S          input data seed (default 1)\n"
-    "  --failures-only   print only failing rows of the table (the summary lists every op)\n";
+    "  --verbose         print every case's row of the table (by default: only failing rows, then the\n"
+    "                    per-op summary; --failures-only is that default)\n";
 
 /* Parse "1,2,3" into a new array (values in [lo, hi]); 2 after an error message. */
 static int parse_list(const char *flag, const char *s, long lo, long hi, int **out, int *n) {
@@ -258,7 +259,7 @@ int cmd_probe(int argc, char **argv) {
     if (po.threads < 2) po.threads = 2;
     const char *backend = "cpu", *model_dir = NULL;
     int *Bs = NULL, *Ts = NULL, *Ps = NULL, rc = 0, list = 0;
-    pctx p = {0};
+    pctx p = {.failures_only = 1}; /* every row with --verbose */
     for (int i = 1; i < argc && !rc; i++) {
         const char *f = argv[i], *v = NULL;
         long n;
@@ -276,7 +277,8 @@ int cmd_probe(int argc, char **argv) {
         }
         else if (!strcmp(f, "--json")) p.json = 1;
         else if (!strcmp(f, "--failures-only")) p.failures_only = 1;
-        else if (!strcmp(f, "--threads")) {
+        else if (!strcmp(f, "--verbose") || !strcmp(f, "-v")) p.failures_only = 0;
+        else if ((!strcmp(f, "--threads") || !strcmp(f, "-t"))) {
             if (!VAL() || cli_int(f, v, 1, 256, &n)) rc = 2;
             else po.threads = (int)n;
         }
@@ -285,7 +287,7 @@ int cmd_probe(int argc, char **argv) {
         else if (!strcmp(f, "--tokens")) rc = VAL() ? parse_list(f, v, 1, 4096, &Ts, &po.n_T) : 2;
         else if (!strcmp(f, "--positions")) rc = VAL() ? parse_list(f, v, 0, 1 << 20, &Ps, &po.n_pos) : 2;
         else if (!strcmp(f, "--inject")) rc = VAL() ? cli_inject(v) : 2;
-        else rc = cli_usage_error("probe: unknown option '%s' (try --help)", f);
+        else rc = cli_unknown_option("probe", f, help);
 #undef VAL
     }
     if (rc) goto out;

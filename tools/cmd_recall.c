@@ -15,7 +15,7 @@
 
 static const char help[] =
     "usage: isobatch recall [-m DIR] [--sessions N] [--length L] [--batch B] [--threads N] [--isa I]\n"
-    "         [--act A] [--spec FILE] [--first-case K] [--words heldout|train] [--json] [--inject FAULT]\n"
+    "         [--act A] [--spec FILE] [--first-case K] [--words heldout|train] [--json] [--progress] [--inject FAULT]\n"
     "\n"
     "Builds N needle-in-a-haystack benchmark cases (spec/needle.md: held-out words, seeds\n"
     "benchmark_seed_base + K + i, each document at most L tokens), decodes each greedily alone and then\n"
@@ -38,6 +38,8 @@ static const char help[] =
     "  --words W         heldout (the benchmark, default) or train: code words the model was trained on,\n"
     "                    a diagnostic for models that only retrieve those (not a recall benchmark)\n"
     "  --json            one JSON object\n"
+    "  --progress        cases done and the running recall on stderr as they finish (the default when\n"
+    "                    stderr is a terminal; --no-progress turns it off)\n"
     "  --inject FAULT    test-only: break a kernel on purpose (see `isobatch generate --help`)\n";
 
 /* Default spec path: ./spec/needle.json, else <dir of the executable>/../spec/needle.json. */
@@ -100,13 +102,21 @@ static json_t *mode_json(const ib_recall_mode *m, int n) {
                      rate(m));
 }
 
+/* Progress on stderr: one line rewritten in place ("\r") as cases finish, ended by a newline when a
+ * mode is done. */
+static void show_progress(void *ctx, const char *mode, int done, int n, int ok) {
+    fprintf(stderr, "\rrecall: %-10s %d/%d cases done, running recall %d/%d", mode, done, n, ok, done);
+    if (done == n) fputc('\n', stderr);
+    fflush(stderr);
+}
+
 int cmd_recall(int argc, char **argv) {
     const char *dir = NULL, *spec_path = NULL;
     long sessions = 8, length = 512, batch = 0, threads = sysconf(_SC_NPROCESSORS_ONLN), first = 0, max_step = 0;
     ib_isa isa = IB_ISA_AUTO;
     ib_backend_kind backend = IB_BACKEND_CPU;
     ib_act act = IB_ACT_AUTO;
-    int json = 0, rc = 0, train_words = 0;
+    int json = 0, rc = 0, train_words = 0, progress = isatty(2); /* progress on a terminal by default */
     if (threads < 1) threads = 1;
     ib_model *m = NULL;
     ib_needle_spec *sp = NULL;
@@ -124,7 +134,7 @@ int cmd_recall(int argc, char **argv) {
         else if (!strcmp(f, "--sessions")) rc = VAL() ? cli_int(f, v, 1, 4096, &sessions) : 2;
         else if (!strcmp(f, "--length")) rc = VAL() ? cli_int(f, v, 16, 1 << 20, &length) : 2;
         else if (!strcmp(f, "--batch")) rc = VAL() ? cli_int(f, v, 1, 4096, &batch) : 2;
-        else if (!strcmp(f, "--threads")) rc = VAL() ? cli_int(f, v, 1, 256, &threads) : 2;
+        else if ((!strcmp(f, "--threads") || !strcmp(f, "-t"))) rc = VAL() ? cli_int(f, v, 1, 256, &threads) : 2;
         else if (!strcmp(f, "--max-step-tokens")) rc = VAL() ? cli_int(f, v, 1, 1 << 20, &max_step) : 2;
         else if (!strcmp(f, "--first-case")) rc = VAL() ? cli_int(f, v, 0, 1L << 40, &first) : 2;
         else if (!strcmp(f, "--spec")) rc = VAL() ? (spec_path = v, 0) : 2;
@@ -138,8 +148,10 @@ int cmd_recall(int argc, char **argv) {
         else if (!strcmp(f, "--act")) {
             rc = VAL() ? cli_act(v, &act) : 2;
         } else if (!strcmp(f, "--json")) json = 1;
+        else if (!strcmp(f, "--progress")) progress = 1;
+        else if (!strcmp(f, "--no-progress")) progress = 0;
         else if (!strcmp(f, "--inject")) rc = VAL() ? cli_inject(v) : 2;
-        else rc = cli_usage_error("recall: unknown option '%s' (try --help)", f);
+        else rc = cli_unknown_option("recall", f, help);
 #undef VAL
     }
     if (rc) return rc;
@@ -163,7 +175,8 @@ int cmd_recall(int argc, char **argv) {
             rc = cli_error("%s", err.msg);
             goto out;
         }
-    ib_recall_opts o = {.batch = (int)batch, .threads = (int)threads, .isa = isa, .act = act, .backend = backend, .max_step_tokens = (int)max_step};
+    ib_recall_opts o = {.batch = (int)batch, .threads = (int)threads, .isa = isa, .act = act, .backend = backend,
+                        .max_step_tokens = (int)max_step, .progress = progress ? show_progress : NULL};
     if (ib_recall_run(m, cases, (int)sessions, &o, &r, &err)) {
         rc = cli_error("%s", err.msg);
         goto out;

@@ -13,7 +13,8 @@
 static const char help[] =
     "usage: isobatch serve [-m DIR] [--host 127.0.0.1] [--port N] [--max-batch B] [--max-sessions N]\n"
     "                      [--kv full|window:W|sink:S,window:W] [--memory-budget SIZE] [--threads T] [--api-key KEY]...\n"
-    "  --host ADDR            IPv4 address to bind (default 127.0.0.1: this machine only)\n"
+    "  --host ADDR            IPv4 or IPv6 address to bind (default 127.0.0.1: this machine only;\n"
+    "                         ::1 or [::1] for IPv6 loopback, :: or 0.0.0.0 for every interface)\n"
     "  --port N               TCP port (default 8080; 0 = any free port, see --port-file)\n"
     "  --port-file F          write the bound port to F once listening\n"
     "  --model-id NAME        the model name clients use (default: the directory's name)\n"
@@ -38,6 +39,8 @@ static const char help[] =
     "  --max-connections N    open connections (default 256)\n"
     "  --timeout S            longest generation, queue wait included (default 300)\n"
     "  --idle-timeout S       close a connection idle this long while sending its request (default 30)\n"
+    "  --cors-origin ORIGIN   Access-Control-Allow-Origin of every response (default *; none: no CORS)\n"
+    "  --no-request-log       do not log one line per request on stderr (id, method, path, status, ms)\n"
     "  --inject FAULT         tests only: serve with a deliberate invariance bug (see generate --help)\n"
     "  --token-delay-ms N     tests only: sleep N ms on each generated token (a slow model)\n";
 
@@ -87,7 +90,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(f, "--max-queue")) rc = VAL() ? cli_int(f, v, 0, 100000, &queue) : 2;
         else if (!strcmp(f, "--max-sessions")) rc = VAL() ? cli_int(f, v, 1, 1000000, &sessions) : 2;
         else if (!strcmp(f, "--session-context")) rc = VAL() ? cli_int(f, v, 1, 1 << 24, &sctx) : 2;
-        else if (!strcmp(f, "--threads")) rc = VAL() ? cli_int(f, v, 1, 256, &threads) : 2;
+        else if ((!strcmp(f, "--threads") || !strcmp(f, "-t"))) rc = VAL() ? cli_int(f, v, 1, 256, &threads) : 2;
         else if (!strcmp(f, "--max-body")) rc = VAL() ? cli_int(f, v, 1, 1L << 30, &body) : 2;
         else if (!strcmp(f, "--max-prompt-tokens")) rc = VAL() ? cli_int(f, v, 1, 1 << 24, &maxp) : 2;
         else if (!strcmp(f, "--max-tokens")) rc = VAL() ? cli_int(f, v, 1, 1 << 24, &maxt) : 2;
@@ -116,8 +119,14 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(f, "--backend")) rc = VAL() ? cli_backend(v, &o.backend) : 2;
         else if (!strcmp(f, "--act")) {
             rc = VAL() ? cli_act(v, &o.act) : 2;
-        } else
-            rc = cli_usage_error("serve: unknown option '%s' (try --help)", f);
+        } else if (!strcmp(f, "--cors-origin")) {
+            if (!VAL()) rc = 2;
+            else if (!*v || strlen(v) > 200 || strpbrk(v, "\r\n"))
+                rc = cli_usage_error("--cors-origin: '%s' is not an origin (e.g. https://app.example, *, none)", v);
+            else o.cors_origin = strcmp(v, "none") ? v : NULL;
+        } else if (!strcmp(f, "--no-request-log")) o.request_log = 0;
+        else
+            rc = cli_unknown_option("serve", f, help);
 #undef VAL
     }
     if (rc) return rc;

@@ -252,7 +252,7 @@ int cmd_tokenize(int argc, char **argv) {
             else if (f[2] == 'm') messages = v;
             else ins[n_in++] = v;
         } else if (f[0] == '-' && f[1]) {
-            rc = cli_usage_error("tokenize: unknown option '%s' (try --help)", f);
+            rc = cli_unknown_option("tokenize", f, help_tok);
         } else if (text) {
             rc = cli_usage_error("tokenize: one TEXT argument only (quote it, or use --file)");
         } else {
@@ -349,7 +349,7 @@ int cmd_detokenize(int argc, char **argv) {
             else if (f[1] == 'm') dir = v;
             else file = v;
         } else if (f[0] == '-' && f[1] && !(f[1] >= '0' && f[1] <= '9')) {
-            rc = cli_usage_error("detokenize: unknown option '%s' (try --help)", f);
+            rc = cli_unknown_option("detokenize", f, help_detok);
         } else {
             rc = parse_ids(f, &ids, &n, &cap);
         }

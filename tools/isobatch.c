@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "isobatch.h"
 
 static const char usage[] =
     "usage: isobatch <command> [options]\n"
@@ -23,18 +24,28 @@ static const char usage[] =
     "  recall     multi-tenant needle recall, batched vs serialized (diagnostics)\n"
     "  accuracy   the engine's logits vs a float64 reference forward pass, per activation mode\n"
     "\n"
-    "`isobatch <command> --help` lists a command's options.\n";
+    "`isobatch <command> --help` lists a command's options; `isobatch --version` the version.\n";
+
+/* --version: the version, and the kernels this build has and this CPU runs. */
+static int print_version(void) {
+    printf("isobatch %s (library %s)\nkernels:", IB_VERSION_STRING, ib_version());
+    for (ib_isa i = IB_ISA_SCALAR; i <= IB_ISA_NEON; i++)
+        if (ib_isa_supported(i)) printf(" %s", ib_isa_name(i));
+    printf(" (this CPU); activation modes f32, q8; KV f32, f16\nbackends: %s\n", ib_backends_compiled());
+    return 0;
+}
 
 int main(int argc, char **argv) {
+    char **split = NULL; /* --flag=value forms become --flag value for every command */
+    int n = cli_split_eq(argc, argv, &split);
+    if (n < 0) return cli_error("out of memory");
+    if (split) argc = n, argv = split; /* lives until exit */
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
-    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
-        printf("isobatch %s (backends: %s)\n", IB_VERSION_STRING, ib_backends_compiled());
-        return 0;
-    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version")) return print_version();
     if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "mkmodel")) return cmd_mkmodel(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);

@@ -173,6 +173,10 @@ typedef struct ib_recall_opts {
     ib_act act;
     ib_backend_kind backend;
     int max_step_tokens; /* 0 = enough to prefill `batch` whole prompts in one step (512 .. 16384) */
+    /* Called as each case finishes in each mode ("serialized", then "batched"): cases done of n and
+     * how many of those recalled the code. NULL = none. On the calling thread. */
+    void (*progress)(void *ctx, const char *mode, int done, int n, int recalled);
+    void *progress_ctx;
 } ib_recall_opts;
 
 typedef struct ib_recall_mode {

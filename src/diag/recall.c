@@ -483,8 +483,33 @@ static char *token_text(const ib_model *m, const int32_t *t, int n) {
     return b.s;
 }
 
+static int recalled(const ib_needle_case *c, const char *text);
+
+/* Progress of one mode: each case's tokens so far, to tell whether a finished case recalled. */
+typedef struct progress {
+    const ib_model *m;
+    const ib_needle_case *cases;
+    const ib_recall_opts *o;
+    const char *mode;
+    int n, done, ok;
+    int32_t **tok;   /* [n][limit[i]] */
+    int *n_tok;      /* [n] */
+} progress;
+
+/* ib_gen_opts.on_token: record the token; when its case ends, check it and report. */
+static void progress_token(void *ctx, int req, int32_t t, int done) {
+    progress *p = ctx;
+    if (p->tok[req]) p->tok[req][p->n_tok[req]++] = t;
+    if (!done) return;
+    char *text = p->tok[req] ? token_text(p->m, p->tok[req], p->n_tok[req]) : NULL;
+    p->done++;
+    p->ok += text && recalled(&p->cases[req], text);
+    free(text);
+    p->o->progress(p->o->progress_ctx, p->mode, p->done, p->n, p->ok);
+}
+
 /* One mode: every case through ib_generate (greedy, stop at eos) with `batch` sessions per step, case i
- * generating at most limit[i] tokens. */
+ * generating at most limit[i] tokens; progress reported when o->progress is set. */
 static ib_status run_mode(const ib_model *m, const ib_needle_case *cases, int n, const ib_recall_opts *o, int batch,
                           const int *limit, ib_gen_result *res, ib_gen_stats *st, ib_error *err) {
     ib_engine_opts eo = {.threads = o->threads, .isa = o->isa, .act = o->act, .backend = o->backend,
@@ -507,9 +532,22 @@ static ib_status run_mode(const ib_model *m, const ib_needle_case *cases, int n,
         ib_engine_free(e);
         return ib_fail(err, IB_ERR_NOMEM, "recall: out of memory");
     }
-    for (int i = 0; i < n; i++) rq[i] = (ib_gen_request){cases[i].ids, cases[i].n_ids, limit[i]};
+    for (int i = 0; i < n; i++) rq[i] = (ib_gen_request){.prompt = cases[i].ids, .n_prompt = cases[i].n_ids, .max_new_tokens = limit[i]};
     ib_gen_opts go = {.max_new_tokens = 1, .batch = batch, .stop_at_eos = 1, .sampling = ib_sampling_default()};
+    progress pg = {m, cases, o, batch == 1 ? "serialized" : "batched", n, 0, 0, NULL, NULL};
+    if (o->progress) {
+        pg.tok = calloc((size_t)n, sizeof *pg.tok);
+        pg.n_tok = calloc((size_t)n, sizeof *pg.n_tok);
+        for (int i = 0; pg.tok && i < n; i++) pg.tok[i] = malloc(((size_t)limit[i] + 1) * sizeof(int32_t));
+        if (pg.tok && pg.n_tok) {
+            go.on_token = progress_token;
+            go.on_token_ctx = &pg;
+        }
+    }
     rc = ib_generate(e, rq, n, &go, res, st, err);
+    for (int i = 0; pg.tok && i < n; i++) free(pg.tok[i]);
+    free(pg.tok);
+    free(pg.n_tok);
     free(rq);
     ib_engine_free(e);
     return rc;

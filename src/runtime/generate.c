@@ -20,10 +20,15 @@ typedef struct gen_row {
     gen_run *g;
     ib_session *s;
     int req;                  /* request index; -1 when idle */
+    uint64_t job;             /* the scheduler's id of its job */
+    int stopped;              /* a stop string ended the request (its job is being cancelled) */
+    char *text;               /* bytes of the tokens generated so far (requests with stop strings) */
+    size_t text_len, text_cap;
 } gen_row;
 
 /* What the rows share: the requests, the options and the results being filled. */
 struct gen_run {
+    const ib_model *m;
     const ib_gen_request *reqs;
     int n;
     const ib_gen_opts *o;
@@ -60,6 +65,32 @@ static int limit_of(const ib_gen_request *r, const ib_gen_opts *o) {
 
 static void on_event(void *ctx, const ib_sched_event *ev);
 
+/* Append token tok's bytes to the row's text and return the index of a stop string of rq that the
+ * text now contains in a position that reaches into these bytes (so each is found once, when it
+ * completes), or -1. -2 when out of memory. */
+static int stop_hit(const ib_model *m, gen_row *r, const ib_gen_request *rq, int32_t tok) {
+    char b[512];
+    int w = ib_token_bytes(m, tok, b, sizeof b);
+    if (w < 0) w = 0;
+    if (r->text_len + (size_t)w > r->text_cap) {
+        size_t nc = (r->text_len + (size_t)w) * 2 + 64;
+        char *t = realloc(r->text, nc);
+        if (!t) return -2;
+        r->text = t;
+        r->text_cap = nc;
+    }
+    size_t before = r->text_len;
+    memcpy(r->text + before, b, (size_t)w);
+    r->text_len += (size_t)w;
+    for (int i = 0; i < rq->n_stop; i++) {
+        size_t k = strlen(rq->stop[i]);
+        if (!k || k > r->text_len) continue;
+        size_t from = before + 1 > k ? before + 1 - k : 0; /* a match must end after `before` */
+        if (memmem(r->text + from, r->text_len - from, rq->stop[i], k)) return i;
+    }
+    return -1;
+}
+
 /* Give row r the next request that has tokens to generate (one with a limit of 0 needs no work: its
  * result stays empty, "length"), on the row's reset session; the row goes idle when none is left.
  * A submit failure (none is expected: the requests were validated) is recorded and stops the run. */
@@ -73,10 +104,13 @@ static void row_next(gen_row *r) {
         int lim = limit_of(rq, g->o);
         if (lim == 0) continue;
         ib_session_reset(r->s);
+        ib_session_set_sampling(r->s, rq->sampling ? rq->sampling : &g->o->sampling);
+        r->stopped = 0;
+        r->text_len = 0;
         ib_sched_job jb = {.session = r->s, .prompt = rq->prompt, .n_prompt = rq->n_prompt, .max_new_tokens = lim,
                            .stop_ids = &g->stop_id, .n_stop = g->n_stop, .on_event = on_event, .ctx = r};
         ib_error e2;
-        ib_status rc = ib_sched_submit(g->S, &jb, NULL, &e2);
+        ib_status rc = ib_sched_submit(g->S, &jb, &r->job, &e2);
         if (rc) {
             g->rc = ib_fail(g->err, rc, "generate: request %d: %s", q, e2.msg);
             ib_sched_stop(g->S);
@@ -88,16 +122,38 @@ static void row_next(gen_row *r) {
 }
 
 /* A job's event: a token goes into its request's result (digest of the row that chose it, the row
- * itself when keep_logits); the end sets the finish reason and hands the row the next request. */
+ * itself when keep_logits) and to on_token; a token completing a stop string ends the request
+ * ("stop": its job is cancelled). The end sets the finish reason and hands the row the next request. */
 static void on_event(void *ctx, const ib_sched_event *ev) {
     gen_row *r = ctx;
     gen_run *g = r->g;
-    ib_gen_result *res = &g->res[r->req];
+    const int req = r->req;
+    ib_gen_result *res = &g->res[req];
+    const ib_gen_request *rq = &g->reqs[req];
     const size_t row_bytes = (size_t)g->vocab * sizeof(float);
     if (!ev->done) {
+        if (r->stopped || g->rc) return;
         res->digest = ib_digest_bytes(res->digest, ev->logits, row_bytes);
         if (res->logits) memcpy(res->logits + (size_t)res->n_tokens * g->vocab, ev->logits, row_bytes);
         res->tokens[res->n_tokens++] = ev->token;
+        const int eos = g->n_stop && ev->token == g->stop_id;
+        int fin = res->n_tokens >= limit_of(rq, g->o) || eos;
+        if (rq->n_stop > 0 && !eos) {
+            int hit = stop_hit(g->m, r, rq, ev->token);
+            if (hit == -2) {
+                g->rc = ib_fail(g->err, IB_ERR_NOMEM, "generate: out of memory for stop strings");
+                ib_sched_stop(g->S);
+                return;
+            }
+            if (hit >= 0) {
+                fin = 1;
+                r->stopped = 1;
+                res->finish = "stop";
+                res->stop_string = hit;
+                ib_sched_cancel(g->S, r->job);
+            }
+        }
+        if (g->o->on_token) g->o->on_token(g->o->on_token_ctx, req, ev->token, fin);
         return;
     }
     if (!strcmp(ev->finish, "error")) {
@@ -105,7 +161,7 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
         ib_sched_stop(g->S);
     }
     if (g->rc) return; /* the run is over: the other jobs end "cancelled" */
-    res->finish = ev->finish; /* "stop" or "length": the only ends of a job nobody cancels */
+    if (!r->stopped) res->finish = ev->finish; /* "stop" or "length": the only ends of a job nobody cancels */
     row_next(r);
 }
 
@@ -118,6 +174,10 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
         return ib_fail(err, IB_ERR_INVALID_ARG, "generate: bad options (batch %d, max_new_tokens %d, prefill_chunk %d)",
                        o->batch, o->max_new_tokens, o->prefill_chunk);
     memset(res, 0, (size_t)n * sizeof *res);
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < reqs[i].n_stop; k++)
+            if (!reqs[i].stop || !reqs[i].stop[k] || !reqs[i].stop[k][0])
+                return ib_fail(err, IB_ERR_INVALID_ARG, "generate: request %d: stop string %d is NULL or empty", i, k);
     /* every check first: nothing runs when a request cannot fit or is malformed */
     int need = 1, longest = 1;
     for (int i = 0; i < n; i++) {
@@ -145,7 +205,7 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
     if (B > e->max_tokens) B = e->max_tokens;
     gen_row *rows = calloc((size_t)B, sizeof *rows);
     ib_status rc = IB_OK;
-    gen_run g = {.reqs = reqs, .n = n, .o = o, .vocab = V, .res = res, .stop_id = info->eos_id,
+    gen_run g = {.m = m, .reqs = reqs, .n = n, .o = o, .vocab = V, .res = res, .stop_id = info->eos_id,
                  .n_stop = o->stop_at_eos && info->eos_id >= 0, .err = err};
     if (!rows) {
         rc = ib_fail(err, IB_ERR_NOMEM, "generate: out of memory");
@@ -161,6 +221,7 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
     for (int i = 0; i < n; i++) {
         res[i].digest = IB_DIGEST_INIT;
         res[i].finish = "length";
+        res[i].stop_string = -1;
         int lim = limit_of(&reqs[i], o);
         res[i].tokens = malloc(((size_t)lim + 1) * sizeof(int32_t));
         if (o->keep_logits && lim > 0) res[i].logits = malloc((size_t)lim * V * sizeof(float));
@@ -184,11 +245,14 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
         stats->prompt_tokens = (long)st.tokens_prefilled;
         stats->generated_tokens = (long)st.tokens_generated;
         stats->steps = (int)st.steps;
+        stats->prefill_seconds = st.prefill_seconds;
+        stats->decode_seconds = st.step_seconds - st.prefill_seconds;
+        stats->decode_tokens = (long)st.decode_tokens;
     }
 done:
     ib_sched_free(g.S); /* after an error: cancels what is left, on this thread */
     if (rows)
-        for (int b = 0; b < B; b++) ib_session_free(rows[b].s);
+        for (int b = 0; b < B; b++) ib_session_free(rows[b].s), free(rows[b].text);
     free(rows);
     if (rc) ib_gen_results_free(res, n);
     return rc;

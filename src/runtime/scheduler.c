@@ -32,6 +32,14 @@ typedef struct job {
     int cancel;               /* set under the lock by ib_sched_cancel */
     const char *finish;       /* set when the job ends */
     float *logits;            /* [V] */
+    int32_t *bias_ids;        /* [n_bias] logit_bias: ids (owned copy) */
+    float *bias;              /* [n_bias] values added to those logits before the draw */
+    int n_bias;
+    int (*constrain)(void *ctx, float *logits, int vocab);
+    void *constrain_ctx;
+    float *raw;               /* [V] the raw row while a constraint masks it (constrain only) */
+    double t_submit;          /* when submitted (CLOCK_MONOTONIC seconds) */
+    double queued_s;          /* seconds it waited for a batch slot (set when admitted) */
     struct job *qnext;        /* wait queue link */
 } job;
 
@@ -135,13 +143,16 @@ static void job_free(job *j) {
     free(j->prompt);
     free(j->stops);
     free(j->logits);
+    free(j->bias_ids);
+    free(j->bias);
+    free(j->raw);
     free(j);
 }
 
 /* Report DONE for j (outside the lock) and free it; status and msg describe an "error" end. */
 static void job_finish(job *j, const char *finish, ib_status status, const char *msg) {
     ib_sched_event ev = {.done = 1, .token = -1, .finish = finish, .prompt_fed = j->fed, .generated = j->generated,
-                         .status = status, .message = msg};
+                         .status = status, .message = msg, .queue_seconds = j->queued_s};
     if (j->fn) j->fn(j->ctx, &ev);
     job_free(j);
 }
@@ -184,7 +195,23 @@ static void sample_task(void *ctx, int i, int thread) {
     d->outcome = DRAW_NO_ROOM;
     if (j->generated >= j->max_new) return;
     d->outcome = DRAW_TOKEN;
+    /* logit_bias: added to the job's own logits row for the draw only, then the raw values are put
+     * back, so logprobs stay those of the raw logits. Bias values and order are the job's alone. */
+    float saved[IB_MAX_LOGIT_BIAS];
+    if (j->constrain) memcpy(j->raw, j->logits, (size_t)V * sizeof(float));
+    for (int k = 0; k < j->n_bias; k++) {
+        saved[k] = j->logits[j->bias_ids[k]];
+        j->logits[j->bias_ids[k]] = saved[k] + j->bias[k];
+    }
+    if (j->constrain && j->constrain(j->constrain_ctx, j->logits, V) == 0) { /* nothing left: unconstrained */
+        memcpy(j->logits, j->raw, (size_t)V * sizeof(float));
+        for (int k = 0; k < j->n_bias; k++) j->logits[j->bias_ids[k]] += j->bias[k];
+    }
     d->tok = ib_sample(j->s, j->logits);
+    if (j->constrain)
+        memcpy(j->logits, j->raw, (size_t)V * sizeof(float));
+    else
+        for (int k = j->n_bias - 1; k >= 0; k--) j->logits[j->bias_ids[k]] = saved[k];
     d->logprob = 0.0;
     d->n_top = 0;
     if (j->want_lp || j->top) {
@@ -210,6 +237,7 @@ static void run_loop(ib_sched *S) {
             S->qhead = j->qnext;
             if (!S->qhead) S->qtail = NULL;
             S->n_queued--;
+            j->queued_s = now_s() - j->t_submit;
             S->active[S->n_active++] = j;
         }
         if (S->stop) break;
@@ -289,7 +317,8 @@ static void run_loop(ib_sched *S) {
             int32_t t = d->tok;
             j->generated++;
             gen++;
-            ib_sched_event ev = {.done = 0, .token = t, .logprob = d->logprob, .logits = j->logits};
+            ib_sched_event ev = {.done = 0, .token = t, .logprob = d->logprob, .logits = j->logits,
+                                 .queue_seconds = j->queued_s};
             if (j->top) {
                 ev.n_top = d->n_top;
                 ev.top_ids = d->top_ids;
@@ -308,6 +337,8 @@ static void run_loop(ib_sched *S) {
         S->st.tokens_prefilled += pre;
         S->st.tokens_generated += gen;
         S->st.step_seconds += dt;
+        if (pre > 0) S->st.prefill_seconds += dt;
+        else S->st.decode_tokens += gen;
         int b = 0;
         while (b < 11 && dt * 1000.0 > ib_sched_hist_ms[b]) b++;
         S->st.step_hist[b]++;
@@ -439,9 +470,10 @@ void ib_sched_free(ib_sched *S) {
 ib_status ib_sched_submit(ib_sched *S, const ib_sched_job *jb, uint64_t *id, ib_error *err) {
     if (id) *id = 0;
     if (!jb || !jb->session || !jb->prompt || jb->n_prompt < 1 || jb->max_new_tokens < 0 || jb->n_stop < 0 ||
-        (jb->n_stop > 0 && !jb->stop_ids))
+        (jb->n_stop > 0 && !jb->stop_ids) || jb->n_logit_bias < 0 || jb->n_logit_bias > IB_MAX_LOGIT_BIAS ||
+        (jb->n_logit_bias > 0 && (!jb->logit_bias_ids || !jb->logit_bias)))
         return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: a job needs a session, a prompt of >= 1 token, "
-                                                "max_new_tokens >= 0");
+                                                "max_new_tokens >= 0, at most IB_MAX_LOGIT_BIAS biases");
     ib_session *s = jb->session;
     if (s->model != S->e->model) return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: session of another model");
     long need = (long)jb->n_prompt + (jb->max_new_tokens > 0 ? jb->max_new_tokens - 1 : 0);
@@ -453,9 +485,20 @@ ib_status ib_sched_submit(ib_sched *S, const ib_sched_job *jb, uint64_t *id, ib_
         if (jb->prompt[i] < 0 || jb->prompt[i] >= V)
             return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: prompt token %d is %d, outside [0, %d)", i,
                            jb->prompt[i], V);
+    for (int i = 0; i < jb->n_logit_bias; i++)
+        if (jb->logit_bias_ids[i] < 0 || jb->logit_bias_ids[i] >= V || !(jb->logit_bias[i] == jb->logit_bias[i]))
+            return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: logit bias %d: id %d outside [0, %d) or value NaN", i,
+                           jb->logit_bias_ids[i], V);
     job *j = calloc(1, sizeof *j);
     if (!j) return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
+    j->t_submit = now_s();
     j->s = s;
+    j->constrain = jb->constrain;
+    j->constrain_ctx = jb->constrain_ctx;
+    if (j->constrain && !(j->raw = malloc((size_t)V * sizeof(float)))) {
+        job_free(j);
+        return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
+    }
     j->n_prompt = jb->n_prompt;
     j->max_new = jb->max_new_tokens;
     j->n_stop = jb->n_stop;
@@ -469,6 +512,17 @@ ib_status ib_sched_submit(ib_sched *S, const ib_sched_job *jb, uint64_t *id, ib_
     if (!j->prompt || !j->stops || !j->logits) {
         job_free(j);
         return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
+    }
+    if (jb->n_logit_bias > 0) {
+        j->bias_ids = malloc((size_t)jb->n_logit_bias * sizeof *j->bias_ids);
+        j->bias = malloc((size_t)jb->n_logit_bias * sizeof *j->bias);
+        if (!j->bias_ids || !j->bias) {
+            job_free(j);
+            return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
+        }
+        memcpy(j->bias_ids, jb->logit_bias_ids, (size_t)jb->n_logit_bias * sizeof *j->bias_ids);
+        memcpy(j->bias, jb->logit_bias, (size_t)jb->n_logit_bias * sizeof *j->bias);
+        j->n_bias = jb->n_logit_bias;
     }
     memcpy(j->prompt, jb->prompt, (size_t)jb->n_prompt * sizeof(int32_t));
     if (jb->n_stop) memcpy(j->stops, jb->stop_ids, (size_t)jb->n_stop * sizeof(int32_t));

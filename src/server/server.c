@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "server/api.h"
 
 #define MAX_STOPS 4
 #define MAX_STOP_LEN 64
@@ -86,6 +87,10 @@ typedef struct gen {
     size_t emitted;           /* bytes already streamed */
     int lp_emitted;           /* tokens whose logprobs were streamed */
     int sent_role, sent_final, sent_done;
+    uint64_t seed;            /* the sampling seed used (reported: fresh when the request gave none) */
+    int want_json;            /* response_format json_object: decoding constrained to one JSON object */
+    ib_json_state json;       /* the JSON reader over the tokens generated so far (scheduler thread) */
+    double t_arrive, t_last;  /* when it was accepted; when its last token came (latency metrics) */
     char *out;                /* SSE bytes waiting to be written */
     size_t out_len, out_pos, out_cap;
 } gen;
@@ -108,8 +113,8 @@ struct server {
     double t_start;
     long long http_by_class[6];  /* responses by status class 1xx..5xx (index 1..5) */
     long long n_429;
-    double rate_t;            /* tokens/s gauge: time and count at the previous scrape */
-    long long rate_tokens;
+    ib_latency lat;           /* TTFT, inter-token and queue-time histograms, tokens/s (latency.c) */
+    ib_json_vocab jv;         /* the vocabulary's bytes, for response_format json_object */
 };
 
 static double now_s(void) {
@@ -136,6 +141,8 @@ ib_server_opts ib_server_opts_default(void) {
     o.timeout_s = 300;
     o.idle_timeout_s = 30;
     o.queue_wait_ms = 5000;
+    o.request_log = 1;
+    o.cors_origin = "*";
     return o;
 }
 
@@ -207,6 +214,7 @@ static enum MHD_Result send_text(server *S, struct MHD_Connection *c, unsigned c
     if (code / 100 >= 1 && code / 100 <= 5) S->http_by_class[code / 100]++;
     if (code == 429) S->n_429++;
     pthread_mutex_unlock(&S->mu);
+    ib_http_decorate(r, code);
     enum MHD_Result ret = MHD_queue_response(c, code, r);
     MHD_destroy_response(r);
     return ret;
@@ -278,11 +286,13 @@ typedef struct gen_params {
     int stream, include_usage, want_lp, top_lp;
     char *stops[MAX_STOPS];
     int n_stops;
+    ib_api_bias bias;         /* logit_bias */
 } gen_params;
 
 static void params_free(gen_params *p) {
     for (int i = 0; i < p->n_stops; i++) free(p->stops[i]);
     p->n_stops = 0;
+    ib_api_bias_free(&p->bias);
 }
 
 /* Parse the sampling, length, stream, stop and logprobs fields shared by every generating endpoint.
@@ -303,7 +313,7 @@ static int parse_params(server *S, json_t *b, int chat, int default_max, gen_par
     if (r) p->sp.top_p = (float)x;
     if ((r = get_num(b, "min_p", 0, 1, &x)) < 0) FAIL("min_p", "min_p must be a number in [0, 1]");
     if (r) p->sp.min_p = (float)x;
-    if ((r = get_int(b, "top_k", 0, 1 << 30, &n)) < 0) FAIL("top_k", "top_k must be an integer >= 0");
+    if ((r = get_int(b, "top_k", 0, 1 << 30, &n)) < 0) FAIL("top_k", "top_k must be an integer >= -1 (-1 or 0: off)");
     if (r) p->sp.top_k = (int)n;
     if ((r = get_num(b, "repetition_penalty", 0.01, 100, &x)) < 0)
         FAIL("repetition_penalty", "repetition_penalty must be a number in [0.01, 100]");
@@ -359,6 +369,10 @@ static int parse_params(server *S, json_t *b, int chat, int default_max, gen_par
         json_decref(st);
         if (bad) FAIL("stop", "stop: at most %d non-empty strings of at most %d bytes", MAX_STOPS, MAX_STOP_LEN);
     }
+    if (ib_api_logit_bias(b, S->info->vocab_size, &p->bias, param, msg, msz)) {
+        params_free(p);
+        return -1;
+    }
 #undef FAIL
     return 0;
 }
@@ -390,6 +404,21 @@ static void gen_unref(gen *g) {
 static void on_event(void *ctx, const ib_sched_event *ev) {
     gen *g = ctx;
     server *S = g->srv;
+    if (!ev->done) {
+        double t = now_s();
+        if (g->n == 0) /* only this thread appends tokens: g->n is stable here */
+            ib_latency_first(&S->lat, t - g->t_arrive, ev->queue_seconds);
+        else
+            ib_latency_next(&S->lat, t - g->t_last);
+        g->t_last = t;
+        ib_latency_token(&S->lat, t);
+        if (g->want_json) { /* advance the JSON reader past this token (its mask allowed it) */
+            int stop = 0;
+            for (int i = 0; i < g->n_stop_ids; i++) stop |= g->stop_ids[i] == ev->token;
+            for (size_t k = S->jv.off[ev->token]; !stop && k < S->jv.off[ev->token + 1]; k++)
+                if (ib_json_step(&g->json, (unsigned char)S->jv.bytes[k])) break;
+        }
+    }
     if (!ev->done && S->o.token_delay_ms > 0) nanosleep(&(struct timespec){S->o.token_delay_ms / 1000, (long)(S->o.token_delay_ms % 1000) * 1000000L}, NULL);
     if (ev->done) {
         if (g->own) {
@@ -615,6 +644,7 @@ static json_t *envelope(const gen *g, const char *object) {
     json_object_set_new(j, "object", json_string(object));
     json_object_set_new(j, "created", json_integer(g->created));
     json_object_set_new(j, "model", json_string(g->srv->model_id));
+    json_object_set_new(j, "seed", json_integer((json_int_t)g->seed));
     return j;
 }
 
@@ -806,6 +836,12 @@ static int client_gone(struct MHD_Connection *c) {
     return poll(&pf, 1, 0) == 1 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
+/* ib_sched_job.constrain of a response_format json_object generation (json_constraint.c). */
+static int json_constrain(void *ctx, float *logits, int vocab) {
+    gen *g = ctx;
+    return ib_json_mask(&g->json, &g->srv->jv, logits, vocab, g->stop_ids, g->n_stop_ids);
+}
+
 /* Start generation g on session s (prompt ids) and answer: an SSE stream, or wait and send the body.
  * Consumes the caller's reference to g. */
 static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids,
@@ -814,7 +850,9 @@ static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_s
     ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p->max_tokens,
                        .stop_ids = g->stop_ids, .n_stop = g->n_stop_ids, .want_logprobs = p->want_lp,
                        .top_logprobs = g->n_top,
-                       .on_event = on_event, .ctx = g};
+                       .on_event = on_event, .ctx = g,
+                       .logit_bias_ids = p->bias.ids, .logit_bias = p->bias.vals, .n_logit_bias = p->bias.n,
+                       .constrain = g->want_json ? json_constrain : NULL, .constrain_ctx = g};
     g->refs = 2; /* the connection, the scheduler */
     ib_error err;
     uint64_t id;
@@ -845,6 +883,7 @@ static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_s
         }
         MHD_add_response_header(r, "Content-Type", "text/event-stream");
         MHD_add_response_header(r, "Cache-Control", "no-cache");
+        ib_http_decorate(r, 200);
         pthread_mutex_lock(&S->mu);
         S->http_by_class[2]++;
         pthread_mutex_unlock(&S->mu);
@@ -906,6 +945,8 @@ static gen *gen_new(server *S, int chat, gen_params *p) {
     g->n_stops = p->n_stops;
     p->n_stops = 0;
     g->created = (long)time(NULL);
+    g->seed = p->sp.seed;
+    g->t_arrive = g->t_last = now_s();
     char hex[33];
     if (random_hex(S, hex, 12)) snprintf(hex, sizeof hex, "0");
     snprintf(g->id, sizeof g->id, "%s-%s", chat ? "chatcmpl" : "cmpl", hex);
@@ -949,10 +990,239 @@ static int check_model(server *S, struct MHD_Connection *c, json_t *b, enum MHD_
     return -1;
 }
 
+
+/* The request-field checks of api_request.c for endpoint ep: unknown or unimplemented fields, then
+ * the rewriting of accepted forms (content parts, top_k -1, a fresh seed). 0 when b may go on; else
+ * the 400 has been queued into *r. */
+static int check_request(server *S, struct MHD_Connection *c, json_t *b, ib_api_endpoint ep, enum MHD_Result *r) {
+    const char *param = NULL, *code = "invalid_value";
+    char msg[256];
+    if (ib_api_check_fields(b, ep, &param, &code, msg, sizeof msg) ||
+        ib_api_normalize(b, ep, &param, msg, sizeof msg)) {
+        *r = send_error(S, c, 400, "invalid_request_error", code, param, "%s", msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* Copy p with its own stop strings and bias (gen_new takes a params' stops); -1 when out of memory. */
+static int params_copy(const gen_params *p, gen_params *q) {
+    *q = *p;
+    q->n_stops = 0;
+    memset(&q->bias, 0, sizeof q->bias);
+    for (int i = 0; i < p->n_stops; i++) {
+        if (!(q->stops[i] = strdup(p->stops[i]))) {
+            params_free(q);
+            return -1;
+        }
+        q->n_stops = i + 1;
+    }
+    return 0;
+}
+
+/* POST /v1/completions whose prompt is a list of np prompts (strings, or arrays of token ids): one
+ * generation per prompt with the same parameters, all submitted at once so they batch together (each
+ * in its own session, so each is what it would be alone), answered as one body with choice i for
+ * prompt i and the usage of all. Not streamed (stream: true is refused with a 400). */
+static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection *c, json_t *b, int np) {
+    json_t *pr = json_object_get(b, "prompt");
+    if (np > S->o.max_batch + (S->o.max_queue > 0 ? S->o.max_queue : 0))
+        return BAD("prompt", "%d prompts: more than this server runs or queues at once (%d)", np,
+                   S->o.max_batch + (S->o.max_queue > 0 ? S->o.max_queue : 0));
+    gen_params p;
+    const char *param = NULL;
+    char msg[256];
+    if (parse_params(S, b, 0, 16, &p, &param, msg, sizeof msg)) return BAD(param, "%s", msg);
+    if (p.stream) {
+        params_free(&p);
+        return BAD("stream", "stream is not supported with several prompts: send one request per prompt to stream");
+    }
+    gen **gs = calloc((size_t)np, sizeof *gs);
+    if (!gs) {
+        params_free(&p);
+        return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    enum MHD_Result ret = MHD_YES;
+    int failed = 0, ng = 0;
+    for (int i = 0; i < np && !failed; i++) {
+        json_t *pi = json_array_get(pr, (size_t)i);
+        int32_t *ids = NULL;
+        int n_ids = 0, trc = 0;
+        if (json_is_string(pi)) {
+            ids = tokenize(S, json_string_value(pi), json_string_length(pi), IB_TOKENIZE_ADD_SPECIAL, &n_ids, &trc);
+        } else {
+            size_t nt = json_array_size(pi);
+            if (nt > (size_t)S->o.max_prompt_tokens) trc = -2;
+            else if (!(ids = malloc(nt * sizeof *ids))) trc = -1;
+            for (size_t k = 0; !trc && k < nt; k++) {
+                json_t *v = json_array_get(pi, k);
+                if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= S->info->vocab_size) {
+                    ret = BAD("prompt", "prompt[%d][%zu] must be a token id in [0, %d)", i, k, S->info->vocab_size);
+                    failed = 1;
+                    break;
+                }
+                ids[k] = (int32_t)json_integer_value(v);
+            }
+            n_ids = (int)nt;
+        }
+        if (failed) {
+            free(ids);
+            break;
+        }
+        const char *why = NULL;
+        if (trc == -1) ret = send_error(S, c, 500, "server_error", NULL, NULL, "tokenization failed"), why = "";
+        else if (trc == -2)
+            ret = send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", "prompt",
+                             "prompt %d has more than this server's limit of %d tokens", i, S->o.max_prompt_tokens),
+            why = "";
+        else if (n_ids < 1)
+            ret = BAD("prompt", "prompt %d is empty", i), why = "";
+        else if ((long)n_ids + p.max_tokens > S->info->max_context)
+            ret = send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
+                             "prompt %d: %d tokens + max_tokens %d exceed the model's context of %d", i, n_ids,
+                             p.max_tokens, S->info->max_context),
+            why = "";
+        if (why) {
+            free(ids);
+            failed = 1;
+            break;
+        }
+        int cap = n_ids + (p.max_tokens > 0 ? p.max_tokens : 1);
+        size_t bytes = (size_t)cap * kv_token_bytes(S);
+        int mrc = mem_reserve(S, bytes, 1);
+        if (mrc) {
+            free(ids);
+            ret = mrc == -2 ? send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", NULL,
+                                         "prompt %d needs %zu KV bytes, more than the memory budget of %zu", i, bytes,
+                                         S->o.memory_budget)
+                            : send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+                                         "the KV memory budget is in use; retry later");
+            failed = 1;
+            break;
+        }
+        ib_session_opts so = {.max_context = cap, .sampling = p.sp, .kv_dtype = S->o.kv_dtype, .backend = S->o.backend};
+        ib_session *s = NULL;
+        ib_error err;
+        gen_params q;
+        gen *g = NULL;
+        if (params_copy(&p, &q) || ib_session_create(S->m, &so, &s, &err) || !(g = gen_new(S, 0, &q))) {
+            if (s) ib_session_free(s);
+            params_free(&q);
+            free(ids);
+            mem_release(S, bytes);
+            ret = send_error(S, c, 500, "server_error", NULL, NULL, "cannot create a session");
+            failed = 1;
+            break;
+        }
+        params_free(&q);
+        g->own = s;
+        g->reserved = bytes;
+        g->n_prompt = n_ids;
+        if (S->info->eos_id >= 0) g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
+        ib_session_set_sampling(s, &p.sp);
+        ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p.max_tokens,
+                           .stop_ids = g->stop_ids, .n_stop = g->n_stop_ids, .want_logprobs = p.want_lp,
+                           .top_logprobs = g->n_top, .on_event = on_event, .ctx = g,
+                           .logit_bias_ids = p.bias.ids, .logit_bias = p.bias.vals, .n_logit_bias = p.bias.n};
+        g->refs = 2; /* the connection, the scheduler */
+        uint64_t id;
+        if (ib_sched_submit(S->sched, &jb, &id, &err)) {
+            ib_sched_event ev = {.done = 1, .finish = "error"};
+            on_event(g, &ev);
+            gen_unref(g);
+            free(ids);
+            ret = err.code == IB_ERR_STATE
+                      ? send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+                                   "the server is at capacity (%d running, queue full); retry later", S->o.max_batch)
+                      : send_error(S, c, 500, "server_error", NULL, NULL, "%s", err.msg);
+            failed = 1;
+            break;
+        }
+        free(ids);
+        pthread_mutex_lock(&g->mu);
+        g->job = id;
+        pthread_mutex_unlock(&g->mu);
+        gs[ng++] = g;
+    }
+    if (!failed) MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)S->o.timeout_s + 30u);
+    /* wait for every generation (a stop string, the time limit or the client leaving cancels) */
+    double t_end = now_s() + S->o.timeout_s;
+    int gone = 0;
+    for (int i = 0; i < ng; i++) {
+        gen *g = gs[i];
+        pthread_mutex_lock(&g->mu);
+        int cancelled = 0;
+        for (;;) {
+            render(g);
+            if (g->done) break;
+            if (!gone && client_gone(c)) gone = 1;
+            if (failed || g->stopped || gone || now_s() > t_end) {
+                if (!cancelled) ib_sched_cancel(S->sched, g->job);
+                cancelled = 1;
+            }
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            long long ns = ts.tv_nsec + 200000000LL;
+            ts.tv_sec += ns / 1000000000LL;
+            ts.tv_nsec = ns % 1000000000LL;
+            pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+        }
+        pthread_mutex_unlock(&g->mu);
+    }
+    if (!failed) {
+        json_t *choices = json_array();
+        long long pt = 0, ct = 0;
+        const char *bad = NULL;
+        for (int i = 0; i < ng; i++) {
+            gen *g = gs[i];
+            pthread_mutex_lock(&g->mu);
+            if (!strcmp(g->finish, "error")) bad = "error";
+            else if (!strcmp(g->finish, "cancelled") && !g->stopped && !bad) bad = "cancelled";
+            json_t *one = final_json(g);
+            pthread_mutex_unlock(&g->mu);
+            json_t *ch = json_incref(json_array_get(json_object_get(one, "choices"), 0));
+            json_object_set_new(ch, "index", json_integer(i));
+            json_array_append_new(choices, ch);
+            pt += g->n_prompt;
+            ct += g->n;
+            json_decref(one);
+        }
+        if (gone) {
+            json_decref(choices);
+            ret = MHD_NO;
+        } else if (bad) {
+            json_decref(choices);
+            ret = !strcmp(bad, "error") ? send_error(S, c, 500, "server_error", NULL, NULL, "generation failed")
+                                        : send_error(S, c, 504, "server_error", "timeout", NULL,
+                                                     "generation cancelled (time limit or shutdown)");
+        } else {
+            json_t *j = envelope(gs[0], "text_completion");
+            json_object_set_new(j, "choices", choices);
+            json_t *u = json_object();
+            json_object_set_new(u, "prompt_tokens", json_integer(pt));
+            json_object_set_new(u, "completion_tokens", json_integer(ct));
+            json_object_set_new(u, "total_tokens", json_integer(pt + ct));
+            json_object_set_new(j, "usage", u);
+            ret = send_json(S, c, 200, j, 0);
+        }
+    }
+    for (int i = 0; i < ng; i++) gen_unref(gs[i]);
+    free(gs);
+    params_free(&p);
+    return ret;
+}
+
 /* POST /v1/completions and /v1/chat/completions. */
 static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, int chat) {
     enum MHD_Result mr;
     if (check_model(S, c, b, &mr)) return mr;
+    if (check_request(S, c, b, chat ? IB_API_CHAT : IB_API_COMPLETIONS, &mr)) return mr;
+    if (!chat) {
+        char pmsg[256];
+        int np = ib_api_prompt_count(json_object_get(b, "prompt"), pmsg, sizeof pmsg);
+        if (np < 0) return BAD("prompt", "%s", pmsg);
+        if (np > 0) return handle_completions_multi(S, c, b, np);
+    }
     int32_t *ids = NULL;
     int n_ids = 0, trc = 0;
     if (chat) {
@@ -1022,7 +1292,8 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
                 n_ids = (int)np;
             }
         } else
-            return BAD("prompt", "prompt must be a string, a one-string array or a non-empty array of token ids");
+            return BAD("prompt", "prompt must be a string, a non-empty array of token ids, or a list of prompts "
+                                 "(strings or arrays of token ids)");
     }
     if (trc == -1) return send_error(S, c, 500, "server_error", NULL, NULL, "tokenization failed");
     if (trc == -2) {
@@ -1083,6 +1354,11 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
         g->n_stop_ids = ib_chat_stop_ids(S->m, g->stop_ids, MAX_STOP_IDS);
     else if (S->info->eos_id >= 0)
         g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
+    json_t *rf = chat ? json_object_get(json_object_get(b, "response_format"), "type") : NULL;
+    if (json_is_string(rf) && !strcmp(json_string_value(rf), "json_object")) {
+        g->want_json = 1;
+        ib_json_init(&g->json);
+    }
     enum MHD_Result r = run_gen(S, c, g, s, ids, n_ids, &p);
     free(ids);
     params_free(&p);
@@ -1193,6 +1469,11 @@ static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c
 }
 
 static enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c, sess *ss, json_t *b) {
+    {
+        const char *np = NULL;
+        char nmsg[256];
+        if (ib_api_normalize_messages(b, &np, nmsg, sizeof nmsg)) return BAD(np, "%s", nmsg);
+    }
     json_t *text = json_object_get(b, "text"), *toks = json_object_get(b, "tokens"), *msgs = json_object_get(b, "messages");
     int32_t *ids = NULL;
     int n = 0, trc = 0;
@@ -1277,6 +1558,8 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
     gen_params p;
     const char *param = NULL;
     char msg[256];
+    enum MHD_Result cr;
+    if (check_request(S, c, b, IB_API_SESSION_GENERATE, &cr)) return cr;
     if (parse_params(S, b, 0, 16, &p, &param, msg, sizeof msg)) return BAD(param, "%s", msg);
     int chat = 0;
     if (get_bool(b, "chat", &chat) < 0) {
@@ -1372,11 +1655,6 @@ static enum MHD_Result handle_metrics(server *S, struct MHD_Connection *c) {
     ib_sched_stats st;
     ib_sched_get_stats(S->sched, &st);
     pthread_mutex_lock(&S->mu);
-    double t = now_s();
-    double dt = t - S->rate_t;
-    double rate = dt > 0 ? (double)(st.tokens_generated - S->rate_tokens) / dt : 0;
-    S->rate_t = t;
-    S->rate_tokens = st.tokens_generated;
     int n_sessions = S->n_sessions;
     size_t kv = S->kv_used;
     long long cls[6];
@@ -1384,10 +1662,11 @@ static enum MHD_Result handle_metrics(server *S, struct MHD_Connection *c) {
     long long n429 = S->n_429;
     int waiters = S->mem_waiters;
     pthread_mutex_unlock(&S->mu);
-    char *buf = malloc(8192);
+    enum { CAP = 24576 };
+    char *buf = malloc(CAP);
     if (!buf) return MHD_NO;
     int k = 0;
-#define P(...) k += snprintf(buf + k, (size_t)(8192 - k), __VA_ARGS__)
+#define P(...) k += snprintf(buf + k, (size_t)(CAP - k), __VA_ARGS__)
     P("# HELP isobatch_sessions Stateful sessions held.\n# TYPE isobatch_sessions gauge\nisobatch_sessions %d\n", n_sessions);
     P("# HELP isobatch_jobs_active Generations being stepped.\n# TYPE isobatch_jobs_active gauge\nisobatch_jobs_active %d\n", st.active);
     P("# HELP isobatch_queue_length Generations waiting for a batch slot, and requests waiting for KV memory.\n"
@@ -1398,8 +1677,7 @@ static enum MHD_Result handle_metrics(server *S, struct MHD_Connection *c) {
       "isobatch_tokens_generated_total %lld\n", st.tokens_generated);
     P("# HELP isobatch_tokens_prefilled_total Prompt tokens fed.\n# TYPE isobatch_tokens_prefilled_total counter\n"
       "isobatch_tokens_prefilled_total %lld\n", st.tokens_prefilled);
-    P("# HELP isobatch_tokens_per_second Tokens generated per second since the previous scrape.\n"
-      "# TYPE isobatch_tokens_per_second gauge\nisobatch_tokens_per_second %.3f\n", rate);
+    ib_latency_format(&S->lat, now_s(), buf, &k, CAP);
     P("# HELP isobatch_kv_bytes KV cache bytes reserved by live sessions.\n# TYPE isobatch_kv_bytes gauge\nisobatch_kv_bytes %zu\n", kv);
     P("# HELP isobatch_kv_budget_bytes The memory budget (0 = none).\n# TYPE isobatch_kv_budget_bytes gauge\n"
       "isobatch_kv_budget_bytes %zu\n", S->o.memory_budget);
@@ -1422,12 +1700,7 @@ static enum MHD_Result handle_metrics(server *S, struct MHD_Connection *c) {
 }
 
 static enum MHD_Result handle_models(server *S, struct MHD_Connection *c) {
-    json_t *m = json_object();
-    json_object_set_new(m, "id", json_string(S->model_id));
-    json_object_set_new(m, "object", json_string("model"));
-    json_object_set_new(m, "created", json_integer(0));
-    json_object_set_new(m, "owned_by", json_string("isobatch"));
-    json_object_set_new(m, "context_length", json_integer(S->info->max_context));
+    json_t *m = ib_api_model_json(S->model_id, S->info);
     json_t *d = json_array();
     json_array_append_new(d, m);
     json_t *j = json_object();
@@ -1460,8 +1733,74 @@ static const char *tenant_of(server *S, struct MHD_Connection *c) {
     return NULL;
 }
 
+/* The endpoints added beside the core ones (dispatch asks first): OPTIONS preflight, /health,
+ * GET /v1/models/{id}, POST /tokenize and /detokenize. Returns 1 and sets *r when it answered; the
+ * authenticated ones need tenant (non-NULL) and a parsed body. */
+static int dispatch_extra(server *S, struct MHD_Connection *c, const char *url, const char *method, conn *cn,
+                          enum MHD_Result *r) {
+    int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (!strcmp(method, "OPTIONS")) {
+        const char *allow = ib_http_allowed(url);
+        *r = allow ? send_text(S, c, 204, "text/plain", "", 0, 0)
+                   : send_error(S, c, 404, "invalid_request_error", "not_found", NULL, "unknown endpoint %s", url);
+        return 1;
+    }
+    if (!strcmp(url, "/health")) {
+        *r = get ? send_text(S, c, 200, "application/json", "{\"status\":\"ok\"}", 15, 0)
+                 : send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use GET");
+        return 1;
+    }
+    int models = !strncmp(url, "/v1/models/", 11), tok = !strcmp(url, "/tokenize"), detok = !strcmp(url, "/detokenize");
+    if (!models && !tok && !detok) return 0;
+    if (!tenant_of(S, c)) {
+        *r = send_error(S, c, 401, "invalid_request_error", "invalid_api_key", NULL,
+                        "Incorrect or missing API key: send Authorization: Bearer <key>");
+        return 1;
+    }
+    if (models) {
+        if (!get) *r = send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use GET");
+        else if (strcmp(url + 11, S->model_id))
+            *r = send_error(S, c, 404, "invalid_request_error", "model_not_found", "model",
+                            "The model '%s' does not exist (this server serves '%s')", url + 11, S->model_id);
+        else
+            *r = send_json(S, c, 200, ib_api_model_json(S->model_id, S->info), 0);
+        return 1;
+    }
+    if (!post) {
+        *r = send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use POST");
+        return 1;
+    }
+    if (cn->too_big) {
+        *r = send_error(S, c, 413, "invalid_request_error", "request_too_large", NULL,
+                        "the request body exceeds this server's limit of %zu bytes", S->o.max_body);
+        return 1;
+    }
+    json_error_t je;
+    json_t *b = json_loadb(cn->body ? cn->body : "", cn->len, 0, &je);
+    if (!json_is_object(b)) {
+        *r = send_error(S, c, 400, "invalid_request_error", "invalid_json", NULL,
+                        b ? "the body must be a JSON object" : "the body is not valid JSON: %s", je.text);
+        json_decref(b);
+        return 1;
+    }
+    const char *param = NULL;
+    char msg[256];
+    json_t *out = NULL;
+    if (tok && ib_api_normalize_messages(b, &param, msg, sizeof msg) == 0 &&
+        ib_api_tokenize(S->m, b, S->o.max_prompt_tokens, &out, &param, msg, sizeof msg) == 0)
+        *r = send_json(S, c, 200, out, 0);
+    else if (detok && ib_api_detokenize(S->m, b, &out, &param, msg, sizeof msg) == 0)
+        *r = send_json(S, c, 200, out, 0);
+    else
+        *r = BAD(param, "%s", msg);
+    json_decref(b);
+    return 1;
+}
+
 static enum MHD_Result dispatch(server *S, struct MHD_Connection *c, const char *url, const char *method, conn *cn) {
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST"), del = !strcmp(method, "DELETE");
+    enum MHD_Result xr;
+    if (dispatch_extra(S, c, url, method, cn, &xr)) return xr;
     if (!strcmp(url, "/healthz")) {
         if (!get) return send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use GET");
         return send_text(S, c, 200, "application/json", "{\"status\":\"ok\"}", 15, 0);
@@ -1538,6 +1877,7 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char
     if (!cn) {
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         *con_cls = cn;
+        ib_http_request_begin(c, method, url);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > S->o.max_body) cn->too_big = 1;
         if (cn->too_big)
@@ -1576,6 +1916,7 @@ static void completed_cb(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (cn) {
         free(cn->body);
         free(cn);
+        ib_http_request_end();
     }
     *con_cls = NULL;
 }
@@ -1587,6 +1928,7 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     server *S = calloc(1, sizeof *S);
     if (!S) return ib_fail(err, IB_ERR_NOMEM, "serve: out of memory");
     ib_status rc = IB_OK;
+    int lat_init = 0;
     S->o = *o;
     S->urandom = -1;
     pthread_mutex_init(&S->mu, NULL);
@@ -1601,6 +1943,10 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     }
     if ((rc = ib_model_load(o->model_dir, NULL, &S->m, err))) goto done;
     S->info = ib_model_get_info(S->m);
+    if (ib_json_vocab_init(&S->jv, S->m)) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "serve: out of memory");
+        goto done;
+    }
     if (o->model_id)
         snprintf(S->model_id, sizeof S->model_id, "%s", o->model_id);
     else {
@@ -1622,18 +1968,19 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
         rc = ib_fail(err, IB_ERR_NOMEM, "serve: out of memory");
         goto done;
     }
-    struct sockaddr_in addr;
-    memset(&addr, 0, sizeof addr);
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons((uint16_t)o->port);
+    struct sockaddr_storage addr;
+    int v6 = 0;
     const char *host = o->host ? o->host : "127.0.0.1";
-    if (!strcmp(host, "localhost")) host = "127.0.0.1";
-    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) {
-        rc = ib_fail(err, IB_ERR_INVALID_ARG, "serve: --host %s: not an IPv4 address", host);
+    if (ib_http_bind_addr(host, o->port, &addr, &v6)) {
+        rc = ib_fail(err, IB_ERR_INVALID_ARG, "serve: --host %s: not an IPv4 or IPv6 address", host);
         goto done;
     }
-    S->t_start = S->rate_t = now_s();
-    S->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)o->port, NULL,
+    S->t_start = now_s();
+    ib_latency_init(&S->lat, S->t_start);
+    lat_init = 1;
+    ib_http_configure(o->request_log ? log : NULL, o->cors_origin);
+    S->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | (v6 ? MHD_USE_IPv6 : 0),
+                            (uint16_t)o->port, NULL,
                             NULL, access_cb, S, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)o->idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
@@ -1645,8 +1992,10 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(S->d, MHD_DAEMON_INFO_BIND_PORT);
     int port = di ? di->port : o->port;
     if (log) {
+        char shown[80]; /* an IPv6 address goes in brackets in a URL */
+        snprintf(shown, sizeof shown, v6 && host[0] != '[' ? "[%s]" : "%s", host);
         fprintf(log, "isobatch serve: model '%s' (%s), http://%s:%d, batch %d, %d threads, ISA %s%s\n", S->model_id,
-                S->info->arch, host, port, o->max_batch, o->threads, ib_isa_name(ib_engine_isa(S->e)),
+                S->info->arch, shown, port, o->max_batch, o->threads, ib_isa_name(ib_engine_isa(S->e)),
                 o->n_api_keys ? ", API key required" : "");
         fflush(log);
     }
@@ -1676,6 +2025,9 @@ done:
     ib_engine_free(S->e);
     ib_model_free(S->m);
     if (S->urandom >= 0) close(S->urandom);
+    if (lat_init) ib_latency_destroy(&S->lat);
+    ib_json_vocab_free(&S->jv);
+    ib_http_configure(NULL, NULL);
     pthread_mutex_destroy(&S->mu);
     pthread_cond_destroy(&S->mem_cv);
     free(S);

@@ -13,7 +13,7 @@
 typedef struct ib_server_opts {
     const char *model_dir;
     const char *model_id;        /* the name /v1/models lists and requests must use; NULL = dir's basename */
-    const char *host;            /* IPv4 address to bind; NULL = 127.0.0.1 */
+    const char *host;            /* IPv4 or IPv6 address to bind ("::1", "[::]"); NULL = 127.0.0.1 */
     int port;                    /* 0 = any free port (see port_file) */
     const char *port_file;       /* when set, the bound port is written there once listening */
     int threads, max_batch, prefill_chunk, max_queue;
@@ -36,6 +36,9 @@ typedef struct ib_server_opts {
     ib_kv_dtype kv_dtype;        /* every session's KV element type (f16: half the memory) */
     int token_delay_ms;          /* tests only: the scheduler sleeps this long on each token (a slow
                                   * model, so a test can hold a batch slot for as long as it needs) */
+    int request_log;             /* one line per request on the log: time, request id, method, path,
+                                  * status, milliseconds */
+    const char *cors_origin;     /* Access-Control-Allow-Origin of every response; NULL or "" = none */
 } ib_server_opts;
 
 /* Defaults for every field (model_dir NULL). */

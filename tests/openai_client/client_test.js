@@ -28,6 +28,8 @@ async function main() {
   const greedy = { model, prompt: "Hello there, isobatch", max_tokens: 24, temperature: 0, logprobs: 1 };
   const seeded = { model, prompt: "A seeded story:", max_tokens: 24, temperature: 0.9, top_p: 0.95, seed: 42, logprobs: 1 };
   const chatReq = { model, messages: [{ role: "user", content: "Say something." }], max_tokens: 16, temperature: 0.7, seed: 7, logprobs: true };
+  const jsonReq = { model, messages: [{ role: "user", content: "Answer in JSON." }], max_tokens: 48, temperature: 0.8, seed: 11,
+                    logprobs: true, response_format: { type: "json_object" } };
 
   const c1 = await client.completions.create(greedy);
   check("completions: text and usage", typeof c1.choices[0].text === "string" && c1.usage.completion_tokens > 0 &&
@@ -65,10 +67,44 @@ async function main() {
   try { await client.completions.create({ ...greedy, max_tokens: "many" }); check("wrong type", false, "accepted"); }
   catch (e) { check("wrong type -> 400 BadRequestError", e instanceof OpenAI.BadRequestError && e.param === "max_tokens", String(e)); }
 
+  // what users touch: reported seeds, fields refused by name, logit_bias, content parts, several prompts
+  const m1 = await client.models.retrieve(model);
+  check("models.retrieve", m1.id === model && m1.object === "model", JSON.stringify(m1));
+  const u1 = await client.completions.create({ model, prompt: "Unseeded:", max_tokens: 16, temperature: 1, logprobs: 1 });
+  const u2 = await client.completions.create({ model, prompt: "Unseeded:", max_tokens: 16, temperature: 1, logprobs: 1 });
+  check("unseeded: a fresh seed each time, reported", Number.isSafeInteger(u1.seed) && Number.isSafeInteger(u2.seed) &&
+        u1.seed !== u2.seed && fingerprint(u1) !== fingerprint(u2), JSON.stringify([u1.seed, u2.seed]));
+  const u3 = await client.completions.create({ model, prompt: "Unseeded:", max_tokens: 16, temperature: 1, logprobs: 1, seed: u1.seed });
+  check("unseeded: the reported seed reproduces the answer", fingerprint(u3) === fingerprint(u1), fingerprint(u3) + " vs " + fingerprint(u1));
+  async function refused(name, p, param) {
+    try { await p; check(name, false, "accepted"); }
+    catch (e) { check(name + " -> 400 naming " + param, e instanceof OpenAI.BadRequestError && e.param === param, String(e) + " param " + e.param); }
+  }
+  const chatBase = { model, messages: [{ role: "user", content: "hi" }], max_tokens: 4 };
+  await refused("chat tools", client.chat.completions.create({ ...chatBase, tools: [{ type: "function", function: { name: "f", parameters: {} } }] }), "tools");
+  await refused("chat response_format json_schema", client.chat.completions.create({ ...chatBase, response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object" } } } }), "response_format");
+  await refused("completions echo", client.completions.create({ ...greedy, echo: true }), "echo");
+  await refused("completions best_of", client.completions.create({ ...greedy, best_of: 2 }), "best_of");
+  await refused("completions suffix", client.completions.create({ ...greedy, suffix: "!" }), "suffix");
+  await refused("unknown field", client.completions.create({ ...greedy, no_such_field: 1 }), "no_such_field");
+  await refused("max_tokens 0", client.completions.create({ ...greedy, max_tokens: 0 }), "max_tokens");
+  const lb = await client.completions.create({ ...greedy, max_tokens: 5, logit_bias: { "66": 100 } });
+  check("logit_bias", lb.choices[0].logprobs.token_ids.every((t) => t === 66) && lb.choices[0].text === "BBBBB", JSON.stringify(lb.choices[0]));
+  const parts = await client.chat.completions.create({ ...chatReq, messages: [{ role: "user", content: [{ type: "text", text: "Say " }, { type: "text", text: "something." }] }] });
+  check("chat content as text parts", fingerprint(parts) === fingerprint(ch1), fingerprint(parts) + " vs " + fingerprint(ch1));
+  const multi = await client.completions.create({ ...greedy, prompt: [greedy.prompt, "Another prompt"] });
+  const other = await client.completions.create({ ...greedy, prompt: "Another prompt" });
+  check("several prompts: one choice each, in order", multi.choices.length === 2 && multi.choices[0].index === 0 &&
+        multi.choices[0].text === c1.choices[0].text && multi.choices[1].text === other.choices[0].text &&
+        multi.usage.completion_tokens === c1.usage.completion_tokens + other.usage.completion_tokens, JSON.stringify(multi));
+  const tk = await client.completions.create({ ...greedy, top_k: -1 });
+  check("top_k -1 accepted (off)", fingerprint(tk) === fingerprint(c1));
+
   // invariance under load
   const aloneG = fingerprint(await client.completions.create(greedy));
   const aloneS = fingerprint(await client.completions.create(seeded));
   const aloneC = fingerprint(await client.chat.completions.create(chatReq));
+  const aloneJ = fingerprint(await client.chat.completions.create(jsonReq));
   const others = [];
   for (let i = 0; i < 31; i++) {
     const n = 1 + ((i * 37) % 120), mt = 4 + ((i * 13) % 40);
@@ -81,14 +117,16 @@ async function main() {
     }
   }
   await new Promise((r) => setTimeout(r, 30));
-  const [g, s, c] = await Promise.all([client.completions.create(greedy), client.completions.create(seeded),
-                                       client.chat.completions.create(chatReq)]);
+  const [g, s, c, jr] = await Promise.all([client.completions.create(greedy), client.completions.create(seeded),
+                                       client.chat.completions.create(chatReq), client.chat.completions.create(jsonReq)]);
   const res = await Promise.allSettled(others);
   check("31 concurrent requests all succeed", res.every((r) => r.status === "fulfilled"),
         JSON.stringify(res.filter((r) => r.status !== "fulfilled").map((r) => String(r.reason)).slice(0, 3)));
   check("invariance under load: greedy completion bitwise identical", fingerprint(g) === aloneG, fingerprint(g) + " vs " + aloneG);
   check("invariance under load: seeded sampling bitwise identical", fingerprint(s) === aloneS, fingerprint(s) + " vs " + aloneS);
   check("invariance under load: seeded chat bitwise identical", fingerprint(c) === aloneC, fingerprint(c) + " vs " + aloneC);
+  check("invariance under load: json_object chat bitwise identical", fingerprint(jr) === aloneJ, fingerprint(jr) + " vs " + aloneJ);
+  check("json_object: the reply is a JSON object or a prefix of one", jr.choices[0].message.content.trimStart().startsWith("{"), jr.choices[0].message.content);
   check("sampling differs from greedy", aloneS !== aloneG);
 }
 main().then(() => process.exit(fails ? 1 : 0), (e) => { console.log("FAIL client_test: " + (e.stack || e)); process.exit(1); });

@@ -1,0 +1,166 @@
+/*
+ * api.h — the server's OpenAI-facing request handling that needs no server state, and the HTTP
+ * decorations every response gets. Internal to src/server/.
+ *
+ *   api_request.c   request-field checks (unknown and unimplemented fields -> 400 naming the field),
+ *                   body normalization (content parts, top_k -1, a fresh seed), logit_bias parsing,
+ *                   several prompts of /v1/completions
+ *   api_tokens.c    /tokenize and /detokenize bodies, the model object of /v1/models[/{id}]
+ *   http_extra.c    request ids, CORS and Allow headers, the request log, the bind address
+ *   latency.c       TTFT / inter-token / queue-time histograms and a tokens/s gauge for /metrics
+ *
+ * Functions that can fail return -1 with the offending field in *param (may be NULL: the whole body)
+ * and a one-line message in msg; they never exit and leave no allocation behind on failure.
+ */
+#ifndef IB_SERVER_API_H
+#define IB_SERVER_API_H
+#include <jansson.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/socket.h>
+
+#include "isobatch.h"
+
+/* ------------------------------------------------------------------ requests (api_request.c) */
+
+typedef enum { IB_API_COMPLETIONS, IB_API_CHAT, IB_API_SESSION_GENERATE } ib_api_endpoint;
+
+/* Check body's fields against what endpoint ep implements. Unknown fields fail with code
+ * "unknown_parameter"; fields of the OpenAI API this server does not implement (tools, response_format
+ * other than text, echo, suffix, best_of > 1, non-zero frequency/presence penalties, ...) fail with
+ * "unsupported_parameter"; max_tokens 0 on completions and chat fails with "invalid_value".
+ * *code gets that code. 0 when the body may go on. */
+int ib_api_check_fields(json_t *body, ib_api_endpoint ep, const char **param, const char **code, char *msg,
+                        size_t msz);
+
+/* Rewrite body in place into the form the handlers read: chat message contents given as arrays of
+ * text parts become one string (parts joined without separator; a non-text part fails naming it);
+ * top_k -1 (vLLM's "off") becomes 0; when the request has no seed, a fresh one from the system's
+ * random source (in [0, 2^53), exact in JSON numbers of every client) is set. 0 on success. */
+int ib_api_normalize(json_t *body, ib_api_endpoint ep, const char **param, char *msg, size_t msz);
+
+/* Rewrite the messages array of body (chat or session append) as ib_api_normalize does. */
+int ib_api_normalize_messages(json_t *body, const char **param, char *msg, size_t msz);
+
+/* A fresh seed in [0, 2^53) from getrandom(2); falls back to the clock when it fails. */
+uint64_t ib_api_fresh_seed(void);
+
+/* OpenAI logit_bias: {"token id": bias in [-100, 100]}. */
+typedef struct ib_api_bias {
+    int32_t *ids;   /* [n] (owned) */
+    float *vals;    /* [n] (owned) */
+    int n;
+} ib_api_bias;
+
+/* Parse body's logit_bias (absent or null: n = 0) for a vocabulary of `vocab`; ids in ascending
+ * key order of the object as sent. */
+int ib_api_logit_bias(json_t *body, int vocab, ib_api_bias *out, const char **param, char *msg, size_t msz);
+void ib_api_bias_free(ib_api_bias *b);
+
+/* The number of prompts in a /v1/completions "prompt": 1 for a string, a one-string array or an array
+ * of token ids; k for an array of k >= 2 strings or of k >= 1 arrays of token ids (each a prompt);
+ * -1 with a message naming the element when the array mixes kinds or holds something else. */
+int ib_api_prompt_count(json_t *prompt, char *msg, size_t msz);
+
+/* ------------------------------------------------------------------ tokens and models (api_tokens.c) */
+
+/* POST /tokenize: {"content" | "prompt": text, "add_special": bool, "with_pieces": bool} or
+ * {"messages": [...], "add_generation_prompt": bool} -> {"tokens": [...], "count", "max_model_len"}
+ * (with_pieces: tokens are {"id", "piece"} objects). At most max_tokens tokens. *out is the body. */
+int ib_api_tokenize(const ib_model *m, json_t *body, int max_tokens, json_t **out, const char **param, char *msg,
+                    size_t msz);
+
+/* POST /detokenize: {"tokens": [ids]} -> {"content": text} (invalid UTF-8 as U+FFFD). */
+int ib_api_detokenize(const ib_model *m, json_t *body, json_t **out, const char **param, char *msg, size_t msz);
+
+/* The model object of /v1/models and /v1/models/{id}. */
+json_t *ib_api_model_json(const char *id, const ib_model_info *info);
+
+/* A JSON string of bytes s[0..n) with invalid UTF-8 replaced by U+FFFD (never NULL on success). */
+json_t *ib_api_bytes_str(const char *s, size_t n);
+
+/* ------------------------------------------------------------------ HTTP extras (http_extra.c) */
+
+/* Start the request log and CORS settings for this process: log may be NULL (no request log);
+ * cors_origin NULL or "" = no Access-Control-Allow-Origin header. */
+void ib_http_configure(FILE *log, const char *cors_origin);
+
+/* Called on the first callback of a request (the connection's thread): remember method, url and the
+ * start time, and take the request id from the X-Request-Id header (printable, <= 64 bytes) or make
+ * one. The context lives in thread-local storage (one request at a time per connection thread). */
+void ib_http_request_begin(struct MHD_Connection *c, const char *method, const char *url);
+
+/* Add the headers every response carries (X-Request-Id, CORS; Allow on 405 and OPTIONS) and note the
+ * status for the request log. Call before MHD_queue_response. */
+void ib_http_decorate(struct MHD_Response *r, unsigned code);
+
+/* The request ended (notify-completed): write its log line (time, id, method, path, status, ms). */
+void ib_http_request_end(void);
+
+/* The methods url accepts, as an Allow header value ("GET, OPTIONS"), or NULL for an unknown path. */
+const char *ib_http_allowed(const char *url);
+
+/* Parse a --host value into a socket address with port: an IPv4 address, an IPv6 address (bare or
+ * in brackets), "localhost" (127.0.0.1) or "::" / "0.0.0.0". *v6 says which. -1 when it is neither. */
+int ib_http_bind_addr(const char *host, int port, struct sockaddr_storage *out, int *v6);
+
+/* ------------------------------------------------------------------ JSON mode (json_constraint.c) */
+
+/* Where a byte-by-byte JSON reader stands in the text generated so far (small: copied per token). */
+typedef struct ib_json_state {
+    uint8_t mode, sub, lit, key, utf8_left, ws, depth;
+    uint64_t stack;                /* open containers, innermost in bit 0: 1 object, 0 array */
+} ib_json_state;
+
+/* Every token's bytes, for masking: token t is bytes[off[t], off[t+1]). */
+typedef struct ib_json_vocab {
+    size_t *off;                   /* [n + 1] */
+    char *bytes;
+    int n;
+} ib_json_vocab;
+
+/* The empty text: expecting an object. */
+void ib_json_init(ib_json_state *s);
+/* Feed one byte: 0 when the text so far can still become one JSON object (then s advanced), -1 when
+ * not (s is then undefined: step a copy to try a byte). */
+int ib_json_step(ib_json_state *s, unsigned char c);
+/* Whether the object is complete (only whitespace may follow). */
+int ib_json_done(const ib_json_state *s);
+/* The byte table of m's vocabulary; -1 when out of memory. */
+int ib_json_vocab_init(ib_json_vocab *v, const ib_model *m);
+void ib_json_vocab_free(ib_json_vocab *v);
+/* Set logits[t] = -inf for every token t that cannot follow s: before completion a stop id, or a
+ * token with a byte the grammar refuses (or with no bytes); after it, every token but the stop ids
+ * (all but whitespace-only ones when there are no stop ids). Returns the tokens left; 0 leaves the row
+ * all -inf, which the caller must undo. */
+int ib_json_mask(const ib_json_state *s, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop,
+                 int n_stop);
+
+/* ------------------------------------------------------------------ latency metrics (latency.c) */
+
+#define IB_LAT_BUCKETS 14
+typedef struct ib_latency {
+    pthread_mutex_t mu;
+    long long ttft[IB_LAT_BUCKETS + 1], itl[IB_LAT_BUCKETS + 1], queue[IB_LAT_BUCKETS + 1];
+    double ttft_sum, itl_sum, queue_sum;
+    long long ttft_n, itl_n, queue_n;
+    double sec0;                 /* start of the rate window's clock */
+    long long per_sec[16];       /* tokens generated in each of the last 16 whole seconds (ring) */
+    long long sec_of[16];        /* which second each slot holds */
+} ib_latency;
+
+void ib_latency_init(ib_latency *l, double now);
+void ib_latency_destroy(ib_latency *l);
+/* Record a first token (ttft seconds since the request arrived, queue seconds it waited for a slot). */
+void ib_latency_first(ib_latency *l, double ttft, double queue);
+/* Record a later token, itl seconds after the previous one of the same generation. */
+void ib_latency_next(ib_latency *l, double itl);
+/* Count one generated token at time now (for the rate gauge). */
+void ib_latency_token(ib_latency *l, double now);
+/* Append the histograms and the gauge isobatch_tokens_per_second (tokens of the last 10 whole seconds
+ * over 10: a scrape never resets it) in Prometheus text to buf[*k, cap). */
+void ib_latency_format(ib_latency *l, double now, char *buf, int *k, int cap);
+
+#endif

@@ -1,0 +1,267 @@
+/*
+ * json_constraint.c — response_format {"type": "json_object"} by constrained decoding: before each
+ * draw, every token whose bytes cannot continue the text generated so far towards one JSON object is
+ * masked (its logit set to -inf for the draw only), and once the object is complete only the
+ * request's stop tokens remain. The mask is a function of the request's own generated text and the
+ * vocabulary alone, so a constrained request is decoded the same alone or batched (the batch
+ * contract), like its logit_bias.
+ *
+ * The grammar is RFC 8259 JSON with an object at the top: strings with escapes (\uXXXX included) and
+ * UTF-8 checked by lead byte, numbers (-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?), true/false/null,
+ * nesting up to 64 deep, at most 16 whitespace bytes in a row (so a model cannot pad forever).
+ */
+#include "server/api.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    J_START,        /* nothing yet: whitespace or '{' */
+    J_VALUE,        /* a value (after ':' or ',' in an array) */
+    J_ARR_FIRST,    /* after '[': a value or ']' */
+    J_OBJ_FIRST,    /* after '{': a key or '}' */
+    J_OBJ_KEY,      /* after ',' in an object: a key */
+    J_COLON,        /* after a key */
+    J_AFTER,        /* after a value: ',' or the closing bracket */
+    J_STRING,       /* inside a string */
+    J_ESC,          /* after a backslash */
+    J_HEX,          /* inside \uXXXX (sub = hex digits left) */
+    J_NUM,          /* inside a number (sub = its state) */
+    J_LIT,          /* inside true/false/null (sub = next index, lit = which) */
+    J_DONE          /* the object is complete */
+};
+
+/* number states */
+enum { N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
+
+static const char *const lits[3] = {"true", "false", "null"};
+
+void ib_json_init(ib_json_state *s) { memset(s, 0, sizeof *s); }
+
+int ib_json_done(const ib_json_state *s) { return s->mode == J_DONE; }
+
+static int is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* A value ended: back to the enclosing container, or done at depth 0. */
+static void value_end(ib_json_state *s) { s->mode = s->depth == 0 ? J_DONE : J_AFTER; }
+
+/* Start a value with byte c; -1 when c cannot start one. */
+static int value_start(ib_json_state *s, unsigned char c) {
+    if (c == '{' || c == '[') {
+        if (s->depth >= 64) return -1;
+        s->stack = (s->stack << 1) | (c == '{');
+        s->depth++;
+        s->mode = c == '{' ? J_OBJ_FIRST : J_ARR_FIRST;
+        return 0;
+    }
+    if (c == '"') {
+        s->mode = J_STRING;
+        s->key = 0;
+        return 0;
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) {
+        s->mode = J_NUM;
+        s->sub = c == '-' ? N_MINUS : c == '0' ? N_ZERO : N_INT;
+        return 0;
+    }
+    for (int l = 0; l < 3; l++)
+        if (c == (unsigned char)lits[l][0]) {
+            s->mode = J_LIT;
+            s->lit = (uint8_t)l;
+            s->sub = 1;
+            return 0;
+        }
+    return -1;
+}
+
+/* Close the innermost container with c (']' or '}'); -1 when it is the other kind. */
+static int close_with(ib_json_state *s, unsigned char c) {
+    if (s->depth == 0 || (int)(s->stack & 1) != (c == '}')) return -1;
+    s->stack >>= 1;
+    s->depth--;
+    value_end(s);
+    return 0;
+}
+
+int ib_json_step(ib_json_state *s, unsigned char c) {
+    if (s->mode != J_STRING && s->mode != J_ESC && s->mode != J_HEX && s->mode != J_NUM && s->mode != J_LIT) {
+        if (is_ws(c)) return ++s->ws > 16 ? -1 : 0;
+    }
+    switch (s->mode) {
+    case J_START:
+        if (c != '{') return -1;
+        s->ws = 0;
+        return value_start(s, c);
+    case J_VALUE:
+        s->ws = 0;
+        return value_start(s, c);
+    case J_ARR_FIRST:
+        s->ws = 0;
+        return c == ']' ? close_with(s, c) : value_start(s, c);
+    case J_OBJ_FIRST:
+    case J_OBJ_KEY:
+        s->ws = 0;
+        if (c == '}' && s->mode == J_OBJ_FIRST) return close_with(s, c);
+        if (c != '"') return -1;
+        s->mode = J_STRING;
+        s->key = 1;
+        return 0;
+    case J_COLON:
+        s->ws = 0;
+        if (c != ':') return -1;
+        s->mode = J_VALUE;
+        return 0;
+    case J_AFTER:
+        s->ws = 0;
+        if (c == ',') {
+            s->mode = (s->stack & 1) ? J_OBJ_KEY : J_VALUE;
+            return 0;
+        }
+        return c == ']' || c == '}' ? close_with(s, c) : -1;
+    case J_STRING:
+        if (s->utf8_left) {
+            if ((c & 0xC0) != 0x80) return -1;
+            s->utf8_left--;
+            return 0;
+        }
+        if (c == '"') {
+            if (s->key)
+                s->mode = J_COLON;
+            else
+                value_end(s);
+            return 0;
+        }
+        if (c == '\\') {
+            s->mode = J_ESC;
+            return 0;
+        }
+        if (c < 0x20) return -1;
+        if (c < 0x80) return 0;
+        if (c >= 0xC2 && c <= 0xDF) s->utf8_left = 1;
+        else if (c >= 0xE0 && c <= 0xEF) s->utf8_left = 2;
+        else if (c >= 0xF0 && c <= 0xF4) s->utf8_left = 3;
+        else return -1;
+        return 0;
+    case J_ESC:
+        if (c == 'u') {
+            s->mode = J_HEX;
+            s->sub = 4;
+            return 0;
+        }
+        if (!strchr("\"\\/bfnrt", c) || !c) return -1;
+        s->mode = J_STRING;
+        return 0;
+    case J_HEX:
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'))) return -1;
+        if (--s->sub == 0) s->mode = J_STRING;
+        return 0;
+    case J_NUM: {
+        int digit = c >= '0' && c <= '9';
+        switch (s->sub) {
+        case N_MINUS:
+            if (!digit) return -1;
+            s->sub = c == '0' ? N_ZERO : N_INT;
+            return 0;
+        case N_ZERO:
+        case N_INT:
+            if (digit && s->sub == N_INT) return 0;
+            if (c == '.') return s->sub = N_DOT, 0;
+            if (c == 'e' || c == 'E') return s->sub = N_E, 0;
+            break; /* the number ended: c belongs to what follows */
+        case N_DOT:
+            if (!digit) return -1;
+            s->sub = N_FRAC;
+            return 0;
+        case N_FRAC:
+            if (digit) return 0;
+            if (c == 'e' || c == 'E') return s->sub = N_E, 0;
+            break;
+        case N_E:
+            if (c == '+' || c == '-') return s->sub = N_ESIGN, 0;
+            if (!digit) return -1;
+            s->sub = N_EXP;
+            return 0;
+        case N_ESIGN:
+            if (!digit) return -1;
+            s->sub = N_EXP;
+            return 0;
+        case N_EXP:
+            if (digit) return 0;
+            break;
+        }
+        value_end(s); /* numbers are never top-level here, so depth > 0: J_AFTER */
+        return ib_json_step(s, c);
+    }
+    case J_LIT:
+        if (c != (unsigned char)lits[s->lit][s->sub]) return -1;
+        if (!lits[s->lit][++s->sub]) value_end(s);
+        return 0;
+    case J_DONE:
+        return -1; /* only whitespace (handled above) */
+    }
+    return -1;
+}
+
+int ib_json_vocab_init(ib_json_vocab *v, const ib_model *m) {
+    memset(v, 0, sizeof *v);
+    int V = ib_model_get_info(m)->vocab_size;
+    v->off = malloc(((size_t)V + 1) * sizeof *v->off);
+    size_t cap = (size_t)V * 4 + 64, len = 0;
+    v->bytes = malloc(cap);
+    if (!v->off || !v->bytes) {
+        ib_json_vocab_free(v);
+        return -1;
+    }
+    for (int t = 0; t < V; t++) {
+        char b[512];
+        int w = ib_token_bytes(m, t, b, sizeof b);
+        if (w < 0) w = 0;
+        if (len + (size_t)w > cap) {
+            cap = (len + (size_t)w) * 2;
+            char *nb = realloc(v->bytes, cap);
+            if (!nb) {
+                ib_json_vocab_free(v);
+                return -1;
+            }
+            v->bytes = nb;
+        }
+        v->off[t] = len;
+        memcpy(v->bytes + len, b, (size_t)w);
+        len += (size_t)w;
+    }
+    v->off[V] = len;
+    v->n = V;
+    return 0;
+}
+
+void ib_json_vocab_free(ib_json_vocab *v) {
+    free(v->off);
+    free(v->bytes);
+    memset(v, 0, sizeof *v);
+}
+
+/* Whether token t (not a stop id) can follow state s: its bytes (at least one) all accepted. */
+static int token_ok(const ib_json_state *s, const ib_json_vocab *v, int32_t t) {
+    size_t a = v->off[t], b = v->off[t + 1];
+    if (a == b) return 0;
+    ib_json_state x = *s;
+    for (size_t i = a; i < b; i++)
+        if (ib_json_step(&x, (unsigned char)v->bytes[i])) return 0;
+    return 1;
+}
+
+int ib_json_mask(const ib_json_state *s, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop,
+                 int n_stop) {
+    int allowed = 0, done = ib_json_done(s);
+    for (int t = 0; t < vocab; t++) {
+        int is_stop = 0;
+        for (int k = 0; k < n_stop; k++) is_stop |= stop[k] == t;
+        int ok = t < v->n && (is_stop ? done : (!done || !n_stop) && token_ok(s, v, t));
+        if (ok)
+            allowed++;
+        else
+            logits[t] = -INFINITY;
+    }
+    return allowed;
+}
