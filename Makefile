@@ -40,7 +40,7 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 NVCC_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
 IB_NVCC_FLAGS := -std=c++17 -O3 -DIB_HAVE_CUDA -D_GNU_SOURCE -Iinclude -Isrc $(NVCC_ARCH) \
            -fmad=false -prec-div=true -prec-sqrt=true -ftz=false \
-           -Xcompiler -fno-strict-aliasing,-ffp-contract=off,-fno-fast-math -MMD -MP
+           -Xcompiler -fno-strict-aliasing,-ffp-contract=off,-fno-fast-math,-fPIC -MMD -MP
 endif
 TOOL_SRC := $(wildcard tools/*.c)
 TOOL_OBJ := $(TOOL_SRC:%.c=$(BUILD)/%.o)
@@ -103,10 +103,11 @@ RUN_MODEL ?= models/default
 run: all
 	./$(BUILD)/isobatch generate -m $(RUN_MODEL) --prompts-file examples/prompts.txt -n 32 --batch 8 --check-serial
 
-# Sanitizer build (AddressSanitizer + UndefinedBehaviorSanitizer) in its own folder ($(ASAN_BUILD)). It also leaves out
+# Sanitizer build (AddressSanitizer + UndefinedBehaviorSanitizer) in its own folder ($(ASAN_BUILD)),
+# without the CUDA backend (its device code cannot be sanitized; the bad-input tests need the host side). It also leaves out
 # the AVX2 clones of the elementwise ops (IB_NO_CLONES), so tests can compare the two builds bitwise.
 asan:
-	$(MAKE) BUILD=$(ASAN_BUILD) SAN_FLAGS="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -DIB_NO_CLONES" \
+	$(MAKE) BUILD=$(ASAN_BUILD) NVCC= SAN_FLAGS="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -DIB_NO_CLONES" \
 	    LDLIBS="-ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -pthread -fsanitize=address,undefined" all $(patsubst $(BUILD)/%,$(ASAN_BUILD)/%,$(TEST_BIN))
 
 # The NEON matmul kernel, tested under emulation on any host: tests/test_matmul_neon.c and the few
@@ -155,7 +156,7 @@ LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 DATADIR    ?= $(PREFIX)/share
 SHLIB      := $(BUILD)/libisobatch.so.$(IB_VERSION)
-LIB_LDLIBS := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -pthread
+LIB_LDLIBS := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -pthread $(CUDA_LIBS)
 
 $(OBJ): ALL_CFLAGS += -fPIC -fno-semantic-interposition
 # objects of a build folder made before its library became position-independent are rebuilt once
