@@ -397,6 +397,12 @@ typedef enum ib_tokenize_flags { IB_TOKENIZE_ADD_SPECIAL = 1, IB_TOKENIZE_SPLIT_
 /* ib_tokenize with flags (an OR of ib_tokenize_flags); same return contract. */
 int ib_tokenize_ex(const ib_model *m, const char *text, size_t len, int flags, int32_t *ids, int cap);
 
+/* ib_tokenize_ex that the caller can abandon (a client that left): cancelled(ctx) is asked every
+ * 64 KiB or so of work; once it returns non-zero the call stops and returns -2. Tokenizing takes
+ * O(n log n) time in the text's length whatever the text. */
+int ib_tokenize_cancel(const ib_model *m, const char *text, size_t len, int flags, int32_t *ids, int cap,
+                       int (*cancelled)(void *ctx), void *ctx);
+
 /* Id of the added/special token whose text is exactly content ("<|im_end|>"), or -1. */
 int32_t ib_token_id(const ib_model *m, const char *content);
 
