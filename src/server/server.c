@@ -17,6 +17,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -110,7 +111,22 @@ struct server {
     long long n_429;
     double rate_t;            /* tokens/s gauge: time and count at the previous scrape */
     long long rate_tokens;
+    /* connections, for the whole-request deadline (watch_*): guarded by watch_mu, an entry lives
+     * from MHD's STARTED notice to its CLOSED notice, which comes before MHD closes the socket */
+    pthread_mutex_t watch_mu;
+    struct cwatch *watch;     /* doubly linked */
+    long long n_req_timeouts; /* connections cut off for not delivering a request in time */
 };
+
+/* One open connection: when it began waiting for its current request, and whether that request
+ * has arrived whole (then the deadline no longer applies until its response is done). */
+typedef struct cwatch {
+    struct cwatch *prev, *next;
+    int fd;
+    double t_wait;            /* when the connection began waiting for its current request */
+    int receiving;            /* 1 while a request is expected and not yet whole */
+    int cut;                  /* shut down for missing the deadline */
+} cwatch;
 
 static double now_s(void) {
     struct timespec ts;
@@ -132,9 +148,11 @@ ib_server_opts ib_server_opts_default(void) {
     o.max_body = 1 << 20;
     o.max_prompt_tokens = 4096;
     o.max_tokens = 1024;
-    o.max_connections = 256;
+    o.max_connections = 1024;
+    o.max_connections_per_client = 256;
     o.timeout_s = 300;
     o.idle_timeout_s = 30;
+    o.request_timeout_s = 30;
     o.queue_wait_ms = 5000;
     return o;
 }
@@ -914,8 +932,12 @@ static gen *gen_new(server *S, int chat, gen_params *p) {
 
 /* ------------------------------------------------------------------ completions and chat */
 
-/* Tokenize text into a fresh array; *n gets the count. -1: out of memory; -2: over max_prompt. */
-static int32_t *tokenize(server *S, const char *text, size_t len, int flags, int *n, int *rc) {
+/* ib_tokenize_cancel's callback: stop tokenizing for a client that has gone away. */
+static int tok_client_gone(void *c) { return client_gone(c); }
+
+/* Tokenize text into a fresh array; *n gets the count. *rc: 0 ok, -1 out of memory, -2 over
+ * max_prompt, -3 the client left while it ran (nobody to answer). */
+static int32_t *tokenize(server *S, struct MHD_Connection *c, const char *text, size_t len, int flags, int *n, int *rc) {
     int cap = S->o.max_prompt_tokens + 1;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
     *rc = 0;
@@ -923,10 +945,10 @@ static int32_t *tokenize(server *S, const char *text, size_t len, int flags, int
         *rc = -1;
         return NULL;
     }
-    int k = ib_tokenize_ex(S->m, text, len, flags, ids, cap);
+    int k = ib_tokenize_cancel(S->m, text, len, flags, ids, cap, tok_client_gone, c);
     if (k < 0) {
         free(ids);
-        *rc = -1;
+        *rc = k == -2 ? -3 : -1;
         return NULL;
     }
     *n = k;
@@ -962,7 +984,7 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
         size_t nm = json_array_size(msgs);
         if (nm > 4096) return BAD("messages", "too many messages");
         ib_chat_msg *cm = calloc(nm, sizeof *cm);
-        if (!cm) return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+        if (!cm) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
         for (size_t i = 0; i < nm; i++) {
             json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role"), *ct = json_object_get(m, "content");
             if (!json_is_object(m) || !json_is_string(role) || !json_is_string(ct)) {
@@ -991,18 +1013,18 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
         char *text = malloc((size_t)need + 1);
         if (!text) {
             free(cm);
-            return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+            return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
         }
         ib_chat_format(S->m, cm, (int)nm, flags, text, (size_t)need + 1);
         free(cm);
-        ids = tokenize(S, text, (size_t)need, 0, &n_ids, &trc);
+        ids = tokenize(S, c, text, (size_t)need, 0, &n_ids, &trc);
         free(text);
     } else {
         json_t *pr = json_object_get(b, "prompt");
         if (json_is_array(pr) && json_array_size(pr) == 1 && json_is_string(json_array_get(pr, 0)))
             pr = json_array_get(pr, 0);
         if (json_is_string(pr)) {
-            ids = tokenize(S, json_string_value(pr), json_string_length(pr), IB_TOKENIZE_ADD_SPECIAL, &n_ids, &trc);
+            ids = tokenize(S, c, json_string_value(pr), json_string_length(pr), IB_TOKENIZE_ADD_SPECIAL, &n_ids, &trc);
         } else if (json_is_array(pr) && json_array_size(pr) > 0) {
             size_t np = json_array_size(pr);
             if (np > (size_t)S->o.max_prompt_tokens) {
@@ -1010,7 +1032,7 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
                 n_ids = (int)(np < 1u << 30 ? np : 1u << 30);
             } else {
                 ids = malloc(np * sizeof *ids);
-                if (!ids) return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+                if (!ids) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
                 for (size_t i = 0; i < np; i++) {
                     json_t *v = json_array_get(pr, i);
                     if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= S->info->vocab_size) {
@@ -1024,7 +1046,8 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
         } else
             return BAD("prompt", "prompt must be a string, a one-string array or a non-empty array of token ids");
     }
-    if (trc == -1) return send_error(S, c, 500, "server_error", NULL, NULL, "tokenization failed");
+    if (trc == -3) return MHD_NO; /* the client left while its text was tokenized: close */
+    if (trc == -1) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory while tokenizing; retry later");
     if (trc == -2) {
         free(ids);
         return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt",
@@ -1068,12 +1091,14 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
     ib_session *s;
     ib_error err;
     gen *g = NULL;
+    s = NULL;
     if (ib_session_create(S->m, &so, &s, &err) || !(g = gen_new(S, chat, &p))) {
-        if (!g) ib_session_free(s);
+        ib_session_free(s);
         free(ids);
         params_free(&p);
         mem_release(S, bytes);
-        return send_error(S, c, 500, "server_error", NULL, NULL, "cannot create a session");
+        return send_error(S, c, 503, "server_error", "out_of_memory", NULL,
+                          "cannot allocate %zu KV bytes for this request now; retry later", bytes);
     }
     g->own = s;
     g->reserved = bytes;
@@ -1140,18 +1165,27 @@ static json_t *sess_info(server *S, sess *ss) {
 }
 
 static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c, json_t *b, const char *tenant) {
-    long long ctx = S->o.session_context;
+    /* the KV a session may hold is bounded by the model's context (a full session never holds more
+     * positions; a window wider than the context keeps nothing a full session would not) */
+    long long ctx = S->o.session_context < S->info->max_context ? S->o.session_context : S->info->max_context;
     if (b && get_int(b, "max_context", 1, S->info->max_context, &ctx) < 0)
         return BAD("max_context", "max_context must be an integer in [1, %d]", S->info->max_context);
     const char *policy = S->o.kv_policy ? S->o.kv_policy : "full";
     json_t *kv = b ? json_object_get(b, "kv") : NULL;
+    if (kv && json_is_null(kv)) kv = NULL; /* null: the server's default, like every other optional field */
     if (kv && !json_is_string(kv)) return BAD("kv", "kv must be a string: full, window:W or sink:S,window:W");
     if (kv) policy = json_string_value(kv);
     int sink = 0, window = 0;
     if (ib_kv_policy_parse(policy, &sink, &window) || strlen(policy) >= 48)
-        return BAD("kv", "kv '%s' is not full, window:W or sink:S,window:W", policy);
+        return BAD("kv", "kv '%.64s' is not full, window:W or sink:S,window:W", policy);
+    if (window > 0 && (long long)sink + window > S->info->max_context)
+        return BAD("kv", "kv '%s': sink + window = %lld positions exceed the model's context of %d", policy,
+                   (long long)sink + window, S->info->max_context);
     long long slots = window > 0 ? (long long)sink + window + S->o.prefill_chunk : ctx;
     size_t bytes = (size_t)slots * kv_token_bytes(S);
+    if (S->o.memory_budget && bytes > S->o.memory_budget)
+        return BAD(window > 0 ? "kv" : "max_context", "a session of %lld KV slots needs %zu bytes, more than this server's memory budget of %zu",
+                   slots, bytes, S->o.memory_budget);
     pthread_mutex_lock(&S->mu);
     int full = S->n_sessions >= S->o.max_sessions;
     pthread_mutex_unlock(&S->mu);
@@ -1172,7 +1206,8 @@ static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c
         if (ss) free(ss->tenant);
         free(ss);
         mem_release(S, bytes);
-        return send_error(S, c, 500, "server_error", NULL, NULL, "cannot create a session");
+        return send_error(S, c, 503, "server_error", "out_of_memory", NULL,
+                          "cannot allocate a session of %zu KV bytes now; retry later", bytes);
     }
     memcpy(ss->id, "sess_", 5);
     snprintf(ss->policy, sizeof ss->policy, "%s", policy);
@@ -1198,12 +1233,12 @@ static enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c
     if (json_is_string(text)) {
         int add = 0;
         if (get_bool(b, "add_special", &add) < 0) return BAD("add_special", "add_special must be a boolean");
-        ids = tokenize(S, json_string_value(text), json_string_length(text), add ? IB_TOKENIZE_ADD_SPECIAL : 0, &n, &trc);
+        ids = tokenize(S, c, json_string_value(text), json_string_length(text), add ? IB_TOKENIZE_ADD_SPECIAL : 0, &n, &trc);
     } else if (json_is_array(msgs)) {
         size_t nm = json_array_size(msgs);
         if (nm < 1 || nm > 1024) return BAD("messages", "messages must hold 1 to 1024 messages");
         ib_chat_msg *cm = calloc(nm, sizeof *cm);
-        if (!cm) return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+        if (!cm) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
         for (size_t i = 0; i < nm; i++) {
             json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role"), *ct = json_object_get(m, "content");
             if (!json_is_string(role) || !json_is_string(ct)) {
@@ -1226,7 +1261,7 @@ static enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c
         }
         ib_chat_format(S->m, cm, (int)nm, gp ? IB_CHAT_GENERATION_PROMPT : 0, t, (size_t)need + 1);
         free(cm);
-        ids = tokenize(S, t, (size_t)need, 0, &n, &trc);
+        ids = tokenize(S, c, t, (size_t)need, 0, &n, &trc);
         free(t);
     } else if (json_is_array(toks)) {
         size_t nt = json_array_size(toks);
@@ -1243,7 +1278,8 @@ static enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c
         n = (int)nt;
     } else
         return BAD(NULL, "append needs \"text\" (a string), \"tokens\" (token ids) or \"messages\"");
-    if (trc == -1) return send_error(S, c, 500, "server_error", NULL, NULL, "tokenization failed");
+    if (trc == -3) return MHD_NO; /* the client left while its text was tokenized: close */
+    if (trc == -1) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory while tokenizing; retry later");
     if (trc == -2) {
         free(ids);
         return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", NULL,
@@ -1313,7 +1349,7 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
             return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
                               "%d held + %d pending + max_tokens %d exceed the session's context of %d", pos, n,
                               p.max_tokens, ib_session_capacity(ss->s));
-        return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+        return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
     }
     gen *g = gen_new(S, 0, &p);
     if (!g) {
@@ -1325,7 +1361,7 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
         pthread_mutex_unlock(&S->mu);
         free(ids);
         params_free(&p);
-        return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+        return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
     }
     snprintf(g->id, sizeof g->id, "%s", ss->id);
     g->ss = ss;
@@ -1383,6 +1419,11 @@ static enum MHD_Result handle_metrics(server *S, struct MHD_Connection *c) {
     long long n429 = S->n_429;
     int waiters = S->mem_waiters;
     pthread_mutex_unlock(&S->mu);
+    pthread_mutex_lock(&S->watch_mu);
+    long long n_cut = S->n_req_timeouts;
+    int n_conn = 0;
+    for (cwatch *w = S->watch; w; w = w->next) n_conn++;
+    pthread_mutex_unlock(&S->watch_mu);
     char *buf = malloc(8192);
     if (!buf) return MHD_NO;
     int k = 0;
@@ -1414,6 +1455,9 @@ static enum MHD_Result handle_metrics(server *S, struct MHD_Connection *c) {
     P("# HELP isobatch_http_responses_total Responses by status class.\n# TYPE isobatch_http_responses_total counter\n");
     for (int i = 2; i <= 5; i++) P("isobatch_http_responses_total{class=\"%dxx\"} %lld\n", i, cls[i]);
     P("# HELP isobatch_rejected_total 429 responses.\n# TYPE isobatch_rejected_total counter\nisobatch_rejected_total %lld\n", n429);
+    P("# HELP isobatch_connections Open HTTP connections.\n# TYPE isobatch_connections gauge\nisobatch_connections %d\n", n_conn);
+    P("# HELP isobatch_request_timeouts_total Connections closed for not sending a whole request in time.\n"
+      "# TYPE isobatch_request_timeouts_total counter\nisobatch_request_timeouts_total %lld\n", n_cut);
 #undef P
     enum MHD_Result r = send_text(S, c, 200, "text/plain; version=0.0.4", buf, (size_t)k, 0);
     free(buf);
@@ -1433,6 +1477,65 @@ static enum MHD_Result handle_models(server *S, struct MHD_Connection *c) {
     json_object_set_new(j, "object", json_string("list"));
     json_object_set_new(j, "data", d);
     return send_json(S, c, 200, j, 0);
+}
+
+/* ------------------------------------------------------------------ the whole-request deadline */
+
+/* MHD's connection notices: register a connection when it opens (waiting for its first request),
+ * forget it when it closes (MHD closes the socket only after this returns). */
+static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+    server *S = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        cwatch *w = calloc(1, sizeof *w);
+        if (!w || !ci) {
+            free(w);
+            *socket_context = NULL;
+            return;
+        }
+        w->fd = ci->connect_fd;
+        w->t_wait = now_s();
+        w->receiving = 1;
+        pthread_mutex_lock(&S->watch_mu);
+        w->next = S->watch;
+        if (S->watch) S->watch->prev = w;
+        S->watch = w;
+        pthread_mutex_unlock(&S->watch_mu);
+        *socket_context = w;
+    } else if (*socket_context) {
+        cwatch *w = *socket_context;
+        pthread_mutex_lock(&S->watch_mu);
+        if (w->prev) w->prev->next = w->next;
+        else S->watch = w->next;
+        if (w->next) w->next->prev = w->prev;
+        pthread_mutex_unlock(&S->watch_mu);
+        free(w);
+        *socket_context = NULL;
+    }
+}
+
+/* The request on connection c has arrived whole: its deadline stops counting. */
+static void watch_arrived(server *S, struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (!ci || !ci->socket_context) return;
+    pthread_mutex_lock(&S->watch_mu);
+    ((cwatch *)ci->socket_context)->receiving = 0;
+    pthread_mutex_unlock(&S->watch_mu);
+}
+
+/* Shut down every connection that has waited longer than request_timeout_s for a whole request
+ * (headers and body): a client trickling bytes keeps MHD's idle timeout from ever firing, so this
+ * deadline is what frees its connection and thread. Called from the main loop. */
+static void watch_sweep(server *S) {
+    double t = now_s();
+    pthread_mutex_lock(&S->watch_mu);
+    for (cwatch *w = S->watch; w; w = w->next)
+        if (w->receiving && !w->cut && t - w->t_wait > S->o.request_timeout_s) {
+            shutdown(w->fd, SHUT_RDWR);
+            w->cut = 1;
+            S->n_req_timeouts++;
+        }
+    pthread_mutex_unlock(&S->watch_mu);
 }
 
 /* ------------------------------------------------------------------ dispatch */
@@ -1530,6 +1633,33 @@ static enum MHD_Result dispatch(server *S, struct MHD_Connection *c, const char 
     return r;
 }
 
+/* Write a complete 413 response (the error body of send_error, Connection: close) straight to
+ * connection c's socket and stop sending; the caller then closes the connection (returns MHD_NO).
+ * For the one case MHD cannot answer itself: a body found too large while it is being received. */
+static void send_raw_413(server *S, struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return;
+    char body[256], msg[512];
+    int bn = snprintf(body, sizeof body,
+                      "{\"error\":{\"message\":\"the request body exceeds this server's limit of %zu bytes\","
+                      "\"type\":\"invalid_request_error\",\"param\":null,\"code\":\"request_too_large\"}}",
+                      S->o.max_body);
+    int n = snprintf(msg, sizeof msg,
+                     "HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                     "Connection: close\r\n\r\n%s", bn, body);
+    size_t off = 0;
+    for (int tries = 0; off < (size_t)n && tries < 100; tries++) {
+        ssize_t w = send(ci->connect_fd, msg + off, (size_t)n - off, MSG_NOSIGNAL);
+        if (w > 0) off += (size_t)w;
+        else if (w < 0 && errno != EAGAIN && errno != EINTR) break;
+        else poll(&(struct pollfd){.fd = ci->connect_fd, .events = POLLOUT}, 1, 10);
+    }
+    shutdown(ci->connect_fd, SHUT_WR);
+    pthread_mutex_lock(&S->mu);
+    S->http_by_class[4]++;
+    pthread_mutex_unlock(&S->mu);
+}
+
 static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     server *S = cls;
@@ -1547,10 +1677,16 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char
     if (*upload_size) {
         if (!cn->too_big) {
             if (cn->len + *upload_size > S->o.max_body) {
+                /* a chunked body has no Content-Length to refuse it by up front, and MHD takes no
+                 * response in the middle of a body: answer 413 on the socket and close, without
+                 * reading the rest */
                 cn->too_big = 1;
                 free(cn->body);
                 cn->body = NULL;
                 cn->len = 0;
+                *upload_size = 0;
+                send_raw_413(S, c);
+                return MHD_NO;
             } else {
                 if (cn->len + *upload_size + 1 > cn->cap) {
                     size_t nc = (cn->len + *upload_size + 1) * 2;
@@ -1567,10 +1703,22 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char
         *upload_size = 0;
         return MHD_YES;
     }
+    if (cn->too_big) return MHD_YES; /* the 413 is queued already */
+    watch_arrived(S, c);
     return dispatch(S, c, url, method, cn);
 }
 
 static void completed_cb(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    server *S = cls;
+    /* the response is done: a kept-alive connection starts waiting for its next request */
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (ci && ci->socket_context) {
+        pthread_mutex_lock(&S->watch_mu);
+        cwatch *w = ci->socket_context;
+        w->receiving = 1;
+        w->t_wait = now_s();
+        pthread_mutex_unlock(&S->watch_mu);
+    }
     conn *cn = *con_cls;
     if (cn) {
         free(cn->body);
@@ -1581,6 +1729,32 @@ static void completed_cb(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 /* ------------------------------------------------------------------ run */
 
+/* Bytes of memory this process may use: the physical memory, or the cgroup (v2 memory.max, v1
+ * memory.limit_in_bytes) limit when that is lower. 0 when unknown. */
+static size_t machine_memory(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    size_t phys = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz : 0;
+    static const char *const limits[] = {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(limits[i], "r");
+        if (!f) continue;
+        unsigned long long v = 0;
+        int got = fscanf(f, "%llu", &v) == 1;
+        fclose(f);
+        if (got && v > 0 && (!phys || v < phys)) phys = (size_t)v;
+    }
+    return phys;
+}
+
+/* The KV memory budget when none is given: half of the machine's memory (machine_memory) less the
+ * weights, so that KV caches, weights and the rest of the process fit; at least 64 MiB. */
+static size_t default_memory_budget(const ib_model_info *mi) {
+    size_t mem = machine_memory(), floor = (size_t)64 << 20;
+    if (!mem) return (size_t)4 << 30;
+    size_t half = mem / 2, w = mi->weight_bytes;
+    return half > w + floor ? half - w : floor;
+}
+
 ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, void *logp, ib_error *err) {
     FILE *log = logp;
     server *S = calloc(1, sizeof *S);
@@ -1590,6 +1764,7 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     S->urandom = -1;
     pthread_mutex_init(&S->mu, NULL);
     pthread_cond_init(&S->mem_cv, NULL);
+    pthread_mutex_init(&S->watch_mu, NULL);
     if (!o->model_dir) {
         rc = ib_fail(err, IB_ERR_INVALID_ARG, "serve: no model directory");
         goto done;
@@ -1600,6 +1775,7 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     }
     if ((rc = ib_model_load(o->model_dir, NULL, &S->m, err))) goto done;
     S->info = ib_model_get_info(S->m);
+    if (!S->o.memory_budget) S->o.memory_budget = default_memory_budget(S->info);
     if (o->model_id)
         snprintf(S->model_id, sizeof S->model_id, "%s", o->model_id);
     else {
@@ -1633,8 +1809,9 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     S->t_start = S->rate_t = now_s();
     S->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)o->port, NULL,
                             NULL, access_cb, S, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)o->idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)o->max_connections_per_client, MHD_OPTION_NOTIFY_CONNECTION, notify_conn, S,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
                             completed_cb, S, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024), MHD_OPTION_END);
     if (!S->d) {
         rc = ib_fail(err, IB_ERR_IO, "serve: cannot listen on %s:%d (in use, or not allowed)", host, o->port);
@@ -1643,8 +1820,9 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(S->d, MHD_DAEMON_INFO_BIND_PORT);
     int port = di ? di->port : o->port;
     if (log) {
-        fprintf(log, "isobatch serve: model '%s' (%s), http://%s:%d, batch %d, %d threads, ISA %s%s\n", S->model_id,
-                S->info->arch, host, port, o->max_batch, o->threads, ib_isa_name(ib_engine_isa(S->e)),
+        fprintf(log, "isobatch serve: model '%s' (%s), http://%s:%d, batch %d, %d threads, ISA %s, KV budget %zu MiB%s%s\n",
+                S->model_id, S->info->arch, host, port, o->max_batch, o->threads, ib_isa_name(ib_engine_isa(S->e)),
+                S->o.memory_budget >> 20, o->memory_budget ? "" : " (default: half the machine's memory less the weights)",
                 o->n_api_keys ? ", API key required" : "");
         fflush(log);
     }
@@ -1657,7 +1835,10 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
             goto done;
         }
     }
-    while (!*stop) usleep(100000);
+    while (!*stop) {
+        usleep(100000);
+        watch_sweep(S);
+    }
     if (log) {
         fprintf(log, "isobatch serve: stopping\n");
         fflush(log);
@@ -1676,6 +1857,7 @@ done:
     if (S->urandom >= 0) close(S->urandom);
     pthread_mutex_destroy(&S->mu);
     pthread_cond_destroy(&S->mem_cv);
+    pthread_mutex_destroy(&S->watch_mu);
     free(S);
     return rc;
 }

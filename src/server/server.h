@@ -18,7 +18,8 @@ typedef struct ib_server_opts {
     const char *port_file;       /* when set, the bound port is written there once listening */
     int threads, max_batch, prefill_chunk, max_queue;
     int max_sessions;            /* stateful sessions held at once */
-    size_t memory_budget;        /* KV bytes over all sessions (request-scoped and stateful); 0 = none */
+    size_t memory_budget;        /* KV bytes over all sessions (request-scoped and stateful); 0 = derived
+                                  * from the machine: half its memory (or cgroup limit) less the weights */
     int session_context;         /* KV capacity of a stateful session (tokens), under the full policy */
     const char *kv_policy;       /* stateful sessions' default KV policy: "full" (NULL), "window:W",
                                   * "sink:S,window:W" (request-scoped sessions are always full) */
@@ -26,7 +27,10 @@ typedef struct ib_server_opts {
     int n_api_keys;
     size_t max_body;             /* request body bytes */
     int max_prompt_tokens, max_tokens;
-    int max_connections;
+    int max_connections;         /* open connections over all clients */
+    int max_connections_per_client; /* open connections from one IP address */
+    int request_timeout_s;       /* a connection must deliver each whole request (headers and body)
+                                  * within this many seconds of opening or of its previous response */
     int timeout_s;               /* the longest a generation may run (queue wait included) */
     int idle_timeout_s;          /* a connection idle this long while sending its request is closed */
     int queue_wait_ms;           /* how long a request waits for memory before 429 */
