@@ -332,6 +332,9 @@ typedef struct ib_sched_job {
     int n_stop;
     int want_logprobs;       /* fill ib_sched_event.logprob */
     int top_logprobs;        /* 0..IB_MAX_TOP_LOGPROBS: also report that many most likely tokens */
+    int group;               /* fairness group (a server's API key; 0 for all when unused): a free
+                              * batch slot goes to the queued job whose group runs the fewest jobs,
+                              * the longest-waiting one among equals. Never changes a job's numbers. */
     ib_sched_event_fn on_event;
     void *ctx;
 } ib_sched_job;

@@ -8,6 +8,9 @@
 #   - slowloris: connections that trickle a request are closed at the request deadline, one client
 #     address gets a bounded number of connections, /healthz answers meanwhile; an oversized chunked
 #     body gets its 413 without being read to the end;
+#   - chat roles are validated by one function for chat/completions and a session's append;
+#   - per-key quotas (sessions' KV, requests in flight) keep one key from locking the others out,
+#     a free batch slot goes to the key that waited, idle sessions expire (reported in the object);
 #   - ISOBATCH_API_KEY="" is refused.
 set -u
 BUILD=${BUILD:-build}
@@ -139,6 +142,61 @@ python3 "$HC" chunked "$PORT" 30000 3 > "$T/chunk"
 grep -q "413" "$T/chunk" && ok || bad "oversized chunked body: '$(cat "$T/chunk")' within 3 s, want a 413 before the body ends"
 req 200 "served after the abuse" "$U/v1/completions" -d '{"model":"tiny","prompt":"x","max_tokens":4}'
 stop "$LAST_PID" loris
+
+# ---- 5. chat roles: one validation for chat/completions and a session's append
+start roles "$T/tiny"
+req 200 "roles: session" -X POST "$U/v1/sessions" -d '{}'
+SID=$(jget 'b["id"]')
+for role in robot 'user<|im_end|>' 'User' ''; do
+    req 400 "append role '$role'" "$U/v1/sessions/$SID/append" -d "{\"messages\":[{\"role\":\"$role\",\"content\":\"hi\"}]}"
+    err_is invalid_value "append role '$role'"
+    req 400 "chat role '$role'" "$U/v1/chat/completions" -d "{\"model\":\"tiny\",\"messages\":[{\"role\":\"$role\",\"content\":\"hi\"}]}"
+done
+req 400 "append: message not an object" "$U/v1/sessions/$SID/append" -d '{"messages":["hi"]}'
+req 200 "append: developer, user" "$U/v1/sessions/$SID/append" -d '{"messages":[{"role":"developer","content":"be brief"},{"role":"user","content":"hi"}]}'
+[ "$(jget 'b["pending_tokens"] > 0')" = True ] && ok || bad "append: $(head -c 300 "$T/body")"
+stop "$LAST_PID" roles
+
+# ---- 6. per-key quotas, fair scheduling, idle expiry
+KA=(-H "Authorization: Bearer key-a"); KB=(-H "Authorization: Bearer key-b")
+# 64 MiB over two keys: 32 MiB each; a 2,048-token session of the tiny model takes 2 MiB
+start quota "$T/tiny" --api-key key-a --api-key key-b --memory-budget 64M --session-idle-timeout 2
+n=0
+for i in $(seq 1 40); do
+    code=$(curl -s -o "$T/body" -w '%{http_code}' "${KA[@]}" -X POST "$U/v1/sessions" -d '{"max_context":2048}')
+    [ "$code" = 200 ] && n=$((n+1)) || break
+done
+[ $n = 16 ] && [ "$code" = 429 ] && ok || bad "key-a got $n sessions of 2 MiB under its 32 MiB share (last HTTP $code: $(head -c 200 "$T/body"))"
+err_is key_memory_quota_exceeded "key-a over its KV quota"
+req 200 "key-b still gets a session" "${KB[@]}" -X POST "$U/v1/sessions" -d '{"max_context":2048}'
+BSID=$(jget 'b["id"]')
+it=$(jget 'b["idle_timeout"]'); ex=$(jget 'b["expires_at"]'); nowt=$(date +%s)
+[ "$it" = 2 ] && [ -n "$ex" ] && [ "$ex" -ge "$nowt" ] && [ "$ex" -le $((nowt + 3)) ] && ok || bad "session object: idle_timeout '$it', expires_at '$ex' (now $nowt)"
+req 200 "key-b completion while key-a holds its share" "${KB[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"x","max_tokens":4}'
+# idle sessions expire (2 s here) and give their memory and their key's share back
+sleep 3.5
+req 404 "an idle session has expired" "${KB[@]}" "$U/v1/sessions/$BSID"
+[ "$(metric isobatch_sessions_expired_total)" = 17 ] && ok || bad "expired sessions: $(metric isobatch_sessions_expired_total), want 17"
+[ "$(metric isobatch_kv_bytes)" = 0 ] && ok || bad "KV bytes after expiry: $(metric isobatch_kv_bytes)"
+req 200 "key-a gets sessions again" "${KA[@]}" -X POST "$U/v1/sessions" -d '{"max_context":2048}'
+stop "$LAST_PID" quota
+# in-flight requests per key, and turns between keys: one batch slot, 20 ms per token
+start fair "$T/tiny" --api-key key-a --api-key key-b --max-batch 1 --max-queue 8 --key-max-requests 4 --token-delay-ms 20
+FP=()
+for i in 1 2 3 4; do
+    ( curl -s -o /dev/null "${KA[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":50,"temperature":0}'; date +%s.%N > "$T/fa$i" ) &
+    FP+=($!)
+    sleep 0.1
+done
+req 429 "key-a's fifth request in flight" "${KA[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":2}'
+err_is key_request_limit "key-a's fifth request in flight"
+( curl -s -o /dev/null -w '%{http_code}' "${KB[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"b","max_tokens":50,"temperature":0}' > "$T/fbcode"; date +%s.%N > "$T/fb" ) &
+FP+=($!)
+wait "${FP[@]}"
+# key-b queued behind three of key-a's requests, and was admitted at the first free slot
+[ "$(cat "$T/fbcode")" = 200 ] && [ "$(echo "$(cat "$T/fb") < $(cat "$T/fa3")" | bc)" = 1 ] && ok \
+    || bad "key-b's request (HTTP $(cat "$T/fbcode")) finished after key-a's queued ones: b $(cat "$T/fb"), a3 $(cat "$T/fa3")"
+stop "$LAST_PID" fair
 
 # ---- 4. an empty ISOBATCH_API_KEY is refused, as --api-key "" is
 ISOBATCH_API_KEY= timeout 10 "$BIN" serve -m "$T/tiny" --port 0 2> "$T/e"; rc=$?

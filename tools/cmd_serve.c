@@ -23,6 +23,12 @@ static const char help[] =
     "                         (default 64); beyond that: 429 with Retry-After\n"
     "  --max-sessions N       stateful sessions held at once (default 256)\n"
     "  --session-context N    KV capacity of a stateful session in tokens (default 1024)\n"
+    "  --session-idle-timeout S  close a session no request has named for S seconds (default 3600;\n"
+    "                         0 = never); the session object reports idle_timeout and expires_at\n"
+    "  --key-max-sessions N, --key-memory-budget SIZE, --key-max-requests N\n"
+    "                         per-API-key quotas: sessions, KV bytes, generations in flight (queued,\n"
+    "                         waiting for memory or running). Default with several keys: an equal\n"
+    "                         share of --max-sessions, the memory budget and --max-batch + --max-queue\n"
     "  --kv POLICY            stateful sessions' KV policy: full (every token, up to --session-context),\n"
     "                         window:W (the last W positions), sink:S,window:W (the first S and the last W;\n"
     "                         positions keep counting, memory is fixed at S + W + prefill-chunk tokens)\n"
@@ -74,7 +80,7 @@ int cmd_serve(int argc, char **argv) {
     long port = o.port, batch = o.max_batch, chunk = o.prefill_chunk, queue = o.max_queue, sessions = o.max_sessions,
          sctx = o.session_context, maxp = o.max_prompt_tokens, maxt = o.max_tokens, conns = o.max_connections,
          tmo = o.timeout_s, idle = o.idle_timeout_s, rto = o.request_timeout_s,
-         cconns = o.max_connections_per_client, body = (long)o.max_body, delay = 0;
+         cconns = o.max_connections_per_client, sidle = o.session_idle_timeout_s, kses = 0, kreq = 0, body = (long)o.max_body, delay = 0;
     for (int i = 1; i < argc && !rc; i++) {
         const char *f = argv[i], *v = NULL;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -100,6 +106,14 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(f, "--timeout")) rc = VAL() ? cli_int(f, v, 1, 86400, &tmo) : 2;
         else if (!strcmp(f, "--idle-timeout")) rc = VAL() ? cli_int(f, v, 1, 3600, &idle) : 2;
         else if (!strcmp(f, "--request-timeout")) rc = VAL() ? cli_int(f, v, 1, 3600, &rto) : 2;
+        else if (!strcmp(f, "--session-idle-timeout")) rc = VAL() ? cli_int(f, v, 0, 1 << 30, &sidle) : 2;
+        else if (!strcmp(f, "--key-max-sessions")) rc = VAL() ? cli_int(f, v, 1, 1000000, &kses) : 2;
+        else if (!strcmp(f, "--key-max-requests")) rc = VAL() ? cli_int(f, v, 1, 1000000, &kreq) : 2;
+        else if (!strcmp(f, "--key-memory-budget")) {
+            if (!VAL()) rc = 2;
+            else if (parse_size(v, &o.key_memory_budget) || !o.key_memory_budget)
+                rc = cli_usage_error("--key-memory-budget: bad size '%s' (e.g. 512M, 4G; more than 0)", v);
+        }
         else if (!strcmp(f, "--max-client-connections")) rc = VAL() ? cli_int(f, v, 1, 100000, &cconns) : 2;
         else if (!strcmp(f, "--memory-budget")) {
             if (!VAL()) rc = 2;
@@ -149,6 +163,9 @@ int cmd_serve(int argc, char **argv) {
     o.timeout_s = (int)tmo;
     o.idle_timeout_s = (int)idle;
     o.request_timeout_s = (int)rto;
+    o.session_idle_timeout_s = (int)sidle;
+    o.key_max_sessions = (int)kses;
+    o.key_max_requests = (int)kreq;
     o.max_connections_per_client = (int)cconns;
     o.token_delay_ms = (int)delay;
     o.api_keys = keys;

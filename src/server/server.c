@@ -38,6 +38,8 @@ typedef struct server server;
 typedef struct sess {
     char id[40];
     char *tenant;             /* the Bearer key that created it ("" without one) */
+    int tidx;                 /* its index in server.tu */
+    double last_used;         /* now_s() of the last request that named it or its last generation's end */
     ib_session *s;
     int32_t *pending;         /* [n_pending] tokens appended but not yet fed */
     int n_pending, cap_pending;
@@ -76,6 +78,8 @@ typedef struct gen {
     long created;
     ib_session *own;          /* request-scoped session, freed at DONE */
     size_t reserved;          /* its KV bytes, released at DONE */
+    int tidx;                 /* the key (server.tu index) it counts against */
+    int inflight;             /* it holds one of its key's in-flight requests, returned at DONE */
     sess *ss;                 /* stateful session, or NULL */
     /* rendering (connection thread only, under mu) */
     ib_text_stream ts;
@@ -116,7 +120,21 @@ struct server {
     pthread_mutex_t watch_mu;
     struct cwatch *watch;     /* doubly linked */
     long long n_req_timeouts; /* connections cut off for not delivering a request in time */
+    /* per-key use (under mu): index i is api key i; one entry for everyone without keys */
+    struct tenant_use *tu;
+    int n_tenants;
+    int key_sessions;         /* limits per key (0 = none) */
+    size_t key_kv;
+    int key_requests;
+    long long n_expired;      /* sessions closed for being idle */
 };
+
+/* What one API key holds now (its quotas: server.key_*). */
+typedef struct tenant_use {
+    int sessions;             /* stateful sessions in the table */
+    size_t kv;                /* KV bytes reserved (sessions and requests) */
+    int inflight;             /* generations queued, waiting for memory or running */
+} tenant_use;
 
 /* One open connection: when it began waiting for its current request, and whether that request
  * has arrived whole (then the deadline no longer applies until its response is done). */
@@ -144,6 +162,7 @@ ib_server_opts ib_server_opts_default(void) {
     o.prefill_chunk = 64;
     o.max_queue = 64;
     o.max_sessions = 256;
+    o.session_idle_timeout_s = 3600;
     o.session_context = 1024;
     o.max_body = 1 << 20;
     o.max_prompt_tokens = 4096;
@@ -415,7 +434,14 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
             g->own = NULL;
             pthread_mutex_lock(&S->mu);
             S->kv_used -= g->reserved;
+            S->tu[g->tidx].kv -= g->reserved;
             pthread_cond_broadcast(&S->mem_cv);
+            pthread_mutex_unlock(&S->mu);
+        }
+        if (g->inflight) {
+            pthread_mutex_lock(&S->mu);
+            S->tu[g->tidx].inflight--;
+            g->inflight = 0;
             pthread_mutex_unlock(&S->mu);
         }
         if (g->ss) {
@@ -434,6 +460,7 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
                 pthread_mutex_unlock(&g->mu);
             }
             ss->busy = 0;
+            ss->last_used = now_s();
             pthread_mutex_unlock(&S->mu);
             sess_unref(S, ss);
             g->ss = NULL;
@@ -776,17 +803,24 @@ static void sse_free(void *cls) {
 /* KV bytes of one token of one session of this server. */
 static size_t kv_token_bytes(const server *S) { return S->info->kv_bytes_per_token / (S->o.kv_f16 ? 2 : 1); }
 
-/* Reserve `bytes` of KV memory, waiting up to queue_wait_ms in a bounded queue. 0 on success. */
-static int mem_reserve(server *S, size_t bytes, int wait) {
+/* Reserve `bytes` of KV memory for key t: within the server's budget and the key's quota, waiting
+ * up to queue_wait_ms in a bounded queue when wait is set. 0 on success; -2 when the bytes exceed
+ * the whole budget or the key's whole quota (it can never fit); -1 the budget is in use; -3 the
+ * key's quota is in use (other keys' work is not what holds it up). */
+static int mem_reserve(server *S, int t, size_t bytes, int wait) {
+    size_t budget = S->o.memory_budget, kq = S->key_kv;
     pthread_mutex_lock(&S->mu);
-    if (S->o.memory_budget && bytes > S->o.memory_budget) {
+    if ((budget && bytes > budget) || (kq && bytes > kq)) {
         pthread_mutex_unlock(&S->mu);
         return -2;
     }
-    if (S->o.memory_budget && S->kv_used + bytes > S->o.memory_budget) {
+#define GLOBAL_FITS (!budget || S->kv_used + bytes <= budget)
+#define KEY_FITS (!kq || S->tu[t].kv + bytes <= kq)
+    if (!GLOBAL_FITS || !KEY_FITS) {
         if (!wait || S->mem_waiters >= S->o.max_queue) {
+            int r = KEY_FITS ? -1 : -3;
             pthread_mutex_unlock(&S->mu);
-            return -1;
+            return r;
         }
         S->mem_waiters++;
         struct timespec ts;
@@ -795,23 +829,44 @@ static int mem_reserve(server *S, size_t bytes, int wait) {
         ts.tv_sec += ns / 1000000000LL;
         ts.tv_nsec = ns % 1000000000LL;
         int rc = 0;
-        while (S->kv_used + bytes > S->o.memory_budget && rc != ETIMEDOUT)
-            rc = pthread_cond_timedwait(&S->mem_cv, &S->mu, &ts);
+        while ((!GLOBAL_FITS || !KEY_FITS) && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&S->mem_cv, &S->mu, &ts);
         S->mem_waiters--;
-        if (S->kv_used + bytes > S->o.memory_budget) {
+        if (!GLOBAL_FITS || !KEY_FITS) {
+            int r = KEY_FITS ? -1 : -3;
             pthread_mutex_unlock(&S->mu);
-            return -1;
+            return r;
         }
     }
+#undef GLOBAL_FITS
+#undef KEY_FITS
     S->kv_used += bytes;
+    S->tu[t].kv += bytes;
     pthread_mutex_unlock(&S->mu);
     return 0;
 }
 
-static void mem_release(server *S, size_t bytes) {
+/* Give back bytes reserved by mem_reserve for key t. */
+static void mem_release(server *S, int t, size_t bytes) {
     pthread_mutex_lock(&S->mu);
     S->kv_used -= bytes;
+    S->tu[t].kv -= bytes;
     pthread_cond_broadcast(&S->mem_cv);
+    pthread_mutex_unlock(&S->mu);
+}
+
+/* Take one of key t's in-flight requests (generations queued, waiting or running). 0 on success,
+ * -1 when the key holds its quota already. */
+static int inflight_take(server *S, int t) {
+    pthread_mutex_lock(&S->mu);
+    int ok = !S->key_requests || S->tu[t].inflight < S->key_requests;
+    if (ok) S->tu[t].inflight++;
+    pthread_mutex_unlock(&S->mu);
+    return ok ? 0 : -1;
+}
+
+static void inflight_put(server *S, int t) {
+    pthread_mutex_lock(&S->mu);
+    S->tu[t].inflight--;
     pthread_mutex_unlock(&S->mu);
 }
 
@@ -831,7 +886,7 @@ static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_s
     ib_session_set_sampling(s, &p->sp);
     ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p->max_tokens,
                        .stop_ids = g->stop_ids, .n_stop = g->n_stop_ids, .want_logprobs = p->want_lp,
-                       .top_logprobs = g->n_top,
+                       .top_logprobs = g->n_top, .group = g->tidx,
                        .on_event = on_event, .ctx = g};
     g->refs = 2; /* the connection, the scheduler */
     ib_error err;
@@ -956,6 +1011,49 @@ static int32_t *tokenize(server *S, struct MHD_Connection *c, const char *text, 
     return ids;
 }
 
+#define MAX_MESSAGES 4096
+
+/* The chat messages of a request (chat/completions, or a session's append): msgs must be an array
+ * of 1..MAX_MESSAGES objects, each with a string content and a role among system, developer (taken
+ * as system), user and assistant — exactly, so no role can carry other text (such as a chat
+ * template's markers) into the prompt. On success *out (freed by the caller; its strings belong to
+ * msgs) and *n are set and 0 is returned; -1 with a message in why when invalid; -2 out of memory. */
+static int chat_messages(json_t *msgs, ib_chat_msg **out, size_t *n, char *why, size_t wsz) {
+    *out = NULL;
+    *n = 0;
+    if (!json_is_array(msgs) || json_array_size(msgs) < 1) {
+        snprintf(why, wsz, "messages must be a non-empty array");
+        return -1;
+    }
+    size_t nm = json_array_size(msgs);
+    if (nm > MAX_MESSAGES) {
+        snprintf(why, wsz, "messages holds %zu messages, more than the limit of %d", nm, MAX_MESSAGES);
+        return -1;
+    }
+    ib_chat_msg *cm = calloc(nm, sizeof *cm);
+    if (!cm) return -2;
+    for (size_t i = 0; i < nm; i++) {
+        json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role"), *ct = json_object_get(m, "content");
+        if (!json_is_object(m) || !json_is_string(role) || !json_is_string(ct)) {
+            free(cm);
+            snprintf(why, wsz, "messages[%zu] needs a string role and a string content", i);
+            return -1;
+        }
+        const char *r = json_string_value(role);
+        if (strlen(r) != json_string_length(role) ||
+            (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer"))) {
+            free(cm);
+            snprintf(why, wsz, "messages[%zu].role '%.40s' is not system, developer, user or assistant", i, r);
+            return -1;
+        }
+        cm[i].role = strcmp(r, "developer") ? r : "system";
+        cm[i].content = json_string_value(ct);
+    }
+    *out = cm;
+    *n = nm;
+    return 0;
+}
+
 /* 0 when the body names the served model; else the error response has been queued into *r. */
 static int check_model(server *S, struct MHD_Connection *c, json_t *b, enum MHD_Result *r) {
     json_t *mv = json_object_get(b, "model");
@@ -972,33 +1070,19 @@ static int check_model(server *S, struct MHD_Connection *c, json_t *b, enum MHD_
 }
 
 /* POST /v1/completions and /v1/chat/completions. */
-static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, int chat) {
+static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, int chat, int tidx) {
     enum MHD_Result mr;
     if (check_model(S, c, b, &mr)) return mr;
     int32_t *ids = NULL;
     int n_ids = 0, trc = 0;
     if (chat) {
         json_t *msgs = json_object_get(b, "messages");
-        if (!json_is_array(msgs) || json_array_size(msgs) < 1)
-            return BAD("messages", "messages must be a non-empty array");
-        size_t nm = json_array_size(msgs);
-        if (nm > 4096) return BAD("messages", "too many messages");
-        ib_chat_msg *cm = calloc(nm, sizeof *cm);
-        if (!cm) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
-        for (size_t i = 0; i < nm; i++) {
-            json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role"), *ct = json_object_get(m, "content");
-            if (!json_is_object(m) || !json_is_string(role) || !json_is_string(ct)) {
-                free(cm);
-                return BAD("messages", "messages[%zu] needs a string role and a string content", i);
-            }
-            const char *r = json_string_value(role);
-            if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer")) {
-                free(cm);
-                return BAD("messages", "messages[%zu].role '%s' is not system, developer, user or assistant", i, r);
-            }
-            cm[i].role = strcmp(r, "developer") ? r : "system";
-            cm[i].content = json_string_value(ct);
-        }
+        ib_chat_msg *cm = NULL;
+        size_t nm = 0;
+        char why[256];
+        int mrc = chat_messages(msgs, &cm, &nm, why, sizeof why);
+        if (mrc == -2) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
+        if (mrc) return BAD("messages", "%s", why);
         int flags = IB_CHAT_GENERATION_PROMPT, think = 1;
         if (get_bool(b, "enable_thinking", &think) < 0) {
             free(cm);
@@ -1076,14 +1160,24 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
     }
     int cap = n_ids + (p.max_tokens > 0 ? p.max_tokens : 1);
     size_t bytes = (size_t)cap * kv_token_bytes(S);
-    int mrc = mem_reserve(S, bytes, 1);
+    if (inflight_take(S, tidx)) {
+        free(ids);
+        params_free(&p);
+        return send_error(S, c, 429, "rate_limit_error", "key_request_limit", NULL,
+                          "this API key has its limit of %d requests in flight; retry later", S->key_requests);
+    }
+    int mrc = mem_reserve(S, tidx, bytes, 1);
     if (mrc) {
+        inflight_put(S, tidx);
         free(ids);
         params_free(&p);
         if (mrc == -2)
             return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", NULL,
-                              "this request needs %zu KV bytes, more than the memory budget of %zu", bytes,
-                              S->o.memory_budget);
+                              "this request needs %zu KV bytes, more than the memory budget of %zu (%zu per key)", bytes,
+                              S->o.memory_budget, S->key_kv ? S->key_kv : S->o.memory_budget);
+        if (mrc == -3)
+            return send_error(S, c, 429, "rate_limit_error", "key_memory_quota_exceeded", NULL,
+                              "this API key's KV quota of %zu bytes is in use; retry later", S->key_kv);
         return send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
                           "the KV memory budget is in use; retry later");
     }
@@ -1096,12 +1190,15 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
         ib_session_free(s);
         free(ids);
         params_free(&p);
-        mem_release(S, bytes);
+        mem_release(S, tidx, bytes);
+        inflight_put(S, tidx);
         return send_error(S, c, 503, "server_error", "out_of_memory", NULL,
                           "cannot allocate %zu KV bytes for this request now; retry later", bytes);
     }
     g->own = s;
     g->reserved = bytes;
+    g->tidx = tidx;
+    g->inflight = 1;
     g->n_prompt = n_ids;
     if (chat)
         g->n_stop_ids = ib_chat_stop_ids(S->m, g->stop_ids, MAX_STOP_IDS);
@@ -1117,7 +1214,7 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
 
 static void sess_free(server *S, sess *ss) {
     ib_session_free(ss->s);
-    mem_release(S, ss->kv_bytes);
+    mem_release(S, ss->tidx, ss->kv_bytes);
     free(ss->pending);
     free(ss->tenant);
     free(ss);
@@ -1138,6 +1235,7 @@ static sess *sess_get(server *S, const char *id, const char *tenant) {
         sess *ss = S->sessions[i];
         if (!strcmp(ss->id, id) && !strcmp(ss->tenant, tenant) && !ss->closed) {
             ss->refs++;
+            ss->last_used = now_s();
             r = ss;
             break;
         }
@@ -1160,11 +1258,17 @@ static json_t *sess_info(server *S, sess *ss) {
     json_object_set_new(j, "kv_bytes", json_integer((json_int_t)ss->kv_bytes));
     json_object_set_new(j, "kv_policy", json_string(ss->policy));
     json_object_set_new(j, "busy", json_boolean(ss->busy));
+    /* idle expiry: closed once idle_timeout seconds pass with no request naming it */
+    int it = S->o.session_idle_timeout_s;
+    json_object_set_new(j, "idle_timeout", json_integer(it));
+    json_object_set_new(j, "expires_at", it > 0 ? json_integer((json_int_t)time(NULL) +
+                                                                (json_int_t)(ss->last_used + it - now_s() + 0.5))
+                                                : json_null());
     pthread_mutex_unlock(&S->mu);
     return j;
 }
 
-static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c, json_t *b, const char *tenant) {
+static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c, json_t *b, const char *tenant, int tidx) {
     /* the KV a session may hold is bounded by the model's context (a full session never holds more
      * positions; a window wider than the context keeps nothing a full session would not) */
     long long ctx = S->o.session_context < S->info->max_context ? S->o.session_context : S->info->max_context;
@@ -1187,12 +1291,22 @@ static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c
         return BAD(window > 0 ? "kv" : "max_context", "a session of %lld KV slots needs %zu bytes, more than this server's memory budget of %zu",
                    slots, bytes, S->o.memory_budget);
     pthread_mutex_lock(&S->mu);
-    int full = S->n_sessions >= S->o.max_sessions;
+    int full = S->n_sessions >= S->o.max_sessions, key_full = S->key_sessions && S->tu[tidx].sessions >= S->key_sessions;
     pthread_mutex_unlock(&S->mu);
     if (full)
         return send_error(S, c, 429, "rate_limit_error", "too_many_sessions", NULL,
                           "this server holds its limit of %d sessions; close one or retry later", S->o.max_sessions);
-    int mrc = mem_reserve(S, bytes, 0);
+    if (key_full)
+        return send_error(S, c, 429, "rate_limit_error", "key_session_limit", NULL,
+                          "this API key holds its limit of %d sessions; close one or retry later", S->key_sessions);
+    int mrc = mem_reserve(S, tidx, bytes, 0);
+    if (mrc == -2)
+        return BAD(window > 0 ? "kv" : "max_context", "a session of %lld KV slots needs %zu bytes, more than this API key's quota of %zu",
+                   slots, bytes, S->key_kv);
+    if (mrc == -3)
+        return send_error(S, c, 429, "rate_limit_error", "key_memory_quota_exceeded", NULL,
+                          "a session of %lld KV slots needs %zu bytes; this API key's quota of %zu is in use", slots, bytes,
+                          S->key_kv);
     if (mrc)
         return send_error(S, c, 429, "rate_limit_error", "memory_budget_exceeded", NULL,
                           "a session of %lld tokens needs %zu KV bytes; the memory budget of %zu is in use", ctx, bytes,
@@ -1205,19 +1319,24 @@ static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c
         ib_session_create(S->m, &so, &ss->s, &err)) {
         if (ss) free(ss->tenant);
         free(ss);
-        mem_release(S, bytes);
+        mem_release(S, tidx, bytes);
         return send_error(S, c, 503, "server_error", "out_of_memory", NULL,
                           "cannot allocate a session of %zu KV bytes now; retry later", bytes);
     }
     memcpy(ss->id, "sess_", 5);
     snprintf(ss->policy, sizeof ss->policy, "%s", policy);
     ss->kv_bytes = bytes;
+    ss->tidx = tidx;
+    ss->last_used = now_s();
     ss->refs = 1; /* the table's */
     ss->cap_pending = (int)(window > 0 || ctx < S->o.max_prompt_tokens ? S->o.max_prompt_tokens : ctx) + 1;
     ss->pending = malloc((size_t)ss->cap_pending * sizeof(int32_t));
     pthread_mutex_lock(&S->mu);
-    int ok = ss->pending && S->n_sessions < S->o.max_sessions;
-    if (ok) S->sessions[S->n_sessions++] = ss;
+    int ok = ss->pending && S->n_sessions < S->o.max_sessions && (!S->key_sessions || S->tu[tidx].sessions < S->key_sessions);
+    if (ok) {
+        S->sessions[S->n_sessions++] = ss;
+        S->tu[tidx].sessions++;
+    }
     pthread_mutex_unlock(&S->mu);
     if (!ok) {
         sess_free(S, ss);
@@ -1235,19 +1354,12 @@ static enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c
         if (get_bool(b, "add_special", &add) < 0) return BAD("add_special", "add_special must be a boolean");
         ids = tokenize(S, c, json_string_value(text), json_string_length(text), add ? IB_TOKENIZE_ADD_SPECIAL : 0, &n, &trc);
     } else if (json_is_array(msgs)) {
-        size_t nm = json_array_size(msgs);
-        if (nm < 1 || nm > 1024) return BAD("messages", "messages must hold 1 to 1024 messages");
-        ib_chat_msg *cm = calloc(nm, sizeof *cm);
-        if (!cm) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
-        for (size_t i = 0; i < nm; i++) {
-            json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role"), *ct = json_object_get(m, "content");
-            if (!json_is_string(role) || !json_is_string(ct)) {
-                free(cm);
-                return BAD("messages", "messages[%zu] needs a string role and a string content", i);
-            }
-            cm[i].role = json_string_value(role);
-            cm[i].content = json_string_value(ct);
-        }
+        ib_chat_msg *cm = NULL;
+        size_t nm = 0;
+        char why[256];
+        int mrc = chat_messages(msgs, &cm, &nm, why, sizeof why);
+        if (mrc == -2) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
+        if (mrc) return BAD("messages", "%s", why);
         int gp = 1;
         if (get_bool(b, "add_generation_prompt", &gp) < 0) {
             free(cm);
@@ -1318,6 +1430,11 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
         params_free(&p);
         return BAD("chat", "chat must be a boolean");
     }
+    if (inflight_take(S, ss->tidx)) {
+        params_free(&p);
+        return send_error(S, c, 429, "rate_limit_error", "key_request_limit", NULL,
+                          "this API key has its limit of %d requests in flight; retry later", S->key_requests);
+    }
     pthread_mutex_lock(&S->mu);
     const char *why = NULL;
     int n = ss->n_pending;
@@ -1339,6 +1456,7 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
     int pos = ib_session_position(ss->s);
     pthread_mutex_unlock(&S->mu);
     if (why) {
+        inflight_put(S, ss->tidx);
         free(ids);
         params_free(&p);
         if (!strcmp(why, "busy"))
@@ -1359,11 +1477,14 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
         ss->busy = 0;
         ss->refs--;
         pthread_mutex_unlock(&S->mu);
+        inflight_put(S, ss->tidx);
         free(ids);
         params_free(&p);
         return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
     }
     snprintf(g->id, sizeof g->id, "%s", ss->id);
+    g->tidx = ss->tidx;
+    g->inflight = 1;
     g->ss = ss;
     g->session_gen = 1;
     g->n_prompt = n;
@@ -1388,6 +1509,7 @@ static enum MHD_Result handle_session_delete(server *S, struct MHD_Connection *c
     for (int i = 0; i < S->n_sessions; i++)
         if (S->sessions[i] == ss) {
             S->sessions[i] = S->sessions[--S->n_sessions];
+            S->tu[ss->tidx].sessions--;
             found = 1;
             break;
         }
@@ -1413,6 +1535,7 @@ static enum MHD_Result handle_metrics(server *S, struct MHD_Connection *c) {
     S->rate_t = t;
     S->rate_tokens = st.tokens_generated;
     int n_sessions = S->n_sessions;
+    long long n_expired = S->n_expired;
     size_t kv = S->kv_used;
     long long cls[6];
     memcpy(cls, S->http_by_class, sizeof cls);
@@ -1455,6 +1578,8 @@ static enum MHD_Result handle_metrics(server *S, struct MHD_Connection *c) {
     P("# HELP isobatch_http_responses_total Responses by status class.\n# TYPE isobatch_http_responses_total counter\n");
     for (int i = 2; i <= 5; i++) P("isobatch_http_responses_total{class=\"%dxx\"} %lld\n", i, cls[i]);
     P("# HELP isobatch_rejected_total 429 responses.\n# TYPE isobatch_rejected_total counter\nisobatch_rejected_total %lld\n", n429);
+    P("# HELP isobatch_sessions_expired_total Sessions closed for being idle.\n# TYPE isobatch_sessions_expired_total counter\n"
+      "isobatch_sessions_expired_total %lld\n", n_expired);
     P("# HELP isobatch_connections Open HTTP connections.\n# TYPE isobatch_connections gauge\nisobatch_connections %d\n", n_conn);
     P("# HELP isobatch_request_timeouts_total Connections closed for not sending a whole request in time.\n"
       "# TYPE isobatch_request_timeouts_total counter\nisobatch_request_timeouts_total %lld\n", n_cut);
@@ -1477,6 +1602,30 @@ static enum MHD_Result handle_models(server *S, struct MHD_Connection *c) {
     json_object_set_new(j, "object", json_string("list"));
     json_object_set_new(j, "data", d);
     return send_json(S, c, 200, j, 0);
+}
+
+/* Close the sessions idle (no request naming them, no generation) for session_idle_timeout_s, as a
+ * DELETE would; a generation running on one keeps it. Called from the main loop. */
+static void expire_sessions(server *S) {
+    if (S->o.session_idle_timeout_s <= 0) return;
+    for (;;) {
+        sess *victim = NULL;
+        double t = now_s();
+        pthread_mutex_lock(&S->mu);
+        for (int i = 0; i < S->n_sessions && !victim; i++) {
+            sess *ss = S->sessions[i];
+            if (!ss->busy && t - ss->last_used > S->o.session_idle_timeout_s) {
+                victim = ss;
+                S->sessions[i] = S->sessions[--S->n_sessions];
+                S->tu[ss->tidx].sessions--;
+                ss->closed = 1;
+                S->n_expired++;
+            }
+        }
+        pthread_mutex_unlock(&S->mu);
+        if (!victim) return;
+        sess_unref(S, victim); /* the table's reference */
+    }
 }
 
 /* ------------------------------------------------------------------ the whole-request deadline */
@@ -1546,20 +1695,23 @@ typedef struct conn {
     int too_big;
 } conn;
 
-/* The Bearer key of the request ("" when none): NULL when keys are configured and it is not one. */
-static const char *tenant_of(server *S, struct MHD_Connection *c) {
+/* The Bearer key of the request ("" when none): NULL when keys are configured and it is not one.
+ * *tidx gets the key's index in server.tu (0 when no keys are configured). */
+static const char *tenant_of(server *S, struct MHD_Connection *c, int *tidx) {
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     const char *key = "";
     if (h && !strncasecmp(h, "Bearer ", 7)) key = h + 7;
+    *tidx = 0;
     if (S->o.n_api_keys == 0) return key;
-    for (int i = 0; i < S->o.n_api_keys; i++) {
+    const char *found = NULL;
+    for (int i = 0; i < S->o.n_api_keys; i++) { /* every key compared in full: no early exit */
         const char *k = S->o.api_keys[i];
         size_t a = strlen(k), b = strlen(key);
         unsigned diff = (unsigned)(a ^ b);
         for (size_t j = 0; j < a; j++) diff |= (unsigned char)k[j] ^ (unsigned char)(j < b ? key[j] : 0);
-        if (!diff) return key;
+        if (!diff && !found) found = key, *tidx = i;
     }
-    return NULL;
+    return found;
 }
 
 static enum MHD_Result dispatch(server *S, struct MHD_Connection *c, const char *url, const char *method, conn *cn) {
@@ -1572,7 +1724,8 @@ static enum MHD_Result dispatch(server *S, struct MHD_Connection *c, const char 
         if (!get) return send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use GET");
         return handle_metrics(S, c);
     }
-    const char *tenant = tenant_of(S, c);
+    int tidx = 0;
+    const char *tenant = tenant_of(S, c, &tidx);
     if (!tenant)
         return send_error(S, c, 401, "invalid_request_error", "invalid_api_key", NULL,
                           "Incorrect or missing API key: send Authorization: Bearer <key>");
@@ -1598,10 +1751,10 @@ static enum MHD_Result dispatch(server *S, struct MHD_Connection *c, const char 
     }
     enum MHD_Result r;
     if (!strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions")) {
-        r = post ? handle_generate(S, c, b, url[4] == 'c' && url[5] == 'h')
+        r = post ? handle_generate(S, c, b, url[4] == 'c' && url[5] == 'h', tidx)
                  : send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use POST");
     } else if (!strcmp(url, "/v1/sessions")) {
-        r = post ? handle_session_create(S, c, b, tenant)
+        r = post ? handle_session_create(S, c, b, tenant, tidx)
                  : send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use POST");
     } else if (!strncmp(url, "/v1/sessions/", 13)) {
         char id[64];
@@ -1776,6 +1929,18 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     if ((rc = ib_model_load(o->model_dir, NULL, &S->m, err))) goto done;
     S->info = ib_model_get_info(S->m);
     if (!S->o.memory_budget) S->o.memory_budget = default_memory_budget(S->info);
+    /* per-key quotas: given, or with several keys an equal share of each server limit, so that no key
+     * can hold what another needs; one key (or none) has the server's limits */
+    S->n_tenants = o->n_api_keys > 0 ? o->n_api_keys : 1;
+    if (!(S->tu = calloc((size_t)S->n_tenants, sizeof *S->tu))) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "serve: out of memory");
+        goto done;
+    }
+    int nt = S->n_tenants;
+    S->key_sessions = o->key_max_sessions > 0 ? o->key_max_sessions : nt > 1 ? (o->max_sessions + nt - 1) / nt : 0;
+    S->key_kv = o->key_memory_budget > 0 ? o->key_memory_budget : nt > 1 ? S->o.memory_budget / (size_t)nt : 0;
+    S->key_requests = o->key_max_requests > 0 ? o->key_max_requests
+                      : nt > 1 ? (o->max_batch + o->max_queue + nt - 1) / nt : 0;
     if (o->model_id)
         snprintf(S->model_id, sizeof S->model_id, "%s", o->model_id);
     else {
@@ -1835,9 +2000,10 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
             goto done;
         }
     }
-    while (!*stop) {
+    for (int tick = 0; !*stop; tick++) {
         usleep(100000);
         watch_sweep(S);
+        if (tick % 10 == 0) expire_sessions(S);
     }
     if (log) {
         fprintf(log, "isobatch serve: stopping\n");
@@ -1852,6 +2018,7 @@ done:
     if (S->sessions)
         for (int i = 0; i < S->n_sessions; i++) sess_unref(S, S->sessions[i]);
     free(S->sessions);
+    free(S->tu);
     ib_engine_free(S->e);
     ib_model_free(S->m);
     if (S->urandom >= 0) close(S->urandom);

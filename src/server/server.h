@@ -18,6 +18,12 @@ typedef struct ib_server_opts {
     const char *port_file;       /* when set, the bound port is written there once listening */
     int threads, max_batch, prefill_chunk, max_queue;
     int max_sessions;            /* stateful sessions held at once */
+    int session_idle_timeout_s;  /* a session no request has named for this long is closed; 0 = never */
+    /* per-API-key quotas; 0 = with several keys an equal share of max_sessions, memory_budget and
+     * max_batch + max_queue, with one key or none no quota beyond the server's limits */
+    int key_max_sessions;        /* stateful sessions of one key */
+    size_t key_memory_budget;    /* KV bytes of one key (its sessions and requests) */
+    int key_max_requests;        /* generations of one key queued, waiting for memory or running */
     size_t memory_budget;        /* KV bytes over all sessions (request-scoped and stateful); 0 = derived
                                   * from the machine: half its memory (or cgroup limit) less the weights */
     int session_context;         /* KV capacity of a stateful session (tokens), under the full policy */
