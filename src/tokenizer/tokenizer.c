@@ -293,6 +293,13 @@ ib_status ib_tokenizer_load(const char *path, int vocab_limit, ib_tokenizer **ou
     if ((st = tok_load_added(t, added, path, err))) goto fail;
     for (int i = 0; i < t->n_added; i++) {
         const added_tok *a = &t->added[i];
+        /* an added token may repeat a vocabulary entry (same id, same text), never take another
+         * token's id: text would then encode to the added token (" p" to <|im_end|>) */
+        if (seen[a->id] && (t->len[a->id] != a->len || memcmp(t->text + t->off[a->id], a->content, a->len))) {
+            st = ib_fail(err, IB_ERR_MODEL, "%s: field added_tokens: token \"%.64s\" has id %d, which model.vocab gives to \"%.*s\"",
+                         path, a->content, a->id, (int)(t->len[a->id] < 64 ? t->len[a->id] : 64), t->text + t->off[a->id]);
+            goto fail;
+        }
         memcpy(t->text + used, a->content, a->len);
         t->off[a->id] = used;
         t->len[a->id] = (uint32_t)a->len;
