@@ -11,6 +11,7 @@
 #   - chat roles are validated by one function for chat/completions and a session's append;
 #   - per-key quotas (sessions' KV, requests in flight) keep one key from locking the others out,
 #     a free batch slot goes to the key that waited, idle sessions expire (reported in the object);
+#   - SIGTERM drains: in-flight generations finish, those past --drain-timeout end properly;
 #   - ISOBATCH_API_KEY="" is refused.
 set -u
 BUILD=${BUILD:-build}
@@ -197,6 +198,42 @@ wait "${FP[@]}"
 [ "$(cat "$T/fbcode")" = 200 ] && [ "$(echo "$(cat "$T/fb") < $(cat "$T/fa3")" | bc)" = 1 ] && ok \
     || bad "key-b's request (HTTP $(cat "$T/fbcode")) finished after key-a's queued ones: b $(cat "$T/fb"), a3 $(cat "$T/fa3")"
 stop "$LAST_PID" fair
+
+# ---- 7. SIGTERM: in-flight generations finish (up to --drain-timeout), then the rest end properly
+start drain "$T/tiny" --token-delay-ms 20 --drain-timeout 10
+DP=$LAST_PID
+curl -s -N -m 30 "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":40,"stream":true}' > "$T/d_sse" &
+D1=$!
+curl -s -m 30 -o "$T/d_plain" -w '%{http_code}' "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":40}' > "$T/d_code" &
+D2=$!
+sleep 0.4
+kill -TERM "$DP"
+sleep 0.3
+code=$(curl -s -m 5 -o /dev/null -w '%{http_code}' "$U/healthz"); [ "$code" = 000 ] || [ "$code" = 503 ] && ok || bad "a request during the drain got HTTP $code"
+wait $D1 $D2
+grep -q '"finish_reason":"length"' "$T/d_sse" && tail -c 100 "$T/d_sse" | grep -q 'data: \[DONE\]' && ok || bad "a stream in flight at SIGTERM did not finish: $(tail -c 300 "$T/d_sse")"
+[ "$(cat "$T/d_code")" = 200 ] && grep -q '"completion_tokens":40' "$T/d_plain" && ok || bad "a request in flight at SIGTERM: HTTP $(cat "$T/d_code") $(head -c 300 "$T/d_plain")"
+wait "$DP"; rc=$?
+[ $rc = 0 ] && ok || bad "drain: exit $rc"
+grep -qE "AddressSanitizer|runtime error|LeakSanitizer" "$T/drain.log" && bad "drain: sanitizer report" || ok
+# past the drain deadline (1 s) the rest is ended: the stream with its final chunk, the plain request 503
+start drain2 "$T/tiny" --token-delay-ms 20 --drain-timeout 1
+DP=$LAST_PID
+curl -s -N -m 30 "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":1000,"stream":true}' > "$T/d_sse" &
+D1=$!
+curl -s -m 30 -o "$T/d_plain" -w '%{http_code}' "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":1000}' > "$T/d_code" &
+D2=$!
+sleep 0.4
+t0=$(date +%s.%N)
+kill -TERM "$DP"
+wait $D1 $D2
+el=$(echo "$(date +%s.%N) - $t0" | bc)
+grep -q '"finish_reason":"cancelled"' "$T/d_sse" && tail -c 100 "$T/d_sse" | grep -q 'data: \[DONE\]' && ok || bad "a stream past the drain deadline: $(tail -c 300 "$T/d_sse")"
+[ "$(cat "$T/d_code")" = 503 ] && grep -q server_shutting_down "$T/d_plain" && ok || bad "a plain request past the drain deadline: HTTP $(cat "$T/d_code") $(head -c 300 "$T/d_plain")"
+[ "$(echo "$el < 5" | bc)" = 1 ] && ok || bad "clients ended $el s after SIGTERM (drain 1 s)"
+wait "$DP"; rc=$?
+[ $rc = 0 ] && ok || bad "drain2: exit $rc"
+grep -qE "AddressSanitizer|runtime error|LeakSanitizer" "$T/drain2.log" && bad "drain2: sanitizer report" || ok
 
 # ---- 4. an empty ISOBATCH_API_KEY is refused, as --api-key "" is
 ISOBATCH_API_KEY= timeout 10 "$BIN" serve -m "$T/tiny" --port 0 2> "$T/e"; rc=$?

@@ -48,6 +48,8 @@ static const char help[] =
     "                         (default 30; stops clients that trickle bytes to hold connections)\n"
     "  --timeout S            longest generation, queue wait included (default 300)\n"
     "  --idle-timeout S       close a connection idle this long while sending its request (default 30)\n"
+    "  --drain-timeout S      on SIGTERM/SIGINT: stop accepting, let generations in flight finish for up\n"
+    "                         to S seconds, then end the rest (default 30)\n"
     "  --inject FAULT         tests only: serve with a deliberate invariance bug (see generate --help)\n"
     "  --token-delay-ms N     tests only: sleep N ms on each generated token (a slow model)\n";
 
@@ -80,7 +82,7 @@ int cmd_serve(int argc, char **argv) {
     long port = o.port, batch = o.max_batch, chunk = o.prefill_chunk, queue = o.max_queue, sessions = o.max_sessions,
          sctx = o.session_context, maxp = o.max_prompt_tokens, maxt = o.max_tokens, conns = o.max_connections,
          tmo = o.timeout_s, idle = o.idle_timeout_s, rto = o.request_timeout_s,
-         cconns = o.max_connections_per_client, sidle = o.session_idle_timeout_s, kses = 0, kreq = 0, body = (long)o.max_body, delay = 0;
+         cconns = o.max_connections_per_client, sidle = o.session_idle_timeout_s, drain = o.drain_timeout_s, kses = 0, kreq = 0, body = (long)o.max_body, delay = 0;
     for (int i = 1; i < argc && !rc; i++) {
         const char *f = argv[i], *v = NULL;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -106,6 +108,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(f, "--timeout")) rc = VAL() ? cli_int(f, v, 1, 86400, &tmo) : 2;
         else if (!strcmp(f, "--idle-timeout")) rc = VAL() ? cli_int(f, v, 1, 3600, &idle) : 2;
         else if (!strcmp(f, "--request-timeout")) rc = VAL() ? cli_int(f, v, 1, 3600, &rto) : 2;
+        else if (!strcmp(f, "--drain-timeout")) rc = VAL() ? cli_int(f, v, 0, 86400, &drain) : 2;
         else if (!strcmp(f, "--session-idle-timeout")) rc = VAL() ? cli_int(f, v, 0, 1 << 30, &sidle) : 2;
         else if (!strcmp(f, "--key-max-sessions")) rc = VAL() ? cli_int(f, v, 1, 1000000, &kses) : 2;
         else if (!strcmp(f, "--key-max-requests")) rc = VAL() ? cli_int(f, v, 1, 1000000, &kreq) : 2;
@@ -164,6 +167,7 @@ int cmd_serve(int argc, char **argv) {
     o.idle_timeout_s = (int)idle;
     o.request_timeout_s = (int)rto;
     o.session_idle_timeout_s = (int)sidle;
+    o.drain_timeout_s = (int)drain;
     o.key_max_sessions = (int)kses;
     o.key_max_requests = (int)kreq;
     o.max_connections_per_client = (int)cconns;

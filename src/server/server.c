@@ -127,6 +127,8 @@ struct server {
     size_t key_kv;
     int key_requests;
     long long n_expired;      /* sessions closed for being idle */
+    volatile int draining;    /* stopping: no new work, the work in flight may finish */
+    int n_gens;               /* generations not yet freed (their responses not yet all sent) */
 };
 
 /* What one API key holds now (its quotas: server.key_*). */
@@ -172,6 +174,7 @@ ib_server_opts ib_server_opts_default(void) {
     o.timeout_s = 300;
     o.idle_timeout_s = 30;
     o.request_timeout_s = 30;
+    o.drain_timeout_s = 30;
     o.queue_wait_ms = 5000;
     return o;
 }
@@ -409,6 +412,10 @@ static void gen_unref(gen *g) {
     int left = --g->refs;
     pthread_mutex_unlock(&g->mu);
     if (left) return;
+    server *S = g->srv;
+    pthread_mutex_lock(&S->mu);
+    S->n_gens--;
+    pthread_mutex_unlock(&S->mu);
     for (int i = 0; i < g->n_stops; i++) free(g->stops[i]);
     free(g->tok);
     free(g->lp);
@@ -953,7 +960,11 @@ static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_s
         ret = send_error(S, c, 500, "server_error", NULL, NULL, "generation failed");
     } else if (!strcmp(g->finish, "cancelled") && !g->stopped) {
         pthread_mutex_unlock(&g->mu);
-        ret = send_error(S, c, 504, "server_error", "timeout", NULL, "generation cancelled (time limit or shutdown)");
+        if (S->draining)
+            ret = send_error(S, c, 503, "server_error", "server_shutting_down", NULL,
+                             "the server is shutting down and its drain time ran out; retry on another server");
+        else
+            ret = send_error(S, c, 504, "server_error", "timeout", NULL, "generation cancelled (time limit)");
     } else {
         json_t *j = final_json(g);
         pthread_mutex_unlock(&g->mu);
@@ -970,6 +981,9 @@ static gen *gen_new(server *S, int chat, gen_params *p) {
     pthread_cond_init(&g->cv, NULL);
     g->refs = 1;
     g->srv = S;
+    pthread_mutex_lock(&S->mu);
+    S->n_gens++;
+    pthread_mutex_unlock(&S->mu);
     g->chat = chat;
     g->stream = p->stream;
     g->include_usage = p->include_usage;
@@ -1628,6 +1642,29 @@ static void expire_sessions(server *S) {
     }
 }
 
+static void watch_sweep(server *S);
+
+/* The graceful stop: close the listening socket (new connections are refused), answer new requests
+ * on open connections 503, and let the generations in flight finish for up to drain_timeout_s;
+ * the caller then cancels what is left (streams get their final chunk and [DONE], waiting
+ * non-streaming clients a 503). */
+static void drain(server *S) {
+    S->draining = 1;
+    MHD_socket ls = MHD_quiesce_daemon(S->d);
+    if (ls != MHD_INVALID_SOCKET) close(ls);
+    double end = now_s() + S->o.drain_timeout_s;
+    for (;;) {
+        ib_sched_stats st;
+        ib_sched_get_stats(S->sched, &st);
+        pthread_mutex_lock(&S->mu);
+        int waiting = S->mem_waiters;
+        pthread_mutex_unlock(&S->mu);
+        if ((st.active == 0 && st.queued == 0 && waiting == 0) || now_s() >= end) break;
+        usleep(50000);
+        watch_sweep(S);
+    }
+}
+
 /* ------------------------------------------------------------------ the whole-request deadline */
 
 /* MHD's connection notices: register a connection when it opens (waiting for its first request),
@@ -1725,6 +1762,8 @@ static enum MHD_Result dispatch(server *S, struct MHD_Connection *c, const char 
         return handle_metrics(S, c);
     }
     int tidx = 0;
+    if (S->draining && strcmp(url, "/metrics"))
+        return send_error(S, c, 503, "server_error", "server_shutting_down", NULL, "the server is shutting down");
     const char *tenant = tenant_of(S, c, &tidx);
     if (!tenant)
         return send_error(S, c, 401, "invalid_request_error", "invalid_api_key", NULL,
@@ -1972,7 +2011,7 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
         goto done;
     }
     S->t_start = S->rate_t = now_s();
-    S->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)o->port, NULL,
+    S->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC, (uint16_t)o->port, NULL,
                             NULL, access_cb, S, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                             (unsigned)o->max_connections_per_client, MHD_OPTION_NOTIFY_CONNECTION, notify_conn, S,
@@ -2006,13 +2045,23 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
         if (tick % 10 == 0) expire_sessions(S);
     }
     if (log) {
-        fprintf(log, "isobatch serve: stopping\n");
+        fprintf(log, "isobatch serve: stopping: no new connections; draining for up to %d s\n", o->drain_timeout_s);
         fflush(log);
     }
+    drain(S);
 done:
-    if (S->d) MHD_quiesce_daemon(S->d);
+    if (S->d && !S->draining) MHD_quiesce_daemon(S->d);
     /* cancel work in flight so streaming connections end, then stop the daemon */
     if (S->sched) ib_sched_stop(S->sched);
+    /* give the responses of the ended generations (a stream's final chunk and [DONE], a waiting
+     * client's 503) up to 2 s to go out before the daemon closes every connection */
+    for (int i = 0; S->d && i < 40; i++) {
+        pthread_mutex_lock(&S->mu);
+        int left = S->n_gens;
+        pthread_mutex_unlock(&S->mu);
+        if (!left) break;
+        usleep(50000);
+    }
     if (S->d) MHD_stop_daemon(S->d);
     ib_sched_free(S->sched);
     if (S->sessions)

@@ -35,6 +35,7 @@ typedef struct ib_server_opts {
     int max_prompt_tokens, max_tokens;
     int max_connections;         /* open connections over all clients */
     int max_connections_per_client; /* open connections from one IP address */
+    int drain_timeout_s;         /* on stop, how long the generations in flight may go on finishing */
     int request_timeout_s;       /* a connection must deliver each whole request (headers and body)
                                   * within this many seconds of opening or of its previous response */
     int timeout_s;               /* the longest a generation may run (queue wait included) */
@@ -51,8 +52,10 @@ typedef struct ib_server_opts {
 ib_server_opts ib_server_opts_default(void);
 
 /* Load the model, start the engine, scheduler and HTTP daemon, and serve until *stop becomes
- * non-zero (checked a few times a second); then stop accepting, cancel the work in flight and free
- * everything. Progress lines go to `log` (may be NULL). Returns IB_OK after a clean stop. */
+ * non-zero (checked a few times a second); then stop accepting (new requests on open connections
+ * get 503), let the generations in flight finish for up to drain_timeout_s, cancel what is left
+ * (streams end with their final chunk) and free everything. Progress lines go to `log` (may be
+ * NULL). Returns IB_OK after a clean stop. */
 ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, void *log, ib_error *err);
 
 #endif
