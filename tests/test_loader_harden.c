@@ -172,7 +172,9 @@ int main(void) {
     }
     {   /* header {} */
         const char *d = fresh("empty");
-        write_st(pathf("%s/%s", d, "model.safetensors"), json_object(), NULL, 0);
+        json_t *e = json_object();
+        write_st(pathf("%s/%s", d, "model.safetensors"), e, NULL, 0);
+        json_decref(e);
         expect_fail(d, "tensor model.embed_tokens.weight: missing", 2, "header {}");
     }
     {   /* a FIFO shard named by an index; a FIFO config.json */

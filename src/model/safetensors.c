@@ -323,9 +323,8 @@ static ib_status append_file(ib_st_set *s, const char *path, ib_error *err) {
     /* the tensor count, before parsing: every entry has a "data_offsets" key, so counting those
      * bounds it, and a header of a million empty tensors fails in milliseconds instead of seconds */
     size_t n_keys = 0;
-    for (const unsigned char *q = f->map + 8, *qe = f->map + 8 + n;
-         (q = memmem(q, (size_t)(qe - q), "data_offsets", 12)) != NULL; q += 12)
-        if (++n_keys > ST_MAX_TENSORS) {
+    for (const unsigned char *q = f->map + 8, *qe = f->map + 8 + n; q + 12 <= qe; q++)
+        if (*q == 'd' && !memcmp(q, "data_offsets", 12) && ++n_keys > ST_MAX_TENSORS) {
             st = ib_fail(err, IB_ERR_FORMAT, "%s: header holds more than %d tensors", p, ST_MAX_TENSORS);
             goto fail;
         }
