@@ -189,6 +189,10 @@ int main(void) {
         unlink(pathf("%s/%s", d2, "config.json"));
         mkfifo(pathf("%s/%s", d2, "config.json"), 0600);
         expect_fail(d2, "config.json: not a regular file", 2, "FIFO config.json");
+        const char *d3 = fresh("fifo_tokconfig");
+        unlink(pathf("%s/%s", d3, "tokenizer_config.json"));
+        mkfifo(pathf("%s/%s", d3, "tokenizer_config.json"), 0600);
+        expect_fail(d3, "tokenizer_config.json: not a regular file", 2, "FIFO tokenizer_config.json");
         alarm(120);
     }
     {   /* 200,000 empty tensors */
