@@ -94,8 +94,8 @@ $(BUILD)/examples/%: examples/%.c $(BUILD)/libisobatch.a
 
 examples: $(EX_BIN)
 
-test: all asan $(TEST_BIN) $(EX_BIN)
-	@BUILD=$(BUILD) ASAN_BUILD=$(ASAN_BUILD) bash tests/run.sh
+test: all asan $(TEST_BIN) $(EX_BIN) $(if $(HAVE_FUZZ_CC),fuzz-build)
+	@BUILD=$(BUILD) ASAN_BUILD=$(ASAN_BUILD) FUZZ_BUILD=$(FUZZ_BUILD) bash tests/run.sh
 
 # The main job: batched generation on the bundled default model (models/default, trained by train/),
 # printing the text, tokens/s, and whether every row matched its serialized run.
@@ -139,8 +139,60 @@ neon-test: $(NEON_TEST) $(NEON_ATT_TEST)
 	$(QEMU_A64) -cpu cortex-a57 $(NEON_TEST)
 	$(QEMU_A64) -cpu max $(NEON_ATT_TEST)
 
+# libFuzzer targets (fuzz/fuzz_*.c, seed corpora in fuzz/corpus/NAME): the library built again with
+# clang under ASan/UBSan in $(FUZZ_BUILD). `make fuzz` runs each target for FUZZ_SECONDS on a copy
+# of its seed corpus ($(FUZZ_BUILD)/corpus/NAME, kept between runs) and stops at the first finding;
+# `make test` runs each for a few seconds (tests/t_fuzz.sh) when clang is installed.
+FUZZ_CC      ?= clang
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 600
+FUZZ_SAN     := -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
+                -fno-omit-frame-pointer -DIB_NO_CLONES
+FUZZ_CFLAGS   = $(filter-out -fvect-cost-model=dynamic,$(IB_BASE_FLAGS)) $(FUZZ_SAN) $(IB_NUMERIC_FLAGS)
+FUZZ_OBJ     := $(SRC:%.c=$(FUZZ_BUILD)/%.o)
+FUZZ_BIN     := $(patsubst fuzz/%.c,$(FUZZ_BUILD)/fuzz/%,$(wildcard fuzz/fuzz_*.c))
+HAVE_FUZZ_CC := $(shell command -v $(FUZZ_CC) 2>/dev/null)
+
+# The AVX2/AVX-512 kernel copies take clang minutes each under the sanitizers and no fuzzed input
+# reaches them: built as in the plain build, by $(CC).
+$(FUZZ_BUILD)/%_avx2.o: %_avx2.c
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+
+$(FUZZ_BUILD)/%_avx512.o: %_avx512.c
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) $(AVX512_FLAGS) -c $< -o $@
+
+$(FUZZ_BUILD)/src/%.o: src/%.c
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+
+# The files whose CPU feature checks name a feature (f16c) clang 14's __builtin_cpu_supports lacks
+# are built by $(CC), uninstrumented: feature detection and half-float conversion, which no fuzzed
+# input reaches in a way a sanitizer would judge.
+FUZZ_BY_CC := $(FUZZ_BUILD)/src/backends/cpu/isa.o $(FUZZ_BUILD)/src/core/half.o
+$(FUZZ_BY_CC): $(FUZZ_BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(FUZZ_BUILD)/libisobatch.a: $(FUZZ_OBJ)
+	$(AR) rcs $@ $^
+
+$(FUZZ_BUILD)/fuzz/%: fuzz/%.c fuzz/fuzz_common.h $(FUZZ_BUILD)/libisobatch.a
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_BUILD)/libisobatch.a $(LDLIBS)
+
+.PHONY: fuzz fuzz-build
+fuzz-build: $(FUZZ_BIN)
+
+fuzz: fuzz-build
+	@for f in $(FUZZ_BIN); do n=$${f##*/fuzz_}; mkdir -p $(FUZZ_BUILD)/corpus/$$n; \
+	    echo "== $$f: $(FUZZ_SECONDS) s"; \
+	    $$f -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=4096 -max_len=65536 -print_final_stats=1 \
+	        -artifact_prefix=$(FUZZ_BUILD)/ $(FUZZ_BUILD)/corpus/$$n fuzz/corpus/$$n || exit 1; done
+
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz
 
 -include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_BIN:=.d) $(EX_BIN:=.d)
 

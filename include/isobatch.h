@@ -408,6 +408,9 @@ typedef struct ib_sched_job {
     int n_stop;
     int want_logprobs;       /* fill ib_sched_event.logprob */
     int top_logprobs;        /* 0..IB_MAX_TOP_LOGPROBS: also report that many most likely tokens */
+    int group;               /* fairness group (a server's API key; 0 for all when unused): a free
+                              * batch slot goes to the queued job whose group runs the fewest jobs,
+                              * the longest-waiting one among equals. Never changes a job's numbers. */
     ib_sched_event_fn on_event;
     void *ctx;
     /* logit bias (OpenAI's logit_bias): before each draw, logit_bias[i] is added (in float) to the logit
@@ -488,6 +491,12 @@ typedef enum ib_tokenize_flags { IB_TOKENIZE_ADD_SPECIAL = 1, IB_TOKENIZE_SPLIT_
 
 /* ib_tokenize with flags (an OR of ib_tokenize_flags); same return contract. */
 int ib_tokenize_ex(const ib_model *m, const char *text, size_t len, int flags, int32_t *ids, int cap);
+
+/* ib_tokenize_ex that the caller can abandon (a client that left): cancelled(ctx) is asked every
+ * 64 KiB or so of work; once it returns non-zero the call stops and returns -2. Tokenizing takes
+ * O(n log n) time in the text's length whatever the text. */
+int ib_tokenize_cancel(const ib_model *m, const char *text, size_t len, int flags, int32_t *ids, int cap,
+                       int (*cancelled)(void *ctx), void *ctx);
 
 /* Id of the added/special token whose text is exactly content ("<|im_end|>"), or -1. */
 int32_t ib_token_id(const ib_model *m, const char *content);

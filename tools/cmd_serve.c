@@ -24,10 +24,17 @@ static const char help[] =
     "                         (default 64); beyond that: 429 with Retry-After\n"
     "  --max-sessions N       stateful sessions held at once (default 256)\n"
     "  --session-context N    KV capacity of a stateful session in tokens (default 1024)\n"
+    "  --session-idle-timeout S  close a session no request has named for S seconds (default 3600;\n"
+    "                         0 = never); the session object reports idle_timeout and expires_at\n"
+    "  --key-max-sessions N, --key-memory-budget SIZE, --key-max-requests N\n"
+    "                         per-API-key quotas: sessions, KV bytes, generations in flight (queued,\n"
+    "                         waiting for memory or running). Default with several keys: an equal\n"
+    "                         share of --max-sessions, the memory budget and --max-batch + --max-queue\n"
     "  --kv POLICY            stateful sessions' KV policy: full (every token, up to --session-context),\n"
     "                         window:W (the last W positions), sink:S,window:W (the first S and the last W;\n"
     "                         positions keep counting, memory is fixed at S + W + prefill-chunk tokens)\n"
-    "  --memory-budget SIZE   KV bytes over all sessions, e.g. 512M, 4G (default: no limit)\n"
+    "  --memory-budget SIZE   KV bytes over all sessions, e.g. 512M, 4G (default: half the machine's\n"
+    "                         memory, or its cgroup limit, less the weights)\n"
     "  --kv-dtype f32|f16     KV precision of every session (f16: half the memory; answers change slightly)\n"
     "  --threads T            compute threads (default: the CPUs online)\n"
     "  --isa auto|scalar|avx2|avx512|neon, --act auto|f32|q8\n"
@@ -36,11 +43,17 @@ static const char help[] =
     "  --max-body BYTES       request body limit (default 1048576)\n"
     "  --max-prompt-tokens N  prompt limit (default 4096)\n"
     "  --max-tokens N         max_tokens limit (default 1024)\n"
-    "  --max-connections N    open connections (default 256)\n"
+    "  --max-connections N    open connections (default 1024)\n"
+    "  --max-client-connections N  open connections from one IP address (default 256)\n"
+    "  --request-timeout S    a connection must send each whole request (headers and body) within S\n"
+    "                         seconds of opening or of its previous response, else it is closed\n"
+    "                         (default 30; stops clients that trickle bytes to hold connections)\n"
     "  --timeout S            longest generation, queue wait included (default 300)\n"
     "  --idle-timeout S       close a connection idle this long while sending its request (default 30)\n"
     "  --cors-origin ORIGIN   Access-Control-Allow-Origin of every response (default *; none: no CORS)\n"
     "  --no-request-log       do not log one line per request on stderr (id, method, path, status, ms)\n"
+    "  --drain-timeout S      on SIGTERM/SIGINT: stop accepting, let generations in flight finish for up\n"
+    "                         to S seconds, then end the rest (default 30)\n"
     "  --inject FAULT         tests only: serve with a deliberate invariance bug (see generate --help)\n"
     "  --token-delay-ms N     tests only: sleep N ms on each generated token (a slow model)\n";
 
@@ -58,7 +71,7 @@ static int parse_size(const char *s, size_t *out) {
     else if (*end == 'G' || *end == 'g') mul = 1024.0 * 1024 * 1024, end++;
     else if (*end == 'T' || *end == 't') mul = 1024.0 * 1024 * 1024 * 1024, end++;
     if (*end == 'B' || *end == 'b') end++;
-    if (*end) return -1;
+    if (*end || !(v * mul < 1.8e19)) return -1;
     *out = (size_t)(v * mul);
     return 0;
 }
@@ -72,7 +85,8 @@ int cmd_serve(int argc, char **argv) {
     const char *dir = NULL;
     long port = o.port, batch = o.max_batch, chunk = o.prefill_chunk, queue = o.max_queue, sessions = o.max_sessions,
          sctx = o.session_context, maxp = o.max_prompt_tokens, maxt = o.max_tokens, conns = o.max_connections,
-         tmo = o.timeout_s, idle = o.idle_timeout_s, body = (long)o.max_body, delay = 0;
+         tmo = o.timeout_s, idle = o.idle_timeout_s, rto = o.request_timeout_s,
+         cconns = o.max_connections_per_client, sidle = o.session_idle_timeout_s, drain = o.drain_timeout_s, kses = 0, kreq = 0, body = (long)o.max_body, delay = 0;
     for (int i = 1; i < argc && !rc; i++) {
         const char *f = argv[i], *v = NULL;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -97,9 +111,21 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(f, "--max-connections")) rc = VAL() ? cli_int(f, v, 1, 100000, &conns) : 2;
         else if (!strcmp(f, "--timeout")) rc = VAL() ? cli_int(f, v, 1, 86400, &tmo) : 2;
         else if (!strcmp(f, "--idle-timeout")) rc = VAL() ? cli_int(f, v, 1, 3600, &idle) : 2;
+        else if (!strcmp(f, "--request-timeout")) rc = VAL() ? cli_int(f, v, 1, 3600, &rto) : 2;
+        else if (!strcmp(f, "--drain-timeout")) rc = VAL() ? cli_int(f, v, 0, 86400, &drain) : 2;
+        else if (!strcmp(f, "--session-idle-timeout")) rc = VAL() ? cli_int(f, v, 0, 1 << 30, &sidle) : 2;
+        else if (!strcmp(f, "--key-max-sessions")) rc = VAL() ? cli_int(f, v, 1, 1000000, &kses) : 2;
+        else if (!strcmp(f, "--key-max-requests")) rc = VAL() ? cli_int(f, v, 1, 1000000, &kreq) : 2;
+        else if (!strcmp(f, "--key-memory-budget")) {
+            if (!VAL()) rc = 2;
+            else if (parse_size(v, &o.key_memory_budget) || !o.key_memory_budget)
+                rc = cli_usage_error("--key-memory-budget: bad size '%s' (e.g. 512M, 4G; more than 0)", v);
+        }
+        else if (!strcmp(f, "--max-client-connections")) rc = VAL() ? cli_int(f, v, 1, 100000, &cconns) : 2;
         else if (!strcmp(f, "--memory-budget")) {
             if (!VAL()) rc = 2;
-            else if (parse_size(v, &o.memory_budget)) rc = cli_usage_error("--memory-budget: bad size '%s' (e.g. 512M, 4G)", v);
+            else if (parse_size(v, &o.memory_budget) || !o.memory_budget)
+                rc = cli_usage_error("--memory-budget: bad size '%s' (e.g. 512M, 4G; more than 0)", v);
         } else if (!strcmp(f, "--kv")) {
             if (!VAL()) rc = 2;
             else if (ib_kv_policy_parse(v, &(int){0}, &(int){0}))
@@ -131,8 +157,11 @@ int cmd_serve(int argc, char **argv) {
     }
     if (rc) return rc;
     if (!(dir = cli_model_dir(dir))) return 2;
+    /* a set but empty variable is a mistake (an unset secret), never a request for no authentication */
     const char *env_key = getenv("ISOBATCH_API_KEY");
-    if (env_key && *env_key && nk < 64) keys[nk++] = env_key;
+    if (env_key && !*env_key) return cli_usage_error("ISOBATCH_API_KEY is set but empty: unset it to serve without a key");
+    if (env_key && nk == 64) return cli_usage_error("ISOBATCH_API_KEY: more than 64 keys");
+    if (env_key) keys[nk++] = env_key;
     o.model_dir = dir;
     o.port = (int)port;
     o.threads = (int)threads;
@@ -147,6 +176,12 @@ int cmd_serve(int argc, char **argv) {
     o.max_connections = (int)conns;
     o.timeout_s = (int)tmo;
     o.idle_timeout_s = (int)idle;
+    o.request_timeout_s = (int)rto;
+    o.session_idle_timeout_s = (int)sidle;
+    o.drain_timeout_s = (int)drain;
+    o.key_max_sessions = (int)kses;
+    o.key_max_requests = (int)kreq;
+    o.max_connections_per_client = (int)cconns;
     o.token_delay_ms = (int)delay;
     o.api_keys = keys;
     o.n_api_keys = nk;

@@ -24,16 +24,30 @@ const char *ib_strerror(ib_status code) {
     return status_names[code];
 }
 
+/* Record code and the formatted message in err (may be NULL) and return code. The message is one
+ * printable line whatever a file put into it: a newline or carriage return becomes a space, any
+ * other control byte (0x01-0x1F, 0x7F) is written as \xNN, so a name or value quoted from a
+ * hostile file cannot move a terminal's cursor or forge log lines. */
 ib_status ib_fail(ib_error *err, ib_status code, const char *fmt, ...) {
     if (err) {
+        char raw[sizeof err->msg];
         va_list ap;
         va_start(ap, fmt);
         err->code = code;
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        vsnprintf(raw, sizeof raw, fmt, ap);
         va_end(ap);
-        /* one line: fold any newline a caller's string brought in */
-        for (char *p = err->msg; *p; p++)
-            if (*p == '\n' || *p == '\r') *p = ' ';
+        size_t o = 0, cap = sizeof err->msg;
+        for (const unsigned char *p = (const unsigned char *)raw; *p && o + 1 < cap; p++) {
+            if (*p == '\n' || *p == '\r') {
+                err->msg[o++] = ' ';
+            } else if (*p < 0x20 || *p == 0x7F) {
+                if (o + 5 >= cap) break;
+                o += (size_t)snprintf(err->msg + o, cap - o, "\\x%02X", *p);
+            } else {
+                err->msg[o++] = (char)*p;
+            }
+        }
+        err->msg[o] = '\0';
     }
     return code;
 }

@@ -4,6 +4,7 @@
  * Every tensor is checked against config.json (dtype, shape) before use and converted or repacked
  * into the engine's layouts; the mapped files are closed at the end, so the model owns plain memory.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,18 @@ static void to_f32(const ib_st_tensor *t, size_t n, float *out) {
     }
 }
 
+/* Fail unless every v[0..n) is finite: a NaN or infinite scale, bias or norm weight would load
+ * without a word and make every answer garbage. */
+static ib_status check_finite(const ib_st_set *st, const char *name, const float *v, size_t n, ib_error *err) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i])) {
+            const ib_st_tensor *t = ib_st_find(st, name);
+            return ib_fail(err, IB_ERR_MODEL, "%s: tensor %s: element %zu is %s (scales, biases and norms must be finite)",
+                           t ? ib_st_file_path(st, t->file) : "model", name, i, isnan(v[i]) ? "NaN" : "infinite");
+        }
+    return IB_OK;
+}
+
 /* Load a float vector tensor `name` of length n into a new array. */
 static ib_status load_vec(const ib_st_set *st, const char *name, int n, float **out, ib_error *err) {
     const ib_st_tensor *t;
@@ -39,7 +52,7 @@ static ib_status load_vec(const ib_st_set *st, const char *name, int n, float **
     *out = malloc((size_t)n * sizeof(float));
     if (!*out) return ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", name);
     to_f32(t, (size_t)n, *out);
-    return IB_OK;
+    return check_finite(st, name, *out, (size_t)n, err); /* *out is the caller's to free either way */
 }
 
 /* Load the linear weight `prefix`.weight of shape [N, K] (float) or its MLX-quantized triple
@@ -88,7 +101,8 @@ static ib_status load_linear(const ib_st_set *st, const ib_config *cfg, const ch
         memcpy(wq, t->data, nw * sizeof(uint32_t));
         to_f32(sc, ng, s);
         to_f32(bi, ng, b);
-        rc = ib_matrix_from_mlx(m, wq, s, b, N, K, bits, G, err);
+        if (!(rc = check_finite(st, sname, s, ng, err)) && !(rc = check_finite(st, bname, b, ng, err)))
+            rc = ib_matrix_from_mlx(m, wq, s, b, N, K, bits, G, err);
     }
     free(wq);
     free(s);
@@ -204,6 +218,11 @@ ib_status ib_model_load(const char *dir, const ib_load_opts *opts, ib_model **ou
         rc = ib_fail(err, IB_ERR_INVALID_ARG, "%s: path too long", dir);
         goto fail;
     }
+    struct stat cs;
+    if (stat(path, &cs) == 0 && !S_ISREG(cs.st_mode)) { /* a FIFO would block the read for ever */
+        rc = ib_fail(err, IB_ERR_IO, "%s: not a regular file", path);
+        goto fail;
+    }
     if ((rc = ib_config_load(path, &m->cfg, err))) goto fail;
     if ((rc = ib_st_open_dir(dir, &st, err))) goto fail;
     const ib_config *c = &m->cfg;
@@ -223,8 +242,16 @@ ib_status ib_model_load(const char *dir, const ib_load_opts *opts, ib_model **ou
         if ((rc = load_linear(st, c, "lm_head", V, D, &m->lm_head_own, err))) goto fail;
         m->lm_head = &m->lm_head_own;
     }
+    char what[128];
+    snprintf(what, sizeof what, "this model (model_type %s, %d layers, %s embeddings)",
+             c->arch == IB_ARCH_QWEN3 ? "qwen3" : "llama", c->n_layers, c->tie_embeddings ? "tied" : "untied");
+    if ((rc = ib_st_check_used(st, what, err))) goto fail;
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     struct stat sb;
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        rc = ib_fail(err, IB_ERR_IO, "%s: not a regular file", path);
+        goto fail;
+    }
     if (stat(path, &sb) == 0)
         rc = ib_tokenizer_load(path, V, &m->tok, err);
     else

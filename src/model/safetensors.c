@@ -22,6 +22,8 @@
 
 /* Largest JSON header accepted (100 MiB); real headers are well under 10 MiB. */
 #define ST_MAX_HEADER ((uint64_t)100 << 20)
+/* Most tensors one file may declare (real checkpoints hold a few thousand per shard). */
+#define ST_MAX_TENSORS 100000
 
 static const struct {
     const char *name;
@@ -83,6 +85,7 @@ struct ib_st_set {
     int n_tensors, cap_tensors;
     char *origin; /* what "tensor X: missing" messages name: the file or the index */
     size_t total_bytes;
+    unsigned char *used; /* [n_tensors] set by ib_st_expect (name order), for ib_st_check_used */
 };
 
 void ib_st_close(ib_st_set *s) {
@@ -95,6 +98,7 @@ void ib_st_close(ib_st_set *s) {
     free(s->files);
     free(s->tensors);
     free(s->origin);
+    free(s->used);
     free(s);
 }
 
@@ -265,7 +269,8 @@ static ib_status append_file(ib_st_set *s, const char *path, ib_error *err) {
     int file_index = s->n_files++;
     const char *p = f->path;
 
-    fd = open(p, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO (or device) named as a shard must not block open(); it is refused below */
+    fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         st = ib_fail(err, IB_ERR_IO, "%s: cannot open: %s", p, strerror(errno));
         goto fail;
@@ -315,6 +320,14 @@ static ib_status append_file(ib_st_set *s, const char *path, ib_error *err) {
     }
     uint64_t data_size = size - 8 - n;
     const unsigned char *data = f->map + 8 + n;
+    /* the tensor count, before parsing: every entry has a "data_offsets" key, so counting those
+     * bounds it, and a header of a million empty tensors fails in milliseconds instead of seconds */
+    size_t n_keys = 0;
+    for (const unsigned char *q = f->map + 8, *qe = f->map + 8 + n; q + 12 <= qe; q++)
+        if (*q == 'd' && !memcmp(q, "data_offsets", 12) && ++n_keys > ST_MAX_TENSORS) {
+            st = ib_fail(err, IB_ERR_FORMAT, "%s: header holds more than %d tensors", p, ST_MAX_TENSORS);
+            goto fail;
+        }
 
     json_error_t jerr;
     root = json_loadb((const char *)f->map + 8, (size_t)n, JSON_REJECT_DUPLICATES, &jerr);
@@ -370,8 +383,10 @@ static ib_status append_file(ib_st_set *s, const char *path, ib_error *err) {
         spans[n_spans++] = (st_span){b, e, s->tensors[s->n_tensors - 1].name};
     }
 
-    /* overlap: in begin order, a non-empty tensor must start at or after the furthest end so far */
-    qsort(spans, (size_t)n_spans, sizeof *spans, cmp_span);
+    /* overlap: in begin order, a non-empty tensor must start at or after the furthest end so far;
+     * and, as the format requires, the tensors tile the data section: no hole between two of them,
+     * nothing after the last (bytes that no tensor describes are a damaged or doctored file) */
+    if (n_spans > 1) qsort(spans, (size_t)n_spans, sizeof *spans, cmp_span);
     uint64_t max_end = 0;
     const char *max_name = NULL;
     for (int i = 0; i < n_spans; i++) {
@@ -385,6 +400,21 @@ static ib_status append_file(ib_st_set *s, const char *path, ib_error *err) {
             max_end = spans[i].end;
             max_name = spans[i].name;
         }
+    }
+    max_end = 0;
+    for (int i = 0; i < n_spans; i++) {
+        if (spans[i].begin == spans[i].end) continue;
+        if (spans[i].begin > max_end) {
+            st = ib_fail(err, IB_ERR_FORMAT, "%s: data bytes [%llu, %llu) before tensor %s belong to no tensor", p,
+                         (unsigned long long)max_end, (unsigned long long)spans[i].begin, spans[i].name);
+            goto fail;
+        }
+        if (spans[i].end > max_end) max_end = spans[i].end;
+    }
+    if (max_end != data_size) {
+        st = ib_fail(err, IB_ERR_FORMAT, "%s: %llu trailing data bytes after the last tensor (data section %llu bytes)", p,
+                     (unsigned long long)(data_size - max_end), (unsigned long long)data_size);
+        goto fail;
     }
 
     free(spans);
@@ -400,7 +430,8 @@ fail:
 
 /* Sort s by name and reject a name present in two files. */
 static ib_status set_finish(ib_st_set *s, ib_error *err) {
-    qsort(s->tensors, (size_t)s->n_tensors, sizeof *s->tensors, cmp_tensor_name);
+    if (s->n_tensors > 1) qsort(s->tensors, (size_t)s->n_tensors, sizeof *s->tensors, cmp_tensor_name);
+    if (!(s->used = calloc((size_t)s->n_tensors + 1, 1))) return ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", s->origin);
     for (int i = 1; i < s->n_tensors; i++)
         if (strcmp(s->tensors[i - 1].name, s->tensors[i].name) == 0)
             return ib_fail(err, IB_ERR_FORMAT, "%s: tensor %s: present in both %s and %s", s->origin,
@@ -442,6 +473,8 @@ static ib_status open_index(const char *dir, const char *idx, ib_st_set **out, i
     char *shard_path = NULL;
     ib_st_set *s = NULL;
 
+    struct stat isb;
+    if (stat(idx, &isb) == 0 && !S_ISREG(isb.st_mode)) return ib_fail(err, IB_ERR_IO, "%s: not a regular file", idx);
     FILE *fp = fopen(idx, "rb");
     if (!fp) return ib_fail(err, IB_ERR_IO, "%s: cannot open: %s", idx, strerror(errno));
     json_error_t jerr;
@@ -623,8 +656,22 @@ ib_status ib_st_expect(const ib_st_set *s, const char *name, const ib_dtype *dty
                            want);
         }
     }
+    if (s->used) s->used[t - s->tensors] = 1;
     if (out) *out = t;
     return IB_OK;
+}
+
+ib_status ib_st_check_used(const ib_st_set *s, const char *what, ib_error *err) {
+    int first = -1, n = 0;
+    for (int i = 0; s && s->used && i < s->n_tensors; i++)
+        if (!s->used[i]) {
+            if (first < 0) first = i;
+            n++;
+        }
+    if (first < 0) return IB_OK;
+    return ib_fail(err, IB_ERR_MODEL, "%s: tensor %s%s is not used by %s: a checkpoint with unused tensors is refused",
+                   s->files[s->tensors[first].file].path, s->tensors[first].name,
+                   n > 1 ? " (and others)" : "", what);
 }
 
 /* ------------------------------------------------------------------ writer */
@@ -718,8 +765,9 @@ static int cmp_entry_name(const void *a, const void *b) {
     return strcmp(((const wr_entry *)a)->name, ((const wr_entry *)b)->name);
 }
 
-/* Header JSON for the name-sorted entries with data laid out at 8-byte aligned offsets, padded with
- * spaces to a multiple of 8 bytes; *len gets its length. NULL when out of memory. */
+/* Header JSON for the name-sorted entries with their data laid end to end (the format allows no
+ * gap: readers, this one included, refuse bytes that belong to no tensor), padded with spaces to a
+ * multiple of 8 bytes; *len gets its length. NULL when out of memory. */
 static char *build_header(const ib_st_writer *w, size_t *len) {
     json_t *root = json_object(), *meta = json_object();
     char *text = NULL, *padded = NULL;
@@ -742,7 +790,6 @@ static char *build_header(const ib_st_writer *w, size_t *len) {
             json_array_append_new(offs, json_integer((json_int_t)(off + e->nbytes))))
             goto done;
         off += e->nbytes;
-        off = (off + 7) & ~(uint64_t)7;
     }
     text = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS);
     if (!text) goto done;
@@ -767,7 +814,6 @@ ib_status ib_st_writer_write(ib_st_writer *w, const char *path, ib_error *err) {
     FILE *fp = NULL;
     char *header = NULL, *tmp = NULL;
     int made_tmp = 0;
-    static const unsigned char zeros[8];
 
     qsort(w->e, (size_t)w->n, sizeof *w->e, cmp_entry_name);
     size_t hlen = 0;
@@ -790,14 +836,7 @@ ib_status ib_st_writer_write(ib_st_writer *w, const char *path, ib_error *err) {
     unsigned char le[8];
     for (int i = 0; i < 8; i++) le[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
     int ok = fwrite(le, 1, 8, fp) == 8 && fwrite(header, 1, hlen, fp) == hlen;
-    uint64_t off = 0;
-    for (int i = 0; ok && i < w->n; i++) {
-        size_t pad = (size_t)(((off + 7) & ~(uint64_t)7) - off);
-        ok = fwrite(zeros, 1, pad, fp) == pad;
-        off += pad;
-        ok = ok && fwrite(w->e[i].data, 1, w->e[i].nbytes, fp) == w->e[i].nbytes;
-        off += w->e[i].nbytes;
-    }
+    for (int i = 0; ok && i < w->n; i++) ok = fwrite(w->e[i].data, 1, w->e[i].nbytes, fp) == w->e[i].nbytes;
     ok = ok && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
     int saved = errno;
     if (fclose(fp) != 0 && ok) {

@@ -7,14 +7,16 @@
  *
  * ib_st_open_dir validates everything before anything is used: header length within the file,
  * JSON syntax, each entry's dtype/shape/offsets types, begin <= end, end within the file, byte size
- * equal to prod(shape) * dtype size, no two tensors overlapping, no duplicate names across shards.
+ * equal to prod(shape) * dtype size, no two tensors overlapping, no bytes of the data region outside
+ * every tensor (no hole, nothing after the last: as strict readers of the format require), at most
+ * 100,000 tensors per file (counted before the JSON is parsed), no duplicate names across shards.
  * Errors name the file, the tensor and the field (IB_ERR_IO: cannot open/map; IB_ERR_FORMAT: a
  * malformed header, index or duplicate name; IB_ERR_MODEL: a tensor the index or ib_st_expect asks
  * for is missing or has the wrong dtype/shape).
  *
  * ALIGNMENT: tensor data pointers are NOT guaranteed to be aligned (the format allows any byte
- * offset). Callers must memcpy or use unaligned-safe loads. Files written by ib_st_writer_write do
- * have every tensor at an 8-byte aligned offset.
+ * offset). Callers must memcpy or use unaligned-safe loads. Files written by ib_st_writer_write lay
+ * the tensors end to end (no padding: the format allows none), so most are unaligned.
  */
 #ifndef IB_MODEL_SAFETENSORS_H
 #define IB_MODEL_SAFETENSORS_H
@@ -65,6 +67,12 @@ size_t ib_st_total_bytes(const ib_st_set *s);  /* sum of file sizes */
 /* Find a tensor by name; NULL when absent. */
 const ib_st_tensor *ib_st_find(const ib_st_set *s, const char *name);
 
+/* Fail (IB_ERR_MODEL) naming the first tensor of s that no successful ib_st_expect has asked for,
+ * saying it is not used by `what` (e.g. "model_type qwen3 with 2 layers"): a checkpoint holding
+ * tensors the configuration does not use (a wrong model_type, too few layers) is refused rather
+ * than loaded with parts silently dropped. */
+ib_status ib_st_check_used(const ib_st_set *s, const char *what, ib_error *err);
+
 /* Find a tensor and check its dtype (any of the `n_dtypes` listed) and shape (ndim dims; a shape
  * entry of -1 matches anything). On mismatch or absence, fail with a message naming the file,
  * the tensor and the field, e.g.
@@ -83,7 +91,7 @@ ib_status ib_st_writer_create(ib_st_writer **out, ib_error *err);
  * not "__metadata__" (else IB_ERR_INVALID_ARG). */
 ib_status ib_st_writer_add(ib_st_writer *w, const char *name, ib_dtype dtype, int ndim,
                            const int64_t *shape, const void *data, ib_error *err);
-/* Write all tensors to path (header sorted by name, data aligned to 8 bytes, with
+/* Write all tensors to path (header sorted by name, data end to end in that order, with
  * "__metadata__": {"format": "mlx"}, header padded with spaces to a multiple of 8). Writes path.tmp
  * then renames it over path; on failure the .tmp is removed and path is untouched. */
 ib_status ib_st_writer_write(ib_st_writer *w, const char *path, ib_error *err);

@@ -27,6 +27,7 @@ typedef struct job {
     int32_t *stops;           /* [n_stop] (owned copy) */
     int n_stop;
     int want_lp, top;         /* logprob of each token; how many top alternatives */
+    int group;                /* fairness group (ib_sched_job.group) */
     ib_sched_event_fn fn;
     void *ctx;
     int cancel;               /* set under the lock by ib_sched_cancel */
@@ -59,6 +60,10 @@ struct ib_sched {
     job *qhead, *qtail;
     int n_queued;
     int rr;                   /* rotating start for prefill chunks */
+    /* fairness: when each recent group last had a job admitted (take_fair) */
+    struct { int group; uint64_t seq; } recent[64];
+    int n_recent;
+    uint64_t admit_seq;
     ib_sched_stats st;
     /* step buffers, loop thread only */
     ib_step_item *items;      /* [max_batch] */
@@ -223,6 +228,52 @@ static void sample_task(void *ctx, int i, int thread) {
     }
 }
 
+/* When group g last had a job admitted (0: not among the 64 most recent groups). Lock held. */
+static uint64_t group_last(const ib_sched *S, int g) {
+    for (int i = 0; i < S->n_recent; i++)
+        if (S->recent[i].group == g) return S->recent[i].seq;
+    return 0;
+}
+
+/* Record an admission of group g (the least recent entry makes room). Lock held. */
+static void group_admitted(ib_sched *S, int g) {
+    uint64_t seq = ++S->admit_seq;
+    int k = -1;
+    for (int i = 0; i < S->n_recent && k < 0; i++)
+        if (S->recent[i].group == g) k = i;
+    if (k < 0 && S->n_recent < 64) k = S->n_recent++;
+    if (k < 0) {
+        k = 0;
+        for (int i = 1; i < 64; i++)
+            if (S->recent[i].seq < S->recent[k].seq) k = i;
+    }
+    S->recent[k].group = g;
+    S->recent[k].seq = seq;
+}
+
+/* Unlink and return the queued job to admit next (queue not empty, lock held): among the groups
+ * with the fewest active jobs, the one whose last admission is the oldest, and its longest-waiting
+ * job. So groups take turns, and one group's backlog cannot keep another out of the batch.
+ * O(queued x active), both bounded by the options. */
+static job *take_fair(ib_sched *S) {
+    job *best = NULL, *best_prev = NULL, *prev = NULL;
+    int best_n = 0;
+    uint64_t best_last = 0;
+    for (job *q = S->qhead; q; prev = q, q = q->qnext) {
+        if (best && q->group == best->group) continue;
+        int n = 0;
+        for (int a = 0; a < S->n_active; a++) n += S->active[a]->group == q->group;
+        uint64_t last = group_last(S, q->group);
+        if (!best || n < best_n || (n == best_n && last < best_last)) best = q, best_prev = prev, best_n = n, best_last = last;
+    }
+    if (best_prev) best_prev->qnext = best->qnext;
+    else S->qhead = best->qnext;
+    if (S->qtail == best) S->qtail = best_prev;
+    best->qnext = NULL;
+    group_admitted(S, best->group);
+    return best;
+}
+
 /* The loop: admit, drop cancelled jobs, build one step, run it, hand out tokens; until stopped (then
  * every job still known ends "cancelled") or, inline, until no job is active or queued. Events are
  * delivered without the lock held, so callbacks may submit and cancel. */
@@ -233,9 +284,7 @@ static void run_loop(ib_sched *S) {
     pthread_mutex_lock(&S->mu);
     for (;;) {
         while (S->n_active < S->o.max_batch && S->qhead) {
-            job *j = S->qhead;
-            S->qhead = j->qnext;
-            if (!S->qhead) S->qtail = NULL;
+            job *j = take_fair(S);
             S->n_queued--;
             j->queued_s = now_s() - j->t_submit;
             S->active[S->n_active++] = j;
@@ -504,6 +553,7 @@ ib_status ib_sched_submit(ib_sched *S, const ib_sched_job *jb, uint64_t *id, ib_
     j->n_stop = jb->n_stop;
     j->want_lp = jb->want_logprobs;
     j->top = jb->top_logprobs < 0 ? 0 : jb->top_logprobs > IB_MAX_TOP_LOGPROBS ? IB_MAX_TOP_LOGPROBS : jb->top_logprobs;
+    j->group = jb->group;
     j->fn = jb->on_event;
     j->ctx = jb->ctx;
     j->prompt = malloc((size_t)jb->n_prompt * sizeof(int32_t));

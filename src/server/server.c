@@ -17,6 +17,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -38,6 +39,8 @@ typedef struct server server;
 typedef struct sess {
     char id[40];
     char *tenant;             /* the Bearer key that created it ("" without one) */
+    int tidx;                 /* its index in server.tu */
+    double last_used;         /* now_s() of the last request that named it or its last generation's end */
     ib_session *s;
     int32_t *pending;         /* [n_pending] tokens appended but not yet fed */
     int n_pending, cap_pending;
@@ -76,6 +79,8 @@ typedef struct gen {
     long created;
     ib_session *own;          /* request-scoped session, freed at DONE */
     size_t reserved;          /* its KV bytes, released at DONE */
+    int tidx;                 /* the key (server.tu index) it counts against */
+    int inflight;             /* it holds one of its key's in-flight requests, returned at DONE */
     sess *ss;                 /* stateful session, or NULL */
     /* rendering (connection thread only, under mu) */
     ib_text_stream ts;
@@ -115,7 +120,38 @@ struct server {
     long long n_429;
     ib_latency lat;           /* TTFT, inter-token and queue-time histograms, tokens/s (latency.c) */
     ib_json_vocab jv;         /* the vocabulary's bytes, for response_format json_object */
+    /* connections, for the whole-request deadline (watch_*): guarded by watch_mu, an entry lives
+     * from MHD's STARTED notice to its CLOSED notice, which comes before MHD closes the socket */
+    pthread_mutex_t watch_mu;
+    struct cwatch *watch;     /* doubly linked */
+    long long n_req_timeouts; /* connections cut off for not delivering a request in time */
+    /* per-key use (under mu): index i is api key i; one entry for everyone without keys */
+    struct tenant_use *tu;
+    int n_tenants;
+    int key_sessions;         /* limits per key (0 = none) */
+    size_t key_kv;
+    int key_requests;
+    long long n_expired;      /* sessions closed for being idle */
+    volatile int draining;    /* stopping: no new work, the work in flight may finish */
+    int n_gens;               /* generations not yet freed (their responses not yet all sent) */
 };
+
+/* What one API key holds now (its quotas: server.key_*). */
+typedef struct tenant_use {
+    int sessions;             /* stateful sessions in the table */
+    size_t kv;                /* KV bytes reserved (sessions and requests) */
+    int inflight;             /* generations queued, waiting for memory or running */
+} tenant_use;
+
+/* One open connection: when it began waiting for its current request, and whether that request
+ * has arrived whole (then the deadline no longer applies until its response is done). */
+typedef struct cwatch {
+    struct cwatch *prev, *next;
+    int fd;
+    double t_wait;            /* when the connection began waiting for its current request */
+    int receiving;            /* 1 while a request is expected and not yet whole */
+    int cut;                  /* shut down for missing the deadline */
+} cwatch;
 
 static double now_s(void) {
     struct timespec ts;
@@ -133,13 +169,17 @@ ib_server_opts ib_server_opts_default(void) {
     o.prefill_chunk = 64;
     o.max_queue = 64;
     o.max_sessions = 256;
+    o.session_idle_timeout_s = 3600;
     o.session_context = 1024;
     o.max_body = 1 << 20;
     o.max_prompt_tokens = 4096;
     o.max_tokens = 1024;
-    o.max_connections = 256;
+    o.max_connections = 1024;
+    o.max_connections_per_client = 256;
     o.timeout_s = 300;
     o.idle_timeout_s = 30;
+    o.request_timeout_s = 30;
+    o.drain_timeout_s = 30;
     o.queue_wait_ms = 5000;
     o.request_log = 1;
     o.cors_origin = "*";
@@ -386,6 +426,10 @@ static void gen_unref(gen *g) {
     int left = --g->refs;
     pthread_mutex_unlock(&g->mu);
     if (left) return;
+    server *S = g->srv;
+    pthread_mutex_lock(&S->mu);
+    S->n_gens--;
+    pthread_mutex_unlock(&S->mu);
     for (int i = 0; i < g->n_stops; i++) free(g->stops[i]);
     free(g->tok);
     free(g->lp);
@@ -426,7 +470,14 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
             g->own = NULL;
             pthread_mutex_lock(&S->mu);
             S->kv_used -= g->reserved;
+            S->tu[g->tidx].kv -= g->reserved;
             pthread_cond_broadcast(&S->mem_cv);
+            pthread_mutex_unlock(&S->mu);
+        }
+        if (g->inflight) {
+            pthread_mutex_lock(&S->mu);
+            S->tu[g->tidx].inflight--;
+            g->inflight = 0;
             pthread_mutex_unlock(&S->mu);
         }
         if (g->ss) {
@@ -445,6 +496,7 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
                 pthread_mutex_unlock(&g->mu);
             }
             ss->busy = 0;
+            ss->last_used = now_s();
             pthread_mutex_unlock(&S->mu);
             sess_unref(S, ss);
             g->ss = NULL;
@@ -788,17 +840,24 @@ static void sse_free(void *cls) {
 /* KV bytes of one token of one session of this server. */
 static size_t kv_token_bytes(const server *S) { return ib_kv_bytes_per_token(S->m, S->o.kv_dtype); }
 
-/* Reserve `bytes` of KV memory, waiting up to queue_wait_ms in a bounded queue. 0 on success. */
-static int mem_reserve(server *S, size_t bytes, int wait) {
+/* Reserve `bytes` of KV memory for key t: within the server's budget and the key's quota, waiting
+ * up to queue_wait_ms in a bounded queue when wait is set. 0 on success; -2 when the bytes exceed
+ * the whole budget or the key's whole quota (it can never fit); -1 the budget is in use; -3 the
+ * key's quota is in use (other keys' work is not what holds it up). */
+static int mem_reserve(server *S, int t, size_t bytes, int wait) {
+    size_t budget = S->o.memory_budget, kq = S->key_kv;
     pthread_mutex_lock(&S->mu);
-    if (S->o.memory_budget && bytes > S->o.memory_budget) {
+    if ((budget && bytes > budget) || (kq && bytes > kq)) {
         pthread_mutex_unlock(&S->mu);
         return -2;
     }
-    if (S->o.memory_budget && S->kv_used + bytes > S->o.memory_budget) {
+#define GLOBAL_FITS (!budget || S->kv_used + bytes <= budget)
+#define KEY_FITS (!kq || S->tu[t].kv + bytes <= kq)
+    if (!GLOBAL_FITS || !KEY_FITS) {
         if (!wait || S->mem_waiters >= S->o.max_queue) {
+            int r = KEY_FITS ? -1 : -3;
             pthread_mutex_unlock(&S->mu);
-            return -1;
+            return r;
         }
         S->mem_waiters++;
         struct timespec ts;
@@ -807,23 +866,44 @@ static int mem_reserve(server *S, size_t bytes, int wait) {
         ts.tv_sec += ns / 1000000000LL;
         ts.tv_nsec = ns % 1000000000LL;
         int rc = 0;
-        while (S->kv_used + bytes > S->o.memory_budget && rc != ETIMEDOUT)
-            rc = pthread_cond_timedwait(&S->mem_cv, &S->mu, &ts);
+        while ((!GLOBAL_FITS || !KEY_FITS) && rc != ETIMEDOUT) rc = pthread_cond_timedwait(&S->mem_cv, &S->mu, &ts);
         S->mem_waiters--;
-        if (S->kv_used + bytes > S->o.memory_budget) {
+        if (!GLOBAL_FITS || !KEY_FITS) {
+            int r = KEY_FITS ? -1 : -3;
             pthread_mutex_unlock(&S->mu);
-            return -1;
+            return r;
         }
     }
+#undef GLOBAL_FITS
+#undef KEY_FITS
     S->kv_used += bytes;
+    S->tu[t].kv += bytes;
     pthread_mutex_unlock(&S->mu);
     return 0;
 }
 
-static void mem_release(server *S, size_t bytes) {
+/* Give back bytes reserved by mem_reserve for key t. */
+static void mem_release(server *S, int t, size_t bytes) {
     pthread_mutex_lock(&S->mu);
     S->kv_used -= bytes;
+    S->tu[t].kv -= bytes;
     pthread_cond_broadcast(&S->mem_cv);
+    pthread_mutex_unlock(&S->mu);
+}
+
+/* Take one of key t's in-flight requests (generations queued, waiting or running). 0 on success,
+ * -1 when the key holds its quota already. */
+static int inflight_take(server *S, int t) {
+    pthread_mutex_lock(&S->mu);
+    int ok = !S->key_requests || S->tu[t].inflight < S->key_requests;
+    if (ok) S->tu[t].inflight++;
+    pthread_mutex_unlock(&S->mu);
+    return ok ? 0 : -1;
+}
+
+static void inflight_put(server *S, int t) {
+    pthread_mutex_lock(&S->mu);
+    S->tu[t].inflight--;
     pthread_mutex_unlock(&S->mu);
 }
 
@@ -849,7 +929,7 @@ static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_s
     ib_session_set_sampling(s, &p->sp);
     ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p->max_tokens,
                        .stop_ids = g->stop_ids, .n_stop = g->n_stop_ids, .want_logprobs = p->want_lp,
-                       .top_logprobs = g->n_top,
+                       .top_logprobs = g->n_top, .group = g->tidx,
                        .on_event = on_event, .ctx = g,
                        .logit_bias_ids = p->bias.ids, .logit_bias = p->bias.vals, .n_logit_bias = p->bias.n,
                        .constrain = g->want_json ? json_constrain : NULL, .constrain_ctx = g};
@@ -919,7 +999,11 @@ static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_s
         ret = send_error(S, c, 500, "server_error", NULL, NULL, "generation failed");
     } else if (!strcmp(g->finish, "cancelled") && !g->stopped) {
         pthread_mutex_unlock(&g->mu);
-        ret = send_error(S, c, 504, "server_error", "timeout", NULL, "generation cancelled (time limit or shutdown)");
+        if (S->draining)
+            ret = send_error(S, c, 503, "server_error", "server_shutting_down", NULL,
+                             "the server is shutting down and its drain time ran out; retry on another server");
+        else
+            ret = send_error(S, c, 504, "server_error", "timeout", NULL, "generation cancelled (time limit)");
     } else {
         json_t *j = final_json(g);
         pthread_mutex_unlock(&g->mu);
@@ -936,6 +1020,9 @@ static gen *gen_new(server *S, int chat, gen_params *p) {
     pthread_cond_init(&g->cv, NULL);
     g->refs = 1;
     g->srv = S;
+    pthread_mutex_lock(&S->mu);
+    S->n_gens++;
+    pthread_mutex_unlock(&S->mu);
     g->chat = chat;
     g->stream = p->stream;
     g->include_usage = p->include_usage;
@@ -955,8 +1042,12 @@ static gen *gen_new(server *S, int chat, gen_params *p) {
 
 /* ------------------------------------------------------------------ completions and chat */
 
-/* Tokenize text into a fresh array; *n gets the count. -1: out of memory; -2: over max_prompt. */
-static int32_t *tokenize(server *S, const char *text, size_t len, int flags, int *n, int *rc) {
+/* ib_tokenize_cancel's callback: stop tokenizing for a client that has gone away. */
+static int tok_client_gone(void *c) { return client_gone(c); }
+
+/* Tokenize text into a fresh array; *n gets the count. *rc: 0 ok, -1 out of memory, -2 over
+ * max_prompt, -3 the client left while it ran (nobody to answer). */
+static int32_t *tokenize(server *S, struct MHD_Connection *c, const char *text, size_t len, int flags, int *n, int *rc) {
     int cap = S->o.max_prompt_tokens + 1;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
     *rc = 0;
@@ -964,15 +1055,58 @@ static int32_t *tokenize(server *S, const char *text, size_t len, int flags, int
         *rc = -1;
         return NULL;
     }
-    int k = ib_tokenize_ex(S->m, text, len, flags, ids, cap);
+    int k = ib_tokenize_cancel(S->m, text, len, flags, ids, cap, tok_client_gone, c);
     if (k < 0) {
         free(ids);
-        *rc = -1;
+        *rc = k == -2 ? -3 : -1;
         return NULL;
     }
     *n = k;
     if (k > S->o.max_prompt_tokens) *rc = -2;
     return ids;
+}
+
+#define MAX_MESSAGES 4096
+
+/* The chat messages of a request (chat/completions, or a session's append): msgs must be an array
+ * of 1..MAX_MESSAGES objects, each with a string content and a role among system, developer (taken
+ * as system), user and assistant — exactly, so no role can carry other text (such as a chat
+ * template's markers) into the prompt. On success *out (freed by the caller; its strings belong to
+ * msgs) and *n are set and 0 is returned; -1 with a message in why when invalid; -2 out of memory. */
+static int chat_messages(json_t *msgs, ib_chat_msg **out, size_t *n, char *why, size_t wsz) {
+    *out = NULL;
+    *n = 0;
+    if (!json_is_array(msgs) || json_array_size(msgs) < 1) {
+        snprintf(why, wsz, "messages must be a non-empty array");
+        return -1;
+    }
+    size_t nm = json_array_size(msgs);
+    if (nm > MAX_MESSAGES) {
+        snprintf(why, wsz, "messages holds %zu messages, more than the limit of %d", nm, MAX_MESSAGES);
+        return -1;
+    }
+    ib_chat_msg *cm = calloc(nm, sizeof *cm);
+    if (!cm) return -2;
+    for (size_t i = 0; i < nm; i++) {
+        json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role"), *ct = json_object_get(m, "content");
+        if (!json_is_object(m) || !json_is_string(role) || !json_is_string(ct)) {
+            free(cm);
+            snprintf(why, wsz, "messages[%zu] needs a string role and a string content", i);
+            return -1;
+        }
+        const char *r = json_string_value(role);
+        if (strlen(r) != json_string_length(role) ||
+            (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer"))) {
+            free(cm);
+            snprintf(why, wsz, "messages[%zu].role '%.40s' is not system, developer, user or assistant", i, r);
+            return -1;
+        }
+        cm[i].role = strcmp(r, "developer") ? r : "system";
+        cm[i].content = json_string_value(ct);
+    }
+    *out = cm;
+    *n = nm;
+    return 0;
 }
 
 /* 0 when the body names the served model; else the error response has been queued into *r. */
@@ -1024,7 +1158,7 @@ static int params_copy(const gen_params *p, gen_params *q) {
  * generation per prompt with the same parameters, all submitted at once so they batch together (each
  * in its own session, so each is what it would be alone), answered as one body with choice i for
  * prompt i and the usage of all. Not streamed (stream: true is refused with a 400). */
-static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection *c, json_t *b, int np) {
+static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection *c, json_t *b, int np, int tidx) {
     json_t *pr = json_object_get(b, "prompt");
     if (np > S->o.max_batch + (S->o.max_queue > 0 ? S->o.max_queue : 0))
         return BAD("prompt", "%d prompts: more than this server runs or queues at once (%d)", np,
@@ -1049,7 +1183,7 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
         int32_t *ids = NULL;
         int n_ids = 0, trc = 0;
         if (json_is_string(pi)) {
-            ids = tokenize(S, json_string_value(pi), json_string_length(pi), IB_TOKENIZE_ADD_SPECIAL, &n_ids, &trc);
+            ids = tokenize(S, c, json_string_value(pi), json_string_length(pi), IB_TOKENIZE_ADD_SPECIAL, &n_ids, &trc);
         } else {
             size_t nt = json_array_size(pi);
             if (nt > (size_t)S->o.max_prompt_tokens) trc = -2;
@@ -1089,14 +1223,24 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
         }
         int cap = n_ids + (p.max_tokens > 0 ? p.max_tokens : 1);
         size_t bytes = (size_t)cap * kv_token_bytes(S);
-        int mrc = mem_reserve(S, bytes, 1);
+        if (inflight_take(S, tidx)) {
+            free(ids);
+            ret = send_error(S, c, 429, "rate_limit_error", "key_request_limit", NULL,
+                             "this API key has its limit of %d requests in flight; retry later", S->key_requests);
+            failed = 1;
+            break;
+        }
+        int mrc = mem_reserve(S, tidx, bytes, 1);
         if (mrc) {
+            inflight_put(S, tidx);
             free(ids);
             ret = mrc == -2 ? send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", NULL,
                                          "prompt %d needs %zu KV bytes, more than the memory budget of %zu", i, bytes,
                                          S->o.memory_budget)
-                            : send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
-                                         "the KV memory budget is in use; retry later");
+                  : mrc == -3 ? send_error(S, c, 429, "rate_limit_error", "key_memory_quota_exceeded", NULL,
+                                           "this API key's KV quota of %zu bytes is in use; retry later", S->key_kv)
+                              : send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+                                           "the KV memory budget is in use; retry later");
             failed = 1;
             break;
         }
@@ -1109,20 +1253,23 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
             if (s) ib_session_free(s);
             params_free(&q);
             free(ids);
-            mem_release(S, bytes);
-            ret = send_error(S, c, 500, "server_error", NULL, NULL, "cannot create a session");
+            mem_release(S, tidx, bytes);
+            inflight_put(S, tidx);
+            ret = send_error(S, c, 503, "server_error", "out_of_memory", NULL, "cannot create a session now; retry later");
             failed = 1;
             break;
         }
         params_free(&q);
         g->own = s;
         g->reserved = bytes;
+        g->tidx = tidx;
+        g->inflight = 1;
         g->n_prompt = n_ids;
         if (S->info->eos_id >= 0) g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
         ib_session_set_sampling(s, &p.sp);
         ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p.max_tokens,
                            .stop_ids = g->stop_ids, .n_stop = g->n_stop_ids, .want_logprobs = p.want_lp,
-                           .top_logprobs = g->n_top, .on_event = on_event, .ctx = g,
+                           .top_logprobs = g->n_top, .group = tidx, .on_event = on_event, .ctx = g,
                            .logit_bias_ids = p.bias.ids, .logit_bias = p.bias.vals, .n_logit_bias = p.bias.n};
         g->refs = 2; /* the connection, the scheduler */
         uint64_t id;
@@ -1213,7 +1360,7 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
 }
 
 /* POST /v1/completions and /v1/chat/completions. */
-static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, int chat) {
+static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, int chat, int tidx) {
     enum MHD_Result mr;
     if (check_model(S, c, b, &mr)) return mr;
     if (check_request(S, c, b, chat ? IB_API_CHAT : IB_API_COMPLETIONS, &mr)) return mr;
@@ -1221,32 +1368,18 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
         char pmsg[256];
         int np = ib_api_prompt_count(json_object_get(b, "prompt"), pmsg, sizeof pmsg);
         if (np < 0) return BAD("prompt", "%s", pmsg);
-        if (np > 0) return handle_completions_multi(S, c, b, np);
+        if (np > 0) return handle_completions_multi(S, c, b, np, tidx);
     }
     int32_t *ids = NULL;
     int n_ids = 0, trc = 0;
     if (chat) {
         json_t *msgs = json_object_get(b, "messages");
-        if (!json_is_array(msgs) || json_array_size(msgs) < 1)
-            return BAD("messages", "messages must be a non-empty array");
-        size_t nm = json_array_size(msgs);
-        if (nm > 4096) return BAD("messages", "too many messages");
-        ib_chat_msg *cm = calloc(nm, sizeof *cm);
-        if (!cm) return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
-        for (size_t i = 0; i < nm; i++) {
-            json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role"), *ct = json_object_get(m, "content");
-            if (!json_is_object(m) || !json_is_string(role) || !json_is_string(ct)) {
-                free(cm);
-                return BAD("messages", "messages[%zu] needs a string role and a string content", i);
-            }
-            const char *r = json_string_value(role);
-            if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer")) {
-                free(cm);
-                return BAD("messages", "messages[%zu].role '%s' is not system, developer, user or assistant", i, r);
-            }
-            cm[i].role = strcmp(r, "developer") ? r : "system";
-            cm[i].content = json_string_value(ct);
-        }
+        ib_chat_msg *cm = NULL;
+        size_t nm = 0;
+        char why[256];
+        int mrc = chat_messages(msgs, &cm, &nm, why, sizeof why);
+        if (mrc == -2) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
+        if (mrc) return BAD("messages", "%s", why);
         int flags = IB_CHAT_GENERATION_PROMPT, think = 1;
         if (get_bool(b, "enable_thinking", &think) < 0) {
             free(cm);
@@ -1261,18 +1394,18 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
         char *text = malloc((size_t)need + 1);
         if (!text) {
             free(cm);
-            return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+            return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
         }
         ib_chat_format(S->m, cm, (int)nm, flags, text, (size_t)need + 1);
         free(cm);
-        ids = tokenize(S, text, (size_t)need, 0, &n_ids, &trc);
+        ids = tokenize(S, c, text, (size_t)need, 0, &n_ids, &trc);
         free(text);
     } else {
         json_t *pr = json_object_get(b, "prompt");
         if (json_is_array(pr) && json_array_size(pr) == 1 && json_is_string(json_array_get(pr, 0)))
             pr = json_array_get(pr, 0);
         if (json_is_string(pr)) {
-            ids = tokenize(S, json_string_value(pr), json_string_length(pr), IB_TOKENIZE_ADD_SPECIAL, &n_ids, &trc);
+            ids = tokenize(S, c, json_string_value(pr), json_string_length(pr), IB_TOKENIZE_ADD_SPECIAL, &n_ids, &trc);
         } else if (json_is_array(pr) && json_array_size(pr) > 0) {
             size_t np = json_array_size(pr);
             if (np > (size_t)S->o.max_prompt_tokens) {
@@ -1280,7 +1413,7 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
                 n_ids = (int)(np < 1u << 30 ? np : 1u << 30);
             } else {
                 ids = malloc(np * sizeof *ids);
-                if (!ids) return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+                if (!ids) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
                 for (size_t i = 0; i < np; i++) {
                     json_t *v = json_array_get(pr, i);
                     if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= S->info->vocab_size) {
@@ -1295,7 +1428,8 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
             return BAD("prompt", "prompt must be a string, a non-empty array of token ids, or a list of prompts "
                                  "(strings or arrays of token ids)");
     }
-    if (trc == -1) return send_error(S, c, 500, "server_error", NULL, NULL, "tokenization failed");
+    if (trc == -3) return MHD_NO; /* the client left while its text was tokenized: close */
+    if (trc == -1) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory while tokenizing; retry later");
     if (trc == -2) {
         free(ids);
         return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt",
@@ -1324,14 +1458,24 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
     }
     int cap = n_ids + (p.max_tokens > 0 ? p.max_tokens : 1);
     size_t bytes = (size_t)cap * kv_token_bytes(S);
-    int mrc = mem_reserve(S, bytes, 1);
+    if (inflight_take(S, tidx)) {
+        free(ids);
+        params_free(&p);
+        return send_error(S, c, 429, "rate_limit_error", "key_request_limit", NULL,
+                          "this API key has its limit of %d requests in flight; retry later", S->key_requests);
+    }
+    int mrc = mem_reserve(S, tidx, bytes, 1);
     if (mrc) {
+        inflight_put(S, tidx);
         free(ids);
         params_free(&p);
         if (mrc == -2)
             return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", NULL,
-                              "this request needs %zu KV bytes, more than the memory budget of %zu", bytes,
-                              S->o.memory_budget);
+                              "this request needs %zu KV bytes, more than the memory budget of %zu (%zu per key)", bytes,
+                              S->o.memory_budget, S->key_kv ? S->key_kv : S->o.memory_budget);
+        if (mrc == -3)
+            return send_error(S, c, 429, "rate_limit_error", "key_memory_quota_exceeded", NULL,
+                              "this API key's KV quota of %zu bytes is in use; retry later", S->key_kv);
         return send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
                           "the KV memory budget is in use; retry later");
     }
@@ -1340,15 +1484,20 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
     ib_session *s;
     ib_error err;
     gen *g = NULL;
+    s = NULL;
     if (ib_session_create(S->m, &so, &s, &err) || !(g = gen_new(S, chat, &p))) {
-        if (!g) ib_session_free(s);
+        ib_session_free(s);
         free(ids);
         params_free(&p);
-        mem_release(S, bytes);
-        return send_error(S, c, 500, "server_error", NULL, NULL, "cannot create a session");
+        mem_release(S, tidx, bytes);
+        inflight_put(S, tidx);
+        return send_error(S, c, 503, "server_error", "out_of_memory", NULL,
+                          "cannot allocate %zu KV bytes for this request now; retry later", bytes);
     }
     g->own = s;
     g->reserved = bytes;
+    g->tidx = tidx;
+    g->inflight = 1;
     g->n_prompt = n_ids;
     if (chat)
         g->n_stop_ids = ib_chat_stop_ids(S->m, g->stop_ids, MAX_STOP_IDS);
@@ -1369,7 +1518,7 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
 
 static void sess_free(server *S, sess *ss) {
     ib_session_free(ss->s);
-    mem_release(S, ss->kv_bytes);
+    mem_release(S, ss->tidx, ss->kv_bytes);
     free(ss->pending);
     free(ss->tenant);
     free(ss);
@@ -1390,6 +1539,7 @@ static sess *sess_get(server *S, const char *id, const char *tenant) {
         sess *ss = S->sessions[i];
         if (!strcmp(ss->id, id) && !strcmp(ss->tenant, tenant) && !ss->closed) {
             ss->refs++;
+            ss->last_used = now_s();
             r = ss;
             break;
         }
@@ -1412,30 +1562,55 @@ static json_t *sess_info(server *S, sess *ss) {
     json_object_set_new(j, "kv_bytes", json_integer((json_int_t)ss->kv_bytes));
     json_object_set_new(j, "kv_policy", json_string(ss->policy));
     json_object_set_new(j, "busy", json_boolean(ss->busy));
+    /* idle expiry: closed once idle_timeout seconds pass with no request naming it */
+    int it = S->o.session_idle_timeout_s;
+    json_object_set_new(j, "idle_timeout", json_integer(it));
+    json_object_set_new(j, "expires_at", it > 0 ? json_integer((json_int_t)time(NULL) +
+                                                                (json_int_t)(ss->last_used + it - now_s() + 0.5))
+                                                : json_null());
     pthread_mutex_unlock(&S->mu);
     return j;
 }
 
-static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c, json_t *b, const char *tenant) {
-    long long ctx = S->o.session_context;
+static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c, json_t *b, const char *tenant, int tidx) {
+    /* the KV a session may hold is bounded by the model's context (a full session never holds more
+     * positions; a window wider than the context keeps nothing a full session would not) */
+    long long ctx = S->o.session_context < S->info->max_context ? S->o.session_context : S->info->max_context;
     if (b && get_int(b, "max_context", 1, S->info->max_context, &ctx) < 0)
         return BAD("max_context", "max_context must be an integer in [1, %d]", S->info->max_context);
     const char *policy = S->o.kv_policy ? S->o.kv_policy : "full";
     json_t *kv = b ? json_object_get(b, "kv") : NULL;
+    if (kv && json_is_null(kv)) kv = NULL; /* null: the server's default, like every other optional field */
     if (kv && !json_is_string(kv)) return BAD("kv", "kv must be a string: full, window:W or sink:S,window:W");
     if (kv) policy = json_string_value(kv);
     int sink = 0, window = 0;
     if (ib_kv_policy_parse(policy, &sink, &window) || strlen(policy) >= 48)
-        return BAD("kv", "kv '%s' is not full, window:W or sink:S,window:W", policy);
+        return BAD("kv", "kv '%.64s' is not full, window:W or sink:S,window:W", policy);
+    if (window > 0 && (long long)sink + window > S->info->max_context)
+        return BAD("kv", "kv '%s': sink + window = %lld positions exceed the model's context of %d", policy,
+                   (long long)sink + window, S->info->max_context);
     long long slots = window > 0 ? (long long)sink + window + S->o.prefill_chunk : ctx;
     size_t bytes = (size_t)slots * kv_token_bytes(S);
+    if (S->o.memory_budget && bytes > S->o.memory_budget)
+        return BAD(window > 0 ? "kv" : "max_context", "a session of %lld KV slots needs %zu bytes, more than this server's memory budget of %zu",
+                   slots, bytes, S->o.memory_budget);
     pthread_mutex_lock(&S->mu);
-    int full = S->n_sessions >= S->o.max_sessions;
+    int full = S->n_sessions >= S->o.max_sessions, key_full = S->key_sessions && S->tu[tidx].sessions >= S->key_sessions;
     pthread_mutex_unlock(&S->mu);
     if (full)
         return send_error(S, c, 429, "rate_limit_error", "too_many_sessions", NULL,
                           "this server holds its limit of %d sessions; close one or retry later", S->o.max_sessions);
-    int mrc = mem_reserve(S, bytes, 0);
+    if (key_full)
+        return send_error(S, c, 429, "rate_limit_error", "key_session_limit", NULL,
+                          "this API key holds its limit of %d sessions; close one or retry later", S->key_sessions);
+    int mrc = mem_reserve(S, tidx, bytes, 0);
+    if (mrc == -2)
+        return BAD(window > 0 ? "kv" : "max_context", "a session of %lld KV slots needs %zu bytes, more than this API key's quota of %zu",
+                   slots, bytes, S->key_kv);
+    if (mrc == -3)
+        return send_error(S, c, 429, "rate_limit_error", "key_memory_quota_exceeded", NULL,
+                          "a session of %lld KV slots needs %zu bytes; this API key's quota of %zu is in use", slots, bytes,
+                          S->key_kv);
     if (mrc)
         return send_error(S, c, 429, "rate_limit_error", "memory_budget_exceeded", NULL,
                           "a session of %lld tokens needs %zu KV bytes; the memory budget of %zu is in use", ctx, bytes,
@@ -1448,18 +1623,24 @@ static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c
         ib_session_create(S->m, &so, &ss->s, &err)) {
         if (ss) free(ss->tenant);
         free(ss);
-        mem_release(S, bytes);
-        return send_error(S, c, 500, "server_error", NULL, NULL, "cannot create a session");
+        mem_release(S, tidx, bytes);
+        return send_error(S, c, 503, "server_error", "out_of_memory", NULL,
+                          "cannot allocate a session of %zu KV bytes now; retry later", bytes);
     }
     memcpy(ss->id, "sess_", 5);
     snprintf(ss->policy, sizeof ss->policy, "%s", policy);
     ss->kv_bytes = bytes;
+    ss->tidx = tidx;
+    ss->last_used = now_s();
     ss->refs = 1; /* the table's */
     ss->cap_pending = (int)(window > 0 || ctx < S->o.max_prompt_tokens ? S->o.max_prompt_tokens : ctx) + 1;
     ss->pending = malloc((size_t)ss->cap_pending * sizeof(int32_t));
     pthread_mutex_lock(&S->mu);
-    int ok = ss->pending && S->n_sessions < S->o.max_sessions;
-    if (ok) S->sessions[S->n_sessions++] = ss;
+    int ok = ss->pending && S->n_sessions < S->o.max_sessions && (!S->key_sessions || S->tu[tidx].sessions < S->key_sessions);
+    if (ok) {
+        S->sessions[S->n_sessions++] = ss;
+        S->tu[tidx].sessions++;
+    }
     pthread_mutex_unlock(&S->mu);
     if (!ok) {
         sess_free(S, ss);
@@ -1480,21 +1661,14 @@ static enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c
     if (json_is_string(text)) {
         int add = 0;
         if (get_bool(b, "add_special", &add) < 0) return BAD("add_special", "add_special must be a boolean");
-        ids = tokenize(S, json_string_value(text), json_string_length(text), add ? IB_TOKENIZE_ADD_SPECIAL : 0, &n, &trc);
+        ids = tokenize(S, c, json_string_value(text), json_string_length(text), add ? IB_TOKENIZE_ADD_SPECIAL : 0, &n, &trc);
     } else if (json_is_array(msgs)) {
-        size_t nm = json_array_size(msgs);
-        if (nm < 1 || nm > 1024) return BAD("messages", "messages must hold 1 to 1024 messages");
-        ib_chat_msg *cm = calloc(nm, sizeof *cm);
-        if (!cm) return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
-        for (size_t i = 0; i < nm; i++) {
-            json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role"), *ct = json_object_get(m, "content");
-            if (!json_is_string(role) || !json_is_string(ct)) {
-                free(cm);
-                return BAD("messages", "messages[%zu] needs a string role and a string content", i);
-            }
-            cm[i].role = json_string_value(role);
-            cm[i].content = json_string_value(ct);
-        }
+        ib_chat_msg *cm = NULL;
+        size_t nm = 0;
+        char why[256];
+        int mrc = chat_messages(msgs, &cm, &nm, why, sizeof why);
+        if (mrc == -2) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
+        if (mrc) return BAD("messages", "%s", why);
         int gp = 1;
         if (get_bool(b, "add_generation_prompt", &gp) < 0) {
             free(cm);
@@ -1508,7 +1682,7 @@ static enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c
         }
         ib_chat_format(S->m, cm, (int)nm, gp ? IB_CHAT_GENERATION_PROMPT : 0, t, (size_t)need + 1);
         free(cm);
-        ids = tokenize(S, t, (size_t)need, 0, &n, &trc);
+        ids = tokenize(S, c, t, (size_t)need, 0, &n, &trc);
         free(t);
     } else if (json_is_array(toks)) {
         size_t nt = json_array_size(toks);
@@ -1525,7 +1699,8 @@ static enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c
         n = (int)nt;
     } else
         return BAD(NULL, "append needs \"text\" (a string), \"tokens\" (token ids) or \"messages\"");
-    if (trc == -1) return send_error(S, c, 500, "server_error", NULL, NULL, "tokenization failed");
+    if (trc == -3) return MHD_NO; /* the client left while its text was tokenized: close */
+    if (trc == -1) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory while tokenizing; retry later");
     if (trc == -2) {
         free(ids);
         return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", NULL,
@@ -1566,6 +1741,11 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
         params_free(&p);
         return BAD("chat", "chat must be a boolean");
     }
+    if (inflight_take(S, ss->tidx)) {
+        params_free(&p);
+        return send_error(S, c, 429, "rate_limit_error", "key_request_limit", NULL,
+                          "this API key has its limit of %d requests in flight; retry later", S->key_requests);
+    }
     pthread_mutex_lock(&S->mu);
     const char *why = NULL;
     int n = ss->n_pending;
@@ -1587,6 +1767,7 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
     int pos = ib_session_position(ss->s);
     pthread_mutex_unlock(&S->mu);
     if (why) {
+        inflight_put(S, ss->tidx);
         free(ids);
         params_free(&p);
         if (!strcmp(why, "busy"))
@@ -1597,7 +1778,7 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
             return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
                               "%d held + %d pending + max_tokens %d exceed the session's context of %d", pos, n,
                               p.max_tokens, ib_session_capacity(ss->s));
-        return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+        return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
     }
     gen *g = gen_new(S, 0, &p);
     if (!g) {
@@ -1607,11 +1788,14 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
         ss->busy = 0;
         ss->refs--;
         pthread_mutex_unlock(&S->mu);
+        inflight_put(S, ss->tidx);
         free(ids);
         params_free(&p);
-        return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+        return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
     }
     snprintf(g->id, sizeof g->id, "%s", ss->id);
+    g->tidx = ss->tidx;
+    g->inflight = 1;
     g->ss = ss;
     g->session_gen = 1;
     g->n_prompt = n;
@@ -1636,6 +1820,7 @@ static enum MHD_Result handle_session_delete(server *S, struct MHD_Connection *c
     for (int i = 0; i < S->n_sessions; i++)
         if (S->sessions[i] == ss) {
             S->sessions[i] = S->sessions[--S->n_sessions];
+            S->tu[ss->tidx].sessions--;
             found = 1;
             break;
         }
@@ -1656,12 +1841,18 @@ static enum MHD_Result handle_metrics(server *S, struct MHD_Connection *c) {
     ib_sched_get_stats(S->sched, &st);
     pthread_mutex_lock(&S->mu);
     int n_sessions = S->n_sessions;
+    long long n_expired = S->n_expired;
     size_t kv = S->kv_used;
     long long cls[6];
     memcpy(cls, S->http_by_class, sizeof cls);
     long long n429 = S->n_429;
     int waiters = S->mem_waiters;
     pthread_mutex_unlock(&S->mu);
+    pthread_mutex_lock(&S->watch_mu);
+    long long n_cut = S->n_req_timeouts;
+    int n_conn = 0;
+    for (cwatch *w = S->watch; w; w = w->next) n_conn++;
+    pthread_mutex_unlock(&S->watch_mu);
     enum { CAP = 24576 };
     char *buf = malloc(CAP);
     if (!buf) return MHD_NO;
@@ -1693,6 +1884,11 @@ static enum MHD_Result handle_metrics(server *S, struct MHD_Connection *c) {
     P("# HELP isobatch_http_responses_total Responses by status class.\n# TYPE isobatch_http_responses_total counter\n");
     for (int i = 2; i <= 5; i++) P("isobatch_http_responses_total{class=\"%dxx\"} %lld\n", i, cls[i]);
     P("# HELP isobatch_rejected_total 429 responses.\n# TYPE isobatch_rejected_total counter\nisobatch_rejected_total %lld\n", n429);
+    P("# HELP isobatch_sessions_expired_total Sessions closed for being idle.\n# TYPE isobatch_sessions_expired_total counter\n"
+      "isobatch_sessions_expired_total %lld\n", n_expired);
+    P("# HELP isobatch_connections Open HTTP connections.\n# TYPE isobatch_connections gauge\nisobatch_connections %d\n", n_conn);
+    P("# HELP isobatch_request_timeouts_total Connections closed for not sending a whole request in time.\n"
+      "# TYPE isobatch_request_timeouts_total counter\nisobatch_request_timeouts_total %lld\n", n_cut);
 #undef P
     enum MHD_Result r = send_text(S, c, 200, "text/plain; version=0.0.4", buf, (size_t)k, 0);
     free(buf);
@@ -1709,6 +1905,112 @@ static enum MHD_Result handle_models(server *S, struct MHD_Connection *c) {
     return send_json(S, c, 200, j, 0);
 }
 
+/* Close the sessions idle (no request naming them, no generation) for session_idle_timeout_s, as a
+ * DELETE would; a generation running on one keeps it. Called from the main loop. */
+static void expire_sessions(server *S) {
+    if (S->o.session_idle_timeout_s <= 0) return;
+    for (;;) {
+        sess *victim = NULL;
+        double t = now_s();
+        pthread_mutex_lock(&S->mu);
+        for (int i = 0; i < S->n_sessions && !victim; i++) {
+            sess *ss = S->sessions[i];
+            if (!ss->busy && t - ss->last_used > S->o.session_idle_timeout_s) {
+                victim = ss;
+                S->sessions[i] = S->sessions[--S->n_sessions];
+                S->tu[ss->tidx].sessions--;
+                ss->closed = 1;
+                S->n_expired++;
+            }
+        }
+        pthread_mutex_unlock(&S->mu);
+        if (!victim) return;
+        sess_unref(S, victim); /* the table's reference */
+    }
+}
+
+static void watch_sweep(server *S);
+
+/* The graceful stop: close the listening socket (new connections are refused), answer new requests
+ * on open connections 503, and let the generations in flight finish for up to drain_timeout_s;
+ * the caller then cancels what is left (streams get their final chunk and [DONE], waiting
+ * non-streaming clients a 503). */
+static void drain(server *S) {
+    S->draining = 1;
+    MHD_socket ls = MHD_quiesce_daemon(S->d);
+    if (ls != MHD_INVALID_SOCKET) close(ls);
+    double end = now_s() + S->o.drain_timeout_s;
+    for (;;) {
+        ib_sched_stats st;
+        ib_sched_get_stats(S->sched, &st);
+        pthread_mutex_lock(&S->mu);
+        int waiting = S->mem_waiters;
+        pthread_mutex_unlock(&S->mu);
+        if ((st.active == 0 && st.queued == 0 && waiting == 0) || now_s() >= end) break;
+        usleep(50000);
+        watch_sweep(S);
+    }
+}
+
+/* ------------------------------------------------------------------ the whole-request deadline */
+
+/* MHD's connection notices: register a connection when it opens (waiting for its first request),
+ * forget it when it closes (MHD closes the socket only after this returns). */
+static void notify_conn(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+    server *S = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        cwatch *w = calloc(1, sizeof *w);
+        if (!w || !ci) {
+            free(w);
+            *socket_context = NULL;
+            return;
+        }
+        w->fd = ci->connect_fd;
+        w->t_wait = now_s();
+        w->receiving = 1;
+        pthread_mutex_lock(&S->watch_mu);
+        w->next = S->watch;
+        if (S->watch) S->watch->prev = w;
+        S->watch = w;
+        pthread_mutex_unlock(&S->watch_mu);
+        *socket_context = w;
+    } else if (*socket_context) {
+        cwatch *w = *socket_context;
+        pthread_mutex_lock(&S->watch_mu);
+        if (w->prev) w->prev->next = w->next;
+        else S->watch = w->next;
+        if (w->next) w->next->prev = w->prev;
+        pthread_mutex_unlock(&S->watch_mu);
+        free(w);
+        *socket_context = NULL;
+    }
+}
+
+/* The request on connection c has arrived whole: its deadline stops counting. */
+static void watch_arrived(server *S, struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (!ci || !ci->socket_context) return;
+    pthread_mutex_lock(&S->watch_mu);
+    ((cwatch *)ci->socket_context)->receiving = 0;
+    pthread_mutex_unlock(&S->watch_mu);
+}
+
+/* Shut down every connection that has waited longer than request_timeout_s for a whole request
+ * (headers and body): a client trickling bytes keeps MHD's idle timeout from ever firing, so this
+ * deadline is what frees its connection and thread. Called from the main loop. */
+static void watch_sweep(server *S) {
+    double t = now_s();
+    pthread_mutex_lock(&S->watch_mu);
+    for (cwatch *w = S->watch; w; w = w->next)
+        if (w->receiving && !w->cut && t - w->t_wait > S->o.request_timeout_s) {
+            shutdown(w->fd, SHUT_RDWR);
+            w->cut = 1;
+            S->n_req_timeouts++;
+        }
+    pthread_mutex_unlock(&S->watch_mu);
+}
+
 /* ------------------------------------------------------------------ dispatch */
 
 typedef struct conn {
@@ -1717,20 +2019,23 @@ typedef struct conn {
     int too_big;
 } conn;
 
-/* The Bearer key of the request ("" when none): NULL when keys are configured and it is not one. */
-static const char *tenant_of(server *S, struct MHD_Connection *c) {
+/* The Bearer key of the request ("" when none): NULL when keys are configured and it is not one.
+ * *tidx gets the key's index in server.tu (0 when no keys are configured). */
+static const char *tenant_of(server *S, struct MHD_Connection *c, int *tidx) {
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     const char *key = "";
     if (h && !strncasecmp(h, "Bearer ", 7)) key = h + 7;
+    *tidx = 0;
     if (S->o.n_api_keys == 0) return key;
-    for (int i = 0; i < S->o.n_api_keys; i++) {
+    const char *found = NULL;
+    for (int i = 0; i < S->o.n_api_keys; i++) { /* every key compared in full: no early exit */
         const char *k = S->o.api_keys[i];
         size_t a = strlen(k), b = strlen(key);
         unsigned diff = (unsigned)(a ^ b);
         for (size_t j = 0; j < a; j++) diff |= (unsigned char)k[j] ^ (unsigned char)(j < b ? key[j] : 0);
-        if (!diff) return key;
+        if (!diff && !found) found = key, *tidx = i;
     }
-    return NULL;
+    return found;
 }
 
 /* The endpoints added beside the core ones (dispatch asks first): OPTIONS preflight, /health,
@@ -1752,7 +2057,8 @@ static int dispatch_extra(server *S, struct MHD_Connection *c, const char *url, 
     }
     int models = !strncmp(url, "/v1/models/", 11), tok = !strcmp(url, "/tokenize"), detok = !strcmp(url, "/detokenize");
     if (!models && !tok && !detok) return 0;
-    if (!tenant_of(S, c)) {
+    int tidx = 0;
+    if (!tenant_of(S, c, &tidx)) {
         *r = send_error(S, c, 401, "invalid_request_error", "invalid_api_key", NULL,
                         "Incorrect or missing API key: send Authorization: Bearer <key>");
         return 1;
@@ -1809,7 +2115,10 @@ static enum MHD_Result dispatch(server *S, struct MHD_Connection *c, const char 
         if (!get) return send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use GET");
         return handle_metrics(S, c);
     }
-    const char *tenant = tenant_of(S, c);
+    int tidx = 0;
+    if (S->draining && strcmp(url, "/metrics"))
+        return send_error(S, c, 503, "server_error", "server_shutting_down", NULL, "the server is shutting down");
+    const char *tenant = tenant_of(S, c, &tidx);
     if (!tenant)
         return send_error(S, c, 401, "invalid_request_error", "invalid_api_key", NULL,
                           "Incorrect or missing API key: send Authorization: Bearer <key>");
@@ -1835,10 +2144,10 @@ static enum MHD_Result dispatch(server *S, struct MHD_Connection *c, const char 
     }
     enum MHD_Result r;
     if (!strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions")) {
-        r = post ? handle_generate(S, c, b, url[4] == 'c' && url[5] == 'h')
+        r = post ? handle_generate(S, c, b, url[4] == 'c' && url[5] == 'h', tidx)
                  : send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use POST");
     } else if (!strcmp(url, "/v1/sessions")) {
-        r = post ? handle_session_create(S, c, b, tenant)
+        r = post ? handle_session_create(S, c, b, tenant, tidx)
                  : send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use POST");
     } else if (!strncmp(url, "/v1/sessions/", 13)) {
         char id[64];
@@ -1870,6 +2179,33 @@ static enum MHD_Result dispatch(server *S, struct MHD_Connection *c, const char 
     return r;
 }
 
+/* Write a complete 413 response (the error body of send_error, Connection: close) straight to
+ * connection c's socket and stop sending; the caller then closes the connection (returns MHD_NO).
+ * For the one case MHD cannot answer itself: a body found too large while it is being received. */
+static void send_raw_413(server *S, struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return;
+    char body[256], msg[512];
+    int bn = snprintf(body, sizeof body,
+                      "{\"error\":{\"message\":\"the request body exceeds this server's limit of %zu bytes\","
+                      "\"type\":\"invalid_request_error\",\"param\":null,\"code\":\"request_too_large\"}}",
+                      S->o.max_body);
+    int n = snprintf(msg, sizeof msg,
+                     "HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                     "Connection: close\r\n\r\n%s", bn, body);
+    size_t off = 0;
+    for (int tries = 0; off < (size_t)n && tries < 100; tries++) {
+        ssize_t w = send(ci->connect_fd, msg + off, (size_t)n - off, MSG_NOSIGNAL);
+        if (w > 0) off += (size_t)w;
+        else if (w < 0 && errno != EAGAIN && errno != EINTR) break;
+        else poll(&(struct pollfd){.fd = ci->connect_fd, .events = POLLOUT}, 1, 10);
+    }
+    shutdown(ci->connect_fd, SHUT_WR);
+    pthread_mutex_lock(&S->mu);
+    S->http_by_class[4]++;
+    pthread_mutex_unlock(&S->mu);
+}
+
 static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     server *S = cls;
@@ -1888,10 +2224,16 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char
     if (*upload_size) {
         if (!cn->too_big) {
             if (cn->len + *upload_size > S->o.max_body) {
+                /* a chunked body has no Content-Length to refuse it by up front, and MHD takes no
+                 * response in the middle of a body: answer 413 on the socket and close, without
+                 * reading the rest */
                 cn->too_big = 1;
                 free(cn->body);
                 cn->body = NULL;
                 cn->len = 0;
+                *upload_size = 0;
+                send_raw_413(S, c);
+                return MHD_NO;
             } else {
                 if (cn->len + *upload_size + 1 > cn->cap) {
                     size_t nc = (cn->len + *upload_size + 1) * 2;
@@ -1908,10 +2250,22 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char
         *upload_size = 0;
         return MHD_YES;
     }
+    if (cn->too_big) return MHD_YES; /* the 413 is queued already */
+    watch_arrived(S, c);
     return dispatch(S, c, url, method, cn);
 }
 
 static void completed_cb(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    server *S = cls;
+    /* the response is done: a kept-alive connection starts waiting for its next request */
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    if (ci && ci->socket_context) {
+        pthread_mutex_lock(&S->watch_mu);
+        cwatch *w = ci->socket_context;
+        w->receiving = 1;
+        w->t_wait = now_s();
+        pthread_mutex_unlock(&S->watch_mu);
+    }
     conn *cn = *con_cls;
     if (cn) {
         free(cn->body);
@@ -1923,6 +2277,32 @@ static void completed_cb(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 /* ------------------------------------------------------------------ run */
 
+/* Bytes of memory this process may use: the physical memory, or the cgroup (v2 memory.max, v1
+ * memory.limit_in_bytes) limit when that is lower. 0 when unknown. */
+static size_t machine_memory(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    size_t phys = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz : 0;
+    static const char *const limits[] = {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(limits[i], "r");
+        if (!f) continue;
+        unsigned long long v = 0;
+        int got = fscanf(f, "%llu", &v) == 1;
+        fclose(f);
+        if (got && v > 0 && (!phys || v < phys)) phys = (size_t)v;
+    }
+    return phys;
+}
+
+/* The KV memory budget when none is given: half of the machine's memory (machine_memory) less the
+ * weights, so that KV caches, weights and the rest of the process fit; at least 64 MiB. */
+static size_t default_memory_budget(const ib_model_info *mi) {
+    size_t mem = machine_memory(), floor = (size_t)64 << 20;
+    if (!mem) return (size_t)4 << 30;
+    size_t half = mem / 2, w = mi->weight_bytes;
+    return half > w + floor ? half - w : floor;
+}
+
 ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, void *logp, ib_error *err) {
     FILE *log = logp;
     server *S = calloc(1, sizeof *S);
@@ -1933,6 +2313,7 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     S->urandom = -1;
     pthread_mutex_init(&S->mu, NULL);
     pthread_cond_init(&S->mem_cv, NULL);
+    pthread_mutex_init(&S->watch_mu, NULL);
     if (!o->model_dir) {
         rc = ib_fail(err, IB_ERR_INVALID_ARG, "serve: no model directory");
         goto done;
@@ -1947,6 +2328,19 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
         rc = ib_fail(err, IB_ERR_NOMEM, "serve: out of memory");
         goto done;
     }
+    if (!S->o.memory_budget) S->o.memory_budget = default_memory_budget(S->info);
+    /* per-key quotas: given, or with several keys an equal share of each server limit, so that no key
+     * can hold what another needs; one key (or none) has the server's limits */
+    S->n_tenants = o->n_api_keys > 0 ? o->n_api_keys : 1;
+    if (!(S->tu = calloc((size_t)S->n_tenants, sizeof *S->tu))) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "serve: out of memory");
+        goto done;
+    }
+    int nt = S->n_tenants;
+    S->key_sessions = o->key_max_sessions > 0 ? o->key_max_sessions : nt > 1 ? (o->max_sessions + nt - 1) / nt : 0;
+    S->key_kv = o->key_memory_budget > 0 ? o->key_memory_budget : nt > 1 ? S->o.memory_budget / (size_t)nt : 0;
+    S->key_requests = o->key_max_requests > 0 ? o->key_max_requests
+                      : nt > 1 ? (o->max_batch + o->max_queue + nt - 1) / nt : 0;
     if (o->model_id)
         snprintf(S->model_id, sizeof S->model_id, "%s", o->model_id);
     else {
@@ -1979,11 +2373,13 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     ib_latency_init(&S->lat, S->t_start);
     lat_init = 1;
     ib_http_configure(o->request_log ? log : NULL, o->cors_origin);
-    S->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | (v6 ? MHD_USE_IPv6 : 0),
+    S->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC |
+                                (v6 ? MHD_USE_IPv6 : 0),
                             (uint16_t)o->port, NULL,
                             NULL, access_cb, S, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)o->idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)o->max_connections_per_client, MHD_OPTION_NOTIFY_CONNECTION, notify_conn, S,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
                             completed_cb, S, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024), MHD_OPTION_END);
     if (!S->d) {
         rc = ib_fail(err, IB_ERR_IO, "serve: cannot listen on %s:%d (in use, or not allowed)", host, o->port);
@@ -1994,8 +2390,10 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     if (log) {
         char shown[80]; /* an IPv6 address goes in brackets in a URL */
         snprintf(shown, sizeof shown, v6 && host[0] != '[' ? "[%s]" : "%s", host);
-        fprintf(log, "isobatch serve: model '%s' (%s), http://%s:%d, batch %d, %d threads, ISA %s%s\n", S->model_id,
-                S->info->arch, shown, port, o->max_batch, o->threads, ib_isa_name(ib_engine_isa(S->e)),
+        fprintf(log, "isobatch serve: model '%s' (%s), http://%s:%d, batch %d, %d threads, ISA %s, backend %s, KV budget %zu MiB%s%s\n",
+                S->model_id, S->info->arch, shown, port, o->max_batch, o->threads, ib_isa_name(ib_engine_isa(S->e)),
+                ib_backend_name(o->backend), S->o.memory_budget >> 20,
+                o->memory_budget ? "" : " (default: half the machine's memory less the weights)",
                 o->n_api_keys ? ", API key required" : "");
         fflush(log);
     }
@@ -2008,20 +2406,35 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
             goto done;
         }
     }
-    while (!*stop) usleep(100000);
+    for (int tick = 0; !*stop; tick++) {
+        usleep(100000);
+        watch_sweep(S);
+        if (tick % 10 == 0) expire_sessions(S);
+    }
     if (log) {
-        fprintf(log, "isobatch serve: stopping\n");
+        fprintf(log, "isobatch serve: stopping: no new connections; draining for up to %d s\n", o->drain_timeout_s);
         fflush(log);
     }
+    drain(S);
 done:
-    if (S->d) MHD_quiesce_daemon(S->d);
+    if (S->d && !S->draining) MHD_quiesce_daemon(S->d);
     /* cancel work in flight so streaming connections end, then stop the daemon */
     if (S->sched) ib_sched_stop(S->sched);
+    /* give the responses of the ended generations (a stream's final chunk and [DONE], a waiting
+     * client's 503) up to 2 s to go out before the daemon closes every connection */
+    for (int i = 0; S->d && i < 40; i++) {
+        pthread_mutex_lock(&S->mu);
+        int left = S->n_gens;
+        pthread_mutex_unlock(&S->mu);
+        if (!left) break;
+        usleep(50000);
+    }
     if (S->d) MHD_stop_daemon(S->d);
     ib_sched_free(S->sched);
     if (S->sessions)
         for (int i = 0; i < S->n_sessions; i++) sess_unref(S, S->sessions[i]);
     free(S->sessions);
+    free(S->tu);
     ib_engine_free(S->e);
     ib_model_free(S->m);
     if (S->urandom >= 0) close(S->urandom);
@@ -2030,6 +2443,7 @@ done:
     ib_http_configure(NULL, NULL);
     pthread_mutex_destroy(&S->mu);
     pthread_cond_destroy(&S->mem_cv);
+    pthread_mutex_destroy(&S->watch_mu);
     free(S);
     return rc;
 }

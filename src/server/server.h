@@ -18,7 +18,14 @@ typedef struct ib_server_opts {
     const char *port_file;       /* when set, the bound port is written there once listening */
     int threads, max_batch, prefill_chunk, max_queue;
     int max_sessions;            /* stateful sessions held at once */
-    size_t memory_budget;        /* KV bytes over all sessions (request-scoped and stateful); 0 = none */
+    int session_idle_timeout_s;  /* a session no request has named for this long is closed; 0 = never */
+    /* per-API-key quotas; 0 = with several keys an equal share of max_sessions, memory_budget and
+     * max_batch + max_queue, with one key or none no quota beyond the server's limits */
+    int key_max_sessions;        /* stateful sessions of one key */
+    size_t key_memory_budget;    /* KV bytes of one key (its sessions and requests) */
+    int key_max_requests;        /* generations of one key queued, waiting for memory or running */
+    size_t memory_budget;        /* KV bytes over all sessions (request-scoped and stateful); 0 = derived
+                                  * from the machine: half its memory (or cgroup limit) less the weights */
     int session_context;         /* KV capacity of a stateful session (tokens), under the full policy */
     const char *kv_policy;       /* stateful sessions' default KV policy: "full" (NULL), "window:W",
                                   * "sink:S,window:W" (request-scoped sessions are always full) */
@@ -26,7 +33,11 @@ typedef struct ib_server_opts {
     int n_api_keys;
     size_t max_body;             /* request body bytes */
     int max_prompt_tokens, max_tokens;
-    int max_connections;
+    int max_connections;         /* open connections over all clients */
+    int max_connections_per_client; /* open connections from one IP address */
+    int drain_timeout_s;         /* on stop, how long the generations in flight may go on finishing */
+    int request_timeout_s;       /* a connection must deliver each whole request (headers and body)
+                                  * within this many seconds of opening or of its previous response */
     int timeout_s;               /* the longest a generation may run (queue wait included) */
     int idle_timeout_s;          /* a connection idle this long while sending its request is closed */
     int queue_wait_ms;           /* how long a request waits for memory before 429 */
@@ -45,8 +56,10 @@ typedef struct ib_server_opts {
 ib_server_opts ib_server_opts_default(void);
 
 /* Load the model, start the engine, scheduler and HTTP daemon, and serve until *stop becomes
- * non-zero (checked a few times a second); then stop accepting, cancel the work in flight and free
- * everything. Progress lines go to `log` (may be NULL). Returns IB_OK after a clean stop. */
+ * non-zero (checked a few times a second); then stop accepting (new requests on open connections
+ * get 503), let the generations in flight finish for up to drain_timeout_s, cancel what is left
+ * (streams end with their final chunk) and free everything. Progress lines go to `log` (may be
+ * NULL). Returns IB_OK after a clean stop. */
 ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, void *log, ib_error *err);
 
 #endif

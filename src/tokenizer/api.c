@@ -9,6 +9,11 @@ int ib_tokenize_ex(const ib_model *m, const char *text, size_t len, int flags, i
     return m ? ib_tokenizer_encode_ex(m->tok, text, len, flags, ids, cap) : -1;
 }
 
+int ib_tokenize_cancel(const ib_model *m, const char *text, size_t len, int flags, int32_t *ids, int cap,
+                       int (*cancelled)(void *ctx), void *ctx) {
+    return m ? ib_tokenizer_encode_cancel(m->tok, text, len, flags, ids, cap, cancelled, ctx) : -1;
+}
+
 int32_t ib_token_id(const ib_model *m, const char *content) { return m ? ib_tokenizer_special(m->tok, content) : -1; }
 
 int ib_token_is_special(const ib_model *m, int32_t id) { return m ? ib_tokenizer_is_special(m->tok, id) : 0; }

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <utf8proc.h>
 
@@ -95,6 +96,8 @@ static ib_status load_template(ib_tokenizer *t, const json_t *cfg, const char *d
     if (ct && !json_is_null(ct)) return ib_fail(err, IB_ERR_FORMAT, "%s: field chat_template: not a string or a list", path);
     char p[4096];
     if (snprintf(p, sizeof p, "%s/chat_template.jinja", dir) >= (int)sizeof p) return IB_OK;
+    struct stat sb;
+    if (stat(p, &sb) == 0 && !S_ISREG(sb.st_mode)) return ib_fail(err, IB_ERR_IO, "%s: not a regular file", p);
     FILE *f = fopen(p, "rb");
     if (!f) return IB_OK;
     char *buf = NULL;
@@ -133,7 +136,11 @@ ib_status tok_load_config(ib_tokenizer *t, const char *tokenizer_path, ib_error 
     ib_status st = IB_OK;
     json_t *cfg = NULL;
     /* the pair is tokenizer.json + tokenizer_config.json; a tokenizer file of another name stands alone */
-    FILE *f = strcmp(slash ? slash + 1 : tokenizer_path, "tokenizer.json") == 0 ? fopen(path, "rb") : NULL;
+    int paired = strcmp(slash ? slash + 1 : tokenizer_path, "tokenizer.json") == 0;
+    struct stat sb;
+    if (paired && stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) /* a FIFO would block the read for ever */
+        return ib_fail(err, IB_ERR_IO, "%s: not a regular file", path);
+    FILE *f = paired ? fopen(path, "rb") : NULL;
     if (f) {
         fclose(f);
         json_error_t je;

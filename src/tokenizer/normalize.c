@@ -1,8 +1,10 @@
 /*
  * normalize.c — the tokenizer.json normalizers this tokenizer supports: null, NFC, NFD, NFKC, NFKD,
- * and a Sequence of those. Unicode normalization is utf8proc's (Debian libutf8proc), not ours.
+ * and a Sequence of those. Unicode data (decompositions, combining classes, compositions) is
+ * utf8proc's (Debian libutf8proc); the canonical ordering is done here (see tok_normalize_form).
  */
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 #include <utf8proc.h>
@@ -62,8 +64,130 @@ static int below_0300(const char *s, size_t n) {
     return 1;
 }
 
-/* Normalize (contract in tok_internal.h). */
-const char *tok_normalize(const ib_tokenizer *t, const char *s, size_t n, size_t *out_n) {
+/* ---------------------------------------------------------------- normalization, near-linear
+ *
+ * utf8proc_map would do each step in one call, but its canonical reordering is an exchange sort:
+ * a run of k combining marks costs O(k^2) (64k marks: about 10 s), so one request could hold a core
+ * for minutes. The same result is computed here in three passes over UTF-32 that are each linear or
+ * n log n: utf8proc_decompose_char per code point (full canonical or compatibility decomposition,
+ * Hangul included), a stable merge sort of every run of non-starters by combining class (the
+ * Unicode canonical ordering, which is what the exchange sort computes), then utf8proc_reencode,
+ * whose composition pass is one walk that looks back only at the last starter. */
+
+/* Stable sort of v[0..n) by combining class (bits 21.. of each entry; the low 21 bits hold the code
+ * point). tmp has room for n entries. Insertion sort for short runs (the common case: one or two
+ * marks), bottom-up merge sort otherwise: O(n log n) whatever the order. */
+static void sort_marks(uint32_t *v, size_t n, uint32_t *tmp) {
+    if (n < 2) return;
+    if (n <= 16) {
+        for (size_t i = 1; i < n; i++) {
+            uint32_t x = v[i];
+            size_t j = i;
+            while (j > 0 && (v[j - 1] >> 21) > (x >> 21)) v[j] = v[j - 1], j--;
+            v[j] = x;
+        }
+        return;
+    }
+    uint32_t *a = v, *b = tmp;
+    for (size_t w = 1; w < n; w *= 2) {
+        for (size_t lo = 0; lo < n; lo += 2 * w) {
+            size_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            size_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) b[k++] = (a[j] >> 21) < (a[i] >> 21) ? a[j++] : a[i++];
+            while (i < mid) b[k++] = a[i++];
+            while (j < hi) b[k++] = a[j++];
+        }
+        uint32_t *t = a;
+        a = b;
+        b = t;
+    }
+    if (a != v) memcpy(v, a, n * sizeof *v);
+}
+
+/* Whether the encode that owns c has been cancelled; calls c's callback at most once per
+ * TOK_CANCEL_EVERY units of work (bytes or code points) so the check costs nothing measurable. */
+int tok_cancel_check(tok_cancel *c, size_t work) {
+    if (!c) return 0;
+    if (c->hit) return 1;
+    if (!c->fn) return 0;
+    c->work += work;
+    if (c->work < TOK_CANCEL_EVERY) return 0;
+    c->work = 0;
+    if (c->fn(c->ctx)) c->hit = 1;
+    return c->hit;
+}
+
+/* One normalization step (contract in tok_internal.h). */
+char *tok_normalize_form(int kind, const char *s, size_t n, size_t *out_n, tok_cancel *cancel) {
+    utf8proc_option_t opt = UTF8PROC_STABLE;
+    switch (kind) {
+    case NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
+    case NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
+    case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
+    default: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    }
+    /* decompositions are at most 18 code points (U+FDFA under NFKD); grow as needed */
+    size_t cap = n + 16, len = 0;
+    utf8proc_int32_t *buf = malloc(cap * sizeof *buf);
+    uint32_t *key = NULL, *tmp = NULL;
+    if (!buf) return NULL;
+    size_t i = 0, since = 0;
+    while (i < n) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t l = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
+        if (l <= 0) goto fail; /* not valid UTF-8: the caller's contract was broken */
+        i += (size_t)l;
+        if (len + 32 > cap) {
+            size_t nc = cap * 2;
+            utf8proc_int32_t *nb = realloc(buf, nc * sizeof *nb);
+            if (!nb) goto fail;
+            buf = nb;
+            cap = nc;
+        }
+        int bc = 0;
+        utf8proc_ssize_t w = utf8proc_decompose_char(cp, buf + len, (utf8proc_ssize_t)(cap - len), opt, &bc);
+        if (w < 0 || (size_t)w > cap - len) goto fail;
+        len += (size_t)w;
+        if (++since == 4096) {
+            since = 0;
+            if (tok_cancel_check(cancel, 4096)) goto fail;
+        }
+    }
+    /* canonical ordering: each maximal run of code points of non-zero combining class, stably */
+    for (size_t a = 0; a < len;) {
+        if (utf8proc_get_property(buf[a])->combining_class == 0) {
+            a++;
+            continue;
+        }
+        size_t b = a;
+        while (b < len && utf8proc_get_property(buf[b])->combining_class != 0) b++;
+        if (b - a > 1) {
+            if (!key && (!(key = malloc(len * sizeof *key)) || !(tmp = malloc(len * sizeof *tmp)))) goto fail;
+            for (size_t k = a; k < b; k++)
+                key[k - a] = (uint32_t)utf8proc_get_property(buf[k])->combining_class << 21 | (uint32_t)buf[k];
+            sort_marks(key, b - a, tmp);
+            for (size_t k = a; k < b; k++) buf[k] = (utf8proc_int32_t)(key[k - a] & 0x1FFFFF);
+        }
+        a = b;
+    }
+    free(key);
+    free(tmp);
+    key = tmp = NULL;
+    if (tok_cancel_check(cancel, 0)) goto fail;
+    /* composition (NFC/NFKC) and UTF-8 in place: 4 bytes per code point is always enough room */
+    utf8proc_ssize_t r = utf8proc_reencode(buf, (utf8proc_ssize_t)len, opt);
+    if (r < 0) goto fail;
+    *out_n = (size_t)r;
+    return (char *)buf;
+fail:
+    free(buf);
+    free(key);
+    free(tmp);
+    return NULL;
+}
+
+/* Normalize (contract in tok_internal.h): each step of the tokenizer's normalizer in turn. */
+const char *tok_normalize(const ib_tokenizer *t, const char *s, size_t n, size_t *out_n, tok_cancel *cancel) {
     *out_n = n;
     if (t->n_norm == 0 || n == 0) return s;
     int only_nfc = 1;
@@ -73,24 +197,13 @@ const char *tok_normalize(const ib_tokenizer *t, const char *s, size_t n, size_t
     const char *in = s;
     size_t in_n = n;
     for (int i = 0; i < t->n_norm; i++) {
-        utf8proc_option_t opt = UTF8PROC_STABLE;
-        switch (t->norm[i]) {
-        case NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
-        case NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
-        case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-        default: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
-        }
-        utf8proc_uint8_t *res = NULL;
-        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)in, (utf8proc_ssize_t)in_n, &res, opt);
+        size_t r_n = 0;
+        char *res = tok_normalize_form(t->norm[i], in, in_n, &r_n, cancel);
         free(cur);
-        cur = NULL;
-        if (r < 0) {          /* only allocation failure is possible: the input is valid UTF-8 */
-            free(res);
-            return NULL;
-        }
-        cur = (char *)res;
+        if (!res) return NULL;   /* out of memory or cancelled */
+        cur = res;
         in = cur;
-        in_n = (size_t)r;
+        in_n = r_n;
     }
     *out_n = in_n;
     return cur;

@@ -323,6 +323,10 @@ static void run_split(tok_enc *e, int k, const char *s, size_t n) {
 static void run_from(tok_enc *e, int step, const char *s, size_t n) {
     if (n == 0 || e->out->oom) return;
     if (step == e->t->n_pt) {
+        if (tok_cancel_check(&e->cancel, n)) {
+            e->out->oom = 1;
+            return;
+        }
         tok_bpe_piece(e->t, (const unsigned char *)s, n, &e->bpe, e->out);
         return;
     }

@@ -231,9 +231,30 @@ void tok_cache_free(tok_cache *c);
 void tok_bpe_piece(const ib_tokenizer *t, const unsigned char *w, size_t n, tok_bpe_scratch *s, tok_ids *out);
 void tok_bpe_scratch_free(tok_bpe_scratch *s);
 
+/* Cancellation of one encode: fn(ctx) is asked, every TOK_CANCEL_EVERY units of work (bytes of
+ * input, code points), whether the caller still wants the result; once it says no, hit stays set and
+ * the encode unwinds and fails. fn NULL: never cancelled. */
+#define TOK_CANCEL_EVERY 65536
+typedef struct tok_cancel {
+    int (*fn)(void *ctx);
+    void *ctx;
+    size_t work;   /* units since the last call of fn */
+    int hit;
+} tok_cancel;
+
+/* Count `work` units against c and return 1 when the encode is cancelled (c may be NULL: 0). */
+int tok_cancel_check(tok_cancel *c, size_t work);
+
 /* Normalize s[0..n) (valid UTF-8) with the tokenizer's normalizer. Returns s itself (and *out_n = n)
- * when nothing changes, else a malloc'ed buffer the caller frees; NULL on allocation failure. */
-const char *tok_normalize(const ib_tokenizer *t, const char *s, size_t n, size_t *out_n);
+ * when nothing changes, else a malloc'ed buffer the caller frees; NULL on allocation failure or
+ * when cancel (may be NULL) says stop. Time O(n log n) in the longest run of combining marks,
+ * linear otherwise. */
+const char *tok_normalize(const ib_tokenizer *t, const char *s, size_t n, size_t *out_n, tok_cancel *cancel);
+
+/* One normalization form (NORM_*) of s[0..n) (valid UTF-8) into a new malloc'ed NUL-terminated
+ * buffer (*out_n bytes before the NUL), equal to utf8proc_map with the same options; NULL on
+ * allocation failure, invalid UTF-8 or cancellation. */
+char *tok_normalize_form(int kind, const char *s, size_t n, size_t *out_n, tok_cancel *cancel);
 
 /* Pre-tokenize s[0..n) (valid UTF-8) and BPE every piece into out. md: match data from
  * tok_pretok_match_data (NULL when the tokenizer has no regex step). */
@@ -243,6 +264,7 @@ typedef struct tok_enc {
     tok_bpe_scratch bpe;
     pcre2_match_data *md;
     int split_special;        /* do not match added tokens marked special */
+    tok_cancel cancel;        /* the caller's cancellation (fn NULL: none) */
 } tok_enc;
 void tok_pretokenize(tok_enc *e, const char *s, size_t n);
 void tok_pretok_free(ib_tokenizer *t);

@@ -293,6 +293,13 @@ ib_status ib_tokenizer_load(const char *path, int vocab_limit, ib_tokenizer **ou
     if ((st = tok_load_added(t, added, path, err))) goto fail;
     for (int i = 0; i < t->n_added; i++) {
         const added_tok *a = &t->added[i];
+        /* an added token may repeat a vocabulary entry (same id, same text), never take another
+         * token's id: text would then encode to the added token (" p" to <|im_end|>) */
+        if (seen[a->id] && (t->len[a->id] != a->len || memcmp(t->text + t->off[a->id], a->content, a->len))) {
+            st = ib_fail(err, IB_ERR_MODEL, "%s: field added_tokens: token \"%.64s\" has id %d, which model.vocab gives to \"%.*s\"",
+                         path, a->content, a->id, (int)(t->len[a->id] < 64 ? t->len[a->id] : 64), t->text + t->off[a->id]);
+            goto fail;
+        }
         memcpy(t->text + used, a->content, a->len);
         t->off[a->id] = used;
         t->len[a->id] = (uint32_t)a->len;
@@ -343,7 +350,11 @@ static void norm_gap(tok_enc *e, const char *s, size_t n) { tok_pretokenize(e, s
 /* A run of valid UTF-8: normalize, then the normalized added tokens, then pre-tokenize. */
 static void valid_run(tok_enc *e, const char *s, size_t n) {
     size_t nn;
-    const char *ns = tok_normalize(e->t, s, n, &nn);
+    if (tok_cancel_check(&e->cancel, n)) {
+        e->out->oom = 1;
+        return;
+    }
+    const char *ns = tok_normalize(e->t, s, n, &nn, &e->cancel);
     if (!ns) {
         e->out->oom = 1;
         return;
@@ -371,16 +382,22 @@ static void raw_gap(tok_enc *e, const char *s, size_t n) {
         if (i > run) valid_run(e, s + run, i - run);
         size_t j = i + 1;
         while (j < n && p[j] >= 0x80 && tok_utf8_valid_len(p + j, n - j) == 0) j++;
+        if (tok_cancel_check(&e->cancel, j - i)) {
+            e->out->oom = 1;
+            return;
+        }
         tok_bpe_piece(e->t, p + i, j - i, &e->bpe, e->out);
         i = run = j;
     }
     if (n > run) valid_run(e, s + run, n - run);
 }
 
-int ib_tokenizer_encode_ex(const ib_tokenizer *t, const char *text, size_t len, int flags, int32_t *ids, int cap) {
+int ib_tokenizer_encode_cancel(const ib_tokenizer *t, const char *text, size_t len, int flags, int32_t *ids, int cap,
+                               int (*cancelled)(void *ctx), void *ctx) {
     if (!t || (!text && len)) return -1;
     tok_ids out = {0};
-    tok_enc e = {.t = t, .out = &out, .split_special = (flags & IB_TOKENIZE_SPLIT_SPECIAL) != 0};
+    tok_enc e = {.t = t, .out = &out, .split_special = (flags & IB_TOKENIZE_SPLIT_SPECIAL) != 0,
+                 .cancel = {.fn = cancelled, .ctx = ctx}};
     e.md = tok_pretok_match_data(t);
     int need_md = 0;
     for (int i = 0; i < t->n_pt; i++) need_md |= t->pt[i].re != NULL;
@@ -396,13 +413,17 @@ int ib_tokenizer_encode_ex(const ib_tokenizer *t, const char *text, size_t len, 
     else if (add && t->add_eos && t->eos_id >= 0) tok_ids_push(&out, t->eos_id);
     pcre2_match_data_free(e.md);
     tok_bpe_scratch_free(&e.bpe);
-    int n = -1;
+    int n = e.cancel.hit ? -2 : -1;
     if (!out.oom && out.n <= INT_MAX) {
         n = (int)out.n;
         if (ids && cap > 0 && n > 0) memcpy(ids, out.v, (size_t)(n < cap ? n : cap) * sizeof *ids);
     }
     free(out.v);
     return n;
+}
+
+int ib_tokenizer_encode_ex(const ib_tokenizer *t, const char *text, size_t len, int flags, int32_t *ids, int cap) {
+    return ib_tokenizer_encode_cancel(t, text, len, flags, ids, cap, NULL, NULL);
 }
 
 int ib_tokenizer_encode(const ib_tokenizer *t, const char *text, size_t len, int32_t *ids, int cap) {

@@ -41,6 +41,12 @@ int ib_tokenizer_encode(const ib_tokenizer *t, const char *text, size_t len, int
 /* Flags: IB_TOKENIZE_ADD_SPECIAL, IB_TOKENIZE_SPLIT_SPECIAL (include/isobatch.h). */
 int ib_tokenizer_encode_ex(const ib_tokenizer *t, const char *text, size_t len, int flags, int32_t *ids, int cap);
 
+/* ib_tokenizer_encode_ex that can be abandoned: cancelled(ctx) (NULL: never) is called every 64 KiB
+ * or so of work, and once it returns non-zero the encode stops and returns -2. The work is
+ * O(len log len) whatever the text (runs of combining marks included), so a check comes soon. */
+int ib_tokenizer_encode_cancel(const ib_tokenizer *t, const char *text, size_t len, int flags, int32_t *ids, int cap,
+                               int (*cancelled)(void *ctx), void *ctx);
+
 /* Bytes of token id into out (cap bytes); returns the byte count (0 for ids without text, e.g. unknown
  * ids), or -1 when cap is too small. Special tokens decode to their content. */
 int ib_tokenizer_decode(const ib_tokenizer *t, int32_t id, char *out, int cap);
