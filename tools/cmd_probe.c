@@ -178,27 +178,27 @@ static void on_op(void *ctx, const ib_opcheck *r) {
 
 /* The backend op-table check (ib_backend_check) of `kind` — for the CPU once per ISA in isas — under
  * Q8 and F32 activations, on the model in dir or a tiny random 4-bit one. Text: one line per op;
- * json: objects appended to arr. Returns 0, 1 when an op differs from the reference, or 2/1 after an
- * error message. */
+ * json: objects appended to arr (or, without arr, printed as one object). Returns 0, 1 when an op
+ * differs from the reference, or a negative value after an error message. */
 static int op_table(ib_backend_kind kind, const ib_isa *isas, int n_isa, const char *dir, int json, json_t *arr) {
     char tmp[] = "/tmp/ib_probe_XXXXXX";
     ib_error err;
     ib_model *m = NULL;
     int rc = 0, made = 0, errored = 0;
     const char *why = NULL;
-    if (!ib_backend_available(kind, &why)) return cli_error("backend %s: %s", ib_backend_name(kind), why);
+    if (!ib_backend_available(kind, &why)) return -cli_error("backend %s: %s", ib_backend_name(kind), why);
     if (!dir) {
-        if (!mkdtemp(tmp)) return cli_error("probe: cannot make a temporary model directory");
+        if (!mkdtemp(tmp)) return -cli_error("probe: cannot make a temporary model directory");
         made = 1;
         ib_mkmodel_opts mo = {.preset = "tiny", .seed = 3, .bits = 4, .group = 32, .tied = 1};
         if (ib_mkmodel(tmp, &mo, &err)) {
-            rc = cli_error("%s", err.msg);
+            rc = -cli_error("%s", err.msg);
             goto done;
         }
         dir = tmp;
     }
     if (ib_model_load(dir, NULL, &m, &err)) {
-        rc = cli_error("%s", err.msg);
+        rc = -cli_error("%s", err.msg);
         goto done;
     }
     const ib_isa one = IB_ISA_AUTO;
@@ -206,14 +206,14 @@ static int op_table(ib_backend_kind kind, const ib_isa *isas, int n_isa, const c
     const int quantized = ib_model_get_info(m)->quant_bits != 0;
     if (!json) printf("\nbackend op table (every op inside whole steps vs the scalar reference, bitwise):\n");
     json_t *own = json && !arr ? json_array() : NULL;
-    for (int i = 0; i < n_isa && !rc; i++)
-        for (int a = quantized ? 0 : 1; a < 2 && !rc; a++) {
+    for (int i = 0; i < n_isa && !errored; i++)
+        for (int a = quantized ? 0 : 1; a < 2 && !errored; a++) {
             ib_act act = a ? IB_ACT_F32 : IB_ACT_Q8;
             optab t = {0};
             long bad = 0;
             ib_backend_check_opts o = {.backend = kind, .isa = isas[i], .act = act, .threads = 2};
             if (ib_backend_check(m, &o, on_op, &t, &bad, &err)) {
-                rc = cli_error("%s", err.msg);
+                rc = -cli_error("%s", err.msg);
                 errored = 1;
                 break;
             }
@@ -312,7 +312,7 @@ int cmd_probe(int argc, char **argv) {
     int n_isa = 0;
     char skipped[128] = "";
     if (!strcmp(backend, "cuda")) {
-        rc = op_table(IB_BACKEND_CUDA, NULL, 0, model_dir, p.json, NULL);
+        rc = op_table(IB_BACKEND_CUDA, NULL, 0, model_dir, p.json, NULL) != 0;
         goto out;
     }
     if (!strcmp(backend, "cpu")) {
@@ -402,13 +402,17 @@ int cmd_probe(int argc, char **argv) {
         json_object_set_new(o, "skipped", sk);
         json_object_set_new(o, "total", json_integer(total));
         json_t *bo = json_array();
-        if ((rc = op_table(IB_BACKEND_CPU, isas, n_isa, model_dir, 1, bo))) {
+        int trc = op_table(IB_BACKEND_CPU, isas, n_isa, model_dir, 1, bo);
+        if (trc < 0) {
             json_decref(o);
             json_decref(bo);
+            rc = 1;
             goto out;
         }
         json_object_set_new(o, "backend_ops", bo);
+        json_object_set_new(o, "backend_ops_ok", json_boolean(trc == 0));
         json_object_set_new(o, "failed", json_integer(n_fail));
+        if (trc) rc = 1;
         char *s = json_dumps(o, JSON_COMPACT);
         if (s) puts(s);
         free(s);
@@ -439,7 +443,7 @@ int cmd_probe(int argc, char **argv) {
             printf("\n");
         }
         printf("%d cases, %d failed\n", total, n_fail);
-        if ((rc = op_table(IB_BACKEND_CPU, isas, n_isa, model_dir, 0, NULL))) goto out;
+        if (op_table(IB_BACKEND_CPU, isas, n_isa, model_dir, 0, NULL)) rc = 1;
     }
     if (n_fail) rc = 1;
 out:
