@@ -2,7 +2,8 @@
 # serve_check.sh BIN BACKEND [OUT_DIR] — the server's invariance on one backend, with curl alone (for
 # machines without node): N seeded sampling completions, each sent alone, then all N at once; every
 # request's token text and logprobs must be the same both ways. With BACKEND cuda it also compares the
-# answers with a CPU server's. Prints one summary line; exits 1 on any difference.
+# answers with a CPU server's. SERVE_ARGS: extra flags for the checked server (e.g. --inject gpu-fma,
+# which the comparison with the CPU must catch). Prints one summary line; exits 1 on any difference.
 set -u
 bin=$1 backend=$2 out=${3:-/tmp/serve_check}
 n=${N:-16}
@@ -10,14 +11,14 @@ mkdir -p "$out"
 start() { # start BACKEND TAG -> sets pid, port
     rm -f "$out/port.$2"
     "$bin" serve -m models/default --backend "$1" --port 0 --port-file "$out/port.$2" --max-batch 32 \
-        --no-request-log >"$out/serve.$2.log" 2>&1 &
+        --no-request-log $([ "$2" = main ] && echo "${SERVE_ARGS:-}") >"$out/serve.$2.log" 2>&1 &
     pid=$!
     for _ in $(seq 300); do [ -s "$out/port.$2" ] && break; sleep 0.1; done
     port=$(cat "$out/port.$2" 2>/dev/null)
 }
 ask() { # ask PORT I -> the answer's text and logprobs as one line
     curl -s "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' \
-        -d "{\"prompt\": \"And the LORD said unto $2\", \"max_tokens\": 24, \"temperature\": 0.9, \"seed\": $2, \"logprobs\": 1}" |
+        -d "{\"model\": \"default\", \"prompt\": \"And the LORD said unto $2\", \"max_tokens\": 24, \"temperature\": 0.9, \"seed\": $2, \"logprobs\": 1}" |
         python3 -c 'import json,sys; c=json.load(sys.stdin)["choices"][0]; print(json.dumps([c["text"], c["logprobs"]["token_logprobs"]]))'
 }
 start "$backend" main
