@@ -166,6 +166,17 @@ static void ref_attention(check *k, int li, const float *q, float *out) {
         }
 }
 
+/* The residual add X += O, checked. */
+static void check_add(check *k) {
+    size_t n = (size_t)k->R * k->m->cfg.hidden_size;
+    fetch(k, IB_BUF_X, k->R, k->in);
+    fetch(k, IB_BUF_O, k->R, k->in2);
+    k->ops->add(k->be, IB_BUF_X, IB_BUF_O);
+    memcpy(k->ref, k->in, n * sizeof(float));
+    REF(ib_add(k->ref, k->in2, n));
+    compare_buf(k, "add", IB_BUF_X, k->R);
+}
+
 /* One step through the backend, every op checked. logits_out: [N_ITEMS][V] host buffers. */
 static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos, float *const *logits_out,
                             ib_error *err) {
@@ -242,12 +253,7 @@ static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos
         static const ib_buf yo = IB_BUF_O;
         check_linear(k, li, 1, &wo, IB_BUF_ATT, &yo, "linear o");
 
-        fetch(k, IB_BUF_X, R, k->in);
-        fetch(k, IB_BUF_O, R, k->in2);
-        ops->add(k->be, IB_BUF_X, IB_BUF_O);
-        memcpy(k->ref, k->in, (size_t)R * D * sizeof(float));
-        REF(ib_add(k->ref, k->in2, (size_t)R * D));
-        compare_buf(k, "add", IB_BUF_X, R);
+        check_add(k);
 
         fetch(k, IB_BUF_X, R, k->in);
         ops->rmsnorm(k->be, IB_BUF_X, IB_N_MLP, li, IB_BUF_XN);
@@ -266,12 +272,7 @@ static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos
 
         check_linear(k, li, 1, &wd, IB_BUF_G, &yo, "linear down");
 
-        fetch(k, IB_BUF_X, R, k->in);
-        fetch(k, IB_BUF_O, R, k->in2);
-        ops->add(k->be, IB_BUF_X, IB_BUF_O);
-        memcpy(k->ref, k->in, (size_t)R * D * sizeof(float));
-        REF(ib_add(k->ref, k->in2, (size_t)R * D));
-        compare_buf(k, "add", IB_BUF_X, R);
+        check_add(k);
     }
 
     /* logits of the wanted rows: final norm, then the lm_head */

@@ -212,32 +212,6 @@ static size_t utf8_complete(const char *s, size_t n) {
     return (size_t)back + 1 >= (size_t)need ? n : i - 1;
 }
 
-/* A JSON string of bytes s[0..n) with invalid UTF-8 replaced by U+FFFD. */
-static json_t *json_bytes_str(const char *s, size_t n) {
-    char *o = malloc(3 * n + 1);
-    if (!o) return json_string("");
-    size_t k = 0;
-    for (size_t i = 0; i < n;) {
-        unsigned char c = (unsigned char)s[i];
-        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        int ok = len > 0 && i + (size_t)len <= n;
-        for (int j = 1; ok && j < len; j++) ok = ((unsigned char)s[i + j] & 0xC0) == 0x80;
-        if (ok && len == 2 && c < 0xC2) ok = 0;
-        if (ok) {
-            memcpy(o + k, s + i, (size_t)len);
-            k += (size_t)len;
-            i += (size_t)len;
-        } else {
-            memcpy(o + k, "\xEF\xBF\xBD", 3);
-            k += 3;
-            i++;
-        }
-    }
-    json_t *j = json_stringn(o, k);
-    free(o);
-    return j ? j : json_string("");
-}
-
 /* ------------------------------------------------------------------ responses */
 
 static enum MHD_Result send_text(server *S, struct MHD_Connection *c, unsigned code, const char *type, const char *body,
@@ -278,7 +252,7 @@ static enum MHD_Result send_error(server *S, struct MHD_Connection *c, unsigned 
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     json_t *e = json_object();
-    json_object_set_new(e, "message", json_bytes_str(msg, strlen(msg)));
+    json_object_set_new(e, "message", ib_api_bytes_str(msg, strlen(msg)));
     json_object_set_new(e, "type", json_string(type));
     json_object_set_new(e, "param", param ? json_string(param) : json_null());
     json_object_set_new(e, "code", ecode ? json_string(ecode) : json_null());
@@ -625,7 +599,7 @@ static json_t *logprobs_json(const gen *g, int a, int b) {
             json_t *bytes = json_array();
             for (int k = 0; k < w; k++) json_array_append_new(bytes, json_integer((unsigned char)buf[k]));
             json_t *e = json_object();
-            json_object_set_new(e, "token", json_bytes_str(buf, (size_t)w));
+            json_object_set_new(e, "token", ib_api_bytes_str(buf, (size_t)w));
             json_object_set_new(e, "logprob", json_real(g->lp[i]));
             json_object_set_new(e, "bytes", bytes);
             json_t *top = json_array();
@@ -637,7 +611,7 @@ static json_t *logprobs_json(const gen *g, int a, int b) {
                 json_t *tb = json_array();
                 for (int q = 0; q < tw; q++) json_array_append_new(tb, json_integer((unsigned char)buf[q]));
                 json_t *te = json_object();
-                json_object_set_new(te, "token", json_bytes_str(buf, (size_t)tw));
+                json_object_set_new(te, "token", ib_api_bytes_str(buf, (size_t)tw));
                 json_object_set_new(te, "logprob", json_real(g->top_lp[(size_t)i * g->n_top + t]));
                 json_object_set_new(te, "bytes", tb);
                 json_object_set_new(te, "token_id", json_integer(id));
@@ -655,7 +629,7 @@ static json_t *logprobs_json(const gen *g, int a, int b) {
     json_t *tops = g->n_top ? json_array() : json_null();
     for (int i = a; i < b; i++) {
         int w = ib_token_bytes(g->srv->m, g->tok[i], buf, sizeof buf);
-        json_array_append_new(toks, json_bytes_str(buf, w > 0 ? (size_t)w : 0));
+        json_array_append_new(toks, ib_api_bytes_str(buf, w > 0 ? (size_t)w : 0));
         json_array_append_new(lps, json_real(g->lp[i]));
         json_array_append_new(offs, json_integer(g->tok_off[i]));
         json_array_append_new(ids, json_integer(g->tok[i]));
@@ -666,7 +640,7 @@ static json_t *logprobs_json(const gen *g, int a, int b) {
             int32_t id = g->top_ids[(size_t)i * g->n_top + t];
             if (id < 0) continue;
             int tw = ib_token_bytes(g->srv->m, id, buf, sizeof buf);
-            json_t *key = json_bytes_str(buf, tw > 0 ? (size_t)tw : 0);
+            json_t *key = ib_api_bytes_str(buf, tw > 0 ? (size_t)tw : 0);
             const char *ks = key ? json_string_value(key) : NULL;
             if (ks && !json_object_get(m, ks)) json_object_set_new(m, ks, json_real(g->top_lp[(size_t)i * g->n_top + t]));
             json_decref(key);
@@ -712,11 +686,11 @@ static json_t *final_json(gen *g) {
         j = envelope(g, "chat.completion");
         json_t *msg = json_object();
         json_object_set_new(msg, "role", json_string("assistant"));
-        json_object_set_new(msg, "content", json_bytes_str(g->text, g->text_len));
+        json_object_set_new(msg, "content", ib_api_bytes_str(g->text, g->text_len));
         json_object_set_new(ch, "message", msg);
     } else {
         j = envelope(g, g->session_gen ? "session.generation" : "text_completion");
-        json_object_set_new(ch, "text", json_bytes_str(g->text, g->text_len));
+        json_object_set_new(ch, "text", ib_api_bytes_str(g->text, g->text_len));
     }
     json_object_set_new(ch, "logprobs", g->want_lp ? logprobs_json(g, 0, k) : json_null());
     json_object_set_new(ch, "finish_reason", json_string(finish_reason(g)));
@@ -761,10 +735,10 @@ static void out_chunk(gen *g, size_t a, size_t b, int ta, int tb, const char *fi
             json_object_set_new(delta, "role", json_string("assistant"));
             g->sent_role = 1;
         }
-        if (b > a) json_object_set_new(delta, "content", json_bytes_str(g->text + a, b - a));
+        if (b > a) json_object_set_new(delta, "content", ib_api_bytes_str(g->text + a, b - a));
         json_object_set_new(ch, "delta", delta);
     } else
-        json_object_set_new(ch, "text", json_bytes_str(g->text + a, b - a));
+        json_object_set_new(ch, "text", ib_api_bytes_str(g->text + a, b - a));
     json_object_set_new(ch, "logprobs", g->want_lp && tb > ta ? logprobs_json(g, ta, tb) : json_null());
     json_object_set_new(ch, "finish_reason", finish ? json_string(finish) : json_null());
     json_t *choices = json_array();
