@@ -10,7 +10,9 @@
  *   - Kill safety: child processes append and acknowledge each write through a pipe; SIGKILL lands at
  *     varied moments (mid-transaction included); after reopening, every acknowledged write is there,
  *     nothing half-written is, the progress written with an append is there with it, and SQLite's
- *     integrity check passes. Two processes writing one file at once, killed together, too.
+ *     integrity check passes. Two processes writing one file at once, killed together, too. And a
+ *     VFS shim kills the writer at its k-th write or fsync, for k over several transactions: deaths
+ *     inside a commit, before and after its fsync, lose nothing acknowledged and leave nothing half.
  *   - Bad files: garbage, a truncated database, an SQLite database of something else, a newer schema
  *     version, history rows that contradict the session row: each a one-line status, never a crash.
  *   - A full disk (the process's file-size limit): the write fails with IB_ERR_IO and a message, the
@@ -333,6 +335,64 @@ static void test_round_trip(void) {
 
 /* ---------------------------------------------------------------- kill safety */
 
+/* A VFS shim for the kill test: the default VFS with its files' xWrite and xSync counted, and the
+ * process SIGKILLed at the kill_at-th of them once armed — a death inside a commit, between any two
+ * of its writes, before or after its fsync. The shim hands SQLite the real file object with a copy of
+ * its method table in which only those two entries differ. */
+static sqlite3_vfs *real_vfs;
+static sqlite3_vfs shim_vfs;
+static int shim_armed, shim_kill_at, shim_events;
+static const sqlite3_io_methods *real_methods[4];
+static sqlite3_io_methods shim_methods[4];
+static int n_methods;
+
+static int shim_index(const sqlite3_file *f) {
+    for (int i = 0; i < n_methods; i++)
+        if (&shim_methods[i] == f->pMethods) return i;
+    return -1;
+}
+
+static void shim_event(void) {
+    if (shim_armed && ++shim_events == shim_kill_at) kill(getpid(), SIGKILL);
+}
+
+static int shim_write(sqlite3_file *f, const void *p, int n, sqlite3_int64 off) {
+    shim_event();
+    return real_methods[shim_index(f)]->xWrite(f, p, n, off);
+}
+
+static int shim_sync(sqlite3_file *f, int flags) {
+    shim_event();
+    return real_methods[shim_index(f)]->xSync(f, flags);
+}
+
+static int shim_open(sqlite3_vfs *v, const char *name, sqlite3_file *f, int flags, int *out) {
+    int rc = real_vfs->xOpen(real_vfs, name, f, flags, out);
+    if (rc != SQLITE_OK || !f->pMethods) return rc;
+    int i = 0;
+    while (i < n_methods && real_methods[i] != f->pMethods) i++;
+    if (i == n_methods) {
+        if (n_methods == 4) return rc; /* (never: the unix VFS has one or two tables) */
+        real_methods[i] = f->pMethods;
+        shim_methods[i] = *f->pMethods;
+        shim_methods[i].xWrite = shim_write;
+        shim_methods[i].xSync = shim_sync;
+        n_methods++;
+    }
+    f->pMethods = &shim_methods[i];
+    return rc;
+}
+
+/* Make the shim the default VFS of this (child) process. */
+static void shim_install(int kill_at) {
+    real_vfs = sqlite3_vfs_find(NULL);
+    shim_vfs = *real_vfs;
+    shim_vfs.zName = "ib-kill-shim";
+    shim_vfs.xOpen = shim_open;
+    shim_kill_at = kill_at;
+    sqlite3_vfs_register(&shim_vfs, 1);
+}
+
 /* Child: append chunks to session sid (created first), writing the acknowledged count (an int) to fd
  * after each write returns. Never returns. */
 static void writer_child(const char *name, const char *sid, int key, int fd) {
@@ -351,6 +411,7 @@ static void writer_child(const char *name, const char *sid, int key, int fd) {
     }
     int have = 0;
     if (write(fd, &have, sizeof have) != sizeof have) _exit(4);
+    shim_armed = 1;
     int32_t t[64];
     uint8_t f[64];
     for (int i = 0;; i++) {
@@ -495,6 +556,42 @@ static void test_kill(void) {
         check_survivor(st, "one", 10, last[0], "two writers, first");
         check_survivor(st, "two", 11, last[1], "two writers, second");
         ib_store_close(st);
+    }
+}
+
+/* Deaths inside commits: the child is SIGKILLed at its k-th write or fsync after arming, for k
+ * spread over the first several transactions (each append is a few writes and fsyncs). */
+static void test_kill_in_commit(void) {
+    static const int at[] = {1, 2, 3, 4, 5, 6, 7, 9, 12, 16, 23, 31, 42, 57};
+    for (size_t run = 0; run < sizeof at / sizeof *at; run++) {
+        rm_db("kc.db");
+        int pfd[2];
+        if (pipe(pfd)) return;
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(pfd[0]);
+            shim_install(at[run]);
+            writer_child("kc.db", "k", 30, pfd[1]);
+        }
+        close(pfd[1]);
+        int status = 0;
+        waitpid(pid, &status, 0);
+        int acked = drain_acks(pfd[0]);
+        close(pfd[0]);
+        char what[64];
+        snprintf(what, sizeof what, "killed at I/O event %d", at[run]);
+        CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL && acked >= 0, "%s: child status %d, acked %d", what,
+              status, acked);
+        char ic[128];
+        integrity("kc.db", ic, sizeof ic);
+        CHECK(!strcmp(ic, "ok"), "%s: integrity_check: %s", what, ic);
+        ib_error err;
+        ib_store *st = NULL;
+        CHECK(ib_store_open(turi("kc.db"), &st, &err) == IB_OK, "%s: reopen: %s", what, err.msg);
+        if (st) {
+            check_survivor(st, "k", 30, acked, what);
+            ib_store_close(st);
+        }
     }
 }
 
@@ -736,6 +833,7 @@ int main(void) {
     test_model_identity();
     test_round_trip();
     test_kill();
+    test_kill_in_commit();
     test_bad_files();
     test_disk_full();
     test_threads();
