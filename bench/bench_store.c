@@ -1,7 +1,8 @@
 /*
  * bench_store.c — prints (asserts nothing) what the session store costs:
  *   1. write latency: appends of 32 tokens with progress (one per completed response), each durable
- *      when it returns (one fsync), from 1 thread and from T threads on one store;
+ *      when it returns, from 1 thread and from W threads on one store (whose appends share commits:
+ *      one fsync for every append that arrived while the previous commit ran);
  *   2. rebuild: the time to rebuild an N-token full session by prefill (ib_store_rebuild, chunks of
  *      C) against the KV memory a resident session holds instead.
  * Not built by `make`; after `make build/libisobatch.a`:
@@ -78,8 +79,8 @@ static void bench_writes(const char *uri, int w) {
         fprintf(stderr, "%s\n", err.msg);
         exit(1);
     }
-    pthread_t th[64];
-    warg a[64];
+    pthread_t th[128];
+    warg a[128];
     double *lat = malloc(sizeof(double) * APPENDS * (size_t)w);
     double t0 = now();
     for (int i = 0; i < w; i++) {
@@ -107,7 +108,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--writers")) writers = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--db")) db = argv[i + 1];
     }
-    if (writers > 64) writers = 64;
+    if (writers > 128) writers = 128;
     char uri[1100];
     snprintf(uri, sizeof uri, "sqlite:%s", db);
     bench_writes(uri, 1);

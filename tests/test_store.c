@@ -17,7 +17,8 @@
  *     version, history rows that contradict the session row: each a one-line status, never a crash.
  *   - A full disk (the process's file-size limit): the write fails with IB_ERR_IO and a message, the
  *     store stays usable, and every write acknowledged before it is there after reopening.
- *   - Several threads on one store.
+ *   - Several threads on one store (their appends grouped into shared commits), a stale append
+ *     among them refused alone.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -788,30 +789,35 @@ static void *thread_writer(void *p) {
     for (int i = 0; i < 20 && !a->rc; i++) {
         for (int k = 0; k < 5; k++) t[k] = tok_at(a->k, i * 5 + k), f[k] = flag_at(i * 5 + k);
         a->rc = ib_store_append(a->st, id, i * 5, t, f, 5, NULL, &err);
+        /* a stale append among the others' (a group commit's other appends must not notice it) */
+        if (!a->rc && i == a->k % 20 && ib_store_append(a->st, id, i * 5, t, f, 5, NULL, &err) != IB_ERR_STATE)
+            a->rc = IB_ERR_INVALID_ARG;
     }
     return NULL;
 }
 
+/* NTH threads on one store, appends coalesced into group commits. */
+#define NTH 12
 static void test_threads(void) {
     rm_db("thr.db");
     ib_error err;
     ib_store *st = NULL;
     CHECK(ib_store_open(turi("thr.db"), &st, &err) == IB_OK, "open: %s", err.msg);
     if (!st) return;
-    pthread_t th[4];
-    targ a[4];
-    for (int i = 0; i < 4; i++) {
+    pthread_t th[NTH];
+    targ a[NTH];
+    for (int i = 0; i < NTH; i++) {
         a[i] = (targ){st, 20 + i, IB_OK};
         pthread_create(&th[i], NULL, thread_writer, &a[i]);
     }
-    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < NTH; i++) pthread_join(th[i], NULL);
     char owner[65];
     ib_store_owner_hash("threads", owner);
     char **ids;
     int n;
-    CHECK(ib_store_list_owner(st, owner, &ids, &n, &err) == IB_OK && n == 4, "4 threads' sessions: %d", n);
+    CHECK(ib_store_list_owner(st, owner, &ids, &n, &err) == IB_OK && n == NTH, "%d threads' sessions: %d", NTH, n);
     ib_store_ids_free(ids, n);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < NTH; i++) {
         CHECK(a[i].rc == IB_OK, "thread %d failed", i);
         char id[16];
         snprintf(id, sizeof id, "t%d", 20 + i);

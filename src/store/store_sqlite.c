@@ -34,6 +34,12 @@ typedef struct sq_store {
     ib_store base;
     sqlite3 *db;
     pthread_mutex_t mu;   /* one call at a time: a transaction spans several statements */
+    /* group commit of appends (sq_append): the queue of waiting appends, whether one leads a commit */
+    pthread_mutex_t qmu;
+    pthread_cond_t qcv;
+    struct sq_pending *q_head, *q_tail;
+    int leading;
+    long n_commits;       /* append transactions so far */
     char path[1024];
 } sq_store;
 
@@ -115,6 +121,8 @@ static void sq_close(ib_store *st) {
     sq_store *s = (sq_store *)st;
     if (s->db) sqlite3_close_v2(s->db);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->qmu);
+    pthread_cond_destroy(&s->qcv);
     free(s);
 }
 
@@ -388,45 +396,113 @@ static int get_count(sq_store *s, const char *id, long long *n) {
     return rc;
 }
 
+/* One append call waiting for (or in) a group commit. */
+typedef struct sq_pending {
+    const char *id;
+    int at, n;
+    const int32_t *tokens;
+    const uint8_t *flags;
+    const ib_store_progress *p;
+    ib_error *err;
+    ib_status rc;
+    int done;
+    struct sq_pending *next;
+} sq_pending;
+
+/* One append inside the open transaction, under its own savepoint, so that its failure (a stale
+ * position, an unknown id) leaves the batch's other appends in. */
+static void append_one(sq_store *s, sq_pending *a) {
+    long long have = 0;
+    const char *what = "append";
+    int rc = exec(s, "SAVEPOINT one");
+    if (rc != SQLITE_OK) {
+        a->rc = sq_fail(s, rc, what, a->id, a->err);
+        return;
+    }
+    rc = get_count(s, a->id, &have);
+    if (rc == SQLITE_OK && (have < 0 || have != a->at)) {
+        a->rc = have < 0 ? ib_fail(a->err, IB_ERR_NOT_FOUND, "store %s: no session %s", s->path, a->id)
+                         : ib_fail(a->err, IB_ERR_STATE, "store %s: session %s: append at %d, but it holds %lld tokens",
+                                   s->path, a->id, a->at, have);
+        exec(s, "ROLLBACK TO one");
+        exec(s, "RELEASE one");
+        return;
+    }
+    if (rc == SQLITE_OK) rc = put_history(s, a->id, a->at, a->tokens, a->flags, a->n);
+    if (rc == SQLITE_OK) {
+        sqlite3_stmt *q = NULL;
+        rc = sqlite3_prepare_v2(s->db, "UPDATE sessions SET n_tokens = ?, updated = ? WHERE id = ?", -1, &q, NULL);
+        if (rc == SQLITE_OK) {
+            sqlite3_bind_int(q, 1, a->at + a->n);
+            sqlite3_bind_int64(q, 2, now_s());
+            sqlite3_bind_text(q, 3, a->id, -1, SQLITE_STATIC);
+            rc = sqlite3_step(q);
+            if (rc == SQLITE_DONE) rc = SQLITE_OK;
+        }
+        sqlite3_finalize(q);
+    }
+    if (rc == SQLITE_OK && a->p) rc = put_progress(s, a->id, a->p);
+    if (rc == SQLITE_OK) rc = exec(s, "RELEASE one");
+    if (rc != SQLITE_OK) {
+        a->rc = sq_fail(s, rc, what, a->id, a->err);
+        exec(s, "ROLLBACK TO one");
+        exec(s, "RELEASE one");
+        return;
+    }
+    a->rc = IB_OK;
+}
+
+/* Group commit: appends from several threads that arrive while a commit is under way are written
+ * together in the next transaction, so its one fsync makes them all durable; each call still returns
+ * only after the commit that holds its write (store.h, DURABILITY). The first caller to find no
+ * commit under way leads: it takes the queue, writes and commits it, marks every entry done. */
 static ib_status sq_append(ib_store *st, const char *id, int at, const int32_t *tokens, const uint8_t *flags, int n,
                            const ib_store_progress *p, ib_error *err) {
     sq_store *s = (sq_store *)st;
-    pthread_mutex_lock(&s->mu);
-    ib_status out = IB_OK;
-    const char *what = "append";
-    long long have = 0;
-    int rc = exec(s, "BEGIN IMMEDIATE");
-    if (rc == SQLITE_OK) rc = get_count(s, id, &have);
-    if (rc != SQLITE_OK) goto fail;
-    if (have < 0 || have != at) {
-        rollback(s);
-        out = have < 0 ? ib_fail(err, IB_ERR_NOT_FOUND, "store %s: no session %s", s->path, id)
-                       : ib_fail(err, IB_ERR_STATE, "store %s: session %s: append at %d, but it holds %lld tokens",
-                                 s->path, id, at, have);
-        goto done;
+    sq_pending me = {.id = id, .at = at, .n = n, .tokens = tokens, .flags = flags, .p = p, .err = err};
+    pthread_mutex_lock(&s->qmu);
+    if (s->q_tail) s->q_tail->next = &me;
+    else s->q_head = &me;
+    s->q_tail = &me;
+    while (!me.done) {
+        if (s->leading) {
+            pthread_cond_wait(&s->qcv, &s->qmu);
+            continue;
+        }
+        s->leading = 1;
+        pthread_mutex_unlock(&s->qmu);
+        pthread_mutex_lock(&s->mu);
+        pthread_mutex_lock(&s->qmu);
+        sq_pending *batch = s->q_head;
+        s->q_head = s->q_tail = NULL;
+        pthread_mutex_unlock(&s->qmu);
+        int rc = exec(s, "BEGIN IMMEDIATE");
+        const char *what = "append";
+        if (rc == SQLITE_OK) {
+            int wrote = 0;
+            for (sq_pending *a = batch; a; a = a->next) {
+                append_one(s, a);
+                wrote += a->rc == IB_OK;
+            }
+            what = "commit";
+            rc = wrote ? commit(s) : SQLITE_OK;
+        }
+        if (rc != SQLITE_OK) /* the transaction is lost: every append that was in it fails */
+            for (sq_pending *a = batch; a; a = a->next)
+                if (a->rc == IB_OK) a->rc = sq_fail(s, rc, what, a->id, a->err);
+        rollback(s); /* nothing open after a commit; after a failure, end the transaction */
+        s->n_commits++;
+        pthread_mutex_unlock(&s->mu);
+        pthread_mutex_lock(&s->qmu);
+        for (sq_pending *a = batch, *nx; a; a = nx) {
+            nx = a->next;
+            a->done = 1;
+        }
+        s->leading = 0;
+        pthread_cond_broadcast(&s->qcv);
     }
-    if ((rc = put_history(s, id, at, tokens, flags, n)) != SQLITE_OK) goto fail;
-    sqlite3_stmt *q = NULL;
-    rc = sqlite3_prepare_v2(s->db, "UPDATE sessions SET n_tokens = ?, updated = ? WHERE id = ?", -1, &q, NULL);
-    if (rc == SQLITE_OK) {
-        sqlite3_bind_int(q, 1, at + n);
-        sqlite3_bind_int64(q, 2, now_s());
-        sqlite3_bind_text(q, 3, id, -1, SQLITE_STATIC);
-        rc = sqlite3_step(q);
-        if (rc == SQLITE_DONE) rc = SQLITE_OK;
-    }
-    sqlite3_finalize(q);
-    if (rc != SQLITE_OK) goto fail;
-    if (p && (rc = put_progress(s, id, p)) != SQLITE_OK) goto fail;
-    what = "commit";
-    if ((rc = commit(s)) != SQLITE_OK) goto fail;
-    goto done;
-fail:
-    out = sq_fail(s, rc, what, id, err);
-    rollback(s);
-done:
-    pthread_mutex_unlock(&s->mu);
-    return out;
+    pthread_mutex_unlock(&s->qmu);
+    return me.rc;
 }
 
 static ib_status sq_update(ib_store *st, const char *id, const ib_store_progress *p, ib_error *err) {
@@ -601,6 +677,8 @@ ib_status ib_store_sqlite_open(const char *path, ib_store **out, ib_error *err) 
     s->base.ops = &SQ_OPS;
     snprintf(s->path, sizeof s->path, "%s", path);
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->qmu, NULL);
+    pthread_cond_init(&s->qcv, NULL);
     int rc = sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, NULL);
     ib_status st = IB_OK;
     if (rc != SQLITE_OK) {
