@@ -619,7 +619,7 @@ static ib_status read_all(const char *name, ib_error *err) {
     rc = ib_store_list_owner(st, owner, &ids, &n, err);
     for (int i = 0; !rc && i < 3; i++) {
         ib_store_session l;
-        char id[8];
+        char id[16];
         snprintf(id, sizeof id, "f%d", i);
         rc = ib_store_load(st, id, &l, err);
         ib_store_session_free(&l);
@@ -643,7 +643,7 @@ static void test_bad_files(void) {
     rm_db("full.db");
     CHECK(ib_store_open(turi("full.db"), &st, &err) == IB_OK, "open: %s", err.msg);
     for (int i = 0; st && i < 3; i++) {
-        char id[8];
+        char id[16];
         snprintf(id, sizeof id, "f%d", i);
         ib_store_session r = make_rec(id, "alice", 6000);
         CHECK(ib_store_create(st, &r, &err) == IB_OK, "create: %s", err.msg);
@@ -793,6 +793,7 @@ static void *thread_writer(void *p) {
         if (!a->rc && i == a->k % 20 && ib_store_append(a->st, id, i * 5, t, f, 5, NULL, &err) != IB_ERR_STATE)
             a->rc = IB_ERR_INVALID_ARG;
     }
+    ib_store_session_free(&r);
     return NULL;
 }
 
