@@ -51,6 +51,7 @@ static const char *base_name(const char *p) {
     return s ? s + 1 : p;
 }
 
+/* qsort order of paths by their last component. */
 static int cmp_base(const void *a, const void *b) {
     return strcmp(base_name(*(const char *const *)a), base_name(*(const char *const *)b));
 }

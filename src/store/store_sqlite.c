@@ -117,6 +117,7 @@ static int query_int(sq_store *s, const char *sql, long long *out) {
     return rc;
 }
 
+/* ops.close: close the connection (SQLite folds the log into the file at the last close) and free. */
 static void sq_close(ib_store *st) {
     sq_store *s = (sq_store *)st;
     if (s->db) sqlite3_close_v2(s->db);
@@ -126,8 +127,11 @@ static void sq_close(ib_store *st) {
     free(s);
 }
 
+/* Wall-clock unix seconds, for the created/updated columns (never used by a rebuild). */
 static int64_t now_s(void) { return (int64_t)time(NULL); }
 
+/* A float's IEEE-754 bits as an integer column value, and back: exact for every value, NaN included
+ * (SQLite would store a NaN REAL as NULL). */
 static int64_t fbits(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -177,6 +181,8 @@ static int put_history(sq_store *s, const char *id, int first, const int32_t *to
  * then rolls back. */
 static int commit(sq_store *s) { return exec(s, "COMMIT"); }
 
+/* ops.create (ib_store_create): the session row and its first history row in one transaction;
+ * IB_ERR_STATE when the id is taken. */
 static ib_status sq_create(ib_store *st, const ib_store_session *r, ib_error *err) {
     sq_store *s = (sq_store *)st;
     pthread_mutex_lock(&s->mu);
@@ -280,6 +286,8 @@ static ib_status load_history(sq_store *s, const char *id, ib_store_session *out
     return st;
 }
 
+/* ops.load (ib_store_load): the session row and its history in one read transaction (one snapshot),
+ * every value range-checked; IB_ERR_FORMAT when the rows contradict each other. */
 static ib_status sq_load(ib_store *st, const char *id, ib_store_session *out, ib_error *err) {
     sq_store *s = (sq_store *)st;
     pthread_mutex_lock(&s->mu);
@@ -505,6 +513,8 @@ static ib_status sq_append(ib_store *st, const char *id, int at, const int32_t *
     return me.rc;
 }
 
+/* ops.update (ib_store_update): the progress columns, n_fed checked against the stored count, in one
+ * transaction. */
 static ib_status sq_update(ib_store *st, const char *id, const ib_store_progress *p, ib_error *err) {
     sq_store *s = (sq_store *)st;
     pthread_mutex_lock(&s->mu);
@@ -533,6 +543,7 @@ done:
     return out;
 }
 
+/* ops.del (ib_store_delete): the session row and its history rows in one transaction. */
 static ib_status sq_delete(ib_store *st, const char *id, ib_error *err) {
     sq_store *s = (sq_store *)st;
     pthread_mutex_lock(&s->mu);
@@ -571,6 +582,7 @@ done:
     return out;
 }
 
+/* ops.list_owner (ib_store_list_owner): ids of owner's sessions in creation order (rowid). */
 static ib_status sq_list_owner(ib_store *st, const char *owner, char ***ids, int *n, ib_error *err) {
     sq_store *s = (sq_store *)st;
     pthread_mutex_lock(&s->mu);
