@@ -176,8 +176,8 @@ static void on_op(void *ctx, const ib_opcheck *r) {
 
 /* The backend op-table check (ib_backend_check) of `kind` — for the CPU once per ISA in isas — under
  * Q8 and F32 activations, on the model in dir or a tiny random 4-bit one. Text: one line per op;
- * json: objects appended to arr. Returns 0, 1 when an op differs from the reference, or 2/1 after an
- * error message. */
+ * json: objects appended to arr. Returns 0, 1 when an op differs from the reference, or after an error
+ * message 2 when arr is given (so its caller can tell the two apart), else 1. */
 static int op_table(ib_backend_kind kind, const ib_isa *isas, int n_isa, const char *dir, int json, json_t *arr) {
     char tmp[] = "/tmp/ib_probe_XXXXXX";
     ib_error err;
@@ -249,7 +249,7 @@ done:
         snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
         if (system(cmd) != 0) fprintf(stderr, "isobatch: could not remove %s\n", tmp);
     }
-    return rc;
+    return errored && arr ? 2 : rc; /* arr's caller prints its JSON after a difference, not an error */
 }
 
 int cmd_probe(int argc, char **argv) {
@@ -399,11 +399,15 @@ int cmd_probe(int argc, char **argv) {
         json_object_set_new(o, "skipped", sk);
         json_object_set_new(o, "total", json_integer(total));
         json_t *bo = json_array();
-        if ((rc = op_table(IB_BACKEND_CPU, isas, n_isa, model_dir, 1, bo))) {
+        /* an op that differs still gets the whole object printed (exit 1 below); an error does not */
+        int ot = op_table(IB_BACKEND_CPU, isas, n_isa, model_dir, 1, bo);
+        if (ot > 1) {
             json_decref(o);
             json_decref(bo);
+            rc = ot;
             goto out;
         }
+        rc = ot;
         json_object_set_new(o, "backend_ops", bo);
         json_object_set_new(o, "failed", json_integer(n_fail));
         char *s = json_dumps(o, JSON_COMPACT);
