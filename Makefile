@@ -19,7 +19,7 @@ IB_BASE_FLAGS := -std=c11 -Wall -Wextra -Wno-unused-parameter -fno-strict-aliasi
 # must give the same bits on every ISA) and no fast-math. SAN_FLAGS: the sanitizer build's (`make asan`).
 IB_NUMERIC_FLAGS := -ffp-contract=off -fno-fast-math
 ALL_CFLAGS = $(IB_BASE_FLAGS) $(CFLAGS) $(SAN_FLAGS) $(IB_NUMERIC_FLAGS)
-LDLIBS  += -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -pthread
+LDLIBS  += -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lsqlite3 -lm -pthread
 
 SRC      := $(shell find src -name '*.c' | sort)
 OBJ      := $(SRC:%.c=$(BUILD)/%.o)
@@ -108,7 +108,7 @@ run: all
 # the AVX2 clones of the elementwise ops (IB_NO_CLONES), so tests can compare the two builds bitwise.
 asan:
 	$(MAKE) BUILD=$(ASAN_BUILD) NVCC= SAN_FLAGS="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -DIB_NO_CLONES" \
-	    LDLIBS="-ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -pthread -fsanitize=address,undefined" all $(patsubst $(BUILD)/%,$(ASAN_BUILD)/%,$(TEST_BIN))
+	    LDLIBS="-ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lsqlite3 -lm -pthread -fsanitize=address,undefined" all $(patsubst $(BUILD)/%,$(ASAN_BUILD)/%,$(TEST_BIN))
 
 # The NEON matmul kernel, tested under emulation on any host: tests/test_matmul_neon.c and the few
 # sources it needs (no libraries beyond libc) cross-built statically for aarch64, then run under
@@ -208,7 +208,7 @@ LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 DATADIR    ?= $(PREFIX)/share
 SHLIB      := $(BUILD)/libisobatch.so.$(IB_VERSION)
-LIB_LDLIBS := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -pthread $(CUDA_LIBS)
+LIB_LDLIBS := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lsqlite3 -lm -pthread $(CUDA_LIBS)
 
 $(OBJ): ALL_CFLAGS += -fPIC -fno-semantic-interposition
 # objects of a build folder made before its library became position-independent are rebuilt once

@@ -94,6 +94,7 @@ typedef enum ib_status {
     IB_ERR_UNSUPPORTED,   /* a valid feature isobatch does not implement */
     IB_ERR_CONTEXT,       /* a session's context is full */
     IB_ERR_STATE,         /* the call is not valid now (e.g. a session twice in one step) */
+    IB_ERR_NOT_FOUND,     /* a named thing does not exist (a stored session id) */
     IB_STATUS_COUNT
 } ib_status;
 
@@ -183,6 +184,20 @@ typedef struct ib_load_opts {
 ib_status ib_model_load(const char *dir, const ib_load_opts *opts, ib_model **out, ib_error *err);
 void ib_model_free(ib_model *m);
 const ib_model_info *ib_model_get_info(const ib_model *m);
+
+/* Model identity: what a stored session or a recorded answer names to say which model made it.
+ * "sha256:" and 64 lower-case hex digits of a SHA-256 over the files of model directory dir that
+ * decide its answers, in a fixed order: config.json, then each of tokenizer.json,
+ * tokenizer_config.json, chat_template.jinja and model.safetensors.index.json that exists, then the
+ * weight files ib_model_load reads (model.safetensors or the index's shards), sorted by name. Each
+ * file enters as its name, a NUL, its length (8 bytes, little-endian) and its bytes, after the tag
+ * "isobatch-model-identity-v1". So any change of a weight, a config field or the tokenizer changes
+ * it, and a copy of the directory elsewhere has the same one. Computed on demand (it reads every
+ * byte of the weights: about a second per few hundred MB); compute it once per process. out gets
+ * IB_MODEL_ID_LEN bytes (NUL-terminated). Fails (IB_ERR_IO, naming the file) when a file cannot be
+ * read, or as ib_model_load does when the weight files are malformed. */
+#define IB_MODEL_ID_LEN 72
+ib_status ib_model_identity(const char *dir, char out[IB_MODEL_ID_LEN], ib_error *err);
 
 /* ---------------------------------------------------------------- engine */
 

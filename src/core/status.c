@@ -17,6 +17,7 @@ static const char *const status_names[IB_STATUS_COUNT] = {
     [IB_ERR_UNSUPPORTED] = "unsupported",
     [IB_ERR_CONTEXT] = "context full",
     [IB_ERR_STATE] = "invalid state",
+    [IB_ERR_NOT_FOUND] = "not found",
 };
 
 const char *ib_strerror(ib_status code) {
