@@ -139,7 +139,7 @@ neon-test: $(NEON_TEST) $(NEON_ATT_TEST)
 	$(QEMU_A64) -cpu cortex-a57 $(NEON_TEST)
 	$(QEMU_A64) -cpu max $(NEON_ATT_TEST)
 
-# libFuzzer targets (fuzz/fuzz_*.c, seed corpora in fuzz/corpus/NAME): the library built again with
+# libFuzzer targets (fuzz/fuzz_*.c, seed corpora in fuzz/corpus/NAME): the library (CPU backend only) built again with
 # clang under ASan/UBSan in $(FUZZ_BUILD). `make fuzz` runs each target for FUZZ_SECONDS on a copy
 # of its seed corpus ($(FUZZ_BUILD)/corpus/NAME, kept between runs) and stops at the first finding;
 # `make test` runs each for a few seconds (tests/t_fuzz.sh) when clang is installed.
@@ -148,7 +148,7 @@ FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 600
 FUZZ_SAN     := -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
                 -fno-omit-frame-pointer -DIB_NO_CLONES
-FUZZ_CFLAGS   = $(filter-out -fvect-cost-model=dynamic,$(IB_BASE_FLAGS)) $(FUZZ_SAN) $(IB_NUMERIC_FLAGS)
+FUZZ_CFLAGS   = $(filter-out -fvect-cost-model=dynamic -DIB_HAVE_CUDA,$(IB_BASE_FLAGS)) $(FUZZ_SAN) $(IB_NUMERIC_FLAGS)
 FUZZ_OBJ     := $(SRC:%.c=$(FUZZ_BUILD)/%.o)
 FUZZ_BIN     := $(patsubst fuzz/%.c,$(FUZZ_BUILD)/fuzz/%,$(wildcard fuzz/fuzz_*.c))
 HAVE_FUZZ_CC := $(shell command -v $(FUZZ_CC) 2>/dev/null)
