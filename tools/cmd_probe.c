@@ -178,9 +178,11 @@ static void on_op(void *ctx, const ib_opcheck *r) {
 
 /* The backend op-table check (ib_backend_check) of `kind` — for the CPU once per ISA in isas — under
  * Q8 and F32 activations, on the model in dir or a tiny random 4-bit one. Text: one line per op;
- * json: objects appended to arr (or, without arr, printed as one object). Returns 0, 1 when an op
+ * json: objects appended to arr (or, without arr, printed as one object); text: one line per
+ * (backend, activation mode), and one per op when verbose or when it differs. Returns 0, 1 when an op
  * differs from the reference, or a negative value after an error message. */
-static int op_table(ib_backend_kind kind, const ib_isa *isas, int n_isa, const char *dir, int json, json_t *arr) {
+static int op_table(ib_backend_kind kind, const ib_isa *isas, int n_isa, const char *dir, int json, json_t *arr,
+                    int verbose) {
     char tmp[] = "/tmp/ib_probe_XXXXXX";
     ib_error err;
     ib_model *m = NULL;
@@ -226,11 +228,17 @@ static int op_table(ib_backend_kind kind, const ib_isa *isas, int n_isa, const c
                                           t.names[k], "floats", (json_int_t)t.elems[k], "mismatches",
                                           (json_int_t)t.bad[k]);
                     json_array_append_new(arr ? arr : own, r);
-                } else {
+                } else if (verbose || t.bad[k]) {
                     printf("  %-10s %-4s %-22s %10ld floats  %s\n", who, a ? "f32" : "q8", t.names[k], t.elems[k],
                            t.bad[k] ? "DIFFER" : "bitwise equal");
                     if (t.bad[k]) printf("    %ld floats differ\n", t.bad[k]);
                 }
+            }
+            if (!json) {
+                long floats = 0;
+                for (int k2 = 0; k2 < t.n; k2++) floats += t.elems[k2];
+                printf("  %-10s %-4s %d ops, %ld floats: %s\n", who, a ? "f32" : "q8", t.n, floats,
+                       bad ? "SOME DIFFER" : "every op bitwise equal");
             }
             if (bad) rc = 1;
         }
@@ -312,7 +320,7 @@ int cmd_probe(int argc, char **argv) {
     int n_isa = 0;
     char skipped[128] = "";
     if (!strcmp(backend, "cuda")) {
-        rc = op_table(IB_BACKEND_CUDA, NULL, 0, model_dir, p.json, NULL) != 0;
+        rc = op_table(IB_BACKEND_CUDA, NULL, 0, model_dir, p.json, NULL, !p.failures_only) != 0;
         goto out;
     }
     if (!strcmp(backend, "cpu")) {
@@ -402,7 +410,7 @@ int cmd_probe(int argc, char **argv) {
         json_object_set_new(o, "skipped", sk);
         json_object_set_new(o, "total", json_integer(total));
         json_t *bo = json_array();
-        int trc = op_table(IB_BACKEND_CPU, isas, n_isa, model_dir, 1, bo);
+        int trc = op_table(IB_BACKEND_CPU, isas, n_isa, model_dir, 1, bo, 1);
         if (trc < 0) {
             json_decref(o);
             json_decref(bo);
@@ -443,7 +451,7 @@ int cmd_probe(int argc, char **argv) {
             printf("\n");
         }
         printf("%d cases, %d failed\n", total, n_fail);
-        if (op_table(IB_BACKEND_CPU, isas, n_isa, model_dir, 0, NULL)) rc = 1;
+        if (op_table(IB_BACKEND_CPU, isas, n_isa, model_dir, 0, NULL, !p.failures_only)) rc = 1;
     }
     if (n_fail) rc = 1;
 out:
