@@ -135,7 +135,13 @@ s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
 for i in range(2):
     s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     s.settimeout(3)
-    print(s.recv(200).split(b"\r\n")[0].decode())
+    r = b""
+    while b'"status"' not in r:  # the whole response (headers and the small JSON body)
+        d = s.recv(4096)
+        if not d:
+            break
+        r += d
+    print(r.split(b"\r\n")[0].decode())
     time.sleep(1.5)
 PY
 [ "$(grep -c 'HTTP/1.1 200' "$T/ka")" = 2 ] && ok || bad "keep-alive requests: $(cat "$T/ka")"
@@ -202,9 +208,9 @@ stop "$LAST_PID" fair
 # ---- 7. SIGTERM: in-flight generations finish (up to --drain-timeout), then the rest end properly
 start drain "$T/tiny" --token-delay-ms 20 --drain-timeout 10
 DP=$LAST_PID
-curl -s -N -m 30 "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":40,"stream":true}' > "$T/d_sse" &
+curl -s -N -m 30 "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":40,"seed":0,"stream":true}' > "$T/d_sse" &
 D1=$!
-curl -s -m 30 -o "$T/d_plain" -w '%{http_code}' "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":40}' > "$T/d_code" &
+curl -s -m 30 -o "$T/d_plain" -w '%{http_code}' "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":40,"seed":0}' > "$T/d_code" &
 D2=$!
 sleep 0.4
 kill -TERM "$DP"
@@ -219,9 +225,9 @@ grep -qE "AddressSanitizer|runtime error|LeakSanitizer" "$T/drain.log" && bad "d
 # past the drain deadline (1 s) the rest is ended: the stream with its final chunk, the plain request 503
 start drain2 "$T/tiny" --token-delay-ms 20 --drain-timeout 1
 DP=$LAST_PID
-curl -s -N -m 30 "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":1000,"stream":true}' > "$T/d_sse" &
+curl -s -N -m 30 "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":1000,"seed":0,"stream":true}' > "$T/d_sse" &
 D1=$!
-curl -s -m 30 -o "$T/d_plain" -w '%{http_code}' "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":1000}' > "$T/d_code" &
+curl -s -m 30 -o "$T/d_plain" -w '%{http_code}' "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":1000,"seed":0}' > "$T/d_code" &
 D2=$!
 sleep 0.4
 t0=$(date +%s.%N)
