@@ -94,6 +94,9 @@ $(BUILD)/examples/%: examples/%.c $(BUILD)/libisobatch.a
 
 examples: $(EX_BIN)
 
+# clang builds the fuzz targets (fuzz/); `make test` builds and runs them briefly when it is installed
+FUZZ_CC      ?= clang
+HAVE_FUZZ_CC := $(shell command -v $(FUZZ_CC) 2>/dev/null)
 test: all asan $(TEST_BIN) $(EX_BIN) $(if $(HAVE_FUZZ_CC),fuzz-build)
 	@BUILD=$(BUILD) ASAN_BUILD=$(ASAN_BUILD) FUZZ_BUILD=$(FUZZ_BUILD) bash tests/run.sh
 
@@ -143,7 +146,6 @@ neon-test: $(NEON_TEST) $(NEON_ATT_TEST)
 # clang under ASan/UBSan in $(FUZZ_BUILD). `make fuzz` runs each target for FUZZ_SECONDS on a copy
 # of its seed corpus ($(FUZZ_BUILD)/corpus/NAME, kept between runs) and stops at the first finding;
 # `make test` runs each for a few seconds (tests/t_fuzz.sh) when clang is installed.
-FUZZ_CC      ?= clang
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 600
 FUZZ_SAN     := -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
@@ -151,7 +153,6 @@ FUZZ_SAN     := -O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize
 FUZZ_CFLAGS   = $(filter-out -fvect-cost-model=dynamic -DIB_HAVE_CUDA,$(IB_BASE_FLAGS)) $(FUZZ_SAN) $(IB_NUMERIC_FLAGS)
 FUZZ_OBJ     := $(SRC:%.c=$(FUZZ_BUILD)/%.o)
 FUZZ_BIN     := $(patsubst fuzz/%.c,$(FUZZ_BUILD)/fuzz/%,$(wildcard fuzz/fuzz_*.c))
-HAVE_FUZZ_CC := $(shell command -v $(FUZZ_CC) 2>/dev/null)
 
 # The AVX2/AVX-512 kernel copies take clang minutes each under the sanitizers and no fuzzed input
 # reaches them: built as in the plain build, by $(CC).
