@@ -33,14 +33,24 @@ OBJ      := $(SRC:%.c=$(BUILD)/%.o)
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 ifneq ($(strip $(NVCC)),)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+NVCC_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -lcudart_static -ldl -lrt -lstdc++
+# The nvcc found must compile a kernel for NVCC_ARCH and the result must link with CUDA_LIBS (an old
+# or partial toolkit cannot): otherwise the backend is left out, said once, and the build goes on.
+CUDA_WORKS := $(shell d=$$(mktemp -d 2>/dev/null) && printf '__global__ void k() {}\nint main() { k<<<1, 1>>>(); return 0; }\n' > $$d/t.cu && \
+                $(NVCC) $(NVCC_ARCH) -c $$d/t.cu -o $$d/t.o >/dev/null 2>&1 && $(CC) -o $$d/t $$d/t.o $(CUDA_LIBS) -pthread >/dev/null 2>&1 && \
+                echo yes; rm -rf "$$d")
+ifeq ($(CUDA_WORKS),yes)
 CU_SRC   := $(shell find src -name '*.cu' | sort)
 OBJ      += $(CU_SRC:%.cu=$(BUILD)/%.o)
 IB_BASE_FLAGS += -DIB_HAVE_CUDA
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
-NVCC_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
 IB_NVCC_FLAGS := -std=c++17 -O3 -DIB_HAVE_CUDA -D_GNU_SOURCE -Iinclude -Isrc $(NVCC_ARCH) \
            -fmad=false -prec-div=true -prec-sqrt=true -ftz=false \
            -Xcompiler -fno-strict-aliasing,-ffp-contract=off,-fno-fast-math,-fPIC -MMD -MP
+else
+$(info isobatch: $(NVCC) cannot build and link a kernel for $(NVCC_ARCH): the CUDA backend is left out)
+CUDA_LIBS :=
+endif
 endif
 TOOL_SRC := $(wildcard tools/*.c)
 TOOL_OBJ := $(TOOL_SRC:%.c=$(BUILD)/%.o)
