@@ -7,7 +7,6 @@
  * Nothing here depends on how many rows there are or which row a token occupies, which is what makes
  * a session's logits independent of its batch.
  */
-#include <math.h>
 #include <string.h>
 
 #include "core/error.h"

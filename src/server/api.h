@@ -163,4 +163,9 @@ void ib_latency_token(ib_latency *l, double now);
  * over 10: a scrape never resets it) in Prometheus text to buf[*k, cap). */
 void ib_latency_format(ib_latency *l, double now, char *buf, int *k, int cap);
 
+/* Write the message (fmt) into msg (msz bytes), name the offending field p (NULL: the body) in
+ * *param, and return -1: the tail of every request-checking failure path. */
+int ib_api_failf(const char **param, const char *p, char *msg, size_t msz, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
 #endif

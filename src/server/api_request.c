@@ -32,8 +32,7 @@ static int in_list(const char *const *l, const char *k) {
     return 0;
 }
 
-/* Write the message, name the field p (NULL: the body) and return -1: every failure path's tail. */
-static int failf(const char **param, const char *p, char *msg, size_t msz, const char *fmt, ...) {
+int ib_api_failf(const char **param, const char *p, char *msg, size_t msz, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, msz, fmt, ap);
@@ -81,23 +80,23 @@ int ib_api_check_fields(json_t *body, ib_api_endpoint ep, const char **param, co
     json_object_foreach(body, k, v) {
         if (!in_list(common_fields, k) && !in_list(own, k)) {
             *code = "unknown_parameter";
-            return failf(param, k, msg, msz, "unknown field '%s': this endpoint does not take it", k);
+            return ib_api_failf(param, k, msg, msz, "unknown field '%s': this endpoint does not take it", k);
         }
         if (in_list(unimplemented, k) && !is_noop(k, v)) {
             *code = "unsupported_parameter";
             if (!strcmp(k, "frequency_penalty") || !strcmp(k, "presence_penalty"))
-                return failf(param, k, msg, msz, "%s is not supported (only 0); use repetition_penalty", k);
+                return ib_api_failf(param, k, msg, msz, "%s is not supported (only 0); use repetition_penalty", k);
             if (!strcmp(k, "response_format"))
-                return failf(param, k, msg, msz, "response_format: {\"type\": \"text\"} and {\"type\": "
+                return ib_api_failf(param, k, msg, msz, "response_format: {\"type\": \"text\"} and {\"type\": "
                                                  "\"json_object\"} are supported (no json_schema)");
-            return failf(param, k, msg, msz, "%s is not supported by this server", k);
+            return ib_api_failf(param, k, msg, msz, "%s is not supported by this server", k);
         }
     }
     if (ep != IB_API_SESSION_GENERATE) {
         const char *mk = json_object_get(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
         json_t *mt = json_object_get(body, mk);
         if (json_is_integer(mt) && json_integer_value(mt) == 0)
-            return failf(param, mk, msg, msz, "%s must be at least 1", mk);
+            return ib_api_failf(param, mk, msg, msz, "%s must be at least 1", mk);
     }
     return 0;
 }
@@ -202,16 +201,16 @@ int ib_api_logit_bias(json_t *body, int vocab, ib_api_bias *out, const char **pa
     json_t *lb = body ? json_object_get(body, "logit_bias") : NULL;
     if (!lb || json_is_null(lb)) return 0;
     if (!json_is_object(lb))
-        return failf(param, "logit_bias", msg, msz, "logit_bias must be an object of {\"token id\": bias}");
+        return ib_api_failf(param, "logit_bias", msg, msz, "logit_bias must be an object of {\"token id\": bias}");
     size_t n = json_object_size(lb);
     if (n > IB_MAX_LOGIT_BIAS)
-        return failf(param, "logit_bias", msg, msz, "logit_bias has %zu entries, more than %d", n, IB_MAX_LOGIT_BIAS);
+        return ib_api_failf(param, "logit_bias", msg, msz, "logit_bias has %zu entries, more than %d", n, IB_MAX_LOGIT_BIAS);
     if (!n) return 0;
     out->ids = malloc(n * sizeof *out->ids);
     out->vals = malloc(n * sizeof *out->vals);
     if (!out->ids || !out->vals) {
         ib_api_bias_free(out);
-        return failf(param, "logit_bias", msg, msz, "out of memory");
+        return ib_api_failf(param, "logit_bias", msg, msz, "out of memory");
     }
     const char *k;
     json_t *v;
@@ -219,11 +218,11 @@ int ib_api_logit_bias(json_t *body, int vocab, ib_api_bias *out, const char **pa
         int32_t id;
         if (!parse_id(k, vocab, &id)) {
             ib_api_bias_free(out);
-            return failf(param, "logit_bias", msg, msz, "logit_bias key '%.40s' is not a token id in [0, %d)", k, vocab);
+            return ib_api_failf(param, "logit_bias", msg, msz, "logit_bias key '%.40s' is not a token id in [0, %d)", k, vocab);
         }
         if (!json_is_number(v) || !(json_number_value(v) >= -100 && json_number_value(v) <= 100)) {
             ib_api_bias_free(out);
-            return failf(param, "logit_bias", msg, msz, "logit_bias['%s'] must be a number in [-100, 100]", k);
+            return ib_api_failf(param, "logit_bias", msg, msz, "logit_bias['%s'] must be a number in [-100, 100]", k);
         }
         out->ids[out->n] = id;
         out->vals[out->n++] = (float)json_number_value(v);

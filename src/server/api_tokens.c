@@ -9,16 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Write the message, name the field p (NULL: the body) and return -1: every failure path's tail. */
-static int failf(const char **param, const char *p, char *msg, size_t msz, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, msz, fmt, ap);
-    va_end(ap);
-    *param = p;
-    return -1;
-}
-
 json_t *ib_api_bytes_str(const char *s, size_t n) {
     char *o = malloc(3 * n + 1);
     if (!o) return json_string("");
@@ -49,14 +39,14 @@ json_t *ib_api_bytes_str(const char *s, size_t n) {
 static int format_messages(const ib_model *m, json_t *msgs, int gen_prompt, char **out, long *len, const char **param,
                            char *msg, size_t msz) {
     size_t nm = json_array_size(msgs);
-    if (nm < 1 || nm > 4096) return failf(param, "messages", msg, msz, "messages must hold 1 to 4096 messages");
+    if (nm < 1 || nm > 4096) return ib_api_failf(param, "messages", msg, msz, "messages must hold 1 to 4096 messages");
     ib_chat_msg *cm = calloc(nm, sizeof *cm);
-    if (!cm) return failf(param, NULL, msg, msz, "out of memory");
+    if (!cm) return ib_api_failf(param, NULL, msg, msz, "out of memory");
     for (size_t i = 0; i < nm; i++) {
         json_t *e = json_array_get(msgs, i), *role = json_object_get(e, "role"), *ct = json_object_get(e, "content");
         if (!json_is_string(role) || !json_is_string(ct)) {
             free(cm);
-            return failf(param, "messages", msg, msz, "messages[%zu] needs a string role and a string content", i);
+            return ib_api_failf(param, "messages", msg, msz, "messages[%zu] needs a string role and a string content", i);
         }
         cm[i].role = json_string_value(role);
         cm[i].content = json_string_value(ct);
@@ -66,7 +56,7 @@ static int format_messages(const ib_model *m, json_t *msgs, int gen_prompt, char
     char *t = need >= 0 ? malloc((size_t)need + 1) : NULL;
     if (!t) {
         free(cm);
-        return failf(param, "messages", msg, msz, need < 0 ? "this model has no chat format" : "out of memory");
+        return ib_api_failf(param, "messages", msg, msz, need < 0 ? "this model has no chat format" : "out of memory");
     }
     ib_chat_format(m, cm, (int)nm, flags, t, (size_t)need + 1);
     free(cm);
@@ -78,7 +68,7 @@ static int format_messages(const ib_model *m, json_t *msgs, int gen_prompt, char
 int ib_api_tokenize(const ib_model *m, json_t *body, int max_tokens, json_t **out, const char **param, char *msg,
                     size_t msz) {
     *out = NULL;
-    if (!body) return failf(param, NULL, msg, msz, "the body must be a JSON object");
+    if (!body) return ib_api_failf(param, NULL, msg, msz, "the body must be a JSON object");
     json_t *text = json_object_get(body, "content");
     const char *tkey = "content";
     if (!text) text = json_object_get(body, "prompt"), tkey = "prompt";
@@ -89,11 +79,11 @@ int ib_api_tokenize(const ib_model *m, json_t *body, int max_tokens, json_t **ou
     json_object_foreach(body, k, v) {
         if (strcmp(k, "content") && strcmp(k, "prompt") && strcmp(k, "messages") && strcmp(k, "add_special") &&
             strcmp(k, "with_pieces") && strcmp(k, "add_generation_prompt") && strcmp(k, "model"))
-            return failf(param, k, msg, msz, "unknown field '%s': /tokenize takes content (or prompt), messages, "
+            return ib_api_failf(param, k, msg, msz, "unknown field '%s': /tokenize takes content (or prompt), messages, "
                                              "add_special, with_pieces, add_generation_prompt, model", k);
         if ((!strcmp(k, "add_special") || !strcmp(k, "with_pieces") || !strcmp(k, "add_generation_prompt")) &&
             !json_is_boolean(v))
-            return failf(param, k, msg, msz, "%s must be a boolean", k);
+            return ib_api_failf(param, k, msg, msz, "%s must be a boolean", k);
     }
     add_special = json_is_true(json_object_get(body, "add_special"));
     pieces = json_is_true(json_object_get(body, "with_pieces"));
@@ -101,27 +91,27 @@ int ib_api_tokenize(const ib_model *m, json_t *body, int max_tokens, json_t **ou
     char *owned = NULL;
     const char *s;
     long len = 0;
-    if (text && msgs) return failf(param, "messages", msg, msz, "give either %s or messages, not both", tkey);
+    if (text && msgs) return ib_api_failf(param, "messages", msg, msz, "give either %s or messages, not both", tkey);
     if (msgs) {
-        if (!json_is_array(msgs)) return failf(param, "messages", msg, msz, "messages must be an array");
+        if (!json_is_array(msgs)) return ib_api_failf(param, "messages", msg, msz, "messages must be an array");
         if (format_messages(m, msgs, gen_prompt, &owned, &len, param, msg, msz)) return -1;
         s = owned;
     } else if (json_is_string(text)) {
         s = json_string_value(text);
         len = (long)json_string_length(text);
     } else
-        return failf(param, text ? tkey : "content", msg, msz, "content (or prompt) must be a string, or give messages");
+        return ib_api_failf(param, text ? tkey : "content", msg, msz, "content (or prompt) must be a string, or give messages");
     int cap = max_tokens + 1;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
     int n = ids ? ib_tokenize_ex(m, s, (size_t)len, add_special ? IB_TOKENIZE_ADD_SPECIAL : 0, ids, cap) : -1;
     free(owned);
     if (n < 0) {
         free(ids);
-        return failf(param, NULL, msg, msz, "tokenization failed");
+        return ib_api_failf(param, NULL, msg, msz, "tokenization failed");
     }
     if (n > max_tokens) {
         free(ids);
-        return failf(param, tkey, msg, msz, "the text has more than this server's limit of %d tokens", max_tokens);
+        return ib_api_failf(param, tkey, msg, msz, "the text has more than this server's limit of %d tokens", max_tokens);
     }
     json_t *toks = json_array();
     char buf[256];
@@ -147,22 +137,22 @@ int ib_api_tokenize(const ib_model *m, json_t *body, int max_tokens, json_t **ou
 
 int ib_api_detokenize(const ib_model *m, json_t *body, json_t **out, const char **param, char *msg, size_t msz) {
     *out = NULL;
-    if (!body) return failf(param, NULL, msg, msz, "the body must be a JSON object");
+    if (!body) return ib_api_failf(param, NULL, msg, msz, "the body must be a JSON object");
     const char *k;
     json_t *v;
     json_object_foreach(body, k, v) if (strcmp(k, "tokens") && strcmp(k, "model"))
-        return failf(param, k, msg, msz, "unknown field '%s': /detokenize takes tokens (and model)", k);
+        return ib_api_failf(param, k, msg, msz, "unknown field '%s': /detokenize takes tokens (and model)", k);
     json_t *toks = json_object_get(body, "tokens");
-    if (!json_is_array(toks)) return failf(param, "tokens", msg, msz, "tokens must be an array of token ids");
+    if (!json_is_array(toks)) return ib_api_failf(param, "tokens", msg, msz, "tokens must be an array of token ids");
     int vocab = ib_model_get_info(m)->vocab_size;
     size_t n = json_array_size(toks), cap = 256, len = 0;
     char *text = malloc(cap);
-    if (!text) return failf(param, NULL, msg, msz, "out of memory");
+    if (!text) return ib_api_failf(param, NULL, msg, msz, "out of memory");
     for (size_t i = 0; i < n; i++) {
         json_t *t = json_array_get(toks, i);
         if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) >= vocab) {
             free(text);
-            return failf(param, "tokens", msg, msz, "tokens[%zu] must be a token id in [0, %d)", i, vocab);
+            return ib_api_failf(param, "tokens", msg, msz, "tokens[%zu] must be a token id in [0, %d)", i, vocab);
         }
         char buf[256];
         int w = ib_token_bytes(m, (int32_t)json_integer_value(t), buf, sizeof buf);
@@ -172,7 +162,7 @@ int ib_api_detokenize(const ib_model *m, json_t *body, json_t **out, const char 
             char *nt = realloc(text, cap);
             if (!nt) {
                 free(text);
-                return failf(param, NULL, msg, msz, "out of memory");
+                return ib_api_failf(param, NULL, msg, msz, "out of memory");
             }
             text = nt;
         }
