@@ -47,6 +47,15 @@ start() {
     PORT=$(cat "$T/$name.port")
     U=http://127.0.0.1:$PORT
 }
+# wait (up to 10 s) until N generations are being stepped, so a signal sent next finds them in flight
+wait_active() {
+    local n=$1
+    for _ in $(seq 1 100); do
+        curl -s -m 2 "$U/metrics" | grep -q "^isobatch_jobs_active $n\$" && return 0
+        sleep 0.1
+    done
+    bad "$n generations never became active"
+}
 stop() {
     local pid=$1 name=$2 rc
     kill -TERM "$pid"
@@ -212,7 +221,7 @@ curl -s -N -m 30 "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_token
 D1=$!
 curl -s -m 30 -o "$T/d_plain" -w '%{http_code}' "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":40,"seed":0}' > "$T/d_code" &
 D2=$!
-sleep 0.4
+wait_active 2
 kill -TERM "$DP"
 sleep 0.3
 code=$(curl -s -m 5 -o /dev/null -w '%{http_code}' "$U/healthz"); [ "$code" = 000 ] || [ "$code" = 503 ] && ok || bad "a request during the drain got HTTP $code"
@@ -223,13 +232,14 @@ wait "$DP"; rc=$?
 [ $rc = 0 ] && ok || bad "drain: exit $rc"
 grep -qE "AddressSanitizer|runtime error|LeakSanitizer" "$T/drain.log" && bad "drain: sanitizer report" || ok
 # past the drain deadline (1 s) the rest is ended: the stream with its final chunk, the plain request 503
+rm -f "$T/d_plain" "$T/d_sse" "$T/d_code"
 start drain2 "$T/tiny" --token-delay-ms 20 --drain-timeout 1
 DP=$LAST_PID
 curl -s -N -m 30 "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":1000,"seed":0,"stream":true}' > "$T/d_sse" &
 D1=$!
 curl -s -m 30 -o "$T/d_plain" -w '%{http_code}' "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":1000,"seed":0}' > "$T/d_code" &
 D2=$!
-sleep 0.4
+wait_active 2
 t0=$(date +%s.%N)
 kill -TERM "$DP"
 wait $D1 $D2

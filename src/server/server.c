@@ -133,7 +133,8 @@ struct server {
     int key_requests;
     long long n_expired;      /* sessions closed for being idle */
     volatile int draining;    /* stopping: no new work, the work in flight may finish */
-    int n_gens;               /* generations not yet freed (their responses not yet all sent) */
+    int n_gens;               /* generations not yet freed */
+    int n_answering;          /* requests begun whose response MHD has not finished sending */
 };
 
 /* What one API key holds now (its quotas: server.key_*). */
@@ -2187,6 +2188,9 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *c, const char
     if (!cn) {
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         *con_cls = cn;
+        pthread_mutex_lock(&S->mu);
+        S->n_answering++;
+        pthread_mutex_unlock(&S->mu);
         ib_http_request_begin(c, method, url);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > S->o.max_body) cn->too_big = 1;
@@ -2245,6 +2249,9 @@ static void completed_cb(void *cls, struct MHD_Connection *c, void **con_cls, en
         free(cn->body);
         free(cn);
         ib_http_request_end();
+        pthread_mutex_lock(&S->mu);
+        S->n_answering--;
+        pthread_mutex_unlock(&S->mu);
     }
     *con_cls = NULL;
 }
@@ -2395,10 +2402,11 @@ done:
     /* cancel work in flight so streaming connections end, then stop the daemon */
     if (S->sched) ib_sched_stop(S->sched);
     /* give the responses of the ended generations (a stream's final chunk and [DONE], a waiting
-     * client's 503) up to 2 s to go out before the daemon closes every connection */
+     * client's 503) up to 2 s to go out before the daemon closes every connection: a response is
+     * out when MHD reports its request completed, not when it was queued */
     for (int i = 0; S->d && i < 40; i++) {
         pthread_mutex_lock(&S->mu);
-        int left = S->n_gens;
+        int left = S->n_gens + S->n_answering;
         pthread_mutex_unlock(&S->mu);
         if (!left) break;
         usleep(50000);
