@@ -1,10 +1,11 @@
 /*
- * bench_matmul.c — prints (asserts nothing) the time of 1-row and 16-row products of a 1024 -> 3072
- * (K = 1024, N = 3072) matrix in Q4 and Q8 (group 64) and float32, per supported ISA, activation
- * mode and thread count. Not built by `make`; after `make build/libisobatch.a`:
+ * bench_matmul.c — prints (asserts nothing) the time of products of B rows (default 1 and 16; the
+ * arguments name others: `bench_matmul 1 16 64`) by a 1024 -> 3072 (K = 1024, N = 3072) matrix in Q4
+ * and Q8 (group 64) and float32, per supported ISA, activation mode and thread count. Not built by
+ * `make`; after `make build/libisobatch.a`:
  *
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -pthread bench/bench_matmul.c build/libisobatch.a \
- *      -ljansson -lm -pthread -o build/bench_matmul && ./build/bench_matmul
+ *      -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lsqlite3 -lm -pthread -o build/bench_matmul && ./build/bench_matmul
  *
  * "GB/s" is the matrix's in-memory bytes (packed weights + scales/biases) per second; the
  * matrix is small enough to stay in a large L3, so it can exceed DRAM bandwidth.
@@ -53,8 +54,21 @@ static double time_product(const ib_matrix *m, const float *x, int B, const ib_a
     return best;
 }
 
-int main(void) {
-    const int K = 1024, N = 3072, G = 64, BMAXR = 16;
+int main(int argc, char **argv) {
+    const int K = 1024, N = 3072, G = 64;
+    int Bs[16] = {1, 16}, nB = 2, BMAXR = 16;
+    if (argc > 1) {
+        nB = 0;
+        for (int i = 1; i < argc && nB < 16; i++) {
+            int b = atoi(argv[i]);
+            if (b < 1 || b > 512) {
+                fprintf(stderr, "bench_matmul: a batch size is 1..512, not '%s'\n", argv[i]);
+                return 2;
+            }
+            Bs[nB++] = b;
+            if (b > BMAXR) BMAXR = b;
+        }
+    }
     ib_error err;
     ib_matrix mats[3];
     const char *names[3] = {"q4", "q8", "f32"};
@@ -73,7 +87,7 @@ int main(void) {
         fprintf(stderr, "bench_matmul: %s\n", err.msg);
         return 1;
     }
-    float *x = malloc(sizeof(float) * BMAXR * K), *y = malloc(sizeof(float) * BMAXR * N);
+    float *x = malloc(sizeof(float) * BMAXR * K), *y = malloc(sizeof(float) * (size_t)BMAXR * N);
     for (int i = 0; i < BMAXR * K; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) * 1e-3f;
     int8_t *xq = malloc((size_t)BMAXR * K);
     float *d = malloc(sizeof(float) * BMAXR * (K / G)), *ad = malloc(sizeof(float) * BMAXR * (K / G));
@@ -92,9 +106,9 @@ int main(void) {
         for (int mi = 0; mi < 3; mi++)
             for (int act = IB_ACT_F32; act <= IB_ACT_Q8; act++) {
                 if (act == IB_ACT_Q8 && mats[mi].fmt == IB_WF32) continue;
-                for (int bi = 0; bi < 2; bi++)
+                for (int bi = 0; bi < nB; bi++)
                     for (int th = 1; th <= 2; th++) {
-                        int B = bi ? 16 : 1;
+                        int B = Bs[bi];
                         double t = time_product(&mats[mi], x, B, &q, (ib_act)act, (ib_isa)isa, th == 2 ? pool2 : NULL, y);
                         printf("%-7s %-4s %-4s %3d %3d %10.1f %9.2f %9.2f\n", ib_isa_name((ib_isa)isa), names[mi],
                                act == IB_ACT_Q8 ? "q8" : "f32", B, th, t * 1e6, (double)mats[mi].bytes / t * 1e-9,
