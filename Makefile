@@ -11,15 +11,19 @@ CFLAGS  ?= $(OPT) -g
 # level, warnings, include paths, dependency files. -fvect-cost-model=dynamic -fno-trapping-math let
 # loops over independent lanes vectorize (this never reorders a float reduction: that would need
 # -fassociative-math, which is never given).
+# libpq's header lives in a folder of its own (Debian: /usr/include/postgresql).
+PQ_CFLAGS := $(shell pkg-config --cflags libpq 2>/dev/null || echo -I/usr/include/postgresql)
 IB_BASE_FLAGS := -std=c11 -Wall -Wextra -Wno-unused-parameter -fno-strict-aliasing \
            -fvect-cost-model=dynamic -fno-trapping-math \
-           -D_GNU_SOURCE -Iinclude -Isrc -pthread -MMD -MP
+           -D_GNU_SOURCE -Iinclude -Isrc -pthread -MMD -MP $(PQ_CFLAGS)
 # The numeric contract's flags come after the user's, so no user flag can undo them: -ffp-contract=off
 # (a fused multiply-add is written where one is meant, never introduced by the compiler: the same C
 # must give the same bits on every ISA) and no fast-math. SAN_FLAGS: the sanitizer build's (`make asan`).
 IB_NUMERIC_FLAGS := -ffp-contract=off -fno-fast-math
 ALL_CFLAGS = $(IB_BASE_FLAGS) $(CFLAGS) $(SAN_FLAGS) $(IB_NUMERIC_FLAGS)
-LDLIBS  += -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lsqlite3 -lm -pthread
+# The libraries the engine and its tools link (README, "Dependencies", says why each is there).
+DEP_LIBS := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lsqlite3 -lpq -lm -pthread
+LDLIBS  += $(DEP_LIBS)
 
 SRC      := $(shell find src -name '*.c' | sort)
 OBJ      := $(SRC:%.c=$(BUILD)/%.o)
@@ -56,6 +60,9 @@ TOOL_SRC := $(wildcard tools/*.c)
 TOOL_OBJ := $(TOOL_SRC:%.c=$(BUILD)/%.o)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# Test programs a tests/t_*.sh script runs with arguments (not run alone by tests/run.sh): the
+# PostgreSQL store's checks need the private server tests/t_store_pg.sh starts.
+HELPER_BIN := $(BUILD)/tests/pg_store_check
 EX_SRC   := $(wildcard examples/*.c)
 EX_BIN   := $(EX_SRC:examples/%.c=$(BUILD)/examples/%)
 
@@ -107,7 +114,7 @@ examples: $(EX_BIN)
 # clang builds the fuzz targets (fuzz/); `make test` builds and runs them briefly when it is installed
 FUZZ_CC      ?= clang
 HAVE_FUZZ_CC := $(shell command -v $(FUZZ_CC) 2>/dev/null)
-test: all asan $(TEST_BIN) $(EX_BIN) $(if $(HAVE_FUZZ_CC),fuzz-build)
+test: all asan $(TEST_BIN) $(HELPER_BIN) $(EX_BIN) $(if $(HAVE_FUZZ_CC),fuzz-build)
 	@BUILD=$(BUILD) ASAN_BUILD=$(ASAN_BUILD) FUZZ_BUILD=$(FUZZ_BUILD) bash tests/run.sh
 
 # The main job: batched generation on the bundled default model (models/default, trained by train/),
@@ -121,7 +128,7 @@ run: all
 # the AVX2 clones of the elementwise ops (IB_NO_CLONES), so tests can compare the two builds bitwise.
 asan:
 	$(MAKE) BUILD=$(ASAN_BUILD) NVCC= SAN_FLAGS="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -DIB_NO_CLONES" \
-	    LDLIBS="-ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lsqlite3 -lm -pthread -fsanitize=address,undefined" all $(patsubst $(BUILD)/%,$(ASAN_BUILD)/%,$(TEST_BIN))
+	    LDLIBS="$(DEP_LIBS) -fsanitize=address,undefined" all $(patsubst $(BUILD)/%,$(ASAN_BUILD)/%,$(TEST_BIN) $(HELPER_BIN))
 
 # The NEON matmul kernel, tested under emulation on any host: tests/test_matmul_neon.c and the few
 # sources it needs (no libraries beyond libc) cross-built statically for aarch64, then run under
@@ -205,7 +212,7 @@ fuzz: fuzz-build
 clean:
 	rm -rf build build-asan build-fuzz
 
--include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_BIN:=.d) $(EX_BIN:=.d)
+-include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_BIN:=.d) $(HELPER_BIN:=.d) $(EX_BIN:=.d)
 
 # ---- the linkable library: shared library, pkg-config file, install (rules kept apart from the build above)
 # The version comes from include/isobatch.h (IB_VERSION_*), its one home. The library's objects are
@@ -219,7 +226,7 @@ LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 DATADIR    ?= $(PREFIX)/share
 SHLIB      := $(BUILD)/libisobatch.so.$(IB_VERSION)
-LIB_LDLIBS := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lsqlite3 -lm -pthread $(CUDA_LIBS)
+LIB_LDLIBS := $(DEP_LIBS) $(CUDA_LIBS)
 
 $(OBJ): ALL_CFLAGS += -fPIC -fno-semantic-interposition
 # objects of a build folder made before its library became position-independent are rebuilt once

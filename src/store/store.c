@@ -43,9 +43,8 @@ ib_status ib_store_open(const char *uri, ib_store **out, ib_error *err) {
         if (!uri[7]) return ib_fail(err, IB_ERR_INVALID_ARG, "store %s: no file name after sqlite:", uri);
         return ib_store_sqlite_open(uri + 7, out, err);
     }
-    if (!strncmp(uri, "postgresql://", 13) || !strncmp(uri, "postgres://", 11))
-        return ib_fail(err, IB_ERR_UNSUPPORTED, "store %s: the PostgreSQL back end is not built yet", uri);
-    return ib_fail(err, IB_ERR_UNSUPPORTED, "store %s: unknown kind (expected sqlite:PATH)", uri);
+    if (!strncmp(uri, "postgresql://", 13) || !strncmp(uri, "postgres://", 11)) return ib_store_pg_open(uri, out, err);
+    return ib_fail(err, IB_ERR_UNSUPPORTED, "store: unknown kind of URI (expected sqlite:PATH or postgresql://...)");
 }
 
 void ib_store_close(ib_store *st) {

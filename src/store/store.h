@@ -9,11 +9,14 @@
  *
  * One interface, several back ends, picked by ib_store_open's URI:
  *   "sqlite:PATH"   an SQLite database file (store_sqlite.c; WAL journal, synchronous=FULL).
- *   (a PostgreSQL back end, for servers sharing sessions, is not written yet: IB_ERR_UNSUPPORTED.)
+ *   "postgresql://USER[:PASSWORD]@HOST[:PORT]/DB[?PARAMS]" (or postgres://)  a PostgreSQL server
+ *                   (store_pg.c; libpq's URI syntax; synchronous_commit=on), for several servers
+ *                   sharing their sessions.
  *
  * DURABILITY. Every call that writes (create, append, update, delete) is one transaction, and it is
  * durable when the call returns IB_OK: the transaction's pages are in the write-ahead log and the log
- * has been fsync'ed (SQLite: journal_mode=WAL, synchronous=FULL). A process killed at any moment —
+ * has been fsync'ed (SQLite: journal_mode=WAL, synchronous=FULL; PostgreSQL: synchronous_commit=on,
+ * the server's log flushed). A process killed at any moment —
  * SIGKILL included — loses no write that was acknowledged, and a power loss none either (as far as
  * the disk honours fsync). A write that has not returned when the process dies is either wholly
  * there or wholly absent when the store is opened again, never half there. A call that fails has
@@ -32,8 +35,10 @@
  *   IB_ERR_INVALID_ARG  a bad id, owner hash, count or flag
  *   IB_ERR_NOMEM        an allocation failed
  *
- * THREADS. One ib_store may be used from several threads; calls are serialised by its own lock.
- * Several processes may open the same SQLite file (writers wait up to 5 s for each other).
+ * THREADS. One ib_store may be used from several threads: SQLite serialises calls by its own lock
+ * (appends arriving together share a commit); PostgreSQL runs up to four at once, one connection each.
+ * Several processes may open the same SQLite file or PostgreSQL database (writers wait up to 5 s for
+ * each other's locks).
  */
 #ifndef IB_STORE_STORE_H
 #define IB_STORE_STORE_H

@@ -24,5 +24,8 @@ struct ib_store {
 
 /* The SQLite back end (store_sqlite.c): open or create the database file at path. */
 ib_status ib_store_sqlite_open(const char *path, ib_store **out, ib_error *err);
+/* The PostgreSQL back end (store_pg.c): connect to the server a postgresql:// URI names (libpq's
+ * URI syntax), checking the schema or creating it in a database that has none. */
+ib_status ib_store_pg_open(const char *uri, ib_store **out, ib_error *err);
 
 #endif

@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "core/error.h"
+#include "store/store_codec.h"
 #include "store/store_impl.h"
 
 /* "IBS1" — marks a database file as an isobatch session store. */
@@ -130,37 +131,11 @@ static void sq_close(ib_store *st) {
 /* Wall-clock unix seconds, for the created/updated columns (never used by a rebuild). */
 static int64_t now_s(void) { return (int64_t)time(NULL); }
 
-/* A float's IEEE-754 bits as an integer column value, and back: exact for every value, NaN included
- * (SQLite would store a NaN REAL as NULL). */
-static int64_t fbits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (int64_t)u;
-}
-
-static float bitsf(int64_t v) {
-    uint32_t u = (uint32_t)v;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Encode n tokens as little-endian int32 into buf [4n]. */
-static void enc_tokens(const int32_t *t, int n, unsigned char *buf) {
-    for (int i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)t[i];
-        buf[4 * i] = (unsigned char)u;
-        buf[4 * i + 1] = (unsigned char)(u >> 8);
-        buf[4 * i + 2] = (unsigned char)(u >> 16);
-        buf[4 * i + 3] = (unsigned char)(u >> 24);
-    }
-}
-
 /* Insert one history row: tokens [first, first + n). */
 static int put_history(sq_store *s, const char *id, int first, const int32_t *tokens, const uint8_t *flags, int n) {
     unsigned char *buf = malloc((size_t)n * 4);
     if (!buf) return SQLITE_NOMEM;
-    enc_tokens(tokens, n, buf);
+    ib_store_enc_tokens(tokens, n, buf);
     sqlite3_stmt *q = NULL;
     int rc = sqlite3_prepare_v2(s->db, "INSERT INTO history(session_id, first, tokens, flags) VALUES(?,?,?,?)", -1, &q,
                                 NULL);
@@ -207,11 +182,11 @@ static ib_status sq_create(ib_store *st, const ib_store_session *r, ib_error *er
     sqlite3_bind_int(q, 6, r->kv_window);
     sqlite3_bind_int(q, 7, r->kv_chunk);
     sqlite3_bind_text(q, 8, ib_kv_dtype_name(r->kv_dtype), -1, SQLITE_STATIC);
-    sqlite3_bind_int64(q, 9, fbits(sp->temperature));
+    sqlite3_bind_int64(q, 9, ib_store_fbits(sp->temperature));
     sqlite3_bind_int(q, 10, sp->top_k);
-    sqlite3_bind_int64(q, 11, fbits(sp->top_p));
-    sqlite3_bind_int64(q, 12, fbits(sp->min_p));
-    sqlite3_bind_int64(q, 13, fbits(sp->repeat_penalty));
+    sqlite3_bind_int64(q, 11, ib_store_fbits(sp->top_p));
+    sqlite3_bind_int64(q, 12, ib_store_fbits(sp->min_p));
+    sqlite3_bind_int64(q, 13, ib_store_fbits(sp->repeat_penalty));
     sqlite3_bind_int(q, 14, sp->repeat_last_n);
     sqlite3_bind_int64(q, 15, (int64_t)sp->seed);
     sqlite3_bind_int64(q, 16, (int64_t)r->progress.draws);
@@ -246,43 +221,20 @@ done:
 
 /* Read the history rows of id into out (n_tokens already set from the sessions row). */
 static ib_status load_history(sq_store *s, const char *id, ib_store_session *out, ib_error *err) {
-    int n = out->n_tokens;
-    out->tokens = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
-    out->flags = malloc((size_t)(n ? n : 1));
-    if (!out->tokens || !out->flags) return ib_fail(err, IB_ERR_NOMEM, "store %s: session %s: out of memory", s->path, id);
+    ib_status st = ib_store_history_alloc(s->path, out, err);
+    if (st) return st;
     sqlite3_stmt *q = NULL;
     int rc = sqlite3_prepare_v2(s->db, "SELECT first, tokens, flags FROM history WHERE session_id = ? ORDER BY first", -1,
                                 &q, NULL);
     if (rc != SQLITE_OK) return sq_fail(s, rc, "load history", id, err);
     sqlite3_bind_text(q, 1, id, -1, SQLITE_STATIC);
     int have = 0;
-    ib_status st = IB_OK;
-    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
-        long long first = sqlite3_column_int64(q, 0);
-        const unsigned char *tb = sqlite3_column_blob(q, 1);
-        int tn = sqlite3_column_bytes(q, 1);
-        const unsigned char *fb = sqlite3_column_blob(q, 2);
-        int fn = sqlite3_column_bytes(q, 2);
-        if (first != have || tn <= 0 || tn % 4 || fn != tn / 4 || (long long)have + fn > n || !tb || !fb) {
-            st = ib_fail(err, IB_ERR_FORMAT,
-                         "store %s: session %s: history row at %lld (%d token bytes, %d flag bytes) does not continue "
-                         "the %d tokens before it of %d",
-                         s->path, id, first, tn, fn, have, n);
-            break;
-        }
-        for (int i = 0; i < fn; i++) {
-            uint32_t u = (uint32_t)tb[4 * i] | (uint32_t)tb[4 * i + 1] << 8 | (uint32_t)tb[4 * i + 2] << 16 |
-                         (uint32_t)tb[4 * i + 3] << 24;
-            out->tokens[have + i] = (int32_t)u;
-            out->flags[have + i] = fb[i];
-        }
-        have += fn;
-    }
+    while (!st && (rc = sqlite3_step(q)) == SQLITE_ROW)
+        st = ib_store_history_add(s->path, out, &have, sqlite3_column_int64(q, 0), sqlite3_column_blob(q, 1),
+                                  sqlite3_column_bytes(q, 1), sqlite3_column_blob(q, 2), sqlite3_column_bytes(q, 2), err);
     if (!st && rc != SQLITE_DONE) st = sq_fail(s, rc, "load history", id, err);
     sqlite3_finalize(q);
-    if (!st && have != n)
-        st = ib_fail(err, IB_ERR_FORMAT, "store %s: session %s: history holds %d tokens, the session says %d", s->path,
-                     id, have, n);
+    if (!st) st = ib_store_history_end(s->path, out, have, err);
     return st;
 }
 
@@ -321,11 +273,7 @@ static ib_status sq_load(ib_store *st, const char *id, ib_store_session *out, ib
     const char *dt = (const char *)sqlite3_column_text(q, 6);
     long long ints[6] = {sqlite3_column_int64(q, 2), sqlite3_column_int64(q, 3), sqlite3_column_int64(q, 4),
                          sqlite3_column_int64(q, 5), sqlite3_column_int64(q, 15), sqlite3_column_int64(q, 16)};
-    int bad = !owner || strlen(owner) != 64 || !model || !model[0] || strlen(model) >= IB_MODEL_ID_LEN || !dt ||
-              ib_kv_dtype_parse(dt, &out->kv_dtype) != 0;
-    for (int i = 0; i < 6; i++) bad |= ints[i] < 0 || ints[i] > (1LL << 30);
-    bad |= ints[4] > ints[5]; /* n_fed <= n_tokens */
-    if (bad) {
+    if (ib_store_row_valid(ints, owner, model, dt, &out->kv_dtype)) {
         res = ib_fail(err, IB_ERR_FORMAT, "store %s: session %s: its row holds values out of range", s->path, id);
         goto done;
     }
@@ -336,11 +284,11 @@ static ib_status sq_load(ib_store *st, const char *id, ib_store_session *out, ib
     out->kv_window = (int)ints[2];
     out->kv_chunk = (int)ints[3];
     ib_sampling *sp = &out->progress.sampling;
-    sp->temperature = bitsf(sqlite3_column_int64(q, 7));
+    sp->temperature = ib_store_bitsf(sqlite3_column_int64(q, 7));
     sp->top_k = sqlite3_column_int(q, 8);
-    sp->top_p = bitsf(sqlite3_column_int64(q, 9));
-    sp->min_p = bitsf(sqlite3_column_int64(q, 10));
-    sp->repeat_penalty = bitsf(sqlite3_column_int64(q, 11));
+    sp->top_p = ib_store_bitsf(sqlite3_column_int64(q, 9));
+    sp->min_p = ib_store_bitsf(sqlite3_column_int64(q, 10));
+    sp->repeat_penalty = ib_store_bitsf(sqlite3_column_int64(q, 11));
     sp->repeat_last_n = sqlite3_column_int(q, 12);
     sp->seed = (uint64_t)sqlite3_column_int64(q, 13);
     out->progress.draws = (uint64_t)sqlite3_column_int64(q, 14);
@@ -367,11 +315,11 @@ static int put_progress(sq_store *s, const char *id, const ib_store_progress *p)
                                 -1, &q, NULL);
     if (rc == SQLITE_OK) {
         const ib_sampling *sp = &p->sampling;
-        sqlite3_bind_int64(q, 1, fbits(sp->temperature));
+        sqlite3_bind_int64(q, 1, ib_store_fbits(sp->temperature));
         sqlite3_bind_int(q, 2, sp->top_k);
-        sqlite3_bind_int64(q, 3, fbits(sp->top_p));
-        sqlite3_bind_int64(q, 4, fbits(sp->min_p));
-        sqlite3_bind_int64(q, 5, fbits(sp->repeat_penalty));
+        sqlite3_bind_int64(q, 3, ib_store_fbits(sp->top_p));
+        sqlite3_bind_int64(q, 4, ib_store_fbits(sp->min_p));
+        sqlite3_bind_int64(q, 5, ib_store_fbits(sp->repeat_penalty));
         sqlite3_bind_int(q, 6, sp->repeat_last_n);
         sqlite3_bind_int64(q, 7, (int64_t)sp->seed);
         sqlite3_bind_int64(q, 8, (int64_t)p->draws);
