@@ -394,6 +394,12 @@ static ib_status parse_gemma4(const char *path, json_t *top, ib_config *c, ib_er
     if (c->k_eq_v && (st = get_int(path, o, "num_global_key_value_heads", 0, c->n_kv_heads, 1, 4096,
                                    &c->global_kv_heads, err)))
         return st;
+    /* newer transformers writes the full layers' overrides as per_layer_config {"<layer>": {head_dim,
+     * num_key_value_heads}} instead of global_head_dim / num_global_key_value_heads: read them (after
+     * layer_types, below) and check they agree with those fields when both are present */
+    json_t *plc = get_opt(o, "per_layer_config");
+    if (plc && !json_is_object(plc))
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field %sper_layer_config: expected an object", path, fp);
     if (c->head_dim % 2 || c->global_head_dim % 2)
         return ib_fail(err, IB_ERR_FORMAT, "%s: field %s%s: %d is odd (rotary needs pairs)", path, fp,
                        c->head_dim % 2 ? "head_dim" : "global_head_dim",
@@ -430,6 +436,47 @@ static ib_status parse_gemma4(const char *path, json_t *top, ib_config *c, ib_er
     if (c->layer_sliding[c->n_layers - 1])
         return ib_fail(err, IB_ERR_MODEL, "%s: field %slayer_types[%d]: the last layer must be full_attention", path,
                        fp, c->n_layers - 1);
+
+    if (plc) {
+        int ghd = -1, gkv = -1;
+        const char *k;
+        json_t *v;
+        json_object_foreach(plc, k, v) {
+            char *end;
+            long li = strtol(k, &end, 10);
+            if (*k == '\0' || *end || li < 0 || li >= c->n_layers || !json_is_object(v))
+                return ib_fail(err, IB_ERR_FORMAT, "%s: field %sper_layer_config.%s: expected a layer index of an "
+                               "object", path, fp, k);
+            const char *kk;
+            json_t *x;
+            json_object_foreach(v, kk, x) {
+                int is_hd = strcmp(kk, "head_dim") == 0, is_kv = strcmp(kk, "num_key_value_heads") == 0;
+                if (!is_hd && !is_kv)
+                    return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %sper_layer_config.%s.%s: not supported", path,
+                                   fp, k, kk);
+                if (!json_is_integer(x) || json_integer_value(x) < 1 || json_integer_value(x) > IB_CONFIG_MAX_HD * 8)
+                    return ib_fail(err, IB_ERR_FORMAT, "%s: field %sper_layer_config.%s.%s: expected a positive integer",
+                                   path, fp, k, kk);
+                int val = (int)json_integer_value(x), *slot = is_hd ? &ghd : &gkv;
+                if (c->layer_sliding[li])
+                    return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %sper_layer_config.%s: overrides on a sliding "
+                                   "layer are not supported", path, fp, k);
+                if (*slot >= 0 && *slot != val)
+                    return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %sper_layer_config.%s.%s: %d differs from another "
+                                   "full layer's %d (one shape per layer type only)", path, fp, k, kk, val, *slot);
+                *slot = val;
+            }
+        }
+        if ((ghd >= 0 && get_opt(o, "global_head_dim") && ghd != c->global_head_dim) ||
+            (gkv >= 0 && get_opt(o, "num_global_key_value_heads") && gkv != c->global_kv_heads))
+            return ib_fail(err, IB_ERR_MODEL, "%s: field %sper_layer_config: disagrees with global_head_dim / "
+                           "num_global_key_value_heads", path, fp);
+        if (ghd >= 0) c->global_head_dim = ghd;
+        if (gkv >= 0) c->global_kv_heads = gkv;
+        if (c->global_head_dim % 2 || c->n_heads % c->global_kv_heads || c->global_head_dim > IB_CONFIG_MAX_HD)
+            return ib_fail(err, IB_ERR_MODEL, "%s: field %sper_layer_config: head_dim %d / num_key_value_heads %d do "
+                           "not fit %d heads", path, fp, c->global_head_dim, c->global_kv_heads, c->n_heads);
+    }
 
     /* rope_parameters per layer type; absent: sliding default theta 1e4, full proportional 0.25 theta 1e6 */
     json_t *rps = get_opt(o, "rope_parameters");
