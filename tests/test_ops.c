@@ -101,6 +101,85 @@ static void test_swiglu(void) {
     free(g), free(u), free(g0);
 }
 
+/* Gemma 4's GeGLU: gelu_pytorch_tanh(g) * u against float64. t = 2 sqrt(2/pi) (x + 0.044715 x^3) carries
+ * about 6u relative, which exp turns into |t| * 6u relative: bound (10 + 6|t|) u per element. */
+static void test_geglu(void) {
+    int n = 4096;
+    float *g = malloc(n * 4), *u = malloc(n * 4), *g0 = malloc(n * 4);
+    for (int i = 0; i < n; i++) g0[i] = g[i] = frand(8), u[i] = frand(3);
+    g0[0] = g[0] = 0.0f, g0[1] = g[1] = -30.0f, g0[2] = g[2] = 30.0f;
+    ib_geglu(g, u, 1, n);
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        double x = g0[i], a = sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
+        /* 0.5 x (1 + tanh a) written as x / (1 + e^(-2a)): the same function, without the cancellation
+         * 1 + tanh(a) suffers in double for a << 0 (at x = -8 it is 0) */
+        double ref = x / (1.0 + exp(-2.0 * a)) * u[i];
+        double rel = fabs(g[i] - ref) / (fabs(ref) + 1e-300);
+        if (ref != 0 && rel > (10 + 6 * fabs(2 * a)) * U) bad++;
+        if (ref == 0 && g[i] != 0) bad++;
+    }
+    CHECK(bad == 0, "geglu: %d elements beyond (10 + 6|t|)u", bad);
+    free(g), free(u), free(g0);
+}
+
+/* Soft-capping: cap * tanh(x / cap) within 2u relative (computed in double, rounded once), odd. */
+static void test_softcap(void) {
+    int n = 4096;
+    float *x = malloc(n * 4), *x0 = malloc(n * 4), *xn = malloc(n * 4);
+    for (int i = 0; i < n; i++) x0[i] = x[i] = frand(i < 100 ? 1e-4f : 200.0f), xn[i] = -x[i];
+    ib_softcap(x, (size_t)n, 30.0f);
+    ib_softcap(xn, (size_t)n, 30.0f);
+    double worst = 0;
+    int odd = 1;
+    for (int i = 0; i < n; i++) {
+        double ref = 30.0 * tanh((double)x0[i] / 30.0);
+        double rel = fabs(x[i] - ref) / (fabs(ref) + 1e-300);
+        if (rel > worst) worst = rel;
+        odd &= xn[i] == -x[i];
+    }
+    CHECK(worst <= 2 * U, "softcap rel err %g", worst);
+    CHECK(odd, "softcap(-x) != -softcap(x)");
+    float z[3] = {0.0f, INFINITY, NAN};
+    ib_softcap(z, 3, 30.0f);
+    CHECK(z[0] == 0.0f && z[1] == 30.0f && z[2] != z[2], "softcap(0, inf, nan) = %g %g %g", z[0], z[1], z[2]);
+    free(x), free(x0), free(xn);
+}
+
+/* Proportional RoPE tables: all pairs rotated is ib_rope_table bitwise; with n_rot pairs the first
+ * n_rot are ib_rope_table's and the rest {1, 0}, which ib_rope leaves unchanged. Weightless head
+ * norms equal a weight of ones bitwise. */
+static void test_rope_pairs_and_unit_norm(void) {
+    enum { R = 5, HD = 64, HALF = HD / 2 };
+    int32_t pos[R] = {0, 1, 17, 148, 4095};
+    float a[R * HD], b[R * HD];
+    ib_rope_table(pos, R, HD, 1e6, a);
+    ib_rope_table_pairs(pos, R, HD, 1e6, HALF, b);
+    CHECK(memcmp(a, b, sizeof a) == 0, "rope_table_pairs(all) differs from rope_table");
+    ib_rope_table_pairs(pos, R, HD, 1e6, 8, b);
+    int same = 1;
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < HALF; i++) {
+            const float *ta = a + ((size_t)r * HALF + i) * 2, *tb = b + ((size_t)r * HALF + i) * 2;
+            if (i < 8) same &= ta[0] == tb[0] && ta[1] == tb[1];
+            else same &= tb[0] == 1.0f && tb[1] == 0.0f;
+        }
+    CHECK(same, "rope_table_pairs(8): rotated pairs differ or the others are not {1, 0}");
+    float x[R * HD], x0[R * HD];
+    for (int i = 0; i < R * HD; i++) x0[i] = x[i] = frand(2);
+    ib_rope(x, R, 1, HD, b);
+    int kept = 1;
+    for (int r = 0; r < R; r++)
+        for (int i = 8; i < HALF; i++) kept &= x[r * HD + i] == x0[r * HD + i] && x[r * HD + i + HALF] == x0[r * HD + i + HALF];
+    CHECK(kept, "rope with {1, 0} pairs changed them");
+    float ones[HD], y1[R * HD], y2[R * HD];
+    for (int i = 0; i < HD; i++) ones[i] = 1.0f;
+    memcpy(y1, x0, sizeof y1), memcpy(y2, x0, sizeof y2);
+    ib_rmsnorm_heads(y1, ones, R, 1, HD, 1e-6f, NULL);
+    ib_rmsnorm_heads(y2, NULL, R, 1, HD, 1e-6f, NULL);
+    CHECK(memcmp(y1, y2, sizeof y1) == 0, "weightless head norm differs from a weight of ones");
+}
+
 static void test_attention(void) {
     int hd = 64;
     for (int n_keys = 1; n_keys <= 200; n_keys += 37) {
@@ -180,6 +259,9 @@ int main(void) {
     test_rmsnorm();
     test_rope();
     test_swiglu();
+    test_geglu();
+    test_softcap();
+    test_rope_pairs_and_unit_norm();
     test_attention();
     test_expf_lane();
     test_exp_lane();

@@ -9,7 +9,7 @@
 #include "model/mkmodel.h"
 
 static const char help[] =
-    "usage: isobatch mkmodel --preset tiny|qwen3-0.6b [--seed S] [--bits 4|8|16|32] [--group 32|64|128]\n"
+    "usage: isobatch mkmodel --preset tiny|qwen3-0.6b|gemma4-tiny [--seed S] [--bits 4|8|16|32] [--group 32|64|128]\n"
     "                        [--untied] [--arch qwen3|llama] --out DIR\n"
     "  Writes config.json, model.safetensors (MLX layout), tokenizer.json and tokenizer_config.json.\n";
 
@@ -47,9 +47,9 @@ int cmd_mkmodel(int argc, char **argv) {
         } else
             return cli_unknown_option("mkmodel", f, help);
     }
-    if (!o.preset) return cli_usage_error("mkmodel: --preset is required (tiny or qwen3-0.6b)");
-    if (strcmp(o.preset, "tiny") && strcmp(o.preset, "qwen3-0.6b"))
-        return cli_usage_error("--preset: unknown '%s' (tiny, qwen3-0.6b)", o.preset);
+    if (!o.preset) return cli_usage_error("mkmodel: --preset is required (tiny, qwen3-0.6b or gemma4-tiny)");
+    if (strcmp(o.preset, "tiny") && strcmp(o.preset, "qwen3-0.6b") && strcmp(o.preset, "gemma4-tiny"))
+        return cli_usage_error("--preset: unknown '%s' (tiny, qwen3-0.6b, gemma4-tiny)", o.preset);
     if (!out) return cli_usage_error("mkmodel: --out DIR is required");
     ib_error err;
     if (ib_mkmodel(out, &o, &err)) return cli_error("%s", err.msg);

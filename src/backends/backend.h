@@ -22,7 +22,14 @@
  *
  * SHAPES. A step has R rows (tokens) from n_items items (sessions); row r belongs to item row_item[r]
  * and sits at position pos[r] of that session. D = hidden size, H / KVH = query / KV heads, hd = head
- * dim, F = intermediate size, V = vocabulary.
+ * dim, F = intermediate size, V = vocabulary. hd and KVH are layer li's own (ib_layer.hd / .kvh: the
+ * same for every layer of Qwen3 and Llama, per layer type for Gemma 4); the Q, K, V and ATT rows of a
+ * layer are packed at that layer's width (H*hd, KVH*hd), and a KV cache is laid out with its
+ * descriptor's (largest) KVH and hd, a layer using the first KVH heads and hd elements of each slot.
+ *
+ * MODEL FAMILIES. The model's arch (ib_config.arch) is fixed at load; a backend that cannot compute a
+ * family fails at create naming it. Gemma 4's sequence (step.c) adds post-norms, GeGLU and a layer
+ * scalar, and changes what embed, qk_prepare, attention and logits do, as stated at each.
  *
  * OWNERSHIP. The engine owns its backend instance (create/destroy). A session owns its ib_kv
  * (kv_create/kv_free through the backend kind's table, which needs no instance, so sessions can be
@@ -54,8 +61,9 @@ typedef enum ib_buf {
 /* Matrices of a layer, by name. */
 typedef enum ib_wsel { IB_W_Q = 0, IB_W_K, IB_W_V, IB_W_O, IB_W_GATE, IB_W_UP, IB_W_DOWN, IB_W_COUNT } ib_wsel;
 
-/* Norm weights: per layer (ATTN, MLP) or the model's final norm (FINAL, layer ignored). */
-typedef enum ib_nsel { IB_N_ATTN = 0, IB_N_MLP, IB_N_FINAL } ib_nsel;
+/* Norm weights: per layer (ATTN, MLP; Gemma 4 also POST_ATTN, POST_MLP) or the model's final norm
+ * (FINAL, layer ignored). */
+typedef enum ib_nsel { IB_N_ATTN = 0, IB_N_MLP, IB_N_FINAL, IB_N_POST_ATTN, IB_N_POST_MLP } ib_nsel;
 
 /* Shape and policy of one session's KV cache: [n_layers][2 (keys, values)][n_kv_heads][capacity][head_dim]
  * elements of dtype. window 0: full (slot = position); window > 0: the first `sink` positions own slots
@@ -140,7 +148,8 @@ typedef struct ib_backend_ops {
     /* ---- one step, enqueued in this order by src/runtime/step.c ---- */
     /* Take the step's rows; RoPE tables for rope_pos. */
     ib_status (*step_begin)(ib_backend *b, const ib_step_desc *d, ib_error *err);
-    /* X[r] = embedding row tok[r] (dequantized as ib_matrix_row_f32). */
+    /* X[r] = embedding row tok[r] (dequantized as ib_matrix_row_f32); times model->embed_scale
+     * (ib_scale) when that is not 1 (Gemma 4). */
     void (*embed)(ib_backend *b);
     /* out[r] = rmsnorm(in[r]) with norm `n` of layer li (ops.h ib_rmsnorm; in and out may be equal). */
     void (*rmsnorm)(ib_backend *b, ib_buf in, ib_nsel n, int li, ib_buf out);
@@ -149,17 +158,27 @@ typedef struct ib_backend_ops {
     void (*linear)(ib_backend *b, int li, int n, const ib_wsel *ws, ib_buf in, const ib_buf *outs);
     /* Layer li's q/k head norms (IB_QK_NORM: ib_rmsnorm_heads, when the model has them) and/or the
      * rotary embedding of Q and K followed by the store of each row's K and V into its session's
-     * cache at slot(pos[r]) (IB_QK_ROPE_STORE: ib_rope_step_rows; half KV rounded by ib_f32_to_f16). */
+     * cache at slot(pos[r]) (IB_QK_ROPE_STORE: ib_rope_step_rows; half KV rounded by ib_f32_to_f16).
+     * Gemma 4, IB_QK_NORM: first V = K when the layer has no v_proj (attention_k_eq_v), then q_norm,
+     * k_norm and the weightless v_norm (ib_rmsnorm_heads with w NULL); IB_QK_ROPE_STORE: the RoPE
+     * table of the layer's type (sliding: ib_rope_table with rope_theta; full: ib_rope_table_pairs
+     * over global_head_dim with rope_theta_full and rope_pairs_full). */
     void (*qk_prepare)(ib_backend *b, int li, int phases);
     /* ATT[r] = attention of Q[r] over keys 0..pos[r] of its session at layer li (full: ib_attend_heads
-     * order; windowed: ib_attend_policy order), key block attn_block. */
+     * order; windowed: ib_attend_policy order), key block attn_block. Scale 1/sqrt(hd); Gemma 4:
+     * scale 1, and a sliding layer attends to its last sliding_window keys (ib_attend_heads' window). */
     void (*attention)(ib_backend *b, int li);
     /* G = silu(G) * U (ib_swiglu). */
     void (*swiglu)(ib_backend *b);
+    /* G = gelu_tanh(G) * U (ib_geglu; Gemma 4). */
+    void (*geglu)(ib_backend *b);
+    /* X *= layer li's layer_scalar (ib_scale; Gemma 4). */
+    void (*scale_layer)(ib_backend *b, int li);
     /* x += y (ib_add), all R rows. */
     void (*add)(ib_backend *b, ib_buf x, ib_buf y);
     /* For each wanted row j (< n_logits): XN[j] = final norm of X[logit_row[j]] (XN's other rows are
-     * left undefined), then that row's logits = XN[j] · lm_head^T, delivered by step_end. */
+     * left undefined), then that row's logits = XN[j] · lm_head^T, delivered by step_end; then
+     * ib_softcap with final_logit_softcapping when the config has one (Gemma 4). */
     void (*logits)(ib_backend *b);
     /* Wait for the step; every logits_out buffer is filled. */
     ib_status (*step_end)(ib_backend *b, ib_error *err);

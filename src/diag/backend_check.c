@@ -331,6 +331,8 @@ ib_status ib_backend_check(const ib_model *m, const ib_backend_check_opts *o, ib
     const ib_config *c = &m->cfg;
     const char *why = NULL;
     *mismatches = 0;
+    if (c->arch == IB_ARCH_GEMMA4) /* its references follow the Qwen3 / Llama sequence and widths */
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "backend check: model_type gemma4 is not supported yet");
     if (!ib_backend_available(o->backend, &why))
         return ib_fail(err, IB_ERR_UNSUPPORTED, "backend %s: %s", ib_backend_name(o->backend), why);
     ib_engine_opts eo = {.threads = o->threads, .isa = o->isa, .act = o->act, .backend = o->backend};

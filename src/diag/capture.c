@@ -100,6 +100,8 @@ ib_status ib_diff_run(const ib_model *m, const int32_t *const *prompts, const in
                       ib_diff_result *r, ib_error *err) {
     memset(r, 0, sizeof *r);
     const ib_config *c = &m->cfg;
+    if (c->arch == IB_ARCH_GEMMA4) /* its capture points have per-layer widths and post-norms */
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "diff: model_type gemma4 is not supported yet");
     if (n < 1) return ib_fail(err, IB_ERR_INVALID_ARG, "diff: no prompts");
     if (o->step < 0 || o->step > 100000) return ib_fail(err, IB_ERR_INVALID_ARG, "diff: step %d out of range", o->step);
     int batch = o->batch > 0 && o->batch < n ? o->batch : n;

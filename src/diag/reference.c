@@ -148,6 +148,8 @@ static void attention(const double *q, const double *k, const double *v, int T, 
 ib_status ib_reference_logits(const ib_model *m, const int32_t *tokens, int T, double *logits, ib_error *err) {
     if (!m || !tokens || !logits) return ib_fail(err, IB_ERR_INVALID_ARG, "reference: NULL model, tokens or logits");
     const ib_config *c = &m->cfg;
+    if (c->arch == IB_ARCH_GEMMA4) /* tests/gemma4_ref.py is its float64 reference for now */
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "reference: model_type gemma4 is not supported yet");
     if (T < 1) return ib_fail(err, IB_ERR_INVALID_ARG, "reference: %d tokens (at least 1 is needed)", T);
     if (T > c->max_position)
         return ib_fail(err, IB_ERR_CONTEXT, "reference: %d tokens exceed the model's max_position_embeddings %d", T,

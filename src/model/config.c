@@ -145,6 +145,8 @@ static ib_status get_quant(const char *path, const char *key, json_t *q, int *bi
     return IB_OK;
 }
 
+static ib_status parse_gemma4(const char *path, json_t *top, ib_config *c, ib_error *err);
+
 /* All fields of the top-level object `o` into *c (path names the file in messages). */
 static ib_status parse_config(const char *path, json_t *o, ib_config *c, ib_error *err) {
     ib_status st;
@@ -155,6 +157,7 @@ static ib_status parse_config(const char *path, json_t *o, ib_config *c, ib_erro
     if (!json_is_string(mt))
         return ib_fail(err, IB_ERR_FORMAT, "%s: field model_type: expected a string", path);
     const char *mts = json_string_value(mt), *arch_name;
+    if (strcmp(mts, "gemma4_text") == 0 || strcmp(mts, "gemma4") == 0) return parse_gemma4(path, o, c, err);
     if (strcmp(mts, "qwen3") == 0) {
         c->arch = IB_ARCH_QWEN3;
         c->qk_norm = 1;
@@ -165,7 +168,7 @@ static ib_status parse_config(const char *path, json_t *o, ib_config *c, ib_erro
         arch_name = "LlamaForCausalLM";
     } else {
         return ib_fail(err, IB_ERR_UNSUPPORTED,
-                       "%s: field model_type: \"%s\" not supported (qwen3 or llama)", path, mts);
+                       "%s: field model_type: \"%s\" not supported (qwen3, llama, gemma4_text or gemma4)", path, mts);
     }
     json_t *ar = get_opt(o, "architectures");
     if (ar) {
@@ -255,8 +258,285 @@ static ib_status parse_config(const char *path, json_t *o, ib_config *c, ib_erro
     if ((st = get_token_id(path, o, "bos_token_id", c->vocab_size, &c->bos_id, err)) ||
         (st = get_token_id(path, o, "eos_token_id", c->vocab_size, &c->eos_id, err)))
         return st;
+    c->kv_heads_max = c->n_kv_heads;
+    c->kv_hd_max = c->head_dim;
     return IB_OK;
 }
+
+/* ---------------------------------------------------------------- Gemma 4 (docs/gemma4.md) */
+
+/* A Gemma 4 feature isobatch does not implement yet: one line naming the field. */
+#define G4_UNSUPPORTED(field, what) \
+    ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s%s: %s is not supported yet", path, fp, (field), (what))
+
+/* One layer type's rope_parameters entry `rp` (field name `key`): theta, and for proportional RoPE
+ * over head dim hd the number of rotated pairs. default: every pair rotated. */
+static ib_status g4_rope(const char *path, const char *fp, const char *key, json_t *rp, int allow_proportional,
+                         int hd, double *theta, int *pairs, ib_error *err) {
+    char f[96];
+    if (!json_is_object(rp)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s%s: expected an object", path, fp, key);
+    const char *k;
+    json_t *v;
+    json_object_foreach(rp, k, v) {
+        if (json_is_null(v)) continue;
+        if (strcmp(k, "rope_type") && strcmp(k, "rope_theta") && strcmp(k, "partial_rotary_factor") &&
+            strcmp(k, "factor"))
+            return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s%s.%s: not supported", path, fp, key, k);
+    }
+    json_t *t = get_opt(rp, "rope_type");
+    const char *type = t && json_is_string(t) ? json_string_value(t) : t ? "?" : "default";
+    int proportional = strcmp(type, "proportional") == 0;
+    if (strcmp(type, "default") != 0 && !(proportional && allow_proportional))
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s%s.rope_type: \"%s\" not supported (%s)", path, fp, key,
+                       type, allow_proportional ? "default or proportional" : "default");
+    ib_status st;
+    snprintf(f, sizeof f, "%s%s.rope_theta", fp, key);
+    json_t *th = get_opt(rp, "rope_theta");
+    if (!th) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s: missing", path, f);
+    if ((st = get_pos_number(path, rp, "rope_theta", 0, theta, err))) return st;
+    double factor = 1.0, frac = 1.0;
+    if ((st = get_pos_number(path, rp, "factor", 1.0, &factor, err)) ||
+        (st = get_pos_number(path, rp, "partial_rotary_factor", 1.0, &frac, err)))
+        return st;
+    if (factor != 1.0)
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s%s.factor: %g not supported (1)", path, fp, key, factor);
+    if (frac > 1.0)
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field %s%s.partial_rotary_factor: %g is above 1", path, fp, key, frac);
+    if (!proportional && frac != 1.0)
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s%s.partial_rotary_factor: %g not supported with rope_type "
+                       "default", path, fp, key, frac);
+    /* proportional: floor(frac * hd / 2) pairs rotate, with frequencies theta^(-2i/hd) of the whole head */
+    *pairs = proportional ? (int)floor(frac * (double)hd / 2.0) : hd / 2;
+    return IB_OK;
+}
+
+/* model_type gemma4_text (top = the text config itself) or gemma4 (top holds text_config). */
+static ib_status parse_gemma4(const char *path, json_t *top, ib_config *c, ib_error *err) {
+    ib_status st;
+    const char *mts = json_string_value(json_object_get(top, "model_type"));
+    json_t *o = top;
+    const char *fp = "";
+    c->arch = IB_ARCH_GEMMA4;
+    const char *arch_name = "Gemma4ForCausalLM";
+    if (strcmp(mts, "gemma4") == 0) {
+        o = get_opt(top, "text_config");
+        if (!o) return ib_fail(err, IB_ERR_FORMAT, "%s: field text_config: missing (model_type gemma4)", path);
+        if (!json_is_object(o)) return ib_fail(err, IB_ERR_FORMAT, "%s: field text_config: expected an object", path);
+        json_t *tm = get_opt(o, "model_type");
+        if (tm && (!json_is_string(tm) || strcmp(json_string_value(tm), "gemma4_text") != 0))
+            return ib_fail(err, IB_ERR_MODEL, "%s: field text_config.model_type: expected \"gemma4_text\"", path);
+        fp = "text_config.";
+        c->tensor_prefix_lm = 1;
+        c->has_towers = get_opt(top, "vision_config") != NULL || get_opt(top, "audio_config") != NULL;
+        arch_name = "Gemma4ForConditionalGeneration";
+    }
+    json_t *ar = get_opt(top, "architectures");
+    if (ar) {
+        if (!json_is_array(ar))
+            return ib_fail(err, IB_ERR_FORMAT, "%s: field architectures: expected a list of strings", path);
+        int found = 0;
+        size_t i;
+        json_t *x;
+        json_array_foreach(ar, i, x) {
+            if (!json_is_string(x))
+                return ib_fail(err, IB_ERR_FORMAT, "%s: field architectures[%zu]: expected a string", path, i);
+            found |= strcmp(json_string_value(x), arch_name) == 0 ||
+                     strcmp(json_string_value(x), "Gemma4ForCausalLM") == 0;
+        }
+        if (!found && json_array_size(ar) > 0)
+            return ib_fail(err, IB_ERR_MODEL, "%s: field architectures: \"%s\" does not match model_type %s (%s)", path,
+                           json_string_value(json_array_get(ar, 0)), mts, arch_name);
+    }
+
+    /* the features not implemented yet, each by name */
+    int on = 0;
+    if ((st = get_bool(path, o, "enable_moe_block", 0, &on, err))) return st;
+    if (on) return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %senable_moe_block: enable_moe_block is not supported yet",
+                           path, fp);
+    int ple = 0, shared = 0;
+    if ((st = get_int(path, o, "hidden_size_per_layer_input", 0, 0, 0, 1 << 20, &ple, err)) ||
+        (st = get_int(path, o, "num_kv_shared_layers", 0, 0, 0, 4096, &shared, err)))
+        return st;
+    if (ple) return G4_UNSUPPORTED("hidden_size_per_layer_input", "per-layer embeddings (nonzero)");
+    if (shared) return G4_UNSUPPORTED("num_kv_shared_layers", "KV sharing across layers (nonzero)");
+    if ((st = get_bool(path, o, "attention_bias", 0, &on, err))) return st;
+    if (on) return G4_UNSUPPORTED("attention_bias", "true");
+    static const char *const absent_only[] = {"use_bidirectional_attention", "attn_logit_softcapping",
+                                              "query_pre_attn_scalar", "rope_scaling"};
+    for (int i = 0; i < 4; i++)
+        if (get_opt(o, absent_only[i])) return G4_UNSUPPORTED(absent_only[i], "a non-null value");
+    json_t *act = get_opt(o, "hidden_activation");
+    if (!act) act = get_opt(o, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "gelu_pytorch_tanh") != 0))
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %shidden_activation: \"%s\" not supported (gelu_pytorch_tanh)",
+                       path, fp, json_is_string(act) ? json_string_value(act) : "?");
+
+    /* sizes (transformers' Gemma4TextConfig defaults where a field may be absent) */
+    if ((st = get_int(path, o, "vocab_size", 0, 262144, 1, 1 << 24, &c->vocab_size, err)) ||
+        (st = get_int(path, o, "hidden_size", 1, 0, 1, 65536, &c->hidden_size, err)) ||
+        (st = get_int(path, o, "num_hidden_layers", 1, 0, 1, IB_CONFIG_MAX_TYPED_LAYERS, &c->n_layers, err)) ||
+        (st = get_int(path, o, "num_attention_heads", 1, 0, 1, 4096, &c->n_heads, err)) ||
+        (st = get_int(path, o, "intermediate_size", 1, 0, 1, 1 << 20, &c->intermediate_size, err)) ||
+        (st = get_int(path, o, "num_key_value_heads", 0, c->n_heads, 1, 4096, &c->n_kv_heads, err)) ||
+        (st = get_int(path, o, "head_dim", 0, 256, 2, IB_CONFIG_MAX_HD, &c->head_dim, err)) ||
+        (st = get_int(path, o, "global_head_dim", 0, c->head_dim, 2, IB_CONFIG_MAX_HD, &c->global_head_dim, err)) ||
+        (st = get_int(path, o, "sliding_window", 0, 512, 1, 1 << 24, &c->sliding_window, err)) ||
+        (st = get_int(path, o, "max_position_embeddings", 0, 131072, 1, 1 << 24, &c->max_position, err)) ||
+        (st = get_pos_number(path, o, "rms_norm_eps", 1e-6, &c->rms_eps, err)) ||
+        (st = get_bool(path, o, "tie_word_embeddings", 1, &c->tie_embeddings, err)) ||
+        (st = get_bool(path, o, "attention_k_eq_v", 0, &c->k_eq_v, err)))
+        return st;
+    /* tie_word_embeddings may sit on the outer gemma4 object */
+    if (o != top && !get_opt(o, "tie_word_embeddings") && (st = get_bool(path, top, "tie_word_embeddings", 1,
+                                                                          &c->tie_embeddings, err)))
+        return st;
+    c->global_kv_heads = c->n_kv_heads;
+    if (c->k_eq_v && (st = get_int(path, o, "num_global_key_value_heads", 0, c->n_kv_heads, 1, 4096,
+                                   &c->global_kv_heads, err)))
+        return st;
+    /* newer transformers writes the full layers' overrides as per_layer_config {"<layer>": {head_dim,
+     * num_key_value_heads}} instead of global_head_dim / num_global_key_value_heads: read them (after
+     * layer_types, below) and check they agree with those fields when both are present */
+    json_t *plc = get_opt(o, "per_layer_config");
+    if (plc && !json_is_object(plc))
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field %sper_layer_config: expected an object", path, fp);
+    if (c->head_dim % 2 || c->global_head_dim % 2)
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field %s%s: %d is odd (rotary needs pairs)", path, fp,
+                       c->head_dim % 2 ? "head_dim" : "global_head_dim",
+                       c->head_dim % 2 ? c->head_dim : c->global_head_dim);
+    if (c->n_heads % c->n_kv_heads || c->n_heads % c->global_kv_heads)
+        return ib_fail(err, IB_ERR_MODEL, "%s: field %s%s: num_attention_heads %d is not a multiple of %d", path, fp,
+                       c->n_heads % c->n_kv_heads ? "num_key_value_heads" : "num_global_key_value_heads", c->n_heads,
+                       c->n_heads % c->n_kv_heads ? c->n_kv_heads : c->global_kv_heads);
+
+    /* layer_types: one per layer, the last full_attention (transformers forces it; here it is checked) */
+    json_t *lt = get_opt(o, "layer_types");
+    if (lt) {
+        if (!json_is_array(lt) || json_array_size(lt) != (size_t)c->n_layers)
+            return ib_fail(err, IB_ERR_FORMAT, "%s: field %slayer_types: expected a list of %d strings", path, fp,
+                           c->n_layers);
+        for (int i = 0; i < c->n_layers; i++) {
+            json_t *x = json_array_get(lt, (size_t)i);
+            const char *s = json_is_string(x) ? json_string_value(x) : "";
+            if (strcmp(s, "sliding_attention") == 0) c->layer_sliding[i] = 1;
+            else if (strcmp(s, "full_attention") == 0) c->layer_sliding[i] = 0;
+            else
+                return ib_fail(err, IB_ERR_FORMAT, "%s: field %slayer_types[%d]: expected \"sliding_attention\" or "
+                               "\"full_attention\"", path, fp, i);
+        }
+    } else {
+        int pattern = 6;
+        if ((st = get_int(path, o, "sliding_window_pattern", 0, 6, 1, 4096, &pattern, err))) return st;
+        if (pattern != 6) /* transformers ignores it and uses 6: the two would build different models */
+            return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %ssliding_window_pattern: %d without layer_types is not "
+                           "supported (give layer_types)", path, fp, pattern);
+        for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = (i + 1) % 6 != 0;
+        c->layer_sliding[c->n_layers - 1] = 0;
+    }
+    if (c->layer_sliding[c->n_layers - 1])
+        return ib_fail(err, IB_ERR_MODEL, "%s: field %slayer_types[%d]: the last layer must be full_attention", path,
+                       fp, c->n_layers - 1);
+
+    if (plc) {
+        int ghd = -1, gkv = -1;
+        const char *k;
+        json_t *v;
+        json_object_foreach(plc, k, v) {
+            char *end;
+            long li = strtol(k, &end, 10);
+            if (*k == '\0' || *end || li < 0 || li >= c->n_layers || !json_is_object(v))
+                return ib_fail(err, IB_ERR_FORMAT, "%s: field %sper_layer_config.%s: expected a layer index of an "
+                               "object", path, fp, k);
+            const char *kk;
+            json_t *x;
+            json_object_foreach(v, kk, x) {
+                int is_hd = strcmp(kk, "head_dim") == 0, is_kv = strcmp(kk, "num_key_value_heads") == 0;
+                if (!is_hd && !is_kv)
+                    return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %sper_layer_config.%s.%s: not supported", path,
+                                   fp, k, kk);
+                if (!json_is_integer(x) || json_integer_value(x) < 1 || json_integer_value(x) > IB_CONFIG_MAX_HD * 8)
+                    return ib_fail(err, IB_ERR_FORMAT, "%s: field %sper_layer_config.%s.%s: expected a positive integer",
+                                   path, fp, k, kk);
+                int val = (int)json_integer_value(x), *slot = is_hd ? &ghd : &gkv;
+                if (c->layer_sliding[li])
+                    return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %sper_layer_config.%s: overrides on a sliding "
+                                   "layer are not supported", path, fp, k);
+                if (*slot >= 0 && *slot != val)
+                    return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %sper_layer_config.%s.%s: %d differs from another "
+                                   "full layer's %d (one shape per layer type only)", path, fp, k, kk, val, *slot);
+                *slot = val;
+            }
+        }
+        if ((ghd >= 0 && get_opt(o, "global_head_dim") && ghd != c->global_head_dim) ||
+            (gkv >= 0 && get_opt(o, "num_global_key_value_heads") && gkv != c->global_kv_heads))
+            return ib_fail(err, IB_ERR_MODEL, "%s: field %sper_layer_config: disagrees with global_head_dim / "
+                           "num_global_key_value_heads", path, fp);
+        if (ghd >= 0) c->global_head_dim = ghd;
+        if (gkv >= 0) c->global_kv_heads = gkv;
+        if (c->global_head_dim % 2 || c->n_heads % c->global_kv_heads || c->global_head_dim > IB_CONFIG_MAX_HD)
+            return ib_fail(err, IB_ERR_MODEL, "%s: field %sper_layer_config: head_dim %d / num_key_value_heads %d do "
+                           "not fit %d heads", path, fp, c->global_head_dim, c->global_kv_heads, c->n_heads);
+    }
+
+    /* rope_parameters per layer type; absent: sliding default theta 1e4, full proportional 0.25 theta 1e6 */
+    json_t *rps = get_opt(o, "rope_parameters");
+    if (rps) {
+        if (!json_is_object(rps))
+            return ib_fail(err, IB_ERR_FORMAT, "%s: field %srope_parameters: expected an object", path, fp);
+        json_t *rs = get_opt(rps, "sliding_attention"), *rf = get_opt(rps, "full_attention");
+        if (!rs || !rf)
+            return ib_fail(err, IB_ERR_FORMAT, "%s: field %srope_parameters.%s: missing", path, fp,
+                           rs ? "full_attention" : "sliding_attention");
+        int pairs_s = 0;
+        if ((st = g4_rope(path, fp, "rope_parameters.sliding_attention", rs, 0, c->head_dim, &c->rope_theta, &pairs_s,
+                          err)) ||
+            (st = g4_rope(path, fp, "rope_parameters.full_attention", rf, 1, c->global_head_dim, &c->rope_theta_full,
+                          &c->rope_pairs_full, err)))
+            return st;
+        json_t *rt = get_opt(rf, "rope_type");
+        int prop = rt && json_is_string(rt) && strcmp(json_string_value(rt), "proportional") == 0;
+        if (!prop && c->global_head_dim != c->head_dim)
+            return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %srope_parameters.full_attention.rope_type: default with "
+                           "global_head_dim %d != head_dim %d is not supported", path, fp, c->global_head_dim, c->head_dim);
+    } else {
+        c->rope_theta = 10000.0;
+        c->rope_theta_full = 1000000.0;
+        c->rope_pairs_full = (int)floor(0.25 * c->global_head_dim / 2.0);
+    }
+    json_t *sc = get_opt(o, "final_logit_softcapping");
+    if (sc && (st = get_pos_number(path, o, "final_logit_softcapping", 0, &c->final_softcap, err))) return st;
+
+    json_t *q1 = get_opt(top, "quantization"), *q2 = get_opt(top, "quantization_config");
+    if (q1 || q2) {
+        int b1 = 0, g1 = 0;
+        if ((st = get_quant(path, q1 ? "quantization" : "quantization_config", q1 ? q1 : q2, &c->quant_bits,
+                            &c->quant_group, err)))
+            return st;
+        if (q1 && q2) {
+            if ((st = get_quant(path, "quantization_config", q2, &b1, &g1, err))) return st;
+            if (b1 != c->quant_bits || g1 != c->quant_group)
+                return ib_fail(err, IB_ERR_MODEL, "%s: field quantization_config: bits %d group_size %d disagree with "
+                               "quantization (bits %d group_size %d)", path, b1, g1, c->quant_bits, c->quant_group);
+        }
+        const char *what[4] = {"hidden_size", "intermediate_size", "num_attention_heads*head_dim",
+                               "num_attention_heads*global_head_dim"};
+        long long dim[4] = {c->hidden_size, c->intermediate_size, (long long)c->n_heads * c->head_dim,
+                            (long long)c->n_heads * c->global_head_dim};
+        for (int i = 0; i < 4; i++)
+            if (dim[i] % c->quant_group != 0)
+                return ib_fail(err, IB_ERR_MODEL, "%s: field %s%s: %lld is not a multiple of quantization group_size %d",
+                               path, fp, what[i], dim[i], c->quant_group);
+    }
+    json_t *ids = get_opt(o, "eos_token_id") || get_opt(o, "bos_token_id") ? o : top;
+    if ((st = get_token_id(path, ids, "bos_token_id", c->vocab_size, &c->bos_id, err)) ||
+        (st = get_token_id(path, ids, "eos_token_id", c->vocab_size, &c->eos_id, err)))
+        return st;
+    c->qk_norm = 1;
+    c->kv_heads_max = c->n_kv_heads > c->global_kv_heads ? c->n_kv_heads : c->global_kv_heads;
+    c->kv_hd_max = c->head_dim > c->global_head_dim ? c->head_dim : c->global_head_dim;
+    return IB_OK;
+}
+#undef G4_UNSUPPORTED
 
 ib_status ib_config_load(const char *path, ib_config *out, ib_error *err) {
     if (!path || !out) return ib_fail(err, IB_ERR_INVALID_ARG, "ib_config_load: NULL argument");
@@ -295,7 +575,7 @@ static int real_digits(double x) {
 
 ib_status ib_config_save(const ib_config *cfg, const char *path, ib_error *err) {
     if (!cfg || !path) return ib_fail(err, IB_ERR_INVALID_ARG, "ib_config_save: NULL argument");
-    if (cfg->arch != IB_ARCH_QWEN3 && cfg->arch != IB_ARCH_LLAMA)
+    if (cfg->arch != IB_ARCH_QWEN3 && cfg->arch != IB_ARCH_LLAMA && cfg->arch != IB_ARCH_GEMMA4)
         return ib_fail(err, IB_ERR_INVALID_ARG, "%s: arch %d unknown", path, (int)cfg->arch);
     if (!(cfg->rope_theta > 0) || !isfinite(cfg->rope_theta) || !(cfg->rms_eps > 0) ||
         !isfinite(cfg->rms_eps))
@@ -303,12 +583,13 @@ ib_status ib_config_save(const ib_config *cfg, const char *path, ib_error *err) 
                        cfg->rope_theta, cfg->rms_eps);
     ib_status st = IB_OK;
     char *tmp = NULL;
-    int is_qwen = cfg->arch == IB_ARCH_QWEN3;
+    int is_qwen = cfg->arch == IB_ARCH_QWEN3, is_gemma = cfg->arch == IB_ARCH_GEMMA4;
     json_t *o = json_object(), *ar = json_array();
     int bad = !o || json_object_set_new(o, "architectures", ar);
-    bad = bad || json_array_append_new(ar, json_string(is_qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"));
+    bad = bad || json_array_append_new(ar, json_string(is_gemma ? "Gemma4ForCausalLM"
+                                                       : is_qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"));
 #define SET(k, v) bad = bad || json_object_set_new(o, (k), (v))
-    SET("model_type", json_string(is_qwen ? "qwen3" : "llama"));
+    SET("model_type", json_string(is_gemma ? "gemma4_text" : is_qwen ? "qwen3" : "llama"));
     SET("vocab_size", json_integer(cfg->vocab_size));
     SET("hidden_size", json_integer(cfg->hidden_size));
     SET("num_hidden_layers", json_integer(cfg->n_layers));
@@ -317,10 +598,35 @@ ib_status ib_config_save(const ib_config *cfg, const char *path, ib_error *err) 
     SET("head_dim", json_integer(cfg->head_dim));
     SET("intermediate_size", json_integer(cfg->intermediate_size));
     SET("max_position_embeddings", json_integer(cfg->max_position));
-    SET("rope_theta", json_real(cfg->rope_theta));
+    if (is_gemma) {
+        json_t *lt = json_array(), *rp = json_object(), *rs = json_object(), *rf = json_object();
+        SET("layer_types", lt);
+        SET("rope_parameters", rp);
+        bad = bad || !rs || !rf || json_object_set_new(rp, "sliding_attention", rs) ||
+              json_object_set_new(rp, "full_attention", rf);
+        for (int i = 0; i < cfg->n_layers && !bad; i++)
+            bad = json_array_append_new(lt, json_string(cfg->layer_sliding[i] ? "sliding_attention" : "full_attention"));
+        bad = bad || json_object_set_new(rs, "rope_type", json_string("default")) ||
+              json_object_set_new(rs, "rope_theta", json_real(cfg->rope_theta)) ||
+              json_object_set_new(rf, "rope_type", json_string("proportional")) ||
+              json_object_set_new(rf, "rope_theta", json_real(cfg->rope_theta_full)) ||
+              json_object_set_new(rf, "partial_rotary_factor",
+                                  json_real(2.0 * cfg->rope_pairs_full / (double)cfg->global_head_dim));
+        SET("global_head_dim", json_integer(cfg->global_head_dim));
+        SET("num_global_key_value_heads", json_integer(cfg->global_kv_heads));
+        SET("attention_k_eq_v", json_boolean(cfg->k_eq_v));
+        SET("sliding_window", json_integer(cfg->sliding_window));
+        SET("hidden_activation", json_string("gelu_pytorch_tanh"));
+        SET("hidden_size_per_layer_input", json_integer(0));
+        SET("num_kv_shared_layers", json_integer(0));
+        SET("enable_moe_block", json_false());
+        if (cfg->final_softcap > 0) SET("final_logit_softcapping", json_real(cfg->final_softcap));
+    } else {
+        SET("rope_theta", json_real(cfg->rope_theta));
+        SET("hidden_act", json_string("silu"));
+    }
     SET("rms_norm_eps", json_real(cfg->rms_eps));
     SET("tie_word_embeddings", json_boolean(cfg->tie_embeddings));
-    SET("hidden_act", json_string("silu"));
     SET("torch_dtype", json_string("bfloat16"));
     SET("attention_bias", json_false());
     if (cfg->bos_id >= 0) SET("bos_token_id", json_integer(cfg->bos_id));
@@ -347,6 +653,11 @@ ib_status ib_config_save(const ib_config *cfg, const char *path, ib_error *err) 
     memcpy(tmp, path, plen);
     memcpy(tmp + plen, ".tmp", 5);
     int d1 = real_digits(cfg->rope_theta), d2 = real_digits(cfg->rms_eps);
+    if (is_gemma) {
+        int d3 = real_digits(cfg->rope_theta_full), d4 = cfg->final_softcap > 0 ? real_digits(cfg->final_softcap) : 1;
+        d1 = d1 > d3 ? d1 : d3;
+        d1 = d1 > d4 ? d1 : d4;
+    }
     size_t flags = JSON_INDENT(4) | JSON_SORT_KEYS | JSON_REAL_PRECISION(d1 > d2 ? d1 : d2);
     if (json_dump_file(o, tmp, flags) != 0) {
         st = ib_fail(err, IB_ERR_IO, "%s: cannot write: %s", tmp, strerror(errno));

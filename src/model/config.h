@@ -5,7 +5,13 @@
 #define IB_MODEL_CONFIG_H
 #include "isobatch.h"
 
-typedef enum ib_arch { IB_ARCH_QWEN3 = 1, IB_ARCH_LLAMA } ib_arch;
+typedef enum ib_arch { IB_ARCH_QWEN3 = 1, IB_ARCH_LLAMA, IB_ARCH_GEMMA4 } ib_arch;
+
+/* Most layers a Gemma 4 config may have (its per-layer attention types are held in ib_config). */
+#define IB_CONFIG_MAX_TYPED_LAYERS 256
+
+/* Largest head_dim / global_head_dim (attention's IB_ATTN_MAX_HD). */
+#define IB_CONFIG_MAX_HD 512
 
 typedef struct ib_config {
     ib_arch arch;             /* from model_type "qwen3" | "llama" (architectures is cross-checked) */
@@ -24,19 +30,44 @@ typedef struct ib_config {
     int quant_bits;           /* 0 = float weights; 4 or 8 from "quantization" / "quantization_config" */
     int quant_group;          /* 32, 64 or 128 when quantized */
     int bos_id, eos_id;       /* bos_token_id / eos_token_id (first of a list), -1 when absent */
+    /* KV geometry every layer fits in: n_kv_heads / head_dim, or for Gemma 4 the larger of the
+     * sliding and full layers' (a session's cache is [n_layers][2][kv_heads_max][capacity][kv_hd_max]) */
+    int kv_heads_max, kv_hd_max;
+
+    /* ---- Gemma 4 only (arch IB_ARCH_GEMMA4; docs/gemma4.md); zero otherwise ---- */
+    int tensor_prefix_lm;     /* 1: tensors under model.language_model. (model_type gemma4), 0: model. */
+    int has_towers;           /* gemma4 with vision_config / audio_config: those tensors are ignored */
+    int sliding_window;       /* sliding layers attend to the last sliding_window positions (self included) */
+    int global_head_dim;      /* head_dim of full-attention layers */
+    int global_kv_heads;      /* KV heads of full-attention layers */
+    int k_eq_v;               /* attention_k_eq_v: full layers have no v_proj; values = k_proj output */
+    double rope_theta_full;   /* full layers' rope_theta (sliding layers: rope_theta) */
+    int rope_pairs_full;      /* full layers rotate pairs i < rope_pairs_full of global_head_dim/2 */
+    double final_softcap;     /* final_logit_softcapping; 0 = none */
+    unsigned char layer_sliding[IB_CONFIG_MAX_TYPED_LAYERS];   /* 1: sliding_attention, 0: full */
 } ib_config;
+
+/* Head dim and KV heads of layer li (per layer type for Gemma 4). */
+static inline int ib_config_layer_hd(const ib_config *c, int li) {
+    return c->arch == IB_ARCH_GEMMA4 && !c->layer_sliding[li] ? c->global_head_dim : c->head_dim;
+}
+static inline int ib_config_layer_kvh(const ib_config *c, int li) {
+    return c->arch == IB_ARCH_GEMMA4 && !c->layer_sliding[li] ? c->global_kv_heads : c->n_kv_heads;
+}
 
 /* Parse and validate path (a config.json). Rejects: not JSON, not an object, a missing or mistyped
  * required field, non-positive sizes, n_heads not a multiple of n_kv_heads, odd head_dim,
  * quantization bits other than 4/8 or group other than 32/64/128, rope_scaling (unsupported),
  * attention_bias / mlp_bias / use_sliding_window true, hidden_act other than silu, an unknown
- * model_type, a bos/eos id outside [0, vocab_size). A JSON null counts as absent for optional
- * fields. Messages name the file and the field. *out is written only on success. */
+ * model_type, a bos/eos id outside [0, vocab_size). model_type gemma4_text (or gemma4 with a
+ * text_config) is parsed as docs/gemma4.md says; each Gemma 4 feature not implemented yet is a
+ * one-line error naming its field. A JSON null counts as absent for optional fields. Messages name the file and the field. *out is written only on success. */
 ib_status ib_config_load(const char *path, ib_config *out, ib_error *err);
 
 /* Write cfg as a config.json that ib_config_load accepts and mlx-lm would write (model_type,
  * architectures, sizes, rope_theta, rms_norm_eps, tie_word_embeddings, quantization +
- * quantization_config when quantized). */
+ * quantization_config when quantized); for IB_ARCH_GEMMA4 a gemma4_text config with every
+ * Gemma 4 field above (the unsupported ones at their "off" values). */
 ib_status ib_config_save(const ib_config *cfg, const char *path, ib_error *err);
 
 #endif

@@ -123,12 +123,19 @@ static inline float uniform_pm1(uint64_t key, uint64_t e) {
 typedef struct preset {
     const char *name;
     int vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx;
+    /* Gemma 4 presets only: full layers' head dim and KV heads (attention_k_eq_v), sliding window;
+     * layers alternate sliding, full, sliding, full, … (the last is full) */
+    int gemma, global_head_dim, global_kv_heads, window;
 } preset;
 
 static const preset presets[] = {
-    {"tiny", 320, 128, 2, 4, 2, 32, 384, 2048},
-    {"qwen3-0.6b", 151936, 1024, 28, 16, 8, 128, 3072, 40960},
+    {"tiny", 320, 128, 2, 4, 2, 32, 384, 2048, 0, 0, 0, 0},
+    {"qwen3-0.6b", 151936, 1024, 28, 16, 8, 128, 3072, 40960, 0, 0, 0, 0},
+    {"gemma4-tiny", 320, 128, 4, 4, 2, 32, 256, 2048, 1, 64, 1, 16},
 };
+
+/* Layer i of a Gemma 4 preset of L layers is a sliding-window layer. */
+static int gemma_sliding(int i, int L) { return i != L - 1 && i % 2 == 0; }
 
 enum { K_LINEAR, K_EMBED, K_NORM };         /* what a generated matrix is */
 enum { P_WEIGHT, P_SCALES, P_BIASES };      /* which stored part of it a tensor entry holds */
@@ -136,6 +143,7 @@ enum { P_WEIGHT, P_SCALES, P_BIASES };      /* which stored part of it a tensor 
 /* One generated matrix W[N][K] (a norm is N = 1). */
 typedef struct gen_mat {
     char base[80];          /* name without ".weight" */
+    int bare;               /* stored under base itself, no ".weight" (Gemma 4's layer_scalar) */
     int kind, index;        /* kind; generator index (stable: independent of bits and tying) */
     int N, K;
     int quantized;
@@ -304,7 +312,7 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
     ib_status st = IB_OK;
     const int L = p->layers, D = p->hidden, qd = p->heads * p->head_dim, kvd = p->kv_heads * p->head_dim;
     const int quant = o->bits == 4 || o->bits == 8;
-    const int n_mats = 1 + 11 * L + 1 + (o->tied ? 0 : 1);
+    const int n_mats = 1 + (p->gemma ? 16 : 11) * L + 1 + (o->tied ? 0 : 1);
     gen_mat *mats = calloc((size_t)n_mats, sizeof *mats);
     tensor_ent *ents = calloc((size_t)n_mats * 3, sizeof *ents);
     gen_bufs bf = {0};
@@ -322,7 +330,26 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
         m_->quantized = quant && (KIND) != K_NORM;                                    \
     } while (0)
     MAT(K_EMBED, 0, p->vocab, D, "model.embed_tokens");
-    for (int i = 0; i < L; i++) {
+    for (int i = 0; i < L && p->gemma; i++) { /* Gemma 4 (docs/gemma4.md): 16 generator indices a layer */
+        int b = 1 + 16 * i, sl = gemma_sliding(i, L);
+        int hd = sl ? p->head_dim : p->global_head_dim, kvh = sl ? p->kv_heads : p->global_kv_heads;
+        MAT(K_LINEAR, b + 0, p->heads * hd, D, "model.layers.%d.self_attn.q_proj", i);
+        MAT(K_LINEAR, b + 1, kvh * hd, D, "model.layers.%d.self_attn.k_proj", i);
+        if (sl) MAT(K_LINEAR, b + 2, kvh * hd, D, "model.layers.%d.self_attn.v_proj", i); /* full: k = v */
+        MAT(K_LINEAR, b + 3, D, p->heads * hd, "model.layers.%d.self_attn.o_proj", i);
+        MAT(K_NORM, b + 4, 1, hd, "model.layers.%d.self_attn.q_norm", i);
+        MAT(K_NORM, b + 5, 1, hd, "model.layers.%d.self_attn.k_norm", i);
+        MAT(K_NORM, b + 6, 1, D, "model.layers.%d.input_layernorm", i);
+        MAT(K_NORM, b + 7, 1, D, "model.layers.%d.post_attention_layernorm", i);
+        MAT(K_NORM, b + 8, 1, D, "model.layers.%d.pre_feedforward_layernorm", i);
+        MAT(K_NORM, b + 9, 1, D, "model.layers.%d.post_feedforward_layernorm", i);
+        MAT(K_LINEAR, b + 10, p->ffn, D, "model.layers.%d.mlp.gate_proj", i);
+        MAT(K_LINEAR, b + 11, p->ffn, D, "model.layers.%d.mlp.up_proj", i);
+        MAT(K_LINEAR, b + 12, D, p->ffn, "model.layers.%d.mlp.down_proj", i);
+        MAT(K_NORM, b + 13, 1, 1, "model.layers.%d.layer_scalar", i);
+        mats[nm - 1].bare = 1;
+    }
+    for (int i = 0; i < L && !p->gemma; i++) {
         int b = 1 + 11 * i;
         MAT(K_LINEAR, b + 0, qd, D, "model.layers.%d.self_attn.q_proj", i);
         MAT(K_LINEAR, b + 1, kvd, D, "model.layers.%d.self_attn.k_proj", i);
@@ -338,8 +365,9 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
         MAT(K_LINEAR, b + 9, p->ffn, D, "model.layers.%d.mlp.up_proj", i);
         MAT(K_LINEAR, b + 10, D, p->ffn, "model.layers.%d.mlp.down_proj", i);
     }
-    MAT(K_NORM, 1 + 11 * L, 1, D, "model.norm");
-    if (!o->tied) MAT(K_LINEAR, 2 + 11 * L, p->vocab, D, "lm_head");
+    int last = p->gemma ? 16 * L : 11 * L;
+    MAT(K_NORM, 1 + last, 1, D, "model.norm");
+    if (!o->tied) MAT(K_LINEAR, 2 + last, p->vocab, D, "lm_head");
 #undef MAT
 
     /* stored tensors */
@@ -351,7 +379,8 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
         for (int part = 0; part < (m->quantized ? 3 : 1); part++) {
             tensor_ent *t = &ents[ne++];
             static const char *const suffix[3] = {"weight", "scales", "biases"};
-            snprintf(t->name, sizeof t->name, "%s.%s", m->base, suffix[part]);
+            if (m->bare) snprintf(t->name, sizeof t->name, "%s", m->base);
+            else snprintf(t->name, sizeof t->name, "%s.%s", m->base, suffix[part]);
             t->mat = m;
             t->part = part;
             t->ndim = m->kind == K_NORM ? 1 : 2;
@@ -377,8 +406,10 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
     size_t data_len = 0;
     for (int i = 0; i < ne; i++) {
         ents[i].mat->off[ents[i].part] = data_len;
-        /* every size of both presets is a multiple of 8, so this rounding never leaves a gap */
-        data_len += (ents[i].nbytes + 7) & ~(size_t)7;
+        /* packed back to back (the loader refuses holes): every size of the Qwen3 presets is a
+         * multiple of 8, so their tensors stay 8-byte aligned; a Gemma 4 layer_scalar (2 or 4 bytes)
+         * leaves the tensors after it unaligned, which the loader reads by copying */
+        data_len += ents[i].nbytes;
     }
 
     size_t hlen = 0;
@@ -451,7 +482,11 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
     const preset *p = NULL;
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (strcmp(presets[i].name, opts->preset) == 0) p = &presets[i];
-    if (!p) return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset \"%s\" unknown (tiny | qwen3-0.6b)", opts->preset);
+    if (!p)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset \"%s\" unknown (tiny | qwen3-0.6b | gemma4-tiny)",
+                       opts->preset);
+    if (p->gemma && opts->arch)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset %s takes no arch (it is gemma4)", p->name);
     if (opts->bits != 4 && opts->bits != 8 && opts->bits != 16 && opts->bits != 32)
         return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: bits %d not one of 4, 8, 16, 32", opts->bits);
     int group = opts->group ? opts->group : 64;
@@ -459,7 +494,8 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
         return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: group %d not one of 32, 64, 128", opts->group);
     const int quant = opts->bits == 4 || opts->bits == 8;
     /* every quantized input dimension must be a whole number of groups */
-    if (quant && (p->hidden % group || p->ffn % group || (p->heads * p->head_dim) % group))
+    if (quant && (p->hidden % group || p->ffn % group || (p->heads * p->head_dim) % group ||
+                  (p->heads * p->global_head_dim) % group))
         return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset %s: group %d does not divide the input sizes", p->name, group);
 
     struct stat sb;
@@ -494,6 +530,20 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
     cfg.quant_group = quant ? group : 0;
     cfg.bos_id = -1;
     cfg.eos_id = 258;               /* <|im_end|> of the byte tokenizer */
+    cfg.kv_heads_max = p->kv_heads;
+    cfg.kv_hd_max = p->head_dim;
+    if (p->gemma) {
+        cfg.arch = IB_ARCH_GEMMA4;
+        cfg.rope_theta = 10000.0;
+        cfg.rope_theta_full = 1000000.0;
+        cfg.global_head_dim = p->global_head_dim;
+        cfg.global_kv_heads = p->global_kv_heads;
+        cfg.rope_pairs_full = p->global_head_dim / 8;   /* partial_rotary_factor 0.25 */
+        cfg.k_eq_v = 1;
+        cfg.sliding_window = p->window;
+        cfg.final_softcap = 30.0;
+        for (int i = 0; i < p->layers; i++) cfg.layer_sliding[i] = (unsigned char)gemma_sliding(i, p->layers);
+    }
 
     static const char *const specials[3] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
     int wrote_cfg = 0, wrote_st = 0;

@@ -115,6 +115,8 @@ static void free_layer(ib_layer *l) {
     free(l->q_norm);
     free(l->k_norm);
     free(l->mlp_norm);
+    free(l->post_attn_norm);
+    free(l->post_mlp_norm);
     ib_matrix_free(&l->wq);
     ib_matrix_free(&l->wk);
     ib_matrix_free(&l->wv);
@@ -136,11 +138,61 @@ void ib_model_free(ib_model *m) {
     free(m);
 }
 
+/* Tensor-name prefix of the decoder (model. or, for model_type gemma4, model.language_model.). */
+static const char *lm_prefix(const ib_config *c) { return c->tensor_prefix_lm ? "model.language_model." : "model."; }
+
+/* Load Gemma 4 layer i (docs/gemma4.md): four norms, q/k norms, q/k/v/o (no v on full layers under
+ * attention_k_eq_v), the GeGLU MLP, the layer scalar. */
+static ib_status load_layer_gemma4(const ib_st_set *st, const ib_config *c, int i, ib_layer *l, ib_error *err) {
+    char p[160], n[192];
+    const char *pre = lm_prefix(c);
+    int D = c->hidden_size, H = c->n_heads, F = c->intermediate_size;
+    int hd = l->hd, KVH = l->kvh;
+    ib_status rc;
+#define LIN(field, sub, N_, K_)                                                   \
+    snprintf(p, sizeof p, "%slayers.%d.%s", pre, i, sub);                         \
+    if ((rc = load_linear(st, c, p, (N_), (K_), &l->field, err))) return rc;
+#define VEC(field, sub, n_)                                                       \
+    snprintf(n, sizeof n, "%slayers.%d.%s.weight", pre, i, sub);                  \
+    if ((rc = load_vec(st, n, (n_), &l->field, err))) return rc;
+    VEC(attn_norm, "input_layernorm", D)
+    VEC(post_attn_norm, "post_attention_layernorm", D)
+    VEC(mlp_norm, "pre_feedforward_layernorm", D)
+    VEC(post_mlp_norm, "post_feedforward_layernorm", D)
+    VEC(q_norm, "self_attn.q_norm", hd)
+    VEC(k_norm, "self_attn.k_norm", hd)
+    LIN(wq, "self_attn.q_proj", H * hd, D)
+    LIN(wk, "self_attn.k_proj", KVH * hd, D)
+    if (!(c->k_eq_v && !l->sliding)) {
+        LIN(wv, "self_attn.v_proj", KVH * hd, D)
+    }
+    LIN(wo, "self_attn.o_proj", D, H * hd)
+    LIN(w_gate, "mlp.gate_proj", F, D)
+    LIN(w_up, "mlp.up_proj", F, D)
+    LIN(w_down, "mlp.down_proj", D, F)
+#undef LIN
+#undef VEC
+    float *s = NULL;
+    snprintf(n, sizeof n, "%slayers.%d.layer_scalar", pre, i);
+    if ((rc = load_vec(st, n, 1, &s, err))) {
+        free(s);
+        return rc;
+    }
+    l->layer_scalar = s[0];
+    free(s);
+    return IB_OK;
+}
+
 /* Load layer i's tensors. */
 static ib_status load_layer(const ib_st_set *st, const ib_config *c, int i, ib_layer *l, ib_error *err) {
     char p[128], n[160];
     int D = c->hidden_size, hd = c->head_dim, H = c->n_heads, KVH = c->n_kv_heads, F = c->intermediate_size;
     ib_status rc;
+    l->hd = ib_config_layer_hd(c, i);
+    l->kvh = ib_config_layer_kvh(c, i);
+    l->sliding = c->arch == IB_ARCH_GEMMA4 && c->layer_sliding[i];
+    l->layer_scalar = 1.0f;
+    if (c->arch == IB_ARCH_GEMMA4) return load_layer_gemma4(st, c, i, l, err);
 #define LIN(field, sub, N_, K_)                                                   \
     snprintf(p, sizeof p, "model.layers.%d.%s", i, sub);                          \
     if ((rc = load_linear(st, c, p, (N_), (K_), &l->field, err))) return rc;
@@ -167,11 +219,15 @@ static ib_status load_layer(const ib_st_set *st, const ib_config *c, int i, ib_l
 
 static size_t matrix_bytes(const ib_matrix *m) { return m->bytes; }
 
+static const char *arch_label(const ib_config *c) {
+    return c->arch == IB_ARCH_GEMMA4 ? "gemma4" : c->arch == IB_ARCH_QWEN3 ? "qwen3" : "llama";
+}
+
 /* Fill m->info from the config and the loaded weights. */
 static void fill_info(ib_model *m, const ib_st_set *st) {
     const ib_config *c = &m->cfg;
     ib_model_info *in = &m->info;
-    snprintf(m->arch_name, sizeof m->arch_name, "%s", c->arch == IB_ARCH_QWEN3 ? "qwen3" : "llama");
+    snprintf(m->arch_name, sizeof m->arch_name, "%s", arch_label(c));
     in->arch = m->arch_name;
     in->vocab_size = c->vocab_size;
     in->hidden_size = c->hidden_size;
@@ -193,6 +249,14 @@ static void fill_info(ib_model *m, const ib_st_set *st) {
     size_t D = c->hidden_size, hd = c->head_dim, F = c->intermediate_size, V = c->vocab_size;
     size_t per_layer = 2 * D + (c->qk_norm ? 2 * hd : 0) + D * hd * (c->n_heads * 2 + c->n_kv_heads * 2) + 3 * D * F;
     in->n_params = V * D * (c->tie_embeddings ? 1 : 2) + D + per_layer * c->n_layers;
+    if (c->arch == IB_ARCH_GEMMA4) { /* per-layer shapes: count each layer's own */
+        in->n_params = V * D * (c->tie_embeddings ? 1 : 2) + D;
+        for (int i = 0; i < c->n_layers; i++) {
+            const ib_layer *l = &m->layers[i];
+            in->n_params += 4 * D + 2 * (size_t)l->hd + 1 + (size_t)l->wq.rows * l->wq.cols + (size_t)l->wk.rows * l->wk.cols +
+                            (size_t)l->wv.rows * l->wv.cols + (size_t)l->wo.rows * l->wo.cols + 3 * D * F;
+        }
+    }
     in->file_bytes = ib_st_total_bytes(st);
     size_t wb = matrix_bytes(&m->embed) + matrix_bytes(&m->lm_head_own) + D * 4;
     for (int i = 0; i < c->n_layers; i++) {
@@ -201,7 +265,8 @@ static void fill_info(ib_model *m, const ib_st_set *st) {
               matrix_bytes(&l->w_gate) + matrix_bytes(&l->w_up) + matrix_bytes(&l->w_down) + (2 * D + 2 * hd) * 4;
     }
     in->weight_bytes = wb;
-    in->kv_bytes_per_token = (size_t)c->n_layers * 2 * c->n_kv_heads * hd * sizeof(float);
+    if (c->arch == IB_ARCH_GEMMA4) wb += (size_t)c->n_layers * (2 * D + 4) * 4;
+    in->kv_bytes_per_token = (size_t)c->n_layers * 2 * c->kv_heads_max * c->kv_hd_max * sizeof(float);
     in->bos_id = c->bos_id;
     in->eos_id = c->eos_id;
 }
@@ -232,10 +297,21 @@ ib_status ib_model_load(const char *dir, const ib_load_opts *opts, ib_model **ou
         rc = ib_fail(err, IB_ERR_NOMEM, "model: out of memory");
         goto fail;
     }
-    if ((rc = load_linear(st, c, "model.embed_tokens", V, D, &m->embed, err))) goto fail;
+    char name[96];
+    snprintf(name, sizeof name, "%sembed_tokens", lm_prefix(c));
+    if ((rc = load_linear(st, c, name, V, D, &m->embed, err))) goto fail;
+    m->embed_scale = c->arch == IB_ARCH_GEMMA4 ? (float)sqrt((double)D) : 1.0f;
     for (int i = 0; i < c->n_layers; i++)
         if ((rc = load_layer(st, c, i, &m->layers[i], err))) goto fail;
-    if ((rc = load_vec(st, "model.norm.weight", D, &m->final_norm, err))) goto fail;
+    snprintf(name, sizeof name, "%snorm.weight", lm_prefix(c));
+    if ((rc = load_vec(st, name, D, &m->final_norm, err))) goto fail;
+    if (c->has_towers) /* model_type gemma4: the vision and audio towers' tensors are left unread */
+        for (int i = 0; i < ib_st_count(st); i++) {
+            const char *tn = ib_st_at(st, i)->name;
+            if (strncmp(tn, "model.vision_tower.", 19) == 0 || strncmp(tn, "model.audio_tower.", 18) == 0 ||
+                strncmp(tn, "model.embed_vision.", 19) == 0 || strncmp(tn, "model.embed_audio.", 18) == 0)
+                if ((rc = ib_st_expect(st, tn, NULL, 0, -1, NULL, NULL, err))) goto fail;
+        }
     if (c->tie_embeddings) {
         m->lm_head = &m->embed;
     } else {
@@ -244,7 +320,7 @@ ib_status ib_model_load(const char *dir, const ib_load_opts *opts, ib_model **ou
     }
     char what[128];
     snprintf(what, sizeof what, "this model (model_type %s, %d layers, %s embeddings)",
-             c->arch == IB_ARCH_QWEN3 ? "qwen3" : "llama", c->n_layers, c->tie_embeddings ? "tied" : "untied");
+             arch_label(c), c->n_layers, c->tie_embeddings ? "tied" : "untied");
     if ((rc = ib_st_check_used(st, what, err))) goto fail;
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     struct stat sb;

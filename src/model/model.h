@@ -20,6 +20,13 @@ typedef struct ib_layer {
     ib_matrix w_gate;        /* [F, D] */
     ib_matrix w_up;          /* [F, D] */
     ib_matrix w_down;        /* [D, F] */
+    /* Gemma 4 only (docs/gemma4.md): hd / KVH are the layer type's; mlp_norm is
+     * pre_feedforward_layernorm; wv is empty (rows 0) on full layers under attention_k_eq_v */
+    float *post_attn_norm;   /* [D]  post_attention_layernorm (on the attention output) */
+    float *post_mlp_norm;    /* [D]  post_feedforward_layernorm (on the MLP output) */
+    float layer_scalar;      /* the residual stream is multiplied by it at the layer's end (1 otherwise) */
+    int hd, kvh;             /* this layer's head dim and KV heads (every arch) */
+    int sliding;             /* Gemma 4: 1 = sliding_attention layer */
 } ib_layer;
 
 struct ib_model {
@@ -32,6 +39,7 @@ struct ib_model {
     ib_matrix lm_head_own;   /* [V, D] when untied; unused (zero) when tied */
     const ib_matrix *lm_head;/* &embed when tied, else &lm_head_own */
     float *final_norm;       /* [D] */
+    float embed_scale;       /* X = embedding row * embed_scale: (float)sqrt(D) for Gemma 4, else 1 */
     ib_tokenizer *tok;
 };
 

@@ -30,6 +30,10 @@ static float sum_squares(const float *x, int n, int row, int n_threads) {
 IB_VECTOR_CLONES static void rms_row(const float *x, const float *w, int n, float eps, float *y, int row, int n_threads) {
     float ss = sum_squares(x, n, row, n_threads);
     float r = 1.0f / sqrtf(ss / (float)n + eps);
+    if (!w) {
+        for (int i = 0; i < n; i++) y[i] = x[i] * r;
+        return;
+    }
     for (int i = 0; i < n; i++) y[i] = (x[i] * r) * w[i];
 }
 

@@ -44,12 +44,17 @@ static inline float ib_dot16_inline(const float *a, const float *b, int n) {
 void ib_rmsnorm(const float *x, const float *w, int R, int D, float eps, float *y, ib_pool *pool);
 
 /* Per-head RMSNorm (Qwen3's q_norm / k_norm): x [R][H][hd] normalised per (row, head) with w [hd],
- * in place. */
+ * in place. w NULL: no weight (Gemma 4's v_norm), y = x * (1 / sqrt(mean(x^2) + eps)). */
 void ib_rmsnorm_heads(float *x, const float *w, int R, int H, int hd, float eps, ib_pool *pool);
 
 /* RoPE tables for R tokens: cs [R][hd/2][2] = {cos, sin} of pos[r] * theta^(-2i/hd), computed in
  * double with ib_sincos / ib_pow and rounded to float. */
 void ib_rope_table(const int32_t *pos, int R, int hd, double theta, float *cs);
+
+/* ib_rope_table in which only pairs i < n_rot rotate; pairs i >= n_rot get {cos, sin} = {1, 0}, so
+ * ib_rope leaves them as they are (Gemma 4's proportional RoPE: frequencies theta^(-2i/hd) of the
+ * whole head for the first n_rot pairs, zero for the rest). n_rot = hd/2 is ib_rope_table. */
+void ib_rope_table_pairs(const int32_t *pos, int R, int hd, double theta, int n_rot, float *cs);
 
 /* Rotate x [R][H][hd] in place, split halves (not interleaved): for i < hd/2,
  *   a = x[i], b = x[i + hd/2];  x[i] = a*c - b*s;  x[i + hd/2] = b*c + a*s   (products rounded).
@@ -83,6 +88,21 @@ void ib_rope_step_layout(float *x, int R, int H, int hd, const float *cs, int n_
 
 /* SwiGLU in place: g[r][f] = silu(g) * u with silu(g) = g / (1 + exp(-g)) (ib_expf). g, u: [R][F]. */
 void ib_swiglu(float *g, const float *u, int R, int F);
+
+/* GeGLU in place (Gemma's MLP, gelu_pytorch_tanh): g[r][f] = gelu(g) * u with
+ *   gelu(x) = x / (1 + exp(-t)),  t = 1.5957691216057308 * (x + 0.044715 * ((x * x) * x))
+ * in float32, products and sums rounded in that order, exp = ib_expf_lane. (The tanh form
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) is the same function: 1 + tanh(a) = 2 / (1 + e^(-2a)),
+ * and 1.5957691216057308 = 2 sqrt(2/pi); this form has no cancellation.) g, u: [R][F]. */
+void ib_geglu(float *g, const float *u, int R, int F);
+
+/* Soft-capping of n values in place: x = cap * tanh(x / cap), computed in double as
+ *   y = x / cap, a = |y|, e = ib_exp_lane(-2a), t = (1 - e) / (1 + e), x = (float)(cap * (y < 0 ? -t : t))
+ * (Gemma's final_logit_softcapping). NaN stays NaN. */
+void ib_softcap(float *x, size_t n, float cap);
+
+/* x *= s elementwise, n floats (Gemma 4's layer scalar, the embedding scale). */
+void ib_scale(float *x, size_t n, float s);
 
 /* x += y elementwise, n floats. */
 void ib_add(float *x, const float *y, size_t n);

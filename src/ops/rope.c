@@ -5,14 +5,20 @@
 #include "ops/ops.h"
 
 void ib_rope_table(const int32_t *pos, int R, int hd, double theta, float *cs) {
+    ib_rope_table_pairs(pos, R, hd, theta, hd / 2, cs);
+}
+
+void ib_rope_table_pairs(const int32_t *pos, int R, int hd, double theta, int n_rot, float *cs) {
     int half = hd / 2;
+    if (n_rot < 0) n_rot = 0;
+    if (n_rot > half) n_rot = half;
     double log_theta = ib_log(theta);
     for (int i = 0; i < half; i++) {
-        /* inv_freq_i = theta^(-2i/hd) */
-        double inv_freq = ib_exp(-(double)(2 * i) / (double)hd * log_theta);
+        /* inv_freq_i = theta^(-2i/hd) for rotated pairs; the others keep {1, 0} */
+        double inv_freq = i < n_rot ? ib_exp(-(double)(2 * i) / (double)hd * log_theta) : 0.0;
         for (int r = 0; r < R; r++) {
-            double s, c;
-            ib_sincos((double)pos[r] * inv_freq, &s, &c);
+            double s = 0.0, c = 1.0;
+            if (i < n_rot) ib_sincos((double)pos[r] * inv_freq, &s, &c);
             cs[((size_t)r * half + i) * 2 + 0] = (float)c;
             cs[((size_t)r * half + i) * 2 + 1] = (float)s;
         }

@@ -119,5 +119,5 @@ size_t ib_session_kv_bytes(const ib_session *s) { return ib_kv_desc_bytes(&s->kv
 
 size_t ib_kv_bytes_per_token(const ib_model *m, ib_kv_dtype t) {
     const ib_config *c = &m->cfg;
-    return (size_t)c->n_layers * 2 * c->n_kv_heads * c->head_dim * ib_kv_dtype_bytes(t);
+    return (size_t)c->n_layers * 2 * c->kv_heads_max * c->kv_hd_max * ib_kv_dtype_bytes(t);
 }

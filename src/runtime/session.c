@@ -34,6 +34,9 @@ ib_status ib_session_create(const ib_model *m, const ib_session_opts *opts, ib_s
         chunk > (1 << 20))
         return ib_fail(err, IB_ERR_INVALID_ARG, "session: KV policy sink %d window %d chunk %d is invalid", sink, window,
                        chunk);
+    if (window > 0 && c->arch == IB_ARCH_GEMMA4)
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "session: a sink+window KV policy is not supported for gemma4 yet "
+                       "(its sliding layers keep their own window)");
     if (window > 0) cap = sink + window + (chunk > 0 ? chunk : 64);
     else if (cap > c->max_position)
         return ib_fail(err, IB_ERR_INVALID_ARG, "session: max_context %d exceeds the model's %d", cap, c->max_position);
@@ -45,8 +48,8 @@ ib_status ib_session_create(const ib_model *m, const ib_session_opts *opts, ib_s
     s->kv_window = window;
     s->kv_chunk = window > 0 ? (chunk > 0 ? chunk : 64) : 0;
     s->sampling = opts ? opts->sampling : ib_sampling_default();
-    ib_kv_desc kd = {.dtype = opts ? opts->kv_dtype : IB_KV_F32, .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
-                     .head_dim = c->head_dim, .capacity = cap, .sink = s->kv_sink, .window = s->kv_window};
+    ib_kv_desc kd = {.dtype = opts ? opts->kv_dtype : IB_KV_F32, .n_layers = c->n_layers, .n_kv_heads = c->kv_heads_max,
+                     .head_dim = c->kv_hd_max, .capacity = cap, .sink = s->kv_sink, .window = s->kv_window};
     ib_status rc = IB_OK;
     if ((rc = kv_ops_for(opts ? opts->backend : IB_BACKEND_CPU, kd.dtype, &s->kv_ops, err))) goto fail;
     if ((rc = s->kv_ops->kv_create(&kd, &s->kv, err))) goto fail;

@@ -83,36 +83,12 @@ static ib_status validate(ib_engine *e, ib_step_item *items, int n, int *R_out, 
     return IB_OK;
 }
 
-ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
-    int R = 0;
-    ib_status rc = validate(e, items, n, &R, err);
-    if (rc) return rc;
+/* The layers of Qwen3 and Llama: pre-norm attention and SwiGLU MLP, each added to the residual. */
+static void layers_qwen_llama(ib_engine *e, int R) {
     const ib_config *c = &e->model->cfg;
     int D = c->hidden_size, H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim, F = c->intermediate_size;
     ib_backend *be = e->be;
     const ib_backend_ops *ops = be->ops;
-
-    /* rows: tokens, positions, owners; the rows whose logits are wanted (each item's last) */
-    int r = 0, n_logits = 0;
-    for (int i = 0; i < n; i++) {
-        for (int t = 0; t < items[i].n_tokens; t++, r++) {
-            e->tok[r] = items[i].tokens[t];
-            e->pos[r] = items[i].session->pos + t;
-            e->row_item[r] = i;
-        }
-        e->item_len[i] = items[i].n_tokens;
-        e->item_kv[i] = items[i].session->kv;
-        if (items[i].logits) {
-            e->logit_row[n_logits] = r - 1;
-            e->logit_out[n_logits++] = items[i].logits;
-        }
-    }
-    ib_rope_positions(e->pos, e->item_len, n, e->rope_pos);
-    ib_step_desc d = {.R = R, .n_items = n, .tok = e->tok, .pos = e->pos, .rope_pos = e->rope_pos,
-                      .row_item = e->row_item, .kv = e->item_kv, .attn_block = ib_attn_block_for(n),
-                      .n_logits = n_logits, .logit_row = e->logit_row, .logits_out = e->logit_out};
-    if ((rc = ops->step_begin(be, &d, err))) return rc;
-    ops->embed(be);
     for (int li = 0; li < c->n_layers; li++) {
         const int qk_norm = e->model->layers[li].q_norm != NULL;
         /* attention */
@@ -170,6 +146,108 @@ ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
         ops->add(be, IB_BUF_X, IB_BUF_O);
         CAPTURE(li, "layer_out", IB_BUF_X, D);
     }
+}
+
+/* The layers of Gemma 4 (docs/gemma4.md): per layer type its own head dim, KV heads, RoPE and
+ * window; the attention output and the GeGLU MLP output are normed (post-norms) before they are added;
+ * the residual is multiplied by the layer scalar at the end. */
+static void layers_gemma4(ib_engine *e, int R) {
+    const ib_config *c = &e->model->cfg;
+    int D = c->hidden_size, H = c->n_heads, F = c->intermediate_size;
+    ib_backend *be = e->be;
+    const ib_backend_ops *ops = be->ops;
+    for (int li = 0; li < c->n_layers; li++) {
+        const ib_layer *L = &e->model->layers[li];
+        const int hd = L->hd, KVH = L->kvh, has_v = L->wv.rows > 0;
+        CAPTURE(li, "layer_in", IB_BUF_X, D);
+        ops->rmsnorm(be, IB_BUF_X, IB_N_ATTN, li, IB_BUF_XN);
+        CAPTURE(li, "attn_norm", IB_BUF_XN, D);
+        {
+            static const ib_wsel ws[3] = {IB_W_Q, IB_W_K, IB_W_V};
+            static const ib_buf ys[3] = {IB_BUF_Q, IB_BUF_K, IB_BUF_V};
+            ops->linear(be, li, has_v ? 3 : 2, ws, IB_BUF_XN, ys);
+        }
+        CAPTURE(li, "q_proj", IB_BUF_Q, H * hd);
+        CAPTURE(li, "k_proj", IB_BUF_K, KVH * hd);
+        if (e->capture) {
+            ops->qk_prepare(be, li, IB_QK_NORM);
+            CAPTURE(li, "q_norm", IB_BUF_Q, H * hd);
+            CAPTURE(li, "k_norm", IB_BUF_K, KVH * hd);
+            CAPTURE(li, "v", IB_BUF_V, KVH * hd);
+            ops->qk_prepare(be, li, IB_QK_ROPE_STORE);
+        } else {
+            ops->qk_prepare(be, li, IB_QK_NORM | IB_QK_ROPE_STORE);
+        }
+        CAPTURE(li, "q", IB_BUF_Q, H * hd);
+        CAPTURE(li, "k", IB_BUF_K, KVH * hd);
+        ops->attention(be, li);
+        CAPTURE(li, "attn_out", IB_BUF_ATT, H * hd);
+        {
+            static const ib_wsel wo = IB_W_O;
+            static const ib_buf yo = IB_BUF_O;
+            ops->linear(be, li, 1, &wo, IB_BUF_ATT, &yo);
+        }
+        CAPTURE(li, "attn_proj", IB_BUF_O, D);
+        ops->rmsnorm(be, IB_BUF_O, IB_N_POST_ATTN, li, IB_BUF_O);
+        CAPTURE(li, "post_attn_norm", IB_BUF_O, D);
+        ops->add(be, IB_BUF_X, IB_BUF_O);
+        ops->rmsnorm(be, IB_BUF_X, IB_N_MLP, li, IB_BUF_XN);
+        CAPTURE(li, "mlp_norm", IB_BUF_XN, D);
+        {
+            static const ib_wsel ws[2] = {IB_W_GATE, IB_W_UP};
+            static const ib_buf ys[2] = {IB_BUF_G, IB_BUF_U};
+            ops->linear(be, li, 2, ws, IB_BUF_XN, ys);
+        }
+        CAPTURE(li, "gate", IB_BUF_G, F);
+        CAPTURE(li, "up", IB_BUF_U, F);
+        ops->geglu(be);
+        CAPTURE(li, "mlp_act", IB_BUF_G, F);
+        {
+            static const ib_wsel wd = IB_W_DOWN;
+            static const ib_buf yd = IB_BUF_O;
+            ops->linear(be, li, 1, &wd, IB_BUF_G, &yd);
+        }
+        CAPTURE(li, "mlp_out", IB_BUF_O, D);
+        ops->rmsnorm(be, IB_BUF_O, IB_N_POST_MLP, li, IB_BUF_O);
+        CAPTURE(li, "post_mlp_norm", IB_BUF_O, D);
+        ops->add(be, IB_BUF_X, IB_BUF_O);
+        ops->scale_layer(be, li);
+        CAPTURE(li, "layer_out", IB_BUF_X, D);
+    }
+}
+
+ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
+    int R = 0;
+    ib_status rc = validate(e, items, n, &R, err);
+    if (rc) return rc;
+    const ib_config *c = &e->model->cfg;
+    int D = c->hidden_size;
+    ib_backend *be = e->be;
+    const ib_backend_ops *ops = be->ops;
+
+    /* rows: tokens, positions, owners; the rows whose logits are wanted (each item's last) */
+    int r = 0, n_logits = 0;
+    for (int i = 0; i < n; i++) {
+        for (int t = 0; t < items[i].n_tokens; t++, r++) {
+            e->tok[r] = items[i].tokens[t];
+            e->pos[r] = items[i].session->pos + t;
+            e->row_item[r] = i;
+        }
+        e->item_len[i] = items[i].n_tokens;
+        e->item_kv[i] = items[i].session->kv;
+        if (items[i].logits) {
+            e->logit_row[n_logits] = r - 1;
+            e->logit_out[n_logits++] = items[i].logits;
+        }
+    }
+    ib_rope_positions(e->pos, e->item_len, n, e->rope_pos);
+    ib_step_desc d = {.R = R, .n_items = n, .tok = e->tok, .pos = e->pos, .rope_pos = e->rope_pos,
+                      .row_item = e->row_item, .kv = e->item_kv, .attn_block = ib_attn_block_for(n),
+                      .n_logits = n_logits, .logit_row = e->logit_row, .logits_out = e->logit_out};
+    if ((rc = ops->step_begin(be, &d, err))) return rc;
+    ops->embed(be);
+    if (c->arch == IB_ARCH_GEMMA4) layers_gemma4(e, R);
+    else layers_qwen_llama(e, R);
     if (n_logits > 0) ops->logits(be);
     rc = ops->step_end(be, err);
     if (!rc && e->capture && n_logits > 0) {

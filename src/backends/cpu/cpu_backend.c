@@ -45,7 +45,8 @@ typedef struct cpu_backend {
     cpu_kv **kv;                     /* [R_max] per item */
     /* activations, [R_max][width] each (ib_buf order) */
     float *buf[IB_BUF_COUNT];
-    float *cs;                       /* [R][hd/2][2] RoPE cos/sin */
+    float *cs;                       /* [R][hd/2][2] RoPE cos/sin (Gemma 4: of the sliding layers) */
+    float *cs_full;                  /* Gemma 4: [R][global_hd/2][2] of the full layers; else NULL */
     ib_act_buf qa;                   /* quantized activations: xq [R][max(D,F,H*hd)], d/ad [R][max/G] */
     float *logits;                   /* [LOGIT_ROWS][V] */
 } cpu_backend;
@@ -106,6 +107,7 @@ static void cpu_destroy(ib_backend *b) {
     free(c->kv);
     for (int i = 0; i < IB_BUF_COUNT; i++) free(c->buf[i]);
     free(c->cs);
+    free(c->cs_full);
     free(c->qa.xq);
     free(c->qa.d);
     free(c->qa.ad);
@@ -131,6 +133,11 @@ static ib_status cpu_create(const ib_model *m, const ib_backend_cfg *cfg, ib_bac
     const ib_config *mc = &m->cfg;
     size_t R = (size_t)cfg->max_rows, D = mc->hidden_size, hd = mc->head_dim, F = mc->intermediate_size;
     size_t HD = (size_t)mc->n_heads * hd, KD = (size_t)mc->n_kv_heads * hd;
+    if (mc->arch == IB_ARCH_GEMMA4) { /* rows of a layer are packed at its own width: size for the widest */
+        size_t ghd = (size_t)mc->global_head_dim;
+        HD = (size_t)mc->n_heads * (hd > ghd ? hd : ghd);
+        KD = (size_t)mc->kv_heads_max * mc->kv_hd_max;
+    }
     size_t widest = (size_t)max3((int)D, (int)F, (int)HD);
     const size_t width[IB_BUF_COUNT] = {
         [IB_BUF_X] = D, [IB_BUF_XN] = D, [IB_BUF_Q] = HD, [IB_BUF_K] = KD, [IB_BUF_V] = KD,
@@ -146,6 +153,7 @@ static ib_status cpu_create(const ib_model *m, const ib_backend_cfg *cfg, ib_bac
     c->kv = malloc(R * sizeof(cpu_kv *));
     for (int i = 0; i < IB_BUF_COUNT; i++) ok &= (c->buf[i] = malloc(R * width[i] * sizeof(float))) != NULL;
     c->cs = malloc(R * hd * sizeof(float));
+    if (mc->arch == IB_ARCH_GEMMA4) ok &= (c->cs_full = malloc(R * mc->global_head_dim * sizeof(float))) != NULL;
     c->qa.xq = malloc(R * widest);
     c->qa.d = malloc(R * (widest / G + 1) * sizeof(float));
     c->qa.ad = malloc(R * (widest / G + 1) * sizeof(float));
@@ -177,6 +185,8 @@ static ib_status cpu_step_begin(ib_backend *b, const ib_step_desc *d, ib_error *
     memcpy(c->logits_out, d->logits_out, (size_t)d->n_logits * sizeof(float *));
     for (int i = 0; i < d->n_items; i++) c->kv[i] = (cpu_kv *)d->kv[i];
     ib_rope_table(d->rope_pos, d->R, mc->head_dim, mc->rope_theta, c->cs);
+    if (c->cs_full)
+        ib_rope_table_pairs(d->rope_pos, d->R, mc->global_head_dim, mc->rope_theta_full, mc->rope_pairs_full, c->cs_full);
     return IB_OK;
 }
 
@@ -184,11 +194,17 @@ static void cpu_embed(ib_backend *b) {
     cpu_backend *c = cb(b);
     int D = c->model->cfg.hidden_size;
     for (int r = 0; r < c->R; r++) ib_matrix_row_f32(&c->model->embed, c->tok[r], c->buf[IB_BUF_X] + (size_t)r * D);
+    if (c->model->embed_scale != 1.0f) ib_scale(c->buf[IB_BUF_X], (size_t)c->R * D, c->model->embed_scale);
 }
 
 static const float *norm_weight(const ib_model *m, ib_nsel n, int li) {
-    if (n == IB_N_FINAL) return m->final_norm;
-    return n == IB_N_ATTN ? m->layers[li].attn_norm : m->layers[li].mlp_norm;
+    switch (n) {
+    case IB_N_FINAL: return m->final_norm;
+    case IB_N_ATTN: return m->layers[li].attn_norm;
+    case IB_N_POST_ATTN: return m->layers[li].post_attn_norm;
+    case IB_N_POST_MLP: return m->layers[li].post_mlp_norm;
+    default: return m->layers[li].mlp_norm;
+    }
 }
 
 static void cpu_rmsnorm(ib_backend *b, ib_buf in, ib_nsel n, int li, ib_buf out) {
@@ -251,10 +267,11 @@ static void cpu_linear(ib_backend *b, int li, int n, const ib_wsel *ws, ib_buf i
     linear_many(c, n, ms, c->buf[in], c->R, ys);
 }
 
-/* Copy row r's keys and values into its session's cache for layer li. */
+/* Copy row r's keys and values into its session's cache for layer li (the layer's KVH heads and hd
+ * elements of each slot; the cache's planes are sized for the widest layer). */
 static void store_kv_row(cpu_backend *c, int r, int li) {
-    const ib_config *mc = &c->model->cfg;
-    int KVH = mc->n_kv_heads, hd = mc->head_dim;
+    const ib_layer *L = &c->model->layers[li];
+    int KVH = L->kvh, hd = L->hd;
     cpu_kv *kv = c->kv[c->row_item[r]];
     const ib_kv_desc *d = &kv->base.desc;
     size_t slot = (size_t)ib_kv_desc_slot(d, c->pos[r]);
@@ -283,15 +300,21 @@ static void qk_task(void *ctx, int r, int thread) {
     qk_job *j = ctx;
     cpu_backend *c = j->c;
     const ib_config *mc = &c->model->cfg;
-    const int H = mc->n_heads, KVH = mc->n_kv_heads, hd = mc->head_dim;
-    float *q = c->buf[IB_BUF_Q], *k = c->buf[IB_BUF_K];
+    const int H = mc->n_heads, KVH = j->L->kvh, hd = j->L->hd;
+    const int gemma = mc->arch == IB_ARCH_GEMMA4;
+    float *q = c->buf[IB_BUF_Q], *k = c->buf[IB_BUF_K], *v = c->buf[IB_BUF_V];
+    if ((j->phases & IB_QK_NORM) && gemma && j->L->wv.rows == 0) /* attention_k_eq_v: values are k_proj's */
+        memcpy(v + (size_t)r * KVH * hd, k + (size_t)r * KVH * hd, (size_t)KVH * hd * sizeof(float));
     if ((j->phases & IB_QK_NORM) && j->L->q_norm) {
         ib_rmsnorm_heads(q + (size_t)r * H * hd, j->L->q_norm, 1, H, hd, (float)mc->rms_eps, c->pool);
         ib_rmsnorm_heads(k + (size_t)r * KVH * hd, j->L->k_norm, 1, KVH, hd, (float)mc->rms_eps, c->pool);
     }
+    if ((j->phases & IB_QK_NORM) && gemma)
+        ib_rmsnorm_heads(v + (size_t)r * KVH * hd, NULL, 1, KVH, hd, (float)mc->rms_eps, c->pool);
     if (j->phases & IB_QK_ROPE_STORE) {
-        ib_rope_step_rows(q, r, r + 1, c->R, H, hd, c->cs, c->n_items);
-        ib_rope_step_rows(k, r, r + 1, c->R, KVH, hd, c->cs, c->n_items);
+        const float *cs = gemma && !j->L->sliding ? c->cs_full : c->cs;
+        ib_rope_step_rows(q, r, r + 1, c->R, H, hd, cs, c->n_items);
+        ib_rope_step_rows(k, r, r + 1, c->R, KVH, hd, cs, c->n_items);
         store_kv_row(c, r, j->li);
     }
 }
@@ -299,8 +322,9 @@ static void qk_task(void *ctx, int r, int thread) {
 static void cpu_qk_prepare(ib_backend *b, int li, int phases) {
     cpu_backend *c = cb(b);
     const ib_config *mc = &c->model->cfg;
-    qk_job j = {c, &c->model->layers[li], li, phases};
-    ib_pool_run(rows_pool(c, (double)c->R * (mc->n_heads + 2 * mc->n_kv_heads) * mc->head_dim), c->R, qk_task, &j);
+    const ib_layer *L = &c->model->layers[li];
+    qk_job j = {c, L, li, phases};
+    ib_pool_run(rows_pool(c, (double)c->R * (mc->n_heads + 2 * L->kvh) * L->hd), c->R, qk_task, &j);
 }
 
 typedef struct {
@@ -314,7 +338,8 @@ static void attn_task(void *ctx, int task, int thread) {
     attn_job *j = ctx;
     cpu_backend *c = j->c;
     const ib_config *mc = &c->model->cfg;
-    int H = mc->n_heads, KVH = mc->n_kv_heads, hd = mc->head_dim, G = H / KVH;
+    const ib_layer *L = &c->model->layers[j->li];
+    int H = mc->n_heads, KVH = L->kvh, hd = L->hd, G = H / KVH;
     int r = task / KVH, kvh = task % KVH, h0 = kvh * G;
     const cpu_kv *kv = c->kv[c->row_item[r]];
     const ib_kv_desc *d = &kv->base.desc;
@@ -323,7 +348,9 @@ static void attn_task(void *ctx, int task, int thread) {
     const void *vl = (const char *)kv->data + kv_offset(d, j->li, 1, kvh) * eb;
     const float *q = c->buf[IB_BUF_Q] + ((size_t)r * H + h0) * hd;
     float *out = c->buf[IB_BUF_ATT] + ((size_t)r * H + h0) * hd;
-    float scale = 1.0f / sqrtf((float)hd);
+    const int gemma = mc->arch == IB_ARCH_GEMMA4;
+    float scale = gemma ? 1.0f : 1.0f / sqrtf((float)hd);
+    int window = L->sliding ? mc->sliding_window : 0;   /* keys pos-window+1 .. pos */
     int pos = c->pos[r];
     for (int h = 0; h < G; h += IB_ATTN_MAX_GROUP) {
         int nq = G - h < IB_ATTN_MAX_GROUP ? G - h : IB_ATTN_MAX_GROUP;
@@ -332,9 +359,9 @@ static void attn_task(void *ctx, int task, int thread) {
         if (d->window > 0)
             ib_attend_policy_heads(d, c->k.attn.block2, qh, nq, kl, vl, pos, hd, scale, c->attn_block, oh);
         else if (d->dtype == IB_KV_F16)
-            c->k.attn.heads_f16(kl, vl, qh, nq, pos + 1, hd, hd, scale, c->attn_block, 0, oh);
+            c->k.attn.heads_f16(kl, vl, qh, nq, pos + 1, hd, hd, scale, c->attn_block, window, oh);
         else
-            c->k.attn.heads(qh, nq, kl, vl, pos + 1, hd, hd, scale, c->attn_block, 0, oh);
+            c->k.attn.heads(qh, nq, kl, vl, pos + 1, hd, hd, scale, c->attn_block, window, oh);
     }
 }
 
@@ -343,9 +370,10 @@ static void cpu_attention(ib_backend *b, int li) {
     const ib_config *mc = &c->model->cfg;
     /* multiply-adds of one layer's attention: every row's query against its keys, scores and values */
     double work = 0;
-    for (int r = 0; r < c->R; r++) work += 2.0 * (c->pos[r] + 1) * mc->n_heads * mc->head_dim;
+    const ib_layer *L = &c->model->layers[li];
+    for (int r = 0; r < c->R; r++) work += 2.0 * (c->pos[r] + 1) * mc->n_heads * L->hd;
     attn_job j = {c, li};
-    ib_pool_run(work < IB_MIN_PARALLEL_MACS ? NULL : c->pool, c->R * mc->n_kv_heads, attn_task, &j);
+    ib_pool_run(work < IB_MIN_PARALLEL_MACS ? NULL : c->pool, c->R * L->kvh, attn_task, &j);
 }
 
 typedef struct {
@@ -364,6 +392,23 @@ static void cpu_swiglu(ib_backend *b) {
     int F = c->model->cfg.intermediate_size;
     swiglu_job j = {c->buf[IB_BUF_G], c->buf[IB_BUF_U], F};
     ib_pool_run(rows_pool(c, (double)c->R * F), c->R, swiglu_task, &j);
+}
+
+static void geglu_task(void *ctx, int r, int thread) {
+    swiglu_job *j = ctx;
+    ib_geglu(j->g + (size_t)r * j->F, j->u + (size_t)r * j->F, 1, j->F);
+}
+
+static void cpu_geglu(ib_backend *b) {
+    cpu_backend *c = cb(b);
+    int F = c->model->cfg.intermediate_size;
+    swiglu_job j = {c->buf[IB_BUF_G], c->buf[IB_BUF_U], F};
+    ib_pool_run(rows_pool(c, (double)c->R * F), c->R, geglu_task, &j);
+}
+
+static void cpu_scale_layer(ib_backend *b, int li) {
+    cpu_backend *c = cb(b);
+    ib_scale(c->buf[IB_BUF_X], (size_t)c->R * c->model->cfg.hidden_size, c->model->layers[li].layer_scalar);
 }
 
 static void cpu_add(ib_backend *b, ib_buf x, ib_buf y) {
@@ -388,6 +433,8 @@ static void cpu_logits(ib_backend *b) {
         linear_many(c, 1, &m->lm_head, xn + (size_t)i0 * D, np, &lg);
         for (int j = 0; j < np && lg == c->logits; j++)
             memcpy(c->logits_out[i0 + j], c->logits + (size_t)j * V, (size_t)V * sizeof(float));
+        if (mc->final_softcap > 0)
+            for (int j = 0; j < np; j++) ib_softcap(c->logits_out[i0 + j], (size_t)V, (float)mc->final_softcap);
     }
 }
 
@@ -415,6 +462,8 @@ const ib_backend_ops ib_backend_cpu = {
     .qk_prepare = cpu_qk_prepare,
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
+    .geglu = cpu_geglu,
+    .scale_layer = cpu_scale_layer,
     .add = cpu_add,
     .logits = cpu_logits,
     .step_end = cpu_step_end,

@@ -1125,6 +1125,8 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
     const char *why;
     if (!device_ok(&why)) return ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: %s", why);
     const ib_config *c = &m->cfg;
+    if (c->arch == IB_ARCH_GEMMA4)
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: model_type gemma4 is not supported on cuda yet (use the cpu backend)");
     if (c->head_dim > IB_ATTN_MAX_HD || c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > IB_ATTN_MAX_GROUP ||
         (c->n_heads / c->n_kv_heads) * c->head_dim > ATT_QH)
         return ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: head_dim %d / heads %d, %d not supported", c->head_dim,
@@ -1777,6 +1779,8 @@ extern "C" const ib_backend_ops ib_backend_cuda = {
     cuda_qk_prepare,
     cuda_attention,
     cuda_swiglu,
+    NULL, /* geglu: Gemma 4 is refused at create */
+    NULL, /* scale_layer: likewise */
     cuda_add,
     cuda_logits,
     cuda_step_end,
