@@ -29,6 +29,7 @@
 #include "core/error.h"
 #include "runtime/runtime.h"
 #include "server/api.h"
+#include "server/verify.h"
 #include "store/store.h"
 
 #define MAX_STOPS 4
@@ -39,7 +40,7 @@ typedef struct server server;
 
 /* A stateful session (POST /v1/sessions). */
 typedef struct sess {
-    char id[40];
+    char id[IB_STORE_ID_MAX];
     char *tenant;             /* the Bearer key that created it ("" without one) */
     int tidx;                 /* its index in server.tu */
     double last_used;         /* now_s() of the last request that named it or its last generation's end */
@@ -53,7 +54,13 @@ typedef struct sess {
     size_t kv_bytes;
     char policy[48];          /* "full" | "window:W" | "sink:S,window:W" */
     /* with a store (server.store): */
-    int n_hist;               /* tokens of its stored history (fed + pending): the next append's place */
+    int n_hist;               /* tokens of its history (fed + pending): the next append's place */
+    int32_t *htok;            /* [n_hist] the history, oldest first (verification records; with a store,
+                               * what the store holds) */
+    uint8_t *hfl;             /* [n_hist] IB_STORE_TOK_* flags of each */
+    int cap_hist;
+    ib_kv_dtype kvd;          /* its KV element type */
+    int hist_broken;          /* the mirror missed tokens (out of memory): no verification records */
     int resident;             /* its KV holds its history; 0: loaded from the store, KV not rebuilt yet */
     ib_store_session rec;     /* not resident: the stored record (tokens [0, n_fed) are replayed into
                                * the KV by the next generation, inside the scheduler's prefill) */
@@ -83,10 +90,21 @@ typedef struct gen {
     int n_stop_ids;
     char *stops[MAX_STOPS];
     int n_stops;
-    char id[48];
+    char id[IB_STORE_ID_MAX + 16];
     long created;
     ib_session *own;          /* request-scoped session, freed at DONE */
     ib_sampling sp;           /* the sampling settings of the generation (seed included) */
+    /* the verification record's inputs (verify.h) */
+    uint64_t *dig;            /* [n] running digest of the logits rows that chose tokens [0, i] */
+    uint64_t h;               /* the running digest (scheduler thread) */
+    int32_t *vin;             /* [n_vhist + n_vprompt] history then prompt tokens */
+    uint8_t *vfl;             /* [n_vhist + n_vprompt] their flags (sessions), NULL for completions */
+    int n_vhist, n_vprompt;
+    uint64_t draws0;          /* the draw counter before the first draw */
+    char vkv[48];             /* the KV policy */
+    ib_kv_dtype vkvd;         /* the KV element type */
+    ib_api_bias vbias;        /* the logit bias (a copy) */
+    int hist_at;              /* a session generation: its history's length when it began */
     int n_replay;             /* a rebuild: stored tokens fed (unnoted) before the pending prompt */
     int commit;               /* stateful session with a store: its tokens still to be written
                                * (gen_commit, on the connection's thread, before the response ends) */
@@ -425,6 +443,10 @@ static void gen_unref(gen *g) {
     pthread_mutex_unlock(&S->mu);
     for (int i = 0; i < g->n_stops; i++) free(g->stops[i]);
     free(g->tok);
+    free(g->dig);
+    free(g->vin);
+    free(g->vfl);
+    ib_api_bias_free(&g->vbias);
     free(g->lp);
     free(g->top_ids);
     free(g->top_lp);
@@ -434,6 +456,30 @@ static void gen_unref(gen *g) {
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
     free(g);
+}
+
+/* Append n tokens to session ss's history mirror, each flagged fl, the last one fl | last_extra
+ * (S->mu held). 0, or -1 when out of memory (the mirror is then short: later verification records of
+ * the session are wrong, so they are left out). */
+static int hist_push(sess *ss, const int32_t *t, int n, uint8_t fl, uint8_t last_extra) {
+    if (n <= 0) return 0;
+    if (ss->n_hist + n > ss->cap_hist) {
+        int nc = (ss->n_hist + n) * 2 + 64;
+        int32_t *a = realloc(ss->htok, (size_t)nc * sizeof *a);
+        if (a) ss->htok = a;
+        uint8_t *b = realloc(ss->hfl, (size_t)nc);
+        if (b) ss->hfl = b;
+        if (!a || !b) {
+            ss->hist_broken = 1;
+            return -1;
+        }
+        ss->cap_hist = nc;
+    }
+    memcpy(ss->htok + ss->n_hist, t, (size_t)n * sizeof *t);
+    memset(ss->hfl + ss->n_hist, fl, (size_t)n);
+    ss->hfl[ss->n_hist + n - 1] |= last_extra;
+    ss->n_hist += n;
+    return 0;
 }
 
 /* Scheduler callback: record a token, or the end (then free a request-scoped session, release its
@@ -449,6 +495,7 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
             ib_latency_next(&S->lat, t - g->t_last);
         g->t_last = t;
         ib_latency_token(&S->lat, t);
+        g->h = ib_digest_bytes(g->h, ev->logits, (size_t)S->info->vocab_size * sizeof(float));
         if (g->want_json) { /* advance the JSON reader past this token (its mask allowed it) */
             int stop = 0;
             for (int i = 0; i < g->n_stop_ids; i++) stop |= g->stop_ids[i] == ev->token;
@@ -489,6 +536,9 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
                     ss->resident = 1;
                     ib_store_session_free(&ss->rec);
                 }
+                pthread_mutex_lock(&g->mu);
+                hist_push(ss, g->tok, g->n, IB_STORE_TOK_SAMPLED, IB_STORE_TOK_NOTE_ON_FEED);
+                pthread_mutex_unlock(&g->mu);
                 int unfed = g->n_prompt - pf;
                 ss->n_pending = 0;
                 if (unfed > 0) {
@@ -527,16 +577,19 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
         if (l) g->lp = l;
         int *o = realloc(g->tok_off, ((size_t)nc + 1) * sizeof *o);
         if (o) g->tok_off = o;
+        uint64_t *dg = realloc(g->dig, (size_t)nc * sizeof *dg);
+        if (dg) g->dig = dg;
         int32_t *ti = g->top_ids;
         double *tl = g->top_lp;
         if (g->n_top) {
             if ((ti = realloc(g->top_ids, (size_t)nc * g->n_top * sizeof *ti))) g->top_ids = ti;
             if ((tl = realloc(g->top_lp, (size_t)nc * g->n_top * sizeof *tl))) g->top_lp = tl;
         }
-        if (t && l && o && (!g->n_top || (ti && tl))) g->cap = nc;
+        if (t && l && o && dg && (!g->n_top || (ti && tl))) g->cap = nc;
     }
     if (g->n < g->cap) {
         g->tok[g->n] = ev->token;
+        g->dig[g->n] = g->h;
         g->lp[g->n] = ev->logprob;
         for (int i = 0; i < g->n_top; i++) { /* the scheduler gives exactly n_top (vocab >= 20) */
             g->top_ids[(size_t)g->n * g->n_top + i] = i < ev->n_top ? ev->top_ids[i] : -1;
@@ -569,7 +622,7 @@ static void gen_commit(gen *g) {
     ib_error err = {0};
     ib_status rc = IB_OK;
     pthread_mutex_lock(&S->mu);
-    int resident = ss->resident && !ss->deleted, at = ss->n_hist;
+    int resident = ss->resident && !ss->deleted, at = g->hist_at;
     ib_store_progress pr = {.sampling = g->sp, .draws = ss->s->sample_step, .n_fed = ib_session_position(ss->s)};
     pthread_mutex_unlock(&S->mu);
     /* (no lock needed for g->tok: the job is done, nothing appends any more) */
@@ -586,7 +639,6 @@ static void gen_commit(gen *g) {
     } else if (resident && g->fed > 0)
         rc = ib_store_update(S->store, ss->id, &pr, &err);
     pthread_mutex_lock(&S->mu);
-    if (!rc && resident) ss->n_hist += g->n;
     ss->busy = 0;
     ss->last_used = now_s();
     pthread_mutex_unlock(&S->mu);
@@ -758,7 +810,20 @@ static json_t *envelope(const gen *g, const char *object) {
     json_object_set_new(j, "created", json_integer(g->created));
     json_object_set_new(j, "model", json_string(g->srv->model_id));
     json_object_set_new(j, "seed", json_integer((json_int_t)g->seed));
+    char fp[IB_MODEL_ID_LEN + 32];
+    ib_verify_fingerprint(g->srv->ident, fp, sizeof fp);
+    json_object_set_new(j, "system_fingerprint", json_string(fp));
     return j;
+}
+
+/* The verification record of a finished generation (verify.h), or null when it drew no token or its
+ * prompt could not be recorded. g->mu held (or the generation done). */
+static json_t *verification_json(const gen *g) {
+    server *S = g->srv;
+    if (g->n < 1 || g->n_vprompt < 1) return json_null();
+    return ib_verify_json(S->ident, ib_engine_act(S->e), g->vkvd, g->vkv, g->vin, g->n_vhist, g->vfl, g->draws0,
+                          g->vin + g->n_vhist, g->n_vprompt, &g->sp, &g->vbias, g->want_json, g->stop_ids,
+                          g->n_stop_ids, g->tok, g->dig, g->n);
 }
 
 /* The non-streaming body of a finished generation. */
@@ -785,6 +850,7 @@ static json_t *final_json(gen *g) {
     json_array_append_new(choices, ch);
     json_object_set_new(j, "choices", choices);
     json_object_set_new(j, "usage", usage_json(g));
+    json_object_set_new(j, "verification", verification_json(g));
     return j;
 }
 
@@ -832,6 +898,7 @@ static void out_chunk(gen *g, size_t a, size_t b, int ta, int tb, const char *fi
     json_array_append_new(choices, ch);
     json_object_set_new(j, "choices", choices);
     if (g->include_usage) json_object_set_new(j, "usage", json_null());
+    if (finish) json_object_set_new(j, "verification", verification_json(g));
     out_event(g, j);
 }
 
@@ -1105,6 +1172,14 @@ static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_s
     return ret;
 }
 
+/* Record a request-scoped generation's prompt for its verification record (no history, no draws).
+ * An allocation failure leaves the record's prompt empty (verification null). */
+static void gen_set_prompt(gen *g, const int32_t *ids, int n) {
+    if (!(g->vin = malloc((size_t)n * sizeof *ids))) return;
+    memcpy(g->vin, ids, (size_t)n * sizeof *ids);
+    g->n_vprompt = n;
+}
+
 static gen *gen_new(server *S, int chat, gen_params *p) {
     gen *g = calloc(1, sizeof *g);
     if (!g) return NULL;
@@ -1126,6 +1201,18 @@ static gen *gen_new(server *S, int chat, gen_params *p) {
     g->created = (long)time(NULL);
     g->seed = p->sp.seed;
     g->sp = p->sp;
+    g->h = IB_DIGEST_INIT;
+    g->vkvd = S->o.kv_dtype;
+    snprintf(g->vkv, sizeof g->vkv, "full");
+    if (p->bias.n > 0) { /* kept for the verification record */
+        g->vbias.ids = malloc((size_t)p->bias.n * sizeof *g->vbias.ids);
+        g->vbias.vals = malloc((size_t)p->bias.n * sizeof *g->vbias.vals);
+        if (g->vbias.ids && g->vbias.vals) {
+            memcpy(g->vbias.ids, p->bias.ids, (size_t)p->bias.n * sizeof *g->vbias.ids);
+            memcpy(g->vbias.vals, p->bias.vals, (size_t)p->bias.n * sizeof *g->vbias.vals);
+            g->vbias.n = p->bias.n;
+        }
+    }
     g->t_arrive = g->t_last = now_s();
     char hex[33];
     if (random_hex(S, hex, 12)) snprintf(hex, sizeof hex, "0");
@@ -1358,6 +1445,7 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
         g->tidx = tidx;
         g->inflight = 1;
         g->n_prompt = n_ids;
+        gen_set_prompt(g, ids, n_ids);
         if (S->info->eos_id >= 0) g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
         ib_session_set_sampling(s, &p.sp);
         ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p.max_tokens,
@@ -1422,6 +1510,7 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
             pthread_mutex_unlock(&g->mu);
             json_t *ch = json_incref(json_array_get(json_object_get(one, "choices"), 0));
             json_object_set_new(ch, "index", json_integer(i));
+            json_object_set(ch, "verification", json_object_get(one, "verification")); /* one record per prompt */
             json_array_append_new(choices, ch);
             pt += g->n_prompt;
             ct += g->n;
@@ -1592,6 +1681,7 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
     g->tidx = tidx;
     g->inflight = 1;
     g->n_prompt = n_ids;
+    gen_set_prompt(g, ids, n_ids);
     if (chat)
         g->n_stop_ids = ib_chat_stop_ids(S->m, g->stop_ids, MAX_STOP_IDS);
     else if (S->info->eos_id >= 0)
@@ -1612,6 +1702,8 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
 static void sess_free(server *S, sess *ss) {
     ib_session_free(ss->s);
     ib_store_session_free(&ss->rec);
+    free(ss->htok);
+    free(ss->hfl);
     mem_release(S, ss->tidx, ss->kv_bytes);
     free(ss->pending);
     free(ss->tenant);
@@ -1753,6 +1845,7 @@ static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c
     ss->cap_pending = (int)(window > 0 || ctx < S->o.max_prompt_tokens ? S->o.max_prompt_tokens : ctx) + 1;
     ss->pending = malloc((size_t)ss->cap_pending * sizeof(int32_t));
     ss->resident = 1;
+    ss->kvd = S->o.kv_dtype;
     if (ss->pending && S->store) { /* durable before the client learns the id */
         ib_store_session rec = {.max_context = (int)ctx, .kv_sink = sink, .kv_window = window,
                                 .kv_chunk = S->o.prefill_chunk, .kv_dtype = S->o.kv_dtype,
@@ -1861,10 +1954,11 @@ static enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c
             free(ids);
             return send_error(S, c, 503, "server_error", "store_error", NULL, "the tokens could not be stored: %s", err.msg);
         }
-        ss->n_hist += n;
+        hist_push(ss, ids, n, IB_STORE_TOK_NOTE_ON_FEED, 0);
         memcpy(ss->pending + ss->n_pending, ids, (size_t)n * sizeof(int32_t));
         ss->n_pending += n;
     } else {
+        hist_push(ss, ids, n, IB_STORE_TOK_NOTE_ON_FEED, 0);
         memcpy(ss->pending + ss->n_pending, ids, (size_t)n * sizeof(int32_t));
         ss->n_pending += n;
     }
@@ -1899,8 +1993,10 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
     }
     pthread_mutex_lock(&S->mu);
     const char *why = NULL;
-    int n = ss->n_pending, nr = 0;
-    int32_t *ids = NULL, *pend = NULL;
+    int n = ss->n_pending, nr = 0, hist_at = 0;
+    int32_t *ids = NULL, *pend = NULL, *vin = NULL;
+    uint8_t *vfl = NULL;
+    uint64_t draws0 = 0;
     if (!ss->resident) { /* a rebuild: the stored tokens [0, n_fed) are fed first, without notes */
         nr = ss->rec.progress.n_fed;
         if (ib_fault_get() == IB_FAULT_REBUILD_DROP_TOKEN && nr > 0) nr--; /* tests only: a broken rebuild */
@@ -1926,6 +2022,15 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
         ss->n_pending = 0;
         ss->busy = 1;
         ss->refs++; /* the generation's */
+        /* the verification record's inputs: the history before the request, its flags, the draw
+         * counter; the prompt is the pending tokens (the mirror's tail) */
+        hist_at = ss->n_hist;
+        draws0 = ss->resident ? ss->s->sample_step : ss->rec.progress.draws;
+        if (!ss->hist_broken && ss->n_hist >= n && (vin = malloc((size_t)ss->n_hist * sizeof *vin + 1)) &&
+            (vfl = malloc((size_t)ss->n_hist + 1))) {
+            memcpy(vin, ss->htok, (size_t)ss->n_hist * sizeof *vin);
+            memcpy(vfl, ss->hfl, (size_t)ss->n_hist);
+        }
     }
     int pos = sess_pos(ss);
     pthread_mutex_unlock(&S->mu);
@@ -1954,6 +2059,8 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
         pthread_mutex_unlock(&S->mu);
         inflight_put(S, ss->tidx);
         free(ids);
+        free(vin);
+        free(vfl);
         params_free(&p);
         return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
     }
@@ -1965,6 +2072,18 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
     g->n_prompt = n;
     g->n_replay = nr;
     g->commit = g->stored_gen = S->store != NULL;
+    g->hist_at = hist_at;
+    g->draws0 = draws0;
+    g->vkvd = ss->kvd;
+    snprintf(g->vkv, sizeof g->vkv, "%s", ss->policy);
+    if (vin && vfl) {
+        g->vin = vin;
+        g->vfl = vfl;
+        g->n_vhist = hist_at - n;
+        g->n_vprompt = n;
+        vin = NULL;
+        vfl = NULL;
+    }
     if (chat)
         g->n_stop_ids = ib_chat_stop_ids(S->m, g->stop_ids, MAX_STOP_IDS);
     else if (S->info->eos_id >= 0)
@@ -1976,6 +2095,8 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
     pthread_mutex_unlock(&S->mu);
     enum MHD_Result r = run_gen(S, c, g, ss->s, ids, nr + n, &p);
     free(ids);
+    free(vin); /* (NULL unless half allocated) */
+    free(vfl);
     params_free(&p);
     return r;
 }
@@ -2071,7 +2192,9 @@ static sess *sess_load(server *S, struct MHD_Connection *c, const char *id, cons
     ss->cap_pending = (int)cap + 1;
     memcpy(ss->pending, rec.tokens + rec.progress.n_fed, (size_t)n_pend * sizeof(int32_t));
     ss->n_pending = n_pend;
-    ss->n_hist = rec.n_tokens;
+    ss->kvd = rec.kv_dtype;
+    if (hist_push(ss, rec.tokens, rec.n_tokens, 0, 0) == 0) memcpy(ss->hfl, rec.flags, (size_t)rec.n_tokens);
+    ss->n_hist = rec.n_tokens; /* (the next append's place even when the mirror could not be made) */
     ss->kv_bytes = bytes;
     ss->tidx = tidx;
     ss->last_used = now_s();
@@ -2130,6 +2253,63 @@ static enum MHD_Result handle_session_list(server *S, struct MHD_Connection *c, 
         pthread_mutex_unlock(&S->mu);
     }
     return send_json(S, c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data), 0);
+}
+
+/* POST /v1/verify: re-run a verification record (the body: a response carrying one, or the record)
+ * as a job of this server's scheduler — alone in its own session, among whatever else runs, which
+ * cannot change its numbers — and answer {"match", "first_diverging_step", ...} (verify.h). 400 for
+ * a malformed record; 409 for a record of another model or activation mode (isobatch verify -m DIR
+ * re-runs any). */
+static enum MHD_Result handle_verify(server *S, struct MHD_Connection *c, json_t *b, int tidx) {
+    ib_vrec rec;
+    char msg[256];
+    if (ib_verify_parse(b, S->info->vocab_size, S->info->max_context, &rec, msg, sizeof msg))
+        return BAD("verification", "%s", msg);
+    ib_act act = ib_engine_act(S->e);
+    if (strcmp(rec.model, S->ident) || rec.act != act) {
+        enum MHD_Result r = send_error(S, c, 409, "invalid_request_error", "model_mismatch", "verification",
+                                       "the record was made by model %s with act %s; this server runs %s with act %s "
+                                       "(isobatch verify -m DIR re-runs a record of any model)", rec.model,
+                                       rec.act == IB_ACT_F32 ? "f32" : "q8", S->ident, act == IB_ACT_F32 ? "f32" : "q8");
+        ib_verify_free(&rec);
+        return r;
+    }
+    size_t bytes = (size_t)(rec.kv_window > 0 ? rec.kv_sink + rec.kv_window + 64 : rec.n_hist + rec.n_prompt + rec.n_tokens) *
+                   ib_kv_bytes_per_token(S->m, rec.kv_dtype);
+    if (inflight_take(S, tidx)) {
+        ib_verify_free(&rec);
+        return send_error(S, c, 429, "rate_limit_error", "key_request_limit", NULL,
+                          "this API key has its limit of %d requests in flight; retry later", S->key_requests);
+    }
+    int mrc = mem_reserve(S, tidx, bytes, 1);
+    if (mrc) {
+        inflight_put(S, tidx);
+        ib_verify_free(&rec);
+        return send_error(S, c, mrc == -2 ? 400 : 429, mrc == -2 ? "invalid_request_error" : "rate_limit_error",
+                          mrc == -2 ? "context_length_exceeded" : "rate_limit_exceeded", NULL,
+                          "the re-run needs %zu KV bytes; the memory budget %s", bytes,
+                          mrc == -2 ? "is smaller" : "is in use, retry later");
+    }
+    ib_vrun run;
+    ib_error err;
+    enum MHD_Result r;
+    if (ib_verify_submit(S->sched, S->m, S->o.backend, &S->jv, &rec, &run, &err)) {
+        r = err.code == IB_ERR_STATE ? send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+                                                  "the server is at capacity; retry later")
+                                     : send_error(S, c, 500, "server_error", NULL, NULL, "%s", err.msg);
+    } else {
+        ib_verify_wait(&run);
+        if (strcmp(run.finish, "length") && strcmp(run.finish, "stop"))
+            r = send_error(S, c, 503, "server_error", "verify_incomplete", NULL, "the re-run ended early (%s); retry",
+                           run.finish);
+        else
+            r = send_json(S, c, 200, ib_verify_compare(&rec, &run), 0);
+    }
+    ib_verify_run_free(&run);
+    mem_release(S, tidx, bytes);
+    inflight_put(S, tidx);
+    ib_verify_free(&rec);
+    return r;
 }
 
 /* ------------------------------------------------------------------ health, models, metrics */
@@ -2443,6 +2623,9 @@ static enum MHD_Result dispatch(server *S, struct MHD_Connection *c, const char 
     enum MHD_Result r;
     if (!strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions")) {
         r = post ? handle_generate(S, c, b, url[4] == 'c' && url[5] == 'h', tidx)
+                 : send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use POST");
+    } else if (!strcmp(url, "/v1/verify")) {
+        r = post ? handle_verify(S, c, b, tidx)
                  : send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use POST");
     } else if (!strcmp(url, "/v1/sessions")) {
         r = post ? handle_session_create(S, c, b, tenant, tidx)
