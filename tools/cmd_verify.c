@@ -45,17 +45,17 @@ int cmd_verify(int argc, char **argv) {
     if (!(dir = cli_model_dir(dir))) return 2;
     json_error_t je;
     json_t *j = !strcmp(file, "-") ? json_loadf(stdin, 0, &je) : json_load_file(file, 0, &je);
-    if (!j) return cli_error("verify: %s: not JSON: %s (line %d)", file, je.text, je.line);
+    if (!j) return cli_error("verify: %s: not JSON: %s (line %d)", file, je.text, je.line), 2;
     ib_error err;
     char ident[IB_MODEL_ID_LEN];
     if (ib_model_identity(dir, ident, &err)) {
         json_decref(j);
-        return cli_error("verify: %s", err.msg);
+        return cli_error("verify: %s", err.msg), 2;
     }
     ib_model *m = NULL;
     if (ib_model_load(dir, NULL, &m, &err)) {
         json_decref(j);
-        return cli_error("verify: %s", err.msg);
+        return cli_error("verify: %s", err.msg), 2;
     }
     const ib_model_info *mi = ib_model_get_info(m);
     ib_vrec rec;
@@ -64,7 +64,7 @@ int cmd_verify(int argc, char **argv) {
     json_decref(j);
     if (bad) {
         ib_model_free(m);
-        return cli_error("verify: %s: %s", file, msg);
+        return cli_error("verify: %s: %s", file, msg), 2;
     }
     if (strcmp(rec.model, ident)) {
         cli_error("verify: the record was made by model %s; %s is %s", rec.model, dir, ident);

@@ -103,6 +103,7 @@ typedef struct gen {
     uint64_t draws0;          /* the draw counter before the first draw */
     char vkv[48];             /* the KV policy */
     ib_kv_dtype vkvd;         /* the KV element type */
+    int vcap, vchunk;         /* the session's KV slots (full) and chunk slots (windowed) */
     ib_api_bias vbias;        /* the logit bias (a copy) */
     int hist_at;              /* a session generation: its history's length when it began */
     int n_replay;             /* a rebuild: stored tokens fed (unnoted) before the pending prompt */
@@ -821,7 +822,7 @@ static json_t *envelope(const gen *g, const char *object) {
 static json_t *verification_json(const gen *g) {
     server *S = g->srv;
     if (g->n < 1 || g->n_vprompt < 1) return json_null();
-    return ib_verify_json(S->ident, ib_engine_act(S->e), g->vkvd, g->vkv, g->vin, g->n_vhist, g->vfl, g->draws0,
+    return ib_verify_json(S->ident, ib_engine_act(S->e), g->vkvd, g->vkv, g->vcap, g->vchunk, g->vin, g->n_vhist, g->vfl, g->draws0,
                           g->vin + g->n_vhist, g->n_vprompt, &g->sp, &g->vbias, g->want_json, g->stop_ids,
                           g->n_stop_ids, g->tok, g->dig, g->n);
 }
@@ -1075,6 +1076,8 @@ static int json_constrain(void *ctx, float *logits, int vocab) {
  * Consumes the caller's reference to g. */
 static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids,
                                int n_ids, gen_params *p) {
+    g->vcap = s->capacity;
+    g->vchunk = s->kv_chunk;
     ib_session_set_sampling(s, &p->sp);
     ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p->max_tokens, .n_replay = g->n_replay,
                        .stop_ids = g->stop_ids, .n_stop = g->n_stop_ids, .want_logprobs = p->want_lp,
@@ -1446,6 +1449,7 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
         g->inflight = 1;
         g->n_prompt = n_ids;
         gen_set_prompt(g, ids, n_ids);
+        g->vcap = s->capacity;
         if (S->info->eos_id >= 0) g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
         ib_session_set_sampling(s, &p.sp);
         ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p.max_tokens,
@@ -2274,7 +2278,7 @@ static enum MHD_Result handle_verify(server *S, struct MHD_Connection *c, json_t
         ib_verify_free(&rec);
         return r;
     }
-    size_t bytes = (size_t)(rec.kv_window > 0 ? rec.kv_sink + rec.kv_window + 64 : rec.n_hist + rec.n_prompt + rec.n_tokens) *
+    size_t bytes = (size_t)(rec.kv_window > 0 ? rec.kv_sink + rec.kv_window + rec.kv_chunk : rec.max_context) *
                    ib_kv_bytes_per_token(S->m, rec.kv_dtype);
     if (inflight_take(S, tidx)) {
         ib_verify_free(&rec);

@@ -25,7 +25,7 @@ void ib_verify_fingerprint(const char *model_id, char *buf, size_t n) {
     snprintf(buf, n, "%s/contract-%d", model_id, IB_VERIFY_CONTRACT);
 }
 
-json_t *ib_verify_json(const char *model_id, ib_act act, ib_kv_dtype kvd, const char *kv, const int32_t *hist,
+json_t *ib_verify_json(const char *model_id, ib_act act, ib_kv_dtype kvd, const char *kv, int max_context, int kv_chunk, const int32_t *hist,
                        int n_hist, const uint8_t *flags, uint64_t draws, const int32_t *prompt, int n_prompt,
                        const ib_sampling *sp, const ib_api_bias *bias, int json_mode, const int32_t *stop_ids,
                        int n_stop, const int32_t *tokens, const uint64_t *digests, int n_tokens) {
@@ -35,6 +35,10 @@ json_t *ib_verify_json(const char *model_id, ib_act act, ib_kv_dtype kvd, const 
     json_object_set_new(v, "act", json_string(act == IB_ACT_F32 ? "f32" : "q8"));
     json_object_set_new(v, "kv_dtype", json_string(kvd == IB_KV_F16 ? "f16" : "f32"));
     json_object_set_new(v, "kv", json_string(kv));
+    if (strcmp(kv, "full"))
+        json_object_set_new(v, "kv_chunk", json_integer(kv_chunk));
+    else
+        json_object_set_new(v, "max_context", json_integer(max_context));
     if (n_hist > 0) json_object_set_new(v, "history", ids_json(hist, n_hist));
     if (flags) {
         json_t *f = json_array();
@@ -152,6 +156,12 @@ int ib_verify_parse(json_t *j, int vocab, int max_context, ib_vrec *r, char *msg
         FAIL("verification.kv must be full, window:W or sink:S,window:W");
     if (r->kv_window > 0 && (long)r->kv_sink + r->kv_window > max_context)
         FAIL("verification.kv: sink + window exceed the model's context of %d", max_context);
+    json_t *mc = json_object_get(v, r->kv_window > 0 ? "kv_chunk" : "max_context");
+    long lim = r->kv_window > 0 ? 4096 : max_context;
+    if (!json_is_integer(mc) || json_integer_value(mc) < 1 || json_integer_value(mc) > lim)
+        FAIL("verification.%s must be an integer in [1, %ld]", r->kv_window > 0 ? "kv_chunk" : "max_context", lim);
+    if (r->kv_window > 0) r->kv_chunk = (int)json_integer_value(mc);
+    else r->max_context = (int)json_integer_value(mc);
     int32_t *h = NULL, *p = NULL;
     int nh = 0, np = 0;
     if (get_ids(v, "history", vocab, 0, &h, &nh, msg, msz) || get_ids(v, "prompt", vocab, 1, &p, &np, msg, msz)) {
@@ -259,8 +269,8 @@ int ib_verify_parse(json_t *j, int vocab, int max_context, ib_vrec *r, char *msg
     char last[17];
     hex16(r->digests[r->n_tokens - 1], last);
     if (!dg || strcmp(dg, last)) FAIL("verification.digest must be the last of step_digests");
-    if (r->kv_window == 0 && (long)nh + np + r->n_tokens > max_context)
-        FAIL("the record's %d tokens exceed the model's context of %d", nh + np + r->n_tokens, max_context);
+    if (r->kv_window == 0 && (long)nh + np + r->n_tokens - 1 > r->max_context)
+        FAIL("the record's %d tokens exceed its max_context of %d", nh + np + r->n_tokens, r->max_context);
 #undef FAIL
     return 0;
 }
@@ -311,8 +321,9 @@ ib_status ib_verify_submit(ib_sched *sched, const ib_model *m, ib_backend_kind b
     run->digests = malloc((size_t)rec->n_tokens * sizeof *run->digests);
     if (!run->tokens || !run->digests) return ib_fail(err, IB_ERR_NOMEM, "verify: out of memory");
     int total = rec->n_hist + rec->n_prompt;
-    ib_session_opts so = {.max_context = total + rec->n_tokens, .sampling = rec->sp, .kv_sink = rec->kv_sink,
-                          .kv_window = rec->kv_window, .kv_dtype = rec->kv_dtype, .backend = backend};
+    ib_session_opts so = {.max_context = rec->max_context, .sampling = rec->sp, .kv_sink = rec->kv_sink,
+                          .kv_window = rec->kv_window, .kv_chunk = rec->kv_chunk, .kv_dtype = rec->kv_dtype,
+                          .backend = backend};
     ib_status rc = ib_session_create(m, &so, &run->s, err);
     if (rc) return rc;
     ib_store_session sr = {.tokens = rec->hist, .flags = rec->flags, .n_tokens = total,

@@ -23,6 +23,10 @@
  *   model         ib_model_identity ("sha256:" + 64 hex)
  *   act           "f32" | "q8"          kv_dtype "f32" | "f16"
  *   kv            "full" | "window:W" | "sink:S,window:W"
+ *   max_context   a full session's KV capacity; kv_chunk: a windowed one's chunk slots. Both size the
+ *                 sampler's repetition history (a full history stops noting at capacity + 1 entries;
+ *                 a windowed one keeps its latest half when it passes its slots), so they are part of
+ *                 the numbers of a session with a repetition penalty
  *   history       [ids] (optional, default [])   flags: [int] for history + prompt (optional: history
  *                 tokens NOTE_ON_FEED, prompt tokens NOTE_ON_FEED)
  *   draws         the draw counter before the first draw (optional, default 0)
@@ -52,6 +56,8 @@ typedef struct ib_vrec {
     ib_act act;
     ib_kv_dtype kv_dtype;
     int kv_sink, kv_window;
+    int max_context;  /* the session's KV capacity (full) */
+    int kv_chunk;     /* windowed: its chunk slots */
     int32_t *hist;  /* [n_hist + n_prompt]: history then prompt */
     uint8_t *flags; /* [n_hist + n_prompt] */
     int n_hist, n_prompt;
@@ -70,7 +76,7 @@ typedef struct ib_vrec {
 
 /* Build the JSON record (a new object) from a generation's facts. flags may be NULL (all
  * NOTE_ON_FEED). kv: the policy string. */
-json_t *ib_verify_json(const char *model_id, ib_act act, ib_kv_dtype kvd, const char *kv, const int32_t *hist,
+json_t *ib_verify_json(const char *model_id, ib_act act, ib_kv_dtype kvd, const char *kv, int max_context, int kv_chunk, const int32_t *hist,
                        int n_hist, const uint8_t *flags, uint64_t draws, const int32_t *prompt, int n_prompt,
                        const ib_sampling *sp, const ib_api_bias *bias, int json_mode, const int32_t *stop_ids,
                        int n_stop, const int32_t *tokens, const uint64_t *digests, int n_tokens);
