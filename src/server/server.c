@@ -2194,10 +2194,11 @@ static sess *sess_load(server *S, struct MHD_Connection *c, const char *id, cons
     else if (window > 0) snprintf(ss->policy, sizeof ss->policy, "window:%d", window);
     else snprintf(ss->policy, sizeof ss->policy, "full");
     ss->cap_pending = (int)cap + 1;
-    memcpy(ss->pending, rec.tokens + rec.progress.n_fed, (size_t)n_pend * sizeof(int32_t));
+    if (n_pend > 0) memcpy(ss->pending, rec.tokens + rec.progress.n_fed, (size_t)n_pend * sizeof(int32_t));
     ss->n_pending = n_pend;
     ss->kvd = rec.kv_dtype;
-    if (hist_push(ss, rec.tokens, rec.n_tokens, 0, 0) == 0) memcpy(ss->hfl, rec.flags, (size_t)rec.n_tokens);
+    if (rec.n_tokens > 0 && hist_push(ss, rec.tokens, rec.n_tokens, 0, 0) == 0)
+        memcpy(ss->hfl, rec.flags, (size_t)rec.n_tokens);
     ss->n_hist = rec.n_tokens; /* (the next append's place even when the mirror could not be made) */
     ss->kv_bytes = bytes;
     ss->tidx = tidx;
