@@ -118,7 +118,7 @@ void ib_verify_run_free(ib_vrun *run);
  * diverging step; a token of null where one side has none). */
 json_t *ib_verify_compare(const ib_vrec *rec, const ib_vrun *run);
 
-/* "sha256:...:contract-N" into buf. */
+/* The system_fingerprint: the model identity, "/contract-", the contract version ("sha256:…/contract-1"). */
 void ib_verify_fingerprint(const char *model_id, char *buf, size_t n);
 
 #endif
