@@ -439,6 +439,11 @@ typedef struct ib_sched_job {
      * worker thread, never concurrently for one job, and after the job's previous TOKEN event. */
     int (*constrain)(void *ctx, float *logits, int vocab);
     void *constrain_ctx;
+    /* Replay (a session rebuilt from its stored history): the first n_replay prompt tokens are fed
+     * into the KV like any prompt tokens (chunked, batched) but not noted in the sampler's history;
+     * the caller has replayed that history and set the draw counter already (ib_store_replay_notes).
+     * Tokens after them are noted as usual. 0 = none; at most n_prompt. */
+    int n_replay;
 } ib_sched_job;
 
 /* Most logit_bias entries of one job. */
@@ -579,6 +584,8 @@ typedef enum ib_fault {
     IB_FAULT_SAMPLE_BY_ROW,       /* "shared-rng": draws from one process-wide stream, not (seed, step) */
     IB_FAULT_SPLIT_KV_BY_BATCH,   /* attention key blocks sized by the batch size */
     IB_FAULT_GPU_FMA,             /* the CUDA backend fuses the multiply-adds of its products (epilogue) */
+    IB_FAULT_REBUILD_DROP_TOKEN,  /* a server's lazy rebuild of a stored session feeds its history
+                                   * without its middle token */
     IB_FAULT_COUNT
 } ib_fault;
 

@@ -22,6 +22,7 @@ int cmd_probe(int argc, char **argv);
 int cmd_diff(int argc, char **argv);
 int cmd_recall(int argc, char **argv);
 int cmd_accuracy(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
 
 /* Print "isobatch: <message>" to stderr and return 2 (usage) or 1 (runtime failure). */
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -23,6 +23,7 @@ static const char usage[] =
     "  diff       compare sessions stepped batched vs alone, layer by layer (diagnostics)\n"
     "  recall     multi-tenant needle recall, batched vs serialized (diagnostics)\n"
     "  accuracy   the engine's logits vs a float64 reference forward pass, per activation mode\n"
+    "  verify     re-run a served response's verification record alone: match, or the first diverging step\n"
     "\n"
     "`isobatch <command> --help` lists a command's options; `isobatch --version` the version.\n";
 
@@ -58,5 +59,6 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "diff")) return cmd_diff(argc - 1, argv + 1);
     if (!strcmp(cmd, "recall")) return cmd_recall(argc - 1, argv + 1);
     if (!strcmp(cmd, "accuracy")) return cmd_accuracy(argc - 1, argv + 1);
+    if (!strcmp(cmd, "verify")) return cmd_verify(argc - 1, argv + 1);
     return cli_usage_error("unknown command '%s' (try --help)", cmd);
 }

@@ -18,6 +18,7 @@ static const char *const fault_names[IB_FAULT_COUNT] = {
     [IB_FAULT_SAMPLE_BY_ROW] = "shared-rng",
     [IB_FAULT_SPLIT_KV_BY_BATCH] = "split-kv-by-batch",
     [IB_FAULT_GPU_FMA] = "gpu-fma",
+    [IB_FAULT_REBUILD_DROP_TOKEN] = "rebuild-drop-token",
 };
 
 static ib_fault current_fault = IB_FAULT_NONE;

@@ -38,6 +38,7 @@ typedef struct job {
     int n_bias;
     int (*constrain)(void *ctx, float *logits, int vocab);
     void *constrain_ctx;
+    int n_replay;             /* prompt tokens [0, n_replay) are fed without being noted */
     float *raw;               /* [V] the raw row while a constraint masks it (constrain only) */
     double t_submit;          /* when submitted (CLOCK_MONOTONIC seconds) */
     double queued_s;          /* seconds it waited for a batch slot (set when admitted) */
@@ -193,7 +194,11 @@ static void sample_task(void *ctx, int i, int thread) {
     draw *d = &S->draws[i];
     const int V = S->e->model->cfg.vocab_size;
     if (j->fed < j->n_prompt) {
-        ib_session_note_tokens(j->s, S->items[i].tokens, S->items[i].n_tokens);
+        /* replayed tokens (a rebuild) were noted by the caller; the rest as they are fed */
+        int skip = j->n_replay - j->fed;
+        if (skip < 0) skip = 0;
+        if (skip < S->items[i].n_tokens)
+            ib_session_note_tokens(j->s, S->items[i].tokens + skip, S->items[i].n_tokens - skip);
         d->outcome = DRAW_PROMPT_GOES_ON;
         if (j->fed + S->items[i].n_tokens < j->n_prompt) return;
     }
@@ -520,7 +525,8 @@ ib_status ib_sched_submit(ib_sched *S, const ib_sched_job *jb, uint64_t *id, ib_
     if (id) *id = 0;
     if (!jb || !jb->session || !jb->prompt || jb->n_prompt < 1 || jb->max_new_tokens < 0 || jb->n_stop < 0 ||
         (jb->n_stop > 0 && !jb->stop_ids) || jb->n_logit_bias < 0 || jb->n_logit_bias > IB_MAX_LOGIT_BIAS ||
-        (jb->n_logit_bias > 0 && (!jb->logit_bias_ids || !jb->logit_bias)))
+        (jb->n_logit_bias > 0 && (!jb->logit_bias_ids || !jb->logit_bias)) || jb->n_replay < 0 ||
+        jb->n_replay > jb->n_prompt)
         return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: a job needs a session, a prompt of >= 1 token, "
                                                 "max_new_tokens >= 0, at most IB_MAX_LOGIT_BIAS biases");
     ib_session *s = jb->session;
@@ -544,6 +550,7 @@ ib_status ib_sched_submit(ib_sched *S, const ib_sched_job *jb, uint64_t *id, ib_
     j->s = s;
     j->constrain = jb->constrain;
     j->constrain_ctx = jb->constrain_ctx;
+    j->n_replay = jb->n_replay;
     if (j->constrain && !(j->raw = malloc((size_t)V * sizeof(float)))) {
         job_free(j);
         return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");

@@ -67,8 +67,9 @@ const char *ib_http_allowed(const char *url) {
         !strncmp(url, "/v1/models/", 11))
         return "GET, OPTIONS";
     if (!strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/tokenize") ||
-        !strcmp(url, "/detokenize") || !strcmp(url, "/v1/sessions"))
+        !strcmp(url, "/detokenize") || !strcmp(url, "/v1/verify"))
         return "POST, OPTIONS";
+    if (!strcmp(url, "/v1/sessions")) return "GET, POST, OPTIONS";
     if (!strncmp(url, "/v1/sessions/", 13)) {
         const char *slash = strchr(url + 13, '/');
         if (!slash) return "GET, DELETE, OPTIONS";

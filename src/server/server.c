@@ -27,7 +27,10 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "runtime/runtime.h"
 #include "server/api.h"
+#include "server/verify.h"
+#include "store/store.h"
 
 #define MAX_STOPS 4
 #define MAX_STOP_LEN 64
@@ -37,7 +40,7 @@ typedef struct server server;
 
 /* A stateful session (POST /v1/sessions). */
 typedef struct sess {
-    char id[40];
+    char id[IB_STORE_ID_MAX];
     char *tenant;             /* the Bearer key that created it ("" without one) */
     int tidx;                 /* its index in server.tu */
     double last_used;         /* now_s() of the last request that named it or its last generation's end */
@@ -45,10 +48,22 @@ typedef struct sess {
     int32_t *pending;         /* [n_pending] tokens appended but not yet fed */
     int n_pending, cap_pending;
     int busy;                 /* a generation runs on it */
-    int closed;               /* deleted: freed when the last reference goes */
+    int closed;               /* out of the table: freed when the last reference goes */
+    int deleted;              /* DELETEd (its stored record is gone too) */
     int refs;
     size_t kv_bytes;
     char policy[48];          /* "full" | "window:W" | "sink:S,window:W" */
+    /* with a store (server.store): */
+    int n_hist;               /* tokens of its history (fed + pending): the next append's place */
+    int32_t *htok;            /* [n_hist] the history, oldest first (verification records; with a store,
+                               * what the store holds) */
+    uint8_t *hfl;             /* [n_hist] IB_STORE_TOK_* flags of each */
+    int cap_hist;
+    ib_kv_dtype kvd;          /* its KV element type */
+    int hist_broken;          /* the mirror missed tokens (out of memory): no verification records */
+    int resident;             /* its KV holds its history; 0: loaded from the store, KV not rebuilt yet */
+    ib_store_session rec;     /* not resident: the stored record (tokens [0, n_fed) are replayed into
+                               * the KV by the next generation, inside the scheduler's prefill) */
 } sess;
 
 /* One generation: a scheduler job and what it produced. */
@@ -75,9 +90,28 @@ typedef struct gen {
     int n_stop_ids;
     char *stops[MAX_STOPS];
     int n_stops;
-    char id[48];
+    char id[IB_STORE_ID_MAX + 16];
     long created;
     ib_session *own;          /* request-scoped session, freed at DONE */
+    ib_sampling sp;           /* the sampling settings of the generation (seed included) */
+    /* the verification record's inputs (verify.h) */
+    uint64_t *dig;            /* [n] running digest of the logits rows that chose tokens [0, i] */
+    uint64_t h;               /* the running digest (scheduler thread) */
+    int32_t *vin;             /* [n_vhist + n_vprompt] history then prompt tokens */
+    uint8_t *vfl;             /* [n_vhist + n_vprompt] their flags (sessions), NULL for completions */
+    int n_vhist, n_vprompt;
+    uint64_t draws0;          /* the draw counter before the first draw */
+    char vkv[48];             /* the KV policy */
+    ib_kv_dtype vkvd;         /* the KV element type */
+    int vcap, vchunk;         /* the session's KV slots (full) and chunk slots (windowed) */
+    ib_api_bias vbias;        /* the logit bias (a copy) */
+    int hist_at;              /* a session generation: its history's length when it began */
+    int n_replay;             /* a rebuild: stored tokens fed (unnoted) before the pending prompt */
+    int commit;               /* stateful session with a store: its tokens still to be written
+                               * (gen_commit, on the connection's thread, before the response ends) */
+    int store_failed;         /* that write failed: the answer is an error, the session is evicted */
+    int stored_gen;           /* commit was set: the response ends only after gen_commit */
+    int stop_cancelled;       /* a stop string ended it: its job was asked to stop */
     size_t reserved;          /* its KV bytes, released at DONE */
     int tidx;                 /* the key (server.tu index) it counts against */
     int inflight;             /* it holds one of its key's in-flight requests, returned at DONE */
@@ -135,6 +169,9 @@ struct server {
     volatile int draining;    /* stopping: no new work, the work in flight may finish */
     int n_gens;               /* generations not yet freed */
     int n_answering;          /* requests begun whose response MHD has not finished sending */
+    ib_store *store;          /* the session store (NULL: --store none) */
+    FILE *log;                /* progress and store errors (may be NULL) */
+    char ident[IB_MODEL_ID_LEN]; /* ib_model_identity of the served model */
 };
 
 /* What one API key holds now (its quotas: server.key_*). */
@@ -407,6 +444,10 @@ static void gen_unref(gen *g) {
     pthread_mutex_unlock(&S->mu);
     for (int i = 0; i < g->n_stops; i++) free(g->stops[i]);
     free(g->tok);
+    free(g->dig);
+    free(g->vin);
+    free(g->vfl);
+    ib_api_bias_free(&g->vbias);
     free(g->lp);
     free(g->top_ids);
     free(g->top_lp);
@@ -416,6 +457,30 @@ static void gen_unref(gen *g) {
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
     free(g);
+}
+
+/* Append n tokens to session ss's history mirror, each flagged fl, the last one fl | last_extra
+ * (S->mu held). 0, or -1 when out of memory (the mirror is then short: later verification records of
+ * the session are wrong, so they are left out). */
+static int hist_push(sess *ss, const int32_t *t, int n, uint8_t fl, uint8_t last_extra) {
+    if (n <= 0) return 0;
+    if (ss->n_hist + n > ss->cap_hist) {
+        int nc = (ss->n_hist + n) * 2 + 64;
+        int32_t *a = realloc(ss->htok, (size_t)nc * sizeof *a);
+        if (a) ss->htok = a;
+        uint8_t *b = realloc(ss->hfl, (size_t)nc);
+        if (b) ss->hfl = b;
+        if (!a || !b) {
+            ss->hist_broken = 1;
+            return -1;
+        }
+        ss->cap_hist = nc;
+    }
+    memcpy(ss->htok + ss->n_hist, t, (size_t)n * sizeof *t);
+    memset(ss->hfl + ss->n_hist, fl, (size_t)n);
+    ss->hfl[ss->n_hist + n - 1] |= last_extra;
+    ss->n_hist += n;
+    return 0;
 }
 
 /* Scheduler callback: record a token, or the end (then free a request-scoped session, release its
@@ -431,6 +496,7 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
             ib_latency_next(&S->lat, t - g->t_last);
         g->t_last = t;
         ib_latency_token(&S->lat, t);
+        g->h = ib_digest_bytes(g->h, ev->logits, (size_t)S->info->vocab_size * sizeof(float));
         if (g->want_json) { /* advance the JSON reader past this token (its mask allowed it) */
             int stop = 0;
             for (int i = 0; i < g->n_stop_ids; i++) stop |= g->stop_ids[i] == ev->token;
@@ -459,22 +525,40 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
             sess *ss = g->ss;
             pthread_mutex_lock(&S->mu);
             /* the prompt was kept at pending[0, n_prompt) (appends are refused while busy): its unfed
-             * tail goes back to the front; after generation the last sampled token is the pending one */
-            int unfed = g->n_prompt - ev->prompt_fed;
-            ss->n_pending = 0;
-            if (unfed > 0) {
-                memmove(ss->pending, ss->pending + ev->prompt_fed, (size_t)unfed * sizeof(int32_t));
-                ss->n_pending = unfed;
-            } else if (ev->generated > 0) {
+             * tail goes back to the front; after generation the last sampled token is the pending one.
+             * A rebuild's job fed n_replay stored tokens first: short of them, the KV is incomplete and
+             * is forgotten (the session stays not resident, its pending tokens untouched). */
+            int pf = ev->prompt_fed - g->n_replay;
+            if (!ss->resident && pf < 0) {
+                ib_session_reset(ss->s);
+                ss->n_pending = g->n_prompt;
+            } else {
+                if (!ss->resident) {
+                    ss->resident = 1;
+                    ib_store_session_free(&ss->rec);
+                }
                 pthread_mutex_lock(&g->mu);
-                ss->pending[ss->n_pending++] = g->tok[g->n - 1];
+                hist_push(ss, g->tok, g->n, IB_STORE_TOK_SAMPLED, IB_STORE_TOK_NOTE_ON_FEED);
                 pthread_mutex_unlock(&g->mu);
+                int unfed = g->n_prompt - pf;
+                ss->n_pending = 0;
+                if (unfed > 0) {
+                    memmove(ss->pending, ss->pending + pf, (size_t)unfed * sizeof(int32_t));
+                    ss->n_pending = unfed;
+                } else if (ev->generated > 0) {
+                    pthread_mutex_lock(&g->mu);
+                    ss->pending[ss->n_pending++] = g->tok[g->n - 1];
+                    pthread_mutex_unlock(&g->mu);
+                }
             }
-            ss->busy = 0;
             ss->last_used = now_s();
-            pthread_mutex_unlock(&S->mu);
-            sess_unref(S, ss);
-            g->ss = NULL;
+            if (!g->commit) { /* no store: the session is free now; with one, gen_commit frees it */
+                ss->busy = 0;
+                pthread_mutex_unlock(&S->mu);
+                sess_unref(S, ss);
+                g->ss = NULL;
+            } else
+                pthread_mutex_unlock(&S->mu);
         }
         pthread_mutex_lock(&g->mu);
         g->done = 1;
@@ -494,16 +578,19 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
         if (l) g->lp = l;
         int *o = realloc(g->tok_off, ((size_t)nc + 1) * sizeof *o);
         if (o) g->tok_off = o;
+        uint64_t *dg = realloc(g->dig, (size_t)nc * sizeof *dg);
+        if (dg) g->dig = dg;
         int32_t *ti = g->top_ids;
         double *tl = g->top_lp;
         if (g->n_top) {
             if ((ti = realloc(g->top_ids, (size_t)nc * g->n_top * sizeof *ti))) g->top_ids = ti;
             if ((tl = realloc(g->top_lp, (size_t)nc * g->n_top * sizeof *tl))) g->top_lp = tl;
         }
-        if (t && l && o && (!g->n_top || (ti && tl))) g->cap = nc;
+        if (t && l && o && dg && (!g->n_top || (ti && tl))) g->cap = nc;
     }
     if (g->n < g->cap) {
         g->tok[g->n] = ev->token;
+        g->dig[g->n] = g->h;
         g->lp[g->n] = ev->logprob;
         for (int i = 0; i < g->n_top; i++) { /* the scheduler gives exactly n_top (vocab >= 20) */
             g->top_ids[(size_t)g->n * g->n_top + i] = i < ev->n_top ? ev->top_ids[i] : -1;
@@ -513,6 +600,58 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
     }
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
+}
+
+static void sess_evict(server *S, sess *ss);
+
+/* A stateful session's generation has ended (g->done) and the server has a store: write what the
+ * generation added — its tokens (SAMPLED; the last, which stays pending, SAMPLED|NOTE_ON_FEED), the
+ * draw counter, the settings and n_fed — as one transaction, then free the session for the next
+ * request. Called on the connection's thread before the response's last bytes are sent, so every
+ * generation a client saw completed is durable; once per generation (later calls do nothing). On a
+ * failed write g->store_failed is set and the session is evicted from memory: its next request
+ * loads it from the store as it was before this generation. */
+static void gen_commit(gen *g) {
+    server *S = g->srv;
+    pthread_mutex_lock(&g->mu);
+    int todo = g->commit && g->done;
+    if (todo) g->commit = 0;
+    pthread_mutex_unlock(&g->mu);
+    if (!todo) return;
+    sess *ss = g->ss;
+    g->ss = NULL;
+    ib_error err = {0};
+    ib_status rc = IB_OK;
+    pthread_mutex_lock(&S->mu);
+    int resident = ss->resident && !ss->deleted, at = g->hist_at;
+    ib_store_progress pr = {.sampling = g->sp, .draws = ss->s->sample_step, .n_fed = ib_session_position(ss->s)};
+    pthread_mutex_unlock(&S->mu);
+    /* (no lock needed for g->tok: the job is done, nothing appends any more) */
+    if (resident && g->n > 0) {
+        uint8_t *fl = malloc((size_t)g->n);
+        if (!fl)
+            rc = ib_fail(&err, IB_ERR_NOMEM, "out of memory");
+        else {
+            memset(fl, IB_STORE_TOK_SAMPLED, (size_t)g->n);
+            fl[g->n - 1] |= IB_STORE_TOK_NOTE_ON_FEED;
+            rc = ib_store_append(S->store, ss->id, at, g->tok, fl, g->n, &pr, &err);
+            free(fl);
+        }
+    } else if (resident && g->fed > 0)
+        rc = ib_store_update(S->store, ss->id, &pr, &err);
+    pthread_mutex_lock(&S->mu);
+    ss->busy = 0;
+    ss->last_used = now_s();
+    pthread_mutex_unlock(&S->mu);
+    if (rc) {
+        g->store_failed = 1;
+        if (S->log) {
+            fprintf(S->log, "isobatch serve: store: %s\n", err.msg);
+            fflush(S->log);
+        }
+        sess_evict(S, ss);
+    }
+    sess_unref(S, ss);
 }
 
 static int text_append(gen *g, const char *s, size_t n) {
@@ -672,7 +811,20 @@ static json_t *envelope(const gen *g, const char *object) {
     json_object_set_new(j, "created", json_integer(g->created));
     json_object_set_new(j, "model", json_string(g->srv->model_id));
     json_object_set_new(j, "seed", json_integer((json_int_t)g->seed));
+    char fp[IB_MODEL_ID_LEN + 32];
+    ib_verify_fingerprint(g->srv->ident, fp, sizeof fp);
+    json_object_set_new(j, "system_fingerprint", json_string(fp));
     return j;
+}
+
+/* The verification record of a finished generation (verify.h), or null when it drew no token or its
+ * prompt could not be recorded. g->mu held (or the generation done). */
+static json_t *verification_json(const gen *g) {
+    server *S = g->srv;
+    if (g->n < 1 || g->n_vprompt < 1) return json_null();
+    return ib_verify_json(S->ident, ib_engine_act(S->e), g->vkvd, g->vkv, g->vcap, g->vchunk, g->vin, g->n_vhist, g->vfl, g->draws0,
+                          g->vin + g->n_vhist, g->n_vprompt, &g->sp, &g->vbias, g->want_json, g->stop_ids,
+                          g->n_stop_ids, g->tok, g->dig, g->n);
 }
 
 /* The non-streaming body of a finished generation. */
@@ -699,6 +851,7 @@ static json_t *final_json(gen *g) {
     json_array_append_new(choices, ch);
     json_object_set_new(j, "choices", choices);
     json_object_set_new(j, "usage", usage_json(g));
+    json_object_set_new(j, "verification", verification_json(g));
     return j;
 }
 
@@ -746,6 +899,7 @@ static void out_chunk(gen *g, size_t a, size_t b, int ta, int tb, const char *fi
     json_array_append_new(choices, ch);
     json_object_set_new(j, "choices", choices);
     if (g->include_usage) json_object_set_new(j, "usage", json_null());
+    if (finish) json_object_set_new(j, "verification", verification_json(g));
     out_event(g, j);
 }
 
@@ -763,6 +917,16 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         size_t show = render(g);
         int finished = g->stopped || (g->done && g->rendered == g->n);
+        if (finished && g->stored_gen && !g->done) { /* a stop string: end the job, store it, then finish */
+            if (!g->stop_cancelled) ib_sched_cancel(S->sched, g->job);
+            g->stop_cancelled = 1;
+            finished = 0;
+        }
+        if (finished && g->commit) { /* the tokens are durable before the final chunk goes out */
+            pthread_mutex_unlock(&g->mu);
+            gen_commit(g);
+            pthread_mutex_lock(&g->mu);
+        }
         int k = tokens_shown(g);
         if (show > g->emitted || (k > g->lp_emitted && g->want_lp) || (g->chat && !g->sent_role)) {
             out_chunk(g, g->emitted, show, g->lp_emitted, k, NULL);
@@ -771,7 +935,12 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         if (finished) {
             if (g->stopped && !g->done) ib_sched_cancel(S->sched, g->job);
-            if (!strcmp(finish_reason(g), "error")) {
+            if (g->store_failed) {
+                static const char se[] = "data: {\"error\":{\"message\":\"the session's tokens could not be stored; "
+                                          "the session is back at its last stored state\",\"type\":\"server_error\","
+                                          "\"code\":\"store_error\"}}\n\n";
+                out_append(g, se, sizeof se - 1);
+            } else if (!strcmp(finish_reason(g), "error")) {
                 out_append(g, "data: {\"error\":{\"message\":\"generation failed\",\"type\":\"server_error\"}}\n\n", 72);
             } else
                 out_chunk(g, show, show, k, k, finish_reason(g));
@@ -809,6 +978,12 @@ static void sse_free(void *cls) {
     int done = g->done;
     pthread_mutex_unlock(&g->mu);
     if (!done) ib_sched_cancel(g->srv->sched, g->job);
+    if (g->stored_gen) { /* the client left: the session's tokens are stored all the same */
+        pthread_mutex_lock(&g->mu);
+        while (!g->done) pthread_cond_wait(&g->cv, &g->mu);
+        pthread_mutex_unlock(&g->mu);
+        gen_commit(g);
+    }
     gen_unref(g);
 }
 
@@ -901,8 +1076,10 @@ static int json_constrain(void *ctx, float *logits, int vocab) {
  * Consumes the caller's reference to g. */
 static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids,
                                int n_ids, gen_params *p) {
+    g->vcap = s->capacity;
+    g->vchunk = s->kv_chunk;
     ib_session_set_sampling(s, &p->sp);
-    ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p->max_tokens,
+    ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p->max_tokens, .n_replay = g->n_replay,
                        .stop_ids = g->stop_ids, .n_stop = g->n_stop_ids, .want_logprobs = p->want_lp,
                        .top_logprobs = g->n_top, .group = g->tidx,
                        .on_event = on_event, .ctx = g,
@@ -915,6 +1092,7 @@ static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_s
         /* nothing was started: undo as the DONE event would have */
         ib_sched_event ev = {.done = 1, .finish = "error", .prompt_fed = 0, .generated = 0};
         on_event(g, &ev);
+        gen_commit(g);
         gen_unref(g);
         if (err.code == IB_ERR_STATE)
             return send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
@@ -965,10 +1143,19 @@ static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_s
         ts.tv_nsec = ns % 1000000000LL;
         pthread_cond_timedwait(&g->cv, &g->mu, &ts);
     }
+    if (g->commit) { /* the tokens are durable before the response is sent */
+        pthread_mutex_unlock(&g->mu);
+        gen_commit(g);
+        pthread_mutex_lock(&g->mu);
+    }
     enum MHD_Result ret;
     if (gone && !strcmp(g->finish, "cancelled")) {
         pthread_mutex_unlock(&g->mu);
         ret = MHD_NO; /* nobody to answer: close the connection */
+    } else if (g->store_failed) {
+        pthread_mutex_unlock(&g->mu);
+        ret = send_error(S, c, 503, "server_error", "store_error", NULL,
+                         "the session's tokens could not be stored; the session is back at its last stored state");
     } else if (!strcmp(g->finish, "error")) {
         pthread_mutex_unlock(&g->mu);
         ret = send_error(S, c, 500, "server_error", NULL, NULL, "generation failed");
@@ -986,6 +1173,14 @@ static enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_s
     }
     gen_unref(g);
     return ret;
+}
+
+/* Record a request-scoped generation's prompt for its verification record (no history, no draws).
+ * An allocation failure leaves the record's prompt empty (verification null). */
+static void gen_set_prompt(gen *g, const int32_t *ids, int n) {
+    if (!(g->vin = malloc((size_t)n * sizeof *ids))) return;
+    memcpy(g->vin, ids, (size_t)n * sizeof *ids);
+    g->n_vprompt = n;
 }
 
 static gen *gen_new(server *S, int chat, gen_params *p) {
@@ -1008,6 +1203,19 @@ static gen *gen_new(server *S, int chat, gen_params *p) {
     p->n_stops = 0;
     g->created = (long)time(NULL);
     g->seed = p->sp.seed;
+    g->sp = p->sp;
+    g->h = IB_DIGEST_INIT;
+    g->vkvd = S->o.kv_dtype;
+    snprintf(g->vkv, sizeof g->vkv, "full");
+    if (p->bias.n > 0) { /* kept for the verification record */
+        g->vbias.ids = malloc((size_t)p->bias.n * sizeof *g->vbias.ids);
+        g->vbias.vals = malloc((size_t)p->bias.n * sizeof *g->vbias.vals);
+        if (g->vbias.ids && g->vbias.vals) {
+            memcpy(g->vbias.ids, p->bias.ids, (size_t)p->bias.n * sizeof *g->vbias.ids);
+            memcpy(g->vbias.vals, p->bias.vals, (size_t)p->bias.n * sizeof *g->vbias.vals);
+            g->vbias.n = p->bias.n;
+        }
+    }
     g->t_arrive = g->t_last = now_s();
     char hex[33];
     if (random_hex(S, hex, 12)) snprintf(hex, sizeof hex, "0");
@@ -1240,6 +1448,8 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
         g->tidx = tidx;
         g->inflight = 1;
         g->n_prompt = n_ids;
+        gen_set_prompt(g, ids, n_ids);
+        g->vcap = s->capacity;
         if (S->info->eos_id >= 0) g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
         ib_session_set_sampling(s, &p.sp);
         ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p.max_tokens,
@@ -1304,6 +1514,7 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
             pthread_mutex_unlock(&g->mu);
             json_t *ch = json_incref(json_array_get(json_object_get(one, "choices"), 0));
             json_object_set_new(ch, "index", json_integer(i));
+            json_object_set(ch, "verification", json_object_get(one, "verification")); /* one record per prompt */
             json_array_append_new(choices, ch);
             pt += g->n_prompt;
             ct += g->n;
@@ -1474,6 +1685,7 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
     g->tidx = tidx;
     g->inflight = 1;
     g->n_prompt = n_ids;
+    gen_set_prompt(g, ids, n_ids);
     if (chat)
         g->n_stop_ids = ib_chat_stop_ids(S->m, g->stop_ids, MAX_STOP_IDS);
     else if (S->info->eos_id >= 0)
@@ -1493,6 +1705,9 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
 
 static void sess_free(server *S, sess *ss) {
     ib_session_free(ss->s);
+    ib_store_session_free(&ss->rec);
+    free(ss->htok);
+    free(ss->hfl);
     mem_release(S, ss->tidx, ss->kv_bytes);
     free(ss->pending);
     free(ss->tenant);
@@ -1505,6 +1720,27 @@ static void sess_unref(server *S, sess *ss) {
     pthread_mutex_unlock(&S->mu);
     if (!left) sess_free(S, ss);
 }
+
+/* Take ss out of the session table (a DELETE, idle expiry, a failed store write): no request finds it
+ * any more; it is freed when its last reference goes. With a store its record stays there, and a
+ * later request for its id loads it again. */
+static void sess_evict(server *S, sess *ss) {
+    pthread_mutex_lock(&S->mu);
+    int found = 0;
+    for (int i = 0; i < S->n_sessions; i++)
+        if (S->sessions[i] == ss) {
+            S->sessions[i] = S->sessions[--S->n_sessions];
+            S->tu[ss->tidx].sessions--;
+            found = 1;
+            break;
+        }
+    ss->closed = 1;
+    pthread_mutex_unlock(&S->mu);
+    if (found) sess_unref(S, ss); /* the table's reference; a running generation keeps its own */
+}
+
+/* Tokens session ss's KV holds, or will hold once rebuilt (lock held). */
+static int sess_pos(const sess *ss) { return ss->resident ? ib_session_position(ss->s) : ss->rec.progress.n_fed; }
 
 /* Find session id for tenant (a new reference), or NULL. */
 static sess *sess_get(server *S, const char *id, const char *tenant) {
@@ -1526,7 +1762,7 @@ static sess *sess_get(server *S, const char *id, const char *tenant) {
 static json_t *sess_info(server *S, sess *ss) {
     json_t *j = json_object();
     pthread_mutex_lock(&S->mu);
-    int pos = ib_session_position(ss->s);
+    int pos = sess_pos(ss);
     json_object_set_new(j, "id", json_string(ss->id));
     json_object_set_new(j, "object", json_string("session"));
     json_object_set_new(j, "model", json_string(S->model_id));
@@ -1537,6 +1773,8 @@ static json_t *sess_info(server *S, sess *ss) {
     json_object_set_new(j, "kv_bytes", json_integer((json_int_t)ss->kv_bytes));
     json_object_set_new(j, "kv_policy", json_string(ss->policy));
     json_object_set_new(j, "busy", json_boolean(ss->busy));
+    /* resident: its KV is in memory; false: loaded from the store, rebuilt by its next generation */
+    json_object_set_new(j, "resident", json_boolean(ss->resident));
     /* idle expiry: closed once idle_timeout seconds pass with no request naming it */
     int it = S->o.session_idle_timeout_s;
     json_object_set_new(j, "idle_timeout", json_integer(it));
@@ -1610,6 +1848,20 @@ static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c
     ss->refs = 1; /* the table's */
     ss->cap_pending = (int)(window > 0 || ctx < S->o.max_prompt_tokens ? S->o.max_prompt_tokens : ctx) + 1;
     ss->pending = malloc((size_t)ss->cap_pending * sizeof(int32_t));
+    ss->resident = 1;
+    ss->kvd = S->o.kv_dtype;
+    if (ss->pending && S->store) { /* durable before the client learns the id */
+        ib_store_session rec = {.max_context = (int)ctx, .kv_sink = sink, .kv_window = window,
+                                .kv_chunk = S->o.prefill_chunk, .kv_dtype = S->o.kv_dtype,
+                                .progress = {.sampling = ib_sampling_default()}};
+        snprintf(rec.id, sizeof rec.id, "%s", ss->id);
+        snprintf(rec.model_id, sizeof rec.model_id, "%s", S->ident);
+        ib_store_owner_hash(tenant, rec.owner);
+        if (ib_store_create(S->store, &rec, &err)) {
+            sess_free(S, ss);
+            return send_error(S, c, 503, "server_error", "store_error", NULL, "the session could not be stored: %s", err.msg);
+        }
+    }
     pthread_mutex_lock(&S->mu);
     int ok = ss->pending && S->n_sessions < S->o.max_sessions && (!S->key_sessions || S->tu[tidx].sessions < S->key_sessions);
     if (ok) {
@@ -1618,6 +1870,7 @@ static enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c
     }
     pthread_mutex_unlock(&S->mu);
     if (!ok) {
+        if (S->store && ss->pending) ib_store_delete(S->store, ss->id, NULL);
         sess_free(S, ss);
         return send_error(S, c, 429, "rate_limit_error", "too_many_sessions", NULL, "session limit reached");
     }
@@ -1685,10 +1938,31 @@ static enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c
     const char *why = NULL;
     if (ss->busy)
         why = "busy";
-    else if ((long)ib_session_position(ss->s) + ss->n_pending + n > ib_session_capacity(ss->s) ||
+    else if ((long)sess_pos(ss) + ss->n_pending + n > ib_session_capacity(ss->s) ||
              ss->n_pending + n >= ss->cap_pending)
         why = "full";
-    else {
+    else if (S->store && n > 0) { /* durable before it is acknowledged: the session is busy meanwhile */
+        ss->busy = 1;
+        int at = ss->n_hist;
+        pthread_mutex_unlock(&S->mu);
+        uint8_t *fl = malloc((size_t)n);
+        ib_error err;
+        ib_status rc = fl ? IB_OK : ib_fail(&err, IB_ERR_NOMEM, "out of memory");
+        if (fl) memset(fl, IB_STORE_TOK_NOTE_ON_FEED, (size_t)n);
+        if (!rc) rc = ib_store_append(S->store, ss->id, at, ids, fl, n, NULL, &err);
+        free(fl);
+        pthread_mutex_lock(&S->mu);
+        ss->busy = 0;
+        if (rc) {
+            pthread_mutex_unlock(&S->mu);
+            free(ids);
+            return send_error(S, c, 503, "server_error", "store_error", NULL, "the tokens could not be stored: %s", err.msg);
+        }
+        hist_push(ss, ids, n, IB_STORE_TOK_NOTE_ON_FEED, 0);
+        memcpy(ss->pending + ss->n_pending, ids, (size_t)n * sizeof(int32_t));
+        ss->n_pending += n;
+    } else {
+        hist_push(ss, ids, n, IB_STORE_TOK_NOTE_ON_FEED, 0);
         memcpy(ss->pending + ss->n_pending, ids, (size_t)n * sizeof(int32_t));
         ss->n_pending += n;
     }
@@ -1723,23 +1997,46 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
     }
     pthread_mutex_lock(&S->mu);
     const char *why = NULL;
-    int n = ss->n_pending;
-    int32_t *ids = NULL;
+    int n = ss->n_pending, nr = 0, hist_at = 0;
+    int32_t *ids = NULL, *pend = NULL, *vin = NULL;
+    uint8_t *vfl = NULL;
+    uint64_t draws0 = 0;
+    if (!ss->resident) { /* a rebuild: the stored tokens [0, n_fed) are fed first, without notes */
+        nr = ss->rec.progress.n_fed;
+        if (ib_fault_get() == IB_FAULT_REBUILD_DROP_TOKEN && nr > 0) nr--; /* tests only: a broken rebuild */
+    }
     if (ss->busy)
         why = "busy";
     else if (n < 1)
         why = "empty";
-    else if (!(ids = malloc((size_t)n * sizeof *ids)))
+    else if (!(ids = malloc(((size_t)nr + n) * sizeof *ids)))
         why = "nomem";
-    else if ((long)ib_session_position(ss->s) + n + (p.max_tokens > 0 ? p.max_tokens - 1 : 0) > ib_session_capacity(ss->s))
+    else if ((long)sess_pos(ss) + n + (p.max_tokens > 0 ? p.max_tokens - 1 : 0) > ib_session_capacity(ss->s))
         why = "full";
     else {
-        memcpy(ids, ss->pending, (size_t)n * sizeof *ids);
+        pend = ids + nr;
+        if (!ss->resident) {
+            const ib_store_session *r = &ss->rec;
+            for (int i = 0, k = 0; i < r->progress.n_fed && k < nr; i++)
+                if (!(nr < r->progress.n_fed && i == r->progress.n_fed / 2)) ids[k++] = r->tokens[i];
+            ib_session_reset(ss->s);
+            ib_store_replay_notes(ss->s, r);
+        }
+        memcpy(pend, ss->pending, (size_t)n * sizeof *ids);
         ss->n_pending = 0;
         ss->busy = 1;
         ss->refs++; /* the generation's */
+        /* the verification record's inputs: the history before the request, its flags, the draw
+         * counter; the prompt is the pending tokens (the mirror's tail) */
+        hist_at = ss->n_hist;
+        draws0 = ss->resident ? ss->s->sample_step : ss->rec.progress.draws;
+        if (!ss->hist_broken && ss->n_hist >= n && (vin = malloc((size_t)ss->n_hist * sizeof *vin + 1)) &&
+            (vfl = malloc((size_t)ss->n_hist + 1))) {
+            memcpy(vin, ss->htok, (size_t)ss->n_hist * sizeof *vin);
+            memcpy(vfl, ss->hfl, (size_t)ss->n_hist);
+        }
     }
-    int pos = ib_session_position(ss->s);
+    int pos = sess_pos(ss);
     pthread_mutex_unlock(&S->mu);
     if (why) {
         inflight_put(S, ss->tidx);
@@ -1758,13 +2055,16 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
     gen *g = gen_new(S, 0, &p);
     if (!g) {
         pthread_mutex_lock(&S->mu);
-        memcpy(ss->pending, ids, (size_t)n * sizeof *ids);
+        if (!ss->resident) ib_session_reset(ss->s);
+        memcpy(ss->pending, pend, (size_t)n * sizeof *ids);
         ss->n_pending = n;
         ss->busy = 0;
         ss->refs--;
         pthread_mutex_unlock(&S->mu);
         inflight_put(S, ss->tidx);
         free(ids);
+        free(vin);
+        free(vfl);
         params_free(&p);
         return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
     }
@@ -1774,39 +2074,247 @@ static enum MHD_Result handle_session_generate(server *S, struct MHD_Connection 
     g->ss = ss;
     g->session_gen = 1;
     g->n_prompt = n;
+    g->n_replay = nr;
+    g->commit = g->stored_gen = S->store != NULL;
+    g->hist_at = hist_at;
+    g->draws0 = draws0;
+    g->vkvd = ss->kvd;
+    snprintf(g->vkv, sizeof g->vkv, "%s", ss->policy);
+    if (vin && vfl) {
+        g->vin = vin;
+        g->vfl = vfl;
+        g->n_vhist = hist_at - n;
+        g->n_vprompt = n;
+        vin = NULL;
+        vfl = NULL;
+    }
     if (chat)
         g->n_stop_ids = ib_chat_stop_ids(S->m, g->stop_ids, MAX_STOP_IDS);
     else if (S->info->eos_id >= 0)
         g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
     /* keep the prompt at the front of pending (unused while busy) so an unfed tail can be restored */
     pthread_mutex_lock(&S->mu);
-    memcpy(ss->pending, ids, (size_t)n * sizeof *ids);
+    memcpy(ss->pending, pend, (size_t)n * sizeof *ids);
     ss->n_pending = 0;
     pthread_mutex_unlock(&S->mu);
-    enum MHD_Result r = run_gen(S, c, g, ss->s, ids, n, &p);
+    enum MHD_Result r = run_gen(S, c, g, ss->s, ids, nr + n, &p);
     free(ids);
+    free(vin); /* (NULL unless half allocated) */
+    free(vfl);
     params_free(&p);
     return r;
 }
 
-static enum MHD_Result handle_session_delete(server *S, struct MHD_Connection *c, sess *ss) {
-    pthread_mutex_lock(&S->mu);
-    int found = 0;
-    for (int i = 0; i < S->n_sessions; i++)
-        if (S->sessions[i] == ss) {
-            S->sessions[i] = S->sessions[--S->n_sessions];
-            S->tu[ss->tidx].sessions--;
-            found = 1;
-            break;
-        }
-    ss->closed = 1;
-    pthread_mutex_unlock(&S->mu);
-    if (found) sess_unref(S, ss); /* the table's reference; a running generation keeps its own */
+/* The body of a DELETE's answer for session id. */
+static json_t *deleted_json(const char *id) {
     json_t *j = json_object();
-    json_object_set_new(j, "id", json_string(ss->id));
+    json_object_set_new(j, "id", json_string(id));
     json_object_set_new(j, "object", json_string("session"));
     json_object_set_new(j, "deleted", json_true());
-    return send_json(S, c, 200, j, 0);
+    return j;
+}
+
+static enum MHD_Result handle_session_delete(server *S, struct MHD_Connection *c, sess *ss) {
+    ib_error err;
+    ib_status rc = S->store ? ib_store_delete(S->store, ss->id, &err) : IB_OK;
+    if (rc && rc != IB_ERR_NOT_FOUND)
+        return send_error(S, c, 503, "server_error", "store_error", NULL, "the session could not be deleted: %s", err.msg);
+    pthread_mutex_lock(&S->mu);
+    ss->deleted = 1;
+    pthread_mutex_unlock(&S->mu);
+    sess_evict(S, ss);
+    return send_json(S, c, 200, deleted_json(ss->id), 0);
+}
+
+/* Load session id of tenant from the store into the table, not resident (its KV is rebuilt by its next
+ * generation). Returns a new reference, or NULL with *r set to the answer: 404 when the store has no
+ * such session of this tenant (another key's session is not found either), 409 session_model_mismatch
+ * when another model made it, 429 when the server's or the key's sessions or memory are full, 503 when
+ * the store fails. Two requests loading one id at once end with one entry (the later one's is freed). */
+static sess *sess_load(server *S, struct MHD_Connection *c, const char *id, const char *tenant, int tidx,
+                       enum MHD_Result *r) {
+    ib_store_session rec;
+    ib_error err;
+    ib_status rc = ib_store_load(S->store, id, &rec, &err);
+    char owner[65];
+    ib_store_owner_hash(tenant, owner);
+    if (rc == IB_ERR_NOT_FOUND || (!rc && strcmp(rec.owner, owner))) {
+        ib_store_session_free(&rec);
+        *r = send_error(S, c, 404, "invalid_request_error", "session_not_found", NULL, "no such session");
+        return NULL;
+    }
+    if (rc) {
+        ib_store_session_free(&rec);
+        *r = send_error(S, c, 503, "server_error", "store_error", NULL, "the session could not be loaded: %s", err.msg);
+        return NULL;
+    }
+    if (strcmp(rec.model_id, S->ident)) {
+        *r = send_error(S, c, 409, "invalid_request_error", "session_model_mismatch", NULL,
+                        "session %s was made by model %s; this server runs %s (another model, or changed weights or "
+                        "tokenizer), so it cannot continue it", id, rec.model_id, S->ident);
+        ib_store_session_free(&rec);
+        return NULL;
+    }
+    int window = rec.kv_window, sink = rec.kv_sink;
+    long long slots = window > 0 ? (long long)sink + window + rec.kv_chunk : rec.max_context;
+    size_t bytes = (size_t)slots * ib_kv_bytes_per_token(S->m, rec.kv_dtype);
+    pthread_mutex_lock(&S->mu);
+    int full = S->n_sessions >= S->o.max_sessions, key_full = S->key_sessions && S->tu[tidx].sessions >= S->key_sessions;
+    pthread_mutex_unlock(&S->mu);
+    int mrc = full || key_full ? 0 : mem_reserve(S, tidx, bytes, 0);
+    if (full || key_full || mrc) {
+        ib_store_session_free(&rec);
+        *r = send_error(S, c, 429, "rate_limit_error", full ? "too_many_sessions" : key_full ? "key_session_limit"
+                                                                                : "memory_budget_exceeded",
+                        NULL, "session %s is stored but cannot be loaded now (sessions or KV memory in use); close one "
+                              "or retry later", id);
+        return NULL;
+    }
+    sess *ss = calloc(1, sizeof *ss);
+    ib_session_opts so = {.max_context = rec.max_context, .sampling = rec.progress.sampling, .kv_dtype = rec.kv_dtype,
+                          .backend = S->o.backend, .kv_sink = sink, .kv_window = window, .kv_chunk = rec.kv_chunk};
+    int n_pend = rec.n_tokens - rec.progress.n_fed;
+    long long cap = window > 0 || rec.max_context < S->o.max_prompt_tokens ? S->o.max_prompt_tokens : rec.max_context;
+    if (cap < n_pend) cap = n_pend;
+    if (!ss || !(ss->tenant = strdup(tenant)) || !(ss->pending = malloc(((size_t)cap + 1) * sizeof(int32_t))) ||
+        (rc = ib_session_create(S->m, &so, &ss->s, &err))) {
+        if (ss) {
+            free(ss->tenant);
+            free(ss->pending);
+        }
+        free(ss);
+        ib_store_session_free(&rec);
+        mem_release(S, tidx, bytes);
+        *r = send_error(S, c, rc == IB_ERR_NOMEM || !rc ? 503 : 500, "server_error", rc == IB_ERR_NOMEM || !rc ? "out_of_memory" : NULL, NULL,
+                        "session %s could not be loaded: %s", id, rc && rc != IB_ERR_NOMEM ? err.msg : "out of memory");
+        return NULL;
+    }
+    snprintf(ss->id, sizeof ss->id, "%s", id);
+    if (window > 0 && sink > 0) snprintf(ss->policy, sizeof ss->policy, "sink:%d,window:%d", sink, window);
+    else if (window > 0) snprintf(ss->policy, sizeof ss->policy, "window:%d", window);
+    else snprintf(ss->policy, sizeof ss->policy, "full");
+    ss->cap_pending = (int)cap + 1;
+    if (n_pend > 0) memcpy(ss->pending, rec.tokens + rec.progress.n_fed, (size_t)n_pend * sizeof(int32_t));
+    ss->n_pending = n_pend;
+    ss->kvd = rec.kv_dtype;
+    if (rec.n_tokens > 0 && hist_push(ss, rec.tokens, rec.n_tokens, 0, 0) == 0)
+        memcpy(ss->hfl, rec.flags, (size_t)rec.n_tokens);
+    ss->n_hist = rec.n_tokens; /* (the next append's place even when the mirror could not be made) */
+    ss->kv_bytes = bytes;
+    ss->tidx = tidx;
+    ss->last_used = now_s();
+    ss->refs = 2; /* the table's, the caller's */
+    ss->rec = rec;
+    pthread_mutex_lock(&S->mu);
+    sess *dup = NULL;
+    for (int i = 0; i < S->n_sessions && !dup; i++)
+        if (!strcmp(S->sessions[i]->id, id) && !strcmp(S->sessions[i]->tenant, tenant) && !S->sessions[i]->closed)
+            dup = S->sessions[i];
+    int ok = !dup && S->n_sessions < S->o.max_sessions && (!S->key_sessions || S->tu[tidx].sessions < S->key_sessions);
+    if (dup) dup->refs++;
+    if (ok) {
+        S->sessions[S->n_sessions++] = ss;
+        S->tu[tidx].sessions++;
+    }
+    pthread_mutex_unlock(&S->mu);
+    if (!ok) {
+        sess_free(S, ss);
+        if (dup) return dup;
+        *r = send_error(S, c, 429, "rate_limit_error", "too_many_sessions", NULL, "session limit reached");
+        return NULL;
+    }
+    return ss;
+}
+
+/* GET /v1/sessions: the key's sessions — from the store when there is one (each with resident: whether
+ * its KV is in memory now), else those in memory. */
+static enum MHD_Result handle_session_list(server *S, struct MHD_Connection *c, const char *tenant) {
+    json_t *data = json_array();
+    if (S->store) {
+        char owner[65], **ids = NULL;
+        int n = 0;
+        ib_error err;
+        ib_store_owner_hash(tenant, owner);
+        if (ib_store_list_owner(S->store, owner, &ids, &n, &err)) {
+            json_decref(data);
+            return send_error(S, c, 503, "server_error", "store_error", NULL, "the sessions could not be listed: %s", err.msg);
+        }
+        pthread_mutex_lock(&S->mu);
+        for (int i = 0; i < n; i++) {
+            int res = 0;
+            for (int k = 0; k < S->n_sessions; k++)
+                if (!strcmp(S->sessions[k]->id, ids[i]) && !strcmp(S->sessions[k]->tenant, tenant))
+                    res = S->sessions[k]->resident;
+            json_array_append_new(data, json_pack("{s:s, s:s, s:b}", "id", ids[i], "object", "session", "resident", res));
+        }
+        pthread_mutex_unlock(&S->mu);
+        ib_store_ids_free(ids, n);
+    } else {
+        pthread_mutex_lock(&S->mu);
+        for (int k = 0; k < S->n_sessions; k++)
+            if (!strcmp(S->sessions[k]->tenant, tenant))
+                json_array_append_new(data, json_pack("{s:s, s:s, s:b}", "id", S->sessions[k]->id, "object", "session",
+                                                      "resident", 1));
+        pthread_mutex_unlock(&S->mu);
+    }
+    return send_json(S, c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data), 0);
+}
+
+/* POST /v1/verify: re-run a verification record (the body: a response carrying one, or the record)
+ * as a job of this server's scheduler — alone in its own session, among whatever else runs, which
+ * cannot change its numbers — and answer {"match", "first_diverging_step", ...} (verify.h). 400 for
+ * a malformed record; 409 for a record of another model or activation mode (isobatch verify -m DIR
+ * re-runs any). */
+static enum MHD_Result handle_verify(server *S, struct MHD_Connection *c, json_t *b, int tidx) {
+    ib_vrec rec;
+    char msg[256];
+    if (ib_verify_parse(b, S->info->vocab_size, S->info->max_context, &rec, msg, sizeof msg))
+        return BAD("verification", "%s", msg);
+    ib_act act = ib_engine_act(S->e);
+    if (strcmp(rec.model, S->ident) || rec.act != act) {
+        enum MHD_Result r = send_error(S, c, 409, "invalid_request_error", "model_mismatch", "verification",
+                                       "the record was made by model %s with act %s; this server runs %s with act %s "
+                                       "(isobatch verify -m DIR re-runs a record of any model)", rec.model,
+                                       rec.act == IB_ACT_F32 ? "f32" : "q8", S->ident, act == IB_ACT_F32 ? "f32" : "q8");
+        ib_verify_free(&rec);
+        return r;
+    }
+    size_t bytes = (size_t)(rec.kv_window > 0 ? rec.kv_sink + rec.kv_window + rec.kv_chunk : rec.max_context) *
+                   ib_kv_bytes_per_token(S->m, rec.kv_dtype);
+    if (inflight_take(S, tidx)) {
+        ib_verify_free(&rec);
+        return send_error(S, c, 429, "rate_limit_error", "key_request_limit", NULL,
+                          "this API key has its limit of %d requests in flight; retry later", S->key_requests);
+    }
+    int mrc = mem_reserve(S, tidx, bytes, 1);
+    if (mrc) {
+        inflight_put(S, tidx);
+        ib_verify_free(&rec);
+        return send_error(S, c, mrc == -2 ? 400 : 429, mrc == -2 ? "invalid_request_error" : "rate_limit_error",
+                          mrc == -2 ? "context_length_exceeded" : "rate_limit_exceeded", NULL,
+                          "the re-run needs %zu KV bytes; the memory budget %s", bytes,
+                          mrc == -2 ? "is smaller" : "is in use, retry later");
+    }
+    ib_vrun run;
+    ib_error err;
+    enum MHD_Result r;
+    if (ib_verify_submit(S->sched, S->m, S->o.backend, &S->jv, &rec, &run, &err)) {
+        r = err.code == IB_ERR_STATE ? send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+                                                  "the server is at capacity; retry later")
+                                     : send_error(S, c, 500, "server_error", NULL, NULL, "%s", err.msg);
+    } else {
+        ib_verify_wait(&run);
+        if (strcmp(run.finish, "length") && strcmp(run.finish, "stop"))
+            r = send_error(S, c, 503, "server_error", "verify_incomplete", NULL, "the re-run ended early (%s); retry",
+                           run.finish);
+        else
+            r = send_json(S, c, 200, ib_verify_compare(&rec, &run), 0);
+    }
+    ib_verify_run_free(&run);
+    mem_release(S, tidx, bytes);
+    inflight_put(S, tidx);
+    ib_verify_free(&rec);
+    return r;
 }
 
 /* ------------------------------------------------------------------ health, models, metrics */
@@ -1900,7 +2408,7 @@ static void expire_sessions(server *S) {
         }
         pthread_mutex_unlock(&S->mu);
         if (!victim) return;
-        sess_unref(S, victim); /* the table's reference */
+        sess_unref(S, victim); /* the table's reference (with a store, its record stays: it can come back) */
     }
 }
 
@@ -2121,9 +2629,13 @@ static enum MHD_Result dispatch(server *S, struct MHD_Connection *c, const char 
     if (!strcmp(url, "/v1/completions") || !strcmp(url, "/v1/chat/completions")) {
         r = post ? handle_generate(S, c, b, url[4] == 'c' && url[5] == 'h', tidx)
                  : send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use POST");
+    } else if (!strcmp(url, "/v1/verify")) {
+        r = post ? handle_verify(S, c, b, tidx)
+                 : send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use POST");
     } else if (!strcmp(url, "/v1/sessions")) {
         r = post ? handle_session_create(S, c, b, tenant, tidx)
-                 : send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use POST");
+            : get ? handle_session_list(S, c, tenant)
+                 : send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use GET or POST");
     } else if (!strncmp(url, "/v1/sessions/", 13)) {
         char id[64];
         const char *rest = url + 13, *slash = strchr(rest, '/');
@@ -2135,7 +2647,14 @@ static enum MHD_Result dispatch(server *S, struct MHD_Connection *c, const char 
             id[il] = 0;
             ss = sess_get(S, id, tenant);
         }
-        if (!ss)
+        int answered = 0;
+        if (!ss && S->store && il < sizeof id && !ib_store_id_valid(id)) { /* stored, not in memory: load it */
+            ss = sess_load(S, c, id, tenant, tidx, &r);
+            answered = !ss;
+        }
+        if (answered)
+            ;
+        else if (!ss)
             r = send_error(S, c, 404, "invalid_request_error", "session_not_found", NULL, "no such session");
         else if (!*action && get)
             r = send_json(S, c, 200, sess_info(S, ss), 0);
@@ -2303,8 +2822,13 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
         rc = ib_fail(err, IB_ERR_IO, "serve: /dev/urandom: %s", strerror(errno));
         goto done;
     }
+    S->log = log;
     if ((rc = ib_model_load(o->model_dir, NULL, &S->m, err))) goto done;
     S->info = ib_model_get_info(S->m);
+    /* the model's identity (a SHA-256 of its files): stored with each session, so that a session is
+     * continued only by the model that made it */
+    if ((rc = ib_model_identity(o->model_dir, S->ident, err))) goto done;
+    if (o->store_uri && (rc = ib_store_open(o->store_uri, &S->store, err))) goto done;
     if (ib_json_vocab_init(&S->jv, S->m)) {
         rc = ib_fail(err, IB_ERR_NOMEM, "serve: out of memory");
         goto done;
@@ -2376,6 +2900,8 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
                 ib_backend_name(o->backend), S->o.memory_budget >> 20,
                 o->memory_budget ? "" : " (default: half the machine's memory less the weights)",
                 o->n_api_keys ? ", API key required" : "");
+        fprintf(log, "isobatch serve: model identity %s; session store %s\n", S->ident,
+                o->store_uri ? o->store_uri : "none (sessions live only in memory)");
         fflush(log);
     }
     if (o->port_file) {
@@ -2417,6 +2943,7 @@ done:
         for (int i = 0; i < S->n_sessions; i++) sess_unref(S, S->sessions[i]);
     free(S->sessions);
     free(S->tu);
+    ib_store_close(S->store);
     ib_engine_free(S->e);
     ib_model_free(S->m);
     if (S->urandom >= 0) close(S->urandom);

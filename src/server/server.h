@@ -50,6 +50,8 @@ typedef struct ib_server_opts {
     int request_log;             /* one line per request on the log: time, request id, method, path,
                                   * status, milliseconds */
     const char *cors_origin;     /* Access-Control-Allow-Origin of every response; NULL or "" = none */
+    const char *store_uri;       /* the session store ("sqlite:PATH", store.h); NULL = none: stateful
+                                  * sessions live in memory only */
 } ib_server_opts;
 
 /* Defaults for every field (model_dir NULL). */

@@ -135,4 +135,12 @@ int ib_store_id_valid(const char *id);
 ib_status ib_store_rebuild(ib_engine *e, const char *model_id, const ib_store_session *rec, int chunk,
                            ib_session **out, float *last_logits, ib_error *err);
 
+/* The sampler half of a rebuild, for a caller that feeds the KV itself (a server feeds tokens
+ * [0, n_fed) through its scheduler as a job with n_replay = n_fed, which notes none of them): on s, a
+ * session at position 0 with an empty history, note rec's history as the original session noted it
+ * (SAMPLED tokens when drawn, NOTE_ON_FEED ones of [0, n_fed) when fed, in history order), set the
+ * draw counter to rec's and the sampling settings to rec's. Once the tokens are fed, s equals
+ * ib_store_rebuild's session bit for bit. */
+void ib_store_replay_notes(ib_session *s, const ib_store_session *rec);
+
 #endif

@@ -11,6 +11,19 @@
 #include "runtime/runtime.h"
 #include "store/store.h"
 
+void ib_store_replay_notes(ib_session *s, const ib_store_session *rec) {
+    /* the sampler's history, noted in the order the original session noted it: a drawn token when it
+     * was drawn, a prompt token when it was fed (a drawn token fed as a prompt token: both, in that
+     * order); pending tokens that were drawn were noted already */
+    const ib_store_progress *p = &rec->progress;
+    for (int i = 0; i < rec->n_tokens; i++) {
+        if (rec->flags[i] & IB_STORE_TOK_SAMPLED) ib_session_note_tokens(s, &rec->tokens[i], 1);
+        if (i < p->n_fed && (rec->flags[i] & IB_STORE_TOK_NOTE_ON_FEED)) ib_session_note_tokens(s, &rec->tokens[i], 1);
+    }
+    s->sample_step = p->draws;
+    s->sampling = p->sampling;
+}
+
 ib_status ib_store_rebuild(ib_engine *e, const char *model_id, const ib_store_session *rec, int chunk,
                            ib_session **out, float *last_logits, ib_error *err) {
     *out = NULL;
@@ -37,14 +50,7 @@ ib_status ib_store_rebuild(ib_engine *e, const char *model_id, const ib_store_se
                            .logits = last ? last_logits : NULL};
         if ((rc = ib_step(e, &it, 1, err))) goto fail;
     }
-    /* the sampler's history, noted in the order the original session noted it: a drawn token when it
-     * was drawn, a prompt token when it was fed (a drawn token fed as a prompt token: both, in that
-     * order); pending tokens that were drawn were noted already */
-    for (int i = 0; i < rec->n_tokens; i++) {
-        if (rec->flags[i] & IB_STORE_TOK_SAMPLED) ib_session_note_tokens(s, &rec->tokens[i], 1);
-        if (i < p->n_fed && (rec->flags[i] & IB_STORE_TOK_NOTE_ON_FEED)) ib_session_note_tokens(s, &rec->tokens[i], 1);
-    }
-    s->sample_step = p->draws;
+    ib_store_replay_notes(s, rec);
     *out = s;
     return IB_OK;
 fail:
