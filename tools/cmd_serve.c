@@ -57,7 +57,8 @@ static const char help[] =
     "  --drain-timeout S      on SIGTERM/SIGINT: stop accepting, let generations in flight finish for up\n"
     "                         to S seconds, then end the rest (default 30)\n"
     "  --store URI            keep stateful sessions in a store, so they survive a restart: sqlite:PATH\n"
-    "                         (an SQLite file, created when absent), or none (the default without\n"
+    "                         (an SQLite file, created when absent), postgresql://USER@HOST:PORT/DB (a\n"
+    "                         PostgreSQL database several servers share), or none (the default without\n"
     "                         --data-dir: sessions live in memory only)\n"
     "  --data-dir DIR         the server's data directory: the store is sqlite:DIR/sessions.db unless\n"
     "                         --store says otherwise (DIR is created when absent)\n"
@@ -109,7 +110,7 @@ int cmd_serve(int argc, char **argv) {
             if (!VAL()) rc = 2;
             else if (strcmp(v, "none") && strncmp(v, "sqlite:", 7) && strncmp(v, "postgresql://", 13) &&
                      strncmp(v, "postgres://", 11))
-                rc = cli_usage_error("--store: '%s' is not sqlite:PATH or none", v);
+                rc = cli_usage_error("--store: '%s' is not sqlite:PATH, postgresql://... or none", v);
             else store = v;
         } else if (!strcmp(f, "--data-dir")) {
             if (!VAL()) rc = 2;
