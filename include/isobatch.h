@@ -579,6 +579,8 @@ typedef enum ib_fault {
     IB_FAULT_SAMPLE_BY_ROW,       /* "shared-rng": draws from one process-wide stream, not (seed, step) */
     IB_FAULT_SPLIT_KV_BY_BATCH,   /* attention key blocks sized by the batch size */
     IB_FAULT_GPU_FMA,             /* the CUDA backend fuses the multiply-adds of its products (epilogue) */
+    IB_FAULT_MOE_CAPACITY,        /* MoE: each expert takes at most ceil(R*k/E) rows of a step, later rows dropped */
+    IB_FAULT_MOE_COMBINE_BY_LOAD, /* MoE: expert outputs added as each expert finishes, busiest expert first */
     IB_FAULT_COUNT
 } ib_fault;
 
