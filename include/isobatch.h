@@ -172,6 +172,8 @@ typedef struct ib_model_info {
     size_t weight_bytes;       /* bytes of the in-memory (repacked) weights */
     size_t kv_bytes_per_token; /* KV cache bytes for one token of one session */
     int bos_id, eos_id;        /* -1 when the model has none */
+    int n_experts, top_k;      /* Gemma 4's MoE block: experts per layer and per token; 0 for dense models */
+    int moe_intermediate_size; /* each expert's intermediate size (0 for dense models) */
 } ib_model_info;
 
 typedef struct ib_load_opts {

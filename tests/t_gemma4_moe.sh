@@ -19,6 +19,7 @@ trap 'rm -rf "$T"' EXIT
 "$BIN" mkmodel --preset gemma4-moe-tiny --bits 4 --seed 5 --top-k 3 --out "$T/k3" >/dev/null || bad "mkmodel --top-k 3"
 "$BIN" mkmodel --preset gemma4-tiny --top-k 3 --out "$T/no" >/dev/null 2>&1 && bad "mkmodel --top-k on a dense preset" || ok
 "$BIN" info -m "$T/m32" | grep -q "architecture gemma4" && ok || bad "info: architecture gemma4"
+"$BIN" info -m "$T/k3" | grep -q "experts      8 per layer, 3 per token, expert ffn 64" && ok || bad "info: the experts line"
 
 # ---- the float64 reference (numpy): prompts of 3 and 40 tokens (window 16), greedy and sampled
 PY=""

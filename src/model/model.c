@@ -385,6 +385,9 @@ static void fill_info(ib_model *m, const ib_st_set *st) {
     in->weight_bytes = wb;
     if (c->arch == IB_ARCH_GEMMA4) wb += (size_t)c->n_layers * (2 * D + 4) * 4;
     in->kv_bytes_per_token = (size_t)c->n_layers * 2 * c->kv_heads_max * c->kv_hd_max * sizeof(float);
+    in->n_experts = c->n_experts;
+    in->top_k = c->top_k;
+    in->moe_intermediate_size = c->moe_ffn;
     in->bos_id = c->bos_id;
     in->eos_id = c->eos_id;
 }
