@@ -172,6 +172,8 @@ typedef struct ib_model_info {
     size_t weight_bytes;       /* bytes of the in-memory (repacked) weights */
     size_t kv_bytes_per_token; /* KV cache bytes for one token of one session */
     int bos_id, eos_id;        /* -1 when the model has none */
+    int n_experts, top_k;      /* Gemma 4's MoE block: experts per layer and per token; 0 for dense models */
+    int moe_intermediate_size; /* each expert's intermediate size (0 for dense models) */
 } ib_model_info;
 
 typedef struct ib_load_opts {
@@ -586,6 +588,8 @@ typedef enum ib_fault {
     IB_FAULT_GPU_FMA,             /* the CUDA backend fuses the multiply-adds of its products (epilogue) */
     IB_FAULT_REBUILD_DROP_TOKEN,  /* a server's lazy rebuild of a stored session feeds its history
                                    * without its middle token */
+    IB_FAULT_MOE_CAPACITY,        /* MoE: each expert takes at most ceil(R*k/E) rows of a step, later rows dropped */
+    IB_FAULT_MOE_COMBINE_BY_LOAD, /* MoE: expert outputs added as each expert finishes, busiest expert first */
     IB_FAULT_COUNT
 } ib_fault;
 

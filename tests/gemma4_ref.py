@@ -59,6 +59,37 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
+def experts(W, p, E):
+    """Each expert's gate, up and down [E][out, in], stored either as mlx-lm's SwitchGLU or as
+    transformers' gate_up_proj / down_proj."""
+    if p + "experts.gate_up_proj" in W:
+        gu = W[p + "experts.gate_up_proj"]
+        F = gu.shape[1] // 2
+        return gu[:, :F, :], gu[:, F:, :], W[p + "experts.down_proj"]
+    s = p + "experts.switch_glu."
+    return W[s + "gate_proj.weight"], W[s + "up_proj.weight"], W[s + "down_proj.weight"]
+
+
+def moe(cfg, W, p, h, eps):
+    """Gemma 4's routed experts on the residual h [T, D]: the router reads h (normed without a weight,
+    times router.scale and 1/sqrt(D)), softmax, top-k, renormalised, times per_expert_scale; the
+    experts read pre_feedforward_layernorm_2(h)."""
+    D, E, k = h.shape[1], cfg["num_experts"], cfg["top_k_experts"]
+    r = rmsnorm(h, None, eps) * W[p + "router.scale"] * D ** -0.5
+    logits = r @ W[p + "router.proj.weight"].T                       # [T, E]
+    pr = np.exp(logits - logits.max(axis=1, keepdims=True))
+    pr /= pr.sum(axis=1, keepdims=True)
+    x = rmsnorm(h, W[p + "pre_feedforward_layernorm_2.weight"], eps)
+    g, u, d = experts(W, p, E)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        sel = sorted(range(E), key=lambda e: (-logits[t, e], e))[:k]  # ties to the lowest id
+        w = pr[t, sel] / pr[t, sel].sum() * W[p + "router.per_expert_scale"][sel]
+        for j, e in enumerate(sel):
+            out[t] += w[j] * (d[e] @ (gelu_tanh(g[e] @ x[t]) * (u[e] @ x[t])))
+    return out
+
+
 def forward(cfg, W, ids):
     D, H = cfg["hidden_size"], cfg["num_attention_heads"]
     eps = cfg.get("rms_norm_eps", 1e-6)
@@ -115,6 +146,9 @@ def forward(cfg, W, ids):
         x = rmsnorm(h, W[p + "pre_feedforward_layernorm.weight"], eps)
         a = gelu_tanh(x @ W[p + "mlp.gate_proj.weight"].T) * (x @ W[p + "mlp.up_proj.weight"].T)
         m = a @ W[p + "mlp.down_proj.weight"].T
+        if cfg.get("enable_moe_block"):
+            m = rmsnorm(m, W[p + "post_feedforward_layernorm_1.weight"], eps) + \
+                rmsnorm(moe(cfg, W, p, h, eps), W[p + "post_feedforward_layernorm_2.weight"], eps)
         h = h + rmsnorm(m, W[p + "post_feedforward_layernorm.weight"], eps)
         h = h * W[p + "layer_scalar"].reshape(())
     h = rmsnorm(h, W["model.norm.weight"], eps)

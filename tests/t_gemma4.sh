@@ -118,7 +118,7 @@ badcfg() {   # badcfg 'PYTHON EXPRESSION ON c' 'EXPECTED TEXT'
     [ $rc = 1 ] && [ "$(wc -l < "$T/bad.out")" = 1 ] && grep -qF "$2" "$T/bad.out" && ok \
         || bad "config ($1): exit $rc, '$(cat "$T/bad.out")' lacks '$2'"
 }
-badcfg 'c["enable_moe_block"]=True' "field enable_moe_block: enable_moe_block is not supported yet"
+badcfg 'c["enable_moe_block"]=True' "field num_experts: missing"
 badcfg 'c["hidden_size_per_layer_input"]=256' "field hidden_size_per_layer_input: per-layer embeddings"
 badcfg 'c["num_kv_shared_layers"]=2' "field num_kv_shared_layers: KV sharing across layers"
 badcfg 'c["use_bidirectional_attention"]="vision"' "field use_bidirectional_attention"

@@ -254,7 +254,41 @@ static void test_fmath_in_ops(void) {
     CHECK(ib_expf(0.0f) == 1.0f, "expf(0) = %g", ib_expf(0.0f));
 }
 
+/* Gemma 4's MoE routing: top-k in rank order with ties to the lowest id, NaN never taken, weights
+ * against float64 (softmax renormalised over the selected, times per_expert_scale), and the combine
+ * in rank order. */
+static void test_moe_route(void) {
+    float lg[8] = {0.5f, 2.0f, -1.0f, 2.0f, 0.25f, 1.0f, NAN, -3.0f}, sc[8], p[8], w[3];
+    int32_t sel[3];
+    for (int e = 0; e < 8; e++) sc[e] = 0.5f + 0.125f * e;
+    CHECK(ib_moe_route(lg, 8, 3, sc, p, sel, w) == 0, "route failed");
+    CHECK(sel[0] == 1 && sel[1] == 3 && sel[2] == 5, "ranks %d %d %d, expected 1 3 5 (tie to the lower id)", sel[0],
+          sel[1], sel[2]);
+    double ex[3], t = 0;
+    for (int j = 0; j < 3; j++) t += ex[j] = exp((double)lg[sel[j]] - 2.0);
+    double worst = 0;
+    for (int j = 0; j < 3; j++) {
+        double ref = ex[j] / t * sc[sel[j]], d = fabs(w[j] - ref) / ref;
+        if (d > worst) worst = d;
+    }
+    CHECK(worst <= 1e-6, "moe weights: relative error %g > 1e-6 against float64", worst);
+    CHECK(p[1] == p[3] && p[6] == 0.0f, "softmax: tied logits %g %g, NaN logit %g", p[1], p[3], p[6]);
+    float only_nan[2] = {NAN, NAN};
+    CHECK(ib_moe_route(only_nan, 2, 1, sc, p, sel, w) == -1, "all-NaN logits routed");
+    /* combine: rank order, skipped ranks, mul then add */
+    float y[3][4], out[4];
+    for (int j = 0; j < 3; j++)
+        for (int d = 0; d < 4; d++) y[j][d] = (float)(j + 1) * (d - 1.5f);
+    int32_t s3[3] = {4, -1, 2};
+    float w3[3] = {0.25f, 100.0f, 0.5f};
+    ib_moe_combine(&y[0][0], w3, s3, 3, 4, out);
+    int same = 1;
+    for (int d = 0; d < 4; d++) same &= out[d] == (0.0f + 0.25f * y[0][d]) + 0.5f * y[2][d];
+    CHECK(same, "combine differs from rank order with rank 1 skipped");
+}
+
 int main(void) {
+    test_moe_route();
     test_dot16();
     test_rmsnorm();
     test_rope();

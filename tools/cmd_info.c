@@ -48,6 +48,11 @@ int cmd_info(int argc, char **argv) {
                               "weight_bytes", (json_int_t)in->weight_bytes, "kv_bytes_per_token",
                               (json_int_t)in->kv_bytes_per_token, "kv_bytes_per_session", (json_int_t)kv);
         json_object_set_new(o, "weight_dtype", json_string(in->weight_dtype));
+        if (in->n_experts > 0) {
+            json_object_set_new(o, "experts", json_integer(in->n_experts));
+            json_object_set_new(o, "experts_per_token", json_integer(in->top_k));
+            json_object_set_new(o, "expert_intermediate_size", json_integer(in->moe_intermediate_size));
+        }
         char *s = json_dumps(o, JSON_COMPACT);
         if (s) puts(s);
         free(s);
@@ -58,6 +63,9 @@ int cmd_info(int argc, char **argv) {
         printf("parameters   %.2f M\n", in->n_params / 1e6);
         printf("vocab        %d\n", in->vocab_size);
         printf("layers       %d, hidden %d, ffn %d\n", in->n_layers, in->hidden_size, in->intermediate_size);
+        if (in->n_experts > 0)
+            printf("experts      %d per layer, %d per token, expert ffn %d (beside the dense ffn)\n", in->n_experts,
+                   in->top_k, in->moe_intermediate_size);
         printf("attention    %d heads, %d kv heads, head_dim %d, rope_theta %g, max context %d\n", in->n_heads,
                in->n_kv_heads, in->head_dim, in->rope_theta, in->max_context);
         if (in->quant_bits)

@@ -9,8 +9,9 @@
 #include "model/mkmodel.h"
 
 static const char help[] =
-    "usage: isobatch mkmodel --preset tiny|qwen3-0.6b|gemma4-tiny [--seed S] [--bits 4|8|16|32] [--group 32|64|128]\n"
-    "                        [--untied] [--arch qwen3|llama] --out DIR\n"
+    "usage: isobatch mkmodel --preset tiny|qwen3-0.6b|gemma4-tiny|gemma4-moe-tiny [--seed S] [--bits 4|8|16|32]\n"
+    "                        [--group 32|64|128] [--untied] [--arch qwen3|llama] [--top-k K] --out DIR\n"
+    "  --top-k K   gemma4-moe-tiny (8 experts, top-k 2): route each token to K experts instead\n"
     "  Writes config.json, model.safetensors (MLX layout), tokenizer.json and tokenizer_config.json.\n";
 
 int cmd_mkmodel(int argc, char **argv) {
@@ -40,6 +41,9 @@ int cmd_mkmodel(int argc, char **argv) {
             if (cli_int(f, v, 4, 32, &x)) return 2;
             if (x != 4 && x != 8 && x != 16 && x != 32) return cli_usage_error("--bits: %ld is not 4, 8, 16 or 32", x);
             o.bits = (int)x;
+        } else if (!strcmp(f, "--top-k")) {
+            if (cli_int(f, v, 1, 1024, &x)) return 2;
+            o.top_k = (int)x;
         } else if (!strcmp(f, "--group")) {
             if (cli_int(f, v, 32, 128, &x)) return 2;
             if (x != 32 && x != 64 && x != 128) return cli_usage_error("--group: %ld is not 32, 64 or 128", x);
@@ -47,9 +51,10 @@ int cmd_mkmodel(int argc, char **argv) {
         } else
             return cli_unknown_option("mkmodel", f, help);
     }
-    if (!o.preset) return cli_usage_error("mkmodel: --preset is required (tiny, qwen3-0.6b or gemma4-tiny)");
-    if (strcmp(o.preset, "tiny") && strcmp(o.preset, "qwen3-0.6b") && strcmp(o.preset, "gemma4-tiny"))
-        return cli_usage_error("--preset: unknown '%s' (tiny, qwen3-0.6b, gemma4-tiny)", o.preset);
+    if (!o.preset) return cli_usage_error("mkmodel: --preset is required (tiny, qwen3-0.6b, gemma4-tiny or gemma4-moe-tiny)");
+    if (strcmp(o.preset, "tiny") && strcmp(o.preset, "qwen3-0.6b") && strcmp(o.preset, "gemma4-tiny") &&
+        strcmp(o.preset, "gemma4-moe-tiny"))
+        return cli_usage_error("--preset: unknown '%s' (tiny, qwen3-0.6b, gemma4-tiny, gemma4-moe-tiny)", o.preset);
     if (!out) return cli_usage_error("mkmodel: --out DIR is required");
     ib_error err;
     if (ib_mkmodel(out, &o, &err)) return cli_error("%s", err.msg);

@@ -55,15 +55,19 @@ typedef enum ib_buf {
     IB_BUF_O,       /* [R][D]  output of a projection back to D */
     IB_BUF_G,       /* [R][F]  gate, then the MLP activation */
     IB_BUF_U,       /* [R][F]  up */
+    IB_BUF_E,       /* [R][D]  Gemma 4 MoE: the routed experts' combined output */
     IB_BUF_COUNT
 } ib_buf;
 
 /* Matrices of a layer, by name. */
 typedef enum ib_wsel { IB_W_Q = 0, IB_W_K, IB_W_V, IB_W_O, IB_W_GATE, IB_W_UP, IB_W_DOWN, IB_W_COUNT } ib_wsel;
 
-/* Norm weights: per layer (ATTN, MLP; Gemma 4 also POST_ATTN, POST_MLP) or the model's final norm
- * (FINAL, layer ignored). */
-typedef enum ib_nsel { IB_N_ATTN = 0, IB_N_MLP, IB_N_FINAL, IB_N_POST_ATTN, IB_N_POST_MLP } ib_nsel;
+/* Norm weights: per layer (ATTN, MLP; Gemma 4 also POST_ATTN, POST_MLP; its MoE layers also
+ * POST_MLP1 = post_feedforward_layernorm_1, PRE_MOE = pre_feedforward_layernorm_2, POST_MOE =
+ * post_feedforward_layernorm_2) or the model's final norm (FINAL, layer ignored). */
+typedef enum ib_nsel {
+    IB_N_ATTN = 0, IB_N_MLP, IB_N_FINAL, IB_N_POST_ATTN, IB_N_POST_MLP, IB_N_POST_MLP1, IB_N_PRE_MOE, IB_N_POST_MOE
+} ib_nsel;
 
 /* Shape and policy of one session's KV cache: [n_layers][2 (keys, values)][n_kv_heads][capacity][head_dim]
  * elements of dtype. window 0: full (slot = position); window > 0: the first `sink` positions own slots
@@ -172,6 +176,14 @@ typedef struct ib_backend_ops {
     void (*swiglu)(ib_backend *b);
     /* G = gelu_tanh(G) * U (ib_geglu; Gemma 4). */
     void (*geglu)(ib_backend *b);
+    /* Gemma 4's routed experts of layer li (docs/gemma4.md "Mixture of experts"; NULL in a backend
+     * that cannot run them). Per row r: the router input rmsnorm(route_in[r], router.scale) then
+     * ib_scale by (float)(1/sqrt(D)); its logits = that · router.proj^T (matmul.h, the engine's
+     * activation mode); ib_moe_route; each selected expert's GeGLU MLP on in[r] (gate, up: matmul.h
+     * products, ib_geglu, down: a product); out[r] = ib_moe_combine of those outputs in rank order.
+     * Batched: every expert's three matrices are streamed once for all the rows routed to it (a
+     * product's rows are independent, so each row's numbers are those of the row alone). */
+    void (*moe)(ib_backend *b, int li, ib_buf route_in, ib_buf in, ib_buf out);
     /* X *= layer li's layer_scalar (ib_scale; Gemma 4). */
     void (*scale_layer)(ib_backend *b, int li);
     /* x += y (ib_add), all R rows. */

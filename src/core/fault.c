@@ -19,6 +19,8 @@ static const char *const fault_names[IB_FAULT_COUNT] = {
     [IB_FAULT_SPLIT_KV_BY_BATCH] = "split-kv-by-batch",
     [IB_FAULT_GPU_FMA] = "gpu-fma",
     [IB_FAULT_REBUILD_DROP_TOKEN] = "rebuild-drop-token",
+    [IB_FAULT_MOE_CAPACITY] = "moe-capacity",
+    [IB_FAULT_MOE_COMBINE_BY_LOAD] = "moe-combine-by-load",
 };
 
 static ib_fault current_fault = IB_FAULT_NONE;

@@ -350,9 +350,8 @@ static ib_status parse_gemma4(const char *path, json_t *top, ib_config *c, ib_er
 
     /* the features not implemented yet, each by name */
     int on = 0;
-    if ((st = get_bool(path, o, "enable_moe_block", 0, &on, err))) return st;
-    if (on) return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %senable_moe_block: enable_moe_block is not supported yet",
-                           path, fp);
+    int moe = 0;
+    if ((st = get_bool(path, o, "enable_moe_block", 0, &moe, err))) return st;
     int ple = 0, shared = 0;
     if ((st = get_int(path, o, "hidden_size_per_layer_input", 0, 0, 0, 1 << 20, &ple, err)) ||
         (st = get_int(path, o, "num_kv_shared_layers", 0, 0, 0, 4096, &shared, err)))
@@ -386,6 +385,32 @@ static ib_status parse_gemma4(const char *path, json_t *top, ib_config *c, ib_er
         (st = get_bool(path, o, "tie_word_embeddings", 1, &c->tie_embeddings, err)) ||
         (st = get_bool(path, o, "attention_k_eq_v", 0, &c->k_eq_v, err)))
         return st;
+    /* the MoE block: num_experts, top_k_experts, moe_intermediate_size, all required when enabled */
+    if (moe) {
+        if ((st = get_int(path, o, "num_experts", 1, 0, 1, IB_CONFIG_MAX_EXPERTS, &c->n_experts, err)) ||
+            (st = get_int(path, o, "top_k_experts", 1, 0, 1, IB_CONFIG_MAX_EXPERTS, &c->top_k, err)) ||
+            (st = get_int(path, o, "moe_intermediate_size", 1, 0, 1, 1 << 20, &c->moe_ffn, err)))
+            return st;
+        if (c->top_k > c->n_experts)
+            return ib_fail(err, IB_ERR_MODEL, "%s: field %stop_k_experts: %d exceeds num_experts %d", path, fp, c->top_k,
+                           c->n_experts);
+    } else {
+        static const char *const moe_only[] = {"num_experts", "top_k_experts", "moe_intermediate_size"};
+        for (int i = 0; i < 3; i++) { /* harmless when null; a number without the block is a mistake */
+            json_t *x = get_opt(o, moe_only[i]);
+            if (x && !json_is_null(x) && !(json_is_integer(x) && json_integer_value(x) == 0))
+                return ib_fail(err, IB_ERR_MODEL, "%s: field %s%s: set but enable_moe_block is false", path, fp,
+                               moe_only[i]);
+        }
+    }
+    /* MoE variants of other families that Gemma 4 does not have, refused by name when present */
+    static const char *const moe_refused[] = {"num_shared_experts", "n_shared_experts", "norm_topk_prob",
+                                              "router_aux_loss_coef", "moe_layer_freq", "first_k_dense_replace",
+                                              "routed_scaling_factor", "expert_capacity", "capacity_factor"};
+    for (size_t i = 0; i < sizeof moe_refused / sizeof moe_refused[0]; i++) {
+        json_t *x = get_opt(o, moe_refused[i]);
+        if (x && !json_is_null(x)) return G4_UNSUPPORTED(moe_refused[i], "a MoE field Gemma 4 does not define");
+    }
     /* tie_word_embeddings may sit on the outer gemma4 object */
     if (o != top && !get_opt(o, "tie_word_embeddings") && (st = get_bool(path, top, "tie_word_embeddings", 1,
                                                                           &c->tie_embeddings, err)))
@@ -619,7 +644,12 @@ ib_status ib_config_save(const ib_config *cfg, const char *path, ib_error *err) 
         SET("hidden_activation", json_string("gelu_pytorch_tanh"));
         SET("hidden_size_per_layer_input", json_integer(0));
         SET("num_kv_shared_layers", json_integer(0));
-        SET("enable_moe_block", json_false());
+        SET("enable_moe_block", json_boolean(cfg->n_experts > 0));
+        if (cfg->n_experts > 0) {
+            SET("num_experts", json_integer(cfg->n_experts));
+            SET("top_k_experts", json_integer(cfg->top_k));
+            SET("moe_intermediate_size", json_integer(cfg->moe_ffn));
+        }
         if (cfg->final_softcap > 0) SET("final_logit_softcapping", json_real(cfg->final_softcap));
     } else {
         SET("rope_theta", json_real(cfg->rope_theta));

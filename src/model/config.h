@@ -13,6 +13,9 @@ typedef enum ib_arch { IB_ARCH_QWEN3 = 1, IB_ARCH_LLAMA, IB_ARCH_GEMMA4 } ib_arc
 /* Largest head_dim / global_head_dim (attention's IB_ATTN_MAX_HD). */
 #define IB_CONFIG_MAX_HD 512
 
+/* Most experts a MoE layer may have. */
+#define IB_CONFIG_MAX_EXPERTS 1024
+
 typedef struct ib_config {
     ib_arch arch;             /* from model_type "qwen3" | "llama" (architectures is cross-checked) */
     int vocab_size;
@@ -44,6 +47,10 @@ typedef struct ib_config {
     double rope_theta_full;   /* full layers' rope_theta (sliding layers: rope_theta) */
     int rope_pairs_full;      /* full layers rotate pairs i < rope_pairs_full of global_head_dim/2 */
     double final_softcap;     /* final_logit_softcapping; 0 = none */
+    /* the MoE block (enable_moe_block; docs/gemma4.md "Mixture of experts"); n_experts 0 = dense */
+    int n_experts;            /* num_experts */
+    int top_k;                /* top_k_experts (1..n_experts) */
+    int moe_ffn;              /* moe_intermediate_size: each expert's F */
     unsigned char layer_sliding[IB_CONFIG_MAX_TYPED_LAYERS];   /* 1: sliding_attention, 0: full */
 } ib_config;
 

@@ -126,12 +126,15 @@ typedef struct preset {
     /* Gemma 4 presets only: full layers' head dim and KV heads (attention_k_eq_v), sliding window;
      * layers alternate sliding, full, sliding, full, … (the last is full) */
     int gemma, global_head_dim, global_kv_heads, window;
+    /* Gemma 4 MoE presets only: experts, top-k (mkmodel's top_k may override), each expert's F */
+    int experts, top_k, moe_ffn;
 } preset;
 
 static const preset presets[] = {
-    {"tiny", 320, 128, 2, 4, 2, 32, 384, 2048, 0, 0, 0, 0},
-    {"qwen3-0.6b", 151936, 1024, 28, 16, 8, 128, 3072, 40960, 0, 0, 0, 0},
-    {"gemma4-tiny", 320, 128, 4, 4, 2, 32, 256, 2048, 1, 64, 1, 16},
+    {"tiny", 320, 128, 2, 4, 2, 32, 384, 2048, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-0.6b", 151936, 1024, 28, 16, 8, 128, 3072, 40960, 0, 0, 0, 0, 0, 0, 0},
+    {"gemma4-tiny", 320, 128, 4, 4, 2, 32, 256, 2048, 1, 64, 1, 16, 0, 0, 0},
+    {"gemma4-moe-tiny", 320, 128, 4, 4, 2, 32, 256, 2048, 1, 64, 1, 16, 8, 2, 64},
 };
 
 /* Layer i of a Gemma 4 preset of L layers is a sliding-window layer. */
@@ -144,6 +147,7 @@ enum { P_WEIGHT, P_SCALES, P_BIASES };      /* which stored part of it a tensor 
 typedef struct gen_mat {
     char base[80];          /* name without ".weight" */
     int bare;               /* stored under base itself, no ".weight" (Gemma 4's layer_scalar) */
+    int stack;              /* > 0: stored as [stack, N / stack, K] (stacked experts); rows as 2-D */
     int kind, index;        /* kind; generator index (stable: independent of bits and tying) */
     int N, K;
     int quantized;
@@ -154,7 +158,7 @@ typedef struct gen_mat {
 typedef struct tensor_ent {
     char name[96];
     const char *dtype;      /* "U32" | "BF16" | "F32" */
-    int64_t shape[2];
+    int64_t shape[3];
     int ndim;
     size_t nbytes;
     gen_mat *mat;
@@ -312,7 +316,9 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
     ib_status st = IB_OK;
     const int L = p->layers, D = p->hidden, qd = p->heads * p->head_dim, kvd = p->kv_heads * p->head_dim;
     const int quant = o->bits == 4 || o->bits == 8;
-    const int n_mats = 1 + (p->gemma ? 16 : 11) * L + 1 + (o->tied ? 0 : 1);
+    const int E = p->experts, Fm = p->moe_ffn;
+    const int stride = p->gemma ? (E ? 32 : 16) : 11;   /* generator indices a layer */
+    const int n_mats = 1 + (p->gemma ? (E ? 25 : 16) : 11) * L + 1 + (o->tied ? 0 : 1);
     gen_mat *mats = calloc((size_t)n_mats, sizeof *mats);
     tensor_ent *ents = calloc((size_t)n_mats * 3, sizeof *ents);
     gen_bufs bf = {0};
@@ -331,7 +337,7 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
     } while (0)
     MAT(K_EMBED, 0, p->vocab, D, "model.embed_tokens");
     for (int i = 0; i < L && p->gemma; i++) { /* Gemma 4 (docs/gemma4.md): 16 generator indices a layer */
-        int b = 1 + 16 * i, sl = gemma_sliding(i, L);
+        int b = 1 + stride * i, sl = gemma_sliding(i, L);
         int hd = sl ? p->head_dim : p->global_head_dim, kvh = sl ? p->kv_heads : p->global_kv_heads;
         MAT(K_LINEAR, b + 0, p->heads * hd, D, "model.layers.%d.self_attn.q_proj", i);
         MAT(K_LINEAR, b + 1, kvh * hd, D, "model.layers.%d.self_attn.k_proj", i);
@@ -348,6 +354,22 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
         MAT(K_LINEAR, b + 12, D, p->ffn, "model.layers.%d.mlp.down_proj", i);
         MAT(K_NORM, b + 13, 1, 1, "model.layers.%d.layer_scalar", i);
         mats[nm - 1].bare = 1;
+        if (!E) continue;
+        /* the MoE block: router, norms, experts stacked as mlx-lm's SwitchGLU stores them */
+        MAT(K_LINEAR, b + 16, E, D, "model.layers.%d.router.proj", i);
+        MAT(K_NORM, b + 17, 1, D, "model.layers.%d.router.scale", i);
+        mats[nm - 1].bare = 1;
+        MAT(K_NORM, b + 18, 1, E, "model.layers.%d.router.per_expert_scale", i);
+        mats[nm - 1].bare = 1;
+        MAT(K_NORM, b + 19, 1, D, "model.layers.%d.post_feedforward_layernorm_1", i);
+        MAT(K_NORM, b + 20, 1, D, "model.layers.%d.pre_feedforward_layernorm_2", i);
+        MAT(K_NORM, b + 21, 1, D, "model.layers.%d.post_feedforward_layernorm_2", i);
+        MAT(K_LINEAR, b + 22, E * Fm, D, "model.layers.%d.experts.switch_glu.gate_proj", i);
+        mats[nm - 1].stack = E;
+        MAT(K_LINEAR, b + 23, E * Fm, D, "model.layers.%d.experts.switch_glu.up_proj", i);
+        mats[nm - 1].stack = E;
+        MAT(K_LINEAR, b + 24, E * D, Fm, "model.layers.%d.experts.switch_glu.down_proj", i);
+        mats[nm - 1].stack = E;
     }
     for (int i = 0; i < L && !p->gemma; i++) {
         int b = 1 + 11 * i;
@@ -365,7 +387,7 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
         MAT(K_LINEAR, b + 9, p->ffn, D, "model.layers.%d.mlp.up_proj", i);
         MAT(K_LINEAR, b + 10, D, p->ffn, "model.layers.%d.mlp.down_proj", i);
     }
-    int last = p->gemma ? 16 * L : 11 * L;
+    int last = stride * L;
     MAT(K_NORM, 1 + last, 1, D, "model.norm");
     if (!o->tied) MAT(K_LINEAR, 2 + last, p->vocab, D, "lm_head");
 #undef MAT
@@ -385,21 +407,28 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
             t->part = part;
             t->ndim = m->kind == K_NORM ? 1 : 2;
             t->shape[0] = m->kind == K_NORM ? m->K : m->N;
+            if (m->stack) { /* [E, N/E, *]: the same bytes as [N, *] */
+                t->ndim = 3;
+                t->shape[0] = m->stack;
+                t->shape[1] = m->N / m->stack;
+            }
+            int64_t *last_dim = &t->shape[t->ndim == 3 ? 2 : 1];
             size_t elem;
             if (part == P_WEIGHT && m->quantized) {
                 t->dtype = "U32";
-                t->shape[1] = (int64_t)m->K * o->bits / 32;
+                *last_dim = (int64_t)m->K * o->bits / 32;
                 elem = 4;
             } else if (part != P_WEIGHT) {
                 t->dtype = "BF16";
-                t->shape[1] = m->K / group;
+                *last_dim = m->K / group;
                 elem = 2;
             } else {
                 t->dtype = o->bits == 32 ? "F32" : "BF16";
-                t->shape[1] = m->K;
+                *last_dim = m->K;
                 elem = o->bits == 32 ? 4 : 2;
             }
-            t->nbytes = elem * (size_t)t->shape[0] * (t->ndim == 2 ? (size_t)t->shape[1] : 1);
+            t->nbytes = elem * (size_t)t->shape[0] * (t->ndim >= 2 ? (size_t)t->shape[1] : 1) *
+                        (t->ndim == 3 ? (size_t)t->shape[2] : 1);
         }
     }
     qsort(ents, (size_t)ne, sizeof *ents, cmp_ent);
@@ -483,7 +512,7 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (strcmp(presets[i].name, opts->preset) == 0) p = &presets[i];
     if (!p)
-        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset \"%s\" unknown (tiny | qwen3-0.6b | gemma4-tiny)",
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset \"%s\" unknown (tiny | qwen3-0.6b | gemma4-tiny | gemma4-moe-tiny)",
                        opts->preset);
     if (p->gemma && opts->arch)
         return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset %s takes no arch (it is gemma4)", p->name);
@@ -495,8 +524,11 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
     const int quant = opts->bits == 4 || opts->bits == 8;
     /* every quantized input dimension must be a whole number of groups */
     if (quant && (p->hidden % group || p->ffn % group || (p->heads * p->head_dim) % group ||
-                  (p->heads * p->global_head_dim) % group))
+                  (p->heads * p->global_head_dim) % group || (p->experts && p->moe_ffn % group)))
         return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset %s: group %d does not divide the input sizes", p->name, group);
+    if (opts->top_k && (!p->experts || opts->top_k < 1 || opts->top_k > p->experts))
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: top_k %d: preset %s has %d experts", opts->top_k, p->name,
+                       p->experts);
 
     struct stat sb;
     int existed = stat(dir, &sb) == 0;
@@ -543,6 +575,9 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
         cfg.sliding_window = p->window;
         cfg.final_softcap = 30.0;
         for (int i = 0; i < p->layers; i++) cfg.layer_sliding[i] = (unsigned char)gemma_sliding(i, p->layers);
+        cfg.n_experts = p->experts;
+        cfg.top_k = opts->top_k ? opts->top_k : p->top_k;
+        cfg.moe_ffn = p->moe_ffn;
     }
 
     static const char *const specials[3] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};

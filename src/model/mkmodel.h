@@ -25,6 +25,7 @@ typedef struct ib_mkmodel_opts {
     int group;            /* 32, 64, 128 (quantized only); 0 means 64 */
     int tied;             /* 1 = tie_word_embeddings (default for both presets); 0 writes lm_head */
     const char *arch;     /* NULL or "qwen3"; "llama" = the same shapes without q/k norm */
+    int top_k;            /* MoE presets: experts per token (0: the preset's) */
 } ib_mkmodel_opts;
 
 /* Create dir (mkdir -p) and write config.json, model.safetensors, tokenizer.json,

@@ -110,6 +110,108 @@ static ib_status load_linear(const ib_st_set *st, const ib_config *cfg, const ch
     return rc;
 }
 
+/* Load a stacked expert tensor [E, N, K] into E matrices. MLX layout (SwitchGLU): `prefix`.weight of
+ * shape [E, N, K] (float) or its quantized triple (.weight U32 [E, N, K*bits/32], .scales/.biases
+ * [E, N, K/group]). With `bare` the float tensor is stored under `prefix` itself (transformers'
+ * experts.down_proj). rows0 / take: expert e's matrix is rows [rows0, rows0 + N) of a stored [E, Ns, K]
+ * tensor of Ns = take rows per expert (transformers' gate_up_proj holds gate then up: Ns = 2N). */
+static ib_status load_stacked(const ib_st_set *st, const ib_config *cfg, const char *prefix, int bare, int E, int N,
+                              int K, int take, int rows0, ib_matrix *ms, ib_error *err) {
+    char name[256], sname[256], bname[256];
+    const ib_st_tensor *t, *sc, *bi;
+    ib_status rc = IB_OK;
+    snprintf(name, sizeof name, bare ? "%s" : "%s.weight", prefix);
+    if (cfg->quant_bits == 0 || bare) {
+        int64_t shape[3] = {E, take, K};
+        if ((rc = ib_st_expect(st, name, float_dtypes, 3, 3, shape, &t, err))) return rc;
+        size_t per = (size_t)take * K, n = (size_t)N * K;
+        float *buf = malloc(n * sizeof(float));
+        if (!buf) return ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", name);
+        for (int e = 0; e < E && !rc; e++) {
+            ib_st_tensor sub = *t; /* expert e's rows: to_f32 reads from sub.data */
+            size_t eb = t->dtype == IB_DT_F32 ? 4 : 2;
+            sub.data = (const unsigned char *)t->data + ((size_t)e * per + (size_t)rows0 * K) * eb;
+            to_f32(&sub, n, buf);
+            rc = ib_matrix_from_f32(&ms[e], buf, N, K, err);
+        }
+        free(buf);
+        return rc;
+    }
+    int bits = cfg->quant_bits, G = cfg->quant_group;
+    if (K % G != 0) return ib_fail(err, IB_ERR_MODEL, "%s: input size %d is not a multiple of group_size %d", prefix, K, G);
+    static const ib_dtype u32[] = {IB_DT_U32};
+    snprintf(sname, sizeof sname, "%s.scales", prefix);
+    snprintf(bname, sizeof bname, "%s.biases", prefix);
+    int64_t wshape[3] = {E, N, (int64_t)K * bits / 32}, gshape[3] = {E, N, K / G};
+    if ((rc = ib_st_expect(st, name, u32, 1, 3, wshape, &t, err))) return rc;
+    if ((rc = ib_st_expect(st, sname, float_dtypes, 3, 3, gshape, &sc, err))) return rc;
+    if ((rc = ib_st_expect(st, bname, float_dtypes, 3, 3, gshape, &bi, err))) return rc;
+    size_t nw = (size_t)N * K * bits / 32, ng = (size_t)N * (K / G);
+    uint32_t *wq = malloc(nw * sizeof(uint32_t));
+    float *s = malloc(ng * sizeof(float)), *b = malloc(ng * sizeof(float));
+    if (!wq || !s || !b) rc = ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", prefix);
+    size_t sbe = sc->dtype == IB_DT_F32 ? 4 : 2, bbe = bi->dtype == IB_DT_F32 ? 4 : 2;
+    for (int e = 0; e < E && !rc; e++) {
+        ib_st_tensor ss = *sc, bb = *bi;
+        ss.data = (const unsigned char *)sc->data + (size_t)e * ng * sbe;
+        bb.data = (const unsigned char *)bi->data + (size_t)e * ng * bbe;
+        memcpy(wq, (const unsigned char *)t->data + (size_t)e * nw * 4, nw * sizeof(uint32_t));
+        to_f32(&ss, ng, s);
+        to_f32(&bb, ng, b);
+        if (!(rc = check_finite(st, sname, s, ng, err)) && !(rc = check_finite(st, bname, b, ng, err)))
+            rc = ib_matrix_from_mlx(&ms[e], wq, s, b, N, K, bits, G, err);
+    }
+    free(wq);
+    free(s);
+    free(b);
+    return rc;
+}
+
+/* Load layer i's MoE block (docs/gemma4.md): router, three norms, the experts either as mlx-lm stores
+ * them (experts.switch_glu.{gate,up,down}_proj, float or quantized) or as transformers does
+ * (experts.gate_up_proj [E, 2Fm, D] gate rows then up rows, experts.down_proj [E, D, Fm]; float). */
+static ib_status load_moe(const ib_st_set *st, const ib_config *c, const char *pre, int i, ib_layer *l,
+                          ib_error *err) {
+    char p[192], n[224];
+    int D = c->hidden_size, E = c->n_experts, Fm = c->moe_ffn;
+    ib_status rc;
+#define VEC(field, sub, n_)                                                       \
+    snprintf(n, sizeof n, "%slayers.%d.%s", pre, i, sub);                         \
+    if ((rc = load_vec(st, n, (n_), &l->field, err))) return rc;
+    VEC(post_mlp_norm1, "post_feedforward_layernorm_1.weight", D)
+    VEC(pre_moe_norm, "pre_feedforward_layernorm_2.weight", D)
+    VEC(post_moe_norm, "post_feedforward_layernorm_2.weight", D)
+    VEC(router_scale, "router.scale", D)
+    VEC(expert_scale, "router.per_expert_scale", E)
+#undef VEC
+    snprintf(p, sizeof p, "%slayers.%d.router.proj", pre, i);
+    if ((rc = load_linear(st, c, p, E, D, &l->w_router, err))) return rc;
+    l->e_gate = calloc((size_t)E, sizeof(ib_matrix));
+    l->e_up = calloc((size_t)E, sizeof(ib_matrix));
+    l->e_down = calloc((size_t)E, sizeof(ib_matrix));
+    if (!l->e_gate || !l->e_up || !l->e_down) return ib_fail(err, IB_ERR_NOMEM, "model: out of memory for experts");
+    snprintf(p, sizeof p, "%slayers.%d.experts.gate_up_proj", pre, i);
+    if (ib_st_find(st, p)) {
+        if ((rc = load_stacked(st, c, p, 1, E, Fm, D, 2 * Fm, 0, l->e_gate, err)) ||
+            (rc = load_stacked(st, c, p, 1, E, Fm, D, 2 * Fm, Fm, l->e_up, err)))
+            return rc;
+        snprintf(p, sizeof p, "%slayers.%d.experts.down_proj", pre, i);
+        return load_stacked(st, c, p, 1, E, D, Fm, D, 0, l->e_down, err);
+    }
+    snprintf(p, sizeof p, "%slayers.%d.experts.switch_glu.gate_proj", pre, i);
+    if ((rc = load_stacked(st, c, p, 0, E, Fm, D, Fm, 0, l->e_gate, err))) return rc;
+    snprintf(p, sizeof p, "%slayers.%d.experts.switch_glu.up_proj", pre, i);
+    if ((rc = load_stacked(st, c, p, 0, E, Fm, D, Fm, 0, l->e_up, err))) return rc;
+    snprintf(p, sizeof p, "%slayers.%d.experts.switch_glu.down_proj", pre, i);
+    return load_stacked(st, c, p, 0, E, D, Fm, D, 0, l->e_down, err);
+}
+
+static void free_experts(ib_matrix *ms, int E) {
+    if (!ms) return;
+    for (int e = 0; e < E; e++) ib_matrix_free(&ms[e]);
+    free(ms);
+}
+
 static void free_layer(ib_layer *l) {
     free(l->attn_norm);
     free(l->q_norm);
@@ -124,12 +226,23 @@ static void free_layer(ib_layer *l) {
     ib_matrix_free(&l->w_gate);
     ib_matrix_free(&l->w_up);
     ib_matrix_free(&l->w_down);
+    free(l->post_mlp_norm1);
+    free(l->pre_moe_norm);
+    free(l->post_moe_norm);
+    free(l->router_scale);
+    free(l->expert_scale);
+    ib_matrix_free(&l->w_router);
 }
 
 void ib_model_free(ib_model *m) {
     if (!m) return;
     if (m->layers)
-        for (int i = 0; i < m->cfg.n_layers; i++) free_layer(&m->layers[i]);
+        for (int i = 0; i < m->cfg.n_layers; i++) {
+            free_experts(m->layers[i].e_gate, m->cfg.n_experts);
+            free_experts(m->layers[i].e_up, m->cfg.n_experts);
+            free_experts(m->layers[i].e_down, m->cfg.n_experts);
+            free_layer(&m->layers[i]);
+        }
     free(m->layers);
     ib_matrix_free(&m->embed);
     ib_matrix_free(&m->lm_head_own);
@@ -180,7 +293,7 @@ static ib_status load_layer_gemma4(const ib_st_set *st, const ib_config *c, int 
     }
     l->layer_scalar = s[0];
     free(s);
-    return IB_OK;
+    return c->n_experts > 0 ? load_moe(st, c, pre, i, l, err) : IB_OK;
 }
 
 /* Load layer i's tensors. */
@@ -255,6 +368,8 @@ static void fill_info(ib_model *m, const ib_st_set *st) {
             const ib_layer *l = &m->layers[i];
             in->n_params += 4 * D + 2 * (size_t)l->hd + 1 + (size_t)l->wq.rows * l->wq.cols + (size_t)l->wk.rows * l->wk.cols +
                             (size_t)l->wv.rows * l->wv.cols + (size_t)l->wo.rows * l->wo.cols + 3 * D * F;
+            if (c->n_experts > 0) /* router, its scales, three norms, the experts */
+                in->n_params += (size_t)c->n_experts * (D + 1 + 3 * D * (size_t)c->moe_ffn) + 4 * D;
         }
     }
     in->file_bytes = ib_st_total_bytes(st);
@@ -263,10 +378,16 @@ static void fill_info(ib_model *m, const ib_st_set *st) {
         const ib_layer *l = &m->layers[i];
         wb += matrix_bytes(&l->wq) + matrix_bytes(&l->wk) + matrix_bytes(&l->wv) + matrix_bytes(&l->wo) +
               matrix_bytes(&l->w_gate) + matrix_bytes(&l->w_up) + matrix_bytes(&l->w_down) + (2 * D + 2 * hd) * 4;
+        wb += matrix_bytes(&l->w_router);
+        for (int e = 0; e < c->n_experts; e++)
+            wb += matrix_bytes(&l->e_gate[e]) + matrix_bytes(&l->e_up[e]) + matrix_bytes(&l->e_down[e]);
     }
     in->weight_bytes = wb;
     if (c->arch == IB_ARCH_GEMMA4) wb += (size_t)c->n_layers * (2 * D + 4) * 4;
     in->kv_bytes_per_token = (size_t)c->n_layers * 2 * c->kv_heads_max * c->kv_hd_max * sizeof(float);
+    in->n_experts = c->n_experts;
+    in->top_k = c->top_k;
+    in->moe_intermediate_size = c->moe_ffn;
     in->bos_id = c->bos_id;
     in->eos_id = c->eos_id;
 }

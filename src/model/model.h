@@ -27,6 +27,17 @@ typedef struct ib_layer {
     float layer_scalar;      /* the residual stream is multiplied by it at the layer's end (1 otherwise) */
     int hd, kvh;             /* this layer's head dim and KV heads (every arch) */
     int sliding;             /* Gemma 4: 1 = sliding_attention layer */
+    /* Gemma 4's MoE block (cfg.n_experts > 0; docs/gemma4.md): the dense MLP's output is normed by
+     * post_mlp_norm1, the routed experts' by post_moe_norm, their sum by post_mlp_norm */
+    float *post_mlp_norm1;   /* [D]  post_feedforward_layernorm_1 */
+    float *pre_moe_norm;     /* [D]  pre_feedforward_layernorm_2 (the experts' input) */
+    float *post_moe_norm;    /* [D]  post_feedforward_layernorm_2 */
+    ib_matrix w_router;      /* [E, D] router.proj */
+    float *router_scale;     /* [D]  router.scale */
+    float *expert_scale;     /* [E]  router.per_expert_scale */
+    ib_matrix *e_gate;       /* [E] each [Fm, D] */
+    ib_matrix *e_up;         /* [E] each [Fm, D] */
+    ib_matrix *e_down;       /* [E] each [D, Fm] */
 } ib_layer;
 
 struct ib_model {

@@ -101,6 +101,21 @@ void ib_geglu(float *g, const float *u, int R, int F);
  * (Gemma's final_logit_softcapping). NaN stays NaN. */
 void ib_softcap(float *x, size_t n, float cap);
 
+/* Gemma 4's MoE routing of one row (docs/gemma4.md), from its router logits [E] (the product of
+ * the router input with router.proj, matmul.h):
+ *   sel[0..k) = the k largest logits in rank order: rank j takes the largest logit not yet taken,
+ *               ties to the lowest expert id (NaN logits never taken);
+ *   p = softmax(logits): m = logits[sel[0]], p_e = ib_expf_lane(l_e - m), s = sum of p_e in the
+ *       16-lane order (ib_dot16's, over e ascending), p_e = p_e / s;
+ *   t = p[sel[0]] + p[sel[1]] + … in rank order;  w[j] = (p[sel[j]] / t) * expert_scale[sel[j]].
+ * p: [E] scratch (left holding the softmax). Returns 0, or -1 when fewer than k logits are numbers. */
+int ib_moe_route(const float *logits, int E, int k, const float *expert_scale, float *p, int32_t *sel, float *w);
+
+/* Gemma 4's MoE combine of one row: out[d] = 0, then for rank j = 0..k-1 in order (ranks with
+ * sel[j] < 0 skipped — only the test-only capacity fault makes any): out[d] = out[d] + w[j] * y[j][d]
+ * (mul, then add). y: [k][D], the row's selected experts' outputs in rank order. */
+void ib_moe_combine(const float *y, const float *w, const int32_t *sel, int k, int D, float *out);
+
 /* x *= s elementwise, n floats (Gemma 4's layer scalar, the embedding scale). */
 void ib_scale(float *x, size_t n, float s);
 

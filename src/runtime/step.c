@@ -150,7 +150,8 @@ static void layers_qwen_llama(ib_engine *e, int R) {
 
 /* The layers of Gemma 4 (docs/gemma4.md): per layer type its own head dim, KV heads, RoPE and
  * window; the attention output and the GeGLU MLP output are normed (post-norms) before they are added;
- * the residual is multiplied by the layer scalar at the end. */
+ * with the MoE block, the routed experts' output (normed) is added to the normed MLP output before
+ * the post-norm; the residual is multiplied by the layer scalar at the end. */
 static void layers_gemma4(ib_engine *e, int R) {
     const ib_config *c = &e->model->cfg;
     int D = c->hidden_size, H = c->n_heads, F = c->intermediate_size;
@@ -208,6 +209,17 @@ static void layers_gemma4(ib_engine *e, int R) {
             ops->linear(be, li, 1, &wd, IB_BUF_G, &yd);
         }
         CAPTURE(li, "mlp_out", IB_BUF_O, D);
+        if (c->n_experts > 0) { /* the MoE block: dense and routed outputs, each normed, summed */
+            ops->rmsnorm(be, IB_BUF_O, IB_N_POST_MLP1, li, IB_BUF_O);
+            CAPTURE(li, "post_mlp_norm1", IB_BUF_O, D);
+            ops->rmsnorm(be, IB_BUF_X, IB_N_PRE_MOE, li, IB_BUF_XN);
+            CAPTURE(li, "moe_norm", IB_BUF_XN, D);
+            ops->moe(be, li, IB_BUF_X, IB_BUF_XN, IB_BUF_E);
+            CAPTURE(li, "moe_out", IB_BUF_E, D);
+            ops->rmsnorm(be, IB_BUF_E, IB_N_POST_MOE, li, IB_BUF_E);
+            CAPTURE(li, "post_moe_norm", IB_BUF_E, D);
+            ops->add(be, IB_BUF_O, IB_BUF_E);
+        }
         ops->rmsnorm(be, IB_BUF_O, IB_N_POST_MLP, li, IB_BUF_O);
         CAPTURE(li, "post_mlp_norm", IB_BUF_O, D);
         ops->add(be, IB_BUF_X, IB_BUF_O);

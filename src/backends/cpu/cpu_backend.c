@@ -49,6 +49,17 @@ typedef struct cpu_backend {
     float *cs_full;                  /* Gemma 4: [R][global_hd/2][2] of the full layers; else NULL */
     ib_act_buf qa;                   /* quantized activations: xq [R][max(D,F,H*hd)], d/ad [R][max/G] */
     float *logits;                   /* [LOGIT_ROWS][V] */
+    /* Gemma 4 MoE scratch (NULL for dense models) */
+    float *moe_rin;                  /* [R][D] router input */
+    float *moe_logit;                /* [R][E] router logits */
+    float *moe_p;                    /* [E] softmax of one row */
+    int32_t *moe_sel;                /* [R][k] selected experts in rank order (-1: dropped, fault only) */
+    float *moe_w;                    /* [R][k] their weights */
+    int32_t *moe_rows;               /* [R] rows routed to one expert; then the slot (r*k + j) of each */
+    int32_t *moe_slot;               /* [R] */
+    float *moe_x;                    /* [R][D] those rows' inputs, gathered */
+    float *moe_g, *moe_u;            /* [R][Fm] */
+    float *moe_y;                    /* [R][k][D] each row's expert outputs in rank order */
 } cpu_backend;
 
 static cpu_backend *cb(ib_backend *b) { return (cpu_backend *)b; }
@@ -112,6 +123,17 @@ static void cpu_destroy(ib_backend *b) {
     free(c->qa.d);
     free(c->qa.ad);
     free(c->logits);
+    free(c->moe_rin);
+    free(c->moe_logit);
+    free(c->moe_p);
+    free(c->moe_sel);
+    free(c->moe_w);
+    free(c->moe_rows);
+    free(c->moe_slot);
+    free(c->moe_x);
+    free(c->moe_g);
+    free(c->moe_u);
+    free(c->moe_y);
     free(c);
 }
 
@@ -139,9 +161,10 @@ static ib_status cpu_create(const ib_model *m, const ib_backend_cfg *cfg, ib_bac
         KD = (size_t)mc->kv_heads_max * mc->kv_hd_max;
     }
     size_t widest = (size_t)max3((int)D, (int)F, (int)HD);
+    if ((size_t)mc->moe_ffn > widest) widest = (size_t)mc->moe_ffn;
     const size_t width[IB_BUF_COUNT] = {
         [IB_BUF_X] = D, [IB_BUF_XN] = D, [IB_BUF_Q] = HD, [IB_BUF_K] = KD, [IB_BUF_V] = KD,
-        [IB_BUF_ATT] = HD, [IB_BUF_O] = D > F ? D : F, [IB_BUF_G] = F, [IB_BUF_U] = F,
+        [IB_BUF_ATT] = HD, [IB_BUF_O] = D > F ? D : F, [IB_BUF_G] = F, [IB_BUF_U] = F, [IB_BUF_E] = D,
     };
     int G = mc->quant_group ? mc->quant_group : 32;
     int ok = 1;
@@ -158,6 +181,20 @@ static ib_status cpu_create(const ib_model *m, const ib_backend_cfg *cfg, ib_bac
     c->qa.d = malloc(R * (widest / G + 1) * sizeof(float));
     c->qa.ad = malloc(R * (widest / G + 1) * sizeof(float));
     c->logits = malloc((size_t)LOGIT_ROWS * mc->vocab_size * sizeof(float));
+    if (mc->n_experts > 0) {
+        size_t E = mc->n_experts, K = mc->top_k, Fm = mc->moe_ffn;
+        ok &= (c->moe_rin = malloc(R * D * sizeof(float))) != NULL;
+        ok &= (c->moe_logit = malloc(R * E * sizeof(float))) != NULL;
+        ok &= (c->moe_p = malloc(E * sizeof(float))) != NULL;
+        ok &= (c->moe_sel = malloc(R * K * sizeof(int32_t))) != NULL;
+        ok &= (c->moe_w = malloc(R * K * sizeof(float))) != NULL;
+        ok &= (c->moe_rows = malloc(R * sizeof(int32_t))) != NULL;
+        ok &= (c->moe_slot = malloc(R * sizeof(int32_t))) != NULL;
+        ok &= (c->moe_x = malloc(R * D * sizeof(float))) != NULL;
+        ok &= (c->moe_g = malloc(R * Fm * sizeof(float))) != NULL;
+        ok &= (c->moe_u = malloc(R * Fm * sizeof(float))) != NULL;
+        ok &= (c->moe_y = malloc(R * K * D * sizeof(float))) != NULL;
+    }
     if (!ok || !c->tok || !c->pos || !c->row_item || !c->logit_row || !c->logits_out || !c->kv || !c->cs || !c->qa.xq ||
         !c->qa.d || !c->qa.ad || !c->logits) {
         cpu_destroy(&c->base);
@@ -203,6 +240,9 @@ static const float *norm_weight(const ib_model *m, ib_nsel n, int li) {
     case IB_N_ATTN: return m->layers[li].attn_norm;
     case IB_N_POST_ATTN: return m->layers[li].post_attn_norm;
     case IB_N_POST_MLP: return m->layers[li].post_mlp_norm;
+    case IB_N_POST_MLP1: return m->layers[li].post_mlp_norm1;
+    case IB_N_PRE_MOE: return m->layers[li].pre_moe_norm;
+    case IB_N_POST_MOE: return m->layers[li].post_moe_norm;
     default: return m->layers[li].mlp_norm;
     }
 }
@@ -406,6 +446,85 @@ static void cpu_geglu(ib_backend *b) {
     ib_pool_run(rows_pool(c, (double)c->R * F), c->R, geglu_task, &j);
 }
 
+/* Gemma 4's routed experts (backend.h `moe`). Routing and combine are each row's own; the experts
+ * run one after another, each on the rows routed to it (gathered in ascending row order), so each
+ * expert's matrices are streamed once per step. Rows never routed to an expert cost it nothing. */
+static void cpu_moe(ib_backend *b, int li, ib_buf route_in, ib_buf in, ib_buf out) {
+    cpu_backend *c = cb(b);
+    const ib_model *m = c->model;
+    const ib_config *mc = &m->cfg;
+    const ib_layer *L = &m->layers[li];
+    const int R = c->R, D = mc->hidden_size, E = mc->n_experts, K = mc->top_k, Fm = mc->moe_ffn;
+    const ib_fault fault = ib_fault_get();
+    /* router: rmsnorm with router.scale, times 1/sqrt(D), the product with router.proj */
+    ib_rmsnorm(c->buf[route_in], L->router_scale, R, D, (float)mc->rms_eps, c->moe_rin, c->pool);
+    ib_scale(c->moe_rin, (size_t)R * D, (float)(1.0 / sqrt((double)D)));
+    linear_many(c, 1, (const ib_matrix *const[]){&L->w_router}, c->moe_rin, R, &c->moe_logit);
+    for (int r = 0; r < R; r++)
+        if (ib_moe_route(c->moe_logit + (size_t)r * E, E, K, L->expert_scale, c->moe_p, c->moe_sel + (size_t)r * K,
+                         c->moe_w + (size_t)r * K))
+            for (int j = 0; j < K; j++) c->moe_sel[(size_t)r * K + j] = -1; /* NaN logits: no expert */
+    if (fault == IB_FAULT_MOE_CAPACITY) { /* test-only: a per-step capacity per expert, rows in batch order */
+        int cap = (R * K + E - 1) / E;
+        for (int e = 0; e < E; e++) {
+            int n = 0;
+            for (int i = 0; i < R * K; i++)
+                if (c->moe_sel[i] == e && ++n > cap) c->moe_sel[i] = -1;
+        }
+    }
+    /* the order the experts run in: ascending id — or, under the test-only combine-by-load fault, the
+     * busiest of this step first (then each output is added to its row as its expert finishes) */
+    int order[IB_CONFIG_MAX_EXPERTS], load[IB_CONFIG_MAX_EXPERTS];
+    for (int e = 0; e < E; e++) {
+        order[e] = e;
+        load[e] = 0;
+    }
+    for (int i = 0; i < R * K; i++)
+        if (c->moe_sel[i] >= 0) load[c->moe_sel[i]]++;
+    const int by_load = fault == IB_FAULT_MOE_COMBINE_BY_LOAD;
+    if (by_load) {
+        for (int a = 1; a < E; a++) /* stable insertion sort: descending load, ties by id */
+            for (int x = a; x > 0 && load[order[x]] > load[order[x - 1]]; x--) {
+                int t = order[x];
+                order[x] = order[x - 1];
+                order[x - 1] = t;
+            }
+        memset(c->buf[out], 0, (size_t)R * D * sizeof(float));
+    }
+    for (int oi = 0; oi < E; oi++) {
+        const int e = order[oi];
+        if (load[e] == 0) continue;
+        int n = 0;
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < K; j++)
+                if (c->moe_sel[(size_t)r * K + j] == e) {
+                    c->moe_rows[n] = r;
+                    c->moe_slot[n++] = r * K + j;
+                }
+        for (int i = 0; i < n; i++)
+            memcpy(c->moe_x + (size_t)i * D, c->buf[in] + (size_t)c->moe_rows[i] * D, (size_t)D * sizeof(float));
+        const ib_matrix *gu[2] = {&L->e_gate[e], &L->e_up[e]};
+        float *gy[2] = {c->moe_g, c->moe_u};
+        linear_many(c, 2, gu, c->moe_x, n, gy);
+        ib_geglu(c->moe_g, c->moe_u, n, Fm);
+        float *yd = c->moe_x; /* the gathered inputs are spent: the down product's rows go there */
+        linear_many(c, 1, (const ib_matrix *const[]){&L->e_down[e]}, c->moe_g, n, &yd);
+        for (int i = 0; i < n; i++) {
+            const float *y = yd + (size_t)i * D;
+            if (by_load) {
+                float w = c->moe_w[c->moe_slot[i]], *o = c->buf[out] + (size_t)c->moe_rows[i] * D;
+                for (int d = 0; d < D; d++) o[d] = o[d] + w * y[d];
+            } else {
+                memcpy(c->moe_y + (size_t)c->moe_slot[i] * D, y, (size_t)D * sizeof(float));
+            }
+        }
+    }
+    if (!by_load)
+        for (int r = 0; r < R; r++)
+            ib_moe_combine(c->moe_y + (size_t)r * K * D, c->moe_w + (size_t)r * K, c->moe_sel + (size_t)r * K, K, D,
+                           c->buf[out] + (size_t)r * D);
+}
+
 static void cpu_scale_layer(ib_backend *b, int li) {
     cpu_backend *c = cb(b);
     ib_scale(c->buf[IB_BUF_X], (size_t)c->R * c->model->cfg.hidden_size, c->model->layers[li].layer_scalar);
@@ -463,6 +582,7 @@ const ib_backend_ops ib_backend_cpu = {
     .attention = cpu_attention,
     .swiglu = cpu_swiglu,
     .geglu = cpu_geglu,
+    .moe = cpu_moe,
     .scale_layer = cpu_scale_layer,
     .add = cpu_add,
     .logits = cpu_logits,

@@ -1204,7 +1204,7 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         free(h);
     }
     {
-        const int widths[IB_BUF_COUNT] = {D, D, b->H * hd, b->KVH * hd, b->KVH * hd, b->H * hd, D, b->F, b->F};
+        const int widths[IB_BUF_COUNT] = {D, D, b->H * hd, b->KVH * hd, b->KVH * hd, b->H * hd, D, b->F, b->F, D};
         for (int i = 0; i < IB_BUF_COUNT; i++) b->buf[i] = (float *)dalloc(b, (size_t)Rm * widths[i] * sizeof(float));
     }
     b->xq = (int8_t *)dalloc(b, (size_t)Rm * Kmax);
@@ -1780,6 +1780,7 @@ extern "C" const ib_backend_ops ib_backend_cuda = {
     cuda_attention,
     cuda_swiglu,
     NULL, /* geglu: Gemma 4 is refused at create */
+    NULL, /* moe: likewise */
     NULL, /* scale_layer: likewise */
     cuda_add,
     cuda_logits,

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# Gemma 4's MoE block end to end on `mkmodel --preset gemma4-moe-tiny` (8 experts, top-k 2;
+# docs/gemma4.md "Mixture of experts"): the engine's logits against the independent float64 reference
+# (tests/gemma4_ref.py), the invariance matrix (batch, threads, prefill chunks, ISAs, order, greedy and
+# seeded, f32 and f16 KV, float and 4-bit weights), the MoE faults caught (moe-capacity: routing that
+# depends on the batch; moe-combine-by-load: expert outputs summed in the batch's order, which needs
+# top-k >= 3 to change any bits: with two outputs 0 + a + b = 0 + b + a), and the MoE config errors.
+set -u
+BUILD=${BUILD:-build}
+BIN=$BUILD/isobatch
+pass=0; fail=0
+ok() { pass=$((pass+1)); }
+bad() { fail=$((fail+1)); echo "FAIL: $*"; }
+T=$(mktemp -d /tmp/ib_gemma4moe_XXXXXX)
+trap 'rm -rf "$T"' EXIT
+
+"$BIN" mkmodel --preset gemma4-moe-tiny --bits 32 --seed 5 --out "$T/m32" >/dev/null || bad "mkmodel gemma4-moe-tiny --bits 32"
+"$BIN" mkmodel --preset gemma4-moe-tiny --bits 4 --seed 5 --out "$T/m4" >/dev/null || bad "mkmodel gemma4-moe-tiny --bits 4"
+"$BIN" mkmodel --preset gemma4-moe-tiny --bits 4 --seed 5 --top-k 3 --out "$T/k3" >/dev/null || bad "mkmodel --top-k 3"
+"$BIN" mkmodel --preset gemma4-tiny --top-k 3 --out "$T/no" >/dev/null 2>&1 && bad "mkmodel --top-k on a dense preset" || ok
+"$BIN" info -m "$T/m32" | grep -q "architecture gemma4" && ok || bad "info: architecture gemma4"
+"$BIN" info -m "$T/k3" | grep -q "experts      8 per layer, 3 per token, expert ffn 64" && ok || bad "info: the experts line"
+
+# ---- the float64 reference (numpy): prompts of 3 and 40 tokens (window 16), greedy and sampled
+PY=""
+for p in python3 /usr/bin/python3; do "$p" -c "import numpy" 2>/dev/null && { PY=$p; break; }; done
+if [ -z "$PY" ]; then
+    bad "python3 with numpy missing (apt-get install python3-numpy): the float64 reference cannot run"
+else
+    for m in m32 k3; do
+        [ $m = k3 ] && { "$BIN" mkmodel --preset gemma4-moe-tiny --bits 32 --seed 5 --top-k 3 --out "$T/k3f" >/dev/null; m=k3f; }
+        for len in 3 40; do
+            for s in "" "--temp 1.5 --seed 7"; do
+                ids=$(seq 7 $((6 + len)) | awk '{print ($1 * 37) % 300}' | paste -sd,)
+                # shellcheck disable=SC2086
+                "$BIN" generate -m "$T/$m" --prompt-ids "$ids" -n 24 --ignore-eos $s --json --logits-out "$T/l.bin" \
+                    > "$T/o.json" 2>/dev/null || { bad "generate for the reference ($m $len $s)"; continue; }
+                gen=$(grep -o '"tokens":\[[0-9,]*\]' "$T/o.json" | grep -o '[0-9,]*' | sed 's/^,//')
+                out=$("$PY" tests/gemma4_ref.py "$T/$m" "$ids,$gen" "$T/l.bin" $((len - 1)) 2>&1)
+                echo "$out" | grep -q " ok$" && ok || bad "reference, $m prompt $len $s: $out"
+                out=$("$PY" tests/gemma4_ref.py "$T/$m" "$ids,$gen" "$T/l.bin" $((len - 2)) 2>&1)
+                echo "$out" | grep -q "FAIL" && ok || bad "reference one position off still passes: $out"
+            done
+        done
+    done
+fi
+
+# ---- invariance: every --json line equal to the serialized scalar run
+PF=$T/prompts.txt; : > "$PF"
+for i in $(seq 0 9); do
+    len=$(( 1 + (i * 53) % 150 ))
+    printf 'The %d quick brown foxes jump over %d lazy dogs; batching must not change answers. ' "$i" "$((i * 7))" \
+        | head -c "$len" | tr '\n' ' ' >> "$PF"; echo >> "$PF"
+done
+tac "$PF" > "$T/prompts.rev"
+SAMPLING=(--temp 0.9 --top-k 50 --top-p 0.95 --seed 7)
+gen() { local m=$1; shift; "$BIN" generate -m "$m" --prompts-file "$PF" -n 8 --ignore-eos --json "$@" 2>"$T/gen.err"; }
+unindex() { sed -E 's/^\{"index":[0-9]+,/{/' "$@"; }
+for m in m32 m4 k3; do
+    for kv in f32 f16; do
+        for mode in greedy seeded; do
+            [ $m != m4 ] && [ $kv = f16 ] && continue
+            S=(--kv-dtype $kv); [ $mode = seeded ] && S+=("${SAMPLING[@]}")
+            gen "$T/$m" --batch 1 --threads 1 --isa scalar "${S[@]}" > "$T/ref" && [ "$(wc -l < "$T/ref")" = 10 ] \
+                && ok || { bad "$m $kv $mode: reference run: $(cat "$T/gen.err")"; continue; }
+            for flags in "--batch 3" "--batch 10" "--batch 4 --threads 2" "--batch 3 --prefill-chunk 1" \
+                         "--batch 3 --prefill-chunk 7" "--batch 5 --prefill-chunk whole --threads 2" "--isa auto --batch 6"; do
+                # shellcheck disable=SC2086
+                gen "$T/$m" $flags "${S[@]}" | cmp -s "$T/ref" - && ok || bad "$m $kv $mode: $flags differs from --batch 1"
+            done
+            "$BIN" generate -m "$T/$m" --prompts-file "$T/prompts.rev" -n 8 --ignore-eos --json --batch 8 "${S[@]}" \
+                2>/dev/null | tac | unindex | cmp -s <(unindex "$T/ref") - && ok || bad "$m $kv $mode: reversed order differs"
+        done
+    done
+done
+gen "$T/m4" --act f32 --batch 1 > "$T/a" && gen "$T/m4" --act f32 --batch 7 --threads 2 | cmp -s "$T/a" - \
+    && ok || bad "m4 --act f32: batch 7 differs from batch 1"
+
+# ---- the MoE faults: each comparison fails when both of its runs carry the fault
+fault_breaks() {   # fault_breaks MODEL FAULT "REFERENCE FLAGS" "VARIATION FLAGS" [reversed]
+    local m=$1 f=$2 rf=$3 vf=$4
+    # shellcheck disable=SC2086
+    gen "$T/$m" --inject "$f" $rf > "$T/fref" || { bad "--inject $f: reference run failed: $(cat "$T/gen.err")"; return; }
+    if [ "${5:-}" = reversed ]; then
+        # shellcheck disable=SC2086
+        "$BIN" generate -m "$T/$m" --prompts-file "$T/prompts.rev" -n 8 --ignore-eos --json --inject "$f" $vf \
+            2>/dev/null | tac | unindex > "$T/fout"
+        unindex "$T/fref" > "$T/fref2"; mv "$T/fref2" "$T/fref"
+    else
+        # shellcheck disable=SC2086
+        gen "$T/$m" --inject "$f" $vf > "$T/fout"
+    fi
+    [ -s "$T/fout" ] && ! cmp -s "$T/fref" "$T/fout" && ok || bad "$m --inject $f: '$vf' still equals '$rf'"
+}
+REF1="--batch 1 --threads 1 --isa scalar"
+for m in m32 m4 k3; do
+    fault_breaks $m moe-capacity "$REF1" "--batch 8"
+    fault_breaks $m moe-capacity "$REF1" "--batch 8" reversed
+    fault_breaks $m moe-capacity "$REF1" "$REF1 --prefill-chunk 1"
+done
+fault_breaks k3 moe-combine-by-load "$REF1" "--batch 8"
+fault_breaks k3 moe-combine-by-load "$REF1" "--batch 8" reversed
+fault_breaks k3 moe-combine-by-load "$REF1" "$REF1 --prefill-chunk 1"
+for f in rope-scalar-offset gemv-gemm row-order; do fault_breaks m4 $f "$REF1" "--batch 8"; done
+for m in m32 m4 k3; do
+    "$BIN" generate -m "$T/$m" --prompts-file "$PF" -n 8 --ignore-eos --batch 8 --check-serial > "$T/cs" 2>&1 \
+        && ok || bad "$m: --check-serial: $(tail -2 "$T/cs")"
+    faults="moe-capacity"; [ $m = k3 ] && faults="moe-capacity moe-combine-by-load"
+    for f in $faults; do
+        "$BIN" generate -m "$T/$m" --prompts-file "$PF" -n 8 --ignore-eos --batch 8 --check-serial --inject $f > "$T/cs" 2>&1
+        rc=$?
+        [ $rc = 1 ] && grep -q "differs from its serialized run" "$T/cs" && ok || bad "$m: --check-serial --inject $f: exit $rc"
+    done
+done
+
+# ---- transformers' expert layout (gate_up_proj [E, 2Fm, D], down_proj [E, D, Fm]) gives the same bits
+if [ -n "$PY" ]; then
+    cp -r "$T/m32" "$T/hf"
+    "$PY" - "$T/hf/model.safetensors" <<'PYEOF'
+import json, struct, sys
+import numpy as np
+p = sys.argv[1]
+with open(p, "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n)); data = f.read()
+T = {}
+for k, e in h.items():
+    if k == "__metadata__":
+        continue
+    a, b = e["data_offsets"]
+    T[k] = (e["dtype"], np.frombuffer(data[a:b], dtype="<f4" if e["dtype"] == "F32" else "<u2").reshape(e["shape"]))
+for k in [k for k in T if k.endswith("experts.switch_glu.gate_proj.weight")]:
+    pre = k[: -len("switch_glu.gate_proj.weight")]
+    g, u, d = (T.pop(pre + "switch_glu.%s_proj.weight" % w)[1] for w in ("gate", "up", "down"))
+    T[pre + "gate_up_proj"] = ("F32", np.concatenate([g, u], axis=1))
+    T[pre + "down_proj"] = ("F32", d)
+hdr, off, blobs = {}, 0, []
+for k in sorted(T):
+    dt, a = T[k]; b = a.tobytes()
+    hdr[k] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}; off += len(b); blobs.append(b)
+hs = json.dumps(hdr).encode(); hs += b" " * ((8 - len(hs) % 8) % 8)
+open(p, "wb").write(struct.pack("<Q", len(hs)) + hs + b"".join(blobs))
+PYEOF
+    a=$(gen "$T/m32" --batch 4 | grep -o '"digest":"[0-9a-f]*"'); b=$(gen "$T/hf" --batch 4 | grep -o '"digest":"[0-9a-f]*"')
+    [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "transformers' expert layout: digests differ from mlx-lm's: $(cat "$T/gen.err")"
+fi
+
+# ---- MoE config errors: one line naming the field, exit 1
+badcfg() {   # badcfg 'PYTHON EXPRESSION ON c' 'EXPECTED TEXT'
+    rm -rf "$T/bad"; cp -r "$T/m32" "$T/bad"
+    if [ -n "$PY" ]; then
+        "$PY" -c "import json,sys; c=json.load(open(sys.argv[1])); $1; json.dump(c, open(sys.argv[1],'w'))" "$T/bad/config.json"
+    else
+        bad "no python3 to edit config.json"; return
+    fi
+    "$BIN" info -m "$T/bad" > "$T/bad.out" 2>&1; rc=$?
+    [ $rc = 1 ] && [ "$(wc -l < "$T/bad.out")" = 1 ] && grep -qF "$2" "$T/bad.out" && ok \
+        || bad "config ($1): exit $rc, '$(cat "$T/bad.out")' lacks '$2'"
+}
+badcfg 'del c["num_experts"]' "field num_experts: missing"
+badcfg 'del c["top_k_experts"]' "field top_k_experts: missing"
+badcfg 'del c["moe_intermediate_size"]' "field moe_intermediate_size: missing"
+badcfg 'c["top_k_experts"]=9' "field top_k_experts: 9 exceeds num_experts 8"
+badcfg 'c["enable_moe_block"]=False' "field num_experts: set but enable_moe_block is false"
+badcfg 'c["num_experts"]=4' "tensor model.layers.0.router.per_expert_scale"
+badcfg 'c["moe_intermediate_size"]=32' "experts.switch_glu"
+for f in num_shared_experts n_shared_experts norm_topk_prob router_aux_loss_coef moe_layer_freq \
+         first_k_dense_replace routed_scaling_factor expert_capacity capacity_factor; do
+    badcfg "c[\"$f\"]=1" "field $f"
+done
+echo "t_gemma4_moe: $pass passed, $fail failed"
+[ $fail = 0 ]
