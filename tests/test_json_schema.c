@@ -385,6 +385,37 @@ static void test_mask(void) {
     int finished = 0;
     for (size_t i = 0; i < sizeof schemas / sizeof schemas[0]; i++) finished += walks(schemas[i], &tv, &v, 8, 60);
     CHECK(finished >= 10, "only %d walks reached a whole value", finished);
+    /* json_object mode (json_constraint.c's walk) against the token-by-token reference */
+    int obj_mismatch = 0, obj_done = 0;
+    for (int w = 0; w < 10; w++) {
+        ib_json_state st;
+        ib_json_init(&st);
+        float lg[256];
+        int32_t stop = VOCAB_EOS;
+        for (int step = 0; step < 60; step++) {
+            for (int t = 0; t < tv.n; t++) lg[t] = 1.0f;
+            int allowed = ib_json_mask(&st, &v, lg, tv.n, &stop, 1), count = 0, done = ib_json_done(&st);
+            for (int t = 0; t < tv.n; t++) {
+                ib_json_state x = st;
+                int want = t == VOCAB_EOS ? done : !done && tv.len[t] > 0;
+                for (int i = 0; i < tv.len[t] && want && t != VOCAB_EOS; i++) want = !ib_json_step(&x, (unsigned char)tv.tok[t][i]);
+                int got = !isinf(lg[t]);
+                if (want != got && obj_mismatch++ < 3) fprintf(stderr, "json_object walk %d step %d token '%s': mask %d reference %d\n", w, step, tv.tok[t], got, want);
+                count += got;
+            }
+            CHECK_EQ_INT(allowed, count);
+            if (done) {
+                obj_done++;
+                break;
+            }
+            int pick;
+            do pick = rndi(tv.n);
+            while (isinf(lg[pick]));
+            for (int i = 0; i < tv.len[pick]; i++) ib_json_step(&st, (unsigned char)tv.tok[pick][i]);
+        }
+    }
+    CHECK(obj_mismatch == 0, "json_object: %d mask mismatches", obj_mismatch);
+    CHECK(obj_done >= 1, "json_object: no walk completed an object");
     /* the stop id: refused until the value is whole, then alone */
     char msg[256];
     ib_json_state st;

@@ -171,6 +171,8 @@ int ib_schema_compile(json_t *schema, ib_schema **out, char *msg, size_t msz);
 void ib_schema_free(ib_schema *sc);
 /* A reader at the empty text over sc (which it then owns); NULL when out of memory (sc not freed). */
 ib_schema_run *ib_schema_run_new(ib_schema *sc);
+/* A copy of r at the same text, sharing r's schema (free it before r); NULL when out of memory. */
+ib_schema_run *ib_schema_run_clone(const ib_schema_run *r);
 void ib_schema_run_free(ib_schema_run *r);
 /* Feed one byte: 0 when the text can still become a value of the schema, -1 when not (the reader is
  * then dead: every later byte is refused too). */

@@ -15,6 +15,7 @@
  */
 #include "server/api.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -401,7 +402,9 @@ void ib_json_vocab_free(ib_json_vocab *v) {
     memset(v, 0, sizeof *v);
 }
 
-/* Whether token t (not a stop id) can follow state s: its bytes (at least one) all accepted. */
+#define WALK_MAX 1024 /* tokens longer than this (bytes) are judged one by one */
+
+/* Whether token t can follow state s: its bytes (at least one) all accepted. */
 static int token_ok(const ib_json_state *s, const ib_json_vocab *v, int32_t t) {
     size_t a = v->off[t], b = v->off[t + 1];
     if (a == b) return 0;
@@ -411,18 +414,80 @@ static int token_ok(const ib_json_state *s, const ib_json_vocab *v, int32_t t) {
     return 1;
 }
 
-int ib_json_mask(const ib_json_state *s, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop,
-                 int n_stop) {
-    if (s->run) return ib_schema_mask(s->run, v, logits, vocab, stop, n_stop);
-    int allowed = 0, done = ib_json_done(s);
-    for (int t = 0; t < vocab; t++) {
-        int is_stop = 0;
-        for (int k = 0; k < n_stop; k++) is_stop |= stop[k] == t;
-        int ok = t < v->n && (is_stop ? done : (!done || !n_stop) && token_ok(s, v, t));
+/* -inf for every token of v the reader at s refuses; returns the tokens left. The tokens are taken in
+ * byte order, each byte prefix stepped once (the states by depth kept in stk) and every token
+ * sharing a refused prefix skipped; inside a string with no escape or UTF-8 sequence open, the plain
+ * tokens (which leave the state as it is) are allowed without a walk. */
+static int json_walk(const ib_json_state *s, const ib_json_vocab *v, float *logits) {
+    if (v->maxlen > WALK_MAX) { /* never with real vocabularies: the plain per-token check */
+        int allowed = 0;
+        for (int t = 0; t < v->n; t++)
+            if (token_ok(s, v, t)) allowed++;
+            else logits[t] = -INFINITY;
+        return allowed;
+    }
+    ib_json_state stk[WALK_MAX + 1];
+    int fast = s->mode == J_STRING && !s->utf8_left, allowed = fast ? v->n - v->n_np : 0;
+    const int32_t *ord = fast ? v->np_ord : v->ord, *lcp = fast ? v->np_lcp : v->lcp;
+    int N = fast ? v->n_np : v->n, valid = 0, fail_at = INT_MAX;
+    stk[0] = *s;
+    for (int k = 0; k < N; k++) {
+        int32_t t = ord[k];
+        const unsigned char *b = (const unsigned char *)v->bytes + v->off[t];
+        int L = (int)(v->off[t + 1] - v->off[t]), l = lcp[k];
+        if (fail_at < l) {
+            logits[t] = -INFINITY;
+            continue;
+        }
+        fail_at = INT_MAX;
+        int d = l < valid ? l : valid, ok = L > 0;
+        for (; d < L; d++) {
+            stk[d + 1] = stk[d];
+            if (ib_json_step(&stk[d + 1], b[d])) {
+                fail_at = d;
+                ok = 0;
+                break;
+            }
+        }
+        valid = d;
         if (ok)
             allowed++;
         else
             logits[t] = -INFINITY;
+    }
+    return allowed;
+}
+
+int ib_json_mask(const ib_json_state *s, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop,
+                 int n_stop) {
+    if (s->run) return ib_schema_mask(s->run, v, logits, vocab, stop, n_stop);
+    int done = ib_json_done(s), n = v->n < vocab ? v->n : vocab, allowed = 0;
+    float saved[64];
+    int ns = n_stop < 64 ? n_stop : 64;
+    for (int k = 0; k < ns; k++)
+        if (stop[k] >= 0 && stop[k] < n) {
+            saved[k] = logits[stop[k]];
+            logits[stop[k]] = 0.0f; /* finite: the walk sets -inf where it refuses */
+        }
+    for (int t = n; t < vocab; t++) logits[t] = -INFINITY;
+    if (done && n_stop) {
+        for (int t = 0; t < n; t++) logits[t] = -INFINITY;
+    } else if (n == v->n) {
+        allowed = json_walk(s, v, logits);
+    } else { /* a vocabulary table larger than the row (never in the server) */
+        for (int t = 0; t < n; t++)
+            if (token_ok(s, v, t)) allowed++;
+            else logits[t] = -INFINITY;
+    }
+    for (int k = 0; k < ns; k++) { /* stop ids: allowed exactly when the object is complete */
+        int32_t t = stop[k];
+        if (t < 0 || t >= n) continue;
+        int dup = 0;
+        for (int q = 0; q < k; q++) dup |= stop[q] == t;
+        if (dup) continue;
+        if (!isinf(logits[t])) allowed--;
+        logits[t] = done ? saved[k] : -INFINITY;
+        allowed += done;
     }
     return allowed;
 }

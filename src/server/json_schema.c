@@ -522,7 +522,8 @@ typedef struct sstate {
 } sstate;
 
 struct ib_schema_run {
-    ib_schema *sc;      /* owned */
+    ib_schema *sc;      /* owned, unless borrowed (a clone's) */
+    int borrowed;
     sstate cur;         /* the text generated so far */
     sstate *stk;        /* [maxlen + 1] the vocabulary walk's states by byte depth */
     int stk_len;
@@ -909,9 +910,18 @@ ib_schema_run *ib_schema_run_new(ib_schema *sc) {
     return r;
 }
 
+ib_schema_run *ib_schema_run_clone(const ib_schema_run *r) {
+    ib_schema_run *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->sc = r->sc;
+    c->borrowed = 1;
+    scopy(&c->cur, &r->cur);
+    return c;
+}
+
 void ib_schema_run_free(ib_schema_run *r) {
     if (!r) return;
-    ib_schema_free(r->sc);
+    if (!r->borrowed) ib_schema_free(r->sc);
     free(r->stk);
     free(r);
 }
