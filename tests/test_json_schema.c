@@ -366,6 +366,10 @@ static void test_accept(void) {
         CHECK(got == cases[i].want, "case %zu: %s on '%s': got %d, want %d", i, cases[i].schema, cases[i].text, got,
               cases[i].want);
     }
+    /* more readings than fit: the first 8 kept (here 8 alternatives of one reading fill the set while a
+     * second reading is still to be stepped: it must be dropped, not written past the set) */
+    CHECK_EQ_INT(accepts("{\"anyOf\":[{\"type\":\"array\",\"items\":{\"anyOf\":[{},{},{},{},{},{},{},{},{}]}},"
+                         "{\"type\":\"array\"}]}", "[1,[2],{\"a\":3}]"), 1);
     /* 17 open containers: the reader refuses the 17th */
     CHECK_EQ_INT(accepts("{}", "[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]"), 0);
     CHECK_EQ_INT(accepts("{}", "[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]"), 1);

@@ -863,7 +863,7 @@ static int pstep(const ib_schema *sc, spath *p, unsigned char c) {
 /* dst = src advanced by byte c; -1 (dst then empty) when no reading accepts c. */
 static int sstep(const ib_schema *sc, const sstate *src, sstate *dst, unsigned char c) {
     dst->n = 0;
-    for (int i = 0; i < src->n; i++) {
+    for (int i = 0; i < src->n && dst->n < SC_MAX_PATHS; i++) {
         const spath *p = &src->p[i];
         int start = !is_ws(c) && (p->mode == P_VALUE || (p->mode == P_ARR_FIRST && c != ']'));
         if (!start) {
