@@ -205,13 +205,18 @@ ib_status ib_model_identity(const char *dir, char out[IB_MODEL_ID_LEN], ib_error
 
 typedef struct ib_engine ib_engine;
 
+/* Zeroed options are the defaults: every field's 0 says what it means. */
 typedef struct ib_engine_opts {
-    int threads;          /* worker threads, >= 1; 0 means 1 */
+    int threads;          /* worker threads; 0 = the CPUs online (at most IB_MAX_DEFAULT_THREADS); the
+                           * answers are the same for every count */
     ib_isa isa;           /* IB_ISA_AUTO by default */
     ib_act act;           /* IB_ACT_AUTO by default */
     int max_step_tokens;  /* most tokens (over all items) one ib_step may carry; 0 means 512 */
     ib_backend_kind backend; /* IB_BACKEND_CPU by default; the isa applies to the CPU backend */
 } ib_engine_opts;
+
+/* Most threads threads = 0 picks. */
+#define IB_MAX_DEFAULT_THREADS 256
 
 /* Create an engine for model m (which must outlive it). opts may be NULL (defaults above).
  * Fails with IB_ERR_UNSUPPORTED when the requested ISA is not available on this CPU. */
@@ -225,19 +230,20 @@ ib_backend_kind ib_engine_backend(const ib_engine *e);   /* where it computes */
 
 /* Sampling settings of a session. temperature <= 0 means greedy (argmax, ties to the lowest id).
  * Otherwise, in this order: repetition penalty over the last repeat_last_n tokens of the session's
- * history; temperature; top-k (0 = off); softmax; top-p (1 = off); min-p (0 = off); then one draw from
- * a counter-based generator keyed by (seed, step), so a draw never depends on other sessions. */
+ * history; temperature; top-k (0 = off); softmax; top-p (0 or 1 = off); min-p (0 = off); then one draw
+ * from a counter-based generator keyed by (seed, step), so a draw never depends on other sessions.
+ * A zeroed ib_sampling is the default: greedy, every filter off (repeat_penalty 0 or 1 = off). */
 typedef struct ib_sampling {
     float temperature;
     int top_k;
-    float top_p;
+    float top_p;           /* keep the smallest prefix of mass >= top_p; 0 or >= 1 = off */
     float min_p;
     float repeat_penalty;  /* 1 = off */
     int repeat_last_n;     /* 0 = the whole history */
     uint64_t seed;
 } ib_sampling;
 
-/* Defaults: greedy, top_p 1, repeat_penalty 1, seed 0. */
+/* Defaults: greedy, top_p 1, repeat_penalty 1, seed 0 (the same draws as a zeroed ib_sampling). */
 ib_sampling ib_sampling_default(void);
 
 /* ---------------------------------------------------------------- sessions */
@@ -245,8 +251,11 @@ ib_sampling ib_sampling_default(void);
 typedef struct ib_session ib_session;
 
 typedef struct ib_session_opts {
-    int max_context;       /* KV capacity in tokens; 0 means min(model max_context, 4096). Ignored by
-                            * windowed sessions (kv_window > 0) */
+    int max_context;       /* KV capacity in tokens, allocated at create (never during a step): say what
+                            * the session needs (prompt + tokens to generate). 0 means
+                            * min(model max_context, IB_SESSION_DEFAULT_CONTEXT); a step past the
+                            * capacity fails with IB_ERR_CONTEXT naming it. Ignored by windowed
+                            * sessions (kv_window > 0) */
     ib_sampling sampling;  /* used by ib_sample */
     /* KV policy (zero = full: every position kept, up to max_context). kv_window > 0: a token
      * attends only the kv_sink first positions of the session ("attention sinks") and the last
@@ -260,8 +269,13 @@ typedef struct ib_session_opts {
                                * the session (IB_BACKEND_CPU by default) */
 } ib_session_opts;
 
+/* The capacity of a session whose max_context is 0: small, so that a zeroed ib_session_opts does not
+ * reserve the model's whole context (4096 tokens of float KV are ~940 MB on a Qwen3-0.6B-shaped model;
+ * 512 are ~117 MB). ib_generate sizes its sessions to what its requests need instead. */
+#define IB_SESSION_DEFAULT_CONTEXT 512
+
 /* Create a session on model m with an empty KV cache at position 0. opts may be NULL (greedy,
- * full context, float32 KV in host memory). The KV cache is allocated here, never during a step;
+ * IB_SESSION_DEFAULT_CONTEXT tokens, float32 KV in host memory). The KV cache is allocated here, never during a step;
  * IB_ERR_UNSUPPORTED when opts->backend is not available. */
 ib_status ib_session_create(const ib_model *m, const ib_session_opts *opts, ib_session **out, ib_error *err);
 void ib_session_free(ib_session *s);
@@ -326,13 +340,16 @@ typedef struct ib_gen_request {
     int n_stop;
 } ib_gen_request;
 
+/* Zeroed fields are the defaults, except max_new_tokens (0 = prefill only, nothing generated):
+ * ib_gen_opts_default() gives IB_GEN_DEFAULT_MAX_NEW_TOKENS. */
 typedef struct ib_gen_opts {
     int max_new_tokens;     /* tokens to generate per prompt (>= 0), unless its request sets its own */
-    int batch;              /* sessions per step, >= 1 */
+    int batch;              /* sessions per step; 0 = IB_GEN_DEFAULT_BATCH (never more than the requests) */
     int prefill_chunk;      /* 0 = whole prompt in one item */
-    int stop_at_eos;        /* stop a row at the model's eos id */
+    int ignore_eos;         /* 0 (default): a row stops at the model's eos id; 1: it goes on past it */
     int keep_logits;        /* keep each chosen token's logits row in the result */
-    int max_context;        /* per-session KV capacity; 0 = the longest request needs */
+    int max_context;        /* per-session KV capacity; 0 = what the longest request needs (its prompt +
+                             * max_new_tokens), not the model's whole context */
     ib_sampling sampling;
     ib_kv_dtype kv_dtype;   /* the sessions' KV element type (ib_session_opts.kv_dtype); they live on
                              * the engine's backend */
@@ -362,6 +379,12 @@ typedef struct ib_gen_stats {
     double decode_seconds;  /* time of the steps that only decoded */
     long decode_tokens;     /* tokens drawn in those decode-only steps */
 } ib_gen_stats;
+
+#define IB_GEN_DEFAULT_BATCH 8
+#define IB_GEN_DEFAULT_MAX_NEW_TOKENS 128
+
+/* A zeroed ib_gen_opts with max_new_tokens = IB_GEN_DEFAULT_MAX_NEW_TOKENS and ib_sampling_default(). */
+ib_gen_opts ib_gen_opts_default(void);
 
 /* Run every request to completion. results: [n] (zeroed by the call). stats may be NULL.
  * Fails before any work when a request does not fit the context, or when a prompt that is to be fed

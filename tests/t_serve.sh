@@ -112,7 +112,7 @@ field_400() { # NAME CODE PARAM URL BODY
 field_400 "unknown field" unknown_parameter frobnicate /v1/completions '{"model":"tiny","prompt":"x","frobnicate":1}'
 field_400 "tools" unsupported_parameter tools /v1/chat/completions "{$CH,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}"
 field_400 "tool_choice" unsupported_parameter tool_choice /v1/chat/completions "{$CH,\"tool_choice\":\"auto\"}"
-# response_format json_object: decoding constrained to one JSON object (json_schema is refused)
+# response_format json_object: decoding constrained to one JSON object
 req 200 "response_format json_object" "${A[@]}" "$U/v1/chat/completions" -d '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":200,"temperature":0.9,"seed":4,"response_format":{"type":"json_object"}}'
 [ "$(jget 'const c=b.choices[0]; const t=c.message.content.trimStart(); t[0]==="{" && (c.finish_reason!=="stop" || (typeof JSON.parse(t)==="object" && !Array.isArray(JSON.parse(t))))')" = true ] \
     && ok || bad "json_object: not a JSON object (prefix): $(head -c 400 "$T/body")"
@@ -123,7 +123,42 @@ req 200 "json_object completes" "${A[@]}" "$U/v1/chat/completions" -d '{"model":
 # without the constraint the same request does not give an object
 req 200 "no json mode" "${A[@]}" "$U/v1/chat/completions" -d '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":40,"temperature":0,"logit_bias":{"125":100}}'
 [ "$(jget 'b.choices[0].message.content.startsWith("}")')" = true ] && ok || bad "the json_object check cannot fail: $(head -c 200 "$T/body")"
-field_400 "response_format json_schema" unsupported_parameter response_format /v1/chat/completions "{$CH,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{}}}}"
+# response_format json_schema: constrained to the schema; a stopped reply parses and satisfies it
+SCH='{"type":"object","properties":{"ok":{"type":"boolean"},"n":{"type":"integer"},"c":{"enum":["red","green",7]},"l":{"type":"array","items":{"type":"null"},"maxItems":2}},"required":["ok","n","c"],"additionalProperties":false}'
+# (whitespace ids 9, 10, 13, 32 made less likely: the random model would spend most tokens on it)
+SREQ='"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":200,"temperature":0.9,"logprobs":true,"logit_bias":{"9":-3,"10":-3,"13":-3,"32":-3}'
+sstops=0
+for seed in 1 2 3 4 5 6; do
+    req 200 "json_schema seed $seed" "${A[@]}" "$U/v1/chat/completions" -d "{$SREQ,\"seed\":$seed,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\",\"schema\":$SCH}}}"
+    cp "$T/body" "$T/schema$seed"
+    v=$(jget 'const c=b.choices[0]; if (c.finish_reason!=="stop") "length"; else { const o=JSON.parse(c.message.content); const k=Object.keys(o); (typeof o.ok==="boolean" && Number.isInteger(o.n) && ["red","green",7].includes(o.c) && k.every(x=>["ok","n","c","l"].includes(x)) && (o.l===undefined || (Array.isArray(o.l) && o.l.length<=2 && o.l.every(x=>x===null)))) ? "valid" : "INVALID" }')
+    case $v in valid) ok; sstops=$((sstops+1)) ;; length) ;; *) bad "json_schema seed $seed: not valid ($v): $(head -c 400 "$T/body")" ;; esac
+done
+[ "$sstops" -ge 3 ] && ok || bad "json_schema: only $sstops of 6 replies completed"
+# batched vs alone: the same six requests at once give the same bytes (content, ids, logprobs)
+CPIDS=()
+for seed in 1 2 3 4 5 6; do
+    curl -s -m 60 "${A[@]}" "$U/v1/chat/completions" -d "{$SREQ,\"seed\":$seed,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\",\"schema\":$SCH}}}" > "$T/schema_b$seed" &
+    CPIDS+=($!)
+done
+wait "${CPIDS[@]}"
+same=0
+for seed in 1 2 3 4 5 6; do
+    a=$(node -e 'const c=JSON.parse(require("fs").readFileSync(process.argv[1])).choices[0]; console.log(JSON.stringify([c.message.content,c.finish_reason,c.logprobs.content.map(e=>[e.token_id,e.logprob])]))' "$T/schema$seed")
+    b=$(node -e 'const c=JSON.parse(require("fs").readFileSync(process.argv[1])).choices[0]; console.log(JSON.stringify([c.message.content,c.finish_reason,c.logprobs.content.map(e=>[e.token_id,e.logprob])]))' "$T/schema_b$seed")
+    [ -n "$a" ] && [ "$a" = "$b" ] && same=$((same+1))
+done
+[ $same = 6 ] && ok || bad "json_schema: $same of 6 batched replies equal to the same request alone"
+# the validity check can fail: without the constraint the same request is not such an object
+req 200 "no json_schema" "${A[@]}" "$U/v1/chat/completions" -d "{$SREQ,\"seed\":1}"
+[ "$(jget 'try { const o=JSON.parse(b.choices[0].message.content); typeof o.ok==="boolean" } catch (e) { false }')" = false ] && ok || bad "the json_schema check cannot fail"
+# refused schemas: a one-line 400 naming the keyword or the value
+field_400 "json_schema: unsupported keyword" unsupported_parameter response_format /v1/chat/completions "{$CH,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0}}}}}}"
+[ "$(jget 'b.error.message')" = "response_format.json_schema.schema.properties.a: keyword 'minimum' is not supported (supported: type, properties, required, additionalProperties, items, minItems, maxItems, enum, const, anyOf, \$ref, \$defs)" ] && ok || bad "json_schema keyword message: $(head -c 400 "$T/body")"
+field_400 "json_schema: \$ref to nothing" invalid_value response_format /v1/chat/completions "{$CH,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"\$ref\":\"#/\$defs/nope\"}}}}"
+field_400 "json_schema: no name" invalid_value response_format /v1/chat/completions "{$CH,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{}}}}"
+field_400 "json_schema: schema not an object" invalid_value response_format /v1/chat/completions "{$CH,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":[]}}}"
+field_400 "response_format: unknown type" invalid_value response_format /v1/chat/completions "{$CH,\"response_format\":{\"type\":\"yaml\"}}"
 field_400 "echo" unsupported_parameter echo /v1/completions '{"model":"tiny","prompt":"x","echo":true}'
 field_400 "suffix" unsupported_parameter suffix /v1/completions '{"model":"tiny","prompt":"x","suffix":"end"}'
 field_400 "best_of" unsupported_parameter best_of /v1/completions '{"model":"tiny","prompt":"x","best_of":3}'

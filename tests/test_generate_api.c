@@ -9,7 +9,11 @@
  *     one-line error;
  *   - on_token: called once per generated token, in order per request, done exactly on the last;
  *   - ib_gen_stats: prefill + decode seconds within the run's, decode tokens <= generated tokens;
- *   - ib_version() equals IB_VERSION_STRING.
+ *   - ib_version() equals IB_VERSION_STRING;
+ *   - zeroed option structs are the documented defaults: engine threads 0 = the CPUs online, session
+ *     max_context 0 = min(model, IB_SESSION_DEFAULT_CONTEXT), ib_sampling's top_p 0 = off (the draws
+ *     of top_p 1, not of the top token alone), ib_gen_opts' zero = stop at eos (and ignore_eos = 1
+ *     goes past it), batch 0 = IB_GEN_DEFAULT_BATCH with the answers of batch 1, ib_gen_opts_default().
  */
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +21,9 @@
 #include "check.h"
 #include "isobatch.h"
 #include "model/mkmodel.h"
+#include "runtime/runtime.h"
+#include <float.h>
+#include <unistd.h>
 
 #define NP 5
 #define GEN 12
@@ -47,9 +54,88 @@ static int run(ib_engine *e, int B, const ib_sampling *const *sp, const char *co
     ib_gen_request rq[NP];
     for (int i = 0; i < NP; i++)
         rq[i] = (ib_gen_request){prompts[i], plen[i], 0, sp ? sp[i] : NULL, i == 1 ? stop : NULL, i == 1 ? n_stop : 0};
-    ib_gen_opts go = {.max_new_tokens = GEN, .batch = B, .sampling = ib_sampling_default(),
+    ib_gen_opts go = {.ignore_eos = 1, .max_new_tokens = GEN, .batch = B, .sampling = ib_sampling_default(),
                       .on_token = sn ? on_token : NULL, .on_token_ctx = sn};
     return ib_generate(e, rq, NP, &go, res, st, err);
+}
+
+/* Zeroed option structs mean the documented defaults. */
+static void test_zero_defaults(ib_model *m, ib_engine *e) {
+    ib_error err;
+    /* engine: threads 0 = the CPUs online */
+    ib_engine *z;
+    CHECK(ib_engine_create(m, &(ib_engine_opts){0}, &z, &err) == IB_OK, "%s", err.msg);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (z) CHECK_EQ_INT(ib_pool_threads(z->pool), cpus < IB_MAX_DEFAULT_THREADS ? cpus : IB_MAX_DEFAULT_THREADS);
+    ib_engine *one;
+    CHECK(ib_engine_create(m, &(ib_engine_opts){.threads = 1}, &one, &err) == IB_OK, "%s", err.msg);
+    if (one) CHECK_EQ_INT(ib_pool_threads(one->pool), 1);
+    ib_engine_free(one);
+    ib_engine_free(z);
+    /* session: max_context 0 = min(model, IB_SESSION_DEFAULT_CONTEXT), not the model's whole context */
+    ib_session *s;
+    int ctx = ib_model_get_info(m)->max_context;
+    CHECK(ib_session_create(m, &(ib_session_opts){0}, &s, &err) == IB_OK, "%s", err.msg);
+    CHECK_EQ_INT(ib_session_capacity(s), ctx < IB_SESSION_DEFAULT_CONTEXT ? ctx : IB_SESSION_DEFAULT_CONTEXT);
+    ib_session_free(s);
+    CHECK(ib_session_create(m, NULL, &s, &err) == IB_OK, "%s", err.msg);
+    CHECK_EQ_INT(ib_session_capacity(s), ctx < IB_SESSION_DEFAULT_CONTEXT ? ctx : IB_SESSION_DEFAULT_CONTEXT);
+    ib_session_free(s);
+    /* sampling: a zeroed ib_sampling (temperature and seed set) draws as the default's; top_p 0 is off,
+     * not "the top token only" (which a tiny top_p gives: the check can tell them apart) */
+    ib_sampling zs = {.temperature = 1.5f, .seed = 77}, ds = ib_sampling_default(), tiny = ds;
+    ds.temperature = tiny.temperature = 1.5f;
+    ds.seed = tiny.seed = 77;
+    tiny.top_p = FLT_TRUE_MIN;
+    const ib_sampling *pz[NP], *pd[NP], *pt[NP];
+    for (int i = 0; i < NP; i++) pz[i] = &zs, pd[i] = &ds, pt[i] = &tiny;
+    ib_gen_result a[NP], b[NP], c[NP];
+    CHECK(run(e, 2, pz, NULL, 0, a, NULL, NULL, &err) == IB_OK && run(e, 2, pd, NULL, 0, b, NULL, NULL, &err) == IB_OK &&
+              run(e, 2, pt, NULL, 0, c, NULL, NULL, &err) == IB_OK, "%s", err.msg);
+    int same = 0, differs = 0;
+    for (int i = 0; i < NP; i++) same += a[i].digest == b[i].digest, differs += a[i].digest != c[i].digest;
+    CHECK_EQ_INT(same, NP);
+    CHECK(differs > 0, "zeroed top_p drew as the top token alone");
+    ib_gen_results_free(a, NP);
+    ib_gen_results_free(b, NP);
+    ib_gen_results_free(c, NP);
+    /* ib_gen_opts: zero = stop at eos. Make the eos the 3rd token request 0 draws greedily. */
+    ib_gen_request rq = {prompts[0], plen[0], 0, NULL, NULL, 0};
+    ib_gen_opts go = {.max_new_tokens = GEN, .ignore_eos = 1, .sampling = ib_sampling_default()};
+    ib_gen_result r1, r2, r3;
+    CHECK(ib_generate(e, &rq, 1, &go, &r1, NULL, &err) == IB_OK, "%s", err.msg);
+    ib_model_info *info = (ib_model_info *)ib_model_get_info(m);
+    int32_t eos = info->eos_id;
+    int k = 0;
+    while (k < 2 && r1.tokens[k] != r1.tokens[2]) k++; /* the first place token 2's id occurs */
+    info->eos_id = r1.tokens[2];
+    ib_gen_opts zo = {.max_new_tokens = GEN, .sampling = ib_sampling_default()}; /* ignore_eos 0, batch 0 */
+    CHECK(ib_generate(e, &rq, 1, &zo, &r2, NULL, &err) == IB_OK, "%s", err.msg);
+    CHECK(r2.n_tokens == k + 1 && !strcmp(r2.finish, "stop"), "zeroed ib_gen_opts: %d tokens, finish %s (want %d, stop)",
+          r2.n_tokens, r2.finish, k + 1);
+    CHECK(ib_generate(e, &rq, 1, &go, &r3, NULL, &err) == IB_OK, "%s", err.msg);
+    CHECK(r3.n_tokens == GEN && r3.digest == r1.digest, "ignore_eos 1: %d tokens", r3.n_tokens);
+    info->eos_id = eos;
+    ib_gen_results_free(&r1, 1);
+    ib_gen_results_free(&r2, 1);
+    ib_gen_results_free(&r3, 1);
+    /* batch 0 = IB_GEN_DEFAULT_BATCH: the answers of batch 1 */
+    ib_gen_request all[NP];
+    for (int i = 0; i < NP; i++) all[i] = (ib_gen_request){prompts[i], plen[i], 0, NULL, NULL, 0};
+    ib_gen_result x[NP], y[NP];
+    ib_gen_opts b0 = {.ignore_eos = 1, .max_new_tokens = GEN}, b1 = b0;
+    b1.batch = 1;
+    CHECK(ib_generate(e, all, NP, &b0, x, NULL, &err) == IB_OK && ib_generate(e, all, NP, &b1, y, NULL, &err) == IB_OK,
+          "%s", err.msg);
+    same = 0;
+    for (int i = 0; i < NP; i++) same += x[i].digest == y[i].digest && x[i].n_tokens == GEN;
+    CHECK_EQ_INT(same, NP);
+    ib_gen_results_free(x, NP);
+    ib_gen_results_free(y, NP);
+    ib_gen_opts d = ib_gen_opts_default();
+    CHECK(d.max_new_tokens == IB_GEN_DEFAULT_MAX_NEW_TOKENS && d.batch == 0 && !d.ignore_eos &&
+              d.sampling.top_p == 1.0f && d.sampling.repeat_penalty == 1.0f,
+          "ib_gen_opts_default: max_new_tokens %d", d.max_new_tokens);
 }
 
 int main(void) {
@@ -138,6 +224,7 @@ int main(void) {
     CHECK(run(e, 2, NULL, empty, 1, rx, NULL, NULL, &err) == IB_ERR_INVALID_ARG && strstr(err.msg, "stop string 0"),
           "an empty stop string: %s", err.msg);
 
+    test_zero_defaults(m, e);
     ib_gen_results_free(rm, NP);
     ib_gen_results_free(rg, NP);
     ib_gen_results_free(rh, NP);

@@ -53,7 +53,7 @@ static outcome run(const ib_model *m, run_cfg c) {
         int src = c.shuffled ? perm(i) : i;
         rq[i] = (ib_gen_request){.prompt = prompt_ids[src], .n_prompt = prompt_len[src]};
     }
-    ib_gen_opts go = {.max_new_tokens = GEN, .batch = c.batch, .prefill_chunk = c.chunk, .sampling = ib_sampling_default(),
+    ib_gen_opts go = {.ignore_eos = 1, .max_new_tokens = GEN, .batch = c.batch, .prefill_chunk = c.chunk, .sampling = ib_sampling_default(),
                       .kv_dtype = c.kv_dtype};
     if (c.sampled) {
         go.sampling.temperature = 0.9f;

@@ -498,7 +498,7 @@ static int ref_prepare(const float *logits, int V, const ib_sampling *p, const i
         }
     }
     for (int j = 0; j < m; j++) prob[j] /= sum;
-    if (p->top_p < 1.0f) {
+    if (p->top_p > 0.0f && p->top_p < 1.0f) {
         double cum = 0;
         for (int j = 0; j < m; j++) {
             cum += prob[j];

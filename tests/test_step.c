@@ -121,7 +121,7 @@ int main(void) {
      * prime 0x100000001b3) over the rows' float32 bytes in order, written out here from its definition */
     {
         ib_gen_request rq[2] = {{.prompt = a, .n_prompt = 9, .max_new_tokens = 0}, {.prompt = b, .n_prompt = 23, .max_new_tokens = 0}};
-        ib_gen_opts go = {.max_new_tokens = 6, .batch = 2, .keep_logits = 1, .sampling = ib_sampling_default()};
+        ib_gen_opts go = {.ignore_eos = 1, .max_new_tokens = 6, .batch = 2, .keep_logits = 1, .sampling = ib_sampling_default()};
         ib_gen_result res[2];
         CHECK(ib_generate(e, rq, 2, &go, res, NULL, &err) == IB_OK, "%s", err.msg);
         for (int i = 0; i < 2; i++) {
@@ -156,7 +156,7 @@ int main(void) {
      * is refused before any work */
     {
         ib_gen_request rq[3] = {{.prompt = a, .n_prompt = 9, .max_new_tokens = 2}, {.prompt = b, .n_prompt = 23, .max_new_tokens = 0}, {.prompt = a, .n_prompt = 9, .max_new_tokens = 5}};
-        ib_gen_opts go = {.max_new_tokens = 4, .batch = 2, .sampling = ib_sampling_default()};
+        ib_gen_opts go = {.ignore_eos = 1, .max_new_tokens = 4, .batch = 2, .sampling = ib_sampling_default()};
         ib_gen_result res[3], full[1];
         CHECK(ib_generate(e, rq, 3, &go, res, NULL, &err) == IB_OK, "%s", err.msg);
         CHECK(res[0].n_tokens == 2 && res[1].n_tokens == 4 && res[2].n_tokens == 5, "limits 2/4/5 gave %d/%d/%d tokens",
@@ -172,7 +172,7 @@ int main(void) {
      * before any work */
     {
         ib_gen_request rq[3] = {{.prompt = a, .n_prompt = 9, .max_new_tokens = 0}, {.prompt = b, .n_prompt = 23, .max_new_tokens = 3}, {.prompt = a, .n_prompt = 9, .max_new_tokens = 2}};
-        ib_gen_opts go = {.max_new_tokens = 0, .batch = 2, .prefill_chunk = 5, .sampling = ib_sampling_default()};
+        ib_gen_opts go = {.ignore_eos = 1, .max_new_tokens = 0, .batch = 2, .prefill_chunk = 5, .sampling = ib_sampling_default()};
         ib_gen_result res[3];
         ib_gen_stats st = {0};
         CHECK(ib_generate(e, rq, 3, &go, res, &st, &err) == IB_OK, "%s", err.msg);

@@ -156,7 +156,7 @@ static outcome run(const char *dir) {
     static const int32_t p0[] = {72, 101, 108, 108, 111}, p1[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37},
                          p2[] = {200};
     ib_gen_request rq[N_PROMPTS] = {{.prompt = p0, .n_prompt = 5}, {.prompt = p1, .n_prompt = 37}, {.prompt = p2, .n_prompt = 1}};
-    ib_gen_opts go = {.max_new_tokens = GEN, .batch = 3, .sampling = ib_sampling_default()};
+    ib_gen_opts go = {.ignore_eos = 1, .max_new_tokens = GEN, .batch = 3, .sampling = ib_sampling_default()};
     ib_gen_result res[N_PROMPTS];
     if (ib_generate(e, rq, N_PROMPTS, &go, res, NULL, &err) == IB_OK) {
         for (int i = 0; i < N_PROMPTS; i++) {

@@ -6,6 +6,7 @@
  * generated tokens, e.g. Qwen3 drops an earlier turn's <think> block). The reply streams to stdout through the streaming decoder and ends at the
  * format's end-of-turn token.
  */
+#include <float.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -208,7 +209,7 @@ int cmd_chat(int argc, char **argv) {
         else if (!strcmp(f, "--context")) { if (cli_int(f, v, 1, 1 << 24, &context)) return 2; }
         else if (!strcmp(f, "--temp")) { if (cli_float(f, v, 0, 100, &d)) return 2; smp.temperature = (float)d; }
         else if (!strcmp(f, "--top-k")) { if (cli_int(f, v, 0, 1 << 24, &k)) return 2; smp.top_k = (int)k; }
-        else if (!strcmp(f, "--top-p")) { if (cli_float(f, v, 0, 1, &d)) return 2; smp.top_p = (float)d; }
+        else if (!strcmp(f, "--top-p")) { if (cli_float(f, v, 0, 1, &d)) return 2; smp.top_p = d > 0 ? (float)d : FLT_TRUE_MIN; /* 0: the top token only */ }
         else if (!strcmp(f, "--min-p")) { if (cli_float(f, v, 0, 1, &d)) return 2; smp.min_p = (float)d; }
         else if (!strcmp(f, "--repeat-penalty")) { if (cli_float(f, v, 0.01, 100, &d)) return 2; smp.repeat_penalty = (float)d; }
         else if (!strcmp(f, "--seed")) { if (cli_u64(f, v, &smp.seed)) return 2; seeded = 1; }
@@ -229,6 +230,8 @@ int cmd_chat(int argc, char **argv) {
     size_t lcap = 0;
     if (ib_model_load(dir, NULL, &c.m, &err)) return cli_error("%s", err.msg);
     ib_engine_opts eo = {.threads = (int)threads, .max_step_tokens = c.max_step};
+    int model_ctx = ib_model_get_info(c.m)->max_context;
+    if (context == 0) context = model_ctx < 4096 ? model_ctx : 4096; /* the documented default, min(model, 4096) */
     ib_session_opts so = {.max_context = (int)context, .sampling = smp};
     if (ib_engine_create(c.m, &eo, &c.e, &err) || ib_session_create(c.m, &so, &c.s, &err)) {
         rc = cli_error("%s", err.msg);

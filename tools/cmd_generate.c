@@ -1,6 +1,7 @@
 /*
  * cmd_generate.c — `isobatch generate`: prompts in, generated text/tokens/digests out.
  */
+#include <float.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -314,7 +315,7 @@ static int run(ib_model *m, const gen_args *a, const prompts *p, long batch, ib_
     }
     for (int i = 0; i < p->n; i++) rq[i] = (ib_gen_request){.prompt = p->ids[i], .n_prompt = p->len[i]};
     ib_gen_opts go = {.max_new_tokens = (int)a->n, .batch = (int)batch, .prefill_chunk = (int)a->chunk,
-                      .stop_at_eos = !a->ignore_eos, .keep_logits = a->logits_out != NULL, .sampling = a->sampling,
+                      .ignore_eos = a->ignore_eos, .keep_logits = a->logits_out != NULL, .sampling = a->sampling,
                       .kv_dtype = a->kv_dtype, .on_token = out ? st_token : NULL, .on_token_ctx = out};
     ib_status rc = ib_generate(e, rq, p->n, &go, res, st, &err);
     free(rq);
@@ -426,7 +427,8 @@ int cmd_generate(int argc, char **argv) {
             else a.sampling.top_k = (int)k;
         } else if (!strcmp(f, "--top-p")) {
             if (!VAL() || cli_float(f, v, 0, 1, &d)) rc = 2;
-            else a.sampling.top_p = (float)d;
+            else a.sampling.top_p = d > 0 ? (float)d : FLT_TRUE_MIN; /* 0: only the most likely token, as
+                                                                         * always (0 in ib_sampling is "off") */
         } else if (!strcmp(f, "--min-p")) {
             if (!VAL() || cli_float(f, v, 0, 1, &d)) rc = 2;
             else a.sampling.min_p = (float)d;

@@ -533,7 +533,7 @@ static ib_status run_mode(const ib_model *m, const ib_needle_case *cases, int n,
         return ib_fail(err, IB_ERR_NOMEM, "recall: out of memory");
     }
     for (int i = 0; i < n; i++) rq[i] = (ib_gen_request){.prompt = cases[i].ids, .n_prompt = cases[i].n_ids, .max_new_tokens = limit[i]};
-    ib_gen_opts go = {.max_new_tokens = 1, .batch = batch, .stop_at_eos = 1, .sampling = ib_sampling_default()};
+    ib_gen_opts go = {.max_new_tokens = 1, .batch = batch, .sampling = ib_sampling_default()};
     progress pg = {m, cases, o, batch == 1 ? "serialized" : "batched", n, 0, 0, NULL, NULL};
     if (o->progress) {
         pg.tok = calloc((size_t)n, sizeof *pg.tok);

@@ -5,6 +5,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backends/cpu/cpu.h"
 #include "core/error.h"
@@ -31,7 +32,10 @@ ib_status ib_engine_create(const ib_model *m, const ib_engine_opts *opts, ib_eng
     *out = NULL;
     ib_engine_opts o = {0};
     if (opts) o = *opts;
-    if (o.threads <= 0) o.threads = 1;
+    if (o.threads <= 0) { /* 0: every online CPU */
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        o.threads = n < 1 ? 1 : n > IB_MAX_DEFAULT_THREADS ? IB_MAX_DEFAULT_THREADS : (int)n;
+    }
     if (o.max_step_tokens <= 0) o.max_step_tokens = DEFAULT_STEP_TOKENS;
     if (o.max_step_tokens > (1 << 20))
         return ib_fail(err, IB_ERR_INVALID_ARG, "engine: max_step_tokens %d is too large", o.max_step_tokens);

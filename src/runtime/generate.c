@@ -36,7 +36,7 @@ struct gen_run {
     ib_gen_result *res;
     ib_sched *S;
     int next_req;             /* next request to hand to a row */
-    int32_t stop_id;          /* the model's eos, a stop id when stop_at_eos */
+    int32_t stop_id;          /* the model's eos, a stop id unless ignore_eos */
     int n_stop;
     ib_status rc;             /* first failure (IB_OK while none) */
     ib_error *err;
@@ -165,12 +165,17 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
     row_next(r);
 }
 
+ib_gen_opts ib_gen_opts_default(void) {
+    ib_gen_opts o = {.max_new_tokens = IB_GEN_DEFAULT_MAX_NEW_TOKENS, .sampling = ib_sampling_default()};
+    return o;
+}
+
 ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_gen_opts *o, ib_gen_result *res,
                       ib_gen_stats *stats, ib_error *err) {
     const ib_model *m = e->model;
     const ib_model_info *info = ib_model_get_info(m);
     int V = info->vocab_size;
-    if (n < 0 || o->batch < 1 || o->max_new_tokens < 0 || o->prefill_chunk < 0)
+    if (n < 0 || o->batch < 0 || o->max_new_tokens < 0 || o->prefill_chunk < 0)
         return ib_fail(err, IB_ERR_INVALID_ARG, "generate: bad options (batch %d, max_new_tokens %d, prefill_chunk %d)",
                        o->batch, o->max_new_tokens, o->prefill_chunk);
     memset(res, 0, (size_t)n * sizeof *res);
@@ -201,12 +206,13 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
         if (reqs[i].n_prompt > longest) longest = reqs[i].n_prompt;
     }
     /* rows: no more than the requests, nor than a step can hold with one token each */
-    int B = o->batch < n ? o->batch : (n > 0 ? n : 1);
+    int B = o->batch > 0 ? o->batch : IB_GEN_DEFAULT_BATCH;
+    B = B < n ? B : (n > 0 ? n : 1);
     if (B > e->max_tokens) B = e->max_tokens;
     gen_row *rows = calloc((size_t)B, sizeof *rows);
     ib_status rc = IB_OK;
     gen_run g = {.m = m, .reqs = reqs, .n = n, .o = o, .vocab = V, .res = res, .stop_id = info->eos_id,
-                 .n_stop = o->stop_at_eos && info->eos_id >= 0, .err = err};
+                 .n_stop = !o->ignore_eos && info->eos_id >= 0, .err = err};
     if (!rows) {
         rc = ib_fail(err, IB_ERR_NOMEM, "generate: out of memory");
         goto done;

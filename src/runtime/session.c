@@ -8,7 +8,6 @@
 #include "runtime/kv_policy.h"
 #include "runtime/runtime.h"
 
-#define DEFAULT_SESSION_CONTEXT 4096
 
 ib_sampling ib_sampling_default(void);
 
@@ -28,7 +27,7 @@ ib_status ib_session_create(const ib_model *m, const ib_session_opts *opts, ib_s
     *out = NULL;
     const ib_config *c = &m->cfg;
     int cap = opts && opts->max_context > 0 ? opts->max_context : c->max_position;
-    if (!(opts && opts->max_context > 0) && cap > DEFAULT_SESSION_CONTEXT) cap = DEFAULT_SESSION_CONTEXT;
+    if (!(opts && opts->max_context > 0) && cap > IB_SESSION_DEFAULT_CONTEXT) cap = IB_SESSION_DEFAULT_CONTEXT;
     int sink = opts ? opts->kv_sink : 0, window = opts ? opts->kv_window : 0, chunk = opts ? opts->kv_chunk : 0;
     if (sink < 0 || window < 0 || chunk < 0 || (window == 0 && sink > 0) || window > (1 << 24) || sink > (1 << 20) ||
         chunk > (1 << 20))

@@ -11,7 +11,7 @@
  *     window is recomputed from the original logit (vals[t] = penalise(logit[t])), so an id that occurs
  *     several times is penalised exactly once. repeat_last_n <= 0 means the whole history. History ids
  *     outside [0, vocab) are ignored.
- *   - temperature <= 0 or NaN: greedy. top_k <= 0 or >= vocab: off. top_p >= 1 or NaN: off.
+ *   - temperature <= 0 or NaN: greedy. top_k <= 0 or >= vocab: off. top_p <= 0, >= 1 or NaN: off.
  *     min_p <= 0 or NaN: off.
  *   - Softmax (step 4): d = l - max, taken as exactly 0 when l == max (so an infinite maximum gives
  *     weight 1 to the tokens holding it and 0 to the rest); w = ib_expf(d) (a float), p = w / sum with
@@ -393,7 +393,7 @@ int32_t ib_sample_logits(const float *logits, int vocab, const ib_sampling *p, u
     n = nw; /* >= 1: the first candidate has weight ib_expf(0) = 1 */
 
     /* 5. top-p: the smallest non-empty prefix whose mass >= top_p */
-    if (p->top_p < 1.0f) {
+    if (p->top_p > 0.0f && p->top_p < 1.0f) {
         const double tp = (double)p->top_p;
         double c = 0.0;
         for (int j = 0; j < n; j++) {

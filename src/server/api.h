@@ -28,9 +28,10 @@
 typedef enum { IB_API_COMPLETIONS, IB_API_CHAT, IB_API_SESSION_GENERATE } ib_api_endpoint;
 
 /* Check body's fields against what endpoint ep implements. Unknown fields fail with code
- * "unknown_parameter"; fields of the OpenAI API this server does not implement (tools, response_format
- * other than text, echo, suffix, best_of > 1, non-zero frequency/presence penalties, ...) fail with
- * "unsupported_parameter"; max_tokens 0 on completions and chat fails with "invalid_value".
+ * "unknown_parameter"; fields of the OpenAI API this server does not implement (tools, echo, suffix,
+ * best_of > 1, non-zero frequency/presence penalties, a json_schema keyword outside the supported
+ * subset, ...) fail with "unsupported_parameter"; a malformed response_format and max_tokens 0 on
+ * completions and chat fail with "invalid_value".
  * *code gets that code. 0 when the body may go on. */
 int ib_api_check_fields(json_t *body, ib_api_endpoint ep, const char **param, const char **code, char *msg,
                         size_t msz);
@@ -108,21 +109,44 @@ int ib_http_bind_addr(const char *host, int port, struct sockaddr_storage *out, 
 
 /* ------------------------------------------------------------------ JSON mode (json_constraint.c) */
 
-/* Where a byte-by-byte JSON reader stands in the text generated so far (small: copied per token). */
+/* A compiled response_format json_schema (json_schema.c) and one generation's reading over it. */
+typedef struct ib_schema ib_schema;
+typedef struct ib_schema_run ib_schema_run;
+
+/* Where a byte-by-byte JSON reader stands in the text generated so far (small: copied per token).
+ * run: NULL for json_object; for json_schema the schema reader (owned, ib_json_release). */
 typedef struct ib_json_state {
     uint8_t mode, sub, lit, key, utf8_left, ws, depth;
     uint64_t stack;                /* open containers, innermost in bit 0: 1 object, 0 array */
+    ib_schema_run *run;
 } ib_json_state;
 
-/* Every token's bytes, for masking: token t is bytes[off[t], off[t+1]). */
+/* Every token's bytes, for masking: token t is bytes[off[t], off[t+1]). For the schema walk the
+ * tokens also come sorted by their bytes (ord) with each one's common prefix with the one before
+ * (lcp), and again for the tokens that are not "plain" (np_*): a plain token is non-empty, has no
+ * '"', '\\' or byte below 0x20, and is whole UTF-8 characters, so inside a string it never changes
+ * the reader's state. */
 typedef struct ib_json_vocab {
     size_t *off;                   /* [n + 1] */
     char *bytes;
     int n;
+    int maxlen;                    /* longest token in bytes */
+    int32_t *ord, *lcp;            /* [n] */
+    int32_t *np_ord, *np_lcp;      /* [n_np] */
+    int n_np;
 } ib_json_vocab;
 
 /* The empty text: expecting an object. */
 void ib_json_init(ib_json_state *s);
+/* Set s up for body field response_format rf (NULL, null, {"type":"text"}: nothing): 1 when the
+ * reply is constrained (json_object, or json_schema compiled into s->run), 0 when not, -1 when out of
+ * memory. rf must have passed ib_json_format_check. */
+int ib_json_setup(ib_json_state *s, json_t *rf);
+/* Free what ib_json_setup allocated (s->run); s is then unconstrained-empty. */
+void ib_json_release(ib_json_state *s);
+/* Check response_format rf: text, json_object, or json_schema whose schema compiles (an unsupported
+ * keyword, a bad value, a $ref to nothing: -1 with a one-line message naming it). 0 when usable. */
+int ib_json_format_check(json_t *rf, char *msg, size_t msz);
 /* Feed one byte: 0 when the text so far can still become one JSON object (then s advanced), -1 when
  * not (s is then undefined: step a copy to try a byte). */
 int ib_json_step(ib_json_state *s, unsigned char c);
@@ -130,13 +154,39 @@ int ib_json_step(ib_json_state *s, unsigned char c);
 int ib_json_done(const ib_json_state *s);
 /* The byte table of m's vocabulary; -1 when out of memory. */
 int ib_json_vocab_init(ib_json_vocab *v, const ib_model *m);
+/* The same from a function giving token t's bytes (into buf, cap bytes; returns the count, < 0 =
+ * none) for t in [0, n). */
+int ib_json_vocab_build(ib_json_vocab *v, int n, int (*bytes_of)(void *ctx, int32_t t, char *buf, int cap), void *ctx);
 void ib_json_vocab_free(ib_json_vocab *v);
 /* Set logits[t] = -inf for every token t that cannot follow s: before completion a stop id, or a
  * token with a byte the grammar refuses (or with no bytes); after it, every token but the stop ids
  * (all but whitespace-only ones when there are no stop ids). Returns the tokens left; 0 leaves the row
- * all -inf, which the caller must undo. */
+ * all -inf, which the caller must undo. Dispatches to ib_schema_mask for json_schema. */
 int ib_json_mask(const ib_json_state *s, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop,
                  int n_stop);
+
+/* json_schema.c. Compile schema (the "schema" member of response_format.json_schema) into *out:
+ * 0; -1 with a one-line message naming the keyword or value refused and where; -2 out of memory. */
+int ib_schema_compile(json_t *schema, ib_schema **out, char *msg, size_t msz);
+void ib_schema_free(ib_schema *sc);
+/* A reader at the empty text over sc (which it then owns); NULL when out of memory (sc not freed). */
+ib_schema_run *ib_schema_run_new(ib_schema *sc);
+/* A copy of r at the same text, sharing r's schema (free it before r); NULL when out of memory. */
+ib_schema_run *ib_schema_run_clone(const ib_schema_run *r);
+void ib_schema_run_free(ib_schema_run *r);
+/* Feed one byte: 0 when the text can still become a value of the schema, -1 when not (the reader is
+ * then dead: every later byte is refused too). */
+int ib_schema_run_step(ib_schema_run *r, unsigned char c);
+/* Whether the text so far is a whole value of the schema (whitespace or, for a top-level number,
+ * more digits may follow). */
+int ib_schema_run_done(const ib_schema_run *r);
+/* ib_json_mask for a schema: -inf for every token whose bytes the reader refuses and for the stop ids
+ * until the value is whole; once nothing but whitespace can follow, only the stop ids stay. Cost: one
+ * reader step per distinct byte prefix the reader accepts (shared by the tokens that have it), and
+ * inside a free string only the non-plain tokens are walked. Returns the tokens left (0: all refused;
+ * the caller undoes the row). */
+int ib_schema_mask(ib_schema_run *r, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop,
+                   int n_stop);
 
 /* ------------------------------------------------------------------ latency metrics (latency.c) */
 

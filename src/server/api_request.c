@@ -43,7 +43,7 @@ int ib_api_failf(const char **param, const char *p, char *msg, size_t msz, const
 
 /* Whether value v of an unimplemented field asks for nothing (null, or the value that means "off"),
  * so it can be accepted: echo false, best_of 1, suffix "", tools [], tool_choice "none",
- * response_format {"type":"text"}, penalties 0, store false, parallel_tool_calls any boolean. */
+ * penalties 0, store false, parallel_tool_calls any boolean. */
 static int is_noop(const char *k, json_t *v) {
     if (json_is_null(v)) return 1;
     if (!strcmp(k, "echo") || !strcmp(k, "store")) return json_is_false(v);
@@ -55,11 +55,6 @@ static int is_noop(const char *k, json_t *v) {
     if (!strcmp(k, "parallel_tool_calls")) return json_is_boolean(v);
     if (!strcmp(k, "frequency_penalty") || !strcmp(k, "presence_penalty"))
         return json_is_number(v) && json_number_value(v) == 0.0;
-    if (!strcmp(k, "response_format")) { /* text, or json_object (constrained decoding: json_constraint.c) */
-        json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
-        return json_is_string(t) && json_object_size(v) == 1 &&
-               (!strcmp(json_string_value(t), "text") || !strcmp(json_string_value(t), "json_object"));
-    }
     return 0;
 }
 
@@ -67,7 +62,7 @@ static int is_noop(const char *k, json_t *v) {
 static const char *const unimplemented[] = {"echo", "suffix", "best_of", "tools", "tool_choice",
                                             "parallel_tool_calls", "functions", "function_call", "store",
                                             "metadata", "service_tier", "reasoning_effort", "modalities", "audio",
-                                            "prediction", "web_search_options", "response_format",
+                                            "prediction", "web_search_options",
                                             "frequency_penalty", "presence_penalty", NULL};
 
 int ib_api_check_fields(json_t *body, ib_api_endpoint ep, const char **param, const char **code, char *msg,
@@ -82,13 +77,16 @@ int ib_api_check_fields(json_t *body, ib_api_endpoint ep, const char **param, co
             *code = "unknown_parameter";
             return ib_api_failf(param, k, msg, msz, "unknown field '%s': this endpoint does not take it", k);
         }
+        if (!strcmp(k, "response_format") && ib_json_format_check(v, msg, msz)) {
+            /* text, json_object or a json_schema of the supported subset (json_constraint.c) */
+            *code = strstr(msg, "not supported") ? "unsupported_parameter" : "invalid_value";
+            *param = k;
+            return -1;
+        }
         if (in_list(unimplemented, k) && !is_noop(k, v)) {
             *code = "unsupported_parameter";
             if (!strcmp(k, "frequency_penalty") || !strcmp(k, "presence_penalty"))
                 return ib_api_failf(param, k, msg, msz, "%s is not supported (only 0); use repetition_penalty", k);
-            if (!strcmp(k, "response_format"))
-                return ib_api_failf(param, k, msg, msz, "response_format: {\"type\": \"text\"} and {\"type\": "
-                                                 "\"json_object\"} are supported (no json_schema)");
             return ib_api_failf(param, k, msg, msz, "%s is not supported by this server", k);
         }
     }

@@ -443,6 +443,7 @@ static void gen_unref(gen *g) {
     S->n_gens--;
     pthread_mutex_unlock(&S->mu);
     for (int i = 0; i < g->n_stops; i++) free(g->stops[i]);
+    ib_json_release(&g->json);
     free(g->tok);
     free(g->dig);
     free(g->vin);
@@ -1690,10 +1691,13 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
         g->n_stop_ids = ib_chat_stop_ids(S->m, g->stop_ids, MAX_STOP_IDS);
     else if (S->info->eos_id >= 0)
         g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
-    json_t *rf = chat ? json_object_get(json_object_get(b, "response_format"), "type") : NULL;
-    if (json_is_string(rf) && !strcmp(json_string_value(rf), "json_object")) {
-        g->want_json = 1;
-        ib_json_init(&g->json);
+    /* response_format json_object / json_schema (checked by ib_api_check_fields; json_constraint.c) */
+    if ((g->want_json = chat ? ib_json_setup(&g->json, json_object_get(b, "response_format")) : 0) < 0) {
+        ib_sched_event ev = {.done = 1, .finish = "error"}; /* undo as run_gen's failure does (g's one ref) */
+        on_event(g, &ev);
+        free(ids);
+        params_free(&p);
+        return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory for the schema; retry later");
     }
     enum MHD_Result r = run_gen(S, c, g, s, ids, n_ids, &p);
     free(ids);

@@ -18,6 +18,30 @@ function fingerprint(r) {
   const ids = c.logprobs ? (c.logprobs.token_ids || c.logprobs.content.map((e) => e.token_id)) : null;
   return JSON.stringify({ text: c.text ?? c.message.content, lp, ids, finish: c.finish_reason });
 }
+// Whether v satisfies JSON Schema s (the subset the server supports), root for $ref.
+function validate(v, s, root) {
+  if (s === true || s === undefined) return true;
+  if (s.$ref) return validate(v, s.$ref === "#" ? root : root.$defs[s.$ref.split("/").pop()], root);
+  if (s.anyOf) return s.anyOf.some((a) => validate(v, a, root));
+  const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
+  if ("const" in s && !same(s.const, v)) return false;
+  if (s.enum && !s.enum.some((e) => same(e, v))) return false;
+  const kind = v === null ? "null" : Array.isArray(v) ? "array" : typeof v === "number" ? (Number.isInteger(v) ? "integer" : "number") : typeof v;
+  if (s.type && ![].concat(s.type).some((t) => t === kind || (t === "number" && kind === "integer"))) return false;
+  if (kind === "object") {
+    for (const k of Object.keys(v)) {
+      const ps = s.properties && s.properties[k];
+      if (ps ? !validate(v[k], ps, root) : s.additionalProperties === false || (typeof s.additionalProperties === "object" && !validate(v[k], s.additionalProperties, root))) return false;
+    }
+    if ((s.required || []).some((k) => !(k in v))) return false;
+  }
+  if (kind === "array") {
+    if (s.minItems !== undefined && v.length < s.minItems) return false;
+    if (s.maxItems !== undefined && v.length > s.maxItems) return false;
+    if (s.items && !v.every((x) => validate(x, s.items, root))) return false;
+  }
+  return true;
+}
 const words = "the quick brown fox jumps over the lazy dog while batching never changes an answer".split(" ");
 function prompt(n) { let s = []; for (let i = 0; i < n; i++) s.push(words[(i * 7 + n) % words.length]); return s.join(" "); }
 
@@ -28,6 +52,18 @@ async function main() {
   const greedy = { model, prompt: "Hello there, isobatch", max_tokens: 24, temperature: 0, logprobs: 1 };
   const seeded = { model, prompt: "A seeded story:", max_tokens: 24, temperature: 0.9, top_p: 0.95, seed: 42, logprobs: 1 };
   const chatReq = { model, messages: [{ role: "user", content: "Say something." }], max_tokens: 16, temperature: 0.7, seed: 7, logprobs: true };
+  const SCHEMA = { type: "object", additionalProperties: false, required: ["ok", "n", "color", "item"],
+                  properties: { ok: { type: "boolean" }, n: { type: "integer" },
+                                color: { type: "string", enum: ["red", "green", "blue"] },
+                                tags: { type: "array", items: { enum: ["a", "b", 3, null] }, maxItems: 3 },
+                                opt: { anyOf: [{ type: "null" }, { type: "number" }] },
+                                item: { $ref: "#/$defs/item" } },
+                  $defs: { item: { type: "object", properties: { id: { type: "integer" }, on: { const: true } },
+                                   required: ["id"], additionalProperties: false } } };
+  const FREE = { type: "object", properties: { name: { type: "string" }, x: { type: ["number", "null"] } }, required: ["name"] };
+  const schemaReq = { model, messages: [{ role: "user", content: "Answer in JSON." }], max_tokens: 200, temperature: 0.9, seed: 5,
+                      logit_bias: { 9: -3, 10: -3, 13: -3, 32: -3 }, // the random model would spend most tokens on whitespace
+                      logprobs: true, response_format: { type: "json_schema", json_schema: { name: "answer", strict: true, schema: SCHEMA } } };
   const jsonReq = { model, messages: [{ role: "user", content: "Answer in JSON." }], max_tokens: 48, temperature: 0.8, seed: 11,
                     logprobs: true, response_format: { type: "json_object" } };
 
@@ -82,7 +118,26 @@ async function main() {
   }
   const chatBase = { model, messages: [{ role: "user", content: "hi" }], max_tokens: 4 };
   await refused("chat tools", client.chat.completions.create({ ...chatBase, tools: [{ type: "function", function: { name: "f", parameters: {} } }] }), "tools");
-  await refused("chat response_format json_schema", client.chat.completions.create({ ...chatBase, response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object" } } } }), "response_format");
+  await refused("chat json_schema with an unsupported keyword", client.chat.completions.create({ ...chatBase, response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object", properties: { a: { type: "string", pattern: "^a" } } } } } }), "response_format");
+  try { await client.chat.completions.create({ ...chatBase, response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "integer", minimum: 1 } } } }); check("json_schema minimum", false, "accepted"); }
+  catch (e) { check("json_schema: the 400 names the keyword", e instanceof OpenAI.BadRequestError && /'minimum'/.test(e.message) && e.code === "unsupported_parameter", String(e)); }
+  // json_schema: the tiny model writes random text, so the constraint alone makes it valid; every reply
+  // that ends with "stop" must parse and satisfy the schema (validate() below, written apart)
+  let stops = 0, lengths = 0;
+  for (let seed = 1; seed <= 8; seed++) {
+    const r = await client.chat.completions.create({ ...schemaReq, seed, logprobs: false });
+    const c = r.choices[0];
+    if (c.finish_reason === "stop") {
+      stops++;
+      let v, err = "";
+      try { v = JSON.parse(c.message.content); } catch (e) { err = String(e); }
+      check("json_schema seed " + seed + ": a stopped reply parses and satisfies the schema", !err && validate(v, SCHEMA, SCHEMA), err + " " + c.message.content);
+    } else lengths++;
+  }
+  check("json_schema: most replies complete (" + stops + " of 8 stop)", stops >= 4, "stops " + stops + ", lengths " + lengths);
+  const fr = await client.chat.completions.create({ ...schemaReq, seed: 3, response_format: { type: "json_schema", json_schema: { name: "free", schema: FREE } } });
+  check("json_schema with free strings: a JSON prefix, or valid when stopped", fr.choices[0].finish_reason !== "stop" ||
+        validate(JSON.parse(fr.choices[0].message.content), FREE, FREE), fr.choices[0].message.content);
   await refused("completions echo", client.completions.create({ ...greedy, echo: true }), "echo");
   await refused("completions best_of", client.completions.create({ ...greedy, best_of: 2 }), "best_of");
   await refused("completions suffix", client.completions.create({ ...greedy, suffix: "!" }), "suffix");
@@ -105,6 +160,7 @@ async function main() {
   const aloneS = fingerprint(await client.completions.create(seeded));
   const aloneC = fingerprint(await client.chat.completions.create(chatReq));
   const aloneJ = fingerprint(await client.chat.completions.create(jsonReq));
+  const aloneSc = fingerprint(await client.chat.completions.create(schemaReq));
   const others = [];
   for (let i = 0; i < 31; i++) {
     const n = 1 + ((i * 37) % 120), mt = 4 + ((i * 13) % 40);
@@ -117,8 +173,9 @@ async function main() {
     }
   }
   await new Promise((r) => setTimeout(r, 30));
-  const [g, s, c, jr] = await Promise.all([client.completions.create(greedy), client.completions.create(seeded),
-                                       client.chat.completions.create(chatReq), client.chat.completions.create(jsonReq)]);
+  const [g, s, c, jr, sr] = await Promise.all([client.completions.create(greedy), client.completions.create(seeded),
+                                       client.chat.completions.create(chatReq), client.chat.completions.create(jsonReq),
+                                       client.chat.completions.create(schemaReq)]);
   const res = await Promise.allSettled(others);
   check("31 concurrent requests all succeed", res.every((r) => r.status === "fulfilled"),
         JSON.stringify(res.filter((r) => r.status !== "fulfilled").map((r) => String(r.reason)).slice(0, 3)));
@@ -126,6 +183,7 @@ async function main() {
   check("invariance under load: seeded sampling bitwise identical", fingerprint(s) === aloneS, fingerprint(s) + " vs " + aloneS);
   check("invariance under load: seeded chat bitwise identical", fingerprint(c) === aloneC, fingerprint(c) + " vs " + aloneC);
   check("invariance under load: json_object chat bitwise identical", fingerprint(jr) === aloneJ, fingerprint(jr) + " vs " + aloneJ);
+  check("invariance under load: json_schema chat bitwise identical", fingerprint(sr) === aloneSc, fingerprint(sr) + " vs " + aloneSc);
   check("json_object: the reply is a JSON object or a prefix of one", jr.choices[0].message.content.trimStart().startsWith("{"), jr.choices[0].message.content);
   check("sampling differs from greedy", aloneS !== aloneG);
 }
