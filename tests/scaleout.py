@@ -17,48 +17,28 @@ replica's /healthz; R, a reference server with no store, never killed, gets the 
   - a replica whose rebuild is broken (--inject rebuild-drop-token) fails the comparison after a kill.
 Usage: scaleout.py BIN WORKDIR PG_URI
 """
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
+
+import harness
+from harness import bad, check, finish, procs
 
 BIN, T, PG_URI = sys.argv[1], sys.argv[2], sys.argv[3]
-passed = failed = 0
-procs = []
+harness.NAME = "t_scaleout"
 
 
-def ok():
-    global passed
-    passed += 1
-
-
-def bad(msg):
-    global failed
-    failed += 1
-    print("FAIL:", msg, flush=True)
-
-
-def check(cond, msg):
-    ok() if cond else bad(msg)
-    return cond
-
-
-def finish():
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+def no_sanitizer_reports():
     for name in os.listdir(T):
         if name.endswith(".log") and name != "haproxy.log":
             log = open(os.path.join(T, name), errors="replace").read()
             check("Sanitizer" not in log and "runtime error" not in log, f"{name}: sanitizer report")
-    print(f"t_scaleout: {passed} passed, {failed} failed")
-    sys.exit(0 if failed == 0 else 1)
+
+
+harness.BEFORE_END.append(no_sanitizer_reports)
 
 
 def free_port():
@@ -70,18 +50,7 @@ def free_port():
 
 
 def request(url, method, path, body=None, timeout=60):
-    data = json.dumps(body).encode() if body is not None else None
-    r = urllib.request.Request(url + path, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(r, timeout=timeout) as f:
-            return f.status, json.loads(f.read())
-    except urllib.error.HTTPError as e:
-        try:
-            return e.code, json.loads(e.read())
-        except Exception:
-            return e.code, None
-    except (urllib.error.URLError, ConnectionError, socket.timeout) as e:
-        return 0, str(e)
+    return harness.http_json(url, method, path, body, timeout=timeout)
 
 
 class Server:

@@ -27,34 +27,12 @@ import time
 import urllib.error
 import urllib.request
 
+import harness
+from harness import ok, bad, check, finish, procs
+
 BIN, T = sys.argv[1], sys.argv[2]
-passed = failed = 0
+harness.NAME = "t_store_serve"
 KEY = "store-key"
-procs = []
-
-
-def ok():
-    global passed
-    passed += 1
-
-
-def bad(msg):
-    global failed
-    failed += 1
-    print("FAIL:", msg, flush=True)
-
-
-def check(cond, msg):
-    ok() if cond else bad(msg)
-    return cond
-
-
-def finish():
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-    print(f"t_store_serve: {passed} passed, {failed} failed")
-    sys.exit(0 if failed == 0 else 1)
 
 
 class Server:

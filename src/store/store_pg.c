@@ -29,6 +29,7 @@
  */
 #include <libpq-fe.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,6 +190,68 @@ static void rollback(PGconn *c) {
     if (PQstatus(c) == CONNECTION_OK && PQtransactionStatus(c) != PQTRANS_IDLE) PQclear(PQexec(c, "ROLLBACK"));
 }
 
+/* ---------------------------------------------------------------- transactions */
+
+/* One call's transaction, as its body sees it: the connection, the last statement's result (kept for
+ * the error message), what is being done, and the status of a refusal the body decided on. */
+typedef struct pg_tx {
+    pg_store *s;
+    PGconn *c;
+    PGresult *res;
+    const char *what;
+    const char *id;    /* the session named in messages, or NULL */
+    ib_status refused; /* set with err by a body that returns TX_REFUSED */
+    ib_error *err;
+} pg_tx;
+
+/* What a body returns: commit; a statement failed (t->res holds it); refused (t->refused, err set). */
+enum { TX_COMMIT = 0, TX_SQL_FAILED = 1, TX_REFUSED = 2 };
+
+typedef int (*pg_body)(pg_tx *t, void *arg);
+
+/* Take a connection, run `begin`, the body, and COMMIT; on a failed statement the error mapped by
+ * pg_fail, on a refusal the body's status, in both cases the transaction rolled back (so a failed call
+ * changes nothing); the connection given back. */
+static ib_status pg_transaction(pg_store *s, const char *begin, const char *what, const char *id, pg_body body,
+                                void *arg, ib_error *err) {
+    int ci;
+    ib_status st = take_conn(s, &ci, err);
+    if (st) return st;
+    pg_tx t = {s, s->conn[ci], NULL, what, id, IB_OK, err};
+    int r = cmd(t.c, begin, &t.res) ? TX_SQL_FAILED : body(&t, arg);
+    if (r == TX_COMMIT) {
+        t.what = "commit";
+        if (cmd(t.c, "COMMIT", &t.res)) r = TX_SQL_FAILED;
+    }
+    if (r == TX_SQL_FAILED) st = pg_fail(s, t.c, t.res, t.what, id, err);
+    else if (r == TX_REFUSED) st = t.refused;
+    if (r != TX_COMMIT) rollback(t.c);
+    PQclear(t.res);
+    give_conn(s, ci);
+    return st;
+}
+
+/* Run a parameterised statement in t (text parameters except where fmt says binary; text or binary
+ * results): TX_COMMIT when it returned `want`, else TX_SQL_FAILED with t->res holding the error. */
+static int tx_run(pg_tx *t, ExecStatusType want, const char *sql, int n, const char *const *v, const int *len,
+                  const int *fmt, int binres) {
+    PQclear(t->res);
+    t->res = run(t->c, sql, n, v, len, fmt, binres);
+    return PQresultStatus(t->res) == want ? TX_COMMIT : TX_SQL_FAILED;
+}
+
+/* A refusal: roll back with status st and a one-line message. */
+static int tx_refuse(pg_tx *t, ib_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int tx_refuse(pg_tx *t, ib_status st, const char *fmt, ...) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    t->refused = ib_fail(t->err, st, "store %s: %s", t->s->name, msg);
+    return TX_REFUSED;
+}
+
 /* ---------------------------------------------------------------- operations */
 
 static int64_t now_s(void) { return (int64_t)time(NULL); }
@@ -215,144 +278,88 @@ static void progress_params(const ib_store_progress *pr, char b[10][24], const c
     p[9] = num(b[9], now_s());
 }
 
-/* Insert one history row (tokens [first, first + n)) inside the open transaction: 0 or -1 (*res). */
-static int put_history(PGconn *c, const char *id, int first, const int32_t *tokens, const uint8_t *flags, int n,
-                       PGresult **res) {
+/* Insert one history row (tokens [first, first + n)) of session t->id. */
+static int put_history(pg_tx *t, int first, const int32_t *tokens, const uint8_t *flags, int n) {
     unsigned char *buf = malloc((size_t)n * 4);
-    if (!buf) return -1;
+    if (!buf) return tx_refuse(t, IB_ERR_NOMEM, "session %s: out of memory", t->id);
     ib_store_enc_tokens(tokens, n, buf);
     char fb[24];
-    const char *v[4] = {id, num(fb, first), (const char *)buf, (const char *)flags};
+    const char *v[4] = {t->id, num(fb, first), (const char *)buf, (const char *)flags};
     int len[4] = {0, 0, n * 4, n}, fmt[4] = {0, 0, 1, 1};
-    PQclear(*res);
-    *res = run(c, "INSERT INTO isobatch_history(session_id, first, tokens, flags) VALUES ($1, $2, $3, $4)", 4, v, len,
-               fmt, 0);
+    int r = tx_run(t, PGRES_COMMAND_OK,
+                   "INSERT INTO isobatch_history(session_id, first, tokens, flags) VALUES ($1, $2, $3, $4)", 4, v, len,
+                   fmt, 0);
     free(buf);
-    return PQresultStatus(*res) == PGRES_COMMAND_OK ? 0 : -1;
+    return r;
 }
 
-/* The stored token count of id, row-locked for the open transaction: *n = -1 when absent. 0 or -1. */
-static int lock_count(PGconn *c, const char *id, long long *n, PGresult **res) {
-    const char *v[1] = {id};
-    PQclear(*res);
-    *res = run(c, "SELECT n_tokens FROM isobatch_sessions WHERE id = $1 FOR UPDATE", 1, v, NULL, NULL, 0);
-    if (PQresultStatus(*res) != PGRES_TUPLES_OK) return -1;
-    *n = PQntuples(*res) ? strtoll(PQgetvalue(*res, 0, 0), NULL, 10) : -1;
-    return 0;
+/* The stored token count of session t->id, row-locked for the transaction: *n = -1 when absent. */
+static int lock_count(pg_tx *t, long long *n) {
+    const char *v[1] = {t->id};
+    int r = tx_run(t, PGRES_TUPLES_OK, "SELECT n_tokens FROM isobatch_sessions WHERE id = $1 FOR UPDATE", 1, v, NULL,
+                   NULL, 0);
+    if (r == TX_COMMIT) *n = PQntuples(t->res) ? strtoll(PQgetvalue(t->res, 0, 0), NULL, 10) : -1;
+    return r;
 }
 
-/* ops.create (ib_store_create): the session row and its first history row in one transaction;
- * IB_ERR_STATE when the id is taken. */
-static ib_status pg_create(ib_store *st, const ib_store_session *r, ib_error *err) {
-    pg_store *s = (pg_store *)st;
-    int ci;
-    ib_status tc = take_conn(s, &ci, err);
-    if (tc) return tc;
-    PGconn *c = s->conn[ci];
-    PGresult *res = NULL;
-    ib_status out = IB_OK;
-    const char *what = "create";
+/* Set the progress columns of session t->id. */
+static int put_progress(pg_tx *t, const ib_store_progress *pr) {
+    char b[10][24];
+    const char *p[11];
+    progress_params(pr, b, p);
+    p[10] = t->id;
+    return tx_run(t, PGRES_COMMAND_OK,
+                  "UPDATE isobatch_sessions SET temperature=$1, top_k=$2, top_p=$3, min_p=$4, repeat_penalty=$5,"
+                  " repeat_last_n=$6, seed=$7, draws=$8, n_fed=$9, updated=$10 WHERE id=$11",
+                  11, p, NULL, NULL, 0);
+}
+
+/* create: the session row, then its first history row. */
+static int create_body(pg_tx *t, void *arg) {
+    const ib_store_session *r = arg;
     char b[10][24], pb[5][24];
     const char *p[10];
     progress_params(&r->progress, b, p);
     const char *v[20] = {r->id, r->owner, r->model_id, num(pb[0], r->max_context), num(pb[1], r->kv_sink),
                          num(pb[2], r->kv_window), num(pb[3], r->kv_chunk), ib_kv_dtype_name(r->kv_dtype),
                          p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], num(pb[4], r->n_tokens), p[9], p[9]};
-    if (cmd(c, "BEGIN", &res)) goto fail;
-    PQclear(res);
-    res = run(c,
-              "INSERT INTO isobatch_sessions(id, owner, model_id, max_context, kv_sink, kv_window, kv_chunk, kv_dtype,"
-              " temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, draws, n_fed, n_tokens, created,"
-              " updated) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20)",
-              20, v, NULL, NULL, 0);
-    if (PQresultStatus(res) != PGRES_COMMAND_OK) {
-        const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-        if (state && !strcmp(state, "23505")) {
-            rollback(c);
-            out = ib_fail(err, IB_ERR_STATE, "store %s: session %s exists already", s->name, r->id);
-            goto done;
-        }
-        goto fail;
+    if (tx_run(t, PGRES_COMMAND_OK,
+               "INSERT INTO isobatch_sessions(id, owner, model_id, max_context, kv_sink, kv_window, kv_chunk, kv_dtype,"
+               " temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, draws, n_fed, n_tokens, created,"
+               " updated) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20)",
+               20, v, NULL, NULL, 0)) {
+        const char *state = PQresultErrorField(t->res, PG_DIAG_SQLSTATE);
+        if (state && !strcmp(state, "23505")) return tx_refuse(t, IB_ERR_STATE, "session %s exists already", r->id);
+        return TX_SQL_FAILED;
     }
-    if (r->n_tokens > 0) {
-        what = "create (history)";
-        if (put_history(c, r->id, 0, r->tokens, r->flags, r->n_tokens, &res)) goto fail;
-    }
-    what = "commit";
-    if (cmd(c, "COMMIT", &res)) goto fail;
-    goto done;
-fail:
-    out = pg_fail(s, c, res, what, r->id, err);
-    rollback(c);
-done:
-    PQclear(res);
-    give_conn(s, ci);
-    return out;
+    t->what = "create (history)";
+    return r->n_tokens > 0 ? put_history(t, 0, r->tokens, r->flags, r->n_tokens) : TX_COMMIT;
 }
 
-/* The history rows of id (binary results: first int4, tokens, flags) into out. */
-static ib_status load_history(pg_store *s, PGconn *c, const char *id, ib_store_session *out, ib_error *err) {
-    ib_status st = ib_store_history_alloc(s->name, out, err);
-    if (st) return st;
-    const char *v[1] = {id};
-    PGresult *res = run(c, "SELECT first, tokens, flags FROM isobatch_history WHERE session_id = $1 ORDER BY first", 1,
-                        v, NULL, NULL, 1);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        st = pg_fail(s, c, res, "load history", id, err);
-        PQclear(res);
-        return st;
-    }
-    int have = 0;
-    for (int row = 0; !st && row < PQntuples(res); row++) {
-        const unsigned char *f = (const unsigned char *)PQgetvalue(res, row, 0);
-        long long first = PQgetlength(res, row, 0) == 4
-                              ? (long long)(int32_t)((uint32_t)f[0] << 24 | (uint32_t)f[1] << 16 | (uint32_t)f[2] << 8 | f[3])
-                              : -1;
-        st = ib_store_history_add(s->name, out, &have, first, (const unsigned char *)PQgetvalue(res, row, 1),
-                                  PQgetlength(res, row, 1), (const unsigned char *)PQgetvalue(res, row, 2),
-                                  PQgetlength(res, row, 2), err);
-    }
-    PQclear(res);
-    if (!st) st = ib_store_history_end(s->name, out, have, err);
-    return st;
+/* ops.create (ib_store_create): one transaction; IB_ERR_STATE when the id is taken. */
+static ib_status pg_create(ib_store *st, const ib_store_session *r, ib_error *err) {
+    return pg_transaction((pg_store *)st, "BEGIN", "create", r->id, create_body, (void *)r, err);
 }
 
-/* ops.load (ib_store_load): the session row and its history in one snapshot, every value checked. */
-static ib_status pg_load(ib_store *st, const char *id, ib_store_session *out, ib_error *err) {
-    pg_store *s = (pg_store *)st;
-    int ci;
-    ib_status tc = take_conn(s, &ci, err);
-    if (tc) return tc;
-    PGconn *c = s->conn[ci];
-    PGresult *res = NULL;
-    ib_status o = IB_OK;
-    if (cmd(c, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", &res)) {
-        o = pg_fail(s, c, res, "load", id, err);
-        goto done;
-    }
-    PQclear(res);
-    const char *v[1] = {id};
-    res = run(c,
-              "SELECT owner, model_id, max_context, kv_sink, kv_window, kv_chunk, kv_dtype, temperature, top_k, top_p,"
-              " min_p, repeat_penalty, repeat_last_n, seed, draws, n_fed, n_tokens, created, updated"
-              " FROM isobatch_sessions WHERE id = $1",
-              1, v, NULL, NULL, 0);
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        o = pg_fail(s, c, res, "load", id, err);
-        goto done;
-    }
-    if (PQntuples(res) == 0) {
-        o = ib_fail(err, IB_ERR_NOT_FOUND, "store %s: no session %s", s->name, id);
-        goto done;
-    }
+/* load: the session row, every value checked, then its history rows (binary: first int4, tokens,
+ * flags). */
+static int load_body(pg_tx *t, void *arg) {
+    ib_store_session *out = arg;
+    const char *v[1] = {t->id};
+    if (tx_run(t, PGRES_TUPLES_OK,
+               "SELECT owner, model_id, max_context, kv_sink, kv_window, kv_chunk, kv_dtype, temperature, top_k, top_p,"
+               " min_p, repeat_penalty, repeat_last_n, seed, draws, n_fed, n_tokens, created, updated"
+               " FROM isobatch_sessions WHERE id = $1",
+               1, v, NULL, NULL, 0))
+        return TX_SQL_FAILED;
+    if (PQntuples(t->res) == 0) return tx_refuse(t, IB_ERR_NOT_FOUND, "no session %s", t->id);
+    PGresult *res = t->res;
 #define COL_LL(k) strtoll(PQgetvalue(res, 0, (k)), NULL, 10)
-    snprintf(out->id, sizeof out->id, "%s", id);
+    snprintf(out->id, sizeof out->id, "%s", t->id);
     long long ints[6] = {COL_LL(2), COL_LL(3), COL_LL(4), COL_LL(5), COL_LL(15), COL_LL(16)};
     const char *owner = PQgetvalue(res, 0, 0), *model = PQgetvalue(res, 0, 1), *dt = PQgetvalue(res, 0, 6);
-    if (ib_store_row_valid(ints, owner, model, dt, &out->kv_dtype)) {
-        o = ib_fail(err, IB_ERR_FORMAT, "store %s: session %s: its row holds values out of range", s->name, id);
-        goto done;
-    }
+    if (ib_store_row_valid(ints, owner, model, dt, &out->kv_dtype))
+        return tx_refuse(t, IB_ERR_FORMAT, "session %s: its row holds values out of range", t->id);
     snprintf(out->owner, sizeof out->owner, "%s", owner);
     snprintf(out->model_id, sizeof out->model_id, "%s", model);
     out->max_context = (int)ints[0];
@@ -373,148 +380,127 @@ static ib_status pg_load(ib_store *st, const char *id, ib_store_session *out, ib
     out->created = COL_LL(17);
     out->updated = COL_LL(18);
 #undef COL_LL
-    PQclear(res);
-    res = NULL;
-    o = load_history(s, c, id, out, err);
-done:
-    PQclear(res);
-    rollback(c); /* ends the read transaction */
-    give_conn(s, ci);
-    return o;
+    ib_status st = ib_store_history_alloc(t->s->name, out, t->err);
+    if (st) return t->refused = st, TX_REFUSED;
+    t->what = "load history";
+    if (tx_run(t, PGRES_TUPLES_OK, "SELECT first, tokens, flags FROM isobatch_history WHERE session_id = $1 ORDER BY first",
+               1, v, NULL, NULL, 1))
+        return TX_SQL_FAILED;
+    res = t->res;
+    int have = 0;
+    for (int row = 0; !st && row < PQntuples(res); row++) {
+        const unsigned char *f = (const unsigned char *)PQgetvalue(res, row, 0);
+        long long first = PQgetlength(res, row, 0) == 4
+                              ? (long long)(int32_t)((uint32_t)f[0] << 24 | (uint32_t)f[1] << 16 | (uint32_t)f[2] << 8 | f[3])
+                              : -1;
+        st = ib_store_history_add(t->s->name, out, &have, first, (const unsigned char *)PQgetvalue(res, row, 1),
+                                  PQgetlength(res, row, 1), (const unsigned char *)PQgetvalue(res, row, 2),
+                                  PQgetlength(res, row, 2), t->err);
+    }
+    if (!st) st = ib_store_history_end(t->s->name, out, have, t->err);
+    if (st) return t->refused = st, TX_REFUSED;
+    return TX_COMMIT;
 }
 
-/* Set the progress columns of id inside the open transaction: 0 or -1 (*res). */
-static int put_progress(PGconn *c, const char *id, const ib_store_progress *pr, PGresult **res) {
-    char b[10][24];
-    const char *p[11];
-    progress_params(pr, b, p);
-    p[10] = id;
-    PQclear(*res);
-    *res = run(c,
-               "UPDATE isobatch_sessions SET temperature=$1, top_k=$2, top_p=$3, min_p=$4, repeat_penalty=$5,"
-               " repeat_last_n=$6, seed=$7, draws=$8, n_fed=$9, updated=$10 WHERE id=$11",
-               11, p, NULL, NULL, 0);
-    return PQresultStatus(*res) == PGRES_COMMAND_OK ? 0 : -1;
+/* ops.load (ib_store_load): the session row and its history in one REPEATABLE READ snapshot. */
+static ib_status pg_load(ib_store *st, const char *id, ib_store_session *out, ib_error *err) {
+    return pg_transaction((pg_store *)st, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "load", id, load_body, out,
+                          err);
 }
 
-/* ops.append (ib_store_append): under the session row's lock, the count checked against `at`, the
- * history row, the new count and (p) the progress, in one transaction. */
+typedef struct append_arg {
+    int at, n;
+    const int32_t *tokens;
+    const uint8_t *flags;
+    const ib_store_progress *p;
+} append_arg;
+
+/* append: under the session row's lock, the count checked against `at`, the history row, the new
+ * count and (p) the progress. */
+static int append_body(pg_tx *t, void *arg) {
+    const append_arg *a = arg;
+    long long have = 0;
+    if (lock_count(t, &have)) return TX_SQL_FAILED;
+    if (have < 0) return tx_refuse(t, IB_ERR_NOT_FOUND, "no session %s", t->id);
+    if (have != a->at)
+        return tx_refuse(t, IB_ERR_STATE, "session %s: append at %d, but it holds %lld tokens", t->id, a->at, have);
+    int r = put_history(t, a->at, a->tokens, a->flags, a->n);
+    if (r) return r;
+    char nb[24], tb[24];
+    const char *v[3] = {num(nb, (long long)a->at + a->n), num(tb, now_s()), t->id};
+    if (tx_run(t, PGRES_COMMAND_OK, "UPDATE isobatch_sessions SET n_tokens = $1, updated = $2 WHERE id = $3", 3, v,
+               NULL, NULL, 0))
+        return TX_SQL_FAILED;
+    return a->p ? put_progress(t, a->p) : TX_COMMIT;
+}
+
+/* ops.append (ib_store_append): one transaction. */
 static ib_status pg_append(ib_store *st, const char *id, int at, const int32_t *tokens, const uint8_t *flags, int n,
                            const ib_store_progress *p, ib_error *err) {
-    pg_store *s = (pg_store *)st;
-    int ci;
-    ib_status tc = take_conn(s, &ci, err);
-    if (tc) return tc;
-    PGconn *c = s->conn[ci];
-    PGresult *res = NULL;
-    ib_status out = IB_OK;
-    const char *what = "append";
-    long long have = 0;
-    if (cmd(c, "BEGIN", &res) || lock_count(c, id, &have, &res)) goto fail;
-    if (have < 0 || have != at) {
-        rollback(c);
-        out = have < 0 ? ib_fail(err, IB_ERR_NOT_FOUND, "store %s: no session %s", s->name, id)
-                       : ib_fail(err, IB_ERR_STATE, "store %s: session %s: append at %d, but it holds %lld tokens",
-                                 s->name, id, at, have);
-        goto done;
-    }
-    if (put_history(c, id, at, tokens, flags, n, &res)) goto fail;
-    char nb[24], tb[24];
-    const char *v[3] = {num(nb, (long long)at + n), num(tb, now_s()), id};
-    PQclear(res);
-    res = run(c, "UPDATE isobatch_sessions SET n_tokens = $1, updated = $2 WHERE id = $3", 3, v, NULL, NULL, 0);
-    if (PQresultStatus(res) != PGRES_COMMAND_OK) goto fail;
-    if (p && put_progress(c, id, p, &res)) goto fail;
-    what = "commit";
-    if (cmd(c, "COMMIT", &res)) goto fail;
-    goto done;
-fail:
-    out = pg_fail(s, c, res, what, id, err);
-    rollback(c);
-done:
-    PQclear(res);
-    give_conn(s, ci);
-    return out;
+    append_arg a = {at, n, tokens, flags, p};
+    return pg_transaction((pg_store *)st, "BEGIN", "append", id, append_body, &a, err);
 }
 
-/* ops.update (ib_store_update): the progress columns, n_fed checked against the locked count. */
+/* update: the progress columns, n_fed checked against the locked count. */
+static int update_body(pg_tx *t, void *arg) {
+    const ib_store_progress *p = arg;
+    long long have = 0;
+    if (lock_count(t, &have)) return TX_SQL_FAILED;
+    if (have < 0) return tx_refuse(t, IB_ERR_NOT_FOUND, "no session %s", t->id);
+    if (p->n_fed > have)
+        return tx_refuse(t, IB_ERR_INVALID_ARG, "session %s: n_fed %d is past its %lld tokens", t->id, p->n_fed, have);
+    return put_progress(t, p);
+}
+
+/* ops.update (ib_store_update): one transaction. */
 static ib_status pg_update(ib_store *st, const char *id, const ib_store_progress *p, ib_error *err) {
-    pg_store *s = (pg_store *)st;
-    int ci;
-    ib_status tc = take_conn(s, &ci, err);
-    if (tc) return tc;
-    PGconn *c = s->conn[ci];
-    PGresult *res = NULL;
-    ib_status out = IB_OK;
-    const char *what = "update";
-    long long have = 0;
-    if (cmd(c, "BEGIN", &res) || lock_count(c, id, &have, &res)) goto fail;
-    if (have < 0 || p->n_fed > have) {
-        rollback(c);
-        out = have < 0 ? ib_fail(err, IB_ERR_NOT_FOUND, "store %s: no session %s", s->name, id)
-                       : ib_fail(err, IB_ERR_INVALID_ARG, "store %s: session %s: n_fed %d is past its %lld tokens",
-                                 s->name, id, p->n_fed, have);
-        goto done;
-    }
-    if (put_progress(c, id, p, &res)) goto fail;
-    what = "commit";
-    if (cmd(c, "COMMIT", &res)) goto fail;
-    goto done;
-fail:
-    out = pg_fail(s, c, res, what, id, err);
-    rollback(c);
-done:
-    PQclear(res);
-    give_conn(s, ci);
-    return out;
+    return pg_transaction((pg_store *)st, "BEGIN", "update", id, update_body, (void *)p, err);
 }
 
-/* ops.del (ib_store_delete): the session row, and with it (ON DELETE CASCADE) its history. */
+/* delete: the session row, and with it (ON DELETE CASCADE) its history. */
+static int delete_body(pg_tx *t, void *arg) {
+    const char *v[1] = {t->id};
+    if (tx_run(t, PGRES_COMMAND_OK, "DELETE FROM isobatch_sessions WHERE id = $1", 1, v, NULL, NULL, 0))
+        return TX_SQL_FAILED;
+    return strcmp(PQcmdTuples(t->res), "0") ? TX_COMMIT : tx_refuse(t, IB_ERR_NOT_FOUND, "no session %s", t->id);
+}
+
+/* ops.del (ib_store_delete). */
 static ib_status pg_delete(ib_store *st, const char *id, ib_error *err) {
-    pg_store *s = (pg_store *)st;
-    int ci;
-    ib_status tc = take_conn(s, &ci, err);
-    if (tc) return tc;
-    PGconn *c = s->conn[ci];
-    const char *v[1] = {id};
-    PGresult *res = run(c, "DELETE FROM isobatch_sessions WHERE id = $1", 1, v, NULL, NULL, 0);
-    ib_status out = IB_OK;
-    if (PQresultStatus(res) != PGRES_COMMAND_OK) out = pg_fail(s, c, res, "delete", id, err);
-    else if (!strcmp(PQcmdTuples(res), "0")) out = ib_fail(err, IB_ERR_NOT_FOUND, "store %s: no session %s", s->name, id);
-    PQclear(res);
-    give_conn(s, ci);
-    return out;
+    return pg_transaction((pg_store *)st, "BEGIN", "delete", id, delete_body, NULL, err);
 }
 
-/* ops.list_owner (ib_store_list_owner): ids of owner's sessions in creation order (seq). */
+typedef struct list_arg {
+    const char *owner;
+    char **ids;
+    int n;
+} list_arg;
+
+/* list: ids of an owner's sessions in creation order (seq), copied out. */
+static int list_body(pg_tx *t, void *arg) {
+    list_arg *l = arg;
+    const char *v[1] = {l->owner};
+    if (tx_run(t, PGRES_TUPLES_OK, "SELECT id FROM isobatch_sessions WHERE owner = $1 ORDER BY seq", 1, v, NULL, NULL, 0))
+        return TX_SQL_FAILED;
+    int n = PQntuples(t->res);
+    if (n == 0) return TX_COMMIT;
+    if (!(l->ids = calloc((size_t)n, sizeof *l->ids))) return tx_refuse(t, IB_ERR_NOMEM, "list: out of memory");
+    l->n = n;
+    for (int i = 0; i < n; i++)
+        if (!(l->ids[i] = strdup(PQgetvalue(t->res, i, 0)))) return tx_refuse(t, IB_ERR_NOMEM, "list: out of memory");
+    return TX_COMMIT;
+}
+
+/* ops.list_owner (ib_store_list_owner). */
 static ib_status pg_list_owner(ib_store *st, const char *owner, char ***ids, int *n, ib_error *err) {
-    pg_store *s = (pg_store *)st;
-    int ci;
-    ib_status tc = take_conn(s, &ci, err);
-    if (tc) return tc;
-    PGconn *c = s->conn[ci];
-    const char *v[1] = {owner};
-    PGresult *res = run(c, "SELECT id FROM isobatch_sessions WHERE owner = $1 ORDER BY seq", 1, v, NULL, NULL, 0);
-    ib_status out = IB_OK;
-    char **list = NULL;
-    int nl = 0;
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
-        out = pg_fail(s, c, res, "list", NULL, err);
-    } else if (PQntuples(res) > 0) {
-        nl = PQntuples(res);
-        if (!(list = calloc((size_t)nl, sizeof *list))) out = ib_fail(err, IB_ERR_NOMEM, "store %s: list: out of memory", s->name);
-        for (int i = 0; !out && i < nl; i++)
-            if (!(list[i] = strdup(PQgetvalue(res, i, 0))))
-                out = ib_fail(err, IB_ERR_NOMEM, "store %s: list: out of memory", s->name);
+    list_arg l = {owner, NULL, 0};
+    ib_status rc = pg_transaction((pg_store *)st, "BEGIN READ ONLY", "list", NULL, list_body, &l, err);
+    if (rc) {
+        ib_store_ids_free(l.ids, l.n);
+        return rc;
     }
-    PQclear(res);
-    give_conn(s, ci);
-    if (out) {
-        ib_store_ids_free(list, nl);
-        return out;
-    }
-    *ids = list;
-    *n = nl;
+    *ids = l.ids;
+    *n = l.n;
     return IB_OK;
 }
 
@@ -555,59 +541,35 @@ static void redact(const char *uri, char *out, size_t cap) {
     }
 }
 
-/* Check the tables are an isobatch store of this version, creating them in a database that has none;
- * under an advisory lock, so that servers opening one new database together create it once. */
-static ib_status pg_init(pg_store *s, PGconn *c, ib_error *err) {
-    PGresult *res = NULL;
-    ib_status out = IB_OK;
-    const char *what = "open";
-    if (cmd(c, "BEGIN", &res)) goto fail;
-    PQclear(res);
-    res = PQexec(c, "SELECT pg_advisory_xact_lock(" PG_SCHEMA_LOCK ")");
-    if (PQresultStatus(res) != PGRES_TUPLES_OK) goto fail;
-    PQclear(res);
-    res = PQexec(c, "SELECT to_regclass('isobatch_meta') IS NOT NULL, to_regclass('isobatch_sessions') IS NOT NULL,"
-                    " to_regclass('isobatch_history') IS NOT NULL");
-    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) goto fail;
-    int meta = !strcmp(PQgetvalue(res, 0, 0), "t"), sess = !strcmp(PQgetvalue(res, 0, 1), "t"),
-        hist = !strcmp(PQgetvalue(res, 0, 2), "t");
-    if (meta) {
-        PQclear(res);
-        res = PQexec(c, "SELECT value FROM isobatch_meta WHERE key = 'schema_version'");
-        if (PQresultStatus(res) != PGRES_TUPLES_OK) goto fail;
-        if (PQntuples(res) != 1 || !sess || !hist) {
-            rollback(c);
-            out = ib_fail(err, IB_ERR_FORMAT, "store %s: the isobatch_* tables are incomplete (no schema version, or a "
-                                              "table missing): not an isobatch session store", s->name);
-            goto done;
-        }
-        long ver = strtol(PQgetvalue(res, 0, 0), NULL, 10);
-        if (ver != IB_STORE_SCHEMA_VERSION) {
-            rollback(c);
-            out = ib_fail(err, IB_ERR_UNSUPPORTED, "store %s: schema version %ld, this build reads version %d", s->name,
-                          ver, IB_STORE_SCHEMA_VERSION);
-            goto done;
-        }
-        rollback(c); /* nothing written: end the read */
-        goto done;
+/* init: under an advisory lock (so that servers opening one new database together create it once),
+ * check the tables are an isobatch store of this version, or create them where there are none. */
+static int init_body(pg_tx *t, void *arg) {
+    (void)arg;
+    if (tx_run(t, PGRES_TUPLES_OK, "SELECT pg_advisory_xact_lock(" PG_SCHEMA_LOCK ")", 0, NULL, NULL, NULL, 0) ||
+        tx_run(t, PGRES_TUPLES_OK,
+               "SELECT to_regclass('isobatch_meta') IS NOT NULL, to_regclass('isobatch_sessions') IS NOT NULL,"
+               " to_regclass('isobatch_history') IS NOT NULL",
+               0, NULL, NULL, NULL, 0))
+        return TX_SQL_FAILED;
+    int meta = !strcmp(PQgetvalue(t->res, 0, 0), "t"), sess = !strcmp(PQgetvalue(t->res, 0, 1), "t"),
+        hist = !strcmp(PQgetvalue(t->res, 0, 2), "t");
+    if (!meta) {
+        if (sess || hist)
+            return tx_refuse(t, IB_ERR_FORMAT, "tables named isobatch_sessions/isobatch_history exist without "
+                                               "isobatch_meta: not an isobatch session store");
+        t->what = "create schema";
+        return cmd(t->c, SCHEMA, &t->res) ? TX_SQL_FAILED : TX_COMMIT;
     }
-    if (sess || hist) {
-        rollback(c);
-        out = ib_fail(err, IB_ERR_FORMAT, "store %s: tables named isobatch_sessions/isobatch_history exist without "
-                                          "isobatch_meta: not an isobatch session store", s->name);
-        goto done;
-    }
-    what = "create schema";
-    if (cmd(c, SCHEMA, &res)) goto fail;
-    what = "commit";
-    if (cmd(c, "COMMIT", &res)) goto fail;
-    goto done;
-fail:
-    out = pg_fail(s, c, res, what, NULL, err);
-    rollback(c);
-done:
-    PQclear(res);
-    return out;
+    if (tx_run(t, PGRES_TUPLES_OK, "SELECT value FROM isobatch_meta WHERE key = 'schema_version'", 0, NULL, NULL, NULL, 0))
+        return TX_SQL_FAILED;
+    if (PQntuples(t->res) != 1 || !sess || !hist)
+        return tx_refuse(t, IB_ERR_FORMAT, "the isobatch_* tables are incomplete (no schema version, or a table "
+                                           "missing): not an isobatch session store");
+    long ver = strtol(PQgetvalue(t->res, 0, 0), NULL, 10);
+    if (ver != IB_STORE_SCHEMA_VERSION)
+        return tx_refuse(t, IB_ERR_UNSUPPORTED, "schema version %ld, this build reads version %d", ver,
+                         IB_STORE_SCHEMA_VERSION);
+    return TX_COMMIT;
 }
 
 ib_status ib_store_pg_open(const char *uri, ib_store **out, ib_error *err) {
@@ -629,7 +591,7 @@ ib_status ib_store_pg_open(const char *uri, ib_store **out, ib_error *err) {
         st = ib_fail(err, IB_ERR_IO, "store %s: cannot connect (%s)", s->name, why);
         goto fail;
     }
-    if ((st = pg_init(s, s->conn[0], err))) goto fail;
+    if ((st = pg_transaction(s, "BEGIN", "open", NULL, init_body, NULL, err))) goto fail;
     *out = &s->base;
     return IB_OK;
 fail:
