@@ -4,14 +4,7 @@
 # the conversation continued on the other bit for bit (tests/scaleout.py says what is checked).
 # Needs Debian's haproxy and postgresql packages.
 set -u
-BUILD=${BUILD:-build}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-case $BUILD in /*) BIN=$BUILD/isobatch ;; *) BIN=$ROOT/$BUILD/isobatch ;; esac
-ASAN_BUILD=${ASAN_BUILD:-build-asan}
-case $ASAN_BUILD in /*) ;; *) ASAN_BUILD=$ROOT/$ASAN_BUILD ;; esac
-SBIN=$ASAN_BUILD/isobatch
-[ -x "$SBIN" ] || SBIN=$BIN
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+. "$(dirname "$0")/server_bins.sh"
 die() { echo "FAIL: $*"; echo "t_scaleout: 0 passed, 1 failed"; exit 1; }
 command -v python3 >/dev/null || die "python3 not found"
 command -v haproxy >/dev/null || die "haproxy not found (apt-get install haproxy)"

@@ -12,14 +12,7 @@
 #     and among 31 concurrent others — and the same check fails when the server runs with a fault;
 #   - a clean SIGTERM stop with no sanitizer report.
 set -u
-BUILD=${BUILD:-build}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-case $BUILD in /*) BIN=$BUILD/isobatch ;; *) BIN=$ROOT/$BUILD/isobatch ;; esac
-ASAN_BUILD=${ASAN_BUILD:-build-asan}
-case $ASAN_BUILD in /*) ;; *) ASAN_BUILD=$ROOT/$ASAN_BUILD ;; esac
-SBIN=$ASAN_BUILD/isobatch
-[ -x "$SBIN" ] || SBIN=$BIN
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+. "$(dirname "$0")/server_bins.sh"
 pass=0; fail=0
 ok() { pass=$((pass+1)); }
 bad() { fail=$((fail+1)); echo "FAIL: $*"; }

@@ -1,0 +1,12 @@
+# server_bins.sh — sourced by the server test scripts: which binaries they run.
+#   ROOT  the repository; BIN  $BUILD/isobatch (BUILD defaults to build);
+#   SBIN  the sanitizer build's isobatch ($ASAN_BUILD, default build-asan) when it exists, else BIN;
+#   the sanitizers' options exported (leaks reported, UBSan stops at the first error with a stack).
+BUILD=${BUILD:-build}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+case $BUILD in /*) BIN=$BUILD/isobatch ;; *) BIN=$ROOT/$BUILD/isobatch ;; esac
+ASAN_BUILD=${ASAN_BUILD:-build-asan}
+case $ASAN_BUILD in /*) ;; *) ASAN_BUILD=$ROOT/$ASAN_BUILD ;; esac
+SBIN=$ASAN_BUILD/isobatch
+[ -x "$SBIN" ] || SBIN=$BIN
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
