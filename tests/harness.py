@@ -10,6 +10,7 @@ JSON over HTTP.
 import json
 import socket
 import sys
+import threading
 import urllib.error
 import urllib.request
 
@@ -17,14 +18,17 @@ NAME = "test"
 BEFORE_END = []
 procs = []  # subprocesses finish() kills if they still run
 _counts = {"passed": 0, "failed": 0}
+_lock = threading.Lock()  # checks may come from several threads
 
 
 def ok():
-    _counts["passed"] += 1
+    with _lock:
+        _counts["passed"] += 1
 
 
 def bad(msg):
-    _counts["failed"] += 1
+    with _lock:
+        _counts["failed"] += 1
     print("FAIL:", msg, flush=True)
 
 

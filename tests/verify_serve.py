@@ -91,25 +91,25 @@ subprocess.run([BIN, "mkmodel", "--preset", "tiny", "--seed", "9", "--out", mode
 subprocess.run([BIN, "mkmodel", "--preset", "tiny", "--seed", "10", "--out", other], check=True, stdout=subprocess.DEVNULL)
 
 
-def workload(url, records, prefix=""):
-    """a mix of requests at once; each response's records appended to records"""
+def workload(url, records, prefix="", k=0):
+    """a mix of requests at once (seeds offset by 1000 k); each response's records appended to records"""
     M = "tiny"
     reqs = []
     for i in range(4):
         reqs.append(("POST", "/v1/completions", {"model": M, "prompt": "In the beginning %d" % i, "max_tokens": 12,
-                                                 "seed": 40 + i, "temperature": 0.8, "top_p": 0.9}, False))
+                                                 "seed": 1000 * k + 40 + i, "temperature": 0.8, "top_p": 0.9}, False))
     reqs.append(("POST", "/v1/completions", {"model": M, "prompt": [5, 6, 7, 8, 9, 10, 11], "max_tokens": 10,
                                              "temperature": 0}, False))
-    reqs.append(("POST", "/v1/completions", {"model": M, "prompt": "bias", "max_tokens": 10, "seed": 3, "temperature": 1.0,
+    reqs.append(("POST", "/v1/completions", {"model": M, "prompt": "bias", "max_tokens": 10, "seed": 1000 * k + 3, "temperature": 1.0,
                                              "logit_bias": {"65": 5, "66": -100}, "repetition_penalty": 1.4}, False))
     reqs.append(("POST", "/v1/completions", {"model": M, "prompt": ["one", "two words", "three more words"],
-                                             "max_tokens": 6, "seed": 8, "temperature": 0.7}, False))
+                                             "max_tokens": 6, "seed": 1000 * k + 8, "temperature": 0.7}, False))
     reqs.append(("POST", "/v1/chat/completions", {"model": M, "messages": [{"role": "user", "content": "hello"}],
-                                                  "max_tokens": 9, "seed": 5, "temperature": 0.9}, False))
+                                                  "max_tokens": 9, "seed": 1000 * k + 5, "temperature": 0.9}, False))
     reqs.append(("POST", "/v1/chat/completions", {"model": M, "messages": [{"role": "user", "content": "stream me"}],
-                                                  "max_tokens": 9, "seed": 6, "temperature": 0.9, "stream": True}, True))
+                                                  "max_tokens": 9, "seed": 1000 * k + 6, "temperature": 0.9, "stream": True}, True))
     reqs.append(("POST", "/v1/chat/completions", {"model": M, "messages": [{"role": "user", "content": "json"}],
-                                                  "max_tokens": 14, "seed": 7, "temperature": 1.0,
+                                                  "max_tokens": 14, "seed": 1000 * k + 7, "temperature": 1.0,
                                                   "response_format": {"type": "json_object"}}, False))
     out = []
 
@@ -125,7 +125,7 @@ def workload(url, records, prefix=""):
         for t in range(turns):
             req(url, "POST", f"/v1/sessions/{s['id']}/append", {"tokens": [(t * 17 + j) % 200 + 1 for j in range(12)]})
             st, body = req(url, "POST", f"/v1/sessions/{s['id']}/generate",
-                           {"max_tokens": 8, "seed": 100 + t, "temperature": 0.9, "repetition_penalty": 1.3})
+                           {"max_tokens": 8, "seed": 1000 * k + 100 + t, "temperature": 0.9, "repetition_penalty": 1.3})
             out.append((("session", kv, t), st, body))
 
     th = [threading.Thread(target=one, args=(r,)) for r in reqs]
@@ -143,14 +143,20 @@ def workload(url, records, prefix=""):
             records.append((r, x))
 
 
-p, U = start("S", model)
+p, U = start("S", model, "--max-queue", "512")
 st, body = req(U, "POST", "/v1/completions", {"model": "tiny", "prompt": "fp", "max_tokens": 2, "seed": 1})
 fp = body.get("system_fingerprint", "") if st == 200 else ""
 check(fp.startswith("sha256:") and fp.endswith("/contract-1") and fp.startswith(body["verification"]["model"]),
       f"system_fingerprint {fp}")
 records = []
-workload(U, records)
-check(len(records) >= 20, f"{len(records)} records")
+# ten mixed workloads at once (200 responses with records, sessions included), all under load
+wl = [threading.Thread(target=workload, args=(U, records, f"workload {k}: ", k)) for k in range(10)]
+for t in wl:
+    t.start()
+for t in wl:
+    t.join()
+check(len(records) >= 200, f"{len(records)} records")
+print(f"  {len(records)} records from 10 concurrent mixed workloads", flush=True)
 
 # every record verifies, on the server (as jobs among others, all at once) and alone in a CLI process
 vres = []
@@ -168,7 +174,9 @@ for t in th:
 for rec, (st, res) in vres:
     check(st == 200 and res.get("match") is True and res.get("first_diverging_step") is None,
           f"/v1/verify of a true record: {st} {res} (kv {rec.get('kv')}, {len(rec['tokens'])} tokens)")
-for r, x in records:
+matched = sum(1 for _, (st, res) in vres if st == 200 and res.get("match") is True)
+print(f"  /v1/verify: {matched}/{len(vres)} records match", flush=True)
+for r, x in records[::5]:  # every fifth also alone, in a CLI process of its own
     rc, res, err = cli_verify(model, x)
     check(rc == 0 and res and res["match"] is True, f"isobatch verify of {r}: exit {rc} {res} {err.strip()[:200]}")
 # a whole response is a record too (the CLI reads its verification)
