@@ -394,8 +394,69 @@ static void small_word(const tok_merges *m, int32_t *sym, int32_t *prev, int32_t
     }
 }
 
+/* Merge the ns symbols of sym (prev/next not yet set) and append the ids to out. */
+static void merge_symbols(const ib_tokenizer *t, size_t ns, tok_bpe_scratch *s, tok_ids *out) {
+    int32_t *sym = s->sym, *prev = s->prev, *next = s->next;
+    for (size_t i = 0; i < ns; i++) {
+        prev[i] = (int32_t)i - 1;
+        next[i] = i + 1 < ns ? (int32_t)i + 1 : -1;
+    }
+    if (ns > 1 && t->merges.n && ns <= SMALL_WORD) {
+        small_word(&t->merges, sym, prev, next);
+    } else if (ns > 1 && t->merges.n) {
+        size_t nh = 0;
+        for (size_t i = 0; i + 1 < ns; i++) push_pair(&t->merges, s, &nh, (int32_t)i, (int32_t)i + 1);
+        while (nh) {
+            struct tok_heap_ent e = heap_pop(s->heap, &nh);
+            int32_t l = e.pos, r = e.right;
+            if (sym[l] != e.lid || next[l] != r || sym[r] != e.rid) continue;   /* stale */
+            sym[l] = e.merged;
+            sym[r] = -1;
+            int32_t nx = next[r];
+            next[l] = nx;
+            if (nx >= 0) prev[nx] = l;
+            if (prev[l] >= 0) push_pair(&t->merges, s, &nh, prev[l], l);
+            if (nx >= 0) push_pair(&t->merges, s, &nh, l, nx);
+        }
+    }
+    for (int32_t i = 0; i >= 0; i = next[i]) tok_ids_push(out, sym[i]);
+}
+
+/* BPE with byte fallback (SentencePiece style): the symbols start as the word's characters, each
+ * its vocabulary token, or the <0xXX> tokens of its bytes when it has none (so do bytes that are
+ * not valid UTF-8); then the merges as usual. */
+static void bpe_word_chars(const ib_tokenizer *t, const unsigned char *w, size_t n, tok_bpe_scratch *s, tok_ids *out) {
+    if (n > INT32_MAX / 4 || scratch_reserve(s, n)) {
+        out->oom = 1;
+        return;
+    }
+    if (t->ignore_merges) {
+        int32_t id = tok_vocab_find(&t->vocab, (const char *)w, n);
+        if (id >= 0) {
+            tok_ids_push(out, id);
+            return;
+        }
+    }
+    size_t ns = 0;
+    for (size_t i = 0; i < n;) {
+        int l = tok_utf8_valid_len(w + i, n - i);
+        int32_t id = l > 0 ? tok_vocab_find(&t->vocab, (const char *)w + i, (size_t)l) : -1;
+        if (id >= 0) {
+            s->sym[ns++] = id;
+            i += (size_t)l;
+            continue;
+        }
+        for (size_t k = l > 0 ? (size_t)l : 1; k > 0; k--) s->sym[ns++] = t->byte_id[w[i++]];
+    }
+    merge_symbols(t, ns, s, out);
+}
+
 /* BPE of w[0..n) without the cache: append ids to out. */
 static void bpe_word(const ib_tokenizer *t, const unsigned char *w, size_t n, tok_bpe_scratch *s, tok_ids *out) {
+    if (t->byte_fallback) {
+        bpe_word_chars(t, w, n, s, out);
+        return;
+    }
     if (n == 1 || t->merges.n == 0) {
         for (size_t i = 0; i < n; i++) tok_ids_push(out, t->byte_id[w[i]]);
         return;
