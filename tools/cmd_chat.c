@@ -110,7 +110,7 @@ static int is_stop(const chat *c, int32_t t) {
 /* One turn: render, prefill what is new, generate and stream the reply, record it. */
 static int turn(chat *c, int flags, long max_new) {
     long need = ib_chat_format(c->m, c->msgs, c->n_msgs, flags, NULL, 0);
-    if (need < 0) return cli_error("this model has no chat format (no chat template, no <|im_start|>/<|im_end|>)");
+    if (need < 0) return cli_error("this model has no chat format (no chat template and no chat markers such as <|im_start|>/<|im_end|>)");
     char *text = malloc((size_t)need + 1);
     if (!text) return cli_error("out of memory");
     ib_chat_format(c->m, c->msgs, c->n_msgs, flags, text, (size_t)need + 1);
@@ -236,7 +236,7 @@ int cmd_chat(int argc, char **argv) {
     }
     c.n_stops = ib_chat_stop_ids(c.m, c.stops, 8);
     if (ib_chat_format(c.m, NULL, 0, 0, NULL, 0) < 0) {
-        rc = cli_error("%s: the tokenizer has no chat format (no chat template, no <|im_start|>/<|im_end|>)", dir);
+        rc = cli_error("%s: the tokenizer has no chat format (no chat template and no chat markers such as <|im_start|>/<|im_end|>)", dir);
         goto out;
     }
     c.logits = malloc((size_t)ib_model_get_info(c.m)->vocab_size * sizeof *c.logits);
