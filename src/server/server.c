@@ -1364,7 +1364,8 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
         long need = ib_chat_format(S->m, cm, (int)nm, flags, NULL, 0);
         if (need < 0) {
             free(cm);
-            return BAD("messages", "this model has no chat format");
+            return BAD("messages", "this model has no chat format, or its format refuses these roles "
+                                   "(Gemma 2/3: user and assistant turns must alternate)");
         }
         char *text = malloc((size_t)need + 1);
         if (!text) {
@@ -1653,7 +1654,8 @@ static enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c
         char *t = need >= 0 ? malloc((size_t)need + 1) : NULL;
         if (!t) {
             free(cm);
-            return BAD("messages", "this model has no chat format");
+            return BAD("messages", "this model has no chat format, or its format refuses these roles "
+                                   "(Gemma 2/3: user and assistant turns must alternate)");
         }
         ib_chat_format(S->m, cm, (int)nm, gp ? IB_CHAT_GENERATION_PROMPT : 0, t, (size_t)need + 1);
         free(cm);
