@@ -505,8 +505,89 @@ static void bpe_word(const ib_tokenizer *t, const unsigned char *w, size_t n, to
     for (int32_t i = 0; i >= 0; i = next[i]) tok_ids_push(out, sym[i]);
 }
 
-/* BPE of one piece through the cache (contract in tok_internal.h). */
+/* ---------------------------------------------------------------- character pairs (byte fallback) */
+
+static inline size_t pair_hash(uint64_t k, size_t cap) { return pair_slot(k, cap); }
+
+static int pairs_put(ib_tokenizer *t, uint64_t k) {
+    if (t->pairs_cap == 0) return -1;
+    size_t h = pair_hash(k, t->pairs_cap);
+    while (t->pairs[h] && t->pairs[h] != k) h = (h + 1) & (t->pairs_cap - 1);
+    t->pairs[h] = k;
+    return 0;
+}
+
+static inline int pairs_has(const ib_tokenizer *t, uint64_t k) {
+    for (size_t h = pair_hash(k, t->pairs_cap);; h = (h + 1) & (t->pairs_cap - 1)) {
+        if (t->pairs[h] == k) return 1;
+        if (!t->pairs[h]) return 0;
+    }
+}
+
+static inline uint64_t pair_key2(uint32_t a, uint32_t b) { return ((uint64_t)a << 21 | b) + 1; }
+
+int tok_pairs_build(ib_tokenizer *t) {
+    const tok_vocab *v = &t->vocab;
+    size_t total = 0;   /* an upper bound of the pairs: characters of every token */
+    for (size_t i = 0; i < v->n; i++) total += v->klen[i];
+    size_t cap = 1024;
+    while (cap < 2 * total) cap *= 2;
+    t->pairs = calloc(cap, sizeof *t->pairs);
+    if (!t->pairs) return -1;
+    t->pairs_cap = cap;
+    for (size_t i = 0; i < v->n; i++) {
+        const unsigned char *k = (const unsigned char *)v->keys + v->koff[i];
+        size_t n = v->klen[i], j = 0;
+        uint32_t prev = 0;
+        int have = 0;
+        while (j < n) {
+            int l = tok_utf8_valid_len(k + j, n - j);
+            if (l <= 0) {   /* not UTF-8 (cannot come from JSON): no pair across it */
+                have = 0;
+                j++;
+                continue;
+            }
+            uint32_t c = tok_utf8_decode(k + j, l);
+            if (have) pairs_put(t, pair_key2(prev, c));
+            prev = c;
+            have = 1;
+            j += (size_t)l;
+        }
+    }
+    return 0;
+}
+
+static void piece_cached(const ib_tokenizer *t, const unsigned char *w, size_t n, tok_bpe_scratch *s, tok_ids *out);
+
+/* BPE of one piece through the cache (contract in tok_internal.h). With byte fallback the piece is
+ * first cut between adjacent characters that no vocabulary token holds together (both with a token
+ * of their own: next to a character that falls back to bytes nothing is cut); each part is merged
+ * alone, which gives the same ids (no merge could cross a cut) and lets the cache work on them. */
 void tok_bpe_piece(const ib_tokenizer *t, const unsigned char *w, size_t n, tok_bpe_scratch *s, tok_ids *out) {
+    if (n == 0) return;
+    if (!t->byte_fallback || !t->pairs) {
+        piece_cached(t, w, n, s, out);
+        return;
+    }
+    size_t start = 0, i = 0;
+    uint32_t prev = 0;
+    int prev_known = 0;
+    while (i < n) {
+        int l = tok_utf8_valid_len(w + i, n - i);
+        int known = l > 0 && tok_vocab_find(&t->vocab, (const char *)w + i, (size_t)l) >= 0;
+        uint32_t c = known ? tok_utf8_decode(w + i, l) : 0;
+        if (known && prev_known && !pairs_has(t, pair_key2(prev, c))) {
+            piece_cached(t, w + start, i - start, s, out);
+            start = i;
+        }
+        prev = c;
+        prev_known = known;
+        i += l > 0 ? (size_t)l : 1;
+    }
+    piece_cached(t, w + start, n - start, s, out);
+}
+
+static void piece_cached(const ib_tokenizer *t, const unsigned char *w, size_t n, tok_bpe_scratch *s, tok_ids *out) {
     if (n == 0) return;
     tok_cache *c = (tok_cache *)&t->cache;   /* the cache is the one mutable part, guarded by its mutex */
     if (n == 1 || !c->enabled || n > TOK_CACHE_MAX_KEY || t->merges.n == 0) {

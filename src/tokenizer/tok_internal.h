@@ -196,6 +196,11 @@ struct ib_tokenizer {
     /* model */
     tok_vocab vocab;
     tok_merges merges;
+    /* byte_fallback: the pairs of characters (a, b) that occur as "ab" inside some vocabulary token,
+     * keys a << 21 | b, plus one (0 = empty). No merge can join symbols across any other adjacent
+     * pair, so a word is cut there and its parts are merged (and cached) alone. */
+    uint64_t *pairs;
+    size_t pairs_cap;
     int ignore_merges;
     tok_cache cache;
 
@@ -247,6 +252,9 @@ void tok_merges_free(tok_merges *m);
 /* Word cache. */
 int tok_cache_init(tok_cache *c);   /* 0 ok, -1 no memory */
 void tok_cache_free(tok_cache *c);
+
+/* Build t->pairs from the vocabulary (byte_fallback tokenizers); 0 ok, -1 no memory. */
+int tok_pairs_build(ib_tokenizer *t);
 
 /* BPE of one piece (any bytes, n >= 1): append its ids to out (through the cache). */
 void tok_bpe_piece(const ib_tokenizer *t, const unsigned char *w, size_t n, tok_bpe_scratch *s, tok_ids *out);

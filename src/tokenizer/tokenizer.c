@@ -46,6 +46,7 @@ void ib_tokenizer_free(ib_tokenizer *t) {
     tok_normalizer_free(t);
     tok_vocab_free(&t->vocab);
     tok_merges_free(&t->merges);
+    free(t->pairs);
     tok_cache_free(&t->cache);
     free(t->off);
     free(t->len);
@@ -419,6 +420,7 @@ ib_status ib_tokenizer_load(const char *path, int vocab_limit, ib_tokenizer **ou
     const json_t *im = json_object_get(model, "ignore_merges");
     t->ignore_merges = json_is_true(im);
     if ((st = tok_load_merges(t, model, path, err))) goto fail;
+    if (byte_fallback && t->merges.n && tok_pairs_build(t)) goto nomem;
 
     if ((st = tok_load_added(t, added, path, err))) goto fail;
     for (int i = 0; i < t->n_added; i++) {
