@@ -565,7 +565,7 @@ static void piece_cached(const ib_tokenizer *t, const unsigned char *w, size_t n
  * alone, which gives the same ids (no merge could cross a cut) and lets the cache work on them. */
 void tok_bpe_piece(const ib_tokenizer *t, const unsigned char *w, size_t n, tok_bpe_scratch *s, tok_ids *out) {
     if (n == 0) return;
-    if (!t->byte_fallback || !t->pairs) {
+    if (!t->byte_fallback || !t->pairs || t->ignore_merges) {   /* ignore_merges looks at the whole word */
         piece_cached(t, w, n, s, out);
         return;
     }
