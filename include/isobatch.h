@@ -544,8 +544,10 @@ typedef struct ib_chat_msg {
 } ib_chat_msg;
 
 /* GENERATION_PROMPT: end with the assistant header. NO_THINKING: Qwen3's enable_thinking=false
- * (an empty <think></think> block after the header, when the template knows enable_thinking). */
-typedef enum ib_chat_flags { IB_CHAT_GENERATION_PROMPT = 1, IB_CHAT_NO_THINKING = 2 } ib_chat_flags;
+ * (an empty <think></think> block after the header, when the template knows enable_thinking).
+ * THINKING: Gemma 4's enable_thinking=true (<|think|> at the top of a system turn, which is then
+ * always written, and no empty thought after the header); other formats ignore it. */
+typedef enum ib_chat_flags { IB_CHAT_GENERATION_PROMPT = 1, IB_CHAT_NO_THINKING = 2, IB_CHAT_THINKING = 4 } ib_chat_flags;
 
 /* Render n messages into out (cap bytes, NUL-terminated when cap > 0) and return the full length
  * (which may exceed cap - 1: call again with a larger buffer), or -1 when the model has no known chat

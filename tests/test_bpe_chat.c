@@ -189,6 +189,11 @@ static void test_chat_gemma(void) {
     /* strip_thinking: each part between <channel|> markers up to its <|channel>, joined */
     ib_chat_msg h[2] = {{"user", "u"}, {"assistant", "a<|channel>x<channel|>b<|channel>y"}};
     expect_chat(t, h, 2, 0, "<bos><|turn>user\nu<turn|>\n<|turn>model\nab<turn|>\n", __LINE__);
+    /* thinking on: <|think|> opens the system turn (written even without a system message), no empty thought */
+    expect_chat(t, g, 2, IB_CHAT_GENERATION_PROMPT | IB_CHAT_THINKING,
+                "<bos><|turn>system\n<|think|>Be brief.<turn|>\n<|turn>user\nhi<turn|>\n<|turn>model\n", __LINE__);
+    expect_chat(t, g + 1, 1, IB_CHAT_GENERATION_PROMPT | IB_CHAT_THINKING,
+                "<bos><|turn>system\n<|think|><turn|>\n<|turn>user\nhi<turn|>\n<|turn>model\n", __LINE__);
     ns = ib_tokenizer_chat_stops(t, stops, 4);
     CHECK(ns == 2 && stops[0] == 261 && stops[1] == 257, "gemma 4 stops: %d (%d %d)", ns, stops[0], stops[1]);
     ib_tokenizer_free(t);
@@ -246,6 +251,9 @@ static void test_chat(void) {
     if (!t) return;
     expect_chat(t, m + 1, 1, IB_CHAT_GENERATION_PROMPT | IB_CHAT_NO_THINKING,
                 "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n", __LINE__);
+    /* THINKING is Gemma 4's; Qwen3 thinks by default and ignores it */
+    expect_chat(t, m + 1, 1, IB_CHAT_GENERATION_PROMPT | IB_CHAT_THINKING, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n",
+                __LINE__);
     /* an assistant turn before the last user turn loses its reasoning */
     expect_chat(t, m, 4, IB_CHAT_GENERATION_PROMPT,
                 "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n"

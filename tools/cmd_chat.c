@@ -18,7 +18,7 @@
 #include "isobatch.h"
 
 static const char help[] =
-    "usage: isobatch chat [-m DIR] [--system TEXT] [-n N] [--no-think] [--threads T] [--context N]\n"
+    "usage: isobatch chat [-m DIR] [--system TEXT] [-n N] [--no-think | --think] [--threads T] [--context N]\n"
     "                     [--temp X] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R] [--seed S]\n"
     "\n"
     "  Reads one user message per line from stdin and streams each reply to stdout. Ctrl-C stops the\n"
@@ -30,6 +30,7 @@ static const char help[] =
     "  --system TEXT     a system message first\n"
     "  -n N              most tokens per reply (default 512)\n"
     "  --no-think        Qwen3: enable_thinking=false (an empty <think></think> block)\n"
+    "  --think           Gemma 4: enable_thinking=true (<|think|> in the system turn)\n"
     "  --threads T       worker threads (default: the CPUs online)\n"
     "  --context N       KV capacity in tokens (default min(model, 4096))\n"
     "  --temp ... --seed sampling (default greedy); without --seed a fresh seed, printed on stderr\n";
@@ -195,6 +196,10 @@ int cmd_chat(int argc, char **argv) {
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
             fputs(help, stdout);
             return 0;
+        }
+        if (!strcmp(f, "--think")) {
+            flags |= IB_CHAT_THINKING;
+            continue;
         }
         if (!strcmp(f, "--no-think")) {
             flags |= IB_CHAT_NO_THINKING;

@@ -1356,11 +1356,13 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
         if (mrc == -2) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
         if (mrc) return BAD("messages", "%s", why);
         int flags = IB_CHAT_GENERATION_PROMPT, think = 1;
-        if (get_bool(b, "enable_thinking", &think) < 0) {
+        int given = get_bool(b, "enable_thinking", &think);
+        if (given < 0) {
             free(cm);
             return BAD("enable_thinking", "enable_thinking must be a boolean");
         }
         if (!think) flags |= IB_CHAT_NO_THINKING;
+        else if (given) flags |= IB_CHAT_THINKING;   /* asked for: Gemma 4 thinks only then */
         long need = ib_chat_format(S->m, cm, (int)nm, flags, NULL, 0);
         if (need < 0) {
             free(cm);

@@ -360,9 +360,11 @@ long ib_tokenizer_chat_format(const ib_tokenizer *t, const ib_chat_msg *msgs, in
     } else if (t->chat == CHAT_GEMMA4) {
         if (t->bos_text) puts_(&b, t->bos_text);
         int first = n > 0 && (!strcmp(msgs[0].role, "system") || !strcmp(msgs[0].role, "developer"));
-        if (first) {
+        int think = (flags & IB_CHAT_THINKING) != 0;
+        if (first || think) {
             puts_(&b, "<|turn>system\n");
-            put_trimmed(&b, msgs[0].content);
+            if (think) puts_(&b, "<|think|>");
+            if (first) put_trimmed(&b, msgs[0].content);
             puts_(&b, "<turn|>\n");
         }
         for (int i = first; i < n; i++) {
@@ -376,7 +378,7 @@ long ib_tokenizer_chat_format(const ib_tokenizer *t, const ib_chat_msg *msgs, in
         }
         if (flags & IB_CHAT_GENERATION_PROMPT) {
             puts_(&b, "<|turn>model\n");
-            if (t->chat_empty_thought) puts_(&b, "<|channel>thought\n<channel|>");
+            if (t->chat_empty_thought && !think) puts_(&b, "<|channel>thought\n<channel|>");
         }
     } else {
         if (t->bos_text) puts_(&b, t->bos_text);
