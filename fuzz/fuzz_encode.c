@@ -46,7 +46,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     int ascii = 1;
     for (size_t i = 0; i < n; i++) ascii &= data[1 + i] < 0x80;
-    char *back = malloc((size_t)k * 64 + 1);
+    char *back = malloc(((size_t)k + 1) * 64);   /* 64 bytes per id (BOS/EOS included: k may exceed n) */
     size_t bl = 0;
     for (int i = 0; i < k; i++) {
         if (ids[i] < 0 || ids[i] >= ib_tokenizer_n_ids(tok)) abort();

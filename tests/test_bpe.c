@@ -575,6 +575,71 @@ static void test_cache_threads(void) {
     ib_tokenizer_free(t);
 }
 
+/* ---------------------------------------------------------------- SentencePiece style */
+
+/* A byte-fallback tokenizer: <0x00>..<0xFF> at ids 0..255, then ▁ 256, a 257, b 258, ▁a 259, ab 260,
+ * ▁ab 261, a▁ 262; merges a▁ (rank 0), a b (1), ▁ ab (2), ▁ a (3). pre_tokenizer (or normalizer) as given. */
+static ib_tokenizer *spm_tok(const char *name, const char *normalizer, const char *pre) {
+    char path[160], json[8192];
+    int o = snprintf(json, sizeof json, "{\"normalizer\": %s, \"pre_tokenizer\": %s, \"decoder\": {\"type\": \"Sequence\", "
+                     "\"decoders\": [{\"type\": \"Replace\", \"pattern\": {\"String\": \"\u2581\"}, \"content\": \" \"}, "
+                     "{\"type\": \"ByteFallback\"}, {\"type\": \"Fuse\"}]}, \"added_tokens\": [{\"id\": 263, \"content\": \"<x>\", "
+                     "\"special\": true}], \"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"unk_token\": null, "
+                     "\"vocab\": {", normalizer, pre);
+    for (int b = 0; b < 256; b++) o += snprintf(json + o, sizeof json - (size_t)o, "\"<0x%02X>\": %d, ", b, b);
+    snprintf(json + o, sizeof json - (size_t)o, "\"\u2581\": 256, \"a\": 257, \"b\": 258, \"\u2581a\": 259, \"ab\": 260, "
+             "\"\u2581ab\": 261, \"a\u2581\": 262, \"<x>\": 263}, \"merges\": [[\"a\", \"\u2581\"], [\"a\", \"b\"], "
+             "[\"\u2581\", \"ab\"], [\"\u2581\", \"a\"]]}}");
+    snprintf(path, sizeof path, "%s/%s.json", tmpdir, name);
+    FILE *f = fopen(path, "w");
+    fputs(json, f);
+    fclose(f);
+    return load(path);
+}
+
+static void test_spm(void) {
+    const char *ms = "{\"type\": \"Metaspace\", \"replacement\": \"\u2581\", \"prepend_scheme\": \"%s\", \"split\": %s}";
+    char pre[200];
+    /* Gemma: Replace(" ", "▁") and no pre-tokenizer: one word; "a▁" merges first */
+    ib_tokenizer *t = spm_tok("sp1", "{\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\u2581\"}", "null");
+    EXPECT(t, "a  b", 0, 262, 256, 258);
+    EXPECT(t, " ab", 0, 261);
+    EXPECT(t, "\xC3\xA9" "b", 0, 0xC3, 0xA9, 258);         /* é has no token: its bytes */
+    EXPECTN(t, "a\xFF", 2, 0, 257, 0xFF);               /* an invalid byte: its byte token */
+    EXPECT(t, "<x> ab", 0, 263, 261);
+    char out[16];
+    CHECK(ib_tokenizer_decode(t, 261, out, 16) == 3 && !memcmp(out, " ab", 3), "decode of \u2581ab is \" ab\"");
+    CHECK(ib_tokenizer_decode(t, 0xC3, out, 16) == 1 && (unsigned char)out[0] == 0xC3, "<0xC3> decodes to the byte");
+    ib_tokenizer_free(t);
+    /* Metaspace split: the word is cut before every ▁ (Hugging Face's MergedWithNext), so "a▁" cannot form */
+    snprintf(pre, sizeof pre, ms, "never", "true");
+    t = spm_tok("sp2", "null", pre);
+    EXPECT(t, "a  b", 0, 257, 256, 256, 258);
+    EXPECT(t, " ab ", 0, 261, 256);
+    ib_tokenizer_free(t);
+    snprintf(pre, sizeof pre, ms, "never", "false");
+    t = spm_tok("sp3", "null", pre);
+    EXPECT(t, "a  b", 0, 262, 256, 258);
+    ib_tokenizer_free(t);
+    /* prepend_scheme: always before every piece of text; first only at the start of the input */
+    snprintf(pre, sizeof pre, ms, "always", "true");
+    t = spm_tok("sp4", "null", pre);
+    EXPECT(t, "ab", 0, 261);
+    EXPECT(t, " ab", 0, 261);                             /* already starts with ▁ */
+    EXPECT(t, "ab<x>ab", 0, 261, 263, 261);
+    ib_tokenizer_free(t);
+    snprintf(pre, sizeof pre, ms, "first", "true");
+    t = spm_tok("sp5", "null", pre);
+    EXPECT(t, "ab<x>ab", 0, 261, 263, 260);
+    EXPECT(t, "<x>ab", 0, 263, 260);
+    ib_tokenizer_free(t);
+    /* Prepend + Replace (Llama 2's normalizer): every run of text gets the ▁ */
+    t = spm_tok("sp6", "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", \"prepend\": \"\u2581\"}, "
+                "{\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\u2581\"}]}", "null");
+    EXPECT(t, "ab<x>ab", 0, 261, 263, 261);
+    ib_tokenizer_free(t);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/ib_bpe_XXXXXX");
     if (!mkdtemp(tmpdir)) {
@@ -590,7 +655,8 @@ int main(void) {
     test_post();
     test_invalid_utf8();
     test_cache_threads();
-    static const char *const files[] = {"m1", "m2", "m3", "m4", "m5", "m6", "s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8",
+    test_spm();
+    static const char *const files[] = {"sp1", "sp2", "sp3", "sp4", "sp5", "sp6","m1", "m2", "m3", "m4", "m5", "m6", "s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8",
                                         "r1", "r2", "r3", "r4", "r5", "r6", "b1", "b2", "b3", "b4", "n1", "n2", "n3", "n4", "n5",
                                         "a1", "p1", "u1", "u2", "c1"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {

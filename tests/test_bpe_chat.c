@@ -119,14 +119,12 @@ static void test_stream(void) {
 
 /* ---------------------------------------------------------------- chat */
 
-static ib_tokenizer *load_dir(const char *sub, const char *config) {
+static ib_tokenizer *load_dir_sp(const char *sub, const char *config, const char *const *sp, int nsp) {
     char dir[128], p[192];
     snprintf(dir, sizeof dir, "%s/%s", tmpdir, sub);
     mkdir(dir, 0700);
-    static const char *const sp[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
-                                     "<|end_header_id|>", "<|eot_id|>", "<|end_of_text|>"};
     ib_error err;
-    CHECK_EQ_INT(ib_tokenizer_write_bytelevel(dir, sp, 8, &err), IB_OK);
+    CHECK_EQ_INT(ib_tokenizer_write_bytelevel(dir, sp, nsp, &err), IB_OK);
     if (config) {
         snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
         FILE *f = fopen(p, "w");
@@ -142,6 +140,78 @@ static ib_tokenizer *load_dir(const char *sub, const char *config) {
     unlink(p);
     rmdir(dir);
     return t;
+}
+
+static ib_tokenizer *load_dir(const char *sub, const char *config) {
+    static const char *const sp[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
+                                     "<|end_header_id|>", "<|eot_id|>", "<|end_of_text|>"};
+    return load_dir_sp(sub, config, sp, 8);
+}
+
+static void expect_chat(const ib_tokenizer *t, const ib_chat_msg *m, int n, int flags, const char *want, int line);
+
+/* Gemma's specials at 256..: <bos> 256, <eos> 257, <start_of_turn> 258, <end_of_turn> 259, <|turn> 260,
+ * <turn|> 261, <|channel> 262, <channel|> 263 */
+static const char *const gemma_sp[] = {"<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<|turn>", "<turn|>", "<|channel>",
+                                       "<channel|>"};
+
+static void test_chat_gemma(void) {
+    /* Gemma 3: the system text opens the first user turn (untrimmed, then a blank line); content
+     * trimmed; assistant is "model"; <bos> first */
+    ib_tokenizer *t = load_dir_sp("gemma3", "{\"chat_template\": \"{{ bos_token }}{{ '<start_of_turn>' + role + '\\\\n' }}\","
+                                            " \"bos_token\": \"<bos>\", \"eos_token\": \"<eos>\"}", gemma_sp, 8);
+    if (!t) return;
+    ib_chat_msg m[4] = {{"system", " Be brief. "}, {"user", " hi\n"}, {"assistant", "Hello!\n\n"}, {"user", "2+2?"}};
+    expect_chat(t, m, 4, IB_CHAT_GENERATION_PROMPT,
+                "<bos><start_of_turn>user\n Be brief. \n\nhi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
+                "<start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n", __LINE__);
+    expect_chat(t, m + 1, 1, 0, "<bos><start_of_turn>user\nhi<end_of_turn>\n", __LINE__);
+    /* the template refuses turns that do not alternate user / model */
+    ib_chat_msg bad[2] = {{"user", "a"}, {"user", "b"}};
+    CHECK_EQ_INT(ib_tokenizer_chat_format(t, bad, 2, 0, NULL, 0), -1);
+    CHECK_EQ_INT(ib_tokenizer_chat_format(t, m + 2, 1, 0, NULL, 0), -1);
+    int32_t stops[4];
+    int ns = ib_tokenizer_chat_stops(t, stops, 4);
+    CHECK(ns == 2 && stops[0] == 259 && stops[1] == 257, "gemma stops: %d (%d %d)", ns, stops[0], stops[1]);
+    ib_tokenizer_free(t);
+
+    /* Gemma 4: a system turn of its own; model turns lose their thoughts; the larger models' template
+     * ends the generation prompt with an empty thought */
+    t = load_dir_sp("gemma4", "{\"chat_template\": \"{{ bos_token }}{{ '<|turn>' + role + '\\\\n' }}{%- if not "
+                              "enable_thinking | default(false) -%}{{- '<|channel>thought\\\\n<channel|>' -}}{%- endif -%}\","
+                              " \"bos_token\": \"<bos>\", \"eos_token\": \"<eos>\"}", gemma_sp, 8);
+    if (!t) return;
+    ib_chat_msg g[4] = {{"system", " Be brief.\n"}, {"user", "hi "}, {"assistant", "<|channel>thought\nhm<channel|> Hello! "},
+                        {"user", "2+2?"}};
+    expect_chat(t, g, 4, IB_CHAT_GENERATION_PROMPT,
+                "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nhi<turn|>\n<|turn>model\nHello!<turn|>\n"
+                "<|turn>user\n2+2?<turn|>\n<|turn>model\n<|channel>thought\n<channel|>", __LINE__);
+    /* strip_thinking: each part between <channel|> markers up to its <|channel>, joined */
+    ib_chat_msg h[2] = {{"user", "u"}, {"assistant", "a<|channel>x<channel|>b<|channel>y"}};
+    expect_chat(t, h, 2, 0, "<bos><|turn>user\nu<turn|>\n<|turn>model\nab<turn|>\n", __LINE__);
+    /* thinking on: <|think|> opens the system turn (written even without a system message), no empty thought */
+    expect_chat(t, g, 2, IB_CHAT_GENERATION_PROMPT | IB_CHAT_THINKING,
+                "<bos><|turn>system\n<|think|>Be brief.<turn|>\n<|turn>user\nhi<turn|>\n<|turn>model\n", __LINE__);
+    expect_chat(t, g + 1, 1, IB_CHAT_GENERATION_PROMPT | IB_CHAT_THINKING,
+                "<bos><|turn>system\n<|think|><turn|>\n<|turn>user\nhi<turn|>\n<|turn>model\n", __LINE__);
+    ns = ib_tokenizer_chat_stops(t, stops, 4);
+    CHECK(ns == 2 && stops[0] == 261 && stops[1] == 257, "gemma 4 stops: %d (%d %d)", ns, stops[0], stops[1]);
+    ib_tokenizer_free(t);
+
+    /* the small models' template (no empty thought); without any template the markers decide */
+    t = load_dir_sp("gemma4s", "{\"chat_template\": \"{{ '<|turn>' + role }}\", \"bos_token\": \"<bos>\"}", gemma_sp, 8);
+    if (!t) return;
+    expect_chat(t, g + 1, 1, IB_CHAT_GENERATION_PROMPT, "<bos><|turn>user\nhi<turn|>\n<|turn>model\n", __LINE__);
+    ib_tokenizer_free(t);
+    t = load_dir_sp("gemma4n", NULL, gemma_sp, 8);
+    if (!t) return;
+    expect_chat(t, g + 1, 1, IB_CHAT_GENERATION_PROMPT, "<|turn>user\nhi<turn|>\n<|turn>model\n", __LINE__);
+    ib_tokenizer_free(t);
+    static const char *const g3sp[] = {"<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"};
+    t = load_dir_sp("gemma3n", NULL, g3sp, 4);
+    if (!t) return;
+    expect_chat(t, g + 1, 1, IB_CHAT_GENERATION_PROMPT, "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n", __LINE__);
+    ib_tokenizer_free(t);
 }
 
 static void expect_chat(const ib_tokenizer *t, const ib_chat_msg *m, int n, int flags, const char *want, int line) {
@@ -181,6 +251,9 @@ static void test_chat(void) {
     if (!t) return;
     expect_chat(t, m + 1, 1, IB_CHAT_GENERATION_PROMPT | IB_CHAT_NO_THINKING,
                 "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n", __LINE__);
+    /* THINKING is Gemma 4's; Qwen3 thinks by default and ignores it */
+    expect_chat(t, m + 1, 1, IB_CHAT_GENERATION_PROMPT | IB_CHAT_THINKING, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n",
+                __LINE__);
     /* an assistant turn before the last user turn loses its reasoning */
     expect_chat(t, m, 4, IB_CHAT_GENERATION_PROMPT,
                 "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n"
@@ -229,6 +302,7 @@ int main(void) {
     }
     test_stream();
     test_chat();
+    test_chat_gemma();
     CHECK(rmdir(tmpdir) == 0, "temporary directory %s not empty", tmpdir);
     TEST_MAIN_END("test_bpe_chat");
 }

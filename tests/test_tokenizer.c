@@ -421,8 +421,8 @@ static void test_malformed(void) {
               IB_ERR_FORMAT, "field pre_tokenizer.behavior", "Sideways");
     fail_with("mf_pat.json", 0, "pre_tokenizer", "{\"type\": \"Split\", \"behavior\": \"Isolated\"}", IB_ERR_FORMAT,
               "field pre_tokenizer.pattern", NULL);
-    fail_with("mf_pt.json", 0, "pre_tokenizer", "{\"type\": \"Metaspace\"}", IB_ERR_UNSUPPORTED, "field pre_tokenizer.type",
-              "Metaspace");
+    fail_with("mf_pt.json", 0, "pre_tokenizer", "{\"type\": \"WhitespaceSplit\"}", IB_ERR_UNSUPPORTED, "field pre_tokenizer.type",
+              "WhitespaceSplit");
     fail_with("mf_pt2.json", 0, "pre_tokenizer", "{}", IB_ERR_FORMAT, "field pre_tokenizer.type", NULL);
     fail_with("mf_bl.json", 0, "pre_tokenizer", "{\"type\": \"ByteLevel\", \"add_prefix_space\": 1}", IB_ERR_FORMAT,
               "field pre_tokenizer.add_prefix_space", NULL);
@@ -431,6 +431,26 @@ static void test_malformed(void) {
     fail_with("mf_norm2.json", 0, "normalizer", "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}, {\"type\": \"Strip\"}]}",
               IB_ERR_UNSUPPORTED, "field normalizer.normalizers[1].type", NULL);
     fail_with("mf_dec.json", 0, "decoder", "{\"type\": \"WordPiece\"}", IB_ERR_UNSUPPORTED, "field decoder.type", NULL);
+    /* the SentencePiece-style parts: what is not supported, and malformed ones */
+    fail_with("mf_bf.json", 1, "byte_fallback", "true", IB_ERR_MODEL, "field model.vocab", "needs the token <0x00>");
+    fail_with("mf_bf2.json", 1, "byte_fallback", "\"yes\"", IB_ERR_FORMAT, "field model.byte_fallback", NULL);
+    fail_with("mf_unk.json", 1, "unk_token", "3", IB_ERR_FORMAT, "field model.unk_token", NULL);
+    fail_with("mf_strip.json", 0, "decoder", "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Fuse\"}, {\"type\": \"Strip\", "
+              "\"content\": \" \", \"start\": 1, \"stop\": 0}]}", IB_ERR_UNSUPPORTED, "field decoder.decoders[1].type", "Strip");
+    fail_with("mf_decrep.json", 0, "decoder", "{\"type\": \"Replace\", \"pattern\": {\"String\": \"_\"}, \"content\": \" \"}",
+              IB_ERR_UNSUPPORTED, "field decoder", "needs model.byte_fallback");
+    fail_with("mf_decms.json", 0, "decoder", "{\"type\": \"Metaspace\", \"replacement\": \"_\", \"prepend_scheme\": \"first\"}",
+              IB_ERR_UNSUPPORTED, "field decoder.prepend_scheme", NULL);
+    fail_with("mf_decre.json", 0, "decoder", "{\"type\": \"Replace\", \"pattern\": {\"Regex\": \"_\"}, \"content\": \" \"}",
+              IB_ERR_UNSUPPORTED, "field decoder.pattern.Regex", NULL);
+    fail_with("mf_nrep.json", 0, "normalizer", "{\"type\": \"Replace\", \"pattern\": {\"Regex\": \" \"}, \"content\": \"_\"}",
+              IB_ERR_UNSUPPORTED, "field normalizer.pattern.Regex", NULL);
+    fail_with("mf_nrep2.json", 0, "normalizer", "{\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}}", IB_ERR_FORMAT,
+              "field normalizer.content", NULL);
+    fail_with("mf_npre.json", 0, "normalizer", "{\"type\": \"Prepend\"}", IB_ERR_FORMAT, "field normalizer.prepend", NULL);
+    fail_with("mf_ms.json", 0, "pre_tokenizer", "{\"type\": \"Metaspace\"}", IB_ERR_FORMAT, "field pre_tokenizer.replacement", NULL);
+    fail_with("mf_ms2.json", 0, "pre_tokenizer", "{\"type\": \"Metaspace\", \"replacement\": \"_\", \"prepend_scheme\": \"often\"}",
+              IB_ERR_FORMAT, "field pre_tokenizer.prepend_scheme", "often");
     fail_with("mf_post.json", 0, "post_processor", "{\"type\": \"BertProcessing\"}", IB_ERR_UNSUPPORTED, "field post_processor.type", NULL);
     fail_with("mf_post2.json", 0, "post_processor",
               "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<bos>\"}}, {\"Sequence\": {\"id\": \"A\"}}],"
@@ -512,6 +532,7 @@ static void cleanup(void) {
         "addcontent.json", "addtype.json", "mf_type.json", "mf_typenum.json", "mf_dropout.json", "mf_prefix.json",
         "mf_ignore.json", "mf_mtype.json", "mf_m1.json", "mf_m2.json", "mf_m3.json", "mf_m4.json", "mf_m5.json", "mf_m6.json",
         "mf_m7.json", "mf_re.json", "mf_re2.json", "mf_re3.json", "mf_beh.json", "mf_pat.json", "mf_pt.json", "mf_pt2.json",
+        "mf_bf.json", "mf_bf2.json", "mf_unk.json", "mf_strip.json", "mf_decrep.json", "mf_decms.json", "mf_decre.json", "mf_nrep.json", "mf_nrep2.json", "mf_npre.json", "mf_ms.json", "mf_ms2.json",
         "mf_bl.json", "mf_norm.json", "mf_norm2.json", "mf_dec.json", "mf_post.json", "mf_post2.json", "mf_added.json",
     };
     char p[128];

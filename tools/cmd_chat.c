@@ -19,7 +19,7 @@
 #include "isobatch.h"
 
 static const char help[] =
-    "usage: isobatch chat [-m DIR] [--system TEXT] [-n N] [--no-think] [--threads T] [--context N]\n"
+    "usage: isobatch chat [-m DIR] [--system TEXT] [-n N] [--no-think | --think] [--threads T] [--context N]\n"
     "                     [--temp X] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R] [--seed S]\n"
     "\n"
     "  Reads one user message per line from stdin and streams each reply to stdout. Ctrl-C stops the\n"
@@ -31,6 +31,7 @@ static const char help[] =
     "  --system TEXT     a system message first\n"
     "  -n N              most tokens per reply (default 512)\n"
     "  --no-think        Qwen3: enable_thinking=false (an empty <think></think> block)\n"
+    "  --think           Gemma 4: enable_thinking=true (<|think|> in the system turn)\n"
     "  --threads T       worker threads (default: the CPUs online)\n"
     "  --context N       KV capacity in tokens (default min(model, 4096))\n"
     "  --temp ... --seed sampling (default greedy); without --seed a fresh seed, printed on stderr\n";
@@ -111,7 +112,7 @@ static int is_stop(const chat *c, int32_t t) {
 /* One turn: render, prefill what is new, generate and stream the reply, record it. */
 static int turn(chat *c, int flags, long max_new) {
     long need = ib_chat_format(c->m, c->msgs, c->n_msgs, flags, NULL, 0);
-    if (need < 0) return cli_error("this model has no chat format (no chat template, no <|im_start|>/<|im_end|>)");
+    if (need < 0) return cli_error("this model has no chat format (no chat template and no chat markers such as <|im_start|>/<|im_end|>)");
     char *text = malloc((size_t)need + 1);
     if (!text) return cli_error("out of memory");
     ib_chat_format(c->m, c->msgs, c->n_msgs, flags, text, (size_t)need + 1);
@@ -197,6 +198,10 @@ int cmd_chat(int argc, char **argv) {
             fputs(help, stdout);
             return 0;
         }
+        if (!strcmp(f, "--think")) {
+            flags |= IB_CHAT_THINKING;
+            continue;
+        }
         if (!strcmp(f, "--no-think")) {
             flags |= IB_CHAT_NO_THINKING;
             continue;
@@ -239,7 +244,7 @@ int cmd_chat(int argc, char **argv) {
     }
     c.n_stops = ib_chat_stop_ids(c.m, c.stops, 8);
     if (ib_chat_format(c.m, NULL, 0, 0, NULL, 0) < 0) {
-        rc = cli_error("%s: the tokenizer has no chat format (no chat template, no <|im_start|>/<|im_end|>)", dir);
+        rc = cli_error("%s: the tokenizer has no chat format (no chat template and no chat markers such as <|im_start|>/<|im_end|>)", dir);
         goto out;
     }
     c.logits = malloc((size_t)ib_model_get_info(c.m)->vocab_size * sizeof *c.logits);

@@ -36,8 +36,8 @@ static const char help[] =
     "                    --seed draws a fresh seed and prints it on stderr (and in --json), so a run can\n"
     "                    be repeated\n"
     "  --ignore-eos      do not stop at the end-of-sequence token\n"
-    "  --chat            wrap each text prompt as a user turn in the model's chat format (ChatML:\n"
-    "                    <|im_start|>user ... <|im_end|>) followed by the assistant header\n"
+    "  --chat            wrap each text prompt as a user turn in the model's chat format (ChatML,\n"
+    "                    Llama 3, Gemma) followed by the assistant header\n"
     "  --json            one JSON line per prompt: index, prompt_tokens, tokens, text, digest, seed\n"
     "  --stream          print text as it is generated (the default with one prompt); several prompts\n"
     "                    are shown in order, each live once those before it are done\n"
@@ -109,7 +109,7 @@ static int chat_mode;
 static int add_chat_text(prompts *p, const ib_model *m, const char *text) {
     ib_chat_msg msg = {"user", text};
     long n = ib_chat_format(m, &msg, 1, IB_CHAT_GENERATION_PROMPT, NULL, 0);
-    if (n < 0) return cli_usage_error("--chat: the model has no chat format (no chat template, no <|im_start|>/<|im_end|>)");
+    if (n < 0) return cli_usage_error("--chat: the model has no chat format (no chat template and no chat markers such as <|im_start|>/<|im_end|>)");
     char *s = malloc((size_t)n + 1);
     if (!s) return cli_error("out of memory");
     ib_chat_format(m, &msg, 1, IB_CHAT_GENERATION_PROMPT, s, (size_t)n + 1);

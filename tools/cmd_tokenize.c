@@ -17,7 +17,7 @@
 static const char help_tok[] =
     "usage: isobatch tokenize [-m DIR | --tokenizer FILE] [--file F | TEXT] [--json]\n"
     "                         [--add-special] [--split-special] [--bench [--seconds S] [--no-cache]]\n"
-    "                         [--chat [--system TEXT] | --messages FILE] [--no-think] [--render]\n"
+    "                         [--chat [--system TEXT] | --messages FILE] [--no-think | --think] [--render]\n"
     "\n"
     "  -m DIR            model directory whose tokenizer.json (and tokenizer_config.json) to use\n"
     "                    (default models/default)\n"
@@ -37,6 +37,7 @@ static const char help_tok[] =
     "  --messages FILE   encode a conversation (a JSON array of {\"role\", \"content\"}) in the chat\n"
     "                    format, with the assistant header after it\n"
     "  --no-think        chat format with Qwen3's enable_thinking=false\n"
+    "  --think           chat format with Gemma 4's enable_thinking=true\n"
     "  --render          print the chat-formatted text instead of the ids\n";
 
 static const char help_detok[] =
@@ -240,6 +241,7 @@ int cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(f, "--no-cache")) o.cache = 0;
         else if (!strcmp(f, "--chat")) o.chat = 1;
         else if (!strcmp(f, "--no-think")) o.chat_flags |= IB_CHAT_NO_THINKING;
+        else if (!strcmp(f, "--think")) o.chat_flags |= IB_CHAT_THINKING;
         else if (!strcmp(f, "--render")) o.render = 1;
         else if (!strcmp(f, "--seconds")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_float(f, v, 0, 3600, &o.seconds)) rc = 2;

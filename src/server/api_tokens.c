@@ -56,7 +56,9 @@ static int format_messages(const ib_model *m, json_t *msgs, int gen_prompt, char
     char *t = need >= 0 ? malloc((size_t)need + 1) : NULL;
     if (!t) {
         free(cm);
-        return ib_api_failf(param, "messages", msg, msz, need < 0 ? "this model has no chat format" : "out of memory");
+        return ib_api_failf(param, "messages", msg, msz, need < 0 ? "this model has no chat format, or its format refuses these roles "
+                                                               "(Gemma 2/3: user and assistant turns must alternate)"
+                                                             : "out of memory");
     }
     ib_chat_format(m, cm, (int)nm, flags, t, (size_t)need + 1);
     free(cm);

@@ -1568,15 +1568,18 @@ static enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json
         if (mrc == -2) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
         if (mrc) return BAD("messages", "%s", why);
         int flags = IB_CHAT_GENERATION_PROMPT, think = 1;
-        if (get_bool(b, "enable_thinking", &think) < 0) {
+        int given = get_bool(b, "enable_thinking", &think);
+        if (given < 0) {
             free(cm);
             return BAD("enable_thinking", "enable_thinking must be a boolean");
         }
         if (!think) flags |= IB_CHAT_NO_THINKING;
+        else if (given) flags |= IB_CHAT_THINKING;   /* asked for: Gemma 4 thinks only then */
         long need = ib_chat_format(S->m, cm, (int)nm, flags, NULL, 0);
         if (need < 0) {
             free(cm);
-            return BAD("messages", "this model has no chat format");
+            return BAD("messages", "this model has no chat format, or its format refuses these roles "
+                                   "(Gemma 2/3: user and assistant turns must alternate)");
         }
         char *text = malloc((size_t)need + 1);
         if (!text) {
@@ -1910,7 +1913,8 @@ static enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c
         char *t = need >= 0 ? malloc((size_t)need + 1) : NULL;
         if (!t) {
             free(cm);
-            return BAD("messages", "this model has no chat format");
+            return BAD("messages", "this model has no chat format, or its format refuses these roles "
+                                   "(Gemma 2/3: user and assistant turns must alternate)");
         }
         ib_chat_format(S->m, cm, (int)nm, gp ? IB_CHAT_GENERATION_PROMPT : 0, t, (size_t)need + 1);
         free(cm);

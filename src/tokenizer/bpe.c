@@ -394,8 +394,69 @@ static void small_word(const tok_merges *m, int32_t *sym, int32_t *prev, int32_t
     }
 }
 
+/* Merge the ns symbols of sym (prev/next not yet set) and append the ids to out. */
+static void merge_symbols(const ib_tokenizer *t, size_t ns, tok_bpe_scratch *s, tok_ids *out) {
+    int32_t *sym = s->sym, *prev = s->prev, *next = s->next;
+    for (size_t i = 0; i < ns; i++) {
+        prev[i] = (int32_t)i - 1;
+        next[i] = i + 1 < ns ? (int32_t)i + 1 : -1;
+    }
+    if (ns > 1 && t->merges.n && ns <= SMALL_WORD) {
+        small_word(&t->merges, sym, prev, next);
+    } else if (ns > 1 && t->merges.n) {
+        size_t nh = 0;
+        for (size_t i = 0; i + 1 < ns; i++) push_pair(&t->merges, s, &nh, (int32_t)i, (int32_t)i + 1);
+        while (nh) {
+            struct tok_heap_ent e = heap_pop(s->heap, &nh);
+            int32_t l = e.pos, r = e.right;
+            if (sym[l] != e.lid || next[l] != r || sym[r] != e.rid) continue;   /* stale */
+            sym[l] = e.merged;
+            sym[r] = -1;
+            int32_t nx = next[r];
+            next[l] = nx;
+            if (nx >= 0) prev[nx] = l;
+            if (prev[l] >= 0) push_pair(&t->merges, s, &nh, prev[l], l);
+            if (nx >= 0) push_pair(&t->merges, s, &nh, l, nx);
+        }
+    }
+    for (int32_t i = 0; i >= 0; i = next[i]) tok_ids_push(out, sym[i]);
+}
+
+/* BPE with byte fallback (SentencePiece style): the symbols start as the word's characters, each
+ * its vocabulary token, or the <0xXX> tokens of its bytes when it has none (so do bytes that are
+ * not valid UTF-8); then the merges as usual. */
+static void bpe_word_chars(const ib_tokenizer *t, const unsigned char *w, size_t n, tok_bpe_scratch *s, tok_ids *out) {
+    if (n > INT32_MAX / 4 || scratch_reserve(s, n)) {
+        out->oom = 1;
+        return;
+    }
+    if (t->ignore_merges) {
+        int32_t id = tok_vocab_find(&t->vocab, (const char *)w, n);
+        if (id >= 0) {
+            tok_ids_push(out, id);
+            return;
+        }
+    }
+    size_t ns = 0;
+    for (size_t i = 0; i < n;) {
+        int l = tok_utf8_valid_len(w + i, n - i);
+        int32_t id = l > 0 ? tok_vocab_find(&t->vocab, (const char *)w + i, (size_t)l) : -1;
+        if (id >= 0) {
+            s->sym[ns++] = id;
+            i += (size_t)l;
+            continue;
+        }
+        for (size_t k = l > 0 ? (size_t)l : 1; k > 0; k--) s->sym[ns++] = t->byte_id[w[i++]];
+    }
+    merge_symbols(t, ns, s, out);
+}
+
 /* BPE of w[0..n) without the cache: append ids to out. */
 static void bpe_word(const ib_tokenizer *t, const unsigned char *w, size_t n, tok_bpe_scratch *s, tok_ids *out) {
+    if (t->byte_fallback) {
+        bpe_word_chars(t, w, n, s, out);
+        return;
+    }
     if (n == 1 || t->merges.n == 0) {
         for (size_t i = 0; i < n; i++) tok_ids_push(out, t->byte_id[w[i]]);
         return;
@@ -444,8 +505,89 @@ static void bpe_word(const ib_tokenizer *t, const unsigned char *w, size_t n, to
     for (int32_t i = 0; i >= 0; i = next[i]) tok_ids_push(out, sym[i]);
 }
 
-/* BPE of one piece through the cache (contract in tok_internal.h). */
+/* ---------------------------------------------------------------- character pairs (byte fallback) */
+
+static inline size_t pair_hash(uint64_t k, size_t cap) { return pair_slot(k, cap); }
+
+static int pairs_put(ib_tokenizer *t, uint64_t k) {
+    if (t->pairs_cap == 0) return -1;
+    size_t h = pair_hash(k, t->pairs_cap);
+    while (t->pairs[h] && t->pairs[h] != k) h = (h + 1) & (t->pairs_cap - 1);
+    t->pairs[h] = k;
+    return 0;
+}
+
+static inline int pairs_has(const ib_tokenizer *t, uint64_t k) {
+    for (size_t h = pair_hash(k, t->pairs_cap);; h = (h + 1) & (t->pairs_cap - 1)) {
+        if (t->pairs[h] == k) return 1;
+        if (!t->pairs[h]) return 0;
+    }
+}
+
+static inline uint64_t pair_key2(uint32_t a, uint32_t b) { return ((uint64_t)a << 21 | b) + 1; }
+
+int tok_pairs_build(ib_tokenizer *t) {
+    const tok_vocab *v = &t->vocab;
+    size_t total = 0;   /* an upper bound of the pairs: characters of every token */
+    for (size_t i = 0; i < v->n; i++) total += v->klen[i];
+    size_t cap = 1024;
+    while (cap < 2 * total) cap *= 2;
+    t->pairs = calloc(cap, sizeof *t->pairs);
+    if (!t->pairs) return -1;
+    t->pairs_cap = cap;
+    for (size_t i = 0; i < v->n; i++) {
+        const unsigned char *k = (const unsigned char *)v->keys + v->koff[i];
+        size_t n = v->klen[i], j = 0;
+        uint32_t prev = 0;
+        int have = 0;
+        while (j < n) {
+            int l = tok_utf8_valid_len(k + j, n - j);
+            if (l <= 0) {   /* not UTF-8 (cannot come from JSON): no pair across it */
+                have = 0;
+                j++;
+                continue;
+            }
+            uint32_t c = tok_utf8_decode(k + j, l);
+            if (have) pairs_put(t, pair_key2(prev, c));
+            prev = c;
+            have = 1;
+            j += (size_t)l;
+        }
+    }
+    return 0;
+}
+
+static void piece_cached(const ib_tokenizer *t, const unsigned char *w, size_t n, tok_bpe_scratch *s, tok_ids *out);
+
+/* BPE of one piece through the cache (contract in tok_internal.h). With byte fallback the piece is
+ * first cut between adjacent characters that no vocabulary token holds together (both with a token
+ * of their own: next to a character that falls back to bytes nothing is cut); each part is merged
+ * alone, which gives the same ids (no merge could cross a cut) and lets the cache work on them. */
 void tok_bpe_piece(const ib_tokenizer *t, const unsigned char *w, size_t n, tok_bpe_scratch *s, tok_ids *out) {
+    if (n == 0) return;
+    if (!t->byte_fallback || !t->pairs || t->ignore_merges) {   /* ignore_merges looks at the whole word */
+        piece_cached(t, w, n, s, out);
+        return;
+    }
+    size_t start = 0, i = 0;
+    uint32_t prev = 0;
+    int prev_known = 0;
+    while (i < n) {
+        int l = tok_utf8_valid_len(w + i, n - i);
+        int known = l > 0 && tok_vocab_find(&t->vocab, (const char *)w + i, (size_t)l) >= 0;
+        uint32_t c = known ? tok_utf8_decode(w + i, l) : 0;
+        if (known && prev_known && !pairs_has(t, pair_key2(prev, c))) {
+            piece_cached(t, w + start, i - start, s, out);
+            start = i;
+        }
+        prev = c;
+        prev_known = known;
+        i += l > 0 ? (size_t)l : 1;
+    }
+    piece_cached(t, w + start, n - start, s, out);
+}
+
+static void piece_cached(const ib_tokenizer *t, const unsigned char *w, size_t n, tok_bpe_scratch *s, tok_ids *out) {
     if (n == 0) return;
     tok_cache *c = (tok_cache *)&t->cache;   /* the cache is the one mutable part, guarded by its mutex */
     if (n == 1 || !c->enabled || n > TOK_CACHE_MAX_KEY || t->merges.n == 0) {

@@ -1,10 +1,18 @@
 /*
  * chat.c — tokenizer_config.json facts (bos/eos/pad tokens, add_bos_token, add_eos_token, which chat
- * format the chat template writes) and chat formatting for the two formats known here:
+ * format the chat template writes) and chat formatting for the formats known here:
  *
  *   ChatML (Qwen2, Qwen3):  <|im_start|>ROLE\nCONTENT<|im_end|>\n ... <|im_start|>assistant\n
  *   Llama 3:                <|begin_of_text|><|start_header_id|>ROLE<|end_header_id|>\n\nCONTENT<|eot_id|>
  *                           ... <|start_header_id|>assistant<|end_header_id|>\n\n
+ *   Gemma (2, 3):           <bos><start_of_turn>user\nSYSTEM\n\nCONTENT<end_of_turn>\n
+ *                           <start_of_turn>model\nCONTENT<end_of_turn>\n ... <start_of_turn>model\n
+ *                           (no system turn: the system text opens the first user turn; roles
+ *                           must alternate user / model, as the template demands)
+ *   Gemma 4:                <bos><|turn>system\nSYSTEM<turn|>\n<|turn>user\nCONTENT<turn|>\n
+ *                           <|turn>model\nCONTENT<turn|>\n ... <|turn>model\n
+ *                           (model turns lose their <|channel>…<channel|> thoughts; the 26B/31B
+ *                           templates end the prompt with an empty thought, <|channel>thought\n<channel|>)
  *
  * The Jinja template itself is not run; it is read for facts: which of the two formats it writes,
  * whether it knows enable_thinking, and whether it splits assistant turns at </think> (Qwen3, whose
@@ -29,6 +37,7 @@ static int32_t token_by_text(const ib_tokenizer *t, const char *s) {
     int32_t id = ib_tokenizer_special(t, s);
     if (id >= 0) return id;
     size_t n = strlen(s);
+    if (t->byte_fallback) return tok_vocab_find(&t->vocab, s, n);   /* raw UTF-8 tokens */
     char *a = malloc(2 * n + 1);
     if (!a) return -1;
     size_t al = 0;
@@ -70,6 +79,12 @@ static ib_status bool_field(const json_t *cfg, const char *key, const char *path
 static void template_facts(ib_tokenizer *t, const char *tpl) {
     if (strstr(tpl, "<|im_start|>")) t->chat = CHAT_CHATML;
     else if (strstr(tpl, "<|start_header_id|>")) t->chat = CHAT_LLAMA3;
+    else if (strstr(tpl, "<|turn>")) t->chat = CHAT_GEMMA4;     /* some Gemma 4 files still mention <start_of_turn> */
+    else if (strstr(tpl, "<start_of_turn>")) t->chat = CHAT_GEMMA;
+    /* the larger Gemma 4 templates: {{- '<|channel>thought\n<channel|>' -}} after the generation
+     * prompt unless enable_thinking (the \n is Jinja's escape in the template text) */
+    t->chat_empty_thought = t->chat == CHAT_GEMMA4 && (strstr(tpl, "'<|channel>thought\\n<channel|>'") ||
+                                                       strstr(tpl, "\"<|channel>thought\\n<channel|>\""));
     t->chat_thinking = strstr(tpl, "enable_thinking") != NULL;
     t->chat_strip_think = strstr(tpl, "</think>") != NULL && t->chat == CHAT_CHATML;
 }
@@ -160,9 +175,13 @@ ib_status tok_load_config(ib_tokenizer *t, const char *tokenizer_path, ib_error 
             (st = load_template(t, cfg, dir, path, err)))
             goto out;
     }
-    /* no template: ChatML when the tokenizer has its two markers */
+    /* no template: ChatML, Gemma 4 or Gemma when the tokenizer has the format's two markers */
     if (t->chat == CHAT_NONE && ib_tokenizer_special(t, "<|im_start|>") >= 0 && ib_tokenizer_special(t, "<|im_end|>") >= 0)
         t->chat = CHAT_CHATML;
+    if (t->chat == CHAT_NONE && ib_tokenizer_special(t, "<|turn>") >= 0 && ib_tokenizer_special(t, "<turn|>") >= 0)
+        t->chat = CHAT_GEMMA4;
+    if (t->chat == CHAT_NONE && ib_tokenizer_special(t, "<start_of_turn>") >= 0 && ib_tokenizer_special(t, "<end_of_turn>") >= 0)
+        t->chat = CHAT_GEMMA;
 out:
     json_decref(cfg);
     return st;
@@ -264,6 +283,28 @@ static void put_trimmed(sbuf *b, const char *c) {
     put(b, (const char *)s, (size_t)(e - s));
 }
 
+/* Gemma 4's strip_thinking: the text of each part between <channel|> markers up to its <|channel>
+ * (all of a part without one), joined, then trimmed. */
+static void put_gemma4_model(sbuf *b, const char *c) {
+    sbuf k = {0};
+    const char *p = c;
+    for (;;) {
+        const char *e = strstr(p, "<channel|>");
+        const char *end = e ? e : p + strlen(p);
+        const char *open = NULL;
+        for (const char *q = p; (q = strstr(q, "<|channel>")) && q < end; q++) {
+            open = q;
+            break;
+        }
+        put(&k, p, (size_t)((open ? open : end) - p));
+        if (!e) break;
+        p = e + strlen("<channel|>");
+    }
+    if (k.oom) b->oom = 1;
+    else put_trimmed(b, k.p ? k.p : "");
+    free(k.p);
+}
+
 long ib_tokenizer_chat_format(const ib_tokenizer *t, const ib_chat_msg *msgs, int n, int flags, char *out, size_t cap) {
     if (!t || (n > 0 && !msgs) || n < 0 || t->chat == CHAT_NONE) return -1;
     for (int i = 0; i < n; i++)
@@ -296,6 +337,49 @@ long ib_tokenizer_chat_format(const ib_tokenizer *t, const ib_chat_msg *msgs, in
             puts_(&b, "<|im_start|>assistant\n");
             if ((flags & IB_CHAT_NO_THINKING) && t->chat_thinking) puts_(&b, "<think>\n\n</think>\n\n");
         }
+    } else if (t->chat == CHAT_GEMMA) {
+        if (t->bos_text) puts_(&b, t->bos_text);
+        int first = n > 0 && !strcmp(msgs[0].role, "system");
+        for (int i = first; i < n; i++) {
+            int user = !strcmp(msgs[i].role, "user");
+            if (user != ((i - first) % 2 == 0)) {   /* the template raises: roles must alternate */
+                free(b.p);
+                return -1;
+            }
+            puts_(&b, "<start_of_turn>");
+            puts_(&b, !strcmp(msgs[i].role, "assistant") ? "model" : msgs[i].role);
+            puts_(&b, "\n");
+            if (first && i == 1) {
+                puts_(&b, msgs[0].content);
+                puts_(&b, "\n\n");
+            }
+            put_trimmed(&b, msgs[i].content);
+            puts_(&b, "<end_of_turn>\n");
+        }
+        if (flags & IB_CHAT_GENERATION_PROMPT) puts_(&b, "<start_of_turn>model\n");
+    } else if (t->chat == CHAT_GEMMA4) {
+        if (t->bos_text) puts_(&b, t->bos_text);
+        int first = n > 0 && (!strcmp(msgs[0].role, "system") || !strcmp(msgs[0].role, "developer"));
+        int think = (flags & IB_CHAT_THINKING) != 0;
+        if (first || think) {
+            puts_(&b, "<|turn>system\n");
+            if (think) puts_(&b, "<|think|>");
+            if (first) put_trimmed(&b, msgs[0].content);
+            puts_(&b, "<turn|>\n");
+        }
+        for (int i = first; i < n; i++) {
+            int model = !strcmp(msgs[i].role, "assistant");
+            puts_(&b, "<|turn>");
+            puts_(&b, model ? "model" : msgs[i].role);
+            puts_(&b, "\n");
+            if (model) put_gemma4_model(&b, msgs[i].content);
+            else put_trimmed(&b, msgs[i].content);
+            puts_(&b, "<turn|>\n");
+        }
+        if (flags & IB_CHAT_GENERATION_PROMPT) {
+            puts_(&b, "<|turn>model\n");
+            if (t->chat_empty_thought && !think) puts_(&b, "<|channel>thought\n<channel|>");
+        }
     } else {
         if (t->bos_text) puts_(&b, t->bos_text);
         for (int i = 0; i < n; i++) {
@@ -321,9 +405,13 @@ int ib_tokenizer_chat_stops(const ib_tokenizer *t, int32_t *ids, int cap) {
     if (!t || t->chat == CHAT_NONE) return 0;
     int32_t c[3];
     int n = 0;
-    c[n++] = ib_tokenizer_special(t, t->chat == CHAT_CHATML ? "<|im_end|>" : "<|eot_id|>");
+    static const char *const turn_end[] = {[CHAT_CHATML] = "<|im_end|>", [CHAT_LLAMA3] = "<|eot_id|>",
+                                           [CHAT_GEMMA] = "<end_of_turn>", [CHAT_GEMMA4] = "<turn|>"};
+    static const char *const text_end[] = {[CHAT_CHATML] = "<|endoftext|>", [CHAT_LLAMA3] = "<|end_of_text|>",
+                                           [CHAT_GEMMA] = "<eos>", [CHAT_GEMMA4] = "<eos>"};
+    c[n++] = ib_tokenizer_special(t, turn_end[t->chat]);
     c[n++] = t->eos_id;
-    c[n++] = ib_tokenizer_special(t, t->chat == CHAT_CHATML ? "<|endoftext|>" : "<|end_of_text|>");
+    c[n++] = ib_tokenizer_special(t, text_end[t->chat]);
     int k = 0;
     for (int i = 0; i < n; i++) {
         if (c[i] < 0) continue;

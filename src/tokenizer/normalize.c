@@ -1,5 +1,6 @@
 /*
  * normalize.c — the tokenizer.json normalizers this tokenizer supports: null, NFC, NFD, NFKC, NFKD,
+ * Replace with a String pattern, Prepend (the SentencePiece-style ones: Gemma's Replace(" ", "▁")),
  * and a Sequence of those. Unicode data (decompositions, combining classes, compositions) is
  * utf8proc's (Debian libutf8proc); the canonical ordering is done here (see tok_normalize_form).
  */
@@ -36,18 +37,89 @@ static ib_status load_one(ib_tokenizer *t, const json_t *v, const char *field, c
             if (st) return st;
         }
         return IB_OK;
+    } else if (!strcmp(s, "Replace") || !strcmp(s, "Prepend")) {
+        kind = s[0] == 'R' ? NORM_REPLACE : NORM_PREPEND;
     } else {
-        return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s.type: normalizer \"%.64s\" is not supported (NFC, NFD, NFKC, NFKD, Sequence)",
-                       path, field, s);
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s.type: normalizer \"%.64s\" is not supported (NFC, NFD, NFKC, NFKD, "
+                       "Replace, Prepend, Sequence)", path, field, s);
     }
     if (t->n_norm == (int)(sizeof t->norm / sizeof t->norm[0]))
         return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s: too many normalizers", path, field);
-    t->norm[t->n_norm++] = kind;
+    norm_step st = {.kind = kind};
+    if (kind == NORM_REPLACE) {
+        const json_t *pat = json_object_get(v, "pattern"), *con = json_object_get(v, "content");
+        const json_t *lit = json_object_get(pat, "String");
+        if (!json_is_object(pat)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.pattern: missing or not an object", path, field);
+        if (json_object_get(pat, "Regex"))
+            return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s.pattern.Regex: a Replace by regex is not supported (only String)", path, field);
+        if (!json_is_string(lit) || json_string_length(lit) == 0)
+            return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.pattern.String: missing, empty or not a string", path, field);
+        if (!json_is_string(con)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.content: missing or not a string", path, field);
+        st.pat_len = json_string_length(lit);
+        st.rep_len = json_string_length(con);
+        st.pat = malloc(st.pat_len + 1);
+        st.rep = malloc(st.rep_len + 1);
+        if (!st.pat || !st.rep) {
+            free(st.pat);
+            free(st.rep);
+            return ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", path);
+        }
+        memcpy(st.pat, json_string_value(lit), st.pat_len + 1);
+        memcpy(st.rep, json_string_value(con), st.rep_len + 1);
+    } else if (kind == NORM_PREPEND) {
+        const json_t *pre = json_object_get(v, "prepend");
+        if (!json_is_string(pre)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.prepend: missing or not a string", path, field);
+        st.rep_len = json_string_length(pre);
+        if (!(st.rep = malloc(st.rep_len + 1))) return ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", path);
+        memcpy(st.rep, json_string_value(pre), st.rep_len + 1);
+    }
+    t->norm[t->n_norm++] = st;
     return IB_OK;
 }
 
-ib_status tok_load_normalizer(ib_tokenizer *t, const json_t *v, const char *path, ib_error *err) {
+void tok_normalizer_free(ib_tokenizer *t) {
+    for (int i = 0; i < t->n_norm; i++) {
+        free(t->norm[i].pat);
+        free(t->norm[i].rep);
+    }
     t->n_norm = 0;
+}
+
+/* Replace every occurrence of pat in s[0..n) (left to right, not overlapping) by rep, or put rep
+ * before s (Prepend; nothing for an empty s). Returns a malloc'ed NUL-terminated buffer, or s itself
+ * when nothing changes; NULL when out of memory. */
+static char *replace_step(const norm_step *st, const char *s, size_t n, size_t *out_n) {
+    if (st->kind == NORM_PREPEND) {
+        if (n == 0) return (char *)s;
+        char *o = malloc(st->rep_len + n + 1);
+        if (!o) return NULL;
+        memcpy(o, st->rep, st->rep_len);
+        memcpy(o + st->rep_len, s, n);
+        o[st->rep_len + n] = '\0';
+        *out_n = st->rep_len + n;
+        return o;
+    }
+    size_t k = 0;
+    for (const char *p = s; (p = memmem(p, (size_t)(s + n - p), st->pat, st->pat_len)); p += st->pat_len) k++;
+    if (k == 0) return (char *)s;
+    size_t on = n - k * st->pat_len + k * st->rep_len;
+    char *o = malloc(on + 1), *w = o;
+    if (!o) return NULL;
+    const char *p = s, *e = s + n;
+    for (const char *f; (f = memmem(p, (size_t)(e - p), st->pat, st->pat_len)); p = f + st->pat_len) {
+        memcpy(w, p, (size_t)(f - p));
+        w += f - p;
+        memcpy(w, st->rep, st->rep_len);
+        w += st->rep_len;
+    }
+    memcpy(w, p, (size_t)(e - p));
+    o[on] = '\0';
+    *out_n = on;
+    return o;
+}
+
+ib_status tok_load_normalizer(ib_tokenizer *t, const json_t *v, const char *path, ib_error *err) {
+    tok_normalizer_free(t);
     if (!v) return IB_OK;
     return load_one(t, v, "normalizer", path, 0, err);
 }
@@ -191,14 +263,22 @@ const char *tok_normalize(const ib_tokenizer *t, const char *s, size_t n, size_t
     *out_n = n;
     if (t->n_norm == 0 || n == 0) return s;
     int only_nfc = 1;
-    for (int i = 0; i < t->n_norm; i++) only_nfc &= t->norm[i] == NORM_NFC;
+    for (int i = 0; i < t->n_norm; i++) only_nfc &= t->norm[i].kind == NORM_NFC;
     if (only_nfc && below_0300(s, n)) return s;
     char *cur = NULL;   /* owned result of the previous step */
     const char *in = s;
     size_t in_n = n;
     for (int i = 0; i < t->n_norm; i++) {
         size_t r_n = 0;
-        char *res = tok_normalize_form(t->norm[i], in, in_n, &r_n, cancel);
+        int k = t->norm[i].kind;
+        char *res;
+        if (k == NORM_REPLACE || k == NORM_PREPEND) {
+            if (tok_cancel_check(cancel, in_n)) res = NULL;
+            else res = replace_step(&t->norm[i], in, in_n, &r_n);
+            if (res == in) continue;   /* unchanged */
+        } else {
+            res = tok_normalize_form(k, in, in_n, &r_n, cancel);
+        }
         free(cur);
         if (!res) return NULL;   /* out of memory or cancelled */
         cur = res;
@@ -206,5 +286,5 @@ const char *tok_normalize(const ib_tokenizer *t, const char *s, size_t n, size_t
         in_n = r_n;
     }
     *out_n = in_n;
-    return cur;
+    return cur ? cur : s;   /* no step changed anything: s itself */
 }

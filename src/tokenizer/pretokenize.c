@@ -1,6 +1,7 @@
 /*
  * pretokenize.c — the tokenizer.json pre-tokenizers: Split (regex or literal pattern, the five
- * Hugging Face behaviors, invert), ByteLevel (prefix space, the GPT-2 regex), Sequence.
+ * Hugging Face behaviors, invert), ByteLevel (prefix space, the GPT-2 regex), Metaspace (spaces to
+ * "▁", prepend_scheme always / first / never, split), Sequence.
  *
  * Regexes are PCRE2's (Unicode properties from PCRE2, compiled with UTF + UCP and JIT-compiled
  * when the library can). Hugging Face compiles them with Oniguruma; the one difference that
@@ -195,8 +196,38 @@ static ib_status load_one(ib_tokenizer *t, const json_t *v, const char *field, c
         }
         return IB_OK;
     }
-    return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s.type: pre-tokenizer \"%.64s\" is not supported (ByteLevel, Split, Sequence)",
-                   path, field, type);
+    if (!strcmp(type, "Metaspace")) {
+        pt_step m = {.kind = PT_METASPACE, .prepend = MS_ALWAYS, .split = 1};
+        const json_t *rep = json_object_get(v, "replacement"), *ps = json_object_get(v, "prepend_scheme");
+        if (!json_is_string(rep) || json_string_length(rep) == 0)
+            return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.replacement: missing, empty or not a string", path, field);
+        if (tok_utf8_valid_len((const unsigned char *)json_string_value(rep), json_string_length(rep)) != (int)json_string_length(rep))
+            return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s.replacement: not one character", path, field);
+        if (json_is_string(ps)) {
+            const char *p = json_string_value(ps);
+            if (!strcmp(p, "always")) m.prepend = MS_ALWAYS;
+            else if (!strcmp(p, "first")) m.prepend = MS_FIRST;
+            else if (!strcmp(p, "never")) m.prepend = MS_NEVER;
+            else return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.prepend_scheme: unknown \"%.64s\" (always, first, never)", path, field, p);
+        } else if (ps && !json_is_null(ps)) {
+            return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.prepend_scheme: not a string", path, field);
+        } else {   /* older files: add_prefix_space */
+            int ap = 1;
+            if ((st = get_bool(v, "add_prefix_space", 1, &ap, field, path, err))) return st;
+            m.prepend = ap ? MS_ALWAYS : MS_NEVER;
+        }
+        if ((st = get_bool(v, "split", 1, &m.split, field, path, err))) return st;
+        m.rep_len = json_string_length(rep);
+        if (!(m.rep = malloc(m.rep_len + 1))) return ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", path);
+        memcpy(m.rep, json_string_value(rep), m.rep_len + 1);
+        if (add_step(t, &m)) {
+            free(m.rep);
+            return ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", path);
+        }
+        return IB_OK;
+    }
+    return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s.type: pre-tokenizer \"%.64s\" is not supported (ByteLevel, Split, "
+                   "Metaspace, Sequence)", path, field, type);
 }
 
 ib_status tok_load_pretokenizer(ib_tokenizer *t, const json_t *v, const char *path, ib_error *err) {
@@ -208,6 +239,7 @@ void tok_pretok_free(ib_tokenizer *t) {
     for (int i = 0; i < t->n_pt; i++) {
         pcre2_code_free(t->pt[i].re);
         free(t->pt[i].lit);
+        free(t->pt[i].rep);
     }
     free(t->pt);
     t->pt = NULL;
@@ -223,6 +255,7 @@ pcre2_match_data *tok_pretok_match_data(const ib_tokenizer *t) {
 /* ---------------------------------------------------------------- running */
 
 static void run_from(tok_enc *e, int step, const char *s, size_t n);
+static void run_metaspace(tok_enc *e, int step, const pt_step *p, const char *s, size_t n);
 
 /* The behavior state machine of one Split: pieces arrive in order as (start, end, is_match) and
  * leave, merged as the behavior says, through run_from(step + 1). */
@@ -347,7 +380,47 @@ static void run_from(tok_enc *e, int step, const char *s, size_t n) {
         free(b);
         return;
     }
+    if (p->kind == PT_METASPACE) {
+        run_metaspace(e, step, p, s, n);
+        return;
+    }
     run_split(e, step, s, n);
+}
+
+/* Metaspace, as Hugging Face runs it: every ' ' becomes the replacement; the replacement is put in
+ * front when the piece does not already start with it and the scheme says so ("first": only for the
+ * text at offset 0 of the input, i.e. not after an added token); with split, the piece is cut before
+ * every replacement (MergedWithNext). */
+static void run_metaspace(tok_enc *e, int step, const pt_step *p, const char *s, size_t n) {
+    size_t spaces = 0;
+    for (size_t i = 0; i < n; i++) spaces += s[i] == ' ';
+    int first = e->seg_at0 && s == e->seg0;
+    int pre = (p->prepend == MS_ALWAYS || (p->prepend == MS_FIRST && first)) &&
+              s[0] != ' ' && !(n >= p->rep_len && memcmp(s, p->rep, p->rep_len) == 0);   /* after the replace */
+    size_t on = n + spaces * (p->rep_len - 1) + (pre ? p->rep_len : 0);
+    char *b = malloc(on + 1), *w = b;
+    if (!b) {
+        e->out->oom = 1;
+        return;
+    }
+    if (pre) memcpy(w, p->rep, p->rep_len), w += p->rep_len;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == ' ') memcpy(w, p->rep, p->rep_len), w += p->rep_len;
+        else *w++ = s[i];
+    }
+    if (!p->split) {
+        run_from(e, step + 1, b, on);
+    } else {
+        size_t a = 0;
+        for (size_t i = 1; i + p->rep_len <= on; i++)
+            if (memcmp(b + i, p->rep, p->rep_len) == 0) {
+                run_from(e, step + 1, b + a, i - a);
+                a = i;
+                i += p->rep_len - 1;
+            }
+        run_from(e, step + 1, b + a, on - a);
+    }
+    free(b);
 }
 
 void tok_pretokenize(tok_enc *e, const char *s, size_t n) { run_from(e, 0, s, n); }

@@ -1,5 +1,6 @@
 /*
- * tok_internal.h — the parts of the byte-level BPE tokenizer shared by its files (not public).
+ * tok_internal.h — the parts of the BPE tokenizer (byte-level, or SentencePiece-style with byte
+ * fallback) shared by its files (not public).
  *
  * Encoding pipeline (the order of Hugging Face tokenizers):
  *   text --(added.c: added tokens that are not "normalized", matched on the raw text)-->
@@ -115,7 +116,9 @@ typedef struct tok_bpe_scratch {
 
 /* ---------------------------------------------------------------- pre-tokenizer (pretokenize.c) */
 
-enum { PT_SPLIT = 1, PT_PREFIX_SPACE };
+enum { PT_SPLIT = 1, PT_PREFIX_SPACE, PT_METASPACE };
+/* Metaspace prepend_scheme. */
+enum { MS_NEVER = 0, MS_ALWAYS, MS_FIRST };
 /* Split behaviors (Hugging Face SplitDelimiterBehavior). */
 enum { SB_REMOVED = 1, SB_ISOLATED, SB_MERGED_PREV, SB_MERGED_NEXT, SB_CONTIGUOUS };
 
@@ -126,11 +129,24 @@ typedef struct pt_step {
     size_t lit_len;
     int behavior;        /* SB_* */
     int invert;
+    /* PT_METASPACE: spaces become rep (owned, rep_len bytes), rep prepended as prepend says
+     * (MS_*), then split before every rep when split is set */
+    char *rep;
+    size_t rep_len;
+    int prepend, split;
 } pt_step;
 
 /* ---------------------------------------------------------------- normalizer (normalize.c) */
 
-enum { NORM_NFC = 1, NORM_NFD, NORM_NFKC, NORM_NFKD };
+enum { NORM_NFC = 1, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_REPLACE, NORM_PREPEND };
+
+/* One normalizer step: a Unicode form, Replace (every occurrence of pat, left to right, by rep), or
+ * Prepend (rep before a non-empty text). pat and rep are owned. */
+typedef struct norm_step {
+    int kind;
+    char *pat, *rep;
+    size_t pat_len, rep_len;
+} norm_step;
 
 /* ---------------------------------------------------------------- added tokens (added.c) */
 
@@ -158,14 +174,16 @@ typedef struct added_trie {
 
 /* ---------------------------------------------------------------- chat facts (chat.c) */
 
-enum { CHAT_NONE = 0, CHAT_CHATML, CHAT_LLAMA3 };
+enum { CHAT_NONE = 0, CHAT_CHATML, CHAT_LLAMA3, CHAT_GEMMA, CHAT_GEMMA4 };
 
 /* ---------------------------------------------------------------- the tokenizer */
 
 struct ib_tokenizer {
     int vocab_limit;
     int32_t n_ids;            /* ids are < n_ids (largest id + 1) */
-    int32_t byte_id[256];     /* id of the single-byte token of each byte */
+    int32_t byte_id[256];     /* id of the single-byte token of each byte (<0xXX> with byte_fallback) */
+    int byte_fallback;        /* model.byte_fallback: vocabulary tokens are raw UTF-8, BPE starts from
+                               * characters, a character without a token becomes its <0xXX> tokens */
     char alpha[256][2];       /* UTF-8 of each byte's alphabet character */
     unsigned char alpha_len[256];
 
@@ -178,11 +196,16 @@ struct ib_tokenizer {
     /* model */
     tok_vocab vocab;
     tok_merges merges;
+    /* byte_fallback: the pairs of characters (a, b) that occur as "ab" inside some vocabulary token,
+     * keys a << 21 | b, plus one (0 = empty). No merge can join symbols across any other adjacent
+     * pair, so a word is cut there and its parts are merged (and cached) alone. */
+    uint64_t *pairs;
+    size_t pairs_cap;
     int ignore_merges;
     tok_cache cache;
 
     /* normalizer: steps applied in order */
-    int norm[8];
+    norm_step norm[8];
     int n_norm;
 
     /* pre-tokenizer: steps applied in order to every piece */
@@ -206,12 +229,15 @@ struct ib_tokenizer {
     int chat;                         /* CHAT_* */
     int chat_thinking;                /* the template knows enable_thinking */
     int chat_strip_think;             /* the template drops earlier turns' <think> blocks */
+    int chat_empty_thought;           /* Gemma 4: the generation prompt without thinking ends with an
+                                       * empty thought channel (<|channel>thought\n<channel|>) */
     char *bos_text;                   /* owned copy of bos_token content (NULL when absent) */
 };
 
 /* Loaders, one per JSON section. path is the file name for messages. Each returns IB_OK or fails
  * with a one-line message naming the field. */
 ib_status tok_load_merges(ib_tokenizer *t, const json_t *model, const char *path, ib_error *err);
+void tok_normalizer_free(ib_tokenizer *t);
 ib_status tok_load_normalizer(ib_tokenizer *t, const json_t *v, const char *path, ib_error *err);
 ib_status tok_load_pretokenizer(ib_tokenizer *t, const json_t *v, const char *path, ib_error *err);
 ib_status tok_load_added(ib_tokenizer *t, const json_t *v, const char *path, ib_error *err);
@@ -226,6 +252,9 @@ void tok_merges_free(tok_merges *m);
 /* Word cache. */
 int tok_cache_init(tok_cache *c);   /* 0 ok, -1 no memory */
 void tok_cache_free(tok_cache *c);
+
+/* Build t->pairs from the vocabulary (byte_fallback tokenizers); 0 ok, -1 no memory. */
+int tok_pairs_build(ib_tokenizer *t);
 
 /* BPE of one piece (any bytes, n >= 1): append its ids to out (through the cache). */
 void tok_bpe_piece(const ib_tokenizer *t, const unsigned char *w, size_t n, tok_bpe_scratch *s, tok_ids *out);
@@ -264,6 +293,9 @@ typedef struct tok_enc {
     tok_bpe_scratch bpe;
     pcre2_match_data *md;
     int split_special;        /* do not match added tokens marked special */
+    const char *text0;        /* the input text (its first byte is offset 0) */
+    const char *seg0;         /* the text tok_pretokenize was last given, and whether it starts at */
+    int seg_at0;              /* offset 0 of the input (Metaspace's prepend_scheme "first") */
     tok_cancel cancel;        /* the caller's cancellation (fn NULL: none) */
 } tok_enc;
 void tok_pretokenize(tok_enc *e, const char *s, size_t n);

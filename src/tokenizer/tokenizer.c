@@ -5,6 +5,11 @@
  * A vocabulary token is a string over the GPT-2 byte alphabet; its decoded bytes are the bytes of
  * its characters. A token with a character outside the alphabet decodes to its raw UTF-8 (what the
  * Hugging Face ByteLevel decoder does). Added tokens decode to their content.
+ *
+ * With model.byte_fallback (SentencePiece-style BPE: Gemma, Llama 2), vocabulary tokens are raw
+ * UTF-8 instead, the 256 tokens <0x00>..<0xFF> stand for the bytes (the ByteFallback decoder), and
+ * the decoder's Replace (Gemma's "▁" -> " ") is applied to each token's text at load, added tokens
+ * included, as Hugging Face's decoders do token by token. Fuse only joins the pieces.
  */
 #include <errno.h>
 #include <limits.h>
@@ -38,8 +43,10 @@ void ib_tokenizer_free(ib_tokenizer *t) {
     if (!t) return;
     tok_added_free(t);
     tok_pretok_free(t);
+    tok_normalizer_free(t);
     tok_vocab_free(&t->vocab);
     tok_merges_free(&t->merges);
+    free(t->pairs);
     tok_cache_free(&t->cache);
     free(t->off);
     free(t->len);
@@ -84,32 +91,125 @@ static ib_status check_model_options(const json_t *model, const char *path, ib_e
         if (v && !json_is_null(v) && (!json_is_string(v) || json_string_length(v) != 0))
             return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field model.%s: only null or \"\" is supported", path, affixes[i]);
     }
-    const json_t *im = json_object_get(model, "ignore_merges");
-    if (im && !json_is_null(im) && !json_is_boolean(im))
-        return ib_fail(err, IB_ERR_FORMAT, "%s: field model.ignore_merges: not a boolean", path);
+    static const char *const flags[3] = {"ignore_merges", "byte_fallback", "fuse_unk"};
+    for (int i = 0; i < 3; i++) {
+        const json_t *v = json_object_get(model, flags[i]);
+        if (v && !json_is_null(v) && !json_is_boolean(v))
+            return ib_fail(err, IB_ERR_FORMAT, "%s: field model.%s: not a boolean", path, flags[i]);
+    }
+    const json_t *unk = json_object_get(model, "unk_token");
+    if (unk && !json_is_null(unk) && !json_is_string(unk))
+        return ib_fail(err, IB_ERR_FORMAT, "%s: field model.unk_token: not a string or null", path);
     return IB_OK;
 }
 
-/* decoder: null, ByteLevel, or a Sequence of ByteLevel. */
-static ib_status check_decoder(const json_t *v, const char *field, const char *path, int depth, ib_error *err) {
+/* What the decoder does, token by token. */
+typedef struct dec_facts {
+    int bytelevel;             /* a ByteLevel step */
+    int spm;                   /* a ByteFallback, Replace or Metaspace step */
+    const char *from, *to;     /* Replace (or Metaspace with prepend_scheme "never"): from -> to */
+    size_t from_len, to_len;
+    char field[160];           /* the first SentencePiece-style step, for messages */
+} dec_facts;
+
+/* decoder: null, ByteLevel, ByteFallback, Fuse, Replace (a String pattern), Metaspace with
+ * prepend_scheme "never", or a Sequence of those. Strip, and Metaspace that strips the first
+ * token's space, change the start of the whole text, which token-by-token decoding (streams, the
+ * CLI, the server) cannot do: refused. */
+static ib_status load_decoder(const json_t *v, const char *field, const char *path, int depth, dec_facts *d, ib_error *err) {
     if (!v || json_is_null(v)) return IB_OK;
     if (!json_is_object(v)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s: not an object", path, field);
     const json_t *ty = json_object_get(v, "type");
     if (!json_is_string(ty)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.type: missing or not a string", path, field);
     const char *s = json_string_value(ty);
-    if (!strcmp(s, "ByteLevel")) return IB_OK;
+    if (!strcmp(s, "ByteLevel")) {
+        d->bytelevel = 1;
+        return IB_OK;
+    }
+    if (!strcmp(s, "Fuse")) return IB_OK;
+    if (!d->spm && (!strcmp(s, "ByteFallback") || !strcmp(s, "Replace") || !strcmp(s, "Metaspace")))
+        snprintf(d->field, sizeof d->field, "%s", field);
+    if (!strcmp(s, "ByteFallback")) {
+        d->spm = 1;
+        return IB_OK;
+    }
+    if (!strcmp(s, "Replace") || !strcmp(s, "Metaspace")) {
+        const json_t *from, *to = NULL;
+        if (s[0] == 'R') {
+            const json_t *pat = json_object_get(v, "pattern");
+            if (!json_is_object(pat)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.pattern: missing or not an object", path, field);
+            if (json_object_get(pat, "Regex"))
+                return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s.pattern.Regex: a Replace by regex is not supported (only String)",
+                               path, field);
+            from = json_object_get(pat, "String");
+            to = json_object_get(v, "content");
+            if (!json_is_string(to)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.content: missing or not a string", path, field);
+        } else {
+            from = json_object_get(v, "replacement");
+            const json_t *ps = json_object_get(v, "prepend_scheme"), *ap = json_object_get(v, "add_prefix_space");
+            int strips = json_is_string(ps) ? strcmp(json_string_value(ps), "never") != 0 : !json_is_false(ap);
+            if (strips)
+                return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s.prepend_scheme: a Metaspace decoder that removes the first space "
+                               "is not supported (only \"never\")", path, field);
+        }
+        if (!json_is_string(from) || json_string_length(from) == 0)
+            return ib_fail(err, IB_ERR_FORMAT, "%s: field %s: the pattern is missing, empty or not a string", path, field);
+        if (d->from) return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s: a second Replace is not supported", path, field);
+        d->spm = 1;
+        d->from = json_string_value(from);
+        d->from_len = json_string_length(from);
+        d->to = to ? json_string_value(to) : " ";
+        d->to_len = to ? json_string_length(to) : 1;
+        return IB_OK;
+    }
     if (!strcmp(s, "Sequence") && depth < 4) {
         const json_t *list = json_object_get(v, "decoders");
         if (!json_is_array(list)) return ib_fail(err, IB_ERR_FORMAT, "%s: field %s.decoders: missing or not an array", path, field);
         for (size_t i = 0; i < json_array_size(list); i++) {
             char sub[160];
             snprintf(sub, sizeof sub, "%s.decoders[%zu]", field, i);
-            ib_status st = check_decoder(json_array_get(list, i), sub, path, depth + 1, err);
+            ib_status st = load_decoder(json_array_get(list, i), sub, path, depth + 1, d, err);
             if (st) return st;
         }
         return IB_OK;
     }
-    return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s.type: decoder \"%.64s\" is not supported (ByteLevel)", path, field, s);
+    if (!strcmp(s, "Strip"))
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s.type: decoder \"Strip\" is not supported (it changes the start of the "
+                       "whole text, which token-by-token decoding cannot do)", path, field);
+    return ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s.type: decoder \"%.64s\" is not supported (ByteLevel, ByteFallback, Fuse, "
+                   "Replace, Metaspace, Sequence)", path, field, s);
+}
+
+/* The text of a token under the decoder's Replace into out (room for len * max(1, to_len) bytes). */
+static size_t dec_replace(const dec_facts *d, const char *s, size_t len, char *out) {
+    if (!d->from) {
+        memcpy(out, s, len);
+        return len;
+    }
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        if (len - i >= d->from_len && memcmp(s + i, d->from, d->from_len) == 0) {
+            memcpy(out + o, d->to, d->to_len);
+            o += d->to_len;
+            i += d->from_len;
+        } else {
+            out[o++] = s[i++];
+        }
+    }
+    return o;
+}
+
+/* Byte of a byte-fallback token "<0xHH>" (upper-case hex, as Hugging Face writes them), or -1. */
+static int fallback_byte(const char *s, size_t len) {
+    if (len != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>') return -1;
+    int v = 0;
+    for (int i = 3; i < 5; i++) {
+        char c = s[i];
+        if (c >= '0' && c <= '9') v = v * 16 + (c - '0');
+        else if (c >= 'A' && c <= 'F') v = v * 16 + (c - 'A' + 10);
+        else return -1;
+    }
+    return v;
 }
 
 /* Append ids to a malloc'ed array. */
@@ -209,6 +309,19 @@ ib_status ib_tokenizer_load(const char *path, int vocab_limit, ib_tokenizer **ou
     if (!model) { st = ib_fail(err, IB_ERR_FORMAT, "%s: field model: missing", path); goto fail; }
     if (!json_is_object(model)) { st = ib_fail(err, IB_ERR_FORMAT, "%s: field model: not an object", path); goto fail; }
     if ((st = check_model_options(model, path, err))) goto fail;
+    int byte_fallback = json_is_true(json_object_get(model, "byte_fallback"));
+    dec_facts dec = {0};
+    if ((st = load_decoder(json_object_get(root, "decoder"), "decoder", path, 0, &dec, err))) goto fail;
+    if (byte_fallback && dec.bytelevel) {
+        st = ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field decoder: a ByteLevel decoder with model.byte_fallback is not supported", path);
+        goto fail;
+    }
+    if (!byte_fallback && dec.spm) {
+        st = ib_fail(err, IB_ERR_UNSUPPORTED, "%s: field %s: this decoder needs model.byte_fallback true (SentencePiece-style BPE)",
+                     path, dec.field);
+        goto fail;
+    }
+    size_t grow = dec.from && dec.to_len > 1 ? dec.to_len : 1;   /* the decoder's Replace may lengthen a token */
     json_t *vocab = json_object_get(model, "vocab");
     if (!vocab) { st = ib_fail(err, IB_ERR_FORMAT, "%s: field model.vocab: missing", path); goto fail; }
     if (!json_is_object(vocab)) { st = ib_fail(err, IB_ERR_FORMAT, "%s: field model.vocab: not an object", path); goto fail; }
@@ -222,6 +335,7 @@ ib_status ib_tokenizer_load(const char *path, int vocab_limit, ib_tokenizer **ou
     t = calloc(1, sizeof *t);
     if (!t) goto nomem;
     t->vocab_limit = vocab_limit;
+    t->byte_fallback = byte_fallback;
     t->bos_id = t->eos_id = t->pad_id = -1;
     for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
     uint32_t cp[256];
@@ -238,12 +352,12 @@ ib_status ib_tokenizer_load(const char *path, int vocab_limit, ib_tokenizer **ou
     json_object_foreach(vocab, key, val) {
         if ((st = get_id(val, vocab_limit, path, "model.vocab", key, &id, err))) goto fail;
         if (id > max_id) max_id = id;
-        arena += strlen(key);
+        arena += strlen(key) * grow;
     }
     for (size_t i = 0; i < n_added; i++) {
         json_t *e = json_array_get(added, i);
         json_t *c = json_object_get(e, "content"), *iv = json_object_get(e, "id");
-        if (json_is_string(c)) arena += json_string_length(c);
+        if (json_is_string(c)) arena += json_string_length(c) * grow;
         if (json_is_integer(iv)) {
             char field[64];
             snprintf(field, sizeof field, "added_tokens[%zu].id", i);
@@ -271,14 +385,31 @@ ib_status ib_tokenizer_load(const char *path, int vocab_limit, ib_tokenizer **ou
         seen[id] = 1;
         int r = tok_vocab_add(&t->vocab, key, klen, id);
         if (r < 0) goto nomem;
-        long n = token_to_bytes(key, klen, t->text + used);
-        int raw = n < 0;            /* a character outside the alphabet: keep the raw UTF-8 */
-        if (raw) { memcpy(t->text + used, key, klen); n = (long)klen; }
+        long n;
+        if (byte_fallback) {
+            int fb = fallback_byte(key, klen);
+            if (fb >= 0) {
+                t->text[used] = (char)fb;
+                n = 1;
+                if (t->byte_id[fb] < 0) t->byte_id[fb] = id;
+            } else {
+                n = (long)dec_replace(&dec, key, klen, t->text + used);
+            }
+        } else {
+            n = token_to_bytes(key, klen, t->text + used);
+            int raw = n < 0;            /* a character outside the alphabet: keep the raw UTF-8 */
+            if (raw) { memcpy(t->text + used, key, klen); n = (long)klen; }
+            if (!raw && n == 1) t->byte_id[(unsigned char)t->text[used]] = id;  /* single-byte token */
+        }
         t->off[id] = used;
         t->len[id] = (uint32_t)n;
         used += (size_t)n;
-        if (!raw && n == 1) t->byte_id[(unsigned char)t->text[t->off[id]]] = id;  /* single-byte token */
     }
+    for (int b = 0; b < 256 && byte_fallback; b++)
+        if (t->byte_id[b] < 0) {
+            st = ib_fail(err, IB_ERR_MODEL, "%s: field model.vocab: model.byte_fallback needs the token <0x%02X>", path, b);
+            goto fail;
+        }
     for (int b = 0; b < 256; b++)
         if (t->byte_id[b] < 0) {
             char enc[4] = {0};
@@ -289,26 +420,28 @@ ib_status ib_tokenizer_load(const char *path, int vocab_limit, ib_tokenizer **ou
     const json_t *im = json_object_get(model, "ignore_merges");
     t->ignore_merges = json_is_true(im);
     if ((st = tok_load_merges(t, model, path, err))) goto fail;
+    if (byte_fallback && t->merges.n && tok_pairs_build(t)) goto nomem;
 
     if ((st = tok_load_added(t, added, path, err))) goto fail;
     for (int i = 0; i < t->n_added; i++) {
         const added_tok *a = &t->added[i];
         /* an added token may repeat a vocabulary entry (same id, same text), never take another
          * token's id: text would then encode to the added token (" p" to <|im_end|>) */
-        if (seen[a->id] && (t->len[a->id] != a->len || memcmp(t->text + t->off[a->id], a->content, a->len))) {
+        size_t dl = a->len;
+        if (byte_fallback) dl = dec_replace(&dec, a->content, a->len, t->text + used);   /* decoded like any token */
+        else memcpy(t->text + used, a->content, a->len);
+        if (seen[a->id] && (t->len[a->id] != dl || memcmp(t->text + t->off[a->id], t->text + used, dl))) {
             st = ib_fail(err, IB_ERR_MODEL, "%s: field added_tokens: token \"%.64s\" has id %d, which model.vocab gives to \"%.*s\"",
                          path, a->content, a->id, (int)(t->len[a->id] < 64 ? t->len[a->id] : 64), t->text + t->off[a->id]);
             goto fail;
         }
-        memcpy(t->text + used, a->content, a->len);
         t->off[a->id] = used;
-        t->len[a->id] = (uint32_t)a->len;
+        t->len[a->id] = (uint32_t)dl;
         t->is_special[a->id] = a->special;
-        used += a->len;
+        used += dl;
     }
     if ((st = tok_load_normalizer(t, json_object_get(root, "normalizer"), path, err))) goto fail;
     if ((st = tok_load_pretokenizer(t, json_object_get(root, "pre_tokenizer"), path, err))) goto fail;
-    if ((st = check_decoder(json_object_get(root, "decoder"), "decoder", path, 0, err))) goto fail;
     if ((st = load_post(t, json_object_get(root, "post_processor"), "post_processor", path, 0, err))) goto fail;
     if ((st = tok_load_config(t, path, err))) goto fail;
     if (tok_cache_init(&t->cache)) goto nomem;
@@ -344,7 +477,8 @@ ib_status ib_tokenizer_bytes(int vocab_limit, ib_tokenizer **out, ib_error *err)
 
 /* ---------------------------------------------------------------- encoding */
 
-/* Text between normalized added tokens: pre-tokenize and BPE. */
+/* Text between normalized added tokens: pre-tokenize and BPE (a piece is at the start of the input
+ * when it starts at seg0, the normalized run, and that run does). */
 static void norm_gap(tok_enc *e, const char *s, size_t n) { tok_pretokenize(e, s, n); }
 
 /* A run of valid UTF-8: normalize, then the normalized added tokens, then pre-tokenize. */
@@ -359,6 +493,8 @@ static void valid_run(tok_enc *e, const char *s, size_t n) {
         e->out->oom = 1;
         return;
     }
+    e->seg0 = ns;
+    e->seg_at0 = s == e->text0;
     if (e->t->trie_norm.n_tok) tok_added_split(e, &e->t->trie_norm, ns, nn, norm_gap);
     else tok_pretokenize(e, ns, nn);
     if (ns != s) free((char *)ns);
@@ -396,7 +532,7 @@ int ib_tokenizer_encode_cancel(const ib_tokenizer *t, const char *text, size_t l
                                int (*cancelled)(void *ctx), void *ctx) {
     if (!t || (!text && len)) return -1;
     tok_ids out = {0};
-    tok_enc e = {.t = t, .out = &out, .split_special = (flags & IB_TOKENIZE_SPLIT_SPECIAL) != 0,
+    tok_enc e = {.t = t, .out = &out, .split_special = (flags & IB_TOKENIZE_SPLIT_SPECIAL) != 0, .text0 = text,
                  .cancel = {.fn = cancelled, .ctx = ctx}};
     e.md = tok_pretok_match_data(t);
     int need_md = 0;

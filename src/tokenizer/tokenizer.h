@@ -1,14 +1,18 @@
 /*
- * tokenizer.h — the model's tokenizer: a Hugging Face tokenizer.json byte-level BPE tokenizer
- * (Qwen2/Qwen3, Llama 3, GPT-2 style), encoding and decoding as Hugging Face tokenizers does.
+ * tokenizer.h — the model's tokenizer: a Hugging Face tokenizer.json BPE tokenizer, byte-level
+ * (Qwen2/Qwen3, Llama 3, GPT-2 style) or SentencePiece-style with byte fallback (Gemma), encoding and
+ * decoding as Hugging Face tokenizers does.
  *
  * Supported tokenizer.json parts: model BPE (vocab; merges as "A B" strings or ["A", "B"] pairs;
- * ignore_merges; dropout null), normalizer null / NFC / NFD / NFKC / NFKD / Sequence, pre_tokenizer
- * Split (Regex or String pattern, any behavior, invert) / ByteLevel / Sequence, decoder ByteLevel
- * (or null), post_processor ByteLevel / TemplateProcessing / Sequence, added_tokens with special,
- * lstrip, rstrip, normalized, single_word. Anything else fails to load with a one-line message
- * naming the field. Every byte needs a single-byte token (the GPT-2 byte alphabet); merges need
- * not exist (the byte-level files of `isobatch mkmodel` have none: there id == byte).
+ * ignore_merges; dropout null; byte_fallback, unk_token, fuse_unk), normalizer null / NFC / NFD /
+ * NFKC / NFKD / Replace (String) / Prepend / Sequence, pre_tokenizer Split (Regex or String pattern,
+ * any behavior, invert) / ByteLevel / Metaspace / Sequence, decoder ByteLevel (or null), or with
+ * byte_fallback ByteFallback / Fuse / Replace (String) / Metaspace (prepend_scheme "never") /
+ * Sequence, post_processor ByteLevel / TemplateProcessing / Sequence, added_tokens with special,
+ * lstrip, rstrip, normalized, single_word. Anything else (a Strip decoder among them) fails to load
+ * with a one-line message naming the field. Every byte needs a single-byte token: the GPT-2 byte
+ * alphabet, or <0x00>..<0xFF> with byte_fallback (Gemma); merges need not exist (the byte-level
+ * files of `isobatch mkmodel` have none: there id == byte).
  * tokenizer_config.json beside tokenizer.json, when present, gives bos/eos/pad, add_bos_token,
  * add_eos_token and which chat format the chat template uses.
  *

