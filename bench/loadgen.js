@@ -3,11 +3,14 @@
 // sending completion requests back to back for a fixed time; reports aggregate generated tokens/s,
 // time to first token and inter-token latency percentiles. With --sessions N it instead creates N
 // stateful sessions (each fed --prompt-tokens and one generated token) and reports the server's RSS
-// growth per session (needs --pid, reads /proc/PID/status).
+// growth per session (needs --pid, reads /proc/PID/status). With --conversations, each client owns a
+// stateful session and loops append (--prompt-tokens of text) + generate (--max-tokens) for the time:
+// the cost of the session store shows as the difference between servers with and without one.
 //
 //   node bench/loadgen.js --url http://127.0.0.1:8080 --model tiny --clients 8 --seconds 20 \
 //        [--key KEY] [--prompt-tokens 64] [--max-tokens 64] [--json]
 //   node bench/loadgen.js --url ... --sessions 64 --kv sink:4,window:1024 --pid PID
+//   node bench/loadgen.js --url ... --clients 128 --seconds 30 --conversations [--kv POLICY]
 const args = process.argv.slice(2);
 function opt(name, def) { const i = args.indexOf("--" + name); return i >= 0 ? args[i + 1] : def; }
 const url = opt("url", "http://127.0.0.1:8080"), key = opt("key", ""), model = opt("model", "default");
@@ -63,6 +66,36 @@ async function load() {
                    `TTFT p50 ${res.ttft_ms_p50} ms p99 ${res.ttft_ms_p99} ms; ITL p50 ${res.itl_ms_p50} ms p99 ${res.itl_ms_p99} ms`);
 }
 
+// --conversations: each client a session of its own, append + generate in turn; per-turn latency.
+async function conversations(kv) {
+  const post = async (path, body) => {
+    const r = await fetch(url + path, { method: "POST", headers, body: JSON.stringify(body) });
+    const j = await r.json(); return [r.status, j];
+  };
+  const turnMs = []; let tokens = 0, turns = 0, errors = 0; const codes = {};
+  const t0 = now(), tEnd = t0 + seconds * 1000;
+  await Promise.all(Array.from({ length: clients }, async (_, c) => {
+    try {
+      const [st, s] = await post("/v1/sessions", kv ? { kv } : {});
+      if (st !== 200) { errors++; codes[st] = (codes[st] || 0) + 1; return; }
+      for (let k = 0; now() < tEnd; k++) {
+        const t = now();
+        const [a] = await post(`/v1/sessions/${s.id}/append`, { text: " " + promptText(c * 1000 + k) });
+        const [g, j] = a === 200 ? await post(`/v1/sessions/${s.id}/generate`, { max_tokens: maxTokens, temperature: 0.8, seed: k }) : [a, null];
+        if (g !== 200) { errors++; codes[g] = (codes[g] || 0) + 1; if (g === 400) break; continue; }
+        turnMs.push(now() - t); turns++; tokens += j.usage ? j.usage.completion_tokens : 0;
+      }
+      await fetch(url + "/v1/sessions/" + s.id, { method: "DELETE", headers });
+    } catch (e) { errors++; codes[String(e.cause?.code || e.message)] = 1; }
+  }));
+  const wall = (now() - t0) / 1000;
+  const res = { clients, conversations: true, seconds: +wall.toFixed(2), turns, errors, error_codes: codes, tokens,
+    tokens_per_s: +(tokens / wall).toFixed(1), turn_ms_p50: +pct(turnMs, 50).toFixed(1), turn_ms_p99: +pct(turnMs, 99).toFixed(1) };
+  if (asJson) console.log(JSON.stringify(res));
+  else console.log(`clients ${clients} (a session each): ${turns} turns (${errors} errors) in ${res.seconds} s, ` +
+                   `${res.tokens_per_s} tok/s; turn p50 ${res.turn_ms_p50} ms p99 ${res.turn_ms_p99} ms`);
+}
+
 function rssKiB(pid) { const m = require("fs").readFileSync(`/proc/${pid}/status`, "utf8").match(/VmRSS:\s+(\d+)/); return m ? +m[1] : NaN; }
 
 async function sessions(n, kv, pid) {
@@ -84,4 +117,4 @@ async function sessions(n, kv, pid) {
 }
 
 const nSessions = +opt("sessions", 0);
-(nSessions ? sessions(nSessions, opt("kv", ""), +opt("pid", 0)) : load()).catch((e) => { console.error("loadgen: " + e.message); process.exit(1); });
+(nSessions ? sessions(nSessions, opt("kv", ""), +opt("pid", 0)) : args.includes("--conversations") ? conversations(opt("kv", "")) : load()).catch((e) => { console.error("loadgen: " + e.message); process.exit(1); });
