@@ -2,7 +2,7 @@
 """Sessions that survive their server (run by tests/t_store_serve.sh; python3 standard library only).
 
 Two servers on the same tiny model: K, with a session store, which is killed (SIGKILL, during
-concurrent generations) and restarted, then stopped with SIGTERM and restarted; and R, a reference
+sixteen concurrent session generations) and restarted, then stopped with SIGTERM and restarted; and R, a reference
 that is never killed and gets the same requests. Checked:
   - every acknowledged token (appends and generations answered 200) is in K's store after the kill
     (read straight from the SQLite file), in order, and nothing but whole generations beyond them;
@@ -134,7 +134,8 @@ K = Server("K", model, "--data-dir", os.path.join(T, "data"), "--token-delay-ms"
 R = Server("R", model, "--store", "none")
 
 # sessions: several policies; each has a reference twin on R
-POLICIES = [None, None, "sink:4,window:24", None, "window:40", None]
+# sixteen sessions, generating at once when the server is killed
+POLICIES = ([None, None, "sink:4,window:24", None, "window:40", None] * 3)[:16]
 sess = []  # [k_id, r_id]
 for pol in POLICIES:
     body = {} if pol is None else {"kv": pol}
