@@ -266,6 +266,9 @@ static void test_compile_errors(void) {
         {"{\"type\":\"string\",\"enum\":[1,2]}", "no value"},
         {"{\"anyOf\":[{\"type\":\"string\"}],\"type\":\"string\"}", "'anyOf' beside"},
         {"3", "must be an object"},
+        /* names quoted from the schema come back printable: a newline a space, a control byte \xNN */
+        {"{\"type\":\"string\",\"x\\nkey\":1}", "keyword 'x key'"},
+        {"{\"type\":\"object\",\"properties\":{\"p\\u0001\":{\"type\":\"string\",\"maxLength\":1}}}", ".properties.p\\x01: keyword"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *m = compile_msg(bad[i].schema);

@@ -3,8 +3,12 @@
  */
 #ifndef IB_CORE_ERROR_H
 #define IB_CORE_ERROR_H
+#include <stddef.h>
+
 #include "isobatch.h"
 
+/* Copy raw into out[cap] as one printable line (newlines become spaces, other control bytes \xNN). */
+void ib_one_line(char *out, size_t cap, const char *raw);
 /* Fill err (when non-NULL) with code and a printf-formatted one-line message; return code.
  * Usage: return ib_fail(err, IB_ERR_FORMAT, "%s: header length %llu past end of file", path, n); */
 ib_status ib_fail(ib_error *err, ib_status code, const char *fmt, ...)

@@ -25,10 +25,27 @@ const char *ib_strerror(ib_status code) {
     return status_names[code];
 }
 
-/* Record code and the formatted message in err (may be NULL) and return code. The message is one
- * printable line whatever a file put into it: a newline or carriage return becomes a space, any
- * other control byte (0x01-0x1F, 0x7F) is written as \xNN, so a name or value quoted from a
- * hostile file cannot move a terminal's cursor or forge log lines. */
+/* Copy raw into out[cap] as one printable line: a newline or carriage return becomes a space, any
+ * other control byte (0x01-0x1F, 0x7F) is written as \xNN, so a name or value quoted from a hostile
+ * file or request cannot move a terminal's cursor or forge log lines. Truncated to fit; out is always
+ * terminated (cap >= 1). */
+void ib_one_line(char *out, size_t cap, const char *raw) {
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)raw; *p && o + 1 < cap; p++) {
+        if (*p == '\n' || *p == '\r') {
+            out[o++] = ' ';
+        } else if (*p < 0x20 || *p == 0x7F) {
+            if (o + 5 >= cap) break;
+            o += (size_t)snprintf(out + o, cap - o, "\\x%02X", *p);
+        } else {
+            out[o++] = (char)*p;
+        }
+    }
+    out[o] = '\0';
+}
+
+/* Record code and the formatted message in err (may be NULL), as one printable line (ib_one_line),
+ * and return code. */
 ib_status ib_fail(ib_error *err, ib_status code, const char *fmt, ...) {
     if (err) {
         char raw[sizeof err->msg];
@@ -37,18 +54,7 @@ ib_status ib_fail(ib_error *err, ib_status code, const char *fmt, ...) {
         err->code = code;
         vsnprintf(raw, sizeof raw, fmt, ap);
         va_end(ap);
-        size_t o = 0, cap = sizeof err->msg;
-        for (const unsigned char *p = (const unsigned char *)raw; *p && o + 1 < cap; p++) {
-            if (*p == '\n' || *p == '\r') {
-                err->msg[o++] = ' ';
-            } else if (*p < 0x20 || *p == 0x7F) {
-                if (o + 5 >= cap) break;
-                o += (size_t)snprintf(err->msg + o, cap - o, "\\x%02X", *p);
-            } else {
-                err->msg[o++] = (char)*p;
-            }
-        }
-        err->msg[o] = '\0';
+        ib_one_line(err->msg, sizeof err->msg, raw);
     }
     return code;
 }

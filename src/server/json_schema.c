@@ -19,6 +19,7 @@
  * refuses integers past 64 bits and reals past DBL_MAX); anyOf keeps at most 8 alternatives alive at
  * once (the first ones, in schema order).
  */
+#include "core/error.h"
 #include "server/api.h"
 
 #include <limits.h>
@@ -77,14 +78,18 @@ typedef struct cctx {
 } cctx;
 
 static int failf(cctx *c, const char *path, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Write "response_format.json_schema.schema<path>: <message>" and return -1. */
+/* Write "response_format.json_schema.schema<path>: <message>" as one printable line (the path and
+ * the message quote the client's names, which may hold control bytes) and return -1. */
 static int failf(cctx *c, const char *path, const char *fmt, ...) {
-    int k = snprintf(c->msg, c->msz, "response_format.json_schema.schema%s: ", path);
-    if (k < 0 || (size_t)k >= c->msz) return -1;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->msg + k, c->msz - (size_t)k, fmt, ap);
-    va_end(ap);
+    char raw[1024];
+    int k = snprintf(raw, sizeof raw, "response_format.json_schema.schema%s: ", path);
+    if (k >= 0 && (size_t)k < sizeof raw) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(raw + k, sizeof raw - (size_t)k, fmt, ap);
+        va_end(ap);
+    }
+    ib_one_line(c->msg, c->msz, raw);
     return -1;
 }
 
