@@ -34,30 +34,6 @@ ib_server_opts ib_server_opts_default(void) {
     return o;
 }
 
-/* Close the sessions idle (no request naming them, no generation) for session_idle_timeout_s, as a
- * DELETE would; a generation running on one keeps it. Called from the main loop. */
-static void expire_sessions(server *S) {
-    if (S->o.session_idle_timeout_s <= 0) return;
-    for (;;) {
-        sess *victim = NULL;
-        double t = now_s();
-        pthread_mutex_lock(&S->mu);
-        for (int i = 0; i < S->n_sessions && !victim; i++) {
-            sess *ss = S->sessions[i];
-            if (!ss->busy && t - ss->last_used > S->o.session_idle_timeout_s) {
-                victim = ss;
-                S->sessions[i] = S->sessions[--S->n_sessions];
-                S->tu[ss->tidx].sessions--;
-                ss->closed = 1;
-                S->n_expired++;
-            }
-        }
-        pthread_mutex_unlock(&S->mu);
-        if (!victim) return;
-        sess_unref(S, victim); /* the table's reference (with a store, its record stays: it can come back) */
-    }
-}
-
 /* The graceful stop: close the listening socket (new connections are refused), answer new requests
  * on open connections 503, and let the generations in flight finish for up to drain_timeout_s;
  * the caller then cancels what is left (streams get their final chunk and [DONE], waiting

@@ -262,6 +262,7 @@ enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c, sess 
 enum MHD_Result handle_session_generate(server *S, struct MHD_Connection *c, sess *ss, json_t *b);
 enum MHD_Result handle_session_delete(server *S, struct MHD_Connection *c, sess *ss);
 enum MHD_Result handle_session_list(server *S, struct MHD_Connection *c, const char *tenant);
+void expire_sessions(server *S);
 
 /* session_store.c */
 int hist_push(sess *ss, const int32_t *t, int n, uint8_t fl, uint8_t last_extra);

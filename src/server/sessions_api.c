@@ -1,6 +1,6 @@
 /*
  * sessions_api.c — stateful sessions, /v1/sessions: the session table (lookup, references,
- * eviction), create, append, generate, delete and list.
+ * eviction, closing idle ones), create, append, generate, delete and list.
  */
 #include "server/server_impl.h"
 
@@ -432,6 +432,30 @@ enum MHD_Result handle_session_delete(server *S, struct MHD_Connection *c, sess 
     pthread_mutex_unlock(&S->mu);
     sess_evict(S, ss);
     return send_json(S, c, 200, deleted_json(ss->id), 0);
+}
+
+/* Close the sessions idle (no request naming them, no generation) for session_idle_timeout_s, as a
+ * DELETE would; a generation running on one keeps it. Called from the main loop. */
+void expire_sessions(server *S) {
+    if (S->o.session_idle_timeout_s <= 0) return;
+    for (;;) {
+        sess *victim = NULL;
+        double t = now_s();
+        pthread_mutex_lock(&S->mu);
+        for (int i = 0; i < S->n_sessions && !victim; i++) {
+            sess *ss = S->sessions[i];
+            if (!ss->busy && t - ss->last_used > S->o.session_idle_timeout_s) {
+                victim = ss;
+                S->sessions[i] = S->sessions[--S->n_sessions];
+                S->tu[ss->tidx].sessions--;
+                ss->closed = 1;
+                S->n_expired++;
+            }
+        }
+        pthread_mutex_unlock(&S->mu);
+        if (!victim) return;
+        sess_unref(S, victim); /* the table's reference (with a store, its record stays: it can come back) */
+    }
 }
 
 /* GET /v1/sessions: the key's sessions — from the store when there is one (each with resident: whether
