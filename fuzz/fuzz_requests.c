@@ -1,12 +1,12 @@
 /*
  * fuzz_requests.c — libFuzzer target: request bodies of the chat/completions, completions and
- * sessions endpoints, through the server's own parsing (src/server/server.c is included so its
- * static parsers are reachable): the sampling and length parameters (parse_params, completions and
+ * sessions endpoints, through the server's own parsing (src/server/server_impl.h declares
+ * its parsers): the sampling and length parameters (parse_params, completions and
  * chat flavours), the messages (chat_messages, as for chat/completions and session append) and the
  * session's kv policy. Whatever the body, the parsers must return a verdict with no crash, leak or
  * undefined behaviour; an accepted body must be within the limits.
  */
-#include "../src/server/server.c"
+#include "server/server_impl.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static server S;

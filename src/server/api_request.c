@@ -1,9 +1,9 @@
 /*
- * api_request.c — what a request body may say, before the handlers in server.c read it: the fields
- * each endpoint implements (anything else is a 400 naming the field, never silently ignored), the
- * rewriting of accepted alternative forms into the one form the handlers read (content parts,
- * top_k -1, a fresh seed for unseeded requests), logit_bias, and the several-prompt form of
- * /v1/completions. See api.h for the contracts.
+ * api_request.c — what a request body may say, before the handlers (openai_api.c, sessions_api.c)
+ * read it: the fields each endpoint implements (anything else is a 400 naming the field, never
+ * silently ignored), the rewriting of accepted alternative forms into the one form the handlers
+ * read (content parts, top_k -1, a fresh seed for unseeded requests), logit_bias, and the
+ * several-prompt form of /v1/completions. See api.h for the contracts.
  */
 #include "server/api.h"
 

@@ -1,0 +1,663 @@
+/*
+ * gen.c — one generation (`gen`): its creation and reference counting, the scheduler's token
+ * events (on_event), running it as a scheduler job and waiting for it, rendering its tokens to text
+ * (stop strings, logprobs), the final JSON of a completion or chat completion (usage, verification
+ * record) and the SSE stream of a streaming one.
+ */
+#include "server/server_impl.h"
+
+/* Length of the longest prefix of s[0..n) that is valid, complete UTF-8. */
+static size_t utf8_complete(const char *s, size_t n) {
+    size_t i = n;
+    int back = 0;
+    while (i > 0 && back < 4 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) i--, back++;
+    if (i == 0) return n;
+    unsigned char c = (unsigned char)s[i - 1];
+    int need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return (size_t)back + 1 >= (size_t)need ? n : i - 1;
+}
+
+void gen_unref(gen *g) {
+    pthread_mutex_lock(&g->mu);
+    int left = --g->refs;
+    pthread_mutex_unlock(&g->mu);
+    if (left) return;
+    server *S = g->srv;
+    pthread_mutex_lock(&S->mu);
+    S->n_gens--;
+    pthread_mutex_unlock(&S->mu);
+    for (int i = 0; i < g->n_stops; i++) free(g->stops[i]);
+    ib_json_release(&g->json);
+    free(g->tok);
+    free(g->dig);
+    free(g->vin);
+    free(g->vfl);
+    ib_api_bias_free(&g->vbias);
+    free(g->lp);
+    free(g->top_ids);
+    free(g->top_lp);
+    free(g->tok_off);
+    free(g->text);
+    free(g->out);
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g);
+}
+
+/* Scheduler callback: record a token, or the end (then free a request-scoped session, release its
+ * memory, hand a stateful session its unfed tokens back). */
+void on_event(void *ctx, const ib_sched_event *ev) {
+    gen *g = ctx;
+    server *S = g->srv;
+    if (!ev->done) {
+        double t = now_s();
+        if (g->n == 0) /* only this thread appends tokens: g->n is stable here */
+            ib_latency_first(&S->lat, t - g->t_arrive, ev->queue_seconds);
+        else
+            ib_latency_next(&S->lat, t - g->t_last);
+        g->t_last = t;
+        ib_latency_token(&S->lat, t);
+        g->h = ib_digest_bytes(g->h, ev->logits, (size_t)S->info->vocab_size * sizeof(float));
+        if (g->want_json) { /* advance the JSON reader past this token (its mask allowed it) */
+            int stop = 0;
+            for (int i = 0; i < g->n_stop_ids; i++) stop |= g->stop_ids[i] == ev->token;
+            for (size_t k = S->jv.off[ev->token]; !stop && k < S->jv.off[ev->token + 1]; k++)
+                if (ib_json_step(&g->json, (unsigned char)S->jv.bytes[k])) break;
+        }
+    }
+    if (!ev->done && S->o.token_delay_ms > 0) nanosleep(&(struct timespec){S->o.token_delay_ms / 1000, (long)(S->o.token_delay_ms % 1000) * 1000000L}, NULL);
+    if (ev->done) {
+        if (g->own) {
+            ib_session_free(g->own);
+            g->own = NULL;
+            pthread_mutex_lock(&S->mu);
+            S->kv_used -= g->reserved;
+            S->tu[g->tidx].kv -= g->reserved;
+            pthread_cond_broadcast(&S->mem_cv);
+            pthread_mutex_unlock(&S->mu);
+        }
+        if (g->inflight) {
+            pthread_mutex_lock(&S->mu);
+            S->tu[g->tidx].inflight--;
+            g->inflight = 0;
+            pthread_mutex_unlock(&S->mu);
+        }
+        if (g->ss) {
+            sess *ss = g->ss;
+            pthread_mutex_lock(&S->mu);
+            /* the prompt was kept at pending[0, n_prompt) (appends are refused while busy): its unfed
+             * tail goes back to the front; after generation the last sampled token is the pending one.
+             * A rebuild's job fed n_replay stored tokens first: short of them, the KV is incomplete and
+             * is forgotten (the session stays not resident, its pending tokens untouched). */
+            int pf = ev->prompt_fed - g->n_replay;
+            if (!ss->resident && pf < 0) {
+                ib_session_reset(ss->s);
+                ss->n_pending = g->n_prompt;
+            } else {
+                if (!ss->resident) {
+                    ss->resident = 1;
+                    ib_store_session_free(&ss->rec);
+                }
+                pthread_mutex_lock(&g->mu);
+                hist_push(ss, g->tok, g->n, IB_STORE_TOK_SAMPLED, IB_STORE_TOK_NOTE_ON_FEED);
+                pthread_mutex_unlock(&g->mu);
+                int unfed = g->n_prompt - pf;
+                ss->n_pending = 0;
+                if (unfed > 0) {
+                    memmove(ss->pending, ss->pending + pf, (size_t)unfed * sizeof(int32_t));
+                    ss->n_pending = unfed;
+                } else if (ev->generated > 0) {
+                    pthread_mutex_lock(&g->mu);
+                    ss->pending[ss->n_pending++] = g->tok[g->n - 1];
+                    pthread_mutex_unlock(&g->mu);
+                }
+            }
+            ss->last_used = now_s();
+            if (!g->commit) { /* no store: the session is free now; with one, gen_commit frees it */
+                ss->busy = 0;
+                pthread_mutex_unlock(&S->mu);
+                sess_unref(S, ss);
+                g->ss = NULL;
+            } else
+                pthread_mutex_unlock(&S->mu);
+        }
+        pthread_mutex_lock(&g->mu);
+        g->done = 1;
+        snprintf(g->finish, sizeof g->finish, "%s", ev->finish);
+        g->fed = ev->prompt_fed;
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        gen_unref(g);
+        return;
+    }
+    pthread_mutex_lock(&g->mu);
+    if (g->n == g->cap) {
+        int nc = g->cap ? 2 * g->cap : 64;
+        int32_t *t = realloc(g->tok, (size_t)nc * sizeof *t);
+        if (t) g->tok = t;
+        double *l = realloc(g->lp, (size_t)nc * sizeof *l);
+        if (l) g->lp = l;
+        int *o = realloc(g->tok_off, ((size_t)nc + 1) * sizeof *o);
+        if (o) g->tok_off = o;
+        uint64_t *dg = realloc(g->dig, (size_t)nc * sizeof *dg);
+        if (dg) g->dig = dg;
+        int32_t *ti = g->top_ids;
+        double *tl = g->top_lp;
+        if (g->n_top) {
+            if ((ti = realloc(g->top_ids, (size_t)nc * g->n_top * sizeof *ti))) g->top_ids = ti;
+            if ((tl = realloc(g->top_lp, (size_t)nc * g->n_top * sizeof *tl))) g->top_lp = tl;
+        }
+        if (t && l && o && dg && (!g->n_top || (ti && tl))) g->cap = nc;
+    }
+    if (g->n < g->cap) {
+        g->tok[g->n] = ev->token;
+        g->dig[g->n] = g->h;
+        g->lp[g->n] = ev->logprob;
+        for (int i = 0; i < g->n_top; i++) { /* the scheduler gives exactly n_top (vocab >= 20) */
+            g->top_ids[(size_t)g->n * g->n_top + i] = i < ev->n_top ? ev->top_ids[i] : -1;
+            g->top_lp[(size_t)g->n * g->n_top + i] = i < ev->n_top ? ev->top_logprob[i] : 0.0;
+        }
+        g->n++;
+    }
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static int text_append(gen *g, const char *s, size_t n) {
+    if (g->text_len + n + 1 > g->text_cap) {
+        size_t nc = (g->text_len + n + 1) * 2;
+        char *t = realloc(g->text, nc);
+        if (!t) return -1;
+        g->text = t;
+        g->text_cap = nc;
+    }
+    memcpy(g->text + g->text_len, s, n);
+    g->text_len += n;
+    g->text[g->text_len] = 0;
+    return 0;
+}
+
+static int is_stop_id(const gen *g, int32_t t) {
+    for (int i = 0; i < g->n_stop_ids; i++)
+        if (g->stop_ids[i] == t) return 1;
+    return 0;
+}
+
+/* Render tokens [rendered, n) into text (stop ids add no text), look for stop strings; return how
+ * many bytes of text may be shown now. Called with g->mu held. */
+size_t render(gen *g) {
+    const ib_model *m = g->srv->m;
+    char buf[512];
+    while (g->rendered < g->n && !g->stopped) {
+        int32_t t = g->tok[g->rendered];
+        g->tok_off[g->rendered] = (int)g->text_len;
+        if (!is_stop_id(g, t)) {
+            int w = ib_text_stream_push(m, &g->ts, t, buf, sizeof buf);
+            if (w > 0) text_append(g, buf, (size_t)w);
+        }
+        g->rendered++;
+        for (int i = 0; i < g->n_stops; i++) {
+            size_t sl = strlen(g->stops[i]);
+            size_t from = g->emitted > sl ? g->emitted - sl : 0;
+            char *hit = g->text_len >= sl ? memmem(g->text + from, g->text_len - from, g->stops[i], sl) : NULL;
+            if (hit) {
+                g->text_len = (size_t)(hit - g->text);
+                g->text[g->text_len] = 0;
+                g->stopped = 1;
+            }
+        }
+    }
+    if (g->stopped) return g->text_len;
+    if (g->done && g->rendered == g->n) {
+        int w = ib_text_stream_flush(&g->ts, buf, sizeof buf);
+        if (w > 0) text_append(g, buf, (size_t)w);
+        return g->text_len;
+    }
+    size_t hold = 0;
+    for (int i = 0; i < g->n_stops; i++)
+        if (strlen(g->stops[i]) - 1 > hold) hold = strlen(g->stops[i]) - 1;
+    size_t safe = g->text_len > hold ? g->text_len - hold : 0;
+    if (safe < g->emitted) safe = g->emitted;
+    return g->emitted + utf8_complete(g->text + g->emitted, safe - g->emitted);
+}
+
+static const char *finish_reason(const gen *g) {
+    if (g->stopped) return "stop";
+    if (!strcmp(g->finish, "stop") || !strcmp(g->finish, "length")) return g->finish;
+    return g->finish; /* "cancelled" or "error" */
+}
+
+/* Tokens covered by the shown text (a stop id is not shown; tokens after a stop string are not). */
+static int tokens_shown(const gen *g) {
+    int k = g->rendered;
+    if (g->stopped) {
+        while (k > 0 && (size_t)g->tok_off[k - 1] >= g->text_len) k--;
+    }
+    if (k > 0 && is_stop_id(g, g->tok[k - 1])) k--;
+    return k;
+}
+
+/* Logprobs of tokens [a, b) in the completions format or the chat format. */
+static json_t *logprobs_json(const gen *g, int a, int b) {
+    char buf[256];
+    if (g->chat) {
+        json_t *content = json_array();
+        for (int i = a; i < b; i++) {
+            int w = ib_token_bytes(g->srv->m, g->tok[i], buf, sizeof buf);
+            if (w < 0) w = 0;
+            json_t *bytes = json_array();
+            for (int k = 0; k < w; k++) json_array_append_new(bytes, json_integer((unsigned char)buf[k]));
+            json_t *e = json_object();
+            json_object_set_new(e, "token", ib_api_bytes_str(buf, (size_t)w));
+            json_object_set_new(e, "logprob", json_real(g->lp[i]));
+            json_object_set_new(e, "bytes", bytes);
+            json_t *top = json_array();
+            for (int t = 0; t < g->n_top; t++) {
+                int32_t id = g->top_ids[(size_t)i * g->n_top + t];
+                if (id < 0) continue;
+                int tw = ib_token_bytes(g->srv->m, id, buf, sizeof buf);
+                if (tw < 0) tw = 0;
+                json_t *tb = json_array();
+                for (int q = 0; q < tw; q++) json_array_append_new(tb, json_integer((unsigned char)buf[q]));
+                json_t *te = json_object();
+                json_object_set_new(te, "token", ib_api_bytes_str(buf, (size_t)tw));
+                json_object_set_new(te, "logprob", json_real(g->top_lp[(size_t)i * g->n_top + t]));
+                json_object_set_new(te, "bytes", tb);
+                json_object_set_new(te, "token_id", json_integer(id));
+                json_array_append_new(top, te);
+            }
+            json_object_set_new(e, "top_logprobs", top);
+            json_object_set_new(e, "token_id", json_integer(g->tok[i]));
+            json_array_append_new(content, e);
+        }
+        json_t *o = json_object();
+        json_object_set_new(o, "content", content);
+        return o;
+    }
+    json_t *toks = json_array(), *lps = json_array(), *offs = json_array(), *ids = json_array();
+    json_t *tops = g->n_top ? json_array() : json_null();
+    for (int i = a; i < b; i++) {
+        int w = ib_token_bytes(g->srv->m, g->tok[i], buf, sizeof buf);
+        json_array_append_new(toks, ib_api_bytes_str(buf, w > 0 ? (size_t)w : 0));
+        json_array_append_new(lps, json_real(g->lp[i]));
+        json_array_append_new(offs, json_integer(g->tok_off[i]));
+        json_array_append_new(ids, json_integer(g->tok[i]));
+        if (!g->n_top) continue;
+        /* {token text: logprob}; tokens whose text repeats keep the first (the more likely) entry */
+        json_t *m = json_object();
+        for (int t = 0; t < g->n_top; t++) {
+            int32_t id = g->top_ids[(size_t)i * g->n_top + t];
+            if (id < 0) continue;
+            int tw = ib_token_bytes(g->srv->m, id, buf, sizeof buf);
+            json_t *key = ib_api_bytes_str(buf, tw > 0 ? (size_t)tw : 0);
+            const char *ks = key ? json_string_value(key) : NULL;
+            if (ks && !json_object_get(m, ks)) json_object_set_new(m, ks, json_real(g->top_lp[(size_t)i * g->n_top + t]));
+            json_decref(key);
+        }
+        json_array_append_new(tops, m);
+    }
+    json_t *o = json_object();
+    json_object_set_new(o, "tokens", toks);
+    json_object_set_new(o, "token_logprobs", lps);
+    json_object_set_new(o, "top_logprobs", tops);
+    json_object_set_new(o, "text_offset", offs);
+    json_object_set_new(o, "token_ids", ids);
+    return o;
+}
+
+static json_t *usage_json(const gen *g) {
+    json_t *u = json_object();
+    json_object_set_new(u, "prompt_tokens", json_integer(g->n_prompt));
+    json_object_set_new(u, "completion_tokens", json_integer(g->n));
+    json_object_set_new(u, "total_tokens", json_integer(g->n_prompt + g->n));
+    return u;
+}
+
+json_t *envelope(const gen *g, const char *object) {
+    json_t *j = json_object();
+    json_object_set_new(j, "id", json_string(g->id));
+    json_object_set_new(j, "object", json_string(object));
+    json_object_set_new(j, "created", json_integer(g->created));
+    json_object_set_new(j, "model", json_string(g->srv->model_id));
+    json_object_set_new(j, "seed", json_integer((json_int_t)g->seed));
+    char fp[IB_MODEL_ID_LEN + 32];
+    ib_verify_fingerprint(g->srv->ident, fp, sizeof fp);
+    json_object_set_new(j, "system_fingerprint", json_string(fp));
+    return j;
+}
+
+/* The verification record of a finished generation (verify.h), or null when it drew no token or its
+ * prompt could not be recorded. g->mu held (or the generation done). */
+static json_t *verification_json(const gen *g) {
+    server *S = g->srv;
+    if (g->n < 1 || g->n_vprompt < 1) return json_null();
+    return ib_verify_json(S->ident, ib_engine_act(S->e), g->vkvd, g->vkv, g->vcap, g->vchunk, g->vin, g->n_vhist, g->vfl, g->draws0,
+                          g->vin + g->n_vhist, g->n_vprompt, &g->sp, &g->vbias, g->want_json, g->stop_ids,
+                          g->n_stop_ids, g->tok, g->dig, g->n);
+}
+
+/* The non-streaming body of a finished generation. */
+json_t *final_json(gen *g) {
+    size_t show = render(g);
+    (void)show;
+    int k = tokens_shown(g);
+    json_t *ch = json_object();
+    json_object_set_new(ch, "index", json_integer(0));
+    json_t *j;
+    if (g->chat) {
+        j = envelope(g, "chat.completion");
+        json_t *msg = json_object();
+        json_object_set_new(msg, "role", json_string("assistant"));
+        json_object_set_new(msg, "content", ib_api_bytes_str(g->text, g->text_len));
+        json_object_set_new(ch, "message", msg);
+    } else {
+        j = envelope(g, g->session_gen ? "session.generation" : "text_completion");
+        json_object_set_new(ch, "text", ib_api_bytes_str(g->text, g->text_len));
+    }
+    json_object_set_new(ch, "logprobs", g->want_lp ? logprobs_json(g, 0, k) : json_null());
+    json_object_set_new(ch, "finish_reason", json_string(finish_reason(g)));
+    json_t *choices = json_array();
+    json_array_append_new(choices, ch);
+    json_object_set_new(j, "choices", choices);
+    json_object_set_new(j, "usage", usage_json(g));
+    json_object_set_new(j, "verification", verification_json(g));
+    return j;
+}
+
+static int out_append(gen *g, const char *s, size_t n) {
+    if (g->out_len + n > g->out_cap) {
+        size_t nc = (g->out_len + n) * 2 + 256;
+        char *t = realloc(g->out, nc);
+        if (!t) return -1;
+        g->out = t;
+        g->out_cap = nc;
+    }
+    memcpy(g->out + g->out_len, s, n);
+    g->out_len += n;
+    return 0;
+}
+
+static void out_event(gen *g, json_t *j) {
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!s) return;
+    out_append(g, "data: ", 6);
+    out_append(g, s, strlen(s));
+    out_append(g, "\n\n", 2);
+    free(s);
+}
+
+/* One SSE chunk with text delta [a, b) of the text, logprobs of tokens [ta, tb), and a finish reason. */
+static void out_chunk(gen *g, size_t a, size_t b, int ta, int tb, const char *finish) {
+    json_t *j = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
+    json_t *ch = json_object();
+    json_object_set_new(ch, "index", json_integer(0));
+    if (g->chat) {
+        json_t *delta = json_object();
+        if (!g->sent_role) {
+            json_object_set_new(delta, "role", json_string("assistant"));
+            g->sent_role = 1;
+        }
+        if (b > a) json_object_set_new(delta, "content", ib_api_bytes_str(g->text + a, b - a));
+        json_object_set_new(ch, "delta", delta);
+    } else
+        json_object_set_new(ch, "text", ib_api_bytes_str(g->text + a, b - a));
+    json_object_set_new(ch, "logprobs", g->want_lp && tb > ta ? logprobs_json(g, ta, tb) : json_null());
+    json_object_set_new(ch, "finish_reason", finish ? json_string(finish) : json_null());
+    json_t *choices = json_array();
+    json_array_append_new(choices, ch);
+    json_object_set_new(j, "choices", choices);
+    if (g->include_usage) json_object_set_new(j, "usage", json_null());
+    if (finish) json_object_set_new(j, "verification", verification_json(g));
+    out_event(g, j);
+}
+
+/* MHD content reader for SSE: blocks until there is something to send. */
+static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    gen *g = cls;
+    server *S = g->srv;
+    pthread_mutex_lock(&g->mu);
+    double t_end = now_s() + S->o.timeout_s;
+    while (g->out_pos == g->out_len) {
+        g->out_pos = g->out_len = 0;
+        if (g->sent_done) {
+            pthread_mutex_unlock(&g->mu);
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        }
+        size_t show = render(g);
+        int finished = g->stopped || (g->done && g->rendered == g->n);
+        if (finished && g->stored_gen && !g->done) { /* a stop string: end the job, store it, then finish */
+            if (!g->stop_cancelled) ib_sched_cancel(S->sched, g->job);
+            g->stop_cancelled = 1;
+            finished = 0;
+        }
+        if (finished && g->commit) { /* the tokens are durable before the final chunk goes out */
+            pthread_mutex_unlock(&g->mu);
+            gen_commit(g);
+            pthread_mutex_lock(&g->mu);
+        }
+        int k = tokens_shown(g);
+        if (show > g->emitted || (k > g->lp_emitted && g->want_lp) || (g->chat && !g->sent_role)) {
+            out_chunk(g, g->emitted, show, g->lp_emitted, k, NULL);
+            g->emitted = show;
+            g->lp_emitted = k;
+        }
+        if (finished) {
+            if (g->stopped && !g->done) ib_sched_cancel(S->sched, g->job);
+            if (g->store_failed) {
+                static const char se[] = "data: {\"error\":{\"message\":\"the session's tokens could not be stored; "
+                                          "the session is back at its last stored state\",\"type\":\"server_error\","
+                                          "\"code\":\"store_error\"}}\n\n";
+                out_append(g, se, sizeof se - 1);
+            } else if (!strcmp(finish_reason(g), "error")) {
+                out_append(g, "data: {\"error\":{\"message\":\"generation failed\",\"type\":\"server_error\"}}\n\n", 72);
+            } else
+                out_chunk(g, show, show, k, k, finish_reason(g));
+            if (g->include_usage) {
+                json_t *j = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
+                json_object_set_new(j, "choices", json_array());
+                json_object_set_new(j, "usage", usage_json(g));
+                out_event(g, j);
+            }
+            out_append(g, "data: [DONE]\n\n", 14);
+            g->sent_done = 1;
+        }
+        if (g->out_len) break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+        if (now_s() > t_end) { /* the request ran too long: stop it */
+            ib_sched_cancel(S->sched, g->job);
+            t_end = now_s() + 3600;
+        }
+    }
+    size_t n = g->out_len - g->out_pos;
+    if (n > max) n = max;
+    memcpy(buf, g->out + g->out_pos, n);
+    g->out_pos += n;
+    pthread_mutex_unlock(&g->mu);
+    return (ssize_t)n;
+}
+
+/* MHD: the stream's response is gone (finished or the client went away): stop the job. */
+static void sse_free(void *cls) {
+    gen *g = cls;
+    pthread_mutex_lock(&g->mu);
+    int done = g->done;
+    pthread_mutex_unlock(&g->mu);
+    if (!done) ib_sched_cancel(g->srv->sched, g->job);
+    if (g->stored_gen) { /* the client left: the session's tokens are stored all the same */
+        pthread_mutex_lock(&g->mu);
+        while (!g->done) pthread_cond_wait(&g->cv, &g->mu);
+        pthread_mutex_unlock(&g->mu);
+        gen_commit(g);
+    }
+    gen_unref(g);
+}
+
+/* Whether the client of connection c has closed its end (it gave up on a request it is waiting for).
+ * Looks at the socket without reading from it: a half-close or reset counts as gone. */
+int client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    struct pollfd pf = {.fd = ci->connect_fd, .events = POLLRDHUP};
+    return poll(&pf, 1, 0) == 1 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* ib_sched_job.constrain of a response_format json_object generation (json_constraint.c). */
+static int json_constrain(void *ctx, float *logits, int vocab) {
+    gen *g = ctx;
+    return ib_json_mask(&g->json, &g->srv->jv, logits, vocab, g->stop_ids, g->n_stop_ids);
+}
+
+/* Start generation g on session s (prompt ids) and answer: an SSE stream, or wait and send the body.
+ * Consumes the caller's reference to g. */
+enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids,
+                        int n_ids, gen_params *p) {
+    g->vcap = s->capacity;
+    g->vchunk = s->kv_chunk;
+    ib_session_set_sampling(s, &p->sp);
+    ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p->max_tokens, .n_replay = g->n_replay,
+                       .stop_ids = g->stop_ids, .n_stop = g->n_stop_ids, .want_logprobs = p->want_lp,
+                       .top_logprobs = g->n_top, .group = g->tidx,
+                       .on_event = on_event, .ctx = g,
+                       .logit_bias_ids = p->bias.ids, .logit_bias = p->bias.vals, .n_logit_bias = p->bias.n,
+                       .constrain = g->want_json ? json_constrain : NULL, .constrain_ctx = g};
+    g->refs = 2; /* the connection, the scheduler */
+    ib_error err;
+    uint64_t id;
+    if (ib_sched_submit(S->sched, &jb, &id, &err)) {
+        /* nothing was started: undo as the DONE event would have */
+        ib_sched_event ev = {.done = 1, .finish = "error", .prompt_fed = 0, .generated = 0};
+        on_event(g, &ev);
+        gen_commit(g);
+        gen_unref(g);
+        if (err.code == IB_ERR_STATE)
+            return send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+                              "the server is at capacity (%d running, queue full); retry later", S->o.max_batch);
+        if (err.code == IB_ERR_CONTEXT)
+            return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", "max_tokens", "%s", err.msg);
+        return send_error(S, c, 500, "server_error", NULL, NULL, "%s", err.msg);
+    }
+    pthread_mutex_lock(&g->mu);
+    g->job = id;
+    pthread_mutex_unlock(&g->mu);
+    /* the idle timeout guards reading the request; while the generation runs (queued, or streaming
+     * with gaps) its own time limit applies, so the connection must not be dropped as idle first */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)S->o.timeout_s + 30u);
+    if (g->stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_read, g, sse_free);
+        if (!r) {
+            ib_sched_cancel(S->sched, id);
+            gen_unref(g);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        ib_http_decorate(r, 200);
+        pthread_mutex_lock(&S->mu);
+        S->http_by_class[2]++;
+        pthread_mutex_unlock(&S->mu);
+        enum MHD_Result ret = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    /* wait for the end, a stop string, the time limit, or the client going away */
+    pthread_mutex_lock(&g->mu);
+    double t_end = now_s() + S->o.timeout_s;
+    int cancelled = 0, gone = 0;
+    for (;;) {
+        render(g);
+        if (g->done) break;
+        if (!gone && client_gone(c)) gone = 1;
+        if (g->stopped || gone || now_s() > t_end) {
+            if (!cancelled) ib_sched_cancel(S->sched, g->job);
+            cancelled = 1;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long long ns = ts.tv_nsec + 200000000LL; /* 0.2 s: how soon a client's leaving is noticed */
+        ts.tv_sec += ns / 1000000000LL;
+        ts.tv_nsec = ns % 1000000000LL;
+        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+    }
+    if (g->commit) { /* the tokens are durable before the response is sent */
+        pthread_mutex_unlock(&g->mu);
+        gen_commit(g);
+        pthread_mutex_lock(&g->mu);
+    }
+    enum MHD_Result ret;
+    if (gone && !strcmp(g->finish, "cancelled")) {
+        pthread_mutex_unlock(&g->mu);
+        ret = MHD_NO; /* nobody to answer: close the connection */
+    } else if (g->store_failed) {
+        pthread_mutex_unlock(&g->mu);
+        ret = send_error(S, c, 503, "server_error", "store_error", NULL,
+                         "the session's tokens could not be stored; the session is back at its last stored state");
+    } else if (!strcmp(g->finish, "error")) {
+        pthread_mutex_unlock(&g->mu);
+        ret = send_error(S, c, 500, "server_error", NULL, NULL, "generation failed");
+    } else if (!strcmp(g->finish, "cancelled") && !g->stopped) {
+        pthread_mutex_unlock(&g->mu);
+        if (S->draining)
+            ret = send_error(S, c, 503, "server_error", "server_shutting_down", NULL,
+                             "the server is shutting down and its drain time ran out; retry on another server");
+        else
+            ret = send_error(S, c, 504, "server_error", "timeout", NULL, "generation cancelled (time limit)");
+    } else {
+        json_t *j = final_json(g);
+        pthread_mutex_unlock(&g->mu);
+        ret = send_json(S, c, 200, j, 0);
+    }
+    gen_unref(g);
+    return ret;
+}
+
+/* Record a request-scoped generation's prompt for its verification record (no history, no draws).
+ * An allocation failure leaves the record's prompt empty (verification null). */
+void gen_set_prompt(gen *g, const int32_t *ids, int n) {
+    if (!(g->vin = malloc((size_t)n * sizeof *ids))) return;
+    memcpy(g->vin, ids, (size_t)n * sizeof *ids);
+    g->n_vprompt = n;
+}
+
+gen *gen_new(server *S, int chat, gen_params *p) {
+    gen *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->refs = 1;
+    g->srv = S;
+    pthread_mutex_lock(&S->mu);
+    S->n_gens++;
+    pthread_mutex_unlock(&S->mu);
+    g->chat = chat;
+    g->stream = p->stream;
+    g->include_usage = p->include_usage;
+    g->want_lp = p->want_lp;
+    g->n_top = p->want_lp ? p->top_lp : 0;
+    for (int i = 0; i < p->n_stops; i++) g->stops[i] = p->stops[i];
+    g->n_stops = p->n_stops;
+    p->n_stops = 0;
+    g->created = (long)time(NULL);
+    g->seed = p->sp.seed;
+    g->sp = p->sp;
+    g->h = IB_DIGEST_INIT;
+    g->vkvd = S->o.kv_dtype;
+    snprintf(g->vkv, sizeof g->vkv, "full");
+    if (p->bias.n > 0) { /* kept for the verification record */
+        g->vbias.ids = malloc((size_t)p->bias.n * sizeof *g->vbias.ids);
+        g->vbias.vals = malloc((size_t)p->bias.n * sizeof *g->vbias.vals);
+        if (g->vbias.ids && g->vbias.vals) {
+            memcpy(g->vbias.ids, p->bias.ids, (size_t)p->bias.n * sizeof *g->vbias.ids);
+            memcpy(g->vbias.vals, p->bias.vals, (size_t)p->bias.n * sizeof *g->vbias.vals);
+            g->vbias.n = p->bias.n;
+        }
+    }
+    g->t_arrive = g->t_last = now_s();
+    char hex[33];
+    if (random_hex(S, hex, 12)) snprintf(hex, sizeof hex, "0");
+    snprintf(g->id, sizeof g->id, "%s-%s", chat ? "chatcmpl" : "cmpl", hex);
+    return g;
+}

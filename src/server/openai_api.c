@@ -1,0 +1,604 @@
+/*
+ * openai_api.c — the OpenAI-compatible endpoints POST /v1/completions and /v1/chat/completions:
+ * the sampling and length parameters, the chat messages, the model and request checks shared with
+ * the sessions API, prompt tokenizing, and several prompts in one completions request.
+ */
+#include "server/server_impl.h"
+
+/* Read an optional number field: 0 = absent (out untouched), 1 = read, -1 = wrong type/range. */
+static int get_num(json_t *o, const char *k, double lo, double hi, double *out) {
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) return -1;
+    double x = json_number_value(v);
+    if (!(x >= lo && x <= hi)) return -1;
+    *out = x;
+    return 1;
+}
+
+int get_int(json_t *o, const char *k, long long lo, long long hi, long long *out) {
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_integer(v)) return -1;
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi) return -1;
+    *out = x;
+    return 1;
+}
+
+int get_bool(json_t *o, const char *k, int *out) {
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return -1;
+    *out = json_is_true(v);
+    return 1;
+}
+
+void params_free(gen_params *p) {
+    for (int i = 0; i < p->n_stops; i++) free(p->stops[i]);
+    p->n_stops = 0;
+    ib_api_bias_free(&p->bias);
+}
+
+/* Parse the sampling, length, stream, stop and logprobs fields shared by every generating endpoint.
+ * On error writes the offending field into *param and a message into msg, returns -1. */
+int parse_params(server *S, json_t *b, int chat, int default_max, gen_params *p, const char **param,
+                 char *msg, size_t msz) {
+    memset(p, 0, sizeof *p);
+    p->sp = ib_sampling_default();
+    p->sp.temperature = 1.0f;
+    double x;
+    long long n;
+    int r;
+    p->max_tokens = default_max;
+#define FAIL(field, ...) do { *param = field; snprintf(msg, msz, __VA_ARGS__); params_free(p); return -1; } while (0)
+    if ((r = get_num(b, "temperature", 0, 2, &x)) < 0) FAIL("temperature", "temperature must be a number in [0, 2]");
+    if (r) p->sp.temperature = (float)x;
+    if ((r = get_num(b, "top_p", 0, 1, &x)) < 0 || (r && x <= 0)) FAIL("top_p", "top_p must be a number in (0, 1]");
+    if (r) p->sp.top_p = (float)x;
+    if ((r = get_num(b, "min_p", 0, 1, &x)) < 0) FAIL("min_p", "min_p must be a number in [0, 1]");
+    if (r) p->sp.min_p = (float)x;
+    if ((r = get_int(b, "top_k", 0, 1 << 30, &n)) < 0) FAIL("top_k", "top_k must be an integer >= -1 (-1 or 0: off)");
+    if (r) p->sp.top_k = (int)n;
+    if ((r = get_num(b, "repetition_penalty", 0.01, 100, &x)) < 0)
+        FAIL("repetition_penalty", "repetition_penalty must be a number in [0.01, 100]");
+    if (r) p->sp.repeat_penalty = (float)x;
+    if ((r = get_int(b, "seed", -(1LL << 62), 1LL << 62, &n)) < 0) FAIL("seed", "seed must be an integer");
+    if (r) p->sp.seed = (uint64_t)n;
+    if ((r = get_num(b, "frequency_penalty", -2, 2, &x)) < 0) FAIL("frequency_penalty", "frequency_penalty must be a number in [-2, 2]");
+    if ((r = get_num(b, "presence_penalty", -2, 2, &x)) < 0) FAIL("presence_penalty", "presence_penalty must be a number in [-2, 2]");
+    if ((r = get_int(b, "n", 1, 1, &n)) < 0) FAIL("n", "only n = 1 is supported");
+    const char *mk = chat && json_object_get(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    if ((r = get_int(b, mk, 0, 1LL << 30, &n)) < 0) FAIL(mk, "%s must be an integer >= 0", mk);
+    if (r) {
+        if (n > S->o.max_tokens)
+            FAIL(mk, "%s %lld exceeds this server's limit of %d tokens", mk, n, S->o.max_tokens);
+        p->max_tokens = (int)n;
+    }
+    if ((r = get_bool(b, "stream", &p->stream)) < 0) FAIL("stream", "stream must be a boolean");
+    json_t *so = json_object_get(b, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so) || get_bool(so, "include_usage", &p->include_usage) < 0)
+            FAIL("stream_options", "stream_options must be an object with a boolean include_usage");
+    }
+    if (chat) {
+        if ((r = get_bool(b, "logprobs", &p->want_lp)) < 0) FAIL("logprobs", "logprobs must be a boolean");
+        if ((r = get_int(b, "top_logprobs", 0, IB_MAX_TOP_LOGPROBS, &n)) < 0)
+            FAIL("top_logprobs", "top_logprobs must be an integer in [0, %d]", IB_MAX_TOP_LOGPROBS);
+        if (r && n > 0 && !p->want_lp) FAIL("top_logprobs", "top_logprobs needs logprobs: true");
+        if (r) p->top_lp = (int)n;
+    } else {
+        if ((r = get_int(b, "logprobs", 0, 5, &n)) < 0) FAIL("logprobs", "logprobs must be an integer in [0, 5]");
+        if (r) p->want_lp = 1, p->top_lp = (int)n;
+    }
+    json_t *st = json_object_get(b, "stop");
+    if (st && !json_is_null(st)) {
+        if (json_is_string(st)) {
+            json_t *a = json_array();
+            json_array_append(a, st);
+            st = a;
+        } else if (json_is_array(st)) {
+            json_incref(st);
+        } else
+            FAIL("stop", "stop must be a string or an array of strings");
+        size_t i;
+        json_t *v;
+        int bad = json_array_size(st) > MAX_STOPS;
+        json_array_foreach(st, i, v) {
+            if (bad || !json_is_string(v) || json_string_length(v) < 1 || json_string_length(v) > MAX_STOP_LEN) {
+                bad = 1;
+                break;
+            }
+            p->stops[p->n_stops++] = strdup(json_string_value(v));
+        }
+        json_decref(st);
+        if (bad) FAIL("stop", "stop: at most %d non-empty strings of at most %d bytes", MAX_STOPS, MAX_STOP_LEN);
+    }
+    if (ib_api_logit_bias(b, S->info->vocab_size, &p->bias, param, msg, msz)) {
+        params_free(p);
+        return -1;
+    }
+#undef FAIL
+    return 0;
+}
+
+/* ib_tokenize_cancel's callback: stop tokenizing for a client that has gone away. */
+static int tok_client_gone(void *c) { return client_gone(c); }
+
+/* Tokenize text into a fresh array; *n gets the count. *rc: 0 ok, -1 out of memory, -2 over
+ * max_prompt, -3 the client left while it ran (nobody to answer). */
+int32_t *tokenize(server *S, struct MHD_Connection *c, const char *text, size_t len, int flags, int *n, int *rc) {
+    int cap = S->o.max_prompt_tokens + 1;
+    int32_t *ids = malloc((size_t)cap * sizeof *ids);
+    *rc = 0;
+    if (!ids) {
+        *rc = -1;
+        return NULL;
+    }
+    int k = ib_tokenize_cancel(S->m, text, len, flags, ids, cap, tok_client_gone, c);
+    if (k < 0) {
+        free(ids);
+        *rc = k == -2 ? -3 : -1;
+        return NULL;
+    }
+    *n = k;
+    if (k > S->o.max_prompt_tokens) *rc = -2;
+    return ids;
+}
+
+#define MAX_MESSAGES 4096
+
+/* The chat messages of a request (chat/completions, or a session's append): msgs must be an array
+ * of 1..MAX_MESSAGES objects, each with a string content and a role among system, developer (taken
+ * as system), user and assistant — exactly, so no role can carry other text (such as a chat
+ * template's markers) into the prompt. On success *out (freed by the caller; its strings belong to
+ * msgs) and *n are set and 0 is returned; -1 with a message in why when invalid; -2 out of memory. */
+int chat_messages(json_t *msgs, ib_chat_msg **out, size_t *n, char *why, size_t wsz) {
+    *out = NULL;
+    *n = 0;
+    if (!json_is_array(msgs) || json_array_size(msgs) < 1) {
+        snprintf(why, wsz, "messages must be a non-empty array");
+        return -1;
+    }
+    size_t nm = json_array_size(msgs);
+    if (nm > MAX_MESSAGES) {
+        snprintf(why, wsz, "messages holds %zu messages, more than the limit of %d", nm, MAX_MESSAGES);
+        return -1;
+    }
+    ib_chat_msg *cm = calloc(nm, sizeof *cm);
+    if (!cm) return -2;
+    for (size_t i = 0; i < nm; i++) {
+        json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role"), *ct = json_object_get(m, "content");
+        if (!json_is_object(m) || !json_is_string(role) || !json_is_string(ct)) {
+            free(cm);
+            snprintf(why, wsz, "messages[%zu] needs a string role and a string content", i);
+            return -1;
+        }
+        const char *r = json_string_value(role);
+        if (strlen(r) != json_string_length(role) ||
+            (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer"))) {
+            free(cm);
+            snprintf(why, wsz, "messages[%zu].role '%.40s' is not system, developer, user or assistant", i, r);
+            return -1;
+        }
+        cm[i].role = strcmp(r, "developer") ? r : "system";
+        cm[i].content = json_string_value(ct);
+    }
+    *out = cm;
+    *n = nm;
+    return 0;
+}
+
+/* 0 when the body names the served model; else the error response has been queued into *r. */
+static int check_model(server *S, struct MHD_Connection *c, json_t *b, enum MHD_Result *r) {
+    json_t *mv = json_object_get(b, "model");
+    if (!mv)
+        *r = send_error(S, c, 400, "invalid_request_error", "missing_required_parameter", "model", "model is required");
+    else if (!json_is_string(mv))
+        *r = BAD("model", "model must be a string");
+    else if (strcmp(json_string_value(mv), S->model_id))
+        *r = send_error(S, c, 404, "invalid_request_error", "model_not_found", "model",
+                        "The model '%s' does not exist (this server serves '%s')", json_string_value(mv), S->model_id);
+    else
+        return 0;
+    return -1;
+}
+
+/* The request-field checks of api_request.c for endpoint ep: unknown or unimplemented fields, then
+ * the rewriting of accepted forms (content parts, top_k -1, a fresh seed). 0 when b may go on; else
+ * the 400 has been queued into *r. */
+int check_request(server *S, struct MHD_Connection *c, json_t *b, ib_api_endpoint ep, enum MHD_Result *r) {
+    const char *param = NULL, *code = "invalid_value";
+    char msg[256];
+    if (ib_api_check_fields(b, ep, &param, &code, msg, sizeof msg) ||
+        ib_api_normalize(b, ep, &param, msg, sizeof msg)) {
+        *r = send_error(S, c, 400, "invalid_request_error", code, param, "%s", msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* Copy p with its own stop strings and bias (gen_new takes a params' stops); -1 when out of memory. */
+static int params_copy(const gen_params *p, gen_params *q) {
+    *q = *p;
+    q->n_stops = 0;
+    memset(&q->bias, 0, sizeof q->bias);
+    for (int i = 0; i < p->n_stops; i++) {
+        if (!(q->stops[i] = strdup(p->stops[i]))) {
+            params_free(q);
+            return -1;
+        }
+        q->n_stops = i + 1;
+    }
+    return 0;
+}
+
+/* POST /v1/completions whose prompt is a list of np prompts (strings, or arrays of token ids): one
+ * generation per prompt with the same parameters, all submitted at once so they batch together (each
+ * in its own session, so each is what it would be alone), answered as one body with choice i for
+ * prompt i and the usage of all. Not streamed (stream: true is refused with a 400). */
+static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection *c, json_t *b, int np, int tidx) {
+    json_t *pr = json_object_get(b, "prompt");
+    if (np > S->o.max_batch + (S->o.max_queue > 0 ? S->o.max_queue : 0))
+        return BAD("prompt", "%d prompts: more than this server runs or queues at once (%d)", np,
+                   S->o.max_batch + (S->o.max_queue > 0 ? S->o.max_queue : 0));
+    gen_params p;
+    const char *param = NULL;
+    char msg[256];
+    if (parse_params(S, b, 0, 16, &p, &param, msg, sizeof msg)) return BAD(param, "%s", msg);
+    if (p.stream) {
+        params_free(&p);
+        return BAD("stream", "stream is not supported with several prompts: send one request per prompt to stream");
+    }
+    gen **gs = calloc((size_t)np, sizeof *gs);
+    if (!gs) {
+        params_free(&p);
+        return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    enum MHD_Result ret = MHD_YES;
+    int failed = 0, ng = 0;
+    for (int i = 0; i < np && !failed; i++) {
+        json_t *pi = json_array_get(pr, (size_t)i);
+        int32_t *ids = NULL;
+        int n_ids = 0, trc = 0;
+        if (json_is_string(pi)) {
+            ids = tokenize(S, c, json_string_value(pi), json_string_length(pi), IB_TOKENIZE_ADD_SPECIAL, &n_ids, &trc);
+        } else {
+            size_t nt = json_array_size(pi);
+            if (nt > (size_t)S->o.max_prompt_tokens) trc = -2;
+            else if (!(ids = malloc(nt * sizeof *ids))) trc = -1;
+            for (size_t k = 0; !trc && k < nt; k++) {
+                json_t *v = json_array_get(pi, k);
+                if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= S->info->vocab_size) {
+                    ret = BAD("prompt", "prompt[%d][%zu] must be a token id in [0, %d)", i, k, S->info->vocab_size);
+                    failed = 1;
+                    break;
+                }
+                ids[k] = (int32_t)json_integer_value(v);
+            }
+            n_ids = (int)nt;
+        }
+        if (failed) {
+            free(ids);
+            break;
+        }
+        const char *why = NULL;
+        if (trc == -1) ret = send_error(S, c, 500, "server_error", NULL, NULL, "tokenization failed"), why = "";
+        else if (trc == -2)
+            ret = send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", "prompt",
+                             "prompt %d has more than this server's limit of %d tokens", i, S->o.max_prompt_tokens),
+            why = "";
+        else if (n_ids < 1)
+            ret = BAD("prompt", "prompt %d is empty", i), why = "";
+        else if ((long)n_ids + p.max_tokens > S->info->max_context)
+            ret = send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
+                             "prompt %d: %d tokens + max_tokens %d exceed the model's context of %d", i, n_ids,
+                             p.max_tokens, S->info->max_context),
+            why = "";
+        if (why) {
+            free(ids);
+            failed = 1;
+            break;
+        }
+        int cap = n_ids + (p.max_tokens > 0 ? p.max_tokens : 1);
+        size_t bytes = (size_t)cap * kv_token_bytes(S);
+        if (inflight_take(S, tidx)) {
+            free(ids);
+            ret = send_error(S, c, 429, "rate_limit_error", "key_request_limit", NULL,
+                             "this API key has its limit of %d requests in flight; retry later", S->key_requests);
+            failed = 1;
+            break;
+        }
+        int mrc = mem_reserve(S, tidx, bytes, 1);
+        if (mrc) {
+            inflight_put(S, tidx);
+            free(ids);
+            ret = mrc == -2 ? send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", NULL,
+                                         "prompt %d needs %zu KV bytes, more than the memory budget of %zu", i, bytes,
+                                         S->o.memory_budget)
+                  : mrc == -3 ? send_error(S, c, 429, "rate_limit_error", "key_memory_quota_exceeded", NULL,
+                                           "this API key's KV quota of %zu bytes is in use; retry later", S->key_kv)
+                              : send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+                                           "the KV memory budget is in use; retry later");
+            failed = 1;
+            break;
+        }
+        ib_session_opts so = {.max_context = cap, .sampling = p.sp, .kv_dtype = S->o.kv_dtype, .backend = S->o.backend};
+        ib_session *s = NULL;
+        ib_error err;
+        gen_params q;
+        gen *g = NULL;
+        if (params_copy(&p, &q) || ib_session_create(S->m, &so, &s, &err) || !(g = gen_new(S, 0, &q))) {
+            if (s) ib_session_free(s);
+            params_free(&q);
+            free(ids);
+            mem_release(S, tidx, bytes);
+            inflight_put(S, tidx);
+            ret = send_error(S, c, 503, "server_error", "out_of_memory", NULL, "cannot create a session now; retry later");
+            failed = 1;
+            break;
+        }
+        params_free(&q);
+        g->own = s;
+        g->reserved = bytes;
+        g->tidx = tidx;
+        g->inflight = 1;
+        g->n_prompt = n_ids;
+        gen_set_prompt(g, ids, n_ids);
+        g->vcap = s->capacity;
+        if (S->info->eos_id >= 0) g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
+        ib_session_set_sampling(s, &p.sp);
+        ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p.max_tokens,
+                           .stop_ids = g->stop_ids, .n_stop = g->n_stop_ids, .want_logprobs = p.want_lp,
+                           .top_logprobs = g->n_top, .group = tidx, .on_event = on_event, .ctx = g,
+                           .logit_bias_ids = p.bias.ids, .logit_bias = p.bias.vals, .n_logit_bias = p.bias.n};
+        g->refs = 2; /* the connection, the scheduler */
+        uint64_t id;
+        if (ib_sched_submit(S->sched, &jb, &id, &err)) {
+            ib_sched_event ev = {.done = 1, .finish = "error"};
+            on_event(g, &ev);
+            gen_unref(g);
+            free(ids);
+            ret = err.code == IB_ERR_STATE
+                      ? send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+                                   "the server is at capacity (%d running, queue full); retry later", S->o.max_batch)
+                      : send_error(S, c, 500, "server_error", NULL, NULL, "%s", err.msg);
+            failed = 1;
+            break;
+        }
+        free(ids);
+        pthread_mutex_lock(&g->mu);
+        g->job = id;
+        pthread_mutex_unlock(&g->mu);
+        gs[ng++] = g;
+    }
+    if (!failed) MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)S->o.timeout_s + 30u);
+    /* wait for every generation (a stop string, the time limit or the client leaving cancels) */
+    double t_end = now_s() + S->o.timeout_s;
+    int gone = 0;
+    for (int i = 0; i < ng; i++) {
+        gen *g = gs[i];
+        pthread_mutex_lock(&g->mu);
+        int cancelled = 0;
+        for (;;) {
+            render(g);
+            if (g->done) break;
+            if (!gone && client_gone(c)) gone = 1;
+            if (failed || g->stopped || gone || now_s() > t_end) {
+                if (!cancelled) ib_sched_cancel(S->sched, g->job);
+                cancelled = 1;
+            }
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            long long ns = ts.tv_nsec + 200000000LL;
+            ts.tv_sec += ns / 1000000000LL;
+            ts.tv_nsec = ns % 1000000000LL;
+            pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+        }
+        pthread_mutex_unlock(&g->mu);
+    }
+    if (!failed) {
+        json_t *choices = json_array();
+        long long pt = 0, ct = 0;
+        const char *bad = NULL;
+        for (int i = 0; i < ng; i++) {
+            gen *g = gs[i];
+            pthread_mutex_lock(&g->mu);
+            if (!strcmp(g->finish, "error")) bad = "error";
+            else if (!strcmp(g->finish, "cancelled") && !g->stopped && !bad) bad = "cancelled";
+            json_t *one = final_json(g);
+            pthread_mutex_unlock(&g->mu);
+            json_t *ch = json_incref(json_array_get(json_object_get(one, "choices"), 0));
+            json_object_set_new(ch, "index", json_integer(i));
+            json_object_set(ch, "verification", json_object_get(one, "verification")); /* one record per prompt */
+            json_array_append_new(choices, ch);
+            pt += g->n_prompt;
+            ct += g->n;
+            json_decref(one);
+        }
+        if (gone) {
+            json_decref(choices);
+            ret = MHD_NO;
+        } else if (bad) {
+            json_decref(choices);
+            ret = !strcmp(bad, "error") ? send_error(S, c, 500, "server_error", NULL, NULL, "generation failed")
+                                        : send_error(S, c, 504, "server_error", "timeout", NULL,
+                                                     "generation cancelled (time limit or shutdown)");
+        } else {
+            json_t *j = envelope(gs[0], "text_completion");
+            json_object_set_new(j, "choices", choices);
+            json_t *u = json_object();
+            json_object_set_new(u, "prompt_tokens", json_integer(pt));
+            json_object_set_new(u, "completion_tokens", json_integer(ct));
+            json_object_set_new(u, "total_tokens", json_integer(pt + ct));
+            json_object_set_new(j, "usage", u);
+            ret = send_json(S, c, 200, j, 0);
+        }
+    }
+    for (int i = 0; i < ng; i++) gen_unref(gs[i]);
+    free(gs);
+    params_free(&p);
+    return ret;
+}
+
+/* POST /v1/completions and /v1/chat/completions. */
+enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, int chat, int tidx) {
+    enum MHD_Result mr;
+    if (check_model(S, c, b, &mr)) return mr;
+    if (check_request(S, c, b, chat ? IB_API_CHAT : IB_API_COMPLETIONS, &mr)) return mr;
+    if (!chat) {
+        char pmsg[256];
+        int np = ib_api_prompt_count(json_object_get(b, "prompt"), pmsg, sizeof pmsg);
+        if (np < 0) return BAD("prompt", "%s", pmsg);
+        if (np > 0) return handle_completions_multi(S, c, b, np, tidx);
+    }
+    int32_t *ids = NULL;
+    int n_ids = 0, trc = 0;
+    if (chat) {
+        json_t *msgs = json_object_get(b, "messages");
+        ib_chat_msg *cm = NULL;
+        size_t nm = 0;
+        char why[256];
+        int mrc = chat_messages(msgs, &cm, &nm, why, sizeof why);
+        if (mrc == -2) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
+        if (mrc) return BAD("messages", "%s", why);
+        int flags = IB_CHAT_GENERATION_PROMPT, think = 1;
+        int given = get_bool(b, "enable_thinking", &think);
+        if (given < 0) {
+            free(cm);
+            return BAD("enable_thinking", "enable_thinking must be a boolean");
+        }
+        if (!think) flags |= IB_CHAT_NO_THINKING;
+        else if (given) flags |= IB_CHAT_THINKING;   /* asked for: Gemma 4 thinks only then */
+        long need = ib_chat_format(S->m, cm, (int)nm, flags, NULL, 0);
+        if (need < 0) {
+            free(cm);
+            return BAD("messages", "this model has no chat format, or its format refuses these roles "
+                                   "(Gemma 2/3: user and assistant turns must alternate)");
+        }
+        char *text = malloc((size_t)need + 1);
+        if (!text) {
+            free(cm);
+            return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
+        }
+        ib_chat_format(S->m, cm, (int)nm, flags, text, (size_t)need + 1);
+        free(cm);
+        ids = tokenize(S, c, text, (size_t)need, 0, &n_ids, &trc);
+        free(text);
+    } else {
+        json_t *pr = json_object_get(b, "prompt");
+        if (json_is_array(pr) && json_array_size(pr) == 1 && json_is_string(json_array_get(pr, 0)))
+            pr = json_array_get(pr, 0);
+        if (json_is_string(pr)) {
+            ids = tokenize(S, c, json_string_value(pr), json_string_length(pr), IB_TOKENIZE_ADD_SPECIAL, &n_ids, &trc);
+        } else if (json_is_array(pr) && json_array_size(pr) > 0) {
+            size_t np = json_array_size(pr);
+            if (np > (size_t)S->o.max_prompt_tokens) {
+                trc = -2;
+                n_ids = (int)(np < 1u << 30 ? np : 1u << 30);
+            } else {
+                ids = malloc(np * sizeof *ids);
+                if (!ids) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
+                for (size_t i = 0; i < np; i++) {
+                    json_t *v = json_array_get(pr, i);
+                    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= S->info->vocab_size) {
+                        free(ids);
+                        return BAD("prompt", "prompt[%zu] must be a token id in [0, %d)", i, S->info->vocab_size);
+                    }
+                    ids[i] = (int32_t)json_integer_value(v);
+                }
+                n_ids = (int)np;
+            }
+        } else
+            return BAD("prompt", "prompt must be a string, a non-empty array of token ids, or a list of prompts "
+                                 "(strings or arrays of token ids)");
+    }
+    if (trc == -3) return MHD_NO; /* the client left while its text was tokenized: close */
+    if (trc == -1) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory while tokenizing; retry later");
+    if (trc == -2) {
+        free(ids);
+        return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt",
+                          "the prompt has more than this server's limit of %d tokens", S->o.max_prompt_tokens);
+    }
+    if (n_ids < 1) {
+        free(ids);
+        return BAD(chat ? "messages" : "prompt", "the prompt is empty");
+    }
+    gen_params p;
+    const char *param = NULL;
+    char msg[256];
+    int room = S->info->max_context - n_ids;
+    int def = chat ? (room < S->o.max_tokens ? room : S->o.max_tokens) : 16;
+    if (def < 0) def = 0;
+    if (parse_params(S, b, chat, def, &p, &param, msg, sizeof msg)) {
+        free(ids);
+        return BAD(param, "%s", msg);
+    }
+    if ((long)n_ids + p.max_tokens > S->info->max_context) {
+        free(ids);
+        params_free(&p);
+        return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
+                          "%d prompt tokens + max_tokens %d exceed the model's context of %d", n_ids, p.max_tokens,
+                          S->info->max_context);
+    }
+    int cap = n_ids + (p.max_tokens > 0 ? p.max_tokens : 1);
+    size_t bytes = (size_t)cap * kv_token_bytes(S);
+    if (inflight_take(S, tidx)) {
+        free(ids);
+        params_free(&p);
+        return send_error(S, c, 429, "rate_limit_error", "key_request_limit", NULL,
+                          "this API key has its limit of %d requests in flight; retry later", S->key_requests);
+    }
+    int mrc = mem_reserve(S, tidx, bytes, 1);
+    if (mrc) {
+        inflight_put(S, tidx);
+        free(ids);
+        params_free(&p);
+        if (mrc == -2)
+            return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", NULL,
+                              "this request needs %zu KV bytes, more than the memory budget of %zu (%zu per key)", bytes,
+                              S->o.memory_budget, S->key_kv ? S->key_kv : S->o.memory_budget);
+        if (mrc == -3)
+            return send_error(S, c, 429, "rate_limit_error", "key_memory_quota_exceeded", NULL,
+                              "this API key's KV quota of %zu bytes is in use; retry later", S->key_kv);
+        return send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+                          "the KV memory budget is in use; retry later");
+    }
+    ib_session_opts so = {.max_context = cap, .sampling = p.sp, .kv_dtype = S->o.kv_dtype,
+                          .backend = S->o.backend};
+    ib_session *s;
+    ib_error err;
+    gen *g = NULL;
+    s = NULL;
+    if (ib_session_create(S->m, &so, &s, &err) || !(g = gen_new(S, chat, &p))) {
+        ib_session_free(s);
+        free(ids);
+        params_free(&p);
+        mem_release(S, tidx, bytes);
+        inflight_put(S, tidx);
+        return send_error(S, c, 503, "server_error", "out_of_memory", NULL,
+                          "cannot allocate %zu KV bytes for this request now; retry later", bytes);
+    }
+    g->own = s;
+    g->reserved = bytes;
+    g->tidx = tidx;
+    g->inflight = 1;
+    g->n_prompt = n_ids;
+    gen_set_prompt(g, ids, n_ids);
+    if (chat)
+        g->n_stop_ids = ib_chat_stop_ids(S->m, g->stop_ids, MAX_STOP_IDS);
+    else if (S->info->eos_id >= 0)
+        g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
+    /* response_format json_object / json_schema (checked by ib_api_check_fields; json_constraint.c) */
+    if ((g->want_json = chat ? ib_json_setup(&g->json, json_object_get(b, "response_format")) : 0) < 0) {
+        ib_sched_event ev = {.done = 1, .finish = "error"}; /* undo as run_gen's failure does (g's one ref) */
+        on_event(g, &ev);
+        free(ids);
+        params_free(&p);
+        return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory for the schema; retry later");
+    }
+    enum MHD_Result r = run_gen(S, c, g, s, ids, n_ids, &p);
+    free(ids);
+    params_free(&p);
+    return r;
+}
