@@ -6,6 +6,11 @@
 #   make_prompts             $PF: ten prompts of 1..150 bytes; $T/prompts.rev: the same, reversed
 #   gen M FLAGS...           generate --json for every prompt of $PF on model M
 #   unindex FILE...          --json lines without their "index" field (to compare reordered runs)
+#   invariance M KV MODE     on model dir $T/M with KV type KV, greedy or seeded (MODE): the batchings,
+#                            thread counts, prefill chunks, ISA and reversed order of $PF each equal the
+#                            serialized scalar run (--batch 1 --threads 1 --isa scalar)
+#   fault_breaks M FAULT "REF FLAGS" "VARIATION FLAGS" [reversed]
+#                            the same comparison with FAULT injected in both runs must differ
 
 ref_python() {
     PY=""
@@ -39,3 +44,35 @@ make_prompts() {
 
 gen() { local m=$1; shift; "$BIN" generate -m "$m" --prompts-file "$PF" -n 8 --ignore-eos --json "$@" 2>"$T/gen.err"; }
 unindex() { sed -E 's/^\{"index":[0-9]+,/{/' "$@"; }
+
+SAMPLING=(--temp 0.9 --top-k 50 --top-p 0.95 --seed 7)
+
+invariance() {
+    local m=$1 kv=$2 mode=$3 flags S
+    S=(--kv-dtype "$kv"); [ "$mode" = seeded ] && S+=("${SAMPLING[@]}")
+    gen "$T/$m" --batch 1 --threads 1 --isa scalar "${S[@]}" > "$T/ref" && [ "$(wc -l < "$T/ref")" = 10 ] \
+        && ok || { bad "$m $kv $mode: reference run: $(cat "$T/gen.err")"; return; }
+    for flags in "--batch 3" "--batch 10" "--batch 4 --threads 2" "--batch 3 --prefill-chunk 1" \
+                 "--batch 3 --prefill-chunk 7" "--batch 5 --prefill-chunk whole --threads 2" "--isa auto --batch 6"; do
+        # shellcheck disable=SC2086
+        gen "$T/$m" $flags "${S[@]}" | cmp -s "$T/ref" - && ok || bad "$m $kv $mode: $flags differs from --batch 1"
+    done
+    "$BIN" generate -m "$T/$m" --prompts-file "$T/prompts.rev" -n 8 --ignore-eos --json --batch 8 "${S[@]}" \
+        2>/dev/null | tac | unindex | cmp -s <(unindex "$T/ref") - && ok || bad "$m $kv $mode: reversed order differs"
+}
+
+fault_breaks() {
+    local m=$1 f=$2 rf=$3 vf=$4
+    # shellcheck disable=SC2086
+    gen "$T/$m" --inject "$f" $rf > "$T/fref" || { bad "--inject $f: reference run failed: $(cat "$T/gen.err")"; return; }
+    if [ "${5:-}" = reversed ]; then
+        # shellcheck disable=SC2086
+        "$BIN" generate -m "$T/$m" --prompts-file "$T/prompts.rev" -n 8 --ignore-eos --json --inject "$f" $vf \
+            2>/dev/null | tac | unindex > "$T/fout"
+        unindex "$T/fref" > "$T/fref2"; mv "$T/fref2" "$T/fref"
+    else
+        # shellcheck disable=SC2086
+        gen "$T/$m" --inject "$f" $vf > "$T/fout"
+    fi
+    [ -s "$T/fout" ] && ! cmp -s "$T/fref" "$T/fout" && ok || bad "$m --inject $f: '$vf' still equals '$rf'"
+}

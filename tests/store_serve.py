@@ -24,8 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import harness
 from harness import ok, bad, check, finish, procs
@@ -61,17 +59,8 @@ class Server:
         self.url = "http://127.0.0.1:%d" % int(open(port_file).read())
 
     def req(self, method, path, body=None, timeout=60):
-        data = json.dumps(body).encode() if body is not None else None
-        r = urllib.request.Request(self.url + path, data=data, method=method,
-                                   headers={"Authorization": "Bearer " + KEY, "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(r, timeout=timeout) as f:
-                return f.status, json.loads(f.read())
-        except urllib.error.HTTPError as e:
-            try:
-                return e.code, json.loads(e.read())
-            except Exception:
-                return e.code, None
+        return harness.http_json(self.url, method, path, body, headers={"Authorization": "Bearer " + KEY},
+                                 timeout=timeout)
 
     def kill9(self):
         self.p.send_signal(signal.SIGKILL)

@@ -37,21 +37,11 @@ fi
 
 # ---- invariance: every --json line equal to the serialized scalar run
 make_prompts
-SAMPLING=(--temp 0.9 --top-k 50 --top-p 0.95 --seed 7)
 for m in m32 m4 k3; do
     for kv in f32 f16; do
         for mode in greedy seeded; do
             [ $m != m4 ] && [ $kv = f16 ] && continue
-            S=(--kv-dtype $kv); [ $mode = seeded ] && S+=("${SAMPLING[@]}")
-            gen "$T/$m" --batch 1 --threads 1 --isa scalar "${S[@]}" > "$T/ref" && [ "$(wc -l < "$T/ref")" = 10 ] \
-                && ok || { bad "$m $kv $mode: reference run: $(cat "$T/gen.err")"; continue; }
-            for flags in "--batch 3" "--batch 10" "--batch 4 --threads 2" "--batch 3 --prefill-chunk 1" \
-                         "--batch 3 --prefill-chunk 7" "--batch 5 --prefill-chunk whole --threads 2" "--isa auto --batch 6"; do
-                # shellcheck disable=SC2086
-                gen "$T/$m" $flags "${S[@]}" | cmp -s "$T/ref" - && ok || bad "$m $kv $mode: $flags differs from --batch 1"
-            done
-            "$BIN" generate -m "$T/$m" --prompts-file "$T/prompts.rev" -n 8 --ignore-eos --json --batch 8 "${S[@]}" \
-                2>/dev/null | tac | unindex | cmp -s <(unindex "$T/ref") - && ok || bad "$m $kv $mode: reversed order differs"
+            invariance "$m" "$kv" "$mode"
         done
     done
 done
@@ -59,21 +49,6 @@ gen "$T/m4" --act f32 --batch 1 > "$T/a" && gen "$T/m4" --act f32 --batch 7 --th
     && ok || bad "m4 --act f32: batch 7 differs from batch 1"
 
 # ---- the MoE faults: each comparison fails when both of its runs carry the fault
-fault_breaks() {   # fault_breaks MODEL FAULT "REFERENCE FLAGS" "VARIATION FLAGS" [reversed]
-    local m=$1 f=$2 rf=$3 vf=$4
-    # shellcheck disable=SC2086
-    gen "$T/$m" --inject "$f" $rf > "$T/fref" || { bad "--inject $f: reference run failed: $(cat "$T/gen.err")"; return; }
-    if [ "${5:-}" = reversed ]; then
-        # shellcheck disable=SC2086
-        "$BIN" generate -m "$T/$m" --prompts-file "$T/prompts.rev" -n 8 --ignore-eos --json --inject "$f" $vf \
-            2>/dev/null | tac | unindex > "$T/fout"
-        unindex "$T/fref" > "$T/fref2"; mv "$T/fref2" "$T/fref"
-    else
-        # shellcheck disable=SC2086
-        gen "$T/$m" --inject "$f" $vf > "$T/fout"
-    fi
-    [ -s "$T/fout" ] && ! cmp -s "$T/fref" "$T/fout" && ok || bad "$m --inject $f: '$vf' still equals '$rf'"
-}
 REF1="--batch 1 --threads 1 --isa scalar"
 for m in m32 m4 k3; do
     fault_breaks $m moe-capacity "$REF1" "--batch 8"
