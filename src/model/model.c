@@ -382,8 +382,8 @@ static void fill_info(ib_model *m, const ib_st_set *st) {
         for (int e = 0; e < c->n_experts; e++)
             wb += matrix_bytes(&l->e_gate[e]) + matrix_bytes(&l->e_up[e]) + matrix_bytes(&l->e_down[e]);
     }
+    if (c->arch == IB_ARCH_GEMMA4) wb += (size_t)c->n_layers * (2 * D + 4) * 4; /* post-norms, layer scalar */
     in->weight_bytes = wb;
-    if (c->arch == IB_ARCH_GEMMA4) wb += (size_t)c->n_layers * (2 * D + 4) * 4;
     in->kv_bytes_per_token = (size_t)c->n_layers * 2 * c->kv_heads_max * c->kv_hd_max * sizeof(float);
     in->n_experts = c->n_experts;
     in->top_k = c->top_k;
