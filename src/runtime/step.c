@@ -83,6 +83,35 @@ static ib_status validate(ib_engine *e, ib_step_item *items, int n, int *R_out, 
     return IB_OK;
 }
 
+/* The products every layer sequence shares (the selector arrays are static: a backend may read them
+ * after enqueueing). q, k (and v when n = 3) from the normed input. */
+static void qkv_proj(ib_backend *be, int li, int n) {
+    static const ib_wsel ws[3] = {IB_W_Q, IB_W_K, IB_W_V};
+    static const ib_buf ys[3] = {IB_BUF_Q, IB_BUF_K, IB_BUF_V};
+    be->ops->linear(be, li, n, ws, IB_BUF_XN, ys);
+}
+
+/* The attention output projection: ATT -> O. */
+static void out_proj(ib_backend *be, int li) {
+    static const ib_wsel w = IB_W_O;
+    static const ib_buf y = IB_BUF_O;
+    be->ops->linear(be, li, 1, &w, IB_BUF_ATT, &y);
+}
+
+/* The MLP's gate and up products from the normed input: XN -> G, U. */
+static void gate_up_proj(ib_backend *be, int li) {
+    static const ib_wsel ws[2] = {IB_W_GATE, IB_W_UP};
+    static const ib_buf ys[2] = {IB_BUF_G, IB_BUF_U};
+    be->ops->linear(be, li, 2, ws, IB_BUF_XN, ys);
+}
+
+/* The MLP's down product: G -> O. */
+static void down_proj(ib_backend *be, int li) {
+    static const ib_wsel w = IB_W_DOWN;
+    static const ib_buf y = IB_BUF_O;
+    be->ops->linear(be, li, 1, &w, IB_BUF_G, &y);
+}
+
 /* The layers of Qwen3 and Llama: pre-norm attention and SwiGLU MLP, each added to the residual. */
 static void layers_qwen_llama(ib_engine *e, int R) {
     const ib_config *c = &e->model->cfg;
@@ -95,11 +124,7 @@ static void layers_qwen_llama(ib_engine *e, int R) {
         CAPTURE(li, "layer_in", IB_BUF_X, D);
         ops->rmsnorm(be, IB_BUF_X, IB_N_ATTN, li, IB_BUF_XN);
         CAPTURE(li, "attn_norm", IB_BUF_XN, D);
-        {
-            static const ib_wsel ws[3] = {IB_W_Q, IB_W_K, IB_W_V};
-            static const ib_buf ys[3] = {IB_BUF_Q, IB_BUF_K, IB_BUF_V};
-            ops->linear(be, li, 3, ws, IB_BUF_XN, ys);
-        }
+        qkv_proj(be, li, 3);
         CAPTURE(li, "q_proj", IB_BUF_Q, H * hd);
         CAPTURE(li, "k_proj", IB_BUF_K, KVH * hd);
         CAPTURE(li, "v", IB_BUF_V, KVH * hd);
@@ -118,30 +143,18 @@ static void layers_qwen_llama(ib_engine *e, int R) {
         CAPTURE(li, "k", IB_BUF_K, KVH * hd);
         ops->attention(be, li);
         CAPTURE(li, "attn_out", IB_BUF_ATT, H * hd);
-        {
-            static const ib_wsel wo = IB_W_O;
-            static const ib_buf yo = IB_BUF_O;
-            ops->linear(be, li, 1, &wo, IB_BUF_ATT, &yo);
-        }
+        out_proj(be, li);
         CAPTURE(li, "attn_proj", IB_BUF_O, D);
         ops->add(be, IB_BUF_X, IB_BUF_O);
         /* MLP */
         ops->rmsnorm(be, IB_BUF_X, IB_N_MLP, li, IB_BUF_XN);
         CAPTURE(li, "mlp_norm", IB_BUF_XN, D);
-        {
-            static const ib_wsel ws[2] = {IB_W_GATE, IB_W_UP};
-            static const ib_buf ys[2] = {IB_BUF_G, IB_BUF_U};
-            ops->linear(be, li, 2, ws, IB_BUF_XN, ys);
-        }
+        gate_up_proj(be, li);
         CAPTURE(li, "gate", IB_BUF_G, F);
         CAPTURE(li, "up", IB_BUF_U, F);
         ops->swiglu(be);
         CAPTURE(li, "mlp_act", IB_BUF_G, F);
-        {
-            static const ib_wsel wd = IB_W_DOWN;
-            static const ib_buf yd = IB_BUF_O;
-            ops->linear(be, li, 1, &wd, IB_BUF_G, &yd);
-        }
+        down_proj(be, li);
         CAPTURE(li, "mlp_out", IB_BUF_O, D);
         ops->add(be, IB_BUF_X, IB_BUF_O);
         CAPTURE(li, "layer_out", IB_BUF_X, D);
@@ -163,11 +176,7 @@ static void layers_gemma4(ib_engine *e, int R) {
         CAPTURE(li, "layer_in", IB_BUF_X, D);
         ops->rmsnorm(be, IB_BUF_X, IB_N_ATTN, li, IB_BUF_XN);
         CAPTURE(li, "attn_norm", IB_BUF_XN, D);
-        {
-            static const ib_wsel ws[3] = {IB_W_Q, IB_W_K, IB_W_V};
-            static const ib_buf ys[3] = {IB_BUF_Q, IB_BUF_K, IB_BUF_V};
-            ops->linear(be, li, has_v ? 3 : 2, ws, IB_BUF_XN, ys);
-        }
+        qkv_proj(be, li, has_v ? 3 : 2);
         CAPTURE(li, "q_proj", IB_BUF_Q, H * hd);
         CAPTURE(li, "k_proj", IB_BUF_K, KVH * hd);
         if (e->capture) {
@@ -183,31 +192,19 @@ static void layers_gemma4(ib_engine *e, int R) {
         CAPTURE(li, "k", IB_BUF_K, KVH * hd);
         ops->attention(be, li);
         CAPTURE(li, "attn_out", IB_BUF_ATT, H * hd);
-        {
-            static const ib_wsel wo = IB_W_O;
-            static const ib_buf yo = IB_BUF_O;
-            ops->linear(be, li, 1, &wo, IB_BUF_ATT, &yo);
-        }
+        out_proj(be, li);
         CAPTURE(li, "attn_proj", IB_BUF_O, D);
         ops->rmsnorm(be, IB_BUF_O, IB_N_POST_ATTN, li, IB_BUF_O);
         CAPTURE(li, "post_attn_norm", IB_BUF_O, D);
         ops->add(be, IB_BUF_X, IB_BUF_O);
         ops->rmsnorm(be, IB_BUF_X, IB_N_MLP, li, IB_BUF_XN);
         CAPTURE(li, "mlp_norm", IB_BUF_XN, D);
-        {
-            static const ib_wsel ws[2] = {IB_W_GATE, IB_W_UP};
-            static const ib_buf ys[2] = {IB_BUF_G, IB_BUF_U};
-            ops->linear(be, li, 2, ws, IB_BUF_XN, ys);
-        }
+        gate_up_proj(be, li);
         CAPTURE(li, "gate", IB_BUF_G, F);
         CAPTURE(li, "up", IB_BUF_U, F);
         ops->geglu(be);
         CAPTURE(li, "mlp_act", IB_BUF_G, F);
-        {
-            static const ib_wsel wd = IB_W_DOWN;
-            static const ib_buf yd = IB_BUF_O;
-            ops->linear(be, li, 1, &wd, IB_BUF_G, &yd);
-        }
+        down_proj(be, li);
         CAPTURE(li, "mlp_out", IB_BUF_O, D);
         if (c->n_experts > 0) { /* the MoE block: dense and routed outputs, each normed, summed */
             ops->rmsnorm(be, IB_BUF_O, IB_N_POST_MLP1, li, IB_BUF_O);
