@@ -67,6 +67,12 @@ int ib_api_prompt_count(json_t *prompt, char *msg, size_t msz);
 
 /* ------------------------------------------------------------------ tokens and models (api_tokens.c) */
 
+/* The chat-formatted text of messages cm[nm] with flags (IB_CHAT_*), as a new string in *out and its
+ * length in *len: 0; -1 with a message (param "messages") when the model has no chat format or its
+ * format refuses these roles; -2 when memory runs out. */
+int ib_api_chat_text(const ib_model *m, const ib_chat_msg *cm, int nm, int flags, char **out, long *len,
+                     const char **param, char *msg, size_t msz);
+
 /* POST /tokenize: {"content" | "prompt": text, "add_special": bool, "with_pieces": bool} or
  * {"messages": [...], "add_generation_prompt": bool} -> {"tokens": [...], "count", "max_model_len"}
  * (with_pieces: tokens are {"id", "piece"} objects). At most max_tokens tokens. *out is the body. */

@@ -51,17 +51,20 @@ static int format_messages(const ib_model *m, json_t *msgs, int gen_prompt, char
         cm[i].role = json_string_value(role);
         cm[i].content = json_string_value(ct);
     }
-    int flags = gen_prompt ? IB_CHAT_GENERATION_PROMPT : 0;
-    long need = ib_chat_format(m, cm, (int)nm, flags, NULL, 0);
-    char *t = need >= 0 ? malloc((size_t)need + 1) : NULL;
-    if (!t) {
-        free(cm);
-        return ib_api_failf(param, "messages", msg, msz, need < 0 ? "this model has no chat format, or its format refuses these roles "
-                                                               "(Gemma 2/3: user and assistant turns must alternate)"
-                                                             : "out of memory");
-    }
-    ib_chat_format(m, cm, (int)nm, flags, t, (size_t)need + 1);
+    int rc = ib_api_chat_text(m, cm, (int)nm, gen_prompt ? IB_CHAT_GENERATION_PROMPT : 0, out, len, param, msg, msz);
     free(cm);
+    return rc == -2 ? ib_api_failf(param, NULL, msg, msz, "out of memory") : rc;
+}
+
+int ib_api_chat_text(const ib_model *m, const ib_chat_msg *cm, int nm, int flags, char **out, long *len,
+                     const char **param, char *msg, size_t msz) {
+    long need = ib_chat_format(m, cm, nm, flags, NULL, 0);
+    if (need < 0)
+        return ib_api_failf(param, "messages", msg, msz, "this model has no chat format, or its format refuses these "
+                                                         "roles (Gemma 2/3: user and assistant turns must alternate)");
+    char *t = malloc((size_t)need + 1);
+    if (!t) return -2;
+    ib_chat_format(m, cm, nm, flags, t, (size_t)need + 1);
     *out = t;
     *len = need;
     return 0;

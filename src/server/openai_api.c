@@ -189,6 +189,21 @@ int chat_messages(json_t *msgs, ib_chat_msg **out, size_t *n, char *why, size_t 
     return 0;
 }
 
+int chat_ids(server *S, struct MHD_Connection *c, ib_chat_msg *cm, size_t nm, int flags, int32_t **ids, int *n,
+             int *trc, enum MHD_Result *r) {
+    char *text = NULL, msg[256];
+    long len = 0;
+    const char *param = NULL;
+    int rc = ib_api_chat_text(S->m, cm, (int)nm, flags, &text, &len, &param, msg, sizeof msg);
+    free(cm);
+    if (rc == -2) *r = send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
+    else if (rc) *r = BAD(param, "%s", msg);
+    if (rc) return 1;
+    *ids = tokenize(S, c, text, (size_t)len, 0, n, trc);
+    free(text);
+    return 0;
+}
+
 /* 0 when the body names the served model; else the error response has been queued into *r. */
 static int check_model(server *S, struct MHD_Connection *c, json_t *b, enum MHD_Result *r) {
     json_t *mv = json_object_get(b, "model");
@@ -470,21 +485,8 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
         }
         if (!think) flags |= IB_CHAT_NO_THINKING;
         else if (given) flags |= IB_CHAT_THINKING;   /* asked for: Gemma 4 thinks only then */
-        long need = ib_chat_format(S->m, cm, (int)nm, flags, NULL, 0);
-        if (need < 0) {
-            free(cm);
-            return BAD("messages", "this model has no chat format, or its format refuses these roles "
-                                   "(Gemma 2/3: user and assistant turns must alternate)");
-        }
-        char *text = malloc((size_t)need + 1);
-        if (!text) {
-            free(cm);
-            return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
-        }
-        ib_chat_format(S->m, cm, (int)nm, flags, text, (size_t)need + 1);
-        free(cm);
-        ids = tokenize(S, c, text, (size_t)need, 0, &n_ids, &trc);
-        free(text);
+        enum MHD_Result r;
+        if (chat_ids(S, c, cm, nm, flags, &ids, &n_ids, &trc, &r)) return r;
     } else {
         json_t *pr = json_object_get(b, "prompt");
         if (json_is_array(pr) && json_array_size(pr) == 1 && json_is_string(json_array_get(pr, 0)))

@@ -248,6 +248,10 @@ int parse_params(server *S, json_t *b, int chat, int default_max, gen_params *p,
                  char *msg, size_t msz);
 int32_t *tokenize(server *S, struct MHD_Connection *c, const char *text, size_t len, int flags, int *n, int *rc);
 int chat_messages(json_t *msgs, ib_chat_msg **out, size_t *n, char *why, size_t wsz);
+/* Format messages cm[nm] (freed here) with flags and tokenize them into *ids and *n (*trc as tokenize's
+ * rc): 0; or 1 with the error answer (400 no chat format / refused roles, 503 out of memory) in *r. */
+int chat_ids(server *S, struct MHD_Connection *c, ib_chat_msg *cm, size_t nm, int flags, int32_t **ids, int *n,
+             int *trc, enum MHD_Result *r);
 int check_request(server *S, struct MHD_Connection *c, json_t *b, ib_api_endpoint ep, enum MHD_Result *r);
 enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, int chat, int tidx);
 

@@ -203,17 +203,8 @@ enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c, sess 
             free(cm);
             return BAD("add_generation_prompt", "add_generation_prompt must be a boolean");
         }
-        long need = ib_chat_format(S->m, cm, (int)nm, gp ? IB_CHAT_GENERATION_PROMPT : 0, NULL, 0);
-        char *t = need >= 0 ? malloc((size_t)need + 1) : NULL;
-        if (!t) {
-            free(cm);
-            return BAD("messages", "this model has no chat format, or its format refuses these roles "
-                                   "(Gemma 2/3: user and assistant turns must alternate)");
-        }
-        ib_chat_format(S->m, cm, (int)nm, gp ? IB_CHAT_GENERATION_PROMPT : 0, t, (size_t)need + 1);
-        free(cm);
-        ids = tokenize(S, c, t, (size_t)need, 0, &n, &trc);
-        free(t);
+        enum MHD_Result r;
+        if (chat_ids(S, c, cm, nm, gp ? IB_CHAT_GENERATION_PROMPT : 0, &ids, &n, &trc, &r)) return r;
     } else if (json_is_array(toks)) {
         size_t nt = json_array_size(toks);
         if (nt > (size_t)S->o.max_prompt_tokens) trc = -2;
