@@ -249,12 +249,14 @@ enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c, sess 
         if (rc) {
             pthread_mutex_unlock(&S->mu);
             free(ids);
-            if (err.code == IB_ERR_STATE && strstr(err.msg, "but it holds")) {
-                /* the stored history moved on: another server sharing the store wrote to this session.
-                 * Forget the copy in memory; the next request loads what the store holds. */
+            if (err.code == IB_ERR_STATE) {
+                /* the store refused the append at this position (store.h: another server sharing the store
+                 * wrote to the session, or held its lock past the wait): the copy in memory may be stale.
+                 * Forget it; the retried request loads what the store holds. */
                 sess_evict(S, ss);
                 return send_error(S, c, 409, "invalid_request_error", "session_changed", NULL,
-                                  "the session was changed by another server sharing the store; retry: %s", err.msg);
+                                  "the session's stored history moved on or is locked by another server; retry: %s",
+                                  err.msg);
             }
             return send_error(S, c, 503, "server_error", "store_error", NULL, "the tokens could not be stored: %s", err.msg);
         }
