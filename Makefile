@@ -212,7 +212,7 @@ fuzz: fuzz-build
 clean:
 	rm -rf build build-asan build-fuzz
 
--include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_BIN:=.d) $(HELPER_BIN:=.d) $(EX_BIN:=.d)
+-include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_BIN:=.d) $(HELPER_BIN:=.d) $(EX_BIN:=.d) $(FUZZ_OBJ:.o=.d) $(FUZZ_BIN:=.d)
 
 # ---- the linkable library: shared library, pkg-config file, install (rules kept apart from the build above)
 # The version comes from include/isobatch.h (IB_VERSION_*), its one home. The library's objects are
