@@ -1,15 +1,14 @@
 /*
  * cmd_serve.c — `isobatch serve`: the OpenAI-compatible HTTP server (src/server/, docs/server.md).
  */
-#include <errno.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "serve_store.h"
 #include "server/server.h"
 
 static const char help[] =
@@ -56,12 +55,13 @@ static const char help[] =
     "  --no-request-log       do not log one line per request on stderr (id, method, path, status, ms)\n"
     "  --drain-timeout S      on SIGTERM/SIGINT: stop accepting, let generations in flight finish for up\n"
     "                         to S seconds, then end the rest (default 30)\n"
-    "  --store URI            keep stateful sessions in a store, so they survive a restart: sqlite:PATH\n"
+    "  --store URI            where stateful sessions are kept, so they survive a restart: sqlite:PATH\n"
     "                         (an SQLite file, created when absent), postgresql://USER@HOST:PORT/DB (a\n"
-    "                         PostgreSQL database several servers share), or none (the default without\n"
-    "                         --data-dir: sessions live in memory only)\n"
-    "  --data-dir DIR         the server's data directory: the store is sqlite:DIR/sessions.db unless\n"
-    "                         --store says otherwise (DIR is created when absent)\n"
+    "                         PostgreSQL database several servers share), or none (memory only: a\n"
+    "                         restart loses them). Default: sqlite:DATA_DIR/sessions.db\n"
+    "  --data-dir DIR         the data directory, where the default store lives; default\n"
+    "                         $ISOBATCH_DATA_DIR, else $XDG_DATA_HOME/isobatch, else\n"
+    "                         ~/.local/share/isobatch (created, mode 0700, when the default store is used)\n"
     "  --inject FAULT         tests only: serve with a deliberate invariance bug (see generate --help)\n"
     "  --token-delay-ms N     tests only: sleep N ms on each generated token (a slow model)\n";
 
@@ -90,7 +90,9 @@ int cmd_serve(int argc, char **argv) {
     if (threads < 1) threads = 1;
     const char *keys[64];
     int nk = 0, rc = 0;
-    const char *dir = NULL, *store = NULL, *data_dir = NULL;
+    const char *dir = NULL, *data_dir = NULL;
+    serve_store store;
+    int store_given = 0;
     long port = o.port, batch = o.max_batch, chunk = o.prefill_chunk, queue = o.max_queue, sessions = o.max_sessions,
          sctx = o.session_context, maxp = o.max_prompt_tokens, maxt = o.max_tokens, conns = o.max_connections,
          tmo = o.timeout_s, idle = o.idle_timeout_s, rto = o.request_timeout_s,
@@ -108,10 +110,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(f, "--port-file")) rc = VAL() ? (o.port_file = v, 0) : 2;
         else if (!strcmp(f, "--store")) {
             if (!VAL()) rc = 2;
-            else if (strcmp(v, "none") && strncmp(v, "sqlite:", 7) && strncmp(v, "postgresql://", 13) &&
-                     strncmp(v, "postgres://", 11))
-                rc = cli_usage_error("--store: '%s' is not sqlite:PATH, postgresql://... or none", v);
-            else store = v;
+            else if (!(rc = serve_store_parse(v, &store))) store_given = 1;
         } else if (!strcmp(f, "--data-dir")) {
             if (!VAL()) rc = 2;
             else if (!*v) rc = cli_usage_error("--data-dir: empty directory name");
@@ -181,19 +180,14 @@ int cmd_serve(int argc, char **argv) {
     if (env_key && !*env_key) return cli_usage_error("ISOBATCH_API_KEY is set but empty: unset it to serve without a key");
     if (env_key && nk == 64) return cli_usage_error("ISOBATCH_API_KEY: more than 64 keys");
     if (env_key) keys[nk++] = env_key;
-    /* the store: --store, else DIR/sessions.db of --data-dir, else none */
-    char store_buf[4200];
-    if (store && !strcmp(store, "none"))
-        o.store_uri = NULL;
-    else if (store)
-        o.store_uri = store;
-    else if (data_dir) {
-        if (mkdir(data_dir, 0700) && errno != EEXIST)
-            return cli_error("--data-dir %s: cannot create it: %s", data_dir, strerror(errno));
-        if (snprintf(store_buf, sizeof store_buf, "sqlite:%s/sessions.db", data_dir) >= (int)sizeof store_buf)
-            return cli_usage_error("--data-dir: name too long");
-        o.store_uri = store_buf;
+    /* the store, decided once (after every other argument is known good, so a bad one creates no
+     * directory): --store, else the default file in the data directory, created when absent */
+    if (!store_given) {
+        data_dir_env env = data_dir_env_get();
+        if ((rc = serve_store_default(data_dir, &env, &store))) return rc;
     }
+    o.store_uri = serve_store_uri(&store);
+    o.store_origin = store.origin[0] ? store.origin : NULL;
     o.model_dir = dir;
     o.port = (int)port;
     o.threads = (int)threads;

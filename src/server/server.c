@@ -461,8 +461,9 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
                 ib_backend_name(o->backend), S->o.memory_budget >> 20,
                 o->memory_budget ? "" : " (default: half the machine's memory less the weights)",
                 o->n_api_keys ? ", API key required" : "");
-        fprintf(log, "isobatch serve: model identity %s; session store %s\n", S->ident,
-                o->store_uri ? o->store_uri : "none (sessions live only in memory)");
+        fprintf(log, "isobatch serve: model identity %s; session store %s%s%s%s\n", S->ident,
+                o->store_uri ? o->store_uri : "none (sessions live only in memory)", o->store_origin ? " (" : "",
+                o->store_origin ? o->store_origin : "", o->store_origin ? ")" : "");
         fflush(log);
     }
     if (o->port_file) {

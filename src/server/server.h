@@ -52,6 +52,8 @@ typedef struct ib_server_opts {
     const char *cors_origin;     /* Access-Control-Allow-Origin of every response; NULL or "" = none */
     const char *store_uri;       /* the session store ("sqlite:PATH", store.h); NULL = none: stateful
                                   * sessions live in memory only */
+    const char *store_origin;    /* how the store was chosen, shown in the start log after its URI
+                                  * (e.g. "default: the data directory, from $HOME"); NULL = nothing */
 } ib_server_opts;
 
 /* Defaults for every field (model_dir NULL). */
