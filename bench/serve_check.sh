@@ -11,7 +11,7 @@ mkdir -p "$out"
 start() { # start BACKEND TAG -> sets pid, port
     rm -f "$out/port.$2"
     "$bin" serve -m models/default --backend "$1" --port 0 --port-file "$out/port.$2" --max-batch 32 \
-        --no-request-log $([ "$2" = main ] && echo "${SERVE_ARGS:-}") >"$out/serve.$2.log" 2>&1 &
+        --no-request-log --store none $([ "$2" = main ] && echo "${SERVE_ARGS:-}") >"$out/serve.$2.log" 2>&1 &
     pid=$!
     for _ in $(seq 300); do [ -s "$out/port.$2" ] && break; sleep 0.1; done
     port=$(cat "$out/port.$2" 2>/dev/null)

@@ -6,10 +6,19 @@ JSON over HTTP.
     from harness import ok, bad, check, finish, procs
     harness.NAME = "t_something"       # the summary line's name
     harness.BEFORE_END.append(fn)      # run by finish() before the summary (more checks, cleanup)
+
+A server started without --store keeps its sessions in the data directory ($ISOBATCH_DATA_DIR, else
+under $HOME). The t_*.sh scripts export a directory of their own; when a driver runs without one,
+importing this module points ISOBATCH_DATA_DIR at a new temporary directory, removed when the driver
+exits, so a test never writes into the real home directory.
 """
+import atexit
 import json
+import os
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -19,6 +28,11 @@ BEFORE_END = []
 procs = []  # subprocesses finish() kills if they still run
 _counts = {"passed": 0, "failed": 0}
 _lock = threading.Lock()  # checks may come from several threads
+
+if "ISOBATCH_DATA_DIR" not in os.environ:
+    _data_dir = tempfile.mkdtemp(prefix="ib_data_")
+    os.environ["ISOBATCH_DATA_DIR"] = _data_dir
+    atexit.register(shutil.rmtree, _data_dir, True)
 
 
 def ok():

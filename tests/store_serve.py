@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Sessions that survive their server (run by tests/t_store_serve.sh; python3 standard library only).
 
-Two servers on the same tiny model: K, with a session store, which is killed (SIGKILL, during
-sixteen concurrent session generations) and restarted, then stopped with SIGTERM and restarted; and R, a reference
-that is never killed and gets the same requests. Checked:
+Two servers on the same tiny model: K, started without --store (so with the default store, the file
+in its data directory, $ISOBATCH_DATA_DIR here), which is killed (SIGKILL, during sixteen concurrent
+session generations) and restarted, then stopped with SIGTERM and restarted; and R, a reference
+(--store none) that is never killed and gets the same requests. Checked:
   - every acknowledged token (appends and generations answered 200) is in K's store after the kill
     (read straight from the SQLite file), in order, and nothing but whole generations beyond them;
   - after each restart the sessions are listed from the store, not resident, with the right token
@@ -12,7 +13,12 @@ that is never killed and gets the same requests. Checked:
   - a windowed (sink + window) session whose window has slid comes back alike;
   - a server whose rebuild is broken (--inject rebuild-drop-token) fails that comparison;
   - a server of another model refuses the stored session (409 session_model_mismatch);
-  - bad --store values and unusable store files: one-line errors, non-zero exit.
+  - bad --store values and unusable store files: one-line errors, non-zero exit;
+  - the data directory: --data-dir over $ISOBATCH_DATA_DIR over $XDG_DATA_HOME/isobatch over
+    $HOME/.local/share/isobatch, created with mode 0700; one that cannot be created (a path under a
+    regular file, a name too long) or holds a file that is not a store: a one-line error naming it,
+    a non-zero exit, and no directory left behind;
+  - --store none keeps nothing across a restart, and creates no data directory.
 Usage: store_serve.py BIN WORKDIR
 """
 import json
@@ -34,7 +40,8 @@ KEY = "store-key"
 
 
 class Server:
-    def __init__(self, name, model, *args):
+    def __init__(self, name, model, *args, env=None, unset=()):
+        """serve model with args, its environment this process's less unset plus env"""
         self.name = name
         self.log = os.path.join(T, name + ".log")
         port_file = os.path.join(T, name + ".port")
@@ -42,7 +49,8 @@ class Server:
             os.unlink(port_file)
         self.p = subprocess.Popen([BIN, "serve", "-m", model, "--port", "0", "--port-file", port_file, "--threads", "2",
                                    "--api-key", KEY, "--no-request-log", "--prefill-chunk", "8", *args],
-                                  stderr=open(self.log, "ab"))
+                                  stderr=open(self.log, "ab"),
+                                  env={**{k: v for k, v in os.environ.items() if k not in unset}, **(env or {})})
         procs.append(self.p)
         for _ in range(200):
             if os.path.exists(port_file) and os.path.getsize(port_file) > 0:
@@ -109,7 +117,9 @@ model = os.path.join(T, "tiny")
 other = os.path.join(T, "tiny10")
 subprocess.run([BIN, "mkmodel", "--preset", "tiny", "--seed", "9", "--out", model], check=True, stdout=subprocess.DEVNULL)
 subprocess.run([BIN, "mkmodel", "--preset", "tiny", "--seed", "10", "--out", other], check=True, stdout=subprocess.DEVNULL)
-db = os.path.join(T, "data", "sessions.db")
+data = os.path.join(T, "data")
+db = os.path.join(data, "sessions.db")
+DATA_ENV = {"ISOBATCH_DATA_DIR": data}  # K's data directory, named by the environment alone
 
 # ---- bad store arguments: one line, non-zero exit
 for args, what in ((["--store", "bogus:x"], "unknown kind"), (["--store", "sqlite:" + T + "/no/such/dir/s.db"], "no dir"),
@@ -119,7 +129,84 @@ for args, what in ((["--store", "bogus:x"], "unknown kind"), (["--store", "sqlit
     check(r.returncode != 0 and len(lines) == 1 and "store" in lines[0].lower() + " ".join(args),
           f"--store {what}: exit {r.returncode}, stderr {r.stderr.strip()[:300]!r}")
 
-K = Server("K", model, "--data-dir", os.path.join(T, "data"), "--token-delay-ms", "4")
+
+def fails_with_one_line(args, what, env=None, rc=None):
+    """serve ARGS (with env added to the environment) exits non-zero (rc when given) within 30 s,
+    printing one line; returns that line ("" when the check failed)"""
+    try:
+        r = subprocess.run([BIN, "serve", "-m", model, "--port", "0", *args], capture_output=True, text=True,
+                           timeout=30, env={**os.environ, **(env or {})})
+    except subprocess.TimeoutExpired:
+        bad(f"{what}: no exit within 30 s")
+        return ""
+    lines = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith("isobatch serve: model")]
+    good = r.returncode != 0 and (rc is None or r.returncode == rc) and len(lines) == 1
+    check(good, f"{what}: exit {r.returncode}, stderr {r.stderr.strip()[:400]!r}")
+    return lines[0] if good else ""
+
+
+# ---- the data directory: which one, created how, and the ones that cannot be used
+def precedence(label, args, env, expect, others):
+    """a server started with args and, of ISOBATCH_DATA_DIR, XDG_DATA_HOME and HOME, only those in env
+    makes its default store in expect (a directory of mode 0700), and nothing in the others"""
+    s = Server("dd_" + label, model, *args, env=env, unset=("ISOBATCH_DATA_DIR", "XDG_DATA_HOME", "HOME"))
+    s.term()
+    f = os.path.join(expect, "sessions.db")
+    check(os.path.isfile(f) and os.stat(expect).st_mode & 0o777 == 0o700,
+          f"data directory, {label}: no store in {expect} (mode 0700): {os.listdir(os.path.dirname(expect)) if os.path.isdir(os.path.dirname(expect)) else 'missing'}")
+    stray = [o for o in others if os.path.exists(o)]
+    check(not stray, f"data directory, {label}: also created {stray}")
+
+
+P = os.path.join(T, "prec")
+flag_d, env_d, xdg_d, home_d = (os.path.join(P, n) for n in ("flag", "env", "xdg", "home"))
+xdg_store, home_store = os.path.join(xdg_d, "isobatch"), os.path.join(home_d, ".local", "share", "isobatch")
+precedence("flag", ["--data-dir", flag_d], {"ISOBATCH_DATA_DIR": env_d, "XDG_DATA_HOME": xdg_d, "HOME": home_d},
+           flag_d, [env_d, xdg_store, home_store])
+precedence("env", [], {"ISOBATCH_DATA_DIR": env_d, "XDG_DATA_HOME": xdg_d, "HOME": home_d},
+           env_d, [xdg_store, home_store])
+precedence("xdg", [], {"XDG_DATA_HOME": xdg_d, "HOME": home_d}, xdg_store, [home_store])
+precedence("home", [], {"XDG_DATA_HOME": "relative-xdg-is-ignored", "HOME": home_d}, home_store,
+           ["relative-xdg-is-ignored"])
+
+afile = os.path.join(T, "afile")
+open(afile, "w").write("not a directory\n")
+line = fails_with_one_line(["--data-dir", os.path.join(afile, "sub")], "--data-dir under a regular file")
+check(afile in line and "not a directory" in line, f"--data-dir under a regular file: the line names neither: {line!r}")
+line = fails_with_one_line([], "$ISOBATCH_DATA_DIR under a regular file", {"ISOBATCH_DATA_DIR": os.path.join(afile, "sub", "x")})
+check(afile in line, f"$ISOBATCH_DATA_DIR under a regular file: the line does not name it: {line!r}")
+fresh = os.path.join(T, "fresh")
+line = fails_with_one_line(["--data-dir", os.path.join(fresh, "x" * 300, "y")], "a data directory name too long")
+check(not os.path.exists(fresh), "a data directory that could not be created left its parent behind")
+fails_with_one_line([], "an empty $ISOBATCH_DATA_DIR", {"ISOBATCH_DATA_DIR": ""}, rc=2)
+junk_d = os.path.join(T, "junk")
+os.mkdir(junk_d)
+junk = os.path.join(junk_d, "sessions.db")
+open(junk, "wb").write(b"this is not an SQLite database, and must stay as it is\n" * 20)
+before = open(junk, "rb").read()
+line = fails_with_one_line(["--data-dir", junk_d], "a data directory whose sessions.db is not a store")
+check(junk in line, f"a sessions.db that is not a store: the line does not name it: {line!r}")
+check(open(junk, "rb").read() == before and sorted(os.listdir(junk_d)) == ["sessions.db"],
+      f"a sessions.db that is not a store was changed: {os.listdir(junk_d)}")
+
+# ---- --store none: nothing kept across a restart, no data directory made
+none_d = os.path.join(T, "none_data")
+N = Server("N", model, "--store", "none", env={"ISOBATCH_DATA_DIR": none_d})
+st, body = N.req("POST", "/v1/sessions", {})
+nid = body["id"] if st == 200 else "sess_none"
+st2, _ = N.req("POST", f"/v1/sessions/{nid}/append", {"tokens": [5, 6, 7]})
+st3, _ = N.req("POST", f"/v1/sessions/{nid}/generate", {"max_tokens": 3})
+check(st == st2 == st3 == 200, f"--store none: session calls {st} {st2} {st3}")
+N.kill9()
+N = Server("N2", model, "--store", "none", env={"ISOBATCH_DATA_DIR": none_d})
+st, body = N.req("GET", f"/v1/sessions/{nid}")
+check(st == 404, f"--store none: the session came back after a restart: {st} {body}")
+st, body = N.req("GET", "/v1/sessions")
+check(st == 200 and body.get("data") == [], f"--store none: sessions listed after a restart: {st} {body}")
+N.term()
+check(not os.path.exists(none_d), "--store none created the data directory")
+
+K = Server("K", model, "--token-delay-ms", "4", env=DATA_ENV)
 R = Server("R", model, "--store", "none")
 
 # sessions: several policies; each has a reference twin on R
@@ -132,6 +219,8 @@ for pol in POLICIES:
     if not check(a[0] == 200 and b[0] == 200, f"create: {a} {b}"):
         finish()
     sess.append([a[1]["id"], b[1]["id"]])
+if not check(os.path.isfile(db), f"no store at {db}: a server without --store kept its sessions nowhere"):
+    finish()
 acked = {k: [] for k, _ in sess}  # tokens K acknowledged, per K session
 
 
@@ -242,7 +331,7 @@ def compare_next(rnd, label, expect_match=True):
 
 
 # ---- phase 3: restart after the kill
-K = Server("K2", model, "--data-dir", os.path.join(T, "data"))
+K = Server("K2", model, env=DATA_ENV)
 compare_next(8, "after kill -9")
 # and appends after a rebuild are stored too
 for i in range(len(sess)):
@@ -252,12 +341,15 @@ for i in range(len(sess)):
 
 # ---- phase 4: SIGTERM, restart
 K.term()
-K = Server("K3", model, "--data-dir", os.path.join(T, "data"))
+# --data-dir names the same directory; the environment names another, which the flag overrides
+elsewhere = os.path.join(T, "elsewhere")
+K = Server("K3", model, "--data-dir", data, env={"ISOBATCH_DATA_DIR": elsewhere})
 compare_next(9, "after SIGTERM")
+check(not os.path.exists(elsewhere), "--data-dir given, yet $ISOBATCH_DATA_DIR's directory was created")
 
 # ---- phase 5: another model's server refuses the stored sessions
 K.term()
-O = Server("O", other, "--data-dir", os.path.join(T, "data"))
+O = Server("O", other, env=DATA_ENV)  # the same default file, another model
 st, body = O.req("GET", f"/v1/sessions/{sess[0][0]}")
 check(st == 409 and body and body["error"]["code"] == "session_model_mismatch" and "sha256:" in body["error"]["message"],
       f"another model: {st} {body}")
@@ -268,7 +360,7 @@ check(st == 404, f"unknown id: {st}")
 O.term()
 
 # ---- phase 6: a broken rebuild must be caught by the same comparison
-K = Server("K4", model, "--data-dir", os.path.join(T, "data"), "--inject", "rebuild-drop-token")
+K = Server("K4", model, "--inject", "rebuild-drop-token", env=DATA_ENV)
 d = compare_next(10, "rebuild-drop-token", expect_match=False)
 check(d > 0, "the rebuild-drop-token fault went unnoticed: the comparison cannot fail")
 K.term()

@@ -19,6 +19,7 @@ pass=0; fail=0
 ok() { pass=$((pass+1)); }
 bad() { fail=$((fail+1)); echo "FAIL: $*"; }
 T=$(mktemp -d /tmp/ib_harden_XXXXXX)
+export ISOBATCH_DATA_DIR=$T/data  # the default store of a server started without --store
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$T"; }
 trap cleanup EXIT
@@ -32,7 +33,7 @@ command -v python3 >/dev/null || { bad "python3 not found"; finish; }
 start() {
     local name=$1 model=$2; shift 2
     rm -f "$T/$name.port"
-    "$SBIN" serve -m "$model" --port 0 --port-file "$T/$name.port" --threads 2 "$@" 2> "$T/$name.log" &
+    "$SBIN" serve -m "$model" --port 0 --port-file "$T/$name.port" --threads 2 --store none "$@" 2> "$T/$name.log" &
     PIDS+=($!)
     LAST_PID=$!
     for _ in $(seq 1 200); do [ -s "$T/$name.port" ] && break; sleep 0.1; done

@@ -11,6 +11,7 @@ command -v haproxy >/dev/null || die "haproxy not found (apt-get install haproxy
 [ -x "$BIN" ] || die "$BIN missing (run make)"
 . "$ROOT/tests/pg_server.sh"
 T=$(mktemp -d /tmp/ib_scaleout_XXXXXX)
+export ISOBATCH_DATA_DIR=$T/data  # the default store of a server started without --store
 P=$(mktemp -d /tmp/ib_scaleout_pg_XXXXXX)
 trap 'pg_cleanup; rm -rf "$T" "$P"' EXIT
 pg_start "$P" || die "no PostgreSQL server"

@@ -17,6 +17,7 @@ pass=0; fail=0
 ok() { pass=$((pass+1)); }
 bad() { fail=$((fail+1)); echo "FAIL: $*"; }
 T=$(mktemp -d /tmp/ib_serve_XXXXXX)
+export ISOBATCH_DATA_DIR=$T/data  # the default store of a server started without --store
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done; rm -rf "$T"; }
 trap cleanup EXIT
@@ -29,7 +30,7 @@ command -v curl >/dev/null || { bad "curl not found (apt-get install curl)"; fin
 start() {
     local name=$1; shift
     rm -f "$T/$name.port"
-    "$SBIN" serve -m "$T/tiny" --port 0 --port-file "$T/$name.port" --threads 2 "$@" 2> "$T/$name.log" &
+    "$SBIN" serve -m "$T/tiny" --port 0 --port-file "$T/$name.port" --threads 2 --store none "$@" 2> "$T/$name.log" &
     PIDS+=($!)
     LAST_PID=$!
     for _ in $(seq 1 100); do [ -s "$T/$name.port" ] && break; sleep 0.1; done

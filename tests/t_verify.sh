@@ -6,5 +6,6 @@ set -u
 command -v python3 >/dev/null || { echo "FAIL: python3 not found"; echo "t_verify: 0 passed, 1 failed"; exit 1; }
 [ -x "$BIN" ] || { echo "FAIL: $BIN missing (run make)"; echo "t_verify: 0 passed, 1 failed"; exit 1; }
 T=$(mktemp -d /tmp/ib_verify_XXXXXX)
+export ISOBATCH_DATA_DIR=$T/data  # the default store of a server started without --store
 trap 'rm -rf "$T"' EXIT
 python3 "$ROOT/tests/verify_serve.py" "$SBIN" "$T"

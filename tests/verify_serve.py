@@ -31,7 +31,7 @@ def start(name, model, *args):
     port_file = os.path.join(T, name + ".port")
     log = os.path.join(T, name + ".log")
     p = subprocess.Popen([BIN, "serve", "-m", model, "--port", "0", "--port-file", port_file, "--threads", "2",
-                          "--no-request-log", "--prefill-chunk", "8", "--max-batch", "16", *args], stderr=open(log, "ab"))
+                          "--no-request-log", "--prefill-chunk", "8", "--max-batch", "16", "--store", "none", *args], stderr=open(log, "ab"))
     procs.append(p)
     for _ in range(200):
         if os.path.exists(port_file) and os.path.getsize(port_file) > 0:
