@@ -14,6 +14,7 @@
 static const char help[] =
     "usage: isobatch serve [-m DIR] [--host 127.0.0.1] [--port N] [--max-batch B] [--max-sessions N]\n"
     "                      [--kv full|window:W|sink:S,window:W] [--memory-budget SIZE] [--threads T] [--api-key KEY]...\n"
+    "                      [--store sqlite:PATH|postgresql://...|none] [--data-dir DIR]\n"
     "  --host ADDR            IPv4 or IPv6 address to bind (default 127.0.0.1: this machine only;\n"
     "                         ::1 or [::1] for IPv6 loopback, :: or 0.0.0.0 for every interface)\n"
     "  --port N               TCP port (default 8080; 0 = any free port, see --port-file)\n"
