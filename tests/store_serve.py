@@ -17,7 +17,7 @@ session generations) and restarted, then stopped with SIGTERM and restarted; and
   - the data directory: --data-dir over $ISOBATCH_DATA_DIR over $XDG_DATA_HOME/isobatch over
     $HOME/.local/share/isobatch, created with mode 0700; one that cannot be created (a path under a
     regular file, a name too long) or holds a file that is not a store: a one-line error naming it,
-    a non-zero exit, and no directory left behind;
+    a non-zero exit, and no directory left behind (nor after a start that fails later);
   - --store none keeps nothing across a restart, and creates no data directory.
 Usage: store_serve.py BIN WORKDIR
 """
@@ -178,6 +178,13 @@ check(afile in line, f"$ISOBATCH_DATA_DIR under a regular file: the line does no
 fresh = os.path.join(T, "fresh")
 line = fails_with_one_line(["--data-dir", os.path.join(fresh, "x" * 300, "y")], "a data directory name too long")
 check(not os.path.exists(fresh), "a data directory that could not be created left its parent behind")
+# a start that fails after the data directory was made (a model directory without config.json)
+no_model = os.path.join(T, "no_model")
+os.mkdir(no_model)
+r = subprocess.run([BIN, "serve", "-m", no_model, "--port", "0", "--data-dir", os.path.join(fresh, "a")],
+                   capture_output=True, text=True, timeout=30)
+check(r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and not os.path.exists(fresh),
+      f"a failed start left its new data directory behind: exit {r.returncode}, {r.stderr.strip()[:300]!r}")
 fails_with_one_line([], "an empty $ISOBATCH_DATA_DIR", {"ISOBATCH_DATA_DIR": ""}, rc=2)
 junk_d = os.path.join(T, "junk")
 os.mkdir(junk_d)

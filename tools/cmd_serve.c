@@ -219,6 +219,9 @@ int cmd_serve(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     ib_error err;
-    if (ib_server_run(&o, &stop_flag, stderr, &err)) return cli_error("%s", err.msg);
+    if (ib_server_run(&o, &stop_flag, stderr, &err)) {
+        serve_store_undo(&store); /* a failed start leaves no empty data directory behind */
+        return cli_error("%s", err.msg);
+    }
     return 0;
 }

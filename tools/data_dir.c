@@ -63,7 +63,8 @@ static void undo_created(char *path, const size_t *ends, int n) {
     }
 }
 
-int data_dir_create(const char *dir) {
+int data_dir_create(const char *dir, int *n_made_out) {
+    *n_made_out = 0;
     size_t len = strlen(dir);
     char *path = malloc(len + 1);
     size_t *ends = malloc((len + 1) * sizeof *ends); /* at most one created directory per byte */
@@ -98,7 +99,23 @@ int data_dir_create(const char *dir) {
         if (made) ends[n_made++] = end;
     }
     if (rc) undo_created(path, ends, n_made);
+    else *n_made_out = n_made;
     free(path);
     free(ends);
     return rc;
+}
+
+void data_dir_remove_made(const char *dir, int n_made) {
+    size_t len = strlen(dir);
+    char *path = malloc(len + 1);
+    if (!path) return;
+    memcpy(path, dir, len + 1);
+    for (int i = 0; i < n_made; i++) {
+        while (len > 1 && path[len - 1] == '/') path[--len] = 0; /* "a/b/" is "a/b" */
+        if (rmdir(path)) break;                                    /* not empty, or gone: stop */
+        while (len > 0 && path[len - 1] != '/') len--;             /* up to the parent */
+        if (len == 0) break;
+        path[len] = 0;
+    }
+    free(path);
 }

@@ -36,9 +36,15 @@ int data_dir_resolve(const char *flag, const data_dir_env *env, char *out, size_
 const char *data_dir_source_name(data_dir_source src);
 
 /* Make dir an existing directory: create it and each missing parent with mode 0700 (directories
- * that exist keep their mode). Returns 0 on success. On failure (a component that is a file, no
- * permission, a name too long, ...) it removes the directories this call created, so the file system
- * is as it was, prints one line naming dir, the component that failed and why, and returns 1. */
-int data_dir_create(const char *dir);
+ * that exist keep their mode). Returns 0 on success, with the number of directories it created in
+ * *n_made (0: dir was there already). On failure (a component that is a file, no permission, a name
+ * too long, ...) it removes the directories this call created, so the file system is as it was,
+ * prints one line naming dir, the component that failed and why, and returns 1. */
+int data_dir_create(const char *dir, int *n_made);
+
+/* Undo a data_dir_create that made n_made directories, when what came after it failed: remove dir
+ * and its parents, deepest first, n_made of them at most, stopping at the first that is not empty
+ * (so nothing anyone wrote there is ever removed). */
+void data_dir_remove_made(const char *dir, int n_made);
 
 #endif
