@@ -6,6 +6,8 @@
  * parent asks for a measurement by writing one byte to a pipe and reads back the seconds one pass
  * took; the child reads the whole buffer with `threads` threads, each summing its own contiguous
  * share in four independent chains (so the loop is bound by memory, not by adds).
+ * A device probe (the GPU backend's floor) measures the GPU's own memory instead, in this process
+ * (ib_cuda_read_bandwidth).
  */
 #include <pthread.h>
 #include <signal.h>
@@ -17,12 +19,15 @@
 #include <unistd.h>
 
 #include "bandwidth.h"
+#ifdef IB_HAVE_CUDA
+#include "backends/cuda/cuda.h"
+#endif
 
 #define PROBE_BYTES ((size_t)512 << 20)
 #define PROBE_MAX_THREADS 64
 
 struct bw_probe {
-    pid_t child;
+    pid_t child;              /* -1: a device probe */
     int to_child, from_child; /* pipe ends: requests, replies */
 };
 
@@ -73,7 +78,16 @@ static void serve(int in, int out, int threads) {
     free(buf);
 }
 
-bw_probe *bw_probe_start(int threads) {
+bw_probe *bw_probe_start(int threads, int device) {
+    if (device) {
+#ifdef IB_HAVE_CUDA
+        bw_probe *d = malloc(sizeof *d);
+        if (d) *d = (bw_probe){-1, -1, -1};
+        return d;
+#else
+        return NULL;
+#endif
+    }
     if (threads < 1) threads = 1;
     if (threads > PROBE_MAX_THREADS) threads = PROBE_MAX_THREADS;
     int req[2], rep[2];
@@ -108,6 +122,9 @@ bw_probe *bw_probe_start(int threads) {
 double bw_probe_measure(bw_probe *p) {
     char req = 'r';
     double secs = -1;
+#ifdef IB_HAVE_CUDA
+    if (p && p->child < 0) return ib_cuda_read_bandwidth();
+#endif
     if (!p || write(p->to_child, &req, 1) != 1) return 0;
     if (read(p->from_child, &secs, sizeof secs) != (ssize_t)sizeof secs || secs <= 0) return 0;
     return (double)PROBE_BYTES / secs;
@@ -115,8 +132,10 @@ double bw_probe_measure(bw_probe *p) {
 
 void bw_probe_stop(bw_probe *p) {
     if (!p) return;
-    close(p->to_child); /* the child's read sees end of file and it exits */
-    close(p->from_child);
-    waitpid(p->child, NULL, 0);
+    if (p->child >= 0) {
+        close(p->to_child); /* the child's read sees end of file and it exits */
+        close(p->from_child);
+        waitpid(p->child, NULL, 0);
+    }
     free(p);
 }

@@ -150,7 +150,7 @@ int cmd_bench(int argc, char **argv) {
     if (!(dir = cli_model_dir(dir))) return 2;
     /* started before anything large is allocated: the probe's process then copies no page tables of
      * the model and the benchmark never pays copy-on-write faults for pages it shares with it */
-    bw_probe *probe = bw_probe_start((int)threads);
+    bw_probe *probe = bw_probe_start((int)threads, backend == IB_BACKEND_CUDA);
     if (!probe) return cli_error("bench: could not start the bandwidth probe process");
     ib_error err;
     ib_model *m = NULL;
@@ -241,8 +241,12 @@ int cmd_bench(int argc, char **argv) {
         printf("model %s: %.1f MB weights, %zu KV bytes/token (%s, kv %s); %ld threads, isa %s, act %s\n", dir,
                info->weight_bytes / 1e6, kv_per_token, ib_kv_dtype_name(kv_dtype), kv_policy, threads,
                ib_isa_name(ib_engine_isa(e)), act_name);
-        printf("read bandwidth %.1f GB/s (measured, %ld threads; again between the repetitions below)\n",
-               bw / 1e9, threads);
+        if (backend == IB_BACKEND_CUDA)
+            printf("device read bandwidth %.1f GB/s (measured on the GPU; again between the repetitions below)\n",
+                   bw / 1e9);
+        else
+            printf("read bandwidth %.1f GB/s (measured, %ld threads; again between the repetitions below)\n", bw / 1e9,
+                   threads);
         printf("prefill %ld tokens: %.1f tok/s (min %.1f, max %.1f)\n", prompt, pre.med, pre.lo, pre.hi);
         printf("%5s %12s %22s %10s %9s %12s %9s\n", "batch", "decode tok/s", "(min-max)", "ms/step", "read GB/s",
                "floor tok/s", "of floor");

@@ -128,13 +128,15 @@ typedef struct preset {
     int gemma, global_head_dim, global_kv_heads, window;
     /* Gemma 4 MoE presets only: experts, top-k (mkmodel's top_k may override), each expert's F */
     int experts, top_k, moe_ffn;
+    int untied;   /* 1: the model's own lm_head whatever the options (the real model does not tie) */
 } preset;
 
 static const preset presets[] = {
-    {"tiny", 320, 128, 2, 4, 2, 32, 384, 2048, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3-0.6b", 151936, 1024, 28, 16, 8, 128, 3072, 40960, 0, 0, 0, 0, 0, 0, 0},
-    {"gemma4-tiny", 320, 128, 4, 4, 2, 32, 256, 2048, 1, 64, 1, 16, 0, 0, 0},
-    {"gemma4-moe-tiny", 320, 128, 4, 4, 2, 32, 256, 2048, 1, 64, 1, 16, 8, 2, 64},
+    {"tiny", 320, 128, 2, 4, 2, 32, 384, 2048, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-0.6b", 151936, 1024, 28, 16, 8, 128, 3072, 40960, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-8b", 151936, 4096, 36, 32, 8, 128, 12288, 40960, 0, 0, 0, 0, 0, 0, 0, 1},
+    {"gemma4-tiny", 320, 128, 4, 4, 2, 32, 256, 2048, 1, 64, 1, 16, 0, 0, 0, 0},
+    {"gemma4-moe-tiny", 320, 128, 4, 4, 2, 32, 256, 2048, 1, 64, 1, 16, 8, 2, 64, 0},
 };
 
 /* Layer i of a Gemma 4 preset of L layers is a sliding-window layer. */
@@ -512,8 +514,11 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (strcmp(presets[i].name, opts->preset) == 0) p = &presets[i];
     if (!p)
-        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset \"%s\" unknown (tiny | qwen3-0.6b | gemma4-tiny | gemma4-moe-tiny)",
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset \"%s\" unknown (tiny | qwen3-0.6b | qwen3-8b | gemma4-tiny | gemma4-moe-tiny)",
                        opts->preset);
+    ib_mkmodel_opts own = *opts;
+    if (p->untied) own.tied = 0;   /* the real model's layout */
+    opts = &own;
     if (p->gemma && opts->arch)
         return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset %s takes no arch (it is gemma4)", p->name);
     if (opts->bits != 4 && opts->bits != 8 && opts->bits != 16 && opts->bits != 32)

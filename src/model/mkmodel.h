@@ -6,6 +6,8 @@
  *   tiny:       vocab 320, hidden 128, 2 layers, 4 heads, 2 kv heads, head_dim 32, ffn 384, ctx 2048
  *   qwen3-0.6b: vocab 151936, hidden 1024, 28 layers, 16 heads, 8 kv heads, head_dim 128, ffn 3072,
  *               ctx 40960, rope_theta 1e6 (Qwen3-0.6B's shapes)
+ *   qwen3-8b:   vocab 151936, hidden 4096, 36 layers, 32 heads, 8 kv heads, head_dim 128, ffn 12288,
+ *               ctx 40960, rope_theta 1e6, its own lm_head (Qwen3-8B's shapes; always untied)
  * bits: 4 or 8 -> MLX affine quantized (group 64 unless given), bf16 scales/biases, float norms;
  *       16 -> bfloat16 weights; 32 -> float32 weights.
  * Weights are drawn from a deterministic generator keyed by seed: linear weights uniform with
@@ -19,7 +21,7 @@
 #include "isobatch.h"
 
 typedef struct ib_mkmodel_opts {
-    const char *preset;   /* "tiny" | "qwen3-0.6b" */
+    const char *preset;   /* "tiny" | "qwen3-0.6b" | "qwen3-8b" | "gemma4-tiny" | "gemma4-moe-tiny" */
     uint64_t seed;
     int bits;             /* 4, 8, 16, 32 */
     int group;            /* 32, 64, 128 (quantized only); 0 means 64 */

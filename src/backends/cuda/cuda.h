@@ -30,6 +30,11 @@ int ib_cuda_describe(char *buf, size_t n);
 /* Copy `bytes` of a CUDA KV cache's device storage into host memory dst (tests compare caches). */
 int ib_cuda_kv_read(const void *kv, void *dst, size_t bytes);
 
+/* The GPU's read bandwidth now, in bytes per second: one timed pass of a streaming kernel over a 1 GiB
+ * device buffer read four times (the buffer is made on the first call and kept for the process; not
+ * thread-safe: for `isobatch bench`). 0 when no device or memory. */
+double ib_cuda_read_bandwidth(void);
+
 /* Start (1) or stop (0) the profiler's collection (ncu --profile-from-start off). */
 void ib_cuda_profile(int on);
 

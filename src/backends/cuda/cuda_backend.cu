@@ -4,9 +4,10 @@
  *
  * How each definition maps onto the GPU (device layout in cuda.h):
  *   - Q8-activation products: the per-group integer sums are exact in any order, so they are
- *     computed with dp4a by the K-slices (warps) of a block in parallel and parked in shared memory;
- *     then one thread per (row, output) combines the groups in ascending order in float32, as
- *     matmul.h writes it: acc = (acc + (s*d)*(float)isum) + b*ad.
+ *     computed with dp4a by the K-slices (warps) of a block in parallel, each with its group's two
+ *     float terms t = (s*d)*(float)isum and u = b*ad, parked in shared memory; then one thread per
+ *     (row, output) combines the groups in ascending order in float32, as matmul.h writes it:
+ *     acc = (acc + t) + u. Many rows: mma.sync int8 tensor cores for the integer sums.
  *   - F32-activation products: one thread per (row, output) walks K in ascending order,
  *     acc = acc + (s*(float)q + b) * x.
  *   - Row norms and dot products: 16 lanes of a warp own the 16 lanes of ib_dot16's order (lane j
@@ -22,7 +23,11 @@
  *
  * A step's ops are recorded by the table's calls and enqueued at step_end on the instance's one stream
  * — from the second step of the same shape as a captured CUDA graph — with neighbouring ops fused where
- * the fused kernel performs the same operations in the same order (flush_step, exec_records). Every
+ * the fused kernel performs the same operations in the same order (flush_step, exec_records): an add
+ * with the row norm after it, q/k norms with RoPE and the KV store, and the Q8 quantization of a
+ * product's input with the op that writes it (a row norm, SwiGLU, attention). Kernels are launched with
+ * programmatic dependent launch: each waits for its predecessor first thing (PDL_ENTER), after asking
+ * L2 for what no kernel of the step writes (weights, norm weights, earlier keys and values). Every
  * output row depends only on its own row (and its own session's cache): grids are sized by R, never the
  * arithmetic. docs/cuda.md has the whole picture and what was verified on an H200.
  */
@@ -46,7 +51,6 @@ extern "C" {
 #define NT 32              /* outputs per product tile: one warp's lanes */
 #define NWARP 8            /* warps per product block (256 threads) */
 #define RB 8               /* rows per pass of a Q8 product block (one epilogue warp each) */
-#define GCH 16             /* groups per pass of the Q8 epilogue: shared isums [RB][GCH][NT] */
 #define MAX_PASSES 8       /* most 8-row passes one Q8 product block walks (its weight tile stays in L1) */
 #define LOGIT_CHUNK 128    /* lm_head rows per product (bounds the logits scratch) */
 #define MMA_MIN_ROWS 16    /* Q8 products of at least this many rows run on the tensor cores */
@@ -56,6 +60,8 @@ extern "C" {
 #define ATT_CHUNK 512      /* most keys an attention block scores at once */
 #define ATT_GROUP_MIN_ROWS 16  /* steps of at least this many rows: one attention block per (row, KV head) */
 #define ATT_QH 2048        /* floats of an attention block's per-head arrays: G * head_dim <= ATT_QH */
+#define GCH 16             /* groups per pass of the tensor-core product: shared isums [GCH][16][33] */
+#define QK_WARPS 4         /* warps (heads) per block of the q/k norm + RoPE + store kernel */
 #define ATT_MAX_BLOCKS 64  /* most key blocks in one such chunk */
 #define ATT_MAX_BLOCK 128  /* largest key block (ops.h: block <= 128) */
 
@@ -95,6 +101,53 @@ __device__ __forceinline__ int mset_pick(const mset &ms, int tile, dmat &m, floa
     m = i == 0 ? ms.m[0] : i == 1 ? ms.m[1] : ms.m[2];
     Y = i == 0 ? ms.Y[0] : i == 1 ? ms.Y[1] : ms.Y[2];
     return tile - (i == 0 ? ms.t0[0] : i == 1 ? ms.t0[1] : ms.t0[2]);
+}
+
+/* Programmatic dependent launch: a kernel launched with it may start while the previous kernel of the
+ * stream still runs; griddepcontrol.wait then waits for that kernel's completion and its memory. Every
+ * kernel here waits first thing (so completion stays transitive down the chain), then lets the next
+ * kernel launch — which does only independent work (prefetching its weights) before its own wait. */
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;"); }
+#define PDL_ENTER() \
+    do {            \
+        pdl_wait(); \
+        pdl_launch(); \
+    } while (0)
+
+/* Ask L2 for bytes [p, p + n) (128-byte lines), by the block's threads: for data that no kernel of the
+ * step writes, read before the wait for the previous kernel. */
+__device__ __forceinline__ void prefetch_bytes(const void *p, size_t n) {
+    for (size_t o = (size_t)threadIdx.x * 128; o < n; o += (size_t)blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
+}
+
+/* When on: ask L2 for the weights of this block's 32-output tile of mset ms (codes, then scales and
+ * biases), so the loads after the wait for the previous kernel hit L2. Reads nothing it computes with. */
+__device__ __forceinline__ void prefetch_tile(const mset &ms, bool on) {
+    if (!on) return;
+    dmat m;
+    float *Y;
+    const int tile = mset_pick(ms, blockIdx.x, m, Y);
+    const size_t n0 = (size_t)tile * NT;
+    const char *base[3];
+    size_t stride[3];
+    int rows[3], per[3];   /* rows of each array, 128-byte lines per row */
+    int na = 0;
+    if (m.fmt == IB_WF32) {
+        base[0] = (const char *)(m.wf + n0), stride[0] = (size_t)m.Np * 4, rows[0] = m.K, per[0] = 1, na = 1;
+    } else {
+        const int kc = m.fmt == IB_WQ4 ? 32 : 16;
+        base[0] = (const char *)(m.w + n0), stride[0] = (size_t)m.Np * 16, rows[0] = m.K / kc, per[0] = 4;
+        base[1] = (const char *)(m.s + n0), stride[1] = (size_t)m.Np * 4, rows[1] = m.ng, per[1] = 1;
+        base[2] = (const char *)(m.b + n0), stride[2] = (size_t)m.Np * 4, rows[2] = m.ng, per[2] = 1;
+        na = 3;
+    }
+    for (int a = 0; a < na; a++)
+        for (int i = threadIdx.x; i < rows[a] * per[a]; i += blockDim.x) {
+            const char *p = base[a] + (size_t)(i / per[a]) * stride[a] + 128 * (i % per[a]);
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+        }
 }
 
 /* A KV cache on the device. */
@@ -158,6 +211,7 @@ typedef struct cuda_backend {
     struct oprec *rec;
     int nrec, caprec;
     int use_graphs;
+    int pdl;                         /* launch with programmatic dependent launch (IB_CUDA_PDL=0: off) */
     int mma_rows;                    /* Q8 products of at least this many rows use the tensor cores */
     int att_group_rows;              /* attention takes a block per KV head from this many rows */
     int q_ready_buf, q_ready_G;      /* buffer whose Q8 form (group G) a fused norm just wrote, or -1 */
@@ -174,6 +228,21 @@ static void note(cuda_backend *b, cudaError_t e, const char *where) {
     if (e != cudaSuccess && b->err == cudaSuccess) b->err = e, b->err_where = where;
 }
 #define LAUNCHED(b, what) note((b), cudaGetLastError(), (what))
+
+/* Enqueue kernel k on b's stream (grid, block, dynamic shared bytes, its arguments), with programmatic
+ * dependent launch when b->pdl (each kernel waits for its predecessor itself: PDL_ENTER). */
+template <typename... KArgs, typename... Args>
+static void launch(cuda_backend *b, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = b->st;
+    cudaLaunchAttribute at[1];
+    memset(at, 0, sizeof at);
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = b->pdl ? 1 : 0;
+    cfg.attrs = at, cfg.numAttrs = 1;
+    note(b, cudaLaunchKernelEx(&cfg, k, (KArgs)args...), "launch");
+}
 
 /* ---------------------------------------------------------------- kernels: products */
 
@@ -205,88 +274,109 @@ __device__ __forceinline__ float weight_at(const dmat &m, int n, int k) {
     return m.s[gi] * (float)code_at(m, n, k) + m.b[gi];
 }
 
-/* Y[r][n] (row stride ldy) for r < R, n < N, Q8 activations (matmul.h). Block (x: 32 outputs, y: rpb
- * rows, a multiple of 8 chosen from the grid's size only: it never changes the arithmetic); in each pass of 8 rows and 16 groups, warp w sums groups w, w+8 (exact int32 via dp4a) into
- * shared memory, then warp r continues row r's float chains over those groups in ascending order.
- * xq [R][K] int8, d/ad [R][K/G]. fused: the test-only gpu-fma fault. */
+/* The exact integer sum of one group's codes (the uint4 words wg[0..cpg)) with one row's activation
+ * codes xr [G] (int8), by dp4a. */
 template <int FMT>
+__device__ __forceinline__ int group_isum(const uint4 *wg, int cpg, const int8_t *__restrict__ xr) {
+    constexpr int MAXC = FMT == IB_WQ4 ? 4 : 8;
+    constexpr int KC = FMT == IB_WQ4 ? 32 : 16;
+    int a = 0;
+#pragma unroll
+    for (int c = 0; c < MAXC; c++) {
+        if (c >= cpg) break;
+        const uint4 wv = wg[c];
+        const int4 *xp = (const int4 *)(xr + c * KC);
+        if (FMT == IB_WQ4) {
+            const int4 xa = xp[0], xb = xp[1];
+            a = __dp4a((int)(wv.x & 0x0f0f0f0fu), xa.x, a);
+            a = __dp4a((int)((wv.x >> 4) & 0x0f0f0f0fu), xa.y, a);
+            a = __dp4a((int)(wv.y & 0x0f0f0f0fu), xa.z, a);
+            a = __dp4a((int)((wv.y >> 4) & 0x0f0f0f0fu), xa.w, a);
+            a = __dp4a((int)(wv.z & 0x0f0f0f0fu), xb.x, a);
+            a = __dp4a((int)((wv.z >> 4) & 0x0f0f0f0fu), xb.y, a);
+            a = __dp4a((int)(wv.w & 0x0f0f0f0fu), xb.z, a);
+            a = __dp4a((int)((wv.w >> 4) & 0x0f0f0f0fu), xb.w, a);
+        } else {
+            const int4 xa = xp[0];
+            a = dp4a_us(wv.x, xa.x, a);
+            a = dp4a_us(wv.y, xa.y, a);
+            a = dp4a_us(wv.z, xa.z, a);
+            a = dp4a_us(wv.w, xa.w, a);
+        }
+    }
+    return a;
+}
+
+/* Y[r][n] (row stride ldy) for r < R, n < N, Q8 activations (matmul.h): per (row, output) the groups'
+ * terms t_g = (s*d)*(float)isum and u_g = b*ad, combined in ascending group order as
+ * acc = (acc + t_g) + u_g.
+ * Block (x: 32 outputs, one per lane; y: rpb rows, a multiple of RBT chosen from the grid's size only: it
+ * never changes the arithmetic). In each pass of RBT rows and GC = 128/RBT groups, warp w takes groups
+ * w, w+8, … two at a time (their weights, scales, biases and the rows' d, ad loaded together, so a
+ * warp's loads are in flight at once), computes each row's exact int32 sum by dp4a and the two terms,
+ * and parks them in shared memory; then warp r runs row r's chain over the pass's groups in order.
+ * xq [R][K] int8, d/ad [R][K/G]. fused: the test-only gpu-fma fault (t_g = fma(s*d, isum, u_g), u_g 0:
+ * a fused multiply-add in the epilogue). */
+template <int FMT, int RBT>
 __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
                                                     const float *__restrict__ ad, int R, int rpb, int fused) {
-    __shared__ int isum_s[RB][GCH][NT];
+    PDL_ENTER();
+    constexpr int GC = 128 / RBT;
+    constexpr int MAXC = FMT == IB_WQ4 ? 4 : 8;
+    constexpr int KC = FMT == IB_WQ4 ? 32 : 16;   /* k per uint4 */
+    __shared__ float t_s[RBT][GC][NT], u_s[RBT][GC][NT];
     dmat m;
     float *Y;
     const int tile = mset_pick(ms, blockIdx.x, m, Y), ldy = m.N;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n = tile * NT + lane;
     const int K = m.K, G = m.G, ng = m.ng, Np = m.Np;
-    constexpr int KC = FMT == IB_WQ4 ? 32 : 16;   /* k per uint4 */
     const int cpg = G / KC;
     const int rbeg = blockIdx.y * rpb, rend = min(R, rbeg + rpb);
-    for (int r0 = rbeg; r0 < rend; r0 += RB) {
-        const int nr = min(RB, rend - r0);
+    for (int r0 = rbeg; r0 < rend; r0 += RBT) {
+        const int nr = min(RBT, rend - r0);
         float acc = 0.0f;   /* row r0 + warp, output n */
-        for (int g0 = 0; g0 < ng; g0 += GCH) {
-            const int gn = min(GCH, ng - g0);
-            for (int gi = warp; gi < gn; gi += NWARP) {
-                const int g = g0 + gi;
-                int s[RB];
+        for (int g0 = 0; g0 < ng; g0 += GC) {
+            const int gn = min(GC, ng - g0);
+            for (int gi0 = warp; gi0 < gn; gi0 += 2 * NWARP) {
+                /* groups gi0 and gi0 + NWARP: every load first */
+                uint4 wg[2][MAXC];
+                float sc[2], bi[2], dd[2][RBT], aa[2][RBT];
 #pragma unroll
-                for (int r = 0; r < RB; r++) s[r] = 0;
-                /* the group's weights first (at most 4 or 8 uint4), so their loads are in flight together */
-                constexpr int MAXC = FMT == IB_WQ4 ? 4 : 8;
-                uint4 wg[MAXC];
+                for (int x = 0; x < 2; x++) {
+                    const int gi = gi0 + x * NWARP, g = g0 + gi;
+                    if (gi >= gn) break;
 #pragma unroll
-                for (int c = 0; c < MAXC; c++)
-                    if (c < cpg) wg[c] = m.w[(size_t)(g * cpg + c) * Np + n];
+                    for (int c = 0; c < MAXC; c++)
+                        if (c < cpg) wg[x][c] = m.w[(size_t)(g * cpg + c) * Np + n];
+                    sc[x] = m.s[(size_t)g * Np + n], bi[x] = m.b[(size_t)g * Np + n];
 #pragma unroll
-                for (int c = 0; c < MAXC; c++) {
-                    if (c >= cpg) break;
-                    const uint4 wv = wg[c];
-                    const int k0 = g * G + c * KC;
+                    for (int r = 0; r < RBT; r++)
+                        if (r < nr) dd[x][r] = d[(size_t)(r0 + r) * ng + g], aa[x][r] = ad[(size_t)(r0 + r) * ng + g];
+                }
 #pragma unroll
-                    for (int r = 0; r < RB; r++) {
+                for (int x = 0; x < 2; x++) {
+                    const int gi = gi0 + x * NWARP, g = g0 + gi;
+                    if (gi >= gn) break;
+#pragma unroll
+                    for (int r = 0; r < RBT; r++) {
                         if (r >= nr) break;
-                        const int4 *xp = (const int4 *)(xq + (size_t)(r0 + r) * K + k0);
-                        if (FMT == IB_WQ4) {
-                            const int4 xa = xp[0], xb = xp[1];
-                            int a = s[r];
-                            a = __dp4a((int)(wv.x & 0x0f0f0f0fu), xa.x, a);
-                            a = __dp4a((int)((wv.x >> 4) & 0x0f0f0f0fu), xa.y, a);
-                            a = __dp4a((int)(wv.y & 0x0f0f0f0fu), xa.z, a);
-                            a = __dp4a((int)((wv.y >> 4) & 0x0f0f0f0fu), xa.w, a);
-                            a = __dp4a((int)(wv.z & 0x0f0f0f0fu), xb.x, a);
-                            a = __dp4a((int)((wv.z >> 4) & 0x0f0f0f0fu), xb.y, a);
-                            a = __dp4a((int)(wv.w & 0x0f0f0f0fu), xb.z, a);
-                            a = __dp4a((int)((wv.w >> 4) & 0x0f0f0f0fu), xb.w, a);
-                            s[r] = a;
+                        const int is = group_isum<FMT>(wg[x], cpg, xq + (size_t)(r0 + r) * K + (size_t)g * G);
+                        const float sd = sc[x] * dd[x][r], u = bi[x] * aa[x][r], fi = (float)is;
+                        if (fused) {
+                            t_s[r][gi][lane] = __fmaf_rn(sd, fi, u);
+                            u_s[r][gi][lane] = 0.0f;
                         } else {
-                            const int4 xa = xp[0];
-                            int a = s[r];
-                            a = dp4a_us(wv.x, xa.x, a);
-                            a = dp4a_us(wv.y, xa.y, a);
-                            a = dp4a_us(wv.z, xa.z, a);
-                            a = dp4a_us(wv.w, xa.w, a);
-                            s[r] = a;
+                            t_s[r][gi][lane] = sd * fi;
+                            u_s[r][gi][lane] = u;
                         }
                     }
                 }
-#pragma unroll
-                for (int r = 0; r < RB; r++) isum_s[r][gi][lane] = s[r];
             }
             __syncthreads();
             if (warp < nr) {
-                /* t = (s*d)*(float)isum, u = b*ad, acc = (acc + t) + u, groups ascending */
-                const int row = r0 + warp;
 #pragma unroll 8
-                for (int gi = 0; gi < gn; gi++) {
-                    const int g = g0 + gi;
-                    const float sc = m.s[(size_t)g * Np + n], bi = m.b[(size_t)g * Np + n];
-                    const float dd = d[(size_t)row * ng + g], aa = ad[(size_t)row * ng + g];
-                    const float sd = sc * dd, u = bi * aa, fi = (float)isum_s[warp][gi][lane];
-                    if (fused) acc = __fmaf_rn(sd, fi, acc);
-                    else acc = acc + sd * fi;
-                    acc = acc + u;
-                }
+                for (int gi = 0; gi < gn; gi++) acc = (acc + t_s[warp][gi][lane]) + u_s[warp][gi][lane];
             }
             __syncthreads();
         }
@@ -318,6 +408,8 @@ __device__ __forceinline__ void mma_k32(int (&d)[4], const unsigned (&a)[4], uns
 template <int FMT>
 __global__ void __launch_bounds__(256) mm_q8_mma_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
                                                         const float *__restrict__ ad, int R, int fused) {
+    prefetch_tile(ms, blockIdx.y == 0);
+    PDL_ENTER();
     __shared__ int isum_s[GCH][16][33];
     dmat m;
     float *Y;
@@ -402,6 +494,7 @@ __global__ void __launch_bounds__(256) mm_q8_mma_kernel(mset ms, const int8_t *_
  * ascending (matmul.h). Block: 32 outputs x 8 rows. X [R][K]. fused: the test-only gpu-fma fault. */
 template <int FMT>
 __global__ void __launch_bounds__(256) mm_f32_kernel(mset ms, const float *__restrict__ X, int R, int fused) {
+    PDL_ENTER();
     dmat m;
     float *Y;
     const int tile = mset_pick(ms, blockIdx.x, m, Y), ldy = m.N;
@@ -484,6 +577,7 @@ __device__ __forceinline__ void quantize_group(const float *xs, int G, int8_t *q
 /* ib_quantize_act of X [R][K] for group G: one warp per (row, group). */
 __global__ void quantize_kernel(const float *__restrict__ X, int R, int K, int G, int8_t *__restrict__ xq,
                                 float *__restrict__ d, float *__restrict__ ad) {
+    PDL_ENTER();
     const int wid = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
     const int ng = K / G;
     if (wid >= R * ng) return;
@@ -505,6 +599,8 @@ __global__ void quantize_kernel(const float *__restrict__ X, int R, int K, int G
 __global__ void rmsnorm_kernel(float *x, const float *__restrict__ add_y, const float *__restrict__ w, int nvec, int n,
                                float eps, float *y, int reverse_odd, int8_t *__restrict__ xq, float *__restrict__ qd,
                                float *__restrict__ qad, int G) {
+    prefetch_bytes(w, (size_t)n * sizeof(float));
+    PDL_ENTER();
     extern __shared__ float xs[];
     __shared__ float r_s;
     const int v = blockIdx.x, tid = threadIdx.x;
@@ -556,6 +652,7 @@ __global__ void rmsnorm_kernel(float *x, const float *__restrict__ add_y, const 
 
 /* X[r] = embedding row tok[r] (ib_matrix_row_f32's formula). X [R][D]. */
 __global__ void embed_kernel(dmat m, const int32_t *__restrict__ tok, int R, float *__restrict__ X) {
+    PDL_ENTER();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)R * m.K) return;
     const int r = (int)(i / m.K), k = (int)(i % m.K);
@@ -564,6 +661,7 @@ __global__ void embed_kernel(dmat m, const int32_t *__restrict__ tok, int R, flo
 
 /* g = silu(g) * u with silu(g) = g / (1 + ib_expf(-g)); n elements. */
 __global__ void swiglu_kernel(float *g, const float *__restrict__ u, size_t n) {
+    PDL_ENTER();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float x = g[i];
@@ -571,8 +669,29 @@ __global__ void swiglu_kernel(float *g, const float *__restrict__ u, size_t n) {
     g[i] = silu * u[i];
 }
 
+/* swiglu_kernel of X [R][F] fused with the quantization of its output for group G (ib_swiglu, then
+ * ib_quantize_act of the rows): one warp per (row, group); each lane computes the elements it then
+ * reads for the group's codes, so the values quantized are those written. */
+__global__ void swiglu_q8_kernel(float *g, const float *__restrict__ u, int R, int F, int G, int8_t *__restrict__ xq,
+                                 float *__restrict__ qd, float *__restrict__ qad) {
+    PDL_ENTER();
+    const int wid = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    const int ng = F / G;
+    if (wid >= R * ng) return;
+    const int r = wid / ng, gi = wid % ng;
+    const size_t o = (size_t)r * F + (size_t)gi * G;
+    float *gp = g + o;
+    for (int k = lane; k < G; k += 32) {
+        const float x = gp[k];
+        const float silu = x / (1.0f + ib_expf_lane(-x));
+        gp[k] = silu * u[o + k];
+    }
+    quantize_group(gp, G, xq + o, qd + (size_t)r * ng + gi, qad + (size_t)r * ng + gi, lane);
+}
+
 /* x += y, n elements. */
 __global__ void add_kernel(float *x, const float *__restrict__ y, size_t n) {
+    PDL_ENTER();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = x[i] + y[i];
 }
@@ -580,6 +699,7 @@ __global__ void add_kernel(float *x, const float *__restrict__ y, size_t n) {
 /* out[j] = X[rows[j]] for j < n (rows of width D). */
 __global__ void gather_kernel(const float *__restrict__ X, const int32_t *__restrict__ rows, int n, int D,
                               float *__restrict__ out) {
+    PDL_ENTER();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)n * D) return;
     out[i] = X[(size_t)rows[i / D] * D + i % D];
@@ -593,62 +713,74 @@ __device__ __forceinline__ int slot_of(const rowinfo &ri, int pos) {
     return ri.sink + (pos - ri.sink) % (ri.cap - ri.sink);
 }
 
-/* One block per row r: rotate Q [R][H][hd] and K [R][KVH][hd] by cs [R][hd/2][2] (ib_rope: a*c - b*s,
- * b*c + a*s, products rounded) when r < rope_rows, then store the row's K and V into its session's
- * cache at layer li, slot(pos) (half rounded by ib_f32_to_f16). */
-__global__ void rope_store_kernel(float *Q, float *K, const float *__restrict__ V, const float *__restrict__ cs,
-                                  const rowinfo *__restrict__ ri, int H, int KVH, int hd, int li, int rope_rows,
-                                  int store) {
-    const int r = blockIdx.x, half = hd / 2;
-    if (r < rope_rows) {
-        const float *t = cs + (size_t)r * half * 2;
-        const int np = (H + KVH) * half;
-        for (int e0 = threadIdx.x; e0 < np; e0 += 4 * blockDim.x) {
-            /* four pairs' loads first, then their rotations (a pair is read and written by one thread) */
-            float a[4], b[4], c[4], s[4];
-            float *v[4];
-#pragma unroll
-            for (int x = 0; x < 4; x++) {
-                const int e = e0 + x * blockDim.x;
-                v[x] = NULL;
-                if (e < np) {
-                    const int h = e / half, i = e % half;
-                    v[x] = (h < H ? Q + ((size_t)r * H + h) * hd : K + ((size_t)r * KVH + (h - H)) * hd) + i;
-                    c[x] = t[2 * i], s[x] = t[2 * i + 1], a[x] = v[x][0], b[x] = v[x][half];
-                }
-            }
-#pragma unroll
-            for (int x = 0; x < 4; x++)
-                if (v[x]) {
-                    v[x][0] = a[x] * c[x] - b[x] * s[x];
-                    v[x][half] = b[x] * c[x] + a[x] * s[x];
-                }
-        }
-    }
-    if (!store) return;
-    __syncthreads();
+/* One warp per (row r = blockIdx.y, head h = QK_WARPS * blockIdx.x + warp) of the row's H query heads
+ * (Q [R][H][hd]) then KVH key heads (K [R][KVH][hd]), the head staged in shared memory
+ * ([QK_WARPS][hd] floats, dynamic):
+ *   - qn != NULL: the head norm with weights qn (query) or kn (key) [hd], ib_rmsnorm_heads as
+ *     rmsnorm_kernel computes it: lanes 0..15 own ib_dot16's lanes and fold 8, 4, 2, 1, then
+ *     r = 1/sqrt(ss/hd + eps) and (x * r) * w;
+ *   - r < rope_rows: the rotation of each pair (i, i + hd/2) by cs [R][hd/2][2] (ib_rope: a*c - b*s,
+ *     b*c + a*s, products rounded);
+ *   - the head written back, and a key head stored with the row's V head into its session's cache at
+ *     layer li, slot(pos) (half rounded by ib_f32_to_f16).
+ * The separate ops' operations in their order (q/k norm, RoPE, store). */
+__global__ void __launch_bounds__(32 * QK_WARPS) qk_kernel(float *Q, float *K, const float *__restrict__ V, const float *__restrict__ cs,
+                                                 const rowinfo *__restrict__ ri, const float *__restrict__ qn,
+                                                 const float *__restrict__ kn, int H, int KVH, int hd, int li, float eps,
+                                                 int rope_rows) {
+    if (qn) prefetch_bytes(qn, (size_t)hd * sizeof(float)), prefetch_bytes(kn, (size_t)hd * sizeof(float));
+    prefetch_bytes(cs + (size_t)blockIdx.y * hd, (size_t)hd * sizeof(float));
+    PDL_ENTER();
+    extern __shared__ float hs[];
+    const int r = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = hd / 2;
+    float *xs = hs + (size_t)warp * hd;
+    const float *t = cs + (size_t)r * half * 2;
     const rowinfo info = ri[r];
     const size_t plane = (size_t)info.cap * hd, slot = (size_t)slot_of(info, info.pos);
-    for (int e0 = threadIdx.x; e0 < KVH * hd; e0 += 4 * blockDim.x) {
-        float kx[4], vx[4];
-#pragma unroll
-        for (int x = 0; x < 4; x++) {
-            const int e = e0 + x * blockDim.x;
-            if (e < KVH * hd) kx[x] = K[(size_t)r * KVH * hd + e], vx[x] = V[(size_t)r * KVH * hd + e];
+    const int h = QK_WARPS * blockIdx.x + warp;
+    if (h < H + KVH) {
+        float *v = h < H ? Q + ((size_t)r * H + h) * hd : K + ((size_t)r * KVH + (h - H)) * hd;
+        for (int i = lane; i < hd; i += 32) xs[i] = v[i];
+        __syncwarp();
+        if (qn) {
+            const float *w = h < H ? qn : kn;
+            float a = 0.0f;
+            if (lane < 16) {
+#pragma unroll 8
+                for (int i = lane; i < hd; i += 16) a = a + xs[i] * xs[i];
+            }
+            for (int wd = 8; wd >= 1; wd >>= 1) {
+                const float o = __shfl_down_sync(0xffffffffu, a, wd, 16);
+                if (lane < wd) a = a + o;
+            }
+            float rr = 0.0f;
+            if (lane == 0) rr = 1.0f / sqrtf(a / (float)hd + eps);
+            rr = __shfl_sync(0xffffffffu, rr, 0);
+            for (int i = lane; i < hd; i += 32) xs[i] = (xs[i] * rr) * w[i];
+            __syncwarp();
         }
-#pragma unroll
-        for (int x = 0; x < 4; x++) {
-            const int e = e0 + x * blockDim.x;
-            if (e >= KVH * hd) break;
-            const int h = e / hd, i = e % hd;
-            const size_t ko = (((size_t)li * 2 + 0) * KVH + h) * plane + slot * hd + i;
-            const size_t vo = (((size_t)li * 2 + 1) * KVH + h) * plane + slot * hd + i;
-            if (info.f16) {
-                ((uint16_t *)info.kv)[ko] = ib_f32_to_f16(kx[x]);
-                ((uint16_t *)info.kv)[vo] = ib_f32_to_f16(vx[x]);
-            } else {
-                ((float *)info.kv)[ko] = kx[x];
-                ((float *)info.kv)[vo] = vx[x];
+        if (r < rope_rows) {
+            for (int i = lane; i < half; i += 32) {
+                const float a = xs[i], b = xs[i + half], c = t[2 * i], s = t[2 * i + 1];
+                xs[i] = a * c - b * s;
+                xs[i + half] = b * c + a * s;
+            }
+            __syncwarp();
+        }
+        for (int i = lane; i < hd; i += 32) v[i] = xs[i];
+        if (h >= H) {
+            const int kh = h - H;
+            const float *vv = V + ((size_t)r * KVH + kh) * hd;
+            const size_t ko = (((size_t)li * 2 + 0) * KVH + kh) * plane + slot * hd;
+            const size_t vo = (((size_t)li * 2 + 1) * KVH + kh) * plane + slot * hd;
+            for (int i = lane; i < hd; i += 32) {
+                if (info.f16) {
+                    ((uint16_t *)info.kv)[ko + i] = ib_f32_to_f16(xs[i]);
+                    ((uint16_t *)info.kv)[vo + i] = ib_f32_to_f16(vv[i]);
+                } else {
+                    ((float *)info.kv)[ko + i] = xs[i];
+                    ((float *)info.kv)[vo + i] = vv[i];
+                }
             }
         }
     }
@@ -677,6 +809,56 @@ __device__ __forceinline__ float dot16_lane(const float *q_s, const T *__restric
     return a;
 }
 
+/* The value pass of one chunk for the block's W output elements out[e] (shared memory; element e belongs
+ * to head e / hd, dimension e % hd), a thread per element: per key block k in order o = o * c[k], then
+ * o = o + p_j * v_j over the block's keys in order (v_j = vp[slot[j] * hd + d]; loads issued 16 keys at a
+ * time before their products) — the reference's operations in its order. pw [heads][pws], c [heads][cs];
+ * bt0 [nbk + 1] the blocks' first keys, then the chunk's size. Ends with a barrier. */
+template <typename T>
+__device__ void value_pass(float *out, int W, const T *__restrict__ vp, const int *slot, const float *pw, int pws,
+                           const float *c, int cs, const int *bt0, int nbk, int hd) {
+    for (int e = threadIdx.x; e < W; e += blockDim.x) {
+        const int h = e / hd, d = e % hd;
+        const float *ph = pw + (size_t)h * pws, *ch = c + (size_t)h * cs;
+        float o = out[e];
+        for (int k = 0; k < nbk; k++) {
+            o = o * ch[k];
+            int j = bt0[k];
+            const int je = bt0[k + 1];
+            for (; j + 16 <= je; j += 16) {
+                float v[16];
+#pragma unroll
+                for (int t = 0; t < 16; t++) v[t] = to_f32(vp[(size_t)slot[j + t] * hd + d]);
+#pragma unroll
+                for (int t = 0; t < 16; t++) o = o + ph[j + t] * v[t];
+            }
+            for (; j + 4 <= je; j += 4) {
+                float v[4];
+#pragma unroll
+                for (int t = 0; t < 4; t++) v[t] = to_f32(vp[(size_t)slot[j + t] * hd + d]);
+#pragma unroll
+                for (int t = 0; t < 4; t++) o = o + ph[j + t] * v[t];
+            }
+            for (; j < je; j++) o = o + ph[j] * to_f32(vp[(size_t)slot[j] * hd + d]);
+        }
+        out[e] = o;
+    }
+    __syncthreads();
+}
+
+/* Quantize (ib_quantize_act, group G) the n floats ys (shared memory) that are elements [e0, e0 + n) of
+ * row r's K-wide input: its groups e0/G .. into xq [R][K], qd/qad [R][K/G]; e0 and n multiples of G.
+ * All threads of the block take part (a warp per group). */
+__device__ __forceinline__ void quantize_span(const float *ys, int n, int r, int e0, int K, int G, int8_t *__restrict__ xq,
+                                              float *__restrict__ qd, float *__restrict__ qad) {
+    const int ng = K / G, lane = threadIdx.x & 31;
+    for (int q = threadIdx.x >> 5; q < n / G; q += blockDim.x >> 5) {
+        const int g = e0 / G + q;
+        quantize_group(ys + (size_t)q * G, G, xq + (size_t)r * K + (size_t)g * G, qd + (size_t)r * ng + g,
+                       qad + (size_t)r * ng + g, lane);
+    }
+}
+
 /* Shared memory of a per-head attention block. */
 struct att_smem1 {
     float q[IB_ATTN_MAX_HD], out[IB_ATTN_MAX_HD];
@@ -699,7 +881,8 @@ struct att_smem1 {
  * finally out / l. Exactly the reference's operations, in its order. T: float or half KV. */
 template <typename T>
 __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo &info,
-                                int r, int h, int H, int KVH, int hd, int li, float scale, int block) {
+                                int r, int h, int H, int KVH, int hd, int li, float scale, int block, int qG,
+                                int8_t *__restrict__ xq, float *__restrict__ qd, float *__restrict__ qad) {
     const int kvh = h / (H / KVH), tid = threadIdx.x, grp = tid >> 4, u = tid & 15, ngrp = blockDim.x >> 4;
     for (int d = tid; d < hd; d += blockDim.x) sm.q[d] = Q[((size_t)r * H + h) * hd + d], sm.out[d] = 0.0f;
     const size_t plane = (size_t)info.cap * hd;
@@ -715,7 +898,9 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
         if (lo < S) lo = S;
     }
     const int ra[2] = {0, lo}, rb[2] = {S, p + 1};
-    float m = -INFINITY, l = 0.0f;   /* thread 0's running max and sum */
+    /* thread 0's running max; thread lt's running sum (a thread without value-pass work when there is one) */
+    const int lt = hd < (int)blockDim.x ? (int)blockDim.x - 1 : 0;
+    float m = -INFINITY, l = 0.0f;
     int rg = 0, b0 = 0;              /* the next key block: range rg, position b0 (uniform over threads) */
     while (rg < 2) {
         /* the chunk: whole key blocks, positions pa.. for its first na keys, then pb.. (second range) */
@@ -774,53 +959,55 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
         __syncthreads();
         for (int j = tid; j < nc; j += blockDim.x) sm.pw[j] = ib_expf_lane(sm.sc[j] - sm.mk[j]);
         __syncthreads();
-        if (tid == 0)
+        if (tid == lt)
             for (int k = 0; k < nbk; k++) {
                 l = l * sm.c[k];
 #pragma unroll 8
                 for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++) l = l + sm.pw[j];
             }
-        for (int d = tid; d < hd; d += blockDim.x) {
-            float o = sm.out[d];
-            for (int k = 0; k < nbk; k++) {
-                o = o * sm.c[k];
-                int j = sm.bt0[k];
-                const int je = sm.bt0[k + 1];
-                for (; j + 16 <= je; j += 16) {
-                    float v[16];
-#pragma unroll
-                    for (int t = 0; t < 16; t++) v[t] = to_f32(vp[(size_t)sm.slot[j + t] * hd + d]);
-#pragma unroll
-                    for (int t = 0; t < 16; t++) o = o + sm.pw[j + t] * v[t];
-                }
-                for (; j + 4 <= je; j += 4) {
-                    float v[4];
-#pragma unroll
-                    for (int t = 0; t < 4; t++) v[t] = to_f32(vp[(size_t)sm.slot[j + t] * hd + d]);
-#pragma unroll
-                    for (int t = 0; t < 4; t++) o = o + sm.pw[j + t] * v[t];
-                }
-                for (; j < je; j++) o = o + sm.pw[j] * to_f32(vp[(size_t)sm.slot[j] * hd + d]);
-            }
-            sm.out[d] = o;
-        }
-        __syncthreads();
+        value_pass(sm.out, hd, vp, sm.slot, sm.pw, 0, sm.c, 0, sm.bt0, nbk, hd);
     }
-    if (tid == 0) sm.l = l;
+    if (tid == lt) sm.l = l;
     __syncthreads();
-    for (int d = tid; d < hd; d += blockDim.x) ATT[((size_t)r * H + h) * hd + d] = sm.out[d] / sm.l;
+    for (int d = tid; d < hd; d += blockDim.x) {
+        const float o = sm.out[d] / sm.l;
+        ATT[((size_t)r * H + h) * hd + d] = o;
+        sm.out[d] = o;
+    }
+    if (qG > 0) {
+        __syncthreads();
+        quantize_span(sm.out, hd, r, h * hd, H * hd, qG, xq, qd, qad);
+    }
+}
+
+/* Ask L2 for the keys and values a row's attention at layer li, KV head kvh reads first (the cache's
+ * slots [0, min(pos + 1, capacity, ATT_CHUNK))): its earlier positions, which this step does not write;
+ * a line this step writes later stays coherent in L2. */
+__device__ __forceinline__ void prefetch_kv(const rowinfo &info, int li, int KVH, int kvh, int hd) {
+    const size_t elt = info.f16 ? 2 : 4, plane = (size_t)info.cap * hd * elt;
+    int n = info.pos + 1 < info.cap ? info.pos + 1 : info.cap;
+    if (n > ATT_CHUNK) n = ATT_CHUNK;
+    const char *kp = (const char *)info.kv + (((size_t)li * 2 + 0) * KVH + kvh) * plane;
+    const char *vp = (const char *)info.kv + (((size_t)li * 2 + 1) * KVH + kvh) * plane;
+    prefetch_bytes(kp, (size_t)n * hd * elt);
+    prefetch_bytes(vp, (size_t)n * hd * elt);
 }
 
 /* One block per (row, query head): attend_row_head for the row's KV dtype (few rows: twice the blocks
- * of attention_kernel for the latency-bound case; the same arithmetic). */
+ * of attention_kernel for the latency-bound case; the same arithmetic). qG > 0: the output rows are also
+ * quantized for group qG (hd a multiple of qG) into xq/qd/qad for the product that reads them. */
 __global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
                                                                 const rowinfo *__restrict__ ri, int H, int KVH, int hd,
-                                                                int li, float scale, int block) {
-    __shared__ att_smem1 sm;
+                                                                int li, float scale, int block, int qG,
+                                                                int8_t *__restrict__ xq, float *__restrict__ qd,
+                                                                float *__restrict__ qad) {
     const int r = blockIdx.x / H, h = blockIdx.x % H;
-    const rowinfo info = ri[r];
-    if (info.f16) attend_row_head<uint16_t>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block);
-    else attend_row_head<float>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block);
+    const rowinfo info = ri[r];   /* uploaded before the step's first kernel */
+    prefetch_kv(info, li, KVH, h / (H / KVH), hd);
+    PDL_ENTER();
+    __shared__ att_smem1 sm;
+    if (info.f16) attend_row_head<uint16_t>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
+    else attend_row_head<float>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
 }
 
 /* Shared memory of an attention block: ATT_QH floats hold the G query heads' q and outputs, ATT_QH
@@ -848,7 +1035,8 @@ struct att_smem {
 template <typename T>
 __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, float *__restrict__ ATT,
                                   const rowinfo &info, int r, int kvh, int H, int KVH, int hd, int li, float scale,
-                                  int block) {
+                                  int block, int qG, int8_t *__restrict__ xq, float *__restrict__ qd,
+                                  float *__restrict__ qad) {
     const int G = H / KVH, tid = threadIdx.x, grp = tid >> 4, u = tid & 15, ngrp = blockDim.x >> 4;
     const int gw = G * hd;
     for (int e = tid; e < gw; e += blockDim.x) sm.q[e] = Q[((size_t)r * H + (size_t)kvh * G) * hd + e], sm.out[e] = 0.0f;
@@ -866,7 +1054,10 @@ __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, flo
     }
     const int ra[2] = {0, lo}, rb[2] = {S, p + 1};
     const int chunk = ATT_QH / G < ATT_CHUNK ? ATT_QH / G : ATT_CHUNK;
-    float m = -INFINITY, l = 0.0f;   /* thread h < G: head h's running max and sum */
+    /* thread h < G: head h's running max; thread lbase + h: its running sum (threads without value-pass
+     * work when there are enough) */
+    const int lbase = gw + G <= (int)blockDim.x ? (int)blockDim.x - G : 0;
+    float m = -INFINITY, l = 0.0f;
     int rg = 0, b0 = 0;              /* the next key block: range rg, position b0 (uniform over threads) */
     while (rg < 2) {
         /* the chunk: whole key blocks, positions pa.. for its first na keys, then pb.. (second range) */
@@ -931,57 +1122,43 @@ __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, flo
         __syncthreads();
         for (int e = tid; e < npair; e += blockDim.x) sm.pw[e] = ib_expf_lane(sm.sc[e] - sm.mk[e]);
         __syncthreads();
-        if (tid < G) {
-            const float *pw = sm.pw + (size_t)tid * nc;
+        if (tid >= lbase && tid < lbase + G) {
+            const int h = tid - lbase;
+            const float *pw = sm.pw + (size_t)h * nc;
             for (int k = 0; k < nbk; k++) {
-                l = l * sm.c[tid * ATT_MAX_BLOCKS + k];
+                l = l * sm.c[h * ATT_MAX_BLOCKS + k];
 #pragma unroll 8
                 for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++) l = l + pw[j];
             }
         }
-        for (int e = tid; e < gw; e += blockDim.x) {
-            const int h = e / hd, d = e % hd;
-            const float *pw = sm.pw + (size_t)h * nc, *cc = sm.c + h * ATT_MAX_BLOCKS;
-            float o = sm.out[e];
-            for (int k = 0; k < nbk; k++) {
-                o = o * cc[k];
-                int j = sm.bt0[k];
-                const int je = sm.bt0[k + 1];
-                for (; j + 16 <= je; j += 16) {
-                    float v[16];
-#pragma unroll
-                    for (int t = 0; t < 16; t++) v[t] = to_f32(vp[(size_t)sm.slot[j + t] * hd + d]);
-#pragma unroll
-                    for (int t = 0; t < 16; t++) o = o + pw[j + t] * v[t];
-                }
-                for (; j + 4 <= je; j += 4) {
-                    float v[4];
-#pragma unroll
-                    for (int t = 0; t < 4; t++) v[t] = to_f32(vp[(size_t)sm.slot[j + t] * hd + d]);
-#pragma unroll
-                    for (int t = 0; t < 4; t++) o = o + pw[j + t] * v[t];
-                }
-                for (; j < je; j++) o = o + pw[j] * to_f32(vp[(size_t)sm.slot[j] * hd + d]);
-            }
-            sm.out[e] = o;
-        }
-        __syncthreads();
+        value_pass(sm.out, gw, vp, sm.slot, sm.pw, nc, sm.c, ATT_MAX_BLOCKS, sm.bt0, nbk, hd);
     }
-    if (tid < G) sm.l[tid] = l;
+    if (tid >= lbase && tid < lbase + G) sm.l[tid - lbase] = l;
     __syncthreads();
-    for (int e = tid; e < gw; e += blockDim.x)
-        ATT[((size_t)r * H + (size_t)kvh * G) * hd + e] = sm.out[e] / sm.l[e / hd];
+    for (int e = tid; e < gw; e += blockDim.x) {
+        const float o = sm.out[e] / sm.l[e / hd];
+        ATT[((size_t)r * H + (size_t)kvh * G) * hd + e] = o;
+        sm.out[e] = o;
+    }
+    if (qG > 0) {
+        __syncthreads();
+        quantize_span(sm.out, gw, r, kvh * G * hd, H * hd, qG, xq, qd, qad);
+    }
 }
 
-/* One block per (row, KV head): attend_row_kvhead for the row's KV dtype. */
+/* One block per (row, KV head): attend_row_kvhead for the row's KV dtype; qG as attention_head_kernel. */
 __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
                                                                 const rowinfo *__restrict__ ri, int H, int KVH, int hd,
-                                                                int li, float scale, int block) {
-    __shared__ att_smem sm;
+                                                                int li, float scale, int block, int qG,
+                                                                int8_t *__restrict__ xq, float *__restrict__ qd,
+                                                                float *__restrict__ qad) {
     const int r = blockIdx.x / KVH, kvh = blockIdx.x % KVH;
-    const rowinfo info = ri[r];
-    if (info.f16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block);
-    else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block);
+    const rowinfo info = ri[r];   /* uploaded before the step's first kernel */
+    prefetch_kv(info, li, KVH, kvh, hd);
+    PDL_ENTER();
+    __shared__ att_smem sm;
+    if (info.f16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
+    else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
 }
 
 /* ---------------------------------------------------------------- availability */
@@ -1146,6 +1323,8 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
     {
         const char *g = getenv("IB_CUDA_GRAPHS");   /* "0": run every step op by op (for comparisons) */
         b->use_graphs = !(g && !strcmp(g, "0"));
+        const char *pd = getenv("IB_CUDA_PDL");      /* "0": every kernel waits for the previous one's end */
+        b->pdl = !(pd && !strcmp(pd, "0"));
         /* rows from which Q8 products use the tensor cores (tests set it to compare both kernels) */
         const char *t = getenv("IB_CUDA_MMA_ROWS");
         b->mma_rows = t && atoi(t) > 0 ? atoi(t) : MMA_MIN_ROWS;
@@ -1281,6 +1460,52 @@ static void cuda_kv_copy(ib_kv *dst, const ib_kv *src, int n_slots) {
 }
 
 /* cuda.h */
+/* Reads p [n] reps times (a grid-stride loop of 16-byte loads) and folds the words, so the loads stay. */
+__global__ void read_kernel(const uint4 *__restrict__ p, size_t n, int reps, unsigned *sink) {
+    unsigned x = 0;
+    for (int r = 0; r < reps; r++)
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+            const uint4 v = p[i];
+            x ^= v.x ^ v.y ^ v.z ^ v.w;
+        }
+    if (x == 0x9e3779b9u) *sink = x;
+}
+
+extern "C" double ib_cuda_read_bandwidth(void) {
+    static uint4 *buf;
+    static unsigned *sink;
+    const size_t bytes = (size_t)1 << 30;
+    const int reps = 4;
+    const char *why;
+    if (!device_ok(&why)) return 0;
+    if (!buf) {
+        if (cudaMalloc((void **)&buf, bytes) != cudaSuccess || cudaMalloc((void **)&sink, sizeof(unsigned)) != cudaSuccess ||
+            cudaMemset(buf, 1, bytes) != cudaSuccess) {
+            cudaGetLastError();
+            if (buf) cudaFree(buf);
+            buf = NULL;
+            return 0;
+        }
+    }
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    cudaEvent_t a, b;
+    if (cudaEventCreate(&a) != cudaSuccess) return 0;
+    if (cudaEventCreate(&b) != cudaSuccess) {
+        cudaEventDestroy(a);
+        return 0;
+    }
+    float ms = 0;
+    cudaEventRecord(a, 0);
+    read_kernel<<<sms * 8, 512>>>(buf, bytes / sizeof(uint4), reps, sink);
+    cudaEventRecord(b, 0);
+    const int ok = cudaEventSynchronize(b) == cudaSuccess && cudaEventElapsedTime(&ms, a, b) == cudaSuccess && ms > 0;
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaGetLastError();
+    return ok ? (double)bytes * reps / (ms * 1e-3) : 0;
+}
+
 extern "C" void ib_cuda_profile(int on) {
     if (on) cudaProfilerStart();
     else cudaProfilerStop();
@@ -1381,7 +1606,7 @@ static void launch_upload(cuda_backend *b) {
 /* X = embedding rows of the step's tokens. */
 static void launch_embed(cuda_backend *b) {
     const size_t n = (size_t)b->R * b->D;
-    embed_kernel<<<blocks_for(n, 256), 256, 0, b->st>>>(b->embed, b->d_tok, b->R, b->buf[IB_BUF_X]);
+    launch(b, embed_kernel, blocks_for(n, 256), 256, 0, b->embed, b->d_tok, b->R, b->buf[IB_BUF_X]);
     LAUNCHED(b, "embed");
 }
 
@@ -1389,19 +1614,18 @@ static void launch_embed(cuda_backend *b) {
  * fault applies), not a head norm. */
 static void launch_rmsnorm(cuda_backend *b, float *in, const float *w, int nvec, int n, float *out, int rows) {
     const int reverse_odd = rows && b->fault == IB_FAULT_ROW_ORDER;
-    rmsnorm_kernel<<<nvec, n >= 512 ? 256 : 128, (size_t)n * sizeof(float), b->st>>>(in, NULL, w, nvec, n, b->eps, out,
+    launch(b, rmsnorm_kernel, nvec, n >= 512 ? 256 : 128, (size_t)n * sizeof(float), in, NULL, w, nvec, n, b->eps, out,
                                                                                      reverse_odd, NULL, NULL, NULL, 0);
     LAUNCHED(b, "rmsnorm");
 }
 
 /* A row norm of R rows (in -> out) with its fused neighbours: add_y (x += add_y first) and, when G > 0,
- * the quantization of the normed rows for group G (then marked ready for the linear that reads `out`). */
+ * the quantization of the normed rows for group G. */
 static void launch_rmsnorm_fused(cuda_backend *b, int in, const float *add_y, const float *w, int out, int G) {
     const int n = b->D, reverse_odd = b->fault == IB_FAULT_ROW_ORDER;
-    rmsnorm_kernel<<<b->R, n >= 512 ? 256 : 128, (size_t)n * sizeof(float), b->st>>>(
+    launch(b, rmsnorm_kernel, b->R, n >= 512 ? 256 : 128, (size_t)n * sizeof(float), 
         b->buf[in], add_y, w, b->R, n, b->eps, b->buf[out], reverse_odd, b->xq, b->qd, b->qad, G);
     LAUNCHED(b, "rmsnorm");
-    if (G > 0) b->q_ready_buf = out, b->q_ready_G = G;
 }
 
 /* Device weights of norm n (ib_nsel) of layer li. */
@@ -1429,20 +1653,31 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
     const int fmt = m[0]->fmt;
     if (q8 && fmt != IB_WF32 && R >= b->mma_rows) {
         dim3 grid((unsigned)tiles, blocks_for((size_t)R, 16));
-        if (fmt == IB_WQ4) mm_q8_mma_kernel<IB_WQ4><<<grid, 256, 0, b->st>>>(ms, b->xq, b->qd, b->qad, R, fused);
-        else mm_q8_mma_kernel<IB_WQ8><<<grid, 256, 0, b->st>>>(ms, b->xq, b->qd, b->qad, R, fused);
+        if (fmt == IB_WQ4) launch(b, mm_q8_mma_kernel<IB_WQ4>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, fused);
+        else launch(b, mm_q8_mma_kernel<IB_WQ8>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, fused);
     } else if (q8 && fmt != IB_WF32) {
-        long passes = ((long)(R + RB - 1) / RB) * (long)tiles / 528;
+        /* rows per pass: the fewest of 1, 2, 4, 8 that hold R (fewer rows, more groups per pass) */
+        const int rbt = R <= 1 ? 1 : R <= 2 ? 2 : R <= 4 ? 4 : RB;
+        long passes = ((long)(R + rbt - 1) / rbt) * (long)tiles / 528;
         passes = passes < 1 ? 1 : passes > MAX_PASSES ? MAX_PASSES : passes;
-        const int rpb = (int)passes * RB;
+        const int rpb = (int)passes * rbt;
         dim3 grid((unsigned)tiles, blocks_for((size_t)R, rpb));
-        if (fmt == IB_WQ4) mm_q8_kernel<IB_WQ4><<<grid, 256, 0, b->st>>>(ms, b->xq, b->qd, b->qad, R, rpb, fused);
-        else mm_q8_kernel<IB_WQ8><<<grid, 256, 0, b->st>>>(ms, b->xq, b->qd, b->qad, R, rpb, fused);
+        if (fmt == IB_WQ4) {
+            if (rbt == 1) launch(b, mm_q8_kernel<IB_WQ4, 1>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused);
+            else if (rbt == 2) launch(b, mm_q8_kernel<IB_WQ4, 2>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused);
+            else if (rbt == 4) launch(b, mm_q8_kernel<IB_WQ4, 4>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused);
+            else launch(b, mm_q8_kernel<IB_WQ4, RB>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused);
+        } else {
+            if (rbt == 1) launch(b, mm_q8_kernel<IB_WQ8, 1>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused);
+            else if (rbt == 2) launch(b, mm_q8_kernel<IB_WQ8, 2>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused);
+            else if (rbt == 4) launch(b, mm_q8_kernel<IB_WQ8, 4>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused);
+            else launch(b, mm_q8_kernel<IB_WQ8, RB>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused);
+        }
     } else {
         dim3 grid((unsigned)tiles, blocks_for((size_t)R, NWARP));
-        if (fmt == IB_WQ4) mm_f32_kernel<IB_WQ4><<<grid, 256, 0, b->st>>>(ms, X, R, fused);
-        else if (fmt == IB_WQ8) mm_f32_kernel<IB_WQ8><<<grid, 256, 0, b->st>>>(ms, X, R, fused);
-        else mm_f32_kernel<IB_WF32><<<grid, 256, 0, b->st>>>(ms, X, R, fused);
+        if (fmt == IB_WQ4) launch(b, mm_f32_kernel<IB_WQ4>, grid, 256, 0, ms, X, R, fused);
+        else if (fmt == IB_WQ8) launch(b, mm_f32_kernel<IB_WQ8>, grid, 256, 0, ms, X, R, fused);
+        else launch(b, mm_f32_kernel<IB_WF32>, grid, 256, 0, ms, X, R, fused);
     }
     LAUNCHED(b, "linear");
 }
@@ -1455,7 +1690,7 @@ static void launch_product(cuda_backend *b, const dmat *m, const float *X, int R
 /* Quantize X [R][K] for group G into b's Q8 buffers. */
 static void launch_quantize(cuda_backend *b, const float *X, int R, int K, int G) {
     const size_t warps = (size_t)R * (K / G);
-    quantize_kernel<<<blocks_for(warps * 32, 256), 256, 0, b->st>>>(X, R, K, G, b->xq, b->qd, b->qad);
+    launch(b, quantize_kernel, blocks_for(warps * 32, 256), 256, 0, X, R, K, G, b->xq, b->qd, b->qad);
     LAUNCHED(b, "quantize");
 }
 
@@ -1484,33 +1719,55 @@ static void launch_linear(cuda_backend *b, int li, int n, const int *ws, int in,
     }
 }
 
-/* Layer li's q/k head norms (IB_QK_NORM, when the model has them) and/or RoPE + KV store. */
+/* Layer li's q/k head norms (IB_QK_NORM, when the model has them) and/or RoPE + KV store. The norms
+ * alone (a captured run's first phase) run as the row-norm kernel over head vectors; RoPE + store, with
+ * or without the norms before it, as one qk_kernel. */
 static void launch_qk(cuda_backend *b, int li, int phases) {
     const int R = b->R, H = b->H, KVH = b->KVH, hd = b->hd;
-    if ((phases & IB_QK_NORM) && b->has_qk_norm) {
-        const float *qn = b->norms + (size_t)b->L * 2 * b->D + b->D + (size_t)li * 2 * hd;
-        launch_rmsnorm(b, b->buf[IB_BUF_Q], qn, R * H, hd, b->buf[IB_BUF_Q], 0);
-        launch_rmsnorm(b, b->buf[IB_BUF_K], qn + hd, R * KVH, hd, b->buf[IB_BUF_K], 0);
+    const float *qn = (phases & IB_QK_NORM) && b->has_qk_norm
+                          ? b->norms + (size_t)b->L * 2 * b->D + b->D + (size_t)li * 2 * hd
+                          : NULL;
+    if (!(phases & IB_QK_ROPE_STORE)) {
+        if (qn) {
+            launch_rmsnorm(b, b->buf[IB_BUF_Q], qn, R * H, hd, b->buf[IB_BUF_Q], 0);
+            launch_rmsnorm(b, b->buf[IB_BUF_K], qn + hd, R * KVH, hd, b->buf[IB_BUF_K], 0);
+        }
+        return;
     }
-    if (phases & IB_QK_ROPE_STORE) {
-        /* the test-only rope-skip-rows fault, as ib_rope_step_rows applies it */
-        const int skip = b->fault == IB_FAULT_ROPE_SKIP_ROWS && b->n_items > 1 && b->n_items == R;
-        rope_store_kernel<<<R, 256, 0, b->st>>>(b->buf[IB_BUF_Q], b->buf[IB_BUF_K], b->buf[IB_BUF_V], b->d_cs, b->d_ri, H,
-                                                KVH, hd, li, skip ? 1 : R, 1);
-        LAUNCHED(b, "rope_store");
-    }
+    /* the test-only rope-skip-rows fault, as ib_rope_step_rows applies it */
+    const int skip = b->fault == IB_FAULT_ROPE_SKIP_ROWS && b->n_items > 1 && b->n_items == R;
+    const dim3 grid(blocks_for((size_t)(H + KVH), QK_WARPS), (unsigned)R);
+    launch(b, qk_kernel, grid, 32 * QK_WARPS, (size_t)QK_WARPS * hd * sizeof(float), 
+        b->buf[IB_BUF_Q], b->buf[IB_BUF_K], b->buf[IB_BUF_V], b->d_cs, b->d_ri, qn, qn ? qn + hd : NULL, H, KVH, hd, li,
+        b->eps, skip ? 1 : R);
+    LAUNCHED(b, "qk");
 }
 
 /* ATT = attention of every row and query head at layer li: a block per (row, KV head) from
- * att_group_rows rows, a block per (row, query head) below (same arithmetic, more blocks when few). */
-static void launch_attention(cuda_backend *b, int li) {
+ * att_group_rows rows, a block per (row, query head) below (same arithmetic, more blocks when few).
+ * qG > 0 (dividing hd): ATT's rows are also quantized for group qG. */
+static void launch_attention(cuda_backend *b, int li, int qG) {
+    float *Q = b->buf[IB_BUF_Q], *ATT = b->buf[IB_BUF_ATT];
     if (b->R >= b->att_group_rows)
-        attention_kernel<<<b->R * b->KVH, ATT_THREADS, 0, b->st>>>(b->buf[IB_BUF_Q], b->buf[IB_BUF_ATT], b->d_ri, b->H,
-                                                                   b->KVH, b->hd, li, b->scale, b->attn_block);
+        launch(b, attention_kernel, b->R * b->KVH, ATT_THREADS, 0, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li, b->scale,
+                                                                     b->attn_block, qG, b->xq, b->qd, b->qad);
     else
-        attention_head_kernel<<<b->R * b->H, ATT_THREADS, 0, b->st>>>(b->buf[IB_BUF_Q], b->buf[IB_BUF_ATT], b->d_ri, b->H,
-                                                                      b->KVH, b->hd, li, b->scale, b->attn_block);
+        launch(b, attention_head_kernel, b->R * b->H, ATT_THREADS, 0, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li, b->scale,
+                                                                        b->attn_block, qG, b->xq, b->qd, b->qad);
     LAUNCHED(b, "attention");
+}
+
+/* G = swiglu(G, U); qG > 0: its rows also quantized for group qG (swiglu_q8_kernel). */
+static void launch_swiglu(cuda_backend *b, int qG) {
+    if (qG > 0) {
+        const size_t warps = (size_t)b->R * (b->F / qG);
+        launch(b, swiglu_q8_kernel, blocks_for(warps * 32, 256), 256, 0, b->buf[IB_BUF_G], b->buf[IB_BUF_U], b->R, b->F,
+                                                                         qG, b->xq, b->qd, b->qad);
+    } else {
+        const size_t n = (size_t)b->R * b->F;
+        launch(b, swiglu_kernel, blocks_for(n, 256), 256, 0, b->buf[IB_BUF_G], b->buf[IB_BUF_U], n);
+    }
+    LAUNCHED(b, "swiglu");
 }
 
 /* XN[j] = final norm of X[logit_row[j]] for the wanted rows, lm_head in chunks, logits into the pinned
@@ -1519,7 +1776,7 @@ static void launch_logits(cuda_backend *b) {
     const int nl = b->n_logits, D = b->D, V = b->V;
     float *xn = b->buf[IB_BUF_XN];
     if (nl < 1) return;
-    gather_kernel<<<blocks_for((size_t)nl * D, 256), 256, 0, b->st>>>(b->buf[IB_BUF_X], b->d_lrow, nl, D, xn);
+    launch(b, gather_kernel, blocks_for((size_t)nl * D, 256), 256, 0, b->buf[IB_BUF_X], b->d_lrow, nl, D, xn);
     LAUNCHED(b, "logits");
     launch_rmsnorm(b, xn, norm_weights(b, IB_N_FINAL, 0), nl, D, xn, 1);
     const dmat *lm = b->lm_head;
@@ -1535,7 +1792,7 @@ static void launch_logits(cuda_backend *b) {
     }
 }
 
-/* Enqueue one recorded op. */
+/* Enqueue one recorded op (unfused). */
 static void exec_rec(cuda_backend *b, const oprec *r) {
     const int *a = r->a;
     switch (r->op) {
@@ -1544,16 +1801,11 @@ static void exec_rec(cuda_backend *b, const oprec *r) {
     case OP_RMSNORM: launch_rmsnorm_fused(b, a[0], NULL, norm_weights(b, a[1], a[2]), a[3], 0); break;
     case OP_LINEAR: launch_linear(b, a[0], a[1], a + 2, a[5], a + 6); break;
     case OP_QK: launch_qk(b, a[0], a[1]); break;
-    case OP_ATTN: launch_attention(b, a[0]); break;
-    case OP_SWIGLU: {
-        const size_t n = (size_t)b->R * b->F;
-        swiglu_kernel<<<blocks_for(n, 256), 256, 0, b->st>>>(b->buf[IB_BUF_G], b->buf[IB_BUF_U], n);
-        LAUNCHED(b, "swiglu");
-        break;
-    }
+    case OP_ATTN: launch_attention(b, a[0], 0); break;
+    case OP_SWIGLU: launch_swiglu(b, 0); break;
     case OP_ADD: {
         const size_t n = (size_t)b->R * b->D;
-        add_kernel<<<blocks_for(n, 256), 256, 0, b->st>>>(b->buf[a[0]], b->buf[a[1]], n);
+        launch(b, add_kernel, blocks_for(n, 256), 256, 0, b->buf[a[0]], b->buf[a[1]], n);
         LAUNCHED(b, "add");
         break;
     }
@@ -1561,44 +1813,51 @@ static void exec_rec(cuda_backend *b, const oprec *r) {
     }
 }
 
-/* Group size the Q8 linear `next` quantizes its input `buf` with, when it reads buf under Q8
- * activations; 0 otherwise. */
-static int q8_group_for(const cuda_backend *b, const oprec *next, int buf) {
+/* Group size the Q8 linear `next` quantizes its input `buf` (rows of `width` floats) with, when it reads
+ * buf under Q8 activations; 0 otherwise. */
+static int q8_group_for(const cuda_backend *b, const oprec *next, int buf, int width) {
     if (!next || next->op != OP_LINEAR || b->act != IB_ACT_Q8 || next->a[5] != buf) return 0;
     for (int i = 0; i < next->a[1]; i++) {
         const dmat *m = &b->mats[(size_t)next->a[0] * IB_W_COUNT + next->a[2 + i]];
-        if (m->fmt != IB_WF32) return m->K == b->D ? m->G : 0;
+        if (m->fmt != IB_WF32) return m->K == width ? m->G : 0;
     }
     return 0;
 }
 
 /* Enqueue records [0, n) in order, fusing neighbours into one kernel where the same operations allow:
- * a residual add followed by the row norm of its sum, and a row norm followed by the Q8 linear that
- * reads it (its quantization done by the norm's block). Every fused kernel performs the separate ops'
- * arithmetic in their order, so fusing changes no bit (and read_rows, which flushes op by op, sees the
- * same values). */
+ * a residual add followed by the row norm of its sum; and the Q8 quantization of a linear's input done
+ * by the op that writes it (a row norm, SwiGLU, attention), the linear then skipping its own. Every
+ * fused kernel performs the separate ops' arithmetic in their order, so fusing changes no bit (and
+ * read_rows, which flushes op by op, sees the same values). */
 static void exec_records(cuda_backend *b, const oprec *rec, int n) {
     for (int i = 0; i < n; i++) {
         const oprec *r = &rec[i], *nx = i + 1 < n ? &rec[i + 1] : NULL;
-        int consumed = 1;
+        int consumed = 1, ready = -1, G = 0;
         if (r->op == OP_ADD && nx && nx->op == OP_RMSNORM && nx->a[0] == r->a[0] && nx->a[3] != r->a[0] &&
             nx->a[3] != r->a[1]) {
-            const oprec *nn = i + 2 < n ? &rec[i + 2] : NULL;
-            launch_rmsnorm_fused(b, r->a[0], b->buf[r->a[1]], norm_weights(b, nx->a[1], nx->a[2]), nx->a[3],
-                                 q8_group_for(b, nn, nx->a[3]));
+            G = q8_group_for(b, i + 2 < n ? &rec[i + 2] : NULL, nx->a[3], b->D);
+            launch_rmsnorm_fused(b, r->a[0], b->buf[r->a[1]], norm_weights(b, nx->a[1], nx->a[2]), nx->a[3], G);
+            ready = nx->a[3];
             consumed = 2;
         } else if (r->op == OP_RMSNORM && r->a[0] != r->a[3]) {
-            launch_rmsnorm_fused(b, r->a[0], NULL, norm_weights(b, r->a[1], r->a[2]), r->a[3], q8_group_for(b, nx, r->a[3]));
+            G = q8_group_for(b, nx, r->a[3], b->D);
+            launch_rmsnorm_fused(b, r->a[0], NULL, norm_weights(b, r->a[1], r->a[2]), r->a[3], G);
+            ready = r->a[3];
+        } else if (r->op == OP_SWIGLU) {
+            G = q8_group_for(b, nx, IB_BUF_G, b->F);
+            launch_swiglu(b, G);
+            ready = IB_BUF_G;
+        } else if (r->op == OP_ATTN) {
+            G = q8_group_for(b, nx, IB_BUF_ATT, b->H * b->hd);
+            if (G > 0 && b->hd % G) G = 0;
+            launch_attention(b, r->a[0], G);
+            ready = IB_BUF_ATT;
         } else {
             exec_rec(b, r);
-            b->q_ready_buf = -1;
         }
+        /* a fused quantization serves only the linear right after it */
+        b->q_ready_buf = G > 0 ? ready : -1, b->q_ready_G = G;
         i += consumed - 1;
-        /* a fused quantization serves only the op right after it */
-        if (consumed == 2 || r->op == OP_RMSNORM) {
-            const oprec *after = &rec[i + 1 < n ? i + 1 : i];
-            if (i + 1 >= n || after->op != OP_LINEAR) b->q_ready_buf = -1;
-        }
     }
 }
 
