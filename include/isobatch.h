@@ -618,6 +618,8 @@ typedef enum ib_fault {
                                    * without its middle token */
     IB_FAULT_MOE_CAPACITY,        /* MoE: each expert takes at most ceil(R*k/E) rows of a step, later rows dropped */
     IB_FAULT_MOE_COMBINE_BY_LOAD, /* MoE: expert outputs added as each expert finishes, busiest expert first */
+    IB_FAULT_GPU_SPLIT_K,         /* the CUDA backend splits its Q8 products' K over blocks, adding the partial
+                                   * sums with atomics in whatever order they finish (the "any order" product) */
     IB_FAULT_COUNT
 } ib_fault;
 

@@ -14,7 +14,8 @@
  * per-KV-head attention from one row. Then: a session decoded alone gives the logits it got in the
  * batch; whole steps of a CPU engine and a CUDA engine (the public API, src/runtime/step.c over each
  * table) give bitwise equal logits; and under the test-only gpu-fma fault (an FMA in the products'
- * epilogue) each of these checks fails, so it can.
+ * epilogue) each of these checks fails, so it can — and under gpu-split-k (Q8 products whose K is split
+ * over blocks and added with atomics in any order) the op check and the engine comparison fail too.
  *
  * No GPU (or a build without CUDA): one SKIP line and no checks. `test_backend_cuda --bench` also
  * checks and times a qwen3-0.6b-shaped 4-bit model (decode B=1, B=128, prefill), `--profile` runs one
@@ -702,6 +703,22 @@ int main(int argc, char **argv) {
             CHECK(bad > 0, "model %s: the gpu-fma fault went unnoticed (act %d)", models[mi].name, act);
         }
         ib_fault_set(IB_FAULT_NONE);
+        /* and a product that splits K over blocks, added in any order (Q8 products; dp4a and mma paths) */
+        if (q8ok) {
+            ib_fault_set(IB_FAULT_GPU_SPLIT_K);
+            CHECK(engine_compare(m, IB_ACT_Q8, IB_KV_F32, 0, "engine, FAULT gpu-split-k (must differ)") > 0,
+                  "model %s: the engine comparison missed the gpu-split-k fault", models[mi].name);
+            for (int mma = 0; mma < 2; mma++) {
+                if (mma) setenv("IB_CUDA_MMA_ROWS", "1", 1);
+                int bad = schedule(m, IB_ACT_Q8, IB_KV_F32, 0,
+                                   mma ? "FAULT gpu-split-k, act q8, mma (must mismatch)"
+                                       : "FAULT gpu-split-k, act q8 (must mismatch)",
+                                   NULL, 0, NSTEPS);
+                unsetenv("IB_CUDA_MMA_ROWS");
+                CHECK(bad > 0, "model %s: the gpu-split-k fault went unnoticed (mma %d)", models[mi].name, mma);
+            }
+            ib_fault_set(IB_FAULT_NONE);
+        }
         ib_model_free(m);
     }
     TEST_MAIN_END("test_backend_cuda");

@@ -18,16 +18,18 @@
 static const char help[] =
     "usage: isobatch bench [-m DIR] [--batch 1,2,4,8,16,32,64] [--prompt 128] [--gen 32] [--threads T]\n"
     "                      [--act auto|f32|q8] [--isa auto|scalar|avx2|avx512|neon] [--kv-dtype f32|f16]\n"
-    "                      [--backend cpu|cuda]\n"
+    "                      [--backend cpu|cuda] [--inject FAULT]\n"
     "                      [--kv full|window:W|sink:S,window:W] [--reps 3] [--json]\n"
     "  prefill: one session, --prompt tokens in one step.  decode: B sessions holding --prompt tokens\n"
     "  each step together for --gen tokens.  floor: (weight bytes + KV bytes read) per step over the\n"
     "  read bandwidth measured with the same thread count in passes taken between the repetitions\n"
     "  (the median of a batch size's passes; --json also gives each repetition's own ratio).\n"
     "  read GB/s: the bytes a step must read over the median step time.\n"
-    "  --kv: the sessions' KV policy (windowed sessions attend at most S + W keys, which the floor counts).\n";
+    "  --kv: the sessions' KV policy (windowed sessions attend at most S + W keys, which the floor counts).\n"
+    "  --inject: test-only, measure with a fault injected (gpu-split-k: the CUDA products without the\n"
+    "  contract's order, for what the order costs); the header names it.\n";
 
-#define MAX_B 64
+#define MAX_B 256
 #define MAX_REPS 15
 /* bandwidth passes before the first decode repetition of a batch size and after each one */
 #define GAP_PASSES 3
@@ -142,6 +144,8 @@ int cmd_bench(int argc, char **argv) {
             kv_policy = v;
         } else if (!strcmp(f, "--backend")) {
             if (cli_backend(v, &backend)) return 2;
+        } else if (!strcmp(f, "--inject")) {
+            if (cli_inject(v)) return 2;
         } else if (!strcmp(f, "--isa")) {
             if (cli_isa(v, &isa)) return 2;
         } else
@@ -234,6 +238,7 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(out, "kv_dtype", json_string(ib_kv_dtype_name(kv_dtype)));
         json_object_set_new(out, "kv_policy", json_string(kv_policy));
         json_object_set_new(out, "kv_bytes_per_token", json_integer((json_int_t)kv_per_token));
+        if (ib_fault_get()) json_object_set_new(out, "fault", json_string(ib_fault_name(ib_fault_get())));
         json_object_set_new(out, "prefill_tok_s", json_pack("{s:f, s:f, s:f, s:i}", "median", pre.med, "min", pre.lo,
                                                             "max", pre.hi, "tokens", (int)prompt));
         json_object_set_new(out, "decode", json_array());
@@ -241,6 +246,7 @@ int cmd_bench(int argc, char **argv) {
         printf("model %s: %.1f MB weights, %zu KV bytes/token (%s, kv %s); %ld threads, isa %s, act %s\n", dir,
                info->weight_bytes / 1e6, kv_per_token, ib_kv_dtype_name(kv_dtype), kv_policy, threads,
                ib_isa_name(ib_engine_isa(e)), act_name);
+        if (ib_fault_get()) printf("injected fault: %s (not the canonical numbers)\n", ib_fault_name(ib_fault_get()));
         if (backend == IB_BACKEND_CUDA)
             printf("device read bandwidth %.1f GB/s (measured on the GPU; again between the repetitions below)\n",
                    bw / 1e9);

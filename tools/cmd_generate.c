@@ -47,7 +47,8 @@ static const char help[] =
     "  --check-serial    also decode every prompt alone and verify bitwise equality\n"
     "  --inject FAULT    test-only: break a kernel on purpose (rope-scalar-offset, rope-skip-rows,\n"
     "                    gemv-gemm, split-k-threads, isa-fma, row-order, shared-rng, split-kv-by-batch,\n"
-    "                    gpu-fma: the CUDA backend fuses its products' multiply-adds; moe-capacity,\n"
+    "                    gpu-fma: the CUDA backend fuses its products' multiply-adds; gpu-split-k: it\n"
+    "                    splits their K over blocks added in any order; moe-capacity,\n"
     "                    moe-combine-by-load: Gemma 4 MoE routing / combine that depend on the batch)\n";
 
 typedef struct prompts {

@@ -316,10 +316,14 @@ __device__ __forceinline__ int group_isum(const uint4 *wg, int cpg, const int8_t
  * warp's loads are in flight at once), computes each row's exact int32 sum by dp4a and the two terms,
  * and parks them in shared memory; then warp r runs row r's chain over the pass's groups in order.
  * xq [R][K] int8, d/ad [R][K/G]. fused: the test-only gpu-fma fault (t_g = fma(s*d, isum, u_g), u_g 0:
- * a fused multiply-add in the epilogue). */
+ * a fused multiply-add in the epilogue). splits > 1: the test-only gpu-split-k fault — block z takes only
+ * the z-th of `splits` group ranges and adds its partial chain into Y (zeroed) with atomics, in whatever
+ * order the blocks finish (1: the canonical product). */
 template <int FMT, int RBT>
 __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
-                                                    const float *__restrict__ ad, int R, int rpb, int fused) {
+                                                    const float *__restrict__ ad, int R, int rpb, int fused,
+                                                    int splits) {
+    prefetch_tile(ms, blockIdx.y == 0 && blockIdx.z == 0);
     PDL_ENTER();
     constexpr int GC = 128 / RBT;
     constexpr int MAXC = FMT == IB_WQ4 ? 4 : 8;
@@ -333,11 +337,12 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__res
     const int K = m.K, G = m.G, ng = m.ng, Np = m.Np;
     const int cpg = G / KC;
     const int rbeg = blockIdx.y * rpb, rend = min(R, rbeg + rpb);
+    const int gs = (ng + splits - 1) / splits, gb = blockIdx.z * gs, ge = min(ng, gb + gs);
     for (int r0 = rbeg; r0 < rend; r0 += RBT) {
         const int nr = min(RBT, rend - r0);
         float acc = 0.0f;   /* row r0 + warp, output n */
-        for (int g0 = 0; g0 < ng; g0 += GC) {
-            const int gn = min(GC, ng - g0);
+        for (int g0 = gb; g0 < ge; g0 += GC) {
+            const int gn = min(GC, ge - g0);
             for (int gi0 = warp; gi0 < gn; gi0 += 2 * NWARP) {
                 /* groups gi0 and gi0 + NWARP: every load first */
                 uint4 wg[2][MAXC];
@@ -380,7 +385,10 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__res
             }
             __syncthreads();
         }
-        if (warp < nr && n < m.N) Y[(size_t)(r0 + warp) * ldy + n] = acc;
+        if (warp < nr && n < m.N) {
+            if (splits > 1) atomicAdd(&Y[(size_t)(r0 + warp) * ldy + n], acc);
+            else Y[(size_t)(r0 + warp) * ldy + n] = acc;
+        }
     }
 }
 
@@ -404,11 +412,12 @@ __device__ __forceinline__ void mma_k32(int (&d)[4], const unsigned (&a)[4], uns
  * In each pass of GCH groups, warp w takes groups w, w+8, …: their integer sums come from mma.sync
  * (s8 x s8/u8 -> s32, exact: the same isum as any order) into shared memory; then each thread
  * continues the float chains of two (row, output) pairs over those groups in ascending order:
- * acc = (acc + (s*d)*(float)isum) + b*ad — matmul.h's arithmetic, bit for bit. */
+ * acc = (acc + (s*d)*(float)isum) + b*ad — matmul.h's arithmetic, bit for bit. fused, splits: the
+ * test-only faults, as mm_q8_kernel. */
 template <int FMT>
 __global__ void __launch_bounds__(256) mm_q8_mma_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
-                                                        const float *__restrict__ ad, int R, int fused) {
-    prefetch_tile(ms, blockIdx.y == 0);
+                                                        const float *__restrict__ ad, int R, int fused, int splits) {
+    prefetch_tile(ms, blockIdx.y == 0 && blockIdx.z == 0);
     PDL_ENTER();
     __shared__ int isum_s[GCH][16][33];
     dmat m;
@@ -423,8 +432,9 @@ __global__ void __launch_bounds__(256) mm_q8_mma_kernel(mset ms, const int8_t *_
     const unsigned *w = (const unsigned *)m.w;
     const int ksteps = G / 32;
     float acc[2] = {0.0f, 0.0f};   /* pairs p = tid, tid + 256: row r0 + p/32, output n0 + p%32 */
-    for (int g0 = 0; g0 < ng; g0 += GCH) {
-        const int gn = min(GCH, ng - g0);
+    const int gs = (ng + splits - 1) / splits, gb = blockIdx.z * gs, ge = min(ng, gb + gs);
+    for (int g0 = gb; g0 < ge; g0 += GCH) {
+        const int gn = min(GCH, ge - g0);
         for (int gi = warp; gi < gn; gi += NWARP) {
             const int g = g0 + gi;
             int is[4][4];
@@ -486,7 +496,10 @@ __global__ void __launch_bounds__(256) mm_q8_mma_kernel(mset ms, const int8_t *_
 #pragma unroll
     for (int pp = 0; pp < 2; pp++) {
         const int pr = threadIdx.x + pp * 256, row = r0 + (pr >> 5), n = n0 + (pr & 31);
-        if (row < R && n < m.N) Y[(size_t)row * ldy + n] = acc[pp];
+        if (row < R && n < m.N) {
+            if (splits > 1) atomicAdd(&Y[(size_t)row * ldy + n], acc[pp]);
+            else Y[(size_t)row * ldy + n] = acc[pp];
+        }
     }
 }
 
@@ -494,6 +507,7 @@ __global__ void __launch_bounds__(256) mm_q8_mma_kernel(mset ms, const int8_t *_
  * ascending (matmul.h). Block: 32 outputs x 8 rows. X [R][K]. fused: the test-only gpu-fma fault. */
 template <int FMT>
 __global__ void __launch_bounds__(256) mm_f32_kernel(mset ms, const float *__restrict__ X, int R, int fused) {
+    prefetch_tile(ms, blockIdx.y == 0);
     PDL_ENTER();
     dmat m;
     float *Y;
@@ -1651,27 +1665,34 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
     }
     ms.t0[n] = tiles;
     const int fmt = m[0]->fmt;
+    /* the test-only gpu-split-k fault: Q8 products split K into up to 8 group ranges added with atomics */
+    int splits = 1;
+    if (q8 && fmt != IB_WF32 && b->fault == IB_FAULT_GPU_SPLIT_K) {
+        splits = m[0]->ng < 8 ? m[0]->ng : 8;
+        for (int i = 0; i < n; i++)
+            note(b, cudaMemsetAsync(Y[i], 0, (size_t)R * m[i]->N * sizeof(float), b->st), "split-k zero");
+    }
     if (q8 && fmt != IB_WF32 && R >= b->mma_rows) {
-        dim3 grid((unsigned)tiles, blocks_for((size_t)R, 16));
-        if (fmt == IB_WQ4) launch(b, mm_q8_mma_kernel<IB_WQ4>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, fused);
-        else launch(b, mm_q8_mma_kernel<IB_WQ8>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, fused);
+        dim3 grid((unsigned)tiles, blocks_for((size_t)R, 16), (unsigned)splits);
+        if (fmt == IB_WQ4) launch(b, mm_q8_mma_kernel<IB_WQ4>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, fused, splits);
+        else launch(b, mm_q8_mma_kernel<IB_WQ8>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, fused, splits);
     } else if (q8 && fmt != IB_WF32) {
         /* rows per pass: the fewest of 1, 2, 4, 8 that hold R (fewer rows, more groups per pass) */
         const int rbt = R <= 1 ? 1 : R <= 2 ? 2 : R <= 4 ? 4 : RB;
         long passes = ((long)(R + rbt - 1) / rbt) * (long)tiles / 528;
         passes = passes < 1 ? 1 : passes > MAX_PASSES ? MAX_PASSES : passes;
         const int rpb = (int)passes * rbt;
-        dim3 grid((unsigned)tiles, blocks_for((size_t)R, rpb));
+        dim3 grid((unsigned)tiles, blocks_for((size_t)R, rpb), (unsigned)splits);
         if (fmt == IB_WQ4) {
-            if (rbt == 1) launch(b, mm_q8_kernel<IB_WQ4, 1>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused);
-            else if (rbt == 2) launch(b, mm_q8_kernel<IB_WQ4, 2>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused);
-            else if (rbt == 4) launch(b, mm_q8_kernel<IB_WQ4, 4>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused);
-            else launch(b, mm_q8_kernel<IB_WQ4, RB>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused);
+            if (rbt == 1) launch(b, mm_q8_kernel<IB_WQ4, 1>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
+            else if (rbt == 2) launch(b, mm_q8_kernel<IB_WQ4, 2>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
+            else if (rbt == 4) launch(b, mm_q8_kernel<IB_WQ4, 4>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
+            else launch(b, mm_q8_kernel<IB_WQ4, RB>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
         } else {
-            if (rbt == 1) launch(b, mm_q8_kernel<IB_WQ8, 1>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused);
-            else if (rbt == 2) launch(b, mm_q8_kernel<IB_WQ8, 2>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused);
-            else if (rbt == 4) launch(b, mm_q8_kernel<IB_WQ8, 4>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused);
-            else launch(b, mm_q8_kernel<IB_WQ8, RB>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused);
+            if (rbt == 1) launch(b, mm_q8_kernel<IB_WQ8, 1>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
+            else if (rbt == 2) launch(b, mm_q8_kernel<IB_WQ8, 2>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
+            else if (rbt == 4) launch(b, mm_q8_kernel<IB_WQ8, 4>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
+            else launch(b, mm_q8_kernel<IB_WQ8, RB>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
         }
     } else {
         dim3 grid((unsigned)tiles, blocks_for((size_t)R, NWARP));
