@@ -602,6 +602,22 @@ __global__ void quantize_kernel(const float *__restrict__ X, int R, int K, int G
 
 /* ---------------------------------------------------------------- kernels: elementwise and norms */
 
+/* The sum of squares of xs [n] (shared memory) in ib_dot16's order: lane j < 16 sums elements j, j+16, …
+ * in order, then the 16 lanes fold 8, 4, 2, 1. Called by a whole warp (lane = its lane); lane 0 gets
+ * the sum. */
+__device__ __forceinline__ float sumsq16(const float *xs, int n, int lane) {
+    float a = 0.0f;
+    if (lane < 16) {
+#pragma unroll 8
+        for (int i = lane; i < n; i += 16) a = a + xs[i] * xs[i];
+    }
+    for (int wd = 8; wd >= 1; wd >>= 1) {
+        const float o = __shfl_down_sync(0xffffffffu, a, wd, 16);
+        if (lane < wd) a = a + o;
+    }
+    return a;
+}
+
 /* RMSNorm of nvec vectors of n floats (x, y [nvec][n], may alias; weights w [n]), one block per vector:
  * the vector is staged in shared memory (n floats of dynamic shared memory), threads 0..15 own
  * ib_dot16's lanes (lane j sums elements j, j+16, … in order) and fold 8, 4, 2, 1; then
@@ -637,14 +653,7 @@ __global__ void rmsnorm_kernel(float *x, const float *__restrict__ add_y, const 
             if (tid == 0)
                 for (int i = n - 1; i >= 0; i--) a = a + xs[i] * xs[i];
         } else {
-            if (tid < 16) {
-#pragma unroll 8
-                for (int i = tid; i < n; i += 16) a = a + xs[i] * xs[i];
-            }
-            for (int wd = 8; wd >= 1; wd >>= 1) {
-                const float o = __shfl_down_sync(0xffffffffu, a, wd, 16);
-                if (tid < wd) a = a + o;
-            }
+            a = sumsq16(xs, n, tid);
         }
         if (tid == 0) r_s = 1.0f / sqrtf(a / (float)n + eps);
     }
@@ -758,15 +767,7 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_kernel(float *Q, float *K, c
         __syncwarp();
         if (qn) {
             const float *w = h < H ? qn : kn;
-            float a = 0.0f;
-            if (lane < 16) {
-#pragma unroll 8
-                for (int i = lane; i < hd; i += 16) a = a + xs[i] * xs[i];
-            }
-            for (int wd = 8; wd >= 1; wd >>= 1) {
-                const float o = __shfl_down_sync(0xffffffffu, a, wd, 16);
-                if (lane < wd) a = a + o;
-            }
+            const float a = sumsq16(xs, hd, lane);
             float rr = 0.0f;
             if (lane == 0) rr = 1.0f / sqrtf(a / (float)hd + eps);
             rr = __shfl_sync(0xffffffffu, rr, 0);
