@@ -9,6 +9,10 @@
  *
  * "GB/s" is the matrix's in-memory bytes (packed weights + scales/biases) per second; the
  * matrix is small enough to stay in a large L3, so it can exceed DRAM bandwidth.
+ *
+ * On a machine shared with other busy processes, `IB_BENCH_SINGLES=N` times N single products
+ * instead and keeps the fastest (one product is short enough to often run without being descheduled),
+ * and `IB_BENCH_ISA=avx2` (any ISA name) leaves the other ISAs out.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -32,10 +36,21 @@ static uint32_t rnd(void) {
     return (uint32_t)(st >> 32);
 }
 
-/* Seconds per product (best of several batches of repetitions). */
+/* Seconds per product: the best of several batches of repetitions, or (singles > 0) the fastest of
+ * `singles` products timed one by one. */
 static double time_product(const ib_matrix *m, const float *x, int B, const ib_act_buf *q, ib_act act, ib_isa isa,
-                           ib_pool *pool, float *y) {
+                           ib_pool *pool, float *y, int singles) {
     ib_matmul(m, x, B, q, act, isa, pool, y, m->rows); /* warm up */
+    if (singles > 0) {
+        double best = 1e30;
+        for (int i = 0; i < singles; i++) {
+            double t0 = now();
+            ib_matmul(m, x, B, q, act, isa, pool, y, m->rows);
+            double t = now() - t0;
+            if (t < best) best = t;
+        }
+        return best;
+    }
     int reps = 1;
     for (;;) {
         double t0 = now();
@@ -99,17 +114,26 @@ int main(int argc, char **argv) {
         return 1;
     }
 
-    printf("matrix K=%d -> N=%d, group %d; times per product\n", K, N, G);
+    const char *singles_env = getenv("IB_BENCH_SINGLES"), *isa_env = getenv("IB_BENCH_ISA");
+    const int singles = singles_env ? atoi(singles_env) : 0;
+    ib_isa only = IB_ISA_AUTO;
+    if (isa_env && ib_isa_parse(isa_env, &only)) {
+        fprintf(stderr, "bench_matmul: IB_BENCH_ISA: no ISA '%s'\n", isa_env);
+        return 2;
+    }
+    printf("matrix K=%d -> N=%d, group %d; times per product%s\n", K, N, G,
+           singles > 0 ? " (fastest of single products)" : "");
     printf("%-7s %-4s %-4s %3s %3s %10s %9s %9s\n", "isa", "w", "act", "B", "thr", "us", "GB/s", "GMAC/s");
     for (int isa = IB_ISA_SCALAR; isa <= IB_ISA_AVX512; isa++) {
-        if (!ib_isa_supported((ib_isa)isa)) continue;
+        if (!ib_isa_supported((ib_isa)isa) || (only != IB_ISA_AUTO && isa != (int)only)) continue;
         for (int mi = 0; mi < 3; mi++)
             for (int act = IB_ACT_F32; act <= IB_ACT_Q8; act++) {
                 if (act == IB_ACT_Q8 && mats[mi].fmt == IB_WF32) continue;
                 for (int bi = 0; bi < nB; bi++)
                     for (int th = 1; th <= 2; th++) {
                         int B = Bs[bi];
-                        double t = time_product(&mats[mi], x, B, &q, (ib_act)act, (ib_isa)isa, th == 2 ? pool2 : NULL, y);
+                        double t = time_product(&mats[mi], x, B, &q, (ib_act)act, (ib_isa)isa, th == 2 ? pool2 : NULL, y,
+                                                singles);
                         printf("%-7s %-4s %-4s %3d %3d %10.1f %9.2f %9.2f\n", ib_isa_name((ib_isa)isa), names[mi],
                                act == IB_ACT_Q8 ? "q8" : "f32", B, th, t * 1e6, (double)mats[mi].bytes / t * 1e-9,
                                (double)B * N * K / t * 1e-9);

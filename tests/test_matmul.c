@@ -448,6 +448,46 @@ static void test_big_batch(int bits, int group) {
     wset_free(&w);
 }
 
+/* Every row count R = 1..70 (ragged row tiles of 4 and row blocks of the vector kernels' cache
+ * blocking: at K = 1024 a block holds 16 rows, at K = 4096 4 rows) over a matrix of more panels than one
+ * L2-sized panel chunk (27 panels, the last partial): the first R rows' product, on every ISA with 1
+ * and 3 threads, equals the numeric definition's rows bit for bit. */
+static void test_row_counts(int bits, int group, int N, int K) {
+    const int RMAX = 70, ng = K / group;
+    wset w;
+    if (wset_make(&w, bits, group, N, K)) {
+        CHECK(0, "row counts: building the matrix failed");
+        wset_free(&w);
+        return;
+    }
+    float *x = malloc(sizeof(float) * RMAX * K), *canon = malloc(sizeof(float) * RMAX * N);
+    float *y = malloc(sizeof(float) * RMAX * N);
+    int8_t *xq = malloc((size_t)RMAX * K);
+    float *d = malloc(sizeof(float) * RMAX * ng), *ad = malloc(sizeof(float) * RMAX * ng);
+    for (int i = 0; i < RMAX * K; i++) x[i] = rndf();
+    ib_quantize_act(x, RMAX, K, group, xq, d, ad);
+    canon_q8(&w, xq, d, ad, RMAX, canon);
+    ib_act_buf q = { xq, d, ad };
+    for (int ii = 0; ii < n_isas; ii++)
+        for (int t = 1; t <= 3; t += 2) {
+            int bad = 0;
+            for (int R = 1; R <= RMAX && !bad; R++) {
+                memset(y, 0, sizeof(float) * RMAX * N);
+                ib_matmul(&w.m, x, R, &q, IB_ACT_Q8, isas[ii], pools[t], y, N);
+                if (!same_bits(y, canon, (size_t)R * N)) bad = R;
+            }
+            CHECK(!bad, "row counts bits %d K=%d %s %d threads: the first %d rows differ from the definition", bits,
+                  K, ib_isa_name(isas[ii]), t, bad);
+        }
+    free(x);
+    free(canon);
+    free(y);
+    free(xq);
+    free(d);
+    free(ad);
+    wset_free(&w);
+}
+
 /* ---------------------------------------------------------------- (c) MLX unpacking, validation */
 
 static void test_mlx_unpack(void) {
@@ -724,6 +764,9 @@ int main(void) {
     test_big_batch(0, 0);
     test_big_batch(4, 64);
     test_big_batch(8, 32);
+    test_row_counts(4, 64, 27 * 16 - 5, 1024);
+    test_row_counts(4, 128, 40, 4096);
+    test_row_counts(8, 64, 27 * 16 - 5, 1024);
 
     test_faults();
     test_many();

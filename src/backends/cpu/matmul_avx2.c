@@ -221,6 +221,8 @@ AI void tile_q4(const int R, const ib_matrix *m, int p, const int8_t *xq, const 
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) h[r][0] = h[r][1] = _mm256_setzero_si256();
             const uint8_t *blk = P + (size_t)kc * 8;   /* block kc/8, 64 bytes each */
+            /* unrolled: fewer register copies of the int16 sums (measured 5-10% faster for 16+ rows) */
+#pragma GCC unroll 4
             for (int k = kc; k < kc + 32; k += 8, blk += 64) {
                 _mm_prefetch((const char *)(blk + IB_PF_DIST), _MM_HINT_T0);
                 __m256i w0 = _mm256_loadu_si256((const __m256i *)blk);
@@ -316,16 +318,37 @@ static void panel_q8(const ib_matrix *m, int p, const ib_act_buf *q, int B, int 
 #undef Q_TILE
 }
 
+/* Cache blocking of the Q8-activation path for many rows (it changes only the order in which whole
+ * (row tile, panel) products run, never a product's arithmetic): rows in blocks whose quantized
+ * activations fit in about IB_XQ_BLOCK_BYTES (a multiple of 4 rows, at least 4), so each block stays
+ * in L1 while it meets a chunk of panels; panels in chunks of about IB_PANEL_CHUNK_BYTES of weights,
+ * so a chunk stays in L2 while every row block passes over it. */
+#define IB_XQ_BLOCK_BYTES 16384
+#define IB_PANEL_CHUNK_BYTES (192 * 1024)
+
 /* Panels [p0, p1) for all B rows (contract in ops/matmul.h). */
 void ib_matmul_panels_avx2(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act,
                            int p0, int p1, float *Y, int ldy) {
     const ib_fault fault = ib_fault_get();
     const int desc = B > 1 && fault == IB_FAULT_GEMV_GEMM;
     const int fma = fault == IB_FAULT_ISA_FMA;
-    const int use_q8 = ib_pk_use_q8(m, q, act);
-    for (int p = p0; p < p1; p++) {
-        if (use_q8) panel_q8(m, p, q, B, desc, Y, ldy);
-        else panel_f32(m, p, X, B, desc, fma, Y, ldy);
+    if (!ib_pk_use_q8(m, q, act)) {
+        for (int p = p0; p < p1; p++) panel_f32(m, p, X, B, desc, fma, Y, ldy);
+        return;
+    }
+    const int K = m->cols, ng = K / m->group;
+    int rb = (IB_XQ_BLOCK_BYTES / K) & ~3;
+    if (rb < 4) rb = 4;
+    int pc = (int)(IB_PANEL_CHUNK_BYTES / ib_pk_panel_bytes(m));
+    if (pc < 1) pc = 1;
+    if (B <= rb) pc = p1 - p0;   /* one row block: panels in order, as they stream from memory */
+    for (int c0 = p0; c0 < p1; c0 += pc) {
+        const int c1 = p1 - c0 < pc ? p1 : c0 + pc;
+        for (int r0 = 0; r0 < B; r0 += rb) {
+            const int nb = B - r0 < rb ? B - r0 : rb;
+            const ib_act_buf qb = { q->xq + (size_t)r0 * K, q->d + (size_t)r0 * ng, q->ad + (size_t)r0 * ng };
+            for (int p = c0; p < c1; p++) panel_q8(m, p, &qb, nb, desc, Y + (size_t)r0 * ldy, ldy);
+        }
     }
 }
 
