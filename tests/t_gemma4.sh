@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Gemma 4 (dense) end to end on `mkmodel --preset gemma4-tiny` (docs/gemma4.md): the engine's logits
 # against an independent float64 reference (tests/gemma4_ref.py, python3 + numpy) with prompts past
-# the sliding window; the invariance matrix through `generate --json` (batch, threads, prefill
+# the sliding window, also with sliding-window rings (chunked prefill, a ring one slot too small
+# must fail); the invariance matrix through `generate --json` (batch, threads, prefill
 # chunks, ISAs, order, greedy and seeded, f32 and f16 KV, float and 4-bit weights), each kind of
 # comparison failing under --inject; --check-serial under the batch faults; and config.json files
 # with the Gemma 4 features not implemented yet: a one-line error naming the field.
@@ -29,6 +30,25 @@ else
     done
 fi
 
+# ---- sliding-window rings (sliding_window + kv_chunk - 1 slots; generate's kv_chunk is its prefill
+# chunk): 90 tokens and 24 more, past the window (16), in chunks smaller and larger than the window,
+# against the float64 reference; rings one slot too small (--inject kv-ring-short) must fail it
+if [ -n "$PY" ]; then
+    for s in "--prefill-chunk 5" "--prefill-chunk 40"; do reference_case m32 90 "$s"; done
+    ids=$(seq 7 96 | awk '{print ($1 * 37) % 300}' | paste -sd,)
+    "$BIN" generate -m "$T/m32" --prompt-ids "$ids" -n 24 --ignore-eos --prefill-chunk 40 --inject kv-ring-short \
+        --json --logits-out "$T/l.bin" > "$T/o.json" 2>/dev/null || bad "generate --inject kv-ring-short"
+    gen=$(grep -o '"tokens":\[[0-9,]*\]' "$T/o.json" | grep -o '[0-9,]*' | sed 's/^,//')
+    out=$("$PY" tests/gemma4_ref.py "$T/m32" "$ids,$gen" "$T/l.bin" 89 2>&1)
+    echo "$out" | grep -q "FAIL" && ok || bad "kv-ring-short still matches the reference: $out"
+fi
+# the bytes a session takes: 100 positions in the full layers, 16 + 8 - 1 in the sliding ones (each
+# layer at its own shape: 1024 bytes a position for the two sliding layers, 1024 for the two full ones)
+"$BIN" info -m "$T/m32" --json --context 100 --kv-chunk 8 | grep -q '"kv_bytes_per_session":125952' \
+    && ok || bad "info --kv-chunk 8: $("$BIN" info -m "$T/m32" --json --context 100 --kv-chunk 8)"
+"$BIN" info -m "$T/m32" --json --context 100 --kv-chunk 0 | grep -q '"kv_bytes_per_session":204800' \
+    && ok || bad "info --kv-chunk 0: $("$BIN" info -m "$T/m32" --json --context 100 --kv-chunk 0)"
+
 # ---- invariance: every --json line equal to the serialized scalar run
 make_prompts
 for m in m32 m4; do
@@ -45,6 +65,7 @@ for f in rope-scalar-offset rope-skip-rows gemv-gemm split-kv-by-batch; do fault
 fault_breaks m4 split-k-threads "$REF1" "--batch 1 --threads 3 --isa scalar"
 fault_breaks m4 row-order "$REF1" "--batch 8" reversed
 fault_breaks m4 gemv-gemm "$REF1" "--batch 1 --threads 1 --isa scalar --prefill-chunk 1"
+fault_breaks m4 kv-ring-short "$REF1" "--batch 3 --prefill-chunk 7"
 fault_breaks m4 shared-rng "$REF1 ${SAMPLING[*]}" "--batch 8 ${SAMPLING[*]}"
 for isa in avx2 avx512; do
     gen "$T/m4" --isa $isa -n 1 > /dev/null 2>&1 || continue
