@@ -81,6 +81,17 @@ for m in m32 m4; do
     done
 done
 
+# ---- diff: clean, and the first divergent layer and sub-op under faults
+"$BIN" diff -m "$T/m4" > "$T/d" 2>&1; rc=$?
+[ $rc = 0 ] && grep -q "^no divergence" "$T/d" && ok || bad "diff clean: exit $rc"
+for spec in "rope-skip-rows:step 1, layer 0, point q: sub-op rope" \
+            "split-kv-by-batch:step 0, layer 0, point attn_out: sub-op attention"; do
+    f=${spec%%:*}; want=${spec#*:}
+    "$BIN" diff -m "$T/m4" --inject "$f" > "$T/d" 2>&1; rc=$?
+    [ $rc = 1 ] && grep -q "^first divergence: $want" "$T/d" && ok || bad "diff --inject $f: exit $rc, $(grep '^first' "$T/d")"
+done
+"$BIN" diff -m "$T/m32" --json > "$T/dj" 2>&1 && grep -q '"post_attn_norm"' "$T/dj" && ok || bad "diff --json: no post_attn_norm point"
+
 # ---- a config.json field not implemented yet: one line naming it, exit 1
 badcfg() {   # badcfg 'PYTHON EXPRESSION ON c' 'EXPECTED TEXT'
     rm -rf "$T/bad"; cp -r "$T/m32" "$T/bad"

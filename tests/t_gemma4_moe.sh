@@ -124,5 +124,13 @@ for f in num_shared_experts n_shared_experts norm_topk_prob router_aux_loss_coef
          first_k_dense_replace routed_scaling_factor expert_capacity capacity_factor; do
     badcfg "c[\"$f\"]=1" "field $f"
 done
+# ---- diff: clean, and the MoE faults' first divergence at the routed experts' output
+"$BIN" diff -m "$T/k3" > "$T/d" 2>&1; rc=$?
+[ $rc = 0 ] && grep -q "^no divergence" "$T/d" && ok || bad "diff clean on the MoE model: exit $rc"
+for f in moe-capacity moe-combine-by-load; do
+    "$BIN" diff -m "$T/k3" --inject $f > "$T/d" 2>&1; rc=$?
+    [ $rc = 1 ] && grep -q "^first divergence: step 0, layer 0, point moe_out: sub-op moe" "$T/d" && ok \
+        || bad "diff --inject $f: exit $rc, $(grep '^first' "$T/d")"
+done
 echo "t_gemma4_moe: $pass passed, $fail failed"
 [ $fail = 0 ]
