@@ -128,5 +128,10 @@ if [ -n "$PY" ]; then
     "$BIN" info -m "$T/wrap" > "$T/w.out" 2>&1; grep -q "tensor model.language_model.embed_tokens.weight" "$T/w.out" \
         && ok || bad "gemma4 wrapper: expected the language_model tensor names: $(cat "$T/w.out")"
 fi
+# ---- accuracy: the engine against the C float64 reference (src/diag/reference.c) over 60 tokens,
+# past the window: f32 agrees on every argmax and within 1e-5 relative L2
+"$BIN" accuracy -m "$T/m32" --tokens 60 --act f32 --json > "$T/acc" 2>&1
+grep -qF '"top1_agree":60,' "$T/acc" && awk -F'"rel_l2":' '{split($2, a, /[,}]/); exit !(a[1] + 0 > 0 && a[1] + 0 < 1e-5)}' "$T/acc" \
+    && ok || bad "accuracy on m32: $(cat "$T/acc")"
 echo "t_gemma4: $pass passed, $fail failed"
 [ $fail = 0 ]

@@ -132,5 +132,10 @@ for f in moe-capacity moe-combine-by-load; do
     [ $rc = 1 ] && grep -q "^first divergence: step 0, layer 0, point moe_out: sub-op moe" "$T/d" && ok \
         || bad "diff --inject $f: exit $rc, $(grep '^first' "$T/d")"
 done
+# ---- accuracy: the engine against the C float64 reference (src/diag/reference.c) over 60 tokens,
+# past the window: f32 agrees on every argmax and within 1e-5 relative L2
+"$BIN" accuracy -m "$T/m32" --tokens 60 --act f32 --json > "$T/acc" 2>&1
+grep -qF '"top1_agree":60,' "$T/acc" && awk -F'"rel_l2":' '{split($2, a, /[,}]/); exit !(a[1] + 0 > 0 && a[1] + 0 < 1e-5)}' "$T/acc" \
+    && ok || bad "accuracy on m32: $(cat "$T/acc")"
 echo "t_gemma4_moe: $pass passed, $fail failed"
 [ $fail = 0 ]
