@@ -92,6 +92,13 @@ for spec in "rope-skip-rows:step 1, layer 0, point q: sub-op rope" \
 done
 "$BIN" diff -m "$T/m32" --json > "$T/dj" 2>&1 && grep -q '"post_attn_norm"' "$T/dj" && ok || bad "diff --json: no post_attn_norm point"
 
+# ---- probe: the backend op table inside whole Gemma 4 steps (post-norms, GeGLU, layer scalar,
+# soft-cap, per-type widths and RoPE, sliding rings) bitwise against the scalar references
+"$BIN" probe -m "$T/m4" > "$T/p" 2>&1; rc=$?
+[ $rc = 0 ] && grep -q "^backend op table: every op bitwise equal" "$T/p" && ok || bad "probe on gemma4: exit $rc, $(tail -2 "$T/p")"
+"$BIN" probe -m "$T/m4" --backend scalar --inject gemv-gemm > "$T/p" 2>&1; rc=$?
+[ $rc = 1 ] && grep -qE "linear q/k/v +[0-9]+ floats +DIFFER" "$T/p" && ok || bad "probe --inject gemv-gemm on gemma4: exit $rc"
+
 # ---- a config.json field not implemented yet: one line naming it, exit 1
 badcfg() {   # badcfg 'PYTHON EXPRESSION ON c' 'EXPECTED TEXT'
     rm -rf "$T/bad"; cp -r "$T/m32" "$T/bad"
