@@ -83,8 +83,7 @@ typedef enum ib_nsel {
  *     ring keeps sliding_window + (the most tokens one step item brings) - 1 slots: an item stores all
  *     its keys before its first query reads, and that query's oldest key is the newest key's distance
  *     sliding_window + n - 2 back, so nothing it still needs is overwritten.
- * Fields after `window` are zero for a cache with no sliding layers (positional initializers of the
- * first seven stay valid). */
+ * Fields after `window` are zero for a cache with no sliding layers. */
 typedef struct ib_kv_desc {
     ib_kv_dtype dtype;
     int n_layers, n_kv_heads, head_dim;
