@@ -170,9 +170,13 @@ typedef struct ib_model_info {
     size_t n_params;           /* parameter count (unpadded, logical) */
     size_t file_bytes;         /* bytes of the mapped safetensors files */
     size_t weight_bytes;       /* bytes of the in-memory (repacked) weights */
+    size_t expert_bytes;       /* of those, the routed experts' matrices (all layers, all experts; 0 for dense
+                                * models): a token reads top_k / n_experts of them */
     size_t kv_bytes_per_token; /* KV cache bytes for one token of one session */
     int bos_id, eos_id;        /* -1 when the model has none */
     int n_experts, top_k;      /* Gemma 4's MoE block: experts per layer and per token; 0 for dense models */
+    int sliding_window;        /* Gemma 4: the sliding layers' window (0: no sliding layers) */
+    size_t kv_bytes_per_token_sliding; /* of kv_bytes_per_token, the sliding layers' share */
     int moe_intermediate_size; /* each expert's intermediate size (0 for dense models) */
 } ib_model_info;
 
@@ -262,7 +266,12 @@ typedef struct ib_session_opts {
      * kv_window positions up to its own; the middle is evicted, positions keep counting (up to 2^30)
      * and memory is fixed: kv_sink + kv_window + kv_chunk token slots. kv_chunk (0 = 64) bounds the
      * tokens one ib_step item of this session may bring. Answers differ from a full session once the
-     * window slides, never between batchings or prefill chunkings of the same session. */
+     * window slides, never between batchings or prefill chunkings of the same session.
+     * Models with sliding-window layers (Gemma 4): those layers keep a ring of sliding_window +
+     * kv_chunk - 1 slots each (fewer than max_context when that is smaller), so kv_chunk > 0 on a full
+     * session bounds its step items too; kv_chunk 0 on a full session keeps every position there.
+     * The policy governs the full-attention layers; the sliding layers always attend their own window
+     * (a kv_window below the model's sliding_window is refused). Answers are those of the full cache. */
     int kv_sink, kv_window, kv_chunk;
     ib_kv_dtype kv_dtype;     /* element type of the KV cache (IB_KV_F32 by default; see ib_kv_dtype) */
     ib_backend_kind backend;  /* where the KV cache lives; only an engine of the same backend can step
@@ -281,10 +290,14 @@ ib_status ib_session_create(const ib_model *m, const ib_session_opts *opts, ib_s
 void ib_session_free(ib_session *s);
 int ib_session_position(const ib_session *s);  /* tokens held in the KV cache */
 int ib_session_capacity(const ib_session *s);  /* max tokens it can hold (positions, for windowed ones) */
-/* KV cache bytes one token of one session takes with this element type. */
+/* KV cache bytes one token of one session takes with this element type, every layer at its own shape
+ * (a full session's cache of N positions with no sliding-window rings is N times this). */
 size_t ib_kv_bytes_per_token(const ib_model *m, ib_kv_dtype t);
 /* Bytes of the session's KV cache (allocated at create, fixed for its life). */
 size_t ib_session_kv_bytes(const ib_session *s);
+/* Bytes of the KV cache ib_session_create would allocate on model m for opts (NULL: the defaults);
+ * 0 when ib_session_create would refuse them. For admission: sliding-window rings included. */
+size_t ib_session_kv_bytes_for(const ib_model *m, const ib_session_opts *opts);
 /* Parse a KV policy "full" | "window:W" | "sink:S,window:W" into (sink, window); 0 or -1. */
 int ib_kv_policy_parse(const char *s, int *sink, int *window);
 /* Forget everything (position 0, empty history, sample step 0); keeps the allocation. */
@@ -295,8 +308,9 @@ void ib_session_set_sampling(ib_session *s, const ib_sampling *p);
  * sampling settings). Both on the same model; dst's capacity must hold src's position. */
 ib_status ib_session_copy(ib_session *dst, const ib_session *src, ib_error *err);
 /* Rewind s to its first n tokens (0 <= n <= position): later keys/values are forgotten and the
- * history is cut to n tokens; the sample step is kept. A windowed session can rewind by at most
- * kv_chunk tokens (older window keys are overwritten), or to 0; else IB_ERR_UNSUPPORTED. */
+ * history is cut to n tokens; the sample step is kept. A windowed session, or one whose sliding-window
+ * layers keep rings, can rewind by at most kv_chunk tokens (older window keys are overwritten), or to
+ * 0; else IB_ERR_UNSUPPORTED. */
 ib_status ib_session_rewind(ib_session *s, int n, ib_error *err);
 
 /* ---------------------------------------------------------------- the batched step */
@@ -620,6 +634,7 @@ typedef enum ib_fault {
     IB_FAULT_MOE_COMBINE_BY_LOAD, /* MoE: expert outputs added as each expert finishes, busiest expert first */
     IB_FAULT_GPU_SPLIT_K,         /* the CUDA backend splits its Q8 products' K over blocks, adding the partial
                                    * sums with atomics in whatever order they finish (the "any order" product) */
+    IB_FAULT_KV_RING_SHORT,       /* sessions made under it keep sliding-window rings one slot too small */
     IB_FAULT_COUNT
 } ib_fault;
 

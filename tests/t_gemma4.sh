@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Gemma 4 (dense) end to end on `mkmodel --preset gemma4-tiny` (docs/gemma4.md): the engine's logits
 # against an independent float64 reference (tests/gemma4_ref.py, python3 + numpy) with prompts past
-# the sliding window; the invariance matrix through `generate --json` (batch, threads, prefill
+# the sliding window, also with sliding-window rings (chunked prefill, a ring one slot too small
+# must fail); the invariance matrix through `generate --json` (batch, threads, prefill
 # chunks, ISAs, order, greedy and seeded, f32 and f16 KV, float and 4-bit weights), each kind of
 # comparison failing under --inject; --check-serial under the batch faults; and config.json files
 # with the Gemma 4 features not implemented yet: a one-line error naming the field.
@@ -29,6 +30,25 @@ else
     done
 fi
 
+# ---- sliding-window rings (sliding_window + kv_chunk - 1 slots; generate's kv_chunk is its prefill
+# chunk): 90 tokens and 24 more, past the window (16), in chunks smaller and larger than the window,
+# against the float64 reference; rings one slot too small (--inject kv-ring-short) must fail it
+if [ -n "$PY" ]; then
+    for s in "--prefill-chunk 5" "--prefill-chunk 40"; do reference_case m32 90 "$s"; done
+    ids=$(seq 7 96 | awk '{print ($1 * 37) % 300}' | paste -sd,)
+    "$BIN" generate -m "$T/m32" --prompt-ids "$ids" -n 24 --ignore-eos --prefill-chunk 40 --inject kv-ring-short \
+        --json --logits-out "$T/l.bin" > "$T/o.json" 2>/dev/null || bad "generate --inject kv-ring-short"
+    gen=$(grep -o '"tokens":\[[0-9,]*\]' "$T/o.json" | grep -o '[0-9,]*' | sed 's/^,//')
+    out=$("$PY" tests/gemma4_ref.py "$T/m32" "$ids,$gen" "$T/l.bin" 89 2>&1)
+    echo "$out" | grep -q "FAIL" && ok || bad "kv-ring-short still matches the reference: $out"
+fi
+# the bytes a session takes: 100 positions in the full layers, 16 + 8 - 1 in the sliding ones (each
+# layer at its own shape: 1024 bytes a position for the two sliding layers, 1024 for the two full ones)
+"$BIN" info -m "$T/m32" --json --context 100 --kv-chunk 8 | grep -q '"kv_bytes_per_session":125952' \
+    && ok || bad "info --kv-chunk 8: $("$BIN" info -m "$T/m32" --json --context 100 --kv-chunk 8)"
+"$BIN" info -m "$T/m32" --json --context 100 --kv-chunk 0 | grep -q '"kv_bytes_per_session":204800' \
+    && ok || bad "info --kv-chunk 0: $("$BIN" info -m "$T/m32" --json --context 100 --kv-chunk 0)"
+
 # ---- invariance: every --json line equal to the serialized scalar run
 make_prompts
 for m in m32 m4; do
@@ -45,6 +65,7 @@ for f in rope-scalar-offset rope-skip-rows gemv-gemm split-kv-by-batch; do fault
 fault_breaks m4 split-k-threads "$REF1" "--batch 1 --threads 3 --isa scalar"
 fault_breaks m4 row-order "$REF1" "--batch 8" reversed
 fault_breaks m4 gemv-gemm "$REF1" "--batch 1 --threads 1 --isa scalar --prefill-chunk 1"
+fault_breaks m4 kv-ring-short "$REF1" "--batch 3 --prefill-chunk 7"
 fault_breaks m4 shared-rng "$REF1 ${SAMPLING[*]}" "--batch 8 ${SAMPLING[*]}"
 for isa in avx2 avx512; do
     gen "$T/m4" --isa $isa -n 1 > /dev/null 2>&1 || continue
@@ -59,6 +80,24 @@ for m in m32 m4; do
         [ $rc = 1 ] && grep -q "differs from its serialized run" "$T/cs" && ok || bad "$m: --check-serial --inject $f: exit $rc"
     done
 done
+
+# ---- diff: clean, and the first divergent layer and sub-op under faults
+"$BIN" diff -m "$T/m4" > "$T/d" 2>&1; rc=$?
+[ $rc = 0 ] && grep -q "^no divergence" "$T/d" && ok || bad "diff clean: exit $rc"
+for spec in "rope-skip-rows:step 1, layer 0, point q: sub-op rope" \
+            "split-kv-by-batch:step 0, layer 0, point attn_out: sub-op attention"; do
+    f=${spec%%:*}; want=${spec#*:}
+    "$BIN" diff -m "$T/m4" --inject "$f" > "$T/d" 2>&1; rc=$?
+    [ $rc = 1 ] && grep -q "^first divergence: $want" "$T/d" && ok || bad "diff --inject $f: exit $rc, $(grep '^first' "$T/d")"
+done
+"$BIN" diff -m "$T/m32" --json > "$T/dj" 2>&1 && grep -q '"post_attn_norm"' "$T/dj" && ok || bad "diff --json: no post_attn_norm point"
+
+# ---- probe: the backend op table inside whole Gemma 4 steps (post-norms, GeGLU, layer scalar,
+# soft-cap, per-type widths and RoPE, sliding rings) bitwise against the scalar references
+"$BIN" probe -m "$T/m4" > "$T/p" 2>&1; rc=$?
+[ $rc = 0 ] && grep -q "^backend op table: every op bitwise equal" "$T/p" && ok || bad "probe on gemma4: exit $rc, $(tail -2 "$T/p")"
+"$BIN" probe -m "$T/m4" --backend scalar --inject gemv-gemm > "$T/p" 2>&1; rc=$?
+[ $rc = 1 ] && grep -qE "linear q/k/v +[0-9]+ floats +DIFFER" "$T/p" && ok || bad "probe --inject gemv-gemm on gemma4: exit $rc"
 
 # ---- a config.json field not implemented yet: one line naming it, exit 1
 badcfg() {   # badcfg 'PYTHON EXPRESSION ON c' 'EXPECTED TEXT'
@@ -96,5 +135,10 @@ if [ -n "$PY" ]; then
     "$BIN" info -m "$T/wrap" > "$T/w.out" 2>&1; grep -q "tensor model.language_model.embed_tokens.weight" "$T/w.out" \
         && ok || bad "gemma4 wrapper: expected the language_model tensor names: $(cat "$T/w.out")"
 fi
+# ---- accuracy: the engine against the C float64 reference (src/diag/reference.c) over 60 tokens,
+# past the window: f32 agrees on every argmax and within 1e-5 relative L2
+"$BIN" accuracy -m "$T/m32" --tokens 60 --act f32 --json > "$T/acc" 2>&1
+grep -qF '"top1_agree":60,' "$T/acc" && awk -F'"rel_l2":' '{split($2, a, /[,}]/); exit !(a[1] + 0 > 0 && a[1] + 0 < 1e-5)}' "$T/acc" \
+    && ok || bad "accuracy on m32: $(cat "$T/acc")"
 echo "t_gemma4: $pass passed, $fail failed"
 [ $fail = 0 ]

@@ -124,5 +124,22 @@ for f in num_shared_experts n_shared_experts norm_topk_prob router_aux_loss_coef
          first_k_dense_replace routed_scaling_factor expert_capacity capacity_factor; do
     badcfg "c[\"$f\"]=1" "field $f"
 done
+# ---- diff: clean, and the MoE faults' first divergence at the routed experts' output
+"$BIN" diff -m "$T/k3" > "$T/d" 2>&1; rc=$?
+[ $rc = 0 ] && grep -q "^no divergence" "$T/d" && ok || bad "diff clean on the MoE model: exit $rc"
+for f in moe-capacity moe-combine-by-load; do
+    "$BIN" diff -m "$T/k3" --inject $f > "$T/d" 2>&1; rc=$?
+    [ $rc = 1 ] && grep -q "^first divergence: step 0, layer 0, point moe_out: sub-op moe" "$T/d" && ok \
+        || bad "diff --inject $f: exit $rc, $(grep '^first' "$T/d")"
+done
+# ---- probe: the op-table check has no reference for the moe op yet: one line saying so
+"$BIN" probe -m "$T/m4" > "$T/p" 2>&1; rc=$?
+[ $rc = 1 ] && grep -q "gemma4's MoE block is not supported yet" "$T/p" && ok || bad "probe on the MoE model: exit $rc"
+
+# ---- accuracy: the engine against the C float64 reference (src/diag/reference.c) over 60 tokens,
+# past the window: f32 agrees on every argmax and within 1e-5 relative L2
+"$BIN" accuracy -m "$T/m32" --tokens 60 --act f32 --json > "$T/acc" 2>&1
+grep -qF '"top1_agree":60,' "$T/acc" && awk -F'"rel_l2":' '{split($2, a, /[,}]/); exit !(a[1] + 0 > 0 && a[1] + 0 < 1e-5)}' "$T/acc" \
+    && ok || bad "accuracy on m32: $(cat "$T/acc")"
 echo "t_gemma4_moe: $pass passed, $fail failed"
 [ $fail = 0 ]

@@ -271,8 +271,8 @@ static void step(run *t, sess **ss, int n, const int32_t *const *toks, const int
 static void sess_init(const ib_model *m, sess *s, ib_kv_dtype dt, int sink, int window, int chunk, int cap) {
     const ib_config *c = &m->cfg;
     memset(s, 0, sizeof *s);
-    s->desc = (ib_kv_desc){dt, c->n_layers, c->n_kv_heads, c->head_dim, window > 0 ? sink + window + chunk : cap, sink,
-                           window};
+    s->desc = (ib_kv_desc){.dtype = dt, .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                           .capacity = window > 0 ? sink + window + chunk : cap, .sink = sink, .window = window};
     ib_error err;
     CHECK(CU->kv_create(&s->desc, &s->kv, &err) == IB_OK, "kv_create: %s", err.msg);
     s->hkv = xmalloc(ib_kv_desc_bytes(&s->desc));
@@ -474,7 +474,8 @@ static int bench(const char *dir_in, ib_act act, int profile) {
     ib_backend *b;
     if (CU->create(m, &cfg, &b, &err)) return fprintf(stderr, "%s\n", err.msg), 1;
     ib_kv *kv[BMAX];
-    ib_kv_desc kd = {IB_KV_F16, c->n_layers, c->n_kv_heads, c->head_dim, P + NDEC + 8, 0, 0};
+    ib_kv_desc kd = {.dtype = IB_KV_F16, .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                     .capacity = P + NDEC + 8};
     for (int i = 0; i < BMAX; i++)
         if (CU->kv_create(&kd, &kv[i], &err)) return fprintf(stderr, "%s\n", err.msg), 1;
     int32_t *tok = xmalloc(RMAX * 4), *pos = xmalloc(RMAX * 4), *item = xmalloc(RMAX * 4), lrow[BMAX];

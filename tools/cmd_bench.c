@@ -22,6 +22,8 @@ static const char help[] =
     "                      [--kv full|window:W|sink:S,window:W] [--reps 3] [--json]\n"
     "  prefill: one session, --prompt tokens in one step.  decode: B sessions holding --prompt tokens\n"
     "  each step together for --gen tokens.  floor: (weight bytes + KV bytes read) per step over the\n"
+    "  (MoE: the dense weights and the chosen experts only: top-k per layer at B=1, the expected distinct\n"
+    "  experts of B rows routed uniformly at B>1; sliding-window layers read at most their window)\n"
     "  read bandwidth measured with the same thread count in passes taken between the repetitions\n"
     "  (the median of a batch size's passes; --json also gives each repetition's own ratio).\n"
     "  read GB/s: the bytes a step must read over the median step time.\n"
@@ -88,6 +90,28 @@ static int parse_batches(const char *s, int *b, int cap) {
         s = end + (*end == ',');
     }
     return *s ? -1 : n;
+}
+
+/* Weight bytes one decode step of B rows must read: every weight once, except the routed experts
+ * (Gemma 4 MoE), of which only those some row chose are read: B = 1, exactly top_k of n_experts per
+ * layer; B > 1, the expected number of distinct experts when each row picks top_k of n_experts
+ * uniformly and independently, n_experts (1 - (1 - top_k / n_experts)^B). */
+static double step_weight_bytes(const ib_model_info *in, int B) {
+    if (in->n_experts <= 0) return (double)in->weight_bytes;
+    double E = in->n_experts, k = in->top_k, miss = 1.0;
+    for (int b = 0; b < B; b++) miss *= 1.0 - k / E;
+    double chosen = B == 1 ? k : E * (1.0 - miss);
+    return (double)(in->weight_bytes - in->expert_bytes) + (double)in->expert_bytes * chosen / E;
+}
+
+/* KV bytes one row reads attending `keys` keys: each layer at its own shape, a sliding-window layer
+ * (Gemma 4) at most its window, the others at most sink + window under a windowed policy (window > 0). */
+static double row_kv_bytes(const ib_model_info *in, double keys, int sink, int window, double per_token) {
+    double full = keys, sliding = keys;
+    if (window > 0 && full > sink + window) full = sink + window;
+    if (in->sliding_window > 0 && sliding > in->sliding_window) sliding = in->sliding_window;
+    double share = per_token * ((double)in->kv_bytes_per_token_sliding / (double)in->kv_bytes_per_token);
+    return (per_token - share) * full + share * sliding;
 }
 
 typedef struct stat3 { double med, lo, hi; } stat3;
@@ -192,7 +216,7 @@ int cmd_bench(int argc, char **argv) {
     /* a windowed session takes the whole prompt in one step and rewinds by --gen between repetitions */
     ib_session_opts so = {.max_context = ctx, .sampling = ib_sampling_default(), .kv_dtype = kv_dtype, .backend = backend,
                           .kv_sink = kv_sink, .kv_window = kv_window,
-                          .kv_chunk = kv_window > 0 ? (int)(prompt > gen ? prompt : gen) : 0};
+                          .kv_chunk = (int)(prompt > gen ? prompt : gen)};   /* also sizes sliding-window rings */
     size_t kv_per_token = ib_kv_bytes_per_token(m, kv_dtype);
     if (ib_session_create(m, &so, &proto, &err)) {
         rc = cli_error("%s", err.msg);
@@ -235,6 +259,8 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(out, "act", json_string(act_name));
         json_object_set_new(out, "read_bandwidth_gbs", json_real(bw / 1e9));
         json_object_set_new(out, "weight_bytes", json_integer((json_int_t)info->weight_bytes));
+        json_object_set_new(out, "expert_bytes", json_integer((json_int_t)info->expert_bytes));
+        json_object_set_new(out, "session_kv_bytes", json_integer((json_int_t)ib_session_kv_bytes(proto)));
         json_object_set_new(out, "kv_dtype", json_string(ib_kv_dtype_name(kv_dtype)));
         json_object_set_new(out, "kv_policy", json_string(kv_policy));
         json_object_set_new(out, "kv_bytes_per_token", json_integer((json_int_t)kv_per_token));
@@ -247,6 +273,10 @@ int cmd_bench(int argc, char **argv) {
                info->weight_bytes / 1e6, kv_per_token, ib_kv_dtype_name(kv_dtype), kv_policy, threads,
                ib_isa_name(ib_engine_isa(e)), act_name);
         if (ib_fault_get()) printf("injected fault: %s (not the canonical numbers)\n", ib_fault_name(ib_fault_get()));
+        if (info->n_experts > 0)
+            printf("experts: %.1f MB of the weights; a B=1 decode step reads %.1f MB of weights (top-%d of %d)\n",
+                   info->expert_bytes / 1e6, step_weight_bytes(info, 1) / 1e6, info->top_k, info->n_experts);
+        printf("session KV: %.1f MB each\n", ib_session_kv_bytes(proto) / 1e6);
         if (backend == IB_BACKEND_CUDA)
             printf("device read bandwidth %.1f GB/s (measured on the GPU; again between the repetitions below)\n",
                    bw / 1e9);
@@ -269,10 +299,9 @@ int cmd_bench(int argc, char **argv) {
         int B = batches[bi];
         double tput[MAX_REPS], ms[MAX_REPS], frac[MAX_REPS], bw_rep[MAX_REPS + 1], bw_mid[MAX_REPS];
         int first_pass = n_bw;
-        /* bytes one step must read: every weight once, and the keys and values each session attends */
+        /* bytes one step must read: the weights it uses once, and the keys and values each session attends */
         double keys = prompt + gen / 2.0; /* keys a row attends, on average over the repetition */
-        if (kv_window > 0 && keys > kv_sink + kv_window) keys = kv_sink + kv_window;
-        double step_bytes = info->weight_bytes + (double)B * keys * kv_per_token;
+        double step_bytes = step_weight_bytes(info, B) + B * row_kv_bytes(info, keys, kv_sink, kv_window, kv_per_token);
         for (int r = 0;; r++) {
             bw_rep[r] = bw_passes(probe, GAP_PASSES, bw_all, &n_bw);
             if (bw_rep[r] <= 0) {

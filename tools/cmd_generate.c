@@ -49,7 +49,8 @@ static const char help[] =
     "                    gemv-gemm, split-k-threads, isa-fma, row-order, shared-rng, split-kv-by-batch,\n"
     "                    gpu-fma: the CUDA backend fuses its products' multiply-adds; gpu-split-k: it\n"
     "                    splits their K over blocks added in any order; moe-capacity,\n"
-    "                    moe-combine-by-load: Gemma 4 MoE routing / combine that depend on the batch)\n";
+    "                    moe-combine-by-load: Gemma 4 MoE routing / combine that depend on the batch;\n"
+    "                    kv-ring-short: sliding-window KV rings one slot too small)\n";
 
 typedef struct prompts {
     int n, cap;

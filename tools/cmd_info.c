@@ -8,14 +8,16 @@
 #include "cli.h"
 #include "isobatch.h"
 
-static const char help[] = "usage: isobatch info [-m DIR] [--json] [--context N]\n"
+static const char help[] = "usage: isobatch info [-m DIR] [--json] [--context N] [--kv-chunk C]\n"
                            "  Prints the architecture, sizes, quantization and the memory needed\n"
-                           "  (weights + KV cache for one session of N tokens, default 4096).\n";
+                           "  (weights + KV cache for one session of N tokens, default 4096, whose step\n"
+                           "  items bring at most C tokens, default 64 as the server's --prefill-chunk:\n"
+                           "  sliding-window layers keep sliding_window + C - 1 slots; 0: every position).\n";
 
 int cmd_info(int argc, char **argv) {
     const char *dir = NULL;
     int as_json = 0;
-    long ctx = 4096;
+    long ctx = 4096, chunk = 64;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -28,6 +30,8 @@ int cmd_info(int argc, char **argv) {
             dir = v;
         } else if (!strcmp(f, "--context")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_int(f, v, 1, 1 << 24, &ctx)) return 2;
+        } else if (!strcmp(f, "--kv-chunk")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_int(f, v, 0, 1 << 20, &chunk)) return 2;
         } else
             return cli_unknown_option("info", f, help);
     }
@@ -36,7 +40,9 @@ int cmd_info(int argc, char **argv) {
     ib_error err;
     if (ib_model_load(dir, NULL, &m, &err)) return cli_error("%s", err.msg);
     const ib_model_info *in = ib_model_get_info(m);
-    size_t kv = in->kv_bytes_per_token * (size_t)ctx;
+    if (ctx > in->max_context) ctx = in->max_context;   /* a session holds at most the model's context */
+    ib_session_opts so = {.max_context = (int)ctx, .kv_chunk = (int)chunk};
+    size_t kv = ib_session_kv_bytes_for(m, &so);   /* what ib_session_create allocates, rings included */
     if (as_json) {
         json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:b, s:i, s:i, s:I, s:I, s:I, s:I, s:I}",
                               "model", dir, "arch", in->arch, "vocab_size", in->vocab_size, "hidden_size", in->hidden_size,
@@ -48,6 +54,11 @@ int cmd_info(int argc, char **argv) {
                               "weight_bytes", (json_int_t)in->weight_bytes, "kv_bytes_per_token",
                               (json_int_t)in->kv_bytes_per_token, "kv_bytes_per_session", (json_int_t)kv);
         json_object_set_new(o, "weight_dtype", json_string(in->weight_dtype));
+        json_object_set_new(o, "kv_chunk", json_integer(chunk));
+        if (in->sliding_window > 0) {
+            json_object_set_new(o, "sliding_window", json_integer(in->sliding_window));
+            json_object_set_new(o, "kv_bytes_per_token_sliding", json_integer((json_int_t)in->kv_bytes_per_token_sliding));
+        }
         if (in->n_experts > 0) {
             json_object_set_new(o, "experts", json_integer(in->n_experts));
             json_object_set_new(o, "experts_per_token", json_integer(in->top_k));
@@ -76,6 +87,11 @@ int cmd_info(int argc, char **argv) {
         printf("in memory    %.1f MB weights (repacked)\n", in->weight_bytes / 1e6);
         printf("kv cache     %zu bytes per token; %.1f MB per session of %ld tokens\n", in->kv_bytes_per_token,
                kv / 1e6, ctx);
+        if (in->sliding_window > 0) {
+            long slots = chunk > 0 && in->sliding_window + chunk - 1 < ctx ? in->sliding_window + chunk - 1 : ctx;
+            printf("             sliding-window layers (window %d): %zu of those bytes per token, %ld slots each "
+                   "(steps of at most %ld tokens)\n", in->sliding_window, in->kv_bytes_per_token_sliding, slots, chunk);
+        }
     }
     ib_model_free(m);
     return 0;

@@ -9,9 +9,11 @@
 #include "model/mkmodel.h"
 
 static const char help[] =
-    "usage: isobatch mkmodel --preset tiny|qwen3-0.6b|qwen3-8b|gemma4-tiny|gemma4-moe-tiny [--seed S] [--bits 4|8|16|32]\n"
-    "                        [--group 32|64|128] [--untied] [--arch qwen3|llama] [--top-k K] --out DIR\n"
-    "  --top-k K   gemma4-moe-tiny (8 experts, top-k 2): route each token to K experts instead\n"
+    "usage: isobatch mkmodel --preset tiny|qwen3-0.6b|qwen3-8b|gemma4-tiny|gemma4-moe-tiny|gemma4-26b-a4b\n"
+    "                        [--seed S] [--bits 4|8|16|32]"
+    " [--group 32|64|128] [--untied] [--arch qwen3|llama] [--top-k K] --out DIR\n"
+    "  --top-k K   gemma4-moe-tiny (8 experts, top-k 2), gemma4-26b-a4b (128, top-k 8): route each token to K experts\n"
+    "  gemma4-26b-a4b: Gemma-4-26B-A4B's real shapes (about 14 GB at 4 bits; for benchmarks)\n"
     "  Writes config.json, model.safetensors (MLX layout), tokenizer.json and tokenizer_config.json.\n";
 
 int cmd_mkmodel(int argc, char **argv) {
@@ -51,10 +53,11 @@ int cmd_mkmodel(int argc, char **argv) {
         } else
             return cli_unknown_option("mkmodel", f, help);
     }
-    if (!o.preset) return cli_usage_error("mkmodel: --preset is required (tiny, qwen3-0.6b, qwen3-8b, gemma4-tiny or gemma4-moe-tiny)");
+    if (!o.preset) return cli_usage_error("mkmodel: --preset is required (tiny, qwen3-0.6b, qwen3-8b, gemma4-tiny, gemma4-moe-tiny or gemma4-26b-a4b)");
     if (strcmp(o.preset, "tiny") && strcmp(o.preset, "qwen3-0.6b") && strcmp(o.preset, "qwen3-8b") &&
-        strcmp(o.preset, "gemma4-tiny") && strcmp(o.preset, "gemma4-moe-tiny"))
-        return cli_usage_error("--preset: unknown '%s' (tiny, qwen3-0.6b, qwen3-8b, gemma4-tiny, gemma4-moe-tiny)", o.preset);
+        strcmp(o.preset, "gemma4-tiny") && strcmp(o.preset, "gemma4-moe-tiny") && strcmp(o.preset, "gemma4-26b-a4b"))
+        return cli_usage_error("--preset: unknown '%s' (tiny, qwen3-0.6b, qwen3-8b, gemma4-tiny, gemma4-moe-tiny, gemma4-26b-a4b)",
+                               o.preset);
     if (!out) return cli_usage_error("mkmodel: --out DIR is required");
     ib_error err;
     if (ib_mkmodel(out, &o, &err)) return cli_error("%s", err.msg);

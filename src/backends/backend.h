@@ -24,8 +24,8 @@
  * and sits at position pos[r] of that session. D = hidden size, H / KVH = query / KV heads, hd = head
  * dim, F = intermediate size, V = vocabulary. hd and KVH are layer li's own (ib_layer.hd / .kvh: the
  * same for every layer of Qwen3 and Llama, per layer type for Gemma 4); the Q, K, V and ATT rows of a
- * layer are packed at that layer's width (H*hd, KVH*hd), and a KV cache is laid out with its
- * descriptor's (largest) KVH and hd, a layer using the first KVH heads and hd elements of each slot.
+ * layer are packed at that layer's width (H*hd, KVH*hd), and a KV cache holds each layer at the shape
+ * of its kind (ib_kv_desc: full layers, and Gemma 4's sliding-window layers with their own rings).
  *
  * MODEL FAMILIES. The model's arch (ib_config.arch) is fixed at load; a backend that cannot compute a
  * family fails at create naming it. Gemma 4's sequence (step.c) adds post-norms, GeGLU and a layer
@@ -69,14 +69,29 @@ typedef enum ib_nsel {
     IB_N_ATTN = 0, IB_N_MLP, IB_N_FINAL, IB_N_POST_ATTN, IB_N_POST_MLP, IB_N_POST_MLP1, IB_N_PRE_MOE, IB_N_POST_MOE
 } ib_nsel;
 
-/* Shape and policy of one session's KV cache: [n_layers][2 (keys, values)][n_kv_heads][capacity][head_dim]
- * elements of dtype. window 0: full (slot = position); window > 0: the first `sink` positions own slots
- * [0, sink) and later positions share a ring of capacity - sink slots (runtime/kv_policy.h). */
+/* Most layers whose kind a KV cache records (IB_CONFIG_MAX_TYPED_LAYERS: the typed layers of Gemma 4). */
+#define IB_KV_MAX_LAYERS 256
+
+/* Shape and policy of one session's KV cache. Layer after layer, each layer's keys then values, each
+ * [KVH][slots][hd] elements of dtype, at the shape of the layer's kind:
+ *   full layers (every layer when n_sliding is 0): n_kv_heads x capacity x head_dim; window 0: full
+ *     (slot = position); window > 0: the first `sink` positions own slots [0, sink) and later positions
+ *     share a ring of capacity - sink slots (runtime/kv_policy.h);
+ *   sliding-window layers (Gemma 4; sliding[li] = 1, li < IB_KV_MAX_LAYERS): sliding_kv_heads x
+ *     sliding_capacity x sliding_head_dim, the slot of position pos is pos % sliding_capacity (a ring
+ *     once positions pass it), and a query at p attends to positions p - sliding_window + 1 .. p. A
+ *     ring keeps sliding_window + (the most tokens one step item brings) - 1 slots: an item stores all
+ *     its keys before its first query reads, and that query's oldest key is the newest key's distance
+ *     sliding_window + n - 2 back, so nothing it still needs is overwritten.
+ * Fields after `window` are zero for a cache with no sliding layers. */
 typedef struct ib_kv_desc {
     ib_kv_dtype dtype;
     int n_layers, n_kv_heads, head_dim;
-    int capacity;       /* slots */
-    int sink, window;   /* KV policy */
+    int capacity;       /* slots of a full layer */
+    int sink, window;   /* KV policy of the full layers */
+    int n_sliding;      /* sliding-window layers (0: none; the fields below unused) */
+    int sliding_kv_heads, sliding_head_dim, sliding_capacity, sliding_window;
+    unsigned char sliding[IB_KV_MAX_LAYERS];   /* [li] 1: layer li is a sliding-window layer */
 } ib_kv_desc;
 
 /* A session's KV cache on some backend. The descriptor is public to the runtime; the storage is not. */
@@ -88,12 +103,42 @@ typedef struct ib_kv {
 /* Bytes of one KV element of a dtype. */
 static inline size_t ib_kv_dtype_bytes(ib_kv_dtype t) { return t == IB_KV_F16 ? 2 : 4; }
 
-/* Bytes of a KV cache of this shape. */
-static inline size_t ib_kv_desc_bytes(const ib_kv_desc *d) {
-    return (size_t)d->n_layers * 2 * d->n_kv_heads * (size_t)d->capacity * d->head_dim * ib_kv_dtype_bytes(d->dtype);
+/* Whether layer li of a cache of this shape is a sliding-window layer. */
+static inline int ib_kv_desc_sliding(const ib_kv_desc *d, int li) {
+    return d->n_sliding > 0 && li < IB_KV_MAX_LAYERS && d->sliding[li];
 }
 
-/* Slot of position pos in a cache of this policy (see ib_kv_desc). */
+/* Layer li of a cache as a one-layer cache of its own: its kind's heads, head size and slots, and the
+ * policy its slots and attention follow (a sliding layer: sink 0, window sliding_window, so
+ * ib_kv_desc_slot is pos % sliding_capacity and ib_attend_policy reads its window). */
+static inline ib_kv_desc ib_kv_desc_layer(const ib_kv_desc *d, int li) {
+    ib_kv_desc v = {.dtype = d->dtype, .n_layers = 1, .n_kv_heads = d->n_kv_heads, .head_dim = d->head_dim,
+                    .capacity = d->capacity, .sink = d->sink, .window = d->window};
+    if (ib_kv_desc_sliding(d, li)) {
+        v.n_kv_heads = d->sliding_kv_heads;
+        v.head_dim = d->sliding_head_dim;
+        v.capacity = d->sliding_capacity;
+        v.sink = 0;
+        v.window = d->sliding_window;
+    }
+    return v;
+}
+
+/* Elements of layer li's keys and values (2 x KVH x slots x hd) in a cache of this shape. */
+static inline size_t ib_kv_desc_layer_elems(const ib_kv_desc *d, int li) {
+    if (ib_kv_desc_sliding(d, li))
+        return (size_t)2 * d->sliding_kv_heads * (size_t)d->sliding_capacity * d->sliding_head_dim;
+    return (size_t)2 * d->n_kv_heads * (size_t)d->capacity * d->head_dim;
+}
+
+/* Bytes of a KV cache of this shape. */
+static inline size_t ib_kv_desc_bytes(const ib_kv_desc *d) {
+    size_t n = 0;
+    for (int li = 0; li < d->n_layers; li++) n += ib_kv_desc_layer_elems(d, li);
+    return n * ib_kv_dtype_bytes(d->dtype);
+}
+
+/* Slot of position pos in a one-layer view (ib_kv_desc_layer) or a cache with no sliding layers. */
 static inline int ib_kv_desc_slot(const ib_kv_desc *d, int pos) {
     if (d->window <= 0 || pos < d->sink) return pos;
     return d->sink + (pos - d->sink) % (d->capacity - d->sink);
@@ -145,8 +190,9 @@ typedef struct ib_backend_ops {
     /* Allocate a zeroed KV cache of this shape. */
     ib_status (*kv_create)(const ib_kv_desc *d, ib_kv **out, ib_error *err);
     void (*kv_free)(ib_kv *kv);
-    /* Copy slots [0, n_slots) of every (layer, k|v, head) plane from src to dst (same dtype, layers,
-     * heads, head_dim; capacities may differ). */
+    /* Copy slots [0, min(n_slots, the layer's slots)) of every (layer, k|v, head) plane from src to dst
+     * (same dtype, layers, layer kinds, heads, head sizes; capacities may differ, and a layer whose
+     * capacities differ has at most its smaller capacity of slots copied). */
     void (*kv_copy)(ib_kv *dst, const ib_kv *src, int n_slots);
 
     /* ---- one step, enqueued in this order by src/runtime/step.c ---- */
@@ -162,15 +208,17 @@ typedef struct ib_backend_ops {
     void (*linear)(ib_backend *b, int li, int n, const ib_wsel *ws, ib_buf in, const ib_buf *outs);
     /* Layer li's q/k head norms (IB_QK_NORM: ib_rmsnorm_heads, when the model has them) and/or the
      * rotary embedding of Q and K followed by the store of each row's K and V into its session's
-     * cache at slot(pos[r]) (IB_QK_ROPE_STORE: ib_rope_step_rows; half KV rounded by ib_f32_to_f16).
+     * cache at the slot of pos[r] in the layer's view (ib_kv_desc_layer, ib_kv_desc_slot) (IB_QK_ROPE_STORE:
+     * ib_rope_step_rows; half KV rounded by ib_f32_to_f16).
      * Gemma 4, IB_QK_NORM: first V = K when the layer has no v_proj (attention_k_eq_v), then q_norm,
      * k_norm and the weightless v_norm (ib_rmsnorm_heads with w NULL); IB_QK_ROPE_STORE: the RoPE
      * table of the layer's type (sliding: ib_rope_table with rope_theta; full: ib_rope_table_pairs
      * over global_head_dim with rope_theta_full and rope_pairs_full). */
     void (*qk_prepare)(ib_backend *b, int li, int phases);
-    /* ATT[r] = attention of Q[r] over keys 0..pos[r] of its session at layer li (full: ib_attend_heads
-     * order; windowed: ib_attend_policy order), key block attn_block. Scale 1/sqrt(hd); Gemma 4:
-     * scale 1, and a sliding layer attends to its last sliding_window keys (ib_attend_heads' window). */
+    /* ATT[r] = attention of Q[r] over keys 0..pos[r] of its session at layer li (the layer's view,
+     * ib_kv_desc_layer: window 0: ib_attend_heads order; window > 0: ib_attend_policy order, which for
+     * a sliding layer is its last sliding_window keys), key block attn_block. Scale 1/sqrt(hd); Gemma 4:
+     * scale 1. */
     void (*attention)(ib_backend *b, int li);
     /* G = silu(G) * U (ib_swiglu). */
     void (*swiglu)(ib_backend *b);

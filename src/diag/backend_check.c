@@ -9,6 +9,9 @@
  * the scalar reference computes from those same inputs on the host (faults switched off). So each
  * operation is judged on its own, errors never compound, and a wrong KV store shows up in the
  * attention that reads it (the host keeps a mirror of every cache, written by the reference store).
+ * Gemma 4 (dense): its layer sequence (post-norms, GeGLU, layer scalar, soft-capped logits), each
+ * layer at its type's widths, RoPE table and window, sliding layers' caches as rings; the MoE op has
+ * no reference here yet (its models are refused).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -45,24 +48,29 @@ typedef struct check {
     long mismatches;
     const char *config;
     /* host copies, [R_max][width] */
-    float *in, *in2, *ref, *got;
+    float *in, *in2, *ref, *got, *v;
     ib_act_buf qa;
-    float *cs;
+    float *cs;                       /* [R][hd/2][2] RoPE table (Gemma 4: of the sliding layers) */
+    float *cs_full;                  /* Gemma 4: [R][global_hd/2][2] of the full layers */
+    int hd, kvh;                     /* the current layer's head size and KV heads */
     /* the step */
     int R, n_items;
     int32_t tok[N_ITEMS * KV_CHUNK], pos[N_ITEMS * KV_CHUNK], row_item[N_ITEMS * KV_CHUNK];
-    /* mirrors of the caches: [item][layer][k|v][KVH][capacity][hd] float (half values converted) */
+    /* mirrors of the caches, laid out as the caches (ib_kv_desc: each layer at its kind's shape), float
+     * (half values converted) */
     float *mirror[N_ITEMS];
     ib_kv_desc desc;
 } check;
 
-static size_t width_of(const ib_config *c, ib_buf b) {
-    size_t hd = c->head_dim;
+/* Floats per row of buffer b at the current layer (k->hd, k->kvh). */
+static size_t width_of(const check *k, ib_buf b) {
+    const ib_config *c = &k->m->cfg;
+    size_t hd = k->hd;
     switch (b) {
     case IB_BUF_Q:
     case IB_BUF_ATT: return (size_t)c->n_heads * hd;
     case IB_BUF_K:
-    case IB_BUF_V: return (size_t)c->n_kv_heads * hd;
+    case IB_BUF_V: return (size_t)k->kvh * hd;
     case IB_BUF_G:
     case IB_BUF_U: return (size_t)c->intermediate_size;
     default: return (size_t)c->hidden_size;
@@ -80,7 +88,7 @@ static size_t width_of(const ib_config *c, ib_buf b) {
 
 /* Copy rows [0, R) of a backend buffer into dst. */
 static void fetch(check *k, ib_buf b, int R, float *dst) {
-    size_t w = width_of(&k->m->cfg, b);
+    size_t w = width_of(k, b);
     memcpy(dst, k->ops->read_rows(k->be, b, R, (int)w), (size_t)R * w * sizeof(float));
 }
 
@@ -96,7 +104,7 @@ static void report(check *k, const char *op, const float *want, const float *hav
 /* Compare rows [0, R) of buffer b with k->ref. */
 static void compare_buf(check *k, const char *op, ib_buf b, int R) {
     fetch(k, b, R, k->got);
-    report(k, op, k->ref, k->got, (long)R * (long)width_of(&k->m->cfg, b));
+    report(k, op, k->ref, k->got, (long)R * (long)width_of(k, b));
 }
 
 static const ib_matrix *matrix_of(const ib_layer *L, ib_wsel w) {
@@ -121,21 +129,26 @@ static void check_linear(check *k, int li, int n, const ib_wsel *ws, ib_buf in, 
     }
 }
 
-/* Element offset of (layer, k|v, head, slot 0) in an item's mirror. */
+/* Element offset of (layer, k|v, head, slot 0) in an item's mirror (the cache's layout). */
 static size_t mirror_off(const check *k, int li, int kv, int h) {
-    return (((size_t)li * 2 + kv) * k->desc.n_kv_heads + h) * (size_t)k->desc.capacity * k->desc.head_dim;
+    size_t off = 0;
+    for (int l = 0; l < li; l++) off += ib_kv_desc_layer_elems(&k->desc, l);
+    ib_kv_desc v = ib_kv_desc_layer(&k->desc, li);
+    return off + ((size_t)kv * v.n_kv_heads + h) * (size_t)v.capacity * v.head_dim;
 }
 
 /* The reference of qk_prepare's ROPE_STORE phase: rotate Q and K (host copies in k->in / k->in2),
  * store each row's K and V into its item's mirror (half caches: rounded as the store rounds). */
 static void ref_rope_store(check *k, int li, float *q, float *kk, const float *v) {
     const ib_config *c = &k->m->cfg;
-    int H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim;
-    ib_rope(q, k->R, H, hd, k->cs);
-    ib_rope(kk, k->R, KVH, hd, k->cs);
+    int H = c->n_heads, KVH = k->kvh, hd = k->hd;
+    const float *cs = c->arch == IB_ARCH_GEMMA4 && !k->m->layers[li].sliding ? k->cs_full : k->cs;
+    ib_rope(q, k->R, H, hd, cs);
+    ib_rope(kk, k->R, KVH, hd, cs);
+    const ib_kv_desc lv = ib_kv_desc_layer(&k->desc, li);
     for (int r = 0; r < k->R; r++) {
         float *mir = k->mirror[k->row_item[r]];
-        size_t slot = (size_t)ib_kv_desc_slot(&k->desc, k->pos[r]);
+        size_t slot = (size_t)ib_kv_desc_slot(&lv, k->pos[r]);
         for (int h = 0; h < KVH; h++)
             for (int d = 0; d < hd; d++) {
                 float kv2[2] = {kk[((size_t)r * KVH + h) * hd + d], v[((size_t)r * KVH + h) * hd + d]};
@@ -151,9 +164,9 @@ static void ref_rope_store(check *k, int li, float *q, float *kk, const float *v
 /* The reference attention of every row of the step at layer li, from the mirrors, into out. */
 static void ref_attention(check *k, int li, const float *q, float *out) {
     const ib_config *c = &k->m->cfg;
-    int H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim, G = H / KVH;
-    float scale = 1.0f / sqrtf((float)hd);
-    ib_kv_desc fd = k->desc;
+    int H = c->n_heads, KVH = k->kvh, hd = k->hd, G = H / KVH;
+    float scale = c->arch == IB_ARCH_GEMMA4 ? 1.0f : 1.0f / sqrtf((float)hd);
+    ib_kv_desc fd = ib_kv_desc_layer(&k->desc, li);
     fd.dtype = IB_KV_F32;   /* the mirror holds the exact float values of half caches */
     for (int r = 0; r < k->R; r++)
         for (int h = 0; h < H; h++) {
@@ -161,7 +174,7 @@ static void ref_attention(check *k, int li, const float *q, float *out) {
             const float *kp = mir + mirror_off(k, li, 0, h / G), *vp = mir + mirror_off(k, li, 1, h / G);
             const float *qh = q + ((size_t)r * H + h) * hd;
             float *oh = out + ((size_t)r * H + h) * hd;
-            if (k->desc.window > 0) ib_attend_policy(&fd, qh, kp, vp, k->pos[r], hd, scale, IB_ATTN_BLOCK, oh);
+            if (fd.window > 0) ib_attend_policy(&fd, qh, kp, vp, k->pos[r], hd, scale, IB_ATTN_BLOCK, oh);
             else ib_attend_one(qh, kp, vp, k->pos[r] + 1, hd, hd, scale, IB_ATTN_BLOCK, oh);
         }
 }
@@ -175,6 +188,15 @@ static void check_add(check *k) {
     memcpy(k->ref, k->in, n * sizeof(float));
     REF(ib_add(k->ref, k->in2, n));
     compare_buf(k, "add", IB_BUF_X, k->R);
+}
+
+/* rmsnorm with norm n of layer li (weights w) from buffer in to out, checked. */
+static void check_norm(check *k, ib_buf in, ib_nsel n, int li, const float *w, ib_buf out) {
+    int D = k->m->cfg.hidden_size;
+    fetch(k, in, k->R, k->in);
+    k->ops->rmsnorm(k->be, in, n, li, out);
+    REF(ib_rmsnorm(k->in, w, k->R, D, (float)k->m->cfg.rms_eps, k->ref, NULL));
+    compare_buf(k, "rmsnorm", out, k->R);
 }
 
 /* One step through the backend, every op checked. logits_out: [N_ITEMS][V] host buffers. */
@@ -206,14 +228,22 @@ static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos
                       .logit_row = logit_row, .logits_out = lo};
     ib_status rc = ops->step_begin(k->be, &d, err);
     if (rc) return rc;
+    const int gemma = c->arch == IB_ARCH_GEMMA4;
     REF(ib_rope_table(k->pos, R, hd, c->rope_theta, k->cs));
+    if (gemma) REF(ib_rope_table_pairs(k->pos, R, c->global_head_dim, c->rope_theta_full, c->rope_pairs_full, k->cs_full));
 
+    k->hd = hd;
+    k->kvh = KVH;
     ops->embed(k->be);
-    REF(for (int r = 0; r < R; r++) ib_matrix_row_f32(&m->embed, k->tok[r], k->ref + (size_t)r * D));
+    REF(for (int r = 0; r < R; r++) ib_matrix_row_f32(&m->embed, k->tok[r], k->ref + (size_t)r * D);
+        if (m->embed_scale != 1.0f) ib_scale(k->ref, (size_t)R * D, m->embed_scale));
     compare_buf(k, "embed", IB_BUF_X, R);
 
     for (int li = 0; li < c->n_layers; li++) {
         const ib_layer *L = &m->layers[li];
+        const int has_v = L->wv.rows > 0;
+        hd = k->hd = L->hd;
+        KVH = k->kvh = L->kvh;
         fetch(k, IB_BUF_X, R, k->in);
         ops->rmsnorm(k->be, IB_BUF_X, IB_N_ATTN, li, IB_BUF_XN);
         REF(ib_rmsnorm(k->in, L->attn_norm, R, D, eps, k->ref, NULL));
@@ -221,11 +251,16 @@ static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos
 
         static const ib_wsel qkv[3] = {IB_W_Q, IB_W_K, IB_W_V};
         static const ib_buf qkv_out[3] = {IB_BUF_Q, IB_BUF_K, IB_BUF_V};
-        check_linear(k, li, 3, qkv, IB_BUF_XN, qkv_out, "linear q/k/v");
+        check_linear(k, li, has_v ? 3 : 2, qkv, IB_BUF_XN, qkv_out, "linear q/k/v");
 
         if (L->q_norm) {
             fetch(k, IB_BUF_Q, R, k->in);
             fetch(k, IB_BUF_K, R, k->in2);
+            if (gemma) { /* V = the raw K under k_eq_v, then normed without a weight */
+                if (has_v) fetch(k, IB_BUF_V, R, k->got);
+                else memcpy(k->got, k->in2, (size_t)R * KVH * hd * sizeof(float));
+                memcpy(k->v, k->got, (size_t)R * KVH * hd * sizeof(float));
+            }
             ops->qk_prepare(k->be, li, IB_QK_NORM);
             REF(ib_rmsnorm_heads(k->in, L->q_norm, R, H, hd, eps, NULL));
             memcpy(k->ref, k->in, (size_t)R * H * hd * sizeof(float));
@@ -233,6 +268,11 @@ static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos
             REF(ib_rmsnorm_heads(k->in2, L->k_norm, R, KVH, hd, eps, NULL));
             memcpy(k->ref, k->in2, (size_t)R * KVH * hd * sizeof(float));
             compare_buf(k, "q/k norm", IB_BUF_K, R);
+            if (gemma) {
+                REF(ib_rmsnorm_heads(k->v, NULL, R, KVH, hd, eps, NULL));
+                memcpy(k->ref, k->v, (size_t)R * KVH * hd * sizeof(float));
+                compare_buf(k, "v norm", IB_BUF_V, R);
+            }
         }
         fetch(k, IB_BUF_Q, R, k->in);
         fetch(k, IB_BUF_K, R, k->in2);
@@ -252,6 +292,7 @@ static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos
         static const ib_wsel wo = IB_W_O, wd = IB_W_DOWN;
         static const ib_buf yo = IB_BUF_O;
         check_linear(k, li, 1, &wo, IB_BUF_ATT, &yo, "linear o");
+        if (gemma) check_norm(k, IB_BUF_O, IB_N_POST_ATTN, li, L->post_attn_norm, IB_BUF_O);
 
         check_add(k);
 
@@ -266,13 +307,26 @@ static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos
 
         fetch(k, IB_BUF_G, R, k->ref);
         fetch(k, IB_BUF_U, R, k->in2);
-        ops->swiglu(k->be);
-        REF(ib_swiglu(k->ref, k->in2, R, F));
-        compare_buf(k, "swiglu", IB_BUF_G, R);
+        if (gemma) {
+            ops->geglu(k->be);
+            REF(ib_geglu(k->ref, k->in2, R, F));
+            compare_buf(k, "geglu", IB_BUF_G, R);
+        } else {
+            ops->swiglu(k->be);
+            REF(ib_swiglu(k->ref, k->in2, R, F));
+            compare_buf(k, "swiglu", IB_BUF_G, R);
+        }
 
         check_linear(k, li, 1, &wd, IB_BUF_G, &yo, "linear down");
+        if (gemma) check_norm(k, IB_BUF_O, IB_N_POST_MLP, li, L->post_mlp_norm, IB_BUF_O);
 
         check_add(k);
+        if (gemma) {
+            fetch(k, IB_BUF_X, R, k->ref);
+            ops->scale_layer(k->be, li);
+            REF(ib_scale(k->ref, (size_t)R * D, L->layer_scalar));
+            compare_buf(k, "scale_layer", IB_BUF_X, R);
+        }
     }
 
     /* logits of the wanted rows: final norm, then the lm_head */
@@ -289,7 +343,8 @@ static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos
         int V = c->vocab_size;
         float *want = malloc((size_t)n_logits * V * sizeof(float));
         if (!want) return ib_fail(err, IB_ERR_NOMEM, "backend check: out of memory");
-        REF(ref_linear(k, m->lm_head, k->in2, n_logits, want));
+        REF(ref_linear(k, m->lm_head, k->in2, n_logits, want);
+            if (c->final_softcap > 0) ib_softcap(want, (size_t)n_logits * V, (float)c->final_softcap));
         for (int j = 0; j < n_logits; j++) report(k, "logits", want + (size_t)j * V, lo[j], V);
         free(want);
     }
@@ -304,9 +359,21 @@ static ib_status check_config(check *k, ib_kv_dtype dtype, int windowed, ib_erro
     float *lg[N_ITEMS] = {0};
     int item_pos[N_ITEMS] = {0};
     ib_status rc = IB_OK;
+    /* Gemma 4: a window no smaller than the sliding layers' (session.c refuses smaller ones) */
+    int win = c->arch == IB_ARCH_GEMMA4 && WIN_WINDOW < c->sliding_window ? c->sliding_window + 2 : WIN_WINDOW;
     k->desc = (ib_kv_desc){.dtype = dtype, .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
-                           .capacity = windowed ? WIN_SINK + WIN_WINDOW + KV_CHUNK : N_STEPS * KV_CHUNK,
-                           .sink = windowed ? WIN_SINK : 0, .window = windowed ? WIN_WINDOW : 0};
+                           .capacity = windowed ? WIN_SINK + win + KV_CHUNK : N_STEPS * KV_CHUNK,
+                           .sink = windowed ? WIN_SINK : 0, .window = windowed ? win : 0};
+    if (c->arch == IB_ARCH_GEMMA4) { /* as session.c lays it out: full layers at theirs, sliding ones as rings */
+        k->desc.n_kv_heads = c->global_kv_heads;
+        k->desc.head_dim = c->global_head_dim;
+        for (int li = 0; li < c->n_layers && li < IB_KV_MAX_LAYERS; li++)
+            if (c->layer_sliding[li]) k->desc.sliding[li] = 1, k->desc.n_sliding++;
+        k->desc.sliding_kv_heads = c->n_kv_heads;
+        k->desc.sliding_head_dim = c->head_dim;
+        k->desc.sliding_capacity = c->sliding_window + KV_CHUNK - 1;
+        k->desc.sliding_window = c->sliding_window;
+    }
     k->config = dtype == IB_KV_F16 ? (windowed ? "f16 KV, sink+window" : "f16 KV, full")
                                    : (windowed ? "f32 KV, sink+window" : "f32 KV, full");
     size_t mirror_floats = ib_kv_desc_bytes(&k->desc) / ib_kv_dtype_bytes(dtype);
@@ -331,8 +398,8 @@ ib_status ib_backend_check(const ib_model *m, const ib_backend_check_opts *o, ib
     const ib_config *c = &m->cfg;
     const char *why = NULL;
     *mismatches = 0;
-    if (c->arch == IB_ARCH_GEMMA4) /* its references follow the Qwen3 / Llama sequence and widths */
-        return ib_fail(err, IB_ERR_UNSUPPORTED, "backend check: model_type gemma4 is not supported yet");
+    if (c->arch == IB_ARCH_GEMMA4 && c->n_experts > 0) /* the moe op has no reference here yet */
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "backend check: gemma4's MoE block is not supported yet (dense gemma4 is)");
     if (!ib_backend_available(o->backend, &why))
         return ib_fail(err, IB_ERR_UNSUPPORTED, "backend %s: %s", ib_backend_name(o->backend), why);
     ib_engine_opts eo = {.threads = o->threads, .isa = o->isa, .act = o->act, .backend = o->backend};
@@ -344,7 +411,7 @@ ib_status ib_backend_check(const ib_model *m, const ib_backend_check_opts *o, ib
     k.be = e->be;
     k.act = ib_engine_act(e);
     size_t R = N_ITEMS * KV_CHUNK, w = (size_t)c->hidden_size;
-    size_t widest = (size_t)c->n_heads * c->head_dim;
+    size_t widest = (size_t)c->n_heads * c->kv_hd_max;
     if ((size_t)c->intermediate_size > widest) widest = c->intermediate_size;
     if (w > widest) widest = w;
     int G = c->quant_group ? c->quant_group : 32;
@@ -355,8 +422,11 @@ ib_status ib_backend_check(const ib_model *m, const ib_backend_check_opts *o, ib
     k.qa.xq = malloc(R * widest);
     k.qa.d = malloc(R * (widest / G + 1) * sizeof(float));
     k.qa.ad = malloc(R * (widest / G + 1) * sizeof(float));
+    k.v = malloc(R * widest * sizeof(float));
     k.cs = malloc(R * c->head_dim * sizeof(float));
-    if (!k.in || !k.in2 || !k.ref || !k.got || !k.qa.xq || !k.qa.d || !k.qa.ad || !k.cs)
+    k.cs_full = c->arch == IB_ARCH_GEMMA4 ? malloc(R * c->global_head_dim * sizeof(float)) : NULL;
+    if (!k.in || !k.in2 || !k.ref || !k.got || !k.v || !k.qa.xq || !k.qa.d || !k.qa.ad || !k.cs ||
+        (c->arch == IB_ARCH_GEMMA4 && !k.cs_full))
         rc = ib_fail(err, IB_ERR_NOMEM, "backend check: out of memory");
     /* the references run fault-free; the backend keeps whatever fault the caller set */
     for (int dt = 0; dt < 2 && !rc; dt++)
@@ -369,6 +439,8 @@ ib_status ib_backend_check(const ib_model *m, const ib_backend_check_opts *o, ib
     free(k.qa.d);
     free(k.qa.ad);
     free(k.cs);
+    free(k.cs_full);
+    free(k.v);
     ib_engine_free(e);
     *mismatches = k.mismatches;
     return rc;

@@ -23,13 +23,19 @@ void ib_engine_set_capture(ib_engine *e, ib_capture_fn fn, void *ctx) {
 /* Capture points in forward order (isobatch.h lists them); the last two exist at layer n_layers. */
 static const char *const point_names[IB_DIFF_POINTS] = {
     "layer_in", "attn_norm", "q_proj", "k_proj", "v", "q_norm", "k_norm", "q", "k", "attn_out",
-    "attn_proj", "mlp_norm", "gate", "up", "mlp_act", "mlp_out", "layer_out", "final_norm", "logits",
+    "attn_proj", "post_attn_norm", "mlp_norm", "gate", "up", "mlp_act", "mlp_out", "post_mlp_norm1",
+    "moe_norm", "moe_out", "post_moe_norm", "post_mlp_norm", "layer_out", "final_norm", "logits",
 };
+/* Points only Gemma 4 has (absent for the other families). */
+static int gemma_only(int p) { return p == 11 || (p >= 17 && p <= 21); }
+/* Points only Gemma 4's MoE block has. */
+static int moe_only(int p) { return p >= 17 && p <= 20; }
 /* The op whose output each point is (layer_in of layer 0 is the embedding lookup; of a later layer it
  * equals the previous layer_out, so it is never the first divergence there). */
 static const char *const point_ops[IB_DIFF_POINTS] = {
     "embed", "rmsnorm", "matmul", "matmul", "matmul", "qknorm", "qknorm", "rope", "rope", "attention",
-    "matmul", "rmsnorm", "matmul", "matmul", "swiglu", "matmul", "add", "rmsnorm", "matmul",
+    "matmul", "rmsnorm", "rmsnorm", "matmul", "matmul", "swiglu/geglu", "matmul", "rmsnorm",
+    "rmsnorm", "moe", "rmsnorm", "rmsnorm", "add", "rmsnorm", "matmul",
 };
 
 const char *ib_diff_point_name(int p) { return p >= 0 && p < IB_DIFF_POINTS ? point_names[p] : "?"; }
@@ -48,10 +54,11 @@ enum { MODE_ALONE, MODE_BATCHED };
 
 typedef struct dctx {
     int L, S;                  /* layers, sessions */
-    int width[IB_DIFF_POINTS]; /* floats per row of each point */
+    int *width;                /* [L + 1][P] floats per row of each point at each layer (Gemma 4's q, k and
+                                * attention widths are its layer type's) */
     unsigned char present[IB_DIFF_POINTS];
     size_t *off;               /* [L + 1][P] start of block (layer, point) in store */
-    float *store;              /* block (l, p) = [max_rows][width[p]]: the alone captures of this step */
+    float *store;              /* block (l, p) = [rows][width[l][p]]: the alone captures of this step */
     int *row_sess;             /* [max_rows] session of each global row of this step */
     int *map;                  /* [max_rows] batched mode: step row -> global row */
     int mode;
@@ -64,7 +71,7 @@ typedef struct dctx {
 static void on_capture(void *vctx, int layer, const char *point, int row, const float *data, int n) {
     dctx *d = vctx;
     int p = point_index(point);
-    if (p < 0 || layer < 0 || layer > d->L || n != d->width[p]) return;
+    if (p < 0 || layer < 0 || layer > d->L || n != d->width[(size_t)layer * IB_DIFF_POINTS + p]) return;
     if ((layer == d->L) != (p >= IB_DIFF_LAYER_POINTS)) return;
     float *slot = d->store + d->off[(size_t)layer * IB_DIFF_POINTS + p];
     if (d->mode == MODE_ALONE) {
@@ -100,13 +107,12 @@ ib_status ib_diff_run(const ib_model *m, const int32_t *const *prompts, const in
                       ib_diff_result *r, ib_error *err) {
     memset(r, 0, sizeof *r);
     const ib_config *c = &m->cfg;
-    if (c->arch == IB_ARCH_GEMMA4) /* its capture points have per-layer widths and post-norms */
-        return ib_fail(err, IB_ERR_UNSUPPORTED, "diff: model_type gemma4 is not supported yet");
+    const int gemma = c->arch == IB_ARCH_GEMMA4;
     if (n < 1) return ib_fail(err, IB_ERR_INVALID_ARG, "diff: no prompts");
     if (o->step < 0 || o->step > 100000) return ib_fail(err, IB_ERR_INVALID_ARG, "diff: step %d out of range", o->step);
     int batch = o->batch > 0 && o->batch < n ? o->batch : n;
     int L = c->n_layers, S = n, K = o->step, V = c->vocab_size, D = c->hidden_size;
-    int HD = c->n_heads * c->head_dim, KD = c->n_kv_heads * c->head_dim, F = c->intermediate_size;
+    int F = c->intermediate_size;
     long total = 0, max_len = 0, step_tokens = 0;
     for (int i = 0; i < n; i++) {
         if (lens[i] < 1 || !prompts[i]) return ib_fail(err, IB_ERR_INVALID_ARG, "diff: prompt %d is empty", i);
@@ -123,10 +129,17 @@ ib_status ib_diff_run(const ib_model *m, const int32_t *const *prompts, const in
                        c->max_position);
 
     dctx d = {.L = L, .S = S};
-    const int widths[IB_DIFF_POINTS] = {D, D, HD, KD, KD, HD, KD, HD, KD, HD, D, D, F, F, F, D, D, D, V};
-    memcpy(d.width, widths, sizeof widths);
-    for (int p = 0; p < IB_DIFF_POINTS; p++) d.present[p] = 1;
-    if (!c->qk_norm) d.present[5] = d.present[6] = 0;
+    d.width = malloc((size_t)(L + 1) * IB_DIFF_POINTS * sizeof *d.width);
+    if (!d.width) return ib_fail(err, IB_ERR_NOMEM, "diff: out of memory");
+    for (int l = 0; l <= L; l++) {
+        int li = l < L ? l : 0, HD = c->n_heads * ib_config_layer_hd(c, li);
+        int KD = ib_config_layer_kvh(c, li) * ib_config_layer_hd(c, li);
+        const int widths[IB_DIFF_POINTS] = {D, D, HD, KD, KD, HD, KD, HD, KD, HD, D, D, D, F, F, F, D, D, D, D, D, D, D, D, V};
+        memcpy(d.width + (size_t)l * IB_DIFF_POINTS, widths, sizeof widths);
+    }
+    for (int p = 0; p < IB_DIFF_POINTS; p++)
+        d.present[p] = gemma ? !moe_only(p) || c->n_experts > 0 : !gemma_only(p);
+    if (!c->qk_norm && !gemma) d.present[5] = d.present[6] = 0;
 
     ib_engine *e = NULL;
     ib_session **alone = calloc((size_t)n, sizeof *alone), **bat = calloc((size_t)n, sizeof *bat);
@@ -160,7 +173,8 @@ ib_status ib_diff_run(const ib_model *m, const int32_t *const *prompts, const in
     for (int l = 0; l <= L; l++)
         for (int p = 0; p < IB_DIFF_POINTS; p++) {
             d.off[(size_t)l * IB_DIFF_POINTS + p] = store_floats;
-            if ((l == L) == (p >= IB_DIFF_LAYER_POINTS) && d.present[p]) store_floats += (size_t)total * d.width[p];
+            if ((l == L) == (p >= IB_DIFF_LAYER_POINTS) && d.present[p])
+                store_floats += (size_t)total * d.width[(size_t)l * IB_DIFF_POINTS + p];
         }
     d.store = malloc(store_floats * sizeof(float));
     if (!d.store) {
@@ -261,6 +275,7 @@ done:
     free(next);
     free(row_base);
     free(d.off);
+    free(d.width);
     free(d.store);
     free(d.row_sess);
     free(d.map);

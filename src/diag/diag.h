@@ -85,9 +85,12 @@ ib_status ib_probe_run(const ib_probe_opts *o, ib_probe_report_fn fn, void *ctx,
 
 /* ================================================================ diff */
 
-/* Capture points, in forward order: IB_DIFF_LAYER_POINTS per layer, then the final ones. */
-#define IB_DIFF_LAYER_POINTS 17
-#define IB_DIFF_POINTS 19
+/* Capture points, in forward order: IB_DIFF_LAYER_POINTS per layer, then the final ones. Gemma 4 has
+ * points the other families lack (post-norms, the MoE block's), and its "v" is captured after the
+ * head norms (its values are normed there), so for it "v" sits before q_norm in this list but comes
+ * after k_norm in the step. */
+#define IB_DIFF_LAYER_POINTS 23
+#define IB_DIFF_POINTS 25
 /* Name of capture point p (0 <= p < IB_DIFF_POINTS), as ib_capture_fn receives it. */
 const char *ib_diff_point_name(int p);
 /* The op that produces point p at layer `layer` ("rmsnorm", "matmul", "rope", "attention", …;

@@ -27,6 +27,9 @@
  * REF_MIN_PARALLEL runs on the caller alone). The result does not depend on the split. */
 #define REF_THREADS 2
 #define REF_MIN_PARALLEL 1000000.0
+/* Gemma 4's router input is one token's [D] on the stack; top-k selections likewise. */
+#define IB_REF_MAX_D 16384
+#define IB_REF_MAX_TOPK 64
 
 /* ---------------------------------------------------------------- linear layers */
 
@@ -100,7 +103,7 @@ static void rmsnorm(const double *x, const float *w, int n, double eps, double *
     double ss = 0;
     for (int i = 0; i < n; i++) ss += x[i] * x[i];
     double r = 1.0 / sqrt(ss / n + eps);
-    for (int i = 0; i < n; i++) y[i] = x[i] * r * (double)w[i];
+    for (int i = 0; i < n; i++) y[i] = x[i] * r * (w ? (double)w[i] : 1.0);
 }
 
 /* Rotate each head of one token's x ([nh][hd]) on split halves: pairs (i, i + hd/2) by the angle
@@ -143,13 +146,170 @@ static void attention(const double *q, const double *k, const double *v, int T, 
         }
 }
 
+/* ---------------------------------------------------------------- Gemma 4 (docs/gemma4.md) */
+
+/* gelu_pytorch_tanh(a) = a/2 (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3))). */
+static double gelu_tanh(double a) { return 0.5 * a * (1.0 + tanh(sqrt(2.0 / M_PI) * (a + 0.044715 * a * a * a))); }
+
+/* The routed experts of layer L for one token: h [D] the residual after attention (the router's
+ * input), xe [D] its pre_feedforward_layernorm_2 norm (the experts' input); out [D] = the sum, in rank
+ * order, of each chosen expert's GeGLU MLP times its weight (softmax over all experts' router logits,
+ * renormalized over the top-k, times per_expert_scale). Scratch: rl [E], gu [2][Fm], y [D]. */
+static void gemma4_moe(const ib_config *c, const ib_layer *L, const double *h, const double *xe, double *out,
+                       double *rl, double *gu, double *y, lin_scratch *s) {
+    const int D = c->hidden_size, E = c->n_experts, K = c->top_k, Fm = c->moe_ffn;
+    double r[IB_REF_MAX_D];
+    rmsnorm(h, NULL, D, c->rms_eps, r);
+    for (int d = 0; d < D; d++) r[d] = r[d] * (double)L->router_scale[d] / sqrt((double)D);
+    linear(&L->w_router, r, 1, rl, s);
+    int sel[IB_REF_MAX_TOPK] = {0};
+    for (int j = 0; j < K; j++) { /* rank j: the largest logit not yet taken, ties to the lowest id */
+        int b = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= sel[i] == e;
+            if (!taken && (b < 0 || rl[e] > rl[b])) b = e;
+        }
+        sel[j] = b;
+    }
+    double mx = rl[sel[0]], z = 0, zk = 0;
+    for (int e = 0; e < E; e++) z += exp(rl[e] - mx);
+    for (int j = 0; j < K; j++) zk += exp(rl[sel[j]] - mx) / z;
+    for (int d = 0; d < D; d++) out[d] = 0;
+    for (int j = 0; j < K; j++) {
+        int e = sel[j];
+        double w = exp(rl[e] - mx) / z / zk * (double)L->expert_scale[e];
+        linear(&L->e_gate[e], xe, 1, gu, s);
+        linear(&L->e_up[e], xe, 1, gu + Fm, s);
+        for (int f = 0; f < Fm; f++) gu[f] = gelu_tanh(gu[f]) * gu[Fm + f];
+        linear(&L->e_down[e], gu, 1, y, s);
+        for (int d = 0; d < D; d++) out[d] += w * y[d];
+    }
+}
+
+/* The Gemma 4 forward pass of one sequence (docs/gemma4.md "The forward pass" and "Mixture of
+ * experts"), in double: embedding times sqrt(D); per layer its type's head size, KV heads, RoPE
+ * (sliding: theta^(-2i/hd) on every pair; full: proportional, the first rope_pairs_full pairs with
+ * theta_full^(-2i/global_head_dim), the rest not rotated) and window; q/k/v head norms (v without a
+ * weight; v = the raw k on full layers under attention_k_eq_v), attention scale 1, post-norms, GeGLU,
+ * the MoE block, the layer scalar; final norm, lm_head, soft-cap. logits [T][V]. */
+static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int T, double *logits, ib_error *err) {
+    const ib_config *c = &m->cfg;
+    const int D = c->hidden_size, H = c->n_heads, F = c->intermediate_size, V = c->vocab_size, E = c->n_experts;
+    const int hdm = c->kv_hd_max, kvm = c->kv_heads_max, Fm = c->moe_ffn;
+    const double eps = c->rms_eps;
+    if (D > IB_REF_MAX_D || c->top_k > IB_REF_MAX_TOPK)
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "reference: gemma4 with hidden size %d or top-k %d above %d / %d", D,
+                       c->top_k, IB_REF_MAX_D, IB_REF_MAX_TOPK);
+    int Kmax = D > F ? D : F;
+    if (H * hdm > Kmax) Kmax = H * hdm;
+    if (Fm > Kmax) Kmax = Fm;
+    size_t TT = (size_t)T;
+    double *x = malloc(TT * D * sizeof *x), *xn = malloc(TT * D * sizeof *xn), *o = malloc(TT * D * sizeof *o);
+    double *q = malloc(TT * H * hdm * sizeof *q), *k = malloc(TT * kvm * hdm * sizeof *k);
+    double *v = malloc(TT * kvm * hdm * sizeof *v), *att = malloc(TT * H * hdm * sizeof *att);
+    double *g = malloc(TT * F * sizeof *g), *u = malloc(TT * F * sizeof *u), *p = malloc(TT * sizeof *p);
+    double *cs = malloc(TT * (hdm / 2) * 2 * sizeof *cs);
+    double *rl = malloc(((size_t)E + 1) * sizeof *rl), *gu = malloc(((size_t)2 * Fm + 1) * sizeof *gu);
+    double *y = malloc((size_t)D * sizeof *y), *me = malloc((size_t)D * sizeof *me);
+    lin_scratch s = {{0}, {0}};
+    int ok = x && xn && o && q && k && v && att && g && u && p && cs && rl && gu && y && me;
+    for (int i = 0; i < REF_THREADS; i++) {
+        s.wf[i] = malloc((size_t)Kmax * sizeof(float));
+        s.wd[i] = malloc((size_t)Kmax * sizeof(double));
+        ok = ok && s.wf[i] && s.wd[i];
+    }
+    ib_status rc = IB_OK;
+    if (!ok) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "reference: out of memory for %d tokens", T);
+        goto out;
+    }
+    for (int t = 0; t < T; t++) {
+        ib_matrix_row_f32(&m->embed, tokens[t], s.wf[0]);
+        for (int d = 0; d < D; d++) x[(size_t)t * D + d] = (double)s.wf[0][d] * (double)m->embed_scale;
+    }
+    for (int li = 0; li < c->n_layers; li++) {
+        const ib_layer *L = &m->layers[li];
+        const int hd = L->hd, KVH = L->kvh, HD = H * hd, KD = KVH * hd, half = hd / 2;
+        const int W = L->sliding ? c->sliding_window : 0;
+        /* this layer type's RoPE angles */
+        for (int i = 0; i < half; i++) {
+            double f = L->sliding ? pow(c->rope_theta, -(double)(2 * i) / hd)
+                                  : i < c->rope_pairs_full ? pow(c->rope_theta_full, -(double)(2 * i) / c->global_head_dim) : 0.0;
+            for (int t = 0; t < T; t++) {
+                cs[((size_t)t * half + i) * 2] = cos(t * f);
+                cs[((size_t)t * half + i) * 2 + 1] = sin(t * f);
+            }
+        }
+        for (int t = 0; t < T; t++) rmsnorm(x + (size_t)t * D, L->attn_norm, D, eps, xn + (size_t)t * D);
+        linear(&L->wq, xn, T, q, &s);
+        linear(&L->wk, xn, T, k, &s);
+        if (L->wv.rows > 0) linear(&L->wv, xn, T, v, &s);
+        else memcpy(v, k, TT * KD * sizeof *v);
+        for (int t = 0; t < T; t++) {
+            for (int h = 0; h < H; h++) rmsnorm(q + ((size_t)t * H + h) * hd, L->q_norm, hd, eps, q + ((size_t)t * H + h) * hd);
+            for (int h = 0; h < KVH; h++) {
+                rmsnorm(k + ((size_t)t * KVH + h) * hd, L->k_norm, hd, eps, k + ((size_t)t * KVH + h) * hd);
+                rmsnorm(v + ((size_t)t * KVH + h) * hd, NULL, hd, eps, v + ((size_t)t * KVH + h) * hd);
+            }
+            rope(q + (size_t)t * HD, H, hd, cs + (size_t)t * half * 2);
+            rope(k + (size_t)t * KD, KVH, hd, cs + (size_t)t * half * 2);
+        }
+        /* causal attention, scale 1; a sliding layer's query at t sees keys t-W+1 .. t */
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < H; h++) {
+                int kvh = h / (H / KVH), j0 = W > 0 && t - W + 1 > 0 ? t - W + 1 : 0;
+                const double *qh = q + ((size_t)t * H + h) * hd;
+                double mx = -INFINITY, sum = 0;
+                for (int j = j0; j <= t; j++) {
+                    p[j] = dot(qh, k + ((size_t)j * KVH + kvh) * hd, hd);
+                    if (p[j] > mx) mx = p[j];
+                }
+                for (int j = j0; j <= t; j++) sum += p[j] = exp(p[j] - mx);
+                double *oh = att + ((size_t)t * H + h) * hd;
+                for (int d = 0; d < hd; d++) oh[d] = 0;
+                for (int j = j0; j <= t; j++)
+                    for (int d = 0; d < hd; d++) oh[d] += p[j] / sum * v[((size_t)j * KVH + kvh) * hd + d];
+            }
+        linear(&L->wo, att, T, o, &s);
+        for (int t = 0; t < T; t++) {
+            rmsnorm(o + (size_t)t * D, L->post_attn_norm, D, eps, o + (size_t)t * D);
+            for (int d = 0; d < D; d++) x[(size_t)t * D + d] += o[(size_t)t * D + d];
+        }
+        for (int t = 0; t < T; t++) rmsnorm(x + (size_t)t * D, L->mlp_norm, D, eps, xn + (size_t)t * D);
+        linear(&L->w_gate, xn, T, g, &s);
+        linear(&L->w_up, xn, T, u, &s);
+        for (size_t i = 0; i < TT * F; i++) g[i] = gelu_tanh(g[i]) * u[i];
+        linear(&L->w_down, g, T, o, &s);
+        for (int t = 0; t < T; t++) {
+            double *ot = o + (size_t)t * D, *xt = x + (size_t)t * D;
+            if (E > 0) { /* the MoE block: dense and routed outputs, each normed, summed */
+                rmsnorm(ot, L->post_mlp_norm1, D, eps, ot);
+                rmsnorm(xt, L->pre_moe_norm, D, eps, y);
+                gemma4_moe(c, L, xt, y, me, rl, gu, xn, &s);
+                rmsnorm(me, L->post_moe_norm, D, eps, me);
+                for (int d = 0; d < D; d++) ot[d] += me[d];
+            }
+            rmsnorm(ot, L->post_mlp_norm, D, eps, ot);
+            for (int d = 0; d < D; d++) xt[d] = (xt[d] + ot[d]) * (double)L->layer_scalar;
+        }
+    }
+    for (int t = 0; t < T; t++) rmsnorm(x + (size_t)t * D, m->final_norm, D, eps, xn + (size_t)t * D);
+    linear(m->lm_head, xn, T, logits, &s);
+    if (c->final_softcap > 0)
+        for (size_t i = 0; i < TT * V; i++) logits[i] = c->final_softcap * tanh(logits[i] / c->final_softcap);
+out:
+    free(x), free(xn), free(o), free(q), free(k), free(v), free(att), free(g), free(u), free(p), free(cs);
+    free(rl), free(gu), free(y), free(me);
+    for (int i = 0; i < REF_THREADS; i++) free(s.wf[i]), free(s.wd[i]);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- the forward pass */
 
 ib_status ib_reference_logits(const ib_model *m, const int32_t *tokens, int T, double *logits, ib_error *err) {
     if (!m || !tokens || !logits) return ib_fail(err, IB_ERR_INVALID_ARG, "reference: NULL model, tokens or logits");
     const ib_config *c = &m->cfg;
-    if (c->arch == IB_ARCH_GEMMA4) /* tests/gemma4_ref.py is its float64 reference for now */
-        return ib_fail(err, IB_ERR_UNSUPPORTED, "reference: model_type gemma4 is not supported yet");
     if (T < 1) return ib_fail(err, IB_ERR_INVALID_ARG, "reference: %d tokens (at least 1 is needed)", T);
     if (T > c->max_position)
         return ib_fail(err, IB_ERR_CONTEXT, "reference: %d tokens exceed the model's max_position_embeddings %d", T,
@@ -158,6 +318,7 @@ ib_status ib_reference_logits(const ib_model *m, const int32_t *tokens, int T, d
         if (tokens[t] < 0 || tokens[t] >= c->vocab_size)
             return ib_fail(err, IB_ERR_INVALID_ARG, "reference: token %d is %d, outside the vocabulary [0, %d)", t,
                            tokens[t], c->vocab_size);
+    if (c->arch == IB_ARCH_GEMMA4) return reference_gemma4(m, tokens, T, logits, err);
 
     const int D = c->hidden_size, H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim, F = c->intermediate_size;
     const int HD = H * hd, KD = KVH * hd, half = hd / 2;

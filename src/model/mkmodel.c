@@ -124,23 +124,30 @@ typedef struct preset {
     const char *name;
     int vocab, hidden, layers, heads, kv_heads, head_dim, ffn, ctx;
     /* Gemma 4 presets only: full layers' head dim and KV heads (attention_k_eq_v), sliding window;
-     * layers alternate sliding, full, sliding, full, … (the last is full) */
+     * every full_every-th layer is full, the others sliding (the last is full) */
     int gemma, global_head_dim, global_kv_heads, window;
     /* Gemma 4 MoE presets only: experts, top-k (mkmodel's top_k may override), each expert's F */
     int experts, top_k, moe_ffn;
     int untied;   /* 1: the model's own lm_head whatever the options (the real model does not tie) */
+    int full_every;
 } preset;
 
 static const preset presets[] = {
-    {"tiny", 320, 128, 2, 4, 2, 32, 384, 2048, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3-0.6b", 151936, 1024, 28, 16, 8, 128, 3072, 40960, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3-8b", 151936, 4096, 36, 32, 8, 128, 12288, 40960, 0, 0, 0, 0, 0, 0, 0, 1},
-    {"gemma4-tiny", 320, 128, 4, 4, 2, 32, 256, 2048, 1, 64, 1, 16, 0, 0, 0, 0},
-    {"gemma4-moe-tiny", 320, 128, 4, 4, 2, 32, 256, 2048, 1, 64, 1, 16, 8, 2, 64, 0},
+    {"tiny", 320, 128, 2, 4, 2, 32, 384, 2048, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-0.6b", 151936, 1024, 28, 16, 8, 128, 3072, 40960, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-8b", 151936, 4096, 36, 32, 8, 128, 12288, 40960, 0, 0, 0, 0, 0, 0, 0, 1, 0},
+    {"gemma4-tiny", 320, 128, 4, 4, 2, 32, 256, 2048, 1, 64, 1, 16, 0, 0, 0, 0, 2},
+    {"gemma4-moe-tiny", 320, 128, 4, 4, 2, 32, 256, 2048, 1, 64, 1, 16, 8, 2, 64, 0, 2},
+    /* Gemma-4-26B-A4B's text decoder (docs/gemma4.md, "The gemma4-26b-a4b preset"): 30 layers, 5
+     * sliding to 1 full, D 2816, 16 heads; sliding hd 256 x 8 KV heads, window 1024; full hd 512 x 2 KV
+     * heads; dense F 2112; 128 experts, top-8, expert F 704; vocabulary 262144 (tied); context 262144 */
+    {"gemma4-26b-a4b", 262144, 2816, 30, 16, 8, 256, 2112, 262144, 1, 512, 2, 1024, 128, 8, 704, 0, 6},
 };
 
-/* Layer i of a Gemma 4 preset of L layers is a sliding-window layer. */
-static int gemma_sliding(int i, int L) { return i != L - 1 && i % 2 == 0; }
+/* Layer i of Gemma 4 preset p is a sliding-window layer. */
+static int gemma_sliding(const preset *p, int i) {
+    return i != p->layers - 1 && i % p->full_every != p->full_every - 1;
+}
 
 enum { K_LINEAR, K_EMBED, K_NORM };         /* what a generated matrix is */
 enum { P_WEIGHT, P_SCALES, P_BIASES };      /* which stored part of it a tensor entry holds */
@@ -339,7 +346,7 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
     } while (0)
     MAT(K_EMBED, 0, p->vocab, D, "model.embed_tokens");
     for (int i = 0; i < L && p->gemma; i++) { /* Gemma 4 (docs/gemma4.md): 16 generator indices a layer */
-        int b = 1 + stride * i, sl = gemma_sliding(i, L);
+        int b = 1 + stride * i, sl = gemma_sliding(p, i);
         int hd = sl ? p->head_dim : p->global_head_dim, kvh = sl ? p->kv_heads : p->global_kv_heads;
         MAT(K_LINEAR, b + 0, p->heads * hd, D, "model.layers.%d.self_attn.q_proj", i);
         MAT(K_LINEAR, b + 1, kvh * hd, D, "model.layers.%d.self_attn.k_proj", i);
@@ -514,7 +521,7 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
         if (strcmp(presets[i].name, opts->preset) == 0) p = &presets[i];
     if (!p)
-        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset \"%s\" unknown (tiny | qwen3-0.6b | qwen3-8b | gemma4-tiny | gemma4-moe-tiny)",
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset \"%s\" unknown (tiny | qwen3-0.6b | qwen3-8b | gemma4-tiny | gemma4-moe-tiny | gemma4-26b-a4b)",
                        opts->preset);
     ib_mkmodel_opts own = *opts;
     if (p->untied) own.tied = 0;   /* the real model's layout */
@@ -579,7 +586,7 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
         cfg.k_eq_v = 1;
         cfg.sliding_window = p->window;
         cfg.final_softcap = 30.0;
-        for (int i = 0; i < p->layers; i++) cfg.layer_sliding[i] = (unsigned char)gemma_sliding(i, p->layers);
+        for (int i = 0; i < p->layers; i++) cfg.layer_sliding[i] = (unsigned char)gemma_sliding(p, i);
         cfg.n_experts = p->experts;
         cfg.top_k = opts->top_k ? opts->top_k : p->top_k;
         cfg.moe_ffn = p->moe_ffn;

@@ -373,18 +373,26 @@ static void fill_info(ib_model *m, const ib_st_set *st) {
         }
     }
     in->file_bytes = ib_st_total_bytes(st);
-    size_t wb = matrix_bytes(&m->embed) + matrix_bytes(&m->lm_head_own) + D * 4;
+    size_t wb = matrix_bytes(&m->embed) + matrix_bytes(&m->lm_head_own) + D * 4, eb = 0;
     for (int i = 0; i < c->n_layers; i++) {
         const ib_layer *l = &m->layers[i];
         wb += matrix_bytes(&l->wq) + matrix_bytes(&l->wk) + matrix_bytes(&l->wv) + matrix_bytes(&l->wo) +
               matrix_bytes(&l->w_gate) + matrix_bytes(&l->w_up) + matrix_bytes(&l->w_down) + (2 * D + 2 * hd) * 4;
         wb += matrix_bytes(&l->w_router);
         for (int e = 0; e < c->n_experts; e++)
-            wb += matrix_bytes(&l->e_gate[e]) + matrix_bytes(&l->e_up[e]) + matrix_bytes(&l->e_down[e]);
+            eb += matrix_bytes(&l->e_gate[e]) + matrix_bytes(&l->e_up[e]) + matrix_bytes(&l->e_down[e]);
     }
+    wb += eb;
     if (c->arch == IB_ARCH_GEMMA4) wb += (size_t)c->n_layers * (2 * D + 4) * 4; /* post-norms, layer scalar */
     in->weight_bytes = wb;
-    in->kv_bytes_per_token = (size_t)c->n_layers * 2 * c->kv_heads_max * c->kv_hd_max * sizeof(float);
+    in->expert_bytes = eb;
+    in->kv_bytes_per_token = in->kv_bytes_per_token_sliding = 0;   /* every layer at its own shape */
+    for (int li = 0; li < c->n_layers; li++) {
+        size_t b = (size_t)2 * ib_config_layer_kvh(c, li) * ib_config_layer_hd(c, li) * sizeof(float);
+        in->kv_bytes_per_token += b;
+        if (c->arch == IB_ARCH_GEMMA4 && c->layer_sliding[li]) in->kv_bytes_per_token_sliding += b;
+    }
+    in->sliding_window = c->arch == IB_ARCH_GEMMA4 ? c->sliding_window : 0;
     in->n_experts = c->n_experts;
     in->top_k = c->top_k;
     in->moe_intermediate_size = c->moe_ffn;

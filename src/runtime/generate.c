@@ -217,8 +217,12 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
         rc = ib_fail(err, IB_ERR_NOMEM, "generate: out of memory");
         goto done;
     }
+    /* kv_chunk: the scheduler's prefill chunk bounds every item, so sliding-window layers (Gemma 4) keep
+     * rings of sliding_window + chunk - 1 slots when those are fewer than the context */
+    int chunk = o->prefill_chunk > 0 ? o->prefill_chunk : longest;
+    if (chunk > e->max_tokens) chunk = e->max_tokens;
     ib_session_opts so = {.max_context = o->max_context > 0 ? o->max_context : need, .sampling = o->sampling,
-                          .kv_dtype = o->kv_dtype, .backend = ib_engine_backend(e)};
+                          .kv_dtype = o->kv_dtype, .backend = ib_engine_backend(e), .kv_chunk = chunk > 0 ? chunk : 1};
     for (int b = 0; b < B; b++) {
         rows[b].g = &g;
         rows[b].req = -1;

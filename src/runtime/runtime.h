@@ -17,7 +17,10 @@ struct ib_session {
     const ib_backend_ops *kv_ops; /* the table of the backend holding kv */
     int capacity;             /* KV slots (kv->desc.capacity) */
     int kv_sink, kv_window;   /* KV policy: kv_window 0 = full; else sinks + sliding window */
-    int kv_chunk;             /* windowed: most tokens one step item may bring */
+    int kv_chunk;             /* > 0 (windowed, or sliding-window rings): most tokens one step item may
+                               * bring; 0: no bound */
+    int ring;                 /* the sliding-window layers' slots are fewer than the positions it can
+                               * hold (rewinds are bounded by kv_chunk) */
     int pos;                  /* tokens held */
     int32_t *history;         /* [capacity + 1] tokens fed or sampled, oldest first */
     int n_history;

@@ -9,7 +9,7 @@
 static inline long ib_session_room(const ib_session *s) { return (long)ib_session_capacity(s) - s->pos; }
 
 /* Most tokens one step item of session s may bring (0 = no limit of its own). */
-static inline int ib_session_max_item(const ib_session *s) { return s->kv_window > 0 ? s->kv_chunk : 0; }
+static inline int ib_session_max_item(const ib_session *s) { return s->kv_chunk; }
 
 /* A scheduler without a thread (ib_generate uses one): jobs are submitted as to any scheduler, and its
  * loop — the same loop, step for step — runs only inside ib_sched_drain, on the caller's thread. The

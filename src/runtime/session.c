@@ -23,8 +23,14 @@ static ib_status kv_ops_for(ib_backend_kind kind, ib_kv_dtype dtype, const ib_ba
     return IB_OK;
 }
 
-ib_status ib_session_create(const ib_model *m, const ib_session_opts *opts, ib_session **out, ib_error *err) {
-    *out = NULL;
+/* What a session of model m with options opts is made of: its KV cache's shape (*kd), the full layers'
+ * slots (*cap, also kd->capacity), its policy (*sink, *window), the step-item bound (*chunk, 0: none) and
+ * whether its sliding-window layers wrap (*ring). Refuses invalid options with a one-line message.
+ * Gemma 4's sliding layers get their own shape and sliding_window + chunk - 1 slots (kv_policy.h, the
+ * ring rule in backends/backend.h) when that is fewer than the positions the session can hold; under
+ * the test-only kv-ring-short fault, one slot fewer. */
+static ib_status session_plan(const ib_model *m, const ib_session_opts *opts, ib_kv_desc *kd, int *cap_out,
+                              int *sink_out, int *window_out, int *chunk_out, int *ring_out, ib_error *err) {
     const ib_config *c = &m->cfg;
     int cap = opts && opts->max_context > 0 ? opts->max_context : c->max_position;
     if (!(opts && opts->max_context > 0) && cap > IB_SESSION_DEFAULT_CONTEXT) cap = IB_SESSION_DEFAULT_CONTEXT;
@@ -33,23 +39,69 @@ ib_status ib_session_create(const ib_model *m, const ib_session_opts *opts, ib_s
         chunk > (1 << 20))
         return ib_fail(err, IB_ERR_INVALID_ARG, "session: KV policy sink %d window %d chunk %d is invalid", sink, window,
                        chunk);
-    if (window > 0 && c->arch == IB_ARCH_GEMMA4)
-        return ib_fail(err, IB_ERR_UNSUPPORTED, "session: a sink+window KV policy is not supported for gemma4 yet "
-                       "(its sliding layers keep their own window)");
+    const int gemma = c->arch == IB_ARCH_GEMMA4;
+    if (window > 0 && gemma && window < c->sliding_window)
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "session: KV window %d is below the model's sliding_window %d (the "
+                       "policy governs the full-attention layers; the sliding layers keep their own window)", window,
+                       c->sliding_window);
     if (window > 0) cap = sink + window + (chunk > 0 ? chunk : 64);
     else if (cap > c->max_position)
         return ib_fail(err, IB_ERR_INVALID_ARG, "session: max_context %d exceeds the model's %d", cap, c->max_position);
+    if (window > 0 && chunk == 0) chunk = 64;
+    *kd = (ib_kv_desc){.dtype = opts ? opts->kv_dtype : IB_KV_F32, .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
+                       .head_dim = c->head_dim, .capacity = cap, .sink = window > 0 ? sink : 0, .window = window};
+    int ring = 0;
+    if (gemma) { /* full layers at the full shape, sliding layers at theirs */
+        kd->n_kv_heads = c->global_kv_heads;
+        kd->head_dim = c->global_head_dim;
+        for (int li = 0; li < c->n_layers && li < IB_KV_MAX_LAYERS; li++)
+            if (c->layer_sliding[li]) kd->sliding[li] = 1, kd->n_sliding++;
+    }
+    if (kd->n_sliding > 0) {
+        int W = c->sliding_window;
+        long slots = chunk > 0 ? (long)W + chunk - 1 : (long)cap;
+        if (chunk > 0 && ib_fault_get() == IB_FAULT_KV_RING_SHORT) slots--; /* test-only: one slot too small */
+        if (slots < 1) slots = 1;
+        ring = window > 0 || slots < cap;
+        kd->sliding_kv_heads = c->n_kv_heads;
+        kd->sliding_head_dim = c->head_dim;
+        kd->sliding_capacity = ring ? (int)slots : cap;
+        kd->sliding_window = W;
+        if (opts && opts->backend != IB_BACKEND_CPU)
+            return ib_fail(err, IB_ERR_UNSUPPORTED, "session: backend %s cannot hold a KV cache with sliding-window "
+                           "layers (gemma4)", ib_backend_name(opts->backend));
+    }
+    *cap_out = cap;
+    *sink_out = window > 0 ? sink : 0;
+    *window_out = window;
+    *chunk_out = window > 0 || ring ? chunk : 0;
+    *ring_out = ring;
+    return IB_OK;
+}
+
+size_t ib_session_kv_bytes_for(const ib_model *m, const ib_session_opts *opts) {
+    ib_kv_desc kd;
+    int cap, sink, window, chunk, ring;
+    if (session_plan(m, opts, &kd, &cap, &sink, &window, &chunk, &ring, NULL)) return 0;
+    return ib_kv_desc_bytes(&kd);
+}
+
+ib_status ib_session_create(const ib_model *m, const ib_session_opts *opts, ib_session **out, ib_error *err) {
+    *out = NULL;
+    const ib_config *c = &m->cfg;
+    ib_kv_desc kd;
+    int cap, sink, window, chunk, ring;
+    ib_status rc = session_plan(m, opts, &kd, &cap, &sink, &window, &chunk, &ring, err);
+    if (rc) return rc;
     ib_session *s = calloc(1, sizeof *s);
     if (!s) return ib_fail(err, IB_ERR_NOMEM, "session: out of memory");
     s->model = m;
     s->capacity = cap;
-    s->kv_sink = window > 0 ? sink : 0;
+    s->kv_sink = sink;
     s->kv_window = window;
-    s->kv_chunk = window > 0 ? (chunk > 0 ? chunk : 64) : 0;
+    s->kv_chunk = chunk;
+    s->ring = ring;
     s->sampling = opts ? opts->sampling : ib_sampling_default();
-    ib_kv_desc kd = {.dtype = opts ? opts->kv_dtype : IB_KV_F32, .n_layers = c->n_layers, .n_kv_heads = c->kv_heads_max,
-                     .head_dim = c->kv_hd_max, .capacity = cap, .sink = s->kv_sink, .window = s->kv_window};
-    ib_status rc = IB_OK;
     if ((rc = kv_ops_for(opts ? opts->backend : IB_BACKEND_CPU, kd.dtype, &s->kv_ops, err))) goto fail;
     if ((rc = s->kv_ops->kv_create(&kd, &s->kv, err))) goto fail;
     s->history = malloc(((size_t)cap + 1) * sizeof(int32_t));
@@ -93,6 +145,12 @@ ib_status ib_session_copy(ib_session *dst, const ib_session *src, ib_error *err)
         return ib_fail(err, IB_ERR_INVALID_ARG, "session copy: sessions of different KV policies or KV types");
     if ((src->kv_window == 0 && src->pos > dst->capacity) || src->n_history > dst->capacity + 1)
         return ib_fail(err, IB_ERR_CONTEXT, "session copy: %d tokens do not fit a capacity of %d", src->pos, dst->capacity);
+    /* sliding-window rings: a position's slot is pos % slots, so rings of different sizes agree only
+     * while no position has reached either's size */
+    int rs = src->kv->desc.sliding_capacity, rd = dst->kv->desc.sliding_capacity;
+    if (src->kv->desc.n_sliding > 0 && rs != rd && (src->pos > rs || src->pos > rd || src->kv_window > 0))
+        return ib_fail(err, IB_ERR_INVALID_ARG, "session copy: sliding-window rings of %d and %d slots (different "
+                       "kv_chunk) at position %d", rs, rd, src->pos);
     int used = src->pos < src->capacity ? src->pos : src->capacity; /* slots in use */
     src->kv_ops->kv_copy(dst->kv, src->kv, used);
     dst->pos = src->pos;
@@ -105,9 +163,9 @@ ib_status ib_session_copy(ib_session *dst, const ib_session *src, ib_error *err)
 ib_status ib_session_rewind(ib_session *s, int n, ib_error *err) {
     if (n < 0 || n > s->pos)
         return ib_fail(err, IB_ERR_INVALID_ARG, "session rewind: %d is outside [0, %d]", n, s->pos);
-    if (s->kv_window > 0 && n > 0 && s->pos - n > s->kv_chunk)
-        return ib_fail(err, IB_ERR_UNSUPPORTED, "session rewind: a windowed session can go back at most %d tokens",
-                       s->kv_chunk);
+    if ((s->kv_window > 0 || s->ring) && n > 0 && s->pos - n > s->kv_chunk)
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "session rewind: a %s session can go back at most %d tokens",
+                       s->kv_window > 0 ? "windowed" : "sliding-window ring", s->kv_chunk);
     s->pos = n;
     if (s->n_history > n) s->n_history = n;
     return IB_OK;

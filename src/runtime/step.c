@@ -49,9 +49,10 @@ static ib_status validate(ib_engine *e, ib_step_item *items, int n, int *R_out, 
             break;
         }
         it->session->in_step = 1;
-        if (it->session->kv_window > 0 && it->n_tokens > it->session->kv_chunk) {
-            rc = ib_fail(err, IB_ERR_INVALID_ARG, "step: item %d: %d tokens exceed the windowed session's kv_chunk %d", i,
-                         it->n_tokens, it->session->kv_chunk);
+        if (it->session->kv_chunk > 0 && it->n_tokens > it->session->kv_chunk) {
+            rc = ib_fail(err, IB_ERR_INVALID_ARG, "step: item %d: %d tokens exceed the session's kv_chunk %d (%s)", i,
+                         it->n_tokens, it->session->kv_chunk,
+                         it->session->kv_window > 0 ? "a windowed session" : "its sliding-window rings");
             i++;
             break;
         }

@@ -4,9 +4,6 @@
  */
 #include "server/server_impl.h"
 
-/* KV bytes of one token of one session of this server. */
-size_t kv_token_bytes(const server *S) { return ib_kv_bytes_per_token(S->m, S->o.kv_dtype); }
-
 /* Reserve `bytes` of KV memory for key t: within the server's budget and the key's quota, waiting
  * up to queue_wait_ms in a bounded queue when wait is set. 0 on success; -2 when the bytes exceed
  * the whole budget or the key's whole quota (it can never fit); -1 the budget is in use; -3 the

@@ -316,7 +316,9 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
             break;
         }
         int cap = n_ids + (p.max_tokens > 0 ? p.max_tokens : 1);
-        size_t bytes = (size_t)cap * kv_token_bytes(S);
+        ib_session_opts so = {.max_context = cap, .sampling = p.sp, .kv_dtype = S->o.kv_dtype, .backend = S->o.backend,
+                              .kv_chunk = S->o.prefill_chunk};
+        size_t bytes = ib_session_kv_bytes_for(S->m, &so);
         if (inflight_take(S, tidx)) {
             free(ids);
             ret = send_error(S, c, 429, "rate_limit_error", "key_request_limit", NULL,
@@ -338,7 +340,6 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
             failed = 1;
             break;
         }
-        ib_session_opts so = {.max_context = cap, .sampling = p.sp, .kv_dtype = S->o.kv_dtype, .backend = S->o.backend};
         ib_session *s = NULL;
         ib_error err;
         gen_params q;
@@ -544,7 +545,9 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
                           S->info->max_context);
     }
     int cap = n_ids + (p.max_tokens > 0 ? p.max_tokens : 1);
-    size_t bytes = (size_t)cap * kv_token_bytes(S);
+    ib_session_opts so = {.max_context = cap, .sampling = p.sp, .kv_dtype = S->o.kv_dtype, .backend = S->o.backend,
+                          .kv_chunk = S->o.prefill_chunk};
+    size_t bytes = ib_session_kv_bytes_for(S->m, &so);
     if (inflight_take(S, tidx)) {
         free(ids);
         params_free(&p);
@@ -566,8 +569,6 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
         return send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
                           "the KV memory budget is in use; retry later");
     }
-    ib_session_opts so = {.max_context = cap, .sampling = p.sp, .kv_dtype = S->o.kv_dtype,
-                          .backend = S->o.backend};
     ib_session *s;
     ib_error err;
     gen *g = NULL;

@@ -234,7 +234,6 @@ void gen_set_prompt(gen *g, const int32_t *ids, int n);
 gen *gen_new(server *S, int chat, gen_params *p);
 
 /* admission.c */
-size_t kv_token_bytes(const server *S);
 int mem_reserve(server *S, int t, size_t bytes, int wait);
 void mem_release(server *S, int t, size_t bytes);
 int inflight_take(server *S, int t);

@@ -110,8 +110,9 @@ sess *sess_load(server *S, struct MHD_Connection *c, const char *id, const char 
         return NULL;
     }
     int window = rec.kv_window, sink = rec.kv_sink;
-    long long slots = window > 0 ? (long long)sink + window + rec.kv_chunk : rec.max_context;
-    size_t bytes = (size_t)slots * ib_kv_bytes_per_token(S->m, rec.kv_dtype);
+    ib_session_opts so = {.max_context = rec.max_context, .sampling = rec.progress.sampling, .kv_dtype = rec.kv_dtype,
+                          .backend = S->o.backend, .kv_sink = sink, .kv_window = window, .kv_chunk = rec.kv_chunk};
+    size_t bytes = ib_session_kv_bytes_for(S->m, &so);   /* 0: refused; ib_session_create below says why */
     pthread_mutex_lock(&S->mu);
     int full = S->n_sessions >= S->o.max_sessions, key_full = S->key_sessions && S->tu[tidx].sessions >= S->key_sessions;
     pthread_mutex_unlock(&S->mu);
@@ -125,8 +126,6 @@ sess *sess_load(server *S, struct MHD_Connection *c, const char *id, const char 
         return NULL;
     }
     sess *ss = calloc(1, sizeof *ss);
-    ib_session_opts so = {.max_context = rec.max_context, .sampling = rec.progress.sampling, .kv_dtype = rec.kv_dtype,
-                          .backend = S->o.backend, .kv_sink = sink, .kv_window = window, .kv_chunk = rec.kv_chunk};
     int n_pend = rec.n_tokens - rec.progress.n_fed;
     long long cap = window > 0 || rec.max_context < S->o.max_prompt_tokens ? S->o.max_prompt_tokens : rec.max_context;
     if (cap < n_pend) cap = n_pend;

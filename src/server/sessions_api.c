@@ -104,7 +104,10 @@ enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c, json_
         return BAD("kv", "kv '%s': sink + window = %lld positions exceed the model's context of %d", policy,
                    (long long)sink + window, S->info->max_context);
     long long slots = window > 0 ? (long long)sink + window + S->o.prefill_chunk : ctx;
-    size_t bytes = (size_t)slots * kv_token_bytes(S);
+    ib_session_opts so = {.max_context = (int)ctx, .sampling = ib_sampling_default(), .kv_dtype = S->o.kv_dtype,
+                          .backend = S->o.backend, .kv_sink = sink, .kv_window = window, .kv_chunk = S->o.prefill_chunk};
+    size_t bytes = ib_session_kv_bytes_for(S->m, &so);   /* sliding-window rings included */
+    if (!bytes) return BAD("kv", "kv '%s' cannot be kept for this model (isobatch info says why)", policy);
     if (S->o.memory_budget && bytes > S->o.memory_budget)
         return BAD(window > 0 ? "kv" : "max_context", "a session of %lld KV slots needs %zu bytes, more than this server's memory budget of %zu",
                    slots, bytes, S->o.memory_budget);
@@ -131,8 +134,6 @@ enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c, json_
                           S->o.memory_budget);
     sess *ss = calloc(1, sizeof *ss);
     ib_error err;
-    ib_session_opts so = {.max_context = (int)ctx, .sampling = ib_sampling_default(), .kv_dtype = S->o.kv_dtype, .backend = S->o.backend, .kv_sink = sink,
-                          .kv_window = window, .kv_chunk = S->o.prefill_chunk};
     if (!ss || !(ss->tenant = strdup(tenant)) || random_hex(S, ss->id + 5, 16) ||
         ib_session_create(S->m, &so, &ss->s, &err)) {
         if (ss) free(ss->tenant);

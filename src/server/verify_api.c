@@ -23,8 +23,9 @@ enum MHD_Result handle_verify(server *S, struct MHD_Connection *c, json_t *b, in
         ib_verify_free(&rec);
         return r;
     }
-    size_t bytes = (size_t)(rec.kv_window > 0 ? rec.kv_sink + rec.kv_window + rec.kv_chunk : rec.max_context) *
-                   ib_kv_bytes_per_token(S->m, rec.kv_dtype);
+    ib_session_opts vso = {.max_context = rec.max_context, .kv_dtype = rec.kv_dtype, .backend = S->o.backend,
+                           .kv_sink = rec.kv_sink, .kv_window = rec.kv_window, .kv_chunk = rec.kv_chunk};
+    size_t bytes = ib_session_kv_bytes_for(S->m, &vso);   /* 0: refused; the re-run's session says why */
     if (inflight_take(S, tidx)) {
         ib_verify_free(&rec);
         return send_error(S, c, 429, "rate_limit_error", "key_request_limit", NULL,

@@ -42,7 +42,7 @@ ib_status ib_store_rebuild(ib_engine *e, const char *model_id, const ib_store_se
     if (rc) return rc;
     int step = chunk > 0 ? chunk : 64;
     if (step > e->max_tokens) step = e->max_tokens;
-    if (s->kv_window > 0 && step > s->kv_chunk) step = s->kv_chunk;
+    if (s->kv_chunk > 0 && step > s->kv_chunk) step = s->kv_chunk;
     for (int at = 0; at < p->n_fed; at += step) {
         int n = p->n_fed - at < step ? p->n_fed - at : step;
         int last = at + n == p->n_fed;

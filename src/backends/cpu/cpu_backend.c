@@ -27,7 +27,9 @@
 /* A KV cache in host memory. */
 typedef struct cpu_kv {
     ib_kv base;
-    void *data;   /* [n_layers][2][KVH][capacity][hd] elements of base.desc.dtype: keys then values */
+    void *data;         /* per layer, [2][KVH][slots][hd] elements of base.desc.dtype at the shape of its kind
+                         * (ib_kv_desc_layer): keys then values */
+    size_t *layer_off;  /* [n_layers] element offset of each layer's keys */
 } cpu_kv;
 
 typedef struct cpu_backend {
@@ -66,9 +68,10 @@ static cpu_backend *cb(ib_backend *b) { return (cpu_backend *)b; }
 
 static ib_pool *rows_pool(const cpu_backend *c, double elems) { return elems >= ROW_JOB_MIN_ELEMS ? c->pool : NULL; }
 
-/* Element offset of (layer li, keys kv=0 / values kv=1, KV head h, slot 0) in a cache of shape d. */
-static size_t kv_offset(const ib_kv_desc *d, int li, int kv, int h) {
-    return (((size_t)li * 2 + kv) * d->n_kv_heads + h) * (size_t)d->capacity * d->head_dim;
+/* Element offset of (layer li, keys kv=0 / values kv=1, KV head h, slot 0) in cache k, whose layer li
+ * has the one-layer view v (ib_kv_desc_layer). */
+static size_t kv_offset(const cpu_kv *k, const ib_kv_desc *v, int li, int kv, int h) {
+    return k->layer_off[li] + ((size_t)kv * v->n_kv_heads + h) * (size_t)v->capacity * v->head_dim;
 }
 
 /* ---------------------------------------------------------------- KV caches */
@@ -78,11 +81,15 @@ static ib_status cpu_kv_create(const ib_kv_desc *d, ib_kv **out, ib_error *err) 
     cpu_kv *kv = calloc(1, sizeof *kv);
     size_t bytes = ib_kv_desc_bytes(d);
     if (kv) kv->data = calloc(1, bytes ? bytes : 1);
-    if (!kv || !kv->data) {
+    if (kv) kv->layer_off = malloc((d->n_layers > 0 ? (size_t)d->n_layers : 1) * sizeof *kv->layer_off);
+    if (!kv || !kv->data || !kv->layer_off) {
+        if (kv) free(kv->data), free(kv->layer_off);
         free(kv);
         return ib_fail(err, IB_ERR_NOMEM, "session: out of memory for a KV cache of %d tokens (%zu bytes)", d->capacity,
                        bytes);
     }
+    size_t off = 0;
+    for (int li = 0; li < d->n_layers; li++) kv->layer_off[li] = off, off += ib_kv_desc_layer_elems(d, li);
     kv->base.desc = *d;
     kv->base.kind = IB_BACKEND_CPU;
     *out = &kv->base;
@@ -92,17 +99,24 @@ static ib_status cpu_kv_create(const ib_kv_desc *d, ib_kv **out, ib_error *err) 
 static void cpu_kv_free(ib_kv *kv) {
     if (!kv) return;
     free(((cpu_kv *)kv)->data);
+    free(((cpu_kv *)kv)->layer_off);
     free(kv);
 }
 
 static void cpu_kv_copy(ib_kv *dst, const ib_kv *src, int n_slots) {
-    const ib_kv_desc *d = &src->desc;
-    size_t eb = ib_kv_dtype_bytes(d->dtype), plane = (size_t)d->head_dim * n_slots * eb;
-    for (int l = 0; l < d->n_layers; l++)
+    const cpu_kv *s = (const cpu_kv *)src;
+    cpu_kv *t = (cpu_kv *)dst;
+    size_t eb = ib_kv_dtype_bytes(src->desc.dtype);
+    for (int l = 0; l < src->desc.n_layers; l++) {
+        ib_kv_desc sv = ib_kv_desc_layer(&src->desc, l), tv = ib_kv_desc_layer(&dst->desc, l);
+        int n = n_slots < sv.capacity ? n_slots : sv.capacity;
+        if (n > tv.capacity) n = tv.capacity;
+        size_t plane = (size_t)sv.head_dim * n * eb;
         for (int kv = 0; kv < 2; kv++)
-            for (int h = 0; h < d->n_kv_heads; h++)
-                memcpy((char *)((cpu_kv *)dst)->data + kv_offset(&dst->desc, l, kv, h) * eb,
-                       (const char *)((const cpu_kv *)src)->data + kv_offset(d, l, kv, h) * eb, plane);
+            for (int h = 0; h < sv.n_kv_heads; h++)
+                memcpy((char *)t->data + kv_offset(t, &tv, l, kv, h) * eb,
+                       (const char *)s->data + kv_offset(s, &sv, l, kv, h) * eb, plane);
+    }
 }
 
 /* ---------------------------------------------------------------- instance */
@@ -307,16 +321,16 @@ static void cpu_linear(ib_backend *b, int li, int n, const ib_wsel *ws, ib_buf i
     linear_many(c, n, ms, c->buf[in], c->R, ys);
 }
 
-/* Copy row r's keys and values into its session's cache for layer li (the layer's KVH heads and hd
- * elements of each slot; the cache's planes are sized for the widest layer). */
+/* Copy row r's keys and values into its session's cache for layer li (the layer's KVH heads of hd
+ * elements, at the slot of the row's position in the layer's view). */
 static void store_kv_row(cpu_backend *c, int r, int li) {
     const ib_layer *L = &c->model->layers[li];
     int KVH = L->kvh, hd = L->hd;
     cpu_kv *kv = c->kv[c->row_item[r]];
-    const ib_kv_desc *d = &kv->base.desc;
+    const ib_kv_desc lv = ib_kv_desc_layer(&kv->base.desc, li), *d = &lv;
     size_t slot = (size_t)ib_kv_desc_slot(d, c->pos[r]);
     for (int h = 0; h < KVH; h++) {
-        size_t ko = kv_offset(d, li, 0, h) + slot * hd, vo = kv_offset(d, li, 1, h) + slot * hd;
+        size_t ko = kv_offset(kv, d, li, 0, h) + slot * hd, vo = kv_offset(kv, d, li, 1, h) + slot * hd;
         const float *kr = c->buf[IB_BUF_K] + ((size_t)r * KVH + h) * hd, *vr = c->buf[IB_BUF_V] + ((size_t)r * KVH + h) * hd;
         if (d->dtype == IB_KV_F16) {
             ib_f32_to_f16_rows(kr, (uint16_t *)kv->data + ko, hd);
@@ -382,10 +396,10 @@ static void attn_task(void *ctx, int task, int thread) {
     int H = mc->n_heads, KVH = L->kvh, hd = L->hd, G = H / KVH;
     int r = task / KVH, kvh = task % KVH, h0 = kvh * G;
     const cpu_kv *kv = c->kv[c->row_item[r]];
-    const ib_kv_desc *d = &kv->base.desc;
+    const ib_kv_desc lv = ib_kv_desc_layer(&kv->base.desc, j->li), *d = &lv;
     size_t eb = ib_kv_dtype_bytes(d->dtype);
-    const void *kl = (const char *)kv->data + kv_offset(d, j->li, 0, kvh) * eb;
-    const void *vl = (const char *)kv->data + kv_offset(d, j->li, 1, kvh) * eb;
+    const void *kl = (const char *)kv->data + kv_offset(kv, d, j->li, 0, kvh) * eb;
+    const void *vl = (const char *)kv->data + kv_offset(kv, d, j->li, 1, kvh) * eb;
     const float *q = c->buf[IB_BUF_Q] + ((size_t)r * H + h0) * hd;
     float *out = c->buf[IB_BUF_ATT] + ((size_t)r * H + h0) * hd;
     const int gemma = mc->arch == IB_ARCH_GEMMA4;
