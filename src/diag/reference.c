@@ -77,6 +77,18 @@ typedef struct lin_scratch {
     double *wd[REF_THREADS];
 } lin_scratch;
 
+/* Give each thread's row buffers of s Kmax elements; 0 when one could not be had (the ones that
+ * could are in s, freed with the rest). */
+static int lin_scratch_alloc(lin_scratch *s, int Kmax) {
+    int ok = 1;
+    for (int i = 0; i < REF_THREADS; i++) {
+        s->wf[i] = malloc((size_t)Kmax * sizeof(float));
+        s->wd[i] = malloc((size_t)Kmax * sizeof(double));
+        ok = ok && s->wf[i] && s->wd[i];
+    }
+    return ok;
+}
+
 /* Y[T][N] = X[T][K] · W^T for W = w ([N][K]), rows split over up to REF_THREADS threads. A thread
  * that cannot be started is run on the caller (same result). */
 static void linear(const ib_matrix *w, const double *X, int T, double *Y, lin_scratch *s) {
@@ -214,11 +226,7 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
     double *y = malloc((size_t)D * sizeof *y), *me = malloc((size_t)D * sizeof *me);
     lin_scratch s = {{0}, {0}};
     int ok = x && xn && o && q && k && v && att && g && u && p && cs && rl && gu && y && me;
-    for (int i = 0; i < REF_THREADS; i++) {
-        s.wf[i] = malloc((size_t)Kmax * sizeof(float));
-        s.wd[i] = malloc((size_t)Kmax * sizeof(double));
-        ok = ok && s.wf[i] && s.wd[i];
-    }
+    ok = lin_scratch_alloc(&s, Kmax) && ok;
     ib_status rc = IB_OK;
     if (!ok) {
         rc = ib_fail(err, IB_ERR_NOMEM, "reference: out of memory for %d tokens", T);
@@ -339,11 +347,7 @@ ib_status ib_reference_logits(const ib_model *m, const int32_t *tokens, int T, d
     double *p = malloc(TT * sizeof *p);                /* [T] attention weights of one query */
     lin_scratch s = {{0}, {0}};
     int ok = x && xn && q && k && v && att && o && g && u && cs && p;
-    for (int i = 0; i < REF_THREADS; i++) {
-        s.wf[i] = malloc((size_t)Kmax * sizeof(float));
-        s.wd[i] = malloc((size_t)Kmax * sizeof(double));
-        ok = ok && s.wf[i] && s.wd[i];
-    }
+    ok = lin_scratch_alloc(&s, Kmax) && ok;
     ib_status rc = IB_OK;
     if (!ok) {
         rc = ib_fail(err, IB_ERR_NOMEM, "reference: out of memory for %d tokens", T);
