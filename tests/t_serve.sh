@@ -227,6 +227,8 @@ req 200 "/detokenize" "${A[@]}" "$U/detokenize" -d '{"tokens":[72,101,108,108,11
 [ "$(jget b.content)" = Hello ] && ok || bad "/detokenize: $(cat "$T/body")"
 field_400 "/tokenize unknown field" invalid_value text /tokenize '{"text":"x"}'
 field_400 "/detokenize bad id" invalid_value tokens /detokenize '{"tokens":[-1]}'
+field_400 "prompt token id out of range" invalid_value prompt /v1/completions '{"model":"tiny","prompt":[1,999999]}'
+field_400 "prompt list: a token id not an integer" invalid_value prompt /v1/completions '{"model":"tiny","prompt":[[1,2],[3,"x"]]}'
 req 401 "/tokenize without a key" "$U/tokenize" -d '{"content":"x"}'
 req 405 "/tokenize GET" "${A[@]}" "$U/tokenize"
 # latency histograms, and a tokens/s gauge that scrapes do not reset

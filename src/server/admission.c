@@ -70,3 +70,31 @@ void inflight_put(server *S, int t) {
     S->tu[t].inflight--;
     pthread_mutex_unlock(&S->mu);
 }
+
+/* Admit one generation of key t that needs `bytes` of KV: one of the key's in-flight requests, then the
+ * bytes (waiting as mem_reserve does). 0: admitted (give both back with mem_release and inflight_put).
+ * Otherwise nothing is held and the refusal has been sent on c into *ret: 429 key_request_limit; 400
+ * context_length_exceeded when the bytes can never fit (`what` names the request: "this request",
+ * "prompt 2", …); 429 key_memory_quota_exceeded or rate_limit_exceeded while they are in use. */
+int admit_generation(server *S, struct MHD_Connection *c, int t, size_t bytes, const char *what,
+                     enum MHD_Result *ret) {
+    if (inflight_take(S, t)) {
+        *ret = send_error(S, c, 429, "rate_limit_error", "key_request_limit", NULL,
+                          "this API key has its limit of %d requests in flight; retry later", S->key_requests);
+        return -1;
+    }
+    int mrc = mem_reserve(S, t, bytes, 1);
+    if (!mrc) return 0;
+    inflight_put(S, t);
+    if (mrc == -2)
+        *ret = send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", NULL,
+                          "%s needs %zu KV bytes, more than the memory budget of %zu (%zu per key)", what, bytes,
+                          S->o.memory_budget, S->key_kv ? S->key_kv : S->o.memory_budget);
+    else if (mrc == -3)
+        *ret = send_error(S, c, 429, "rate_limit_error", "key_memory_quota_exceeded", NULL,
+                          "this API key's KV quota of %zu bytes is in use; retry later", S->key_kv);
+    else
+        *ret = send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+                          "the KV memory budget is in use; retry later");
+    return -1;
+}

@@ -189,6 +189,30 @@ int chat_messages(json_t *msgs, ib_chat_msg **out, size_t *n, char *why, size_t 
     return 0;
 }
 
+int32_t *json_token_ids(server *S, json_t *a, int *n, int *rc, long *bad) {
+    const size_t nt = json_array_size(a);
+    *rc = 0, *bad = -1, *n = (int)(nt < 1u << 30 ? nt : 1u << 30);
+    if (nt > (size_t)S->o.max_prompt_tokens) {
+        *rc = -2;
+        return NULL;
+    }
+    int32_t *ids = malloc((nt + 1) * sizeof *ids);
+    if (!ids) {
+        *rc = -1;
+        return NULL;
+    }
+    for (size_t i = 0; i < nt; i++) {
+        json_t *v = json_array_get(a, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= S->info->vocab_size) {
+            free(ids);
+            *bad = (long)i;
+            return NULL;
+        }
+        ids[i] = (int32_t)json_integer_value(v);
+    }
+    return ids;
+}
+
 int chat_ids(server *S, struct MHD_Connection *c, ib_chat_msg *cm, size_t nm, int flags, int32_t **ids, int *n,
              int *trc, enum MHD_Result *r) {
     char *text = NULL, msg[256];
@@ -279,19 +303,12 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
         if (json_is_string(pi)) {
             ids = tokenize(S, c, json_string_value(pi), json_string_length(pi), IB_TOKENIZE_ADD_SPECIAL, &n_ids, &trc);
         } else {
-            size_t nt = json_array_size(pi);
-            if (nt > (size_t)S->o.max_prompt_tokens) trc = -2;
-            else if (!(ids = malloc(nt * sizeof *ids))) trc = -1;
-            for (size_t k = 0; !trc && k < nt; k++) {
-                json_t *v = json_array_get(pi, k);
-                if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= S->info->vocab_size) {
-                    ret = BAD("prompt", "prompt[%d][%zu] must be a token id in [0, %d)", i, k, S->info->vocab_size);
-                    failed = 1;
-                    break;
-                }
-                ids[k] = (int32_t)json_integer_value(v);
+            long bad;
+            ids = json_token_ids(S, pi, &n_ids, &trc, &bad);
+            if (bad >= 0) {
+                ret = BAD("prompt", "prompt[%d][%ld] must be a token id in [0, %d)", i, bad, S->info->vocab_size);
+                failed = 1;
             }
-            n_ids = (int)nt;
         }
         if (failed) {
             free(ids);
@@ -319,24 +336,10 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
         ib_session_opts so = {.max_context = cap, .sampling = p.sp, .kv_dtype = S->o.kv_dtype, .backend = S->o.backend,
                               .kv_chunk = S->o.prefill_chunk};
         size_t bytes = ib_session_kv_bytes_for(S->m, &so);
-        if (inflight_take(S, tidx)) {
+        char what[32];
+        snprintf(what, sizeof what, "prompt %d", i);
+        if (admit_generation(S, c, tidx, bytes, what, &ret)) {
             free(ids);
-            ret = send_error(S, c, 429, "rate_limit_error", "key_request_limit", NULL,
-                             "this API key has its limit of %d requests in flight; retry later", S->key_requests);
-            failed = 1;
-            break;
-        }
-        int mrc = mem_reserve(S, tidx, bytes, 1);
-        if (mrc) {
-            inflight_put(S, tidx);
-            free(ids);
-            ret = mrc == -2 ? send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", NULL,
-                                         "prompt %d needs %zu KV bytes, more than the memory budget of %zu", i, bytes,
-                                         S->o.memory_budget)
-                  : mrc == -3 ? send_error(S, c, 429, "rate_limit_error", "key_memory_quota_exceeded", NULL,
-                                           "this API key's KV quota of %zu bytes is in use; retry later", S->key_kv)
-                              : send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
-                                           "the KV memory budget is in use; retry later");
             failed = 1;
             break;
         }
@@ -495,23 +498,9 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
         if (json_is_string(pr)) {
             ids = tokenize(S, c, json_string_value(pr), json_string_length(pr), IB_TOKENIZE_ADD_SPECIAL, &n_ids, &trc);
         } else if (json_is_array(pr) && json_array_size(pr) > 0) {
-            size_t np = json_array_size(pr);
-            if (np > (size_t)S->o.max_prompt_tokens) {
-                trc = -2;
-                n_ids = (int)(np < 1u << 30 ? np : 1u << 30);
-            } else {
-                ids = malloc(np * sizeof *ids);
-                if (!ids) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
-                for (size_t i = 0; i < np; i++) {
-                    json_t *v = json_array_get(pr, i);
-                    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= S->info->vocab_size) {
-                        free(ids);
-                        return BAD("prompt", "prompt[%zu] must be a token id in [0, %d)", i, S->info->vocab_size);
-                    }
-                    ids[i] = (int32_t)json_integer_value(v);
-                }
-                n_ids = (int)np;
-            }
+            long bad;
+            ids = json_token_ids(S, pr, &n_ids, &trc, &bad);
+            if (bad >= 0) return BAD("prompt", "prompt[%ld] must be a token id in [0, %d)", bad, S->info->vocab_size);
         } else
             return BAD("prompt", "prompt must be a string, a non-empty array of token ids, or a list of prompts "
                                  "(strings or arrays of token ids)");
@@ -548,26 +537,11 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
     ib_session_opts so = {.max_context = cap, .sampling = p.sp, .kv_dtype = S->o.kv_dtype, .backend = S->o.backend,
                           .kv_chunk = S->o.prefill_chunk};
     size_t bytes = ib_session_kv_bytes_for(S->m, &so);
-    if (inflight_take(S, tidx)) {
+    enum MHD_Result ret;
+    if (admit_generation(S, c, tidx, bytes, "this request", &ret)) {
         free(ids);
         params_free(&p);
-        return send_error(S, c, 429, "rate_limit_error", "key_request_limit", NULL,
-                          "this API key has its limit of %d requests in flight; retry later", S->key_requests);
-    }
-    int mrc = mem_reserve(S, tidx, bytes, 1);
-    if (mrc) {
-        inflight_put(S, tidx);
-        free(ids);
-        params_free(&p);
-        if (mrc == -2)
-            return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", NULL,
-                              "this request needs %zu KV bytes, more than the memory budget of %zu (%zu per key)", bytes,
-                              S->o.memory_budget, S->key_kv ? S->key_kv : S->o.memory_budget);
-        if (mrc == -3)
-            return send_error(S, c, 429, "rate_limit_error", "key_memory_quota_exceeded", NULL,
-                              "this API key's KV quota of %zu bytes is in use; retry later", S->key_kv);
-        return send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
-                          "the KV memory budget is in use; retry later");
+        return ret;
     }
     ib_session *s;
     ib_error err;

@@ -238,6 +238,8 @@ int mem_reserve(server *S, int t, size_t bytes, int wait);
 void mem_release(server *S, int t, size_t bytes);
 int inflight_take(server *S, int t);
 void inflight_put(server *S, int t);
+int admit_generation(server *S, struct MHD_Connection *c, int t, size_t bytes, const char *what,
+                     enum MHD_Result *ret);
 
 /* openai_api.c */
 int get_int(json_t *o, const char *k, long long lo, long long hi, long long *out);
@@ -247,6 +249,10 @@ int parse_params(server *S, json_t *b, int chat, int default_max, gen_params *p,
                  char *msg, size_t msz);
 int32_t *tokenize(server *S, struct MHD_Connection *c, const char *text, size_t len, int flags, int *n, int *rc);
 int chat_messages(json_t *msgs, ib_chat_msg **out, size_t *n, char *why, size_t wsz);
+/* The token ids of JSON array a (one spare slot after them), *n of them, with tokenize's rc in *rc: 0;
+ * -1 out of memory; -2 more than the server's max_prompt_tokens (*n the count, capped). An element that
+ * is not an integer in [0, vocab) gives NULL with *bad its index (else *bad is -1). */
+int32_t *json_token_ids(server *S, json_t *a, int *n, int *rc, long *bad);
 /* Format messages cm[nm] (freed here) with flags and tokenize them into *ids and *n (*trc as tokenize's
  * rc): 0; or 1 with the error answer (400 no chat format / refused roles, 503 out of memory) in *r. */
 int chat_ids(server *S, struct MHD_Connection *c, ib_chat_msg *cm, size_t nm, int flags, int32_t **ids, int *n,

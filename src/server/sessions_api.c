@@ -207,18 +207,9 @@ enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c, sess 
         enum MHD_Result r;
         if (chat_ids(S, c, cm, nm, gp ? IB_CHAT_GENERATION_PROMPT : 0, &ids, &n, &trc, &r)) return r;
     } else if (json_is_array(toks)) {
-        size_t nt = json_array_size(toks);
-        if (nt > (size_t)S->o.max_prompt_tokens) trc = -2;
-        else if (!(ids = malloc((nt + 1) * sizeof *ids))) trc = -1;
-        for (size_t i = 0; !trc && i < nt; i++) {
-            json_t *v = json_array_get(toks, i);
-            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= S->info->vocab_size) {
-                free(ids);
-                return BAD("tokens", "tokens[%zu] must be a token id in [0, %d)", i, S->info->vocab_size);
-            }
-            ids[i] = (int32_t)json_integer_value(v);
-        }
-        n = (int)nt;
+        long bad;
+        ids = json_token_ids(S, toks, &n, &trc, &bad);
+        if (bad >= 0) return BAD("tokens", "tokens[%ld] must be a token id in [0, %d)", bad, S->info->vocab_size);
     } else
         return BAD(NULL, "append needs \"text\" (a string), \"tokens\" (token ids) or \"messages\"");
     if (trc == -3) return MHD_NO; /* the client left while its text was tokenized: close */

@@ -26,19 +26,10 @@ enum MHD_Result handle_verify(server *S, struct MHD_Connection *c, json_t *b, in
     ib_session_opts vso = {.max_context = rec.max_context, .kv_dtype = rec.kv_dtype, .backend = S->o.backend,
                            .kv_sink = rec.kv_sink, .kv_window = rec.kv_window, .kv_chunk = rec.kv_chunk};
     size_t bytes = ib_session_kv_bytes_for(S->m, &vso);   /* 0: refused; the re-run's session says why */
-    if (inflight_take(S, tidx)) {
+    enum MHD_Result ar;
+    if (admit_generation(S, c, tidx, bytes, "the re-run", &ar)) {
         ib_verify_free(&rec);
-        return send_error(S, c, 429, "rate_limit_error", "key_request_limit", NULL,
-                          "this API key has its limit of %d requests in flight; retry later", S->key_requests);
-    }
-    int mrc = mem_reserve(S, tidx, bytes, 1);
-    if (mrc) {
-        inflight_put(S, tidx);
-        ib_verify_free(&rec);
-        return send_error(S, c, mrc == -2 ? 400 : 429, mrc == -2 ? "invalid_request_error" : "rate_limit_error",
-                          mrc == -2 ? "context_length_exceeded" : "rate_limit_exceeded", NULL,
-                          "the re-run needs %zu KV bytes; the memory budget %s", bytes,
-                          mrc == -2 ? "is smaller" : "is in use, retry later");
+        return ar;
     }
     ib_vrun run;
     ib_error err;
