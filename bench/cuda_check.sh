@@ -75,7 +75,7 @@ EOF3
 echo "--- test_backend_cuda --bench (rc $?)" >>"$sum"
 grep -E "prefill|decode|bitwise|every op" "$out/bench_cuda.log" >>"$sum"
 "$bin/isobatch" mkmodel --preset qwen3-0.6b --bits 4 --out /tmp/q06 >/dev/null 2>&1
-"$bin/isobatch" bench -m /tmp/q06 --backend cuda --batch 1,16,64 --prompt 128 --gen 32 --reps 3 >"$out/isobatch_bench.log" 2>&1
+"$bin/isobatch" bench -m /tmp/q06 --backend cuda --batch 1,16,64,128 --prompt 128 --gen 32 --reps 3 >"$out/isobatch_bench.log" 2>&1
 echo "--- isobatch bench --backend cuda (rc $?)" >>"$sum"
 cat "$out/isobatch_bench.log" >>"$sum"
 # 6. where a decode step's GPU time goes: ncu, one step at B = 1 and one at B = 128 (kernel durations)

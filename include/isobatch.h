@@ -320,6 +320,9 @@ typedef struct ib_step_item {
     const int32_t *tokens;  /* [n_tokens] new token ids, appended at the session's position */
     int n_tokens;           /* >= 1 */
     float *logits;          /* [vocab_size] out: logits after the last token; NULL to skip */
+    int32_t *argmax;        /* out: ib_argmax of those logits (the largest, ties to the lowest id, NaN
+                             * never wins), chosen where the logits are computed — on a GPU they need
+                             * not come back to the host when `logits` is NULL; NULL to skip */
 } ib_step_item;
 
 /* Run one batched forward pass over all items (see THE BATCHED STEP above). Validates everything

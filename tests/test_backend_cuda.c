@@ -48,6 +48,7 @@ int main(void) {
 #include "ops/ops.h"
 #include "runtime/kv_policy.h"
 #include "runtime/runtime.h"
+#include "sampling/sampler.h"
 #include "test_rng.h"
 
 static const ib_backend_ops *CU = &ib_backend_cuda;
@@ -125,7 +126,7 @@ static void step(run *t, sess **ss, int n, const int32_t *const *toks, const int
         lrow[i] = R - 1;
         kvs[i] = ss[i]->kv;
     }
-    ib_step_desc sd = {R, n, tok, pos, pos, item, kvs, ib_attn_block_for(n), n, lrow, lg};
+    ib_step_desc sd = {R, n, tok, pos, pos, item, kvs, ib_attn_block_for(n), n, lrow, lg, NULL};
     ib_error err;
     if (CU->step_begin(t->b, &sd, &err)) {
         CHECK(0, "step_begin: %s", err.msg);
@@ -383,7 +384,8 @@ static int engine_compare(const ib_model *m, ib_act act, ib_kv_dtype dt, int win
     float *lg[2][NSESS];
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < NSESS; i++) lg[k][i] = xmalloc((size_t)V * 4);
-    int diff = 0, rows = 0;
+    int diff = 0, rows = 0, amiss = 0, arows = 0;
+    int32_t am[NSESS];
     for (int st = 0; st < NSTEPS; st++) {
         ib_step_item it[2][NSESS];
         int n = 0;
@@ -391,13 +393,20 @@ static int engine_compare(const ib_model *m, ib_act act, ib_kv_dtype dt, int win
             int c = tokens_at(st, i);
             for (int j = 0; j < 8; j++) tk[i][j] = rndi(V);
             if (!c) continue;
-            for (int k = 0; k < 2; k++) it[k][n] = (ib_step_item){s[k][i], tk[i], c, lg[k][i]};
+            for (int k = 0; k < 2; k++) it[k][n] = (ib_step_item){s[k][i], tk[i], c, lg[k][i], NULL};
+            /* the GPU's argmax of every row, its logits kept on the device every third step */
+            am[n] = -1, it[1][n].argmax = &am[n];
+            if (st % 3 == 2) it[1][n].logits = NULL;
             n++;
         }
         for (int k = 0; k < 2; k++) CHECK(ib_step(e[k], it[k], n, &err) == IB_OK, "ib_step: %s", err.msg);
+        for (int j = 0; j < n; j++, arows++) amiss += am[j] != ib_argmax(it[0][j].logits, V);
+        if (st % 3 == 2) continue;
         for (int j = 0; j < n; j++, rows++) diff += memcmp(it[0][j].logits, it[1][j].logits, (size_t)V * 4) != 0;
     }
-    printf("  %-44s %5d logits rows CPU vs CUDA: %s\n", name, rows, diff ? "DIFFER" : "all bitwise equal");
+    printf("  %-44s %5d logits rows CPU vs CUDA: %s; %d argmax rows: %s\n", name, rows, diff ? "DIFFER" : "all bitwise equal",
+           arows, amiss ? "DIFFER" : "equal ib_argmax of the CPU's logits");
+    diff += amiss;
     for (int k = 0; k < 2; k++) {
         for (int i = 0; i < NSESS; i++) ib_session_free(s[k][i]), free(lg[k][i]);
         ib_engine_free(e[k]);
@@ -414,7 +423,7 @@ static double now_s(void) {
 /* The forward pass of one step through the table alone (as step.c enqueues it), no checks. */
 static int fwd(ib_backend *b, const ib_model *m, ib_kv **kvs, int n, const int32_t *tok, const int32_t *pos,
                const int32_t *item, int R, const int32_t *lrow, float **lg) {
-    ib_step_desc sd = {R, n, tok, pos, pos, item, kvs, ib_attn_block_for(n), n, lrow, lg};
+    ib_step_desc sd = {R, n, tok, pos, pos, item, kvs, ib_attn_block_for(n), n, lrow, lg, NULL};
     ib_error err;
     if (CU->step_begin(b, &sd, &err)) return fprintf(stderr, "%s\n", err.msg), -1;
     CU->embed(b);
@@ -578,7 +587,7 @@ static int bench(const char *dir_in, ib_act act, int profile) {
     for (int bi = 0; bi < 2; bi++) {
         const int B = bi ? BMAX : 1;
         for (int i = 0; i < B; i++) tok[i] = dec[0], pos[i] = P + NDEC, item[i] = i, lrow[i] = i;
-        ib_step_desc sd = {B, B, tok, pos, pos, item, kv, 32, B, lrow, lg};
+        ib_step_desc sd = {B, B, tok, pos, pos, item, kv, 32, B, lrow, lg, NULL};
         static const char *names[] = {"embed", "rmsnorm", "linear qkv", "qk_prepare", "attention", "linear o",
                                       "add", "linear gate+up", "swiglu", "linear down", "logits"};
         printf("op times at B=%d (us per call):", B);

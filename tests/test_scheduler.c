@@ -187,7 +187,7 @@ static void run_window(const ib_model *m, ib_engine *e, int i, int sink, int win
     int32_t filler[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     for (int fed = 0; fed < plen[i];) {
         int n = plen[i] - fed < chunk ? plen[i] - fed : chunk;
-        ib_step_item it[2] = {{.session = other, .tokens = filler, .n_tokens = 1 + fed % 7, .logits = lo},
+        ib_step_item it[2] = {{.session = other, .tokens = filler, .n_tokens = 1 + fed % 7, .logits = lo, NULL},
                               {.session = s, .tokens = prompts[i] + fed, .n_tokens = n, .logits = lg}};
         CHECK(ib_step(e, crowd ? it : it + 1, crowd ? 2 : 1, &err) == IB_OK, "%s", err.msg);
         fed += n;
@@ -195,7 +195,7 @@ static void run_window(const ib_model *m, ib_engine *e, int i, int sink, int win
     for (int g = 0; g < GEN; g++) {
         toks[g] = ib_argmax(lg, V);
         *dig = ib_digest_bytes(*dig, lg, (size_t)V * sizeof(float));
-        ib_step_item it[2] = {{.session = other, .tokens = filler, .n_tokens = 2, .logits = lo},
+        ib_step_item it[2] = {{.session = other, .tokens = filler, .n_tokens = 2, .logits = lo, NULL},
                               {.session = s, .tokens = &toks[g], .n_tokens = 1, .logits = lg}};
         CHECK(ib_step(e, crowd ? it : it + 1, crowd ? 2 : 1, &err) == IB_OK, "%s", err.msg);
     }

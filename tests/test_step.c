@@ -11,6 +11,7 @@
 #include "check.h"
 #include "isobatch.h"
 #include "model/mkmodel.h"
+#include "sampling/sampler.h"
 
 static ib_model *m;
 static int V;
@@ -22,7 +23,7 @@ static void alone(ib_engine *e, const int32_t *t, int n, int chunk, float *logit
     ib_session_create(m, &(ib_session_opts){.max_context = 256}, &s, &err);
     for (int i = 0; i < n; i += chunk) {
         int k = n - i < chunk ? n - i : chunk;
-        ib_step_item it = {s, t + i, k, i + k == n ? logits : NULL};
+        ib_step_item it = {s, t + i, k, i + k == n ? logits : NULL, NULL};
         CHECK(ib_step(e, &it, 1, &err) == IB_OK, "alone step: %s", err.msg);
     }
     ib_session_free(s);
@@ -49,9 +50,9 @@ int main(void) {
     ib_session *sa, *sb;
     ib_session_create(m, &(ib_session_opts){.max_context = 40}, &sa, &err);
     ib_session_create(m, &(ib_session_opts){.max_context = 40}, &sb, &err);
-    ib_step_item pre = {sa, a, 10, NULL};
+    ib_step_item pre = {sa, a, 10, NULL, NULL};
     CHECK(ib_step(e, &pre, 1, &err) == IB_OK, "%s", err.msg);
-    ib_step_item two[2] = {{sa, a + 10, 1, la}, {sb, b, 30, lb}};
+    ib_step_item two[2] = {{sa, a + 10, 1, la, NULL}, {sb, b, 30, lb, NULL}};
     CHECK(ib_step(e, two, 2, &err) == IB_OK, "%s", err.msg);
     CHECK_EQ_INT(ib_session_position(sa), 11);
     CHECK_EQ_INT(ib_session_position(sb), 30);
@@ -61,20 +62,20 @@ int main(void) {
     CHECK(memcmp(lb, rb, V * 4) == 0, "session b: batched logits differ from alone (chunks of 4)");
 
     /* errors leave every session unchanged */
-    ib_step_item dup[2] = {{sa, a, 1, NULL}, {sa, a, 1, NULL}};
+    ib_step_item dup[2] = {{sa, a, 1, NULL, NULL}, {sa, a, 1, NULL, NULL}};
     CHECK(ib_step(e, dup, 2, &err) == IB_ERR_STATE && strstr(err.msg, "listed twice"), "dup: %s", err.msg);
     int32_t badtok[2] = {1, V + 3};
-    ib_step_item bad[2] = {{sb, a, 1, NULL}, {sa, badtok, 2, NULL}};
+    ib_step_item bad[2] = {{sb, a, 1, NULL, NULL}, {sa, badtok, 2, NULL, NULL}};
     CHECK(ib_step(e, bad, 2, &err) == IB_ERR_INVALID_ARG && strstr(err.msg, "outside the vocabulary"), "tok: %s", err.msg);
-    ib_step_item full = {sb, a, 11, NULL}; /* 30 + 11 > 40 */
+    ib_step_item full = {sb, a, 11, NULL, NULL}; /* 30 + 11 > 40 */
     CHECK(ib_step(e, &full, 1, &err) == IB_ERR_CONTEXT && strstr(err.msg, "exceed"), "ctx: %s", err.msg);
-    ib_step_item big[2] = {{sa, a, 29, NULL}, {sb, b, 1, NULL}};
+    ib_step_item big[2] = {{sa, a, 29, NULL, NULL}, {sb, b, 1, NULL, NULL}};
     ib_session *sc;
     ib_session_create(m, &(ib_session_opts){.max_context = 100}, &sc, &err);
     int32_t many[70] = {0};
-    ib_step_item toomany = {sc, many, 70, NULL}; /* > max_step_tokens 64 */
+    ib_step_item toomany = {sc, many, 70, NULL, NULL}; /* > max_step_tokens 64 */
     CHECK(ib_step(e, &toomany, 1, &err) == IB_ERR_INVALID_ARG && strstr(err.msg, "max_step_tokens"), "R: %s", err.msg);
-    ib_step_item empty = {sa, a, 0, NULL};
+    ib_step_item empty = {sa, a, 0, NULL, NULL};
     CHECK(ib_step(e, &empty, 1, &err) == IB_ERR_INVALID_ARG, "empty item accepted");
     CHECK_EQ_INT(ib_session_position(sa), 11);
     CHECK_EQ_INT(ib_session_position(sb), 30);
@@ -82,7 +83,7 @@ int main(void) {
     (void)big;
 
     /* after the failed steps the sessions continue exactly as an uninterrupted run */
-    ib_step_item next = {sa, a + 11, 1, la};
+    ib_step_item next = {sa, a + 11, 1, la, NULL};
     CHECK(ib_step(e, &next, 1, &err) == IB_OK, "%s", err.msg);
     alone(e, a, 12, 5, ra);
     CHECK(memcmp(la, ra, V * 4) == 0, "session a changed by a failed step");
@@ -92,11 +93,11 @@ int main(void) {
     ib_session *sd;
     ib_session_create(m, &(ib_session_opts){.max_context = 40}, &sd, &err);
     CHECK(ib_session_copy(sd, sa, &err) == IB_OK && ib_session_position(sd) == 12, "copy: %s", err.msg);
-    ib_step_item cont[2] = {{sa, a + 12, 3, la}, {sd, a + 12, 3, lb}};
+    ib_step_item cont[2] = {{sa, a + 12, 3, la, NULL}, {sd, a + 12, 3, lb, NULL}};
     CHECK(ib_step(e, cont, 2, &err) == IB_OK, "%s", err.msg);
     CHECK(memcmp(la, lb, V * 4) == 0, "copied session diverged from its original");
     CHECK(ib_session_rewind(sd, 5, &err) == IB_OK && ib_session_position(sd) == 5, "rewind");
-    ib_step_item refeed = {sd, a + 5, 10, lb};
+    ib_step_item refeed = {sd, a + 5, 10, lb, NULL};
     CHECK(ib_step(e, &refeed, 1, &err) == IB_OK, "%s", err.msg);
     CHECK(memcmp(la, lb, V * 4) == 0, "rewound and re-fed session differs");
     CHECK(ib_session_rewind(sd, 99, &err) == IB_ERR_INVALID_ARG, "rewind past the end accepted");
@@ -105,6 +106,20 @@ int main(void) {
     CHECK(ib_session_copy(small, sa, &err) == IB_ERR_CONTEXT && ib_session_position(small) == 0, "copy into a small session");
     ib_session_free(small);
     ib_session_free(sd);
+
+    /* an item may ask for ib_argmax of its logits, with the logits or without them */
+    {
+        ib_session *s1, *s2;
+        ib_session_create(m, &(ib_session_opts){.max_context = 40}, &s1, &err);
+        ib_session_create(m, &(ib_session_opts){.max_context = 40}, &s2, &err);
+        int32_t g1 = -1, g2 = -1;
+        ib_step_item am[2] = {{s1, a, 7, la, &g1}, {s2, a, 7, NULL, &g2}};
+        CHECK(ib_step(e, am, 2, &err) == IB_OK, "%s", err.msg);
+        CHECK(g1 >= 0 && g1 == ib_argmax(la, V), "argmax with logits: %d, ib_argmax %d", g1, ib_argmax(la, V));
+        CHECK(g2 == g1, "argmax without logits: %d, with: %d", g2, g1);
+        ib_session_free(s1);
+        ib_session_free(s2);
+    }
 
     /* options: a session longer than the model; an ISA the CPU lacks; q8 on a float model */
     ib_session *sx;

@@ -19,7 +19,7 @@ static const char help[] =
     "usage: isobatch bench [-m DIR] [--batch 1,2,4,8,16,32,64] [--prompt 128] [--gen 32] [--threads T]\n"
     "                      [--act auto|f32|q8] [--isa auto|scalar|avx2|avx512|neon] [--kv-dtype f32|f16]\n"
     "                      [--backend cpu|cuda] [--inject FAULT]\n"
-    "                      [--kv full|window:W|sink:S,window:W] [--reps 3] [--json]\n"
+    "                      [--kv full|window:W|sink:S,window:W] [--reps 3] [--host-logits] [--json]\n"
     "  prefill: one session, --prompt tokens in one step.  decode: B sessions holding --prompt tokens\n"
     "  each step together for --gen tokens.  floor: (weight bytes + KV bytes read) per step over the\n"
     "  (MoE: the dense weights and the chosen experts only: top-k per layer at B=1, the expected distinct\n"
@@ -27,6 +27,9 @@ static const char help[] =
     "  read bandwidth measured with the same thread count in passes taken between the repetitions\n"
     "  (the median of a batch size's passes; --json also gives each repetition's own ratio).\n"
     "  read GB/s: the bytes a step must read over the median step time.\n"
+    "  decode chooses each row's next token greedily by ib_step's argmax, where the logits are computed\n"
+    "  (on a GPU they stay there); --host-logits: every row's logits come to the host and ib_sample\n"
+    "  chooses there, as generate and serve do (they hash the logits).\n"
     "  --kv: the sessions' KV policy (windowed sessions attend at most S + W keys, which the floor counts).\n"
     "  --inject: test-only, measure with a fault injected (gpu-split-k: the CUDA products without the\n"
     "  contract's order, for what the order costs); the header names it.\n";
@@ -134,6 +137,7 @@ int cmd_bench(int argc, char **argv) {
     ib_kv_dtype kv_dtype = IB_KV_F32;
     int kv_sink = 0, kv_window = 0;
     const char *kv_policy = "full";
+    int host_logits = 0;   /* decode: logits to the host and ib_sample (else ib_step's argmax) */
     if (threads < 1) threads = 1;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v;
@@ -143,6 +147,10 @@ int cmd_bench(int argc, char **argv) {
         }
         if (!strcmp(f, "--json")) {
             as_json = 1;
+            continue;
+        }
+        if (!strcmp(f, "--host-logits")) {
+            host_logits = 1;
             continue;
         }
         if (!(v = cli_value(argc, argv, &i))) return 2;
@@ -241,7 +249,7 @@ int cmd_bench(int argc, char **argv) {
     double tp[MAX_REPS];
     for (int r = 0; r < reps; r++) {
         ib_session_rewind(proto, 0, NULL);
-        ib_step_item it = {proto, ids, (int)prompt, logits};
+        ib_step_item it = {proto, ids, (int)prompt, logits, NULL};
         double t0 = now_s();
         if (ib_step(e, &it, 1, &err)) {
             rc = cli_error("%s", err.msg);
@@ -263,6 +271,7 @@ int cmd_bench(int argc, char **argv) {
         json_object_set_new(out, "session_kv_bytes", json_integer((json_int_t)ib_session_kv_bytes(proto)));
         json_object_set_new(out, "kv_dtype", json_string(ib_kv_dtype_name(kv_dtype)));
         json_object_set_new(out, "kv_policy", json_string(kv_policy));
+        json_object_set_new(out, "decode_tokens", json_string(host_logits ? "host_logits" : "step_argmax"));
         json_object_set_new(out, "kv_bytes_per_token", json_integer((json_int_t)kv_per_token));
         if (ib_fault_get()) json_object_set_new(out, "fault", json_string(ib_fault_name(ib_fault_get())));
         json_object_set_new(out, "prefill_tok_s", json_pack("{s:f, s:f, s:f, s:i}", "median", pre.med, "min", pre.lo,
@@ -277,6 +286,8 @@ int cmd_bench(int argc, char **argv) {
             printf("experts: %.1f MB of the weights; a B=1 decode step reads %.1f MB of weights (top-%d of %d)\n",
                    info->expert_bytes / 1e6, step_weight_bytes(info, 1) / 1e6, info->top_k, info->n_experts);
         printf("session KV: %.1f MB each\n", ib_session_kv_bytes(proto) / 1e6);
+        printf("decode tokens: %s\n", host_logits ? "logits to the host, ib_sample there (--host-logits)"
+                                                   : "ib_step's argmax where the logits are computed");
         if (backend == IB_BACKEND_CUDA)
             printf("device read bandwidth %.1f GB/s (measured on the GPU; again between the repetitions below)\n",
                    bw / 1e9);
@@ -294,7 +305,7 @@ int cmd_bench(int argc, char **argv) {
             goto out;
         }
     ib_step_item items[MAX_B];
-    int32_t next[MAX_B];
+    int32_t next[MAX_B], chosen[MAX_B];
     for (int bi = 0; bi < nb; bi++) {
         int B = batches[bi];
         double tput[MAX_REPS], ms[MAX_REPS], frac[MAX_REPS], bw_rep[MAX_REPS + 1], bw_mid[MAX_REPS];
@@ -317,7 +328,9 @@ int cmd_bench(int argc, char **argv) {
             for (int b = 0; b < B; b++) {
                 ib_session_rewind(s[b], (int)prompt, NULL);
                 next[b] = (int32_t)((b * 31 + 7) % (V < 256 ? V : 256));
-                items[b] = (ib_step_item){s[b], &next[b], 1, logits + (size_t)b * V};
+                /* greedy sessions: ib_sample's choice is the argmax of the logits */
+                items[b] = host_logits ? (ib_step_item){s[b], &next[b], 1, logits + (size_t)b * V, NULL}
+                                       : (ib_step_item){s[b], &next[b], 1, NULL, &chosen[b]};
             }
             double t0 = now_s();
             for (long g = 0; g < gen; g++) {
@@ -325,7 +338,9 @@ int cmd_bench(int argc, char **argv) {
                     rc = cli_error("%s", err.msg);
                     goto out;
                 }
-                for (int b = 0; b < B; b++) next[b] = ib_sample(s[b], logits + (size_t)b * V);
+                for (int b = 0; b < B; b++)
+                    if (host_logits) next[b] = ib_sample(s[b], logits + (size_t)b * V);
+                    else next[b] = chosen[b], ib_session_note_tokens(s[b], &next[b], 1);
             }
             double dt = now_s() - t0;
             tput[r] = B * gen / dt;

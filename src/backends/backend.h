@@ -156,7 +156,10 @@ typedef struct ib_step_desc {
     int attn_block;            /* key block of attention's online softmax (ib_attn_block_for) */
     int n_logits;              /* rows whose logits are wanted (<= n_items) */
     const int32_t *logit_row;  /* [n_logits] those rows, ascending */
-    float *const *logits_out;  /* [n_logits] host buffers of V floats each, filled by step_end */
+    float *const *logits_out;  /* [n_logits] host buffers of V floats each, filled by step_end; an entry
+                                * may be NULL where argmax_out's is not (those logits stay where they are) */
+    int32_t *const *argmax_out;/* [n_logits] where step_end writes ib_argmax of each wanted row's logits
+                                * (NULL entries: not wanted) */
 } ib_step_desc;
 
 /* Engine-level settings a backend instance is created with. */

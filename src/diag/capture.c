@@ -213,7 +213,7 @@ ib_status ib_diff_run(const ib_model *m, const int32_t *const *prompts, const in
         for (int i = 0; i < n; i++) {
             d.cur_base = row_base[i];
             ib_step_item it = {alone[i], step == 0 ? prompts[i] : &next[i], step == 0 ? lens[i] : 1,
-                               lg_alone + (size_t)i * V};
+                               lg_alone + (size_t)i * V, NULL};
             if ((rc = ib_step(e, &it, 1, err))) goto done;
         }
         /* the same sessions together, `batch` per step */
@@ -222,7 +222,7 @@ ib_status ib_diff_run(const ib_model *m, const int32_t *const *prompts, const in
             int ni = 0, row = 0;
             for (int i = g; i < n && i < g + batch; i++, ni++) {
                 items[ni] = (ib_step_item){bat[i], step == 0 ? prompts[i] : &next[i], step == 0 ? lens[i] : 1,
-                                           lg_bat + (size_t)i * V};
+                                           lg_bat + (size_t)i * V, NULL};
                 for (int t = 0; t < items[ni].n_tokens; t++) d.map[row++] = row_base[i] + t;
             }
             if ((rc = ib_step(e, items, ni, err))) goto done;

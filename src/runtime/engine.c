@@ -25,6 +25,7 @@ void ib_engine_free(ib_engine *e) {
     free(e->item_kv);
     free(e->logit_row);
     free(e->logit_out);
+    free(e->argmax_out);
     free(e);
 }
 
@@ -70,8 +71,9 @@ ib_status ib_engine_create(const ib_model *m, const ib_engine_opts *opts, ib_eng
     e->item_kv = malloc(R * sizeof(ib_kv *));
     e->logit_row = malloc(R * sizeof(int32_t));
     e->logit_out = malloc(R * sizeof(float *));
+    e->argmax_out = malloc(R * sizeof(int32_t *));
     if (!e->tok || !e->pos || !e->rope_pos || !e->row_item || !e->item_len || !e->item_kv || !e->logit_row ||
-        !e->logit_out) {
+        !e->logit_out || !e->argmax_out) {
         rc = ib_fail(err, IB_ERR_NOMEM, "engine: out of memory for %d tokens per step", o.max_step_tokens);
         goto fail;
     }

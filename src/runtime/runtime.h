@@ -46,7 +46,8 @@ struct ib_engine {
     int *item_len;            /* [R] rows of each item (items <= rows) */
     ib_kv **item_kv;          /* [R] KV cache of each item */
     int32_t *logit_row;       /* [R] rows whose logits are wanted */
-    float **logit_out;        /* [R] their destinations */
+    float **logit_out;        /* [R] their destinations (NULL: argmax only) */
+    int32_t **argmax_out;     /* [R] where their argmax goes (NULL: none) */
     /* diagnostics: layer capture (ib_engine_set_capture, src/diag/capture.c); NULL = off */
     ib_capture_fn capture;
     void *capture_ctx;

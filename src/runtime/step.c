@@ -245,15 +245,17 @@ ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
         }
         e->item_len[i] = items[i].n_tokens;
         e->item_kv[i] = items[i].session->kv;
-        if (items[i].logits) {
+        if (items[i].logits || items[i].argmax) {
             e->logit_row[n_logits] = r - 1;
+            e->argmax_out[n_logits] = items[i].argmax;
             e->logit_out[n_logits++] = items[i].logits;
         }
     }
     ib_rope_positions(e->pos, e->item_len, n, e->rope_pos);
     ib_step_desc d = {.R = R, .n_items = n, .tok = e->tok, .pos = e->pos, .rope_pos = e->rope_pos,
                       .row_item = e->row_item, .kv = e->item_kv, .attn_block = ib_attn_block_for(n),
-                      .n_logits = n_logits, .logit_row = e->logit_row, .logits_out = e->logit_out};
+                      .n_logits = n_logits, .logit_row = e->logit_row, .logits_out = e->logit_out,
+                      .argmax_out = e->argmax_out};
     if ((rc = ops->step_begin(be, &d, err))) return rc;
     ops->embed(be);
     if (c->arch == IB_ARCH_GEMMA4) layers_gemma4(e, R);
@@ -266,7 +268,8 @@ ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
         for (int j = 0; j < n_logits; j++)
             e->capture(e->capture_ctx, c->n_layers, "final_norm", e->logit_row[j], fin + (size_t)j * D, D);
         for (int j = 0; j < n_logits; j++)
-            e->capture(e->capture_ctx, c->n_layers, "logits", e->logit_row[j], e->logit_out[j], c->vocab_size);
+            if (e->logit_out[j])
+                e->capture(e->capture_ctx, c->n_layers, "logits", e->logit_row[j], e->logit_out[j], c->vocab_size);
     }
     if (rc) return rc;
     for (int i = 0; i < n; i++) items[i].session->pos += items[i].n_tokens;

@@ -15,6 +15,7 @@
 #include "core/half.h"
 #include "ops/ops.h"
 #include "runtime/kv_policy.h"
+#include "sampling/sampler.h"
 
 /* A step's rows are split over the pool for the per-row work between products (head norms, rotary
  * embedding, KV store, SwiGLU, activation quantization) when they hold at least this many elements in
@@ -43,7 +44,8 @@ typedef struct cpu_backend {
     int R, n_items, attn_block, n_logits;
     int32_t *tok, *pos, *row_item;   /* [R_max] */
     int32_t *logit_row;              /* [R_max] */
-    float **logits_out;              /* [R_max] */
+    float **logits_out;              /* [R_max] (entries may be NULL: argmax only) */
+    int32_t **argmax_out;            /* [R_max] where each wanted row's argmax goes (NULL: none) */
     cpu_kv **kv;                     /* [R_max] per item */
     /* activations, [R_max][width] each (ib_buf order) */
     float *buf[IB_BUF_COUNT];
@@ -129,6 +131,7 @@ static void cpu_destroy(ib_backend *b) {
     free(c->row_item);
     free(c->logit_row);
     free(c->logits_out);
+    free(c->argmax_out);
     free(c->kv);
     for (int i = 0; i < IB_BUF_COUNT; i++) free(c->buf[i]);
     free(c->cs);
@@ -187,6 +190,7 @@ static ib_status cpu_create(const ib_model *m, const ib_backend_cfg *cfg, ib_bac
     c->row_item = malloc(R * sizeof(int32_t));
     c->logit_row = malloc(R * sizeof(int32_t));
     c->logits_out = malloc(R * sizeof(float *));
+    c->argmax_out = malloc(R * sizeof(int32_t *));
     c->kv = malloc(R * sizeof(cpu_kv *));
     for (int i = 0; i < IB_BUF_COUNT; i++) ok &= (c->buf[i] = malloc(R * width[i] * sizeof(float))) != NULL;
     c->cs = malloc(R * hd * sizeof(float));
@@ -209,7 +213,7 @@ static ib_status cpu_create(const ib_model *m, const ib_backend_cfg *cfg, ib_bac
         ok &= (c->moe_u = malloc(R * Fm * sizeof(float))) != NULL;
         ok &= (c->moe_y = malloc(R * K * D * sizeof(float))) != NULL;
     }
-    if (!ok || !c->tok || !c->pos || !c->row_item || !c->logit_row || !c->logits_out || !c->kv || !c->cs || !c->qa.xq ||
+    if (!ok || !c->tok || !c->pos || !c->row_item || !c->logit_row || !c->logits_out || !c->argmax_out || !c->kv || !c->cs || !c->qa.xq ||
         !c->qa.d || !c->qa.ad || !c->logits) {
         cpu_destroy(&c->base);
         return ib_fail(err, IB_ERR_NOMEM, "engine: out of memory for %d tokens per step", cfg->max_rows);
@@ -234,6 +238,7 @@ static ib_status cpu_step_begin(ib_backend *b, const ib_step_desc *d, ib_error *
     memcpy(c->row_item, d->row_item, (size_t)d->R * sizeof(int32_t));
     memcpy(c->logit_row, d->logit_row, (size_t)d->n_logits * sizeof(int32_t));
     memcpy(c->logits_out, d->logits_out, (size_t)d->n_logits * sizeof(float *));
+    for (int j = 0; j < d->n_logits; j++) c->argmax_out[j] = d->argmax_out ? d->argmax_out[j] : NULL;
     for (int i = 0; i < d->n_items; i++) c->kv[i] = (cpu_kv *)d->kv[i];
     ib_rope_table(d->rope_pos, d->R, mc->head_dim, mc->rope_theta, c->cs);
     if (c->cs_full)
@@ -550,7 +555,8 @@ static void cpu_add(ib_backend *b, ib_buf x, ib_buf y) {
 }
 
 /* The wanted rows' logits: XN[j] = final norm of X[logit_row[j]], then the lm_head product LOGIT_ROWS
- * rows at a time. A lone row goes straight into its destination (no copy of the vocabulary's floats). */
+ * rows at a time (soft-capped where the model says), then each row copied to its destination and/or its
+ * ib_argmax taken. A lone row with a destination goes straight into it (no copy of the vocabulary). */
 static void cpu_logits(ib_backend *b) {
     cpu_backend *c = cb(b);
     const ib_model *m = c->model;
@@ -562,12 +568,14 @@ static void cpu_logits(ib_backend *b) {
     ib_rmsnorm(xn, m->final_norm, c->n_logits, D, (float)mc->rms_eps, xn, c->pool);
     for (int i0 = 0; i0 < c->n_logits; i0 += LOGIT_ROWS) {
         int np = c->n_logits - i0 < LOGIT_ROWS ? c->n_logits - i0 : LOGIT_ROWS;
-        float *lg = np == 1 ? c->logits_out[i0] : c->logits;
+        float *lg = np == 1 && c->logits_out[i0] ? c->logits_out[i0] : c->logits;
         linear_many(c, 1, &m->lm_head, xn + (size_t)i0 * D, np, &lg);
-        for (int j = 0; j < np && lg == c->logits; j++)
-            memcpy(c->logits_out[i0 + j], c->logits + (size_t)j * V, (size_t)V * sizeof(float));
-        if (mc->final_softcap > 0)
-            for (int j = 0; j < np; j++) ib_softcap(c->logits_out[i0 + j], (size_t)V, (float)mc->final_softcap);
+        for (int j = 0; j < np; j++) {
+            float *row = lg + (size_t)j * V, *dst = c->logits_out[i0 + j];
+            if (mc->final_softcap > 0) ib_softcap(row, (size_t)V, (float)mc->final_softcap);
+            if (dst && dst != row) memcpy(dst, row, (size_t)V * sizeof(float));
+            if (c->argmax_out[i0 + j]) *c->argmax_out[i0 + j] = ib_argmax(row, V);
+        }
     }
 }
 

@@ -13,8 +13,9 @@
  *   - Row norms and dot products: 16 lanes of a warp own the 16 lanes of ib_dot16's order (lane j
  *     sums elements j, j+16, … in order) and fold 8, 4, 2, 1 with shuffles.
  *   - Attention: one block per (row, query head); one thread per key computes that key's score in
- *     the 16-lane order, one thread runs the block's max and running sum in key order, one thread
- *     per output dimension accumulates the values in key order; key blocks are cut exactly as
+ *     the 16-lane order, one warp takes each key block's max (a maximum: any order) and the running
+ *     max, one thread the running sum in key order, one thread per output dimension accumulates the
+ *     values in key order (their rows asked into L1 while the max is taken); key blocks are cut exactly as
  *     ib_attend_heads (full) and ib_attend_policy (sink + window) cut them.
  *   - exp is fmath.h's ib_expf_lane (the same bits as ib_expf), half conversions are half.h's,
  *     compiled for the device from the same source (IB_HD).
@@ -40,6 +41,7 @@ extern "C" {
 #include "ops/ops.h"
 }
 #include <cuda_profiler_api.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
@@ -64,6 +66,7 @@ extern "C" {
 #define QK_WARPS 4         /* warps (heads) per block of the q/k norm + RoPE + store kernel */
 #define ATT_MAX_BLOCKS 64  /* most key blocks in one such chunk */
 #define ATT_MAX_BLOCK 128  /* largest key block (ops.h: block <= 128) */
+#define ARGMAX_THREADS 1024 /* threads of a logits row's argmax block */
 
 /* ---------------------------------------------------------------- device data */
 
@@ -200,7 +203,10 @@ typedef struct cuda_backend {
     float *h_cs;
     /* the step */
     int R, n_items, n_logits, attn_block;
-    float **lout;                    /* [R_max] host logits buffers */
+    float **lout;                    /* [R_max] host logits buffers (NULL: argmax only) */
+    int32_t **aout;                  /* [R_max] where each wanted row's argmax goes (NULL: none) */
+    int want_logits, want_argmax;    /* some wanted row's logits / argmax go to the host this step */
+    int32_t *d_amax, *h_amax;        /* [R_max] the wanted rows' argmax: device, pinned host */
     float *h_rows;                   /* read_rows / read_final scratch */
     size_t h_rows_n;
     int fault;                       /* ib_fault_get() at step_begin */
@@ -673,6 +679,39 @@ __global__ void rmsnorm_kernel(float *x, const float *__restrict__ add_y, const 
     }
 }
 
+/* (bv, bi) becomes (v, i) when v is larger, or equal with a lower id (NaN never: both tests fail). */
+__device__ __forceinline__ void argmax_pick(float &bv, int &bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
+}
+
+/* out[r] = ib_argmax of row r of L [rows][V] (one block per row): the first id holding the largest
+ * logit, NaN never winning, and 0 when nothing exceeds -inf (an all NaN / -inf row) — as the scan of
+ * ib_argmax gives it. Each thread keeps the best (value, lowest id) of a strided part, then the block
+ * combines them with the same rule: a maximum, and the lowest id among equal values, in any order
+ * (+0 and -0 compare equal, as in ib_argmax's search for the first id equal to the maximum). */
+__global__ void __launch_bounds__(ARGMAX_THREADS) argmax_kernel(const float *__restrict__ L, int V, int32_t *out) {
+    PDL_ENTER();
+    __shared__ float sv[ARGMAX_THREADS / 32];
+    __shared__ int si[ARGMAX_THREADS / 32];
+    const float *row = L + (size_t)blockIdx.x * V;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) argmax_pick(bv, bi, row[i], i);
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int i = __shfl_xor_sync(0xffffffffu, bi, o);
+        argmax_pick(bv, bi, v, i);
+    }
+    if (lane == 0) sv[warp] = bv, si[warp] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) argmax_pick(bv, bi, sv[w], si[w]);
+        out[blockIdx.x] = bv == -INFINITY ? 0 : bi;
+    }
+}
+
 /* X[r] = embedding row tok[r] (ib_matrix_row_f32's formula). X [R][D]. */
 __global__ void embed_kernel(dmat m, const int32_t *__restrict__ tok, int R, float *__restrict__ X) {
     PDL_ENTER();
@@ -801,9 +840,13 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_kernel(float *Q, float *K, c
     }
 }
 
-/* A KV element as float, exactly (half by half.h's conversion). */
+/* A KV element as float, exactly: a half by the conversion instruction, which is exact for every finite
+ * half (subnormals included: denormals are kept), or, for infinities and NaNs (exponent bits all set),
+ * by half.h's conversion, so a NaN keeps the bits the host gives it. */
 __device__ __forceinline__ float to_f32(float x) { return x; }
-__device__ __forceinline__ float to_f32(uint16_t h) { return ib_f16_to_f32_lane(h); }
+__device__ __forceinline__ float to_f32(uint16_t h) {
+    return (h & 0x7c00u) == 0x7c00u ? ib_f16_to_f32_lane(h) : __half2float(__ushort_as_half(h));
+}
 
 /* Lane u (0..15) of ib_dot16(q, key): elements u, u+16, … in ascending order (q in shared memory). The
  * loads of 8 elements are issued before their products. */
@@ -874,6 +917,44 @@ __device__ __forceinline__ void quantize_span(const float *ys, int n, int r, int
     }
 }
 
+/* Per key block k < nbk of one head's chunk, in order, by one whole warp: the block's max of its
+ * scores sc[bt0[k] .. bt0[k+1]) (each lane a strided part, then folded by shuffles: a maximum of the
+ * non-NaN scores, the same in any order — only the sign of a zero maximum may differ, and every use
+ * below gives the same bits for +0 and -0: comparisons, and exp(x - m) with exp(+0) = exp(-0) = 1),
+ * m' = max(*m, block max) as the reference takes it, c[k * cs] = exp(*m - m'), mk[j] = m' for the
+ * block's keys; *m (shared memory) ends as the running max. */
+__device__ __forceinline__ void block_maxima_warp(const float *sc, float *mk, float *c, int cs, const int *bt0, int nbk,
+                                                  float *m, int lane) {
+    float mr = *m;
+    for (int k = 0; k < nbk; k++) {
+        const int j0 = bt0[k], j1 = bt0[k + 1];
+        float mb = -INFINITY;
+        for (int j = j0 + lane; j < j1; j += 32)
+            if (sc[j] > mb) mb = sc[j];
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            const float t = __shfl_xor_sync(0xffffffffu, mb, o);
+            if (t > mb) mb = t;
+        }
+        const float m_new = mb > mr ? mb : mr;
+        if (lane == 0) c[k * cs] = ib_expf_lane(mr - m_new);
+        mr = m_new;
+        for (int j = j0 + lane; j < j1; j += 32) mk[j] = m_new;
+    }
+    __syncwarp();
+    if (lane == 0) *m = mr;
+}
+
+/* Ask L1 for the value rows of the chunk's nc keys (vp + slot[j] * hd, hd elements of T each), by
+ * threads t0.. of the block (stride nt): the value pass then finds them there. Reads nothing it
+ * computes with. */
+template <typename T>
+__device__ __forceinline__ void prefetch_values_l1(const T *vp, const int *slot, int nc, int hd, int t, int nt) {
+    const int lines = (int)((hd * sizeof(T) + 127) / 128);
+    for (int i = t; i < nc * lines; i += nt)
+        asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)(vp + (size_t)slot[i / lines] * hd) + 128 * (i % lines)));
+}
+
 /* Shared memory of a per-head attention block. */
 struct att_smem1 {
     float q[IB_ATTN_MAX_HD], out[IB_ATTN_MAX_HD];
@@ -881,7 +962,7 @@ struct att_smem1 {
     int slot[ATT_CHUNK];
     int bt0[ATT_MAX_BLOCKS + 1];   /* chunk index of each key block's first key, then the chunk's size */
     float c[ATT_MAX_BLOCKS];       /* each key block's rescale factor */
-    float l;
+    float l, m;                    /* the running sum (at the end), the running max */
 };
 
 /* ATT[r][h] = attention of Q[r][h] over its session's kept keys at layer li; one block per (row,
@@ -890,8 +971,8 @@ struct att_smem1 {
  * into key blocks at multiples of `block` (ib_attend_heads / ib_attend_policy) and walked in chunks of
  * whole key blocks (at most ATT_CHUNK keys). Per chunk: every key's score s_j = dot16(q, k_j) * scale
  * in parallel (16 threads per key own ib_dot16's lanes and fold them 8, 4, 2, 1; a score does not
- * depend on the softmax state); then, per key block in order, one thread: m' = max(m, block max) in key
- * order, c = exp(m - m'); every key's p_j = exp(s_j - m') in parallel; one thread: l = l*c then
+ * depend on the softmax state); then, per key block in order, warp 0 (block_maxima_warp): m' = max(m,
+ * block max), c = exp(m - m') while the other warps ask L1 for the chunk's value rows; every key's p_j = exp(s_j - m') in parallel; one thread: l = l*c then
  * l += p_j in key order; a thread per output element: out = out*c then out += p_j * v_j in key order;
  * finally out / l. Exactly the reference's operations, in its order. T: float or half KV. */
 template <typename T>
@@ -913,9 +994,11 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
         if (lo < S) lo = S;
     }
     const int ra[2] = {0, lo}, rb[2] = {S, p + 1};
-    /* thread 0's running max; thread lt's running sum (a thread without value-pass work when there is one) */
+    /* warp 0's running max (sm.m); thread lt's running sum (a thread without value-pass work when there
+     * is one) */
     const int lt = hd < (int)blockDim.x ? (int)blockDim.x - 1 : 0;
-    float m = -INFINITY, l = 0.0f;
+    float l = 0.0f;
+    if (tid == 0) sm.m = -INFINITY;
     int rg = 0, b0 = 0;              /* the next key block: range rg, position b0 (uniform over threads) */
     while (rg < 2) {
         /* the chunk: whole key blocks, positions pa.. for its first na keys, then pb.. (second range) */
@@ -960,17 +1043,8 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
             }
         }
         __syncthreads();
-        if (tid == 0)
-            for (int k = 0; k < nbk; k++) {
-                float mb = -INFINITY;
-#pragma unroll 8
-                for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++)
-                    if (sm.sc[j] > mb) mb = sm.sc[j];
-                const float m_new = mb > m ? mb : m;
-                sm.c[k] = ib_expf_lane(m - m_new);
-                m = m_new;
-                for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++) sm.mk[j] = m_new;
-            }
+        if (tid < 32) block_maxima_warp(sm.sc, sm.mk, sm.c, 1, sm.bt0, nbk, &sm.m, tid);
+        else prefetch_values_l1(vp, sm.slot, nc, hd, tid - 32, (int)blockDim.x - 32);
         __syncthreads();
         for (int j = tid; j < nc; j += blockDim.x) sm.pw[j] = ib_expf_lane(sm.sc[j] - sm.mk[j]);
         __syncthreads();
@@ -1033,7 +1107,7 @@ struct att_smem {
     int slot[ATT_CHUNK];
     int bt0[ATT_MAX_BLOCKS + 1];            /* chunk index of each key block's first key, then the chunk's size */
     float c[IB_ATTN_MAX_GROUP * ATT_MAX_BLOCKS];   /* [head][key block] rescale factors */
-    float l[IB_ATTN_MAX_GROUP];
+    float l[IB_ATTN_MAX_GROUP], m[IB_ATTN_MAX_GROUP];   /* per head: the running sum (at the end), max */
 };
 
 /* ATT[r][h] for the G = H/KVH query heads h of KV head kvh = attention of Q[r][h] over its session's
@@ -1043,8 +1117,8 @@ struct att_smem {
  * at multiples of `block` (ib_attend_heads / ib_attend_policy) and walked in chunks of whole key blocks
  * (at most ATT_CHUNK keys, and ATT_QH / G). Per chunk: every (head, key) score s = dot16(q, k) * scale
  * in parallel (16 threads own ib_dot16's lanes and fold them 8, 4, 2, 1; a score does not depend on
- * the softmax state); then per head (thread h) and key block in order: m' = max(m, block max) in key
- * order, c = exp(m - m'); every p = exp(s - m') in parallel; thread h: l = l*c then l += p_j in key
+ * the softmax state); then per head (warp h) and key block in order: m' = max(m, block max), c = exp(m -
+ * m') (block_maxima_warp; warps without a head ask L1 for the chunk's value rows); every p = exp(s - m') in parallel; thread h: l = l*c then l += p_j in key
  * order; a thread per (head, output element): out = out*c then out += p_j * v_j in key order; finally
  * out / l. Exactly the reference's operations, in its order, for each head. T: float or half KV. */
 template <typename T>
@@ -1069,10 +1143,11 @@ __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, flo
     }
     const int ra[2] = {0, lo}, rb[2] = {S, p + 1};
     const int chunk = ATT_QH / G < ATT_CHUNK ? ATT_QH / G : ATT_CHUNK;
-    /* thread h < G: head h's running max; thread lbase + h: its running sum (threads without value-pass
-     * work when there are enough) */
+    /* warp h (h < G, then h + warps): head h's running max (sm.m[h]); thread lbase + h: its running sum
+     * (threads without value-pass work when there are enough) */
     const int lbase = gw + G <= (int)blockDim.x ? (int)blockDim.x - G : 0;
-    float m = -INFINITY, l = 0.0f;
+    float l = 0.0f;
+    if (tid < G) sm.m[tid] = -INFINITY;
     int rg = 0, b0 = 0;              /* the next key block: range rg, position b0 (uniform over threads) */
     while (rg < 2) {
         /* the chunk: whole key blocks, positions pa.. for its first na keys, then pb.. (second range) */
@@ -1120,19 +1195,12 @@ __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, flo
             }
         }
         __syncthreads();
-        if (tid < G) {
-            const float *sc = sm.sc + (size_t)tid * nc;
-            float *mk = sm.mk + (size_t)tid * nc;
-            for (int k = 0; k < nbk; k++) {
-                float mb = -INFINITY;
-#pragma unroll 8
-                for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++)
-                    if (sc[j] > mb) mb = sc[j];
-                const float m_new = mb > m ? mb : m;
-                sm.c[tid * ATT_MAX_BLOCKS + k] = ib_expf_lane(m - m_new);
-                m = m_new;
-                for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++) mk[j] = m_new;
-            }
+        {
+            const int warp = tid >> 5, nwarp = (int)blockDim.x >> 5;
+            for (int h = warp; h < G; h += nwarp)
+                block_maxima_warp(sm.sc + (size_t)h * nc, sm.mk + (size_t)h * nc, sm.c + h * ATT_MAX_BLOCKS, 1, sm.bt0,
+                                  nbk, &sm.m[h], tid & 31);
+            if (G < nwarp && warp >= G) prefetch_values_l1(vp, sm.slot, nc, hd, tid - 32 * G, (int)blockDim.x - 32 * G);
         }
         __syncthreads();
         for (int e = tid; e < npair; e += blockDim.x) sm.pw[e] = ib_expf_lane(sm.sc[e] - sm.mk[e]);
@@ -1303,9 +1371,9 @@ static void cuda_destroy(ib_backend *base) {
     cudaFreeHost(b->h_logits);
     for (int i = 0; i < b->n_alloc; i++) cudaFree(b->alloc_list[i]);
     cudaFreeHost(b->h_tok), cudaFreeHost(b->h_lrow), cudaFreeHost(b->h_pos), cudaFreeHost(b->h_ri);
-    cudaFreeHost(b->h_cs);
+    cudaFreeHost(b->h_cs), cudaFreeHost(b->h_amax);
     if (b->st) cudaStreamDestroy(b->st);
-    free(b->mats), free(b->lout), free(b->h_rows), free(b->alloc_list);
+    free(b->mats), free(b->lout), free(b->aout), free(b->h_rows), free(b->alloc_list);
     free(b);
 }
 
@@ -1358,8 +1426,9 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
     }
     b->mats = (dmat *)calloc((size_t)L * IB_W_COUNT, sizeof(dmat));
     b->lout = (float **)calloc((size_t)Rm, sizeof(float *));
+    b->aout = (int32_t **)calloc((size_t)Rm, sizeof(int32_t *));
     b->gc = (gcache *)calloc(NGRAPH, sizeof(gcache));
-    if (!b->mats || !b->lout || !b->gc) {
+    if (!b->mats || !b->lout || !b->aout || !b->gc) {
         rc = ib_fail(err, IB_ERR_NOMEM, "cuda: out of host memory");
         goto fail;
     }
@@ -1407,10 +1476,11 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
     b->logits = (float *)dalloc(b, (size_t)LOGIT_CHUNK * b->V * sizeof(float));
     b->d_tok = (int32_t *)dalloc(b, (size_t)Rm * 4);
     b->d_lrow = (int32_t *)dalloc(b, (size_t)Rm * 4);
+    b->d_amax = (int32_t *)dalloc(b, (size_t)Rm * 4);
     b->d_ri = (rowinfo *)dalloc(b, (size_t)Rm * sizeof(rowinfo));
     b->d_cs = (float *)dalloc(b, (size_t)Rm * hd * sizeof(float));
     if (!b->norms || !b->buf[IB_BUF_COUNT - 1] || !b->buf[0] || !b->xq || !b->qd || !b->qad || !b->logits ||
-        !b->d_tok || !b->d_lrow || !b->d_ri || !b->d_cs) {
+        !b->d_tok || !b->d_lrow || !b->d_amax || !b->d_ri || !b->d_cs) {
         rc = ib_fail(err, IB_ERR_NOMEM, "cuda: out of device memory for %d rows of scratch", Rm);
         goto fail;
     }
@@ -1421,6 +1491,7 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         }
     if (cudaMallocHost((void **)&b->h_tok, (size_t)Rm * 4) != cudaSuccess ||
         cudaMallocHost((void **)&b->h_lrow, (size_t)Rm * 4) != cudaSuccess ||
+        cudaMallocHost((void **)&b->h_amax, (size_t)Rm * 4) != cudaSuccess ||
         cudaMallocHost((void **)&b->h_pos, (size_t)Rm * 4) != cudaSuccess ||
         cudaMallocHost((void **)&b->h_ri, (size_t)Rm * sizeof(rowinfo)) != cudaSuccess ||
         cudaMallocHost((void **)&b->h_cs, (size_t)Rm * hd * sizeof(float)) != cudaSuccess) {
@@ -1599,7 +1670,12 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
         b->h_tok[r] = d->tok[r];
         b->h_pos[r] = d->rope_pos[r];
     }
-    for (int j = 0; j < d->n_logits; j++) b->h_lrow[j] = d->logit_row[j], b->lout[j] = d->logits_out[j];
+    b->want_logits = b->want_argmax = 0;
+    for (int j = 0; j < d->n_logits; j++) {
+        b->h_lrow[j] = d->logit_row[j], b->lout[j] = d->logits_out[j];
+        b->aout[j] = d->argmax_out ? d->argmax_out[j] : NULL;
+        b->want_logits |= b->lout[j] != NULL, b->want_argmax |= b->aout[j] != NULL;
+    }
     ib_rope_table(b->h_pos, d->R, b->hd, b->theta, b->h_cs);
     push(b, OP_UPLOAD);
     return IB_OK;
@@ -1792,9 +1868,9 @@ static void launch_swiglu(cuda_backend *b, int qG) {
     LAUNCHED(b, "swiglu");
 }
 
-/* XN[j] = final norm of X[logit_row[j]] for the wanted rows, lm_head in chunks, logits into the pinned
- * host buffer. */
-static void launch_logits(cuda_backend *b) {
+/* XN[j] = final norm of X[logit_row[j]] for the wanted rows, lm_head in chunks; copy: the logits into
+ * the pinned host buffer; amax: each row's argmax (argmax_kernel) into the pinned h_amax. */
+static void launch_logits(cuda_backend *b, int copy, int amax) {
     const int nl = b->n_logits, D = b->D, V = b->V;
     float *xn = b->buf[IB_BUF_XN];
     if (nl < 1) return;
@@ -1808,10 +1884,17 @@ static void launch_logits(cuda_backend *b) {
         const int q8 = b->act == IB_ACT_Q8 && lm->fmt != IB_WF32;
         if (q8) launch_quantize(b, X, n, lm->K, lm->G);
         launch_product(b, lm, X, n, q8, b->logits);
-        note(b, cudaMemcpyAsync(b->h_logits + (size_t)j0 * V, b->logits, (size_t)n * V * sizeof(float),
-                                cudaMemcpyDeviceToHost, b->st),
-             "logits copy");
+        if (amax) {
+            launch(b, argmax_kernel, n, ARGMAX_THREADS, 0, (const float *)b->logits, V, b->d_amax + j0);
+            LAUNCHED(b, "argmax");
+        }
+        if (copy)
+            note(b, cudaMemcpyAsync(b->h_logits + (size_t)j0 * V, b->logits, (size_t)n * V * sizeof(float),
+                                    cudaMemcpyDeviceToHost, b->st),
+                 "logits copy");
     }
+    if (amax)
+        note(b, cudaMemcpyAsync(b->h_amax, b->d_amax, (size_t)nl * 4, cudaMemcpyDeviceToHost, b->st), "argmax copy");
 }
 
 /* Enqueue one recorded op (unfused). */
@@ -1831,7 +1914,7 @@ static void exec_rec(cuda_backend *b, const oprec *r) {
         LAUNCHED(b, "add");
         break;
     }
-    case OP_LOGITS: launch_logits(b); break;
+    case OP_LOGITS: launch_logits(b, a[0], a[1]); break;
     }
 }
 
@@ -1991,16 +2074,20 @@ static void cuda_swiglu(ib_backend *base) { push((cuda_backend *)base, OP_SWIGLU
 
 static void cuda_add(ib_backend *base, ib_buf x, ib_buf y) { push((cuda_backend *)base, OP_ADD, x, y); }
 
-static void cuda_logits(ib_backend *base) { push((cuda_backend *)base, OP_LOGITS); }
+static void cuda_logits(ib_backend *base) {
+    cuda_backend *b = (cuda_backend *)base;
+    push(b, OP_LOGITS, b->want_logits, b->want_argmax);
+}
 
 typedef struct copy_job {
     cuda_backend *b;
 } copy_job;
 
-/* Pool task: logits row j from the pinned buffer into its host buffer. */
+/* Pool task: wanted row j's logits from the pinned buffer into its host buffer, and its argmax. */
 static void copy_task(void *ctx, int j, int thread) {
     cuda_backend *b = ((copy_job *)ctx)->b;
-    memcpy(b->lout[j], b->h_logits + (size_t)j * b->V, (size_t)b->V * sizeof(float));
+    if (b->lout[j]) memcpy(b->lout[j], b->h_logits + (size_t)j * b->V, (size_t)b->V * sizeof(float));
+    if (b->aout[j]) *b->aout[j] = b->h_amax[j];
 }
 
 /* Run the recorded step (flush_step), wait, report the first CUDA failure, copy the logits out. */
@@ -2011,7 +2098,7 @@ static ib_status cuda_step_end(ib_backend *base, ib_error *err) {
     if (b->err != cudaSuccess)
         return ib_fail(err, IB_ERR_STATE, "cuda: %s: %s", b->err_where ? b->err_where : "step", cudaGetErrorString(b->err));
     copy_job j = {b};
-    ib_pool_run(b->n_logits >= 4 ? b->pool : NULL, b->n_logits, copy_task, &j);
+    ib_pool_run(b->n_logits >= 4 && b->want_logits ? b->pool : NULL, b->n_logits, copy_task, &j);
     return IB_OK;
 }
 
