@@ -355,6 +355,43 @@ static int schedule(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, c
     return bad;
 }
 
+/* Steps of many rows — three sessions bringing up to 48 tokens each (34 to 120 rows a step: the
+ * tensor-core products over several 16-row tiles, attention per KV head) — every op against the scalar
+ * references. Returns the mismatch count. */
+static int wide_schedule(const ib_model *m, ib_act act, ib_kv_dtype dt, const char *name) {
+    const int V = m->cfg.vocab_size;
+    enum { W = 48 };
+    static const int counts[3][NSESS] = {{48, 24, 11}, {16, 10, 8}, {40, 40, 40}};
+    run *t = run_new(m, act, 3 * W);
+    if (!t->b) {
+        run_free(t);
+        return -1;
+    }
+    sess s[NSESS];
+    for (int i = 0; i < NSESS; i++) sess_init(m, &s[i], dt, 0, 0, 8, 160);
+    rng_state = 0x4321;
+    int32_t tk[NSESS][W];
+    float *lg[NSESS];
+    for (int i = 0; i < NSESS; i++) lg[i] = xmalloc((size_t)V * 4);
+    for (int st = 0; st < 3; st++) {
+        sess *ss[NSESS];
+        const int32_t *tp[NSESS];
+        float *lp[NSESS];
+        int nt[NSESS];
+        for (int i = 0; i < NSESS; i++) {
+            for (int j = 0; j < W; j++) tk[i][j] = rndi(V);
+            ss[i] = &s[i], tp[i] = tk[i], nt[i] = counts[st][i], lp[i] = lg[i];
+        }
+        step(t, ss, NSESS, tp, nt, lp);
+    }
+    printf("  %-44s %5d ops compared bitwise, %s%s\n", name, t->checks, t->bad ? "first mismatch: " : "all equal",
+           t->bad ? t->first_bad : "");
+    int bad = t->bad;
+    for (int i = 0; i < NSESS; i++) sess_free(&s[i]), free(lg[i]);
+    run_free(t);
+    return bad;
+}
+
 /* Whole steps through the public API: the same sessions and schedule on a CPU engine and a CUDA
  * engine (src/runtime/step.c over each backend's table); every item's logits at every step must be
  * bitwise equal. Returns the number of differing logits rows. */
@@ -682,6 +719,10 @@ int main(int argc, char **argv) {
                           "model %s, %s: session 0's logits batched differ from alone", models[mi].name, name);
                     free(lgb), free(lgs);
                 }
+        /* steps of 34..120 rows (tensor-core products over several row tiles) */
+        if (models[mi].bits != 32)
+            CHECK(wide_schedule(m, IB_ACT_Q8, IB_KV_F16, "wide steps (34-120 rows), act q8, kv f16") == 0,
+                  "model %s, wide steps: CUDA differs from the scalar reference", models[mi].name);
         /* whole steps, CPU engine vs CUDA engine */
         const int q8ok = models[mi].bits != 32;   /* an engine refuses q8 activations on float weights */
         for (int act = 0; act < 1 + q8ok; act++)
@@ -718,6 +759,8 @@ int main(int argc, char **argv) {
             ib_fault_set(IB_FAULT_GPU_SPLIT_K);
             CHECK(engine_compare(m, IB_ACT_Q8, IB_KV_F32, 0, "engine, FAULT gpu-split-k (must differ)") > 0,
                   "model %s: the engine comparison missed the gpu-split-k fault", models[mi].name);
+            CHECK(wide_schedule(m, IB_ACT_Q8, IB_KV_F32, "FAULT gpu-split-k, wide steps (must mismatch)") > 0,
+                  "model %s: the gpu-split-k fault went unnoticed in wide steps", models[mi].name);
             for (int mma = 0; mma < 2; mma++) {
                 if (mma) setenv("IB_CUDA_MMA_ROWS", "1", 1);
                 int bad = schedule(m, IB_ACT_Q8, IB_KV_F32, 0,
