@@ -415,8 +415,9 @@ __device__ __forceinline__ void mma_k32(int (&d)[4], const unsigned (&a)[4], uns
 }
 
 /* The Q8 product of mm_q8_kernel for many rows, on the tensor cores: block tile 16 rows x 32 outputs.
- * In each pass of GCH groups, warp w takes groups w, w+8, …: their integer sums come from mma.sync
- * (s8 x s8/u8 -> s32, exact: the same isum as any order) into shared memory; then each thread
+ * In each pass of GCH groups, the block stages the pass's scales and biases of its 32 outputs and d, ad
+ * of its 16 rows in shared memory, and warp w takes groups w, w+8, …: their integer sums come from
+ * mma.sync (s8 x s8/u8 -> s32, exact: the same isum as any order) into shared memory; then each thread
  * continues the float chains of two (row, output) pairs over those groups in ascending order:
  * acc = (acc + (s*d)*(float)isum) + b*ad — matmul.h's arithmetic, bit for bit. fused, splits: the
  * test-only faults, as mm_q8_kernel. */
@@ -426,6 +427,8 @@ __global__ void __launch_bounds__(256) mm_q8_mma_kernel(mset ms, const int8_t *_
     prefetch_tile(ms, blockIdx.y == 0 && blockIdx.z == 0);
     PDL_ENTER();
     __shared__ int isum_s[GCH][16][33];
+    /* the pass's scales and biases of the tile's outputs, and d, ad of its rows */
+    __shared__ float s_s[GCH][32], b_s[GCH][32], d_s[GCH][16], ad_s[GCH][16];
     dmat m;
     float *Y;
     const int tile = mset_pick(ms, blockIdx.x, m, Y), ldy = m.N;
@@ -441,6 +444,15 @@ __global__ void __launch_bounds__(256) mm_q8_mma_kernel(mset ms, const int8_t *_
     const int gs = (ng + splits - 1) / splits, gb = blockIdx.z * gs, ge = min(ng, gb + gs);
     for (int g0 = gb; g0 < ge; g0 += GCH) {
         const int gn = min(GCH, ge - g0);
+        for (int i = threadIdx.x; i < gn * 32; i += blockDim.x) {
+            const size_t wi = (size_t)(g0 + i / 32) * Np + n0 + (i & 31);
+            s_s[i / 32][i & 31] = m.s[wi], b_s[i / 32][i & 31] = m.b[wi];
+        }
+        for (int i = threadIdx.x; i < gn * 16; i += blockDim.x) {
+            const int row = r0 + (i & 15);
+            const size_t ai = (size_t)(row < R ? row : 0) * ng + g0 + i / 16;
+            d_s[i / 16][i & 15] = d[ai], ad_s[i / 16][i & 15] = ad[ai];
+        }
         for (int gi = warp; gi < gn; gi += NWARP) {
             const int g = g0 + gi;
             int is[4][4];
@@ -481,14 +493,12 @@ __global__ void __launch_bounds__(256) mm_q8_mma_kernel(mset ms, const int8_t *_
         __syncthreads();
 #pragma unroll
         for (int pp = 0; pp < 2; pp++) {
-            const int pr = threadIdx.x + pp * 256, rl = pr >> 5, cl = pr & 31, row = r0 + rl, n = n0 + cl;
+            const int pr = threadIdx.x + pp * 256, rl = pr >> 5, cl = pr & 31, row = r0 + rl;
             if (row < R) {
                 float x = acc[pp];
 #pragma unroll 8
                 for (int gi = 0; gi < gn; gi++) {
-                    const int g = g0 + gi;
-                    const float sc = m.s[(size_t)g * Np + n], bi = m.b[(size_t)g * Np + n];
-                    const float dd = d[(size_t)row * ng + g], aa = ad[(size_t)row * ng + g];
+                    const float sc = s_s[gi][cl], bi = b_s[gi][cl], dd = d_s[gi][rl], aa = ad_s[gi][rl];
                     const float sd = sc * dd, u = bi * aa, fi = (float)isum_s[gi][rl][cl];
                     if (fused) x = __fmaf_rn(sd, fi, x);
                     else x = x + sd * fi;
