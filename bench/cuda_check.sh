@@ -90,7 +90,11 @@ hdr = [i for i, r in enumerate(rows) if 'Kernel Name' in r][0]
 h = rows[hdr]; ki = h.index('Kernel Name'); vi = h.index('Metric Value')
 data = [(r[ki], float(r[vi].replace(',', ''))) for r in rows[hdr + 1:] if len(r) > vi]
 n = len(data)
-for part, (a, b) in (('B=1', (0, n // 2)), ('B=128', (n // 2, n))):
+# the B=1 step ends with its logits: the gather of the wanted rows, then (after the final norm and the
+# quantization) the lm_head product; the B=128 step is everything after that product
+g = next(i for i, (k, v) in enumerate(data) if k.startswith('gather_kernel'))
+cut = next(i for i in range(g, n) if 'mm_q8' in data[i][0]) + 1
+for part, (a, b) in (('B=1', (0, cut)), ('B=128', (cut, n))):
     agg = collections.defaultdict(lambda: [0, 0.0])
     for k, v in data[a:b]:
         kk = k.split('(')[0][:36]; agg[kk][0] += 1; agg[kk][1] += v
