@@ -42,7 +42,8 @@
  *   ib_step() takes any set of distinct sessions, each at its own position, each with its own
  *   number of new tokens (a prefill chunk or one decode token), runs them through the model in one
  *   pass — each weight matrix is streamed once for all rows — appends their keys/values to each
- *   session's KV cache, advances each position, and writes each item's logits for its last token.
+ *   session's KV cache, advances each position, and writes each item's logits for its last token
+ *   (and/or their argmax: with a GPU backend the logits then need not leave the device).
  *
  * INVARIANCE CONTRACT
  *
