@@ -45,7 +45,9 @@ void gen_unref(gen *g) {
 }
 
 /* Scheduler callback: record a token, or the end (then free a request-scoped session, release its
- * memory, hand a stateful session its unfed tokens back). */
+ * memory, hand a stateful session its unfed tokens back). A token that cannot be recorded (out of
+ * memory) sets g->oom and cancels the job: the generation ends with finish "error" (a 500 or an SSE
+ * error event, never a shorter answer), and a stateful session is evicted unchanged in the store. */
 void on_event(void *ctx, const ib_sched_event *ev) {
     gen *g = ctx;
     server *S = g->srv;
@@ -82,7 +84,21 @@ void on_event(void *ctx, const ib_sched_event *ev) {
             g->inflight = 0;
             pthread_mutex_unlock(&S->mu);
         }
-        if (g->ss) {
+        if (g->ss && g->oom) {
+            /* tokens are missing from g->tok: the session's KV holds tokens its history lacks, so it
+             * cannot go on. It is evicted, nothing is stored (with a store, its next request loads it
+             * as it was before this generation). */
+            sess *ss = g->ss;
+            pthread_mutex_lock(&g->mu);
+            g->commit = 0;
+            pthread_mutex_unlock(&g->mu);
+            pthread_mutex_lock(&S->mu);
+            ss->busy = 0;
+            pthread_mutex_unlock(&S->mu);
+            sess_evict(S, ss);
+            sess_unref(S, ss);
+            g->ss = NULL;
+        } else if (g->ss) {
             sess *ss = g->ss;
             pthread_mutex_lock(&S->mu);
             /* the prompt was kept at pending[0, n_prompt) (appends are refused while busy): its unfed
@@ -123,7 +139,7 @@ void on_event(void *ctx, const ib_sched_event *ev) {
         }
         pthread_mutex_lock(&g->mu);
         g->done = 1;
-        snprintf(g->finish, sizeof g->finish, "%s", ev->finish);
+        snprintf(g->finish, sizeof g->finish, "%s", g->oom ? "error" : ev->finish);
         g->fed = ev->prompt_fed;
         pthread_cond_broadcast(&g->cv);
         pthread_mutex_unlock(&g->mu);
@@ -131,7 +147,7 @@ void on_event(void *ctx, const ib_sched_event *ev) {
         return;
     }
     pthread_mutex_lock(&g->mu);
-    if (g->n == g->cap) {
+    if (g->n == g->cap && !g->oom) {
         int nc = g->cap ? 2 * g->cap : 64;
         int32_t *t = realloc(g->tok, (size_t)nc * sizeof *t);
         if (t) g->tok = t;
@@ -158,6 +174,14 @@ void on_event(void *ctx, const ib_sched_event *ev) {
             g->top_lp[(size_t)g->n * g->n_top + i] = i < ev->n_top ? ev->top_logprob[i] : 0.0;
         }
         g->n++;
+    } else { /* out of memory: the token is lost, so the answer would be cut short; stop the job (again
+              * on each later token: before run_gen knows the job's id, g->job is 0, which no job has) */
+        if (!g->oom && S->log) {
+            fprintf(S->log, "isobatch serve: %s: out of memory recording token %d: the generation fails\n", g->id, g->n);
+            fflush(S->log);
+        }
+        g->oom = 1;
+        ib_sched_cancel(S->sched, g->job);
     }
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
@@ -450,7 +474,11 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
                                           "\"code\":\"store_error\"}}\n\n";
                 out_append(g, se, sizeof se - 1);
             } else if (!strcmp(finish_reason(g), "error")) {
-                out_append(g, "data: {\"error\":{\"message\":\"generation failed\",\"type\":\"server_error\"}}\n\n", 72);
+                static const char ge[] = "data: {\"error\":{\"message\":\"generation failed\",\"type\":\"server_error\"}}\n\n";
+                static const char oe[] = "data: {\"error\":{\"message\":\"generation failed: out of memory recording its "
+                                          "tokens\",\"type\":\"server_error\"}}\n\n";
+                if (g->oom) out_append(g, oe, sizeof oe - 1);
+                else out_append(g, ge, sizeof ge - 1);
             } else
                 out_chunk(g, show, show, k, k, finish_reason(g));
             if (g->include_usage) {
@@ -596,8 +624,10 @@ enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session 
         ret = send_error(S, c, 503, "server_error", "store_error", NULL,
                          "the session's tokens could not be stored; the session is back at its last stored state");
     } else if (!strcmp(g->finish, "error")) {
+        int oom = g->oom;
         pthread_mutex_unlock(&g->mu);
-        ret = send_error(S, c, 500, "server_error", NULL, NULL, "generation failed");
+        ret = send_error(S, c, 500, "server_error", NULL, NULL, "generation failed%s",
+                         oom ? ": out of memory recording its tokens" : "");
     } else if (!strcmp(g->finish, "cancelled") && !g->stopped) {
         pthread_mutex_unlock(&g->mu);
         if (S->draining)

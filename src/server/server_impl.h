@@ -81,6 +81,8 @@ typedef struct gen {
     int32_t *top_ids;         /* [n][n_top] the most likely tokens at each step */
     double *top_lp;           /* [n][n_top] their logprobs */
     int n, cap;
+    int oom;                  /* a token could not be recorded (out of memory): the job was cancelled
+                               * and the generation ends as an error, never as a shorter answer */
     int done;
     char finish[16];
     int fed;

@@ -394,7 +394,9 @@ static void small_word(const tok_merges *m, int32_t *sym, int32_t *prev, int32_t
     }
 }
 
-/* Merge the ns symbols of sym (prev/next not yet set) and append the ids to out. */
+/* Merge the ns symbols of s->sym (prev/next not yet set; the scratch holds ns) by the merge ranks, the
+ * lowest rank first and, among equal ranks, the leftmost pair first, and append the resulting ids to
+ * out. The one merge loop of both BPE front ends (bytes, and characters with byte fallback). */
 static void merge_symbols(const ib_tokenizer *t, size_t ns, tok_bpe_scratch *s, tok_ids *out) {
     int32_t *sym = s->sym, *prev = s->prev, *next = s->next;
     for (size_t i = 0; i < ns; i++) {
@@ -477,32 +479,8 @@ static void bpe_word(const ib_tokenizer *t, const unsigned char *w, size_t n, to
             return;
         }
     }
-    int32_t *sym = s->sym, *prev = s->prev, *next = s->next;
-    for (size_t i = 0; i < n; i++) {
-        sym[i] = t->byte_id[w[i]];
-        prev[i] = (int32_t)i - 1;
-        next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
-    }
-    if (n <= SMALL_WORD) {
-        small_word(&t->merges, sym, prev, next);
-        for (int32_t i = 0; i >= 0; i = next[i]) tok_ids_push(out, sym[i]);
-        return;
-    }
-    size_t nh = 0;
-    for (size_t i = 0; i + 1 < n; i++) push_pair(&t->merges, s, &nh, (int32_t)i, (int32_t)i + 1);
-    while (nh) {
-        struct tok_heap_ent e = heap_pop(s->heap, &nh);
-        int32_t l = e.pos, r = e.right;
-        if (sym[l] != e.lid || next[l] != r || sym[r] != e.rid) continue;   /* stale */
-        sym[l] = e.merged;
-        sym[r] = -1;
-        int32_t nx = next[r];
-        next[l] = nx;
-        if (nx >= 0) prev[nx] = l;
-        if (prev[l] >= 0) push_pair(&t->merges, s, &nh, prev[l], l);
-        if (nx >= 0) push_pair(&t->merges, s, &nh, l, nx);
-    }
-    for (int32_t i = 0; i >= 0; i = next[i]) tok_ids_push(out, sym[i]);
+    for (size_t i = 0; i < n; i++) s->sym[i] = t->byte_id[w[i]];
+    merge_symbols(t, n, s, out);
 }
 
 /* ---------------------------------------------------------------- character pairs (byte fallback) */
