@@ -20,7 +20,10 @@ out=${2:-/tmp/amx_check.txt}
 bin=$build/isobatch
 model=models/default
 prompts=examples/prompts.txt
+# overridable to try the script itself on another machine (the defaults are the AMX run's)
 threads=${AMX_CHECK_THREADS:-16}
+base=${AMX_CHECK_BASE_ISA:-avx512} # the ISA amx is compared with
+batches=${AMX_CHECK_BATCHES:-1,16,64}
 mkdir -p "$(dirname "$out")"
 : >"$out"
 tmp=$(mktemp -d /tmp/amx_check_XXXXXX)
@@ -69,7 +72,7 @@ for act in q8 f32; do
             ref=$(digests --isa scalar --act $act --kv-dtype $kv $sched)
             line="act $act kv $kv $sched:"
             ok=1
-            for isa in avx512 amx; do
+            for isa in $base amx; do
                 # shellcheck disable=SC2086
                 d=$(digests --isa $isa --act $act --kv-dtype $kv $sched)
                 if [ -z "$d" ]; then
@@ -88,7 +91,7 @@ for act in q8 f32; do
         done
     done
 done
-say "generate digests scalar/avx512/amx: $n_same of $n_cfg configurations equal ($(($(date +%s) - t0)) s)"
+say "generate digests scalar/$base/amx: $n_same of $n_cfg configurations equal ($(($(date +%s) - t0)) s)"
 [ $n_same = $n_cfg ] || fail "digests differ across ISAs"
 timeout 300 "$bin" generate -m "$model" --prompts-file "$prompts" -n 24 --isa amx --batch 8 --prefill-chunk 5 \
     --check-serial >"$tmp/serial.log" 2>&1
@@ -107,24 +110,24 @@ fi
 t0=$(date +%s)
 qm=$tmp/q06
 if timeout 300 "$bin" mkmodel --preset qwen3-0.6b --bits 4 --out "$qm" >"$tmp/mkmodel.log" 2>&1; then
-    for isa in avx512 amx; do
-        timeout 400 "$bin" bench -m "$qm" --isa $isa --batch 1,16,64 --prompt 128 --gen 32 --threads "$threads" \
+    for isa in $base amx; do
+        timeout 400 "$bin" bench -m "$qm" --isa $isa --batch "$batches" --prompt 128 --gen 32 --threads "$threads" \
             --reps 3 >"$tmp/bench_$isa.log" 2>&1
         rc=$?
         say "--- isobatch bench --isa $isa (rc $rc)"
-        sed 's/^/  /' "$tmp/bench_$isa.log" | tee -a "$out" >/dev/null
+        sed 's/^/  /' "$tmp/bench_$isa.log" | tee -a "$out"
         [ $rc = 0 ] || fail "bench --isa $isa rc $rc"
     done
-    p512=$(sed -n 's/^prefill [0-9]* tokens: *\([0-9.]*\) tok\/s.*/\1/p' "$tmp/bench_avx512.log")
+    pbase=$(sed -n 's/^prefill [0-9]* tokens: *\([0-9.]*\) tok\/s.*/\1/p' "$tmp/bench_$base.log")
     pamx=$(sed -n 's/^prefill [0-9]* tokens: *\([0-9.]*\) tok\/s.*/\1/p' "$tmp/bench_amx.log")
-    say "speed (tok/s, median of 3)        avx512        amx   amx/avx512"
-    say "$(awk -v a="${p512:-0}" -v b="${pamx:-0}" 'BEGIN { printf "  prefill 128 tokens       %10.1f %10.1f   %6.2fx", a, b, a > 0 ? b / a : 0 }')"
-    for b in 1 16 64; do
-        d512=$(awk -v b=$b '$1 == b && $2 ~ /^[0-9.]+$/ { print $2; exit }' "$tmp/bench_avx512.log")
+    say "$(printf 'speed (tok/s, median of 3)  %10s %10s   amx/%s' "$base" amx "$base")"
+    say "$(awk -v a="${pbase:-0}" -v b="${pamx:-0}" 'BEGIN { printf "  prefill 128 tokens       %10.1f %10.1f   %6.2fx", a, b, (a > 0 ? b / a : 0) }')"
+    for b in ${batches//,/ }; do
+        dbase=$(awk -v b=$b '$1 == b && $2 ~ /^[0-9.]+$/ { print $2; exit }' "$tmp/bench_$base.log")
         damx=$(awk -v b=$b '$1 == b && $2 ~ /^[0-9.]+$/ { print $2; exit }' "$tmp/bench_amx.log")
-        say "$(awk -v n=$b -v a="${d512:-0}" -v c="${damx:-0}" 'BEGIN { printf "  decode batch %-3d         %10.1f %10.1f   %6.2fx", n, a, c, a > 0 ? c / a : 0 }')"
+        say "$(awk -v n=$b -v a="${dbase:-0}" -v c="${damx:-0}" 'BEGIN { printf "  decode batch %-3d         %10.1f %10.1f   %6.2fx", n, a, c, (a > 0 ? c / a : 0) }')"
     done
-    speed="prefill avx512 ${p512:-?} amx ${pamx:-?} tok/s"
+    speed="prefill $base ${pbase:-?} amx ${pamx:-?} tok/s"
 else
     fail "mkmodel --preset qwen3-0.6b --bits 4: $(tail -1 "$tmp/mkmodel.log")"
     speed="no bench"
