@@ -25,8 +25,9 @@
  * one group is unpacked into a [G/4][64] byte buffer (low nibbles -> VNNI row 2c, high -> row 2c+1).
  *
  * BLOCKING. Panels in the caller's range one at a time; rows in blocks of up to 64 (4 row tiles) whose
- * float accumulators live in a [64][16] stack buffer; all of K per row block, group by group. The
- * panel's weights (a few KiB to tens of KiB) stay in cache across its row blocks.
+ * float accumulators live in a [64][16] stack buffer; all of K per row block, group by group; then
+ * the panel's rows past the last full tile on AVX-512. The panel's weights (a few KiB to tens of KiB)
+ * stay in cache across its row blocks and that tail.
  */
 #if defined(IB_AMX_EMULATE)
 /* A test (tests/test_amx_emul.c) includes this file with the AMX_* operations below defined as C
@@ -177,8 +178,9 @@ static void amx_row_block(const ib_matrix *m, int p, const ib_act_buf *q, int b0
 }
 
 /* Panels [p0, p1) for all B rows (contract in ops/matmul.h): rows 0 .. 16*floor(B/16)-1 of a
- * Q8-activation product on tiles, the rest by the AVX-512 kernel. The tiles are configured on entry
- * and released on return, so the thread holds no tile state between products. */
+ * Q8-activation product on tiles, the rest by the AVX-512 kernel, panel by panel (each panel's
+ * weights are read from memory once for all its rows). The tiles are configured on entry and released
+ * on return, so the thread holds no tile state between products. */
 void AMX_KERNEL(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act, int p0, int p1, float *Y,
                 int ldy) {
     const int BA = B / AMX_TILE_ROWS * AMX_TILE_ROWS; /* rows on tiles */
@@ -196,16 +198,16 @@ void AMX_KERNEL(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, 
     AMX_ZERO(1);
     AMX_ZERO(2);
     AMX_ZERO(3);
-    for (int p = p0; p < p1; p++)
+    const ib_act_buf qt = {q->xq + (size_t)BA * K, q->d + (size_t)BA * ng, q->ad + (size_t)BA * ng}; /* tail rows */
+    for (int p = p0; p < p1; p++) {
         for (int b0 = 0; b0 < BA; b0 += AMX_RBLOCK) {
             int nt = (BA - b0) / AMX_TILE_ROWS;
             amx_row_block(m, p, q, b0, nt < AMX_ROW_TILES ? nt : AMX_ROW_TILES, desc, Y, ldy, wq4);
         }
-    AMX_RELEASE();
-    if (BA < B) {
-        const ib_act_buf qt = {q->xq + (size_t)BA * K, q->d + (size_t)BA * ng, q->ad + (size_t)BA * ng};
-        AMX_TAIL_KERNEL(m, X ? X + (size_t)BA * K : NULL, B - BA, &qt, act, p0, p1, Y + (size_t)BA * ldy, ldy);
+        /* the rows past the last full tile, while the panel is in cache (the AVX-512 code touches no tile) */
+        if (BA < B) AMX_TAIL_KERNEL(m, X ? X + (size_t)BA * K : NULL, B - BA, &qt, act, p, p + 1, Y + (size_t)BA * ldy, ldy);
     }
+    AMX_RELEASE();
 }
 
 #else
