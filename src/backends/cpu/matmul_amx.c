@@ -66,17 +66,19 @@ typedef struct amx_tilecfg {
     uint16_t colsb[16];   /* bytes per row of tmm i */
     uint8_t rows[16];     /* rows of tmm i */
 } amx_tilecfg;
+_Static_assert(sizeof(amx_tilecfg) == 64, "LDTILECFG reads 64 bytes");
 
-/* Load the configuration described above for K-steps of ks bytes (32 or 64). */
+/* The configuration described above for K-steps of KS bytes: C tiles 0..3 of 16 rows x 64 bytes, B
+ * (tile 4) of KS/4 rows x 64 bytes, A (tiles 5, 6) of 16 rows x KS bytes. Constant data: nothing for
+ * the compiler to drop or reorder in front of LDTILECFG, whose asm names only the first 8 bytes. */
+#define AMX_CFG(KS) { .palette = 1, .colsb = {64, 64, 64, 64, 64, KS, KS}, .rows = {16, 16, 16, 16, KS / 4, 16, 16} }
+static const amx_tilecfg amx_cfg_ks32 __attribute__((aligned(64))) = AMX_CFG(32);
+static const amx_tilecfg amx_cfg_ks64 __attribute__((aligned(64))) = AMX_CFG(64);
+
+/* Load the configuration for K-steps of ks bytes (32 or 64). */
 static void amx_configure(int ks) {
-    amx_tilecfg c __attribute__((aligned(64)));
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 4; t++) c.colsb[t] = 64, c.rows[t] = AMX_TILE_ROWS;           /* C */
-    c.colsb[4] = 64, c.rows[4] = (uint8_t)(ks / 4);                                      /* B */
-    for (int t = 5; t <= 6; t++) c.colsb[t] = (uint16_t)ks, c.rows[t] = AMX_TILE_ROWS; /* A */
     AMX_MEMORY_BARRIER();
-    AMX_CONFIG(&c);
+    AMX_CONFIG(ks == 32 ? &amx_cfg_ks32 : &amx_cfg_ks64);
 }
 
 /* Unpack group g of 4-bit panel P (group size G) into VNNI rows: out [G/4][64] bytes, row 2i = the low
