@@ -10,8 +10,9 @@
 #      --batch 8 --prefill-chunk 5): --isa scalar, avx512 and amx must give the same digests; one act f32
 #      configuration too; --check-serial under amx; --inject amx-group-order must change amx's digests
 #      (the engine's products really run on tiles).
-#   4. speed: isobatch bench on a qwen3-0.6b-shaped 4-bit model, --isa avx512 vs amx, --batch 1,16,64
-#      --prompt 128 --gen 32 --threads 16: prefill and decode tok/s side by side.
+#   4. speed: bench_matmul (if BUILD_DIR has it) at 16, 64 and 128 rows, avx512 vs amx; isobatch bench
+#      on a qwen3-0.6b-shaped 4-bit model, --isa avx512 vs amx, --batch 1,16,64 --prompt 128 --gen 32
+#      --threads 16: prefill and decode tok/s side by side.
 # About 2-4 minutes on 16 cores. Exit status 0 when every check passed (the speed figures are not
 # judged).
 set -u
@@ -108,6 +109,17 @@ fi
 
 # ---- 4. speed: avx512 vs amx
 t0=$(date +%s)
+# the kernels alone (optional: BUILD_DIR/bench_matmul, built as bench/bench_matmul.c says): one 1024 -> 3072
+# product, Q8 activations, 4- and 8-bit weights, 1 and 2 threads
+if [ -x "$build/bench_matmul" ]; then
+    for isa in $base amx; do
+        IB_BENCH_ISA=$isa timeout 120 "$build/bench_matmul" 16 64 128 >"$tmp/bm_$isa.log" 2>&1
+        say "--- bench_matmul --isa $isa (rc $?), Q8-activation rows: isa w act B threads us GB/s GMAC/s"
+        grep -E "^$isa +q[48] +q8 " "$tmp/bm_$isa.log" | sed 's/^/  /' | tee -a "$out"
+    done
+else
+    say "(no $build/bench_matmul: the kernel-only timing skipped)"
+fi
 qm=$tmp/q06
 if timeout 300 "$bin" mkmodel --preset qwen3-0.6b --bits 4 --out "$qm" >"$tmp/mkmodel.log" 2>&1; then
     for isa in $base amx; do
