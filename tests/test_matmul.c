@@ -9,8 +9,8 @@
  *      threads give the same bits; padding columns of Y (ldy > N) are never written.
  *  (c) MLX unpacking of hand-built 4- and 8-bit codes, and argument validation.
  *  (d) fault injection: IB_FAULT_GEMV_GEMM and IB_FAULT_ISA_FMA make the invariance checks fail, and
- *      (where the CPU has AMX) IB_FAULT_AMX_GROUP_ORDER breaks exactly the rows the AMX kernel puts
- *      on tiles.
+ *      (where the CPU has AMX) IB_FAULT_AMX_GROUP_ORDER changes the rows the AMX kernel puts on tiles
+ *      (most of them: a row can come out the same by chance) and no others.
  * The amx ISA runs every check the others run (its tiles take the Q8 products' rows in multiples of
  * 16: the 17-, 33- and 150-row products and the row counts 1..70 reach them); on a CPU without AMX
  * the test says `SKIP amx: <why>` and runs the rest.
