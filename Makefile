@@ -66,13 +66,15 @@ HELPER_BIN := $(BUILD)/tests/pg_store_check
 EX_SRC   := $(wildcard examples/*.c)
 EX_BIN   := $(EX_SRC:examples/%.c=$(BUILD)/examples/%)
 
-# Per-file ISA flags: only the kernels named *_avx2.c / *_avx512.c may use those instructions; the
+# Per-file ISA flags: only the kernels named *_avx2.c / *_avx512.c / *_amx.c may use those instructions; the
 # CPU is checked at run time before they are called. On other architectures those files compile to
 # nothing. (matmul_neon.c needs no flags: Advanced SIMD is baseline on aarch64 and the dot-product
 # functions carry their own target attribute; on other architectures it compiles to nothing.)
 ifneq ($(filter x86_64% i386% i486% i586% i686%,$(shell $(CC) -dumpmachine)),)
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
+# matmul_amx.c: AVX-512 plus the AMX tile and int8 instructions (64-bit x86 only: elsewhere it compiles to nothing)
+AMX_FLAGS    := $(AVX512_FLAGS) -mamx-tile -mamx-int8
 endif
 
 .PHONY: all test asan examples clean run neon-test
@@ -92,6 +94,10 @@ $(BUILD)/%_avx2.o: %_avx2.c
 $(BUILD)/%_avx512.o: %_avx512.c
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) $(AVX512_FLAGS) -c $< -o $@
+
+$(BUILD)/%_amx.o: %_amx.c
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) $(AMX_FLAGS) -c $< -o $@
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
@@ -171,7 +177,7 @@ FUZZ_CFLAGS   = $(filter-out -fvect-cost-model=dynamic -DIB_HAVE_CUDA,$(IB_BASE_
 FUZZ_OBJ     := $(SRC:%.c=$(FUZZ_BUILD)/%.o)
 FUZZ_BIN     := $(patsubst fuzz/%.c,$(FUZZ_BUILD)/fuzz/%,$(wildcard fuzz/fuzz_*.c))
 
-# The AVX2/AVX-512 kernel copies take clang minutes each under the sanitizers and no fuzzed input
+# The AVX2/AVX-512/AMX kernel copies take clang minutes each under the sanitizers and no fuzzed input
 # reaches them: built as in the plain build, by $(CC).
 $(FUZZ_BUILD)/%_avx2.o: %_avx2.c
 	@mkdir -p $(@D)
@@ -180,6 +186,10 @@ $(FUZZ_BUILD)/%_avx2.o: %_avx2.c
 $(FUZZ_BUILD)/%_avx512.o: %_avx512.c
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) $(AVX512_FLAGS) -c $< -o $@
+
+$(FUZZ_BUILD)/%_amx.o: %_amx.c
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) $(AMX_FLAGS) -c $< -o $@
 
 $(FUZZ_BUILD)/src/%.o: src/%.c
 	@mkdir -p $(@D)

@@ -5,7 +5,7 @@
  * `make`; after `make build/libisobatch.a`:
  *
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -pthread bench/bench_matmul.c build/libisobatch.a \
- *      -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lsqlite3 -lm -pthread -o build/bench_matmul && ./build/bench_matmul
+ *      -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lsqlite3 -lpq -lm -pthread -o build/bench_matmul && ./build/bench_matmul
  *
  * "GB/s" is the matrix's in-memory bytes (packed weights + scales/biases) per second; the
  * matrix is small enough to stay in a large L3, so it can exceed DRAM bandwidth.
@@ -124,7 +124,7 @@ int main(int argc, char **argv) {
     printf("matrix K=%d -> N=%d, group %d; times per product%s\n", K, N, G,
            singles > 0 ? " (fastest of single products)" : "");
     printf("%-7s %-4s %-4s %3s %3s %10s %9s %9s\n", "isa", "w", "act", "B", "thr", "us", "GB/s", "GMAC/s");
-    for (int isa = IB_ISA_SCALAR; isa <= IB_ISA_AVX512; isa++) {
+    for (int isa = IB_ISA_SCALAR; isa <= IB_ISA_AMX; isa++) {
         if (!ib_isa_supported((ib_isa)isa) || (only != IB_ISA_AUTO && isa != (int)only)) continue;
         for (int mi = 0; mi < 3; mi++)
             for (int act = IB_ACT_F32; act <= IB_ACT_Q8; act++) {

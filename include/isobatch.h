@@ -111,8 +111,10 @@ typedef struct ib_error {
 /* ---------------------------------------------------------------- numeric options */
 
 /* Instruction set for the CPU kernels. AUTO picks the best the CPU supports. All give the same bits.
- * AVX2 and AVX512 exist on x86-64 builds, NEON (AArch64 Advanced SIMD) on aarch64 builds. */
-typedef enum ib_isa { IB_ISA_AUTO = 0, IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512, IB_ISA_NEON } ib_isa;
+ * AVX2, AVX512 and AMX exist on x86-64 builds, NEON (AArch64 Advanced SIMD) on aarch64 builds. AMX is
+ * AVX512 whose Q8-activation products of 16 rows or more run on AMX-INT8 tiles (Linux grants the tile
+ * state on request). */
+typedef enum ib_isa { IB_ISA_AUTO = 0, IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512, IB_ISA_NEON, IB_ISA_AMX } ib_isa;
 
 /* Activation mode for matrix products. F32: float activations against dequantized weights (the
  * accuracy path). Q8: activations quantized to int8 per weight group, exact integer block dot
@@ -123,7 +125,7 @@ typedef enum ib_act { IB_ACT_AUTO = 0, IB_ACT_F32, IB_ACT_Q8 } ib_act;
 /* Name of an ISA ("scalar", …), and whether this CPU can run it. */
 const char *ib_isa_name(ib_isa isa);
 int ib_isa_supported(ib_isa isa);
-/* Parse "auto|scalar|avx2|avx512|neon" / "auto|f32|q8"; return 0 on success, -1 on an unknown name. */
+/* Parse "auto|scalar|avx2|avx512|neon|amx" / "auto|f32|q8"; return 0 on success, -1 on an unknown name. */
 int ib_isa_parse(const char *s, ib_isa *out);
 int ib_act_parse(const char *s, ib_act *out);
 
@@ -639,6 +641,8 @@ typedef enum ib_fault {
     IB_FAULT_GPU_SPLIT_K,         /* the CUDA backend splits its Q8 products' K over blocks, adding the partial
                                    * sums with atomics in whatever order they finish (the "any order" product) */
     IB_FAULT_KV_RING_SHORT,       /* sessions made under it keep sliding-window rings one slot too small */
+    IB_FAULT_AMX_GROUP_ORDER,     /* the AMX kernel adds its tiles' groups in descending order (only rows it
+                                   * computes on tiles: products of 16 rows or more) */
     IB_FAULT_COUNT
 } ib_fault;
 

@@ -63,7 +63,7 @@ for mode in greedy seeded; do
         gen12 $flags "${S[@]}" > "$T/out12"
         cmp -s "$T/ref12" "$T/out12" && ok || bad "$mode: generate $flags differs from --batch 1 --threads 1 --isa scalar"
     done
-    for isa in scalar avx2 avx512 neon; do
+    for isa in scalar avx2 avx512 neon amx; do
         if gen12 --batch 4 --threads 2 --isa $isa "${S[@]}" > "$T/out12"; then
             cmp -s "$T/ref12" "$T/out12" && ok || bad "$mode: --isa $isa differs from scalar"
         elif grep -q "not supported" "$T/gen12.err"; then
@@ -234,8 +234,13 @@ expect_error "bad isa" "--isa: unknown 'sse9'" "$B" generate -m "$T/m" -p hi --i
 # an ISA of the other architecture is a known name that this build never supports
 case "$(uname -m)" in
     x86_64) expect_error "neon on x86" "isa neon: not supported" "$B" generate -m "$T/m" -p hi --isa neon ;;
-    aarch64) expect_error "avx2 on aarch64" "isa avx2: not supported" "$B" generate -m "$T/m" -p hi --isa avx2 ;;
+    aarch64) expect_error "avx2 on aarch64" "isa avx2: not supported" "$B" generate -m "$T/m" -p hi --isa avx2
+             expect_error "amx on aarch64" "isa amx: not supported by this CPU or build" "$B" generate -m "$T/m" -p hi --isa amx ;;
 esac
+# amx where the CPU (or the OS) has no AMX-INT8: the same one-line refusal, never another ISA in its place
+if ! "$BIN" --version | grep -q "^kernels:.* amx"; then
+    expect_error "amx not on this CPU" "isa amx: not supported by this CPU or build" "$B" generate -m "$T/m" -p hi --isa amx
+fi
 expect_error "no prompt" "no prompt" "$B" generate -m "$T/m"
 expect_error "missing dir" "$T/none" "$B" generate -m "$T/none" -p hi
 expect_error "bad prompt id" "--prompt-ids: bad id" "$B" generate -m "$T/m" --prompt-ids 1,2,99999

@@ -95,8 +95,8 @@ int main(void) {
     if (!mkdtemp(d4) || !mkdtemp(d32)) return 1;
     ib_model *m4 = make_model(d4, 4), *m32 = make_model(d32, 32);
     CHECK(m4 && m32, "tiny models load");
-    static const ib_isa isas[] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512, IB_ISA_NEON};
-    for (int i = 0; m4 && m32 && i < 4; i++) {
+    static const ib_isa isas[] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512, IB_ISA_NEON, IB_ISA_AMX};
+    for (int i = 0; m4 && m32 && i < 5; i++) {
         if (!ib_isa_supported(isas[i])) continue;
         char what[96];
         snprintf(what, sizeof what, "cpu %s q8 4-bit", ib_isa_name(isas[i]));
@@ -106,7 +106,7 @@ int main(void) {
         snprintf(what, sizeof what, "cpu %s f32 float32 weights", ib_isa_name(isas[i]));
         check_exact(m32, IB_BACKEND_CPU, isas[i], IB_ACT_F32, 2, what);
         printf("cpu backend, isa %s: every op bitwise equal to the scalar reference (q8, f32)\n", ib_isa_name(isas[i]));
-        if (isas[i] == IB_ISA_AVX2 || isas[i] == IB_ISA_AVX512) {
+        if (isas[i] == IB_ISA_AVX2 || isas[i] == IB_ISA_AVX512 || isas[i] == IB_ISA_AMX) {
             snprintf(what, sizeof what, "cpu %s f32", ib_isa_name(isas[i]));
             check_fault(m4, isas[i], IB_ACT_F32, IB_FAULT_ISA_FMA, "linear q/k/v", what);
             check_fault(m4, isas[i], IB_ACT_F32, IB_FAULT_ISA_FMA, "kv store + attention", what);

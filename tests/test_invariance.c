@@ -137,7 +137,7 @@ static void check_clean(const ib_model *m, ib_act act, int sampled, const char *
 #if defined(__aarch64__)
     static const ib_isa isas[] = {IB_ISA_SCALAR, IB_ISA_NEON};
 #else
-    static const ib_isa isas[] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512};
+    static const ib_isa isas[] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512, IB_ISA_AMX};
 #endif
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
         if (!ib_isa_supported(isas[i])) {
@@ -246,7 +246,7 @@ int main(void) {
 #if defined(__aarch64__)
     static const ib_isa vec_isas[] = {IB_ISA_NEON};
 #else
-    static const ib_isa vec_isas[] = {IB_ISA_AVX2, IB_ISA_AVX512};
+    static const ib_isa vec_isas[] = {IB_ISA_AVX2, IB_ISA_AVX512, IB_ISA_AMX};
 #endif
     int n_vec = 0;
     for (size_t i = 0; i < sizeof vec_isas / sizeof vec_isas[0]; i++) {

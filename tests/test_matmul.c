@@ -8,10 +8,18 @@
  *      1-row product of row b; any prefix of rows equals the full product's rows; pools of 1, 2, 3
  *      threads give the same bits; padding columns of Y (ldy > N) are never written.
  *  (c) MLX unpacking of hand-built 4- and 8-bit codes, and argument validation.
- *  (d) fault injection: IB_FAULT_GEMV_GEMM and IB_FAULT_ISA_FMA make the invariance checks fail.
+ *  (d) fault injection: IB_FAULT_GEMV_GEMM and IB_FAULT_ISA_FMA make the invariance checks fail, and
+ *      (where the CPU has AMX) IB_FAULT_AMX_GROUP_ORDER changes the rows the AMX kernel puts on tiles
+ *      (most of them: a row can come out the same by chance) and no others.
+ * The amx ISA runs every check the others run (its tiles take the Q8 products' rows in multiples of
+ * 16: the 17-, 33- and 150-row products and the row counts 1..70 reach them); on a CPU without AMX
+ * the test says `SKIP amx: <why>` and runs the rest.
  */
 #include <math.h>
 #include <stdint.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -269,7 +277,7 @@ static void check_accuracy_q8(const wset *w, const float *x, const int8_t *xq, c
 /* ---------------------------------------------------------------- the invariance checks */
 
 static ib_pool *pools[4]; /* [t] = pool of t threads, t = 1..3 */
-static ib_isa isas[4];
+static ib_isa isas[6];
 static int n_isas;
 
 /* Run one product into y [B][ldy] (sentinel-filled first); check that the padding columns stay. */
@@ -580,6 +588,7 @@ static void test_isa_api(void) {
     CHECK(ib_isa_parse("avx2", &i) == 0 && i == IB_ISA_AVX2, "parse avx2");
     CHECK(ib_isa_parse("avx512", &i) == 0 && i == IB_ISA_AVX512, "parse avx512");
     CHECK(ib_isa_parse("neon", &i) == 0 && i == IB_ISA_NEON, "parse neon");
+    CHECK(ib_isa_parse("amx", &i) == 0 && i == IB_ISA_AMX, "parse amx");
     CHECK(ib_isa_parse("scalar", &i) == 0 && i == IB_ISA_SCALAR, "parse scalar");
     CHECK(ib_isa_parse("auto", &i) == 0 && i == IB_ISA_AUTO, "parse auto");
     CHECK(ib_isa_parse("sse9", &i) == -1 && i == IB_ISA_AUTO, "parse unknown");
@@ -590,20 +599,27 @@ static void test_isa_api(void) {
     CHECK(ib_act_parse("f16", &a) == -1, "parse unknown act");
     CHECK(strcmp(ib_isa_name(IB_ISA_AVX512), "avx512") == 0, "name avx512");
     CHECK(strcmp(ib_isa_name(IB_ISA_NEON), "neon") == 0, "name neon");
+    CHECK(strcmp(ib_isa_name(IB_ISA_AMX), "amx") == 0, "name amx");
     CHECK(strcmp(ib_isa_name((ib_isa)99), "unknown") == 0, "name unknown");
     CHECK(ib_isa_supported(IB_ISA_SCALAR) == 1, "scalar supported");
     CHECK(ib_isa_supported((ib_isa)99) == 0, "bogus isa unsupported");
     CHECK(ib_isa_supported(ib_isa_best()), "best isa supported");
-    if (ib_isa_supported(IB_ISA_AVX512)) CHECK_EQ_INT(ib_isa_best(), IB_ISA_AVX512);
+    if (ib_isa_supported(IB_ISA_AMX)) CHECK_EQ_INT(ib_isa_best(), IB_ISA_AMX);
+    else if (ib_isa_supported(IB_ISA_AVX512)) CHECK_EQ_INT(ib_isa_best(), IB_ISA_AVX512);
+    CHECK(!ib_isa_supported(IB_ISA_AMX) || ib_isa_supported(IB_ISA_AVX512), "amx without avx512");
     CHECK(ib_matmul_kernel_for(IB_ISA_SCALAR) == ib_matmul_panels_scalar, "kernel table scalar");
 #if defined(__x86_64__) || defined(__i386__)
     CHECK(ib_matmul_kernel_for(IB_ISA_AVX2) == ib_matmul_panels_avx2, "kernel table avx2");
     CHECK(ib_matmul_kernel_for(IB_ISA_AVX512) == ib_matmul_panels_avx512, "kernel table avx512");
     CHECK(ib_matmul_kernel_for(IB_ISA_NEON) == NULL && !ib_isa_supported(IB_ISA_NEON), "no NEON on x86");
+#if defined(__x86_64__)
+    CHECK(ib_matmul_kernel_for(IB_ISA_AMX) == ib_matmul_panels_amx, "kernel table amx");
+#endif
 #elif defined(__aarch64__)
     CHECK(ib_matmul_kernel_for(IB_ISA_NEON) == ib_matmul_panels_neon, "kernel table neon");
     CHECK(ib_matmul_kernel_for(IB_ISA_AVX2) == NULL && !ib_isa_supported(IB_ISA_AVX2), "no AVX2 on aarch64");
     CHECK_EQ_INT(ib_isa_best(), IB_ISA_NEON);
+    CHECK(ib_matmul_kernel_for(IB_ISA_AMX) == NULL && !ib_isa_supported(IB_ISA_AMX), "no AMX on aarch64");
 #endif
     CHECK(ib_matmul_kernel_for((ib_isa)7) == NULL, "kernel table bogus");
 }
@@ -678,6 +694,63 @@ static void test_faults(void) {
     wset_free(&wq);
 }
 
+/* The AMX kernel's own fault: under IB_FAULT_AMX_GROUP_ORDER the rows it computes on tiles (the first
+ * 16*floor(B/16) of a Q8 product) add their groups in descending order, so they must differ from the
+ * definition while the other rows (on AVX-512) and products of fewer than 16 rows still equal it;
+ * without the fault all rows equal it. 4-bit and 8-bit weights, groups 32 and 128 (both tile
+ * K-steps). Runs only where the CPU has AMX. */
+static void test_amx_fault(void) {
+    enum { N = 40, K = 512, B = 40 };
+    static const int kinds[2][2] = {{4, 32}, {8, 128}};
+    for (int c = 0; c < 2; c++) {
+        const int bits = kinds[c][0], G = kinds[c][1], ng = K / G;
+        wset w;
+        if (wset_make(&w, bits, G, N, K)) {
+            CHECK(0, "amx fault: building the matrix failed");
+            wset_free(&w);
+            return;
+        }
+        float *x = malloc(sizeof(float) * B * K), *canon = malloc(sizeof(float) * B * N), *y = malloc(sizeof(float) * B * N);
+        int8_t *xq = malloc((size_t)B * K);
+        float *d = malloc(sizeof(float) * B * ng), *ad = malloc(sizeof(float) * B * ng);
+        for (int i = 0; i < B * K; i++) x[i] = rndf();
+        ib_quantize_act(x, B, K, G, xq, d, ad);
+        canon_q8(&w, xq, d, ad, B, canon);
+        ib_act_buf q = {xq, d, ad};
+        ib_fault_set(IB_FAULT_NONE);
+        ib_matmul(&w.m, x, B, &q, IB_ACT_Q8, IB_ISA_AMX, pools[2], y, N);
+        CHECK(same_bits(y, canon, (size_t)B * N), "amx bits %d g%d: differs from the definition without fault", bits, G);
+        ib_fault_set(IB_FAULT_AMX_GROUP_ORDER);
+        ib_matmul(&w.m, x, B, &q, IB_ACT_Q8, IB_ISA_AMX, pools[2], y, N);
+        int tile_rows_differ = 0;
+        for (int b = 0; b < 32; b++) tile_rows_differ += !same_bits(y + (size_t)b * N, canon + (size_t)b * N, N);
+        /* (a row of 40 outputs could come out the same by chance: most must not) */
+        CHECK(tile_rows_differ >= 24, "amx bits %d g%d: amx-group-order changed only %d of the 32 tile rows", bits, G,
+              tile_rows_differ);
+        CHECK(same_bits(y + (size_t)32 * N, canon + (size_t)32 * N, (size_t)(B - 32) * N),
+              "amx bits %d g%d: amx-group-order reached the AVX-512 tail rows", bits, G);
+        ib_matmul(&w.m, x, 15, &q, IB_ACT_Q8, IB_ISA_AMX, pools[2], y, N);
+        CHECK(same_bits(y, canon, (size_t)15 * N), "amx bits %d g%d: amx-group-order reached a 15-row product", bits, G);
+        ib_fault_set(IB_FAULT_NONE);
+        free(x), free(canon), free(y), free(xq), free(d), free(ad);
+        wset_free(&w);
+    }
+}
+
+/* Why this build or CPU cannot run the amx ISA (for the SKIP line). */
+static const char *amx_skip_reason(void) {
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, NULL) < 7) return "the CPU has no CPUID leaf 7";
+    __cpuid_count(7, 0, a, b, c, d);
+    if (!((d >> 24) & 1) || !((d >> 25) & 1)) return "the CPU lacks AMX-TILE / AMX-INT8";
+    if (!ib_isa_supported(IB_ISA_AVX512)) return "the CPU lacks the AVX-512 subset the kernel needs";
+    return "the OS did not grant the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM) or does not enable it";
+#else
+    return "not an x86-64 build";
+#endif
+}
+
 /* ---------------------------------------------------------------- main */
 
 /* ib_matmul_many: several products sharing one input in one pool job give, each, the bits of
@@ -685,7 +758,7 @@ static void test_faults(void) {
  * job holds) and a mix of 4-bit, 8-bit and float weights included. The comparison is shown able to
  * fail: one product's output against another product's. */
 static void test_many(void) {
-    enum { NP = 5, K = 128, G = 64, MANY_B = 9 };
+    enum { NP = 5, K = 128, G = 64, MANY_B = 20 };
     static const int Ns[NP] = {48, 16, 100, 32, 17}, kinds[NP] = {4, 4, 8, 0, 4};
     wset w[NP];
     for (int i = 0; i < NP; i++)
@@ -701,11 +774,11 @@ static void test_many(void) {
     ib_quantize_act(x, MANY_B, K, G, q.xq, q.d, q.ad);
     float *alone[NP], *many[NP];
     for (int i = 0; i < NP; i++) alone[i] = malloc(sizeof(float) * MANY_B * Ns[i]), many[i] = malloc(sizeof(float) * MANY_B * Ns[i]);
-    static const int Bs[] = {1, 3, 9};
+    static const int Bs[] = {1, 3, 9, 20};   /* 20: 16 rows on AMX tiles, 4 on AVX-512 */
     int bad = 0, cases = 0;
     for (int ii = 0; ii < n_isas; ii++)
         for (int t = 1; t <= 3; t++)
-            for (int bi = 0; bi < 3; bi++)
+            for (int bi = 0; bi < 4; bi++)
                 for (int act = 0; act < 2; act++) {
                     ib_act a = act ? IB_ACT_Q8 : IB_ACT_F32;
                     for (int i = 0; i < NP; i++) ib_matmul(ms[i], x, Bs[bi], &q, a, isas[ii], pools[t], alone[i], Ns[i]);
@@ -729,9 +802,12 @@ int main(void) {
     if (ib_isa_supported(IB_ISA_AVX2)) isas[n_isas++] = IB_ISA_AVX2;
     if (ib_isa_supported(IB_ISA_AVX512)) isas[n_isas++] = IB_ISA_AVX512;
     if (ib_isa_supported(IB_ISA_NEON)) isas[n_isas++] = IB_ISA_NEON;
+    const int have_amx = ib_isa_supported(IB_ISA_AMX);
+    if (have_amx) isas[n_isas++] = IB_ISA_AMX;
     printf("test_matmul: ISAs:");
     for (int i = 0; i < n_isas; i++) printf(" %s", ib_isa_name(isas[i]));
     printf("\n");
+    if (!have_amx) printf("SKIP amx: %s\n", amx_skip_reason());
 
     test_isa_api();
     test_quantize_special();
@@ -767,8 +843,12 @@ int main(void) {
     test_row_counts(4, 64, 27 * 16 - 5, 1024);
     test_row_counts(4, 128, 40, 4096);
     test_row_counts(8, 64, 27 * 16 - 5, 1024);
+    test_row_counts(4, 32, 50, 256);    /* group 32: the AMX kernel's 32-byte K-steps */
+    test_row_counts(8, 32, 50, 256);
+    test_row_counts(8, 128, 50, 512);
 
     test_faults();
+    if (have_amx) test_amx_fault();
     test_many();
 
     for (int t = 1; t <= 3; t++) ib_pool_free(pools[t]);

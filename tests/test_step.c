@@ -130,6 +130,17 @@ int main(void) {
         CHECK(ib_engine_create(m, &(ib_engine_opts){.isa = IB_ISA_AVX512}, &ex, &err) == IB_ERR_UNSUPPORTED && !ex,
               "avx512 engine on a CPU without it");
     }
+    if (!ib_isa_supported(IB_ISA_AMX)) {
+        ib_engine *ex;
+        CHECK(ib_engine_create(m, &(ib_engine_opts){.isa = IB_ISA_AMX}, &ex, &err) == IB_ERR_UNSUPPORTED && !ex &&
+                  strstr(err.msg, "isa amx: not supported by this CPU or build"),
+              "amx engine on a CPU without it: %s", err.msg);
+    }
+    {
+        ib_engine *ex;
+        CHECK(ib_engine_create(m, &(ib_engine_opts){.isa = (ib_isa)(IB_ISA_AMX + 1)}, &ex, &err) == IB_ERR_INVALID_ARG && !ex,
+              "an isa past the last accepted");
+    }
 
     /* ib_generate's results: each kept logits row is the one a lone session computes at that token,
      * its greedy argmax is the token, and the digest is 64-bit FNV-1a (offset basis 0xcbf29ce484222325,

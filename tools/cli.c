@@ -144,7 +144,7 @@ size_t cli_utf8_sanitize(const char *s, size_t n, char *out, size_t cap) {
 
 int cli_isa(const char *v, ib_isa *out) {
     if (ib_isa_parse(v, out) == 0) return 0;
-    return cli_usage_error("--isa: unknown '%s' (auto, scalar, avx2, avx512, neon)", v);
+    return cli_usage_error("--isa: unknown '%s' (auto, scalar, avx2, avx512, neon, amx)", v);
 }
 
 int cli_backend(const char *v, ib_backend_kind *out) {

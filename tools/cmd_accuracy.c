@@ -28,7 +28,7 @@ static const char help[] =
     "  --prompt-ids L    the tokens as comma-separated ids instead\n"
     "  --tokens N        compare the first N tokens (default 64; at least 2 are needed)\n"
     "  --act A           f32, q8 or both (default both; q8 is skipped on float models)\n"
-    "  --isa I           engine kernels: auto, scalar, avx2, avx512, neon (default auto)\n"
+    "  --isa I           engine kernels: auto, scalar, avx2, avx512, neon, amx (default auto)\n"
     "  --threads N       engine threads (default: the CPUs online; the reference uses two)\n"
     "  --json            one JSON object\n";
 

@@ -16,7 +16,7 @@
 
 static const char help[] =
     "usage: isobatch generate [-m DIR] (-p TEXT)... [--prompts-file F] [--prompt-ids 1,2,3]... [-n N]\n"
-    "         [--batch B] [--threads T] [--prefill-chunk C|whole] [--isa auto|scalar|avx2|avx512|neon]\n"
+    "         [--batch B] [--threads T] [--prefill-chunk C|whole] [--isa auto|scalar|avx2|avx512|neon|amx]\n"
     "         [--act auto|f32|q8] [--kv-dtype f32|f16] [--temp X] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R]\n"
     "         [--seed S] [--ignore-eos] [--json] [--stream] [--logits-out FILE] [--check-serial] [--inject FAULT] [--chat]\n"
     "\n"
@@ -50,7 +50,8 @@ static const char help[] =
     "                    gpu-fma: the CUDA backend fuses its products' multiply-adds; gpu-split-k: it\n"
     "                    splits their K over blocks added in any order; moe-capacity,\n"
     "                    moe-combine-by-load: Gemma 4 MoE routing / combine that depend on the batch;\n"
-    "                    kv-ring-short: sliding-window KV rings one slot too small)\n";
+    "                    kv-ring-short: sliding-window KV rings one slot too small;\n"
+    "                    amx-group-order: --isa amx adds its tile rows' groups in descending order)\n";
 
 typedef struct prompts {
     int n, cap;

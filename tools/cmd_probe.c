@@ -13,7 +13,7 @@
 #include "model/mkmodel.h"
 
 static const char help[] =
-    "usage: isobatch probe [--backend cpu|cuda|scalar|avx2|avx512|neon] [-m DIR] [--op NAME] [--json] [--inject FAULT]\n"
+    "usage: isobatch probe [--backend cpu|cuda|scalar|avx2|avx512|neon|amx] [-m DIR] [--op NAME] [--json] [--inject FAULT]\n"
     "         [--threads N] [--batch-sizes L] [--tokens L] [--positions L] [--seed S] [--verbose]\n"
     "\n"
     "Runs every op alone over [B,H,T,D] shapes, B in {1,2,3,4,8,16,33}, T in {1,2,7,64}, positions\n"
@@ -340,7 +340,7 @@ int cmd_probe(int argc, char **argv) {
     } else {
         ib_isa one;
         if (ib_isa_parse(backend, &one) || one == IB_ISA_AUTO) {
-            rc = cli_usage_error("--backend: unknown '%s' (cpu, scalar, avx2, avx512, neon)", backend);
+            rc = cli_usage_error("--backend: unknown '%s' (cpu, scalar, avx2, avx512, neon, amx)", backend);
             goto out;
         }
         if (!ib_isa_supported(one)) {

@@ -39,7 +39,7 @@ static const char help[] =
     "                         memory, or its cgroup limit, less the weights)\n"
     "  --kv-dtype f32|f16     KV precision of every session (f16: half the memory; answers change slightly)\n"
     "  --threads T            compute threads (default: the CPUs online)\n"
-    "  --isa auto|scalar|avx2|avx512|neon, --act auto|f32|q8\n"
+    "  --isa auto|scalar|avx2|avx512|neon|amx, --act auto|f32|q8\n"
     "  --backend cpu|cuda   where the engine computes and sessions' KV caches live (default cpu)\n"
     "  --api-key KEY          require Authorization: Bearer KEY (repeat for several tenants)\n"
     "  --max-body BYTES       request body limit (default 1048576)\n"

@@ -30,7 +30,7 @@ static const char usage[] =
 /* --version: the version, and the kernels this build has and this CPU runs. */
 static int print_version(void) {
     printf("isobatch %s (library %s)\nkernels:", IB_VERSION_STRING, ib_version());
-    for (ib_isa i = IB_ISA_SCALAR; i <= IB_ISA_NEON; i++)
+    for (ib_isa i = IB_ISA_SCALAR; i <= IB_ISA_AMX; i++)
         if (ib_isa_supported(i)) printf(" %s", ib_isa_name(i));
     printf(" (this CPU); activation modes f32, q8; KV f32, f16\nbackends: %s\n", ib_backends_compiled());
     return 0;

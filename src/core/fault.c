@@ -23,6 +23,7 @@ static const char *const fault_names[IB_FAULT_COUNT] = {
     [IB_FAULT_MOE_COMBINE_BY_LOAD] = "moe-combine-by-load",
     [IB_FAULT_GPU_SPLIT_K] = "gpu-split-k",
     [IB_FAULT_KV_RING_SHORT] = "kv-ring-short",
+    [IB_FAULT_AMX_GROUP_ORDER] = "amx-group-order",
 };
 
 static ib_fault current_fault = IB_FAULT_NONE;

@@ -15,8 +15,8 @@ int ib_attn_block_for(int n_items) {
 
 IB_ATTN_DEFINE_COPY(portable)
 
-/* The copy for isa: AUTO means the best this CPU runs; an ISA without its own copy (SCALAR, NEON, or
- * one this CPU lacks) gets the portable one. The CPU is asked once (this runs once per attention task). */
+/* The copy for isa: AUTO means the best this CPU runs; AMX means AVX-512's; an ISA without its own copy
+ * (SCALAR, NEON, or one this CPU lacks) gets the portable one. The CPU is asked once (this runs once per attention task). */
 static ib_isa attn_isa(ib_isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
     static _Atomic int has512 = -1, has2 = -1;   /* racing first callers store the same values */
@@ -26,7 +26,7 @@ static ib_isa attn_isa(ib_isa isa) {
         atomic_store_explicit(&has512, a512, memory_order_relaxed);
         atomic_store_explicit(&has2, a2, memory_order_relaxed);
     }
-    if ((isa == IB_ISA_AUTO || isa == IB_ISA_AVX512) && a512) return IB_ISA_AVX512;
+    if ((isa == IB_ISA_AUTO || isa == IB_ISA_AVX512 || isa == IB_ISA_AMX) && a512) return IB_ISA_AVX512;
     if ((isa == IB_ISA_AUTO || isa == IB_ISA_AVX2) && a2) return IB_ISA_AVX2;
 #endif
     (void)isa;
@@ -38,6 +38,7 @@ int ib_attn_kernels_for(ib_isa isa, ib_attn_kernels *out) {
     switch (isa) {
 #if defined(__x86_64__) || defined(__i386__)
     case IB_ISA_AVX512:
+    case IB_ISA_AMX: /* AMX's attention is AVX-512's (the tiles serve the Q8 products only) */
         *out = (ib_attn_kernels){ib_attend_heads_avx512, ib_attend_heads_f16_avx512, ib_attend_block2_avx512};
         return 0;
     case IB_ISA_AVX2:

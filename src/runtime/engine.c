@@ -43,10 +43,10 @@ ib_status ib_engine_create(const ib_model *m, const ib_engine_opts *opts, ib_eng
     const char *why = NULL;
     if (!ib_backend_available(o.backend, &why))
         return ib_fail(err, IB_ERR_UNSUPPORTED, "backend %s: %s", ib_backend_name(o.backend), why);
-    if ((unsigned)o.isa > IB_ISA_NEON) return ib_fail(err, IB_ERR_INVALID_ARG, "isa %d: not an ISA", (int)o.isa);
+    if ((unsigned)o.isa > IB_ISA_AMX) return ib_fail(err, IB_ERR_INVALID_ARG, "isa %d: not an ISA", (int)o.isa);
     ib_isa isa = o.isa == IB_ISA_AUTO ? ib_isa_best() : o.isa;
     if (!ib_isa_supported(isa))
-        return ib_fail(err, IB_ERR_UNSUPPORTED, "isa %s: not supported by this CPU", ib_isa_name(isa));
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "isa %s: not supported by this CPU or build", ib_isa_name(isa));
     const ib_config *c = &m->cfg;
     ib_act act = o.act;
     if (act == IB_ACT_AUTO) act = c->quant_bits ? IB_ACT_Q8 : IB_ACT_F32;

@@ -7,7 +7,7 @@
 #include "ops/matmul.h"
 #include "ops/ops.h"
 
-/* The best ISA this CPU runs: AVX512 (with VNNI), else AVX2 (with FMA and F16C), else NEON (aarch64), else
+/* The best ISA this CPU runs: AMX (AVX512 with AMX-INT8 tiles the OS grants), else AVX512 (with VNNI), else AVX2 (with FMA and F16C), else NEON (aarch64), else
  * SCALAR. */
 ib_isa ib_isa_best(void);
 

@@ -1,9 +1,18 @@
 /*
  * isa.c — ISA names, parsing, run-time CPU detection and the matmul kernel table.
- * AVX2 / AVX512 kernels exist only in x86 builds, the NEON kernel only in aarch64 builds; an ISA of
- * the other architecture is a known name that is never supported.
+ * AVX2 / AVX512 / AMX kernels exist only in x86 builds, the NEON kernel only in aarch64 builds; an ISA
+ * of the other architecture is a known name that is never supported.
  */
+#include <stdatomic.h>
 #include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#endif
 
 #if defined(__aarch64__)
 #include <sys/auxv.h>
@@ -20,11 +29,11 @@
 #define IB_HAVE_X86 0
 #endif
 
-#define ISA_LAST IB_ISA_NEON
+#define ISA_LAST IB_ISA_AMX
 
 static const char *const isa_names[] = {
     [IB_ISA_AUTO] = "auto", [IB_ISA_SCALAR] = "scalar", [IB_ISA_AVX2] = "avx2", [IB_ISA_AVX512] = "avx512",
-    [IB_ISA_NEON] = "neon",
+    [IB_ISA_NEON] = "neon", [IB_ISA_AMX] = "amx",
 };
 static const char *const act_names[] = { [IB_ACT_AUTO] = "auto", [IB_ACT_F32] = "f32", [IB_ACT_Q8] = "q8" };
 
@@ -33,8 +42,40 @@ const char *ib_isa_name(ib_isa isa) {
     return (unsigned)isa <= ISA_LAST ? isa_names[isa] : "unknown";
 }
 
+#if IB_HAVE_X86
+/* 1 when the CPU has AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24 and 25), the OS enables the
+ * tile configuration and data state (XCR0 bits 17 and 18) and, on Linux, grants this process the
+ * tile data (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA = 18; the grant is process-wide
+ * and repeating it is harmless). Asked once; racing first callers compute and store the same value.
+ * Not Linux: 0 (no way to ask here). */
+static int amx_usable(void) {
+    static _Atomic int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v >= 0) return v;
+    v = 0;
+#if defined(__linux__) && defined(__x86_64__)
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, NULL) >= 7) {
+        __cpuid_count(7, 0, a, b, c, d);
+        int tile = (d >> 24) & 1, int8 = (d >> 25) & 1;
+        __cpuid(1, a, b, c, d);
+        int osxsave = (c >> 27) & 1;
+        if (tile && int8 && osxsave) {
+            unsigned lo, hi;
+            __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+            const long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+            if (((lo >> 17) & 3) == 3 && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0) v = 1;
+        }
+    }
+#endif
+    atomic_store_explicit(&cached, v, memory_order_relaxed);
+    return v;
+}
+#endif
+
 /* 1 when this CPU (and OS) can run isa. SCALAR and AUTO always; AVX2 needs avx2+fma+f16c; AVX512 needs
- * avx512f/bw/vl/dq and vnni (libgcc's detection also checks that the OS saves the vector state);
+ * avx512f/bw/vl/dq and vnni (libgcc's detection also checks that the OS saves the vector state); AMX
+ * needs AVX512 and AMX-TILE + AMX-INT8 with the tile state granted (amx_usable);
  * NEON needs an aarch64 build and Advanced SIMD (HWCAP_ASIMD, present on every AArch64 Linux CPU;
  * the kernel checks the optional int8 dot product itself, see matmul_neon.c). */
 int ib_isa_supported(ib_isa isa) {
@@ -50,9 +91,11 @@ int ib_isa_supported(ib_isa isa) {
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                __builtin_cpu_supports("avx512vnni");
+    case IB_ISA_AMX: return ib_isa_supported(IB_ISA_AVX512) && amx_usable();
 #else
     case IB_ISA_AVX2:
-    case IB_ISA_AVX512: return 0;
+    case IB_ISA_AVX512:
+    case IB_ISA_AMX: return 0;
 #endif
 #if defined(__aarch64__)
     case IB_ISA_NEON: return (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0;
@@ -63,7 +106,7 @@ int ib_isa_supported(ib_isa isa) {
     return 0;
 }
 
-/* Exact lowercase names "auto|scalar|avx2|avx512|neon"; 0 on success, -1 (out untouched) otherwise. */
+/* Exact lowercase names "auto|scalar|avx2|avx512|neon|amx"; 0 on success, -1 (out untouched) otherwise. */
 int ib_isa_parse(const char *s, ib_isa *out) {
     for (int i = 0; s && i <= ISA_LAST; i++)
         if (strcmp(s, isa_names[i]) == 0) {
@@ -84,6 +127,7 @@ int ib_act_parse(const char *s, ib_act *out) {
 }
 
 ib_isa ib_isa_best(void) {
+    if (ib_isa_supported(IB_ISA_AMX)) return IB_ISA_AMX;
     if (ib_isa_supported(IB_ISA_AVX512)) return IB_ISA_AVX512;
     if (ib_isa_supported(IB_ISA_AVX2)) return IB_ISA_AVX2;
     if (ib_isa_supported(IB_ISA_NEON)) return IB_ISA_NEON;
@@ -97,6 +141,9 @@ ib_matmul_kernel ib_matmul_kernel_for(ib_isa isa) {
 #if IB_HAVE_X86
     case IB_ISA_AVX2: return ib_matmul_panels_avx2;
     case IB_ISA_AVX512: return ib_matmul_panels_avx512;
+#endif
+#if defined(__x86_64__)
+    case IB_ISA_AMX: return ib_matmul_panels_amx;
 #endif
 #if defined(__aarch64__)
     case IB_ISA_NEON: return ib_matmul_panels_neon;

@@ -1,0 +1,218 @@
+/*
+ * matmul_amx.c — the AMX panel kernel: AVX-512 plus AMX-INT8 tiles for the Q8-activation products
+ * of many rows. Same arithmetic as matmul_scalar.c, bit for bit.
+ *
+ * WHAT RUNS WHERE. A Q8-activation product of B >= 16 rows computes its first 16*floor(B/16) rows on
+ * tiles; the remaining B % 16 rows, every product of fewer rows and every F32-activation product run
+ * the AVX-512 kernel (ib_matmul_panels_avx512) unchanged. Attention and the other ops of the amx ISA
+ * are AVX-512's (kernels.c, ops/attention.c).
+ *
+ * WHY THE BITS ARE THE DEFINITION'S. TDPBSUD multiplies signed bytes of A (the int8 activations xq)
+ * with unsigned bytes of B (the weight codes, 0..15 or 0..255) and adds them into int32 without
+ * saturation: a group sum is at most 128 * 127 * 255 < 2^23 in magnitude, so each tile element is the
+ * group's exact integer isum, whatever order the hardware adds in. The float epilogue is the AVX-512
+ * kernel's and the scalar kernel's, operation for operation: per row, per group ascending,
+ *     acc = (acc + (s*d)*(float)isum) + b*ad        (separate multiplies and adds, no fma)
+ *
+ * TILES (one configuration per kernel call, palette 1; KS = min(G, 64) bytes of K per step):
+ *     tmm0..tmm3  C: int32 [16 rows][16 outputs], the group sums of row tiles 0..3 of a row block
+ *     tmm4        B: the panel's weights for KS k in the VNNI layout, [KS/4][16 outputs x 4 k] bytes:
+ *                 row r, dword j = the codes of output j at k = 4r..4r+3
+ *     tmm5, tmm6  A: int8 activations [16 rows][KS k] (alternating, so one loads while one multiplies)
+ * The 8-bit packed panel (pack.h: block c = k 4c..4c+3, byte 4j+i = code(j, 4c+i)) already is the
+ * VNNI layout: B tiles load straight from it with a 64-byte stride. A 4-bit block c (k 8c..8c+7) holds
+ * k 8c..8c+3 in its low nibbles and 8c+4..8c+7 in its high nibbles, each in the same byte positions:
+ * one group is unpacked into a [G/4][64] byte buffer (low nibbles -> VNNI row 2c, high -> row 2c+1).
+ *
+ * BLOCKING. Panels in the caller's range one at a time; rows in blocks of up to 64 (4 row tiles) whose
+ * float accumulators live in a [64][16] stack buffer; all of K per row block, group by group; then
+ * the panel's rows past the last full tile on AVX-512. The panel's weights (a few KiB to tens of KiB)
+ * stay in cache across its row blocks and that tail.
+ */
+#if defined(IB_AMX_EMULATE)
+/* A test (tests/test_amx_emul.c) includes this file with the AMX_* operations below defined as C
+ * functions that emulate the tiles, so the kernel's logic runs on any CPU. */
+#elif defined(__x86_64__)
+#include <immintrin.h>
+#define AMX_CONFIG(cfg) _tile_loadconfig(cfg)
+#define AMX_LOAD(t, base, stride) _tile_loadd(t, base, stride)
+#define AMX_DP(c, a, b) _tile_dpbsud(c, a, b) /* C += A (signed bytes) . B (unsigned bytes) */
+#define AMX_STORE(t, base, stride) _tile_stored(t, base, stride)
+#define AMX_ZERO(t) _tile_zero(t)
+#define AMX_RELEASE() _tile_release()
+#define AMX_KERNEL ib_matmul_panels_amx
+#define AMX_TAIL_KERNEL ib_matmul_panels_avx512
+#endif
+
+#if defined(AMX_KERNEL)
+
+#include "backends/cpu/pack.h"
+
+#define AMX_TILE_ROWS 16                    /* rows of an A / C tile */
+#define AMX_ROW_TILES 4                     /* C tiles (row tiles) of a row block */
+#define AMX_RBLOCK (AMX_TILE_ROWS * AMX_ROW_TILES)
+#define AMX_PF_DIST 8192                    /* weight prefetch distance, as the AVX-512 kernel's */
+
+/* Compiler barrier: the tile instructions are asm statements that do not tell the compiler which
+ * memory they read, so stores they must see (the tile configuration, the unpacked 4-bit weights) are
+ * fenced in front of them, and the next group's unpacking behind the loads of the last. */
+#define AMX_MEMORY_BARRIER() __asm__ volatile("" ::: "memory")
+
+/* The 64-byte tile configuration of LDTILECFG (palette 1). */
+typedef struct amx_tilecfg {
+    uint8_t palette;      /* 1 */
+    uint8_t start_row;    /* 0 */
+    uint8_t reserved[14];
+    uint16_t colsb[16];   /* bytes per row of tmm i */
+    uint8_t rows[16];     /* rows of tmm i */
+} amx_tilecfg;
+_Static_assert(sizeof(amx_tilecfg) == 64, "LDTILECFG reads 64 bytes");
+
+/* The configuration described above for K-steps of KS bytes: C tiles 0..3 of 16 rows x 64 bytes, B
+ * (tile 4) of KS/4 rows x 64 bytes, A (tiles 5, 6) of 16 rows x KS bytes. Constant data: nothing for
+ * the compiler to drop or reorder in front of LDTILECFG, whose asm names only the first 8 bytes. */
+#define AMX_CFG(KS) { .palette = 1, .colsb = {64, 64, 64, 64, 64, KS, KS}, .rows = {16, 16, 16, 16, KS / 4, 16, 16} }
+static const amx_tilecfg amx_cfg_ks32 __attribute__((aligned(64))) = AMX_CFG(32);
+static const amx_tilecfg amx_cfg_ks64 __attribute__((aligned(64))) = AMX_CFG(64);
+
+/* Load the configuration for K-steps of ks bytes (32 or 64). */
+static void amx_configure(int ks) {
+    AMX_MEMORY_BARRIER();
+    AMX_CONFIG(ks == 32 ? &amx_cfg_ks32 : &amx_cfg_ks64);
+}
+
+/* Unpack group g of 4-bit panel P (group size G) into VNNI rows: out [G/4][64] bytes, row 2i = the low
+ * nibbles of the group's block i (k 8i..8i+3), row 2i+1 = its high nibbles (k 8i+4..8i+7). */
+static inline void amx_unpack_q4(const uint8_t *P, int g, int G, uint8_t *restrict out) {
+    const uint8_t *blk = P + (size_t)g * (size_t)(G / 8) * 64;
+    for (int i = 0; i < G / 8; i++) {
+        const uint8_t *w = blk + (size_t)i * 64;
+        __builtin_prefetch(w + AMX_PF_DIST, 0, 2);
+        uint8_t *lo = out + (size_t)(2 * i) * 64, *hi = lo + 64;
+        for (int x = 0; x < 64; x++) lo[x] = (uint8_t)(w[x] & 15), hi[x] = (uint8_t)(w[x] >> 4);
+    }
+}
+
+/* One k-step of a row block: B (tmm4) from wb (stride 64), then for each of nt row tiles A from the
+ * activations a (row stride K) into tmm5 / tmm6 and C_t += A . B. */
+static inline void amx_step(int nt, const uint8_t *wb, const int8_t *a, int K) {
+    const size_t rs = (size_t)AMX_TILE_ROWS * (size_t)K;
+    AMX_LOAD(4, wb, 64);
+    AMX_LOAD(5, a, K);
+    AMX_DP(0, 5, 4);
+    if (nt > 1) {
+        AMX_LOAD(6, a + rs, K);
+        AMX_DP(1, 6, 4);
+    }
+    if (nt > 2) {
+        AMX_LOAD(5, a + 2 * rs, K);
+        AMX_DP(2, 5, 4);
+    }
+    if (nt > 3) {
+        AMX_LOAD(6, a + 3 * rs, K);
+        AMX_DP(3, 6, 4);
+    }
+}
+
+/* Store C tiles 0..nt-1 to isum [nt*16][16] (tile t's rows at isum + 16t) and zero them. */
+static inline void amx_drain(int nt, int32_t (*isum)[16]) {
+    AMX_STORE(0, isum[0], 64);
+    AMX_ZERO(0);
+    if (nt > 1) {
+        AMX_STORE(1, isum[16], 64);
+        AMX_ZERO(1);
+    }
+    if (nt > 2) {
+        AMX_STORE(2, isum[32], 64);
+        AMX_ZERO(2);
+    }
+    if (nt > 3) {
+        AMX_STORE(3, isum[48], 64);
+        AMX_ZERO(3);
+    }
+}
+
+/* One row block of a quantized panel p: rows b0 .. b0 + 16*nt - 1 (nt = 1..4 full row tiles) of the
+ * Q8 activations q, outputs to Y (row stride ldy) columns 16p.. . Groups ascending (descending when
+ * desc). wq4 is a [G/4][64] scratch for a 4-bit group's VNNI rows. The tiles are configured for
+ * K-steps of min(G, 64) and C tiles 0..nt-1 are zero on entry and on return. The epilogue is plain C
+ * over the 16 lanes (the compiler vectorizes it; lane-wise IEEE multiplies and adds give the same
+ * bits in any vector width): the scalar kernel's formula, term for term. */
+static void amx_row_block(const ib_matrix *m, int p, const ib_act_buf *q, int b0, int nt, int desc, float *Y,
+                          int ldy, uint8_t *wq4) {
+    const int K = m->cols, G = m->group, ng = K / G, ks = G < 64 ? G : 64, nr = nt * AMX_TILE_ROWS;
+    const uint8_t *P = ib_pk_panel(m, p);
+    float acc[AMX_RBLOCK][16] __attribute__((aligned(64)));      /* [row of the block][lane] */
+    int32_t isum[AMX_RBLOCK][16] __attribute__((aligned(64)));   /* [row of the block][lane] */
+    memset(acc, 0, sizeof(float) * 16 * (size_t)nr);
+    for (int gi = 0; gi < ng; gi++) {
+        const int g = desc ? ng - 1 - gi : gi;
+        const uint8_t *wg; /* the group's VNNI rows, [G/4][64] */
+        if (m->fmt == IB_WQ4) {
+            AMX_MEMORY_BARRIER();
+            amx_unpack_q4(P, g, G, wq4);
+            AMX_MEMORY_BARRIER();
+            wg = wq4;
+        } else {
+            wg = P + (size_t)g * (size_t)(G / 4) * 64;
+            for (int i = 0; i < G / 4; i += 4) __builtin_prefetch(wg + (size_t)i * 64 + AMX_PF_DIST, 0, 2);
+        }
+        const int8_t *a = q->xq + (size_t)b0 * K + (size_t)g * G;
+        for (int k = 0; k < G; k += ks) amx_step(nt, wg + (size_t)(k / 4) * 64, a + k, K);
+        amx_drain(nt, isum);
+        ib_pk_sb_prefetch(m, p, g);
+        float s[16], bb[16];
+        ib_pk_sb_f32(m, p, g, s, bb);
+        const float *d = q->d + (size_t)b0 * ng + g, *ad = q->ad + (size_t)b0 * ng + g;
+        for (int r = 0; r < nr; r++) {
+            const float dr = d[(size_t)r * ng], adr = ad[(size_t)r * ng];
+            float *f = acc[r];
+            const int32_t *is = isum[r];
+            for (int j = 0; j < 16; j++) {
+                float t = (s[j] * dr) * (float)is[j];
+                float u = bb[j] * adr;
+                f[j] = (f[j] + t) + u;
+            }
+        }
+    }
+    const int lanes = ib_pk_lanes(m, p);
+    for (int r = 0; r < nr; r++) ib_pk_store(Y + (size_t)(b0 + r) * ldy + (size_t)p * 16, acc[r], lanes);
+}
+
+/* Panels [p0, p1) for all B rows (contract in ops/matmul.h): rows 0 .. 16*floor(B/16)-1 of a
+ * Q8-activation product on tiles, the rest by the AVX-512 kernel, panel by panel (each panel's
+ * weights are read from memory once for all its rows). The tiles are configured on entry and released
+ * on return, so the thread holds no tile state between products. */
+void AMX_KERNEL(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act, int p0, int p1, float *Y,
+                int ldy) {
+    const int BA = B / AMX_TILE_ROWS * AMX_TILE_ROWS; /* rows on tiles */
+    if (!ib_pk_use_q8(m, q, act) || BA == 0 || p1 <= p0) {
+        AMX_TAIL_KERNEL(m, X, B, q, act, p0, p1, Y, ldy);
+        return;
+    }
+    const ib_fault fault = ib_fault_get();
+    const int desc = fault == IB_FAULT_GEMV_GEMM || fault == IB_FAULT_AMX_GROUP_ORDER; /* B >= 16 here */
+    const int K = m->cols, G = m->group, ng = K / G;
+    uint8_t wq4[128 / 4 * 64] __attribute__((aligned(64))); /* one 4-bit group's VNNI rows, G <= 128 */
+    amx_configure(G < 64 ? G : 64);
+    /* the C tiles start zeroed; amx_drain re-zeroes the ones it stores */
+    AMX_ZERO(0);
+    AMX_ZERO(1);
+    AMX_ZERO(2);
+    AMX_ZERO(3);
+    const ib_act_buf qt = {q->xq + (size_t)BA * K, q->d + (size_t)BA * ng, q->ad + (size_t)BA * ng}; /* tail rows */
+    for (int p = p0; p < p1; p++) {
+        for (int b0 = 0; b0 < BA; b0 += AMX_RBLOCK) {
+            int nt = (BA - b0) / AMX_TILE_ROWS;
+            amx_row_block(m, p, q, b0, nt < AMX_ROW_TILES ? nt : AMX_ROW_TILES, desc, Y, ldy, wq4);
+        }
+        /* the rows past the last full tile, while the panel is in cache (the AVX-512 code touches no tile) */
+        if (BA < B) AMX_TAIL_KERNEL(m, X ? X + (size_t)BA * K : NULL, B - BA, &qt, act, p, p + 1, Y + (size_t)BA * ldy, ldy);
+    }
+    AMX_RELEASE();
+}
+
+#else
+/* Not x86-64: no AMX kernel (ISO C wants a translation unit to declare something). */
+typedef int ib_matmul_amx_unused;
+#endif
