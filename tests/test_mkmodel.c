@@ -548,6 +548,52 @@ static void test_bad_options(void) {
     unlink(f);
 }
 
+/* layers N: the preset's first N layers, every other shape unchanged; the same generator indices, so
+ * the layers kept are bitwise those of the whole preset; the layer types are the preset's pattern over
+ * N layers (the last one full); N above the preset's count refused. */
+static void test_layers_cut(void) {
+    char d2[128], d4[128], p[192];
+    snprintf(d2, sizeof d2, "%s/cut2", tmproot);
+    snprintf(d4, sizeof d4, "%s/cut4", tmproot);
+    ib_error err = {0};
+    ib_mkmodel_opts o = {.preset = "gemma4-moe-tiny", .seed = 3, .bits = 8, .tied = 1, .layers = 3};
+    CHECK_EQ_INT(ib_mkmodel(d2, &o, &err), IB_OK);
+    o.layers = 0;
+    CHECK_EQ_INT(ib_mkmodel(d4, &o, &err), IB_OK);
+    ib_config c;
+    snprintf(p, sizeof p, "%s/config.json", d2);
+    CHECK_EQ_INT(ib_config_load(p, &c, &err), IB_OK);
+    CHECK(c.n_layers == 3 && c.hidden_size == 128 && c.n_experts == 8 && c.global_head_dim == 64 &&
+              c.sliding_window == 16,
+          "cut config: layers %d D %d experts %d ghd %d window %d", c.n_layers, c.hidden_size, c.n_experts,
+          c.global_head_dim, c.sliding_window);
+    CHECK(c.layer_sliding[0] == 1 && c.layer_sliding[1] == 0 && c.layer_sliding[2] == 0, "cut layer types %d %d %d",
+          c.layer_sliding[0], c.layer_sliding[1], c.layer_sliding[2]);
+    ib_st_set *a = NULL, *b = NULL;
+    CHECK_EQ_INT(ib_st_open_dir(d2, &a, &err), IB_OK);
+    CHECK_EQ_INT(ib_st_open_dir(d4, &b, &err), IB_OK);
+    if (a && b) {
+        static const char *const same[] = {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                                           "model.layers.1.experts.switch_glu.down_proj.scales",
+                                           "model.layers.2.router.proj.weight", "model.layers.2.layer_scalar"};
+        for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+            const ib_st_tensor *ta = ib_st_find(a, same[i]), *tb = ib_st_find(b, same[i]);
+            CHECK(ta && tb && ta->nbytes == tb->nbytes && memcmp(ta->data, tb->data, ta->nbytes) == 0,
+                  "%s differs between the cut and the whole preset", same[i]);
+        }
+        CHECK(ib_st_find(a, "model.layers.3.input_layernorm.weight") == NULL, "layer 3 written in a 3-layer cut");
+    }
+    ib_st_close(a);
+    ib_st_close(b);
+    remove_model_dir(d2);
+    remove_model_dir(d4);
+    char d[128];
+    snprintf(d, sizeof d, "%s/cutbad", tmproot);
+    o.layers = 5;
+    CHECK_EQ_INT(ib_mkmodel(d, &o, &err), IB_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "layers 5") != NULL, "message: %s", err.msg);
+}
+
 /* The large preset: memory stays bounded (streamed); timed. Only with IB_TEST_BIG=1. */
 static void test_big(void) {
     const char *env = getenv("IB_TEST_BIG");
@@ -578,6 +624,7 @@ int main(void) {
     test_quantize_random();
     test_models();
     test_bad_options();
+    test_layers_cut();
     test_big();
     CHECK(rmdir(tmproot) == 0, "%s not empty at the end", tmproot);
     TEST_MAIN_END("test_mkmodel");

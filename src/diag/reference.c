@@ -497,3 +497,26 @@ out:
     free(lg);
     return rc;
 }
+
+ib_status ib_engine_logits_all(const ib_model *m, const ib_engine_opts *opts, const int32_t *tokens, int T,
+                               float *logits, ib_isa *isa_out, double *seconds, ib_error *err) {
+    if (!m || !tokens || !logits) return ib_fail(err, IB_ERR_INVALID_ARG, "engine logits: NULL model, tokens or output");
+    if (T < 1) return ib_fail(err, IB_ERR_INVALID_ARG, "engine logits: %d tokens (at least 1 is needed)", T);
+    const int V = m->cfg.vocab_size;
+    ib_engine *e = NULL;
+    ib_session *s = NULL;
+    ib_status rc;
+    if ((rc = ib_engine_create(m, opts, &e, err))) goto out;
+    if ((rc = ib_session_create(m, &(ib_session_opts){.max_context = T}, &s, err))) goto out;
+    double t0 = now_s();
+    for (int t = 0; t < T; t++) {
+        ib_step_item it = {.session = s, .tokens = tokens + t, .n_tokens = 1, .logits = logits + (size_t)t * V};
+        if ((rc = ib_step(e, &it, 1, err))) goto out;
+    }
+    if (isa_out) *isa_out = ib_engine_isa(e);
+    if (seconds) *seconds = now_s() - t0;
+out:
+    ib_session_free(s);
+    ib_engine_free(e);
+    return rc;
+}

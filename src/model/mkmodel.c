@@ -523,6 +523,15 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
     if (!p)
         return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset \"%s\" unknown (tiny | qwen3-0.6b | qwen3-8b | gemma4-tiny | gemma4-moe-tiny | gemma4-26b-a4b)",
                        opts->preset);
+    if (opts->layers < 0 || opts->layers > p->layers)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: layers %d: preset %s has %d (give 1..%d)", opts->layers,
+                       p->name, p->layers, p->layers);
+    preset cut;                     /* the preset with fewer layers: widths, heads, experts unchanged */
+    if (opts->layers) {
+        cut = *p;
+        cut.layers = opts->layers;
+        p = &cut;
+    }
     ib_mkmodel_opts own = *opts;
     if (p->untied) own.tied = 0;   /* the real model's layout */
     opts = &own;
