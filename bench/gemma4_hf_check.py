@@ -46,9 +46,11 @@ CASES = {
     "dense32": ("gemma4-tiny", 32, 12, [], "tiny dense, float32 weights"),
     "moe": ("gemma4-moe-tiny", 4, 13, [], "tiny MoE (8 experts, top-2), MLX 4-bit"),
     "moe3": ("gemma4-moe-tiny", 8, 14, ["--top-k", "3"], "tiny MoE, top-3 (combine order matters), MLX 8-bit"),
+    "kvshared": ("gemma4-tiny", 4, 16, ["--kv-shared", "2"],
+                 "tiny dense, KV sharing (num_kv_shared_layers 2: layers 2, 3 read layers 0, 1), MLX 4-bit"),
     "real": ("gemma4-26b-a4b", 8, 15, None, "Gemma-4-26B-A4B's real shapes on its first layers, MLX 8-bit"),
 }
-DEFAULT_CASES = "dense,dense32,moe,moe3,real"
+DEFAULT_CASES = "dense,dense32,moe,moe3,kvshared,real"
 
 
 class SetupError(Exception):
@@ -412,9 +414,9 @@ class HF:
                 setattr(hfc, attr, val)
             except Exception as e:   # noqa: BLE001
                 log("note: could not set config.%s = %r: %s" % (attr, val, e))
-        # fields whose transformers default would add structure isobatch's weights do not have
-        for k, want in (("hidden_size_per_layer_input", 0), ("num_kv_shared_layers", 0)):
-            got = getattr(hfc, k, 0) or 0
+        # fields whose transformers default would add structure isobatch's model does not have
+        for k in ("hidden_size_per_layer_input", "num_kv_shared_layers"):
+            got, want = getattr(hfc, k, 0) or 0, tc.get(k) or 0
             if got != want:
                 raise SetupError("HF config %s = %r (config.json %r): the model would not be the one isobatch "
                                  "runs" % (k, got, tc.get(k)))
@@ -564,6 +566,8 @@ def describe(tc, bits, notes):
          (tc["hidden_size"], len(lt), " ".join("S" if t == "sliding_attention" else "F" for t in lt),
           tc["num_attention_heads"], tc["head_dim"], tc["num_key_value_heads"], tc["sliding_window"], ghd, gkv,
           " (K = V)" if tc.get("attention_k_eq_v") else "", tc["intermediate_size"], tc["vocab_size"]))
+    if tc.get("num_kv_shared_layers"):
+        s += "; the last %d layers KV-shared" % tc["num_kv_shared_layers"]
     if tc.get("enable_moe_block"):
         s += "; %d experts, top-%d, expert F %d" % (tc["num_experts"], tc["top_k_experts"], tc["moe_intermediate_size"])
     if notes:

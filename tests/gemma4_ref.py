@@ -108,7 +108,14 @@ def forward(cfg, W, ids):
     emb = W["model.embed_tokens.weight"]
     # the scale is a float32 buffer in transformers (sqrt(D) rounded to float32), cast to the weights dtype
     h = emb[ids] * float(np.float32(np.sqrt(D)))
-    for li, typ in enumerate(cfg["layer_types"]):
+    # KV sharing: the last num_kv_shared_layers layers attend to the keys and values of the last layer
+    # before them of their own type (computing none of their own)
+    types = cfg["layer_types"]
+    first_shared = len(types) - (cfg.get("num_kv_shared_layers") or 0)
+    source = {li: max(j for j in range(first_shared) if types[j] == types[li])
+              for li in range(first_shared, len(types))}
+    kept = {}   # layer -> (k, v) after norms and RoPE, for the shared layers
+    for li, typ in enumerate(types):
         p = "model.layers.%d." % li
         sliding = typ == "sliding_attention"
         hd, kvh = (hd_s, kv_s) if sliding else (hd_f, kv_f)
@@ -119,14 +126,18 @@ def forward(cfg, W, ids):
             n_rot = int(r.get("partial_rotary_factor", 1.0) * hd // 2)
         x = rmsnorm(h, W[p + "input_layernorm.weight"], eps)
         q = (x @ W[p + "self_attn.q_proj.weight"].T).reshape(T, H, hd)
-        k_raw = (x @ W[p + "self_attn.k_proj.weight"].T).reshape(T, kvh, hd)
-        if k_eq_v and not sliding:
-            v = k_raw
-        else:
-            v = (x @ W[p + "self_attn.v_proj.weight"].T).reshape(T, kvh, hd)
         q = rotate(rmsnorm(q, W[p + "self_attn.q_norm.weight"], eps), pos, theta, n_rot)
-        k = rotate(rmsnorm(k_raw, W[p + "self_attn.k_norm.weight"], eps), pos, theta, n_rot)
-        v = rmsnorm(v, None, eps)
+        if li in source:
+            k, v = kept[source[li]]
+        else:
+            k_raw = (x @ W[p + "self_attn.k_proj.weight"].T).reshape(T, kvh, hd)
+            if k_eq_v and not sliding:
+                v = k_raw
+            else:
+                v = (x @ W[p + "self_attn.v_proj.weight"].T).reshape(T, kvh, hd)
+            k = rotate(rmsnorm(k_raw, W[p + "self_attn.k_norm.weight"], eps), pos, theta, n_rot)
+            v = rmsnorm(v, None, eps)
+            kept[li] = (k, v)
         g = H // kvh
         att = np.zeros((T, H, hd))
         qi = np.arange(T)[:, None]

@@ -594,6 +594,45 @@ static void test_layers_cut(void) {
     CHECK(strstr(err.msg, "layers 5") != NULL, "message: %s", err.msg);
 }
 
+/* kv_shared N: the last N layers written without k_proj, v_proj, k_norm, config.json's
+ * num_kv_shared_layers read back with each shared layer's source (the last earlier layer of its type);
+ * counts with no source, or on a preset that is not gemma4, refused. */
+static void test_kv_shared(void) {
+    char d[128], p[192];
+    snprintf(d, sizeof d, "%s/kvs", tmproot);
+    ib_error err = {0};
+    ib_mkmodel_opts o = {.preset = "gemma4-tiny", .seed = 2, .bits = 4, .tied = 1, .kv_shared = 2};
+    CHECK_EQ_INT(ib_mkmodel(d, &o, &err), IB_OK);
+    ib_config c;
+    snprintf(p, sizeof p, "%s/config.json", d);
+    CHECK_EQ_INT(ib_config_load(p, &c, &err), IB_OK);
+    CHECK(c.kv_shared == 2 && c.kv_from[0] == 0 && c.kv_from[1] == 0 && ib_config_kv_layer(&c, 2) == 0 &&
+              ib_config_kv_layer(&c, 3) == 1,
+          "kv sharing read back: %d, from %d %d %d %d", c.kv_shared, c.kv_from[0], c.kv_from[1], c.kv_from[2], c.kv_from[3]);
+    ib_st_set *a = NULL;
+    CHECK_EQ_INT(ib_st_open_dir(d, &a, &err), IB_OK);
+    if (a) {
+        CHECK(ib_st_find(a, "model.layers.1.self_attn.k_proj.weight") && ib_st_find(a, "model.layers.0.self_attn.v_proj.weight"),
+              "layers 0, 1 lost their keys / values");
+        CHECK(!ib_st_find(a, "model.layers.2.self_attn.k_proj.weight") && !ib_st_find(a, "model.layers.2.self_attn.v_proj.weight") &&
+                  !ib_st_find(a, "model.layers.3.self_attn.k_norm.weight"),
+              "a KV-shared layer has keys / values / k_norm");
+        CHECK(ib_st_find(a, "model.layers.3.self_attn.q_proj.weight") && ib_st_find(a, "model.layers.3.self_attn.q_norm.weight"),
+              "a KV-shared layer lost its queries");
+        ib_st_close(a);
+    }
+    remove_model_dir(d);
+    o.kv_shared = 3;   /* layer 1 (full) would have no earlier full layer */
+    CHECK_EQ_INT(ib_mkmodel(d, &o, &err), IB_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "layer 1") != NULL, "message: %s", err.msg);
+    o.kv_shared = 4;
+    CHECK_EQ_INT(ib_mkmodel(d, &o, &err), IB_ERR_INVALID_ARG);
+    o.preset = "tiny";
+    o.kv_shared = 1;
+    CHECK_EQ_INT(ib_mkmodel(d, &o, &err), IB_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "not gemma4") != NULL, "message: %s", err.msg);
+}
+
 /* The large preset: memory stays bounded (streamed); timed. Only with IB_TEST_BIG=1. */
 static void test_big(void) {
     const char *env = getenv("IB_TEST_BIG");
@@ -625,6 +664,7 @@ int main(void) {
     test_models();
     test_bad_options();
     test_layers_cut();
+    test_kv_shared();
     test_big();
     CHECK(rmdir(tmproot) == 0, "%s not empty at the end", tmproot);
     TEST_MAIN_END("test_mkmodel");

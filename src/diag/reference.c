@@ -204,7 +204,8 @@ static void gemma4_moe(const ib_config *c, const ib_layer *L, const double *h, c
  * (sliding: theta^(-2i/hd) on every pair; full: proportional, the first rope_pairs_full pairs with
  * theta_full^(-2i/global_head_dim), the rest not rotated) and window; q/k/v head norms (v without a
  * weight; v = the raw k on full layers under attention_k_eq_v), attention scale 1, post-norms, GeGLU,
- * the MoE block, the layer scalar; final norm, lm_head, soft-cap. logits [T][V]. */
+ * the MoE block, the layer scalar; final norm, lm_head, soft-cap. A KV-shared layer (num_kv_shared_layers)
+ * attends to its source layer's normed and rotated keys and values, kept from that layer. logits [T][V]. */
 static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int T, double *logits, ib_error *err) {
     const ib_config *c = &m->cfg;
     const int D = c->hidden_size, H = c->n_heads, F = c->intermediate_size, V = c->vocab_size, E = c->n_experts;
@@ -224,8 +225,10 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
     double *cs = malloc(TT * (hdm / 2) * 2 * sizeof *cs);
     double *rl = malloc(((size_t)E + 1) * sizeof *rl), *gu = malloc(((size_t)2 * Fm + 1) * sizeof *gu);
     double *y = malloc((size_t)D * sizeof *y), *me = malloc((size_t)D * sizeof *me);
+    /* [li] keys and values [T][KVH][hd] of a layer that KV-shared layers read (NULL for the others) */
+    double **sk = calloc((size_t)c->n_layers, sizeof *sk), **sv = calloc((size_t)c->n_layers, sizeof *sv);
     lin_scratch s = {{0}, {0}};
-    int ok = x && xn && o && q && k && v && att && g && u && p && cs && rl && gu && y && me;
+    int ok = x && xn && o && q && k && v && att && g && u && p && cs && rl && gu && y && me && sk && sv;
     ok = lin_scratch_alloc(&s, Kmax) && ok;
     ib_status rc = IB_OK;
     if (!ok) {
@@ -251,17 +254,37 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
         }
         for (int t = 0; t < T; t++) rmsnorm(x + (size_t)t * D, L->attn_norm, D, eps, xn + (size_t)t * D);
         linear(&L->wq, xn, T, q, &s);
-        linear(&L->wk, xn, T, k, &s);
-        if (L->wv.rows > 0) linear(&L->wv, xn, T, v, &s);
-        else memcpy(v, k, TT * KD * sizeof *v);
         for (int t = 0; t < T; t++) {
             for (int h = 0; h < H; h++) rmsnorm(q + ((size_t)t * H + h) * hd, L->q_norm, hd, eps, q + ((size_t)t * H + h) * hd);
-            for (int h = 0; h < KVH; h++) {
-                rmsnorm(k + ((size_t)t * KVH + h) * hd, L->k_norm, hd, eps, k + ((size_t)t * KVH + h) * hd);
-                rmsnorm(v + ((size_t)t * KVH + h) * hd, NULL, hd, eps, v + ((size_t)t * KVH + h) * hd);
-            }
             rope(q + (size_t)t * HD, H, hd, cs + (size_t)t * half * 2);
-            rope(k + (size_t)t * KD, KVH, hd, cs + (size_t)t * half * 2);
+        }
+        const int src = ib_config_kv_layer(c, li);
+        const double *kk = k, *vv = v;   /* [T][KVH][hd] the keys and values this layer attends to */
+        if (src != li) {
+            kk = sk[src], vv = sv[src];
+        } else {
+            linear(&L->wk, xn, T, k, &s);
+            if (L->wv.rows > 0) linear(&L->wv, xn, T, v, &s);
+            else memcpy(v, k, TT * KD * sizeof *v);
+            for (int t = 0; t < T; t++) {
+                for (int h = 0; h < KVH; h++) {
+                    rmsnorm(k + ((size_t)t * KVH + h) * hd, L->k_norm, hd, eps, k + ((size_t)t * KVH + h) * hd);
+                    rmsnorm(v + ((size_t)t * KVH + h) * hd, NULL, hd, eps, v + ((size_t)t * KVH + h) * hd);
+                }
+                rope(k + (size_t)t * KD, KVH, hd, cs + (size_t)t * half * 2);
+            }
+            int is_source = 0;
+            for (int j = li + 1; j < c->n_layers; j++) is_source |= ib_config_kv_layer(c, j) == li;
+            if (is_source) {
+                sk[li] = malloc(TT * KD * sizeof **sk);
+                sv[li] = malloc(TT * KD * sizeof **sv);
+                if (!sk[li] || !sv[li]) {
+                    rc = ib_fail(err, IB_ERR_NOMEM, "reference: out of memory for %d tokens", T);
+                    goto out;
+                }
+                memcpy(sk[li], k, TT * KD * sizeof *k);
+                memcpy(sv[li], v, TT * KD * sizeof *v);
+            }
         }
         /* causal attention, scale 1; a sliding layer's query at t sees keys t-W+1 .. t */
         for (int t = 0; t < T; t++)
@@ -270,14 +293,14 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
                 const double *qh = q + ((size_t)t * H + h) * hd;
                 double mx = -INFINITY, sum = 0;
                 for (int j = j0; j <= t; j++) {
-                    p[j] = dot(qh, k + ((size_t)j * KVH + kvh) * hd, hd);
+                    p[j] = dot(qh, kk + ((size_t)j * KVH + kvh) * hd, hd);
                     if (p[j] > mx) mx = p[j];
                 }
                 for (int j = j0; j <= t; j++) sum += p[j] = exp(p[j] - mx);
                 double *oh = att + ((size_t)t * H + h) * hd;
                 for (int d = 0; d < hd; d++) oh[d] = 0;
                 for (int j = j0; j <= t; j++)
-                    for (int d = 0; d < hd; d++) oh[d] += p[j] / sum * v[((size_t)j * KVH + kvh) * hd + d];
+                    for (int d = 0; d < hd; d++) oh[d] += p[j] / sum * vv[((size_t)j * KVH + kvh) * hd + d];
             }
         linear(&L->wo, att, T, o, &s);
         for (int t = 0; t < T; t++) {
@@ -309,6 +332,8 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
 out:
     free(x), free(xn), free(o), free(q), free(k), free(v), free(att), free(g), free(u), free(p), free(cs);
     free(rl), free(gu), free(y), free(me);
+    for (int li = 0; sk && sv && li < c->n_layers; li++) free(sk[li]), free(sv[li]);
+    free(sk), free(sv);
     for (int i = 0; i < REF_THREADS; i++) free(s.wf[i]), free(s.wd[i]);
     return rc;
 }

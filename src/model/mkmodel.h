@@ -31,6 +31,8 @@ typedef struct ib_mkmodel_opts {
     int layers;           /* 0: the preset's layer count; 1..the preset's: only its first `layers`
                            * layers, every other shape unchanged (Gemma 4: the layer types are the
                            * preset's pattern over the new count, so the last layer is full) */
+    int kv_shared;        /* Gemma 4 presets: num_kv_shared_layers (0: none); the last kv_shared layers
+                           * are written without k_proj, v_proj and k_norm */
 } ib_mkmodel_opts;
 
 /* Create dir (mkdir -p) and write config.json, model.safetensors, tokenizer.json,

@@ -255,7 +255,9 @@ void ib_model_free(ib_model *m) {
 static const char *lm_prefix(const ib_config *c) { return c->tensor_prefix_lm ? "model.language_model." : "model."; }
 
 /* Load Gemma 4 layer i (docs/gemma4.md): four norms, q/k norms, q/k/v/o (no v on full layers under
- * attention_k_eq_v), the GeGLU MLP, the layer scalar. */
+ * attention_k_eq_v), the GeGLU MLP, the layer scalar. A KV-shared layer (num_kv_shared_layers) has
+ * only q_proj, q_norm and o_proj for attention: its k_proj, v_proj and k_norm are not read (a file
+ * may still hold them; transformers ignores them too), and wk / wv stay empty. */
 static ib_status load_layer_gemma4(const ib_st_set *st, const ib_config *c, int i, ib_layer *l, ib_error *err) {
     char p[160], n[192];
     const char *pre = lm_prefix(c);
@@ -273,11 +275,13 @@ static ib_status load_layer_gemma4(const ib_st_set *st, const ib_config *c, int 
     VEC(mlp_norm, "pre_feedforward_layernorm", D)
     VEC(post_mlp_norm, "post_feedforward_layernorm", D)
     VEC(q_norm, "self_attn.q_norm", hd)
-    VEC(k_norm, "self_attn.k_norm", hd)
     LIN(wq, "self_attn.q_proj", H * hd, D)
-    LIN(wk, "self_attn.k_proj", KVH * hd, D)
-    if (!(c->k_eq_v && !l->sliding)) {
-        LIN(wv, "self_attn.v_proj", KVH * hd, D)
+    if (!c->kv_from[i]) {
+        VEC(k_norm, "self_attn.k_norm", hd)
+        LIN(wk, "self_attn.k_proj", KVH * hd, D)
+        if (!(c->k_eq_v && !l->sliding)) {
+            LIN(wv, "self_attn.v_proj", KVH * hd, D)
+        }
     }
     LIN(wo, "self_attn.o_proj", D, H * hd)
     LIN(w_gate, "mlp.gate_proj", F, D)
@@ -366,7 +370,8 @@ static void fill_info(ib_model *m, const ib_st_set *st) {
         in->n_params = V * D * (c->tie_embeddings ? 1 : 2) + D;
         for (int i = 0; i < c->n_layers; i++) {
             const ib_layer *l = &m->layers[i];
-            in->n_params += 4 * D + 2 * (size_t)l->hd + 1 + (size_t)l->wq.rows * l->wq.cols + (size_t)l->wk.rows * l->wk.cols +
+            in->n_params += 4 * D + (l->k_norm ? 2 : 1) * (size_t)l->hd + 1 + (size_t)l->wq.rows * l->wq.cols +
+                            (size_t)l->wk.rows * l->wk.cols +
                             (size_t)l->wv.rows * l->wv.cols + (size_t)l->wo.rows * l->wo.cols + 3 * D * F;
             if (c->n_experts > 0) /* router, its scales, three norms, the experts */
                 in->n_params += (size_t)c->n_experts * (D + 1 + 3 * D * (size_t)c->moe_ffn) + 4 * D;
@@ -388,6 +393,7 @@ static void fill_info(ib_model *m, const ib_st_set *st) {
     in->expert_bytes = eb;
     in->kv_bytes_per_token = in->kv_bytes_per_token_sliding = 0;   /* every layer at its own shape */
     for (int li = 0; li < c->n_layers; li++) {
+        if (c->kv_from[li]) continue;   /* a KV-shared layer stores nothing */
         size_t b = (size_t)2 * ib_config_layer_kvh(c, li) * ib_config_layer_hd(c, li) * sizeof(float);
         in->kv_bytes_per_token += b;
         if (c->arch == IB_ARCH_GEMMA4 && c->layer_sliding[li]) in->kv_bytes_per_token_sliding += b;

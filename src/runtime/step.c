@@ -163,7 +163,9 @@ static void layers_qwen_llama(ib_engine *e, int R) {
 }
 
 /* The layers of Gemma 4 (docs/gemma4.md): per layer type its own head dim, KV heads, RoPE and
- * window; the attention output and the GeGLU MLP output are normed (post-norms) before they are added;
+ * window; a KV-shared layer (num_kv_shared_layers) computes only its queries and attends to its source
+ * layer's keys and values, stored earlier in this step; the attention output and the GeGLU MLP output
+ * are normed (post-norms) before they are added;
  * with the MoE block, the routed experts' output (normed) is added to the normed MLP output before
  * the post-norm; the residual is multiplied by the layer scalar at the end. */
 static void layers_gemma4(ib_engine *e, int R) {
@@ -173,24 +175,26 @@ static void layers_gemma4(ib_engine *e, int R) {
     const ib_backend_ops *ops = be->ops;
     for (int li = 0; li < c->n_layers; li++) {
         const ib_layer *L = &e->model->layers[li];
-        const int hd = L->hd, KVH = L->kvh, has_v = L->wv.rows > 0;
+        const int hd = L->hd, KVH = L->kvh, has_v = L->wv.rows > 0, own_kv = L->wk.rows > 0;
         CAPTURE(li, "layer_in", IB_BUF_X, D);
         ops->rmsnorm(be, IB_BUF_X, IB_N_ATTN, li, IB_BUF_XN);
         CAPTURE(li, "attn_norm", IB_BUF_XN, D);
-        qkv_proj(be, li, has_v ? 3 : 2);
+        qkv_proj(be, li, !own_kv ? 1 : has_v ? 3 : 2);
         CAPTURE(li, "q_proj", IB_BUF_Q, H * hd);
-        CAPTURE(li, "k_proj", IB_BUF_K, KVH * hd);
+        if (own_kv) CAPTURE(li, "k_proj", IB_BUF_K, KVH * hd);
         if (e->capture) {
             ops->qk_prepare(be, li, IB_QK_NORM);
             CAPTURE(li, "q_norm", IB_BUF_Q, H * hd);
-            CAPTURE(li, "k_norm", IB_BUF_K, KVH * hd);
-            CAPTURE(li, "v", IB_BUF_V, KVH * hd);
+            if (own_kv) {
+                CAPTURE(li, "k_norm", IB_BUF_K, KVH * hd);
+                CAPTURE(li, "v", IB_BUF_V, KVH * hd);
+            }
             ops->qk_prepare(be, li, IB_QK_ROPE_STORE);
         } else {
             ops->qk_prepare(be, li, IB_QK_NORM | IB_QK_ROPE_STORE);
         }
         CAPTURE(li, "q", IB_BUF_Q, H * hd);
-        CAPTURE(li, "k", IB_BUF_K, KVH * hd);
+        if (own_kv) CAPTURE(li, "k", IB_BUF_K, KVH * hd);
         ops->attention(be, li);
         CAPTURE(li, "attn_out", IB_BUF_ATT, H * hd);
         out_proj(be, li);

@@ -88,8 +88,12 @@ static ib_status cpu_kv_create(const ib_kv_desc *d, ib_kv **out, ib_error *err) 
         return ib_fail(err, IB_ERR_NOMEM, "session: out of memory for a KV cache of %d tokens (%zu bytes)", d->capacity,
                        bytes);
     }
-    size_t off = 0;
-    for (int li = 0; li < d->n_layers; li++) kv->layer_off[li] = off, off += ib_kv_desc_layer_elems(d, li);
+    size_t off = 0;   /* a KV-shared layer's keys and values are its source layer's (an earlier one) */
+    for (int li = 0; li < d->n_layers; li++) {
+        int own = ib_kv_desc_owner(d, li);
+        kv->layer_off[li] = own == li ? off : kv->layer_off[own];
+        off += ib_kv_desc_layer_elems(d, li);
+    }
     kv->base.desc = *d;
     kv->base.kind = IB_BACKEND_CPU;
     *out = &kv->base;
@@ -108,6 +112,7 @@ static void cpu_kv_copy(ib_kv *dst, const ib_kv *src, int n_slots) {
     cpu_kv *t = (cpu_kv *)dst;
     size_t eb = ib_kv_dtype_bytes(src->desc.dtype);
     for (int l = 0; l < src->desc.n_layers; l++) {
+        if (ib_kv_desc_owner(&src->desc, l) != l) continue;   /* KV-shared: its source's are copied */
         ib_kv_desc sv = ib_kv_desc_layer(&src->desc, l), tv = ib_kv_desc_layer(&dst->desc, l);
         int n = n_slots < sv.capacity ? n_slots : sv.capacity;
         if (n > tv.capacity) n = tv.capacity;
@@ -349,7 +354,8 @@ typedef struct {
 } qk_job;
 
 /* Row task between the q/k/v products and attention: the row's q and k head norms, then its rotary
- * embedding and KV store. Every operation is the row's own. */
+ * embedding and KV store. Every operation is the row's own. A KV-shared layer (no k_proj) has only
+ * its queries: no k/v norms, rotation or store (its attention reads its source layer's cache). */
 static void qk_task(void *ctx, int r, int thread) {
     qk_job *j = ctx;
     cpu_backend *c = j->c;
@@ -357,6 +363,13 @@ static void qk_task(void *ctx, int r, int thread) {
     const int H = mc->n_heads, KVH = j->L->kvh, hd = j->L->hd;
     const int gemma = mc->arch == IB_ARCH_GEMMA4;
     float *q = c->buf[IB_BUF_Q], *k = c->buf[IB_BUF_K], *v = c->buf[IB_BUF_V];
+    if (gemma && j->L->wk.rows == 0) { /* KV-shared layer */
+        if ((j->phases & IB_QK_NORM) && j->L->q_norm)
+            ib_rmsnorm_heads(q + (size_t)r * H * hd, j->L->q_norm, 1, H, hd, (float)mc->rms_eps, c->pool);
+        if (j->phases & IB_QK_ROPE_STORE)
+            ib_rope_step_rows(q, r, r + 1, c->R, H, hd, j->L->sliding ? c->cs : c->cs_full, c->n_items);
+        return;
+    }
     if ((j->phases & IB_QK_NORM) && gemma && j->L->wv.rows == 0) /* attention_k_eq_v: values are k_proj's */
         memcpy(v + (size_t)r * KVH * hd, k + (size_t)r * KVH * hd, (size_t)KVH * hd * sizeof(float));
     if ((j->phases & IB_QK_NORM) && j->L->q_norm) {
