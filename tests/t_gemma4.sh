@@ -163,6 +163,14 @@ fault_breaks ks4 split-kv-by-batch "$REF1" "--batch 8"
     && ok || bad "ks4: --check-serial: $(tail -2 "$T/cs")"
 "$BIN" diff -m "$T/ks4" > "$T/d" 2>&1; rc=$?
 [ $rc = 0 ] && grep -q "^no divergence" "$T/d" && ok || bad "diff on the KV-shared model: exit $rc"
+# a file that still holds the shared layers' k/v tensors (transformers ignores them): loads, same logits
+if [ -n "$PY" ]; then
+    rm -rf "$T/ksf"; cp -r "$T/m32" "$T/ksf"
+    "$PY" -c "import json,sys; c=json.load(open(sys.argv[1])); c['num_kv_shared_layers']=2; json.dump(c, open(sys.argv[1],'w'))" \
+        "$T/ksf/config.json"
+    "$BIN" info -m "$T/ksf" > "$T/ksf.out" 2>&1 && grep -q "architecture gemma4" "$T/ksf.out" \
+        && ok || bad "KV-shared config on a file with every layer's k/v: $(cat "$T/ksf.out")"
+fi
 "$BIN" probe -m "$T/ks4" > "$T/p" 2>&1
 grep -q "KV-shared layers are not supported yet" "$T/p" && ok || bad "probe on the KV-shared model: $(tail -2 "$T/p")"
 

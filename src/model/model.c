@@ -257,7 +257,7 @@ static const char *lm_prefix(const ib_config *c) { return c->tensor_prefix_lm ? 
 /* Load Gemma 4 layer i (docs/gemma4.md): four norms, q/k norms, q/k/v/o (no v on full layers under
  * attention_k_eq_v), the GeGLU MLP, the layer scalar. A KV-shared layer (num_kv_shared_layers) has
  * only q_proj, q_norm and o_proj for attention: its k_proj, v_proj and k_norm are not read (a file
- * may still hold them; transformers ignores them too), and wk / wv stay empty. */
+ * may still hold them, accepted unread as transformers ignores them), and wk / wv stay empty. */
 static ib_status load_layer_gemma4(const ib_st_set *st, const ib_config *c, int i, ib_layer *l, ib_error *err) {
     char p[160], n[192];
     const char *pre = lm_prefix(c);
@@ -281,6 +281,15 @@ static ib_status load_layer_gemma4(const ib_st_set *st, const ib_config *c, int 
         LIN(wk, "self_attn.k_proj", KVH * hd, D)
         if (!(c->k_eq_v && !l->sliding)) {
             LIN(wv, "self_attn.v_proj", KVH * hd, D)
+        }
+    } else { /* a KV-shared layer's own k/v tensors, when a file has them: accepted, never read */
+        static const char *const unread[] = {"self_attn.k_proj.weight", "self_attn.k_proj.scales",
+                                             "self_attn.k_proj.biases", "self_attn.v_proj.weight",
+                                             "self_attn.v_proj.scales", "self_attn.v_proj.biases",
+                                             "self_attn.k_norm.weight"};
+        for (size_t u = 0; u < sizeof unread / sizeof unread[0]; u++) {
+            snprintf(n, sizeof n, "%slayers.%d.%s", pre, i, unread[u]);
+            if (ib_st_find(st, n) && (rc = ib_st_expect(st, n, NULL, 0, -1, NULL, NULL, err))) return rc;
         }
     }
     LIN(wo, "self_attn.o_proj", D, H * hd)
