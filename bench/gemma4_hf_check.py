@@ -48,9 +48,11 @@ CASES = {
     "moe3": ("gemma4-moe-tiny", 8, 14, ["--top-k", "3"], "tiny MoE, top-3 (combine order matters), MLX 8-bit"),
     "kvshared": ("gemma4-tiny", 4, 16, ["--kv-shared", "2"],
                  "tiny dense, KV sharing (num_kv_shared_layers 2: layers 2, 3 read layers 0, 1), MLX 4-bit"),
+    "ple": ("gemma4-tiny", 4, 17, ["--ple", "64", "--kv-shared", "2"],
+            "tiny dense, per-layer embeddings (hidden_size_per_layer_input 64) and KV sharing, MLX 4-bit"),
     "real": ("gemma4-26b-a4b", 8, 15, None, "Gemma-4-26B-A4B's real shapes on its first layers, MLX 8-bit"),
 }
-DEFAULT_CASES = "dense,dense32,moe,moe3,kvshared,real"
+DEFAULT_CASES = "dense,dense32,moe,moe3,kvshared,ple,real"
 
 
 class SetupError(Exception):
@@ -566,6 +568,8 @@ def describe(tc, bits, notes):
          (tc["hidden_size"], len(lt), " ".join("S" if t == "sliding_attention" else "F" for t in lt),
           tc["num_attention_heads"], tc["head_dim"], tc["num_key_value_heads"], tc["sliding_window"], ghd, gkv,
           " (K = V)" if tc.get("attention_k_eq_v") else "", tc["intermediate_size"], tc["vocab_size"]))
+    if tc.get("hidden_size_per_layer_input"):
+        s += "; per-layer embeddings of width %d" % tc["hidden_size_per_layer_input"]
     if tc.get("num_kv_shared_layers"):
         s += "; the last %d layers KV-shared" % tc["num_kv_shared_layers"]
     if tc.get("enable_moe_block"):

@@ -115,6 +115,16 @@ def forward(cfg, W, ids):
     source = {li: max(j for j in range(first_shared) if types[j] == types[li])
               for li in range(first_shared, len(types))}
     kept = {}   # layer -> (k, v) after norms and RoPE, for the shared layers
+    # per-layer embeddings (hidden_size_per_layer_input P): each token's [L][P] inputs, from its
+    # embedding's projection (times 1/sqrt(D), normed per layer slice) and its per-layer table row
+    # (times sqrt(P) as a float32), the two summed and times 1/sqrt(2)
+    P = cfg.get("hidden_size_per_layer_input") or 0
+    if P:
+        L = len(types)
+        proj = (h @ W["model.per_layer_model_projection.weight"].T) * D ** -0.5
+        proj = rmsnorm(proj.reshape(T, L, P), W["model.per_layer_projection_norm.weight"], eps)
+        tok = W["model.embed_tokens_per_layer.weight"][ids].reshape(T, L, P) * float(np.float32(np.sqrt(P)))
+        pli = (proj + tok) * 2.0 ** -0.5
     for li, typ in enumerate(types):
         p = "model.layers.%d." % li
         sliding = typ == "sliding_attention"
@@ -161,6 +171,9 @@ def forward(cfg, W, ids):
             m = rmsnorm(m, W[p + "post_feedforward_layernorm_1.weight"], eps) + \
                 rmsnorm(moe(cfg, W, p, h, eps), W[p + "post_feedforward_layernorm_2.weight"], eps)
         h = h + rmsnorm(m, W[p + "post_feedforward_layernorm.weight"], eps)
+        if P:
+            g = gelu_tanh(h @ W[p + "per_layer_input_gate.weight"].T) * pli[:, li, :]
+            h = h + rmsnorm(g @ W[p + "per_layer_projection.weight"].T, W[p + "post_per_layer_input_norm.weight"], eps)
         h = h * W[p + "layer_scalar"].reshape(())
     h = rmsnorm(h, W["model.norm.weight"], eps)
     head = W["lm_head.weight"] if "lm_head.weight" in W else emb

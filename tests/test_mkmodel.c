@@ -631,6 +631,27 @@ static void test_kv_shared(void) {
     o.kv_shared = 1;
     CHECK_EQ_INT(ib_mkmodel(d, &o, &err), IB_ERR_INVALID_ARG);
     CHECK(strstr(err.msg, "not gemma4") != NULL, "message: %s", err.msg);
+    /* per-layer embeddings: the table, the projection and its norm, each layer's block; config read back */
+    o = (ib_mkmodel_opts){.preset = "gemma4-tiny", .seed = 2, .bits = 4, .tied = 1, .ple_dim = 64};
+    CHECK_EQ_INT(ib_mkmodel(d, &o, &err), IB_OK);
+    CHECK_EQ_INT(ib_config_load(p, &c, &err), IB_OK);
+    CHECK(c.ple_dim == 64 && c.kv_shared == 0, "ple_dim %d kv_shared %d", c.ple_dim, c.kv_shared);
+    a = NULL;
+    CHECK_EQ_INT(ib_st_open_dir(d, &a, &err), IB_OK);
+    if (a) {
+        const ib_st_tensor *t = ib_st_find(a, "model.embed_tokens_per_layer.weight");
+        CHECK(t && t->shape[0] == 320 && t->shape[1] == 4 * 64 * 4 / 32, "embed_tokens_per_layer shape");
+        CHECK(ib_st_find(a, "model.per_layer_model_projection.scales") && ib_st_find(a, "model.per_layer_projection_norm.weight") &&
+                  ib_st_find(a, "model.layers.3.per_layer_input_gate.weight") &&
+                  ib_st_find(a, "model.layers.3.per_layer_projection.biases") &&
+                  ib_st_find(a, "model.layers.0.post_per_layer_input_norm.weight"),
+              "per-layer embedding tensors missing");
+        ib_st_close(a);
+    }
+    remove_model_dir(d);
+    o.ple_dim = 32;   /* 4-bit, group 64: per_layer_projection's input would not be whole groups */
+    CHECK_EQ_INT(ib_mkmodel(d, &o, &err), IB_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "quantization group") != NULL, "message: %s", err.msg);
 }
 
 /* The large preset: memory stays bounded (streamed); timed. Only with IB_TEST_BIG=1. */

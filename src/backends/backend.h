@@ -261,6 +261,19 @@ typedef struct ib_backend_ops {
     /* Set rows [0, R) of buffer `buf` (width floats each) from host memory x, in stream order with the
      * enqueued work (the op checker feeds every op its inputs this way). */
     void (*write_rows)(ib_backend *b, ib_buf buf, int R, int width, const float *x);
+
+    /* ---- Gemma 4 per-layer embeddings (cfg.ple_dim P > 0; docs/gemma4.md "Per-layer embeddings");
+     * NULL in a backend that cannot run them (ib_engine_create then refuses such a model) ---- */
+    /* After embed: each row's per-layer inputs PLI[r] ([L][P], kept by the backend for the step) =
+     * (A + B) then ib_scale by (float)(1/sqrt(2)), where A = X[r] · per_layer_model_projection^T
+     * (matmul.h), ib_scale by (float)(1/sqrt(D)), then each P-slice rmsnorm'ed with
+     * per_layer_projection_norm, and B = embed_tokens_per_layer row tok[r] (ib_matrix_row_f32) ib_scale'd
+     * by ple_embed_scale. Each row's own numbers. */
+    void (*ple_inputs)(ib_backend *b);
+    /* Layer li's per-layer input block on the residual: G[r] = X[r] · per_layer_input_gate^T, then
+     * ib_geglu(G[r], PLI[r][li]) (gelu_tanh(G) * PLI), Y[r] = G[r] · per_layer_projection^T,
+     * rmsnorm'ed with post_per_layer_input_norm, X[r] += Y[r] (ib_add). */
+    void (*ple_layer)(ib_backend *b, int li);
 } ib_backend_ops;
 
 /* An instance starts with a pointer to its kind's table, so the runtime can call through it. */

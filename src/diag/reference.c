@@ -205,7 +205,10 @@ static void gemma4_moe(const ib_config *c, const ib_layer *L, const double *h, c
  * theta_full^(-2i/global_head_dim), the rest not rotated) and window; q/k/v head norms (v without a
  * weight; v = the raw k on full layers under attention_k_eq_v), attention scale 1, post-norms, GeGLU,
  * the MoE block, the layer scalar; final norm, lm_head, soft-cap. A KV-shared layer (num_kv_shared_layers)
- * attends to its source layer's normed and rotated keys and values, kept from that layer. logits [T][V]. */
+ * attends to its source layer's normed and rotated keys and values, kept from that layer. Per-layer
+ * embeddings (ple_dim P > 0): each token's [L][P] inputs from the projection of its embedding (scaled
+ * 1/sqrt(D), normed per P-slice) plus its per-layer table row (times sqrt(P)), times 1/sqrt(2); after
+ * each layer's MLP, X += rmsnorm(proj(gelu_tanh(gate(X)) * input of the layer)). logits [T][V]. */
 static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int T, double *logits, ib_error *err) {
     const ib_config *c = &m->cfg;
     const int D = c->hidden_size, H = c->n_heads, F = c->intermediate_size, V = c->vocab_size, E = c->n_experts;
@@ -217,6 +220,8 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
     int Kmax = D > F ? D : F;
     if (H * hdm > Kmax) Kmax = H * hdm;
     if (Fm > Kmax) Kmax = Fm;
+    const int P = c->ple_dim, LP = c->n_layers * c->ple_dim;
+    if (P > Kmax) Kmax = P;
     size_t TT = (size_t)T;
     double *x = malloc(TT * D * sizeof *x), *xn = malloc(TT * D * sizeof *xn), *o = malloc(TT * D * sizeof *o);
     double *q = malloc(TT * H * hdm * sizeof *q), *k = malloc(TT * kvm * hdm * sizeof *k);
@@ -227,8 +232,12 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
     double *y = malloc((size_t)D * sizeof *y), *me = malloc((size_t)D * sizeof *me);
     /* [li] keys and values [T][KVH][hd] of a layer that KV-shared layers read (NULL for the others) */
     double **sk = calloc((size_t)c->n_layers, sizeof *sk), **sv = calloc((size_t)c->n_layers, sizeof *sv);
+    /* per-layer embeddings: inputs [T][L*P], a table row [L*P], a layer's gate [T][P] */
+    double *pli = P ? malloc(TT * LP * sizeof *pli) : NULL, *pg = P ? malloc(TT * P * sizeof *pg) : NULL;
+    float *prow = P ? malloc((size_t)LP * sizeof *prow) : NULL;
     lin_scratch s = {{0}, {0}};
-    int ok = x && xn && o && q && k && v && att && g && u && p && cs && rl && gu && y && me && sk && sv;
+    int ok = x && xn && o && q && k && v && att && g && u && p && cs && rl && gu && y && me && sk && sv &&
+             (!P || (pli && pg && prow));
     ok = lin_scratch_alloc(&s, Kmax) && ok;
     ib_status rc = IB_OK;
     if (!ok) {
@@ -238,6 +247,18 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
     for (int t = 0; t < T; t++) {
         ib_matrix_row_f32(&m->embed, tokens[t], s.wf[0]);
         for (int d = 0; d < D; d++) x[(size_t)t * D + d] = (double)s.wf[0][d] * (double)m->embed_scale;
+    }
+    if (P > 0) { /* each token's per-layer inputs [L][P] */
+        linear(&m->ple_model_proj, x, T, pli, &s);
+        for (size_t i = 0; i < TT * LP; i++) pli[i] /= sqrt((double)D);
+        for (size_t i = 0; i < TT * c->n_layers; i++) rmsnorm(pli + i * P, m->ple_proj_norm, P, eps, pli + i * P);
+        for (int t = 0; t < T; t++) {
+            ib_matrix_row_f32(&m->ple_embed, tokens[t], prow);
+            for (int i = 0; i < LP; i++) {
+                double *e = pli + (size_t)t * LP + i;
+                *e = (*e + (double)prow[i] * (double)m->ple_embed_scale) / sqrt(2.0);
+            }
+        }
     }
     for (int li = 0; li < c->n_layers; li++) {
         const ib_layer *L = &m->layers[li];
@@ -322,8 +343,20 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
                 for (int d = 0; d < D; d++) ot[d] += me[d];
             }
             rmsnorm(ot, L->post_mlp_norm, D, eps, ot);
-            for (int d = 0; d < D; d++) xt[d] = (xt[d] + ot[d]) * (double)L->layer_scalar;
+            for (int d = 0; d < D; d++) xt[d] += ot[d];
         }
+        if (P > 0) { /* the per-layer input block */
+            linear(&L->ple_gate, x, T, pg, &s);
+            for (int t = 0; t < T; t++)
+                for (int i = 0; i < P; i++)
+                    pg[(size_t)t * P + i] = gelu_tanh(pg[(size_t)t * P + i]) * pli[(size_t)t * LP + (size_t)li * P + i];
+            linear(&L->ple_proj, pg, T, o, &s);
+            for (int t = 0; t < T; t++) {
+                rmsnorm(o + (size_t)t * D, L->ple_norm, D, eps, o + (size_t)t * D);
+                for (int d = 0; d < D; d++) x[(size_t)t * D + d] += o[(size_t)t * D + d];
+            }
+        }
+        for (size_t i = 0; i < TT * D; i++) x[i] *= (double)L->layer_scalar;
     }
     for (int t = 0; t < T; t++) rmsnorm(x + (size_t)t * D, m->final_norm, D, eps, xn + (size_t)t * D);
     linear(m->lm_head, xn, T, logits, &s);
@@ -333,6 +366,7 @@ out:
     free(x), free(xn), free(o), free(q), free(k), free(v), free(att), free(g), free(u), free(p), free(cs);
     free(rl), free(gu), free(y), free(me);
     for (int li = 0; sk && sv && li < c->n_layers; li++) free(sk[li]), free(sv[li]);
+    free(pli), free(pg), free(prow);
     free(sk), free(sv);
     for (int i = 0; i < REF_THREADS; i++) free(s.wf[i]), free(s.wd[i]);
     return rc;

@@ -55,6 +55,9 @@ typedef struct ib_config {
     /* KV sharing (num_kv_shared_layers; docs/gemma4.md): the last kv_shared layers compute no keys or
      * values and attend to those of the last earlier non-shared layer of their type */
     int kv_shared;            /* num_kv_shared_layers (0: none) */
+    /* per-layer embeddings (hidden_size_per_layer_input; docs/gemma4.md): 0 = none, else P, each
+     * layer's slice width of embed_tokens_per_layer [vocab_size][n_layers * P] */
+    int ple_dim;
     short kv_from[IB_CONFIG_MAX_TYPED_LAYERS];   /* [li] 0: own keys/values; s > 0: layer s - 1's */
 } ib_config;
 

@@ -232,6 +232,9 @@ static void free_layer(ib_layer *l) {
     free(l->router_scale);
     free(l->expert_scale);
     ib_matrix_free(&l->w_router);
+    ib_matrix_free(&l->ple_gate);
+    ib_matrix_free(&l->ple_proj);
+    free(l->ple_norm);
 }
 
 void ib_model_free(ib_model *m) {
@@ -246,6 +249,9 @@ void ib_model_free(ib_model *m) {
     free(m->layers);
     ib_matrix_free(&m->embed);
     ib_matrix_free(&m->lm_head_own);
+    ib_matrix_free(&m->ple_embed);
+    ib_matrix_free(&m->ple_model_proj);
+    free(m->ple_proj_norm);
     free(m->final_norm);
     ib_tokenizer_free(m->tok);
     free(m);
@@ -296,6 +302,11 @@ static ib_status load_layer_gemma4(const ib_st_set *st, const ib_config *c, int 
     LIN(w_gate, "mlp.gate_proj", F, D)
     LIN(w_up, "mlp.up_proj", F, D)
     LIN(w_down, "mlp.down_proj", D, F)
+    if (c->ple_dim > 0) { /* the per-layer input block */
+        LIN(ple_gate, "per_layer_input_gate", c->ple_dim, D)
+        LIN(ple_proj, "per_layer_projection", D, c->ple_dim)
+        VEC(ple_norm, "post_per_layer_input_norm", D)
+    }
 #undef LIN
 #undef VEC
     float *s = NULL;
@@ -382,6 +393,8 @@ static void fill_info(ib_model *m, const ib_st_set *st) {
             in->n_params += 4 * D + (l->k_norm ? 2 : 1) * (size_t)l->hd + 1 + (size_t)l->wq.rows * l->wq.cols +
                             (size_t)l->wk.rows * l->wk.cols +
                             (size_t)l->wv.rows * l->wv.cols + (size_t)l->wo.rows * l->wo.cols + 3 * D * F;
+            if (c->ple_dim > 0) /* the per-layer input block */
+                in->n_params += 2 * D * (size_t)c->ple_dim + D;
             if (c->n_experts > 0) /* router, its scales, three norms, the experts */
                 in->n_params += (size_t)c->n_experts * (D + 1 + 3 * D * (size_t)c->moe_ffn) + 4 * D;
         }
@@ -398,6 +411,13 @@ static void fill_info(ib_model *m, const ib_st_set *st) {
     }
     wb += eb;
     if (c->arch == IB_ARCH_GEMMA4) wb += (size_t)c->n_layers * (2 * D + 4) * 4; /* post-norms, layer scalar */
+    if (c->ple_dim > 0) { /* per-layer embeddings: the table, the projection, the per-layer blocks */
+        size_t P = (size_t)c->ple_dim, LP = P * c->n_layers;
+        in->n_params += V * LP + LP * D + P;
+        wb += matrix_bytes(&m->ple_embed) + matrix_bytes(&m->ple_model_proj) + P * 4;
+        for (int i = 0; i < c->n_layers; i++)
+            wb += matrix_bytes(&m->layers[i].ple_gate) + matrix_bytes(&m->layers[i].ple_proj) + D * 4;
+    }
     in->weight_bytes = wb;
     in->expert_bytes = eb;
     in->kv_bytes_per_token = in->kv_bytes_per_token_sliding = 0;   /* every layer at its own shape */
@@ -445,6 +465,16 @@ ib_status ib_model_load(const char *dir, const ib_load_opts *opts, ib_model **ou
     snprintf(name, sizeof name, "%sembed_tokens", lm_prefix(c));
     if ((rc = load_linear(st, c, name, V, D, &m->embed, err))) goto fail;
     m->embed_scale = c->arch == IB_ARCH_GEMMA4 ? (float)sqrt((double)D) : 1.0f;
+    if (c->ple_dim > 0) { /* Gemma 4 per-layer embeddings: the table, the projection of X, its norm */
+        const int LP = c->n_layers * c->ple_dim;
+        snprintf(name, sizeof name, "%sembed_tokens_per_layer", lm_prefix(c));
+        if ((rc = load_linear(st, c, name, V, LP, &m->ple_embed, err))) goto fail;
+        m->ple_embed_scale = (float)sqrt((double)c->ple_dim);
+        snprintf(name, sizeof name, "%sper_layer_model_projection", lm_prefix(c));
+        if ((rc = load_linear(st, c, name, LP, D, &m->ple_model_proj, err))) goto fail;
+        snprintf(name, sizeof name, "%sper_layer_projection_norm.weight", lm_prefix(c));
+        if ((rc = load_vec(st, name, c->ple_dim, &m->ple_proj_norm, err))) goto fail;
+    }
     for (int i = 0; i < c->n_layers; i++)
         if ((rc = load_layer(st, c, i, &m->layers[i], err))) goto fail;
     snprintf(name, sizeof name, "%snorm.weight", lm_prefix(c));

@@ -167,7 +167,8 @@ static void layers_qwen_llama(ib_engine *e, int R) {
  * layer's keys and values, stored earlier in this step; the attention output and the GeGLU MLP output
  * are normed (post-norms) before they are added;
  * with the MoE block, the routed experts' output (normed) is added to the normed MLP output before
- * the post-norm; the residual is multiplied by the layer scalar at the end. */
+ * the post-norm; with per-layer embeddings, the layer's per-layer input block is added after the MLP;
+ * the residual is multiplied by the layer scalar at the end. */
 static void layers_gemma4(ib_engine *e, int R) {
     const ib_config *c = &e->model->cfg;
     int D = c->hidden_size, H = c->n_heads, F = c->intermediate_size;
@@ -225,6 +226,7 @@ static void layers_gemma4(ib_engine *e, int R) {
         ops->rmsnorm(be, IB_BUF_O, IB_N_POST_MLP, li, IB_BUF_O);
         CAPTURE(li, "post_mlp_norm", IB_BUF_O, D);
         ops->add(be, IB_BUF_X, IB_BUF_O);
+        if (c->ple_dim > 0) ops->ple_layer(be, li);   /* per-layer embeddings: the layer's own input */
         ops->scale_layer(be, li);
         CAPTURE(li, "layer_out", IB_BUF_X, D);
     }
@@ -260,6 +262,7 @@ ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
                       .n_logits = n_logits, .logit_row = e->logit_row, .logits_out = e->logit_out};
     if ((rc = ops->step_begin(be, &d, err))) return rc;
     ops->embed(be);
+    if (c->ple_dim > 0) ops->ple_inputs(be);
     if (c->arch == IB_ARCH_GEMMA4) layers_gemma4(e, R);
     else layers_qwen_llama(e, R);
     if (n_logits > 0) ops->logits(be);

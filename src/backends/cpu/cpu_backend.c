@@ -62,6 +62,10 @@ typedef struct cpu_backend {
     float *moe_x;                    /* [R][D] those rows' inputs, gathered */
     float *moe_g, *moe_u;            /* [R][Fm] */
     float *moe_y;                    /* [R][k][D] each row's expert outputs in rank order */
+    float *ple_in;                   /* [R][L*P] Gemma 4 per-layer inputs of the step's rows */
+    float *ple_tok;                  /* [L*P] one row of embed_tokens_per_layer */
+    float *ple_g;                    /* [R][P] a layer's per-layer gate, then its activation */
+    float *ple_y;                    /* [R][D] a layer's per-layer block output */
 } cpu_backend;
 
 static cpu_backend *cb(ib_backend *b) { return (cpu_backend *)b; }
@@ -153,6 +157,10 @@ static void cpu_destroy(ib_backend *b) {
     free(c->moe_g);
     free(c->moe_u);
     free(c->moe_y);
+    free(c->ple_in);
+    free(c->ple_tok);
+    free(c->ple_g);
+    free(c->ple_y);
     free(c);
 }
 
@@ -181,6 +189,7 @@ static ib_status cpu_create(const ib_model *m, const ib_backend_cfg *cfg, ib_bac
     }
     size_t widest = (size_t)max3((int)D, (int)F, (int)HD);
     if ((size_t)mc->moe_ffn > widest) widest = (size_t)mc->moe_ffn;
+    if ((size_t)mc->ple_dim > widest) widest = (size_t)mc->ple_dim;
     const size_t width[IB_BUF_COUNT] = {
         [IB_BUF_X] = D, [IB_BUF_XN] = D, [IB_BUF_Q] = HD, [IB_BUF_K] = KD, [IB_BUF_V] = KD,
         [IB_BUF_ATT] = HD, [IB_BUF_O] = D > F ? D : F, [IB_BUF_G] = F, [IB_BUF_U] = F, [IB_BUF_E] = D,
@@ -213,6 +222,13 @@ static ib_status cpu_create(const ib_model *m, const ib_backend_cfg *cfg, ib_bac
         ok &= (c->moe_g = malloc(R * Fm * sizeof(float))) != NULL;
         ok &= (c->moe_u = malloc(R * Fm * sizeof(float))) != NULL;
         ok &= (c->moe_y = malloc(R * K * D * sizeof(float))) != NULL;
+    }
+    if (mc->ple_dim > 0) {
+        size_t LP = (size_t)mc->n_layers * mc->ple_dim;
+        ok &= (c->ple_in = malloc(R * LP * sizeof(float))) != NULL;
+        ok &= (c->ple_tok = malloc(LP * sizeof(float))) != NULL;
+        ok &= (c->ple_g = malloc(R * (size_t)mc->ple_dim * sizeof(float))) != NULL;
+        ok &= (c->ple_y = malloc(R * D * sizeof(float))) != NULL;
     }
     if (!ok || !c->tok || !c->pos || !c->row_item || !c->logit_row || !c->logits_out || !c->kv || !c->cs || !c->qa.xq ||
         !c->qa.d || !c->qa.ad || !c->logits) {
@@ -552,6 +568,39 @@ static void cpu_moe(ib_backend *b, int li, ib_buf route_in, ib_buf in, ib_buf ou
                            c->buf[out] + (size_t)r * D);
 }
 
+/* Gemma 4's per-layer inputs of the step's rows (backend.h `ple_inputs`). */
+static void cpu_ple_inputs(ib_backend *b) {
+    cpu_backend *c = cb(b);
+    const ib_model *m = c->model;
+    const ib_config *mc = &m->cfg;
+    const int R = c->R, D = mc->hidden_size, P = mc->ple_dim, L = mc->n_layers;
+    const size_t LP = (size_t)L * P;
+    linear_many(c, 1, (const ib_matrix *const[]){&m->ple_model_proj}, c->buf[IB_BUF_X], R, &c->ple_in);
+    ib_scale(c->ple_in, (size_t)R * LP, (float)(1.0 / sqrt((double)D)));
+    ib_rmsnorm(c->ple_in, m->ple_proj_norm, R * L, P, (float)mc->rms_eps, c->ple_in, c->pool);  /* [R*L][P] */
+    for (int r = 0; r < R; r++) {
+        ib_matrix_row_f32(&m->ple_embed, c->tok[r], c->ple_tok);
+        ib_scale(c->ple_tok, LP, m->ple_embed_scale);
+        ib_add(c->ple_in + (size_t)r * LP, c->ple_tok, LP);
+    }
+    ib_scale(c->ple_in, (size_t)R * LP, (float)(1.0 / sqrt(2.0)));
+}
+
+/* Layer li's per-layer input block (backend.h `ple_layer`). */
+static void cpu_ple_layer(ib_backend *b, int li) {
+    cpu_backend *c = cb(b);
+    const ib_model *m = c->model;
+    const ib_config *mc = &m->cfg;
+    const ib_layer *L = &m->layers[li];
+    const int R = c->R, D = mc->hidden_size, P = mc->ple_dim;
+    const size_t LP = (size_t)mc->n_layers * P;
+    linear_many(c, 1, (const ib_matrix *const[]){&L->ple_gate}, c->buf[IB_BUF_X], R, &c->ple_g);   /* [R][P] */
+    for (int r = 0; r < R; r++) ib_geglu(c->ple_g + (size_t)r * P, c->ple_in + (size_t)r * LP + (size_t)li * P, 1, P);
+    linear_many(c, 1, (const ib_matrix *const[]){&L->ple_proj}, c->ple_g, R, &c->ple_y);           /* [R][D] */
+    ib_rmsnorm(c->ple_y, L->ple_norm, R, D, (float)mc->rms_eps, c->ple_y, c->pool);
+    ib_add(c->buf[IB_BUF_X], c->ple_y, (size_t)R * D);
+}
+
 static void cpu_scale_layer(ib_backend *b, int li) {
     cpu_backend *c = cb(b);
     ib_scale(c->buf[IB_BUF_X], (size_t)c->R * c->model->cfg.hidden_size, c->model->layers[li].layer_scalar);
@@ -616,4 +665,6 @@ const ib_backend_ops ib_backend_cpu = {
     .step_end = cpu_step_end,
     .read_rows = cpu_read_rows,
     .write_rows = cpu_write_rows,
+    .ple_inputs = cpu_ple_inputs,
+    .ple_layer = cpu_ple_layer,
 };
