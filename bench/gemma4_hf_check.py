@@ -18,8 +18,10 @@ softmax. By default (--hf-mode both) HF runs twice: "float64", with those three 
 kind before they are used, and the RoPE frequencies against transformers' own buffers), which gives
 the verdict; and "stock", as transformers ships it, printed for information.
 
-Also for the small cases (--refs auto): the project's float64 references on the same weights
-(tests/gemma4_ref.py in numpy, `isobatch accuracy`'s C reference), compared with HF, for information.
+Also (--refs auto): the project's float64 references on the same weights, compared with HF and with
+isobatch, for information: tests/gemma4_ref.py (numpy) on the small cases, `isobatch accuracy`'s C
+reference on the small cases and on the real shapes' short prompts. They tell an HF setup error (HF
+far from both) apart from isobatch's own float32 error (isobatch as far from them as from HF).
 
 usage (from the repository root, on a machine with torch + transformers; see docs/gemma4.md):
   python3 bench/gemma4_hf_check.py --isobatch build/isobatch --work OUT/work [--cases dense,moe,real]
@@ -600,14 +602,17 @@ def run_case(name, a, work):
     cfg = json.load(open(os.path.join(mdir, "config.json")))
     tc = text_config(cfg)
     small = tc["vocab_size"] * tc["hidden_size"] * len(tc["layer_types"]) < 5e7
-    refs = a.refs == "yes" or (a.refs == "auto" and small)
+    refs = a.refs == "yes" or (a.refs == "auto" and small)          # the numpy reference
+    def c_ref(ids):   # the C reference: on the real shapes only the short prompts (2 threads, slow)
+        return a.refs == "yes" or (a.refs == "auto" and (small or len(ids) <= 64))
     prompts = prompts_for(tc, seed)
     V = tc["vocab_size"]
 
     eng, cref = [], []   # isobatch first: its process is gone before the float64 weights are read here
     for i, ids in enumerate(prompts):
         e, r, js, secs = isobatch_logits(a.isobatch, mdir, ids, V, os.path.join(work, "%s_p%d.f32" % (name, i)),
-                                         os.path.join(work, "%s_p%d.ref.f64" % (name, i)) if refs else None, a.threads)
+                                         os.path.join(work, "%s_p%d.ref.f64" % (name, i)) if c_ref(ids) else None,
+                                         a.threads)
         log("isobatch prompt %d (%d tokens): %.1f s: %s" % (i, len(ids), secs, js))
         eng.append(e)
         cref.append(r)
@@ -658,13 +663,15 @@ def run_case(name, a, work):
             if cref[i] is not None:
                 mc = compare(cref[i], h)
                 log("    C float64 reference (isobatch accuracy) vs HF %s: %s" % (mode, fmt(mc)))
+                if mode == modes[0]:
+                    log("    isobatch f32 vs the C float64 reference: %s" % fmt(compare(eng[i], cref[i])))
         if per is not None:
             res[mode] = merge(per)
             res[mode]["per_prompt"] = per
     if npref:
         res["isobatch_vs_numpy_ref"] = merge([compare(eng[i], npref[i]) for i in range(len(prompts))])
     if any(r is not None for r in cref):
-        res["isobatch_vs_c_ref"] = merge([compare(eng[i], cref[i]) for i in range(len(prompts))])
+        res["isobatch_vs_c_ref"] = merge([compare(eng[i], cref[i]) for i in range(len(prompts)) if cref[i] is not None])
     hf.free()
     v = res.get(verdict_mode)
     ok = bool(v) and "error" not in v and all(passes(m) for m in v["per_prompt"])
@@ -696,7 +703,7 @@ def main():
                     help="HF with its float32 internals in float64 (the verdict), as shipped, or both (default)")
     ap.add_argument("--refs", default="auto", choices=["auto", "yes", "no"],
                     help="also the project's float64 references (numpy and C) on the same weights, for information "
-                         "(auto: the small cases only)")
+                         "(auto: both on the small cases, the C one on prompts of <= 64 tokens of the real shapes)")
     ap.add_argument("--perturb", action="store_true", help="change one HF weight slightly: every case must FAIL")
     ap.add_argument("--hf-standin", choices=["numpy"], help="testing this script without torch: the numpy "
                     "reference (tests/gemma4_ref.py) takes HF's place (not the check itself)")
