@@ -20,7 +20,7 @@ the verdict; and "stock", as transformers ships it, printed for information.
 
 Also (--refs auto): the project's float64 references on the same weights, compared with HF and with
 isobatch, for information: tests/gemma4_ref.py (numpy) on the small cases, `isobatch accuracy`'s C
-reference on the small cases and on the real shapes' short prompts. They tell an HF setup error (HF
+reference on the small cases and on the real shapes' first prompt (23 tokens). They tell an HF setup error (HF
 far from both) apart from isobatch's own float32 error (isobatch as far from them as from HF).
 
 usage (from the repository root, on a machine with torch + transformers; see docs/gemma4.md):
@@ -603,8 +603,8 @@ def run_case(name, a, work):
     tc = text_config(cfg)
     small = tc["vocab_size"] * tc["hidden_size"] * len(tc["layer_types"]) < 5e7
     refs = a.refs == "yes" or (a.refs == "auto" and small)          # the numpy reference
-    def c_ref(ids):   # the C reference: on the real shapes only the short prompts (2 threads, slow)
-        return a.refs == "yes" or (a.refs == "auto" and (small or len(ids) <= 64))
+    def c_ref(ids):   # the C reference: on the real shapes only the first prompt (2 threads, slow)
+        return a.refs == "yes" or (a.refs == "auto" and (small or len(ids) <= 32))
     prompts = prompts_for(tc, seed)
     V = tc["vocab_size"]
 
@@ -703,7 +703,7 @@ def main():
                     help="HF with its float32 internals in float64 (the verdict), as shipped, or both (default)")
     ap.add_argument("--refs", default="auto", choices=["auto", "yes", "no"],
                     help="also the project's float64 references (numpy and C) on the same weights, for information "
-                         "(auto: both on the small cases, the C one on prompts of <= 64 tokens of the real shapes)")
+                         "(auto: both on the small cases, the C one on the real shapes' first prompt, 23 tokens)")
     ap.add_argument("--perturb", action="store_true", help="change one HF weight slightly: every case must FAIL")
     ap.add_argument("--hf-standin", choices=["numpy"], help="testing this script without torch: the numpy "
                     "reference (tests/gemma4_ref.py) takes HF's place (not the check itself)")
