@@ -178,9 +178,12 @@ def text_config(cfg):
 
 # ---------------------------------------------------------------- isobatch
 
-def run(cmd, what, env=None):
-    """Run cmd; its stdout; a SetupError with its last lines on failure."""
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+ISOBATCH_ENV = None   # the environment of the isobatch processes (--isobatch-libs), None: this one's
+
+
+def run(cmd, what):
+    """Run cmd (an isobatch command); its stdout; a SetupError with its last lines on failure."""
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ISOBATCH_ENV)
     if p.returncode != 0:
         raise SetupError("%s failed (exit %d): %s\n  command: %s" %
                          (what, p.returncode, (p.stderr or p.stdout).strip()[-2000:], " ".join(cmd)))
@@ -707,6 +710,8 @@ def main():
                     help="also the project's float64 references (numpy and C) on the same weights, for information "
                          "(auto: both on the small cases, the C one on the real shapes' first prompt, 23 tokens)")
     ap.add_argument("--perturb", action="store_true", help="change one HF weight slightly: every case must FAIL")
+    ap.add_argument("--isobatch-libs", help="a directory of shared libraries for the isobatch binary only "
+                    "(put first on its LD_LIBRARY_PATH; torch and transformers keep this process's)")
     ap.add_argument("--hf-standin", choices=["numpy"], help="testing this script without torch: the numpy "
                     "reference (tests/gemma4_ref.py) takes HF's place (not the check itself)")
     ap.add_argument("--threads", type=int, default=0, help="isobatch threads (default: every CPU)")
@@ -718,6 +723,11 @@ def main():
         if c not in CASES:
             log("unknown case %r (%s)" % (c, ", ".join(CASES)))
             return 2
+    global ISOBATCH_ENV
+    if a.isobatch_libs:
+        ISOBATCH_ENV = dict(os.environ)
+        old = ISOBATCH_ENV.get("LD_LIBRARY_PATH")
+        ISOBATCH_ENV["LD_LIBRARY_PATH"] = a.isobatch_libs + (":" + old if old else "")
     if not os.access(a.isobatch, os.X_OK):
         log("%s: not an executable" % a.isobatch)
         return 2

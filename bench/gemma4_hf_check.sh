@@ -9,7 +9,8 @@
 # Writes OUT_DIR/check.log, OUT_DIR/summary.json, OUT_DIR/perturb.log, OUT_DIR/perturb.json. Exit 0 when
 # both hold. Extra arguments go to both runs (e.g. --cases dense,moe, --real-layers 4, --device cpu; the
 # perturbed run keeps its own --cases dense); --hf-standin numpy tests the scripts without torch.
-# The caller sets LD_LIBRARY_PATH for the isobatch binary if it needs one; PYTHON picks the interpreter.
+# The isobatch binary's shared libraries: LD_LIBRARY_PATH set by the caller, or --isobatch-libs DIR
+# (for the isobatch processes only, so torch keeps its own); PYTHON picks the interpreter.
 set -u
 if [ $# -lt 2 ]; then
     echo "usage: $0 BUILD_DIR OUT_DIR [gemma4_hf_check.py options]" >&2
