@@ -108,7 +108,24 @@ def forward(cfg, W, ids):
     emb = W["model.embed_tokens.weight"]
     # the scale is a float32 buffer in transformers (sqrt(D) rounded to float32), cast to the weights dtype
     h = emb[ids] * float(np.float32(np.sqrt(D)))
-    for li, typ in enumerate(cfg["layer_types"]):
+    # KV sharing: the last num_kv_shared_layers layers attend to the keys and values of the last layer
+    # before them of their own type (computing none of their own)
+    types = cfg["layer_types"]
+    first_shared = len(types) - (cfg.get("num_kv_shared_layers") or 0)
+    source = {li: max(j for j in range(first_shared) if types[j] == types[li])
+              for li in range(first_shared, len(types))}
+    kept = {}   # layer -> (k, v) after norms and RoPE, for the shared layers
+    # per-layer embeddings (hidden_size_per_layer_input P): each token's [L][P] inputs, from its
+    # embedding's projection (times 1/sqrt(D), normed per layer slice) and its per-layer table row
+    # (times sqrt(P) as a float32), the two summed and times 1/sqrt(2)
+    P = cfg.get("hidden_size_per_layer_input") or 0
+    if P:
+        L = len(types)
+        proj = (h @ W["model.per_layer_model_projection.weight"].T) * D ** -0.5
+        proj = rmsnorm(proj.reshape(T, L, P), W["model.per_layer_projection_norm.weight"], eps)
+        tok = W["model.embed_tokens_per_layer.weight"][ids].reshape(T, L, P) * float(np.float32(np.sqrt(P)))
+        pli = (proj + tok) * 2.0 ** -0.5
+    for li, typ in enumerate(types):
         p = "model.layers.%d." % li
         sliding = typ == "sliding_attention"
         hd, kvh = (hd_s, kv_s) if sliding else (hd_f, kv_f)
@@ -119,14 +136,18 @@ def forward(cfg, W, ids):
             n_rot = int(r.get("partial_rotary_factor", 1.0) * hd // 2)
         x = rmsnorm(h, W[p + "input_layernorm.weight"], eps)
         q = (x @ W[p + "self_attn.q_proj.weight"].T).reshape(T, H, hd)
-        k_raw = (x @ W[p + "self_attn.k_proj.weight"].T).reshape(T, kvh, hd)
-        if k_eq_v and not sliding:
-            v = k_raw
-        else:
-            v = (x @ W[p + "self_attn.v_proj.weight"].T).reshape(T, kvh, hd)
         q = rotate(rmsnorm(q, W[p + "self_attn.q_norm.weight"], eps), pos, theta, n_rot)
-        k = rotate(rmsnorm(k_raw, W[p + "self_attn.k_norm.weight"], eps), pos, theta, n_rot)
-        v = rmsnorm(v, None, eps)
+        if li in source:
+            k, v = kept[source[li]]
+        else:
+            k_raw = (x @ W[p + "self_attn.k_proj.weight"].T).reshape(T, kvh, hd)
+            if k_eq_v and not sliding:
+                v = k_raw
+            else:
+                v = (x @ W[p + "self_attn.v_proj.weight"].T).reshape(T, kvh, hd)
+            k = rotate(rmsnorm(k_raw, W[p + "self_attn.k_norm.weight"], eps), pos, theta, n_rot)
+            v = rmsnorm(v, None, eps)
+            kept[li] = (k, v)
         g = H // kvh
         att = np.zeros((T, H, hd))
         qi = np.arange(T)[:, None]
@@ -150,6 +171,9 @@ def forward(cfg, W, ids):
             m = rmsnorm(m, W[p + "post_feedforward_layernorm_1.weight"], eps) + \
                 rmsnorm(moe(cfg, W, p, h, eps), W[p + "post_feedforward_layernorm_2.weight"], eps)
         h = h + rmsnorm(m, W[p + "post_feedforward_layernorm.weight"], eps)
+        if P:
+            g = gelu_tanh(h @ W[p + "per_layer_input_gate.weight"].T) * pli[:, li, :]
+            h = h + rmsnorm(g @ W[p + "per_layer_projection.weight"].T, W[p + "post_per_layer_input_norm.weight"], eps)
         h = h * W[p + "layer_scalar"].reshape(())
     h = rmsnorm(h, W["model.norm.weight"], eps)
     head = W["lm_head.weight"] if "lm_head.weight" in W else emb

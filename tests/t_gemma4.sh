@@ -4,8 +4,10 @@
 # the sliding window, also with sliding-window rings (chunked prefill, a ring one slot too small
 # must fail); the invariance matrix through `generate --json` (batch, threads, prefill
 # chunks, ISAs, order, greedy and seeded, f32 and f16 KV, float and 4-bit weights), each kind of
-# comparison failing under --inject; --check-serial under the batch faults; and config.json files
-# with the Gemma 4 features not implemented yet: a one-line error naming the field.
+# comparison failing under --inject; --check-serial under the batch faults; KV sharing across layers
+# (num_kv_shared_layers, `mkmodel --kv-shared 2`) against both float64 references and batch-invariant;
+# per-layer embeddings (hidden_size_per_layer_input, `mkmodel --ple P`) with KV sharing, likewise;
+# and config.json files with the Gemma 4 features not implemented yet: a one-line error naming the field.
 set -u
 BUILD=${BUILD:-build}
 BIN=$BUILD/isobatch
@@ -112,8 +114,11 @@ badcfg() {   # badcfg 'PYTHON EXPRESSION ON c' 'EXPECTED TEXT'
         || bad "config ($1): exit $rc, '$(cat "$T/bad.out")' lacks '$2'"
 }
 badcfg 'c["enable_moe_block"]=True' "field num_experts: missing"
-badcfg 'c["hidden_size_per_layer_input"]=256' "field hidden_size_per_layer_input: per-layer embeddings"
-badcfg 'c["num_kv_shared_layers"]=2' "field num_kv_shared_layers: KV sharing across layers"
+badcfg 'c["hidden_size_per_layer_input"]=256' "field vocab_size_per_layer_input: a per-layer embedding vocabulary other"
+badcfg 'c["hidden_size_per_layer_input"]=256; c["vocab_size_per_layer_input"]=320' "tensor model.embed_tokens_per_layer.weight: missing"
+badcfg 'c["num_kv_shared_layers"]=4' "field num_kv_shared_layers: 4 leaves no layer with keys and values of its own"
+badcfg 'c["num_kv_shared_layers"]=3' "layer 1 (full_attention) has no earlier non-shared layer of its type"
+badcfg 'c["num_kv_shared_layers"]=2; c["use_double_wide_mlp"]=True' "field use_double_wide_mlp: true with KV-shared layers"
 badcfg 'c["use_bidirectional_attention"]="vision"' "field use_bidirectional_attention"
 badcfg 'c["attn_logit_softcapping"]=50.0' "field attn_logit_softcapping"
 badcfg 'c["query_pre_attn_scalar"]=256' "field query_pre_attn_scalar"
@@ -135,6 +140,67 @@ if [ -n "$PY" ]; then
     "$BIN" info -m "$T/wrap" > "$T/w.out" 2>&1; grep -q "tensor model.language_model.embed_tokens.weight" "$T/w.out" \
         && ok || bad "gemma4 wrapper: expected the language_model tensor names: $(cat "$T/w.out")"
 fi
+# ---- KV sharing (num_kv_shared_layers 2: layer 2 reads layer 0's keys and values, layer 3 layer 1's;
+# neither has k_proj, v_proj or k_norm): the numpy and the C float64 references, past the window and
+# with sliding rings; batch invariance; half the KV bytes; the check still fails one position off
+"$BIN" mkmodel --preset gemma4-tiny --bits 32 --seed 4 --kv-shared 2 --out "$T/ks32" >/dev/null || bad "mkmodel --kv-shared 2"
+"$BIN" mkmodel --preset gemma4-tiny --bits 4 --seed 4 --kv-shared 2 --out "$T/ks4" >/dev/null || bad "mkmodel --kv-shared 2 --bits 4"
+if [ -n "$PY" ]; then
+    for len in 3 40 90; do reference_case ks32 "$len" ""; done
+    for s in "--prefill-chunk 5" "--temp 1.5 --seed 7 --prefill-chunk 40"; do reference_case ks32 90 "$s"; done
+fi
+"$BIN" info -m "$T/ks32" --json --context 100 --kv-chunk 8 | grep -q '"kv_bytes_per_session":62976' \
+    && ok || bad "info on the KV-shared model: $("$BIN" info -m "$T/ks32" --json --context 100 --kv-chunk 8)"
+for m in ks32 ks4; do
+    "$BIN" accuracy -m "$T/$m" --tokens 60 --act f32 --json > "$T/acc" 2>&1
+    grep -qF '"top1_agree":60,' "$T/acc" && awk -F'"rel_l2":' '{split($2, a, /[,}]/); exit !(a[1] + 0 > 0 && a[1] + 0 < 1e-5)}' "$T/acc" \
+        && ok || bad "accuracy on $m: $(cat "$T/acc")"
+done
+invariance ks4 f32 greedy
+invariance ks4 f16 seeded
+invariance ks32 f32 greedy
+fault_breaks ks4 rope-skip-rows "$REF1" "--batch 8"
+fault_breaks ks4 split-kv-by-batch "$REF1" "--batch 8"
+"$BIN" generate -m "$T/ks4" --prompts-file "$PF" -n 8 --ignore-eos --batch 8 --check-serial > "$T/cs" 2>&1 \
+    && ok || bad "ks4: --check-serial: $(tail -2 "$T/cs")"
+"$BIN" diff -m "$T/ks4" > "$T/d" 2>&1; rc=$?
+[ $rc = 0 ] && grep -q "^no divergence" "$T/d" && ok || bad "diff on the KV-shared model: exit $rc"
+# a file that still holds the shared layers' k/v tensors (transformers ignores them): loads, same logits
+if [ -n "$PY" ]; then
+    rm -rf "$T/ksf"; cp -r "$T/m32" "$T/ksf"
+    "$PY" -c "import json,sys; c=json.load(open(sys.argv[1])); c['num_kv_shared_layers']=2; json.dump(c, open(sys.argv[1],'w'))" \
+        "$T/ksf/config.json"
+    "$BIN" info -m "$T/ksf" > "$T/ksf.out" 2>&1 && grep -q "architecture gemma4" "$T/ksf.out" \
+        && ok || bad "KV-shared config on a file with every layer's k/v: $(cat "$T/ksf.out")"
+fi
+"$BIN" probe -m "$T/ks4" > "$T/p" 2>&1
+grep -q "KV-shared layers are not supported yet" "$T/p" && ok || bad "probe on the KV-shared model: $(tail -2 "$T/p")"
+
+# ---- per-layer embeddings (hidden_size_per_layer_input) together with KV sharing: both float64
+# references past the window and with rings, batch invariance (f32 and q8), diff; probe refuses
+"$BIN" mkmodel --preset gemma4-tiny --bits 32 --seed 5 --ple 32 --kv-shared 2 --out "$T/pl32" >/dev/null || bad "mkmodel --ple 32"
+"$BIN" mkmodel --preset gemma4-tiny --bits 4 --seed 5 --ple 64 --kv-shared 2 --out "$T/pl4" >/dev/null || bad "mkmodel --ple 64 --bits 4"
+if [ -n "$PY" ]; then
+    for len in 3 90; do reference_case pl32 "$len" ""; done
+    for s in "--prefill-chunk 5" "--temp 1.5 --seed 7 --prefill-chunk 40"; do reference_case pl32 90 "$s"; done
+fi
+for m in pl32 pl4; do
+    "$BIN" accuracy -m "$T/$m" --tokens 60 --act f32 --json > "$T/acc" 2>&1
+    grep -qF '"top1_agree":60,' "$T/acc" && awk -F'"rel_l2":' '{split($2, a, /[,}]/); exit !(a[1] + 0 > 0 && a[1] + 0 < 1e-5)}' "$T/acc" \
+        && ok || bad "accuracy on $m: $(cat "$T/acc")"
+done
+invariance pl4 f32 greedy
+invariance pl32 f32 seeded
+gen "$T/pl4" --act f32 --batch 1 > "$T/a" && gen "$T/pl4" --act f32 --batch 7 --threads 2 | cmp -s "$T/a" - \
+    && ok || bad "pl4 --act f32: batch 7 differs from batch 1"
+fault_breaks pl4 rope-skip-rows "$REF1" "--batch 8"
+"$BIN" generate -m "$T/pl4" --prompts-file "$PF" -n 8 --ignore-eos --batch 8 --check-serial > "$T/cs" 2>&1 \
+    && ok || bad "pl4: --check-serial: $(tail -2 "$T/cs")"
+"$BIN" diff -m "$T/pl4" > "$T/d" 2>&1; rc=$?
+[ $rc = 0 ] && grep -q "^no divergence" "$T/d" && ok || bad "diff on the per-layer-embedding model: exit $rc"
+"$BIN" probe -m "$T/pl4" > "$T/p" 2>&1
+grep -qE "gemma4's (per-layer embeddings|KV-shared layers) are not supported yet" "$T/p" && ok || bad "probe on the per-layer-embedding model: $(tail -2 "$T/p")"
+
 # ---- accuracy: the engine against the C float64 reference (src/diag/reference.c) over 60 tokens,
 # past the window: f32 agrees on every argmax and within 1e-5 relative L2
 "$BIN" accuracy -m "$T/m32" --tokens 60 --act f32 --json > "$T/acc" 2>&1

@@ -548,6 +548,112 @@ static void test_bad_options(void) {
     unlink(f);
 }
 
+/* layers N: the preset's first N layers, every other shape unchanged; the same generator indices, so
+ * the layers kept are bitwise those of the whole preset; the layer types are the preset's pattern over
+ * N layers (the last one full); N above the preset's count refused. */
+static void test_layers_cut(void) {
+    char d2[128], d4[128], p[192];
+    snprintf(d2, sizeof d2, "%s/cut2", tmproot);
+    snprintf(d4, sizeof d4, "%s/cut4", tmproot);
+    ib_error err = {0};
+    ib_mkmodel_opts o = {.preset = "gemma4-moe-tiny", .seed = 3, .bits = 8, .tied = 1, .layers = 3};
+    CHECK_EQ_INT(ib_mkmodel(d2, &o, &err), IB_OK);
+    o.layers = 0;
+    CHECK_EQ_INT(ib_mkmodel(d4, &o, &err), IB_OK);
+    ib_config c;
+    snprintf(p, sizeof p, "%s/config.json", d2);
+    CHECK_EQ_INT(ib_config_load(p, &c, &err), IB_OK);
+    CHECK(c.n_layers == 3 && c.hidden_size == 128 && c.n_experts == 8 && c.global_head_dim == 64 &&
+              c.sliding_window == 16,
+          "cut config: layers %d D %d experts %d ghd %d window %d", c.n_layers, c.hidden_size, c.n_experts,
+          c.global_head_dim, c.sliding_window);
+    CHECK(c.layer_sliding[0] == 1 && c.layer_sliding[1] == 0 && c.layer_sliding[2] == 0, "cut layer types %d %d %d",
+          c.layer_sliding[0], c.layer_sliding[1], c.layer_sliding[2]);
+    ib_st_set *a = NULL, *b = NULL;
+    CHECK_EQ_INT(ib_st_open_dir(d2, &a, &err), IB_OK);
+    CHECK_EQ_INT(ib_st_open_dir(d4, &b, &err), IB_OK);
+    if (a && b) {
+        static const char *const same[] = {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                                           "model.layers.1.experts.switch_glu.down_proj.scales",
+                                           "model.layers.2.router.proj.weight", "model.layers.2.layer_scalar"};
+        for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+            const ib_st_tensor *ta = ib_st_find(a, same[i]), *tb = ib_st_find(b, same[i]);
+            CHECK(ta && tb && ta->nbytes == tb->nbytes && memcmp(ta->data, tb->data, ta->nbytes) == 0,
+                  "%s differs between the cut and the whole preset", same[i]);
+        }
+        CHECK(ib_st_find(a, "model.layers.3.input_layernorm.weight") == NULL, "layer 3 written in a 3-layer cut");
+    }
+    ib_st_close(a);
+    ib_st_close(b);
+    remove_model_dir(d2);
+    remove_model_dir(d4);
+    char d[128];
+    snprintf(d, sizeof d, "%s/cutbad", tmproot);
+    o.layers = 5;
+    CHECK_EQ_INT(ib_mkmodel(d, &o, &err), IB_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "layers 5") != NULL, "message: %s", err.msg);
+}
+
+/* kv_shared N: the last N layers written without k_proj, v_proj, k_norm, config.json's
+ * num_kv_shared_layers read back with each shared layer's source (the last earlier layer of its type);
+ * counts with no source, or on a preset that is not gemma4, refused. */
+static void test_kv_shared(void) {
+    char d[128], p[192];
+    snprintf(d, sizeof d, "%s/kvs", tmproot);
+    ib_error err = {0};
+    ib_mkmodel_opts o = {.preset = "gemma4-tiny", .seed = 2, .bits = 4, .tied = 1, .kv_shared = 2};
+    CHECK_EQ_INT(ib_mkmodel(d, &o, &err), IB_OK);
+    ib_config c;
+    snprintf(p, sizeof p, "%s/config.json", d);
+    CHECK_EQ_INT(ib_config_load(p, &c, &err), IB_OK);
+    CHECK(c.kv_shared == 2 && c.kv_from[0] == 0 && c.kv_from[1] == 0 && ib_config_kv_layer(&c, 2) == 0 &&
+              ib_config_kv_layer(&c, 3) == 1,
+          "kv sharing read back: %d, from %d %d %d %d", c.kv_shared, c.kv_from[0], c.kv_from[1], c.kv_from[2], c.kv_from[3]);
+    ib_st_set *a = NULL;
+    CHECK_EQ_INT(ib_st_open_dir(d, &a, &err), IB_OK);
+    if (a) {
+        CHECK(ib_st_find(a, "model.layers.1.self_attn.k_proj.weight") && ib_st_find(a, "model.layers.0.self_attn.v_proj.weight"),
+              "layers 0, 1 lost their keys / values");
+        CHECK(!ib_st_find(a, "model.layers.2.self_attn.k_proj.weight") && !ib_st_find(a, "model.layers.2.self_attn.v_proj.weight") &&
+                  !ib_st_find(a, "model.layers.3.self_attn.k_norm.weight"),
+              "a KV-shared layer has keys / values / k_norm");
+        CHECK(ib_st_find(a, "model.layers.3.self_attn.q_proj.weight") && ib_st_find(a, "model.layers.3.self_attn.q_norm.weight"),
+              "a KV-shared layer lost its queries");
+        ib_st_close(a);
+    }
+    remove_model_dir(d);
+    o.kv_shared = 3;   /* layer 1 (full) would have no earlier full layer */
+    CHECK_EQ_INT(ib_mkmodel(d, &o, &err), IB_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "layer 1") != NULL, "message: %s", err.msg);
+    o.kv_shared = 4;
+    CHECK_EQ_INT(ib_mkmodel(d, &o, &err), IB_ERR_INVALID_ARG);
+    o.preset = "tiny";
+    o.kv_shared = 1;
+    CHECK_EQ_INT(ib_mkmodel(d, &o, &err), IB_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "not gemma4") != NULL, "message: %s", err.msg);
+    /* per-layer embeddings: the table, the projection and its norm, each layer's block; config read back */
+    o = (ib_mkmodel_opts){.preset = "gemma4-tiny", .seed = 2, .bits = 4, .tied = 1, .ple_dim = 64};
+    CHECK_EQ_INT(ib_mkmodel(d, &o, &err), IB_OK);
+    CHECK_EQ_INT(ib_config_load(p, &c, &err), IB_OK);
+    CHECK(c.ple_dim == 64 && c.kv_shared == 0, "ple_dim %d kv_shared %d", c.ple_dim, c.kv_shared);
+    a = NULL;
+    CHECK_EQ_INT(ib_st_open_dir(d, &a, &err), IB_OK);
+    if (a) {
+        const ib_st_tensor *t = ib_st_find(a, "model.embed_tokens_per_layer.weight");
+        CHECK(t && t->shape[0] == 320 && t->shape[1] == 4 * 64 * 4 / 32, "embed_tokens_per_layer shape");
+        CHECK(ib_st_find(a, "model.per_layer_model_projection.scales") && ib_st_find(a, "model.per_layer_projection_norm.weight") &&
+                  ib_st_find(a, "model.layers.3.per_layer_input_gate.weight") &&
+                  ib_st_find(a, "model.layers.3.per_layer_projection.biases") &&
+                  ib_st_find(a, "model.layers.0.post_per_layer_input_norm.weight"),
+              "per-layer embedding tensors missing");
+        ib_st_close(a);
+    }
+    remove_model_dir(d);
+    o.ple_dim = 32;   /* 4-bit, group 64: per_layer_projection's input would not be whole groups */
+    CHECK_EQ_INT(ib_mkmodel(d, &o, &err), IB_ERR_INVALID_ARG);
+    CHECK(strstr(err.msg, "quantization group") != NULL, "message: %s", err.msg);
+}
+
 /* The large preset: memory stays bounded (streamed); timed. Only with IB_TEST_BIG=1. */
 static void test_big(void) {
     const char *env = getenv("IB_TEST_BIG");
@@ -578,6 +684,8 @@ int main(void) {
     test_quantize_random();
     test_models();
     test_bad_options();
+    test_layers_cut();
+    test_kv_shared();
     test_big();
     CHECK(rmdir(tmproot) == 0, "%s not empty at the end", tmproot);
     TEST_MAIN_END("test_mkmodel");

@@ -16,7 +16,7 @@
 
 static const char help[] =
     "usage: isobatch accuracy [-m DIR] [-p TEXT | --prompt-ids L] [--tokens N] [--act f32|q8|both]\n"
-    "         [--isa I] [--threads N] [--json]\n"
+    "         [--isa I] [--threads N] [--json] [--logits-out F] [--ref-logits-out F] [--no-reference]\n"
     "\n"
     "Runs a float64 reference forward pass of the model over one token sequence (every position, from\n"
     "position 0), then feeds the same tokens to the engine one step at a time per activation mode and\n"
@@ -30,7 +30,22 @@ static const char help[] =
     "  --act A           f32, q8 or both (default both; q8 is skipped on float models)\n"
     "  --isa I           engine kernels: auto, scalar, avx2, avx512, neon, amx (default auto)\n"
     "  --threads N       engine threads (default: the CPUs online; the reference uses two)\n"
-    "  --json            one JSON object\n";
+    "  --json            one JSON object\n"
+    "  --logits-out F    also write the engine's logits after every token (float32 little-endian,\n"
+    "                    [tokens][vocab], row t = after token t); needs --act f32 or --act q8\n"
+    "  --ref-logits-out F  also write the float64 reference's logits (float64 little-endian, same layout)\n"
+    "  --no-reference    skip the float64 reference (and the comparison): only --logits-out's engine run\n"
+    "                    (for models whose float64 pass would take too long, compared elsewhere)\n";
+
+/* Write n elements of size sz from buf to path; 0 or a one-line error (exit status 1). */
+static int write_file(const char *path, const void *buf, size_t sz, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return cli_error("%s: cannot create", path);
+    size_t w = fwrite(buf, sz, n, f);
+    int bad = w != n;
+    if (fclose(f) != 0) bad = 1;
+    return bad ? cli_error("%s: write failed", path) : 0;
+}
 
 static const char default_text[] =
     "The river rises in the hills north of the town and runs south through farmland for about forty "
@@ -58,7 +73,9 @@ static json_t *mode_json(const char *act, const ib_accuracy *a) {
 }
 
 int cmd_accuracy(int argc, char **argv) {
-    const char *dir = NULL, *text = NULL, *idlist = NULL, *acts = "both";
+    const char *dir = NULL, *text = NULL, *idlist = NULL, *acts = "both", *logits_out = NULL, *ref_out = NULL;
+    int no_ref = 0;
+    float *eng = NULL;
     long n_tokens = 64, threads = sysconf(_SC_NPROCESSORS_ONLN);
     ib_isa isa = IB_ISA_AUTO;
     int json = 0, rc = 0;
@@ -85,11 +102,17 @@ int cmd_accuracy(int argc, char **argv) {
                 rc = cli_usage_error("--act: unknown '%s' (f32, q8, both)", v);
             else acts = v;
         } else if (!strcmp(f, "--json")) json = 1;
+        else if (!strcmp(f, "--logits-out")) rc = VAL() ? (logits_out = v, 0) : 2;
+        else if (!strcmp(f, "--ref-logits-out")) rc = VAL() ? (ref_out = v, 0) : 2;
+        else if (!strcmp(f, "--no-reference")) no_ref = 1;
         else rc = cli_unknown_option("accuracy", f, help);
 #undef VAL
     }
     if (rc) return rc;
     if (text && idlist) return cli_usage_error("accuracy: give -p or --prompt-ids, not both");
+    if (logits_out && !strcmp(acts, "both")) return cli_usage_error("--logits-out: give one --act (f32 or q8)");
+    if (no_ref && !logits_out) return cli_usage_error("--no-reference: only with --logits-out (nothing else to do)");
+    if (no_ref && ref_out) return cli_usage_error("--ref-logits-out: not with --no-reference");
     if (!(dir = cli_model_dir(dir))) return 2;
     ib_error err;
     if (ib_model_load(dir, NULL, &m, &err)) {
@@ -119,16 +142,24 @@ int cmd_accuracy(int argc, char **argv) {
         rc = cli_usage_error("accuracy: %d token%s; at least 2 are needed", T, T == 1 ? "" : "s");
         goto out;
     }
-    if (!(ref = malloc((size_t)T * V * sizeof *ref))) {
-        rc = cli_error("out of memory for the reference logits (%d x %d)", T, V);
+    double ref_s = 0;
+    if (!no_ref) {
+        if (!(ref = malloc((size_t)T * V * sizeof *ref))) {
+            rc = cli_error("out of memory for the reference logits (%d x %d)", T, V);
+            goto out;
+        }
+        double t0 = now_s();
+        if (ib_reference_logits(m, ids, T, ref, &err)) {
+            rc = cli_error("%s", err.msg);
+            goto out;
+        }
+        ref_s = now_s() - t0;
+        if (ref_out && (rc = write_file(ref_out, ref, sizeof *ref, (size_t)T * V))) goto out;
+    }
+    if (logits_out && !(eng = malloc((size_t)T * V * sizeof *eng))) {
+        rc = cli_error("out of memory for the engine logits (%d x %d)", T, V);
         goto out;
     }
-    double t0 = now_s();
-    if (ib_reference_logits(m, ids, T, ref, &err)) {
-        rc = cli_error("%s", err.msg);
-        goto out;
-    }
-    double ref_s = now_s() - t0;
 
     /* the modes asked for; q8 of "both" is skipped on a float model (q8 needs quantized weights) */
     const char *names[2] = {"f32", "q8"};
@@ -141,11 +172,36 @@ int cmd_accuracy(int argc, char **argv) {
     for (int k = 0; k < 2; k++) {
         if (!run[k]) continue;
         ib_engine_opts eo = {.threads = (int)threads, .isa = isa, .act = modes[k], .max_step_tokens = 1};
-        if (ib_accuracy_run(m, &eo, ids, T, ref, &acc[k], &err)) {
+        if (eng) { /* one mode (checked above): keep every row, compare them when there is a reference */
+            if (ib_engine_logits_all(m, &eo, ids, T, eng, &acc[k].isa, &acc[k].seconds, &err)) {
+                rc = cli_error("%s", err.msg);
+                goto out;
+            }
+            for (int t = 0; ref && t < T; t++) ib_accuracy_add(&acc[k], ref + (size_t)t * V, eng + (size_t)t * V, V);
+            if ((rc = write_file(logits_out, eng, sizeof *eng, (size_t)T * V))) goto out;
+        } else if (ib_accuracy_run(m, &eo, ids, T, ref, &acc[k], &err)) {
             rc = cli_error("%s", err.msg);
             goto out;
         }
         isa_used = acc[k].isa;
+    }
+    if (no_ref) {
+        const char *an = run[0] ? names[0] : names[1];
+        const ib_accuracy *a = &acc[run[0] ? 0 : 1];
+        if (json) {
+            json_t *o = json_pack("{s:s,s:i,s:i,s:i,s:s,s:i,s:s,s:b,s:f}", "model", dir, "tokens", T, "vocab", V,
+                                  "quant_bits", info->quant_bits, "isa", ib_isa_name(isa_used), "threads", (int)threads,
+                                  "act", an, "reference", 0, "seconds", a->seconds);
+            char *js = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
+            if (js) puts(js);
+            free(js);
+            json_decref(o);
+        } else
+            printf("isobatch accuracy: %d tokens, vocab %d, %s weights; no reference; engine (act %s, isa %s, %ld "
+                   "thread%s) logits of every position written to %s in %.2f s\n",
+                   T, V, info->weight_dtype, an, ib_isa_name(isa_used), threads, threads == 1 ? "" : "s", logits_out,
+                   a->seconds);
+        goto out;
     }
     if (json) {
         json_t *o = json_object(), *ms = json_array();
@@ -182,6 +238,7 @@ int cmd_accuracy(int argc, char **argv) {
         printf("(KL in nats per token, KL(reference || engine); rel L2 = ||engine - ref|| / ||ref|| over all logits)\n");
     }
 out:
+    free(eng);
     free(ref);
     free(ids);
     ib_model_free(m);

@@ -11,8 +11,14 @@
 static const char help[] =
     "usage: isobatch mkmodel --preset tiny|qwen3-0.6b|qwen3-8b|gemma4-tiny|gemma4-moe-tiny|gemma4-26b-a4b\n"
     "                        [--seed S] [--bits 4|8|16|32]"
-    " [--group 32|64|128] [--untied] [--arch qwen3|llama] [--top-k K] --out DIR\n"
+    " [--group 32|64|128] [--untied] [--arch qwen3|llama] [--top-k K]\n"
+    "                        [--layers N] [--kv-shared N] [--ple P] --out DIR\n"
     "  --top-k K   gemma4-moe-tiny (8 experts, top-k 2), gemma4-26b-a4b (128, top-k 8): route each token to K experts\n"
+    "  --layers N  only the preset's first N layers, every other shape unchanged (Gemma 4: the preset's\n"
+    "              sliding/full pattern over N layers, the last one full); e.g. gemma4-26b-a4b --layers 6\n"
+    "  --kv-shared N  Gemma 4: the last N layers share keys and values (num_kv_shared_layers): each reads\n"
+    "              those of the last earlier layer of its type and has no k_proj, v_proj, k_norm\n"
+    "  --ple P     Gemma 4: per-layer embeddings of width P (hidden_size_per_layer_input)\n"
     "  gemma4-26b-a4b: Gemma-4-26B-A4B's real shapes (about 14 GB at 4 bits; for benchmarks)\n"
     "  Writes config.json, model.safetensors (MLX layout), tokenizer.json and tokenizer_config.json.\n";
 
@@ -46,6 +52,15 @@ int cmd_mkmodel(int argc, char **argv) {
         } else if (!strcmp(f, "--top-k")) {
             if (cli_int(f, v, 1, 1024, &x)) return 2;
             o.top_k = (int)x;
+        } else if (!strcmp(f, "--kv-shared")) {
+            if (cli_int(f, v, 1, 4096, &x)) return 2;
+            o.kv_shared = (int)x;
+        } else if (!strcmp(f, "--ple")) {
+            if (cli_int(f, v, 1, 4096, &x)) return 2;
+            o.ple_dim = (int)x;
+        } else if (!strcmp(f, "--layers")) {
+            if (cli_int(f, v, 1, 4096, &x)) return 2;
+            o.layers = (int)x;
         } else if (!strcmp(f, "--group")) {
             if (cli_int(f, v, 32, 128, &x)) return 2;
             if (x != 32 && x != 64 && x != 128) return cli_usage_error("--group: %ld is not 32, 64 or 128", x);
@@ -61,6 +76,10 @@ int cmd_mkmodel(int argc, char **argv) {
     if (!out) return cli_usage_error("mkmodel: --out DIR is required");
     ib_error err;
     if (ib_mkmodel(out, &o, &err)) return cli_error("%s", err.msg);
-    printf("wrote %s (preset %s, %d-bit, seed %llu)\n", out, o.preset, o.bits, (unsigned long long)o.seed);
+    if (o.layers)
+        printf("wrote %s (preset %s, its first %d layers, %d-bit, seed %llu)\n", out, o.preset, o.layers, o.bits,
+               (unsigned long long)o.seed);
+    else
+        printf("wrote %s (preset %s, %d-bit, seed %llu)\n", out, o.preset, o.bits, (unsigned long long)o.seed);
     return 0;
 }

@@ -92,6 +92,9 @@ typedef struct ib_kv_desc {
     int n_sliding;      /* sliding-window layers (0: none; the fields below unused) */
     int sliding_kv_heads, sliding_head_dim, sliding_capacity, sliding_window;
     unsigned char sliding[IB_KV_MAX_LAYERS];   /* [li] 1: layer li is a sliding-window layer */
+    /* [li] 0: layer li has keys and values of its own; s > 0 (KV sharing, Gemma 4's
+     * num_kv_shared_layers): it stores none and attends to layer s - 1's, a layer of its kind */
+    short kv_from[IB_KV_MAX_LAYERS];
 } ib_kv_desc;
 
 /* A session's KV cache on some backend. The descriptor is public to the runtime; the storage is not. */
@@ -124,8 +127,15 @@ static inline ib_kv_desc ib_kv_desc_layer(const ib_kv_desc *d, int li) {
     return v;
 }
 
-/* Elements of layer li's keys and values (2 x KVH x slots x hd) in a cache of this shape. */
+/* The layer whose keys and values layer li reads: li, or its KV-sharing source. */
+static inline int ib_kv_desc_owner(const ib_kv_desc *d, int li) {
+    return li < IB_KV_MAX_LAYERS && d->kv_from[li] > 0 ? d->kv_from[li] - 1 : li;
+}
+
+/* Elements of layer li's keys and values (2 x KVH x slots x hd) in a cache of this shape; 0 for a
+ * KV-shared layer (it holds none). */
 static inline size_t ib_kv_desc_layer_elems(const ib_kv_desc *d, int li) {
+    if (ib_kv_desc_owner(d, li) != li) return 0;
     if (ib_kv_desc_sliding(d, li))
         return (size_t)2 * d->sliding_kv_heads * (size_t)d->sliding_capacity * d->sliding_head_dim;
     return (size_t)2 * d->n_kv_heads * (size_t)d->capacity * d->head_dim;
@@ -216,12 +226,13 @@ typedef struct ib_backend_ops {
      * Gemma 4, IB_QK_NORM: first V = K when the layer has no v_proj (attention_k_eq_v), then q_norm,
      * k_norm and the weightless v_norm (ib_rmsnorm_heads with w NULL); IB_QK_ROPE_STORE: the RoPE
      * table of the layer's type (sliding: ib_rope_table with rope_theta; full: ib_rope_table_pairs
-     * over global_head_dim with rope_theta_full and rope_pairs_full). */
+     * over global_head_dim with rope_theta_full and rope_pairs_full). A KV-shared layer (no k_proj;
+     * kv_from in ib_kv_desc): Q alone (q_norm, RoPE), nothing stored. */
     void (*qk_prepare)(ib_backend *b, int li, int phases);
     /* ATT[r] = attention of Q[r] over keys 0..pos[r] of its session at layer li (the layer's view,
      * ib_kv_desc_layer: window 0: ib_attend_heads order; window > 0: ib_attend_policy order, which for
      * a sliding layer is its last sliding_window keys), key block attn_block. Scale 1/sqrt(hd); Gemma 4:
-     * scale 1. */
+     * scale 1. A KV-shared layer reads the keys and values of its source layer (ib_kv_desc_owner). */
     void (*attention)(ib_backend *b, int li);
     /* G = silu(G) * U (ib_swiglu). */
     void (*swiglu)(ib_backend *b);
@@ -253,6 +264,19 @@ typedef struct ib_backend_ops {
     /* Set rows [0, R) of buffer `buf` (width floats each) from host memory x, in stream order with the
      * enqueued work (the op checker feeds every op its inputs this way). */
     void (*write_rows)(ib_backend *b, ib_buf buf, int R, int width, const float *x);
+
+    /* ---- Gemma 4 per-layer embeddings (cfg.ple_dim P > 0; docs/gemma4.md "Per-layer embeddings");
+     * NULL in a backend that cannot run them (ib_engine_create then refuses such a model) ---- */
+    /* After embed: each row's per-layer inputs PLI[r] ([L][P], kept by the backend for the step) =
+     * (A + B) then ib_scale by (float)(1/sqrt(2)), where A = X[r] · per_layer_model_projection^T
+     * (matmul.h), ib_scale by (float)(1/sqrt(D)), then each P-slice rmsnorm'ed with
+     * per_layer_projection_norm, and B = embed_tokens_per_layer row tok[r] (ib_matrix_row_f32) ib_scale'd
+     * by ple_embed_scale. Each row's own numbers. */
+    void (*ple_inputs)(ib_backend *b);
+    /* Layer li's per-layer input block on the residual: G[r] = X[r] · per_layer_input_gate^T, then
+     * ib_geglu(G[r], PLI[r][li]) (gelu_tanh(G) * PLI), Y[r] = G[r] · per_layer_projection^T,
+     * rmsnorm'ed with post_per_layer_input_norm, X[r] += Y[r] (ib_add). */
+    void (*ple_layer)(ib_backend *b, int li);
 } ib_backend_ops;
 
 /* An instance starts with a pointer to its kind's table, so the runtime can call through it. */

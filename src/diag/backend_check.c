@@ -400,6 +400,10 @@ ib_status ib_backend_check(const ib_model *m, const ib_backend_check_opts *o, ib
     *mismatches = 0;
     if (c->arch == IB_ARCH_GEMMA4 && c->n_experts > 0) /* the moe op has no reference here yet */
         return ib_fail(err, IB_ERR_UNSUPPORTED, "backend check: gemma4's MoE block is not supported yet (dense gemma4 is)");
+    if (c->kv_shared > 0) /* its host mirrors hold every layer's own keys and values */
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "backend check: gemma4's KV-shared layers are not supported yet");
+    if (c->ple_dim > 0) /* the per-layer input ops have no reference here yet */
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "backend check: gemma4's per-layer embeddings are not supported yet");
     if (!ib_backend_available(o->backend, &why))
         return ib_fail(err, IB_ERR_UNSUPPORTED, "backend %s: %s", ib_backend_name(o->backend), why);
     ib_engine_opts eo = {.threads = o->threads, .isa = o->isa, .act = o->act, .backend = o->backend};

@@ -204,7 +204,11 @@ static void gemma4_moe(const ib_config *c, const ib_layer *L, const double *h, c
  * (sliding: theta^(-2i/hd) on every pair; full: proportional, the first rope_pairs_full pairs with
  * theta_full^(-2i/global_head_dim), the rest not rotated) and window; q/k/v head norms (v without a
  * weight; v = the raw k on full layers under attention_k_eq_v), attention scale 1, post-norms, GeGLU,
- * the MoE block, the layer scalar; final norm, lm_head, soft-cap. logits [T][V]. */
+ * the MoE block, the layer scalar; final norm, lm_head, soft-cap. A KV-shared layer (num_kv_shared_layers)
+ * attends to its source layer's normed and rotated keys and values, kept from that layer. Per-layer
+ * embeddings (ple_dim P > 0): each token's [L][P] inputs from the projection of its embedding (scaled
+ * 1/sqrt(D), normed per P-slice) plus its per-layer table row (times sqrt(P)), times 1/sqrt(2); after
+ * each layer's MLP, X += rmsnorm(proj(gelu_tanh(gate(X)) * input of the layer)). logits [T][V]. */
 static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int T, double *logits, ib_error *err) {
     const ib_config *c = &m->cfg;
     const int D = c->hidden_size, H = c->n_heads, F = c->intermediate_size, V = c->vocab_size, E = c->n_experts;
@@ -216,6 +220,8 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
     int Kmax = D > F ? D : F;
     if (H * hdm > Kmax) Kmax = H * hdm;
     if (Fm > Kmax) Kmax = Fm;
+    const int P = c->ple_dim, LP = c->n_layers * c->ple_dim;
+    if (P > Kmax) Kmax = P;
     size_t TT = (size_t)T;
     double *x = malloc(TT * D * sizeof *x), *xn = malloc(TT * D * sizeof *xn), *o = malloc(TT * D * sizeof *o);
     double *q = malloc(TT * H * hdm * sizeof *q), *k = malloc(TT * kvm * hdm * sizeof *k);
@@ -224,8 +230,14 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
     double *cs = malloc(TT * (hdm / 2) * 2 * sizeof *cs);
     double *rl = malloc(((size_t)E + 1) * sizeof *rl), *gu = malloc(((size_t)2 * Fm + 1) * sizeof *gu);
     double *y = malloc((size_t)D * sizeof *y), *me = malloc((size_t)D * sizeof *me);
+    /* [li] keys and values [T][KVH][hd] of a layer that KV-shared layers read (NULL for the others) */
+    double **sk = calloc((size_t)c->n_layers, sizeof *sk), **sv = calloc((size_t)c->n_layers, sizeof *sv);
+    /* per-layer embeddings: inputs [T][L*P], a table row [L*P], a layer's gate [T][P] */
+    double *pli = P ? malloc(TT * LP * sizeof *pli) : NULL, *pg = P ? malloc(TT * P * sizeof *pg) : NULL;
+    float *prow = P ? malloc((size_t)LP * sizeof *prow) : NULL;
     lin_scratch s = {{0}, {0}};
-    int ok = x && xn && o && q && k && v && att && g && u && p && cs && rl && gu && y && me;
+    int ok = x && xn && o && q && k && v && att && g && u && p && cs && rl && gu && y && me && sk && sv &&
+             (!P || (pli && pg && prow));
     ok = lin_scratch_alloc(&s, Kmax) && ok;
     ib_status rc = IB_OK;
     if (!ok) {
@@ -235,6 +247,18 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
     for (int t = 0; t < T; t++) {
         ib_matrix_row_f32(&m->embed, tokens[t], s.wf[0]);
         for (int d = 0; d < D; d++) x[(size_t)t * D + d] = (double)s.wf[0][d] * (double)m->embed_scale;
+    }
+    if (P > 0) { /* each token's per-layer inputs [L][P] */
+        linear(&m->ple_model_proj, x, T, pli, &s);
+        for (size_t i = 0; i < TT * LP; i++) pli[i] /= sqrt((double)D);
+        for (size_t i = 0; i < TT * c->n_layers; i++) rmsnorm(pli + i * P, m->ple_proj_norm, P, eps, pli + i * P);
+        for (int t = 0; t < T; t++) {
+            ib_matrix_row_f32(&m->ple_embed, tokens[t], prow);
+            for (int i = 0; i < LP; i++) {
+                double *e = pli + (size_t)t * LP + i;
+                *e = (*e + (double)prow[i] * (double)m->ple_embed_scale) / sqrt(2.0);
+            }
+        }
     }
     for (int li = 0; li < c->n_layers; li++) {
         const ib_layer *L = &m->layers[li];
@@ -251,17 +275,37 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
         }
         for (int t = 0; t < T; t++) rmsnorm(x + (size_t)t * D, L->attn_norm, D, eps, xn + (size_t)t * D);
         linear(&L->wq, xn, T, q, &s);
-        linear(&L->wk, xn, T, k, &s);
-        if (L->wv.rows > 0) linear(&L->wv, xn, T, v, &s);
-        else memcpy(v, k, TT * KD * sizeof *v);
         for (int t = 0; t < T; t++) {
             for (int h = 0; h < H; h++) rmsnorm(q + ((size_t)t * H + h) * hd, L->q_norm, hd, eps, q + ((size_t)t * H + h) * hd);
-            for (int h = 0; h < KVH; h++) {
-                rmsnorm(k + ((size_t)t * KVH + h) * hd, L->k_norm, hd, eps, k + ((size_t)t * KVH + h) * hd);
-                rmsnorm(v + ((size_t)t * KVH + h) * hd, NULL, hd, eps, v + ((size_t)t * KVH + h) * hd);
-            }
             rope(q + (size_t)t * HD, H, hd, cs + (size_t)t * half * 2);
-            rope(k + (size_t)t * KD, KVH, hd, cs + (size_t)t * half * 2);
+        }
+        const int src = ib_config_kv_layer(c, li);
+        const double *kk = k, *vv = v;   /* [T][KVH][hd] the keys and values this layer attends to */
+        if (src != li) {
+            kk = sk[src], vv = sv[src];
+        } else {
+            linear(&L->wk, xn, T, k, &s);
+            if (L->wv.rows > 0) linear(&L->wv, xn, T, v, &s);
+            else memcpy(v, k, TT * KD * sizeof *v);
+            for (int t = 0; t < T; t++) {
+                for (int h = 0; h < KVH; h++) {
+                    rmsnorm(k + ((size_t)t * KVH + h) * hd, L->k_norm, hd, eps, k + ((size_t)t * KVH + h) * hd);
+                    rmsnorm(v + ((size_t)t * KVH + h) * hd, NULL, hd, eps, v + ((size_t)t * KVH + h) * hd);
+                }
+                rope(k + (size_t)t * KD, KVH, hd, cs + (size_t)t * half * 2);
+            }
+            int is_source = 0;
+            for (int j = li + 1; j < c->n_layers; j++) is_source |= ib_config_kv_layer(c, j) == li;
+            if (is_source) {
+                sk[li] = malloc(TT * KD * sizeof **sk);
+                sv[li] = malloc(TT * KD * sizeof **sv);
+                if (!sk[li] || !sv[li]) {
+                    rc = ib_fail(err, IB_ERR_NOMEM, "reference: out of memory for %d tokens", T);
+                    goto out;
+                }
+                memcpy(sk[li], k, TT * KD * sizeof *k);
+                memcpy(sv[li], v, TT * KD * sizeof *v);
+            }
         }
         /* causal attention, scale 1; a sliding layer's query at t sees keys t-W+1 .. t */
         for (int t = 0; t < T; t++)
@@ -270,14 +314,14 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
                 const double *qh = q + ((size_t)t * H + h) * hd;
                 double mx = -INFINITY, sum = 0;
                 for (int j = j0; j <= t; j++) {
-                    p[j] = dot(qh, k + ((size_t)j * KVH + kvh) * hd, hd);
+                    p[j] = dot(qh, kk + ((size_t)j * KVH + kvh) * hd, hd);
                     if (p[j] > mx) mx = p[j];
                 }
                 for (int j = j0; j <= t; j++) sum += p[j] = exp(p[j] - mx);
                 double *oh = att + ((size_t)t * H + h) * hd;
                 for (int d = 0; d < hd; d++) oh[d] = 0;
                 for (int j = j0; j <= t; j++)
-                    for (int d = 0; d < hd; d++) oh[d] += p[j] / sum * v[((size_t)j * KVH + kvh) * hd + d];
+                    for (int d = 0; d < hd; d++) oh[d] += p[j] / sum * vv[((size_t)j * KVH + kvh) * hd + d];
             }
         linear(&L->wo, att, T, o, &s);
         for (int t = 0; t < T; t++) {
@@ -299,8 +343,20 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
                 for (int d = 0; d < D; d++) ot[d] += me[d];
             }
             rmsnorm(ot, L->post_mlp_norm, D, eps, ot);
-            for (int d = 0; d < D; d++) xt[d] = (xt[d] + ot[d]) * (double)L->layer_scalar;
+            for (int d = 0; d < D; d++) xt[d] += ot[d];
         }
+        if (P > 0) { /* the per-layer input block */
+            linear(&L->ple_gate, x, T, pg, &s);
+            for (int t = 0; t < T; t++)
+                for (int i = 0; i < P; i++)
+                    pg[(size_t)t * P + i] = gelu_tanh(pg[(size_t)t * P + i]) * pli[(size_t)t * LP + (size_t)li * P + i];
+            linear(&L->ple_proj, pg, T, o, &s);
+            for (int t = 0; t < T; t++) {
+                rmsnorm(o + (size_t)t * D, L->ple_norm, D, eps, o + (size_t)t * D);
+                for (int d = 0; d < D; d++) x[(size_t)t * D + d] += o[(size_t)t * D + d];
+            }
+        }
+        for (size_t i = 0; i < TT * D; i++) x[i] *= (double)L->layer_scalar;
     }
     for (int t = 0; t < T; t++) rmsnorm(x + (size_t)t * D, m->final_norm, D, eps, xn + (size_t)t * D);
     linear(m->lm_head, xn, T, logits, &s);
@@ -309,6 +365,9 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
 out:
     free(x), free(xn), free(o), free(q), free(k), free(v), free(att), free(g), free(u), free(p), free(cs);
     free(rl), free(gu), free(y), free(me);
+    for (int li = 0; sk && sv && li < c->n_layers; li++) free(sk[li]), free(sv[li]);
+    free(pli), free(pg), free(prow);
+    free(sk), free(sv);
     for (int i = 0; i < REF_THREADS; i++) free(s.wf[i]), free(s.wd[i]);
     return rc;
 }
@@ -495,5 +554,28 @@ out:
     ib_session_free(s);
     ib_engine_free(e);
     free(lg);
+    return rc;
+}
+
+ib_status ib_engine_logits_all(const ib_model *m, const ib_engine_opts *opts, const int32_t *tokens, int T,
+                               float *logits, ib_isa *isa_out, double *seconds, ib_error *err) {
+    if (!m || !tokens || !logits) return ib_fail(err, IB_ERR_INVALID_ARG, "engine logits: NULL model, tokens or output");
+    if (T < 1) return ib_fail(err, IB_ERR_INVALID_ARG, "engine logits: %d tokens (at least 1 is needed)", T);
+    const int V = m->cfg.vocab_size;
+    ib_engine *e = NULL;
+    ib_session *s = NULL;
+    ib_status rc;
+    if ((rc = ib_engine_create(m, opts, &e, err))) goto out;
+    if ((rc = ib_session_create(m, &(ib_session_opts){.max_context = T}, &s, err))) goto out;
+    double t0 = now_s();
+    for (int t = 0; t < T; t++) {
+        ib_step_item it = {.session = s, .tokens = tokens + t, .n_tokens = 1, .logits = logits + (size_t)t * V};
+        if ((rc = ib_step(e, &it, 1, err))) goto out;
+    }
+    if (isa_out) *isa_out = ib_engine_isa(e);
+    if (seconds) *seconds = now_s() - t0;
+out:
+    ib_session_free(s);
+    ib_engine_free(e);
     return rc;
 }

@@ -356,8 +356,6 @@ static ib_status parse_gemma4(const char *path, json_t *top, ib_config *c, ib_er
     if ((st = get_int(path, o, "hidden_size_per_layer_input", 0, 0, 0, 1 << 20, &ple, err)) ||
         (st = get_int(path, o, "num_kv_shared_layers", 0, 0, 0, 4096, &shared, err)))
         return st;
-    if (ple) return G4_UNSUPPORTED("hidden_size_per_layer_input", "per-layer embeddings (nonzero)");
-    if (shared) return G4_UNSUPPORTED("num_kv_shared_layers", "KV sharing across layers (nonzero)");
     if ((st = get_bool(path, o, "attention_bias", 0, &on, err))) return st;
     if (on) return G4_UNSUPPORTED("attention_bias", "true");
     static const char *const absent_only[] = {"use_bidirectional_attention", "attn_logit_softcapping",
@@ -461,6 +459,31 @@ static ib_status parse_gemma4(const char *path, json_t *top, ib_config *c, ib_er
     if (c->layer_sliding[c->n_layers - 1])
         return ib_fail(err, IB_ERR_MODEL, "%s: field %slayer_types[%d]: the last layer must be full_attention", path,
                        fp, c->n_layers - 1);
+    /* per-layer embeddings: a [vocab_size_per_layer_input][layers * P] table, one row per token id;
+     * only the table of the main vocabulary's size is read here */
+    c->ple_dim = ple;
+    if (ple) {
+        int vp = 0;
+        if ((st = get_int(path, o, "vocab_size_per_layer_input", 0, 262144, 1, 1 << 24, &vp, err))) return st;
+        if (vp != c->vocab_size)
+            return G4_UNSUPPORTED("vocab_size_per_layer_input", "a per-layer embedding vocabulary other than vocab_size");
+        if ((long long)c->n_layers * ple > (1 << 24))
+            return ib_fail(err, IB_ERR_MODEL, "%s: field %shidden_size_per_layer_input: %d x %d layers is too wide", path,
+                           fp, ple, c->n_layers);
+    }
+    /* KV sharing: the last num_kv_shared_layers layers reuse the keys and values of the last earlier
+     * layer of their type (transformers' Gemma4TextAttention); use_double_wide_mlp widens their MLPs */
+    if (shared >= c->n_layers)
+        return ib_fail(err, IB_ERR_MODEL, "%s: field %snum_kv_shared_layers: %d leaves no layer with keys and values "
+                       "of its own (num_hidden_layers %d)", path, fp, shared, c->n_layers);
+    int unsourced = ib_config_set_kv_sharing(c, shared);
+    if (unsourced >= 0)
+        return ib_fail(err, IB_ERR_MODEL, "%s: field %snum_kv_shared_layers: layer %d (%s) has no earlier non-shared "
+                       "layer of its type to take keys and values from", path, fp, unsourced,
+                       c->layer_sliding[unsourced] ? "sliding_attention" : "full_attention");
+    int wide = 0;
+    if ((st = get_bool(path, o, "use_double_wide_mlp", 0, &wide, err))) return st;
+    if (wide && shared) return G4_UNSUPPORTED("use_double_wide_mlp", "true with KV-shared layers (their MLPs 2x wide)");
 
     if (plc) {
         int ghd = -1, gkv = -1;
@@ -642,8 +665,9 @@ ib_status ib_config_save(const ib_config *cfg, const char *path, ib_error *err) 
         SET("attention_k_eq_v", json_boolean(cfg->k_eq_v));
         SET("sliding_window", json_integer(cfg->sliding_window));
         SET("hidden_activation", json_string("gelu_pytorch_tanh"));
-        SET("hidden_size_per_layer_input", json_integer(0));
-        SET("num_kv_shared_layers", json_integer(0));
+        SET("hidden_size_per_layer_input", json_integer(cfg->ple_dim));
+        if (cfg->ple_dim > 0) SET("vocab_size_per_layer_input", json_integer(cfg->vocab_size));
+        SET("num_kv_shared_layers", json_integer(cfg->kv_shared));
         SET("enable_moe_block", json_boolean(cfg->n_experts > 0));
         if (cfg->n_experts > 0) {
             SET("num_experts", json_integer(cfg->n_experts));

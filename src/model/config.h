@@ -52,7 +52,34 @@ typedef struct ib_config {
     int top_k;                /* top_k_experts (1..n_experts) */
     int moe_ffn;              /* moe_intermediate_size: each expert's F */
     unsigned char layer_sliding[IB_CONFIG_MAX_TYPED_LAYERS];   /* 1: sliding_attention, 0: full */
+    /* KV sharing (num_kv_shared_layers; docs/gemma4.md): the last kv_shared layers compute no keys or
+     * values and attend to those of the last earlier non-shared layer of their type */
+    int kv_shared;            /* num_kv_shared_layers (0: none) */
+    /* per-layer embeddings (hidden_size_per_layer_input; docs/gemma4.md): 0 = none, else P, each
+     * layer's slice width of embed_tokens_per_layer [vocab_size][n_layers * P] */
+    int ple_dim;
+    short kv_from[IB_CONFIG_MAX_TYPED_LAYERS];   /* [li] 0: own keys/values; s > 0: layer s - 1's */
 } ib_config;
+
+/* The layer whose keys and values layer li attends to: li itself, or (KV sharing) its source layer. */
+static inline int ib_config_kv_layer(const ib_config *c, int li) { return c->kv_from[li] ? c->kv_from[li] - 1 : li; }
+
+/* Fill c->kv_from for kv_shared (c->n_layers and c->layer_sliding set): each of the last kv_shared
+ * layers reads the last layer before them (index < n_layers - kv_shared) of its own type. Returns -1 on
+ * success, else the first shared layer with no such source (nothing useful written then). */
+static inline int ib_config_set_kv_sharing(ib_config *c, int kv_shared) {
+    int first = c->n_layers - kv_shared;
+    c->kv_shared = kv_shared;
+    for (int li = 0; li < c->n_layers; li++) c->kv_from[li] = 0;
+    for (int li = first; li < c->n_layers; li++) {
+        int src = -1;
+        for (int j = first - 1; j >= 0 && src < 0; j--)
+            if (c->layer_sliding[j] == c->layer_sliding[li]) src = j;
+        if (src < 0) return li;
+        c->kv_from[li] = (short)(src + 1);
+    }
+    return -1;
+}
 
 /* Head dim and KV heads of layer li (per layer type for Gemma 4). */
 static inline int ib_config_layer_hd(const ib_config *c, int li) {

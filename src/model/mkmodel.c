@@ -327,7 +327,7 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
     const int quant = o->bits == 4 || o->bits == 8;
     const int E = p->experts, Fm = p->moe_ffn;
     const int stride = p->gemma ? (E ? 32 : 16) : 11;   /* generator indices a layer */
-    const int n_mats = 1 + (p->gemma ? (E ? 25 : 16) : 11) * L + 1 + (o->tied ? 0 : 1);
+    const int n_mats = 1 + (p->gemma ? (E ? 25 : 16) : 11) * L + 1 + (o->tied ? 0 : 1) + (o->ple_dim ? 3 + 3 * L : 0);
     gen_mat *mats = calloc((size_t)n_mats, sizeof *mats);
     tensor_ent *ents = calloc((size_t)n_mats * 3, sizeof *ents);
     gen_bufs bf = {0};
@@ -348,12 +348,13 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
     for (int i = 0; i < L && p->gemma; i++) { /* Gemma 4 (docs/gemma4.md): 16 generator indices a layer */
         int b = 1 + stride * i, sl = gemma_sliding(p, i);
         int hd = sl ? p->head_dim : p->global_head_dim, kvh = sl ? p->kv_heads : p->global_kv_heads;
+        int own_kv = i < L - o->kv_shared;   /* KV-shared layers have no k_proj, v_proj, k_norm */
         MAT(K_LINEAR, b + 0, p->heads * hd, D, "model.layers.%d.self_attn.q_proj", i);
-        MAT(K_LINEAR, b + 1, kvh * hd, D, "model.layers.%d.self_attn.k_proj", i);
-        if (sl) MAT(K_LINEAR, b + 2, kvh * hd, D, "model.layers.%d.self_attn.v_proj", i); /* full: k = v */
+        if (own_kv) MAT(K_LINEAR, b + 1, kvh * hd, D, "model.layers.%d.self_attn.k_proj", i);
+        if (own_kv && sl) MAT(K_LINEAR, b + 2, kvh * hd, D, "model.layers.%d.self_attn.v_proj", i); /* full: k = v */
         MAT(K_LINEAR, b + 3, D, p->heads * hd, "model.layers.%d.self_attn.o_proj", i);
         MAT(K_NORM, b + 4, 1, hd, "model.layers.%d.self_attn.q_norm", i);
-        MAT(K_NORM, b + 5, 1, hd, "model.layers.%d.self_attn.k_norm", i);
+        if (own_kv) MAT(K_NORM, b + 5, 1, hd, "model.layers.%d.self_attn.k_norm", i);
         MAT(K_NORM, b + 6, 1, D, "model.layers.%d.input_layernorm", i);
         MAT(K_NORM, b + 7, 1, D, "model.layers.%d.post_attention_layernorm", i);
         MAT(K_NORM, b + 8, 1, D, "model.layers.%d.pre_feedforward_layernorm", i);
@@ -399,6 +400,17 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
     int last = stride * L;
     MAT(K_NORM, 1 + last, 1, D, "model.norm");
     if (!o->tied) MAT(K_LINEAR, 2 + last, p->vocab, D, "lm_head");
+    if (o->ple_dim) { /* Gemma 4 per-layer embeddings: generator indices after the model's others */
+        const int P = o->ple_dim;
+        MAT(K_EMBED, 3 + last, p->vocab, L * P, "model.embed_tokens_per_layer");
+        MAT(K_LINEAR, 4 + last, L * P, D, "model.per_layer_model_projection");
+        MAT(K_NORM, 5 + last, 1, P, "model.per_layer_projection_norm");
+        for (int i = 0; i < L; i++) {
+            MAT(K_LINEAR, 6 + last + 3 * i, P, D, "model.layers.%d.per_layer_input_gate", i);
+            MAT(K_LINEAR, 7 + last + 3 * i, D, P, "model.layers.%d.per_layer_projection", i);
+            MAT(K_NORM, 8 + last + 3 * i, 1, D, "model.layers.%d.post_per_layer_input_norm", i);
+        }
+    }
 #undef MAT
 
     /* stored tensors */
@@ -523,6 +535,15 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
     if (!p)
         return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset \"%s\" unknown (tiny | qwen3-0.6b | qwen3-8b | gemma4-tiny | gemma4-moe-tiny | gemma4-26b-a4b)",
                        opts->preset);
+    if (opts->layers < 0 || opts->layers > p->layers)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: layers %d: preset %s has %d (give 1..%d)", opts->layers,
+                       p->name, p->layers, p->layers);
+    preset cut;                     /* the preset with fewer layers: widths, heads, experts unchanged */
+    if (opts->layers) {
+        cut = *p;
+        cut.layers = opts->layers;
+        p = &cut;
+    }
     ib_mkmodel_opts own = *opts;
     if (p->untied) own.tied = 0;   /* the real model's layout */
     opts = &own;
@@ -538,6 +559,24 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
     if (quant && (p->hidden % group || p->ffn % group || (p->heads * p->head_dim) % group ||
                   (p->heads * p->global_head_dim) % group || (p->experts && p->moe_ffn % group)))
         return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: preset %s: group %d does not divide the input sizes", p->name, group);
+    if (opts->kv_shared && (!p->gemma || opts->kv_shared < 0 || opts->kv_shared >= p->layers))
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: kv_shared %d: preset %s %s", opts->kv_shared, p->name,
+                       p->gemma ? "needs at least one layer with keys and values of its own" : "is not gemma4");
+    if (opts->ple_dim && (!p->gemma || opts->ple_dim < 1 || opts->ple_dim > 4096 || (quant && opts->ple_dim % group)))
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: ple_dim %d: %s", opts->ple_dim,
+                       !p->gemma                                      ? "only for gemma4 presets"
+                       : opts->ple_dim < 1 || opts->ple_dim > 4096 ? "not in 1..4096"
+                                                                   : "not a multiple of the quantization group");
+    if (opts->kv_shared) { /* every shared layer needs an earlier non-shared layer of its type */
+        ib_config probe;
+        memset(&probe, 0, sizeof probe);
+        probe.n_layers = p->layers;
+        for (int i = 0; i < p->layers; i++) probe.layer_sliding[i] = (unsigned char)gemma_sliding(p, i);
+        int unsourced = ib_config_set_kv_sharing(&probe, opts->kv_shared);
+        if (unsourced >= 0)
+            return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: kv_shared %d: layer %d has no earlier non-shared layer of "
+                           "its type", opts->kv_shared, unsourced);
+    }
     if (opts->top_k && (!p->experts || opts->top_k < 1 || opts->top_k > p->experts))
         return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: top_k %d: preset %s has %d experts", opts->top_k, p->name,
                        p->experts);
@@ -587,6 +626,8 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
         cfg.sliding_window = p->window;
         cfg.final_softcap = 30.0;
         for (int i = 0; i < p->layers; i++) cfg.layer_sliding[i] = (unsigned char)gemma_sliding(p, i);
+        (void)ib_config_set_kv_sharing(&cfg, opts->kv_shared);   /* checked above */
+        cfg.ple_dim = opts->ple_dim;
         cfg.n_experts = p->experts;
         cfg.top_k = opts->top_k ? opts->top_k : p->top_k;
         cfg.moe_ffn = p->moe_ffn;

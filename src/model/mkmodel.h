@@ -28,6 +28,15 @@ typedef struct ib_mkmodel_opts {
     int tied;             /* 1 = tie_word_embeddings (default for both presets); 0 writes lm_head */
     const char *arch;     /* NULL or "qwen3"; "llama" = the same shapes without q/k norm */
     int top_k;            /* MoE presets: experts per token (0: the preset's) */
+    int layers;           /* 0: the preset's layer count; 1..the preset's: only its first `layers`
+                           * layers, every other shape unchanged (Gemma 4: the layer types are the
+                           * preset's pattern over the new count, so the last layer is full) */
+    int kv_shared;        /* Gemma 4 presets: num_kv_shared_layers (0: none); the last kv_shared layers
+                           * are written without k_proj, v_proj and k_norm */
+    int ple_dim;          /* Gemma 4 presets: hidden_size_per_layer_input P (0: none): writes
+                           * embed_tokens_per_layer [V, L*P], per_layer_model_projection [L*P, D],
+                           * per_layer_projection_norm [P] and per layer per_layer_input_gate [P, D],
+                           * per_layer_projection [D, P], post_per_layer_input_norm [D] */
 } ib_mkmodel_opts;
 
 /* Create dir (mkdir -p) and write config.json, model.safetensors, tokenizer.json,

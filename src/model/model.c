@@ -232,6 +232,9 @@ static void free_layer(ib_layer *l) {
     free(l->router_scale);
     free(l->expert_scale);
     ib_matrix_free(&l->w_router);
+    ib_matrix_free(&l->ple_gate);
+    ib_matrix_free(&l->ple_proj);
+    free(l->ple_norm);
 }
 
 void ib_model_free(ib_model *m) {
@@ -246,6 +249,9 @@ void ib_model_free(ib_model *m) {
     free(m->layers);
     ib_matrix_free(&m->embed);
     ib_matrix_free(&m->lm_head_own);
+    ib_matrix_free(&m->ple_embed);
+    ib_matrix_free(&m->ple_model_proj);
+    free(m->ple_proj_norm);
     free(m->final_norm);
     ib_tokenizer_free(m->tok);
     free(m);
@@ -255,7 +261,9 @@ void ib_model_free(ib_model *m) {
 static const char *lm_prefix(const ib_config *c) { return c->tensor_prefix_lm ? "model.language_model." : "model."; }
 
 /* Load Gemma 4 layer i (docs/gemma4.md): four norms, q/k norms, q/k/v/o (no v on full layers under
- * attention_k_eq_v), the GeGLU MLP, the layer scalar. */
+ * attention_k_eq_v), the GeGLU MLP, the layer scalar. A KV-shared layer (num_kv_shared_layers) has
+ * only q_proj, q_norm and o_proj for attention: its k_proj, v_proj and k_norm are not read (a file
+ * may still hold them, accepted unread as transformers ignores them), and wk / wv stay empty. */
 static ib_status load_layer_gemma4(const ib_st_set *st, const ib_config *c, int i, ib_layer *l, ib_error *err) {
     char p[160], n[192];
     const char *pre = lm_prefix(c);
@@ -273,16 +281,32 @@ static ib_status load_layer_gemma4(const ib_st_set *st, const ib_config *c, int 
     VEC(mlp_norm, "pre_feedforward_layernorm", D)
     VEC(post_mlp_norm, "post_feedforward_layernorm", D)
     VEC(q_norm, "self_attn.q_norm", hd)
-    VEC(k_norm, "self_attn.k_norm", hd)
     LIN(wq, "self_attn.q_proj", H * hd, D)
-    LIN(wk, "self_attn.k_proj", KVH * hd, D)
-    if (!(c->k_eq_v && !l->sliding)) {
-        LIN(wv, "self_attn.v_proj", KVH * hd, D)
+    if (!c->kv_from[i]) {
+        VEC(k_norm, "self_attn.k_norm", hd)
+        LIN(wk, "self_attn.k_proj", KVH * hd, D)
+        if (!(c->k_eq_v && !l->sliding)) {
+            LIN(wv, "self_attn.v_proj", KVH * hd, D)
+        }
+    } else { /* a KV-shared layer's own k/v tensors, when a file has them: accepted, never read */
+        static const char *const unread[] = {"self_attn.k_proj.weight", "self_attn.k_proj.scales",
+                                             "self_attn.k_proj.biases", "self_attn.v_proj.weight",
+                                             "self_attn.v_proj.scales", "self_attn.v_proj.biases",
+                                             "self_attn.k_norm.weight"};
+        for (size_t u = 0; u < sizeof unread / sizeof unread[0]; u++) {
+            snprintf(n, sizeof n, "%slayers.%d.%s", pre, i, unread[u]);
+            if (ib_st_find(st, n) && (rc = ib_st_expect(st, n, NULL, 0, -1, NULL, NULL, err))) return rc;
+        }
     }
     LIN(wo, "self_attn.o_proj", D, H * hd)
     LIN(w_gate, "mlp.gate_proj", F, D)
     LIN(w_up, "mlp.up_proj", F, D)
     LIN(w_down, "mlp.down_proj", D, F)
+    if (c->ple_dim > 0) { /* the per-layer input block */
+        LIN(ple_gate, "per_layer_input_gate", c->ple_dim, D)
+        LIN(ple_proj, "per_layer_projection", D, c->ple_dim)
+        VEC(ple_norm, "post_per_layer_input_norm", D)
+    }
 #undef LIN
 #undef VEC
     float *s = NULL;
@@ -366,8 +390,11 @@ static void fill_info(ib_model *m, const ib_st_set *st) {
         in->n_params = V * D * (c->tie_embeddings ? 1 : 2) + D;
         for (int i = 0; i < c->n_layers; i++) {
             const ib_layer *l = &m->layers[i];
-            in->n_params += 4 * D + 2 * (size_t)l->hd + 1 + (size_t)l->wq.rows * l->wq.cols + (size_t)l->wk.rows * l->wk.cols +
+            in->n_params += 4 * D + (l->k_norm ? 2 : 1) * (size_t)l->hd + 1 + (size_t)l->wq.rows * l->wq.cols +
+                            (size_t)l->wk.rows * l->wk.cols +
                             (size_t)l->wv.rows * l->wv.cols + (size_t)l->wo.rows * l->wo.cols + 3 * D * F;
+            if (c->ple_dim > 0) /* the per-layer input block */
+                in->n_params += 2 * D * (size_t)c->ple_dim + D;
             if (c->n_experts > 0) /* router, its scales, three norms, the experts */
                 in->n_params += (size_t)c->n_experts * (D + 1 + 3 * D * (size_t)c->moe_ffn) + 4 * D;
         }
@@ -384,10 +411,18 @@ static void fill_info(ib_model *m, const ib_st_set *st) {
     }
     wb += eb;
     if (c->arch == IB_ARCH_GEMMA4) wb += (size_t)c->n_layers * (2 * D + 4) * 4; /* post-norms, layer scalar */
+    if (c->ple_dim > 0) { /* per-layer embeddings: the table, the projection, the per-layer blocks */
+        size_t P = (size_t)c->ple_dim, LP = P * c->n_layers;
+        in->n_params += V * LP + LP * D + P;
+        wb += matrix_bytes(&m->ple_embed) + matrix_bytes(&m->ple_model_proj) + P * 4;
+        for (int i = 0; i < c->n_layers; i++)
+            wb += matrix_bytes(&m->layers[i].ple_gate) + matrix_bytes(&m->layers[i].ple_proj) + D * 4;
+    }
     in->weight_bytes = wb;
     in->expert_bytes = eb;
     in->kv_bytes_per_token = in->kv_bytes_per_token_sliding = 0;   /* every layer at its own shape */
     for (int li = 0; li < c->n_layers; li++) {
+        if (c->kv_from[li]) continue;   /* a KV-shared layer stores nothing */
         size_t b = (size_t)2 * ib_config_layer_kvh(c, li) * ib_config_layer_hd(c, li) * sizeof(float);
         in->kv_bytes_per_token += b;
         if (c->arch == IB_ARCH_GEMMA4 && c->layer_sliding[li]) in->kv_bytes_per_token_sliding += b;
@@ -430,6 +465,16 @@ ib_status ib_model_load(const char *dir, const ib_load_opts *opts, ib_model **ou
     snprintf(name, sizeof name, "%sembed_tokens", lm_prefix(c));
     if ((rc = load_linear(st, c, name, V, D, &m->embed, err))) goto fail;
     m->embed_scale = c->arch == IB_ARCH_GEMMA4 ? (float)sqrt((double)D) : 1.0f;
+    if (c->ple_dim > 0) { /* Gemma 4 per-layer embeddings: the table, the projection of X, its norm */
+        const int LP = c->n_layers * c->ple_dim;
+        snprintf(name, sizeof name, "%sembed_tokens_per_layer", lm_prefix(c));
+        if ((rc = load_linear(st, c, name, V, LP, &m->ple_embed, err))) goto fail;
+        m->ple_embed_scale = (float)sqrt((double)c->ple_dim);
+        snprintf(name, sizeof name, "%sper_layer_model_projection", lm_prefix(c));
+        if ((rc = load_linear(st, c, name, LP, D, &m->ple_model_proj, err))) goto fail;
+        snprintf(name, sizeof name, "%sper_layer_projection_norm.weight", lm_prefix(c));
+        if ((rc = load_vec(st, name, c->ple_dim, &m->ple_proj_norm, err))) goto fail;
+    }
     for (int i = 0; i < c->n_layers; i++)
         if ((rc = load_layer(st, c, i, &m->layers[i], err))) goto fail;
     snprintf(name, sizeof name, "%snorm.weight", lm_prefix(c));

@@ -38,6 +38,10 @@ typedef struct ib_layer {
     ib_matrix *e_gate;       /* [E] each [Fm, D] */
     ib_matrix *e_up;         /* [E] each [Fm, D] */
     ib_matrix *e_down;       /* [E] each [D, Fm] */
+    /* Gemma 4's per-layer input block (cfg.ple_dim P > 0; docs/gemma4.md "Per-layer embeddings") */
+    ib_matrix ple_gate;      /* [P, D] per_layer_input_gate */
+    ib_matrix ple_proj;      /* [D, P] per_layer_projection */
+    float *ple_norm;         /* [D]  post_per_layer_input_norm */
 } ib_layer;
 
 struct ib_model {
@@ -51,6 +55,11 @@ struct ib_model {
     const ib_matrix *lm_head;/* &embed when tied, else &lm_head_own */
     float *final_norm;       /* [D] */
     float embed_scale;       /* X = embedding row * embed_scale: (float)sqrt(D) for Gemma 4, else 1 */
+    /* Gemma 4 per-layer embeddings (cfg.ple_dim P > 0; L layers) */
+    ib_matrix ple_embed;     /* [V, L*P] embed_tokens_per_layer; rows times ple_embed_scale */
+    float ple_embed_scale;   /* (float)sqrt(P) */
+    ib_matrix ple_model_proj;/* [L*P, D] per_layer_model_projection */
+    float *ple_proj_norm;    /* [P]  per_layer_projection_norm */
     ib_tokenizer *tok;
 };
 

@@ -52,6 +52,12 @@ ib_status ib_engine_create(const ib_model *m, const ib_engine_opts *opts, ib_eng
     if (act == IB_ACT_AUTO) act = c->quant_bits ? IB_ACT_Q8 : IB_ACT_F32;
     if (act == IB_ACT_Q8 && !c->quant_bits)
         return ib_fail(err, IB_ERR_UNSUPPORTED, "act q8: the model's weights are not quantized (use f32)");
+    if (c->ple_dim > 0) { /* Gemma 4 per-layer embeddings need the backend's two ops */
+        const ib_backend_ops *bo = ib_backend_ops_for(o.backend);
+        if (!bo || !bo->ple_inputs || !bo->ple_layer)
+            return ib_fail(err, IB_ERR_UNSUPPORTED, "backend %s: gemma4 per-layer embeddings (hidden_size_per_layer_input) "
+                           "are not supported there", ib_backend_name(o.backend));
+    }
 
     ib_engine *e = calloc(1, sizeof *e);
     if (!e) return ib_fail(err, IB_ERR_NOMEM, "engine: out of memory");

@@ -120,6 +120,7 @@ size_t ib_session_kv_bytes(const ib_session *s) { return ib_kv_desc_bytes(&s->kv
 size_t ib_kv_bytes_per_token(const ib_model *m, ib_kv_dtype t) {
     const ib_config *c = &m->cfg;
     size_t n = 0;
-    for (int li = 0; li < c->n_layers; li++) n += (size_t)2 * ib_config_layer_kvh(c, li) * ib_config_layer_hd(c, li);
+    for (int li = 0; li < c->n_layers; li++)   /* KV-shared layers store nothing */
+        if (!c->kv_from[li]) n += (size_t)2 * ib_config_layer_kvh(c, li) * ib_config_layer_hd(c, li);
     return n * ib_kv_dtype_bytes(t);
 }

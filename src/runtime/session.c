@@ -54,8 +54,13 @@ static ib_status session_plan(const ib_model *m, const ib_session_opts *opts, ib
     if (gemma) { /* full layers at the full shape, sliding layers at theirs */
         kd->n_kv_heads = c->global_kv_heads;
         kd->head_dim = c->global_head_dim;
-        for (int li = 0; li < c->n_layers && li < IB_KV_MAX_LAYERS; li++)
+        for (int li = 0; li < c->n_layers && li < IB_KV_MAX_LAYERS; li++) {
             if (c->layer_sliding[li]) kd->sliding[li] = 1, kd->n_sliding++;
+            kd->kv_from[li] = c->kv_from[li];   /* KV-shared layers hold none of their own */
+        }
+        if (c->kv_shared > 0 && opts && opts->backend != IB_BACKEND_CPU)
+            return ib_fail(err, IB_ERR_UNSUPPORTED, "session: backend %s cannot hold a KV cache with KV-shared layers "
+                           "(gemma4 num_kv_shared_layers)", ib_backend_name(opts->backend));
     }
     if (kd->n_sliding > 0) {
         int W = c->sliding_window;

@@ -163,9 +163,12 @@ static void layers_qwen_llama(ib_engine *e, int R) {
 }
 
 /* The layers of Gemma 4 (docs/gemma4.md): per layer type its own head dim, KV heads, RoPE and
- * window; the attention output and the GeGLU MLP output are normed (post-norms) before they are added;
+ * window; a KV-shared layer (num_kv_shared_layers) computes only its queries and attends to its source
+ * layer's keys and values, stored earlier in this step; the attention output and the GeGLU MLP output
+ * are normed (post-norms) before they are added;
  * with the MoE block, the routed experts' output (normed) is added to the normed MLP output before
- * the post-norm; the residual is multiplied by the layer scalar at the end. */
+ * the post-norm; with per-layer embeddings, the layer's per-layer input block is added after the MLP;
+ * the residual is multiplied by the layer scalar at the end. */
 static void layers_gemma4(ib_engine *e, int R) {
     const ib_config *c = &e->model->cfg;
     int D = c->hidden_size, H = c->n_heads, F = c->intermediate_size;
@@ -173,24 +176,26 @@ static void layers_gemma4(ib_engine *e, int R) {
     const ib_backend_ops *ops = be->ops;
     for (int li = 0; li < c->n_layers; li++) {
         const ib_layer *L = &e->model->layers[li];
-        const int hd = L->hd, KVH = L->kvh, has_v = L->wv.rows > 0;
+        const int hd = L->hd, KVH = L->kvh, has_v = L->wv.rows > 0, own_kv = L->wk.rows > 0;
         CAPTURE(li, "layer_in", IB_BUF_X, D);
         ops->rmsnorm(be, IB_BUF_X, IB_N_ATTN, li, IB_BUF_XN);
         CAPTURE(li, "attn_norm", IB_BUF_XN, D);
-        qkv_proj(be, li, has_v ? 3 : 2);
+        qkv_proj(be, li, !own_kv ? 1 : has_v ? 3 : 2);
         CAPTURE(li, "q_proj", IB_BUF_Q, H * hd);
-        CAPTURE(li, "k_proj", IB_BUF_K, KVH * hd);
+        if (own_kv) CAPTURE(li, "k_proj", IB_BUF_K, KVH * hd);
         if (e->capture) {
             ops->qk_prepare(be, li, IB_QK_NORM);
             CAPTURE(li, "q_norm", IB_BUF_Q, H * hd);
-            CAPTURE(li, "k_norm", IB_BUF_K, KVH * hd);
-            CAPTURE(li, "v", IB_BUF_V, KVH * hd);
+            if (own_kv) {
+                CAPTURE(li, "k_norm", IB_BUF_K, KVH * hd);
+                CAPTURE(li, "v", IB_BUF_V, KVH * hd);
+            }
             ops->qk_prepare(be, li, IB_QK_ROPE_STORE);
         } else {
             ops->qk_prepare(be, li, IB_QK_NORM | IB_QK_ROPE_STORE);
         }
         CAPTURE(li, "q", IB_BUF_Q, H * hd);
-        CAPTURE(li, "k", IB_BUF_K, KVH * hd);
+        if (own_kv) CAPTURE(li, "k", IB_BUF_K, KVH * hd);
         ops->attention(be, li);
         CAPTURE(li, "attn_out", IB_BUF_ATT, H * hd);
         out_proj(be, li);
@@ -221,6 +226,7 @@ static void layers_gemma4(ib_engine *e, int R) {
         ops->rmsnorm(be, IB_BUF_O, IB_N_POST_MLP, li, IB_BUF_O);
         CAPTURE(li, "post_mlp_norm", IB_BUF_O, D);
         ops->add(be, IB_BUF_X, IB_BUF_O);
+        if (c->ple_dim > 0) ops->ple_layer(be, li);   /* per-layer embeddings: the layer's own input */
         ops->scale_layer(be, li);
         CAPTURE(li, "layer_out", IB_BUF_X, D);
     }
@@ -258,6 +264,7 @@ ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
                       .argmax_out = e->argmax_out};
     if ((rc = ops->step_begin(be, &d, err))) return rc;
     ops->embed(be);
+    if (c->ple_dim > 0) ops->ple_inputs(be);
     if (c->arch == IB_ARCH_GEMMA4) layers_gemma4(e, R);
     else layers_qwen_llama(e, R);
     if (n_logits > 0) ops->logits(be);

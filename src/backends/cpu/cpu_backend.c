@@ -64,6 +64,10 @@ typedef struct cpu_backend {
     float *moe_x;                    /* [R][D] those rows' inputs, gathered */
     float *moe_g, *moe_u;            /* [R][Fm] */
     float *moe_y;                    /* [R][k][D] each row's expert outputs in rank order */
+    float *ple_in;                   /* [R][L*P] Gemma 4 per-layer inputs of the step's rows */
+    float *ple_tok;                  /* [L*P] one row of embed_tokens_per_layer */
+    float *ple_g;                    /* [R][P] a layer's per-layer gate, then its activation */
+    float *ple_y;                    /* [R][D] a layer's per-layer block output */
 } cpu_backend;
 
 static cpu_backend *cb(ib_backend *b) { return (cpu_backend *)b; }
@@ -90,8 +94,12 @@ static ib_status cpu_kv_create(const ib_kv_desc *d, ib_kv **out, ib_error *err) 
         return ib_fail(err, IB_ERR_NOMEM, "session: out of memory for a KV cache of %d tokens (%zu bytes)", d->capacity,
                        bytes);
     }
-    size_t off = 0;
-    for (int li = 0; li < d->n_layers; li++) kv->layer_off[li] = off, off += ib_kv_desc_layer_elems(d, li);
+    size_t off = 0;   /* a KV-shared layer's keys and values are its source layer's (an earlier one) */
+    for (int li = 0; li < d->n_layers; li++) {
+        int own = ib_kv_desc_owner(d, li);
+        kv->layer_off[li] = own == li ? off : kv->layer_off[own];
+        off += ib_kv_desc_layer_elems(d, li);
+    }
     kv->base.desc = *d;
     kv->base.kind = IB_BACKEND_CPU;
     *out = &kv->base;
@@ -110,6 +118,7 @@ static void cpu_kv_copy(ib_kv *dst, const ib_kv *src, int n_slots) {
     cpu_kv *t = (cpu_kv *)dst;
     size_t eb = ib_kv_dtype_bytes(src->desc.dtype);
     for (int l = 0; l < src->desc.n_layers; l++) {
+        if (ib_kv_desc_owner(&src->desc, l) != l) continue;   /* KV-shared: its source's are copied */
         ib_kv_desc sv = ib_kv_desc_layer(&src->desc, l), tv = ib_kv_desc_layer(&dst->desc, l);
         int n = n_slots < sv.capacity ? n_slots : sv.capacity;
         if (n > tv.capacity) n = tv.capacity;
@@ -151,6 +160,10 @@ static void cpu_destroy(ib_backend *b) {
     free(c->moe_g);
     free(c->moe_u);
     free(c->moe_y);
+    free(c->ple_in);
+    free(c->ple_tok);
+    free(c->ple_g);
+    free(c->ple_y);
     free(c);
 }
 
@@ -179,6 +192,7 @@ static ib_status cpu_create(const ib_model *m, const ib_backend_cfg *cfg, ib_bac
     }
     size_t widest = (size_t)max3((int)D, (int)F, (int)HD);
     if ((size_t)mc->moe_ffn > widest) widest = (size_t)mc->moe_ffn;
+    if ((size_t)mc->ple_dim > widest) widest = (size_t)mc->ple_dim;
     const size_t width[IB_BUF_COUNT] = {
         [IB_BUF_X] = D, [IB_BUF_XN] = D, [IB_BUF_Q] = HD, [IB_BUF_K] = KD, [IB_BUF_V] = KD,
         [IB_BUF_ATT] = HD, [IB_BUF_O] = D > F ? D : F, [IB_BUF_G] = F, [IB_BUF_U] = F, [IB_BUF_E] = D,
@@ -213,7 +227,15 @@ static ib_status cpu_create(const ib_model *m, const ib_backend_cfg *cfg, ib_bac
         ok &= (c->moe_u = malloc(R * Fm * sizeof(float))) != NULL;
         ok &= (c->moe_y = malloc(R * K * D * sizeof(float))) != NULL;
     }
-    if (!ok || !c->tok || !c->pos || !c->row_item || !c->logit_row || !c->logits_out || !c->argmax_out || !c->kv || !c->cs || !c->qa.xq ||
+    if (mc->ple_dim > 0) {
+        size_t LP = (size_t)mc->n_layers * mc->ple_dim;
+        ok &= (c->ple_in = malloc(R * LP * sizeof(float))) != NULL;
+        ok &= (c->ple_tok = malloc(LP * sizeof(float))) != NULL;
+        ok &= (c->ple_g = malloc(R * (size_t)mc->ple_dim * sizeof(float))) != NULL;
+        ok &= (c->ple_y = malloc(R * D * sizeof(float))) != NULL;
+    }
+    if (!ok || !c->tok || !c->pos || !c->row_item || !c->logit_row || !c->logits_out || !c->argmax_out || !c->kv ||
+        !c->cs || !c->qa.xq ||
         !c->qa.d || !c->qa.ad || !c->logits) {
         cpu_destroy(&c->base);
         return ib_fail(err, IB_ERR_NOMEM, "engine: out of memory for %d tokens per step", cfg->max_rows);
@@ -354,7 +376,8 @@ typedef struct {
 } qk_job;
 
 /* Row task between the q/k/v products and attention: the row's q and k head norms, then its rotary
- * embedding and KV store. Every operation is the row's own. */
+ * embedding and KV store. Every operation is the row's own. A KV-shared layer (no k_proj) has only
+ * its queries: no k/v norms, rotation or store (its attention reads its source layer's cache). */
 static void qk_task(void *ctx, int r, int thread) {
     qk_job *j = ctx;
     cpu_backend *c = j->c;
@@ -362,6 +385,13 @@ static void qk_task(void *ctx, int r, int thread) {
     const int H = mc->n_heads, KVH = j->L->kvh, hd = j->L->hd;
     const int gemma = mc->arch == IB_ARCH_GEMMA4;
     float *q = c->buf[IB_BUF_Q], *k = c->buf[IB_BUF_K], *v = c->buf[IB_BUF_V];
+    if (gemma && j->L->wk.rows == 0) { /* KV-shared layer */
+        if ((j->phases & IB_QK_NORM) && j->L->q_norm)
+            ib_rmsnorm_heads(q + (size_t)r * H * hd, j->L->q_norm, 1, H, hd, (float)mc->rms_eps, c->pool);
+        if (j->phases & IB_QK_ROPE_STORE)
+            ib_rope_step_rows(q, r, r + 1, c->R, H, hd, j->L->sliding ? c->cs : c->cs_full, c->n_items);
+        return;
+    }
     if ((j->phases & IB_QK_NORM) && gemma && j->L->wv.rows == 0) /* attention_k_eq_v: values are k_proj's */
         memcpy(v + (size_t)r * KVH * hd, k + (size_t)r * KVH * hd, (size_t)KVH * hd * sizeof(float));
     if ((j->phases & IB_QK_NORM) && j->L->q_norm) {
@@ -544,6 +574,39 @@ static void cpu_moe(ib_backend *b, int li, ib_buf route_in, ib_buf in, ib_buf ou
                            c->buf[out] + (size_t)r * D);
 }
 
+/* Gemma 4's per-layer inputs of the step's rows (backend.h `ple_inputs`). */
+static void cpu_ple_inputs(ib_backend *b) {
+    cpu_backend *c = cb(b);
+    const ib_model *m = c->model;
+    const ib_config *mc = &m->cfg;
+    const int R = c->R, D = mc->hidden_size, P = mc->ple_dim, L = mc->n_layers;
+    const size_t LP = (size_t)L * P;
+    linear_many(c, 1, (const ib_matrix *const[]){&m->ple_model_proj}, c->buf[IB_BUF_X], R, &c->ple_in);
+    ib_scale(c->ple_in, (size_t)R * LP, (float)(1.0 / sqrt((double)D)));
+    ib_rmsnorm(c->ple_in, m->ple_proj_norm, R * L, P, (float)mc->rms_eps, c->ple_in, c->pool);  /* [R*L][P] */
+    for (int r = 0; r < R; r++) {
+        ib_matrix_row_f32(&m->ple_embed, c->tok[r], c->ple_tok);
+        ib_scale(c->ple_tok, LP, m->ple_embed_scale);
+        ib_add(c->ple_in + (size_t)r * LP, c->ple_tok, LP);
+    }
+    ib_scale(c->ple_in, (size_t)R * LP, (float)(1.0 / sqrt(2.0)));
+}
+
+/* Layer li's per-layer input block (backend.h `ple_layer`). */
+static void cpu_ple_layer(ib_backend *b, int li) {
+    cpu_backend *c = cb(b);
+    const ib_model *m = c->model;
+    const ib_config *mc = &m->cfg;
+    const ib_layer *L = &m->layers[li];
+    const int R = c->R, D = mc->hidden_size, P = mc->ple_dim;
+    const size_t LP = (size_t)mc->n_layers * P;
+    linear_many(c, 1, (const ib_matrix *const[]){&L->ple_gate}, c->buf[IB_BUF_X], R, &c->ple_g);   /* [R][P] */
+    for (int r = 0; r < R; r++) ib_geglu(c->ple_g + (size_t)r * P, c->ple_in + (size_t)r * LP + (size_t)li * P, 1, P);
+    linear_many(c, 1, (const ib_matrix *const[]){&L->ple_proj}, c->ple_g, R, &c->ple_y);           /* [R][D] */
+    ib_rmsnorm(c->ple_y, L->ple_norm, R, D, (float)mc->rms_eps, c->ple_y, c->pool);
+    ib_add(c->buf[IB_BUF_X], c->ple_y, (size_t)R * D);
+}
+
 static void cpu_scale_layer(ib_backend *b, int li) {
     cpu_backend *c = cb(b);
     ib_scale(c->buf[IB_BUF_X], (size_t)c->R * c->model->cfg.hidden_size, c->model->layers[li].layer_scalar);
@@ -611,4 +674,6 @@ const ib_backend_ops ib_backend_cpu = {
     .step_end = cpu_step_end,
     .read_rows = cpu_read_rows,
     .write_rows = cpu_write_rows,
+    .ple_inputs = cpu_ple_inputs,
+    .ple_layer = cpu_ple_layer,
 };
