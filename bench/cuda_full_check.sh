@@ -2,8 +2,8 @@
 # cuda_full_check.sh [BIN_DIR] [OUT_DIR] — everything the CUDA backend is checked and measured with, for
 # one call on a GPU machine (binaries built elsewhere; BIN_DIR as for cuda_check.sh): bench/cuda_check.sh,
 # then `probe --backend cuda` clean and under gpu-split-k, bench/serve_check.sh clean and under gpu-fma,
-# and what the contract's order costs (isobatch bench with and without --inject gpu-split-k). Writes
-# OUT_DIR/summary.txt and prints it.
+# and what the contract's order costs (isobatch bench with and without --inject gpu-split-k; left out
+# with CUDA_CHECK_COST=0). Writes OUT_DIR/summary.txt and prints it.
 set -u
 bin=${1:-.devcarry}
 out=${2:-${OUT:-/tmp/cuda_full_check}}
@@ -19,7 +19,8 @@ echo "probe --backend cuda: $(timeout 60 "$bin/isobatch" probe --backend cuda 2>
 echo "probe --backend cuda --inject gpu-split-k: $(timeout 60 "$bin/isobatch" probe --backend cuda --inject gpu-split-k 2>&1 | tail -1)" >>"$S"
 echo "serve_check: $(timeout 100 bash bench/serve_check.sh "$bin/isobatch" cuda "$out/serve" 2>&1 | tail -1)" >>"$S"
 echo "serve_check under gpu-fma: $(SERVE_ARGS='--inject gpu-fma' timeout 100 bash bench/serve_check.sh "$bin/isobatch" cuda "$out/servefault" 2>&1 | tail -1)" >>"$S"
-for f in none gpu-split-k; do
+# CUDA_CHECK_COST=0 leaves out what the order costs (two more benches, about three minutes)
+[ "${CUDA_CHECK_COST:-1}" = 0 ] || for f in none gpu-split-k; do
     echo "--- what the order costs: isobatch bench (qwen3-0.6b 4-bit) --backend cuda, fault $f" >>"$S"
     timeout 90 "$bin/isobatch" bench -m /tmp/q06 --backend cuda --batch 1,16,128 --prompt 128 --gen 32 --reps 3 \
         $([ $f = none ] || echo --inject $f) 2>&1 | grep -E '^ +[0-9]+ |prefill|fault' >>"$S"

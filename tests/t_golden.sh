@@ -70,7 +70,7 @@ digests() {
 
 # the ISAs: scalar, and the others this CPU has
 ISAS=(scalar)
-for isa in avx2 avx512 neon; do
+for isa in avx2 avx512 amx neon; do
     if "$BIN" generate -m models/default -p x -n 1 --isa $isa >/dev/null 2>"$T/isa.err"; then ISAS+=("$isa")
     elif grep -q "not supported" "$T/isa.err"; then echo "SKIP: --isa $isa (not supported on this CPU)"
     else bad "--isa $isa: $(cat "$T/isa.err")"; fi
