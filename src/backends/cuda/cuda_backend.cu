@@ -864,12 +864,15 @@ template <typename T>
 __device__ __forceinline__ float dot16_lane(const float *q_s, const T *__restrict__ key, int hd, int u) {
     float a = 0.0f;
     for (int i0 = 0; i0 < hd; i0 += 128) {
+        T raw[8];   /* every load issued before any conversion (a half's conversion may branch) */
         float k[8];
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             const int i = i0 + u + 16 * t;
-            k[t] = i < hd ? to_f32(key[i]) : 0.0f;
+            raw[t] = i < hd ? key[i] : (T)0;
         }
+#pragma unroll
+        for (int t = 0; t < 8; t++) k[t] = to_f32(raw[t]);
 #pragma unroll
         for (int t = 0; t < 8; t++)
             if (i0 + u + 16 * t < hd) a = a + q_s[i0 + u + 16 * t] * k[t];
@@ -894,16 +897,22 @@ __device__ void value_pass(float *out, int W, const T *__restrict__ vp, const in
             int j = bt0[k];
             const int je = bt0[k + 1];
             for (; j + 16 <= je; j += 16) {
+                T raw[16];
                 float v[16];
 #pragma unroll
-                for (int t = 0; t < 16; t++) v[t] = to_f32(vp[(size_t)slot[j + t] * hd + d]);
+                for (int t = 0; t < 16; t++) raw[t] = vp[(size_t)slot[j + t] * hd + d];
+#pragma unroll
+                for (int t = 0; t < 16; t++) v[t] = to_f32(raw[t]);
 #pragma unroll
                 for (int t = 0; t < 16; t++) o = o + ph[j + t] * v[t];
             }
             for (; j + 4 <= je; j += 4) {
+                T raw[4];
                 float v[4];
 #pragma unroll
-                for (int t = 0; t < 4; t++) v[t] = to_f32(vp[(size_t)slot[j + t] * hd + d]);
+                for (int t = 0; t < 4; t++) raw[t] = vp[(size_t)slot[j + t] * hd + d];
+#pragma unroll
+                for (int t = 0; t < 4; t++) v[t] = to_f32(raw[t]);
 #pragma unroll
                 for (int t = 0; t < 4; t++) o = o + ph[j + t] * v[t];
             }
