@@ -330,7 +330,7 @@ int cmd_probe(int argc, char **argv) {
 #if defined(__aarch64__)
         const ib_isa all[] = {IB_ISA_SCALAR, IB_ISA_NEON};
 #else
-        const ib_isa all[] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512};
+        const ib_isa all[] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512, IB_ISA_AMX};
 #endif
         for (int i = 0; i < (int)(sizeof all / sizeof all[0]); i++) {
             if (ib_isa_supported(all[i])) isas[n_isa++] = all[i];
