@@ -456,43 +456,55 @@ static void test_big_batch(int bits, int group) {
     wset_free(&w);
 }
 
+/* A Q8 product's inputs and its definition: B random rows x [B][K], quantized for group G into
+ * xq/d/ad, canon [B][N] = the numeric definition's product with w, y [B][N] scratch. */
+typedef struct q8case {
+    float *x, *canon, *y, *d, *ad;
+    int8_t *xq;
+    ib_act_buf q;
+} q8case;
+
+static void q8case_make(q8case *c, const wset *w, int B, int N, int K, int G) {
+    const int ng = K / G;
+    c->x = malloc(sizeof(float) * B * K), c->canon = malloc(sizeof(float) * B * N), c->y = malloc(sizeof(float) * B * N);
+    c->xq = malloc((size_t)B * K);
+    c->d = malloc(sizeof(float) * B * ng), c->ad = malloc(sizeof(float) * B * ng);
+    for (int i = 0; i < B * K; i++) c->x[i] = rndf();
+    ib_quantize_act(c->x, B, K, G, c->xq, c->d, c->ad);
+    canon_q8(w, c->xq, c->d, c->ad, B, c->canon);
+    c->q = (ib_act_buf){c->xq, c->d, c->ad};
+}
+
+static void q8case_free(q8case *c) {
+    free(c->x), free(c->canon), free(c->y), free(c->xq), free(c->d), free(c->ad);
+}
+
 /* Every row count R = 1..70 (ragged row tiles of 4 and row blocks of the vector kernels' cache
  * blocking: at K = 1024 a block holds 16 rows, at K = 4096 4 rows) over a matrix of more panels than one
  * L2-sized panel chunk (27 panels, the last partial): the first R rows' product, on every ISA with 1
  * and 3 threads, equals the numeric definition's rows bit for bit. */
 static void test_row_counts(int bits, int group, int N, int K) {
-    const int RMAX = 70, ng = K / group;
+    const int RMAX = 70;
     wset w;
     if (wset_make(&w, bits, group, N, K)) {
         CHECK(0, "row counts: building the matrix failed");
         wset_free(&w);
         return;
     }
-    float *x = malloc(sizeof(float) * RMAX * K), *canon = malloc(sizeof(float) * RMAX * N);
-    float *y = malloc(sizeof(float) * RMAX * N);
-    int8_t *xq = malloc((size_t)RMAX * K);
-    float *d = malloc(sizeof(float) * RMAX * ng), *ad = malloc(sizeof(float) * RMAX * ng);
-    for (int i = 0; i < RMAX * K; i++) x[i] = rndf();
-    ib_quantize_act(x, RMAX, K, group, xq, d, ad);
-    canon_q8(&w, xq, d, ad, RMAX, canon);
-    ib_act_buf q = { xq, d, ad };
+    q8case c;
+    q8case_make(&c, &w, RMAX, N, K, group);
     for (int ii = 0; ii < n_isas; ii++)
         for (int t = 1; t <= 3; t += 2) {
             int bad = 0;
             for (int R = 1; R <= RMAX && !bad; R++) {
-                memset(y, 0, sizeof(float) * RMAX * N);
-                ib_matmul(&w.m, x, R, &q, IB_ACT_Q8, isas[ii], pools[t], y, N);
-                if (!same_bits(y, canon, (size_t)R * N)) bad = R;
+                memset(c.y, 0, sizeof(float) * RMAX * N);
+                ib_matmul(&w.m, c.x, R, &c.q, IB_ACT_Q8, isas[ii], pools[t], c.y, N);
+                if (!same_bits(c.y, c.canon, (size_t)R * N)) bad = R;
             }
             CHECK(!bad, "row counts bits %d K=%d %s %d threads: the first %d rows differ from the definition", bits,
                   K, ib_isa_name(isas[ii]), t, bad);
         }
-    free(x);
-    free(canon);
-    free(y);
-    free(xq);
-    free(d);
-    free(ad);
+    q8case_free(&c);
     wset_free(&w);
 }
 
@@ -703,20 +715,17 @@ static void test_amx_fault(void) {
     enum { N = 40, K = 512, B = 40 };
     static const int kinds[2][2] = {{4, 32}, {8, 128}};
     for (int c = 0; c < 2; c++) {
-        const int bits = kinds[c][0], G = kinds[c][1], ng = K / G;
+        const int bits = kinds[c][0], G = kinds[c][1];
         wset w;
         if (wset_make(&w, bits, G, N, K)) {
             CHECK(0, "amx fault: building the matrix failed");
             wset_free(&w);
             return;
         }
-        float *x = malloc(sizeof(float) * B * K), *canon = malloc(sizeof(float) * B * N), *y = malloc(sizeof(float) * B * N);
-        int8_t *xq = malloc((size_t)B * K);
-        float *d = malloc(sizeof(float) * B * ng), *ad = malloc(sizeof(float) * B * ng);
-        for (int i = 0; i < B * K; i++) x[i] = rndf();
-        ib_quantize_act(x, B, K, G, xq, d, ad);
-        canon_q8(&w, xq, d, ad, B, canon);
-        ib_act_buf q = {xq, d, ad};
+        q8case qc;
+        q8case_make(&qc, &w, B, N, K, G);
+        float *x = qc.x, *canon = qc.canon, *y = qc.y;
+        const ib_act_buf q = qc.q;
         ib_fault_set(IB_FAULT_NONE);
         ib_matmul(&w.m, x, B, &q, IB_ACT_Q8, IB_ISA_AMX, pools[2], y, N);
         CHECK(same_bits(y, canon, (size_t)B * N), "amx bits %d g%d: differs from the definition without fault", bits, G);
@@ -732,7 +741,7 @@ static void test_amx_fault(void) {
         ib_matmul(&w.m, x, 15, &q, IB_ACT_Q8, IB_ISA_AMX, pools[2], y, N);
         CHECK(same_bits(y, canon, (size_t)15 * N), "amx bits %d g%d: amx-group-order reached a 15-row product", bits, G);
         ib_fault_set(IB_FAULT_NONE);
-        free(x), free(canon), free(y), free(xq), free(d), free(ad);
+        q8case_free(&qc);
         wset_free(&w);
     }
 }
