@@ -317,20 +317,30 @@ static void run_free(run *t) {
 /* Tokens item i brings at step s (0 when it has not joined yet): 1..7. */
 static int tokens_at(int s, int i) { return s < i * 2 ? 0 : 1 + (s * 3 + i * 5) % 7; }
 
-/* One configuration: three sessions over NSTEPS steps, every op compared. Keeps item 0's logits of
- * each step in lg0 [NSTEPS][V] (when non-NULL) and its tokens in tk0. Returns the mismatch count. */
-static int schedule(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, const char *name, float *lg0,
-                    int solo, int nsteps) {
-    const int V = m->cfg.vocab_size;
-    run *t = run_new(m, act, 64);
+/* Tokens session i brings at step st: the ordinary schedule (1..7, joining at different steps), or the
+ * wide one (three steps of 34 to 120 rows: the tensor-core products over several 16-row tiles,
+ * attention per KV head). */
+enum { WIDE_MAX = 48 };
+static int count_at(int wide, int st, int i) {
+    static const int wc[3][NSESS] = {{48, 24, 11}, {16, 10, 8}, {40, 40, 40}};
+    return wide ? wc[st][i] : tokens_at(st, i);
+}
+
+/* One configuration: three sessions over nsteps steps (wide: the wide schedule's 3), every op
+ * compared. Keeps item 0's logits of each step in lg0 [nsteps][V] (when non-NULL); solo: item 0 alone.
+ * Returns the mismatch count. */
+static int schedule_run(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, const char *name, float *lg0,
+                        int solo, int nsteps, int wide) {
+    const int V = m->cfg.vocab_size, W = wide ? WIDE_MAX : 8;
+    run *t = run_new(m, act, wide ? NSESS * WIDE_MAX : 64);
     if (!t->b) {
         run_free(t);
         return -1;
     }
     sess s[NSESS];
     for (int i = 0; i < NSESS; i++) sess_init(m, &s[i], dt, window ? 4 : 0, window, 8, 160);
-    rng_state = 0x1234;
-    int32_t tk[NSESS][8];
+    rng_state = wide ? 0x4321 : 0x1234;
+    int32_t tk[NSESS][WIDE_MAX];
     float *lg[NSESS];
     for (int i = 0; i < NSESS; i++) lg[i] = xmalloc((size_t)V * 4);
     for (int st = 0; st < nsteps; st++) {
@@ -339,8 +349,8 @@ static int schedule(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, c
         float *lp[NSESS];
         int nt[NSESS], n = 0;
         for (int i = 0; i < NSESS; i++) {
-            int k = tokens_at(st, i);
-            for (int j = 0; j < 8; j++) tk[i][j] = rndi(V);   /* same draws whatever joins */
+            int k = count_at(wide, st, i);
+            for (int j = 0; j < W; j++) tk[i][j] = rndi(V);   /* same draws whatever joins */
             if (!k || (solo && i)) continue;
             ss[n] = &s[i], tp[n] = tk[i], nt[n] = k, lp[n] = lg[i], n++;
         }
@@ -355,41 +365,15 @@ static int schedule(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, c
     return bad;
 }
 
-/* Steps of many rows — three sessions bringing up to 48 tokens each (34 to 120 rows a step: the
- * tensor-core products over several 16-row tiles, attention per KV head) — every op against the scalar
- * references. Returns the mismatch count. */
+/* The ordinary schedule (schedule_run). */
+static int schedule(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, const char *name, float *lg0,
+                    int solo, int nsteps) {
+    return schedule_run(m, act, dt, window, name, lg0, solo, nsteps, 0);
+}
+
+/* The wide schedule, full sessions (schedule_run). */
 static int wide_schedule(const ib_model *m, ib_act act, ib_kv_dtype dt, const char *name) {
-    const int V = m->cfg.vocab_size;
-    enum { W = 48 };
-    static const int counts[3][NSESS] = {{48, 24, 11}, {16, 10, 8}, {40, 40, 40}};
-    run *t = run_new(m, act, 3 * W);
-    if (!t->b) {
-        run_free(t);
-        return -1;
-    }
-    sess s[NSESS];
-    for (int i = 0; i < NSESS; i++) sess_init(m, &s[i], dt, 0, 0, 8, 160);
-    rng_state = 0x4321;
-    int32_t tk[NSESS][W];
-    float *lg[NSESS];
-    for (int i = 0; i < NSESS; i++) lg[i] = xmalloc((size_t)V * 4);
-    for (int st = 0; st < 3; st++) {
-        sess *ss[NSESS];
-        const int32_t *tp[NSESS];
-        float *lp[NSESS];
-        int nt[NSESS];
-        for (int i = 0; i < NSESS; i++) {
-            for (int j = 0; j < W; j++) tk[i][j] = rndi(V);
-            ss[i] = &s[i], tp[i] = tk[i], nt[i] = counts[st][i], lp[i] = lg[i];
-        }
-        step(t, ss, NSESS, tp, nt, lp);
-    }
-    printf("  %-44s %5d ops compared bitwise, %s%s\n", name, t->checks, t->bad ? "first mismatch: " : "all equal",
-           t->bad ? t->first_bad : "");
-    int bad = t->bad;
-    for (int i = 0; i < NSESS; i++) sess_free(&s[i]), free(lg[i]);
-    run_free(t);
-    return bad;
+    return schedule_run(m, act, dt, 0, name, NULL, 0, 3, 1);
 }
 
 /* Whole steps through the public API: the same sessions and schedule on a CPU engine and a CUDA
