@@ -140,6 +140,20 @@ if [ -n "$PY" ]; then
     "$BIN" info -m "$T/wrap" > "$T/w.out" 2>&1; grep -q "tensor model.language_model.embed_tokens.weight" "$T/w.out" \
         && ok || bad "gemma4 wrapper: expected the language_model tensor names: $(cat "$T/w.out")"
 fi
+# accuracy_close M: isobatch against its float64 reference on $T/M over 60 tokens, f32 activations:
+# relative L2 in (0, 1e-5) and every top-1 equal
+accuracy_close() {
+    "$BIN" accuracy -m "$T/$1" --tokens 60 --act f32 --json > "$T/acc" 2>&1
+    grep -qF '"top1_agree":60,' "$T/acc" && awk -F'"rel_l2":' '{split($2, a, /[,}]/); exit !(a[1] + 0 > 0 && a[1] + 0 < 1e-5)}' "$T/acc" \
+        && ok || bad "accuracy on $1: $(cat "$T/acc")"
+}
+# serial_and_diff M: --check-serial at batch 8 and `diff` (no divergence) on $T/M
+serial_and_diff() {
+    "$BIN" generate -m "$T/$1" --prompts-file "$PF" -n 8 --ignore-eos --batch 8 --check-serial > "$T/cs" 2>&1 \
+        && ok || bad "$1: --check-serial: $(tail -2 "$T/cs")"
+    "$BIN" diff -m "$T/$1" > "$T/d" 2>&1; local rc=$?
+    [ $rc = 0 ] && grep -q "^no divergence" "$T/d" && ok || bad "diff on $1: exit $rc"
+}
 # ---- KV sharing (num_kv_shared_layers 2: layer 2 reads layer 0's keys and values, layer 3 layer 1's;
 # neither has k_proj, v_proj or k_norm): the numpy and the C float64 references, past the window and
 # with sliding rings; batch invariance; half the KV bytes; the check still fails one position off
@@ -151,20 +165,13 @@ if [ -n "$PY" ]; then
 fi
 "$BIN" info -m "$T/ks32" --json --context 100 --kv-chunk 8 | grep -q '"kv_bytes_per_session":62976' \
     && ok || bad "info on the KV-shared model: $("$BIN" info -m "$T/ks32" --json --context 100 --kv-chunk 8)"
-for m in ks32 ks4; do
-    "$BIN" accuracy -m "$T/$m" --tokens 60 --act f32 --json > "$T/acc" 2>&1
-    grep -qF '"top1_agree":60,' "$T/acc" && awk -F'"rel_l2":' '{split($2, a, /[,}]/); exit !(a[1] + 0 > 0 && a[1] + 0 < 1e-5)}' "$T/acc" \
-        && ok || bad "accuracy on $m: $(cat "$T/acc")"
-done
+for m in ks32 ks4; do accuracy_close "$m"; done
 invariance ks4 f32 greedy
 invariance ks4 f16 seeded
 invariance ks32 f32 greedy
 fault_breaks ks4 rope-skip-rows "$REF1" "--batch 8"
 fault_breaks ks4 split-kv-by-batch "$REF1" "--batch 8"
-"$BIN" generate -m "$T/ks4" --prompts-file "$PF" -n 8 --ignore-eos --batch 8 --check-serial > "$T/cs" 2>&1 \
-    && ok || bad "ks4: --check-serial: $(tail -2 "$T/cs")"
-"$BIN" diff -m "$T/ks4" > "$T/d" 2>&1; rc=$?
-[ $rc = 0 ] && grep -q "^no divergence" "$T/d" && ok || bad "diff on the KV-shared model: exit $rc"
+serial_and_diff ks4
 # a file that still holds the shared layers' k/v tensors (transformers ignores them): loads, same logits
 if [ -n "$PY" ]; then
     rm -rf "$T/ksf"; cp -r "$T/m32" "$T/ksf"
@@ -184,20 +191,13 @@ if [ -n "$PY" ]; then
     for len in 3 90; do reference_case pl32 "$len" ""; done
     for s in "--prefill-chunk 5" "--temp 1.5 --seed 7 --prefill-chunk 40"; do reference_case pl32 90 "$s"; done
 fi
-for m in pl32 pl4; do
-    "$BIN" accuracy -m "$T/$m" --tokens 60 --act f32 --json > "$T/acc" 2>&1
-    grep -qF '"top1_agree":60,' "$T/acc" && awk -F'"rel_l2":' '{split($2, a, /[,}]/); exit !(a[1] + 0 > 0 && a[1] + 0 < 1e-5)}' "$T/acc" \
-        && ok || bad "accuracy on $m: $(cat "$T/acc")"
-done
+for m in pl32 pl4; do accuracy_close "$m"; done
 invariance pl4 f32 greedy
 invariance pl32 f32 seeded
 gen "$T/pl4" --act f32 --batch 1 > "$T/a" && gen "$T/pl4" --act f32 --batch 7 --threads 2 | cmp -s "$T/a" - \
     && ok || bad "pl4 --act f32: batch 7 differs from batch 1"
 fault_breaks pl4 rope-skip-rows "$REF1" "--batch 8"
-"$BIN" generate -m "$T/pl4" --prompts-file "$PF" -n 8 --ignore-eos --batch 8 --check-serial > "$T/cs" 2>&1 \
-    && ok || bad "pl4: --check-serial: $(tail -2 "$T/cs")"
-"$BIN" diff -m "$T/pl4" > "$T/d" 2>&1; rc=$?
-[ $rc = 0 ] && grep -q "^no divergence" "$T/d" && ok || bad "diff on the per-layer-embedding model: exit $rc"
+serial_and_diff pl4
 "$BIN" probe -m "$T/pl4" > "$T/p" 2>&1
 grep -qE "gemma4's (per-layer embeddings|KV-shared layers) are not supported yet" "$T/p" && ok || bad "probe on the per-layer-embedding model: $(tail -2 "$T/p")"
 
