@@ -703,10 +703,17 @@ int main(int argc, char **argv) {
                           "model %s, %s: session 0's logits batched differ from alone", models[mi].name, name);
                     free(lgb), free(lgs);
                 }
-        /* steps of 34..120 rows (tensor-core products over several row tiles) */
+        /* steps of 34..120 rows (tensor-core products over several row blocks), with blocks of 32 and of
+         * 64 rows */
         if (models[mi].bits != 32)
-            CHECK(wide_schedule(m, IB_ACT_Q8, IB_KV_F16, "wide steps (34-120 rows), act q8, kv f16") == 0,
-                  "model %s, wide steps: CUDA differs from the scalar reference", models[mi].name);
+            for (int bm = 32; bm <= 64; bm += 32) {
+                char name[96];
+                snprintf(name, sizeof name, "wide steps (34-120 rows), act q8, kv f16, %d-row product blocks", bm);
+                setenv("IB_CUDA_MMA_BM", bm == 32 ? "32" : "64", 1);
+                CHECK(wide_schedule(m, IB_ACT_Q8, IB_KV_F16, name) == 0,
+                      "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
+                unsetenv("IB_CUDA_MMA_BM");
+            }
         /* whole steps, CPU engine vs CUDA engine */
         const int q8ok = models[mi].bits != 32;   /* an engine refuses q8 activations on float weights */
         for (int act = 0; act < 1 + q8ok; act++)
@@ -728,13 +735,13 @@ int main(int argc, char **argv) {
         /* the check can fail: an FMA in the products' epilogue (Q8 and F32 paths) */
         ib_fault_set(IB_FAULT_GPU_FMA);
         for (int act = 0; act < 3; act++) {
-            if (act == 2) setenv("IB_CUDA_MMA_ROWS", "1", 1);
+            if (act == 2) setenv("IB_CUDA_MMA_ROWS", "1", 1), setenv("IB_CUDA_MMA_BM", "64", 1);
             int bad = schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, IB_KV_F32, 0,
-                               act == 2   ? "FAULT gpu-fma, act q8, mma (must mismatch)"
+                               act == 2   ? "FAULT gpu-fma, act q8, mma 64-row blocks (must mismatch)"
                                : act == 1 ? "FAULT gpu-fma, act q8 (must mismatch)"
                                           : "FAULT gpu-fma, act f32 (must mismatch)",
                                NULL, 0, NSTEPS);
-            unsetenv("IB_CUDA_MMA_ROWS");
+            unsetenv("IB_CUDA_MMA_ROWS"), unsetenv("IB_CUDA_MMA_BM");
             CHECK(bad > 0, "model %s: the gpu-fma fault went unnoticed (act %d)", models[mi].name, act);
         }
         ib_fault_set(IB_FAULT_NONE);

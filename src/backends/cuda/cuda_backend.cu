@@ -58,11 +58,11 @@ extern "C" {
 #define MMA_MIN_ROWS 16    /* Q8 products of at least this many rows run on the tensor cores */
 #define NGRAPH 16          /* step graphs kept per instance */
 #define REC_ARGS 10        /* ints of one recorded op */
+#define GCH 16             /* groups per pass of mm_q8_mma_kernel: shared isums [GCH][16][33] */
 #define ATT_THREADS 256    /* threads of an attention block */
 #define ATT_CHUNK 512      /* most keys an attention block scores at once */
 #define ATT_GROUP_MIN_ROWS 16  /* steps of at least this many rows: one attention block per (row, KV head) */
 #define ATT_QH 2048        /* floats of an attention block's per-head arrays: G * head_dim <= ATT_QH */
-#define GCH 16             /* groups per pass of the tensor-core product: shared isums [GCH][16][33] */
 #define QK_WARPS 4         /* warps (heads) per block of the q/k norm + RoPE + store kernel */
 #define ATT_MAX_BLOCKS 64  /* most key blocks in one such chunk */
 #define ATT_MAX_BLOCK 128  /* largest key block (ops.h: block <= 128) */
@@ -219,6 +219,8 @@ typedef struct cuda_backend {
     int use_graphs;
     int pdl;                         /* launch with programmatic dependent launch (IB_CUDA_PDL=0: off) */
     int mma_rows;                    /* Q8 products of at least this many rows use the tensor cores */
+    int mma_bm;                      /* forced rows per block of the tiled kernel (32, 64; 0: by the grid's size) */
+    int n_sm;                        /* the device's multiprocessors */
     int att_group_rows;              /* attention takes a block per KV head from this many rows */
     int q_ready_buf, q_ready_G;      /* buffer whose Q8 form (group G) a fused norm just wrote, or -1 */
     struct gcache *gc;               /* [NGRAPH] */
@@ -517,6 +519,212 @@ __global__ void __launch_bounds__(256) mm_q8_mma_kernel(mset ms, const int8_t *_
             else Y[(size_t)row * ldy + n] = acc[pp];
         }
     }
+}
+
+/* cp.async: copy n (4 or 16) bytes global -> shared without passing through registers; .cg (16 bytes)
+ * skips L1. Completion: cp_commit groups them, cp_wait<N> waits until at most N groups are pending. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+/* Shared memory of one pipeline stage of mm_q8_gemm_kernel: KS = 128 k of BM rows' activation codes and
+ * BN outputs' weight codes, and the scales, biases, d and ad of the (at most 4) groups the stage's k
+ * range meets. */
+#define MMA_KS 128     /* k per pipeline stage */
+#define MMA_BN 64      /* outputs per block */
+#define MMA_NS 3       /* pipeline stages */
+#define MMA_AROW (MMA_KS + 16)   /* bytes of a staged activation row (padded: conflict-free reads) */
+template <int BM>
+struct mma_stage {
+    uint8_t a[BM][MMA_AROW];       /* activation codes: rows x k */
+    uint4 w[8][MMA_BN];            /* weight chunks (Q4: 4 of 32 k; Q8: 8 of 16 k) x outputs */
+    float s[4][MMA_BN], b[4][MMA_BN];
+    float d[4][BM], ad[4][BM];
+};
+
+/* The Q8 product of mm_q8_kernel for many rows, on the tensor cores, shaped as a tiled GEMM: block
+ * (x: BM rows, fastest, so a weight tile's row blocks run together; y: MMA_BN outputs of mset ms, in
+ * 64-output tiles t0[]), 8 warps as 2 x 4, each warp a tile of BM/2 rows x 16 outputs. K is walked
+ * in stages of MMA_KS k through an MMA_NS-deep cp.async pipeline into shared memory (the weights of
+ * the first stages are asked for before the wait for the previous kernel). For each 32 k a warp's
+ * integer sums grow by mma.sync m16n8k32 (s8 x s8/u8 -> s32: exact, the group's isum in any order);
+ * where a group ends, every (row, output) of the warp's tile continues its float chain in registers,
+ * acc = (acc + (s*d)*(float)isum) + b*ad — matmul.h's arithmetic, groups in ascending order, bit for
+ * bit. Needs G % 32 == 0. fused, splits: the test-only faults, as mm_q8_kernel (splits: block z takes
+ * the z-th group range and adds its partial chain into Y with atomics). */
+template <int FMT, int BM>
+__global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
+                                                        const float *__restrict__ ad, int R, int fused, int splits) {
+    constexpr int MT = BM / 32;                       /* 16-row mma tiles per warp */
+    constexpr int KC = FMT == IB_WQ4 ? 32 : 16;       /* k per weight chunk (uint4) */
+    constexpr int NCH = MMA_KS / KC;                  /* weight chunks per stage */
+    extern __shared__ __align__(16) unsigned char mma_smem[];
+    mma_stage<BM> *stg = (mma_stage<BM> *)mma_smem;
+    dmat m;
+    float *Y;
+    const int tile = mset_pick(ms, blockIdx.y, m, Y), ldy = m.N;
+    const int K = m.K, G = m.G, ng = m.ng, Np = m.Np;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, t = lane & 3;
+    const int rb = blockIdx.x * BM, n0 = tile * MMA_BN;
+    const int wr = (warp >> 2) * (BM / 2), wn = (warp & 3) * 16;   /* the warp's tile in the block */
+    const int gs = (ng + splits - 1) / splits, gb = blockIdx.z * gs, ge = min(ng, gb + gs);
+    const int kb = gb * G, ke = ge * G;                              /* the block's k range */
+    const int nst = ke > kb ? (ke - kb + MMA_KS - 1) / MMA_KS : 0;   /* stages */
+
+    /* the weight side of stage st (codes, scales, biases): independent of earlier kernels */
+    auto load_w = [&](int st) {
+        mma_stage<BM> &S = stg[st % MMA_NS];
+        const int k0 = kb + st * MMA_KS;
+        for (int i = tid; i < NCH * MMA_BN; i += 256) {
+            const int c = i / MMA_BN, nl = i % MMA_BN, k = k0 + c * KC;
+            if (k < ke && n0 + nl < Np) cp_async16(&S.w[c][nl], m.w + (size_t)(k / KC) * Np + n0 + nl);
+        }
+        const int gA = k0 / G;
+        for (int i = tid; i < 2 * 4 * (MMA_BN / 4); i += 256) {
+            const int arr = i / (4 * (MMA_BN / 4)), j = (i / (MMA_BN / 4)) % 4, c = i % (MMA_BN / 4);
+            const int g = gA + j, n = n0 + 4 * c;
+            if (g < ge && g * G < k0 + MMA_KS && n < Np) {
+                const float *src = (arr ? m.b : m.s) + (size_t)g * Np + n;
+                cp_async16(arr ? &S.b[j][4 * c] : &S.s[j][4 * c], src);
+            }
+        }
+    };
+    /* the activation side of stage st (codes, d, ad): written by the previous kernels */
+    auto load_x = [&](int st) {
+        mma_stage<BM> &S = stg[st % MMA_NS];
+        const int k0 = kb + st * MMA_KS;
+        for (int i = tid; i < BM * (MMA_KS / 16); i += 256) {
+            const int r = i / (MMA_KS / 16), c = i % (MMA_KS / 16), k = k0 + 16 * c;
+            const int row = min(rb + r, R - 1);
+            if (k < ke) cp_async16(&S.a[r][16 * c], xq + (size_t)row * K + k);
+        }
+        const int gA = k0 / G;
+        for (int i = tid; i < 2 * 4 * BM; i += 256) {
+            const int arr = i / (4 * BM), j = (i / BM) % 4, r = i % BM;
+            const int g = gA + j, row = min(rb + r, R - 1);
+            if (g < ge && g * G < k0 + MMA_KS) {
+                const float *src = (arr ? ad : d) + (size_t)row * ng + g;
+                cp_async4(arr ? &S.ad[j][r] : &S.d[j][r], src);
+            }
+        }
+    };
+
+    /* the weights of the first stages before the wait for the previous kernel; each stage one group
+     * of copies (the first holds every copy issued before it) */
+    for (int st = 0; st < MMA_NS - 1; st++)
+        if (st < nst) load_w(st);
+    PDL_ENTER();
+    for (int st = 0; st < MMA_NS - 1; st++) {
+        if (st < nst) load_x(st);
+        cp_commit();
+    }
+
+    float acc[MT][2][4];   /* [mma row tile][8-output tile][fragment element] */
+    int is[MT][2][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f, is[mt][nt][e] = 0;
+
+    for (int st = 0; st < nst; st++) {
+        cp_wait<MMA_NS - 2>();
+        __syncthreads();   /* stage st is in; every warp is done with the buffer loaded next */
+        if (st + MMA_NS - 1 < nst) {
+            load_w(st + MMA_NS - 1);
+            load_x(st + MMA_NS - 1);
+        }
+        cp_commit();
+        const mma_stage<BM> &S = stg[st % MMA_NS];
+        const int k0 = kb + st * MMA_KS, gA = k0 / G;
+        int j = 0, left = (gA + 1) * G - k0;   /* the staged group being summed, its k still to come */
+#pragma unroll
+        for (int kk = 0; kk < MMA_KS / 32; kk++) {
+            if (k0 + kk * 32 >= ke) break;
+            unsigned b0[2], b1[2];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                const int nl = wn + nt * 8 + gq;
+                if (FMT == IB_WQ4) {
+                    /* chunk kk: word i holds k 8i..8i+7 (low nibbles the first 4) */
+                    const unsigned *wv = (const unsigned *)&S.w[kk][nl];
+                    const unsigned w0 = wv[t >> 1], w1 = wv[2 + (t >> 1)];
+                    b0[nt] = ((t & 1) ? w0 >> 4 : w0) & 0x0f0f0f0fu;
+                    b1[nt] = ((t & 1) ? w1 >> 4 : w1) & 0x0f0f0f0fu;
+                } else {
+                    b0[nt] = ((const unsigned *)&S.w[2 * kk][nl])[t];
+                    b1[nt] = ((const unsigned *)&S.w[2 * kk + 1][nl])[t];
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                const int r = wr + mt * 16 + gq;
+                unsigned a[4];
+                a[0] = *(const unsigned *)&S.a[r][kk * 32 + 4 * t];
+                a[1] = *(const unsigned *)&S.a[r + 8][kk * 32 + 4 * t];
+                a[2] = *(const unsigned *)&S.a[r][kk * 32 + 16 + 4 * t];
+                a[3] = *(const unsigned *)&S.a[r + 8][kk * 32 + 16 + 4 * t];
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) mma_k32<FMT>(is[mt][nt], a, b0[nt], b1[nt]);
+            }
+            left -= 32;
+            if (left == 0) {
+                /* group gA + j ends here: its terms join every chain of the warp's tile, in group order */
+                float sc[2][2], bi[2][2], dd[MT][2], aa[MT][2];
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int nl = wn + nt * 8 + 2 * t + c;
+                        sc[nt][c] = S.s[j][nl], bi[nt][c] = S.b[j][nl];
+                    }
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int rl = wr + mt * 16 + gq + 8 * h;
+                        dd[mt][h] = S.d[j][rl], aa[mt][h] = S.ad[j][rl];
+                    }
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const float sd = sc[nt][e & 1] * dd[mt][e >> 1], u = bi[nt][e & 1] * aa[mt][e >> 1];
+                            const float fi = (float)is[mt][nt][e];
+                            float x = acc[mt][nt][e];
+                            if (fused) x = __fmaf_rn(sd, fi, x);
+                            else x = x + sd * fi;
+                            acc[mt][nt][e] = x + u;
+                            is[mt][nt][e] = 0;
+                        }
+                j++, left = G;
+            }
+        }
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int row = rb + wr + mt * 16 + gq + 8 * (e >> 1), n = n0 + wn + nt * 8 + 2 * t + (e & 1);
+                if (row < R && n < m.N) {
+                    if (splits > 1) atomicAdd(&Y[(size_t)row * ldy + n], acc[mt][nt][e]);
+                    else Y[(size_t)row * ldy + n] = acc[mt][nt][e];
+                }
+            }
 }
 
 /* Y[r][n] for r < R, n < N, F32 activations: one thread per (row, output), acc = acc + w*x over k
@@ -940,9 +1148,9 @@ __device__ __forceinline__ void quantize_span(const float *ys, int n, int r, int
  * scores sc[bt0[k] .. bt0[k+1]) (each lane a strided part, then folded by shuffles: a maximum of the
  * non-NaN scores, the same in any order — only the sign of a zero maximum may differ, and every use
  * below gives the same bits for +0 and -0: comparisons, and exp(x - m) with exp(+0) = exp(-0) = 1),
- * m' = max(*m, block max) as the reference takes it, c[k * cs] = exp(*m - m'), mk[j] = m' for the
+ * m' = max(*m, block max) as the reference takes it, c[k] = exp(*m - m'), mk[j] = m' for the
  * block's keys; *m (shared memory) ends as the running max. */
-__device__ __forceinline__ void block_maxima_warp(const float *sc, float *mk, float *c, int cs, const int *bt0, int nbk,
+__device__ __forceinline__ void block_maxima_warp(const float *sc, float *mk, float *c, const int *bt0, int nbk,
                                                   float *m, int lane) {
     float mr = *m;
     for (int k = 0; k < nbk; k++) {
@@ -956,7 +1164,7 @@ __device__ __forceinline__ void block_maxima_warp(const float *sc, float *mk, fl
             if (t > mb) mb = t;
         }
         const float m_new = mb > mr ? mb : mr;
-        if (lane == 0) c[k * cs] = ib_expf_lane(mr - m_new);
+        if (lane == 0) c[k] = ib_expf_lane(mr - m_new);
         mr = m_new;
         for (int j = j0 + lane; j < j1; j += 32) mk[j] = m_new;
     }
@@ -1062,7 +1270,7 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
             }
         }
         __syncthreads();
-        if (tid < 32) block_maxima_warp(sm.sc, sm.mk, sm.c, 1, sm.bt0, nbk, &sm.m, tid);
+        if (tid < 32) block_maxima_warp(sm.sc, sm.mk, sm.c, sm.bt0, nbk, &sm.m, tid);
         else prefetch_values_l1(vp, sm.slot, nc, hd, tid - 32, (int)blockDim.x - 32);
         __syncthreads();
         for (int j = tid; j < nc; j += blockDim.x) sm.pw[j] = ib_expf_lane(sm.sc[j] - sm.mk[j]);
@@ -1217,7 +1425,7 @@ __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, flo
         {
             const int warp = tid >> 5, nwarp = (int)blockDim.x >> 5;
             for (int h = warp; h < G; h += nwarp)
-                block_maxima_warp(sm.sc + (size_t)h * nc, sm.mk + (size_t)h * nc, sm.c + h * ATT_MAX_BLOCKS, 1, sm.bt0,
+                block_maxima_warp(sm.sc + (size_t)h * nc, sm.mk + (size_t)h * nc, sm.c + h * ATT_MAX_BLOCKS, sm.bt0,
                                   nbk, &sm.m[h], tid & 31);
             if (G < nwarp && warp >= G) prefetch_values_l1(vp, sm.slot, nc, hd, tid - 32 * G, (int)blockDim.x - 32 * G);
         }
@@ -1431,6 +1639,10 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         const char *t = getenv("IB_CUDA_MMA_ROWS");
         b->mma_rows = t && atoi(t) > 0 ? atoi(t) : MMA_MIN_ROWS;
         /* rows from which attention takes a block per KV head (tests set it to compare both kernels) */
+        /* 32 or 64: every tensor-core product takes the tiled kernel with that many rows per block
+         * (tests; unset: the kernel and its rows follow the grid's size) */
+        const char *bm = getenv("IB_CUDA_MMA_BM");
+        b->mma_bm = bm && (atoi(bm) == 32 || atoi(bm) == 64) ? atoi(bm) : 0;
         const char *a = getenv("IB_CUDA_ATT_GROUP_ROWS");
         b->att_group_rows = a && atoi(a) > 0 ? atoi(a) : ATT_GROUP_MIN_ROWS;
     }
@@ -1442,6 +1654,22 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
     if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreate(&b->st) != cudaSuccess) {
         rc = ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: could not start a stream on device 0");
         goto fail;
+    }
+    {
+        /* the tensor-core product's pipeline takes more than the default 48 KB of shared memory */
+        cudaDeviceProp p;
+        int ok = cudaGetDeviceProperties(&p, 0) == cudaSuccess;
+        b->n_sm = ok ? p.multiProcessorCount : 132;
+        const int s64 = (int)(MMA_NS * sizeof(mma_stage<64>)), s32 = (int)(MMA_NS * sizeof(mma_stage<32>));
+        ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ4, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, s64) == cudaSuccess;
+        ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ8, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, s64) == cudaSuccess;
+        ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ4, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, s32) == cudaSuccess;
+        ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ8, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, s32) == cudaSuccess;
+        if (!ok) {
+            cudaGetLastError();
+            rc = ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: could not give the tensor-core product its shared memory");
+            goto fail;
+        }
     }
     b->mats = (dmat *)calloc((size_t)L * IB_W_COUNT, sizeof(dmat));
     b->lout = (float **)calloc((size_t)Rm, sizeof(float *));
@@ -1768,10 +1996,35 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
         for (int i = 0; i < n; i++)
             note(b, cudaMemsetAsync(Y[i], 0, (size_t)R * m[i]->N * sizeof(float), b->st), "split-k zero");
     }
-    if (q8 && fmt != IB_WF32 && R >= b->mma_rows) {
-        dim3 grid((unsigned)tiles, blocks_for((size_t)R, 16), (unsigned)splits);
-        if (fmt == IB_WQ4) launch(b, mm_q8_mma_kernel<IB_WQ4>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, fused, splits);
-        else launch(b, mm_q8_mma_kernel<IB_WQ8>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, fused, splits);
+    int g32 = 1;   /* the tensor-core kernels walk groups in steps of 32 k */
+    for (int i = 0; i < n; i++) g32 &= m[i]->G % 32 == 0;
+    if (q8 && fmt != IB_WF32 && R >= b->mma_rows && g32) {
+        /* the same matrices in 64-output tiles, for the tiled kernel */
+        mset m64 = ms;
+        int t64 = 0;
+        for (int i = 0; i < n; i++) m64.t0[i] = t64, t64 += (m[i]->Np + MMA_BN - 1) / MMA_BN;
+        m64.t0[n] = t64;
+        /* the tiled kernel walks K in one block per tile, so it needs many tiles to fill the GPU, and
+         * rows to fill its blocks: 64-row blocks for at least 64 rows when they give two blocks per
+         * multiprocessor, 32-row blocks for at least 32 rows when those give 1.5; otherwise the
+         * kernel whose warps split the groups of 16-row tiles */
+        const long b64 = (long)blocks_for((size_t)R, 64) * t64, b32 = (long)blocks_for((size_t)R, 32) * t64;
+        const int bm = b->mma_bm                              ? b->mma_bm
+                       : R >= 64 && b64 >= 2L * b->n_sm       ? 64
+                       : R >= 32 && 2 * b32 >= 3L * b->n_sm   ? 32
+                                                              : 0;
+        if (bm) {
+            dim3 grid(blocks_for((size_t)R, bm), (unsigned)t64, (unsigned)splits);
+            const size_t sm = MMA_NS * (bm == 64 ? sizeof(mma_stage<64>) : sizeof(mma_stage<32>));
+            void (*k)(mset, const int8_t *, const float *, const float *, int, int, int) =
+                bm == 64 ? (fmt == IB_WQ4 ? mm_q8_gemm_kernel<IB_WQ4, 64> : mm_q8_gemm_kernel<IB_WQ8, 64>)
+                         : (fmt == IB_WQ4 ? mm_q8_gemm_kernel<IB_WQ4, 32> : mm_q8_gemm_kernel<IB_WQ8, 32>);
+            launch(b, k, grid, 256, sm, m64, b->xq, b->qd, b->qad, R, fused, splits);
+        } else {
+            dim3 grid((unsigned)tiles, blocks_for((size_t)R, 16), (unsigned)splits);
+            if (fmt == IB_WQ4) launch(b, mm_q8_mma_kernel<IB_WQ4>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, fused, splits);
+            else launch(b, mm_q8_mma_kernel<IB_WQ8>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, fused, splits);
+        }
     } else if (q8 && fmt != IB_WF32) {
         /* rows per pass: the fewest of 1, 2, 4, 8 that hold R (fewer rows, more groups per pass) */
         const int rbt = R <= 1 ? 1 : R <= 2 ? 2 : R <= 4 ? 4 : RB;
