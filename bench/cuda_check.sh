@@ -8,7 +8,8 @@
 #      alone, CPU engine == CUDA engine on whole steps, each shown to fail under gpu-fma.
 #   2. test_backend_ops: the backend op checker (diag/backend_check.c) on the CPU ISAs and on CUDA.
 #   3. generate digests, CPU vs CUDA, on models/default: act q8/f32 x KV f32/f16 x greedy/sampled x
-#      three schedules (batch 1; batch 8 chunks of 5; batch 4 whole prompts); --check-serial on CUDA;
+#      three schedules (batch 1; batch 8 chunks of 5; batch 4 whole prompts), and with a sink 4 + window
+#      12 KV policy (two schedules); --check-serial on CUDA;
 #      gpu-fma must change the CUDA digests.
 #   4. recall --backend cuda vs cpu (answers batched and serialized).
 #   5. speed: test_backend_cuda --bench (qwen3-0.6b-shaped 4-bit: prefill, decode B=1 and B=128) and
@@ -30,25 +31,32 @@ echo "test_backend_ops (rc $?): $(grep -i cuda "$out/test_backend_ops.log" | tai
 
 model=models/default
 prompts=examples/prompts.txt
-n=0 same=0
+# one generate configuration on both backends: EQUAL or DIFF, then its arguments
+cmp_digests() {
+    local a b
+    a=$("$bin/isobatch" generate "$@" --backend cpu 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
+    b=$("$bin/isobatch" generate "$@" --backend cuda 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
+    if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "EQUAL  $*"; else echo "DIFF  $*"; fi
+}
 {
     for act in q8 f32; do
         for kv in f32 f16; do
             for samp in "" "--temp 0.8 --top-p 0.9 --seed 7"; do
                 for sched in "--batch 1" "--batch 8 --prefill-chunk 5" "--batch 4 --prefill-chunk whole"; do
-                    args="-m $model --prompts-file $prompts -n 24 --json --act $act --kv-dtype $kv $samp $sched"
-                    a=$("$bin/isobatch" generate $args --backend cpu 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
-                    b=$("$bin/isobatch" generate $args --backend cuda 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
-                    n=$((n + 1))
-                    if [ -n "$a" ] && [ "$a" = "$b" ]; then same=$((same + 1)); r=EQUAL; else r=DIFF; fi
-                    echo "$r  $args"
+                    cmp_digests -m $model --prompts-file $prompts -n 24 --json --act $act --kv-dtype $kv $samp $sched
+                done
+                # windowed sessions: a sink + window KV policy shorter than prompt + generation (keys
+                # evicted, rings wrapped)
+                for sched in "--batch 1" "--batch 8 --prefill-chunk 5"; do
+                    cmp_digests -m $model --prompts-file $prompts -n 24 --json --act $act --kv-dtype $kv \
+                        --kv sink:4,window:12 $samp $sched
                 done
             done
         done
     done
 } >"$out/digests.log" 2>&1
 n=$(grep -c '' "$out/digests.log"); same=$(grep -c '^EQUAL' "$out/digests.log")
-echo "generate digests CPU vs CUDA: $same of $n configurations equal (8 prompts x 24 tokens each)" >>"$sum"
+echo "generate digests CPU vs CUDA: $same of $n configurations equal (8 prompts x 24 tokens each; $(grep -c 'window' "$out/digests.log") of them windowed)" >>"$sum"
 "$bin/isobatch" generate -m $model --prompts-file $prompts -n 24 --batch 8 --prefill-chunk 3 --backend cuda \
     --check-serial >"$out/check_serial.log" 2>&1
 echo "generate --backend cuda --check-serial (rc $?): $(grep -i 'serial' "$out/check_serial.log" | tail -1)" >>"$sum"

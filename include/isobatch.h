@@ -378,6 +378,9 @@ typedef struct ib_gen_opts {
      * NULL = none. Streaming output uses it; it must not call back into this generation. */
     void (*on_token)(void *ctx, int request, int32_t token, int done);
     void *on_token_ctx;
+    /* The sessions' KV policy (ib_session_opts.kv_sink / kv_window): 0, 0 = full. With kv_window > 0
+     * max_context is ignored and each session keeps kv_sink + kv_window + prefill chunk slots. */
+    int kv_sink, kv_window;
 } ib_gen_opts;
 
 typedef struct ib_gen_result {

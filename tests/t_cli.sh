@@ -136,6 +136,14 @@ cmp -s "$T/logits.bin" "$T/logits_f.bin" && bad "--logits-out: rope-skip-rows le
 "$BIN" generate -m "$T/m" "${P[@]}" -n 8 --batch 6 --check-serial --inject rope-scalar-offset > "$T/cs" 2>&1 \
     && bad "--check-serial passed under rope-scalar-offset" || ok
 grep -q "differs from its serialized run" "$T/cs" && ok || bad "--check-serial did not name the differing prompt"
+# a sink + window KV policy shorter than the prompts: batched, chunked runs equal the prompts alone, the
+# answers differ from the full cache's, and a batch fault is caught
+"$BIN" generate -m "$T/m" "${P[@]}" -n 12 --ignore-eos --batch 6 --prefill-chunk 3 --kv sink:2,window:6 --check-serial \
+    --json > "$T/win" 2> "$T/cs" && grep -q "6 of 6 prompts bitwise identical" "$T/cs" && ok || bad "--kv sink:2,window:6 --check-serial"
+"$BIN" generate -m "$T/m" "${P[@]}" -n 12 --ignore-eos --batch 6 --json > "$T/full" 2>/dev/null
+cmp -s "$T/win" "$T/full" && bad "--kv sink:2,window:6 gave the full cache's answers" || ok
+"$BIN" generate -m "$T/m" "${P[@]}" -n 12 --ignore-eos --batch 6 --prefill-chunk 3 --kv sink:2,window:6 --check-serial \
+    --inject split-kv-by-batch > "$T/cs" 2>&1 && bad "--kv window --check-serial passed under split-kv-by-batch" || ok
 
 # the embedding example: two sessions stepped together equal each alone
 if [ -x "$BUILD/examples/two_sessions" ]; then
@@ -256,6 +264,7 @@ expect_error "bench reps" "--reps" "$B" bench -m "$T/m" --reps 99
 expect_error "bench context" "exceeds the model's context" "$B" bench -m "$T/m" --prompt 8000 --gen 4000
 expect_error "bench missing dir" "$T/none" "$B" bench -m "$T/none"
 expect_error "bench kv policy" "--kv: 'window:0'" "$B" bench -m "$T/m" --kv window:0
+expect_error "generate kv policy" "--kv: 'sink:2'" "$B" generate -m "$T/m" -p x --kv sink:2
 # the bandwidth probe process dying mid-run: a one-line error and a failing exit, not a floor of 0
 "$B" bench -m "$T/m" --batch 1,2,4 --prompt 8 --gen 2000 --reps 15 > "$T/probe.out" 2> "$T/probe.err" &
 bp=$!

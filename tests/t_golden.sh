@@ -2,14 +2,14 @@
 # Golden digests: every prompt's digest (the hash of the logits rows that chose its tokens) of a fixed
 # set of generate configurations, compared with the values recorded in tests/golden/digests.txt. The
 # configurations: the bundled trained model (models/default) with q8 and f32 activations, f32 and f16
-# KV, greedy and seeded sampling; the Gemma 4 dense and MoE tiny presets (sliding-window layers, the
+# KV, greedy and seeded sampling, full and sink + window KV; the Gemma 4 dense and MoE tiny presets (sliding-window layers, the
 # prompts longer than the window); two tiny Qwen presets with 8-bit and 16-bit weights. Each one runs
 # on --isa scalar and on every other ISA this CPU has (the others: a SKIP line), with --batch 1 and with
 # --batch 8 --prefill-chunk 5 (2 threads; recorded with 1), and every run must give the ONE recorded
 # value: the digests do not depend on ISA, batch, threads or chunking. Any change of a canonical number
 # fails the test. A fault that changes the numerics (--inject isa-fma, row-order) must make the digests
-# differ from the recorded ones: the comparison can fail. (generate has no sink+window KV policy, so
-# windowed sessions are not among the configurations; Gemma 4's sliding-window layers are.)
+# differ from the recorded ones: the comparison can fail. Two configurations keep a sink + window KV
+# policy (--kv) shorter than prompt + generation, so their sessions evict keys and wrap their rings.
 #
 #   bash tests/t_golden.sh            check against the recorded file
 #   bash tests/t_golden.sh --record   rewrite the file from --isa scalar --batch 1 --threads 1, then check;
@@ -44,6 +44,8 @@ CONFIGS=(
     "gemma4-moe-tiny-b4-seeded|gemma4-moe-tiny:5:4|$COMMON --act f32 $SAMPLED"
     "qwen-tiny-b8-greedy|tiny:3:8|$COMMON"
     "qwen-tiny-b16-seeded|tiny:3:16|$COMMON $SAMPLED"
+    "default-q8-kv16-sink4-window12-greedy|default|$COMMON --act q8 --kv-dtype f16 --kv sink:4,window:12"
+    "default-f32-kv32-window10-seeded|default|$COMMON --act f32 --kv-dtype f32 --kv window:10 $SAMPLED"
 )
 SCHEDULES=("--batch 1 --threads 2" "--batch 8 --prefill-chunk 5 --threads 2")   # recorded: --threads 1
 
@@ -136,6 +138,7 @@ fault_case() { # NAME FAULT ISA SCHEDULE
 if [ ${#ISAS[@]} -gt 1 ]; then fault_case default-f32-kv32-greedy isa-fma "${ISAS[1]}" "--batch 1 --threads 2"
 else echo "SKIP: --inject isa-fma (no vector ISA on this CPU)"; fi
 fault_case qwen-tiny-b8-greedy row-order scalar "--batch 8 --prefill-chunk 5 --threads 2"
+fault_case default-q8-kv16-sink4-window12-greedy split-kv-by-batch scalar "--batch 8 --prefill-chunk 5 --threads 2"
 
 echo "t_golden: $pass passed, $fail failed"
 [ $fail = 0 ]

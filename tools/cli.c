@@ -162,6 +162,11 @@ int cli_kv_dtype(const char *v, ib_kv_dtype *out) {
     return cli_usage_error("--kv-dtype: unknown '%s' (f32, f16)", v);
 }
 
+int cli_kv_policy(const char *v, int *sink, int *window) {
+    if (ib_kv_policy_parse(v, sink, window) == 0) return 0;
+    return cli_usage_error("--kv: '%s' is not full, window:W or sink:S,window:W", v);
+}
+
 int cli_inject(const char *v) {
     ib_fault f;
     if (ib_fault_parse(v, &f)) return cli_usage_error("--inject: unknown fault '%s'", v);

@@ -171,8 +171,7 @@ int cmd_bench(int argc, char **argv) {
         } else if (!strcmp(f, "--kv-dtype")) {
             if (cli_kv_dtype(v, &kv_dtype)) return 2;
         } else if (!strcmp(f, "--kv")) {
-            if (ib_kv_policy_parse(v, &kv_sink, &kv_window))
-                return cli_usage_error("--kv: '%s' is not full, window:W or sink:S,window:W", v);
+            if (cli_kv_policy(v, &kv_sink, &kv_window)) return 2;
             kv_policy = v;
         } else if (!strcmp(f, "--backend")) {
             if (cli_backend(v, &backend)) return 2;

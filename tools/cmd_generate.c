@@ -17,7 +17,7 @@
 static const char help[] =
     "usage: isobatch generate [-m DIR] (-p TEXT)... [--prompts-file F] [--prompt-ids 1,2,3]... [-n N]\n"
     "         [--batch B] [--threads T] [--prefill-chunk C|whole] [--isa auto|scalar|avx2|avx512|neon|amx]\n"
-    "         [--act auto|f32|q8] [--kv-dtype f32|f16] [--temp X] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R]\n"
+    "         [--act auto|f32|q8] [--kv-dtype f32|f16] [--kv full|window:W|sink:S,window:W] [--temp X] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R]\n"
     "         [--seed S] [--ignore-eos] [--json] [--stream] [--logits-out FILE] [--check-serial] [--inject FAULT] [--chat]\n"
     "\n"
     "  -m DIR            model directory (default models/default)\n"
@@ -32,6 +32,8 @@ static const char help[] =
     "  --isa, --act      kernels and activation mode (results never depend on --isa)\n"
     "  --backend B       cpu (default) or cuda: where the engine computes (same bits on both)\n"
     "  --kv-dtype f16    keep keys/values in IEEE half: half the KV memory (answers change slightly)\n"
+    "  --kv POLICY       KV policy: full (default), window:W (each token attends the last W positions),\n"
+    "                    sink:S,window:W (and the first S): fixed memory, the same answers batched or alone\n"
     "  --temp ... --seed sampling (default greedy); draws keyed by (seed, step). Sampling without\n"
     "                    --seed draws a fresh seed and prints it on stderr (and in --json), so a run can\n"
     "                    be repeated\n"
@@ -191,6 +193,7 @@ typedef struct gen_args {
     ib_sampling sampling;
     int json, ignore_eos, check_serial;
     ib_kv_dtype kv_dtype;     /* --kv-dtype */
+    int kv_sink, kv_window;   /* --kv (0, 0: full) */
     int stream;               /* --stream, or one prompt in text mode */
     int seeded;               /* --seed was given */
 } gen_args;
@@ -319,7 +322,8 @@ static int run(ib_model *m, const gen_args *a, const prompts *p, long batch, ib_
     for (int i = 0; i < p->n; i++) rq[i] = (ib_gen_request){.prompt = p->ids[i], .n_prompt = p->len[i]};
     ib_gen_opts go = {.max_new_tokens = (int)a->n, .batch = (int)batch, .prefill_chunk = (int)a->chunk,
                       .ignore_eos = a->ignore_eos, .keep_logits = a->logits_out != NULL, .sampling = a->sampling,
-                      .kv_dtype = a->kv_dtype, .on_token = out ? st_token : NULL, .on_token_ctx = out};
+                      .kv_dtype = a->kv_dtype, .on_token = out ? st_token : NULL, .on_token_ctx = out,
+                      .kv_sink = a->kv_sink, .kv_window = a->kv_window};
     ib_status rc = ib_generate(e, rq, p->n, &go, res, st, &err);
     free(rq);
     ib_engine_free(e);
@@ -421,6 +425,8 @@ int cmd_generate(int argc, char **argv) {
             rc = VAL() ? cli_act(v, &a.act) : 2;
         } else if (!strcmp(f, "--kv-dtype")) {
             rc = VAL() ? cli_kv_dtype(v, &a.kv_dtype) : 2;
+        } else if (!strcmp(f, "--kv")) {
+            rc = VAL() ? cli_kv_policy(v, &a.kv_sink, &a.kv_window) : 2;
         } else if (!strcmp(f, "--temp")) {
             if (!VAL() || cli_float(f, v, 0, 100, &d)) rc = 2;
             else a.sampling.temperature = (float)d;

@@ -222,7 +222,8 @@ ib_status ib_generate(ib_engine *e, const ib_gen_request *reqs, int n, const ib_
     int chunk = o->prefill_chunk > 0 ? o->prefill_chunk : longest;
     if (chunk > e->max_tokens) chunk = e->max_tokens;
     ib_session_opts so = {.max_context = o->max_context > 0 ? o->max_context : need, .sampling = o->sampling,
-                          .kv_dtype = o->kv_dtype, .backend = ib_engine_backend(e), .kv_chunk = chunk > 0 ? chunk : 1};
+                          .kv_dtype = o->kv_dtype, .backend = ib_engine_backend(e), .kv_chunk = chunk > 0 ? chunk : 1,
+                          .kv_sink = o->kv_sink, .kv_window = o->kv_window};
     for (int b = 0; b < B; b++) {
         rows[b].g = &g;
         rows[b].req = -1;
