@@ -521,28 +521,33 @@ static int engine_compare_located(const ib_model *m, ib_act act, ib_kv_dtype dt,
     return d;
 }
 
-/* Gemma 4 on the CUDA backend (dense gemma4-tiny, MoE gemma4-moe-tiny; 4-bit group 32, 8-bit group
- * 64, float32 weights): whole steps of a CPU engine and a CUDA engine, bitwise equal logits, for f32
+/* Gemma 4 on the CUDA backend (dense gemma4-tiny, MoE gemma4-moe-tiny, gemma4-tiny with KV sharing, and
+ * with KV sharing and per-layer embeddings; 4-bit group 32, 8-bit group 64, float32 weights): whole steps of a CPU engine and a CUDA engine, bitwise equal logits, for f32
  * and q8 activations, f32 and f16 KV, full sessions, rings on the sliding layers (kv_chunk 8) and
  * sink + window; wide steps (tensor-core products, per-KV-head attention from one row); and under the
  * test-only gpu-fma fault the comparison fails (located to its first op). A difference is located to
  * its first (step, layer, op, row, element). */
 static void gemma_checks(void) {
-    static const char *const presets[] = {"gemma4-tiny", "gemma4-moe-tiny"};
+    static const struct { const char *preset, *name; int kv_shared, ple; } presets[] = {
+        {"gemma4-tiny", "gemma4-tiny", 0, 0},
+        {"gemma4-moe-tiny", "gemma4-moe-tiny", 0, 0},
+        {"gemma4-tiny", "gemma4-tiny --kv-shared 2", 2, 0},
+        {"gemma4-tiny", "gemma4-tiny --kv-shared 2 --ple 64", 2, 64}};
     static const struct { int bits, group; const char *name; } models[] = {{4, 32, "q4 g32"}, {8, 64, "q8 g64"}, {32, 0, "f32"}};
-    for (int pi = 0; pi < 2; pi++)
+    for (int pi = 0; pi < 4; pi++)
         for (int mi = 0; mi < 3; mi++) {
             char dir[] = "/tmp/ib_cuda_g4_XXXXXX";
             if (!mkdtemp(dir)) return;
             ib_error err;
             ib_model *m = NULL;
-            ib_mkmodel_opts mo = {.preset = presets[pi], .seed = 11 + mi, .bits = models[mi].bits, .group = models[mi].group,
-                                   .tied = 1};
+            ib_mkmodel_opts mo = {.preset = presets[pi].preset, .seed = 11 + mi, .bits = models[mi].bits,
+                                   .group = models[mi].group, .tied = 1, .kv_shared = presets[pi].kv_shared,
+                                   .ple_dim = presets[pi].ple};
             if (ib_mkmodel(dir, &mo, &err) || ib_model_load(dir, NULL, &m, &err)) {
-                CHECK(0, "model %s %s: %s", presets[pi], models[mi].name, err.msg);
+                CHECK(0, "model %s %s: %s", presets[pi].name, models[mi].name, err.msg);
                 continue;
             }
-            printf("model %s %s:\n", presets[pi], models[mi].name);
+            printf("model %s %s:\n", presets[pi].name, models[mi].name);
             const int q8ok = models[mi].bits != 32;
             for (int act = 0; act < 1 + q8ok; act++)
                 for (int kvd = 0; kvd < 2; kvd++)
@@ -552,7 +557,7 @@ static void gemma_checks(void) {
                                  pol == 2 ? "sink 4 + window 40" : pol == 1 ? "sliding rings (chunk 8)" : "full");
                         int d = engine_compare_located(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32,
                                                        pol == 2 ? 40 : 0, pol == 1 ? 8 : 0, name);
-                        CHECK(d == 0, "model %s %s, %s: CUDA engine's logits differ from the CPU engine's", presets[pi],
+                        CHECK(d == 0, "model %s %s, %s: CUDA engine's logits differ from the CPU engine's", presets[pi].name,
                               models[mi].name, name);
                     }
             /* one row takes the tensor-core products and the per-KV-head attention */
@@ -562,12 +567,12 @@ static void gemma_checks(void) {
             unsetenv("IB_CUDA_MMA_ROWS");
             unsetenv("IB_CUDA_ATT_GROUP_ROWS");
             CHECK(d == 0, "model %s %s, mma + per-KV-head attention: CUDA engine's logits differ from the CPU engine's",
-                  presets[pi], models[mi].name);
+                  presets[pi].name, models[mi].name);
             /* and the comparison can fail: gpu-fma on the CUDA side only */
             ib_fault_set(IB_FAULT_GPU_FMA);
             d = engine_compare_at(m, q8ok ? IB_ACT_Q8 : IB_ACT_F32, IB_KV_F32, 0, 0, "engine, FAULT gpu-fma (must differ)", 1);
             ib_fault_set(IB_FAULT_NONE);
-            CHECK(d > 0, "model %s %s: the engine comparison missed the gpu-fma fault", presets[pi], models[mi].name);
+            CHECK(d > 0, "model %s %s: the engine comparison missed the gpu-fma fault", presets[pi].name, models[mi].name);
             ib_model_free(m);
             char cmd[96];
             snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -167,7 +167,7 @@ typedef struct oprec {
     int op, a[REC_ARGS];
 } oprec;
 enum { OP_UPLOAD = 1, OP_EMBED, OP_RMSNORM, OP_LINEAR, OP_QK, OP_ATTN, OP_SWIGLU, OP_ADD, OP_LOGITS, OP_GEGLU, OP_MOE,
-       OP_SCALE };
+       OP_SCALE, OP_PLE_INPUTS, OP_PLE_LAYER };
 
 /* A step shape seen before: the key (row counts, key block, fault, the op records) and, once it came
  * twice, its captured graph. */
@@ -1457,6 +1457,7 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
     int Kmax = b->D > b->F ? b->D : b->F;
     if (b->H * hd_max > Kmax) Kmax = b->H * hd_max;
     if (gemma && c->moe_ffn > Kmax) Kmax = c->moe_ffn;
+    if (gemma && c->ple_dim > Kmax) Kmax = c->ple_dim;
     b->Kmax = Kmax;
     const int D = b->D, Rm = b->R_max, L = b->L, hd = b->hd;
     ib_status rc = IB_OK;
@@ -1996,6 +1997,8 @@ static void exec_rec(cuda_backend *b, const oprec *r) {
     case OP_GEGLU: launch_geglu(b, 0); break;
     case OP_MOE: gemma_launch_moe(b, a[0], a[1], a[2], a[3]); break;
     case OP_SCALE: gemma_scale_layer(b, a[0]); break;
+    case OP_PLE_INPUTS: gemma_launch_ple_inputs(b); break;
+    case OP_PLE_LAYER: gemma_launch_ple_layer(b, a[0]); break;
     }
 }
 
@@ -2166,6 +2169,10 @@ static void cuda_moe(ib_backend *base, int li, ib_buf route_in, ib_buf in, ib_bu
 
 static void cuda_scale_layer(ib_backend *base, int li) { push((cuda_backend *)base, OP_SCALE, li); }
 
+static void cuda_ple_inputs(ib_backend *base) { push((cuda_backend *)base, OP_PLE_INPUTS); }
+
+static void cuda_ple_layer(ib_backend *base, int li) { push((cuda_backend *)base, OP_PLE_LAYER, li); }
+
 static void cuda_add(ib_backend *base, ib_buf x, ib_buf y) { push((cuda_backend *)base, OP_ADD, x, y); }
 
 static void cuda_logits(ib_backend *base) {
@@ -2249,4 +2256,6 @@ extern "C" const ib_backend_ops ib_backend_cuda = {
     cuda_step_end,
     cuda_read_rows,
     cuda_write_rows,
+    cuda_ple_inputs,
+    cuda_ple_layer,
 };

@@ -1,6 +1,6 @@
 /*
  * gemma_kernels.cuh — the CUDA backend's Gemma 4 ops (backend.h: embed scale, qk_prepare, attention,
- * geglu, moe, scale_layer, logits soft-cap), included by cuda_backend.cu after its product, norm and
+ * geglu, moe, scale_layer, logits soft-cap, ple_inputs, ple_layer), included by cuda_backend.cu after its product, norm and
  * attention kernels, whose helpers it calls (the product kernels and launch_products are used as they
  * are). Every kernel computes the definitions of src/ops/ bit for bit: element definitions come from
  * the host headers compiled for the device (IB_HD: ops/act_def.h's ib_geglu_elem and ib_softcap_elem,
@@ -54,6 +54,17 @@ typedef struct gemma_state {
     float *my;                       /* [R_max*K][D] each pair's expert output */
     int8_t *mxq;                     /* [R_max*K][Fm] Q8 codes of the GeGLU rows */
     float *mqd, *mqad;               /* [R_max*K][Fm/32 + 1] */
+    /* per-layer embeddings (ple_dim P > 0) */
+    int P;
+    float ple_escale;                /* ple_embed_scale */
+    float ple_s1, ple_s2;            /* (float)(1/sqrt(D)), (float)(1/sqrt(2)) */
+    dmat ple_embed, ple_mproj;       /* [V, L*P], [L*P, D] */
+    const float *ple_pnorm;          /* [P] per_layer_projection_norm */
+    dmat *ple_gate, *ple_proj;       /* host [L]: [P, D], [D, P] */
+    const float **ple_norm;          /* [L] device [D] post_per_layer_input_norm */
+    float *pli;                      /* [R_max][L*P] the step's per-layer inputs */
+    float *pg;                       /* [R_max][P] a layer's gate, then its GeGLU */
+    float *py;                       /* [R_max][D] a layer's block output */
 } gemma_state;
 
 #define MOE_CH NWARP   /* routed pairs per block of the experts' product (a warp each) */
@@ -319,6 +330,7 @@ __global__ void __launch_bounds__(256)
         const int G = m.G, ng = m.ng, cpg = G / KC;
         const int8_t *xrow = xq + (size_t)xr * K;
         const float *dr = qd + (size_t)xr * ng, *adr = qad + (size_t)xr * ng;
+#pragma unroll 4
         for (int g = 0; g < ng; g++) {
             uint4 wl[MAXC];
 #pragma unroll
@@ -377,6 +389,44 @@ __global__ void moe_combine_kernel(const float *__restrict__ y, const float *__r
     out[i] = o;
 }
 
+/* The per-layer inputs' second half and scale (cpu_ple_inputs after its product, scale and norm): per
+ * element i of row r of PLI [R][LP]: b = (embed_tokens_per_layer row tok[r], element k, as
+ * ib_matrix_row_f32 gives it) * escale (ib_scale), then PLI = PLI + b (ib_add), then PLI * s2
+ * (ib_scale by (float)(1/sqrt(2))). */
+__global__ void ple_combine_kernel(float *pli, dmat m, const int32_t *__restrict__ tok, int R, float escale, float s2) {
+    PDL_ENTER();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)R * m.K) return;
+    const int r = (int)(i / m.K), k = (int)(i % m.K);
+    const float bt = weight_at(m, tok[r], k) * escale;
+    const float a = pli[i] + bt;
+    pli[i] = a * s2;
+}
+
+/* g[r][k] = ib_geglu_elem(g[r][k], pli[r][li*P + k]) for the R rows of g [R][P] (ib_geglu of the gate
+ * with the layer's per-layer input); qG > 0: one warp per (row, group), the rows then quantized for
+ * group qG into xq [R][P], qd / qad [R][P/qG] (as geglu_q8_kernel). */
+__global__ void ple_geglu_kernel(float *g, const float *__restrict__ pli, int R, int P, int LP, int li, int qG,
+                                 int8_t *__restrict__ xq, float *__restrict__ qd, float *__restrict__ qad) {
+    PDL_ENTER();
+    if (qG <= 0) {
+        const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+        if (i >= (size_t)R * P) return;
+        const int r = (int)(i / P), k = (int)(i % P);
+        g[i] = ib_geglu_elem(g[i], pli[(size_t)r * LP + (size_t)li * P + k]);
+        return;
+    }
+    const int wid = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    const int ng = P / qG;
+    if (wid >= R * ng) return;
+    const int r = wid / ng, gi = wid % ng;
+    float *gp = g + (size_t)r * P + (size_t)gi * qG;
+    const float *up = pli + (size_t)r * LP + (size_t)li * P + (size_t)gi * qG;
+    for (int k = lane; k < qG; k += 32) gp[k] = ib_geglu_elem(gp[k], up[k]);
+    __syncwarp();
+    quantize_group(gp, qG, xq + (size_t)r * P + (size_t)gi * qG, qd + (size_t)r * ng + gi, qad + (size_t)r * ng + gi, lane);
+}
+
 /* ---------------------------------------------------------------- host side */
 
 /* Free the Gemma state's host arrays (device memory is in b's allocation list). */
@@ -387,6 +437,7 @@ static void gemma_free(gemma_state *g) {
     free(g->layer_scalar), free((void *)g->qn), free((void *)g->kn), free((void *)g->nrm);
     free((void *)g->router), free((void *)g->router_scale), free((void *)g->expert_scale);
     free((void *)g->egate), free((void *)g->eup), free((void *)g->edown);
+    free(g->ple_gate), free(g->ple_proj), free((void *)g->ple_norm);
     free(g);
 }
 
@@ -418,14 +469,11 @@ static ib_status gemma_experts(cuda_backend *b, const ib_matrix *ms, int E, cons
 }
 
 /* b's Gemma 4 state for model m (called by cuda_create after the layers' matrices are uploaded):
- * per-layer shapes and cache offsets, norms, RoPE staging, the MoE block's matrices and scratch.
- * Refuses with one line what the CUDA backend does not run (per-layer embeddings). */
+ * per-layer shapes and cache offsets, norms, RoPE staging, the MoE block's and the per-layer
+ * embeddings' matrices and scratch. Refuses with one line a shape the kernels do not take. */
 static ib_status gemma_create(cuda_backend *b, const ib_model *m, ib_error *err) {
     const ib_config *c = &m->cfg;
     const int L = c->n_layers, D = c->hidden_size, Rm = b->R_max, H = c->n_heads;
-    if (c->ple_dim > 0)
-        return ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: gemma4 per-layer embeddings (hidden_size_per_layer_input) are not "
-                       "supported on cuda yet (use the cpu backend)");
     gemma_state *g = (gemma_state *)calloc(1, sizeof *g);
     if (!g) return ib_fail(err, IB_ERR_NOMEM, "cuda: out of host memory");
     b->gm = g;
@@ -525,6 +573,32 @@ static ib_status gemma_create(cuda_backend *b, const ib_model *m, ib_error *err)
         if (!ok || !g->rin || !g->rlog || !g->rp || !g->sel || !g->w || !g->ent_row || !g->ent_slot || !g->blk ||
             !g->nblk || !g->mg || !g->mu || !g->my || !g->mxq || !g->mqd || !g->mqad)
             return ib_fail(err, IB_ERR_NOMEM, "cuda: out of device memory for the gemma4 MoE scratch of %d rows", Rm);
+    }
+    if (c->ple_dim > 0) {
+        const int P = c->ple_dim;
+        const size_t LP = (size_t)L * P;
+        g->P = P;
+        g->ple_escale = m->ple_embed_scale;
+        g->ple_s1 = (float)(1.0 / sqrt((double)D));
+        g->ple_s2 = (float)(1.0 / sqrt(2.0));
+        ib_status rc;
+        if ((rc = upload_matrix(b, &m->ple_embed, &g->ple_embed, err))) return rc;
+        if ((rc = upload_matrix(b, &m->ple_model_proj, &g->ple_mproj, err))) return rc;
+        g->ple_pnorm = gemma_upf(b, m->ple_proj_norm, P, &ok);
+        g->ple_gate = (dmat *)calloc(L, sizeof(dmat));
+        g->ple_proj = (dmat *)calloc(L, sizeof(dmat));
+        g->ple_norm = (const float **)calloc(L, sizeof(float *));
+        if (!g->ple_gate || !g->ple_proj || !g->ple_norm) return ib_fail(err, IB_ERR_NOMEM, "cuda: out of host memory");
+        for (int li = 0; li < L; li++) {
+            if ((rc = upload_matrix(b, &m->layers[li].ple_gate, &g->ple_gate[li], err))) return rc;
+            if ((rc = upload_matrix(b, &m->layers[li].ple_proj, &g->ple_proj[li], err))) return rc;
+            g->ple_norm[li] = gemma_upf(b, m->layers[li].ple_norm, D, &ok);
+        }
+        g->pli = (float *)dalloc(b, (size_t)Rm * LP * sizeof(float));
+        g->pg = (float *)dalloc(b, (size_t)Rm * P * sizeof(float));
+        g->py = (float *)dalloc(b, (size_t)Rm * D * sizeof(float));
+        if (!ok || !g->pli || !g->pg || !g->py)
+            return ib_fail(err, IB_ERR_NOMEM, "cuda: out of device memory for the gemma4 per-layer embeddings of %d rows", Rm);
     }
     return IB_OK;
 }
@@ -675,4 +749,44 @@ static void gemma_softcap(cuda_backend *b, float *L, int n) {
 /* X *= layer li's layer_scalar (ib_scale). */
 static void gemma_scale_layer(cuda_backend *b, int li) {
     launch_scale(b, b->buf[IB_BUF_X], (size_t)b->R * b->D, b->gm->layer_scalar[li]);
+}
+
+/* Per-layer inputs of the step's rows (backend.h `ple_inputs`; cpu_ple_inputs' numbers): PLI = X ·
+ * per_layer_model_projection^T (a product, the engine's activation mode), times (float)(1/sqrt(D)),
+ * each P-slice rmsnorm'ed with per_layer_projection_norm (the row-norm kernel over R*L vectors), then
+ * ple_combine_kernel (+ the scaled per-layer embedding row, times (float)(1/sqrt(2))). */
+static void gemma_launch_ple_inputs(cuda_backend *b) {
+    gemma_state *g = b->gm;
+    const int R = b->R, LP = b->L * g->P;
+    const dmat *pm = &g->ple_mproj;
+    const int q8 = b->act == IB_ACT_Q8 && pm->fmt != IB_WF32;
+    if (q8) launch_quantize(b, b->buf[IB_BUF_X], R, pm->K, pm->G);
+    launch_product(b, pm, b->buf[IB_BUF_X], R, q8, g->pli);
+    launch_scale(b, g->pli, (size_t)R * LP, g->ple_s1);
+    launch_rmsnorm(b, g->pli, g->ple_pnorm, R * b->L, g->P, g->pli, 1);
+    launch(b, ple_combine_kernel, blocks_for((size_t)R * LP, 256), 256, 0, g->pli, g->ple_embed, (const int32_t *)b->d_tok,
+           R, g->ple_escale, g->ple_s2);
+    LAUNCHED(b, "ple inputs");
+}
+
+/* Layer li's per-layer input block (backend.h `ple_layer`; cpu_ple_layer's numbers): pg = X ·
+ * per_layer_input_gate^T, GeGLU with the row's PLI[li] (+ the next product's quantization), py = pg ·
+ * per_layer_projection^T, rmsnorm'ed with post_per_layer_input_norm, X += py. */
+static void gemma_launch_ple_layer(cuda_backend *b, int li) {
+    gemma_state *g = b->gm;
+    const int R = b->R, P = g->P, LP = b->L * P;
+    const dmat *gt = &g->ple_gate[li], *pj = &g->ple_proj[li];
+    const int q8g = b->act == IB_ACT_Q8 && gt->fmt != IB_WF32, q8p = b->act == IB_ACT_Q8 && pj->fmt != IB_WF32;
+    if (q8g) launch_quantize(b, b->buf[IB_BUF_X], R, gt->K, gt->G);
+    launch_product(b, gt, b->buf[IB_BUF_X], R, q8g, g->pg);
+    const int qG = q8p ? pj->G : 0;
+    const size_t threads = qG > 0 ? (size_t)R * (P / qG) * 32 : (size_t)R * P;
+    launch(b, ple_geglu_kernel, blocks_for(threads, 256), 256, 0, g->pg, (const float *)g->pli, R, P, LP, li, qG, b->xq,
+           b->qd, b->qad);
+    LAUNCHED(b, "ple geglu");
+    launch_product(b, pj, g->pg, R, q8p, g->py);
+    launch_rmsnorm(b, g->py, g->ple_norm[li], R, b->D, g->py, 1);
+    const size_t n = (size_t)R * b->D;
+    launch(b, add_kernel, blocks_for(n, 256), 256, 0, b->buf[IB_BUF_X], (const float *)g->py, n);
+    LAUNCHED(b, "ple add");
 }
