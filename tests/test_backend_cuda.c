@@ -17,6 +17,13 @@
  * epilogue) each of these checks fails, so it can — and under gpu-split-k (Q8 products whose K is split
  * over blocks and added with atomics in any order) the op check and the engine comparison fail too.
  *
+ * Gemma 4 (gemma_checks; `test_backend_cuda --gemma` runs them alone): whole steps of a CPU engine and
+ * a CUDA engine on gemma4-tiny, gemma4-moe-tiny, and gemma4-tiny with KV sharing (and per-layer
+ * embeddings), three weight formats, f32/q8 activations, f32/f16 KV, full sessions, sliding-window rings
+ * and sink + window, bitwise equal logits; gpu-fma must make them differ. A difference is located: the
+ * run is repeated with layer capture on both engines and the first differing (step, layer, point, row,
+ * element) printed.
+ *
  * No GPU (or a build without CUDA): one SKIP line and no checks. `test_backend_cuda --bench` also
  * checks and times a qwen3-0.6b-shaped 4-bit model (decode B=1, B=128, prefill), `--profile` runs one
  * decode step at B=1 and one at B=128 for ncu — used on the device machine (bench/cuda_check.sh).
