@@ -31,6 +31,9 @@
  * L2 for what no kernel of the step writes (weights, norm weights, earlier keys and values). Every
  * output row depends only on its own row (and its own session's cache): grids are sized by R, never the
  * arithmetic. docs/cuda.md has the whole picture and what was verified on an H200.
+ *
+ * Gemma 4 (per-layer shapes and cache views, GeGLU, the routed experts, per-layer embeddings, the logit
+ * soft-cap) is in gemma_kernels.cuh, included below the product, norm and attention code it reuses.
  */
 extern "C" {
 #include "backends/backend.h"
