@@ -46,7 +46,7 @@ typedef struct gemma_state {
     float *rp;                       /* [R_max][E] softmax scratch of ib_moe_route */
     int32_t *sel;                    /* [R_max][K] selected experts in rank order (-1: none) */
     float *w;                        /* [R_max][K] their weights */
-    int32_t *ent_row, *ent_slot;     /* [R_max*K] (row, slot r*K + j) of each routed pair, by expert then row */
+    int32_t *ent_row, *ent_slot;     /* [R_max*K] (row, slot r*K + j) of each routed pair, grouped by expert */
     int4 *blk;                       /* [nblk_max] (expert, first pair, pairs) of each product block row */
     int *nblk;                       /* [1] blocks in use this step */
     int nblk_max;
@@ -261,37 +261,42 @@ __global__ void moe_route_kernel(const float *__restrict__ logits, int R, int E,
         for (int j = 0; j < K; j++) sel[(size_t)r * K + j] = -1;
 }
 
-/* The experts' work lists (one block; E ints of dynamic shared memory): the routed pairs (r, j) with
- * sel[r*K + j] >= 0, ordered by expert, then row (as cpu_moe gathers them): ent_row / ent_slot (the
- * row r and the slot r*K + j); and the product's block rows: for each expert with n pairs, ceil(n /
- * MOE_CH) entries (expert, first pair, pairs), *nblk of them. Only counts and positions: every
- * number is computed later by its own row's pair. */
+/* The experts' work lists (one block; 2E ints of dynamic shared memory): the routed pairs (r, j) with
+ * sel[r*K + j] >= 0 grouped by expert: ent_row / ent_slot (the row r and the slot r*K + j); and the
+ * product's block rows: for each expert with n pairs, ceil(n / MOE_CH) entries (expert, first pair,
+ * pairs), *nblk of them. Counts and places come from shared-memory atomics, so the order of the pairs
+ * inside an expert's list may change from run to run: it decides only which warp computes a pair,
+ * never a number (every pair's output is its own chain, written to its own slot). */
 __global__ void moe_dispatch_kernel(const int32_t *__restrict__ sel, int R, int K, int E, int32_t *ent_row,
                                     int32_t *ent_slot, int4 *blk, int *nblk) {
     PDL_ENTER();
-    extern __shared__ int off_s[];   /* [E]: counts, then first pair of each expert */
+    extern __shared__ int cnt_s[];   /* [E] counts, then [E] each expert's next free place */
+    int *cur_s = cnt_s + E;
     const int n = R * K;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        int c = 0;
-        for (int i = 0; i < n; i++) c += sel[i] == e;
-        off_s[e] = c;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt_s[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int e = sel[i];
+        if (e >= 0 && e < E) atomicAdd(&cnt_s[e], 1);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
         int s = 0, nb = 0;
         for (int e = 0; e < E; e++) {
-            const int c = off_s[e];
-            off_s[e] = s;
+            const int c = cnt_s[e];
+            cur_s[e] = s;
             for (int i0 = 0; i0 < c; i0 += MOE_CH) blk[nb++] = make_int4(e, s + i0, c - i0 < MOE_CH ? c - i0 : MOE_CH, 0);
             s += c;
         }
         *nblk = nb;
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        int o = off_s[e];
-        for (int i = 0; i < n; i++)
-            if (sel[i] == e) ent_row[o] = i / K, ent_slot[o] = i, o++;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int e = sel[i];
+        if (e >= 0 && e < E) {
+            const int o = atomicAdd(&cur_s[e], 1);
+            ent_row[o] = i / K, ent_slot[o] = i;
+        }
     }
 }
 
@@ -709,7 +714,7 @@ static void gemma_launch_moe(cuda_backend *b, int li, int route_in, int in, int 
     launch(b, moe_route_kernel, blocks_for((size_t)R, 128), 128, 0, (const float *)g->rlog, R, E, K, g->expert_scale[li],
            g->rp, g->sel, g->w);
     LAUNCHED(b, "moe route");
-    launch(b, moe_dispatch_kernel, 1, 256, (size_t)E * sizeof(int), (const int32_t *)g->sel, R, K, E, g->ent_row,
+    launch(b, moe_dispatch_kernel, 1, 1024, (size_t)2 * E * sizeof(int), (const int32_t *)g->sel, R, K, E, g->ent_row,
            g->ent_slot, g->blk, g->nblk);
     LAUNCHED(b, "moe dispatch");
     /* gate and up: the input rows quantized once (each row's own numbers) */
