@@ -11,9 +11,12 @@
 #      three schedules (batch 1; batch 8 chunks of 5; batch 4 whole prompts), and with a sink 4 + window
 #      12 KV policy (two schedules); --check-serial on CUDA;
 #      gpu-fma must change the CUDA digests.
+#   3b. the same on gemma4-tiny and gemma4-moe-tiny (4-bit), --check-serial and gpu-fma on each.
 #   4. recall --backend cuda vs cpu (answers batched and serialized).
 #   5. speed: test_backend_cuda --bench (qwen3-0.6b-shaped 4-bit: prefill, decode B=1 and B=128) and
 #      isobatch bench --backend cuda.
+#   7. isobatch bench --backend cuda --batch 1,8 on gemma4-26b-a4b 4-bit (mkmodel writes 14.2 GB to
+#      /tmp first; CUDA_CHECK_G26=0 skips it).
 set -u
 bin=${1:-.devcarry}
 out=${2:-${OUT:-/tmp/cuda_check}}
@@ -65,6 +68,39 @@ b=$("$bin/isobatch" generate -m $model --prompts-file $prompts -n 24 --json --ba
 [ -n "$b" ] && [ "$a" != "$b" ] && r="digests differ (caught)" || r="NOT caught"
 echo "generate --backend cuda --inject gpu-fma vs cpu: $r" >>"$sum"
 
+# Gemma 4 (gemma_kernels.cuh): generate digests CPU vs CUDA on the dense and MoE tiny presets (4-bit),
+# the same configurations as models/default (24 tokens past prompts of several tokens: past the
+# sliding window of 16); gpu-fma must change the CUDA digests
+for preset in gemma4-tiny gemma4-moe-tiny; do
+    gm=/tmp/cuda_check_$preset
+    rm -rf "$gm"
+    "$bin/isobatch" mkmodel --preset $preset --bits 4 --out "$gm" >"$out/mkmodel_$preset.log" 2>&1
+    {
+        for act in q8 f32; do
+            for kv in f32 f16; do
+                for samp in "" "--temp 0.8 --top-p 0.9 --seed 7"; do
+                    for sched in "--batch 1" "--batch 8 --prefill-chunk 5" "--batch 4 --prefill-chunk whole"; do
+                        args="-m $gm --prompts-file $prompts -n 24 --json --act $act --kv-dtype $kv $samp $sched"
+                        a=$("$bin/isobatch" generate $args --backend cpu 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
+                        b=$("$bin/isobatch" generate $args --backend cuda 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
+                        if [ -n "$a" ] && [ "$a" = "$b" ]; then r=EQUAL; else r=DIFF; fi
+                        echo "$r  $args"
+                    done
+                done
+            done
+        done
+    } >"$out/digests_$preset.log" 2>&1
+    n=$(grep -c '' "$out/digests_$preset.log"); same=$(grep -c '^EQUAL' "$out/digests_$preset.log")
+    echo "$preset generate digests CPU vs CUDA: $same of $n configurations equal" >>"$sum"
+    "$bin/isobatch" generate -m "$gm" --prompts-file $prompts -n 24 --batch 8 --prefill-chunk 3 --backend cuda \
+        --check-serial >"$out/check_serial_$preset.log" 2>&1
+    echo "$preset generate --backend cuda --check-serial (rc $?): $(grep -i 'serial' "$out/check_serial_$preset.log" | tail -1)" >>"$sum"
+    a=$("$bin/isobatch" generate -m "$gm" --prompts-file $prompts -n 24 --json --backend cpu 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
+    b=$("$bin/isobatch" generate -m "$gm" --prompts-file $prompts -n 24 --json --backend cuda --inject gpu-fma 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
+    [ -n "$b" ] && [ "$a" != "$b" ] && r="digests differ (caught)" || r="NOT caught"
+    echo "$preset generate --backend cuda --inject gpu-fma vs cpu: $r" >>"$sum"
+done
+
 # recall (the multi-tenant needle benchmark): the CUDA engine's answers, batched and serialized, are the
 # CPU engine's
 for be in cpu cuda; do
@@ -86,6 +122,16 @@ grep -E "prefill|decode|bitwise|every op" "$out/bench_cuda.log" >>"$sum"
 "$bin/isobatch" bench -m /tmp/q06 --backend cuda --batch 1,16,64,128 --prompt 128 --gen 32 --reps 3 >"$out/isobatch_bench.log" 2>&1
 echo "--- isobatch bench --backend cuda (rc $?)" >>"$sum"
 cat "$out/isobatch_bench.log" >>"$sum"
+# 7. Gemma-4-26B-A4B's shapes, random 4-bit weights (14.2 GB file; mkmodel took ~5 min on a 2-core VM,
+# loading ~2.5 min there): decode B=1 and B=8 on the CUDA backend. CUDA_CHECK_G26=0 skips it.
+if [ "${CUDA_CHECK_G26:-1}" != 0 ]; then
+    g26=/tmp/cuda_check_g26
+    [ -f "$g26/config.json" ] || "$bin/isobatch" mkmodel --preset gemma4-26b-a4b --out "$g26" >"$out/mkmodel_g26.log" 2>&1
+    echo "--- gemma4-26b-a4b 4-bit: $(du -sh "$g26" 2>/dev/null | cut -f1) on disk" >>"$sum"
+    "$bin/isobatch" bench -m "$g26" --backend cuda --batch 1,8 --prompt 32 --gen 16 --reps 3 >"$out/bench_g26.log" 2>&1
+    echo "--- isobatch bench gemma4-26b-a4b --backend cuda (rc $?)" >>"$sum"
+    cat "$out/bench_g26.log" >>"$sum"
+fi
 # 6. where a decode step's GPU time goes: ncu, one step at B = 1 and one at B = 128 (kernel durations)
 if command -v ncu >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/ncu ]; then
     ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)

@@ -17,6 +17,13 @@
  * epilogue) each of these checks fails, so it can — and under gpu-split-k (Q8 products whose K is split
  * over blocks and added with atomics in any order) the op check and the engine comparison fail too.
  *
+ * Gemma 4 (gemma_checks; `test_backend_cuda --gemma` runs them alone): whole steps of a CPU engine and
+ * a CUDA engine on gemma4-tiny, gemma4-moe-tiny, and gemma4-tiny with KV sharing (and per-layer
+ * embeddings), three weight formats, f32/q8 activations, f32/f16 KV, full sessions, sliding-window rings
+ * and sink + window, bitwise equal logits; gpu-fma must make them differ. A difference is located: the
+ * run is repeated with layer capture on both engines and the first differing (step, layer, point, row,
+ * element) printed.
+ *
  * No GPU (or a build without CUDA): one SKIP line and no checks. `test_backend_cuda --bench` also
  * checks and times a qwen3-0.6b-shaped 4-bit model (decode B=1, B=128, prefill), `--profile` runs one
  * decode step at B=1 and one at B=128 for ncu — used on the device machine (bench/cuda_check.sh).
@@ -376,13 +383,77 @@ static int wide_schedule(const ib_model *m, ib_act act, ib_kv_dtype dt, const ch
     return schedule_run(m, act, dt, 0, name, NULL, 0, 3, 1);
 }
 
+/* Layer capture of one engine's step (ib_engine_set_capture): every (layer, point, row) record and its
+ * floats, in the order ib_step hands them over. */
+typedef struct caprec {
+    int layer, row, n;
+    const char *point;
+    size_t off;
+} caprec;
+typedef struct capbuf {
+    caprec *r;
+    int nr, cap;
+    float *f;
+    size_t nf, capf;
+} capbuf;
+
+static void cap_fn(void *ctx, int layer, const char *point, int row, const float *data, int n) {
+    capbuf *c = ctx;
+    if (c->nr == c->cap) {
+        c->cap = c->cap ? 2 * c->cap : 1024;
+        c->r = realloc(c->r, (size_t)c->cap * sizeof *c->r);
+        if (!c->r) abort();
+    }
+    while (c->nf + (size_t)n > c->capf) {
+        c->capf = c->capf ? 2 * c->capf : (size_t)1 << 16;
+        c->f = realloc(c->f, c->capf * sizeof(float));
+        if (!c->f) abort();
+    }
+    c->r[c->nr++] = (caprec){layer, row, n, point, c->nf};
+    memcpy(c->f + c->nf, data, (size_t)n * sizeof(float));
+    c->nf += (size_t)n;
+}
+
+/* The first record where the CPU's (c[0]) and the CUDA engine's (c[1]) captures of step st differ:
+ * printed with its layer, point, row and element; 1 when one was found. */
+static int cap_first_diff(const capbuf *c, int st) {
+    const int n = c[0].nr < c[1].nr ? c[0].nr : c[1].nr;
+    for (int i = 0; i < n; i++) {
+        const caprec *a = &c[0].r[i], *b = &c[1].r[i];
+        if (a->layer != b->layer || a->row != b->row || a->n != b->n || strcmp(a->point, b->point)) {
+            printf("    first difference: step %d: the captures' order differs at record %d (cpu layer %d %s row %d, "
+                   "cuda layer %d %s row %d)\n", st, i, a->layer, a->point, a->row, b->layer, b->point, b->row);
+            return 1;
+        }
+        const float *x = c[0].f + a->off, *y = c[1].f + b->off;
+        for (int e = 0; e < a->n; e++)
+            if (memcmp(&x[e], &y[e], 4)) {
+                printf("    first difference: step %d, layer %d, point %s, row %d, element %d: cpu %.9g vs cuda %.9g\n",
+                       st, a->layer, a->point, a->row, e, x[e], y[e]);
+                return 1;
+            }
+    }
+    if (c[0].nr != c[1].nr) {
+        printf("    first difference: step %d: %d capture records on the cpu, %d on cuda\n", st, c[0].nr, c[1].nr);
+        return 1;
+    }
+    return 0;
+}
+
 /* Whole steps through the public API: the same sessions and schedule on a CPU engine and a CUDA
- * engine (src/runtime/step.c over each backend's table); every item's logits at every step must be
- * bitwise equal. Returns the number of differing logits rows. */
-static int engine_compare(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, const char *name) {
+ * engine (src/runtime/step.c over each table); every item's logits at every step must be
+ * bitwise equal. window > 0: sessions with sink 4 + that window; chunk > 0: items of at most chunk
+ * tokens (Gemma 4's sliding layers then keep rings of sliding_window + chunk - 1 slots). locate: both
+ * engines capture every op's rows and the first differing (step, layer, point, row, element) is
+ * printed (op by op on the GPU: the same arithmetic, no graphs). Returns the number of differing
+ * logits rows (and argmax rows). */
+static int engine_compare_at(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, int chunk, const char *name,
+                             int locate) {
     const int V = m->cfg.vocab_size;
     ib_engine *e[2];
     ib_session *s[2][NSESS];
+    capbuf cb[2];
+    memset(cb, 0, sizeof cb);
     ib_error err;
     for (int k = 0; k < 2; k++) {
         ib_engine_opts eo = {.threads = 2, .act = act, .max_step_tokens = 64,
@@ -391,9 +462,11 @@ static int engine_compare(const ib_model *m, ib_act act, ib_kv_dtype dt, int win
             CHECK(0, "engine %s: %s", k ? "cuda" : "cpu", err.msg);
             return -1;
         }
+        if (locate) ib_engine_set_capture(e[k], cap_fn, &cb[k]);
         for (int i = 0; i < NSESS; i++) {
             ib_session_opts so = {.max_context = 160, .kv_dtype = dt, .backend = k ? IB_BACKEND_CUDA : IB_BACKEND_CPU};
             if (window) so.kv_sink = 4, so.kv_window = window, so.kv_chunk = 8;
+            if (chunk) so.kv_chunk = chunk;
             if (ib_session_create(m, &so, &s[k][i], &err)) {
                 CHECK(0, "session: %s", err.msg);
                 return -1;
@@ -405,7 +478,7 @@ static int engine_compare(const ib_model *m, ib_act act, ib_kv_dtype dt, int win
     float *lg[2][NSESS];
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < NSESS; i++) lg[k][i] = xmalloc((size_t)V * 4);
-    int diff = 0, rows = 0, amiss = 0, arows = 0;
+    int diff = 0, rows = 0, amiss = 0, arows = 0, located = 0;
     int32_t am[NSESS];
     for (int st = 0; st < NSTEPS; st++) {
         ib_step_item it[2][NSESS];
@@ -415,24 +488,103 @@ static int engine_compare(const ib_model *m, ib_act act, ib_kv_dtype dt, int win
             for (int j = 0; j < 8; j++) tk[i][j] = rndi(V);
             if (!c) continue;
             for (int k = 0; k < 2; k++) it[k][n] = (ib_step_item){s[k][i], tk[i], c, lg[k][i], NULL};
-            /* the GPU's argmax of every row, its logits kept on the device every third step */
+            /* the GPU's argmax of every row, its logits kept on the device every third step (not when
+             * captured: both sides then capture the same logits rows) */
             am[n] = -1, it[1][n].argmax = &am[n];
-            if (st % 3 == 2) it[1][n].logits = NULL;
+            if (st % 3 == 2 && !locate) it[1][n].logits = NULL;
             n++;
         }
         for (int k = 0; k < 2; k++) CHECK(ib_step(e[k], it[k], n, &err) == IB_OK, "ib_step: %s", err.msg);
         for (int j = 0; j < n; j++, arows++) amiss += am[j] != ib_argmax(it[0][j].logits, V);
+        if (locate && !located) located = cap_first_diff(cb, st);
+        cb[0].nr = cb[1].nr = 0, cb[0].nf = cb[1].nf = 0;
         if (st % 3 == 2) continue;
         for (int j = 0; j < n; j++, rows++) diff += memcmp(it[0][j].logits, it[1][j].logits, (size_t)V * 4) != 0;
     }
     printf("  %-44s %5d logits rows CPU vs CUDA: %s; %d argmax rows: %s\n", name, rows, diff ? "DIFFER" : "all bitwise equal",
            arows, amiss ? "DIFFER" : "equal ib_argmax of the CPU's logits");
+    if (locate && !located) printf("    (no captured op differs)\n");
     diff += amiss;
     for (int k = 0; k < 2; k++) {
         for (int i = 0; i < NSESS; i++) ib_session_free(s[k][i]), free(lg[k][i]);
         ib_engine_free(e[k]);
+        free(cb[k].r), free(cb[k].f);
     }
     return diff;
+}
+
+static int engine_compare(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, const char *name) {
+    return engine_compare_at(m, act, dt, window, 0, name, 0);
+}
+
+/* engine_compare_at; when the logits differ, the run again with capture on to say where first. */
+static int engine_compare_located(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, int chunk, const char *name) {
+    int d = engine_compare_at(m, act, dt, window, chunk, name, 0);
+    if (d > 0) {
+        char nm[128];
+        snprintf(nm, sizeof nm, "%s, captured", name);
+        engine_compare_at(m, act, dt, window, chunk, nm, 1);
+    }
+    return d;
+}
+
+/* Gemma 4 on the CUDA backend (dense gemma4-tiny, MoE gemma4-moe-tiny, gemma4-tiny with KV sharing, and
+ * with KV sharing and per-layer embeddings; 4-bit group 32, 8-bit group 64, float32 weights): whole steps of a CPU engine and a CUDA engine, bitwise equal logits, for f32
+ * and q8 activations, f32 and f16 KV, full sessions, rings on the sliding layers (kv_chunk 8) and
+ * sink + window; wide steps (tensor-core products, per-KV-head attention from one row); and under the
+ * test-only gpu-fma fault the comparison fails (located to its first op). A difference is located to
+ * its first (step, layer, op, row, element). */
+static void gemma_checks(void) {
+    static const struct { const char *preset, *name; int kv_shared, ple; } presets[] = {
+        {"gemma4-tiny", "gemma4-tiny", 0, 0},
+        {"gemma4-moe-tiny", "gemma4-moe-tiny", 0, 0},
+        {"gemma4-tiny", "gemma4-tiny --kv-shared 2", 2, 0},
+        {"gemma4-tiny", "gemma4-tiny --kv-shared 2 --ple 64", 2, 64}};
+    static const struct { int bits, group; const char *name; } models[] = {{4, 32, "q4 g32"}, {8, 64, "q8 g64"}, {32, 0, "f32"}};
+    for (int pi = 0; pi < 4; pi++)
+        for (int mi = 0; mi < 3; mi++) {
+            char dir[] = "/tmp/ib_cuda_g4_XXXXXX";
+            if (!mkdtemp(dir)) return;
+            ib_error err;
+            ib_model *m = NULL;
+            ib_mkmodel_opts mo = {.preset = presets[pi].preset, .seed = 11 + mi, .bits = models[mi].bits,
+                                   .group = models[mi].group, .tied = 1, .kv_shared = presets[pi].kv_shared,
+                                   .ple_dim = presets[pi].ple};
+            if (ib_mkmodel(dir, &mo, &err) || ib_model_load(dir, NULL, &m, &err)) {
+                CHECK(0, "model %s %s: %s", presets[pi].name, models[mi].name, err.msg);
+                continue;
+            }
+            printf("model %s %s:\n", presets[pi].name, models[mi].name);
+            const int q8ok = models[mi].bits != 32;
+            for (int act = 0; act < 1 + q8ok; act++)
+                for (int kvd = 0; kvd < 2; kvd++)
+                    for (int pol = 0; pol < 3; pol++) {
+                        char name[96];
+                        snprintf(name, sizeof name, "engine: act %s, kv %s, %s", act ? "q8" : "f32", kvd ? "f16" : "f32",
+                                 pol == 2 ? "sink 4 + window 40" : pol == 1 ? "sliding rings (chunk 8)" : "full");
+                        int d = engine_compare_located(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32,
+                                                       pol == 2 ? 40 : 0, pol == 1 ? 8 : 0, name);
+                        CHECK(d == 0, "model %s %s, %s: CUDA engine's logits differ from the CPU engine's", presets[pi].name,
+                              models[mi].name, name);
+                    }
+            /* one row takes the tensor-core products and the per-KV-head attention */
+            setenv("IB_CUDA_MMA_ROWS", "1", 1);
+            setenv("IB_CUDA_ATT_GROUP_ROWS", "1", 1);
+            int d = engine_compare_located(m, q8ok ? IB_ACT_Q8 : IB_ACT_F32, IB_KV_F16, 0, 8, "engine, mma + per-KV-head attention");
+            unsetenv("IB_CUDA_MMA_ROWS");
+            unsetenv("IB_CUDA_ATT_GROUP_ROWS");
+            CHECK(d == 0, "model %s %s, mma + per-KV-head attention: CUDA engine's logits differ from the CPU engine's",
+                  presets[pi].name, models[mi].name);
+            /* and the comparison can fail: gpu-fma on the CUDA side only */
+            ib_fault_set(IB_FAULT_GPU_FMA);
+            d = engine_compare_at(m, q8ok ? IB_ACT_Q8 : IB_ACT_F32, IB_KV_F32, 0, 0, "engine, FAULT gpu-fma (must differ)", 1);
+            ib_fault_set(IB_FAULT_NONE);
+            CHECK(d > 0, "model %s %s: the engine comparison missed the gpu-fma fault", presets[pi].name, models[mi].name);
+            ib_model_free(m);
+            char cmd[96];
+            snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+            if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+        }
 }
 
 static double now_s(void) {
@@ -664,6 +816,10 @@ int main(int argc, char **argv) {
         bench(argc > 2 ? argv[2] : NULL, IB_ACT_Q8, 0);
         TEST_MAIN_END("test_backend_cuda --bench");
     }
+    if (argc > 1 && !strcmp(argv[1], "--gemma")) { /* the Gemma 4 checks alone */
+        gemma_checks();
+        TEST_MAIN_END("test_backend_cuda --gemma");
+    }
     static const struct { int bits, group; const char *name; } models[] = {
         {4, 64, "q4 g64"}, {8, 32, "q8 g32"}, {32, 0, "f32"}};
     for (int mi = 0; mi < 3; mi++) {
@@ -765,6 +921,7 @@ int main(int argc, char **argv) {
         }
         ib_model_free(m);
     }
+    gemma_checks();
     TEST_MAIN_END("test_backend_cuda");
 }
 #endif

@@ -55,17 +55,31 @@ static const char *const all_ops[] = {"embed", "rmsnorm", "linear q/k/v", "q/k n
                                       "linear o", "add", "linear gate/up", "swiglu", "linear down", "final norm",
                                       "logits"};
 
-/* Exact on every op, and every op actually compared something. */
-static void check_exact(const ib_model *m, ib_backend_kind be, ib_isa isa, ib_act act, int threads, const char *what) {
+/* Gemma 4's (dense): post-norms are rmsnorms, GeGLU for SwiGLU, the v norm and the layer scalar. */
+static const char *const gemma_ops[] = {"embed", "rmsnorm", "linear q/k/v", "q/k norm", "v norm", "rope",
+                                        "kv store + attention", "linear o", "add", "linear gate/up", "geglu",
+                                        "linear down", "scale_layer", "final norm", "logits"};
+
+/* Exact on every op, and every op of ops[0..nops) actually compared something; each op's mismatching
+ * floats printed when some differ. */
+static void check_exact_ops(const ib_model *m, ib_backend_kind be, ib_isa isa, ib_act act, int threads, const char *what,
+                            const char *const *ops, size_t nops) {
     tally t;
     long bad = run(m, be, isa, act, threads, &t);
     CHECK(bad == 0, "%s: %ld floats differ from the scalar reference", what, bad);
-    for (size_t i = 0; i < sizeof all_ops / sizeof *all_ops; i++) {
+    if (bad != 0)
+        for (int j = 0; j < t.n; j++)
+            if (t.per_op_bad[j]) printf("  %s: op %s: %ld of %ld floats differ\n", what, t.names[j], t.per_op_bad[j], t.per_op_elems[j]);
+    for (size_t i = 0; i < nops; i++) {
         long n = 0;
         for (int j = 0; j < t.n; j++)
-            if (!strcmp(t.names[j], all_ops[i])) n = t.per_op_elems[j];
-        CHECK(n > 1000, "%s: op %s compared only %ld floats", what, all_ops[i], n);
+            if (!strcmp(t.names[j], ops[i])) n = t.per_op_elems[j];
+        CHECK(n > 1000, "%s: op %s compared only %ld floats", what, ops[i], n);
     }
+}
+
+static void check_exact(const ib_model *m, ib_backend_kind be, ib_isa isa, ib_act act, int threads, const char *what) {
+    check_exact_ops(m, be, isa, act, threads, what, all_ops, sizeof all_ops / sizeof *all_ops);
 }
 
 /* Under `fault`, op `op` must mismatch. */
@@ -79,10 +93,10 @@ static void check_fault(const ib_model *m, ib_isa isa, ib_act act, ib_fault faul
     printf("fault %-18s caught in %-22s (%s): %ld floats differ\n", ib_fault_name(fault), op, what, b);
 }
 
-static ib_model *make_model(const char *dir, int bits) {
+static ib_model *make_model_preset(const char *dir, const char *preset, int bits) {
     ib_error err;
     ib_model *m = NULL;
-    ib_mkmodel_opts mo = {.preset = "tiny", .seed = 21, .bits = bits, .group = 32, .tied = 1};
+    ib_mkmodel_opts mo = {.preset = preset, .seed = 21, .bits = bits, .group = 32, .tied = 1};
     if (ib_mkmodel(dir, &mo, &err) || ib_model_load(dir, NULL, &m, &err)) {
         fprintf(stderr, "model: %s\n", err.msg);
         return NULL;
@@ -90,11 +104,21 @@ static ib_model *make_model(const char *dir, int bits) {
     return m;
 }
 
+static ib_model *make_model(const char *dir, int bits) { return make_model_preset(dir, "tiny", bits); }
+
 int main(void) {
-    char d4[] = "/tmp/ib_bops4_XXXXXX", d32[] = "/tmp/ib_bops32_XXXXXX";
-    if (!mkdtemp(d4) || !mkdtemp(d32)) return 1;
-    ib_model *m4 = make_model(d4, 4), *m32 = make_model(d32, 32);
-    CHECK(m4 && m32, "tiny models load");
+    char d4[] = "/tmp/ib_bops4_XXXXXX", d32[] = "/tmp/ib_bops32_XXXXXX", dg[] = "/tmp/ib_bopsg4_XXXXXX";
+    if (!mkdtemp(d4) || !mkdtemp(d32) || !mkdtemp(dg)) return 1;
+    ib_model *m4 = make_model(d4, 4), *m32 = make_model(d32, 32), *mg = make_model_preset(dg, "gemma4-tiny", 4);
+    CHECK(m4 && m32 && mg, "tiny models load");
+    /* dense Gemma 4 (sliding and full layers, k_eq_v, GeGLU, post-norms, layer scalar, soft-cap) */
+    if (mg) {
+        check_exact_ops(mg, IB_BACKEND_CPU, IB_ISA_SCALAR, IB_ACT_Q8, 2, "cpu scalar q8 gemma4-tiny 4-bit", gemma_ops,
+                        sizeof gemma_ops / sizeof *gemma_ops);
+        check_exact_ops(mg, IB_BACKEND_CPU, IB_ISA_AUTO, IB_ACT_F32, 2, "cpu auto-isa f32 gemma4-tiny 4-bit", gemma_ops,
+                        sizeof gemma_ops / sizeof *gemma_ops);
+        printf("cpu backend: every op of gemma4-tiny bitwise equal to the scalar reference (q8, f32)\n");
+    }
     static const ib_isa isas[] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512, IB_ISA_NEON, IB_ISA_AMX};
     for (int i = 0; m4 && m32 && i < 5; i++) {
         if (!ib_isa_supported(isas[i])) continue;
@@ -123,13 +147,21 @@ int main(void) {
         check_exact(m4, IB_BACKEND_CUDA, IB_ISA_AUTO, IB_ACT_F32, 1, "cuda f32 4-bit");
         check_exact(m32, IB_BACKEND_CUDA, IB_ISA_AUTO, IB_ACT_F32, 1, "cuda f32 float32 weights");
         printf("cuda backend: every op bitwise equal to the scalar reference (q8, f32)\n");
+        if (mg) {
+            check_exact_ops(mg, IB_BACKEND_CUDA, IB_ISA_AUTO, IB_ACT_Q8, 1, "cuda q8 gemma4-tiny 4-bit", gemma_ops,
+                            sizeof gemma_ops / sizeof *gemma_ops);
+            check_exact_ops(mg, IB_BACKEND_CUDA, IB_ISA_AUTO, IB_ACT_F32, 1, "cuda f32 gemma4-tiny 4-bit", gemma_ops,
+                            sizeof gemma_ops / sizeof *gemma_ops);
+            printf("cuda backend: every op of gemma4-tiny bitwise equal to the scalar reference (q8, f32)\n");
+        }
     } else {
         printf("SKIP: cuda backend not checked: %s\n", why ? why : "no model");
     }
     ib_model_free(m4);
     ib_model_free(m32);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s %s", d4, d32);
+    ib_model_free(mg);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s %s", d4, d32, dg);
     if (system(cmd) != 0) fprintf(stderr, "could not remove the test models\n");
     TEST_MAIN_END("test_backend_ops");
 }

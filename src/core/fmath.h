@@ -51,8 +51,9 @@ double ib_exp(double x);
  * rint(x * log2 e) as (v + 1.5*2^52) - 1.5*2^52 on x clamped to ib_exp's range (exact there), whose
  * low bits also give the integer k for 2^k; the three ways ib_exp applies 2^k are one product
  * ((y * pre) * 2^kk) * post with factors of 1 where a case does not apply (multiplying by 1 is
- * exact); the range ends and NaN are selected at the end. */
-static inline double ib_exp_lane(double x) {
+ * exact); the range ends and NaN are selected at the end. Callable from CUDA device code (IB_HD):
+ * the CUDA backend's logit soft-cap (ib_softcap's definition) uses it. */
+IB_HD static inline double ib_exp_lane(double x) {
     const double x_max = 0x1.62e42fefa39efp+9, x_min = -745.2, shifter = 0x1.8p52;
     double xc = x > x_max ? x_max : x;
     xc = xc < x_min ? x_min : xc;

@@ -58,9 +58,6 @@ static ib_status session_plan(const ib_model *m, const ib_session_opts *opts, ib
             if (c->layer_sliding[li]) kd->sliding[li] = 1, kd->n_sliding++;
             kd->kv_from[li] = c->kv_from[li];   /* KV-shared layers hold none of their own */
         }
-        if (c->kv_shared > 0 && opts && opts->backend != IB_BACKEND_CPU)
-            return ib_fail(err, IB_ERR_UNSUPPORTED, "session: backend %s cannot hold a KV cache with KV-shared layers "
-                           "(gemma4 num_kv_shared_layers)", ib_backend_name(opts->backend));
     }
     if (kd->n_sliding > 0) {
         int W = c->sliding_window;
@@ -72,9 +69,6 @@ static ib_status session_plan(const ib_model *m, const ib_session_opts *opts, ib
         kd->sliding_head_dim = c->head_dim;
         kd->sliding_capacity = ring ? (int)slots : cap;
         kd->sliding_window = W;
-        if (opts && opts->backend != IB_BACKEND_CPU)
-            return ib_fail(err, IB_ERR_UNSUPPORTED, "session: backend %s cannot hold a KV cache with sliding-window "
-                           "layers (gemma4)", ib_backend_name(opts->backend));
     }
     *cap_out = cap;
     *sink_out = window > 0 ? sink : 0;

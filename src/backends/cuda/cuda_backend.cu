@@ -31,6 +31,9 @@
  * L2 for what no kernel of the step writes (weights, norm weights, earlier keys and values). Every
  * output row depends only on its own row (and its own session's cache): grids are sized by R, never the
  * arithmetic. docs/cuda.md has the whole picture and what was verified on an H200.
+ *
+ * Gemma 4 (per-layer shapes and cache views, GeGLU, the routed experts, per-layer embeddings, the logit
+ * soft-cap) is in gemma_kernels.cuh, included below the product, norm and attention code it reuses.
  */
 extern "C" {
 #include "backends/backend.h"
@@ -38,6 +41,8 @@ extern "C" {
 #include "core/error.h"
 #include "core/fmath.h"
 #include "core/half.h"
+#include "ops/act_def.h"
+#include "ops/moe_route.h"
 #include "ops/ops.h"
 }
 #include <cuda_profiler_api.h>
@@ -84,6 +89,7 @@ typedef struct rowinfo {
     void *kv;          /* device cache base */
     int cap, sink, window, f16;
     int pos;           /* the row's position */
+    int scap, swin;    /* Gemma 4: the sliding layers' slots and window (gemma_kernels.cuh) */
 } rowinfo;
 
 /* Up to three products that read the same input, run as one grid: matrix i owns the 32-output tiles
@@ -163,7 +169,8 @@ typedef struct cuda_kv {
 typedef struct oprec {
     int op, a[REC_ARGS];
 } oprec;
-enum { OP_UPLOAD = 1, OP_EMBED, OP_RMSNORM, OP_LINEAR, OP_QK, OP_ATTN, OP_SWIGLU, OP_ADD, OP_LOGITS };
+enum { OP_UPLOAD = 1, OP_EMBED, OP_RMSNORM, OP_LINEAR, OP_QK, OP_ATTN, OP_SWIGLU, OP_ADD, OP_LOGITS, OP_GEGLU, OP_MOE,
+       OP_SCALE, OP_PLE_INPUTS, OP_PLE_LAYER };
 
 /* A step shape seen before: the key (row counts, key block, fault, the op records) and, once it came
  * twice, its captured graph. */
@@ -227,9 +234,21 @@ typedef struct cuda_backend {
     unsigned long long tick;
     void **alloc_list;               /* [cap_alloc] device allocations (freed at destroy) */
     int n_alloc, cap_alloc;
+    int *lhd, *lkvh;                 /* [L] each layer's head dim and KV heads (host) */
+    struct gemma_state *gm;          /* Gemma 4's state (gemma_kernels.cuh); NULL for other families */
 } cuda_backend;
 
 static void drop_graphs(cuda_backend *b);
+/* Gemma 4 (gemma_kernels.cuh, included before the op records' execution) */
+struct gemma_state;
+static ib_status gemma_create(cuda_backend *b, const ib_model *m, ib_error *err);
+static void gemma_free(struct gemma_state *g);
+static const float *gemma_norm(const cuda_backend *b, int n, int li);
+static void gemma_step_begin(cuda_backend *b);
+static void gemma_upload(cuda_backend *b);
+static void gemma_after_embed(cuda_backend *b);
+static void gemma_softcap(cuda_backend *b, float *L, int n);
+static void gemma_launch_attention(cuda_backend *b, int li, int qG);
 
 /* Record the first CUDA failure of a step (reported by step_end). */
 static void note(cuda_backend *b, cudaError_t e, const char *where) {
@@ -1601,6 +1620,8 @@ static void cuda_destroy(ib_backend *base) {
     cudaFreeHost(b->h_cs), cudaFreeHost(b->h_amax);
     if (b->st) cudaStreamDestroy(b->st);
     free(b->mats), free(b->lout), free(b->aout), free(b->h_rows), free(b->alloc_list);
+    free(b->lhd), free(b->lkvh);
+    gemma_free(b->gm);
     free(b);
 }
 
@@ -1612,10 +1633,9 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
     const char *why;
     if (!device_ok(&why)) return ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: %s", why);
     const ib_config *c = &m->cfg;
-    if (c->arch == IB_ARCH_GEMMA4)
-        return ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: model_type gemma4 is not supported on cuda yet (use the cpu backend)");
-    if (c->head_dim > IB_ATTN_MAX_HD || c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > IB_ATTN_MAX_GROUP ||
-        (c->n_heads / c->n_kv_heads) * c->head_dim > ATT_QH)
+    const int gemma = c->arch == IB_ARCH_GEMMA4;   /* per-layer shapes: checked by gemma_create */
+    if (!gemma && (c->head_dim > IB_ATTN_MAX_HD || c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > IB_ATTN_MAX_GROUP ||
+        (c->n_heads / c->n_kv_heads) * c->head_dim > ATT_QH))
         return ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: head_dim %d / heads %d, %d not supported", c->head_dim,
                        c->n_heads, c->n_kv_heads);
     cuda_backend *b = (cuda_backend *)calloc(1, sizeof *b);
@@ -1646,8 +1666,13 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         const char *a = getenv("IB_CUDA_ATT_GROUP_ROWS");
         b->att_group_rows = a && atoi(a) > 0 ? atoi(a) : ATT_GROUP_MIN_ROWS;
     }
+    /* Gemma 4: Q / ATT rows at the widest layer's H * hd, K / V at the widest KV shape */
+    const int hd_max = gemma && c->global_head_dim > b->hd ? c->global_head_dim : b->hd;
+    const int kvw = gemma ? c->kv_heads_max * c->kv_hd_max : b->KVH * b->hd;
     int Kmax = b->D > b->F ? b->D : b->F;
-    if (b->H * b->hd > Kmax) Kmax = b->H * b->hd;
+    if (b->H * hd_max > Kmax) Kmax = b->H * hd_max;
+    if (gemma && c->moe_ffn > Kmax) Kmax = c->moe_ffn;
+    if (gemma && c->ple_dim > Kmax) Kmax = c->ple_dim;
     b->Kmax = Kmax;
     const int D = b->D, Rm = b->R_max, L = b->L, hd = b->hd;
     ib_status rc = IB_OK;
@@ -1675,15 +1700,18 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
     b->lout = (float **)calloc((size_t)Rm, sizeof(float *));
     b->aout = (int32_t **)calloc((size_t)Rm, sizeof(int32_t *));
     b->gc = (gcache *)calloc(NGRAPH, sizeof(gcache));
-    if (!b->mats || !b->lout || !b->aout || !b->gc) {
+    b->lhd = (int *)calloc((size_t)L, sizeof(int));
+    b->lkvh = (int *)calloc((size_t)L, sizeof(int));
+    if (!b->mats || !b->lout || !b->aout || !b->gc || !b->lhd || !b->lkvh) {
         rc = ib_fail(err, IB_ERR_NOMEM, "cuda: out of host memory");
         goto fail;
     }
     for (int li = 0; li < L; li++) {
         const ib_layer *ly = &m->layers[li];
         const ib_matrix *ws[IB_W_COUNT] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->w_gate, &ly->w_up, &ly->w_down};
+        b->lhd[li] = gemma ? ly->hd : b->hd, b->lkvh[li] = gemma ? ly->kvh : b->KVH;
         for (int i = 0; i < IB_W_COUNT; i++)
-            if ((rc = upload_matrix(b, ws[i], &b->mats[(size_t)li * IB_W_COUNT + i], err))) goto fail;
+            if (ws[i]->rows > 0 && (rc = upload_matrix(b, ws[i], &b->mats[(size_t)li * IB_W_COUNT + i], err))) goto fail;
     }
     if ((rc = upload_matrix(b, &m->embed, &b->embed, err))) goto fail;
     if (m->lm_head == &m->embed) {
@@ -1704,7 +1732,7 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         for (int li = 0; li < L; li++) {
             memcpy(h + ((size_t)li * 2 + 0) * D, m->layers[li].attn_norm, (size_t)D * sizeof(float));
             memcpy(h + ((size_t)li * 2 + 1) * D, m->layers[li].mlp_norm, (size_t)D * sizeof(float));
-            if (m->layers[li].q_norm) {
+            if (m->layers[li].q_norm && !gemma) {   /* Gemma 4's: gemma_create */
                 memcpy(h + (size_t)L * 2 * D + D + ((size_t)li * 2 + 0) * hd, m->layers[li].q_norm, (size_t)hd * 4);
                 memcpy(h + (size_t)L * 2 * D + D + ((size_t)li * 2 + 1) * hd, m->layers[li].k_norm, (size_t)hd * 4);
             }
@@ -1714,7 +1742,7 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         free(h);
     }
     {
-        const int widths[IB_BUF_COUNT] = {D, D, b->H * hd, b->KVH * hd, b->KVH * hd, b->H * hd, D, b->F, b->F, D};
+        const int widths[IB_BUF_COUNT] = {D, D, b->H * hd_max, kvw, kvw, b->H * hd_max, D, b->F, b->F, D};
         for (int i = 0; i < IB_BUF_COUNT; i++) b->buf[i] = (float *)dalloc(b, (size_t)Rm * widths[i] * sizeof(float));
     }
     b->xq = (int8_t *)dalloc(b, (size_t)Rm * Kmax);
@@ -1745,6 +1773,7 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         rc = ib_fail(err, IB_ERR_NOMEM, "cuda: out of pinned host memory");
         goto fail;
     }
+    if (gemma && (rc = gemma_create(b, m, err))) goto fail;
     *out = &b->base;
     return IB_OK;
 fail:
@@ -1786,6 +1815,25 @@ static void cuda_kv_free(ib_kv *k) {
 /* Slots [0, n_slots) of every (layer, k|v, head) plane, device to device (one strided copy). */
 static void cuda_kv_copy(ib_kv *dst, const ib_kv *src, int n_slots) {
     const ib_kv_desc *dd = &dst->desc, *sd = &src->desc;
+    int mixed = sd->n_sliding > 0;
+    for (int li = 0; li < sd->n_layers && !mixed; li++) mixed = ib_kv_desc_owner(sd, li) != li;
+    if (mixed) { /* Gemma 4: layer by layer at each layer's shape (cpu_kv_copy's planes) */
+        const size_t eb = ib_kv_dtype_bytes(sd->dtype);
+        size_t so = 0, to = 0;   /* bytes of the layers before li in src, dst */
+        for (int li = 0; li < sd->n_layers; li++) {
+            if (ib_kv_desc_owner(sd, li) != li) continue;   /* KV-shared: holds none */
+            const ib_kv_desc sv = ib_kv_desc_layer(sd, li), tv = ib_kv_desc_layer(dd, li);
+            int n = n_slots < sv.capacity ? n_slots : sv.capacity;
+            if (n > tv.capacity) n = tv.capacity;
+            const size_t row = (size_t)sv.head_dim * eb;
+            if (n > 0)
+                cudaMemcpy2D((char *)((cuda_kv *)dst)->dev + to, (size_t)tv.capacity * row,
+                             (const char *)((const cuda_kv *)src)->dev + so, (size_t)sv.capacity * row, (size_t)n * row,
+                             (size_t)2 * sv.n_kv_heads, cudaMemcpyDeviceToDevice);
+            so += ib_kv_desc_layer_elems(sd, li) * eb, to += ib_kv_desc_layer_elems(dd, li) * eb;
+        }
+        return;
+    }
     const size_t row = (size_t)sd->head_dim * ib_kv_dtype_bytes(sd->dtype);
     cudaMemcpy2D(((cuda_kv *)dst)->dev, (size_t)dd->capacity * row, ((const cuda_kv *)src)->dev,
                  (size_t)sd->capacity * row, (size_t)n_slots * row, (size_t)sd->n_layers * 2 * sd->n_kv_heads,
@@ -1914,6 +1962,7 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
         ri->cap = kv->pub.desc.capacity, ri->sink = kv->pub.desc.sink, ri->window = kv->pub.desc.window;
         ri->f16 = kv->pub.desc.dtype == IB_KV_F16;
         ri->pos = d->pos[r];
+        ri->scap = kv->pub.desc.sliding_capacity, ri->swin = kv->pub.desc.sliding_window;
         b->h_tok[r] = d->tok[r];
         b->h_pos[r] = d->rope_pos[r];
     }
@@ -1924,6 +1973,7 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
         b->want_logits |= b->lout[j] != NULL, b->want_argmax |= b->aout[j] != NULL;
     }
     ib_rope_table(b->h_pos, d->R, b->hd, b->theta, b->h_cs);
+    if (b->gm) gemma_step_begin(b);
     push(b, OP_UPLOAD);
     return IB_OK;
 }
@@ -1939,6 +1989,7 @@ static void launch_upload(cuda_backend *b) {
          "upload");
     if (b->n_logits > 0)
         note(b, cudaMemcpyAsync(b->d_lrow, b->h_lrow, (size_t)b->n_logits * 4, cudaMemcpyHostToDevice, b->st), "upload");
+    if (b->gm) gemma_upload(b);
 }
 
 /* X = embedding rows of the step's tokens. */
@@ -1946,6 +1997,7 @@ static void launch_embed(cuda_backend *b) {
     const size_t n = (size_t)b->R * b->D;
     launch(b, embed_kernel, blocks_for(n, 256), 256, 0, b->embed, b->d_tok, b->R, b->buf[IB_BUF_X]);
     LAUNCHED(b, "embed");
+    if (b->gm) gemma_after_embed(b);
 }
 
 /* nvec vectors of n floats normed with weights w (device), in -> out. rows: a row norm (the row-order
@@ -1968,6 +2020,7 @@ static void launch_rmsnorm_fused(cuda_backend *b, int in, const float *add_y, co
 
 /* Device weights of norm n (ib_nsel) of layer li. */
 static const float *norm_weights(cuda_backend *b, int n, int li) {
+    if (b->gm && n >= IB_N_POST_ATTN) return gemma_norm(b, n, li);
     if (n == IB_N_FINAL) return b->norms + (size_t)b->L * 2 * b->D;
     return b->norms + ((size_t)li * 2 + (n == IB_N_MLP)) * b->D;
 }
@@ -2117,6 +2170,10 @@ static void launch_qk(cuda_backend *b, int li, int phases) {
  * att_group_rows rows, a block per (row, query head) below (same arithmetic, more blocks when few).
  * qG > 0 (dividing hd): ATT's rows are also quantized for group qG. */
 static void launch_attention(cuda_backend *b, int li, int qG) {
+    if (b->gm) {
+        gemma_launch_attention(b, li, qG);
+        return;
+    }
     float *Q = b->buf[IB_BUF_Q], *ATT = b->buf[IB_BUF_ATT];
     if (b->R >= b->att_group_rows)
         launch(b, attention_kernel, b->R * b->KVH, ATT_THREADS, 0, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li, b->scale,
@@ -2156,6 +2213,7 @@ static void launch_logits(cuda_backend *b, int copy, int amax) {
         const int q8 = b->act == IB_ACT_Q8 && lm->fmt != IB_WF32;
         if (q8) launch_quantize(b, X, n, lm->K, lm->G);
         launch_product(b, lm, X, n, q8, b->logits);
+        if (b->gm) gemma_softcap(b, b->logits, n);
         if (amax) {
             launch(b, argmax_kernel, n, ARGMAX_THREADS, 0, (const float *)b->logits, V, b->d_amax + j0);
             LAUNCHED(b, "argmax");
@@ -2169,6 +2227,8 @@ static void launch_logits(cuda_backend *b, int copy, int amax) {
         note(b, cudaMemcpyAsync(b->h_amax, b->d_amax, (size_t)nl * 4, cudaMemcpyDeviceToHost, b->st), "argmax copy");
 }
 
+#include "backends/cuda/gemma_kernels.cuh"
+
 /* Enqueue one recorded op (unfused). */
 static void exec_rec(cuda_backend *b, const oprec *r) {
     const int *a = r->a;
@@ -2177,7 +2237,10 @@ static void exec_rec(cuda_backend *b, const oprec *r) {
     case OP_EMBED: launch_embed(b); break;
     case OP_RMSNORM: launch_rmsnorm_fused(b, a[0], NULL, norm_weights(b, a[1], a[2]), a[3], 0); break;
     case OP_LINEAR: launch_linear(b, a[0], a[1], a + 2, a[5], a + 6); break;
-    case OP_QK: launch_qk(b, a[0], a[1]); break;
+    case OP_QK:
+        if (b->gm) gemma_launch_qk(b, a[0], a[1]);
+        else launch_qk(b, a[0], a[1]);
+        break;
     case OP_ATTN: launch_attention(b, a[0], 0); break;
     case OP_SWIGLU: launch_swiglu(b, 0); break;
     case OP_ADD: {
@@ -2187,6 +2250,11 @@ static void exec_rec(cuda_backend *b, const oprec *r) {
         break;
     }
     case OP_LOGITS: launch_logits(b, a[0], a[1]); break;
+    case OP_GEGLU: launch_geglu(b, 0); break;
+    case OP_MOE: gemma_launch_moe(b, a[0], a[1], a[2], a[3]); break;
+    case OP_SCALE: gemma_scale_layer(b, a[0]); break;
+    case OP_PLE_INPUTS: gemma_launch_ple_inputs(b); break;
+    case OP_PLE_LAYER: gemma_launch_ple_layer(b, a[0]); break;
     }
 }
 
@@ -2224,9 +2292,14 @@ static void exec_records(cuda_backend *b, const oprec *rec, int n) {
             G = q8_group_for(b, nx, IB_BUF_G, b->F);
             launch_swiglu(b, G);
             ready = IB_BUF_G;
+        } else if (r->op == OP_GEGLU) {
+            G = q8_group_for(b, nx, IB_BUF_G, b->F);
+            launch_geglu(b, G);
+            ready = IB_BUF_G;
         } else if (r->op == OP_ATTN) {
-            G = q8_group_for(b, nx, IB_BUF_ATT, b->H * b->hd);
-            if (G > 0 && b->hd % G) G = 0;
+            const int lhd = b->lhd[r->a[0]];
+            G = q8_group_for(b, nx, IB_BUF_ATT, b->H * lhd);
+            if (G > 0 && lhd % G) G = 0;
             launch_attention(b, r->a[0], G);
             ready = IB_BUF_ATT;
         } else {
@@ -2344,6 +2417,18 @@ static void cuda_attention(ib_backend *base, int li) { push((cuda_backend *)base
 
 static void cuda_swiglu(ib_backend *base) { push((cuda_backend *)base, OP_SWIGLU); }
 
+static void cuda_geglu(ib_backend *base) { push((cuda_backend *)base, OP_GEGLU); }
+
+static void cuda_moe(ib_backend *base, int li, ib_buf route_in, ib_buf in, ib_buf out) {
+    push((cuda_backend *)base, OP_MOE, li, route_in, in, out);
+}
+
+static void cuda_scale_layer(ib_backend *base, int li) { push((cuda_backend *)base, OP_SCALE, li); }
+
+static void cuda_ple_inputs(ib_backend *base) { push((cuda_backend *)base, OP_PLE_INPUTS); }
+
+static void cuda_ple_layer(ib_backend *base, int li) { push((cuda_backend *)base, OP_PLE_LAYER, li); }
+
 static void cuda_add(ib_backend *base, ib_buf x, ib_buf y) { push((cuda_backend *)base, OP_ADD, x, y); }
 
 static void cuda_logits(ib_backend *base) {
@@ -2419,12 +2504,14 @@ extern "C" const ib_backend_ops ib_backend_cuda = {
     cuda_qk_prepare,
     cuda_attention,
     cuda_swiglu,
-    NULL, /* geglu: Gemma 4 is refused at create */
-    NULL, /* moe: likewise */
-    NULL, /* scale_layer: likewise */
+    cuda_geglu,
+    cuda_moe,
+    cuda_scale_layer,
     cuda_add,
     cuda_logits,
     cuda_step_end,
     cuda_read_rows,
     cuda_write_rows,
+    cuda_ple_inputs,
+    cuda_ple_layer,
 };

@@ -1,0 +1,797 @@
+/*
+ * gemma_kernels.cuh — the CUDA backend's Gemma 4 ops (backend.h: embed scale, qk_prepare, attention,
+ * geglu, moe, scale_layer, logits soft-cap, ple_inputs, ple_layer), included by cuda_backend.cu after its product, norm and
+ * attention kernels, whose helpers it calls (the product kernels and launch_products are used as they
+ * are). Every kernel computes the definitions of src/ops/ bit for bit: element definitions come from
+ * the host headers compiled for the device (IB_HD: ops/act_def.h's ib_geglu_elem and ib_softcap_elem,
+ * ops/moe_route.h's ib_moe_route_def, fmath.h's exponentials), the rest is written with the same float
+ * operations in the same order as the scalar reference named at each kernel.
+ *
+ * Per layer li a Gemma 4 model has its own head dim and KV heads (sliding: head_dim x n_kv_heads; full:
+ * global_head_dim x global_kv_heads), its RoPE table (sliding: ib_rope_table with rope_theta; full:
+ * ib_rope_table_pairs with rope_theta_full and rope_pairs_full) and its cache view (ib_kv_desc_layer):
+ * a full layer keeps the session's policy (capacity, sink, window), a sliding layer its ring
+ * (sliding_capacity slots, sink 0, window sliding_window). A session's cache holds its layers one
+ * after another (ib_kv_desc_bytes' order), each layer [2][KVH][slots][hd]; layer li's keys start at
+ * element A[li] * capacity + B[li] * sliding_capacity, where A / B are the elements per slot of the
+ * owned full / sliding layers before it (a KV-shared layer has its source's A and B). So a row's view
+ * of a layer (gemma_view) is the rowinfo the Qwen kernels take with li = 0, and the attention kernels'
+ * per-row code (attend_row_head, attend_row_kvhead) runs unchanged on it.
+ */
+
+/* Gemma 4 state of an instance (b->gm; NULL for other families). Device pointers unless said. */
+typedef struct gemma_state {
+    float embed_scale;               /* model->embed_scale */
+    float softcap;                   /* final_logit_softcapping (0: none) */
+    int ghd;                         /* global_head_dim (the full layers' RoPE table width) */
+    double theta_full;
+    int pairs_full;
+    float *d_cs_full, *h_cs_full;    /* [R_max][ghd/2][2]: device, pinned host */
+    /* per layer (host arrays [L]) */
+    int *sliding, *own_kv, *k_eq_v, *att_head;   /* att_head: G * hd exceeds ATT_QH (per-query-head kernel) */
+    long long *offA, *offB;          /* the layer's (or its source's) key offset = A * cap + B * sliding cap */
+    float *layer_scalar;
+    const float **qn, **kn;          /* [L] q_norm, k_norm [hd] (NULL: none) */
+    const float **nrm;               /* [L][8] the norms by ib_nsel (post-norms, MoE norms) */
+    /* MoE (n_experts > 0) */
+    int E, K, Fm;
+    float rscale;                    /* (float)(1/sqrt(D)): the router input's scale */
+    const dmat *router;              /* host [L] */
+    const float **router_scale, **expert_scale;   /* [L] device [D], [E] */
+    const dmat **egate, **eup, **edown;           /* [L] device arrays of E matrices each */
+    int fmt_gu, fmt_dn;              /* the experts' formats (the same for every expert of a kind) */
+    int G_gu, G_dn;                  /* and their groups (Q8 activations quantize each input once per group) */
+    float *rin;                      /* [R_max][D] router input */
+    float *rlog;                     /* [R_max][E] router logits */
+    float *rp;                       /* [R_max][E] softmax scratch of ib_moe_route */
+    int32_t *sel;                    /* [R_max][K] selected experts in rank order (-1: none) */
+    float *w;                        /* [R_max][K] their weights */
+    int32_t *ent_row, *ent_slot;     /* [R_max*K] (row, slot r*K + j) of each routed pair, grouped by expert */
+    int4 *blk;                       /* [nblk_max] (expert, first pair, pairs) of each product block row */
+    int *nblk;                       /* [1] blocks in use this step */
+    int nblk_max;
+    float *mg, *mu;                  /* [R_max*K][Fm] each pair's gate, then its GeGLU; up */
+    float *my;                       /* [R_max*K][D] each pair's expert output */
+    int8_t *mxq;                     /* [R_max*K][Fm] Q8 codes of the GeGLU rows */
+    float *mqd, *mqad;               /* [R_max*K][Fm/32 + 1] */
+    /* per-layer embeddings (ple_dim P > 0) */
+    int P;
+    float ple_escale;                /* ple_embed_scale */
+    float ple_s1, ple_s2;            /* (float)(1/sqrt(D)), (float)(1/sqrt(2)) */
+    dmat ple_embed, ple_mproj;       /* [V, L*P], [L*P, D] */
+    const float *ple_pnorm;          /* [P] per_layer_projection_norm */
+    dmat *ple_gate, *ple_proj;       /* host [L]: [P, D], [D, P] */
+    const float **ple_norm;          /* [L] device [D] post_per_layer_input_norm */
+    float *pli;                      /* [R_max][L*P] the step's per-layer inputs */
+    float *pg;                       /* [R_max][P] a layer's gate, then its GeGLU */
+    float *py;                       /* [R_max][D] a layer's block output */
+} gemma_state;
+
+#define MOE_CH NWARP   /* routed pairs per block of the experts' product (a warp each) */
+
+/* ---------------------------------------------------------------- kernels */
+
+/* Row r's view of one layer: its cache at the layer's first element, and the layer kind's capacity and
+ * policy (ib_kv_desc_layer, ib_kv_desc_slot). The attention and store code then takes li = 0. */
+__device__ __forceinline__ rowinfo gemma_view(rowinfo v, int sliding, long long A, long long B) {
+    const size_t elt = v.f16 ? 2 : 4;
+    v.kv = (char *)v.kv + (size_t)(A * v.cap + B * v.scap) * elt;
+    if (sliding) v.cap = v.scap, v.sink = 0, v.window = v.swin;
+    return v;
+}
+
+/* x[i] = x[i] * s for i < n (ib_scale: the embedding scale, the layer scalar). */
+__global__ void scale_kernel(float *x, size_t n, float s) {
+    PDL_ENTER();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] * s;
+}
+
+/* x[i] = ib_softcap_elem(x[i], cap) for i < n (ib_softcap: the final logit soft-cap, in double). */
+__global__ void softcap_kernel(float *x, size_t n, float cap) {
+    PDL_ENTER();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = ib_softcap_elem(x[i], cap);
+}
+
+/* g = gelu_tanh(g) * u elementwise (ib_geglu: ib_geglu_elem), n elements. */
+__global__ void geglu_kernel(float *g, const float *__restrict__ u, size_t n) {
+    PDL_ENTER();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) g[i] = ib_geglu_elem(g[i], u[i]);
+}
+
+/* geglu_kernel of the rows of g / u [nrows][F] fused with the quantization of its output for group G
+ * (ib_geglu, then ib_quantize_act of the rows; as swiglu_q8_kernel): one warp per (row, group), each
+ * lane quantizing the elements it wrote. sel != NULL: row s is skipped when sel[s] < 0 (a routed pair
+ * slot no expert took). */
+__global__ void geglu_q8_kernel(float *g, const float *__restrict__ u, int nrows, int F, int G, int8_t *__restrict__ xq,
+                                float *__restrict__ qd, float *__restrict__ qad, const int32_t *__restrict__ sel) {
+    PDL_ENTER();
+    const int wid = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    const int ng = F / G;
+    if (wid >= nrows * ng) return;
+    const int r = wid / ng, gi = wid % ng;
+    if (sel && sel[r] < 0) return;
+    const size_t o = (size_t)r * F + (size_t)gi * G;
+    float *gp = g + o;
+    for (int k = lane; k < G; k += 32) gp[k] = ib_geglu_elem(gp[k], u[o + k]);
+    __syncwarp();
+    quantize_group(gp, G, xq + o, qd + (size_t)r * ng + gi, qad + (size_t)r * ng + gi, lane);
+}
+
+/* geglu_kernel over the rows of g / u [nrows][F] whose sel[row] >= 0 (the routed pairs' slots). */
+__global__ void geglu_sel_kernel(float *g, const float *__restrict__ u, int nrows, int F, const int32_t *__restrict__ sel) {
+    PDL_ENTER();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)nrows * F || sel[i / F] < 0) return;
+    g[i] = ib_geglu_elem(g[i], u[i]);
+}
+
+/* The weightless or weighted head norm of one head xs [hd] (shared memory) by one warp, as qk_kernel
+ * computes ib_rmsnorm_heads: lanes 0..15 own ib_dot16's lanes and fold 8, 4, 2, 1, r = 1/sqrt(ss/hd +
+ * eps), then x * r (w NULL: Gemma 4's v_norm) or (x * r) * w. Ends with __syncwarp. */
+__device__ __forceinline__ void head_norm_warp(float *xs, const float *__restrict__ w, int hd, float eps, int lane) {
+    const float a = sumsq16(xs, hd, lane);
+    float rr = 0.0f;
+    if (lane == 0) rr = 1.0f / sqrtf(a / (float)hd + eps);
+    rr = __shfl_sync(0xffffffffu, rr, 0);
+    __syncwarp();
+    if (w)
+        for (int i = lane; i < hd; i += 32) xs[i] = (xs[i] * rr) * w[i];
+    else
+        for (int i = lane; i < hd; i += 32) xs[i] = xs[i] * rr;
+    __syncwarp();
+}
+
+/* The rotation of each pair (i, i + hd/2) of xs [hd] by t [hd/2][2] (ib_rope: a*c - b*s, b*c + a*s,
+ * products rounded), by one warp. Ends with __syncwarp. */
+__device__ __forceinline__ void rope_warp(float *xs, const float *__restrict__ t, int hd, int lane) {
+    const int half = hd / 2;
+    for (int i = lane; i < half; i += 32) {
+        const float a = xs[i], b = xs[i + half], c = t[2 * i], s = t[2 * i + 1];
+        xs[i] = a * c - b * s;
+        xs[i + half] = b * c + a * s;
+    }
+    __syncwarp();
+}
+
+/* Gemma 4's qk_prepare of layer li (backend.h; cpu_backend.c's qk_task): one warp per (row r =
+ * blockIdx.y, head h = QK_WARPS * blockIdx.x + warp) of the row's H query heads (Q [R][H][hd]) then,
+ * when the layer has keys of its own (own_kv), its KVH key heads (K, V [R][KVH][hd]); a key head's warp
+ * also owns the value head of the same index. Staged in shared memory ([QK_WARPS][2][hd] floats).
+ *   IB_QK_NORM (phases & 1): k_eq_v: V = K first (attention_k_eq_v, before any norm); query: q_norm
+ *     (qn; NULL: none); key: k_norm (kn), value: the weightless v_norm — ib_rmsnorm_heads each; the
+ *     heads written back.
+ *   IB_QK_ROPE_STORE (phases & 2): rows r < rope_rows rotate the query and key heads by cs [R][hd/2][2]
+ *     (the layer type's table); heads written back; a key head and its value head stored into the
+ *     row's cache at the layer's view (gemma_view) and the slot of pos (half by ib_f32_to_f16).
+ * The CPU's order (V = K, q, k, v norms, RoPE of q and k, store); each head's operations are its own. */
+__global__ void __launch_bounds__(32 * QK_WARPS)
+    gemma_qk_kernel(float *Q, float *K, float *V, const float *__restrict__ cs, const rowinfo *__restrict__ ri,
+                    const float *__restrict__ qn, const float *__restrict__ kn, int H, int KVH, int hd, int phases,
+                    int own_kv, int k_eq_v, int sliding, long long A, long long B, float eps, int rope_rows) {
+    PDL_ENTER();
+    extern __shared__ float hs[];
+    const int r = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float *xs = hs + (size_t)warp * 2 * hd, *xv = xs + hd;
+    const float *t = cs + (size_t)r * (hd / 2) * 2;
+    const int h = QK_WARPS * blockIdx.x + warp;
+    const int nh = H + (own_kv ? KVH : 0);
+    if (h >= nh) return;
+    const int norm = phases & IB_QK_NORM, rope = (phases & IB_QK_ROPE_STORE) && r < rope_rows;
+    if (h < H) {
+        float *q = Q + ((size_t)r * H + h) * hd;
+        for (int i = lane; i < hd; i += 32) xs[i] = q[i];
+        __syncwarp();
+        if (norm && qn) head_norm_warp(xs, qn, hd, eps, lane);
+        if (rope) rope_warp(xs, t, hd, lane);
+        for (int i = lane; i < hd; i += 32) q[i] = xs[i];
+        return;
+    }
+    const int kh = h - H;
+    float *k = K + ((size_t)r * KVH + kh) * hd, *v = V + ((size_t)r * KVH + kh) * hd;
+    for (int i = lane; i < hd; i += 32) {
+        xs[i] = k[i];
+        xv[i] = norm && k_eq_v ? k[i] : v[i];
+    }
+    __syncwarp();
+    if (norm) {
+        if (kn) head_norm_warp(xs, kn, hd, eps, lane);
+        head_norm_warp(xv, NULL, hd, eps, lane);
+    }
+    if (rope) rope_warp(xs, t, hd, lane);
+    for (int i = lane; i < hd; i += 32) k[i] = xs[i], v[i] = xv[i];
+    if (!(phases & IB_QK_ROPE_STORE)) return;
+    const rowinfo info = gemma_view(ri[r], sliding, A, B);
+    const size_t plane = (size_t)info.cap * hd, slot = (size_t)slot_of(info, info.pos);
+    const size_t ko = ((size_t)0 * KVH + kh) * plane + slot * hd, vo = ((size_t)1 * KVH + kh) * plane + slot * hd;
+    for (int i = lane; i < hd; i += 32) {
+        if (info.f16) {
+            ((uint16_t *)info.kv)[ko + i] = ib_f32_to_f16(xs[i]);
+            ((uint16_t *)info.kv)[vo + i] = ib_f32_to_f16(xv[i]);
+        } else {
+            ((float *)info.kv)[ko + i] = xs[i];
+            ((float *)info.kv)[vo + i] = xv[i];
+        }
+    }
+}
+
+/* attention_head_kernel on Gemma 4 layer views: one block per (row, query head), the row's view of the
+ * layer (gemma_view: a KV-shared layer reads its source's keys and values) then attend_row_head with
+ * li = 0 — the same arithmetic (ib_attend_heads order for a full view with window 0, ib_attend_policy
+ * order for a windowed one: a sliding layer's last sliding_window keys). */
+__global__ void __launch_bounds__(ATT_THREADS)
+    gemma_attention_head_kernel(const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo *__restrict__ ri,
+                                int H, int KVH, int hd, int sliding, long long A, long long B, float scale, int block,
+                                int qG, int8_t *__restrict__ xq, float *__restrict__ qd, float *__restrict__ qad) {
+    const int r = blockIdx.x / H, h = blockIdx.x % H;
+    const rowinfo info = gemma_view(ri[r], sliding, A, B);   /* uploaded before the step's first kernel */
+    prefetch_kv(info, 0, KVH, h / (H / KVH), hd);
+    PDL_ENTER();
+    __shared__ att_smem1 sm;
+    if (info.f16) attend_row_head<uint16_t>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad);
+    else attend_row_head<float>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad);
+}
+
+/* attention_kernel on Gemma 4 layer views: one block per (row, KV head); as above (G * hd <= ATT_QH). */
+__global__ void __launch_bounds__(ATT_THREADS)
+    gemma_attention_kernel(const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo *__restrict__ ri, int H,
+                           int KVH, int hd, int sliding, long long A, long long B, float scale, int block, int qG,
+                           int8_t *__restrict__ xq, float *__restrict__ qd, float *__restrict__ qad) {
+    const int r = blockIdx.x / KVH, kvh = blockIdx.x % KVH;
+    const rowinfo info = gemma_view(ri[r], sliding, A, B);
+    prefetch_kv(info, 0, KVH, kvh, hd);
+    PDL_ENTER();
+    __shared__ att_smem sm;
+    if (info.f16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad);
+    else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad);
+}
+
+/* Routing of every row (ib_moe_route through ib_moe_route_def, the very definition): one thread per
+ * row r < R of logits [R][E]; sel [R][K] (all -1 when fewer than K logits are numbers, as cpu_moe),
+ * w [R][K], p [R][E] scratch. */
+__global__ void moe_route_kernel(const float *__restrict__ logits, int R, int E, int K, const float *__restrict__ escale,
+                                 float *p, int32_t *sel, float *w) {
+    PDL_ENTER();
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= R) return;
+    if (ib_moe_route_def(logits + (size_t)r * E, E, K, escale, p + (size_t)r * E, sel + (size_t)r * K,
+                         w + (size_t)r * K))
+        for (int j = 0; j < K; j++) sel[(size_t)r * K + j] = -1;
+}
+
+/* The experts' work lists (one block; 2E ints of dynamic shared memory): the routed pairs (r, j) with
+ * sel[r*K + j] >= 0 grouped by expert: ent_row / ent_slot (the row r and the slot r*K + j); and the
+ * product's block rows: for each expert with n pairs, ceil(n / MOE_CH) entries (expert, first pair,
+ * pairs), *nblk of them. Counts and places come from shared-memory atomics, so the order of the pairs
+ * inside an expert's list may change from run to run: it decides only which warp computes a pair,
+ * never a number (every pair's output is its own chain, written to its own slot). */
+__global__ void moe_dispatch_kernel(const int32_t *__restrict__ sel, int R, int K, int E, int32_t *ent_row,
+                                    int32_t *ent_slot, int4 *blk, int *nblk) {
+    PDL_ENTER();
+    extern __shared__ int cnt_s[];   /* [E] counts, then [E] each expert's next free place */
+    int *cur_s = cnt_s + E;
+    const int n = R * K;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt_s[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int e = sel[i];
+        if (e >= 0 && e < E) atomicAdd(&cnt_s[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int s = 0, nb = 0;
+        for (int e = 0; e < E; e++) {
+            const int c = cnt_s[e];
+            cur_s[e] = s;
+            for (int i0 = 0; i0 < c; i0 += MOE_CH) blk[nb++] = make_int4(e, s + i0, c - i0 < MOE_CH ? c - i0 : MOE_CH, 0);
+            s += c;
+        }
+        *nblk = nb;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int e = sel[i];
+        if (e >= 0 && e < E) {
+            const int o = atomicAdd(&cur_s[e], 1);
+            ent_row[o] = i / K, ent_slot[o] = i;
+        }
+    }
+}
+
+/* The routed experts' products (matmul.h), one launch for every expert: Y_z[slot][n] = x · W_e^T for
+ * each routed pair (row, slot) of expert e, z = blockIdx.z picking (mats0, Y0) or (mats1, Y1) (gate and
+ * up read the same input). Block (32 outputs of tile blockIdx.x, one per lane; warp w: pair blk.y + w
+ * of the block row blk[blockIdx.y]); block rows past *nblk, tiles past the matrix, warps past the
+ * block row's pairs do nothing. The input row of a pair: in_by_slot ? its slot : its row, of X [][K]
+ * (F32 activations) or xq [][K], d / ad [][K/G] (Q8). Each output is one thread's chain in matmul.h's
+ * order, as the product kernels compute it:
+ *   Q8 activations, quantized weights: per group g ascending, isum exact (dp4a: group_isum), then
+ *     acc = (acc + (s*d)*(float)isum) + b*ad (mm_q8_kernel's epilogue);
+ *   otherwise: acc = acc + w*x over k ascending, w = s*(float)q + b or the float weight (mm_f32_kernel).
+ * Each expert's weights are read by its block rows only (once when it has at most MOE_CH pairs); a
+ * pair's numbers depend on its own input row alone. fused: the test-only gpu-fma fault. */
+template <int FMT>
+__global__ void __launch_bounds__(256)
+    moe_mm_kernel(const dmat *__restrict__ mats0, const dmat *__restrict__ mats1, float *Y0, float *Y1,
+                  const int4 *__restrict__ blk, const int *__restrict__ nblk, const int32_t *__restrict__ ent_row,
+                  const int32_t *__restrict__ ent_slot, int in_by_slot, const float *__restrict__ X,
+                  const int8_t *__restrict__ xq, const float *__restrict__ qd, const float *__restrict__ qad, int q8,
+                  int fused) {
+    PDL_ENTER();
+    if ((int)blockIdx.y >= *nblk) return;
+    const int4 bk = blk[blockIdx.y];
+    const dmat m = (blockIdx.z ? mats1 : mats0)[bk.x];
+    float *Y = blockIdx.z ? Y1 : Y0;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n = blockIdx.x * NT + lane, Np = m.Np, K = m.K;
+    if ((int)blockIdx.x * NT >= Np || warp >= bk.z) return;
+    const int i = bk.y + warp, slot = ent_slot[i], xr = in_by_slot ? slot : ent_row[i];
+    float acc = 0.0f;
+    if (q8 && FMT != IB_WF32) {
+        constexpr int MAXC = FMT == IB_WQ4 ? 4 : 8;
+        constexpr int KC = FMT == IB_WQ4 ? 32 : 16;
+        const int G = m.G, ng = m.ng, cpg = G / KC;
+        const int8_t *xrow = xq + (size_t)xr * K;
+        const float *dr = qd + (size_t)xr * ng, *adr = qad + (size_t)xr * ng;
+#pragma unroll 4
+        for (int g = 0; g < ng; g++) {
+            uint4 wl[MAXC];
+#pragma unroll
+            for (int c = 0; c < MAXC; c++)
+                if (c < cpg) wl[c] = m.w[(size_t)(g * cpg + c) * Np + n];
+            const int is = group_isum<FMT>(wl, cpg, xrow + (size_t)g * G);
+            const float sd = m.s[(size_t)g * Np + n] * dr[g], u = m.b[(size_t)g * Np + n] * adr[g], fi = (float)is;
+            if (fused) acc = (acc + __fmaf_rn(sd, fi, u)) + 0.0f;
+            else acc = (acc + sd * fi) + u;
+        }
+    } else {
+        const float *x = X + (size_t)xr * K;
+        if (FMT == IB_WF32) {
+            for (int k = 0; k < K; k++) {
+                const float w = m.wf[(size_t)k * Np + n];
+                acc = fused ? __fmaf_rn(w, x[k], acc) : acc + w * x[k];
+            }
+        } else {
+            constexpr int KC = FMT == IB_WQ4 ? 32 : 16;
+            for (int c = 0; c < K / KC; c++) {
+                const size_t gi = (size_t)(c * KC / m.G) * Np + n;
+                const float sc = m.s[gi], bi = m.b[gi];
+                const uint4 v = m.w[(size_t)c * Np + n];
+                const unsigned wd[4] = {v.x, v.y, v.z, v.w};
+                const float *xc = x + c * KC;
+#pragma unroll
+                for (int q4 = 0; q4 < 4; q4++)
+#pragma unroll
+                    for (int e = 0; e < KC / 4; e++) {
+                        int q;
+                        if (FMT == IB_WQ4) q = e < 4 ? (int)((wd[q4] >> (8 * e)) & 15u) : (int)((wd[q4] >> (8 * (e - 4) + 4)) & 15u);
+                        else q = (int)((wd[q4] >> (8 * e)) & 255u);
+                        const float w = sc * (float)q + bi;
+                        const float xv = xc[q4 * (KC / 4) + e];
+                        acc = fused ? __fmaf_rn(w, xv, acc) : acc + w * xv;
+                    }
+            }
+        }
+    }
+    if (n < m.N) Y[(size_t)slot * m.N + n] = acc;
+}
+
+/* out[r][d] = ib_moe_combine of row r: 0, then out + w[j] * y[r*K + j][d] for ranks j in order with
+ * sel >= 0 (mul, then add). One thread per (row, d); y [R*K][D]. */
+__global__ void moe_combine_kernel(const float *__restrict__ y, const float *__restrict__ w, const int32_t *__restrict__ sel,
+                                   int R, int K, int D, float *__restrict__ out) {
+    PDL_ENTER();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)R * D) return;
+    const int r = (int)(i / D), d = (int)(i % D);
+    float o = 0.0f;
+    for (int j = 0; j < K; j++) {
+        if (sel[(size_t)r * K + j] < 0) continue;
+        o = o + w[(size_t)r * K + j] * y[((size_t)r * K + j) * D + d];
+    }
+    out[i] = o;
+}
+
+/* The per-layer inputs' second half and scale (cpu_ple_inputs after its product, scale and norm): per
+ * element i of row r of PLI [R][LP]: b = (embed_tokens_per_layer row tok[r], element k, as
+ * ib_matrix_row_f32 gives it) * escale (ib_scale), then PLI = PLI + b (ib_add), then PLI * s2
+ * (ib_scale by (float)(1/sqrt(2))). */
+__global__ void ple_combine_kernel(float *pli, dmat m, const int32_t *__restrict__ tok, int R, float escale, float s2) {
+    PDL_ENTER();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)R * m.K) return;
+    const int r = (int)(i / m.K), k = (int)(i % m.K);
+    const float bt = weight_at(m, tok[r], k) * escale;
+    const float a = pli[i] + bt;
+    pli[i] = a * s2;
+}
+
+/* g[r][k] = ib_geglu_elem(g[r][k], pli[r][li*P + k]) for the R rows of g [R][P] (ib_geglu of the gate
+ * with the layer's per-layer input); qG > 0: one warp per (row, group), the rows then quantized for
+ * group qG into xq [R][P], qd / qad [R][P/qG] (as geglu_q8_kernel). */
+__global__ void ple_geglu_kernel(float *g, const float *__restrict__ pli, int R, int P, int LP, int li, int qG,
+                                 int8_t *__restrict__ xq, float *__restrict__ qd, float *__restrict__ qad) {
+    PDL_ENTER();
+    if (qG <= 0) {
+        const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+        if (i >= (size_t)R * P) return;
+        const int r = (int)(i / P), k = (int)(i % P);
+        g[i] = ib_geglu_elem(g[i], pli[(size_t)r * LP + (size_t)li * P + k]);
+        return;
+    }
+    const int wid = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    const int ng = P / qG;
+    if (wid >= R * ng) return;
+    const int r = wid / ng, gi = wid % ng;
+    float *gp = g + (size_t)r * P + (size_t)gi * qG;
+    const float *up = pli + (size_t)r * LP + (size_t)li * P + (size_t)gi * qG;
+    for (int k = lane; k < qG; k += 32) gp[k] = ib_geglu_elem(gp[k], up[k]);
+    __syncwarp();
+    quantize_group(gp, qG, xq + (size_t)r * P + (size_t)gi * qG, qd + (size_t)r * ng + gi, qad + (size_t)r * ng + gi, lane);
+}
+
+/* ---------------------------------------------------------------- host side */
+
+/* Free the Gemma state's host arrays (device memory is in b's allocation list). */
+static void gemma_free(gemma_state *g) {
+    if (!g) return;
+    cudaFreeHost(g->h_cs_full);
+    free(g->sliding), free(g->own_kv), free(g->k_eq_v), free(g->att_head), free(g->offA), free(g->offB);
+    free(g->layer_scalar), free((void *)g->qn), free((void *)g->kn), free((void *)g->nrm);
+    free((void *)g->router), free((void *)g->router_scale), free((void *)g->expert_scale);
+    free((void *)g->egate), free((void *)g->eup), free((void *)g->edown);
+    free(g->ple_gate), free(g->ple_proj), free((void *)g->ple_norm);
+    free(g);
+}
+
+/* Upload a host float array (n floats; NULL: NULL). *ok cleared on failure. */
+static const float *gemma_upf(cuda_backend *b, const float *h, size_t n, int *ok) {
+    if (!h) return NULL;
+    const float *p = (const float *)dupload(b, h, n * sizeof(float));
+    if (!p) *ok = 0;
+    return p;
+}
+
+/* The E matrices ms[0..E) uploaded (upload_matrix) and their descriptors as a device array in *out. */
+static ib_status gemma_experts(cuda_backend *b, const ib_matrix *ms, int E, const dmat **out, int *fmt, ib_error *err) {
+    dmat *h = (dmat *)calloc((size_t)E, sizeof(dmat));
+    if (!h) return ib_fail(err, IB_ERR_NOMEM, "cuda: out of host memory");
+    ib_status rc = IB_OK;
+    for (int e = 0; e < E && !rc; e++) {
+        if (ms[e].fmt != ms[0].fmt || ms[e].group != ms[0].group || ms[e].rows != ms[0].rows || ms[e].cols != ms[0].cols)
+            rc = ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: gemma4 experts of one layer in different formats are not supported");
+        else rc = upload_matrix(b, &ms[e], &h[e], err);
+    }
+    if (!rc) {
+        *fmt = ms[0].fmt;
+        *out = (const dmat *)dupload(b, h, (size_t)E * sizeof(dmat));
+        if (!*out) rc = ib_fail(err, IB_ERR_NOMEM, "cuda: out of device memory for the experts' descriptors");
+    }
+    free(h);
+    return rc;
+}
+
+/* b's Gemma 4 state for model m (called by cuda_create after the layers' matrices are uploaded):
+ * per-layer shapes and cache offsets, norms, RoPE staging, the MoE block's and the per-layer
+ * embeddings' matrices and scratch. Refuses with one line a shape the kernels do not take. */
+static ib_status gemma_create(cuda_backend *b, const ib_model *m, ib_error *err) {
+    const ib_config *c = &m->cfg;
+    const int L = c->n_layers, D = c->hidden_size, Rm = b->R_max, H = c->n_heads;
+    gemma_state *g = (gemma_state *)calloc(1, sizeof *g);
+    if (!g) return ib_fail(err, IB_ERR_NOMEM, "cuda: out of host memory");
+    b->gm = g;
+    g->embed_scale = m->embed_scale;
+    g->softcap = (float)c->final_softcap;
+    g->ghd = c->global_head_dim;
+    g->theta_full = c->rope_theta_full;
+    g->pairs_full = c->rope_pairs_full;
+    g->sliding = (int *)calloc(L, sizeof(int)), g->own_kv = (int *)calloc(L, sizeof(int));
+    g->k_eq_v = (int *)calloc(L, sizeof(int)), g->att_head = (int *)calloc(L, sizeof(int));
+    g->offA = (long long *)calloc(L, sizeof(long long)), g->offB = (long long *)calloc(L, sizeof(long long));
+    g->layer_scalar = (float *)calloc(L, sizeof(float));
+    g->qn = (const float **)calloc(L, sizeof(float *)), g->kn = (const float **)calloc(L, sizeof(float *));
+    g->nrm = (const float **)calloc((size_t)L * 8, sizeof(float *));
+    if (!g->sliding || !g->own_kv || !g->k_eq_v || !g->att_head || !g->offA || !g->offB || !g->layer_scalar || !g->qn ||
+        !g->kn || !g->nrm)
+        return ib_fail(err, IB_ERR_NOMEM, "cuda: out of host memory");
+    if (cudaMallocHost((void **)&g->h_cs_full, (size_t)Rm * g->ghd * sizeof(float)) != cudaSuccess) {
+        cudaGetLastError();
+        g->h_cs_full = NULL;
+        return ib_fail(err, IB_ERR_NOMEM, "cuda: out of pinned host memory");
+    }
+    g->d_cs_full = (float *)dalloc(b, (size_t)Rm * g->ghd * sizeof(float));
+    int ok = g->d_cs_full != NULL;
+    long long A = 0, B = 0;   /* elements per (full, sliding) slot of the owned layers so far */
+    for (int li = 0; li < L; li++) {
+        const ib_layer *ly = &m->layers[li];
+        const int hd = ly->hd, KVH = ly->kvh, own = ly->wk.rows > 0;
+        if (hd > IB_ATTN_MAX_HD || hd % 2 || KVH < 1 || H % KVH || (own ? 0 : ib_config_kv_layer(c, li) >= li))
+            return ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: gemma4 layer %d: head_dim %d / KV heads %d not supported", li,
+                           hd, KVH);
+        g->sliding[li] = ly->sliding != 0;
+        g->own_kv[li] = own;
+        g->k_eq_v[li] = own && ly->wv.rows == 0;
+        g->att_head[li] = H / KVH > IB_ATTN_MAX_GROUP || (H / KVH) * hd > ATT_QH;
+        g->layer_scalar[li] = ly->layer_scalar;
+        if (own) {
+            g->offA[li] = A, g->offB[li] = B;
+            if (g->sliding[li]) B += 2LL * KVH * hd;
+            else A += 2LL * KVH * hd;
+        } else {
+            const int src = ib_config_kv_layer(c, li);
+            g->offA[li] = g->offA[src], g->offB[li] = g->offB[src];
+        }
+        g->qn[li] = gemma_upf(b, ly->q_norm, hd, &ok);
+        g->kn[li] = own ? gemma_upf(b, ly->k_norm, hd, &ok) : NULL;
+        const float *hn[8] = {NULL, NULL, NULL, ly->post_attn_norm, ly->post_mlp_norm, ly->post_mlp_norm1,
+                              ly->pre_moe_norm, ly->post_moe_norm};
+        for (int k = IB_N_POST_ATTN; k <= IB_N_POST_MOE; k++) g->nrm[(size_t)li * 8 + k] = gemma_upf(b, hn[k], D, &ok);
+    }
+    if (!ok) return ib_fail(err, IB_ERR_NOMEM, "cuda: out of device memory for the gemma4 norms");
+    if (c->n_experts > 0) {
+        const int E = c->n_experts, K = c->top_k, Fm = c->moe_ffn;
+        g->E = E, g->K = K, g->Fm = Fm;
+        g->rscale = (float)(1.0 / sqrt((double)D));
+        dmat *router = (dmat *)calloc(L, sizeof(dmat));
+        g->router = router;
+        g->router_scale = (const float **)calloc(L, sizeof(float *));
+        g->expert_scale = (const float **)calloc(L, sizeof(float *));
+        g->egate = (const dmat **)calloc(L, sizeof(dmat *));
+        g->eup = (const dmat **)calloc(L, sizeof(dmat *));
+        g->edown = (const dmat **)calloc(L, sizeof(dmat *));
+        if (!router || !g->router_scale || !g->expert_scale || !g->egate || !g->eup || !g->edown)
+            return ib_fail(err, IB_ERR_NOMEM, "cuda: out of host memory");
+        ib_status rc;
+        for (int li = 0; li < L; li++) {
+            const ib_layer *ly = &m->layers[li];
+            int fg, fu, fd;
+            if ((rc = upload_matrix(b, &ly->w_router, &router[li], err))) return rc;
+            if ((rc = gemma_experts(b, ly->e_gate, E, &g->egate[li], &fg, err))) return rc;
+            if ((rc = gemma_experts(b, ly->e_up, E, &g->eup[li], &fu, err))) return rc;
+            if ((rc = gemma_experts(b, ly->e_down, E, &g->edown[li], &fd, err))) return rc;
+            if (fg != fu || ly->e_gate[0].group != ly->e_up[0].group || (li > 0 && (fg != g->fmt_gu || fd != g->fmt_dn)))
+                return ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: gemma4 experts whose gate, up and down formats differ "
+                               "between layers or from each other are not supported");
+            g->fmt_gu = fg, g->fmt_dn = fd, g->G_gu = ly->e_gate[0].group, g->G_dn = ly->e_down[0].group;
+            g->router_scale[li] = gemma_upf(b, ly->router_scale, D, &ok);
+            g->expert_scale[li] = gemma_upf(b, ly->expert_scale, E, &ok);
+        }
+        const size_t RK = (size_t)Rm * K;
+        g->nblk_max = (int)((RK + MOE_CH - 1) / MOE_CH) + E;
+        g->rin = (float *)dalloc(b, (size_t)Rm * D * sizeof(float));
+        g->rlog = (float *)dalloc(b, (size_t)Rm * E * sizeof(float));
+        g->rp = (float *)dalloc(b, (size_t)Rm * E * sizeof(float));
+        g->sel = (int32_t *)dalloc(b, RK * sizeof(int32_t));
+        g->w = (float *)dalloc(b, RK * sizeof(float));
+        g->ent_row = (int32_t *)dalloc(b, RK * sizeof(int32_t));
+        g->ent_slot = (int32_t *)dalloc(b, RK * sizeof(int32_t));
+        g->blk = (int4 *)dalloc(b, (size_t)g->nblk_max * sizeof(int4));
+        g->nblk = (int *)dalloc(b, sizeof(int));
+        g->mg = (float *)dalloc(b, RK * Fm * sizeof(float));
+        g->mu = (float *)dalloc(b, RK * Fm * sizeof(float));
+        g->my = (float *)dalloc(b, RK * D * sizeof(float));
+        g->mxq = (int8_t *)dalloc(b, RK * Fm);
+        g->mqd = (float *)dalloc(b, RK * (Fm / 32 + 1) * sizeof(float));
+        g->mqad = (float *)dalloc(b, RK * (Fm / 32 + 1) * sizeof(float));
+        if (!ok || !g->rin || !g->rlog || !g->rp || !g->sel || !g->w || !g->ent_row || !g->ent_slot || !g->blk ||
+            !g->nblk || !g->mg || !g->mu || !g->my || !g->mxq || !g->mqd || !g->mqad)
+            return ib_fail(err, IB_ERR_NOMEM, "cuda: out of device memory for the gemma4 MoE scratch of %d rows", Rm);
+    }
+    if (c->ple_dim > 0) {
+        const int P = c->ple_dim;
+        const size_t LP = (size_t)L * P;
+        g->P = P;
+        g->ple_escale = m->ple_embed_scale;
+        g->ple_s1 = (float)(1.0 / sqrt((double)D));
+        g->ple_s2 = (float)(1.0 / sqrt(2.0));
+        ib_status rc;
+        if ((rc = upload_matrix(b, &m->ple_embed, &g->ple_embed, err))) return rc;
+        if ((rc = upload_matrix(b, &m->ple_model_proj, &g->ple_mproj, err))) return rc;
+        g->ple_pnorm = gemma_upf(b, m->ple_proj_norm, P, &ok);
+        g->ple_gate = (dmat *)calloc(L, sizeof(dmat));
+        g->ple_proj = (dmat *)calloc(L, sizeof(dmat));
+        g->ple_norm = (const float **)calloc(L, sizeof(float *));
+        if (!g->ple_gate || !g->ple_proj || !g->ple_norm) return ib_fail(err, IB_ERR_NOMEM, "cuda: out of host memory");
+        for (int li = 0; li < L; li++) {
+            if ((rc = upload_matrix(b, &m->layers[li].ple_gate, &g->ple_gate[li], err))) return rc;
+            if ((rc = upload_matrix(b, &m->layers[li].ple_proj, &g->ple_proj[li], err))) return rc;
+            g->ple_norm[li] = gemma_upf(b, m->layers[li].ple_norm, D, &ok);
+        }
+        g->pli = (float *)dalloc(b, (size_t)Rm * LP * sizeof(float));
+        g->pg = (float *)dalloc(b, (size_t)Rm * P * sizeof(float));
+        g->py = (float *)dalloc(b, (size_t)Rm * D * sizeof(float));
+        if (!ok || !g->pli || !g->pg || !g->py)
+            return ib_fail(err, IB_ERR_NOMEM, "cuda: out of device memory for the gemma4 per-layer embeddings of %d rows", Rm);
+    }
+    return IB_OK;
+}
+
+/* Gemma 4 norm weights of kind n (a post-norm or MoE norm) of layer li. */
+static const float *gemma_norm(const cuda_backend *b, int n, int li) { return b->gm->nrm[(size_t)li * 8 + n]; }
+
+/* step_begin's Gemma 4 part: the full layers' RoPE table (ib_rope_table_pairs over global_head_dim). */
+static void gemma_step_begin(cuda_backend *b) {
+    gemma_state *g = b->gm;
+    ib_rope_table_pairs(b->h_pos, b->R, g->ghd, g->theta_full, g->pairs_full, g->h_cs_full);
+}
+
+/* The full layers' RoPE table to the device (part of the step's upload). */
+static void gemma_upload(cuda_backend *b) {
+    gemma_state *g = b->gm;
+    note(b, cudaMemcpyAsync(g->d_cs_full, g->h_cs_full, (size_t)b->R * g->ghd * sizeof(float), cudaMemcpyHostToDevice, b->st),
+         "upload");
+}
+
+/* x *= s over R rows of n floats (ib_scale). */
+static void launch_scale(cuda_backend *b, float *x, size_t n, float s) {
+    launch(b, scale_kernel, blocks_for(n, 256), 256, 0, x, n, s);
+    LAUNCHED(b, "scale");
+}
+
+/* Layer li's qk_prepare (gemma_qk_kernel). */
+static void gemma_launch_qk(cuda_backend *b, int li, int phases) {
+    gemma_state *g = b->gm;
+    const int R = b->R, H = b->H, KVH = b->lkvh[li], hd = b->lhd[li], own = g->own_kv[li];
+    const int skip = b->fault == IB_FAULT_ROPE_SKIP_ROWS && b->n_items > 1 && b->n_items == R;
+    const dim3 grid(blocks_for((size_t)(H + (own ? KVH : 0)), QK_WARPS), (unsigned)R);
+    launch(b, gemma_qk_kernel, grid, 32 * QK_WARPS, (size_t)QK_WARPS * 2 * hd * sizeof(float), b->buf[IB_BUF_Q],
+           b->buf[IB_BUF_K], b->buf[IB_BUF_V], (const float *)(g->sliding[li] ? b->d_cs : g->d_cs_full),
+           (const rowinfo *)b->d_ri, g->qn[li], g->kn[li], H, KVH, hd, phases, own, g->k_eq_v[li], g->sliding[li],
+           g->offA[li], g->offB[li], b->eps, skip ? 1 : R);
+    LAUNCHED(b, "gemma qk");
+}
+
+/* Layer li's attention (scale 1): a block per (row, KV head) from att_group_rows rows when the layer's
+ * G * hd fits one block, else a block per (row, query head) — the same arithmetic. qG as
+ * launch_attention. */
+static void gemma_launch_attention(cuda_backend *b, int li, int qG) {
+    gemma_state *g = b->gm;
+    float *Q = b->buf[IB_BUF_Q], *ATT = b->buf[IB_BUF_ATT];
+    const int KVH = b->lkvh[li], hd = b->lhd[li];
+    if (b->R >= b->att_group_rows && !g->att_head[li])
+        launch(b, gemma_attention_kernel, b->R * KVH, ATT_THREADS, 0, (const float *)Q, ATT, (const rowinfo *)b->d_ri, b->H,
+               KVH, hd, g->sliding[li], g->offA[li], g->offB[li], 1.0f, b->attn_block, qG, b->xq, b->qd, b->qad);
+    else
+        launch(b, gemma_attention_head_kernel, b->R * b->H, ATT_THREADS, 0, (const float *)Q, ATT, (const rowinfo *)b->d_ri,
+               b->H, KVH, hd, g->sliding[li], g->offA[li], g->offB[li], 1.0f, b->attn_block, qG, b->xq, b->qd, b->qad);
+    LAUNCHED(b, "gemma attention");
+}
+
+/* G = geglu(G, U); qG > 0: its rows also quantized for group qG. */
+static void launch_geglu(cuda_backend *b, int qG) {
+    if (qG > 0) {
+        const size_t warps = (size_t)b->R * (b->F / qG);
+        launch(b, geglu_q8_kernel, blocks_for(warps * 32, 256), 256, 0, b->buf[IB_BUF_G], (const float *)b->buf[IB_BUF_U],
+               b->R, b->F, qG, b->xq, b->qd, b->qad, (const int32_t *)NULL);
+    } else {
+        const size_t n = (size_t)b->R * b->F;
+        launch(b, geglu_kernel, blocks_for(n, 256), 256, 0, b->buf[IB_BUF_G], (const float *)b->buf[IB_BUF_U], n);
+    }
+    LAUNCHED(b, "geglu");
+}
+
+/* The experts' products of one kind over the routed pairs: z = 2 (gate and up into mg / mu, input the
+ * pair's row of X / xq) or 1 (down into my, input the pair's slot of mg / mxq). */
+static void launch_moe_mm(cuda_backend *b, int fmt, const dmat *m0, const dmat *m1, float *Y0, float *Y1, int N, int by_slot,
+                          const float *X, const int8_t *xq, const float *qd, const float *qad, int q8) {
+    gemma_state *g = b->gm;
+    const int fused = b->fault == IB_FAULT_GPU_FMA;
+    /* block rows: at most ceil(R*K / MOE_CH) + min(E, R*K) (sized by R, never by the routing) */
+    const int RK = b->R * g->K, nby = (RK + MOE_CH - 1) / MOE_CH + (g->E < RK ? g->E : RK);
+    const dim3 grid((unsigned)((N + NT - 1) / NT), (unsigned)nby, m1 ? 2u : 1u);
+    if (fmt == IB_WQ4)
+        launch(b, moe_mm_kernel<IB_WQ4>, grid, 256, 0, m0, m1, Y0, Y1, (const int4 *)g->blk, (const int *)g->nblk,
+               (const int32_t *)g->ent_row, (const int32_t *)g->ent_slot, by_slot, X, xq, qd, qad, q8, fused);
+    else if (fmt == IB_WQ8)
+        launch(b, moe_mm_kernel<IB_WQ8>, grid, 256, 0, m0, m1, Y0, Y1, (const int4 *)g->blk, (const int *)g->nblk,
+               (const int32_t *)g->ent_row, (const int32_t *)g->ent_slot, by_slot, X, xq, qd, qad, q8, fused);
+    else
+        launch(b, moe_mm_kernel<IB_WF32>, grid, 256, 0, m0, m1, Y0, Y1, (const int4 *)g->blk, (const int *)g->nblk,
+               (const int32_t *)g->ent_row, (const int32_t *)g->ent_slot, by_slot, X, xq, qd, qad, q8, fused);
+    LAUNCHED(b, "moe products");
+}
+
+/* Layer li's routed experts (backend.h `moe`; cpu_moe's numbers): router input rmsnorm(route_in,
+ * router.scale) then ib_scale by 1/sqrt(D); router logits (a product); ib_moe_route per row; the work
+ * lists on the device (moe_dispatch_kernel: no host round trip, the step stays one graph); gate and up
+ * of every routed pair in one launch, GeGLU (+ the down product's Q8 quantization), down; then
+ * ib_moe_combine per row in rank order into out. Each selected expert's matrices are read by its own
+ * block rows, for all its rows at once. The CPU's test-only MoE faults (capacity, combine by load) are
+ * not modelled here. */
+static void gemma_launch_moe(cuda_backend *b, int li, int route_in, int in, int out) {
+    gemma_state *g = b->gm;
+    const int R = b->R, D = b->D, E = g->E, K = g->K, Fm = g->Fm;
+    const int q8 = b->act == IB_ACT_Q8;
+    /* router */
+    launch_rmsnorm(b, b->buf[route_in], g->router_scale[li], R, D, g->rin, 1);
+    launch_scale(b, g->rin, (size_t)R * D, g->rscale);
+    const dmat *rt = &g->router[li];
+    const int rq8 = q8 && rt->fmt != IB_WF32;
+    if (rq8) launch_quantize(b, g->rin, R, rt->K, rt->G);
+    launch_product(b, rt, g->rin, R, rq8, g->rlog);
+    launch(b, moe_route_kernel, blocks_for((size_t)R, 128), 128, 0, (const float *)g->rlog, R, E, K, g->expert_scale[li],
+           g->rp, g->sel, g->w);
+    LAUNCHED(b, "moe route");
+    launch(b, moe_dispatch_kernel, 1, 1024, (size_t)2 * E * sizeof(int), (const int32_t *)g->sel, R, K, E, g->ent_row,
+           g->ent_slot, g->blk, g->nblk);
+    LAUNCHED(b, "moe dispatch");
+    /* gate and up: the input rows quantized once (each row's own numbers) */
+    const int gq8 = q8 && g->fmt_gu != IB_WF32;
+    if (gq8) launch_quantize(b, b->buf[in], R, D, g->G_gu);
+    launch_moe_mm(b, g->fmt_gu, g->egate[li], g->eup[li], g->mg, g->mu, Fm, 0, b->buf[in], b->xq, b->qd, b->qad, gq8);
+    /* GeGLU of each routed pair (+ the down product's quantization) */
+    const int dq8 = q8 && g->fmt_dn != IB_WF32;
+    if (dq8) {
+        const size_t warps = (size_t)R * K * (Fm / g->G_dn);
+        launch(b, geglu_q8_kernel, blocks_for(warps * 32, 256), 256, 0, g->mg, (const float *)g->mu, R * K, Fm, g->G_dn,
+               g->mxq, g->mqd, g->mqad, (const int32_t *)g->sel);
+    } else {
+        launch(b, geglu_sel_kernel, blocks_for((size_t)R * K * Fm, 256), 256, 0, g->mg, (const float *)g->mu, R * K, Fm,
+               (const int32_t *)g->sel);
+    }
+    LAUNCHED(b, "moe geglu");
+    launch_moe_mm(b, g->fmt_dn, g->edown[li], NULL, g->my, NULL, D, 1, g->mg, g->mxq, g->mqd, g->mqad, dq8);
+    launch(b, moe_combine_kernel, blocks_for((size_t)R * D, 256), 256, 0, (const float *)g->my, (const float *)g->w,
+           (const int32_t *)g->sel, R, K, D, b->buf[out]);
+    LAUNCHED(b, "moe combine");
+}
+
+/* After embed: X *= embed_scale (ib_scale) when it is not 1. */
+static void gemma_after_embed(cuda_backend *b) {
+    if (b->gm->embed_scale != 1.0f) launch_scale(b, b->buf[IB_BUF_X], (size_t)b->R * b->D, b->gm->embed_scale);
+}
+
+/* n rows of logits L [n][V] soft-capped (ib_softcap) when the model has final_logit_softcapping. */
+static void gemma_softcap(cuda_backend *b, float *L, int n) {
+    if (b->gm->softcap <= 0) return;
+    const size_t cnt = (size_t)n * b->V;
+    launch(b, softcap_kernel, blocks_for(cnt, 256), 256, 0, L, cnt, b->gm->softcap);
+    LAUNCHED(b, "softcap");
+}
+
+/* X *= layer li's layer_scalar (ib_scale). */
+static void gemma_scale_layer(cuda_backend *b, int li) {
+    launch_scale(b, b->buf[IB_BUF_X], (size_t)b->R * b->D, b->gm->layer_scalar[li]);
+}
+
+/* Per-layer inputs of the step's rows (backend.h `ple_inputs`; cpu_ple_inputs' numbers): PLI = X ·
+ * per_layer_model_projection^T (a product, the engine's activation mode), times (float)(1/sqrt(D)),
+ * each P-slice rmsnorm'ed with per_layer_projection_norm (the row-norm kernel over R*L vectors), then
+ * ple_combine_kernel (+ the scaled per-layer embedding row, times (float)(1/sqrt(2))). */
+static void gemma_launch_ple_inputs(cuda_backend *b) {
+    gemma_state *g = b->gm;
+    const int R = b->R, LP = b->L * g->P;
+    const dmat *pm = &g->ple_mproj;
+    const int q8 = b->act == IB_ACT_Q8 && pm->fmt != IB_WF32;
+    if (q8) launch_quantize(b, b->buf[IB_BUF_X], R, pm->K, pm->G);
+    launch_product(b, pm, b->buf[IB_BUF_X], R, q8, g->pli);
+    launch_scale(b, g->pli, (size_t)R * LP, g->ple_s1);
+    launch_rmsnorm(b, g->pli, g->ple_pnorm, R * b->L, g->P, g->pli, 1);
+    launch(b, ple_combine_kernel, blocks_for((size_t)R * LP, 256), 256, 0, g->pli, g->ple_embed, (const int32_t *)b->d_tok,
+           R, g->ple_escale, g->ple_s2);
+    LAUNCHED(b, "ple inputs");
+}
+
+/* Layer li's per-layer input block (backend.h `ple_layer`; cpu_ple_layer's numbers): pg = X ·
+ * per_layer_input_gate^T, GeGLU with the row's PLI[li] (+ the next product's quantization), py = pg ·
+ * per_layer_projection^T, rmsnorm'ed with post_per_layer_input_norm, X += py. */
+static void gemma_launch_ple_layer(cuda_backend *b, int li) {
+    gemma_state *g = b->gm;
+    const int R = b->R, P = g->P, LP = b->L * P;
+    const dmat *gt = &g->ple_gate[li], *pj = &g->ple_proj[li];
+    const int q8g = b->act == IB_ACT_Q8 && gt->fmt != IB_WF32, q8p = b->act == IB_ACT_Q8 && pj->fmt != IB_WF32;
+    if (q8g) launch_quantize(b, b->buf[IB_BUF_X], R, gt->K, gt->G);
+    launch_product(b, gt, b->buf[IB_BUF_X], R, q8g, g->pg);
+    const int qG = q8p ? pj->G : 0;
+    const size_t threads = qG > 0 ? (size_t)R * (P / qG) * 32 : (size_t)R * P;
+    launch(b, ple_geglu_kernel, blocks_for(threads, 256), 256, 0, g->pg, (const float *)g->pli, R, P, LP, li, qG, b->xq,
+           b->qd, b->qad);
+    LAUNCHED(b, "ple geglu");
+    launch_product(b, pj, g->pg, R, q8p, g->py);
+    launch_rmsnorm(b, g->py, g->ple_norm[li], R, b->D, g->py, 1);
+    const size_t n = (size_t)R * b->D;
+    launch(b, add_kernel, blocks_for(n, 256), 256, 0, b->buf[IB_BUF_X], (const float *)g->py, n);
+    LAUNCHED(b, "ple add");
+}
