@@ -32,7 +32,6 @@ echo "test_backend_cuda (rc $?): $(tail -1 "$out/test_backend_cuda.log")" >>"$su
 "$bin/test_backend_ops" >"$out/test_backend_ops.log" 2>&1
 echo "test_backend_ops (rc $?): $(grep -i cuda "$out/test_backend_ops.log" | tail -1); $(tail -1 "$out/test_backend_ops.log")" >>"$sum"
 
-model=models/default
 prompts=examples/prompts.txt
 # one generate configuration on both backends: EQUAL or DIFF, then its arguments
 cmp_digests() {
@@ -41,64 +40,47 @@ cmp_digests() {
     b=$("$bin/isobatch" generate "$@" --backend cuda 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
     if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "EQUAL  $*"; else echo "DIFF  $*"; fi
 }
-{
-    for act in q8 f32; do
-        for kv in f32 f16; do
-            for samp in "" "--temp 0.8 --top-p 0.9 --seed 7"; do
-                for sched in "--batch 1" "--batch 8 --prefill-chunk 5" "--batch 4 --prefill-chunk whole"; do
-                    cmp_digests -m $model --prompts-file $prompts -n 24 --json --act $act --kv-dtype $kv $samp $sched
-                done
-                # windowed sessions: a sink + window KV policy shorter than prompt + generation (keys
-                # evicted, rings wrapped)
-                for sched in "--batch 1" "--batch 8 --prefill-chunk 5"; do
-                    cmp_digests -m $model --prompts-file $prompts -n 24 --json --act $act --kv-dtype $kv \
-                        --kv sink:4,window:12 $samp $sched
-                done
-            done
-        done
-    done
-} >"$out/digests.log" 2>&1
-n=$(grep -c '' "$out/digests.log"); same=$(grep -c '^EQUAL' "$out/digests.log")
-echo "generate digests CPU vs CUDA: $same of $n configurations equal (8 prompts x 24 tokens each; $(grep -c 'window' "$out/digests.log") of them windowed)" >>"$sum"
-"$bin/isobatch" generate -m $model --prompts-file $prompts -n 24 --batch 8 --prefill-chunk 3 --backend cuda \
-    --check-serial >"$out/check_serial.log" 2>&1
-echo "generate --backend cuda --check-serial (rc $?): $(grep -i 'serial' "$out/check_serial.log" | tail -1)" >>"$sum"
-a=$("$bin/isobatch" generate -m $model --prompts-file $prompts -n 24 --json --backend cpu 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
-b=$("$bin/isobatch" generate -m $model --prompts-file $prompts -n 24 --json --backend cuda --inject gpu-fma 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
-[ -n "$b" ] && [ "$a" != "$b" ] && r="digests differ (caught)" || r="NOT caught"
-echo "generate --backend cuda --inject gpu-fma vs cpu: $r" >>"$sum"
-
-# Gemma 4 (gemma_kernels.cuh): generate digests CPU vs CUDA on the dense and MoE tiny presets (4-bit),
-# the same configurations as models/default (24 tokens past prompts of several tokens: past the
-# sliding window of 16); gpu-fma must change the CUDA digests
-for preset in gemma4-tiny gemma4-moe-tiny; do
-    gm=/tmp/cuda_check_$preset
-    rm -rf "$gm"
-    "$bin/isobatch" mkmodel --preset $preset --bits 4 --out "$gm" >"$out/mkmodel_$preset.log" 2>&1
+# the digest matrix of model $1 (name $2) into the summary: act q8/f32 x KV f32/f16 x greedy/sampled x
+# three schedules, and with $3 (a KV policy, "" for none) two schedules more; then --check-serial, and
+# gpu-fma must change the CUDA digests
+check_model() {
+    local model=$1 name=$2 policy=$3 log="$out/digests_$2.log" act kv samp sched a b r
     {
         for act in q8 f32; do
             for kv in f32 f16; do
                 for samp in "" "--temp 0.8 --top-p 0.9 --seed 7"; do
                     for sched in "--batch 1" "--batch 8 --prefill-chunk 5" "--batch 4 --prefill-chunk whole"; do
-                        args="-m $gm --prompts-file $prompts -n 24 --json --act $act --kv-dtype $kv $samp $sched"
-                        a=$("$bin/isobatch" generate $args --backend cpu 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
-                        b=$("$bin/isobatch" generate $args --backend cuda 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
-                        if [ -n "$a" ] && [ "$a" = "$b" ]; then r=EQUAL; else r=DIFF; fi
-                        echo "$r  $args"
+                        cmp_digests -m "$model" --prompts-file $prompts -n 24 --json --act $act --kv-dtype $kv $samp $sched
+                    done
+                    [ -z "$policy" ] && continue
+                    for sched in "--batch 1" "--batch 8 --prefill-chunk 5"; do
+                        cmp_digests -m "$model" --prompts-file $prompts -n 24 --json --act $act --kv-dtype $kv \
+                            --kv "$policy" $samp $sched
                     done
                 done
             done
         done
-    } >"$out/digests_$preset.log" 2>&1
-    n=$(grep -c '' "$out/digests_$preset.log"); same=$(grep -c '^EQUAL' "$out/digests_$preset.log")
-    echo "$preset generate digests CPU vs CUDA: $same of $n configurations equal" >>"$sum"
-    "$bin/isobatch" generate -m "$gm" --prompts-file $prompts -n 24 --batch 8 --prefill-chunk 3 --backend cuda \
-        --check-serial >"$out/check_serial_$preset.log" 2>&1
-    echo "$preset generate --backend cuda --check-serial (rc $?): $(grep -i 'serial' "$out/check_serial_$preset.log" | tail -1)" >>"$sum"
-    a=$("$bin/isobatch" generate -m "$gm" --prompts-file $prompts -n 24 --json --backend cpu 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
-    b=$("$bin/isobatch" generate -m "$gm" --prompts-file $prompts -n 24 --json --backend cuda --inject gpu-fma 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
+    } >"$log" 2>&1
+    echo "$name generate digests CPU vs CUDA: $(grep -c '^EQUAL' "$log") of $(grep -c '' "$log") configurations equal" \
+        "(8 prompts x 24 tokens each; $(grep -c -- '--kv ' "$log") of them with --kv $policy)" >>"$sum"
+    "$bin/isobatch" generate -m "$model" --prompts-file $prompts -n 24 --batch 8 --prefill-chunk 3 --backend cuda \
+        --check-serial >"$out/check_serial_$name.log" 2>&1
+    echo "$name generate --backend cuda --check-serial (rc $?): $(grep -i 'serial' "$out/check_serial_$name.log" | tail -1)" >>"$sum"
+    a=$("$bin/isobatch" generate -m "$model" --prompts-file $prompts -n 24 --json --backend cpu 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
+    b=$("$bin/isobatch" generate -m "$model" --prompts-file $prompts -n 24 --json --backend cuda --inject gpu-fma 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
     [ -n "$b" ] && [ "$a" != "$b" ] && r="digests differ (caught)" || r="NOT caught"
-    echo "$preset generate --backend cuda --inject gpu-fma vs cpu: $r" >>"$sum"
+    echo "$name generate --backend cuda --inject gpu-fma vs cpu: $r" >>"$sum"
+}
+# models/default, with windowed sessions too (sink 4 + window 12: keys evicted, rings wrapped)
+model=models/default
+check_model $model default "sink:4,window:12"
+# Gemma 4 (gemma_kernels.cuh) on the dense and MoE tiny presets (4-bit): 24 tokens past prompts of
+# several tokens go past the sliding window of 16
+for preset in gemma4-tiny gemma4-moe-tiny; do
+    gm=/tmp/cuda_check_$preset
+    rm -rf "$gm"
+    "$bin/isobatch" mkmodel --preset $preset --bits 4 --out "$gm" >"$out/mkmodel_$preset.log" 2>&1
+    check_model "$gm" $preset ""
 done
 
 # recall (the multi-tenant needle benchmark): the CUDA engine's answers, batched and serialized, are the

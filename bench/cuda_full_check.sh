@@ -10,7 +10,7 @@ out=${2:-${OUT:-/tmp/cuda_full_check}}
 mkdir -p "$out/check"
 export LD_LIBRARY_PATH="$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 t0=$(date +%s)
-timeout 300 bash bench/cuda_check.sh "$bin" "$out/check" >/dev/null 2>&1
+timeout 420 bash bench/cuda_check.sh "$bin" "$out/check" >/dev/null 2>&1
 rc=$?
 S=$out/summary.txt
 cp "$out/check/summary.txt" "$S"
