@@ -77,6 +77,13 @@ AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -
 AMX_FLAGS    := $(AVX512_FLAGS) -mamx-tile -mamx-int8
 endif
 
+# The flags this build folder's objects are compiled with (the CUDA backend on or off among them),
+# kept in $(BUILD)/flags.txt and rewritten only when they change: every object depends on it, so a
+# build never mixes objects made with and without IB_HAVE_CUDA (e.g. after `make NVCC=`).
+FLAGS_STAMP := $(BUILD)/flags.txt
+FLAGS_NOW   := $(ALL_CFLAGS) | $(IB_NVCC_FLAGS) | $(CUDA_LIBS) | $(AVX2_FLAGS) | $(AVX512_FLAGS) | $(AMX_FLAGS)
+$(shell mkdir -p $(BUILD) && { printf '%s\n' '$(FLAGS_NOW)' | cmp -s - $(FLAGS_STAMP) || printf '%s\n' '$(FLAGS_NOW)' > $(FLAGS_STAMP); })
+
 .PHONY: all test asan examples clean run neon-test
 all: $(BUILD)/isobatch $(BUILD)/libisobatch.a
 
@@ -87,31 +94,31 @@ $(BUILD)/libisobatch.a: $(OBJ)
 $(BUILD)/isobatch: $(TOOL_OBJ) $(BUILD)/libisobatch.a
 	$(CC) $(ALL_CFLAGS) -o $@ $(TOOL_OBJ) $(BUILD)/libisobatch.a $(LDLIBS) $(CUDA_LIBS)
 
-$(BUILD)/%_avx2.o: %_avx2.c
+$(BUILD)/%_avx2.o: %_avx2.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) $(AVX2_FLAGS) -c $< -o $@
 
-$(BUILD)/%_avx512.o: %_avx512.c
+$(BUILD)/%_avx512.o: %_avx512.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) $(AVX512_FLAGS) -c $< -o $@
 
-$(BUILD)/%_amx.o: %_amx.c
+$(BUILD)/%_amx.o: %_amx.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) $(AMX_FLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cu
+$(BUILD)/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(NVCC) $(IB_NVCC_FLAGS) -c $< -o $@
 
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libisobatch.a tests/check.h tests/test_rng.h
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libisobatch.a tests/check.h tests/test_rng.h $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< $(BUILD)/libisobatch.a $(LDLIBS) $(CUDA_LIBS)
 
-$(BUILD)/examples/%: examples/%.c $(BUILD)/libisobatch.a
+$(BUILD)/examples/%: examples/%.c $(BUILD)/libisobatch.a $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libisobatch.a $(LDLIBS) $(CUDA_LIBS)
 
