@@ -746,8 +746,43 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
             }
 }
 
-/* Y[r][n] for r < R, n < N, F32 activations: one thread per (row, output), acc = acc + w*x over k
- * ascending (matmul.h). Block: 32 outputs x 8 rows. X [R][K]. fused: the test-only gpu-fma fault. */
+/* Output n of x · W^T for one row x [K] with F32 activations: acc = acc + w*x over k ascending, w the
+ * stored float or s*(float)q + b (matmul.h). fused: the test-only gpu-fma fault (acc = fma(w, x, acc)). */
+template <int FMT>
+__device__ __forceinline__ float f32_chain(const dmat &m, int n, const float *__restrict__ x, int fused) {
+    const int Np = m.Np;
+    float acc = 0.0f;
+    if (FMT == IB_WF32) {
+        for (int k = 0; k < m.K; k++) {
+            const float w = m.wf[(size_t)k * Np + n];
+            acc = fused ? __fmaf_rn(w, x[k], acc) : acc + w * x[k];
+        }
+        return acc;
+    }
+    constexpr int KC = FMT == IB_WQ4 ? 32 : 16;
+    for (int c = 0; c < m.K / KC; c++) {
+        const size_t gi = (size_t)(c * KC / m.G) * Np + n;
+        const float sc = m.s[gi], bi = m.b[gi];
+        const uint4 v = m.w[(size_t)c * Np + n];
+        const unsigned wd[4] = {v.x, v.y, v.z, v.w};
+        const float *xc = x + c * KC;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int e = 0; e < KC / 4; e++) {
+                int q;
+                if (FMT == IB_WQ4) q = e < 4 ? (int)((wd[i] >> (8 * e)) & 15u) : (int)((wd[i] >> (8 * (e - 4) + 4)) & 15u);
+                else q = (int)((wd[i] >> (8 * e)) & 255u);
+                const float w = sc * (float)q + bi;
+                const float xv = xc[i * (KC / 4) + e];
+                acc = fused ? __fmaf_rn(w, xv, acc) : acc + w * xv;
+            }
+    }
+    return acc;
+}
+
+/* Y[r][n] for r < R, n < N, F32 activations: one thread per (row, output), f32_chain. Block: 32
+ * outputs x 8 rows. X [R][K]. fused: the test-only gpu-fma fault. */
 template <int FMT>
 __global__ void __launch_bounds__(256) mm_f32_kernel(mset ms, const float *__restrict__ X, int R, int fused) {
     prefetch_tile(ms, blockIdx.y == 0);
@@ -758,35 +793,7 @@ __global__ void __launch_bounds__(256) mm_f32_kernel(mset ms, const float *__res
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n = tile * NT + lane, row = blockIdx.y * NWARP + warp;
     if (row >= R) return;
-    const float *x = X + (size_t)row * m.K;
-    const int Np = m.Np;
-    float acc = 0.0f;
-    if (FMT == IB_WF32) {
-        for (int k = 0; k < m.K; k++) {
-            const float w = m.wf[(size_t)k * Np + n];
-            acc = fused ? __fmaf_rn(w, x[k], acc) : acc + w * x[k];
-        }
-    } else {
-        constexpr int KC = FMT == IB_WQ4 ? 32 : 16;
-        for (int c = 0; c < m.K / KC; c++) {
-            const size_t gi = (size_t)(c * KC / m.G) * Np + n;
-            const float sc = m.s[gi], bi = m.b[gi];
-            const uint4 v = m.w[(size_t)c * Np + n];
-            const unsigned wd[4] = {v.x, v.y, v.z, v.w};
-            const float *xc = x + c * KC;
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int e = 0; e < KC / 4; e++) {
-                    int q;
-                    if (FMT == IB_WQ4) q = e < 4 ? (int)((wd[i] >> (8 * e)) & 15u) : (int)((wd[i] >> (8 * (e - 4) + 4)) & 15u);
-                    else q = (int)((wd[i] >> (8 * e)) & 255u);
-                    const float w = sc * (float)q + bi;
-                    const float xv = xc[i * (KC / 4) + e];
-                    acc = fused ? __fmaf_rn(w, xv, acc) : acc + w * xv;
-                }
-        }
-    }
+    const float acc = f32_chain<FMT>(m, n, X + (size_t)row * m.K, fused);
     if (n < m.N) Y[(size_t)row * ldy + n] = acc;
 }
 

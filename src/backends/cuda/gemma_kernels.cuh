@@ -347,33 +347,7 @@ __global__ void __launch_bounds__(256)
             else acc = (acc + sd * fi) + u;
         }
     } else {
-        const float *x = X + (size_t)xr * K;
-        if (FMT == IB_WF32) {
-            for (int k = 0; k < K; k++) {
-                const float w = m.wf[(size_t)k * Np + n];
-                acc = fused ? __fmaf_rn(w, x[k], acc) : acc + w * x[k];
-            }
-        } else {
-            constexpr int KC = FMT == IB_WQ4 ? 32 : 16;
-            for (int c = 0; c < K / KC; c++) {
-                const size_t gi = (size_t)(c * KC / m.G) * Np + n;
-                const float sc = m.s[gi], bi = m.b[gi];
-                const uint4 v = m.w[(size_t)c * Np + n];
-                const unsigned wd[4] = {v.x, v.y, v.z, v.w};
-                const float *xc = x + c * KC;
-#pragma unroll
-                for (int q4 = 0; q4 < 4; q4++)
-#pragma unroll
-                    for (int e = 0; e < KC / 4; e++) {
-                        int q;
-                        if (FMT == IB_WQ4) q = e < 4 ? (int)((wd[q4] >> (8 * e)) & 15u) : (int)((wd[q4] >> (8 * (e - 4) + 4)) & 15u);
-                        else q = (int)((wd[q4] >> (8 * e)) & 255u);
-                        const float w = sc * (float)q + bi;
-                        const float xv = xc[q4 * (KC / 4) + e];
-                        acc = fused ? __fmaf_rn(w, xv, acc) : acc + w * xv;
-                    }
-            }
-        }
+        acc = f32_chain<FMT>(m, n, X + (size_t)xr * K, fused);
     }
     if (n < m.N) Y[(size_t)slot * m.N + n] = acc;
 }
