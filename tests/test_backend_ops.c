@@ -106,19 +106,24 @@ static ib_model *make_model_preset(const char *dir, const char *preset, int bits
 
 static ib_model *make_model(const char *dir, int bits) { return make_model_preset(dir, "tiny", bits); }
 
+/* Every op of dense gemma4-tiny (mg) on backend `be`, q8 activations on isa_q8 and f32 on isa_f32
+ * (`passes` random passes each), bitwise against the scalar reference; `name` labels the backend. */
+static void check_gemma(ib_model *mg, ib_backend_kind be, ib_isa isa_q8, ib_isa isa_f32, int passes, const char *name) {
+    char what[96];
+    snprintf(what, sizeof what, "%s q8 gemma4-tiny 4-bit (isa %s)", name, ib_isa_name(isa_q8));
+    check_exact_ops(mg, be, isa_q8, IB_ACT_Q8, passes, what, gemma_ops, sizeof gemma_ops / sizeof *gemma_ops);
+    snprintf(what, sizeof what, "%s f32 gemma4-tiny 4-bit (isa %s)", name, ib_isa_name(isa_f32));
+    check_exact_ops(mg, be, isa_f32, IB_ACT_F32, passes, what, gemma_ops, sizeof gemma_ops / sizeof *gemma_ops);
+    printf("%s backend: every op of gemma4-tiny bitwise equal to the scalar reference (q8, f32)\n", name);
+}
+
 int main(void) {
     char d4[] = "/tmp/ib_bops4_XXXXXX", d32[] = "/tmp/ib_bops32_XXXXXX", dg[] = "/tmp/ib_bopsg4_XXXXXX";
     if (!mkdtemp(d4) || !mkdtemp(d32) || !mkdtemp(dg)) return 1;
     ib_model *m4 = make_model(d4, 4), *m32 = make_model(d32, 32), *mg = make_model_preset(dg, "gemma4-tiny", 4);
     CHECK(m4 && m32 && mg, "tiny models load");
     /* dense Gemma 4 (sliding and full layers, k_eq_v, GeGLU, post-norms, layer scalar, soft-cap) */
-    if (mg) {
-        check_exact_ops(mg, IB_BACKEND_CPU, IB_ISA_SCALAR, IB_ACT_Q8, 2, "cpu scalar q8 gemma4-tiny 4-bit", gemma_ops,
-                        sizeof gemma_ops / sizeof *gemma_ops);
-        check_exact_ops(mg, IB_BACKEND_CPU, IB_ISA_AUTO, IB_ACT_F32, 2, "cpu auto-isa f32 gemma4-tiny 4-bit", gemma_ops,
-                        sizeof gemma_ops / sizeof *gemma_ops);
-        printf("cpu backend: every op of gemma4-tiny bitwise equal to the scalar reference (q8, f32)\n");
-    }
+    if (mg) check_gemma(mg, IB_BACKEND_CPU, IB_ISA_SCALAR, IB_ISA_AUTO, 2, "cpu");
     static const ib_isa isas[] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512, IB_ISA_NEON, IB_ISA_AMX};
     for (int i = 0; m4 && m32 && i < 5; i++) {
         if (!ib_isa_supported(isas[i])) continue;
@@ -147,13 +152,7 @@ int main(void) {
         check_exact(m4, IB_BACKEND_CUDA, IB_ISA_AUTO, IB_ACT_F32, 1, "cuda f32 4-bit");
         check_exact(m32, IB_BACKEND_CUDA, IB_ISA_AUTO, IB_ACT_F32, 1, "cuda f32 float32 weights");
         printf("cuda backend: every op bitwise equal to the scalar reference (q8, f32)\n");
-        if (mg) {
-            check_exact_ops(mg, IB_BACKEND_CUDA, IB_ISA_AUTO, IB_ACT_Q8, 1, "cuda q8 gemma4-tiny 4-bit", gemma_ops,
-                            sizeof gemma_ops / sizeof *gemma_ops);
-            check_exact_ops(mg, IB_BACKEND_CUDA, IB_ISA_AUTO, IB_ACT_F32, 1, "cuda f32 gemma4-tiny 4-bit", gemma_ops,
-                            sizeof gemma_ops / sizeof *gemma_ops);
-            printf("cuda backend: every op of gemma4-tiny bitwise equal to the scalar reference (q8, f32)\n");
-        }
+        if (mg) check_gemma(mg, IB_BACKEND_CUDA, IB_ISA_AUTO, IB_ISA_AUTO, 1, "cuda");
     } else {
         printf("SKIP: cuda backend not checked: %s\n", why ? why : "no model");
     }
