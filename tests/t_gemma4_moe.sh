@@ -132,9 +132,16 @@ for f in moe-capacity moe-combine-by-load; do
     [ $rc = 1 ] && grep -q "^first divergence: step 0, layer 0, point moe_out: sub-op moe" "$T/d" && ok \
         || bad "diff --inject $f: exit $rc, $(grep '^first' "$T/d")"
 done
-# ---- probe: the op-table check has no reference for the moe op yet: one line saying so
-"$BIN" probe -m "$T/m4" > "$T/p" 2>&1; rc=$?
-[ $rc = 1 ] && grep -q "gemma4's MoE block is not supported yet" "$T/p" && ok || bad "probe on the MoE model: exit $rc"
+# ---- probe: the op-table check (every op, the MoE block's against each row routed alone) clean, and
+# failing at the moe op under each MoE fault
+"$BIN" probe -m "$T/k3" --backend cpu > "$T/p" 2>&1; rc=$?
+[ $rc = 0 ] && grep -q "^backend op table: every op bitwise equal" "$T/p" && grep -qE "cpu scalar +q8 +[0-9]+ ops" "$T/p" \
+    && ok || bad "probe on the MoE model: exit $rc, $(tail -1 "$T/p")"
+for f in moe-capacity moe-combine-by-load; do
+    "$BIN" probe -m "$T/k3" --backend cpu --inject $f > "$T/p" 2>&1; rc=$?
+    [ $rc = 1 ] && grep -qE "^  cpu scalar +q8 +moe .*DIFFER" "$T/p" && grep -q "^backend op table: FAILED" "$T/p" && ok \
+        || bad "probe --inject $f: exit $rc, $(tail -1 "$T/p")"
+done
 
 # ---- accuracy: the engine against the C float64 reference (src/diag/reference.c) over 60 tokens,
 # past the window: f32 agrees on every argmax and within 1e-5 relative L2

@@ -10,8 +10,9 @@
  * operation is judged on its own, errors never compound, and a wrong KV store shows up in the
  * attention that reads it (the host keeps a mirror of every cache, written by the reference store).
  * Gemma 4 (dense): its layer sequence (post-norms, GeGLU, layer scalar, soft-capped logits), each
- * layer at its type's widths, RoPE table and window, sliding layers' caches as rings; the MoE op has
- * no reference here yet (its models are refused).
+ * layer at its type's widths, RoPE table and window, sliding layers' caches as rings; and the MoE
+ * block (its norms, the routed experts against ref_moe — each row routed and its experts run alone —
+ * and the sum).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -127,6 +128,41 @@ static void check_linear(check *k, int li, int n, const ib_wsel *ws, ib_buf in, 
         REF(ref_linear(k, matrix_of(&k->m->layers[li], ws[i]), k->in, k->R, k->ref));
         compare_buf(k, op, outs[i], k->R);
     }
+}
+
+/* The reference of Gemma 4's routed experts (backend.h `moe`) for every row of the step, each row
+ * alone: the router input rmsnorm(route_in, router.scale) times (float)(1/sqrt(D)), its logits by
+ * ref_linear, ib_moe_route (NaN logits: no expert), each selected expert's GeGLU MLP on in (ref_linear,
+ * ib_geglu, ref_linear), ib_moe_combine in rank order into out. route_in, in, out [R][D]. 0, or -1 when
+ * out of memory. */
+static int ref_moe(check *k, int li, const float *route_in, const float *in, float *out) {
+    const ib_config *c = &k->m->cfg;
+    const ib_layer *L = &k->m->layers[li];
+    const int D = c->hidden_size, E = c->n_experts, K = c->top_k, Fm = c->moe_ffn;
+    float *rin = malloc((size_t)D * sizeof(float)), *lg = malloc((size_t)E * sizeof(float));
+    float *p = malloc((size_t)E * sizeof(float)), *g = malloc((size_t)Fm * sizeof(float));
+    float *u = malloc((size_t)Fm * sizeof(float)), *y = malloc((size_t)K * D * sizeof(float));
+    float *w = malloc((size_t)K * sizeof(float));
+    int32_t *sel = malloc((size_t)K * sizeof(int32_t));
+    int rc = rin && lg && p && g && u && y && w && sel ? 0 : -1;
+    for (int r = 0; rc == 0 && r < k->R; r++) {
+        ib_rmsnorm(route_in + (size_t)r * D, L->router_scale, 1, D, (float)c->rms_eps, rin, NULL);
+        ib_scale(rin, (size_t)D, (float)(1.0 / sqrt((double)D)));
+        ref_linear(k, &L->w_router, rin, 1, lg);
+        if (ib_moe_route(lg, E, K, L->expert_scale, p, sel, w))
+            for (int j = 0; j < K; j++) sel[j] = -1;
+        for (int j = 0; j < K; j++) {
+            if (sel[j] < 0) continue;
+            const float *x = in + (size_t)r * D;
+            ref_linear(k, &L->e_gate[sel[j]], x, 1, g);
+            ref_linear(k, &L->e_up[sel[j]], x, 1, u);
+            ib_geglu(g, u, 1, Fm);
+            ref_linear(k, &L->e_down[sel[j]], g, 1, y + (size_t)j * D);
+        }
+        ib_moe_combine(y, w, sel, K, D, out + (size_t)r * D);
+    }
+    free(rin), free(lg), free(p), free(g), free(u), free(y), free(w), free(sel);
+    return rc;
 }
 
 /* Element offset of (layer, k|v, head, slot 0) in an item's mirror (the cache's layout). */
@@ -318,6 +354,24 @@ static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos
         }
 
         check_linear(k, li, 1, &wd, IB_BUF_G, &yo, "linear down");
+        if (c->n_experts > 0) { /* the MoE block (step.c): dense and routed outputs, each normed, summed */
+            check_norm(k, IB_BUF_O, IB_N_POST_MLP1, li, L->post_mlp_norm1, IB_BUF_O);
+            check_norm(k, IB_BUF_X, IB_N_PRE_MOE, li, L->pre_moe_norm, IB_BUF_XN);
+            fetch(k, IB_BUF_X, R, k->in);
+            fetch(k, IB_BUF_XN, R, k->in2);
+            ops->moe(k->be, li, IB_BUF_X, IB_BUF_XN, IB_BUF_E);
+            int bad = 0;
+            REF(bad = ref_moe(k, li, k->in, k->in2, k->ref));
+            if (bad) return ib_fail(err, IB_ERR_NOMEM, "backend check: out of memory");
+            compare_buf(k, "moe", IB_BUF_E, R);
+            check_norm(k, IB_BUF_E, IB_N_POST_MOE, li, L->post_moe_norm, IB_BUF_E);
+            fetch(k, IB_BUF_O, R, k->in);
+            fetch(k, IB_BUF_E, R, k->in2);
+            ops->add(k->be, IB_BUF_O, IB_BUF_E);
+            memcpy(k->ref, k->in, (size_t)R * D * sizeof(float));
+            REF(ib_add(k->ref, k->in2, (size_t)R * D));
+            compare_buf(k, "add", IB_BUF_O, R);
+        }
         if (gemma) check_norm(k, IB_BUF_O, IB_N_POST_MLP, li, L->post_mlp_norm, IB_BUF_O);
 
         check_add(k);
@@ -398,8 +452,6 @@ ib_status ib_backend_check(const ib_model *m, const ib_backend_check_opts *o, ib
     const ib_config *c = &m->cfg;
     const char *why = NULL;
     *mismatches = 0;
-    if (c->arch == IB_ARCH_GEMMA4 && c->n_experts > 0) /* the moe op has no reference here yet */
-        return ib_fail(err, IB_ERR_UNSUPPORTED, "backend check: gemma4's MoE block is not supported yet (dense gemma4 is)");
     if (c->kv_shared > 0) /* its host mirrors hold every layer's own keys and values */
         return ib_fail(err, IB_ERR_UNSUPPORTED, "backend check: gemma4's KV-shared layers are not supported yet");
     if (c->ple_dim > 0) /* the per-layer input ops have no reference here yet */
