@@ -18,8 +18,11 @@ IB_BASE_FLAGS := -std=c11 -Wall -Wextra -Wno-unused-parameter -fno-strict-aliasi
            -D_GNU_SOURCE -Iinclude -Isrc -pthread -MMD -MP $(PQ_CFLAGS)
 # The numeric contract's flags come after the user's, so no user flag can undo them: -ffp-contract=off
 # (a fused multiply-add is written where one is meant, never introduced by the compiler: the same C
-# must give the same bits on every ISA) and no fast-math. SAN_FLAGS: the sanitizer build's (`make asan`).
-IB_NUMERIC_FLAGS := -ffp-contract=off -fno-fast-math
+# must give the same bits on every ISA) and no fast-math. -fno-fast-math puts -ftrapping-math back, so
+# -fno-trapping-math is given again after it (without it GCC if-converts no loop with a float select:
+# SwiGLU's and attention's exponentials, among others, stayed scalar); it changes no value.
+# SAN_FLAGS: the sanitizer build's (`make asan`).
+IB_NUMERIC_FLAGS := -ffp-contract=off -fno-fast-math -fno-trapping-math
 ALL_CFLAGS = $(IB_BASE_FLAGS) $(CFLAGS) $(SAN_FLAGS) $(IB_NUMERIC_FLAGS)
 # The libraries the engine and its tools link (README, "Dependencies", says why each is there).
 DEP_LIBS := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lsqlite3 -lpq -lm -pthread

@@ -40,10 +40,18 @@ typedef float vecf __attribute__((vector_size(32)));
 #endif
 #define NV (16 / VL)
 /* Query heads of a KV head are taken in pairs, each key and value element read (and converted from
- * half) once per pair, in the AVX-512 copy: 18 vs 23 ns per key and KV head with half KV in cache.
- * Two 8-lane heads' accumulators would not fit the 16 AVX2 registers, so the others take one head at
- * a time. Either way each output's operations are the same. */
-#define IB_ATTN_PAIRS (VL == 16)
+ * half) once per pair, in the AVX-512 copy (18 vs 23 ns per key and KV head with half KV in cache) and
+ * the AVX2 copy, whose 16 registers hold a pair's dot products for 2 keys at a time (IB_ATTN_KEYS) where
+ * AVX-512 takes 4. The portable copy takes one head at a time. Either way each output's operations are
+ * the same. */
+#if defined(IB_ATTN_AVX512) || defined(IB_ATTN_AVX2)
+#define IB_ATTN_PAIRS 1
+#else
+#define IB_ATTN_PAIRS 0
+#endif
+/* Keys per dot16_keys call for NQ query heads: 4, or 2 for a pair of 8-lane heads (2 heads x 2 keys
+ * x 2 vectors = 8 accumulators, with the 2 query and 1 key vectors 11 of the 16 AVX2 registers). */
+#define IB_ATTN_KEYS(NQ) ((NQ) == 2 && VL == 8 ? 2 : 4)
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 #define ATTN_AI static inline __attribute__((always_inline))
@@ -174,6 +182,17 @@ ATTN_AI void dot16_keys(const int T, const int NQ, const int f16, const int fuse
         for (int h = 0; h < NQ; h++) finish4(a[h], r + (size_t)h * rs);
         return;
     }
+    if (T == 2 && NQ == 2 && i == n) {   /* the pair's 2 x 2 dot products as one finish4 */
+        vecf b[4][NV];
+        float rr[4];
+#pragma GCC unroll 4
+        for (int x = 0; x < 4; x++)
+#pragma GCC unroll 2
+            for (int u = 0; u < NV; u++) b[x][u] = a[x >> 1][x & 1][u];
+        finish4(b, rr);
+        r[0] = rr[0], r[1] = rr[1], r[rs] = rr[2], r[(size_t)rs + 1] = rr[3];
+        return;
+    }
 #endif
 #pragma GCC unroll 2
     for (int h = 0; h < NQ; h++)
@@ -252,11 +271,12 @@ ATTN_AI void scale_accumulate(const int NQ, const int f16, float *out, int hd, c
 ATTN_AI void block_scores(const int NQ, const int f16, const int fused, const float *q, const void *k, size_t ko,
                           size_t st, int hd, float scale, int j0, int nb, int n_rows, float *s, int rs) {
     const size_t row_bytes = (size_t)hd * (f16 ? 2 : 4);
+    const int T = IB_ATTN_KEYS(NQ);
     int j = j0;
-    for (; j + 4 <= nb; j += 4) {
+    for (; j + T <= nb; j += T) {
 #pragma GCC unroll 4
-        for (int t = 0; t < 4; t++) prefetch_row(f16, k, ko, st, j + t, n_rows, 0, row_bytes);
-        dot16_keys(4, NQ, f16, fused, q, k, ko + (size_t)j * st, st, hd, s + j, rs);
+        for (int t = 0; t < T; t++) prefetch_row(f16, k, ko, st, j + t, n_rows, 0, row_bytes);
+        dot16_keys(T, NQ, f16, fused, q, k, ko + (size_t)j * st, st, hd, s + j, rs);
     }
     for (; j < nb; j++) dot16_keys(1, NQ, f16, fused, q, k, ko + (size_t)j * st, st, hd, s + j, rs);
     for (int h = 0; h < NQ; h++)
