@@ -206,5 +206,10 @@ grep -qE "gemma4's (per-layer embeddings|KV-shared layers) are not supported yet
 "$BIN" accuracy -m "$T/m32" --tokens 60 --act f32 --json > "$T/acc" 2>&1
 grep -qF '"top1_agree":60,' "$T/acc" && awk -F'"rel_l2":' '{split($2, a, /[,}]/); exit !(a[1] + 0 > 0 && a[1] + 0 < 1e-5)}' "$T/acc" \
     && ok || bad "accuracy on m32: $(cat "$T/acc")"
+# --per-position: one relative L2 per position (the 12 of them), refused with --act both
+"$BIN" accuracy -m "$T/m32" --tokens 12 --act f32 --per-position --json > "$T/acc" 2>&1
+grep -qE '"rel_l2_per_position":\[([0-9.e+-]+,){11}[0-9.e+-]+\]' "$T/acc" && ok || bad "accuracy --per-position: $(cat "$T/acc")"
+"$BIN" accuracy -m "$T/m32" --tokens 12 --per-position > "$T/acc" 2>&1
+[ $? = 2 ] && grep -q "give one --act" "$T/acc" && ok || bad "accuracy --per-position with --act both: $(cat "$T/acc")"
 echo "t_gemma4: $pass passed, $fail failed"
 [ $fail = 0 ]

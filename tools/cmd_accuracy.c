@@ -17,6 +17,7 @@
 static const char help[] =
     "usage: isobatch accuracy [-m DIR] [-p TEXT | --prompt-ids L] [--tokens N] [--act f32|q8|both]\n"
     "         [--isa I] [--threads N] [--json] [--logits-out F] [--ref-logits-out F] [--no-reference]\n"
+    "         [--per-position]\n"
     "\n"
     "Runs a float64 reference forward pass of the model over one token sequence (every position, from\n"
     "position 0), then feeds the same tokens to the engine one step at a time per activation mode and\n"
@@ -35,7 +36,9 @@ static const char help[] =
     "                    [tokens][vocab], row t = after token t); needs --act f32 or --act q8\n"
     "  --ref-logits-out F  also write the float64 reference's logits (float64 little-endian, same layout)\n"
     "  --no-reference    skip the float64 reference (and the comparison): only --logits-out's engine run\n"
-    "                    (for models whose float64 pass would take too long, compared elsewhere)\n";
+    "                    (for models whose float64 pass would take too long, compared elsewhere)\n"
+    "  --per-position    also the relative L2 error of each position's logits alone (needs one --act);\n"
+    "                    an error that grows with the position points at attention\n";
 
 /* Write n elements of size sz from buf to path; 0 or a one-line error (exit status 1). */
 static int write_file(const char *path, const void *buf, size_t sz, size_t n) {
@@ -74,7 +77,8 @@ static json_t *mode_json(const char *act, const ib_accuracy *a) {
 
 int cmd_accuracy(int argc, char **argv) {
     const char *dir = NULL, *text = NULL, *idlist = NULL, *acts = "both", *logits_out = NULL, *ref_out = NULL;
-    int no_ref = 0;
+    int no_ref = 0, per_pos = 0;
+    double *pos_l2 = NULL;   /* [T] --per-position: each position's relative L2 */
     float *eng = NULL;
     long n_tokens = 64, threads = sysconf(_SC_NPROCESSORS_ONLN);
     ib_isa isa = IB_ISA_AUTO;
@@ -105,6 +109,7 @@ int cmd_accuracy(int argc, char **argv) {
         else if (!strcmp(f, "--logits-out")) rc = VAL() ? (logits_out = v, 0) : 2;
         else if (!strcmp(f, "--ref-logits-out")) rc = VAL() ? (ref_out = v, 0) : 2;
         else if (!strcmp(f, "--no-reference")) no_ref = 1;
+        else if (!strcmp(f, "--per-position")) per_pos = 1;
         else rc = cli_unknown_option("accuracy", f, help);
 #undef VAL
     }
@@ -113,6 +118,8 @@ int cmd_accuracy(int argc, char **argv) {
     if (logits_out && !strcmp(acts, "both")) return cli_usage_error("--logits-out: give one --act (f32 or q8)");
     if (no_ref && !logits_out) return cli_usage_error("--no-reference: only with --logits-out (nothing else to do)");
     if (no_ref && ref_out) return cli_usage_error("--ref-logits-out: not with --no-reference");
+    if (per_pos && !strcmp(acts, "both")) return cli_usage_error("--per-position: give one --act (f32 or q8)");
+    if (per_pos && no_ref) return cli_usage_error("--per-position: not with --no-reference (nothing to compare)");
     if (!(dir = cli_model_dir(dir))) return 2;
     ib_error err;
     if (ib_model_load(dir, NULL, &m, &err)) {
@@ -156,8 +163,12 @@ int cmd_accuracy(int argc, char **argv) {
         ref_s = now_s() - t0;
         if (ref_out && (rc = write_file(ref_out, ref, sizeof *ref, (size_t)T * V))) goto out;
     }
-    if (logits_out && !(eng = malloc((size_t)T * V * sizeof *eng))) {
+    if ((logits_out || per_pos) && !(eng = malloc((size_t)T * V * sizeof *eng))) {
         rc = cli_error("out of memory for the engine logits (%d x %d)", T, V);
+        goto out;
+    }
+    if (per_pos && !(pos_l2 = malloc((size_t)T * sizeof *pos_l2))) {
+        rc = cli_error("out of memory");
         goto out;
     }
 
@@ -177,8 +188,15 @@ int cmd_accuracy(int argc, char **argv) {
                 rc = cli_error("%s", err.msg);
                 goto out;
             }
-            for (int t = 0; ref && t < T; t++) ib_accuracy_add(&acc[k], ref + (size_t)t * V, eng + (size_t)t * V, V);
-            if ((rc = write_file(logits_out, eng, sizeof *eng, (size_t)T * V))) goto out;
+            for (int t = 0; ref && t < T; t++) {
+                ib_accuracy_add(&acc[k], ref + (size_t)t * V, eng + (size_t)t * V, V);
+                if (pos_l2) { /* this position alone */
+                    ib_accuracy one = {0};
+                    ib_accuracy_add(&one, ref + (size_t)t * V, eng + (size_t)t * V, V);
+                    pos_l2[t] = one.rel_l2;
+                }
+            }
+            if (logits_out && (rc = write_file(logits_out, eng, sizeof *eng, (size_t)T * V))) goto out;
         } else if (ib_accuracy_run(m, &eo, ids, T, ref, &acc[k], &err)) {
             rc = cli_error("%s", err.msg);
             goto out;
@@ -217,6 +235,11 @@ int cmd_accuracy(int argc, char **argv) {
         if (skipped_q8)
             json_array_append_new(ms, json_pack("{s:s,s:s}", "act", "q8", "skipped", "the model's weights are not quantized"));
         json_object_set_new(o, "modes", ms);
+        if (pos_l2) {
+            json_t *pl = json_array();
+            for (int t = 0; t < T; t++) json_array_append_new(pl, jnum(pos_l2[t]));
+            json_object_set_new(o, "rel_l2_per_position", pl);
+        }
         char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
         if (s) puts(s);
         free(s);
@@ -236,8 +259,14 @@ int cmd_accuracy(int argc, char **argv) {
         }
         if (skipped_q8) printf("q8   skipped: the model's weights are not quantized\n");
         printf("(KL in nats per token, KL(reference || engine); rel L2 = ||engine - ref|| / ||ref|| over all logits)\n");
+        if (pos_l2) {
+            printf("rel L2 per position:");
+            for (int t = 0; t < T; t++) printf("%s%d:%.2e", t % 8 ? " " : "\n  ", t, pos_l2[t]);
+            printf("\n");
+        }
     }
 out:
+    free(pos_l2);
     free(eng);
     free(ref);
     free(ids);
