@@ -435,7 +435,9 @@ __device__ __forceinline__ void mma_k32(int (&d)[4], const unsigned (&a)[4], uns
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* The Q8 product of mm_q8_kernel for many rows, on the tensor cores: block tile 16 rows x 32 outputs.
+/* The Q8 product of mm_q8_kernel for many rows, on the tensor cores, where the grid is small (too few
+ * blocks for mm_q8_gemm_kernel, which walks K in one block per tile: launch_products chooses): block
+ * tile 16 rows x 32 outputs whose warps split the groups.
  * In each pass of GCH groups, the block stages the pass's scales and biases of its 32 outputs and d, ad
  * of its 16 rows in shared memory, and warp w takes groups w, w+8, …: their integer sums come from
  * mma.sync (s8 x s8/u8 -> s32, exact: the same isum as any order) into shared memory; then each thread
