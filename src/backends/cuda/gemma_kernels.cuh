@@ -366,11 +366,12 @@ __global__ void moe_dispatch_kernel(const int32_t *__restrict__ sel, int R, int 
 
 /* The routed experts' products (matmul.h), one launch for every expert: Y_z[slot][n] = x · W_e^T for
  * each routed pair (row, slot) of expert e, z = blockIdx.z picking (mats0, Y0) or (mats1, Y1) (gate and
- * up read the same input). Block (32 outputs of tile blockIdx.x, one per lane; warp w: pair blk.y + w
- * of the block row blk[blockIdx.y]); block rows past *nblk, tiles past the matrix, warps past the
- * block row's pairs do nothing. The input row of a pair: in_by_slot ? its slot : its row, of X [][K]
- * (F32 activations) or xq [][K], d / ad [][K/G] (Q8). Each output is one thread's chain in matmul.h's
- * order, as the product kernels compute it:
+ * up read the same input). Block (blockIdx.x, blockIdx.y): the pairs of block row blk[blockIdx.y] (at
+ * most MOE_CH), and NWARP tiles of 32 outputs, warp w taking tile blockIdx.x * NWARP + w (one output per
+ * lane) for every pair of the block row: each group's weights are loaded once into registers and used
+ * for all the pairs. Block rows past *nblk and tiles past the matrix do nothing. The input row of a pair:
+ * in_by_slot ? its slot : its row, of X [][K] (F32 activations) or xq [][K], d / ad [][K/G] (Q8). Each
+ * (pair, output) is one chain in matmul.h's order, as the product kernels compute it:
  *   Q8 activations, quantized weights: per group g ascending, isum exact (dp4a: group_isum), then
  *     acc = (acc + (s*d)*(float)isum) + b*ad (mm_q8_kernel's epilogue);
  *   otherwise: acc = acc + w*x over k ascending, w = s*(float)q + b or the float weight (mm_f32_kernel).
@@ -389,31 +390,46 @@ __global__ void __launch_bounds__(256)
     const dmat m = (blockIdx.z ? mats1 : mats0)[bk.x];
     float *Y = blockIdx.z ? Y1 : Y0;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int n = blockIdx.x * NT + lane, Np = m.Np, K = m.K;
-    if ((int)blockIdx.x * NT >= Np || warp >= bk.z) return;
-    const int i = bk.y + warp, slot = ent_slot[i], xr = in_by_slot ? slot : ent_row[i];
-    float acc = 0.0f;
+    const int tile = blockIdx.x * NWARP + warp, n = tile * NT + lane, Np = m.Np, K = m.K;
+    if (tile * NT >= Np) return;
+    const int np = bk.z;   /* pairs of the block row, 1..MOE_CH */
+    int xr[MOE_CH], slot[MOE_CH];
+    float acc[MOE_CH];
+#pragma unroll
+    for (int p = 0; p < MOE_CH; p++) {
+        acc[p] = 0.0f;
+        slot[p] = p < np ? ent_slot[bk.y + p] : 0;
+        xr[p] = p < np ? (in_by_slot ? slot[p] : ent_row[bk.y + p]) : 0;
+    }
     if (q8 && FMT != IB_WF32) {
         constexpr int MAXC = FMT == IB_WQ4 ? 4 : 8;
         constexpr int KC = FMT == IB_WQ4 ? 32 : 16;
         const int G = m.G, ng = m.ng, cpg = G / KC;
-        const int8_t *xrow = xq + (size_t)xr * K;
-        const float *dr = qd + (size_t)xr * ng, *adr = qad + (size_t)xr * ng;
-#pragma unroll 4
+#pragma unroll 2
         for (int g = 0; g < ng; g++) {
             uint4 wl[MAXC];
 #pragma unroll
             for (int c = 0; c < MAXC; c++)
                 if (c < cpg) wl[c] = m.w[(size_t)(g * cpg + c) * Np + n];
-            const int is = group_isum<FMT>(wl, cpg, xrow + (size_t)g * G);
-            const float sd = m.s[(size_t)g * Np + n] * dr[g], u = m.b[(size_t)g * Np + n] * adr[g], fi = (float)is;
-            if (fused) acc = (acc + __fmaf_rn(sd, fi, u)) + 0.0f;
-            else acc = (acc + sd * fi) + u;
+            const float sc = m.s[(size_t)g * Np + n], bi = m.b[(size_t)g * Np + n];
+#pragma unroll
+            for (int p = 0; p < MOE_CH; p++) {
+                if (p >= np) break;
+                const int is = group_isum<FMT>(wl, cpg, xq + (size_t)xr[p] * K + (size_t)g * G);
+                const float sd = sc * qd[(size_t)xr[p] * ng + g], u = bi * qad[(size_t)xr[p] * ng + g], fi = (float)is;
+                if (fused) acc[p] = (acc[p] + __fmaf_rn(sd, fi, u)) + 0.0f;
+                else acc[p] = (acc[p] + sd * fi) + u;
+            }
         }
     } else {
-        acc = f32_chain<FMT>(m, n, X + (size_t)xr * K, fused);
+#pragma unroll
+        for (int p = 0; p < MOE_CH; p++)
+            if (p < np) acc[p] = f32_chain<FMT>(m, n, X + (size_t)xr[p] * K, fused);
     }
-    if (n < m.N) Y[(size_t)slot * m.N + n] = acc;
+    if (n >= m.N) return;
+#pragma unroll
+    for (int p = 0; p < MOE_CH; p++)
+        if (p < np) Y[(size_t)slot[p] * m.N + n] = acc[p];
 }
 
 /* out[r][d] = ib_moe_combine of row r: 0, then out + w[j] * y[r*K + j][d] for ranks j in order with
@@ -717,7 +733,7 @@ static void launch_moe_mm(cuda_backend *b, int fmt, const dmat *m0, const dmat *
     const int fused = b->fault == IB_FAULT_GPU_FMA;
     /* block rows: at most ceil(R*K / MOE_CH) + min(E, R*K) (sized by R, never by the routing) */
     const int RK = b->R * g->K, nby = (RK + MOE_CH - 1) / MOE_CH + (g->E < RK ? g->E : RK);
-    const dim3 grid((unsigned)((N + NT - 1) / NT), (unsigned)nby, m1 ? 2u : 1u);
+    const dim3 grid((unsigned)((N + NT * NWARP - 1) / (NT * NWARP)), (unsigned)nby, m1 ? 2u : 1u);
     if (fmt == IB_WQ4)
         launch(b, moe_mm_kernel<IB_WQ4>, grid, 256, 0, m0, m1, Y0, Y1, (const int4 *)g->blk, (const int *)g->nblk,
                (const int32_t *)g->ent_row, (const int32_t *)g->ent_slot, by_slot, X, xq, qd, qad, q8, fused);
