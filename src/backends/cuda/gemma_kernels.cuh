@@ -377,7 +377,7 @@ __global__ void moe_dispatch_kernel(const int32_t *__restrict__ sel, int R, int 
  *   otherwise: acc = acc + w*x over k ascending, w = s*(float)q + b or the float weight (mm_f32_kernel).
  * Each expert's weights are read by its block rows only (once when it has at most MOE_CH pairs); a
  * pair's numbers depend on its own input row alone. fused: the test-only gpu-fma fault. */
-template <int FMT>
+template <int FMT, int CPG>
 __global__ void __launch_bounds__(256)
     moe_mm_kernel(const dmat *__restrict__ mats0, const dmat *__restrict__ mats1, float *Y0, float *Y1,
                   const int4 *__restrict__ blk, const int *__restrict__ nblk, const int32_t *__restrict__ ent_row,
@@ -402,23 +402,34 @@ __global__ void __launch_bounds__(256)
         xr[p] = p < np ? (in_by_slot ? slot[p] : ent_row[bk.y + p]) : 0;
     }
     if (q8 && FMT != IB_WF32) {
-        constexpr int MAXC = FMT == IB_WQ4 ? 4 : 8;
-        constexpr int KC = FMT == IB_WQ4 ? 32 : 16;
-        const int G = m.G, ng = m.ng, cpg = G / KC;
-#pragma unroll 2
-        for (int g = 0; g < ng; g++) {
-            uint4 wl[MAXC];
+        /* GPI groups a round: their weights (CPG uint4 words a group, G = CPG * k per word) and scales
+         * loaded first, so a warp has GPI * CPG words in flight */
+        constexpr int GPI = CPG >= 8 ? 1 : CPG >= 4 ? 2 : 4;
+        const int G = m.G, ng = m.ng;
+        for (int g0 = 0; g0 < ng; g0 += GPI) {
+            uint4 wl[GPI][CPG];
+            float sc[GPI], bi[GPI];
 #pragma unroll
-            for (int c = 0; c < MAXC; c++)
-                if (c < cpg) wl[c] = m.w[(size_t)(g * cpg + c) * Np + n];
-            const float sc = m.s[(size_t)g * Np + n], bi = m.b[(size_t)g * Np + n];
+            for (int x = 0; x < GPI; x++) {
+                const int g = g0 + x;
+                if (g >= ng) break;
 #pragma unroll
-            for (int p = 0; p < MOE_CH; p++) {
-                if (p >= np) break;
-                const int is = group_isum<FMT>(wl, cpg, xq + (size_t)xr[p] * K + (size_t)g * G);
-                const float sd = sc * qd[(size_t)xr[p] * ng + g], u = bi * qad[(size_t)xr[p] * ng + g], fi = (float)is;
-                if (fused) acc[p] = (acc[p] + __fmaf_rn(sd, fi, u)) + 0.0f;
-                else acc[p] = (acc[p] + sd * fi) + u;
+                for (int c = 0; c < CPG; c++) wl[x][c] = m.w[(size_t)(g * CPG + c) * Np + n];
+                sc[x] = m.s[(size_t)g * Np + n], bi[x] = m.b[(size_t)g * Np + n];
+            }
+#pragma unroll
+            for (int x = 0; x < GPI; x++) {
+                const int g = g0 + x;
+                if (g >= ng) break;
+#pragma unroll
+                for (int p = 0; p < MOE_CH; p++) {
+                    if (p >= np) break;
+                    const int is = group_isum<FMT>(wl[x], CPG, xq + (size_t)xr[p] * K + (size_t)g * G);
+                    const float sd = sc[x] * qd[(size_t)xr[p] * ng + g], u = bi[x] * qad[(size_t)xr[p] * ng + g];
+                    const float fi = (float)is;
+                    if (fused) acc[p] = (acc[p] + __fmaf_rn(sd, fi, u)) + 0.0f;
+                    else acc[p] = (acc[p] + sd * fi) + u;
+                }
             }
         }
     } else {
@@ -734,15 +745,19 @@ static void launch_moe_mm(cuda_backend *b, int fmt, const dmat *m0, const dmat *
     /* block rows: at most ceil(R*K / MOE_CH) + min(E, R*K) (sized by R, never by the routing) */
     const int RK = b->R * g->K, nby = (RK + MOE_CH - 1) / MOE_CH + (g->E < RK ? g->E : RK);
     const dim3 grid((unsigned)((N + NT * NWARP - 1) / (NT * NWARP)), (unsigned)nby, m1 ? 2u : 1u);
-    if (fmt == IB_WQ4)
-        launch(b, moe_mm_kernel<IB_WQ4>, grid, 256, 0, m0, m1, Y0, Y1, (const int4 *)g->blk, (const int *)g->nblk,
-               (const int32_t *)g->ent_row, (const int32_t *)g->ent_slot, by_slot, X, xq, qd, qad, q8, fused);
-    else if (fmt == IB_WQ8)
-        launch(b, moe_mm_kernel<IB_WQ8>, grid, 256, 0, m0, m1, Y0, Y1, (const int4 *)g->blk, (const int *)g->nblk,
-               (const int32_t *)g->ent_row, (const int32_t *)g->ent_slot, by_slot, X, xq, qd, qad, q8, fused);
-    else
-        launch(b, moe_mm_kernel<IB_WF32>, grid, 256, 0, m0, m1, Y0, Y1, (const int4 *)g->blk, (const int *)g->nblk,
-               (const int32_t *)g->ent_row, (const int32_t *)g->ent_slot, by_slot, X, xq, qd, qad, q8, fused);
+    /* uint4 words of codes per group: G / 32 (4-bit) or G / 16 (8-bit) */
+    const int G = by_slot ? g->G_dn : g->G_gu, cpg = fmt == IB_WQ4 ? G / 32 : G / 16;
+    void (*k)(const dmat *, const dmat *, float *, float *, const int4 *, const int *, const int32_t *,
+              const int32_t *, int, const float *, const int8_t *, const float *, const float *, int, int) =
+        fmt == IB_WF32                ? moe_mm_kernel<IB_WF32, 1>
+        : fmt == IB_WQ4 && cpg == 1   ? moe_mm_kernel<IB_WQ4, 1>
+        : fmt == IB_WQ4 && cpg == 2   ? moe_mm_kernel<IB_WQ4, 2>
+        : fmt == IB_WQ4               ? moe_mm_kernel<IB_WQ4, 4>
+        : cpg == 2                    ? moe_mm_kernel<IB_WQ8, 2>
+        : cpg == 4                    ? moe_mm_kernel<IB_WQ8, 4>
+                                      : moe_mm_kernel<IB_WQ8, 8>;
+    launch(b, k, grid, 256, 0, m0, m1, Y0, Y1, (const int4 *)g->blk, (const int *)g->nblk, (const int32_t *)g->ent_row,
+           (const int32_t *)g->ent_slot, by_slot, X, xq, qd, qad, q8, fused);
     LAUNCHED(b, "moe products");
 }
 
