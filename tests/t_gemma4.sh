@@ -278,6 +278,14 @@ if [ -n "$PY" ]; then
     grep -q "layer 2 mlp.gate_proj: shape (512, 128), the config says (256, 128)" "$T/r.out" && ok \
         || bad "gemma4_ref.py on a wrong-shaped file: $(cat "$T/r.out")"
 fi
+# without KV sharing the field widens nothing (as in transformers): the plain model loads as it is
+if [ -n "$PY" ]; then
+    rm -rf "$T/dwn"; cp -r "$T/m32" "$T/dwn"
+    "$PY" -c "import json,sys; c=json.load(open(sys.argv[1])); c['use_double_wide_mlp']=True; json.dump(c, open(sys.argv[1],'w'))" \
+        "$T/dwn/config.json"
+    "$BIN" info -m "$T/dwn" --json > "$T/dwn.out" 2>&1 && ! grep -q double_wide "$T/dwn.out" && ok \
+        || bad "use_double_wide_mlp without KV sharing: $(cat "$T/dwn.out")"
+fi
 "$BIN" mkmodel --preset gemma4-tiny --double-wide --out "$T/x" > "$T/x.out" 2>&1; rc=$?
 [ $rc = 1 ] && [ "$(wc -l < "$T/x.out")" = 1 ] && grep -q "double_wide: needs kv_shared" "$T/x.out" && ok \
     || bad "mkmodel --double-wide without --kv-shared: exit $rc, $(cat "$T/x.out")"
