@@ -528,21 +528,23 @@ static int engine_compare_located(const ib_model *m, ib_act act, ib_kv_dtype dt,
     return d;
 }
 
-/* Gemma 4 on the CUDA backend (dense gemma4-tiny, MoE gemma4-moe-tiny, gemma4-tiny with KV sharing,
- * with KV sharing and per-layer embeddings, and with KV sharing and double-wide shared MLPs; 4-bit group 32, 8-bit group 64, float32 weights): whole steps of a CPU engine and a CUDA engine, bitwise equal logits, for f32
+/* Gemma 4 on the CUDA backend (dense gemma4-tiny, MoE gemma4-moe-tiny — also with top-k 3 and router rows
+ * equal in pairs, so every routing decides ties (lowest id first) —, gemma4-tiny with KV sharing, with KV
+ * sharing and per-layer embeddings, and with KV sharing and double-wide shared MLPs; 4-bit group 32, 8-bit group 64, float32 weights): whole steps of a CPU engine and a CUDA engine, bitwise equal logits, for f32
  * and q8 activations, f32 and f16 KV, full sessions, rings on the sliding layers (kv_chunk 8) and
  * sink + window; wide steps (tensor-core products, per-KV-head attention from one row); and under the
  * test-only gpu-fma fault the comparison fails (located to its first op). A difference is located to
  * its first (step, layer, op, row, element). */
 static void gemma_checks(void) {
-    static const struct { const char *preset, *name; int kv_shared, ple, wide; } presets[] = {
-        {"gemma4-tiny", "gemma4-tiny", 0, 0, 0},
-        {"gemma4-moe-tiny", "gemma4-moe-tiny", 0, 0, 0},
-        {"gemma4-tiny", "gemma4-tiny --kv-shared 2", 2, 0, 0},
-        {"gemma4-tiny", "gemma4-tiny --kv-shared 2 --ple 64", 2, 64, 0},
-        {"gemma4-tiny", "gemma4-tiny --kv-shared 2 --double-wide", 2, 0, 1}};
+    static const struct { const char *preset, *name; int kv_shared, ple, top_k, ties, wide; } presets[] = {
+        {"gemma4-tiny", "gemma4-tiny", 0, 0, 0, 0, 0},
+        {"gemma4-moe-tiny", "gemma4-moe-tiny", 0, 0, 0, 0, 0},
+        {"gemma4-moe-tiny", "gemma4-moe-tiny --top-k 3, router rows equal in pairs", 0, 0, 3, 1, 0},
+        {"gemma4-tiny", "gemma4-tiny --kv-shared 2", 2, 0, 0, 0, 0},
+        {"gemma4-tiny", "gemma4-tiny --kv-shared 2 --ple 64", 2, 64, 0, 0, 0},
+        {"gemma4-tiny", "gemma4-tiny --kv-shared 2 --double-wide", 2, 0, 0, 0, 1}};
     static const struct { int bits, group; const char *name; } models[] = {{4, 32, "q4 g32"}, {8, 64, "q8 g64"}, {32, 0, "f32"}};
-    for (int pi = 0; pi < (int)(sizeof presets / sizeof presets[0]); pi++)
+    for (int pi = 0; pi < (int)(sizeof presets / sizeof *presets); pi++)
         for (int mi = 0; mi < 3; mi++) {
             char dir[] = "/tmp/ib_cuda_g4_XXXXXX";
             if (!mkdtemp(dir)) return;
@@ -550,10 +552,22 @@ static void gemma_checks(void) {
             ib_model *m = NULL;
             ib_mkmodel_opts mo = {.preset = presets[pi].preset, .seed = 11 + mi, .bits = models[mi].bits,
                                    .group = models[mi].group, .tied = 1, .kv_shared = presets[pi].kv_shared,
-                                   .ple_dim = presets[pi].ple, .double_wide = presets[pi].wide};
+                                   .ple_dim = presets[pi].ple, .top_k = presets[pi].top_k,
+                                   .router_ties = presets[pi].ties, .double_wide = presets[pi].wide};
             if (ib_mkmodel(dir, &mo, &err) || ib_model_load(dir, NULL, &m, &err)) {
                 CHECK(0, "model %s %s: %s", presets[pi].name, models[mi].name, err.msg);
                 continue;
+            }
+            if (presets[pi].ties) { /* the routing's ties are real: experts 0 and 1 have one router row */
+                const int D = m->cfg.hidden_size;
+                float *r0 = malloc((size_t)2 * D * sizeof(float));
+                if (r0) {
+                    ib_matrix_row_f32(&m->layers[0].w_router, 0, r0);
+                    ib_matrix_row_f32(&m->layers[0].w_router, 1, r0 + D);
+                    CHECK(!memcmp(r0, r0 + D, (size_t)D * sizeof(float)), "model %s %s: router rows 0 and 1 differ",
+                          presets[pi].name, models[mi].name);
+                }
+                free(r0);
             }
             printf("model %s %s:\n", presets[pi].name, models[mi].name);
             const int q8ok = models[mi].bits != 32;

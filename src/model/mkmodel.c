@@ -158,6 +158,7 @@ typedef struct gen_mat {
     int bare;               /* stored under base itself, no ".weight" (Gemma 4's layer_scalar) */
     int stack;              /* > 0: stored as [stack, N / stack, K] (stacked experts); rows as 2-D */
     int kind, index;        /* kind; generator index (stable: independent of bits and tying) */
+    int pair_rows;          /* 1: each odd row is a copy of the even row before it */
     int N, K;
     int quantized;
     size_t off[3];          /* data-region offsets of weight, scales, biases */
@@ -244,7 +245,9 @@ static void gen_rows(const gen_mat *m, uint64_t seed, int bits, int r0, int nr, 
     else if (m->kind == K_EMBED) a = sqrtf(3.0f / (float)m->K);  /* std 1/sqrt(D): tied logits of std ~1 */
     size_t e0 = (size_t)r0 * m->K, n = (size_t)nr * m->K;
     for (size_t i = 0; i < n; i++) {
-        float u = uniform_pm1(key, e0 + i);
+        size_t e = e0 + i;
+        if (m->pair_rows) e = ((e / m->K) & ~(size_t)1) * m->K + e % m->K;   /* row 2j+1 = row 2j */
+        float u = uniform_pm1(key, e);
         float v = m->kind == K_NORM ? 1.0f + 0.1f * u : a * u;
         if (bits != 32) v = ib_bf16_to_f32(ib_f32_to_bf16(v));
         w[i] = v;
@@ -368,6 +371,7 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
         if (!E) continue;
         /* the MoE block: router, norms, experts stacked as mlx-lm's SwitchGLU stores them */
         MAT(K_LINEAR, b + 16, E, D, "model.layers.%d.router.proj", i);
+        mats[nm - 1].pair_rows = o->router_ties;
         MAT(K_NORM, b + 17, 1, D, "model.layers.%d.router.scale", i);
         mats[nm - 1].bare = 1;
         MAT(K_NORM, b + 18, 1, E, "model.layers.%d.router.per_expert_scale", i);

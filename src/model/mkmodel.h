@@ -39,6 +39,9 @@ typedef struct ib_mkmodel_opts {
                            * embed_tokens_per_layer [V, L*P], per_layer_model_projection [L*P, D],
                            * per_layer_projection_norm [P] and per layer per_layer_input_gate [P, D],
                            * per_layer_projection [D, P], post_per_layer_input_norm [D] */
+    int router_ties;      /* MoE presets, for tests of the routing's tie rule: 1 writes each odd expert's
+                           * router row equal to the even one before it, so every row's logits tie in
+                           * pairs */
 } ib_mkmodel_opts;
 
 /* Create dir (mkdir -p) and write config.json, model.safetensors, tokenizer.json,

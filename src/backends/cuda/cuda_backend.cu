@@ -60,7 +60,7 @@ extern "C" {
 #define RB 8               /* rows per pass of a Q8 product block (one epilogue warp each) */
 #define MAX_PASSES 8       /* most 8-row passes one Q8 product block walks (its weight tile stays in L1) */
 #define LOGIT_CHUNK 128    /* lm_head rows per product (bounds the logits scratch) */
-#define MMA_MIN_ROWS 16    /* Q8 products of at least this many rows run on the tensor cores */
+#define MMA_MIN_ROWS 8     /* Q8 products of at least this many rows run on the tensor cores */
 #define NGRAPH 16          /* step graphs kept per instance */
 #define REC_ARGS 10        /* ints of one recorded op */
 #define GCH 16             /* groups per pass of mm_q8_mma_kernel: shared isums [GCH][16][33] */
@@ -71,7 +71,8 @@ extern "C" {
 #define QK_WARPS 4         /* warps (heads) per block of the q/k norm + RoPE + store kernel */
 #define ATT_MAX_BLOCKS 64  /* most key blocks in one such chunk */
 #define ATT_MAX_BLOCK 128  /* largest key block (ops.h: block <= 128) */
-#define ARGMAX_THREADS 1024 /* threads of a logits row's argmax block */
+#define ARGMAX_THREADS 256  /* threads of an argmax block */
+#define ARGMAX_SLICES 32    /* argmax blocks per logits row (each a slice of the vocabulary) */
 
 /* ---------------------------------------------------------------- device data */
 
@@ -131,14 +132,16 @@ __device__ __forceinline__ void prefetch_bytes(const void *p, size_t n) {
         asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
 }
 
-/* When on: ask L2 for the weights of this block's 32-output tile of mset ms (codes, then scales and
- * biases), so the loads after the wait for the previous kernel hit L2. Reads nothing it computes with. */
+/* When on: ask L2 for the weights of this block's outputs of mset ms — block x holds OPB outputs, part
+ * x % (NT / OPB) of 32-output tile x / (NT / OPB) — (codes, then scales and biases), so the loads after the
+ * wait for the previous kernel hit L2. Reads nothing it computes with. */
+template <int OPB = NT>
 __device__ __forceinline__ void prefetch_tile(const mset &ms, bool on) {
     if (!on) return;
     dmat m;
     float *Y;
-    const int tile = mset_pick(ms, blockIdx.x, m, Y);
-    const size_t n0 = (size_t)tile * NT;
+    const int tile = mset_pick(ms, blockIdx.x / (NT / OPB), m, Y);
+    const size_t n0 = (size_t)tile * NT + (size_t)(blockIdx.x % (NT / OPB)) * OPB;
     const char *base[3];
     size_t stride[3];
     int rows[3], per[3];   /* rows of each array, 128-byte lines per row */
@@ -147,7 +150,7 @@ __device__ __forceinline__ void prefetch_tile(const mset &ms, bool on) {
         base[0] = (const char *)(m.wf + n0), stride[0] = (size_t)m.Np * 4, rows[0] = m.K, per[0] = 1, na = 1;
     } else {
         const int kc = m.fmt == IB_WQ4 ? 32 : 16;
-        base[0] = (const char *)(m.w + n0), stride[0] = (size_t)m.Np * 16, rows[0] = m.K / kc, per[0] = 4;
+        base[0] = (const char *)(m.w + n0), stride[0] = (size_t)m.Np * 16, rows[0] = m.K / kc, per[0] = OPB / 8;
         base[1] = (const char *)(m.s + n0), stride[1] = (size_t)m.Np * 4, rows[1] = m.ng, per[1] = 1;
         base[2] = (const char *)(m.b + n0), stride[2] = (size_t)m.Np * 4, rows[2] = m.ng, per[2] = 1;
         na = 3;
@@ -214,6 +217,9 @@ typedef struct cuda_backend {
     int32_t **aout;                  /* [R_max] where each wanted row's argmax goes (NULL: none) */
     int want_logits, want_argmax;    /* some wanted row's logits / argmax go to the host this step */
     int32_t *d_amax, *h_amax;        /* [R_max] the wanted rows' argmax: device, pinned host */
+    float *amax_v;                   /* [LOGIT_CHUNK][ARGMAX_SLICES] argmax_kernel's partial maxima, */
+    int *amax_i;                     /* their ids [LOGIT_CHUNK][ARGMAX_SLICES], */
+    unsigned *amax_cnt;              /* and [LOGIT_CHUNK] its finished blocks (zero between launches) */
     float *h_rows;                   /* read_rows / read_final scratch */
     size_t h_rows_n;
     int fault;                       /* ib_fault_get() at step_begin */
@@ -337,46 +343,50 @@ __device__ __forceinline__ int group_isum(const uint4 *wg, int cpg, const int8_t
 /* Y[r][n] (row stride ldy) for r < R, n < N, Q8 activations (matmul.h): per (row, output) the groups'
  * terms t_g = (s*d)*(float)isum and u_g = b*ad, combined in ascending group order as
  * acc = (acc + t_g) + u_g.
- * Block (x: 32 outputs, one per lane; y: rpb rows, a multiple of RBT chosen from the grid's size only: it
- * never changes the arithmetic). In each pass of RBT rows and GC = 128/RBT groups, warp w takes groups
- * w, w+8, … two at a time (their weights, scales, biases and the rows' d, ad loaded together, so a
- * warp's loads are in flight at once), computes each row's exact int32 sum by dp4a and the two terms,
- * and parks them in shared memory; then warp r runs row r's chain over the pass's groups in order.
+ * Block (x: OPB outputs — 32, one per lane, or 8 when the grid would be small: part x % (32 / OPB) of
+ * 32-output tile x / (32 / OPB), lane l taking output l % OPB of the group set l / OPB; y: rpb rows, a
+ * multiple of RBT chosen from the grid's size only: it never changes the arithmetic). In each pass of
+ * RBT rows and GC = 128/RBT groups, the warps' group sets (8 * 32 / OPB of them) take groups one each,
+ * two rounds at a time (weights, scales, biases and the rows' d, ad loaded together, so a warp's loads
+ * are in flight at once), compute each row's exact int32 sum by dp4a and the two terms, and park them in
+ * shared memory; then warp r's lanes < OPB run row r's chains over the pass's groups in order.
  * xq [R][K] int8, d/ad [R][K/G]. fused: the test-only gpu-fma fault (t_g = fma(s*d, isum, u_g), u_g 0:
  * a fused multiply-add in the epilogue). splits > 1: the test-only gpu-split-k fault — block z takes only
  * the z-th of `splits` group ranges and adds its partial chain into Y (zeroed) with atomics, in whatever
  * order the blocks finish (1: the canonical product). */
-template <int FMT, int RBT>
+template <int FMT, int RBT, int OPB>
 __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
                                                     const float *__restrict__ ad, int R, int rpb, int fused,
                                                     int splits) {
-    prefetch_tile(ms, blockIdx.y == 0 && blockIdx.z == 0);
+    prefetch_tile<OPB>(ms, blockIdx.y == 0 && blockIdx.z == 0);
     PDL_ENTER();
     constexpr int GC = 128 / RBT;
+    constexpr int SETS = NWARP * (NT / OPB);   /* group sets of the block: one group each per round */
     constexpr int MAXC = FMT == IB_WQ4 ? 4 : 8;
     constexpr int KC = FMT == IB_WQ4 ? 32 : 16;   /* k per uint4 */
-    __shared__ float t_s[RBT][GC][NT], u_s[RBT][GC][NT];
+    __shared__ float t_s[RBT][GC][OPB], u_s[RBT][GC][OPB];
     dmat m;
     float *Y;
-    const int tile = mset_pick(ms, blockIdx.x, m, Y), ldy = m.N;
+    const int tile = mset_pick(ms, blockIdx.x / (NT / OPB), m, Y), ldy = m.N;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int n = tile * NT + lane;
+    const int o = lane % OPB, set = warp * (NT / OPB) + lane / OPB;
+    const int n = tile * NT + (blockIdx.x % (NT / OPB)) * OPB + o;
     const int K = m.K, G = m.G, ng = m.ng, Np = m.Np;
     const int cpg = G / KC;
     const int rbeg = blockIdx.y * rpb, rend = min(R, rbeg + rpb);
     const int gs = (ng + splits - 1) / splits, gb = blockIdx.z * gs, ge = min(ng, gb + gs);
     for (int r0 = rbeg; r0 < rend; r0 += RBT) {
         const int nr = min(RBT, rend - r0);
-        float acc = 0.0f;   /* row r0 + warp, output n */
+        float acc = 0.0f;   /* row r0 + warp, output n (lanes < OPB) */
         for (int g0 = gb; g0 < ge; g0 += GC) {
             const int gn = min(GC, ge - g0);
-            for (int gi0 = warp; gi0 < gn; gi0 += 2 * NWARP) {
-                /* groups gi0 and gi0 + NWARP: every load first */
+            for (int gi0 = set; gi0 < gn; gi0 += 2 * SETS) {
+                /* groups gi0 and gi0 + SETS: every load first */
                 uint4 wg[2][MAXC];
                 float sc[2], bi[2], dd[2][RBT], aa[2][RBT];
 #pragma unroll
                 for (int x = 0; x < 2; x++) {
-                    const int gi = gi0 + x * NWARP, g = g0 + gi;
+                    const int gi = gi0 + x * SETS, g = g0 + gi;
                     if (gi >= gn) break;
 #pragma unroll
                     for (int c = 0; c < MAXC; c++)
@@ -388,7 +398,7 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__res
                 }
 #pragma unroll
                 for (int x = 0; x < 2; x++) {
-                    const int gi = gi0 + x * NWARP, g = g0 + gi;
+                    const int gi = gi0 + x * SETS, g = g0 + gi;
                     if (gi >= gn) break;
 #pragma unroll
                     for (int r = 0; r < RBT; r++) {
@@ -396,23 +406,23 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__res
                         const int is = group_isum<FMT>(wg[x], cpg, xq + (size_t)(r0 + r) * K + (size_t)g * G);
                         const float sd = sc[x] * dd[x][r], u = bi[x] * aa[x][r], fi = (float)is;
                         if (fused) {
-                            t_s[r][gi][lane] = __fmaf_rn(sd, fi, u);
-                            u_s[r][gi][lane] = 0.0f;
+                            t_s[r][gi][o] = __fmaf_rn(sd, fi, u);
+                            u_s[r][gi][o] = 0.0f;
                         } else {
-                            t_s[r][gi][lane] = sd * fi;
-                            u_s[r][gi][lane] = u;
+                            t_s[r][gi][o] = sd * fi;
+                            u_s[r][gi][o] = u;
                         }
                     }
                 }
             }
             __syncthreads();
-            if (warp < nr) {
+            if (warp < nr && lane < OPB) {
 #pragma unroll 8
                 for (int gi = 0; gi < gn; gi++) acc = (acc + t_s[warp][gi][lane]) + u_s[warp][gi][lane];
             }
             __syncthreads();
         }
-        if (warp < nr && n < m.N) {
+        if (warp < nr && lane < OPB && n < m.N) {
             if (splits > 1) atomicAdd(&Y[(size_t)(r0 + warp) * ldy + n], acc);
             else Y[(size_t)(r0 + warp) * ldy + n] = acc;
         }
@@ -930,20 +940,10 @@ __device__ __forceinline__ void argmax_pick(float &bv, int &bi, float v, int i) 
     if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
 }
 
-/* out[r] = ib_argmax of row r of L [rows][V] (one block per row): the first id holding the largest
- * logit, NaN never winning, and 0 when nothing exceeds -inf (an all NaN / -inf row) — as the scan of
- * ib_argmax gives it. Each thread keeps the best (value, lowest id) of a strided part, then the block
- * combines them with the same rule: a maximum, and the lowest id among equal values, in any order
- * (+0 and -0 compare equal, as in ib_argmax's search for the first id equal to the maximum). */
-__global__ void __launch_bounds__(ARGMAX_THREADS) argmax_kernel(const float *__restrict__ L, int V, int32_t *out) {
-    PDL_ENTER();
-    __shared__ float sv[ARGMAX_THREADS / 32];
-    __shared__ int si[ARGMAX_THREADS / 32];
-    const float *row = L + (size_t)blockIdx.x * V;
+/* The best (value, lowest id) of a block's threads by argmax_pick: lane 0 of warp 0 ends with it (sv, si:
+ * [blockDim.x / 32] shared scratch). */
+__device__ __forceinline__ void argmax_block(float &bv, int &bi, float *sv, int *si) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) argmax_pick(bv, bi, row[i], i);
 #pragma unroll
     for (int o = 16; o; o >>= 1) {
         const float v = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -952,9 +952,48 @@ __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_kernel(const float *__r
     }
     if (lane == 0) sv[warp] = bv, si[warp] = bi;
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0)
         for (int w = 1; w < (int)(blockDim.x >> 5); w++) argmax_pick(bv, bi, sv[w], si[w]);
-        out[blockIdx.x] = bv == -INFINITY ? 0 : bi;
+}
+
+/* out[r] = ib_argmax of row r of L [rows][V]: the first id holding the largest logit, NaN never
+ * winning, and 0 when nothing exceeds -inf (an all NaN / -inf row) — as the scan of ib_argmax gives it.
+ * Grid (ARGMAX_SLICES, rows): block (s, r) keeps the best (value, lowest id) of slice s of row r in
+ * pv / pi [rows][ARGMAX_SLICES]; the last of a row's blocks to finish (cnt [rows], zero between
+ * launches: that block sets it back) combines the slices. Every combination uses argmax_pick — a
+ * maximum, and the lowest id among equal values (+0 and -0 equal, as ib_argmax's search for the first
+ * id equal to the maximum) — so neither the split nor the order of finishing can change the answer. */
+__global__ void __launch_bounds__(ARGMAX_THREADS) argmax_kernel(const float *__restrict__ L, int V, int32_t *out,
+                                                                float *pv, int *pi, unsigned *cnt) {
+    PDL_ENTER();
+    __shared__ float sv[ARGMAX_THREADS / 32];
+    __shared__ int si[ARGMAX_THREADS / 32];
+    __shared__ unsigned done_s;
+    const int r = blockIdx.y, sl = blockIdx.x;
+    const float *row = L + (size_t)r * V;
+    const int len = (V + ARGMAX_SLICES - 1) / ARGMAX_SLICES, i0 = sl * len, i1 = min(V, i0 + len);
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) argmax_pick(bv, bi, row[i], i);
+    argmax_block(bv, bi, sv, si);
+    if (threadIdx.x == 0) {
+        pv[(size_t)r * ARGMAX_SLICES + sl] = bv, pi[(size_t)r * ARGMAX_SLICES + sl] = bi;
+        __threadfence();
+        done_s = atomicAdd(&cnt[r], 1u);
+    }
+    __syncthreads();
+    if (done_s != ARGMAX_SLICES - 1) return;
+    /* the row's last block: every slice's partial is visible (each was fenced before its count) */
+    __threadfence();
+    bv = -INFINITY, bi = 0x7fffffff;
+    for (int x = threadIdx.x; x < ARGMAX_SLICES; x += blockDim.x)
+        argmax_pick(bv, bi, ((volatile float *)pv)[(size_t)r * ARGMAX_SLICES + x],
+                    ((volatile int *)pi)[(size_t)r * ARGMAX_SLICES + x]);
+    __syncthreads();   /* sv, si reused */
+    argmax_block(bv, bi, sv, si);
+    if (threadIdx.x == 0) {
+        out[r] = bv == -INFINITY ? 0 : bi;
+        cnt[r] = 0;
     }
 }
 
@@ -1761,10 +1800,15 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
     b->d_tok = (int32_t *)dalloc(b, (size_t)Rm * 4);
     b->d_lrow = (int32_t *)dalloc(b, (size_t)Rm * 4);
     b->d_amax = (int32_t *)dalloc(b, (size_t)Rm * 4);
+    b->amax_v = (float *)dalloc(b, (size_t)LOGIT_CHUNK * ARGMAX_SLICES * sizeof(float));
+    b->amax_i = (int *)dalloc(b, (size_t)LOGIT_CHUNK * ARGMAX_SLICES * sizeof(int));
+    b->amax_cnt = (unsigned *)dalloc(b, (size_t)LOGIT_CHUNK * sizeof(unsigned));
+    if (b->amax_cnt && cudaMemset(b->amax_cnt, 0, (size_t)LOGIT_CHUNK * sizeof(unsigned)) != cudaSuccess)
+        b->amax_cnt = NULL;
     b->d_ri = (rowinfo *)dalloc(b, (size_t)Rm * sizeof(rowinfo));
     b->d_cs = (float *)dalloc(b, (size_t)Rm * hd * sizeof(float));
     if (!b->norms || !b->buf[IB_BUF_COUNT - 1] || !b->buf[0] || !b->xq || !b->qd || !b->qad || !b->logits ||
-        !b->d_tok || !b->d_lrow || !b->d_amax || !b->d_ri || !b->d_cs) {
+        !b->d_tok || !b->d_lrow || !b->d_amax || !b->amax_v || !b->amax_i || !b->amax_cnt || !b->d_ri || !b->d_cs) {
         rc = ib_fail(err, IB_ERR_NOMEM, "cuda: out of device memory for %d rows of scratch", Rm);
         goto fail;
     }
@@ -2009,11 +2053,19 @@ static void launch_embed(cuda_backend *b) {
     if (b->gm) gemma_after_embed(b);
 }
 
+/* Threads of an rmsnorm_kernel block for nvec vectors of n floats: few long vectors (a small step's row
+ * norms, one block each on an otherwise idle GPU) take 1024, so that staging the vector and quantizing its
+ * groups take fewer rounds; the sum's 16 lanes are the same whatever the block's size. */
+static int norm_threads(const cuda_backend *b, int nvec, int n) {
+    if (n >= 1024 && nvec * 4 <= b->n_sm) return 1024;
+    return n >= 512 ? 256 : 128;
+}
+
 /* nvec vectors of n floats normed with weights w (device), in -> out. rows: a row norm (the row-order
  * fault applies), not a head norm. */
 static void launch_rmsnorm(cuda_backend *b, float *in, const float *w, int nvec, int n, float *out, int rows) {
     const int reverse_odd = rows && b->fault == IB_FAULT_ROW_ORDER;
-    launch(b, rmsnorm_kernel, nvec, n >= 512 ? 256 : 128, (size_t)n * sizeof(float), in, NULL, w, nvec, n, b->eps, out,
+    launch(b, rmsnorm_kernel, nvec, norm_threads(b, nvec, n), (size_t)n * sizeof(float), in, NULL, w, nvec, n, b->eps, out,
                                                                                      reverse_odd, NULL, NULL, NULL, 0);
     LAUNCHED(b, "rmsnorm");
 }
@@ -2022,7 +2074,7 @@ static void launch_rmsnorm(cuda_backend *b, float *in, const float *w, int nvec,
  * the quantization of the normed rows for group G. */
 static void launch_rmsnorm_fused(cuda_backend *b, int in, const float *add_y, const float *w, int out, int G) {
     const int n = b->D, reverse_odd = b->fault == IB_FAULT_ROW_ORDER;
-    launch(b, rmsnorm_kernel, b->R, n >= 512 ? 256 : 128, (size_t)n * sizeof(float), 
+    launch(b, rmsnorm_kernel, b->R, norm_threads(b, b->R, n), (size_t)n * sizeof(float),
         b->buf[in], add_y, w, b->R, n, b->eps, b->buf[out], reverse_odd, b->xq, b->qd, b->qad, G);
     LAUNCHED(b, "rmsnorm");
 }
@@ -2038,6 +2090,22 @@ static const float *norm_weights(cuda_backend *b, int n, int li) {
  * already quantized into b->xq/qd/qad when q8. The Q8 dp4a kernel's rows per block grow with the work
  * (about 4 blocks per multiprocessor); many rows take the tensor-core kernel. Neither choice changes
  * any output's arithmetic. */
+typedef void (*mm_q8_fn)(mset, const int8_t *, const float *, const float *, int, int, int, int);
+
+/* mm_q8_kernel for format fmt (IB_WQ4, IB_WQ8), rbt rows per pass (1, 2, 4, RB) and 8-output blocks
+ * (narrow) or 32-output ones. */
+template <int FMT>
+static mm_q8_fn mm_q8_pick_fmt(int rbt, int narrow) {
+    if (narrow)
+        return rbt == 1 ? mm_q8_kernel<FMT, 1, 8> : rbt == 2 ? mm_q8_kernel<FMT, 2, 8>
+                        : rbt == 4 ? mm_q8_kernel<FMT, 4, 8> : mm_q8_kernel<FMT, RB, 8>;
+    return rbt == 1 ? mm_q8_kernel<FMT, 1, NT> : rbt == 2 ? mm_q8_kernel<FMT, 2, NT>
+                    : rbt == 4 ? mm_q8_kernel<FMT, 4, NT> : mm_q8_kernel<FMT, RB, NT>;
+}
+static mm_q8_fn mm_q8_pick(int fmt, int rbt, int narrow) {
+    return fmt == IB_WQ4 ? mm_q8_pick_fmt<IB_WQ4>(rbt, narrow) : mm_q8_pick_fmt<IB_WQ8>(rbt, narrow);
+}
+
 static void launch_products(cuda_backend *b, int n, const dmat *const *m, const float *X, int R, int q8,
                             float *const *Y) {
     const int fused = b->fault == IB_FAULT_GPU_FMA;
@@ -2093,18 +2161,11 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
         long passes = ((long)(R + rbt - 1) / rbt) * (long)tiles / 528;
         passes = passes < 1 ? 1 : passes > MAX_PASSES ? MAX_PASSES : passes;
         const int rpb = (int)passes * rbt;
-        dim3 grid((unsigned)tiles, blocks_for((size_t)R, rpb), (unsigned)splits);
-        if (fmt == IB_WQ4) {
-            if (rbt == 1) launch(b, mm_q8_kernel<IB_WQ4, 1>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
-            else if (rbt == 2) launch(b, mm_q8_kernel<IB_WQ4, 2>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
-            else if (rbt == 4) launch(b, mm_q8_kernel<IB_WQ4, 4>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
-            else launch(b, mm_q8_kernel<IB_WQ4, RB>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
-        } else {
-            if (rbt == 1) launch(b, mm_q8_kernel<IB_WQ8, 1>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
-            else if (rbt == 2) launch(b, mm_q8_kernel<IB_WQ8, 2>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
-            else if (rbt == 4) launch(b, mm_q8_kernel<IB_WQ8, 4>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
-            else launch(b, mm_q8_kernel<IB_WQ8, RB>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
-        }
+        /* a grid of fewer blocks than multiprocessors takes 8-output blocks (4x the blocks, each walking a
+         * quarter of the groups per warp) */
+        const int narrow = (long)tiles * blocks_for((size_t)R, rpb) < b->n_sm;
+        dim3 grid((unsigned)tiles * (narrow ? NT / 8 : 1), blocks_for((size_t)R, rpb), (unsigned)splits);
+        launch(b, mm_q8_pick(fmt, rbt, narrow), grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
     } else {
         dim3 grid((unsigned)tiles, blocks_for((size_t)R, NWARP));
         if (fmt == IB_WQ4) launch(b, mm_f32_kernel<IB_WQ4>, grid, 256, 0, ms, X, R, fused);
@@ -2224,7 +2285,8 @@ static void launch_logits(cuda_backend *b, int copy, int amax) {
         launch_product(b, lm, X, n, q8, b->logits);
         if (b->gm) gemma_softcap(b, b->logits, n);
         if (amax) {
-            launch(b, argmax_kernel, n, ARGMAX_THREADS, 0, (const float *)b->logits, V, b->d_amax + j0);
+            launch(b, argmax_kernel, dim3(ARGMAX_SLICES, (unsigned)n), ARGMAX_THREADS, 0, (const float *)b->logits, V,
+                   b->d_amax + j0, b->amax_v, b->amax_i, b->amax_cnt);
             LAUNCHED(b, "argmax");
         }
         if (copy)

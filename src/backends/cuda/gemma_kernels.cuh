@@ -45,7 +45,6 @@ typedef struct gemma_state {
     int G_gu, G_dn;                  /* and their groups (Q8 activations quantize each input once per group) */
     float *rin;                      /* [R_max][D] router input */
     float *rlog;                     /* [R_max][E] router logits */
-    float *rp;                       /* [R_max][E] softmax scratch of ib_moe_route */
     int32_t *sel;                    /* [R_max][K] selected experts in rank order (-1: none) */
     float *w;                        /* [R_max][K] their weights */
     int32_t *ent_row, *ent_slot;     /* [R_max*K] (row, slot r*K + j) of each routed pair, grouped by expert */
@@ -250,17 +249,82 @@ __global__ void __launch_bounds__(ATT_THREADS)
     else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad);
 }
 
-/* Routing of every row (ib_moe_route through ib_moe_route_def, the very definition): one thread per
- * row r < R of logits [R][E]; sel [R][K] (all -1 when fewer than K logits are numbers, as cpu_moe),
- * w [R][K], p [R][E] scratch. */
-__global__ void moe_route_kernel(const float *__restrict__ logits, int R, int E, int K, const float *__restrict__ escale,
-                                 float *p, int32_t *sel, float *w) {
+/* Routing of every row: ib_moe_route (ops/moe_route.h's ib_moe_route_def) with the work of a row spread
+ * over one block of ROUTE_THREADS threads, the same operations giving the same bits. logits [R][E];
+ * sel [R][K] (all -1 when fewer than K logits are numbers, as cpu_moe), w [R][K]. Block r (dynamic
+ * shared memory: E floats, E ints, K ints):
+ *   - rank j takes the largest logit not yet taken, ties to the lowest id, NaN never: each thread the
+ *     best of its strided ids, then the block's best by argmax_pick (a maximum and, among equal values,
+ *     the lowest id: the order of the comparisons cannot change the winner);
+ *   - p[e] = NaN ? 0 : ib_expf_lane(logit[e] - logit[sel[0]]) per id (independent);
+ *   - their sum in the 16-lane order: thread j < 16 chains ids j, j+16, … ascending (the definition's
+ *     lane j), then lanes fold 8, 4, 2, 1 (lane[j] + lane[j + h]);
+ *   - thread 0: t = sum over ranks in order of p[sel[j]] / s, then w[j] = ((p[sel[j]] / s) / t) * scale. */
+#define ROUTE_THREADS 128
+__global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(const float *__restrict__ logits, int R, int E, int K,
+                                                                  const float *__restrict__ escale, int32_t *sel,
+                                                                  float *w) {
     PDL_ENTER();
-    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    extern __shared__ float p_s[];           /* [E] the logits, then their exps */
+    int *taken_s = (int *)(p_s + E);         /* [E] 1 once ranked */
+    int *sel_s = taken_s + E;                /* [K] */
+    __shared__ float bv_s[ROUTE_THREADS / 32];
+    __shared__ int bi_s[ROUTE_THREADS / 32];
+    __shared__ int fail_s;
+    const int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     if (r >= R) return;
-    if (ib_moe_route_def(logits + (size_t)r * E, E, K, escale, p + (size_t)r * E, sel + (size_t)r * K,
-                         w + (size_t)r * K))
-        for (int j = 0; j < K; j++) sel[(size_t)r * K + j] = -1;
+    const float *lg = logits + (size_t)r * E;
+    for (int e = tid; e < E; e += ROUTE_THREADS) p_s[e] = lg[e], taken_s[e] = 0;
+    if (tid == 0) fail_s = 0;
+    __syncthreads();
+    for (int j = 0; j < K; j++) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int e = tid; e < E; e += ROUTE_THREADS)
+            if (!taken_s[e] && p_s[e] == p_s[e]) argmax_pick(bv, bi, p_s[e], e);
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int i = __shfl_xor_sync(0xffffffffu, bi, o);
+            argmax_pick(bv, bi, v, i);
+        }
+        if (lane == 0) bv_s[warp] = bv, bi_s[warp] = bi;
+        __syncthreads();
+        if (tid == 0) {
+            for (int x = 1; x < ROUTE_THREADS / 32; x++) argmax_pick(bv, bi, bv_s[x], bi_s[x]);
+            if (bi == 0x7fffffff) fail_s = 1;   /* no number left: fewer than K */
+            else sel_s[j] = bi, taken_s[bi] = 1;
+        }
+        __syncthreads();
+        if (fail_s) break;
+    }
+    int32_t *so = sel + (size_t)r * K;
+    if (fail_s) {
+        for (int j = tid; j < K; j += ROUTE_THREADS) so[j] = -1;
+        return;
+    }
+    const float m = p_s[sel_s[0]];
+    __syncthreads();   /* every thread has read m before p_s is overwritten */
+    for (int e = tid; e < E; e += ROUTE_THREADS) p_s[e] = p_s[e] != p_s[e] ? 0.0f : ib_expf_lane(p_s[e] - m);
+    __syncthreads();
+    if (warp == 0) {
+        float a = 0.0f;
+        if (lane < 16)
+            for (int e = lane; e < E; e += 16) a = a + p_s[e];
+        for (int h = 8; h >= 1; h >>= 1) {
+            const float o = __shfl_down_sync(0xffffffffu, a, h, 16);
+            if (lane < h) a = a + o;
+        }
+        if (lane == 0) {
+            const float s = a;
+            float t = 0.0f;
+            for (int j = 0; j < K; j++) t = t + p_s[sel_s[j]] / s;
+            for (int j = 0; j < K; j++) {
+                so[j] = sel_s[j];
+                w[(size_t)r * K + j] = ((p_s[sel_s[j]] / s) / t) * escale[sel_s[j]];
+            }
+        }
+    }
 }
 
 /* The experts' work lists (one block; 2E ints of dynamic shared memory): the routed pairs (r, j) with
@@ -304,11 +368,12 @@ __global__ void moe_dispatch_kernel(const int32_t *__restrict__ sel, int R, int 
 
 /* The routed experts' products (matmul.h), one launch for every expert: Y_z[slot][n] = x · W_e^T for
  * each routed pair (row, slot) of expert e, z = blockIdx.z picking (mats0, Y0) or (mats1, Y1) (gate and
- * up read the same input). Block (32 outputs of tile blockIdx.x, one per lane; warp w: pair blk.y + w
- * of the block row blk[blockIdx.y]); block rows past *nblk, tiles past the matrix, warps past the
- * block row's pairs do nothing. The input row of a pair: in_by_slot ? its slot : its row, of X [][K]
- * (F32 activations) or xq [][K], d / ad [][K/G] (Q8). Each output is one thread's chain in matmul.h's
- * order, as the product kernels compute it:
+ * up read the same input). Block (blockIdx.x, blockIdx.y): the pairs of block row blk[blockIdx.y] (at
+ * most MOE_CH), and NWARP tiles of 32 outputs, warp w taking tile blockIdx.x * NWARP + w (one output per
+ * lane) for every pair of the block row: each group's weights are loaded once into registers and used
+ * for all the pairs. Block rows past *nblk and tiles past the matrix do nothing. The input row of a pair:
+ * in_by_slot ? its slot : its row, of X [][K] (F32 activations) or xq [][K], d / ad [][K/G] (Q8). Each
+ * (pair, output) is one chain in matmul.h's order, as the product kernels compute it:
  *   Q8 activations, quantized weights: per group g ascending, isum exact (dp4a: group_isum), then
  *     acc = (acc + (s*d)*(float)isum) + b*ad (mm_q8_kernel's epilogue);
  *   otherwise: acc = acc + w*x over k ascending, w = s*(float)q + b or the float weight (mm_f32_kernel).
@@ -327,31 +392,46 @@ __global__ void __launch_bounds__(256)
     const dmat m = (blockIdx.z ? mats1 : mats0)[bk.x];
     float *Y = blockIdx.z ? Y1 : Y0;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int n = blockIdx.x * NT + lane, Np = m.Np, K = m.K;
-    if ((int)blockIdx.x * NT >= Np || warp >= bk.z) return;
-    const int i = bk.y + warp, slot = ent_slot[i], xr = in_by_slot ? slot : ent_row[i];
-    float acc = 0.0f;
+    const int tile = blockIdx.x * NWARP + warp, n = tile * NT + lane, Np = m.Np, K = m.K;
+    if (tile * NT >= Np) return;
+    const int np = bk.z;   /* pairs of the block row, 1..MOE_CH */
+    int xr[MOE_CH], slot[MOE_CH];
+    float acc[MOE_CH];
+#pragma unroll
+    for (int p = 0; p < MOE_CH; p++) {
+        acc[p] = 0.0f;
+        slot[p] = p < np ? ent_slot[bk.y + p] : 0;
+        xr[p] = p < np ? (in_by_slot ? slot[p] : ent_row[bk.y + p]) : 0;
+    }
     if (q8 && FMT != IB_WF32) {
         constexpr int MAXC = FMT == IB_WQ4 ? 4 : 8;
         constexpr int KC = FMT == IB_WQ4 ? 32 : 16;
         const int G = m.G, ng = m.ng, cpg = G / KC;
-        const int8_t *xrow = xq + (size_t)xr * K;
-        const float *dr = qd + (size_t)xr * ng, *adr = qad + (size_t)xr * ng;
-#pragma unroll 4
+#pragma unroll 2
         for (int g = 0; g < ng; g++) {
             uint4 wl[MAXC];
 #pragma unroll
             for (int c = 0; c < MAXC; c++)
                 if (c < cpg) wl[c] = m.w[(size_t)(g * cpg + c) * Np + n];
-            const int is = group_isum<FMT>(wl, cpg, xrow + (size_t)g * G);
-            const float sd = m.s[(size_t)g * Np + n] * dr[g], u = m.b[(size_t)g * Np + n] * adr[g], fi = (float)is;
-            if (fused) acc = (acc + __fmaf_rn(sd, fi, u)) + 0.0f;
-            else acc = (acc + sd * fi) + u;
+            const float sc = m.s[(size_t)g * Np + n], bi = m.b[(size_t)g * Np + n];
+#pragma unroll
+            for (int p = 0; p < MOE_CH; p++) {
+                if (p >= np) break;
+                const int is = group_isum<FMT>(wl, cpg, xq + (size_t)xr[p] * K + (size_t)g * G);
+                const float sd = sc * qd[(size_t)xr[p] * ng + g], u = bi * qad[(size_t)xr[p] * ng + g], fi = (float)is;
+                if (fused) acc[p] = (acc[p] + __fmaf_rn(sd, fi, u)) + 0.0f;
+                else acc[p] = (acc[p] + sd * fi) + u;
+            }
         }
     } else {
-        acc = f32_chain<FMT>(m, n, X + (size_t)xr * K, fused);
+#pragma unroll
+        for (int p = 0; p < MOE_CH; p++)
+            if (p < np) acc[p] = f32_chain<FMT>(m, n, X + (size_t)xr[p] * K, fused);
     }
-    if (n < m.N) Y[(size_t)slot * m.N + n] = acc;
+    if (n >= m.N) return;
+#pragma unroll
+    for (int p = 0; p < MOE_CH; p++)
+        if (p < np) Y[(size_t)slot[p] * m.N + n] = acc[p];
 }
 
 /* out[r][d] = ib_moe_combine of row r: 0, then out + w[j] * y[r*K + j][d] for ranks j in order with
@@ -543,7 +623,6 @@ static ib_status gemma_create(cuda_backend *b, const ib_model *m, ib_error *err)
         g->nblk_max = (int)((RK + MOE_CH - 1) / MOE_CH) + E;
         g->rin = (float *)dalloc(b, (size_t)Rm * D * sizeof(float));
         g->rlog = (float *)dalloc(b, (size_t)Rm * E * sizeof(float));
-        g->rp = (float *)dalloc(b, (size_t)Rm * E * sizeof(float));
         g->sel = (int32_t *)dalloc(b, RK * sizeof(int32_t));
         g->w = (float *)dalloc(b, RK * sizeof(float));
         g->ent_row = (int32_t *)dalloc(b, RK * sizeof(int32_t));
@@ -556,7 +635,7 @@ static ib_status gemma_create(cuda_backend *b, const ib_model *m, ib_error *err)
         g->mxq = (int8_t *)dalloc(b, RK * Fm);
         g->mqd = (float *)dalloc(b, RK * (Fm / 32 + 1) * sizeof(float));
         g->mqad = (float *)dalloc(b, RK * (Fm / 32 + 1) * sizeof(float));
-        if (!ok || !g->rin || !g->rlog || !g->rp || !g->sel || !g->w || !g->ent_row || !g->ent_slot || !g->blk ||
+        if (!ok || !g->rin || !g->rlog || !g->sel || !g->w || !g->ent_row || !g->ent_slot || !g->blk ||
             !g->nblk || !g->mg || !g->mu || !g->my || !g->mxq || !g->mqd || !g->mqad)
             return ib_fail(err, IB_ERR_NOMEM, "cuda: out of device memory for the gemma4 MoE scratch of %d rows", Rm);
     }
@@ -665,7 +744,7 @@ static void launch_moe_mm(cuda_backend *b, int fmt, const dmat *m0, const dmat *
     const int fused = b->fault == IB_FAULT_GPU_FMA;
     /* block rows: at most ceil(R*K / MOE_CH) + min(E, R*K) (sized by R, never by the routing) */
     const int RK = b->R * g->K, nby = (RK + MOE_CH - 1) / MOE_CH + (g->E < RK ? g->E : RK);
-    const dim3 grid((unsigned)((N + NT - 1) / NT), (unsigned)nby, m1 ? 2u : 1u);
+    const dim3 grid((unsigned)((N + NT * NWARP - 1) / (NT * NWARP)), (unsigned)nby, m1 ? 2u : 1u);
     if (fmt == IB_WQ4)
         launch(b, moe_mm_kernel<IB_WQ4>, grid, 256, 0, m0, m1, Y0, Y1, (const int4 *)g->blk, (const int *)g->nblk,
                (const int32_t *)g->ent_row, (const int32_t *)g->ent_slot, by_slot, X, xq, qd, qad, q8, fused);
@@ -696,8 +775,8 @@ static void gemma_launch_moe(cuda_backend *b, int li, int route_in, int in, int 
     const int rq8 = q8 && rt->fmt != IB_WF32;
     if (rq8) launch_quantize(b, g->rin, R, rt->K, rt->G);
     launch_product(b, rt, g->rin, R, rq8, g->rlog);
-    launch(b, moe_route_kernel, blocks_for((size_t)R, 128), 128, 0, (const float *)g->rlog, R, E, K, g->expert_scale[li],
-           g->rp, g->sel, g->w);
+    launch(b, moe_route_kernel, R, ROUTE_THREADS, (size_t)2 * E * sizeof(float) + (size_t)K * sizeof(int),
+           (const float *)g->rlog, R, E, K, g->expert_scale[li], g->sel, g->w);
     LAUNCHED(b, "moe route");
     launch(b, moe_dispatch_kernel, 1, 1024, (size_t)2 * E * sizeof(int), (const int32_t *)g->sel, R, K, E, g->ent_row,
            g->ent_slot, g->blk, g->nblk);
