@@ -52,9 +52,11 @@ CASES = {
                  "tiny dense, KV sharing (num_kv_shared_layers 2: layers 2, 3 read layers 0, 1), MLX 4-bit"),
     "ple": ("gemma4-tiny", 4, 17, ["--ple", "64", "--kv-shared", "2"],
             "tiny dense, per-layer embeddings (hidden_size_per_layer_input 64) and KV sharing, MLX 4-bit"),
+    "doublewide": ("gemma4-tiny", 4, 18, ["--kv-shared", "2", "--double-wide"],
+                   "tiny dense, KV sharing with use_double_wide_mlp (layers 2, 3: MLPs of 2 x F), MLX 4-bit"),
     "real": ("gemma4-26b-a4b", 8, 15, None, "Gemma-4-26B-A4B's real shapes on its first layers, MLX 8-bit"),
 }
-DEFAULT_CASES = "dense,dense32,moe,moe3,kvshared,ple,real"
+DEFAULT_CASES = "dense,dense32,moe,moe3,kvshared,ple,doublewide,real"
 
 
 class SetupError(Exception):
@@ -422,7 +424,7 @@ class HF:
             except Exception as e:   # noqa: BLE001
                 log("note: could not set config.%s = %r: %s" % (attr, val, e))
         # fields whose transformers default would add structure isobatch's model does not have
-        for k in ("hidden_size_per_layer_input", "num_kv_shared_layers"):
+        for k in ("hidden_size_per_layer_input", "num_kv_shared_layers", "use_double_wide_mlp"):
             got, want = getattr(hfc, k, 0) or 0, tc.get(k) or 0
             if got != want:
                 raise SetupError("HF config %s = %r (config.json %r): the model would not be the one isobatch "
@@ -577,6 +579,8 @@ def describe(tc, bits, notes):
         s += "; per-layer embeddings of width %d" % tc["hidden_size_per_layer_input"]
     if tc.get("num_kv_shared_layers"):
         s += "; the last %d layers KV-shared" % tc["num_kv_shared_layers"]
+        if tc.get("use_double_wide_mlp"):
+            s += " with MLPs of F %d (use_double_wide_mlp)" % (2 * tc["intermediate_size"])
     if tc.get("enable_moe_block"):
         s += "; %d experts, top-%d, expert F %d" % (tc["num_experts"], tc["top_k_experts"], tc["moe_intermediate_size"])
     if notes:

@@ -181,6 +181,8 @@ typedef struct ib_model_info {
     int sliding_window;        /* Gemma 4: the sliding layers' window (0: no sliding layers) */
     size_t kv_bytes_per_token_sliding; /* of kv_bytes_per_token, the sliding layers' share */
     int moe_intermediate_size; /* each expert's intermediate size (0 for dense models) */
+    int n_double_wide;         /* Gemma 4 use_double_wide_mlp: layers whose loaded dense MLP is 2 x
+                                * intermediate_size (the KV-shared ones); 0 otherwise */
 } ib_model_info;
 
 typedef struct ib_load_opts {
@@ -646,6 +648,8 @@ typedef enum ib_fault {
     IB_FAULT_KV_RING_SHORT,       /* sessions made under it keep sliding-window rings one slot too small */
     IB_FAULT_AMX_GROUP_ORDER,     /* the AMX kernel adds its tiles' groups in descending order (only rows it
                                    * computes on tiles: products of 16 rows or more) */
+    IB_FAULT_PLE_ROW0,            /* Gemma 4 per-layer embeddings: every row of a step takes the first row's
+                                   * token's embed_tokens_per_layer row (CPU backend) */
     IB_FAULT_COUNT
 } ib_fault;
 

@@ -165,6 +165,13 @@ def forward(cfg, W, ids):
         o = att.reshape(T, H * hd) @ W[p + "self_attn.o_proj.weight"].T
         h = h + rmsnorm(o, W[p + "post_attention_layernorm.weight"], eps)
         x = rmsnorm(h, W[p + "pre_feedforward_layernorm.weight"], eps)
+        # the dense MLP's width from the config, as transformers builds it: 2 x intermediate_size on a
+        # KV-shared layer when use_double_wide_mlp (its gate/up/down must have that shape)
+        F = cfg["intermediate_size"] * (2 if cfg.get("use_double_wide_mlp") and 0 < first_shared <= li else 1)
+        for nm, shape in (("gate_proj", (F, D)), ("up_proj", (F, D)), ("down_proj", (D, F))):
+            got = W[p + "mlp." + nm + ".weight"].shape
+            if tuple(got) != shape:
+                raise SystemExit("layer %d mlp.%s: shape %s, the config says %s" % (li, nm, tuple(got), shape))
         a = gelu_tanh(x @ W[p + "mlp.gate_proj.weight"].T) * (x @ W[p + "mlp.up_proj.weight"].T)
         m = a @ W[p + "mlp.down_proj.weight"].T
         if cfg.get("enable_moe_block"):

@@ -7,6 +7,9 @@
 # comparison failing under --inject; --check-serial under the batch faults; KV sharing across layers
 # (num_kv_shared_layers, `mkmodel --kv-shared 2`) against both float64 references and batch-invariant;
 # per-layer embeddings (hidden_size_per_layer_input, `mkmodel --ple P`) with KV sharing, likewise;
+# use_double_wide_mlp (the KV-shared layers' MLPs 2F wide, `mkmodel --kv-shared 2 --double-wide`),
+# likewise, with its shapes and a wrong-shaped file's one-line error; probe's op table on KV-shared and
+# per-layer-embedding models, clean and failing under faults it must catch;
 # and config.json files with the Gemma 4 features not implemented yet: a one-line error naming the field.
 set -u
 BUILD=${BUILD:-build}
@@ -118,7 +121,9 @@ badcfg 'c["hidden_size_per_layer_input"]=256' "field vocab_size_per_layer_input:
 badcfg 'c["hidden_size_per_layer_input"]=256; c["vocab_size_per_layer_input"]=320' "tensor model.embed_tokens_per_layer.weight: missing"
 badcfg 'c["num_kv_shared_layers"]=4' "field num_kv_shared_layers: 4 leaves no layer with keys and values of its own"
 badcfg 'c["num_kv_shared_layers"]=3' "layer 1 (full_attention) has no earlier non-shared layer of its type"
-badcfg 'c["num_kv_shared_layers"]=2; c["use_double_wide_mlp"]=True' "field use_double_wide_mlp: true with KV-shared layers"
+# use_double_wide_mlp on a file whose shared layers' MLPs are F wide: the first such tensor, by name
+badcfg 'c["num_kv_shared_layers"]=2; c["use_double_wide_mlp"]=True' \
+    "tensor model.layers.2.mlp.gate_proj.weight: shape [256,128], expected [512,128]"
 badcfg 'c["use_bidirectional_attention"]="vision"' "field use_bidirectional_attention"
 badcfg 'c["attn_logit_softcapping"]=50.0' "field attn_logit_softcapping"
 badcfg 'c["query_pre_attn_scalar"]=256' "field query_pre_attn_scalar"
@@ -181,10 +186,11 @@ if [ -n "$PY" ]; then
         && ok || bad "KV-shared config on a file with every layer's k/v: $(cat "$T/ksf.out")"
 fi
 "$BIN" probe -m "$T/ks4" > "$T/p" 2>&1
-grep -q "KV-shared layers are not supported yet" "$T/p" && ok || bad "probe on the KV-shared model: $(tail -2 "$T/p")"
+[ $? = 0 ] && grep -q "^backend op table: every op bitwise equal" "$T/p" && grep -qE "cpu scalar +q8 +[0-9]+ ops" "$T/p" \
+    && ok || bad "probe on the KV-shared model: $(tail -2 "$T/p")"
 
 # ---- per-layer embeddings (hidden_size_per_layer_input) together with KV sharing: both float64
-# references past the window and with rings, batch invariance (f32 and q8), diff; probe refuses
+# references past the window and with rings, batch invariance (f32 and q8), diff; probe's op table
 "$BIN" mkmodel --preset gemma4-tiny --bits 32 --seed 5 --ple 32 --kv-shared 2 --out "$T/pl32" >/dev/null || bad "mkmodel --ple 32"
 "$BIN" mkmodel --preset gemma4-tiny --bits 4 --seed 5 --ple 64 --kv-shared 2 --out "$T/pl4" >/dev/null || bad "mkmodel --ple 64 --bits 4"
 if [ -n "$PY" ]; then
@@ -199,7 +205,90 @@ gen "$T/pl4" --act f32 --batch 1 > "$T/a" && gen "$T/pl4" --act f32 --batch 7 --
 fault_breaks pl4 rope-skip-rows "$REF1" "--batch 8"
 serial_and_diff pl4
 "$BIN" probe -m "$T/pl4" > "$T/p" 2>&1
-grep -qE "gemma4's (per-layer embeddings|KV-shared layers) are not supported yet" "$T/p" && ok || bad "probe on the per-layer-embedding model: $(tail -2 "$T/p")"
+[ $? = 0 ] && grep -q "^backend op table: every op bitwise equal" "$T/p" && grep -qE "cpu scalar +q8 +[0-9]+ ops" "$T/p" \
+    && ok || bad "probe on the per-layer-embedding model: $(tail -2 "$T/p")"
+# ple-row0 (every row's per-layer table row from the step's first token) is a batch fault
+fault_breaks pl4 ple-row0 "$REF1" "--batch 8"
+
+# ---- probe's op table on a KV-shared (1 layer) per-layer-embedding (P 8) model: every op, the shared
+# layer's q-only product, q norm, RoPE and attention over its source's cache and the per-layer ops
+# among them, bitwise against the scalar references; failing where a fault breaks one
+"$BIN" mkmodel --preset gemma4-tiny --bits 32 --seed 6 --kv-shared 1 --ple 8 --out "$T/kp8" >/dev/null \
+    || bad "mkmodel --kv-shared 1 --ple 8"
+"$BIN" probe -m "$T/kp8" --backend cpu -v > "$T/p" 2>&1; rc=$?
+[ $rc = 0 ] && grep -q "^backend op table: every op bitwise equal" "$T/p" && ok || bad "probe on kp8: exit $rc, $(tail -2 "$T/p")"
+for op in "ple_inputs" "ple_layer" "linear q (kv-shared)" "q norm (kv-shared)" "rope q (kv-shared)" "attention (kv-shared)"; do
+    grep -qE "^  cpu scalar +f32 +$(printf '%s' "$op" | sed 's/[()]/\\&/g') +[0-9]+ floats +bitwise equal" "$T/p" \
+        && ok || bad "probe on kp8: op '$op' not checked"
+done
+# each fault at the op it breaks: ple-row0 at ple_inputs alone (ple_layer reads the inputs back, so
+# the error does not carry over), rope-skip-rows at the shared layer's RoPE of its queries too
+for spec in "ple-row0:ple_inputs" "rope-skip-rows:rope q \(kv-shared\)"; do
+    f=${spec%%:*}; op=${spec#*:}
+    "$BIN" probe -m "$T/kp8" --backend cpu --inject "$f" > "$T/p" 2>&1; rc=$?
+    [ $rc = 1 ] && grep -qE "^  cpu scalar +f32 +$op +[0-9]+ floats +DIFFER" "$T/p" && grep -q "^backend op table: FAILED" "$T/p" \
+        && ok || bad "probe --inject $f on kp8: exit $rc, $(grep DIFFER "$T/p" | head -3)"
+done
+"$BIN" probe -m "$T/kp8" --backend cpu --inject ple-row0 > "$T/p" 2>&1
+grep -qE "ple_layer .*DIFFER" "$T/p" && bad "probe --inject ple-row0: the error carried over to ple_layer" || ok
+
+# ---- use_double_wide_mlp (`mkmodel --kv-shared 2 --double-wide`): the shared layers 2 and 3 have MLPs
+# of 2F (512): info shows them as loaded, both float64 references (the numpy one checks every MLP's shape
+# against the config as transformers builds it), batch invariance, diff, probe; a config that does not
+# say double-wide on such a file: a one-line error naming the tensor; --double-wide alone refused
+"$BIN" mkmodel --preset gemma4-tiny --bits 32 --seed 8 --kv-shared 2 --double-wide --out "$T/dw32" >/dev/null \
+    || bad "mkmodel --kv-shared 2 --double-wide"
+"$BIN" mkmodel --preset gemma4-tiny --bits 4 --seed 8 --kv-shared 2 --double-wide --out "$T/dw4" >/dev/null \
+    || bad "mkmodel --kv-shared 2 --double-wide --bits 4"
+"$BIN" info -m "$T/dw32" --json > "$T/i" 2>&1
+grep -q '"intermediate_size":256,' "$T/i" && grep -q '"double_wide_layers":2,' "$T/i" && grep -q '"double_wide_intermediate_size":512' "$T/i" \
+    && ok || bad "info on the double-wide model: $(cat "$T/i")"
+"$BIN" info -m "$T/ks32" --json | grep -q double_wide && bad "info on ks32 shows double-wide layers" || ok
+# parameters: ks32's plus 2 layers x 3 x D x F more (128 x 256 x 3 x 2 = 196608)
+pk=$("$BIN" info -m "$T/ks32" --json | grep -o '"params":[0-9]*' | cut -d: -f2)
+pd=$(grep -o '"params":[0-9]*' "$T/i" | cut -d: -f2)
+[ -n "$pk" ] && [ -n "$pd" ] && [ $((pd - pk)) = 196608 ] && ok || bad "double-wide params $pd vs KV-shared $pk"
+if [ -n "$PY" ]; then
+    for len in 3 90; do reference_case dw32 "$len" ""; done
+    reference_case dw32 90 "--temp 1.5 --seed 7 --prefill-chunk 5"
+fi
+for m in dw32 dw4; do accuracy_close "$m"; done
+invariance dw4 f32 greedy
+invariance dw32 f16 seeded
+gen "$T/dw4" --act f32 --batch 1 > "$T/a" && gen "$T/dw4" --act f32 --batch 7 --threads 2 | cmp -s "$T/a" - \
+    && ok || bad "dw4 --act f32: batch 7 differs from batch 1"
+fault_breaks dw4 gemv-gemm "$REF1" "--batch 8"
+serial_and_diff dw4
+"$BIN" probe -m "$T/dw4" -v > "$T/p" 2>&1; rc=$?
+[ $rc = 0 ] && grep -q "^backend op table: every op bitwise equal" "$T/p" && ok || bad "probe on dw4: exit $rc, $(tail -2 "$T/p")"
+# geglu checked at every layer's own width: 2 x F + 2 x 2F = 1.5 x the floats of the KV-shared model's
+gk=$("$BIN" probe -m "$T/ks4" -v 2>&1 | grep -E "^  cpu scalar +q8 +geglu " | awk '{print $5}')
+gd=$(grep -E "^  cpu scalar +q8 +geglu " "$T/p" | awk '{print $5}')
+[ -n "$gk" ] && [ -n "$gd" ] && [ $((gk * 3)) = $((gd * 2)) ] && ok || bad "probe geglu floats: double-wide $gd, KV-shared $gk"
+if [ -n "$PY" ]; then
+    rm -rf "$T/dwbad"; cp -r "$T/dw32" "$T/dwbad"
+    "$PY" -c "import json,sys; c=json.load(open(sys.argv[1])); c['use_double_wide_mlp']=False; json.dump(c, open(sys.argv[1],'w'))" \
+        "$T/dwbad/config.json"
+    "$BIN" info -m "$T/dwbad" > "$T/dwbad.out" 2>&1; rc=$?
+    [ $rc = 1 ] && [ "$(wc -l < "$T/dwbad.out")" = 1 ] \
+        && grep -qF "tensor model.layers.2.mlp.gate_proj.weight: shape [512,128], expected [256,128]" "$T/dwbad.out" \
+        && ok || bad "double-wide file without use_double_wide_mlp: exit $rc, $(cat "$T/dwbad.out")"
+    # the numpy reference refuses the same mismatch (its MLP widths come from the config)
+    "$PY" tests/gemma4_ref.py "$T/dwbad" "1,2,3" "$T/l.bin" 0 > "$T/r.out" 2>&1
+    grep -q "layer 2 mlp.gate_proj: shape (512, 128), the config says (256, 128)" "$T/r.out" && ok \
+        || bad "gemma4_ref.py on a wrong-shaped file: $(cat "$T/r.out")"
+fi
+# without KV sharing the field widens nothing (as in transformers): the plain model loads as it is
+if [ -n "$PY" ]; then
+    rm -rf "$T/dwn"; cp -r "$T/m32" "$T/dwn"
+    "$PY" -c "import json,sys; c=json.load(open(sys.argv[1])); c['use_double_wide_mlp']=True; json.dump(c, open(sys.argv[1],'w'))" \
+        "$T/dwn/config.json"
+    "$BIN" info -m "$T/dwn" --json > "$T/dwn.out" 2>&1 && ! grep -q double_wide "$T/dwn.out" && ok \
+        || bad "use_double_wide_mlp without KV sharing: $(cat "$T/dwn.out")"
+fi
+"$BIN" mkmodel --preset gemma4-tiny --double-wide --out "$T/x" > "$T/x.out" 2>&1; rc=$?
+[ $rc = 1 ] && [ "$(wc -l < "$T/x.out")" = 1 ] && grep -q "double_wide: needs kv_shared" "$T/x.out" && ok \
+    || bad "mkmodel --double-wide without --kv-shared: exit $rc, $(cat "$T/x.out")"
 
 # ---- accuracy: the engine against the C float64 reference (src/diag/reference.c) over 60 tokens,
 # past the window: f32 agrees on every argmax and within 1e-5 relative L2

@@ -19,7 +19,7 @@
  *
  * Gemma 4 (gemma_checks; `test_backend_cuda --gemma` runs them alone): whole steps of a CPU engine and
  * a CUDA engine on gemma4-tiny, gemma4-moe-tiny, and gemma4-tiny with KV sharing (and per-layer
- * embeddings), three weight formats, f32/q8 activations, f32/f16 KV, full sessions, sliding-window rings
+ * embeddings, or use_double_wide_mlp), three weight formats, f32/q8 activations, f32/f16 KV, full sessions, sliding-window rings
  * and sink + window, bitwise equal logits; gpu-fma must make them differ. A difference is located: the
  * run is repeated with layer capture on both engines and the first differing (step, layer, point, row,
  * element) printed.
@@ -529,19 +529,20 @@ static int engine_compare_located(const ib_model *m, ib_act act, ib_kv_dtype dt,
 }
 
 /* Gemma 4 on the CUDA backend (dense gemma4-tiny, MoE gemma4-moe-tiny — also with top-k 3 and router rows
- * equal in pairs, so every routing decides ties (lowest id first) —, gemma4-tiny with KV sharing, and
- * with KV sharing and per-layer embeddings; 4-bit group 32, 8-bit group 64, float32 weights): whole steps of a CPU engine and a CUDA engine, bitwise equal logits, for f32
+ * equal in pairs, so every routing decides ties (lowest id first) —, gemma4-tiny with KV sharing, with KV
+ * sharing and per-layer embeddings, and with KV sharing and double-wide shared MLPs; 4-bit group 32, 8-bit group 64, float32 weights): whole steps of a CPU engine and a CUDA engine, bitwise equal logits, for f32
  * and q8 activations, f32 and f16 KV, full sessions, rings on the sliding layers (kv_chunk 8) and
  * sink + window; wide steps (tensor-core products, per-KV-head attention from one row); and under the
  * test-only gpu-fma fault the comparison fails (located to its first op). A difference is located to
  * its first (step, layer, op, row, element). */
 static void gemma_checks(void) {
-    static const struct { const char *preset, *name; int kv_shared, ple, top_k, ties; } presets[] = {
-        {"gemma4-tiny", "gemma4-tiny", 0, 0, 0, 0},
-        {"gemma4-moe-tiny", "gemma4-moe-tiny", 0, 0, 0, 0},
-        {"gemma4-moe-tiny", "gemma4-moe-tiny --top-k 3, router rows equal in pairs", 0, 0, 3, 1},
-        {"gemma4-tiny", "gemma4-tiny --kv-shared 2", 2, 0, 0, 0},
-        {"gemma4-tiny", "gemma4-tiny --kv-shared 2 --ple 64", 2, 64, 0, 0}};
+    static const struct { const char *preset, *name; int kv_shared, ple, top_k, ties, wide; } presets[] = {
+        {"gemma4-tiny", "gemma4-tiny", 0, 0, 0, 0, 0},
+        {"gemma4-moe-tiny", "gemma4-moe-tiny", 0, 0, 0, 0, 0},
+        {"gemma4-moe-tiny", "gemma4-moe-tiny --top-k 3, router rows equal in pairs", 0, 0, 3, 1, 0},
+        {"gemma4-tiny", "gemma4-tiny --kv-shared 2", 2, 0, 0, 0, 0},
+        {"gemma4-tiny", "gemma4-tiny --kv-shared 2 --ple 64", 2, 64, 0, 0, 0},
+        {"gemma4-tiny", "gemma4-tiny --kv-shared 2 --double-wide", 2, 0, 0, 0, 1}};
     static const struct { int bits, group; const char *name; } models[] = {{4, 32, "q4 g32"}, {8, 64, "q8 g64"}, {32, 0, "f32"}};
     for (int pi = 0; pi < (int)(sizeof presets / sizeof *presets); pi++)
         for (int mi = 0; mi < 3; mi++) {
@@ -552,7 +553,7 @@ static void gemma_checks(void) {
             ib_mkmodel_opts mo = {.preset = presets[pi].preset, .seed = 11 + mi, .bits = models[mi].bits,
                                    .group = models[mi].group, .tied = 1, .kv_shared = presets[pi].kv_shared,
                                    .ple_dim = presets[pi].ple, .top_k = presets[pi].top_k,
-                                   .router_ties = presets[pi].ties};
+                                   .router_ties = presets[pi].ties, .double_wide = presets[pi].wide};
             if (ib_mkmodel(dir, &mo, &err) || ib_model_load(dir, NULL, &m, &err)) {
                 CHECK(0, "model %s %s: %s", presets[pi].name, models[mi].name, err.msg);
                 continue;

@@ -59,6 +59,10 @@ int cmd_info(int argc, char **argv) {
             json_object_set_new(o, "sliding_window", json_integer(in->sliding_window));
             json_object_set_new(o, "kv_bytes_per_token_sliding", json_integer((json_int_t)in->kv_bytes_per_token_sliding));
         }
+        if (in->n_double_wide > 0) { /* use_double_wide_mlp: the KV-shared layers' MLPs, as loaded */
+            json_object_set_new(o, "double_wide_layers", json_integer(in->n_double_wide));
+            json_object_set_new(o, "double_wide_intermediate_size", json_integer(2 * (json_int_t)in->intermediate_size));
+        }
         if (in->n_experts > 0) {
             json_object_set_new(o, "experts", json_integer(in->n_experts));
             json_object_set_new(o, "experts_per_token", json_integer(in->top_k));
@@ -74,6 +78,9 @@ int cmd_info(int argc, char **argv) {
         printf("parameters   %.2f M\n", in->n_params / 1e6);
         printf("vocab        %d\n", in->vocab_size);
         printf("layers       %d, hidden %d, ffn %d\n", in->n_layers, in->hidden_size, in->intermediate_size);
+        if (in->n_double_wide > 0)
+            printf("             %d KV-shared layers with ffn %d (use_double_wide_mlp)\n", in->n_double_wide,
+                   2 * in->intermediate_size);
         if (in->n_experts > 0)
             printf("experts      %d per layer, %d per token, expert ffn %d (beside the dense ffn)\n", in->n_experts,
                    in->top_k, in->moe_intermediate_size);

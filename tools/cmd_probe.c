@@ -164,9 +164,11 @@ static void mask_text(unsigned long long mask, const int *v, int n, char *buf, s
     if (o < cap) snprintf(buf + o, cap - o, "}");
 }
 
+#define OPTAB_MAX 32   /* distinct op names of one check (gemma4 with every feature: about 20) */
+
 typedef struct optab {
-    const char *names[16];
-    long elems[16], bad[16];
+    const char *names[OPTAB_MAX];
+    long elems[OPTAB_MAX], bad[OPTAB_MAX];
     int n;
 } optab;
 
@@ -174,8 +176,8 @@ static void on_op(void *ctx, const ib_opcheck *r) {
     optab *t = ctx;
     int i = 0;
     while (i < t->n && strcmp(t->names[i], r->op)) i++;
-    if (i == t->n && t->n < 16) t->names[t->n++] = r->op;
-    if (i < 16) t->elems[i] += r->elems, t->bad[i] += r->mismatches;
+    if (i == t->n && t->n < OPTAB_MAX) t->names[t->n++] = r->op;
+    if (i < OPTAB_MAX) t->elems[i] += r->elems, t->bad[i] += r->mismatches;
 }
 
 /* The backend op-table check (ib_backend_check) of `kind` — for the CPU once per ISA in isas — under

@@ -22,7 +22,8 @@
  *
  * SHAPES. A step has R rows (tokens) from n_items items (sessions); row r belongs to item row_item[r]
  * and sits at position pos[r] of that session. D = hidden size, H / KVH = query / KV heads, hd = head
- * dim, F = intermediate size, V = vocabulary. hd and KVH are layer li's own (ib_layer.hd / .kvh: the
+ * dim, F = intermediate size (Gemma 4: layer li's own, ib_config_layer_ffn; G and U are sized for the
+ * widest and a layer's rows are packed at its F), V = vocabulary. hd and KVH are layer li's own (ib_layer.hd / .kvh: the
  * same for every layer of Qwen3 and Llama, per layer type for Gemma 4); the Q, K, V and ATT rows of a
  * layer are packed at that layer's width (H*hd, KVH*hd), and a KV cache holds each layer at the shape
  * of its kind (ib_kv_desc: full layers, and Gemma 4's sliding-window layers with their own rings).
@@ -53,7 +54,7 @@ typedef enum ib_buf {
     IB_BUF_V,       /* [R][KVH*hd] */
     IB_BUF_ATT,     /* [R][H*hd] attention output */
     IB_BUF_O,       /* [R][D]  output of a projection back to D */
-    IB_BUF_G,       /* [R][F]  gate, then the MLP activation */
+    IB_BUF_G,       /* [R][F]  gate, then the MLP activation (F of the layer; sized ib_config_ffn_max) */
     IB_BUF_U,       /* [R][F]  up */
     IB_BUF_E,       /* [R][D]  Gemma 4 MoE: the routed experts' combined output */
     IB_BUF_COUNT
@@ -236,8 +237,9 @@ typedef struct ib_backend_ops {
     void (*attention)(ib_backend *b, int li);
     /* G = silu(G) * U (ib_swiglu). */
     void (*swiglu)(ib_backend *b);
-    /* G = gelu_tanh(G) * U (ib_geglu; Gemma 4). */
-    void (*geglu)(ib_backend *b);
+    /* G = gelu_tanh(G) * U (ib_geglu; Gemma 4) over layer li's F (ib_config_layer_ffn: 2F on a
+     * double-wide KV-shared layer), the width its gate/up products packed G and U's rows at. */
+    void (*geglu)(ib_backend *b, int li);
     /* Gemma 4's routed experts of layer li (docs/gemma4.md "Mixture of experts"; NULL in a backend
      * that cannot run them). Per row r: the router input rmsnorm(route_in[r], router.scale) then
      * ib_scale by (float)(1/sqrt(D)); its logits = that · router.proj^T (matmul.h, the engine's
@@ -277,6 +279,10 @@ typedef struct ib_backend_ops {
      * ib_geglu(G[r], PLI[r][li]) (gelu_tanh(G) * PLI), Y[r] = G[r] · per_layer_projection^T,
      * rmsnorm'ed with post_per_layer_input_norm, X[r] += Y[r] (ib_add). */
     void (*ple_layer)(ib_backend *b, int li);
+    /* Diagnostics (the op checker): rows [0, R) of the per-layer inputs PLI ([R][L*P]) that ple_inputs
+     * left, as host memory valid until the next call on b; waits for the work enqueued so far. NULL in a
+     * backend that cannot show them (the checker then judges ple_inputs through ple_layer). */
+    const float *(*read_ple_inputs)(ib_backend *b, int R);
 } ib_backend_ops;
 
 /* An instance starts with a pointer to its kind's table, so the runtime can call through it. */

@@ -12,7 +12,11 @@
  * Gemma 4 (dense): its layer sequence (post-norms, GeGLU, layer scalar, soft-capped logits), each
  * layer at its type's widths, RoPE table and window, sliding layers' caches as rings; and the MoE
  * block (its norms, the routed experts against ref_moe — each row routed and its experts run alone —
- * and the sum).
+ * and the sum). KV sharing: a shared layer's q-only product, q norm and RoPE, and its attention over its
+ * source layer's mirror (which that layer's store wrote earlier in the step); its MLP at its own F
+ * (2F when double-wide). Per-layer embeddings: `ple_inputs` against ref_ple_inputs (read back through
+ * read_ple_inputs where the backend has it; otherwise it is judged through ple_layer) and each layer's
+ * `ple_layer` against ref_ple_layer.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -54,6 +58,11 @@ typedef struct check {
     float *cs;                       /* [R][hd/2][2] RoPE table (Gemma 4: of the sliding layers) */
     float *cs_full;                  /* Gemma 4: [R][global_hd/2][2] of the full layers */
     int hd, kvh;                     /* the current layer's head size and KV heads */
+    int ffn;                         /* the current layer's MLP width (ib_config_layer_ffn) */
+    /* Gemma 4 per-layer embeddings (ple_dim P > 0; else NULL) */
+    float *pli;                      /* [R][L*P] the step's per-layer inputs as the backend holds them */
+    float *pli_ref;                  /* [R][L*P] their reference */
+    float *ple_row;                  /* [L*P] one row of embed_tokens_per_layer */
     /* the step */
     int R, n_items;
     int32_t tok[N_ITEMS * KV_CHUNK], pos[N_ITEMS * KV_CHUNK], row_item[N_ITEMS * KV_CHUNK];
@@ -73,7 +82,7 @@ static size_t width_of(const check *k, ib_buf b) {
     case IB_BUF_K:
     case IB_BUF_V: return (size_t)k->kvh * hd;
     case IB_BUF_G:
-    case IB_BUF_U: return (size_t)c->intermediate_size;
+    case IB_BUF_U: return (size_t)k->ffn;
     default: return (size_t)c->hidden_size;
     }
 }
@@ -165,9 +174,48 @@ static int ref_moe(check *k, int li, const float *route_in, const float *in, flo
     return rc;
 }
 
-/* Element offset of (layer, k|v, head, slot 0) in an item's mirror (the cache's layout). */
+/* The reference of ple_inputs (backend.h) for the step's rows from X [R][D] (the embedded rows) into
+ * out [R][L*P]: X · per_layer_model_projection^T (ref_linear) times (float)(1/sqrt(D)), each P-slice
+ * rmsnorm'ed with per_layer_projection_norm, plus the token's embed_tokens_per_layer row times
+ * ple_embed_scale, all times (float)(1/sqrt(2)). */
+static void ref_ple_inputs(check *k, const float *X, float *out) {
+    const ib_model *m = k->m;
+    const ib_config *c = &m->cfg;
+    const int R = k->R, D = c->hidden_size, P = c->ple_dim, L = c->n_layers;
+    const size_t LP = (size_t)L * P;
+    ref_linear(k, &m->ple_model_proj, X, R, out);
+    ib_scale(out, (size_t)R * LP, (float)(1.0 / sqrt((double)D)));
+    ib_rmsnorm(out, m->ple_proj_norm, R * L, P, (float)c->rms_eps, out, NULL);
+    for (int r = 0; r < R; r++) {
+        ib_matrix_row_f32(&m->ple_embed, k->tok[r], k->ple_row);
+        ib_scale(k->ple_row, LP, m->ple_embed_scale);
+        ib_add(out + (size_t)r * LP, k->ple_row, LP);
+    }
+    ib_scale(out, (size_t)R * LP, (float)(1.0 / sqrt(2.0)));
+}
+
+/* The reference of layer li's ple_layer (backend.h) from X [R][D] and the per-layer inputs pli
+ * [R][L*P] into out [R][D]: G = X · per_layer_input_gate^T [R][P], ib_geglu(G, the layer's P-slice of
+ * pli) row by row, Y = G · per_layer_projection^T [R][D] rmsnorm'ed with post_per_layer_input_norm,
+ * out = X + Y. Scratch: g [R][P], y [R][D]. */
+static void ref_ple_layer(check *k, int li, const float *X, const float *pli, float *g, float *y, float *out) {
+    const ib_config *c = &k->m->cfg;
+    const ib_layer *L = &k->m->layers[li];
+    const int R = k->R, D = c->hidden_size, P = c->ple_dim;
+    const size_t LP = (size_t)c->n_layers * P;
+    ref_linear(k, &L->ple_gate, X, R, g);
+    for (int r = 0; r < R; r++) ib_geglu(g + (size_t)r * P, pli + (size_t)r * LP + (size_t)li * P, 1, P);
+    ref_linear(k, &L->ple_proj, g, R, y);
+    ib_rmsnorm(y, L->ple_norm, R, D, (float)c->rms_eps, y, NULL);
+    memcpy(out, X, (size_t)R * D * sizeof(float));
+    ib_add(out, y, (size_t)R * D);
+}
+
+/* Element offset of (layer, k|v, head, slot 0) in an item's mirror (the cache's layout); a KV-shared
+ * layer's is its source layer's. */
 static size_t mirror_off(const check *k, int li, int kv, int h) {
     size_t off = 0;
+    li = ib_kv_desc_owner(&k->desc, li);
     for (int l = 0; l < li; l++) off += ib_kv_desc_layer_elems(&k->desc, l);
     ib_kv_desc v = ib_kv_desc_layer(&k->desc, li);
     return off + ((size_t)kv * v.n_kv_heads + h) * (size_t)v.capacity * v.head_dim;
@@ -241,7 +289,7 @@ static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos
     const ib_model *m = k->m;
     const ib_config *c = &m->cfg;
     const ib_backend_ops *ops = k->ops;
-    int D = c->hidden_size, H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim, F = c->intermediate_size;
+    int D = c->hidden_size, H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim;
     float eps = (float)c->rms_eps;
     int32_t logit_row[N_ITEMS];
     float *lo[N_ITEMS];
@@ -274,12 +322,24 @@ static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos
     REF(for (int r = 0; r < R; r++) ib_matrix_row_f32(&m->embed, k->tok[r], k->ref + (size_t)r * D);
         if (m->embed_scale != 1.0f) ib_scale(k->ref, (size_t)R * D, m->embed_scale));
     compare_buf(k, "embed", IB_BUF_X, R);
+    if (c->ple_dim > 0) { /* the per-layer inputs, from the embedded rows */
+        const size_t n = (size_t)R * c->n_layers * c->ple_dim;
+        fetch(k, IB_BUF_X, R, k->in);
+        ops->ple_inputs(k->be);
+        REF(ref_ple_inputs(k, k->in, k->pli_ref));
+        const float *got = ops->read_ple_inputs ? ops->read_ple_inputs(k->be, R) : NULL;
+        if (got) report(k, "ple_inputs", k->pli_ref, got, (long)n);
+        /* the layers' ple_layer checks read the inputs as the backend holds them (its own when it can
+         * show them: errors do not compound), else the reference's */
+        memcpy(k->pli, got ? got : k->pli_ref, n * sizeof(float));
+    }
 
     for (int li = 0; li < c->n_layers; li++) {
         const ib_layer *L = &m->layers[li];
-        const int has_v = L->wv.rows > 0;
+        const int has_v = L->wv.rows > 0, own_kv = L->wk.rows > 0 || !gemma;   /* KV-shared: no k_proj */
         hd = k->hd = L->hd;
         KVH = k->kvh = L->kvh;
+        k->ffn = gemma ? ib_config_layer_ffn(c, li) : c->intermediate_size;
         fetch(k, IB_BUF_X, R, k->in);
         ops->rmsnorm(k->be, IB_BUF_X, IB_N_ATTN, li, IB_BUF_XN);
         REF(ib_rmsnorm(k->in, L->attn_norm, R, D, eps, k->ref, NULL));
@@ -287,9 +347,22 @@ static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos
 
         static const ib_wsel qkv[3] = {IB_W_Q, IB_W_K, IB_W_V};
         static const ib_buf qkv_out[3] = {IB_BUF_Q, IB_BUF_K, IB_BUF_V};
-        check_linear(k, li, has_v ? 3 : 2, qkv, IB_BUF_XN, qkv_out, "linear q/k/v");
+        if (own_kv) check_linear(k, li, has_v ? 3 : 2, qkv, IB_BUF_XN, qkv_out, "linear q/k/v");
+        else check_linear(k, li, 1, qkv, IB_BUF_XN, qkv_out, "linear q (kv-shared)");
 
-        if (L->q_norm) {
+        if (!own_kv) { /* a KV-shared layer: its queries alone are normed and rotated, nothing is stored */
+            fetch(k, IB_BUF_Q, R, k->in);
+            ops->qk_prepare(k->be, li, IB_QK_NORM);
+            REF(ib_rmsnorm_heads(k->in, L->q_norm, R, H, hd, eps, NULL));
+            memcpy(k->ref, k->in, (size_t)R * H * hd * sizeof(float));
+            compare_buf(k, "q norm (kv-shared)", IB_BUF_Q, R);
+            fetch(k, IB_BUF_Q, R, k->in);
+            ops->qk_prepare(k->be, li, IB_QK_ROPE_STORE);
+            REF(ib_rope(k->in, R, H, hd, L->sliding ? k->cs : k->cs_full));
+            memcpy(k->ref, k->in, (size_t)R * H * hd * sizeof(float));
+            compare_buf(k, "rope q (kv-shared)", IB_BUF_Q, R);
+        }
+        if (own_kv && L->q_norm) {
             fetch(k, IB_BUF_Q, R, k->in);
             fetch(k, IB_BUF_K, R, k->in2);
             if (gemma) { /* V = the raw K under k_eq_v, then normed without a weight */
@@ -310,20 +383,22 @@ static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos
                 compare_buf(k, "v norm", IB_BUF_V, R);
             }
         }
-        fetch(k, IB_BUF_Q, R, k->in);
-        fetch(k, IB_BUF_K, R, k->in2);
-        fetch(k, IB_BUF_V, R, k->ref);
-        ops->qk_prepare(k->be, li, IB_QK_ROPE_STORE);
-        REF(ref_rope_store(k, li, k->in, k->in2, k->ref));
-        memcpy(k->ref, k->in, (size_t)R * H * hd * sizeof(float));
-        compare_buf(k, "rope", IB_BUF_Q, R);
-        memcpy(k->ref, k->in2, (size_t)R * KVH * hd * sizeof(float));
-        compare_buf(k, "rope", IB_BUF_K, R);
+        if (own_kv) {
+            fetch(k, IB_BUF_Q, R, k->in);
+            fetch(k, IB_BUF_K, R, k->in2);
+            fetch(k, IB_BUF_V, R, k->ref);
+            ops->qk_prepare(k->be, li, IB_QK_ROPE_STORE);
+            REF(ref_rope_store(k, li, k->in, k->in2, k->ref));
+            memcpy(k->ref, k->in, (size_t)R * H * hd * sizeof(float));
+            compare_buf(k, "rope", IB_BUF_Q, R);
+            memcpy(k->ref, k->in2, (size_t)R * KVH * hd * sizeof(float));
+            compare_buf(k, "rope", IB_BUF_K, R);
+        }
 
         fetch(k, IB_BUF_Q, R, k->in);
         ops->attention(k->be, li);
-        REF(ref_attention(k, li, k->in, k->ref));
-        compare_buf(k, "kv store + attention", IB_BUF_ATT, R);
+        REF(ref_attention(k, li, k->in, k->ref));   /* a KV-shared layer: over its source's mirror */
+        compare_buf(k, own_kv ? "kv store + attention" : "attention (kv-shared)", IB_BUF_ATT, R);
 
         static const ib_wsel wo = IB_W_O, wd = IB_W_DOWN;
         static const ib_buf yo = IB_BUF_O;
@@ -344,12 +419,12 @@ static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos
         fetch(k, IB_BUF_G, R, k->ref);
         fetch(k, IB_BUF_U, R, k->in2);
         if (gemma) {
-            ops->geglu(k->be);
-            REF(ib_geglu(k->ref, k->in2, R, F));
+            ops->geglu(k->be, li);
+            REF(ib_geglu(k->ref, k->in2, R, k->ffn));
             compare_buf(k, "geglu", IB_BUF_G, R);
         } else {
             ops->swiglu(k->be);
-            REF(ib_swiglu(k->ref, k->in2, R, F));
+            REF(ib_swiglu(k->ref, k->in2, R, k->ffn));
             compare_buf(k, "swiglu", IB_BUF_G, R);
         }
 
@@ -375,6 +450,12 @@ static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos
         if (gemma) check_norm(k, IB_BUF_O, IB_N_POST_MLP, li, L->post_mlp_norm, IB_BUF_O);
 
         check_add(k);
+        if (c->ple_dim > 0) { /* the layer's per-layer input block on the residual */
+            fetch(k, IB_BUF_X, R, k->in);
+            ops->ple_layer(k->be, li);
+            REF(ref_ple_layer(k, li, k->in, k->pli, k->v, k->in2, k->ref));
+            compare_buf(k, "ple_layer", IB_BUF_X, R);
+        }
         if (gemma) {
             fetch(k, IB_BUF_X, R, k->ref);
             ops->scale_layer(k->be, li);
@@ -423,6 +504,8 @@ static ib_status check_config(check *k, ib_kv_dtype dtype, int windowed, ib_erro
         k->desc.head_dim = c->global_head_dim;
         for (int li = 0; li < c->n_layers && li < IB_KV_MAX_LAYERS; li++)
             if (c->layer_sliding[li]) k->desc.sliding[li] = 1, k->desc.n_sliding++;
+        for (int li = 0; li < c->n_layers && li < IB_KV_MAX_LAYERS; li++)
+            k->desc.kv_from[li] = c->kv_from[li];   /* KV-shared layers hold none of their own */
         k->desc.sliding_kv_heads = c->n_kv_heads;
         k->desc.sliding_head_dim = c->head_dim;
         k->desc.sliding_capacity = c->sliding_window + KV_CHUNK - 1;
@@ -452,10 +535,6 @@ ib_status ib_backend_check(const ib_model *m, const ib_backend_check_opts *o, ib
     const ib_config *c = &m->cfg;
     const char *why = NULL;
     *mismatches = 0;
-    if (c->kv_shared > 0) /* its host mirrors hold every layer's own keys and values */
-        return ib_fail(err, IB_ERR_UNSUPPORTED, "backend check: gemma4's KV-shared layers are not supported yet");
-    if (c->ple_dim > 0) /* the per-layer input ops have no reference here yet */
-        return ib_fail(err, IB_ERR_UNSUPPORTED, "backend check: gemma4's per-layer embeddings are not supported yet");
     if (!ib_backend_available(o->backend, &why))
         return ib_fail(err, IB_ERR_UNSUPPORTED, "backend %s: %s", ib_backend_name(o->backend), why);
     ib_engine_opts eo = {.threads = o->threads, .isa = o->isa, .act = o->act, .backend = o->backend};
@@ -468,7 +547,8 @@ ib_status ib_backend_check(const ib_model *m, const ib_backend_check_opts *o, ib
     k.act = ib_engine_act(e);
     size_t R = N_ITEMS * KV_CHUNK, w = (size_t)c->hidden_size;
     size_t widest = (size_t)c->n_heads * c->kv_hd_max;
-    if ((size_t)c->intermediate_size > widest) widest = c->intermediate_size;
+    if ((size_t)ib_config_ffn_max(c) > widest) widest = ib_config_ffn_max(c);   /* 2F when double-wide */
+    if ((size_t)c->ple_dim > widest) widest = c->ple_dim;
     if (w > widest) widest = w;
     int G = c->quant_group ? c->quant_group : 32;
     k.in = malloc(R * widest * sizeof(float));
@@ -481,8 +561,14 @@ ib_status ib_backend_check(const ib_model *m, const ib_backend_check_opts *o, ib
     k.v = malloc(R * widest * sizeof(float));
     k.cs = malloc(R * c->head_dim * sizeof(float));
     k.cs_full = c->arch == IB_ARCH_GEMMA4 ? malloc(R * c->global_head_dim * sizeof(float)) : NULL;
+    const size_t LP = (size_t)c->n_layers * c->ple_dim;
+    if (LP > 0) {
+        k.pli = malloc(R * LP * sizeof(float));
+        k.pli_ref = malloc(R * LP * sizeof(float));
+        k.ple_row = malloc(LP * sizeof(float));
+    }
     if (!k.in || !k.in2 || !k.ref || !k.got || !k.v || !k.qa.xq || !k.qa.d || !k.qa.ad || !k.cs ||
-        (c->arch == IB_ARCH_GEMMA4 && !k.cs_full))
+        (c->arch == IB_ARCH_GEMMA4 && !k.cs_full) || (LP > 0 && (!k.pli || !k.pli_ref || !k.ple_row)))
         rc = ib_fail(err, IB_ERR_NOMEM, "backend check: out of memory");
     /* the references run fault-free; the backend keeps whatever fault the caller set */
     for (int dt = 0; dt < 2 && !rc; dt++)
@@ -497,6 +583,9 @@ ib_status ib_backend_check(const ib_model *m, const ib_backend_check_opts *o, ib
     free(k.cs);
     free(k.cs_full);
     free(k.v);
+    free(k.pli);
+    free(k.pli_ref);
+    free(k.ple_row);
     ib_engine_free(e);
     *mismatches = k.mismatches;
     return rc;

@@ -112,7 +112,6 @@ ib_status ib_diff_run(const ib_model *m, const int32_t *const *prompts, const in
     if (o->step < 0 || o->step > 100000) return ib_fail(err, IB_ERR_INVALID_ARG, "diff: step %d out of range", o->step);
     int batch = o->batch > 0 && o->batch < n ? o->batch : n;
     int L = c->n_layers, S = n, K = o->step, V = c->vocab_size, D = c->hidden_size;
-    int F = c->intermediate_size;
     long total = 0, max_len = 0, step_tokens = 0;
     for (int i = 0; i < n; i++) {
         if (lens[i] < 1 || !prompts[i]) return ib_fail(err, IB_ERR_INVALID_ARG, "diff: prompt %d is empty", i);
@@ -134,6 +133,7 @@ ib_status ib_diff_run(const ib_model *m, const int32_t *const *prompts, const in
     for (int l = 0; l <= L; l++) {
         int li = l < L ? l : 0, HD = c->n_heads * ib_config_layer_hd(c, li);
         int KD = ib_config_layer_kvh(c, li) * ib_config_layer_hd(c, li);
+        int F = ib_config_layer_ffn(c, li);   /* the layer's MLP width (2F when double-wide) */
         const int widths[IB_DIFF_POINTS] = {D, D, HD, KD, KD, HD, KD, HD, KD, HD, D, D, D, F, F, F, D, D, D, D, D, D, D, D, V};
         memcpy(d.width + (size_t)l * IB_DIFF_POINTS, widths, sizeof widths);
     }

@@ -204,14 +204,16 @@ static void gemma4_moe(const ib_config *c, const ib_layer *L, const double *h, c
  * (sliding: theta^(-2i/hd) on every pair; full: proportional, the first rope_pairs_full pairs with
  * theta_full^(-2i/global_head_dim), the rest not rotated) and window; q/k/v head norms (v without a
  * weight; v = the raw k on full layers under attention_k_eq_v), attention scale 1, post-norms, GeGLU,
- * the MoE block, the layer scalar; final norm, lm_head, soft-cap. A KV-shared layer (num_kv_shared_layers)
+ * the MoE block, the layer scalar; final norm, lm_head, soft-cap. Each layer's MLP at its own F
+ * (ib_config_layer_ffn: 2F on a double-wide KV-shared layer). A KV-shared layer (num_kv_shared_layers)
  * attends to its source layer's normed and rotated keys and values, kept from that layer. Per-layer
  * embeddings (ple_dim P > 0): each token's [L][P] inputs from the projection of its embedding (scaled
  * 1/sqrt(D), normed per P-slice) plus its per-layer table row (times sqrt(P)), times 1/sqrt(2); after
  * each layer's MLP, X += rmsnorm(proj(gelu_tanh(gate(X)) * input of the layer)). logits [T][V]. */
 static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int T, double *logits, ib_error *err) {
     const ib_config *c = &m->cfg;
-    const int D = c->hidden_size, H = c->n_heads, F = c->intermediate_size, V = c->vocab_size, E = c->n_experts;
+    /* F: the widest layer's MLP (2 x intermediate_size with double-wide KV-shared layers) */
+    const int D = c->hidden_size, H = c->n_heads, F = ib_config_ffn_max(c), V = c->vocab_size, E = c->n_experts;
     const int hdm = c->kv_hd_max, kvm = c->kv_heads_max, Fm = c->moe_ffn;
     const double eps = c->rms_eps;
     if (D > IB_REF_MAX_D || c->top_k > IB_REF_MAX_TOPK)
@@ -331,7 +333,7 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
         for (int t = 0; t < T; t++) rmsnorm(x + (size_t)t * D, L->mlp_norm, D, eps, xn + (size_t)t * D);
         linear(&L->w_gate, xn, T, g, &s);
         linear(&L->w_up, xn, T, u, &s);
-        for (size_t i = 0; i < TT * F; i++) g[i] = gelu_tanh(g[i]) * u[i];
+        for (size_t i = 0; i < TT * ib_config_layer_ffn(c, li); i++) g[i] = gelu_tanh(g[i]) * u[i];   /* [T][F of li] */
         linear(&L->w_down, g, T, o, &s);
         for (int t = 0; t < T; t++) {
             double *ot = o + (size_t)t * D, *xt = x + (size_t)t * D;

@@ -481,9 +481,8 @@ static ib_status parse_gemma4(const char *path, json_t *top, ib_config *c, ib_er
         return ib_fail(err, IB_ERR_MODEL, "%s: field %snum_kv_shared_layers: layer %d (%s) has no earlier non-shared "
                        "layer of its type to take keys and values from", path, fp, unsourced,
                        c->layer_sliding[unsourced] ? "sliding_attention" : "full_attention");
-    int wide = 0;
-    if ((st = get_bool(path, o, "use_double_wide_mlp", 0, &wide, err))) return st;
-    if (wide && shared) return G4_UNSUPPORTED("use_double_wide_mlp", "true with KV-shared layers (their MLPs 2x wide)");
+    /* use_double_wide_mlp: the KV-shared layers' dense MLPs have 2 x intermediate_size (ib_config_layer_ffn) */
+    if ((st = get_bool(path, o, "use_double_wide_mlp", 0, &c->double_wide, err))) return st;
 
     if (plc) {
         int ghd = -1, gkv = -1;
@@ -668,6 +667,7 @@ ib_status ib_config_save(const ib_config *cfg, const char *path, ib_error *err) 
         SET("hidden_size_per_layer_input", json_integer(cfg->ple_dim));
         if (cfg->ple_dim > 0) SET("vocab_size_per_layer_input", json_integer(cfg->vocab_size));
         SET("num_kv_shared_layers", json_integer(cfg->kv_shared));
+        SET("use_double_wide_mlp", json_boolean(cfg->double_wide));
         SET("enable_moe_block", json_boolean(cfg->n_experts > 0));
         if (cfg->n_experts > 0) {
             SET("num_experts", json_integer(cfg->n_experts));

@@ -55,6 +55,8 @@ typedef struct ib_config {
     /* KV sharing (num_kv_shared_layers; docs/gemma4.md): the last kv_shared layers compute no keys or
      * values and attend to those of the last earlier non-shared layer of their type */
     int kv_shared;            /* num_kv_shared_layers (0: none) */
+    int double_wide;          /* use_double_wide_mlp: the KV-shared layers' dense MLPs are 2F wide (no effect
+                               * without KV sharing) */
     /* per-layer embeddings (hidden_size_per_layer_input; docs/gemma4.md): 0 = none, else P, each
      * layer's slice width of embed_tokens_per_layer [vocab_size][n_layers * P] */
     int ple_dim;
@@ -79,6 +81,17 @@ static inline int ib_config_set_kv_sharing(ib_config *c, int kv_shared) {
         c->kv_from[li] = (short)(src + 1);
     }
     return -1;
+}
+
+/* The dense MLP's intermediate size of layer li: F, or 2F on a KV-shared layer of a use_double_wide_mlp
+ * model (transformers' Gemma4TextDecoderLayer / Gemma 3n). */
+static inline int ib_config_layer_ffn(const ib_config *c, int li) {
+    return c->double_wide && c->kv_from[li] ? 2 * c->intermediate_size : c->intermediate_size;
+}
+
+/* The widest dense MLP of any layer (scratch sizing): 2F when some layer is double-wide, else F. */
+static inline int ib_config_ffn_max(const ib_config *c) {
+    return c->double_wide && c->kv_shared > 0 ? 2 * c->intermediate_size : c->intermediate_size;
 }
 
 /* Head dim and KV heads of layer li (per layer type for Gemma 4). */

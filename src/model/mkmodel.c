@@ -352,6 +352,7 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
         int b = 1 + stride * i, sl = gemma_sliding(p, i);
         int hd = sl ? p->head_dim : p->global_head_dim, kvh = sl ? p->kv_heads : p->global_kv_heads;
         int own_kv = i < L - o->kv_shared;   /* KV-shared layers have no k_proj, v_proj, k_norm */
+        int F = o->double_wide && !own_kv ? 2 * p->ffn : p->ffn;   /* use_double_wide_mlp: 2F when shared */
         MAT(K_LINEAR, b + 0, p->heads * hd, D, "model.layers.%d.self_attn.q_proj", i);
         if (own_kv) MAT(K_LINEAR, b + 1, kvh * hd, D, "model.layers.%d.self_attn.k_proj", i);
         if (own_kv && sl) MAT(K_LINEAR, b + 2, kvh * hd, D, "model.layers.%d.self_attn.v_proj", i); /* full: k = v */
@@ -362,9 +363,9 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
         MAT(K_NORM, b + 7, 1, D, "model.layers.%d.post_attention_layernorm", i);
         MAT(K_NORM, b + 8, 1, D, "model.layers.%d.pre_feedforward_layernorm", i);
         MAT(K_NORM, b + 9, 1, D, "model.layers.%d.post_feedforward_layernorm", i);
-        MAT(K_LINEAR, b + 10, p->ffn, D, "model.layers.%d.mlp.gate_proj", i);
-        MAT(K_LINEAR, b + 11, p->ffn, D, "model.layers.%d.mlp.up_proj", i);
-        MAT(K_LINEAR, b + 12, D, p->ffn, "model.layers.%d.mlp.down_proj", i);
+        MAT(K_LINEAR, b + 10, F, D, "model.layers.%d.mlp.gate_proj", i);
+        MAT(K_LINEAR, b + 11, F, D, "model.layers.%d.mlp.up_proj", i);
+        MAT(K_LINEAR, b + 12, D, F, "model.layers.%d.mlp.down_proj", i);
         MAT(K_NORM, b + 13, 1, 1, "model.layers.%d.layer_scalar", i);
         mats[nm - 1].bare = 1;
         if (!E) continue;
@@ -566,6 +567,8 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
     if (opts->kv_shared && (!p->gemma || opts->kv_shared < 0 || opts->kv_shared >= p->layers))
         return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: kv_shared %d: preset %s %s", opts->kv_shared, p->name,
                        p->gemma ? "needs at least one layer with keys and values of its own" : "is not gemma4");
+    if (opts->double_wide && !opts->kv_shared)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: double_wide: needs kv_shared (it widens the KV-shared layers' MLPs)");
     if (opts->ple_dim && (!p->gemma || opts->ple_dim < 1 || opts->ple_dim > 4096 || (quant && opts->ple_dim % group)))
         return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: ple_dim %d: %s", opts->ple_dim,
                        !p->gemma                                      ? "only for gemma4 presets"
@@ -631,6 +634,7 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
         cfg.final_softcap = 30.0;
         for (int i = 0; i < p->layers; i++) cfg.layer_sliding[i] = (unsigned char)gemma_sliding(p, i);
         (void)ib_config_set_kv_sharing(&cfg, opts->kv_shared);   /* checked above */
+        cfg.double_wide = opts->double_wide ? 1 : 0;
         cfg.ple_dim = opts->ple_dim;
         cfg.n_experts = p->experts;
         cfg.top_k = opts->top_k ? opts->top_k : p->top_k;

@@ -33,6 +33,8 @@ typedef struct ib_mkmodel_opts {
                            * preset's pattern over the new count, so the last layer is full) */
     int kv_shared;        /* Gemma 4 presets: num_kv_shared_layers (0: none); the last kv_shared layers
                            * are written without k_proj, v_proj and k_norm */
+    int double_wide;      /* with kv_shared: use_double_wide_mlp, the KV-shared layers' gate/up [2F, D] and
+                           * down [D, 2F] */
     int ple_dim;          /* Gemma 4 presets: hidden_size_per_layer_input P (0: none): writes
                            * embed_tokens_per_layer [V, L*P], per_layer_model_projection [L*P, D],
                            * per_layer_projection_norm [P] and per layer per_layer_input_gate [P, D],

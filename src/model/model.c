@@ -261,13 +261,14 @@ void ib_model_free(ib_model *m) {
 static const char *lm_prefix(const ib_config *c) { return c->tensor_prefix_lm ? "model.language_model." : "model."; }
 
 /* Load Gemma 4 layer i (docs/gemma4.md): four norms, q/k norms, q/k/v/o (no v on full layers under
- * attention_k_eq_v), the GeGLU MLP, the layer scalar. A KV-shared layer (num_kv_shared_layers) has
+ * attention_k_eq_v), the GeGLU MLP (its width ib_config_layer_ffn: 2F on a KV-shared layer under
+ * use_double_wide_mlp, each of gate/up/down shape-checked at it), the layer scalar. A KV-shared layer (num_kv_shared_layers) has
  * only q_proj, q_norm and o_proj for attention: its k_proj, v_proj and k_norm are not read (a file
  * may still hold them, accepted unread as transformers ignores them), and wk / wv stay empty. */
 static ib_status load_layer_gemma4(const ib_st_set *st, const ib_config *c, int i, ib_layer *l, ib_error *err) {
     char p[160], n[192];
     const char *pre = lm_prefix(c);
-    int D = c->hidden_size, H = c->n_heads, F = c->intermediate_size;
+    int D = c->hidden_size, H = c->n_heads, F = ib_config_layer_ffn(c, i);
     int hd = l->hd, KVH = l->kvh;
     ib_status rc;
 #define LIN(field, sub, N_, K_)                                                   \
@@ -392,7 +393,9 @@ static void fill_info(ib_model *m, const ib_st_set *st) {
             const ib_layer *l = &m->layers[i];
             in->n_params += 4 * D + (l->k_norm ? 2 : 1) * (size_t)l->hd + 1 + (size_t)l->wq.rows * l->wq.cols +
                             (size_t)l->wk.rows * l->wk.cols +
-                            (size_t)l->wv.rows * l->wv.cols + (size_t)l->wo.rows * l->wo.cols + 3 * D * F;
+                            (size_t)l->wv.rows * l->wv.cols + (size_t)l->wo.rows * l->wo.cols +
+                            3 * D * (size_t)l->w_gate.rows;   /* the layer's own F (2F when double-wide) */
+            in->n_double_wide += (size_t)l->w_gate.rows == 2 * F;
             if (c->ple_dim > 0) /* the per-layer input block */
                 in->n_params += 2 * D * (size_t)c->ple_dim + D;
             if (c->n_experts > 0) /* router, its scales, three norms, the experts */

@@ -165,18 +165,19 @@ static void layers_qwen_llama(ib_engine *e, int R) {
 /* The layers of Gemma 4 (docs/gemma4.md): per layer type its own head dim, KV heads, RoPE and
  * window; a KV-shared layer (num_kv_shared_layers) computes only its queries and attends to its source
  * layer's keys and values, stored earlier in this step; the attention output and the GeGLU MLP output
- * are normed (post-norms) before they are added;
+ * are normed (post-norms) before they are added; the MLP is the layer's own width (ib_config_layer_ffn);
  * with the MoE block, the routed experts' output (normed) is added to the normed MLP output before
  * the post-norm; with per-layer embeddings, the layer's per-layer input block is added after the MLP;
  * the residual is multiplied by the layer scalar at the end. */
 static void layers_gemma4(ib_engine *e, int R) {
     const ib_config *c = &e->model->cfg;
-    int D = c->hidden_size, H = c->n_heads, F = c->intermediate_size;
+    int D = c->hidden_size, H = c->n_heads;
     ib_backend *be = e->be;
     const ib_backend_ops *ops = be->ops;
     for (int li = 0; li < c->n_layers; li++) {
         const ib_layer *L = &e->model->layers[li];
         const int hd = L->hd, KVH = L->kvh, has_v = L->wv.rows > 0, own_kv = L->wk.rows > 0;
+        const int F = ib_config_layer_ffn(c, li);   /* 2F on a double-wide KV-shared layer */
         CAPTURE(li, "layer_in", IB_BUF_X, D);
         ops->rmsnorm(be, IB_BUF_X, IB_N_ATTN, li, IB_BUF_XN);
         CAPTURE(li, "attn_norm", IB_BUF_XN, D);
@@ -208,7 +209,7 @@ static void layers_gemma4(ib_engine *e, int R) {
         gate_up_proj(be, li);
         CAPTURE(li, "gate", IB_BUF_G, F);
         CAPTURE(li, "up", IB_BUF_U, F);
-        ops->geglu(be);
+        ops->geglu(be, li);
         CAPTURE(li, "mlp_act", IB_BUF_G, F);
         down_proj(be, li);
         CAPTURE(li, "mlp_out", IB_BUF_O, D);

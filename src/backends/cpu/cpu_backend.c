@@ -183,7 +183,7 @@ static ib_status cpu_create(const ib_model *m, const ib_backend_cfg *cfg, ib_bac
     c->pool = cfg->pool;
     c->max_rows = cfg->max_rows;
     const ib_config *mc = &m->cfg;
-    size_t R = (size_t)cfg->max_rows, D = mc->hidden_size, hd = mc->head_dim, F = mc->intermediate_size;
+    size_t R = (size_t)cfg->max_rows, D = mc->hidden_size, hd = mc->head_dim, F = ib_config_ffn_max(mc);
     size_t HD = (size_t)mc->n_heads * hd, KD = (size_t)mc->n_kv_heads * hd;
     if (mc->arch == IB_ARCH_GEMMA4) { /* rows of a layer are packed at its own width: size for the widest */
         size_t ghd = (size_t)mc->global_head_dim;
@@ -488,9 +488,9 @@ static void geglu_task(void *ctx, int r, int thread) {
     ib_geglu(j->g + (size_t)r * j->F, j->u + (size_t)r * j->F, 1, j->F);
 }
 
-static void cpu_geglu(ib_backend *b) {
+static void cpu_geglu(ib_backend *b, int li) {
     cpu_backend *c = cb(b);
-    int F = c->model->cfg.intermediate_size;
+    int F = ib_config_layer_ffn(&c->model->cfg, li);   /* rows of G and U packed at the layer's F */
     swiglu_job j = {c->buf[IB_BUF_G], c->buf[IB_BUF_U], F};
     ib_pool_run(rows_pool(c, (double)c->R * F), c->R, geglu_task, &j);
 }
@@ -584,8 +584,9 @@ static void cpu_ple_inputs(ib_backend *b) {
     linear_many(c, 1, (const ib_matrix *const[]){&m->ple_model_proj}, c->buf[IB_BUF_X], R, &c->ple_in);
     ib_scale(c->ple_in, (size_t)R * LP, (float)(1.0 / sqrt((double)D)));
     ib_rmsnorm(c->ple_in, m->ple_proj_norm, R * L, P, (float)mc->rms_eps, c->ple_in, c->pool);  /* [R*L][P] */
+    const int row0 = ib_fault_get() == IB_FAULT_PLE_ROW0;   /* test-only: every row reads row 0's token */
     for (int r = 0; r < R; r++) {
-        ib_matrix_row_f32(&m->ple_embed, c->tok[r], c->ple_tok);
+        ib_matrix_row_f32(&m->ple_embed, c->tok[row0 ? 0 : r], c->ple_tok);
         ib_scale(c->ple_tok, LP, m->ple_embed_scale);
         ib_add(c->ple_in + (size_t)r * LP, c->ple_tok, LP);
     }
@@ -646,6 +647,8 @@ static ib_status cpu_step_end(ib_backend *b, ib_error *err) { return IB_OK; }
 
 static const float *cpu_read_rows(ib_backend *b, ib_buf buf, int R, int width) { return cb(b)->buf[buf]; }
 
+static const float *cpu_read_ple_inputs(ib_backend *b, int R) { return cb(b)->ple_in; }
+
 static void cpu_write_rows(ib_backend *b, ib_buf buf, int R, int width, const float *x) {
     memcpy(cb(b)->buf[buf], x, (size_t)R * width * sizeof(float));
 }
@@ -676,4 +679,5 @@ const ib_backend_ops ib_backend_cpu = {
     .write_rows = cpu_write_rows,
     .ple_inputs = cpu_ple_inputs,
     .ple_layer = cpu_ple_layer,
+    .read_ple_inputs = cpu_read_ple_inputs,
 };

@@ -1690,7 +1690,7 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
     if (!b) return ib_fail(err, IB_ERR_NOMEM, "cuda: out of host memory");
     b->base.ops = &ib_backend_cuda;
     b->D = c->hidden_size, b->H = c->n_heads, b->KVH = c->n_kv_heads, b->hd = c->head_dim;
-    b->F = c->intermediate_size, b->V = c->vocab_size, b->L = c->n_layers;
+    b->F = ib_config_ffn_max(c), b->V = c->vocab_size, b->L = c->n_layers;   /* F: the widest layer's MLP */
     b->R_max = cfg->max_rows > 0 ? cfg->max_rows : 1;
     b->act = cfg->act == IB_ACT_Q8 ? IB_ACT_Q8 : IB_ACT_F32;
     b->eps = (float)c->rms_eps;
@@ -2321,7 +2321,7 @@ static void exec_rec(cuda_backend *b, const oprec *r) {
         break;
     }
     case OP_LOGITS: launch_logits(b, a[0], a[1]); break;
-    case OP_GEGLU: launch_geglu(b, 0); break;
+    case OP_GEGLU: launch_geglu(b, a[0], 0); break;
     case OP_MOE: gemma_launch_moe(b, a[0], a[1], a[2], a[3]); break;
     case OP_SCALE: gemma_scale_layer(b, a[0]); break;
     case OP_PLE_INPUTS: gemma_launch_ple_inputs(b); break;
@@ -2364,8 +2364,8 @@ static void exec_records(cuda_backend *b, const oprec *rec, int n) {
             launch_swiglu(b, G);
             ready = IB_BUF_G;
         } else if (r->op == OP_GEGLU) {
-            G = q8_group_for(b, nx, IB_BUF_G, b->F);
-            launch_geglu(b, G);
+            G = q8_group_for(b, nx, IB_BUF_G, gemma_ffn(b, r->a[0]));
+            launch_geglu(b, r->a[0], G);
             ready = IB_BUF_G;
         } else if (r->op == OP_ATTN) {
             const int lhd = b->lhd[r->a[0]];
@@ -2488,7 +2488,7 @@ static void cuda_attention(ib_backend *base, int li) { push((cuda_backend *)base
 
 static void cuda_swiglu(ib_backend *base) { push((cuda_backend *)base, OP_SWIGLU); }
 
-static void cuda_geglu(ib_backend *base) { push((cuda_backend *)base, OP_GEGLU); }
+static void cuda_geglu(ib_backend *base, int li) { push((cuda_backend *)base, OP_GEGLU, li); }
 
 static void cuda_moe(ib_backend *base, int li, ib_buf route_in, ib_buf in, ib_buf out) {
     push((cuda_backend *)base, OP_MOE, li, route_in, in, out);
@@ -2585,4 +2585,5 @@ extern "C" const ib_backend_ops ib_backend_cuda = {
     cuda_write_rows,
     cuda_ple_inputs,
     cuda_ple_layer,
+    gemma_read_ple_inputs,
 };

@@ -29,6 +29,8 @@ typedef struct gemma_state {
     float *d_cs_full, *h_cs_full;    /* [R_max][ghd/2][2]: device, pinned host */
     /* per layer (host arrays [L]) */
     int *sliding, *own_kv, *k_eq_v, *att_head;   /* att_head: G * hd exceeds ATT_QH (per-query-head kernel) */
+    int *ffn;                        /* the layer's dense MLP width (ib_config_layer_ffn: 2F when double-wide;
+                                      * G / U are sized b->F = the widest) */
     long long *offA, *offB;          /* the layer's (or its source's) key offset = A * cap + B * sliding cap */
     float *layer_scalar;
     const float **qn, **kn;          /* [L] q_norm, k_norm [hd] (NULL: none) */
@@ -503,7 +505,7 @@ __global__ void ple_geglu_kernel(float *g, const float *__restrict__ pli, int R,
 static void gemma_free(gemma_state *g) {
     if (!g) return;
     cudaFreeHost(g->h_cs_full);
-    free(g->sliding), free(g->own_kv), free(g->k_eq_v), free(g->att_head), free(g->offA), free(g->offB);
+    free(g->sliding), free(g->own_kv), free(g->k_eq_v), free(g->att_head), free(g->offA), free(g->offB), free(g->ffn);
     free(g->layer_scalar), free((void *)g->qn), free((void *)g->kn), free((void *)g->nrm);
     free((void *)g->router), free((void *)g->router_scale), free((void *)g->expert_scale);
     free((void *)g->egate), free((void *)g->eup), free((void *)g->edown);
@@ -556,9 +558,10 @@ static ib_status gemma_create(cuda_backend *b, const ib_model *m, ib_error *err)
     g->k_eq_v = (int *)calloc(L, sizeof(int)), g->att_head = (int *)calloc(L, sizeof(int));
     g->offA = (long long *)calloc(L, sizeof(long long)), g->offB = (long long *)calloc(L, sizeof(long long));
     g->layer_scalar = (float *)calloc(L, sizeof(float));
+    g->ffn = (int *)calloc(L, sizeof(int));
     g->qn = (const float **)calloc(L, sizeof(float *)), g->kn = (const float **)calloc(L, sizeof(float *));
     g->nrm = (const float **)calloc((size_t)L * 8, sizeof(float *));
-    if (!g->sliding || !g->own_kv || !g->k_eq_v || !g->att_head || !g->offA || !g->offB || !g->layer_scalar || !g->qn ||
+    if (!g->sliding || !g->own_kv || !g->k_eq_v || !g->att_head || !g->offA || !g->offB || !g->layer_scalar || !g->ffn || !g->qn ||
         !g->kn || !g->nrm)
         return ib_fail(err, IB_ERR_NOMEM, "cuda: out of host memory");
     if (cudaMallocHost((void **)&g->h_cs_full, (size_t)Rm * g->ghd * sizeof(float)) != cudaSuccess) {
@@ -580,6 +583,10 @@ static ib_status gemma_create(cuda_backend *b, const ib_model *m, ib_error *err)
         g->k_eq_v[li] = own && ly->wv.rows == 0;
         g->att_head[li] = H / KVH > IB_ATTN_MAX_GROUP || (H / KVH) * hd > ATT_QH;
         g->layer_scalar[li] = ly->layer_scalar;
+        g->ffn[li] = ly->w_gate.rows;   /* ib_config_layer_ffn(c, li), as loaded */
+        if (g->ffn[li] > b->F)
+            return ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: gemma4 layer %d: MLP width %d above the scratch's %d", li,
+                           g->ffn[li], b->F);
         if (own) {
             g->offA[li] = A, g->offB[li] = B;
             if (g->sliding[li]) B += 2LL * KVH * hd;
@@ -723,14 +730,18 @@ static void gemma_launch_attention(cuda_backend *b, int li, int qG) {
     LAUNCHED(b, "gemma attention");
 }
 
-/* G = geglu(G, U); qG > 0: its rows also quantized for group qG. */
-static void launch_geglu(cuda_backend *b, int qG) {
+/* Layer li's dense MLP width (its G / U rows are packed at it). */
+static int gemma_ffn(const cuda_backend *b, int li) { return b->gm->ffn[li]; }
+
+/* G = geglu(G, U) over layer li's F (rows [R][F of li]); qG > 0: its rows also quantized for group qG. */
+static void launch_geglu(cuda_backend *b, int li, int qG) {
+    const int F = gemma_ffn(b, li);
     if (qG > 0) {
-        const size_t warps = (size_t)b->R * (b->F / qG);
+        const size_t warps = (size_t)b->R * (F / qG);
         launch(b, geglu_q8_kernel, blocks_for(warps * 32, 256), 256, 0, b->buf[IB_BUF_G], (const float *)b->buf[IB_BUF_U],
-               b->R, b->F, qG, b->xq, b->qd, b->qad, (const int32_t *)NULL);
+               b->R, F, qG, b->xq, b->qd, b->qad, (const int32_t *)NULL);
     } else {
-        const size_t n = (size_t)b->R * b->F;
+        const size_t n = (size_t)b->R * F;
         launch(b, geglu_kernel, blocks_for(n, 256), 256, 0, b->buf[IB_BUF_G], (const float *)b->buf[IB_BUF_U], n);
     }
     LAUNCHED(b, "geglu");
@@ -862,4 +873,22 @@ static void gemma_launch_ple_layer(cuda_backend *b, int li) {
     const size_t n = (size_t)R * b->D;
     launch(b, add_kernel, blocks_for(n, 256), 256, 0, b->buf[IB_BUF_X], (const float *)g->py, n);
     LAUNCHED(b, "ple add");
+}
+
+/* Defined after this file's inclusion in cuda_backend.cu. */
+static void flush_direct(cuda_backend *b);
+static float *host_rows(cuda_backend *b, size_t n);
+
+/* backend.h read_ple_inputs: run what is recorded, wait, copy rows [0, R) of the per-layer inputs
+ * ([R][L*P]) into host scratch (valid until the next call); NULL without per-layer embeddings. */
+static const float *gemma_read_ple_inputs(ib_backend *base, int R) {
+    cuda_backend *b = (cuda_backend *)base;
+    if (!b->gm || b->gm->P == 0) return NULL;
+    const size_t n = (size_t)R * b->L * b->gm->P;
+    float *h = host_rows(b, n);
+    if (!h) return NULL;
+    flush_direct(b);
+    note(b, cudaStreamSynchronize(b->st), "read_ple_inputs");
+    note(b, cudaMemcpy(h, b->gm->pli, n * sizeof(float), cudaMemcpyDeviceToHost), "read_ple_inputs");
+    return h;
 }
