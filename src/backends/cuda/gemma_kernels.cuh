@@ -282,16 +282,8 @@ __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(const float *_
         int bi = 0x7fffffff;
         for (int e = tid; e < E; e += ROUTE_THREADS)
             if (!taken_s[e] && p_s[e] == p_s[e]) argmax_pick(bv, bi, p_s[e], e);
-#pragma unroll
-        for (int o = 16; o; o >>= 1) {
-            const float v = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int i = __shfl_xor_sync(0xffffffffu, bi, o);
-            argmax_pick(bv, bi, v, i);
-        }
-        if (lane == 0) bv_s[warp] = bv, bi_s[warp] = bi;
-        __syncthreads();
+        argmax_block(bv, bi, bv_s, bi_s);
         if (tid == 0) {
-            for (int x = 1; x < ROUTE_THREADS / 32; x++) argmax_pick(bv, bi, bv_s[x], bi_s[x]);
             if (bi == 0x7fffffff) fail_s = 1;   /* no number left: fewer than K */
             else sel_s[j] = bi, taken_s[bi] = 1;
         }
