@@ -1,7 +1,7 @@
 /*
- * moe_route.h — ib_moe_route's definition (ops.h), as an inline function callable from host code and
- * from CUDA device code (IB_HD), so the CUDA backend routes every row with the very same operations.
- * moe.c's ib_moe_route is this function.
+ * moe_route.h — ib_moe_route's definition (ops.h), as an inline function (IB_HD: callable from CUDA
+ * device code too). moe.c's ib_moe_route is this function; the CUDA backend's moe_route_kernel runs its
+ * operations spread over a block per row (gemma_kernels.cuh), checked against it.
  */
 #ifndef IB_OPS_MOE_ROUTE_H
 #define IB_OPS_MOE_ROUTE_H

@@ -42,7 +42,6 @@ extern "C" {
 #include "core/fmath.h"
 #include "core/half.h"
 #include "ops/act_def.h"
-#include "ops/moe_route.h"
 #include "ops/ops.h"
 }
 #include <cuda_profiler_api.h>

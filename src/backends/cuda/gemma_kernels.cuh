@@ -4,7 +4,7 @@
  * attention kernels, whose helpers it calls (the product kernels and launch_products are used as they
  * are). Every kernel computes the definitions of src/ops/ bit for bit: element definitions come from
  * the host headers compiled for the device (IB_HD: ops/act_def.h's ib_geglu_elem and ib_softcap_elem,
- * ops/moe_route.h's ib_moe_route_def, fmath.h's exponentials), the rest is written with the same float
+ * fmath.h's exponentials), the rest is written with the same float
  * operations in the same order as the scalar reference named at each kernel.
  *
  * Per layer li a Gemma 4 model has its own head dim and KV heads (sliding: head_dim x n_kv_heads; full:
