@@ -455,6 +455,9 @@ typedef struct ib_sched_event {
     const double *top_logprob;  /* [n_top] their log-probabilities (valid during the call) */
     const float *logits;   /* token events: the [vocab_size] float32 logits the token was drawn from
                             * (the row ib_step wrote; valid during the call) */
+    uint64_t logits_digest; /* token events of a job with digest_logits: ib_digest_bytes chained from
+                             * IB_DIGEST_INIT over the logits rows of the job's tokens so far, this one
+                             * included (computed on the engine's pool); 0 otherwise */
     double queue_seconds;  /* token events and DONE: seconds the job waited in the queue for a batch slot
                             * (0 until it was admitted) */
 } ib_sched_event;
@@ -494,6 +497,9 @@ typedef struct ib_sched_job {
      * the caller has replayed that history and set the draw counter already (ib_store_replay_notes).
      * Tokens after them are noted as usual. 0 = none; at most n_prompt. */
     int n_replay;
+    /* 1: keep the running digest of the job's logits rows (ib_sched_event.logits_digest), hashed beside
+     * the draws on the engine's threads rather than in on_event on the scheduler's thread */
+    int digest_logits;
 } ib_sched_job;
 
 /* Most logit_bias entries of one job. */

@@ -42,6 +42,8 @@ typedef struct rec {
     int32_t top_id[64][2];
     double top_lp[64][2];
     uint64_t dig;               /* ib_digest_bytes over the token events' logits rows */
+    int want_sdig;              /* the job asked for the scheduler's running digest (digest_logits) */
+    int sdig_seen, sdig_bad;    /* token events whose logits_digest was compared with dig / differed */
     int done;
     char finish[16];
     int fed, generated;
@@ -53,6 +55,9 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
     pthread_mutex_lock(&r->mu);
     if (!ev->done) {
         r->dig = ib_digest_bytes(r->dig, ev->logits, (size_t)g_vocab * sizeof(float));
+        /* the scheduler's running digest: this chain when asked for, 0 when not */
+        r->sdig_seen++;
+        r->sdig_bad += ev->logits_digest != (r->want_sdig ? r->dig : 0);
         if (r->n < 64) {
             r->tok[r->n] = ev->token;
             r->lp[r->n] = ev->logprob;
@@ -128,17 +133,20 @@ static void run_sched(const ib_model *m, ib_engine *e, int batch, int chunk, int
         int i = reversed ? NP - 1 - k : k;
         memset(&r[i], 0, sizeof r[i]);
         r[i].dig = IB_DIGEST_INIT;
+        r[i].want_sdig = i % 2 == 0;   /* half the jobs ask for the scheduler's digest */
         pthread_mutex_init(&r[i].mu, NULL);
         pthread_cond_init(&r[i].cv, NULL);
         ib_session_opts sopt = {.max_context = 256, .sampling = sampling(sampled)};
         ib_session_create(m, &sopt, &r[i].s, &err);
         ib_sched_job jb = {.session = r[i].s, .prompt = prompts[i], .n_prompt = plen[i], .max_new_tokens = GEN,
-                           .want_logprobs = 1, .top_logprobs = 2, .on_event = on_event, .ctx = &r[i]};
+                           .want_logprobs = 1, .top_logprobs = 2, .on_event = on_event, .ctx = &r[i],
+                           .digest_logits = r[i].want_sdig};
         CHECK(ib_sched_submit(S, &jb, NULL, &err) == IB_OK, "%s", err.msg);
     }
-    int same = 0, same_top = 0, same_rows = 0;
+    int same = 0, same_top = 0, same_rows = 0, sdig_seen = 0, sdig_bad = 0;
     for (int i = 0; i < NP; i++) {
         rec_wait(&r[i]);
+        sdig_seen += r[i].sdig_seen, sdig_bad += r[i].sdig_bad;
         int eq = r[i].n == GEN && !strcmp(r[i].finish, "length") && r[i].fed == plen[i];
         for (int g = 0; eq && g < GEN; g++)
             eq = r[i].tok[g] == ref_tok[i][g] && memcmp(&r[i].lp[g], &ref_lp[i][g], sizeof(double)) == 0;
@@ -151,6 +159,9 @@ static void run_sched(const ib_model *m, ib_engine *e, int batch, int chunk, int
         same_rows += r[i].dig == ref_dig[sampled][i];
         ib_session_free(r[i].s);
     }
+    CHECK(sdig_seen == NP * GEN && sdig_bad == 0,
+          "batch %d chunk %d sampled %d reversed %d: %d of %d token events' logits_digest differ from the chain over "
+          "their rows (digest_logits jobs) or are not 0 (the others)", batch, chunk, sampled, reversed, sdig_bad, sdig_seen);
     CHECK(same_rows == NP, "batch %d chunk %d sampled %d reversed %d: %d of %d jobs' event logits rows equal their lone run's",
           batch, chunk, sampled, reversed, same_rows, NP);
     CHECK(same == NP, "batch %d chunk %d sampled %d reversed %d: %d of %d jobs equal their lone run", batch, chunk,
@@ -498,6 +509,30 @@ int main(void) {
         rec_wait(&r);
         CHECK(!strcmp(r.finish, "length") && r.n == 0 && r.fed == 40, "finish %s n %d fed %d", r.finish, r.n, r.fed);
         CHECK_EQ_INT(ib_session_position(s), 40);
+        ib_session_free(s);
+    }
+    /* digest_logits with a logit bias: the scheduler's running digest is that of the raw rows the
+     * events show (the bias applies to the draw only) */
+    {
+        rec r = {0};
+        pthread_mutex_init(&r.mu, NULL);
+        pthread_cond_init(&r.cv, NULL);
+        r.dig = IB_DIGEST_INIT;
+        r.want_sdig = 1;
+        ib_session *s;
+        ib_session_create(m, &sopt, &s, &err);
+        const int32_t bid = 5;
+        const float bval = 100.0f;
+        ib_sched_job jb = {.session = s, .prompt = prompts[3], .n_prompt = 12, .max_new_tokens = 4,
+                           .on_event = on_event, .ctx = &r, .logit_bias_ids = &bid, .logit_bias = &bval,
+                           .n_logit_bias = 1, .digest_logits = 1};
+        CHECK(ib_sched_submit(S, &jb, NULL, &err) == IB_OK, "%s", err.msg);
+        rec_wait(&r);
+        int biased = r.n == 4;
+        for (int k = 0; biased && k < 4; k++) biased = r.tok[k] == bid;
+        CHECK(biased, "logit bias +100 on id 5: %d tokens, first %d", r.n, r.n ? r.tok[0] : -1);
+        CHECK(r.sdig_seen == 4 && r.sdig_bad == 0, "biased job: %d of %d logits_digest differ from the raw rows' chain",
+              r.sdig_bad, r.sdig_seen);
         ib_session_free(s);
     }
     /* cancellation and a full queue: one active, one queued, the third refused */

@@ -108,7 +108,8 @@ static void row_next(gen_row *r) {
         r->stopped = 0;
         r->text_len = 0;
         ib_sched_job jb = {.session = r->s, .prompt = rq->prompt, .n_prompt = rq->n_prompt, .max_new_tokens = lim,
-                           .stop_ids = &g->stop_id, .n_stop = g->n_stop, .on_event = on_event, .ctx = r};
+                           .stop_ids = &g->stop_id, .n_stop = g->n_stop, .on_event = on_event, .ctx = r,
+                           .digest_logits = 1};
         ib_error e2;
         ib_status rc = ib_sched_submit(g->S, &jb, &r->job, &e2);
         if (rc) {
@@ -133,7 +134,7 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
     const size_t row_bytes = (size_t)g->vocab * sizeof(float);
     if (!ev->done) {
         if (r->stopped || g->rc) return;
-        res->digest = ib_digest_bytes(res->digest, ev->logits, row_bytes);
+        res->digest = ev->logits_digest;   /* the job's running digest (digest_logits) */
         if (res->logits) memcpy(res->logits + (size_t)res->n_tokens * g->vocab, ev->logits, row_bytes);
         res->tokens[res->n_tokens++] = ev->token;
         const int eos = g->n_stop && ev->token == g->stop_id;

@@ -39,6 +39,8 @@ typedef struct job {
     int (*constrain)(void *ctx, float *logits, int vocab);
     void *constrain_ctx;
     int n_replay;             /* prompt tokens [0, n_replay) are fed without being noted */
+    int want_digest;          /* ib_sched_job.digest_logits */
+    uint64_t digest;          /* the running digest of its tokens' logits rows (want_digest) */
     float *raw;               /* [V] the raw row while a constraint masks it (constrain only) */
     double t_submit;          /* when submitted (CLOCK_MONOTONIC seconds) */
     double queued_s;          /* seconds it waited for a batch slot (set when admitted) */
@@ -222,6 +224,7 @@ static void sample_task(void *ctx, int i, int thread) {
         memcpy(j->logits, j->raw, (size_t)V * sizeof(float));
     else
         for (int k = j->n_bias - 1; k >= 0; k--) j->logits[j->bias_ids[k]] = saved[k];
+    if (j->want_digest) j->digest = ib_digest_bytes(j->digest, j->logits, (size_t)V * sizeof(float));
     d->logprob = 0.0;
     d->n_top = 0;
     if (j->want_lp || j->top) {
@@ -372,7 +375,7 @@ static void run_loop(ib_sched *S) {
             j->generated++;
             gen++;
             ib_sched_event ev = {.done = 0, .token = t, .logprob = d->logprob, .logits = j->logits,
-                                 .queue_seconds = j->queued_s};
+                                 .logits_digest = j->want_digest ? j->digest : 0, .queue_seconds = j->queued_s};
             if (j->top) {
                 ev.n_top = d->n_top;
                 ev.top_ids = d->top_ids;
@@ -551,6 +554,8 @@ ib_status ib_sched_submit(ib_sched *S, const ib_sched_job *jb, uint64_t *id, ib_
     j->constrain = jb->constrain;
     j->constrain_ctx = jb->constrain_ctx;
     j->n_replay = jb->n_replay;
+    j->want_digest = jb->digest_logits != 0;
+    j->digest = IB_DIGEST_INIT;
     if (j->constrain && !(j->raw = malloc((size_t)V * sizeof(float)))) {
         job_free(j);
         return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");

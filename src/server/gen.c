@@ -59,7 +59,7 @@ void on_event(void *ctx, const ib_sched_event *ev) {
             ib_latency_next(&S->lat, t - g->t_last);
         g->t_last = t;
         ib_latency_token(&S->lat, t);
-        g->h = ib_digest_bytes(g->h, ev->logits, (size_t)S->info->vocab_size * sizeof(float));
+        g->h = ev->logits_digest;   /* the job's running digest (digest_logits) */
         if (g->want_json) { /* advance the JSON reader past this token (its mask allowed it) */
             int stop = 0;
             for (int i = 0; i < g->n_stop_ids; i++) stop |= g->stop_ids[i] == ev->token;
@@ -551,7 +551,7 @@ enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session 
                        .top_logprobs = g->n_top, .group = g->tidx,
                        .on_event = on_event, .ctx = g,
                        .logit_bias_ids = p->bias.ids, .logit_bias = p->bias.vals, .n_logit_bias = p->bias.n,
-                       .constrain = g->want_json ? json_constrain : NULL, .constrain_ctx = g};
+                       .constrain = g->want_json ? json_constrain : NULL, .constrain_ctx = g, .digest_logits = 1};
     g->refs = 2; /* the connection, the scheduler */
     ib_error err;
     uint64_t id;

@@ -370,7 +370,8 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
         ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p.max_tokens,
                            .stop_ids = g->stop_ids, .n_stop = g->n_stop_ids, .want_logprobs = p.want_lp,
                            .top_logprobs = g->n_top, .group = tidx, .on_event = on_event, .ctx = g,
-                           .logit_bias_ids = p.bias.ids, .logit_bias = p.bias.vals, .n_logit_bias = p.bias.n};
+                           .logit_bias_ids = p.bias.ids, .logit_bias = p.bias.vals, .n_logit_bias = p.bias.n,
+                           .digest_logits = 1};
         g->refs = 2; /* the connection, the scheduler */
         uint64_t id;
         if (ib_sched_submit(S->sched, &jb, &id, &err)) {

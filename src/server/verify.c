@@ -280,7 +280,7 @@ static void run_event(void *ctx, const ib_sched_event *ev) {
     ib_vrun *run = ctx;
     pthread_mutex_lock(&run->mu);
     if (!ev->done) {
-        run->h = ib_digest_bytes(run->h, ev->logits, (size_t)run->vocab * sizeof(float));
+        run->h = ev->logits_digest;   /* the job's running digest (digest_logits) */
         if (run->n < run->rec->n_tokens) {
             run->tokens[run->n] = ev->token;
             run->digests[run->n] = run->h;
@@ -332,7 +332,7 @@ ib_status ib_verify_submit(ib_sched *sched, const ib_model *m, ib_backend_kind b
     ib_sched_job jb = {.session = run->s, .prompt = rec->hist, .n_prompt = total, .n_replay = rec->n_hist,
                        .max_new_tokens = rec->n_tokens, .on_event = run_event, .ctx = run,
                        .logit_bias_ids = rec->bias_ids, .logit_bias = rec->bias, .n_logit_bias = rec->n_bias,
-                       .constrain = rec->json_mode ? run_constrain : NULL, .constrain_ctx = run};
+                       .constrain = rec->json_mode ? run_constrain : NULL, .constrain_ctx = run, .digest_logits = 1};
     return ib_sched_submit(sched, &jb, NULL, err);
 }
 
