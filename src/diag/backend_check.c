@@ -339,7 +339,7 @@ static ib_status check_step(check *k, int step, ib_kv *const *kvs, int *item_pos
         const int has_v = L->wv.rows > 0, own_kv = L->wk.rows > 0 || !gemma;   /* KV-shared: no k_proj */
         hd = k->hd = L->hd;
         KVH = k->kvh = L->kvh;
-        k->ffn = gemma ? ib_config_layer_ffn(c, li) : c->intermediate_size;
+        k->ffn = ib_config_layer_ffn(c, li);
         fetch(k, IB_BUF_X, R, k->in);
         ops->rmsnorm(k->be, IB_BUF_X, IB_N_ATTN, li, IB_BUF_XN);
         REF(ib_rmsnorm(k->in, L->attn_norm, R, D, eps, k->ref, NULL));

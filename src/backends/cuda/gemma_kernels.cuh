@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
     else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad);
 }
 
-/* Routing of every row: ib_moe_route (ops/moe_route.h's ib_moe_route_def) with the work of a row spread
+/* Routing of every row: ib_moe_route (ops/moe.c) with the work of a row spread
  * over one block of ROUTE_THREADS threads, the same operations giving the same bits. logits [R][E];
  * sel [R][K] (all -1 when fewer than K logits are numbers, as cpu_moe), w [R][K]. Block r (dynamic
  * shared memory: E floats, E ints, K ints):
