@@ -231,8 +231,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
     prefetch_kv(info, 0, KVH, h / (H / KVH), hd);
     PDL_ENTER();
     __shared__ att_smem1 sm;
-    if (info.f16) attend_row_head<uint16_t>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad);
-    else attend_row_head<float>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad);
+    if (info.f16) attend_row_head<uint16_t>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, NULL, 0);
+    else attend_row_head<float>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, NULL, 0);
 }
 
 /* attention_kernel on Gemma 4 layer views: one block per (row, KV head); as above (G * hd <= ATT_QH). */
