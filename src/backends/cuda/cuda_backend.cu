@@ -1420,12 +1420,15 @@ __device__ __forceinline__ void head_scores(att_smem1 &sm, const T *__restrict__
  * query head), ATT_THREADS threads. The attended positions — a full session [0, pos]; a windowed one
  * the sink range [0, min(sink, pos+1)) then the window range [max(pos-window+1, that), pos] — are cut
  * into key blocks at multiples of `block` (ib_attend_heads / ib_attend_policy) and walked in chunks of
- * whole key blocks (at most ATT_CHUNK keys). Per chunk: every key's score s_j = dot16(q, k_j) * scale
- * in parallel (16 threads per key own ib_dot16's lanes and fold them 8, 4, 2, 1; a score does not
- * depend on the softmax state); then, per key block in order, warp 0 (block_maxima_warp): m' = max(m,
- * block max), c = exp(m - m') while the other warps ask L1 for the chunk's value rows; every key's p_j = exp(s_j - m') in parallel; one thread: l = l*c then
- * l += p_j in key order; a thread per output element: out = out*c then out += p_j * v_j in key order;
- * finally out / l. Exactly the reference's operations, in its order. T: float or half KV. */
+ * whole key blocks (at most ATT_CHUNK keys, and what the stage holds). Per chunk: with a stage
+ * (stage_bytes of shared memory holding at least one key block: stage_rows_f32), the chunk's key and
+ * value rows copied into it as floats first; every key's score s_j = dot16(q, k_j) * scale in parallel
+ * (head_scores; a score does not depend on the softmax state); the key blocks' maxima in parallel, then
+ * per key block in order m' = max(m, block max), c = exp(m - m') (block_maxima_par; without a stage the
+ * other warps ask L1 for the value rows meanwhile); every key's p_j = exp(s_j - m') in parallel; one
+ * thread: l = l*c then l += p_j in key order; a thread per output element: out = out*c then out += p_j *
+ * v_j in key order; finally out / l. Exactly the reference's operations, in its order, staged or not.
+ * T: float or half KV. */
 template <typename T>
 __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo &info,
                                 int r, int h, int H, int KVH, int hd, int li, float scale, int block, int qG,
