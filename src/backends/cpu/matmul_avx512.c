@@ -433,6 +433,45 @@ void ib_matmul_panels_avx512(const ib_matrix *m, const float *X, int B, const ib
     }
 }
 
+/* ---------------------------------------------------------------- activation quantization */
+
+/* ib_quantize_act (ops/matmul.h) for G a multiple of 16, bit for bit: the same operations on 16 lanes.
+ * amax: vmaxps(|x|, lane) is (|x| > lane ? |x| : lane), so NaNs are skipped as there, and a maximum is
+ * the same in any order; codes: v = (x*inv + 1.5*2^23) - 1.5*2^23 (separate vmulps, vaddps, vsubps),
+ * vminps(127, v) = (v > 127 ? 127 : v) and vmaxps(-127, v) = (v < -127 ? -127 : v) keep a NaN, which
+ * then becomes 0; the codes' sum is an exact int32. */
+void ib_quantize_act_avx512(const float *x, int B, int K, int G, int8_t *xq, float *d, float *ad) {
+    const int ng = K / G;
+    const __m512 rne = _mm512_set1_ps(12582912.0f), hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < ng; g++) {
+            const float *xs = x + (size_t)b * K + (size_t)g * G;
+            int8_t *qs = xq + (size_t)b * K + (size_t)g * G;
+            const size_t di = (size_t)b * ng + (size_t)g;
+            __m512 lane = _mm512_setzero_ps();
+            for (int k = 0; k < G; k += 16) lane = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xs + k)), lane);
+            const float amax = _mm512_reduce_max_ps(lane); /* no NaN in lane: any order gives the maximum */
+            if (amax == 0.0f) {
+                memset(qs, 0, (size_t)G);
+                d[di] = 0.0f;
+                ad[di] = 0.0f;
+                continue;
+            }
+            const float dd = amax / 127.0f;
+            const __m512 inv = _mm512_set1_ps(127.0f / amax);
+            __m512i sum = _mm512_setzero_si512();
+            for (int k = 0; k < G; k += 16) {
+                __m512 v = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(xs + k), inv), rne), rne);
+                v = _mm512_max_ps(lo, _mm512_min_ps(hi, v));
+                __m512i c = _mm512_maskz_cvttps_epi32(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);
+                _mm_storeu_si128((__m128i *)(qs + k), _mm512_cvtepi32_epi8(c));
+                sum = _mm512_add_epi32(sum, c);
+            }
+            d[di] = dd;
+            ad[di] = dd * (float)_mm512_reduce_add_epi32(sum);
+        }
+}
+
 #else
 /* Not x86: no AVX-512 kernel (ISO C wants a translation unit to declare something). */
 typedef int ib_matmul_avx512_unused;
