@@ -175,10 +175,46 @@ static void test_quantize_special(void) {
         float want_ad = amax == 0.0f ? 0.0f : dd * (float)sum;
         if ((memcmp(&d[g], &dd, 4) || memcmp(&ad[g], &want_ad, 4)) && bad_d < 0) bad_d = g;
     }
+#if defined(__x86_64__) || defined(__i386__)
+    if (ib_isa_supported(IB_ISA_AVX512)) {
+        int8_t xq2[K];
+        float d2[NG], ad2[NG];
+        ib_quantize_act_avx512(x, 1, K, G, xq2, d2, ad2);
+        CHECK(!memcmp(xq, xq2, sizeof xq) && !memcmp(d, d2, sizeof d) && !memcmp(ad, ad2, sizeof ad),
+              "quantize special values: the avx512 copy differs");
+    }
+#endif
     CHECK(bad_q < 0, "quantize special values: element %d (x = %g) gave %d", bad_q, bad_q < 0 ? 0.0 : (double)x[bad_q],
           bad_q < 0 ? 0 : xq[bad_q]);
     CHECK(bad_d < 0, "quantize special values: group %d d/ad %g/%g", bad_d, bad_d < 0 ? 0.0 : (double)d[bad_d],
           bad_d < 0 ? 0.0 : (double)ad[bad_d]);
+}
+
+/* The AVX-512 copy of ib_quantize_act (matmul_avx512.c), where the CPU runs it: the same bits as the
+ * portable function over the special values above (groups 32) and random rows of groups 32, 64, 128
+ * with NaNs, infinities and all-zero groups sprinkled in. */
+static void test_quantize_avx512(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (!ib_isa_supported(IB_ISA_AVX512)) {
+        printf("SKIP quantize avx512: the CPU lacks AVX-512\n");
+        return;
+    }
+    enum { B = 5, K = 1536 };
+    static float x[B * K], d0[B * K / 32], d1[B * K / 32], a0[B * K / 32], a1[B * K / 32];
+    static int8_t q0[B * K], q1[B * K];
+    for (int G = 32; G <= 128; G *= 2) {
+        for (int i = 0; i < B * K; i++) x[i] = rndf() * (float)(1 + i % 7) * (i % 97 == 0 ? 1e30f : 1.0f);
+        x[3] = NAN, x[K + 70] = INFINITY, x[2 * K + 5] = -INFINITY, x[2 * K + 6] = NAN;
+        for (int k = 0; k < G; k++) x[3 * K + G + k] = k % 2 ? -0.0f : 0.0f;
+        for (int k = 0; k < G; k++) x[4 * K + 2 * G + k] = NAN;
+        for (int k = 0; k < G; k++) x[4 * K + k] = (float)(k - G / 2) + 0.5f;
+        ib_quantize_act(x, B, K, G, q0, d0, a0);
+        ib_quantize_act_avx512(x, B, K, G, q1, d1, a1);
+        const size_t nd = (size_t)B * K / G;
+        CHECK(!memcmp(q0, q1, sizeof q0) && !memcmp(d0, d1, nd * 4) && !memcmp(a0, a1, nd * 4),
+              "quantize avx512 G=%d: differs from ib_quantize_act", G);
+    }
+#endif
 }
 
 /* Canonical F32-activation result: acc = acc + w*x, k ascending, float. y [B][N]. */
@@ -820,6 +856,7 @@ int main(void) {
 
     test_isa_api();
     test_quantize_special();
+    test_quantize_avx512();
     test_mlx_unpack();
     test_validation();
 

@@ -30,7 +30,9 @@
  *   buffer; K in blocks of IB_KBLOCK (a multiple of every group size) whose weights are, for
  *   quantized matrices, dequantized once per chunk into a [IB_KBLOCK][16] float stack buffer with
  *   w = s*(float)q + b. Storing and reloading a float accumulator is exact.
- *   Q8 activations: rows in register tiles, all of K per tile, one int32 sum per (row, lane, group).
+ *   Q8 activations: rows in register tiles, all of K per tile, one int32 sum per (row, lane, group);
+ *   the AVX-512 kernel, for 4 rows or more, takes 4 adjacent panels at once and the groups outermost,
+ *   keeping the float accumulators of up to 64 rows in a stack buffer between groups.
  */
 #ifndef IB_BACKENDS_CPU_PACK_H
 #define IB_BACKENDS_CPU_PACK_H
