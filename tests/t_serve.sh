@@ -352,7 +352,9 @@ stop "$LAST_PID" main
 # decoding while the checked ones run (with a fast model they could all be done before those arrive).
 start faulty --inject rope-scalar-offset --max-batch 16 --token-delay-ms 1
 timeout 300 node "$CL/client_test.js" "http://127.0.0.1:$PORT" none tiny > "$T/faulty.out" 2>&1
-grep -q '^FAIL invariance under load: greedy' "$T/faulty.out" && ok || bad "invariance check passed under rope-scalar-offset"
+# any of the five checked requests (greedy, seeded, chat, json_object, json_schema) may be the one that
+# shared a step with rows at other positions; at least one must be caught
+grep -q '^FAIL invariance under load: ' "$T/faulty.out" && ok || bad "every invariance check passed under rope-scalar-offset"
 stop "$LAST_PID" faulty
 
 # over capacity: one generation at a time, no queue, a small memory budget; 20 ms per token, so the
