@@ -675,47 +675,55 @@ static void test_isa_api(void) {
 /* ---------------------------------------------------------------- (d) fault injection */
 
 /* 1 when the B=3 product equals the three 1-row products (bitwise). */
-static int batch_matches_rows(const ib_matrix *m, const float *x, const ib_act_buf *q, ib_act act, ib_isa isa) {
+static int batch_matches_rows(const ib_matrix *m, const float *x, const ib_act_buf *q, ib_act act, ib_isa isa,
+                              int nb) {
     const int N = m->rows, K = m->cols, ng = m->group ? K / m->group : 0;
-    float *y3 = malloc(sizeof(float) * 3 * N), *y1 = malloc(sizeof(float) * N);
+    float *yb = malloc(sizeof(float) * nb * N), *y1 = malloc(sizeof(float) * N);
     int same = 1;
-    ib_matmul(m, x, 3, q, act, isa, NULL, y3, N);
-    for (int b = 0; b < 3; b++) {
+    ib_matmul(m, x, nb, q, act, isa, NULL, yb, N);
+    for (int b = 0; b < nb; b++) {
         ib_act_buf q1;
         if (q) q1 = (ib_act_buf){ q->xq + (size_t)b * K, q->d + (size_t)b * ng, q->ad + (size_t)b * ng };
         ib_matmul(m, x + (size_t)b * K, 1, q ? &q1 : NULL, act, isa, NULL, y1, N);
-        if (!same_bits(y1, y3 + (size_t)b * N, (size_t)N)) same = 0;
+        if (!same_bits(y1, yb + (size_t)b * N, (size_t)N)) same = 0;
     }
-    free(y3);
+    free(yb);
     free(y1);
     return same;
 }
 
 static void test_faults(void) {
-    const int N = 40, K = 1024;
-    wset wf, wq;
-    if (wset_make(&wf, 0, 0, N, K) || wset_make(&wq, 4, 32, N, K)) {
+    /* 3 rows (the few-row tiles) and 6 (the AVX-512 kernel's many-row tiles, from 4 rows) */
+    const int N = 40, K = 1024, NB = 6;
+    wset wf, wq, wq8;
+    if (wset_make(&wf, 0, 0, N, K) || wset_make(&wq, 4, 32, N, K) || wset_make(&wq8, 8, 64, N, K)) {
         CHECK(0, "fault test matrices");
         return;
     }
-    float *x = malloc(sizeof(float) * 3 * K);
-    for (int i = 0; i < 3 * K; i++) x[i] = rndf();
-    int8_t *xq = malloc((size_t)3 * K);
-    float *d = malloc(sizeof(float) * 3 * K / 32), *ad = malloc(sizeof(float) * 3 * K / 32);
-    ib_quantize_act(x, 3, K, 32, xq, d, ad);
-    ib_act_buf q = { xq, d, ad };
+    float *x = malloc(sizeof(float) * NB * K);
+    for (int i = 0; i < NB * K; i++) x[i] = rndf();
+    int8_t *xq = malloc((size_t)NB * K), *xq8 = malloc((size_t)NB * K);
+    float *d = malloc(sizeof(float) * NB * K / 32), *ad = malloc(sizeof(float) * NB * K / 32);
+    float *d8 = malloc(sizeof(float) * NB * K / 64), *ad8 = malloc(sizeof(float) * NB * K / 64);
+    ib_quantize_act(x, NB, K, 32, xq, d, ad);
+    ib_quantize_act(x, NB, K, 64, xq8, d8, ad8);
+    ib_act_buf q = { xq, d, ad }, q8 = { xq8, d8, ad8 };
 
     for (int ii = 0; ii < n_isas; ii++) {
         ib_isa isa = isas[ii];
         const char *in = ib_isa_name(isa);
-        ib_fault_set(IB_FAULT_NONE);
-        CHECK(batch_matches_rows(&wf.m, x, NULL, IB_ACT_F32, isa), "%s f32: B=3 != 1-row products without fault", in);
-        CHECK(batch_matches_rows(&wq.m, x, NULL, IB_ACT_F32, isa), "%s q4 f32-act: B=3 != rows without fault", in);
-        CHECK(batch_matches_rows(&wq.m, x, &q, IB_ACT_Q8, isa), "%s q4 q8-act: B=3 != rows without fault", in);
-        ib_fault_set(IB_FAULT_GEMV_GEMM);
-        CHECK(!batch_matches_rows(&wf.m, x, NULL, IB_ACT_F32, isa), "%s f32: gemv-gemm fault not seen", in);
-        CHECK(!batch_matches_rows(&wq.m, x, NULL, IB_ACT_F32, isa), "%s q4 f32-act: gemv-gemm fault not seen", in);
-        CHECK(!batch_matches_rows(&wq.m, x, &q, IB_ACT_Q8, isa), "%s q4 q8-act: gemv-gemm fault not seen", in);
+        for (int nb = 3; nb <= NB; nb += NB - 3) {
+            ib_fault_set(IB_FAULT_NONE);
+            CHECK(batch_matches_rows(&wf.m, x, NULL, IB_ACT_F32, isa, nb), "%s f32: B=%d != 1-row products without fault", in, nb);
+            CHECK(batch_matches_rows(&wq.m, x, NULL, IB_ACT_F32, isa, nb), "%s q4 f32-act: B=%d != rows without fault", in, nb);
+            CHECK(batch_matches_rows(&wq.m, x, &q, IB_ACT_Q8, isa, nb), "%s q4 q8-act: B=%d != rows without fault", in, nb);
+            CHECK(batch_matches_rows(&wq8.m, x, &q8, IB_ACT_Q8, isa, nb), "%s q8 q8-act: B=%d != rows without fault", in, nb);
+            ib_fault_set(IB_FAULT_GEMV_GEMM);
+            CHECK(!batch_matches_rows(&wf.m, x, NULL, IB_ACT_F32, isa, nb), "%s f32: B=%d gemv-gemm fault not seen", in, nb);
+            CHECK(!batch_matches_rows(&wq.m, x, NULL, IB_ACT_F32, isa, nb), "%s q4 f32-act: B=%d gemv-gemm fault not seen", in, nb);
+            CHECK(!batch_matches_rows(&wq.m, x, &q, IB_ACT_Q8, isa, nb), "%s q4 q8-act: B=%d gemv-gemm fault not seen", in, nb);
+            CHECK(!batch_matches_rows(&wq8.m, x, &q8, IB_ACT_Q8, isa, nb), "%s q8 q8-act: B=%d gemv-gemm fault not seen", in, nb);
+        }
         ib_fault_set(IB_FAULT_NONE);
     }
 
@@ -738,8 +746,12 @@ static void test_faults(void) {
     free(xq);
     free(d);
     free(ad);
+    free(xq8);
+    free(d8);
+    free(ad8);
     wset_free(&wf);
     wset_free(&wq);
+    wset_free(&wq8);
 }
 
 /* The AMX kernel's own fault: under IB_FAULT_AMX_GROUP_ORDER the rows it computes on tiles (the first
