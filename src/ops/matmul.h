@@ -117,7 +117,8 @@ void ib_matmul_panels_avx2(const ib_matrix *m, const float *X, int B, const ib_a
                            int p0, int p1, float *Y, int ldy);
 void ib_matmul_panels_avx512(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act,
                              int p0, int p1, float *Y, int ldy);
-/* ib_quantize_act on AVX-512 (matmul_avx512.c; x86 builds only), the same bits, for G % 16 == 0. */
+/* ib_quantize_act on AVX-512 (matmul_avx512.c; x86 builds only), the same bits (a group that is not a
+ * multiple of 16 by ib_quantize_act itself). */
 void ib_quantize_act_avx512(const float *x, int B, int K, int G, int8_t *xq, float *d, float *ad);
 /* AMX (matmul_amx.c): the AVX-512 kernel, except that Q8-activation products run their rows in
  * multiples of 16 on AMX-INT8 tiles (the rest of the rows, and F32 activations, on AVX-512). */

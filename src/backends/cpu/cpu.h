@@ -21,7 +21,7 @@ typedef struct ib_cpu_kernels {
     ib_isa isa;
     ib_matmul_kernel matmul;
     ib_attn_kernels attn;
-    /* ib_quantize_act or an ISA's copy of it (same bits), for groups of a multiple of 16 */
+    /* ib_quantize_act or an ISA's copy of it (same bits, any group) */
     void (*quant)(const float *x, int B, int K, int G, int8_t *xq, float *d, float *ad);
 } ib_cpu_kernels;
 

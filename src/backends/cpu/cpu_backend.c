@@ -317,9 +317,8 @@ static void quant_task(void *ctx, int r, int thread) {
     quant_job *j = ctx;
     ib_act_buf *qa = &j->c->qa;
     const size_t ng = (size_t)(j->K / j->G);
-    (j->G % 16 == 0 ? j->c->k.quant : ib_quantize_act)(j->X + (size_t)r * j->K, 1, j->K, j->G,
-                                                         qa->xq + (size_t)r * j->K, qa->d + (size_t)r * ng,
-                                                         qa->ad + (size_t)r * ng);
+    j->c->k.quant(j->X + (size_t)r * j->K, 1, j->K, j->G, qa->xq + (size_t)r * j->K, qa->d + (size_t)r * ng,
+                  qa->ad + (size_t)r * ng);
 }
 
 /* The Q8 activations of X [R][K] for weight group G, row by row (each row's own numbers). */

@@ -435,12 +435,17 @@ void ib_matmul_panels_avx512(const ib_matrix *m, const float *X, int B, const ib
 
 /* ---------------------------------------------------------------- activation quantization */
 
-/* ib_quantize_act (ops/matmul.h) for G a multiple of 16, bit for bit: the same operations on 16 lanes.
+/* ib_quantize_act (ops/matmul.h), bit for bit: for G a multiple of 16 the same operations on 16 lanes,
+ * other groups by ib_quantize_act itself.
  * amax: vmaxps(|x|, lane) is (|x| > lane ? |x| : lane), so NaNs are skipped as there, and a maximum is
  * the same in any order; codes: v = (x*inv + 1.5*2^23) - 1.5*2^23 (separate vmulps, vaddps, vsubps),
  * vminps(127, v) = (v > 127 ? 127 : v) and vmaxps(-127, v) = (v < -127 ? -127 : v) keep a NaN, which
  * then becomes 0; the codes' sum is an exact int32. */
 void ib_quantize_act_avx512(const float *x, int B, int K, int G, int8_t *xq, float *d, float *ad) {
+    if (G % 16) {
+        ib_quantize_act(x, B, K, G, xq, d, ad);
+        return;
+    }
     const int ng = K / G;
     const __m512 rne = _mm512_set1_ps(12582912.0f), hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
     for (int b = 0; b < B; b++)
