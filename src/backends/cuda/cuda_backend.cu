@@ -1278,46 +1278,27 @@ __device__ __forceinline__ void halves8_to_f32(uint4 w, float *o) {
 
 /* Stage a chunk: key and value rows slot[j] (hd elements of T) of the cache planes kp, vp as floats
  * into stk, stv [nc][ld] (shared memory; ld a multiple of 4), each element exactly to_f32 of the cache
- * (a float is copied as it is). All threads, 16 bytes of cache at a time, eight loads in flight each;
- * when the block's threads are a multiple of a row's 16-byte pieces, each thread keeps one column. */
+ * (a float is copied as it is). All threads, each keeping one 16-byte column of the rows (the block's
+ * threads a multiple of a row's pieces), eight loads in flight each. */
 template <typename T>
 __device__ __forceinline__ void stage_rows_f32(float *stk, float *stv, const T *__restrict__ kp, const T *__restrict__ vp,
                                                const int *slot, int nc, int hd, int ld) {
     constexpr int E = 16 / (int)sizeof(T);   /* elements per 16 bytes */
-    const int pieces = hd / E, n = 2 * nc * pieces, nt = blockDim.x;
-    if (nt % pieces == 0) {
-        /* each thread one 16-byte column of rows r0, r0 + rstep, …: rows < nc keys, then values */
-        const int col = (int)threadIdx.x % pieces, rstep = nt / pieces, rows = 2 * nc;
-        for (int r0 = (int)threadIdx.x / pieces; r0 < rows; r0 += 8 * rstep) {
-            uint4 w[8];
-#pragma unroll
-            for (int t = 0; t < 8; t++) {
-                const int rr = r0 + t * rstep, isv = rr >= nc;
-                if (rr < rows) w[t] = *(const uint4 *)((isv ? vp : kp) + (size_t)slot[rr - isv * nc] * hd + col * E);
-            }
-#pragma unroll
-            for (int t = 0; t < 8; t++) {
-                const int rr = r0 + t * rstep, isv = rr >= nc;
-                if (rr >= rows) break;
-                float *o = (isv ? stv : stk) + (size_t)(rr - isv * nc) * ld + col * E;
-                if (sizeof(T) == 2) halves8_to_f32(w[t], o);
-                else *(uint4 *)o = w[t];
-            }
-        }
-        return;
-    }
-    for (int i0 = threadIdx.x; i0 < n; i0 += 8 * nt) {
+    const int pieces = hd / E;   /* 16-byte pieces of a row: they divide the block's threads */
+    /* each thread one 16-byte column of rows r0, r0 + rstep, …: rows < nc keys, then values */
+    const int col = (int)threadIdx.x % pieces, rstep = (int)blockDim.x / pieces, rows = 2 * nc;
+    for (int r0 = (int)threadIdx.x / pieces; r0 < rows; r0 += 8 * rstep) {
         uint4 w[8];
 #pragma unroll
         for (int t = 0; t < 8; t++) {
-            const int i = i0 + t * nt, kv = i >= nc * pieces, ii = i - kv * nc * pieces;
-            if (i < n) w[t] = *(const uint4 *)((kv ? vp : kp) + (size_t)slot[ii / pieces] * hd + (ii % pieces) * E);
+            const int rr = r0 + t * rstep, isv = rr >= nc;
+            if (rr < rows) w[t] = *(const uint4 *)((isv ? vp : kp) + (size_t)slot[rr - isv * nc] * hd + col * E);
         }
 #pragma unroll
         for (int t = 0; t < 8; t++) {
-            const int i = i0 + t * nt, kv = i >= nc * pieces, ii = i - kv * nc * pieces;
-            if (i >= n) break;
-            float *o = (kv ? stv : stk) + (size_t)(ii / pieces) * ld + (ii % pieces) * E;
+            const int rr = r0 + t * rstep, isv = rr >= nc;
+            if (rr >= rows) break;
+            float *o = (isv ? stv : stk) + (size_t)(rr - isv * nc) * ld + col * E;
             if (sizeof(T) == 2) halves8_to_f32(w[t], o);
             else *(uint4 *)o = w[t];
         }
@@ -1456,7 +1437,8 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
      * [kpc][ld], rows padded by 16 floats: two 16-lane groups reading different keys hit different
      * banks), when a stage holds a whole key block (kpc keys) */
     const int ld = hd + 16, kpc = stage ? stage_bytes / (2 * ld * (int)sizeof(float)) : 0;
-    const bool staged = kpc >= block && (hd * (int)sizeof(T)) % 16 == 0;
+    const int pieces = hd * (int)sizeof(T) / 16;   /* stage_rows_f32's columns */
+    const bool staged = kpc >= block && (hd * (int)sizeof(T)) % 16 == 0 && (int)blockDim.x % pieces == 0;
     const int chunk_cap = staged && kpc < ATT_CHUNK ? kpc : ATT_CHUNK;
     float *stk = (float *)stage, *stv = stk + (size_t)kpc * ld;
     ATT_MARK(1);
