@@ -187,11 +187,18 @@ ATTN_AI void dot16_keys(const int T, const int NQ, const int f16, const int fuse
                     a[h][3][NV - 1], r + (size_t)h * rs);
         return;
     }
-    if (T == 2 && NQ == 2 && i == n) {   /* the pair's 2 x 2 dot products as one finish4 */
+    if (T * NQ <= 4 && i == n) {
+        /* up to 4 dot products (the pair's 2 x 2, or a block's last keys) as one finish4: product x =
+         * h*T + t in slot x, the unused slots repeating product 0 (each slot's tree is its own) */
+        vecf b[4][NV];
         float rr[4];
-        finish4(a[0][0][0], a[0][0][NV - 1], a[0][1][0], a[0][1][NV - 1], a[1][0][0], a[1][0][NV - 1], a[1][1][0],
-                a[1][1][NV - 1], rr);
-        r[0] = rr[0], r[1] = rr[1], r[rs] = rr[2], r[(size_t)rs + 1] = rr[3];
+#pragma GCC unroll 4
+        for (int x = 0; x < 4; x++)
+#pragma GCC unroll 2
+            for (int u = 0; u < NV; u++) b[x][u] = x < T * NQ ? a[x / T][x % T][u] : a[0][0][u];
+        finish4(b[0][0], b[0][NV - 1], b[1][0], b[1][NV - 1], b[2][0], b[2][NV - 1], b[3][0], b[3][NV - 1], rr);
+#pragma GCC unroll 4
+        for (int x = 0; x < T * NQ; x++) r[(size_t)(x / T) * rs + x % T] = rr[x];
         return;
     }
 #endif
