@@ -291,27 +291,12 @@ ATTN_AI void block_scores(const int NQ, const int f16, const int fused, const fl
         for (j = j0; j < nb; j++) s[(size_t)h * rs + j] = s[(size_t)h * rs + j] * scale;
 }
 
-/* The softmax side of one block's online update from its scores s[j0..nb): the running max m and
- * sum l move on, pw[j0..nb) gets the block's weights (computed lane-parallel); returns the factor c
- * that rescales what the outputs hold so far. */
-ATTN_AI float block_weights(const float *s, int j0, int nb, float *m, float *l, float *pw) {
-    float mb = -INFINITY;
-    for (int j = j0; j < nb; j++)
-        if (s[j] > mb) mb = s[j];
-    float m_new = mb > *m ? mb : *m;
-    float c = ib_expf(*m - m_new); /* exp(-inf) = 0 on the first block */
-    float lv = *l * c;
-    for (int j = j0; j < nb; j++) pw[j] = ib_expf_lane(s[j] - m_new);
-    for (int j = j0; j < nb; j++) lv = lv + pw[j];
-    *m = m_new;
-    *l = lv;
-    return c;
-}
-
-/* block_weights for NQ <= 2 heads at once (head h's scores at s + h*rs, its weights to pw + h*rs, its
- * factor to c[h]), the heads' loops interleaved: each head's max and sum are chains of dependent
- * operations (one per key), which two heads then run side by side. Each head's operations and their
- * order are block_weights' exactly. */
+/* The softmax side of one block's online update for NQ <= 2 heads from their scores (head h's s[j0..nb)
+ * at s + h*rs): per head, the block max, m' = max(m, it), c = exp(m - m') (c[h]: the factor that
+ * rescales what the outputs hold so far), the weights pw[j] = exp(s[j] - m') (to pw + h*rs,
+ * lane-parallel), l = l*c then l += pw[j] in key order; m[h], l[h] move on. The heads' loops are
+ * interleaved: each head's max and sum are chains of dependent operations (one per key), which two heads
+ * run side by side; each head's operations and their order are those of one head alone. */
 ATTN_AI void block_weights_n(const int NQ, const float *s, int rs, int j0, int nb, float *m, float *l, float *pw,
                              float *c) {
     float mb[2], m_new[2], lv[2];
@@ -358,7 +343,7 @@ ATTN_AI void block2_heads(const int NQ, const int f16, const int fused, const fl
     static const float one[2] = {1.0f, 1.0f};
     block_scores(NQ, f16, fused, q, k1, 0, st, hd, scale, 0, n1, n1, s, RS);
     if (n2 > 0) block_scores(NQ, f16, fused, q, k2, 0, st, hd, scale, 0, n2, n2, s + n1, RS);
-    for (int h = 0; h < NQ; h++) c[h] = block_weights(s + h * RS, 0, n1 + n2, &m[h], &l[h], pw + h * RS);
+    block_weights_n(NQ, s, RS, 0, n1 + n2, m, l, pw, c);
     scale_accumulate(NQ, f16, out, hd, c, pw, RS, v1, 0, st, 0, n1, n1);
     if (n2 > 0) scale_accumulate(NQ, f16, out, hd, one, pw + n1, RS, v2, 0, st, 0, n2, n2);
 }
