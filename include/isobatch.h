@@ -222,6 +222,8 @@ typedef struct ib_engine_opts {
     ib_act act;           /* IB_ACT_AUTO by default */
     int max_step_tokens;  /* most tokens (over all items) one ib_step may carry; 0 means 512 */
     ib_backend_kind backend; /* IB_BACKEND_CPU by default; the isa applies to the CPU backend */
+    int profile;          /* 1: time every backend operation of every step (ib_engine_profile); CPU
+                           * backend only. 0 (default): off, the step calls the backend directly */
 } ib_engine_opts;
 
 /* Most threads threads = 0 picks. */
@@ -234,6 +236,47 @@ void ib_engine_free(ib_engine *e);
 ib_isa ib_engine_isa(const ib_engine *e);   /* the ISA actually used */
 ib_act ib_engine_act(const ib_engine *e);   /* the activation mode actually used */
 ib_backend_kind ib_engine_backend(const ib_engine *e);   /* where it computes */
+
+/* ---------------------------------------------------------------- step profile */
+
+/* Where a step's time goes, by backend operation (ib_engine_opts.profile = 1). Each operation the
+ * step calls is timed around the call (CLOCK_MONOTONIC) and its time and one call are added to its
+ * category. The CPU backend computes each operation before it returns, so the times are where the
+ * step's compute went; the time between operations (the step's own bookkeeping) is in no category.
+ * A backend that records a step and runs it at step_end (CUDA, as one graph) cannot be profiled
+ * this way: ib_engine_create refuses profile = 1 on any backend but the CPU one (IB_ERR_UNSUPPORTED).
+ * Profiling only times; the logits are bitwise those of an engine without it. */
+typedef enum ib_prof_op {
+    IB_PROF_EMBED = 0,   /* embedding rows */
+    IB_PROF_RMSNORM,     /* row norms (the final norm is in LOGITS) */
+    IB_PROF_QKV,         /* the q, k, v products */
+    IB_PROF_O,           /* the attention output product */
+    IB_PROF_GATE_UP,     /* the MLP's gate and up products */
+    IB_PROF_DOWN,        /* the MLP's down product */
+    IB_PROF_QK_PREPARE,  /* head norms, RoPE, KV store */
+    IB_PROF_ATTENTION,
+    IB_PROF_ACT,         /* SwiGLU / GeGLU */
+    IB_PROF_MOE,         /* routed experts (Gemma 4) */
+    IB_PROF_ADD,         /* residual adds */
+    IB_PROF_LOGITS,      /* final norm, lm_head, softcap, argmax and logits copies */
+    IB_PROF_STEP,        /* step_begin + step_end (rows in, waiting, results out) */
+    IB_PROF_OTHER,       /* everything else: layer scalars, per-layer embeddings, diagnostics reads */
+    IB_PROF_COUNT
+} ib_prof_op;
+
+/* Totals since the engine was created or last reset. */
+typedef struct ib_step_profile {
+    uint64_t steps;                  /* steps begun */
+    double seconds[IB_PROF_COUNT];   /* time inside each category's calls */
+    uint64_t calls[IB_PROF_COUNT];   /* calls of each category */
+} ib_step_profile;
+
+/* Short name of a category ("qkv", "gate/up", …); "?" when out of range. */
+const char *ib_prof_op_name(ib_prof_op op);
+/* Copy e's totals to *out. IB_ERR_STATE (out zeroed) when e was created without profile = 1. */
+ib_status ib_engine_profile(const ib_engine *e, ib_step_profile *out, ib_error *err);
+/* Zero e's totals (nothing when e does not profile). */
+void ib_engine_profile_reset(ib_engine *e);
 
 /* ---------------------------------------------------------------- sampling */
 

@@ -1,13 +1,14 @@
 /*
- * engine.c — engine creation: the one place the backend, the ISA and the activation mode are decided,
- * the host thread pool, the backend instance and the per-step host arrays, sized once so a step
- * allocates nothing.
+ * engine.c — engine creation: the one place the backend, the ISA, the activation mode and profiling
+ * are decided, the host thread pool, the backend instance (behind the profiling wrapper when asked)
+ * and the per-step host arrays, sized once so a step allocates nothing.
  */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "backends/cpu/cpu.h"
+#include "backends/profile.h"
 #include "core/error.h"
 #include "runtime/runtime.h"
 
@@ -40,6 +41,10 @@ ib_status ib_engine_create(const ib_model *m, const ib_engine_opts *opts, ib_eng
     if (o.max_step_tokens <= 0) o.max_step_tokens = DEFAULT_STEP_TOKENS;
     if (o.max_step_tokens > (1 << 20))
         return ib_fail(err, IB_ERR_INVALID_ARG, "engine: max_step_tokens %d is too large", o.max_step_tokens);
+    if (o.profile && o.backend != IB_BACKEND_CPU)   /* decided first: the reason holds on any machine */
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "profile: backend %s records a step and runs it as one graph at "
+                       "step_end, so per-operation host times would be meaningless (profile the cpu backend)",
+                       ib_backend_name(o.backend));
     const char *why = NULL;
     if (!ib_backend_available(o.backend, &why))
         return ib_fail(err, IB_ERR_UNSUPPORTED, "backend %s: %s", ib_backend_name(o.backend), why);
@@ -85,6 +90,12 @@ ib_status ib_engine_create(const ib_model *m, const ib_engine_opts *opts, ib_eng
     }
     ib_backend_cfg bc = {.isa = isa, .act = act, .max_rows = o.max_step_tokens, .pool = e->pool};
     if ((rc = ib_backend_ops_for(o.backend)->create(m, &bc, &e->be, err))) goto fail;
+    if (o.profile) {
+        ib_backend *timed = NULL;
+        if ((rc = ib_profile_wrap(e->be, &timed, err))) goto fail;   /* e->be still the inner: freed below */
+        e->be = timed;
+        e->profile = 1;
+    }
     *out = e;
     return IB_OK;
 fail:
@@ -95,3 +106,14 @@ fail:
 ib_isa ib_engine_isa(const ib_engine *e) { return e->isa; }
 ib_act ib_engine_act(const ib_engine *e) { return e->act; }
 ib_backend_kind ib_engine_backend(const ib_engine *e) { return e->kind; }
+
+ib_status ib_engine_profile(const ib_engine *e, ib_step_profile *out, ib_error *err) {
+    memset(out, 0, sizeof *out);
+    if (!e->profile) return ib_fail(err, IB_ERR_STATE, "profile: the engine was created without profile = 1");
+    ib_profile_read(e->be, out);
+    return IB_OK;
+}
+
+void ib_engine_profile_reset(ib_engine *e) {
+    if (e->profile) ib_profile_reset(e->be);
+}

@@ -36,7 +36,9 @@ struct ib_engine {
     ib_isa isa;               /* the CPU kernels' ISA (resolved once, never AUTO) */
     ib_act act;               /* resolved: F32 or Q8 */
     ib_backend_kind kind;
-    ib_backend *be;           /* the backend instance computing the steps */
+    ib_backend *be;           /* the backend instance computing the steps (profiling: the wrapper
+                               * of backends/profile.h in front of it) */
+    int profile;              /* be is a profiling wrapper (ib_engine_opts.profile) */
     int max_tokens;           /* R_max: tokens per step */
     /* per-step host arrays, sized for R_max rows (allocated once at create) */
     int32_t *tok;             /* [R] */
