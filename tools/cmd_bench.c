@@ -19,7 +19,7 @@ static const char help[] =
     "usage: isobatch bench [-m DIR] [--batch 1,2,4,8,16,32,64] [--prompt 128] [--gen 32] [--threads T]\n"
     "                      [--act auto|f32|q8] [--isa auto|scalar|avx2|avx512|neon|amx] [--kv-dtype f32|f16]\n"
     "                      [--backend cpu|cuda] [--inject FAULT]\n"
-    "                      [--kv full|window:W|sink:S,window:W] [--reps 3] [--host-logits] [--json]\n"
+    "                      [--kv full|window:W|sink:S,window:W] [--reps 3] [--host-logits] [--profile] [--json]\n"
     "  prefill: one session, --prompt tokens in one step.  decode: B sessions holding --prompt tokens\n"
     "  each step together for --gen tokens.  floor: (weight bytes + KV bytes read) per step over the\n"
     "  (MoE: the dense weights and the chosen experts only: top-k per layer at B=1, the expected distinct\n"
@@ -32,7 +32,13 @@ static const char help[] =
     "  chooses there, as generate and serve do (they hash the logits).\n"
     "  --kv: the sessions' KV policy (windowed sessions attend at most S + W keys, which the floor counts).\n"
     "  --inject: test-only, measure with a fault injected (gpu-split-k: the CUDA products without the\n"
-    "  contract's order, for what the order costs); the header names it.\n";
+    "  contract's order, for what the order costs); the header names it.\n"
+    "  --profile: after the prefill line and each batch line, where a step's time went: the ms per step of\n"
+    "  each backend operation category (qkv, o, gate/up, down: the products; act: SwiGLU/GeGLU; logits:\n"
+    "  final norm, lm_head and the copies; step: step_begin + step_end; other: layer scalars, per-layer\n"
+    "  embeddings) and its share of the measured step, then their total against it (the rest is the\n"
+    "  step's own bookkeeping and, in decode, choosing the next tokens). CPU backend only (a CUDA step\n"
+    "  runs as one graph at its end). --json: an object \"profile\" per batch size and \"prefill_profile\".\n";
 
 #define MAX_B 256
 #define MAX_REPS 15
@@ -119,6 +125,37 @@ static double row_kv_bytes(const ib_model_info *in, double keys, int sink, int w
 
 typedef struct stat3 { double med, lo, hi; } stat3;
 
+/* One line of a phase's profile: "  profile LABEL (ms/step):  qkv 3.10 (21%)  ...  total T of M measured",
+ * each category that was called, in ms per step and as a share of the measured step (measured_s: the
+ * wall time of the phase's p->steps steps). */
+static void profile_print(const char *label, const ib_step_profile *p, double measured_s) {
+    double n = p->steps ? (double)p->steps : 1, meas_ms = measured_s * 1e3 / n, total = 0;
+    printf("  profile %s (ms/step):", label);
+    for (int i = 0; i < IB_PROF_COUNT; i++) {
+        if (!p->calls[i]) continue;
+        double ms = p->seconds[i] * 1e3 / n;
+        total += ms;
+        printf("  %s %.2f (%.0f%%)", ib_prof_op_name((ib_prof_op)i), ms, meas_ms > 0 ? 100 * ms / meas_ms : 0.0);
+    }
+    printf("  total %.2f of %.2f measured\n", total, meas_ms);
+}
+
+/* A phase's profile as JSON: {"steps", "measured_ms_per_step", "total_ms_per_step", "ops": {NAME:
+ * {"ms_per_step", "share", "calls_per_step"}}} with every category (share: of the measured step). */
+static json_t *profile_json(const ib_step_profile *p, double measured_s) {
+    double n = p->steps ? (double)p->steps : 1, meas_ms = measured_s * 1e3 / n, total = 0;
+    json_t *ops = json_object();
+    for (int i = 0; i < IB_PROF_COUNT; i++) {
+        double ms = p->seconds[i] * 1e3 / n;
+        total += ms;
+        json_object_set_new(ops, ib_prof_op_name((ib_prof_op)i),
+                            json_pack("{s:f, s:f, s:f}", "ms_per_step", ms, "share", meas_ms > 0 ? ms / meas_ms : 0.0,
+                                      "calls_per_step", (double)p->calls[i] / n));
+    }
+    return json_pack("{s:I, s:f, s:f, s:o}", "steps", (json_int_t)p->steps, "measured_ms_per_step", meas_ms,
+                     "total_ms_per_step", total, "ops", ops);
+}
+
 static stat3 summarize(double *v, int n) {
     stat3 s;
     s.med = median(v, n);
@@ -138,6 +175,7 @@ int cmd_bench(int argc, char **argv) {
     int kv_sink = 0, kv_window = 0;
     const char *kv_policy = "full";
     int host_logits = 0;   /* decode: logits to the host and ib_sample (else ib_step's argmax) */
+    int profile = 0;       /* --profile: the engine times each backend operation (ib_engine_profile) */
     if (threads < 1) threads = 1;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *v;
@@ -151,6 +189,10 @@ int cmd_bench(int argc, char **argv) {
         }
         if (!strcmp(f, "--host-logits")) {
             host_logits = 1;
+            continue;
+        }
+        if (!strcmp(f, "--profile")) {
+            profile = 1;
             continue;
         }
         if (!(v = cli_value(argc, argv, &i))) return 2;
@@ -182,6 +224,10 @@ int cmd_bench(int argc, char **argv) {
         } else
             return cli_unknown_option("bench", f, help);
     }
+    if (profile && backend != IB_BACKEND_CPU)   /* refused before any work, on any machine */
+        return cli_usage_error("--profile: backend %s records a step and runs it as one graph at its end, so "
+                               "per-operation host times would be meaningless (use --backend cpu)",
+                               ib_backend_name(backend));
     if (!(dir = cli_model_dir(dir))) return 2;
     /* started before anything large is allocated: the probe's process then copies no page tables of
      * the model and the benchmark never pays copy-on-write faults for pages it shares with it */
@@ -203,7 +249,7 @@ int cmd_bench(int argc, char **argv) {
     int V = info->vocab_size, maxb = 1;
     for (int i = 0; i < nb; i++) maxb = batches[i] > maxb ? batches[i] : maxb;
     ib_engine_opts eo = {.threads = (int)threads, .isa = isa, .act = act, .backend = backend,
-                         .max_step_tokens = (int)(prompt > maxb ? prompt : maxb)};
+                         .max_step_tokens = (int)(prompt > maxb ? prompt : maxb), .profile = profile};
     if (ib_engine_create(m, &eo, &e, &err)) {
         rc = cli_error("%s", err.msg);
         goto out;
@@ -245,7 +291,8 @@ int cmd_bench(int argc, char **argv) {
     }
 
     /* prefill: the whole prompt in one step, from position 0 */
-    double tp[MAX_REPS];
+    double tp[MAX_REPS], prefill_s = 0;
+    ib_engine_profile_reset(e);
     for (int r = 0; r < reps; r++) {
         ib_session_rewind(proto, 0, NULL);
         ib_step_item it = {proto, ids, (int)prompt, logits, NULL};
@@ -254,7 +301,14 @@ int cmd_bench(int argc, char **argv) {
             rc = cli_error("%s", err.msg);
             goto out;
         }
-        tp[r] = prompt / (now_s() - t0);
+        double dt = now_s() - t0;
+        prefill_s += dt;
+        tp[r] = prompt / dt;
+    }
+    ib_step_profile prefill_prof;
+    if (profile && ib_engine_profile(e, &prefill_prof, &err)) {
+        rc = cli_error("%s", err.msg);
+        goto out;
     }
     stat3 pre = summarize(tp, (int)reps);
     const char *act_name = ib_engine_act(e) == IB_ACT_Q8 ? "q8" : "f32";
@@ -275,6 +329,7 @@ int cmd_bench(int argc, char **argv) {
         if (ib_fault_get()) json_object_set_new(out, "fault", json_string(ib_fault_name(ib_fault_get())));
         json_object_set_new(out, "prefill_tok_s", json_pack("{s:f, s:f, s:f, s:i}", "median", pre.med, "min", pre.lo,
                                                             "max", pre.hi, "tokens", (int)prompt));
+        if (profile) json_object_set_new(out, "prefill_profile", profile_json(&prefill_prof, prefill_s));
         json_object_set_new(out, "decode", json_array());
     } else {
         printf("model %s: %.1f MB weights, %zu KV bytes/token (%s, kv %s); %ld threads, isa %s, act %s\n", dir,
@@ -294,6 +349,7 @@ int cmd_bench(int argc, char **argv) {
             printf("read bandwidth %.1f GB/s (measured, %ld threads; again between the repetitions below)\n", bw / 1e9,
                    threads);
         printf("prefill %ld tokens: %.1f tok/s (min %.1f, max %.1f)\n", prompt, pre.med, pre.lo, pre.hi);
+        if (profile) profile_print("prefill", &prefill_prof, prefill_s);
         printf("%5s %12s %22s %10s %9s %12s %9s\n", "batch", "decode tok/s", "(min-max)", "ms/step", "read GB/s",
                "floor tok/s", "of floor");
     }
@@ -309,6 +365,8 @@ int cmd_bench(int argc, char **argv) {
         int B = batches[bi];
         double tput[MAX_REPS], ms[MAX_REPS], frac[MAX_REPS], bw_rep[MAX_REPS + 1], bw_mid[MAX_REPS];
         int first_pass = n_bw;
+        double decode_s = 0;   /* inside the steps' loop, all repetitions (what the profile covers) */
+        ib_engine_profile_reset(e);
         /* bytes one step must read: the weights it uses once, and the keys and values each session attends */
         double keys = prompt + gen / 2.0; /* keys a row attends, on average over the repetition */
         double step_bytes = step_weight_bytes(info, B) + B * row_kv_bytes(info, keys, kv_sink, kv_window, kv_per_token);
@@ -342,10 +400,16 @@ int cmd_bench(int argc, char **argv) {
                     else next[b] = chosen[b], ib_session_note_tokens(s[b], &next[b], 1);
             }
             double dt = now_s() - t0;
+            decode_s += dt;
             tput[r] = B * gen / dt;
             ms[r] = dt * 1e3 / gen;
         }
         double step_ms = median(ms, (int)reps);
+        ib_step_profile prof;
+        if (profile && ib_engine_profile(e, &prof, &err)) {
+            rc = cli_error("%s", err.msg);
+            goto out;
+        }
         /* the row's floor: the median of every pass taken around its repetitions */
         double floor_tps = B / (step_bytes / median_kept(bw_all + first_pass, n_bw - first_pass));
         double tput_sorted[MAX_REPS];
@@ -358,14 +422,19 @@ int cmd_bench(int argc, char **argv) {
             for (int r = 0; r < reps; r++)
                 json_array_append_new(per_rep, json_pack("{s:f, s:f, s:f}", "tok_s", tput[r], "read_bandwidth_gbs",
                                                          bw_mid[r] / 1e9, "fraction_of_floor", frac[r]));
-            json_array_append_new(json_object_get(out, "decode"),
-                                  json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:o}", "batch", B, "tok_s",
-                                            d.med, "min", d.lo, "max", d.hi, "ms_per_step", step_ms, "read_gbs",
-                                            read_gbs, "floor_tok_s", floor_tps, "fraction_of_floor", of_floor, "reps",
-                                            per_rep));
+            json_t *row = json_pack("{s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:o}", "batch", B, "tok_s", d.med, "min",
+                                    d.lo, "max", d.hi, "ms_per_step", step_ms, "read_gbs", read_gbs, "floor_tok_s",
+                                    floor_tps, "fraction_of_floor", of_floor, "reps", per_rep);
+            if (profile) json_object_set_new(row, "profile", profile_json(&prof, decode_s));
+            json_array_append_new(json_object_get(out, "decode"), row);
         } else {
             printf("%5d %12.1f %10.1f - %-10.1f %10.2f %9.1f %12.1f %8.0f%%\n", B, d.med, d.lo, d.hi, step_ms, read_gbs,
                    floor_tps, 100 * of_floor);
+            if (profile) {
+                char label[24];
+                snprintf(label, sizeof label, "B=%d", B);
+                profile_print(label, &prof, decode_s);
+            }
         }
         fflush(stdout);
     }
