@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CLI tests: the isobatch tool end to end on a tiny synthetic model — invariance through the CLI
 # (12 prompts: every --batch, --threads, --prefill-chunk and --isa of the contract, reversed order,
-# greedy and seeded, each comparison failing under --inject), --json fields, --logits-out, the
+# greedy and seeded, each comparison failing under --inject), --json fields, bench --profile, --logits-out, the
 # --check-serial verdict under every batch fault, the mkmodel presets and weight formats, and every bad
 # input: a one-line error naming what was wrong, a non-zero exit, no crash. Bad inputs run under the
 # ASan/UBSan build.
@@ -200,6 +200,46 @@ fi
     > "$T/bench.txt" 2>&1 && grep -q "(f16, kv sink:2,window:8)" "$T/bench.txt" && grep -qE '^ +2 ' "$T/bench.txt" && ok \
     || bad "bench --kv sink:2,window:8: $(cat "$T/bench.txt")"
 
+# bench --profile: a line after the prefill line and after each batch line, every category the tiny
+# Qwen3 model's step calls (no moe), the total against the measured step; --json: the same as objects
+# (every category, the calls per step the 2 layers imply, the categories within the measured step)
+"$BIN" bench -m "$T/m" --batch 1,2 --prompt 8 --gen 4 --threads 2 --reps 2 --profile > "$T/prof.txt" 2>&1 \
+    && grep -A1 "^prefill 8 tokens" "$T/prof.txt" | grep -q "^  profile prefill (ms/step):" \
+    && grep -A1 -E "^ +2 " "$T/prof.txt" | grep -q "^  profile B=2 (ms/step):" \
+    && [ "$(grep -c "^  profile " "$T/prof.txt")" = 3 ] && ok || bad "bench --profile lines: $(cat "$T/prof.txt")"
+for c in embed rmsnorm qkv o gate/up down qk_prepare attention act add logits step; do
+    [ "$(grep "^  profile " "$T/prof.txt" | grep -cE "  $c [0-9]+\.[0-9]{2} \([0-9]+%\)")" = 3 ] && ok \
+        || bad "bench --profile: category $c missing from a line"
+done
+grep "^  profile " "$T/prof.txt" | grep -qE "  (moe|other) " && bad "bench --profile: a category the model never calls" || ok
+[ "$(grep "^  profile " "$T/prof.txt" | grep -cE "  total [0-9]+\.[0-9]{2} of [0-9]+\.[0-9]{2} measured$")" = 3 ] && ok \
+    || bad "bench --profile: total"
+if "$BIN" bench -m "$T/m" --batch 1,3 --prompt 8 --gen 4 --threads 2 --reps 2 --profile --json > "$T/prof.json" 2>"$T/prof.err"; then
+    node -e '
+const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+const bad = [], names = ["embed", "rmsnorm", "qkv", "o", "gate/up", "down", "qk_prepare", "attention", "act", "moe",
+                         "add", "logits", "step", "other"];
+const per = {embed: 1, rmsnorm: 4, qkv: 2, o: 2, "gate/up": 2, down: 2, qk_prepare: 2, attention: 2, act: 2, moe: 0,
+             add: 4, logits: 1, step: 2, other: 0};
+const check = (p, steps, what) => {
+  if (!p || p.steps !== steps) { bad.push(what + " steps"); return; }
+  let sum = 0;
+  for (const n of names) {
+    const o = p.ops[n];
+    if (!o || !(o.ms_per_step >= 0) || o.calls_per_step !== per[n]) { bad.push(what + " " + n); continue; }
+    sum += o.ms_per_step;
+    if (Math.abs(o.share - o.ms_per_step / p.measured_ms_per_step) > 1e-9) bad.push(what + " share " + n);
+  }
+  if (Object.keys(p.ops).length !== names.length) bad.push(what + " ops");
+  if (Math.abs(sum - p.total_ms_per_step) > 1e-9 * sum || !(p.total_ms_per_step <= p.measured_ms_per_step)) bad.push(what + " total");
+};
+check(r.prefill_profile, 2, "prefill");
+for (const d of r.decode) check(d.profile, 2 * 4, "B=" + d.batch);
+if (bad.length) { console.log(bad.join(" ")); process.exit(1); }' "$T/prof.json" && ok || bad "bench --profile --json: $(cat "$T/prof.json")"
+else
+    bad "bench --profile --json failed: $(cat "$T/prof.err")"
+fi
+
 # other architectures and weight formats: Llama (no q/k norm), untied lm_head, 8-bit, bf16, f32
 "$BIN" mkmodel --preset tiny --arch llama --seed 4 --out "$T/llama" >/dev/null || bad "mkmodel llama"
 "$BIN" info -m "$T/llama" | grep -q "architecture llama" && ok || bad "info llama"
@@ -265,6 +305,12 @@ expect_error "bench context" "exceeds the model's context" "$B" bench -m "$T/m" 
 expect_error "bench missing dir" "$T/none" "$B" bench -m "$T/none"
 expect_error "bench kv policy" "--kv: 'window:0'" "$B" bench -m "$T/m" --kv window:0
 expect_error "generate kv policy" "--kv: 'sink:2'" "$B" generate -m "$T/m" -p x --kv sink:2
+# --profile with a backend that runs a step as one graph: refused before any work, on any machine
+# (before the CUDA backend's own availability check), with nothing on stdout
+expect_error "bench profile cuda" "--profile: backend cuda records a step and runs it as one graph" \
+    "$B" bench -m "$T/m" --backend cuda --profile --batch 1 --prompt 4 --gen 2
+"$B" bench -m "$T/m" --profile --backend cuda > "$T/profcuda.out" 2>/dev/null; prc=$?
+[ "$prc" = 2 ] && [ ! -s "$T/profcuda.out" ] && ok || bad "bench --profile --backend cuda: exit $prc, stdout: $(cat "$T/profcuda.out")"
 # the bandwidth probe process dying mid-run: a one-line error and a failing exit, not a floor of 0
 "$B" bench -m "$T/m" --batch 1,2,4 --prompt 8 --gen 2000 --reps 15 > "$T/probe.out" 2> "$T/probe.err" &
 bp=$!
