@@ -238,7 +238,8 @@ typedef struct cuda_backend {
     int n_sm;                        /* the device's multiprocessors */
     int att_group_rows;              /* attention takes a block per KV head from this many rows */
     int repeat;                      /* REPEAT_* kernels launched twice (IB_CUDA_REPEAT: timing by difference) */
-    int att_stage;                   /* per-head attention stages keys and values in shared memory */
+    int att_stage;                   /* most bytes per-head attention stages keys and values in (0: none) */
+    int att_cl;                      /* blocks (a cluster) a head of the per-head attention, where the grid allows */
     int q_ready_buf, q_ready_G;      /* buffer whose Q8 form (group G) a fused norm just wrote, or -1 */
     struct gcache *gc;               /* [NGRAPH] */
     unsigned long long tick;
@@ -266,19 +267,26 @@ static void note(cuda_backend *b, cudaError_t e, const char *where) {
 }
 #define LAUNCHED(b, what) note((b), cudaGetLastError(), (what))
 
-/* Enqueue kernel k on b's stream (grid, block, dynamic shared bytes, its arguments), with programmatic
- * dependent launch when b->pdl (each kernel waits for its predecessor itself: PDL_ENTER). */
+/* Enqueue kernel k on b's stream (grid, block, dynamic shared bytes, its arguments) in clusters of cl
+ * blocks along x (cl > 1: thread block clusters; the grid a multiple of cl), with programmatic dependent
+ * launch when b->pdl (each kernel waits for its predecessor itself: PDL_ENTER). */
 template <typename... KArgs, typename... Args>
-static void launch(cuda_backend *b, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
+static void launch_cl(cuda_backend *b, int cl, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = b->st;
-    cudaLaunchAttribute at[1];
+    cudaLaunchAttribute at[2];
     memset(at, 0, sizeof at);
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = b->pdl ? 1 : 0;
-    cfg.attrs = at, cfg.numAttrs = 1;
+    at[1].id = cudaLaunchAttributeClusterDimension;
+    at[1].val.clusterDim.x = (unsigned)cl, at[1].val.clusterDim.y = 1, at[1].val.clusterDim.z = 1;
+    cfg.attrs = at, cfg.numAttrs = cl > 1 ? 2 : 1;
     note(b, cudaLaunchKernelEx(&cfg, k, (KArgs)args...), "launch");
+}
+template <typename... KArgs, typename... Args>
+static void launch(cuda_backend *b, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
+    launch_cl(b, 1, k, grid, block, smem, args...);
 }
 
 /* ---------------------------------------------------------------- kernels: products */
@@ -1366,14 +1374,16 @@ struct att_smem1 {
     int bt0[ATT_MAX_BLOCKS + 1];   /* chunk index of each key block's first key, then the chunk's size */
     float c[ATT_MAX_BLOCKS];       /* each key block's rescale factor */
     float bm[ATT_MAX_BLOCKS];      /* block_maxima_par's scratch */
+    float xsc[ATT_CHUNK];          /* split over a cluster: the scores this block makes, for the others */
     float l, m;                    /* the running sum (at the end), the running max */
 };
 
-/* sm.sc[j] = dot16(q, key j) * scale for the chunk's nc keys, key j at kc + slot[j] * ld (the cache, or
- * a stage with identity slots): 16 threads per key own ib_dot16's lanes and fold them 8, 4, 2, 1; four
- * keys per group per round, every group the same number of rounds (whole warps in the shuffles). */
+/* sc[j] = dot16(q, key j) * scale for nc keys, key j at kc + sm.slot[j] * ld (the cache, or a stage with
+ * identity slots): 16 threads per key own ib_dot16's lanes and fold them 8, 4, 2, 1; four keys per group
+ * per round, every group the same number of rounds (whole warps in the shuffles). */
 template <typename T>
-__device__ __forceinline__ void head_scores(att_smem1 &sm, const T *__restrict__ kc, int nc, int ld, int hd, float scale) {
+__device__ __forceinline__ void head_scores(att_smem1 &sm, float *sc, const T *__restrict__ kc, int nc, int ld, int hd,
+                                            float scale) {
     const int grp = threadIdx.x >> 4, u = threadIdx.x & 15, ngrp = blockDim.x >> 4;
     for (int j0 = 0; j0 < nc; j0 += 4 * ngrp) {
         float a[4];
@@ -1392,30 +1402,106 @@ __device__ __forceinline__ void head_scores(att_smem1 &sm, const T *__restrict__
 #pragma unroll
         for (int x = 0; x < 4; x++) {
             const int j = j0 + x * ngrp + grp;
-            if (u == 0 && j < nc) sm.sc[j] = a[x] * scale;
+            if (u == 0 && j < nc) sc[j] = a[x] * scale;
         }
     }
 }
 
+/* Thread block clusters (sm_90): this block's rank in its cluster; a barrier of all the cluster's
+ * threads split in its two halves (arrive: what this block wrote to shared memory before is visible to
+ * the cluster's blocks after their wait; every thread of every block calls both, in turn); a float of
+ * block `rank`'s shared memory at the address p has in this block's. */
+__device__ __forceinline__ int cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return (int)r;
+}
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ float ld_cluster(const float *p, int rank) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+    return v;
+}
+
+/* Stage this block's part of a chunk split over a cluster: the chunk's key rows [k0, k1) whole (slot[j]'s
+ * hd elements of T of the cache plane kp) into stk [k1 - k0][ldk], and the value columns [d0, d0 + dc)
+ * of all nc rows (plane vp) into stv [nc][dc], as floats, each element exactly to_f32 of the cache. All
+ * threads, a 16-byte piece each per round (hd, dc multiples of a piece's elements), eight loads in
+ * flight each. */
+template <typename T>
+__device__ __forceinline__ void stage_split_f32(float *stk, int ldk, float *stv, const T *__restrict__ kp,
+                                                const T *__restrict__ vp, const int *slot, int k0, int k1, int nc,
+                                                int hd, int d0, int dc) {
+    constexpr int E = 16 / (int)sizeof(T);   /* elements per 16 bytes */
+    const int pk = hd / E, pv = dc / E, nkp = (k1 - k0) * pk, total = nkp + nc * pv, nt = (int)blockDim.x;
+    for (int i0 = (int)threadIdx.x; i0 < total; i0 += 8 * nt) {
+        uint4 w[8];
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            const int i = i0 + t * nt, iv = i - nkp;
+            if (i < nkp) w[t] = *(const uint4 *)(kp + (size_t)slot[k0 + i / pk] * hd + (i % pk) * E);
+            else if (i < total) w[t] = *(const uint4 *)(vp + (size_t)slot[iv / pv] * hd + d0 + (iv % pv) * E);
+        }
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            const int i = i0 + t * nt, iv = i - nkp;
+            if (i >= total) break;
+            float *o = i < nkp ? stk + (size_t)(i / pk) * ldk + (i % pk) * E : stv + (size_t)(iv / pv) * dc + (iv % pv) * E;
+            if (sizeof(T) == 2) halves8_to_f32(w[t], o);
+            else *(uint4 *)o = w[t];
+        }
+    }
+}
+
+/* How a per-head attention is spread over a cluster of `cl` blocks (1: one block does it all). */
+struct att_split {
+    int cl, rank;
+};
+
 /* ATT[r][h] = attention of Q[r][h] over its session's kept keys at layer li; one block per (row,
- * query head), ATT_THREADS threads. The attended positions — a full session [0, pos]; a windowed one
- * the sink range [0, min(sink, pos+1)) then the window range [max(pos-window+1, that), pos] — are cut
- * into key blocks at multiples of `block` (ib_attend_heads / ib_attend_policy) and walked in chunks of
- * whole key blocks (at most ATT_CHUNK keys, and what the stage holds). Per chunk: with a stage
- * (stage_bytes of shared memory holding at least one key block: stage_rows_f32), the chunk's key and
- * value rows copied into it as floats first; every key's score s_j = dot16(q, k_j) * scale in parallel
- * (head_scores; a score does not depend on the softmax state); the key blocks' maxima in parallel, then
- * per key block in order m' = max(m, block max), c = exp(m - m') (block_maxima_par; without a stage the
- * other warps ask L1 for the value rows meanwhile); every key's p_j = exp(s_j - m') in parallel; one
- * thread: l = l*c then l += p_j in key order; a thread per output element: out = out*c then out += p_j *
- * v_j in key order; finally out / l. Exactly the reference's operations, in its order, staged or not.
- * T: float or half KV. */
+ * query head), ATT_THREADS threads — or a cluster of sp.cl blocks per (row, query head). The attended
+ * positions — a full session [0, pos]; a windowed one the sink range [0, min(sink, pos+1)) then the
+ * window range [max(pos-window+1, that), pos] — are cut into key blocks at multiples of `block`
+ * (ib_attend_heads / ib_attend_policy) and walked in chunks of whole key blocks (at most ATT_CHUNK keys,
+ * and what the stage holds). Per chunk: with a stage (stage_bytes of shared memory holding at least one
+ * key block: stage_rows_f32), the chunk's key and value rows copied into it as floats first; every key's
+ * score s_j = dot16(q, k_j) * scale in parallel (head_scores; a score does not depend on the softmax
+ * state); the key blocks' maxima in parallel, then per key block in order m' = max(m, block max), c =
+ * exp(m - m') (block_maxima_par; without a stage the other warps ask L1 for the value rows meanwhile);
+ * every key's p_j = exp(s_j - m') in parallel; one thread: l = l*c then l += p_j in key order; a thread
+ * per output element: out = out*c then out += p_j * v_j in key order (value_pass); finally out / l.
+ * Split over a cluster (staged only; stage_split_f32): block `rank` stages and scores the chunk's keys
+ * [rank * ceil(nc/cl), …) and stages the value columns [rank * hd/cl, …); the scores are exchanged
+ * through the cluster's shared memory, so every block holds all of them and takes the maxima, the
+ * p_j and l itself (the same operations on the same numbers: the same bits in each); each block's
+ * value pass and division give its own hd/cl output elements; with qG, rank 0 gathers the head's outputs
+ * and quantizes them. A score and an output element are each made by one thread, as unsplit: exactly
+ * the reference's operations, in its order, staged, split or not. T: float or half KV. */
 template <typename T>
 __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo &info,
                                 int r, int h, int H, int KVH, int hd, int li, float scale, int block, int qG,
                                 int8_t *__restrict__ xq, float *__restrict__ qd, float *__restrict__ qad,
-                                unsigned char *stage, int stage_bytes) {
+                                unsigned char *stage, int stage_bytes, att_split sp) {
     const int kvh = h / (H / KVH), tid = threadIdx.x;
+    /* staged: each chunk's key and value rows are first copied into shared memory as floats, when a
+     * stage holds a whole key block (kpc keys). Unsplit: stk, stv [kpc][ld], rows padded by 16 floats
+     * (two 16-lane groups reading different keys hit different banks). Split: this block's keys stk
+     * [ceil(kpc/cl)][ld] and its dc value columns stv [kpc][dc]. */
+    const int ld = hd + 16, F = stage ? stage_bytes / (int)sizeof(float) : 0;
+    const int cl = sp.cl, dc = hd / cl, d0 = sp.rank * dc;
+    const int kpc = cl == 1 ? F / (2 * ld) : (F > ld ? (int)((long)(F - ld) * cl / (ld + cl * dc)) : 0);
+    const int pieces = hd * (int)sizeof(T) / 16;   /* stage_rows_f32's columns */
+    const bool staged = kpc >= block && (hd * (int)sizeof(T)) % 16 == 0 &&
+                        (cl == 1 ? (int)blockDim.x % pieces == 0 : (dc * (int)sizeof(T)) % 16 == 0);
+    if (cl > 1 && !staged && sp.rank != 0) return;   /* not splittable: rank 0 alone, unsplit, no cluster barriers */
+    const bool split = cl > 1 && staged;
+    const int chunk_cap = staged && kpc < ATT_CHUNK ? kpc : ATT_CHUNK;
+    float *stk = (float *)stage;
+    float *stv = stk + (size_t)(split ? (kpc + cl - 1) / cl : kpc) * ld;
+    const int ldv = split ? dc : ld, e0 = split ? d0 : 0, ne = split ? dc : hd;   /* this block's outputs */
     for (int d = tid; d < hd; d += blockDim.x) sm.q[d] = Q[((size_t)r * H + h) * hd + d], sm.out[d] = 0.0f;
     const size_t plane = (size_t)info.cap * hd;
     const T *kp = (const T *)info.kv + (((size_t)li * 2 + 0) * KVH + kvh) * plane;
@@ -1433,18 +1519,10 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
     /* warp 0's running max (sm.m); thread lt's running sum (a thread without value-pass work when there
      * is one) */
     const int lt = hd < (int)blockDim.x ? (int)blockDim.x - 1 : 0;
-    /* staged: each chunk's key and value rows are first copied into shared memory as floats (stk, stv
-     * [kpc][ld], rows padded by 16 floats: two 16-lane groups reading different keys hit different
-     * banks), when a stage holds a whole key block (kpc keys) */
-    const int ld = hd + 16, kpc = stage ? stage_bytes / (2 * ld * (int)sizeof(float)) : 0;
-    const int pieces = hd * (int)sizeof(T) / 16;   /* stage_rows_f32's columns */
-    const bool staged = kpc >= block && (hd * (int)sizeof(T)) % 16 == 0 && (int)blockDim.x % pieces == 0;
-    const int chunk_cap = staged && kpc < ATT_CHUNK ? kpc : ATT_CHUNK;
-    float *stk = (float *)stage, *stv = stk + (size_t)kpc * ld;
     ATT_MARK(1);
     float l = 0.0f;
     if (tid == 0) sm.m = -INFINITY;
-    int rg = 0, b0 = 0;              /* the next key block: range rg, position b0 (uniform over threads) */
+    int rg = 0, b0 = 0, nchunk = 0;  /* the next key block: range rg, position b0 (uniform over threads) */
     while (rg < 2) {
         /* the chunk: whole key blocks, positions pa.. for its first na keys, then pb.. (second range) */
         int nc = 0, nbk = 0, na = -1, pa = 0, pb = 0;
@@ -1467,17 +1545,37 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
         for (int j = tid; j < nc; j += blockDim.x) sm.slot[j] = slot_of(info, j < na ? pa + j : pb + (j - na));
         __syncthreads();
         ATT_MARK(2);
-        if (staged) {
+        /* this block's keys [k0, k1) of the chunk (split; else all) */
+        const int nck = (nc + cl - 1) / cl, k0 = sp.rank * nck < nc ? sp.rank * nck : nc;
+        const int k1 = nc - k0 < nck ? nc : k0 + nck;
+        if (split) {
+            /* the scores of this block's keys exchanged through sm.xsc */
+            float *xs = sm.xsc;
+            stage_split_f32(stk, ld, stv, kp, vp, sm.slot, k0, k1, nc, hd, d0, dc);
+            __syncthreads();
+            for (int j = tid; j < nc; j += blockDim.x) sm.slot[j] = j;
+            __syncthreads();
+            ATT_MARK(3);
+            /* sm.xsc is written once every block has read the previous chunk's (its arrive after that) */
+            if (nchunk > 0) cluster_wait();
+            head_scores(sm, xs + k0, (const float *)stk, k1 - k0, ld, hd, scale);
+            __syncthreads();
+            cluster_arrive();
+            cluster_wait();
+            for (int j = tid; j < nc; j += blockDim.x) sm.sc[j] = ld_cluster(xs + j, j / nck);
+            __syncthreads();
+            cluster_arrive();
+        } else if (staged) {
             stage_rows_f32(stk, stv, kp, vp, sm.slot, nc, hd, ld);
             __syncthreads();
             /* the stage's rows are the chunk's in order */
             for (int j = tid; j < nc; j += blockDim.x) sm.slot[j] = j;
             __syncthreads();
             ATT_MARK(3);
-            head_scores(sm, (const float *)stk, nc, ld, hd, scale);
+            head_scores(sm, sm.sc, (const float *)stk, nc, ld, hd, scale);
         } else {
             ATT_MARK(3);
-            head_scores(sm, kp, nc, hd, hd, scale);
+            head_scores(sm, sm.sc, kp, nc, hd, hd, scale);
         }
         __syncthreads();
         ATT_MARK(4);
@@ -1494,21 +1592,35 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
 #pragma unroll 8
                 for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++) l = l + sm.pw[j];
             }
-        if (staged) {
-            value_pass(sm.out, hd, (const float *)stv, sm.slot, sm.pw, 0, sm.c, 0, sm.bt0, nbk, hd, ld);
-        } else {
-            value_pass(sm.out, hd, vp, sm.slot, sm.pw, 0, sm.c, 0, sm.bt0, nbk, hd, hd);
-        }
+        if (staged) value_pass(sm.out + e0, ne, (const float *)stv, sm.slot, sm.pw, 0, sm.c, 0, sm.bt0, nbk, ne, ldv);
+        else value_pass(sm.out, hd, vp, sm.slot, sm.pw, 0, sm.c, 0, sm.bt0, nbk, hd, hd);
         ATT_MARK(7);
+        nchunk++;
     }
     if (tid == lt) sm.l = l;
     __syncthreads();
-    for (int d = tid; d < hd; d += blockDim.x) {
+    for (int d = e0 + tid; d < e0 + ne; d += blockDim.x) {
         const float o = sm.out[d] / sm.l;
         ATT[((size_t)r * H + h) * hd + d] = o;
         sm.out[d] = o;
     }
-    if (qG > 0) {
+    if (split) {
+        /* the last chunk's scores read by all (its arrive above); then, with qG, the outputs */
+        cluster_wait();
+        if (qG > 0) {
+            __syncthreads();
+            cluster_arrive();
+            cluster_wait();
+            if (sp.rank == 0) {
+                for (int d = tid; d < hd; d += blockDim.x) sm.q[d] = ld_cluster(sm.out + d, d / dc);
+                __syncthreads();
+                quantize_span(sm.q, hd, r, h * hd, H * hd, qG, xq, qd, qad);
+            }
+            /* no block leaves while rank 0 reads its outputs */
+            cluster_arrive();
+            cluster_wait();
+        }
+    } else if (qG > 0) {
         __syncthreads();
         quantize_span(sm.out, hd, r, h * hd, H * hd, qG, xq, qd, qad);
     }
@@ -1528,16 +1640,18 @@ __device__ __forceinline__ void prefetch_kv(const rowinfo &info, int li, int KVH
     prefetch_bytes(vp, (size_t)n * hd * elt);
 }
 
-/* One block per (row, query head): attend_row_head for the row's KV dtype (few rows: twice the blocks
- * of attention_kernel for the latency-bound case; the same arithmetic). qG > 0: the output rows are also
- * quantized for group qG (hd a multiple of qG) into xq/qd/qad for the product that reads them. */
-__global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
+/* One block per (row, query head) — or a cluster of cl blocks (launched with that cluster size) —:
+ * attend_row_head for the row's KV dtype (few rows: more blocks than attention_kernel's for the
+ * latency-bound case; the same arithmetic). qG > 0: the output rows are also quantized for group qG (hd
+ * a multiple of qG) into xq/qd/qad for the product that reads them. */
+__global__ void __launch_bounds__(ATT_THREADS, 2) attention_head_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
                                                                 const rowinfo *__restrict__ ri, int H, int KVH, int hd,
                                                                 int li, float scale, int block, int qG,
                                                                 int8_t *__restrict__ xq, float *__restrict__ qd,
-                                                                float *__restrict__ qad, int stage_bytes) {
+                                                                float *__restrict__ qad, int stage_bytes, int cl) {
     ATT_MARK(0);
-    const int r = blockIdx.x / H, h = blockIdx.x % H;
+    const int rh = (int)blockIdx.x / cl, r = rh / H, h = rh % H;
+    const att_split sp = {cl, cl > 1 ? cluster_rank() : 0};
     const rowinfo info = ri[r];   /* uploaded before the step's first kernel */
     prefetch_kv(info, li, KVH, h / (H / KVH), hd);
     PDL_ENTER();
@@ -1545,8 +1659,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float
     __shared__ att_smem1 sm;
     extern __shared__ __align__(16) unsigned char att_stage[];
     unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
-    if (info.f16) attend_row_head<uint16_t>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes);
-    else attend_row_head<float>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes);
+    if (info.f16) attend_row_head<uint16_t>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
+    else attend_row_head<float>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
 }
 
 /* Shared memory of an attention block: ATT_QH floats hold the G query heads' q and outputs, ATT_QH
@@ -1821,9 +1935,10 @@ static void cuda_destroy(ib_backend *base) {
         long long t[64][12];
         if (cudaMemcpyFromSymbol(t, att_trace, sizeof t) == cudaSuccess)
             for (int i = 0; i < 4; i++)
-                fprintf(stderr, "att trace block %d: wait %lld setup %lld stage %lld scores %lld maxima %lld exp %lld values %lld end %lld (cycles)\n", i,
-                        t[i][9] - t[i][0], t[i][2] - t[i][9], t[i][3] - t[i][2], t[i][4] - t[i][3], t[i][5] - t[i][4],
-                        t[i][6] - t[i][5], t[i][7] - t[i][6], t[i][8] - t[i][7]);
+                fprintf(stderr, "att trace block %d (cycles from its start, last chunk): slots %lld, waited %lld, staged %lld, "
+                                "scored %lld, maxima %lld, exp %lld, values %lld, end %lld\n", i, t[i][2] - t[i][0],
+                        t[i][9] - t[i][0], t[i][3] - t[i][0], t[i][4] - t[i][0], t[i][5] - t[i][0], t[i][6] - t[i][0],
+                        t[i][7] - t[i][0], t[i][8] - t[i][0]);
     }
 #endif
     drop_graphs(b);
@@ -1882,8 +1997,15 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         /* "attn", "linear" (comma-separated): those kernels, which recompute their outputs from inputs they
          * do not write, run twice in every step — the difference in step time is their cost inside the
          * graph (ncu times each kernel alone, with cold caches). The same bits. */
-        const char *as = getenv("IB_CUDA_ATT_STAGE");   /* "0": per-head attention reads the cache directly */
-        b->att_stage = !(as && !strcmp(as, "0"));
+        /* "0": per-head attention reads the cache directly; N > 0: its stage holds at most N KiB (tests:
+         * small stages walk many chunks) */
+        const char *as = getenv("IB_CUDA_ATT_STAGE");
+        const long ask = as ? atol(as) : -1;
+        b->att_stage = ask < 0 ? ATT_STAGE_MAX : ask < ATT_STAGE_MAX / 1024 ? (int)ask * 1024 : ATT_STAGE_MAX;
+        /* "1", "2", "4", "8": blocks a head of the per-head attention where the grid allows (default 4) */
+        const char *asp = getenv("IB_CUDA_ATT_SPLIT");
+        const int spn = asp ? atoi(asp) : 4;
+        b->att_cl = spn == 1 || spn == 2 || spn == 8 ? spn : 4;
         const char *rp = getenv("IB_CUDA_REPEAT");
         b->repeat = (rp && strstr(rp, "attn") ? REPEAT_ATTN : 0) | (rp && strstr(rp, "linear") ? REPEAT_LINEAR : 0);
     }
@@ -2412,13 +2534,26 @@ static void launch_qk(cuda_backend *b, int li, int phases) {
 
 /* Bytes a per-head attention block stages its chunks' keys and values in, for a grid of `blocks`: the
  * blocks that share a multiprocessor in one wave split ATT_SM_BYTES (less their static shared memory),
- * at most ATT_STAGE_MAX, in KiB; IB_CUDA_ATT_STAGE=0 stages nothing (the same arithmetic either way). */
+ * at most b->att_stage (ATT_STAGE_MAX unless IB_CUDA_ATT_STAGE says less), in KiB; 0 stages nothing (the
+ * same arithmetic either way). */
 static int att_stage_bytes(const cuda_backend *b, int blocks) {
     if (!b->att_stage) return 0;
     const int per_sm = (blocks + b->n_sm - 1) / b->n_sm;
     long st = (long)ATT_SM_BYTES / per_sm - (long)sizeof(att_smem1) - 1024;
-    if (st > ATT_STAGE_MAX) st = ATT_STAGE_MAX;
+    if (st > b->att_stage) st = b->att_stage;
     return st > 0 ? (int)(st & ~1023L) : 0;
+}
+
+/* Blocks per (row, query head) of the per-head attention over `heads` (row, head) pairs of head dim hd:
+ * att_cl (4 unless IB_CUDA_ATT_SPLIT says otherwise) where the grid stays within half the
+ * multiprocessors and each block's value columns are whole 16-byte pieces (hd a multiple of 8 * cl),
+ * else 1; 1 without a stage. Measured on an H200 (qwen3-0.6b, f16 KV): 4 blocks a head pays at B=1
+ * (886 against 829 tok/s at 129 keys, 439 against 323 at 1,000 keys); clusters of 8, clusters of 2
+ * (qwen3-8b's 32 heads at B=1: 1,302 against 1,337), and grids of two blocks a multiprocessor were
+ * slower than one block a head. Only the grid depends on it, never an operation. */
+static int att_cluster(const cuda_backend *b, int heads, int hd) {
+    const int cl = b->att_stage ? b->att_cl : 1;
+    return (long)heads * cl <= b->n_sm / 2 && hd % (8 * cl) == 0 ? cl : 1;
 }
 
 /* ATT = attention of every row and query head at layer li: a block per (row, KV head) from
@@ -2434,9 +2569,9 @@ static void launch_attention(cuda_backend *b, int li, int qG) {
         launch(b, attention_kernel, b->R * b->KVH, ATT_THREADS, 0, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li, b->scale,
                                                                      b->attn_block, qG, b->xq, b->qd, b->qad);
     else {
-        const int blocks = b->R * b->H, st = att_stage_bytes(b, blocks);
-        launch(b, attention_head_kernel, blocks, ATT_THREADS, (size_t)st, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li, b->scale,
-                                                                        b->attn_block, qG, b->xq, b->qd, b->qad, st);
+        const int cl = att_cluster(b, b->R * b->H, b->hd), blocks = b->R * b->H * cl, st = att_stage_bytes(b, blocks);
+        launch_cl(b, cl, attention_head_kernel, blocks, ATT_THREADS, (size_t)st, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li,
+                  b->scale, b->attn_block, qG, b->xq, b->qd, b->qad, st, cl);
     }
     LAUNCHED(b, "attention");
 }
