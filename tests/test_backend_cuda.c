@@ -887,13 +887,13 @@ int main(int argc, char **argv) {
             }
         /* per-head attention spread over a cluster of blocks (default: 4 a head where the grid allows,
          * here steps of up to 4 rows) or not: one block a head, 2 blocks a head, chunks of one key block
-         * (a 4 KiB stage: the scores exchanged chunk after chunk), and a stage too small for a key block
+         * (a 6 KiB stage: the scores exchanged chunk after chunk), and a stage too small for a key block
          * (the cluster's first block alone reads the cache) */
         if (mi == 0) {
             static const struct { const char *split, *stage, *what; } av[] = {
                 {"1", NULL, "1 block a head"},
                 {"2", NULL, "2 blocks a head"},
-                {NULL, "4", "4 KiB stage, split"},
+                {NULL, "6", "6 KiB stage, split"},
                 {NULL, "2", "2 KiB stage, unstaged"}};
             for (int a = 0; a < 4; a++)
                 for (int kvd = 0; kvd < 2; kvd++)

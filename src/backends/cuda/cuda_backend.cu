@@ -1374,7 +1374,6 @@ struct att_smem1 {
     int bt0[ATT_MAX_BLOCKS + 1];   /* chunk index of each key block's first key, then the chunk's size */
     float c[ATT_MAX_BLOCKS];       /* each key block's rescale factor */
     float bm[ATT_MAX_BLOCKS];      /* block_maxima_par's scratch */
-    float xsc[ATT_CHUNK];          /* split over a cluster: the scores this block makes, for the others */
     float l, m;                    /* the running sum (at the end), the running max */
 };
 
@@ -1479,8 +1478,9 @@ struct att_split {
  * p_j and l itself (the same operations on the same numbers: the same bits in each); each block's
  * value pass and division give its own hd/cl output elements; with qG, rank 0 gathers the head's outputs
  * and quantizes them. A score and an output element are each made by one thread, as unsplit: exactly
- * the reference's operations, in its order, staged, split or not. T: float or half KV. */
-template <typename T>
+ * the reference's operations, in its order, staged, split or not. T: float or half KV; SPLIT: sp.cl > 1
+ * (without it the split's code is compiled out). */
+template <typename T, bool SPLIT>
 __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo &info,
                                 int r, int h, int H, int KVH, int hd, int li, float scale, int block, int qG,
                                 int8_t *__restrict__ xq, float *__restrict__ qd, float *__restrict__ qad,
@@ -1489,9 +1489,10 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
     /* staged: each chunk's key and value rows are first copied into shared memory as floats, when a
      * stage holds a whole key block (kpc keys). Unsplit: stk, stv [kpc][ld], rows padded by 16 floats
      * (two 16-lane groups reading different keys hit different banks). Split: this block's keys stk
-     * [ceil(kpc/cl)][ld] and its dc value columns stv [kpc][dc]. */
-    const int ld = hd + 16, F = stage ? stage_bytes / (int)sizeof(float) : 0;
-    const int cl = sp.cl, dc = hd / cl, d0 = sp.rank * dc;
+     * [ceil(kpc/cl)][ld], its dc value columns stv [kpc][dc], and at the stage's end xs [ATT_CHUNK] the
+     * scores it makes for the cluster's other blocks. */
+    const int ld = hd + 16, cl = SPLIT ? sp.cl : 1, dc = hd / cl, d0 = sp.rank * dc;
+    const int F = stage ? stage_bytes / (int)sizeof(float) - (cl > 1 ? ATT_CHUNK : 0) : 0;
     const int kpc = cl == 1 ? F / (2 * ld) : (F > ld ? (int)((long)(F - ld) * cl / (ld + cl * dc)) : 0);
     const int pieces = hd * (int)sizeof(T) / 16;   /* stage_rows_f32's columns */
     const bool staged = kpc >= block && (hd * (int)sizeof(T)) % 16 == 0 &&
@@ -1499,7 +1500,7 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
     if (cl > 1 && !staged && sp.rank != 0) return;   /* not splittable: rank 0 alone, unsplit, no cluster barriers */
     const bool split = cl > 1 && staged;
     const int chunk_cap = staged && kpc < ATT_CHUNK ? kpc : ATT_CHUNK;
-    float *stk = (float *)stage;
+    float *stk = (float *)stage, *xs = stk + F;
     float *stv = stk + (size_t)(split ? (kpc + cl - 1) / cl : kpc) * ld;
     const int ldv = split ? dc : ld, e0 = split ? d0 : 0, ne = split ? dc : hd;   /* this block's outputs */
     for (int d = tid; d < hd; d += blockDim.x) sm.q[d] = Q[((size_t)r * H + h) * hd + d], sm.out[d] = 0.0f;
@@ -1549,14 +1550,13 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
         const int nck = (nc + cl - 1) / cl, k0 = sp.rank * nck < nc ? sp.rank * nck : nc;
         const int k1 = nc - k0 < nck ? nc : k0 + nck;
         if (split) {
-            /* the scores of this block's keys exchanged through sm.xsc */
-            float *xs = sm.xsc;
+            /* the scores of this block's keys exchanged through xs */
             stage_split_f32(stk, ld, stv, kp, vp, sm.slot, k0, k1, nc, hd, d0, dc);
             __syncthreads();
             for (int j = tid; j < nc; j += blockDim.x) sm.slot[j] = j;
             __syncthreads();
             ATT_MARK(3);
-            /* sm.xsc is written once every block has read the previous chunk's (its arrive after that) */
+            /* xs is written once every block has read the previous chunk's (its arrive after that) */
             if (nchunk > 0) cluster_wait();
             head_scores(sm, xs + k0, (const float *)stk, k1 - k0, ld, hd, scale);
             __syncthreads();
@@ -1659,8 +1659,10 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) attention_head_kernel(const fl
     __shared__ att_smem1 sm;
     extern __shared__ __align__(16) unsigned char att_stage[];
     unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
-    if (info.f16) attend_row_head<uint16_t>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
-    else attend_row_head<float>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
+    if (info.f16 && cl > 1) attend_row_head<uint16_t, true>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
+    else if (info.f16) attend_row_head<uint16_t, false>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
+    else if (cl > 1) attend_row_head<float, true>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
+    else attend_row_head<float, false>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
 }
 
 /* Shared memory of an attention block: ATT_QH floats hold the G query heads' q and outputs, ATT_QH

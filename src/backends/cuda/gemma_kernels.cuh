@@ -236,8 +236,10 @@ __global__ void __launch_bounds__(ATT_THREADS, 2)
     __shared__ att_smem1 sm;
     extern __shared__ __align__(16) unsigned char att_stage[];
     unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
-    if (info.f16) attend_row_head<uint16_t>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
-    else attend_row_head<float>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
+    if (info.f16 && cl > 1) attend_row_head<uint16_t, true>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
+    else if (info.f16) attend_row_head<uint16_t, false>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
+    else if (cl > 1) attend_row_head<float, true>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
+    else attend_row_head<float, false>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
 }
 
 /* attention_kernel on Gemma 4 layer views: one block per (row, KV head); as above (G * hd <= ATT_QH). */
