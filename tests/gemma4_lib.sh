@@ -11,6 +11,9 @@
 #                            serialized scalar run (--batch 1 --threads 1 --isa scalar)
 #   fault_breaks M FAULT "REF FLAGS" "VARIATION FLAGS" [reversed]
 #                            the same comparison with FAULT injected in both runs must differ
+#   badcfg 'PY EXPR ON c' 'EXPECTED TEXT'
+#                            $T/m32 with its config.json edited by the expression: `info` must fail
+#                            with exit 1 and one line containing the text
 
 ref_python() {
     PY=""
@@ -75,4 +78,16 @@ fault_breaks() {
         gen "$T/$m" --inject "$f" $vf > "$T/fout"
     fi
     [ -s "$T/fout" ] && ! cmp -s "$T/fref" "$T/fout" && ok || bad "$m --inject $f: '$vf' still equals '$rf'"
+}
+
+badcfg() {   # badcfg 'PYTHON EXPRESSION ON c' 'EXPECTED TEXT'
+    rm -rf "$T/bad"; cp -r "$T/m32" "$T/bad"
+    if [ -n "$PY" ]; then
+        "$PY" -c "import json,sys; c=json.load(open(sys.argv[1])); $1; json.dump(c, open(sys.argv[1],'w'))" "$T/bad/config.json"
+    else
+        bad "no python3 to edit config.json"; return
+    fi
+    "$BIN" info -m "$T/bad" > "$T/bad.out" 2>&1; rc=$?
+    [ $rc = 1 ] && [ "$(wc -l < "$T/bad.out")" = 1 ] && grep -qF "$2" "$T/bad.out" && ok \
+        || bad "config ($1): exit $rc, '$(cat "$T/bad.out")' lacks '$2'"
 }

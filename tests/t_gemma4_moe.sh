@@ -102,17 +102,6 @@ PYEOF
 fi
 
 # ---- MoE config errors: one line naming the field, exit 1
-badcfg() {   # badcfg 'PYTHON EXPRESSION ON c' 'EXPECTED TEXT'
-    rm -rf "$T/bad"; cp -r "$T/m32" "$T/bad"
-    if [ -n "$PY" ]; then
-        "$PY" -c "import json,sys; c=json.load(open(sys.argv[1])); $1; json.dump(c, open(sys.argv[1],'w'))" "$T/bad/config.json"
-    else
-        bad "no python3 to edit config.json"; return
-    fi
-    "$BIN" info -m "$T/bad" > "$T/bad.out" 2>&1; rc=$?
-    [ $rc = 1 ] && [ "$(wc -l < "$T/bad.out")" = 1 ] && grep -qF "$2" "$T/bad.out" && ok \
-        || bad "config ($1): exit $rc, '$(cat "$T/bad.out")' lacks '$2'"
-}
 badcfg 'del c["num_experts"]' "field num_experts: missing"
 badcfg 'del c["top_k_experts"]' "field top_k_experts: missing"
 badcfg 'del c["moe_intermediate_size"]' "field moe_intermediate_size: missing"

@@ -43,9 +43,15 @@
 #define PART_TASKS 65535
 
 /* One thread's share of a job: (generation low 32 bits) << 32 | front << 16 | back, the tasks
- * [front, back) of the current part not yet claimed. Alone on its cache line. */
+ * [front, back) of the current part not yet claimed. Alone on its cache line. Beside it, on a line of
+ * its own, the number of tasks of the current part that thread has finished (whoever's share they
+ * came from): only that thread writes it, so counting a task moves no cache line between the cores
+ * (one count shared by all threads did, for every task: a prefill's attention is about 1,000 tasks a
+ * layer), and each task is still counted as soon as it is done (a thread descheduled between two
+ * tasks delays nobody: the others steal the rest, and what it finished is already counted). */
 typedef struct {
     _Alignas(64) _Atomic uint64_t word;
+    _Alignas(64) _Atomic int done;
 } share;
 
 struct ib_pool {
@@ -55,7 +61,6 @@ struct ib_pool {
     pthread_mutex_t mu;
     pthread_cond_t start_cv;
     _Atomic unsigned long generation;  /* bumped for each part of a job */
-    _Atomic int done;                  /* tasks finished in the current part */
     _Atomic int quit;
     int sleepers;                      /* workers waiting on start_cv (guarded by mu) */
     /* current part: written before generation is bumped, read after it is seen */
@@ -89,7 +94,10 @@ static void run_tasks(ib_pool *p, unsigned long gen, ib_pool_fn fn, void *ctx, i
         share *sh = &p->shares[(w + i) % T];
         for (int t; (t = claim(sh, tag, i > 0)) >= 0;) {
             fn(ctx, base + t, w);
-            atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+            /* only thread w writes its count: a plain increment, published with release */
+            atomic_store_explicit(&p->shares[w].done,
+                                  atomic_load_explicit(&p->shares[w].done, memory_order_relaxed) + 1,
+                                  memory_order_release);
         }
     }
 }
@@ -142,7 +150,7 @@ ib_status ib_pool_create(int n_threads, ib_pool **out, ib_error *err) {
         ib_pool_free(p);
         return ib_fail(err, IB_ERR_NOMEM, "thread pool: out of memory");
     }
-    for (int i = 0; i < n_threads; i++) atomic_init(&p->shares[i].word, 0);
+    for (int i = 0; i < n_threads; i++) atomic_init(&p->shares[i].word, 0), atomic_init(&p->shares[i].done, 0);
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = malloc(sizeof *wa);
         if (wa) *wa = (worker_arg){p, i};
@@ -173,6 +181,13 @@ void ib_pool_free(ib_pool *p) {
 
 int ib_pool_threads(const ib_pool *p) { return p ? p->n_threads : 1; }
 
+/* Tasks of the current part finished so far, over all threads' counts. */
+static int done_count(ib_pool *p) {
+    int sum = 0;
+    for (int i = 0; i < p->n_threads; i++) sum += atomic_load_explicit(&p->shares[i].done, memory_order_acquire);
+    return sum;
+}
+
 /* Publish tasks [base, base + n) (n <= PART_TASKS) as the next part, run them with the workers and
  * return when all are done. */
 static void run_part(ib_pool *p, int base, int n, ib_pool_fn fn, void *ctx) {
@@ -180,19 +195,19 @@ static void run_part(ib_pool *p, int base, int n, ib_pool_fn fn, void *ctx) {
     p->fn = fn;
     p->ctx = ctx;
     p->base = base;
-    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     unsigned long gen = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1;
     const uint64_t tag = (uint64_t)(uint32_t)gen << 32;
     for (int i = 0; i < T; i++) {
         uint64_t front = (uint64_t)((long)n * i / T), back = (uint64_t)((long)n * (i + 1) / T);
         atomic_store_explicit(&p->shares[i].word, tag | front << 16 | back, memory_order_relaxed);
+        atomic_store_explicit(&p->shares[i].done, 0, memory_order_relaxed);   /* the last part's were all read */
     }
     atomic_store_explicit(&p->generation, gen, memory_order_release);
     pthread_mutex_lock(&p->mu);
     if (p->sleepers) pthread_cond_broadcast(&p->start_cv);
     pthread_mutex_unlock(&p->mu);
     run_tasks(p, gen, fn, ctx, base, 0);
-    for (int i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n; i++) {
+    for (int i = 0; done_count(p) < n; i++) {
         if (i < YIELD_AFTER) CPU_RELAX();
         else sched_yield();
     }

@@ -121,11 +121,14 @@ ATTN_AI float dot16_finish(const vecf *acc, const float *q, const void *k, size_
 #if defined(IB_ATTN_AVX512) || defined(IB_ATTN_AVX2)
 /* The halving trees of four 16-lane partial dot products with no tail (r[t] as dot16_finish gives it):
  * each step adds lane j + w to lane j for w = 8, 4, 2, 1, operands in that order, four keys at a time
- * in the vector unit instead of one lane at a time. */
-ATTN_AI void finish4(vecf a[4][NV], float r[4]) {
+ * in the vector unit instead of one lane at a time. Product t's lanes are at[0..NV-1] (a1 is unused
+ * where NV = 1): taken by value, so the accumulators stay in registers (passed as an array they went
+ * through the stack, 5-7% of a prefill's attention). */
+ATTN_AI void finish4(vecf a0_0, vecf a0_1, vecf a1_0, vecf a1_1, vecf a2_0, vecf a2_1, vecf a3_0, vecf a3_1,
+                     float r[4]) {
 #if defined(IB_ATTN_AVX512)
-    __m512 x[4];
-    for (int t = 0; t < 4; t++) x[t] = (__m512)a[t][0];
+    (void)a0_1, (void)a1_1, (void)a2_1, (void)a3_1;
+    const __m512 x[4] = {(__m512)a0_0, (__m512)a1_0, (__m512)a2_0, (__m512)a3_0};
     /* w = 8: [k0 lanes 0-7 | k1 lanes 0-7] + [k0 lanes 8-15 | k1 lanes 8-15], and keys 2, 3 */
     __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x44), _mm512_shuffle_f32x4(x[0], x[1], 0xee));
     __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0x44), _mm512_shuffle_f32x4(x[2], x[3], 0xee));
@@ -137,8 +140,8 @@ ATTN_AI void finish4(vecf a[4][NV], float r[4]) {
     _mm_storeu_ps(r, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0,
                                                                                       0, 0, 0, 0, 0, 0), r1)));
 #else
-    __m256 s8[4];
-    for (int t = 0; t < 4; t++) s8[t] = _mm256_add_ps((__m256)a[t][0], (__m256)a[t][1]);   /* w = 8 */
+    const __m256 s8[4] = {_mm256_add_ps((__m256)a0_0, (__m256)a0_1), _mm256_add_ps((__m256)a1_0, (__m256)a1_1),
+                          _mm256_add_ps((__m256)a2_0, (__m256)a2_1), _mm256_add_ps((__m256)a3_0, (__m256)a3_1)}; /* w = 8 */
     /* w = 4: [k0 lanes 0-3 | k1 lanes 0-3] + [k0 lanes 4-7 | k1 lanes 4-7], and keys 2, 3 */
     __m256 r01 = _mm256_add_ps(_mm256_permute2f128_ps(s8[0], s8[1], 0x20), _mm256_permute2f128_ps(s8[0], s8[1], 0x31));
     __m256 r23 = _mm256_add_ps(_mm256_permute2f128_ps(s8[2], s8[3], 0x20), _mm256_permute2f128_ps(s8[2], s8[3], 0x31));
@@ -179,18 +182,23 @@ ATTN_AI void dot16_keys(const int T, const int NQ, const int f16, const int fuse
 #if defined(IB_ATTN_AVX512) || defined(IB_ATTN_AVX2)
     if (T == 4 && i == n) {
 #pragma GCC unroll 2
-        for (int h = 0; h < NQ; h++) finish4(a[h], r + (size_t)h * rs);
+        for (int h = 0; h < NQ; h++)
+            finish4(a[h][0][0], a[h][0][NV - 1], a[h][1][0], a[h][1][NV - 1], a[h][2][0], a[h][2][NV - 1], a[h][3][0],
+                    a[h][3][NV - 1], r + (size_t)h * rs);
         return;
     }
-    if (T == 2 && NQ == 2 && i == n) {   /* the pair's 2 x 2 dot products as one finish4 */
+    if (T * NQ <= 4 && i == n) {
+        /* up to 4 dot products (the pair's 2 x 2, or a block's last keys) as one finish4: product x =
+         * h*T + t in slot x, the unused slots repeating product 0 (each slot's tree is its own) */
         vecf b[4][NV];
         float rr[4];
 #pragma GCC unroll 4
         for (int x = 0; x < 4; x++)
 #pragma GCC unroll 2
-            for (int u = 0; u < NV; u++) b[x][u] = a[x >> 1][x & 1][u];
-        finish4(b, rr);
-        r[0] = rr[0], r[1] = rr[1], r[rs] = rr[2], r[(size_t)rs + 1] = rr[3];
+            for (int u = 0; u < NV; u++) b[x][u] = x < T * NQ ? a[x / T][x % T][u] : a[0][0][u];
+        finish4(b[0][0], b[0][NV - 1], b[1][0], b[1][NV - 1], b[2][0], b[2][NV - 1], b[3][0], b[3][NV - 1], rr);
+#pragma GCC unroll 4
+        for (int x = 0; x < T * NQ; x++) r[(size_t)(x / T) * rs + x % T] = rr[x];
         return;
     }
 #endif
@@ -283,21 +291,35 @@ ATTN_AI void block_scores(const int NQ, const int f16, const int fused, const fl
         for (j = j0; j < nb; j++) s[(size_t)h * rs + j] = s[(size_t)h * rs + j] * scale;
 }
 
-/* The softmax side of one block's online update from its scores s[j0..nb): the running max m and
- * sum l move on, pw[j0..nb) gets the block's weights (computed lane-parallel); returns the factor c
- * that rescales what the outputs hold so far. */
-ATTN_AI float block_weights(const float *s, int j0, int nb, float *m, float *l, float *pw) {
-    float mb = -INFINITY;
+/* The softmax side of one block's online update for NQ <= 2 heads from their scores (head h's s[j0..nb)
+ * at s + h*rs): per head, the block max, m' = max(m, it), c = exp(m - m') (c[h]: the factor that
+ * rescales what the outputs hold so far), the weights pw[j] = exp(s[j] - m') (to pw + h*rs,
+ * lane-parallel), l = l*c then l += pw[j] in key order; m[h], l[h] move on. The heads' loops are
+ * interleaved: each head's max and sum are chains of dependent operations (one per key), which two heads
+ * run side by side; each head's operations and their order are those of one head alone. */
+ATTN_AI void block_weights_n(const int NQ, const float *s, int rs, int j0, int nb, float *m, float *l, float *pw,
+                             float *c) {
+    float mb[2], m_new[2], lv[2];
+#pragma GCC unroll 2
+    for (int h = 0; h < NQ; h++) mb[h] = -INFINITY;
     for (int j = j0; j < nb; j++)
-        if (s[j] > mb) mb = s[j];
-    float m_new = mb > *m ? mb : *m;
-    float c = ib_expf(*m - m_new); /* exp(-inf) = 0 on the first block */
-    float lv = *l * c;
-    for (int j = j0; j < nb; j++) pw[j] = ib_expf_lane(s[j] - m_new);
-    for (int j = j0; j < nb; j++) lv = lv + pw[j];
-    *m = m_new;
-    *l = lv;
-    return c;
+#pragma GCC unroll 2
+        for (int h = 0; h < NQ; h++)
+            if (s[(size_t)h * rs + j] > mb[h]) mb[h] = s[(size_t)h * rs + j];
+#pragma GCC unroll 2
+    for (int h = 0; h < NQ; h++) {
+        m_new[h] = mb[h] > m[h] ? mb[h] : m[h];
+        c[h] = ib_expf(m[h] - m_new[h]); /* exp(-inf) = 0 on the first block */
+        lv[h] = l[h] * c[h];
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < NQ; h++)
+        for (int j = j0; j < nb; j++) pw[(size_t)h * rs + j] = ib_expf_lane(s[(size_t)h * rs + j] - m_new[h]);
+    for (int j = j0; j < nb; j++)
+#pragma GCC unroll 2
+        for (int h = 0; h < NQ; h++) lv[h] = lv[h] + pw[(size_t)h * rs + j];
+#pragma GCC unroll 2
+    for (int h = 0; h < NQ; h++) m[h] = m_new[h], l[h] = lv[h];
 }
 
 /* One block of keys j0..nb-1 (key and value j at element ko + j*st; with those after it n_rows) for
@@ -308,8 +330,7 @@ ATTN_AI void heads_block(const int NQ, const int f16, const int fused, const flo
                          float *out) {
     float s[2 * IB_ATTN_MAX_BLOCK], pw[2 * IB_ATTN_MAX_BLOCK], c[2];
     block_scores(NQ, f16, fused, q, k, ko, st, hd, scale, j0, nb, n_rows, s, IB_ATTN_MAX_BLOCK);
-    for (int h = 0; h < NQ; h++)
-        c[h] = block_weights(s + h * IB_ATTN_MAX_BLOCK, j0, nb, &m[h], &l[h], pw + h * IB_ATTN_MAX_BLOCK);
+    block_weights_n(NQ, s, IB_ATTN_MAX_BLOCK, j0, nb, m, l, pw, c);
     scale_accumulate(NQ, f16, out, hd, c, pw, IB_ATTN_MAX_BLOCK, v, ko, st, j0, nb, n_rows);
 }
 
@@ -322,7 +343,7 @@ ATTN_AI void block2_heads(const int NQ, const int f16, const int fused, const fl
     static const float one[2] = {1.0f, 1.0f};
     block_scores(NQ, f16, fused, q, k1, 0, st, hd, scale, 0, n1, n1, s, RS);
     if (n2 > 0) block_scores(NQ, f16, fused, q, k2, 0, st, hd, scale, 0, n2, n2, s + n1, RS);
-    for (int h = 0; h < NQ; h++) c[h] = block_weights(s + h * RS, 0, n1 + n2, &m[h], &l[h], pw + h * RS);
+    block_weights_n(NQ, s, RS, 0, n1 + n2, m, l, pw, c);
     scale_accumulate(NQ, f16, out, hd, c, pw, RS, v1, 0, st, 0, n1, n1);
     if (n2 > 0) scale_accumulate(NQ, f16, out, hd, one, pw + n1, RS, v2, 0, st, 0, n2, n2);
 }

@@ -7,8 +7,10 @@
 
 /* Sum of squares of x[0..n) in the canonical order, or — under a test-only fault — in an order that
  * depends on the row index or the thread count (the bugs the invariance tests must catch).
- * row < 0: no row index (the row-order fault does not apply). */
-static float sum_squares(const float *x, int n, int row, int n_threads) {
+ * row < 0: no row index (the row-order fault does not apply). Inlined into each clone of rms_row, so
+ * the 16-lane order runs on that clone's vectors (a separate function was built for the baseline ISA
+ * only); the order, and so every bit, is the same in all of them. */
+static inline __attribute__((always_inline)) float sum_squares(const float *x, int n, int row, int n_threads) {
     ib_fault f = ib_fault_get();
     if (f == IB_FAULT_ROW_ORDER && row >= 0 && (row & 1)) {
         float s = 0.0f;

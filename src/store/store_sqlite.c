@@ -100,23 +100,28 @@ static void rollback(sq_store *s) {
     if (!sqlite3_get_autocommit(s->db)) exec(s, "ROLLBACK");
 }
 
-/* Integer result of a one-value query (a PRAGMA); SQLITE_OK or the error. */
-static int query_int(sq_store *s, const char *sql, long long *out) {
+/* The first column of the first row of query sql, its one parameter bound to text arg (NULL: none),
+ * as an integer: *out, or `absent` when there is no row; SQLITE_OK or the error. */
+static int query_int_or(sq_store *s, const char *sql, const char *arg, long long absent, long long *out) {
     sqlite3_stmt *q = NULL;
     int rc = sqlite3_prepare_v2(s->db, sql, -1, &q, NULL);
     if (rc == SQLITE_OK) {
+        if (arg) sqlite3_bind_text(q, 1, arg, -1, SQLITE_STATIC);
         rc = sqlite3_step(q);
         if (rc == SQLITE_ROW) {
             *out = sqlite3_column_int64(q, 0);
             rc = SQLITE_OK;
         } else if (rc == SQLITE_DONE) {
-            *out = 0;
+            *out = absent;
             rc = SQLITE_OK;
         }
     }
     sqlite3_finalize(q);
     return rc;
 }
+
+/* Integer result of a one-value query (a PRAGMA; 0 without a row); SQLITE_OK or the error. */
+static int query_int(sq_store *s, const char *sql, long long *out) { return query_int_or(s, sql, NULL, 0, out); }
 
 /* ops.close: close the connection (SQLite folds the log into the file at the last close) and free. */
 static void sq_close(ib_store *st) {
@@ -335,21 +340,7 @@ static int put_progress(sq_store *s, const char *id, const ib_store_progress *p)
 
 /* The stored token count of id inside the open transaction: *n = -1 when absent. */
 static int get_count(sq_store *s, const char *id, long long *n) {
-    sqlite3_stmt *q = NULL;
-    int rc = sqlite3_prepare_v2(s->db, "SELECT n_tokens FROM sessions WHERE id = ?", -1, &q, NULL);
-    if (rc == SQLITE_OK) {
-        sqlite3_bind_text(q, 1, id, -1, SQLITE_STATIC);
-        rc = sqlite3_step(q);
-        if (rc == SQLITE_ROW) {
-            *n = sqlite3_column_int64(q, 0);
-            rc = SQLITE_OK;
-        } else if (rc == SQLITE_DONE) {
-            *n = -1;
-            rc = SQLITE_OK;
-        }
-    }
-    sqlite3_finalize(q);
-    return rc;
+    return query_int_or(s, "SELECT n_tokens FROM sessions WHERE id = ?", id, -1, n);
 }
 
 /* One append call waiting for (or in) a group commit. */
