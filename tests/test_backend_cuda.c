@@ -885,8 +885,9 @@ int main(int argc, char **argv) {
                       "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
                 unsetenv("IB_CUDA_MMA_BM");
             }
-        /* per-head attention spread over a cluster of blocks (default: 4 a head where the grid allows,
-         * here steps of up to 4 rows) or not: one block a head, 2 blocks a head, chunks of one key block
+        /* per-head attention spread over a cluster of blocks (default: 4 a head where the grid allows and
+         * a row attends 256 keys or more; here from the first key, IB_CUDA_ATT_SPLIT_KEYS=1, in steps of up
+         * to 4 rows) or not: one block a head, 2 blocks a head, chunks of one key block
          * (a 6 KiB stage: the scores exchanged chunk after chunk), and a stage too small for a key block
          * (the cluster's first block alone reads the cache) */
         if (mi == 0) {
@@ -901,11 +902,13 @@ int main(int argc, char **argv) {
                         char name[96];
                         snprintf(name, sizeof name, "attention %s, kv %s, %s", av[a].what, kvd ? "f16" : "f32",
                                  win ? "window 40" : "full");
+                        setenv("IB_CUDA_ATT_SPLIT_KEYS", "1", 1);
                         if (av[a].split) setenv("IB_CUDA_ATT_SPLIT", av[a].split, 1);
                         if (av[a].stage) setenv("IB_CUDA_ATT_STAGE", av[a].stage, 1);
                         const int bad = schedule(m, IB_ACT_Q8, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0, name, NULL, 0,
                                                  NSTEPS);
                         unsetenv("IB_CUDA_ATT_SPLIT");
+                        unsetenv("IB_CUDA_ATT_SPLIT_KEYS");
                         unsetenv("IB_CUDA_ATT_STAGE");
                         CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
                     }

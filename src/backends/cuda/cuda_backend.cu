@@ -64,6 +64,7 @@ extern "C" {
 #define REC_ARGS 10        /* ints of one recorded op */
 #define GCH 16             /* groups per pass of mm_q8_mma_kernel: shared isums [GCH][16][33] */
 #define ATT_THREADS 256    /* threads of an attention block */
+#define ATT_SPLIT_KEYS 256 /* per-head attention splits a head over a cluster from this many keys (B=1 129: -3%, 1,000: +28%) */
 #define ATT_CHUNK 512      /* most keys an attention block scores at once */
 #define ATT_GROUP_MIN_ROWS 16  /* steps of at least this many rows: one attention block per (row, KV head) */
 #define ATT_QH 2048        /* floats of an attention block's per-head arrays: G * head_dim <= ATT_QH */
@@ -180,7 +181,7 @@ enum { OP_UPLOAD = 1, OP_EMBED, OP_RMSNORM, OP_LINEAR, OP_QK, OP_ATTN, OP_SWIGLU
 /* A step shape seen before: the key (row counts, key block, fault, the op records) and, once it came
  * twice, its captured graph. */
 typedef struct gcache {
-    int R, n_items, n_logits, attn_block, fault, nrec, nograph;
+    int R, n_items, n_logits, attn_block, fault, long_keys, nrec, nograph;
     oprec *rec;
     cudaGraph_t g;
     cudaGraphExec_t x;
@@ -240,6 +241,8 @@ typedef struct cuda_backend {
     int repeat;                      /* REPEAT_* kernels launched twice (IB_CUDA_REPEAT: timing by difference) */
     int att_stage;                   /* most bytes per-head attention stages keys and values in (0: none) */
     int att_cl;                      /* blocks (a cluster) a head of the per-head attention, where the grid allows */
+    int att_split_keys;              /* ... and where some row of the step attends at least this many keys */
+    int long_keys;                   /* the step has such a row (step_begin) */
     int q_ready_buf, q_ready_G;      /* buffer whose Q8 form (group G) a fused norm just wrote, or -1 */
     struct gcache *gc;               /* [NGRAPH] */
     unsigned long long tick;
@@ -1640,18 +1643,21 @@ __device__ __forceinline__ void prefetch_kv(const rowinfo &info, int li, int KVH
     prefetch_bytes(vp, (size_t)n * hd * elt);
 }
 
-/* One block per (row, query head) — or a cluster of cl blocks (launched with that cluster size) —:
+/* One block per (row, query head) — SPLIT: a cluster of cl blocks (launched with that cluster size) —:
  * attend_row_head for the row's KV dtype (few rows: more blocks than attention_kernel's for the
  * latency-bound case; the same arithmetic). qG > 0: the output rows are also quantized for group qG (hd
- * a multiple of qG) into xq/qd/qad for the product that reads them. */
-__global__ void __launch_bounds__(ATT_THREADS, 2) attention_head_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
+ * a multiple of qG) into xq/qd/qad for the product that reads them. The unsplit instantiation has no
+ * cluster code at all (cl is ignored). */
+template <bool SPLIT>
+__global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
                                                                 const rowinfo *__restrict__ ri, int H, int KVH, int hd,
                                                                 int li, float scale, int block, int qG,
                                                                 int8_t *__restrict__ xq, float *__restrict__ qd,
                                                                 float *__restrict__ qad, int stage_bytes, int cl) {
     ATT_MARK(0);
+    if (!SPLIT) cl = 1;
     const int rh = (int)blockIdx.x / cl, r = rh / H, h = rh % H;
-    const att_split sp = {cl, cl > 1 ? cluster_rank() : 0};
+    const att_split sp = {cl, SPLIT ? cluster_rank() : 0};
     const rowinfo info = ri[r];   /* uploaded before the step's first kernel */
     prefetch_kv(info, li, KVH, h / (H / KVH), hd);
     PDL_ENTER();
@@ -1659,10 +1665,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) attention_head_kernel(const fl
     __shared__ att_smem1 sm;
     extern __shared__ __align__(16) unsigned char att_stage[];
     unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
-    if (info.f16 && cl > 1) attend_row_head<uint16_t, true>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
-    else if (info.f16) attend_row_head<uint16_t, false>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
-    else if (cl > 1) attend_row_head<float, true>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
-    else attend_row_head<float, false>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
+    if (info.f16) attend_row_head<uint16_t, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
+    else attend_row_head<float, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
 }
 
 /* Shared memory of an attention block: ATT_QH floats hold the G query heads' q and outputs, ATT_QH
@@ -2008,6 +2012,9 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         const char *asp = getenv("IB_CUDA_ATT_SPLIT");
         const int spn = asp ? atoi(asp) : 4;
         b->att_cl = spn == 1 || spn == 2 || spn == 8 ? spn : 4;
+        /* N: the split from N attended keys on (default ATT_SPLIT_KEYS) */
+        const char *ask2 = getenv("IB_CUDA_ATT_SPLIT_KEYS");
+        b->att_split_keys = ask2 && atoi(ask2) > 0 ? atoi(ask2) : ATT_SPLIT_KEYS;
         const char *rp = getenv("IB_CUDA_REPEAT");
         b->repeat = (rp && strstr(rp, "attn") ? REPEAT_ATTN : 0) | (rp && strstr(rp, "linear") ? REPEAT_LINEAR : 0);
     }
@@ -2035,7 +2042,8 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ8, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, s64) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ4, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, s32) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ8, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, s32) == cudaSuccess;
-        ok = ok && cudaFuncSetAttribute(attention_head_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
+        ok = ok && cudaFuncSetAttribute(attention_head_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
+        ok = ok && cudaFuncSetAttribute(attention_head_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
         if (!ok) {
             cudaGetLastError();
             rc = ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: could not give the tensor-core product its shared memory");
@@ -2304,6 +2312,7 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
         return ib_fail(err, IB_ERR_NOMEM, "cuda: pinned host memory for %d logits rows", d->n_logits);
     b->R = d->R, b->n_items = d->n_items, b->n_logits = d->n_logits, b->attn_block = d->attn_block;
     b->fault = ib_fault_get();
+    b->long_keys = 0;
     for (int r = 0; r < d->R; r++) {
         const cuda_kv *kv = (const cuda_kv *)d->kv[d->row_item[r]];
         if (kv->pub.kind != IB_BACKEND_CUDA)
@@ -2313,6 +2322,10 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
         ri->cap = kv->pub.desc.capacity, ri->sink = kv->pub.desc.sink, ri->window = kv->pub.desc.window;
         ri->f16 = kv->pub.desc.dtype == IB_KV_F16;
         ri->pos = d->pos[r];
+        {
+            const int keys = d->pos[r] + 1, kept = ri->window > 0 ? ri->sink + ri->window : keys;
+            b->long_keys |= (keys < kept ? keys : kept) >= b->att_split_keys;
+        }
         ri->scap = kv->pub.desc.sliding_capacity, ri->swin = kv->pub.desc.sliding_window;
         b->h_tok[r] = d->tok[r];
         b->h_pos[r] = d->rope_pos[r];
@@ -2547,14 +2560,15 @@ static int att_stage_bytes(const cuda_backend *b, int blocks) {
 }
 
 /* Blocks per (row, query head) of the per-head attention over `heads` (row, head) pairs of head dim hd:
- * att_cl (4 unless IB_CUDA_ATT_SPLIT says otherwise) where the grid stays within half the
- * multiprocessors and each block's value columns are whole 16-byte pieces (hd a multiple of 8 * cl),
- * else 1; 1 without a stage. Measured on an H200 (qwen3-0.6b, f16 KV): 4 blocks a head pays at B=1
- * (886 against 829 tok/s at 129 keys, 439 against 323 at 1,000 keys); clusters of 8, clusters of 2
- * (qwen3-8b's 32 heads at B=1: 1,302 against 1,337), and grids of two blocks a multiprocessor were
- * slower than one block a head. Only the grid depends on it, never an operation. */
+ * att_cl (4 unless IB_CUDA_ATT_SPLIT says otherwise) where some row of the step attends at least
+ * att_split_keys keys, the grid stays within half the multiprocessors and each block's value columns
+ * are whole 16-byte pieces (hd a multiple of 8 * cl); else 1; 1 without a stage. Measured on an H200
+ * (qwen3-0.6b, f16 KV, B=1, the two instantiations against one block a head, alternating): 129 keys
+ * 828 against 855 tok/s, 1,000 keys 445 against 349; clusters of 8, clusters of 2 (qwen3-8b's 32
+ * heads at B=1: 1,302 against 1,337), and grids of two blocks a multiprocessor were slower than one
+ * block a head. Only the grid depends on it, never an operation. */
 static int att_cluster(const cuda_backend *b, int heads, int hd) {
-    const int cl = b->att_stage ? b->att_cl : 1;
+    const int cl = b->att_stage && b->long_keys ? b->att_cl : 1;
     return (long)heads * cl <= b->n_sm / 2 && hd % (8 * cl) == 0 ? cl : 1;
 }
 
@@ -2572,7 +2586,7 @@ static void launch_attention(cuda_backend *b, int li, int qG) {
                                                                      b->attn_block, qG, b->xq, b->qd, b->qad);
     else {
         const int cl = att_cluster(b, b->R * b->H, b->hd), blocks = b->R * b->H * cl, st = att_stage_bytes(b, blocks);
-        launch_cl(b, cl, attention_head_kernel, blocks, ATT_THREADS, (size_t)st, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li,
+        launch_cl(b, cl, cl > 1 ? attention_head_kernel<true> : attention_head_kernel<false>, blocks, ATT_THREADS, (size_t)st, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li,
                   b->scale, b->attn_block, qG, b->xq, b->qd, b->qad, st, cl);
     }
     LAUNCHED(b, "attention");
@@ -2744,7 +2758,7 @@ static void flush_step(cuda_backend *b) {
         }
         if (!old || c->used < old->used) old = c;
         if (c->R == b->R && c->n_items == b->n_items && c->n_logits == b->n_logits && c->attn_block == b->attn_block &&
-            c->fault == b->fault && c->nrec == b->nrec && !memcmp(c->rec, b->rec, (size_t)b->nrec * sizeof(oprec)))
+            c->fault == b->fault && c->long_keys == b->long_keys && c->nrec == b->nrec && !memcmp(c->rec, b->rec, (size_t)b->nrec * sizeof(oprec)))
             e = c;
     }
     if (!e) {
@@ -2755,7 +2769,7 @@ static void flush_step(cuda_backend *b) {
         if (c->rec) {
             memcpy(c->rec, b->rec, (size_t)b->nrec * sizeof(oprec));
             c->R = b->R, c->n_items = b->n_items, c->n_logits = b->n_logits, c->attn_block = b->attn_block;
-            c->fault = b->fault, c->nrec = b->nrec, c->used = ++b->tick;
+            c->fault = b->fault, c->long_keys = b->long_keys, c->nrec = b->nrec, c->used = ++b->tick;
         }
         flush_direct(b);
         return;
