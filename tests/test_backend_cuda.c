@@ -913,6 +913,23 @@ int main(int argc, char **argv) {
                         CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
                     }
         }
+        /* attention in tiles of a session's consecutive rows (attention_tile_kernel) wherever that kernel
+         * can run (IB_CUDA_ATT_TILE=force: every step of full sessions, decode rows a tile each), against the
+         * scalar reference; and the wide schedule's prompts (tiles of up to 16 rows) */
+        for (int act = 0; act < 2; act++)
+            for (int kvd = 0; kvd < 2; kvd++) {
+                char name[96];
+                snprintf(name, sizeof name, "attention in tiles, act %s, kv %s", act ? "q8" : "f32", kvd ? "f16" : "f32");
+                setenv("IB_CUDA_ATT_TILE", "force", 1);
+                int bad = schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32, 0, name, NULL, 0, NSTEPS);
+                CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
+                if (models[mi].bits != 32 || !act) {
+                    snprintf(name + strlen(name), sizeof name - strlen(name), ", wide steps");
+                    bad = wide_schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32, name);
+                    CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
+                }
+                unsetenv("IB_CUDA_ATT_TILE");
+            }
         /* whole steps, CPU engine vs CUDA engine */
         const int q8ok = models[mi].bits != 32;   /* an engine refuses q8 activations on float weights */
         for (int act = 0; act < 1 + q8ok; act++)
