@@ -885,6 +885,51 @@ int main(int argc, char **argv) {
                       "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
                 unsetenv("IB_CUDA_MMA_BM");
             }
+        /* per-head attention spread over a cluster of blocks (default: 4 a head where the grid allows and
+         * a row attends 256 keys or more; here from the first key, IB_CUDA_ATT_SPLIT_KEYS=1, in steps of up
+         * to 4 rows) or not: one block a head, 2 blocks a head, chunks of one key block
+         * (a 6 KiB stage: the scores exchanged chunk after chunk), and a stage too small for a key block
+         * (the cluster's first block alone reads the cache) */
+        if (mi == 0) {
+            static const struct { const char *split, *stage, *what; } av[] = {
+                {"1", NULL, "1 block a head"},
+                {"2", NULL, "2 blocks a head"},
+                {NULL, "6", "6 KiB stage, split"},
+                {NULL, "2", "2 KiB stage, unstaged"}};
+            for (int a = 0; a < 4; a++)
+                for (int kvd = 0; kvd < 2; kvd++)
+                    for (int win = 0; win < 2; win++) {
+                        char name[96];
+                        snprintf(name, sizeof name, "attention %s, kv %s, %s", av[a].what, kvd ? "f16" : "f32",
+                                 win ? "window 40" : "full");
+                        setenv("IB_CUDA_ATT_SPLIT_KEYS", "1", 1);
+                        if (av[a].split) setenv("IB_CUDA_ATT_SPLIT", av[a].split, 1);
+                        if (av[a].stage) setenv("IB_CUDA_ATT_STAGE", av[a].stage, 1);
+                        const int bad = schedule(m, IB_ACT_Q8, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0, name, NULL, 0,
+                                                 NSTEPS);
+                        unsetenv("IB_CUDA_ATT_SPLIT");
+                        unsetenv("IB_CUDA_ATT_SPLIT_KEYS");
+                        unsetenv("IB_CUDA_ATT_STAGE");
+                        CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
+                    }
+        }
+        /* attention in tiles of a session's consecutive rows (attention_tile_kernel) wherever that kernel
+         * can run (IB_CUDA_ATT_TILE=force: every step of full sessions, decode rows a tile each), against the
+         * scalar reference; and the wide schedule's prompts (tiles of up to 16 rows) */
+        for (int act = 0; act < 2; act++)
+            for (int kvd = 0; kvd < 2; kvd++) {
+                char name[96];
+                snprintf(name, sizeof name, "attention in tiles, act %s, kv %s", act ? "q8" : "f32", kvd ? "f16" : "f32");
+                setenv("IB_CUDA_ATT_TILE", "force", 1);
+                int bad = schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32, 0, name, NULL, 0, NSTEPS);
+                CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
+                if (models[mi].bits != 32 || !act) {
+                    snprintf(name + strlen(name), sizeof name - strlen(name), ", wide steps");
+                    bad = wide_schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32, name);
+                    CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
+                }
+                unsetenv("IB_CUDA_ATT_TILE");
+            }
         /* whole steps, CPU engine vs CUDA engine */
         const int q8ok = models[mi].bits != 32;   /* an engine refuses q8 activations on float weights */
         for (int act = 0; act < 1 + q8ok; act++)

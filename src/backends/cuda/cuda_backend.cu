@@ -64,6 +64,7 @@ extern "C" {
 #define REC_ARGS 10        /* ints of one recorded op */
 #define GCH 16             /* groups per pass of mm_q8_mma_kernel: shared isums [GCH][16][33] */
 #define ATT_THREADS 256    /* threads of an attention block */
+#define ATT_SPLIT_KEYS 256 /* per-head attention splits a head over a cluster from this many keys (B=1 129: -3%, 1,000: +28%) */
 #define ATT_CHUNK 512      /* most keys an attention block scores at once */
 #define ATT_GROUP_MIN_ROWS 16  /* steps of at least this many rows: one attention block per (row, KV head) */
 #define ATT_QH 2048        /* floats of an attention block's per-head arrays: G * head_dim <= ATT_QH */
@@ -180,7 +181,7 @@ enum { OP_UPLOAD = 1, OP_EMBED, OP_RMSNORM, OP_LINEAR, OP_QK, OP_ATTN, OP_SWIGLU
 /* A step shape seen before: the key (row counts, key block, fault, the op records) and, once it came
  * twice, its captured graph. */
 typedef struct gcache {
-    int R, n_items, n_logits, attn_block, fault, nrec, nograph;
+    int R, n_items, n_logits, attn_block, fault, long_keys, n_tiles, nrec, nograph;
     oprec *rec;
     cudaGraph_t g;
     cudaGraphExec_t x;
@@ -238,7 +239,14 @@ typedef struct cuda_backend {
     int n_sm;                        /* the device's multiprocessors */
     int att_group_rows;              /* attention takes a block per KV head from this many rows */
     int repeat;                      /* REPEAT_* kernels launched twice (IB_CUDA_REPEAT: timing by difference) */
-    int att_stage;                   /* per-head attention stages keys and values in shared memory */
+    int att_stage;                   /* most bytes per-head attention stages keys and values in (0: none) */
+    int att_cl;                      /* blocks (a cluster) a head of the per-head attention, where the grid allows */
+    int att_split_keys;              /* ... and where some row of the step attends at least this many keys */
+    int long_keys;                   /* the step has such a row (step_begin) */
+    int att_tiles;                   /* prompts' rows attend in tiles (attention_tile_kernel): 1 by the step's
+                                        shape, 2 whenever the kernel can (IB_CUDA_ATT_TILE=force), 0 never */
+    int n_tiles;                     /* the step's tiles when it attends in tiles, else 0 (step_begin) */
+    struct att_tile *h_tiles, *d_tiles;   /* [R_max] pinned staging, device */
     int q_ready_buf, q_ready_G;      /* buffer whose Q8 form (group G) a fused norm just wrote, or -1 */
     struct gcache *gc;               /* [NGRAPH] */
     unsigned long long tick;
@@ -266,19 +274,26 @@ static void note(cuda_backend *b, cudaError_t e, const char *where) {
 }
 #define LAUNCHED(b, what) note((b), cudaGetLastError(), (what))
 
-/* Enqueue kernel k on b's stream (grid, block, dynamic shared bytes, its arguments), with programmatic
- * dependent launch when b->pdl (each kernel waits for its predecessor itself: PDL_ENTER). */
+/* Enqueue kernel k on b's stream (grid, block, dynamic shared bytes, its arguments) in clusters of cl
+ * blocks along x (cl > 1: thread block clusters; the grid a multiple of cl), with programmatic dependent
+ * launch when b->pdl (each kernel waits for its predecessor itself: PDL_ENTER). */
 template <typename... KArgs, typename... Args>
-static void launch(cuda_backend *b, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
+static void launch_cl(cuda_backend *b, int cl, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = b->st;
-    cudaLaunchAttribute at[1];
+    cudaLaunchAttribute at[2];
     memset(at, 0, sizeof at);
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = b->pdl ? 1 : 0;
-    cfg.attrs = at, cfg.numAttrs = 1;
+    at[1].id = cudaLaunchAttributeClusterDimension;
+    at[1].val.clusterDim.x = (unsigned)cl, at[1].val.clusterDim.y = 1, at[1].val.clusterDim.z = 1;
+    cfg.attrs = at, cfg.numAttrs = cl > 1 ? 2 : 1;
     note(b, cudaLaunchKernelEx(&cfg, k, (KArgs)args...), "launch");
+}
+template <typename... KArgs, typename... Args>
+static void launch(cuda_backend *b, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
+    launch_cl(b, 1, k, grid, block, smem, args...);
 }
 
 /* ---------------------------------------------------------------- kernels: products */
@@ -1369,11 +1384,12 @@ struct att_smem1 {
     float l, m;                    /* the running sum (at the end), the running max */
 };
 
-/* sm.sc[j] = dot16(q, key j) * scale for the chunk's nc keys, key j at kc + slot[j] * ld (the cache, or
- * a stage with identity slots): 16 threads per key own ib_dot16's lanes and fold them 8, 4, 2, 1; four
- * keys per group per round, every group the same number of rounds (whole warps in the shuffles). */
+/* sc[j] = dot16(q, key j) * scale for nc keys, key j at kc + sm.slot[j] * ld (the cache, or a stage with
+ * identity slots): 16 threads per key own ib_dot16's lanes and fold them 8, 4, 2, 1; four keys per group
+ * per round, every group the same number of rounds (whole warps in the shuffles). */
 template <typename T>
-__device__ __forceinline__ void head_scores(att_smem1 &sm, const T *__restrict__ kc, int nc, int ld, int hd, float scale) {
+__device__ __forceinline__ void head_scores(att_smem1 &sm, float *sc, const T *__restrict__ kc, int nc, int ld, int hd,
+                                            float scale) {
     const int grp = threadIdx.x >> 4, u = threadIdx.x & 15, ngrp = blockDim.x >> 4;
     for (int j0 = 0; j0 < nc; j0 += 4 * ngrp) {
         float a[4];
@@ -1392,30 +1408,108 @@ __device__ __forceinline__ void head_scores(att_smem1 &sm, const T *__restrict__
 #pragma unroll
         for (int x = 0; x < 4; x++) {
             const int j = j0 + x * ngrp + grp;
-            if (u == 0 && j < nc) sm.sc[j] = a[x] * scale;
+            if (u == 0 && j < nc) sc[j] = a[x] * scale;
         }
     }
 }
 
-/* ATT[r][h] = attention of Q[r][h] over its session's kept keys at layer li; one block per (row,
- * query head), ATT_THREADS threads. The attended positions — a full session [0, pos]; a windowed one
- * the sink range [0, min(sink, pos+1)) then the window range [max(pos-window+1, that), pos] — are cut
- * into key blocks at multiples of `block` (ib_attend_heads / ib_attend_policy) and walked in chunks of
- * whole key blocks (at most ATT_CHUNK keys, and what the stage holds). Per chunk: with a stage
- * (stage_bytes of shared memory holding at least one key block: stage_rows_f32), the chunk's key and
- * value rows copied into it as floats first; every key's score s_j = dot16(q, k_j) * scale in parallel
- * (head_scores; a score does not depend on the softmax state); the key blocks' maxima in parallel, then
- * per key block in order m' = max(m, block max), c = exp(m - m') (block_maxima_par; without a stage the
- * other warps ask L1 for the value rows meanwhile); every key's p_j = exp(s_j - m') in parallel; one
- * thread: l = l*c then l += p_j in key order; a thread per output element: out = out*c then out += p_j *
- * v_j in key order; finally out / l. Exactly the reference's operations, in its order, staged or not.
- * T: float or half KV. */
+/* Thread block clusters (sm_90): this block's rank in its cluster; a barrier of all the cluster's
+ * threads split in its two halves (arrive: what this block wrote to shared memory before is visible to
+ * the cluster's blocks after their wait; every thread of every block calls both, in turn); a float of
+ * block `rank`'s shared memory at the address p has in this block's. */
+__device__ __forceinline__ int cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return (int)r;
+}
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ float ld_cluster(const float *p, int rank) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+    return v;
+}
+
+/* Stage this block's part of a chunk split over a cluster: the chunk's key rows [k0, k1) whole (slot[j]'s
+ * hd elements of T of the cache plane kp) into stk [k1 - k0][ldk], and the value columns [d0, d0 + dc)
+ * of all nc rows (plane vp) into stv [nc][dc], as floats, each element exactly to_f32 of the cache. All
+ * threads, a 16-byte piece each per round (hd, dc multiples of a piece's elements), eight loads in
+ * flight each. */
 template <typename T>
+__device__ __forceinline__ void stage_split_f32(float *stk, int ldk, float *stv, const T *__restrict__ kp,
+                                                const T *__restrict__ vp, const int *slot, int k0, int k1, int nc,
+                                                int hd, int d0, int dc) {
+    constexpr int E = 16 / (int)sizeof(T);   /* elements per 16 bytes */
+    const int pk = hd / E, pv = dc / E, nkp = (k1 - k0) * pk, total = nkp + nc * pv, nt = (int)blockDim.x;
+    for (int i0 = (int)threadIdx.x; i0 < total; i0 += 8 * nt) {
+        uint4 w[8];
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            const int i = i0 + t * nt, iv = i - nkp;
+            if (i < nkp) w[t] = *(const uint4 *)(kp + (size_t)slot[k0 + i / pk] * hd + (i % pk) * E);
+            else if (i < total) w[t] = *(const uint4 *)(vp + (size_t)slot[iv / pv] * hd + d0 + (iv % pv) * E);
+        }
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            const int i = i0 + t * nt, iv = i - nkp;
+            if (i >= total) break;
+            float *o = i < nkp ? stk + (size_t)(i / pk) * ldk + (i % pk) * E : stv + (size_t)(iv / pv) * dc + (iv % pv) * E;
+            if (sizeof(T) == 2) halves8_to_f32(w[t], o);
+            else *(uint4 *)o = w[t];
+        }
+    }
+}
+
+/* How a per-head attention is spread over a cluster of `cl` blocks (1: one block does it all). */
+struct att_split {
+    int cl, rank;
+};
+
+/* ATT[r][h] = attention of Q[r][h] over its session's kept keys at layer li; one block per (row,
+ * query head), ATT_THREADS threads — or a cluster of sp.cl blocks per (row, query head). The attended
+ * positions — a full session [0, pos]; a windowed one the sink range [0, min(sink, pos+1)) then the
+ * window range [max(pos-window+1, that), pos] — are cut into key blocks at multiples of `block`
+ * (ib_attend_heads / ib_attend_policy) and walked in chunks of whole key blocks (at most ATT_CHUNK keys,
+ * and what the stage holds). Per chunk: with a stage (stage_bytes of shared memory holding at least one
+ * key block: stage_rows_f32), the chunk's key and value rows copied into it as floats first; every key's
+ * score s_j = dot16(q, k_j) * scale in parallel (head_scores; a score does not depend on the softmax
+ * state); the key blocks' maxima in parallel, then per key block in order m' = max(m, block max), c =
+ * exp(m - m') (block_maxima_par; without a stage the other warps ask L1 for the value rows meanwhile);
+ * every key's p_j = exp(s_j - m') in parallel; one thread: l = l*c then l += p_j in key order; a thread
+ * per output element: out = out*c then out += p_j * v_j in key order (value_pass); finally out / l.
+ * Split over a cluster (staged only; stage_split_f32): block `rank` stages and scores the chunk's keys
+ * [rank * ceil(nc/cl), …) and stages the value columns [rank * hd/cl, …); the scores are exchanged
+ * through the cluster's shared memory, so every block holds all of them and takes the maxima, the
+ * p_j and l itself (the same operations on the same numbers: the same bits in each); each block's
+ * value pass and division give its own hd/cl output elements; with qG, rank 0 gathers the head's outputs
+ * and quantizes them. A score and an output element are each made by one thread, as unsplit: exactly
+ * the reference's operations, in its order, staged, split or not. T: float or half KV; SPLIT: sp.cl > 1
+ * (without it the split's code is compiled out). */
+template <typename T, bool SPLIT>
 __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo &info,
                                 int r, int h, int H, int KVH, int hd, int li, float scale, int block, int qG,
                                 int8_t *__restrict__ xq, float *__restrict__ qd, float *__restrict__ qad,
-                                unsigned char *stage, int stage_bytes) {
+                                unsigned char *stage, int stage_bytes, att_split sp) {
     const int kvh = h / (H / KVH), tid = threadIdx.x;
+    /* staged: each chunk's key and value rows are first copied into shared memory as floats, when a
+     * stage holds a whole key block (kpc keys). Unsplit: stk, stv [kpc][ld], rows padded by 16 floats
+     * (two 16-lane groups reading different keys hit different banks). Split: this block's keys stk
+     * [ceil(kpc/cl)][ld], its dc value columns stv [kpc][dc], and at the stage's end xs [ATT_CHUNK] the
+     * scores it makes for the cluster's other blocks. */
+    const int ld = hd + 16, cl = SPLIT ? sp.cl : 1, dc = hd / cl, d0 = sp.rank * dc;
+    const int F = stage ? stage_bytes / (int)sizeof(float) - (cl > 1 ? ATT_CHUNK : 0) : 0;
+    const int kpc = cl == 1 ? F / (2 * ld) : (F > ld ? (int)((long)(F - ld) * cl / (ld + cl * dc)) : 0);
+    const int pieces = hd * (int)sizeof(T) / 16;   /* stage_rows_f32's columns */
+    const bool staged = kpc >= block && (hd * (int)sizeof(T)) % 16 == 0 &&
+                        (cl == 1 ? (int)blockDim.x % pieces == 0 : (dc * (int)sizeof(T)) % 16 == 0);
+    if (cl > 1 && !staged && sp.rank != 0) return;   /* not splittable: rank 0 alone, unsplit, no cluster barriers */
+    const bool split = cl > 1 && staged;
+    const int chunk_cap = staged && kpc < ATT_CHUNK ? kpc : ATT_CHUNK;
+    float *stk = (float *)stage, *xs = stk + F;
+    float *stv = stk + (size_t)(split ? (kpc + cl - 1) / cl : kpc) * ld;
+    const int ldv = split ? dc : ld, e0 = split ? d0 : 0, ne = split ? dc : hd;   /* this block's outputs */
     for (int d = tid; d < hd; d += blockDim.x) sm.q[d] = Q[((size_t)r * H + h) * hd + d], sm.out[d] = 0.0f;
     const size_t plane = (size_t)info.cap * hd;
     const T *kp = (const T *)info.kv + (((size_t)li * 2 + 0) * KVH + kvh) * plane;
@@ -1433,18 +1527,10 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
     /* warp 0's running max (sm.m); thread lt's running sum (a thread without value-pass work when there
      * is one) */
     const int lt = hd < (int)blockDim.x ? (int)blockDim.x - 1 : 0;
-    /* staged: each chunk's key and value rows are first copied into shared memory as floats (stk, stv
-     * [kpc][ld], rows padded by 16 floats: two 16-lane groups reading different keys hit different
-     * banks), when a stage holds a whole key block (kpc keys) */
-    const int ld = hd + 16, kpc = stage ? stage_bytes / (2 * ld * (int)sizeof(float)) : 0;
-    const int pieces = hd * (int)sizeof(T) / 16;   /* stage_rows_f32's columns */
-    const bool staged = kpc >= block && (hd * (int)sizeof(T)) % 16 == 0 && (int)blockDim.x % pieces == 0;
-    const int chunk_cap = staged && kpc < ATT_CHUNK ? kpc : ATT_CHUNK;
-    float *stk = (float *)stage, *stv = stk + (size_t)kpc * ld;
     ATT_MARK(1);
     float l = 0.0f;
     if (tid == 0) sm.m = -INFINITY;
-    int rg = 0, b0 = 0;              /* the next key block: range rg, position b0 (uniform over threads) */
+    int rg = 0, b0 = 0, nchunk = 0;  /* the next key block: range rg, position b0 (uniform over threads) */
     while (rg < 2) {
         /* the chunk: whole key blocks, positions pa.. for its first na keys, then pb.. (second range) */
         int nc = 0, nbk = 0, na = -1, pa = 0, pb = 0;
@@ -1467,17 +1553,36 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
         for (int j = tid; j < nc; j += blockDim.x) sm.slot[j] = slot_of(info, j < na ? pa + j : pb + (j - na));
         __syncthreads();
         ATT_MARK(2);
-        if (staged) {
+        /* this block's keys [k0, k1) of the chunk (split; else all) */
+        const int nck = (nc + cl - 1) / cl, k0 = sp.rank * nck < nc ? sp.rank * nck : nc;
+        const int k1 = nc - k0 < nck ? nc : k0 + nck;
+        if (split) {
+            /* the scores of this block's keys exchanged through xs */
+            stage_split_f32(stk, ld, stv, kp, vp, sm.slot, k0, k1, nc, hd, d0, dc);
+            __syncthreads();
+            for (int j = tid; j < nc; j += blockDim.x) sm.slot[j] = j;
+            __syncthreads();
+            ATT_MARK(3);
+            /* xs is written once every block has read the previous chunk's (its arrive after that) */
+            if (nchunk > 0) cluster_wait();
+            head_scores(sm, xs + k0, (const float *)stk, k1 - k0, ld, hd, scale);
+            __syncthreads();
+            cluster_arrive();
+            cluster_wait();
+            for (int j = tid; j < nc; j += blockDim.x) sm.sc[j] = ld_cluster(xs + j, j / nck);
+            __syncthreads();
+            cluster_arrive();
+        } else if (staged) {
             stage_rows_f32(stk, stv, kp, vp, sm.slot, nc, hd, ld);
             __syncthreads();
             /* the stage's rows are the chunk's in order */
             for (int j = tid; j < nc; j += blockDim.x) sm.slot[j] = j;
             __syncthreads();
             ATT_MARK(3);
-            head_scores(sm, (const float *)stk, nc, ld, hd, scale);
+            head_scores(sm, sm.sc, (const float *)stk, nc, ld, hd, scale);
         } else {
             ATT_MARK(3);
-            head_scores(sm, kp, nc, hd, hd, scale);
+            head_scores(sm, sm.sc, kp, nc, hd, hd, scale);
         }
         __syncthreads();
         ATT_MARK(4);
@@ -1494,21 +1599,35 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
 #pragma unroll 8
                 for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++) l = l + sm.pw[j];
             }
-        if (staged) {
-            value_pass(sm.out, hd, (const float *)stv, sm.slot, sm.pw, 0, sm.c, 0, sm.bt0, nbk, hd, ld);
-        } else {
-            value_pass(sm.out, hd, vp, sm.slot, sm.pw, 0, sm.c, 0, sm.bt0, nbk, hd, hd);
-        }
+        if (staged) value_pass(sm.out + e0, ne, (const float *)stv, sm.slot, sm.pw, 0, sm.c, 0, sm.bt0, nbk, ne, ldv);
+        else value_pass(sm.out, hd, vp, sm.slot, sm.pw, 0, sm.c, 0, sm.bt0, nbk, hd, hd);
         ATT_MARK(7);
+        nchunk++;
     }
     if (tid == lt) sm.l = l;
     __syncthreads();
-    for (int d = tid; d < hd; d += blockDim.x) {
+    for (int d = e0 + tid; d < e0 + ne; d += blockDim.x) {
         const float o = sm.out[d] / sm.l;
         ATT[((size_t)r * H + h) * hd + d] = o;
         sm.out[d] = o;
     }
-    if (qG > 0) {
+    if (split) {
+        /* the last chunk's scores read by all (its arrive above); then, with qG, the outputs */
+        cluster_wait();
+        if (qG > 0) {
+            __syncthreads();
+            cluster_arrive();
+            cluster_wait();
+            if (sp.rank == 0) {
+                for (int d = tid; d < hd; d += blockDim.x) sm.q[d] = ld_cluster(sm.out + d, d / dc);
+                __syncthreads();
+                quantize_span(sm.q, hd, r, h * hd, H * hd, qG, xq, qd, qad);
+            }
+            /* no block leaves while rank 0 reads its outputs */
+            cluster_arrive();
+            cluster_wait();
+        }
+    } else if (qG > 0) {
         __syncthreads();
         quantize_span(sm.out, hd, r, h * hd, H * hd, qG, xq, qd, qad);
     }
@@ -1528,16 +1647,21 @@ __device__ __forceinline__ void prefetch_kv(const rowinfo &info, int li, int KVH
     prefetch_bytes(vp, (size_t)n * hd * elt);
 }
 
-/* One block per (row, query head): attend_row_head for the row's KV dtype (few rows: twice the blocks
- * of attention_kernel for the latency-bound case; the same arithmetic). qG > 0: the output rows are also
- * quantized for group qG (hd a multiple of qG) into xq/qd/qad for the product that reads them. */
+/* One block per (row, query head) — SPLIT: a cluster of cl blocks (launched with that cluster size) —:
+ * attend_row_head for the row's KV dtype (few rows: more blocks than attention_kernel's for the
+ * latency-bound case; the same arithmetic). qG > 0: the output rows are also quantized for group qG (hd
+ * a multiple of qG) into xq/qd/qad for the product that reads them. The unsplit instantiation has no
+ * cluster code at all (cl is ignored). */
+template <bool SPLIT>
 __global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
                                                                 const rowinfo *__restrict__ ri, int H, int KVH, int hd,
                                                                 int li, float scale, int block, int qG,
                                                                 int8_t *__restrict__ xq, float *__restrict__ qd,
-                                                                float *__restrict__ qad, int stage_bytes) {
+                                                                float *__restrict__ qad, int stage_bytes, int cl) {
     ATT_MARK(0);
-    const int r = blockIdx.x / H, h = blockIdx.x % H;
+    if (!SPLIT) cl = 1;
+    const int rh = (int)blockIdx.x / cl, r = rh / H, h = rh % H;
+    const att_split sp = {cl, SPLIT ? cluster_rank() : 0};
     const rowinfo info = ri[r];   /* uploaded before the step's first kernel */
     prefetch_kv(info, li, KVH, h / (H / KVH), hd);
     PDL_ENTER();
@@ -1545,8 +1669,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float
     __shared__ att_smem1 sm;
     extern __shared__ __align__(16) unsigned char att_stage[];
     unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
-    if (info.f16) attend_row_head<uint16_t>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes);
-    else attend_row_head<float>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes);
+    if (info.f16) attend_row_head<uint16_t, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
+    else attend_row_head<float, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
 }
 
 /* Shared memory of an attention block: ATT_QH floats hold the G query heads' q and outputs, ATT_QH
@@ -1694,6 +1818,216 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__r
     else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
 }
 
+/* ---------------------------------------------------------------- attention: tiles of a prompt's rows */
+
+#define TILE_ROWS 8         /* rows of one session per block of attention_tile_kernel */
+#define TILE_QV 32          /* most (row, query head) vectors of such a block: TILE_ROWS * G */
+#define TILE_HD 128         /* largest head dim it takes */
+
+/* One tile: rows [r0, r0 + n) of the step, consecutive positions of one session (a prompt's chunk). */
+struct att_tile {
+    int r0, n;
+};
+
+/* Shared memory of attention_tile_kernel (dynamic): q [NQ][hd + 16], keys and values [block][hd + 16]
+ * (floats), scores then weights [NQ][block], and per vector its running max m, sum l, this
+ * key block's rescale factor c and keys nv. */
+__host__ __device__ __forceinline__ size_t tile_smem_bytes(int nq, int hd, int block) {
+    return ((size_t)nq * (hd + 16) + 2 * (size_t)block * (hd + 16) + (size_t)nq * block + 4 * (size_t)nq) *
+           sizeof(float);
+}
+
+/* ATT[r][h] for the rows of tile t = blockIdx.x / KVH and the G = H/KVH query heads h of KV head kvh =
+ * blockIdx.x % KVH: the attention of each (row, head) vector over its session's keys [0, pos] (a full
+ * cache), ATT_THREADS threads. The rows of a tile are one session's consecutive positions, so they
+ * share their keys: each key block (positions [kb*block, (kb+1)*block), as ib_attend_heads cuts them)
+ * is staged in shared memory once (as floats, exactly to_f32) for all the tile's vectors, instead of
+ * once per row. For each vector whose row reaches the block (pos >= kb*block) over the block's keys it
+ * sees (those <= pos), in the reference's order: every score s_j = dot16(q, k_j) * scale (16 threads own
+ * ib_dot16's lanes, each a micro-tile of 2 vectors x 4 keys, folded 8, 4, 2, 1); m' = max(m, the block's
+ * max), c = exp(m - m'); p_j = exp(s_j - m'); l = l*c then l += p_j in key order (one thread a vector);
+ * out = out*c then out += p_j * v_j in key order (a thread per (vector, element) chain, kept in
+ * registers); finally out / l. The same operations as attend_row_head and attend_row_kvhead, so the same
+ * bits. qG > 0: each (row, head) output also quantized for group qG into xq/qd/qad. T: float or half KV.
+ * Needs nq = n * G <= TILE_QV, hd <= TILE_HD (a multiple of 16), block <= ATT_MAX_BLOCK. */
+template <typename T>
+__device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo &info, int r0,
+                            int n, int kvh, int H, int KVH, int hd, int li, float scale, int block, int qG,
+                            int8_t *__restrict__ xq, float *__restrict__ qd, float *__restrict__ qad) {
+    const int G = H / KVH, nq = n * G, tid = threadIdx.x, nt = blockDim.x, ldq = hd + 16;
+    float *qs = sh, *ks = qs + (size_t)nq * ldq, *vs = ks + (size_t)block * ldq, *ps = vs + (size_t)block * ldq;
+    float *mv = ps + (size_t)nq * block, *lv = mv + nq, *cv = lv + nq;
+    int *nvv = (int *)(cv + nq);
+    /* q vectors: v = i * G + g is row r0 + i, head kvh * G + g */
+    for (int e = tid; e < nq * hd; e += nt) {
+        const int v = e / hd, d = e % hd;
+        qs[(size_t)v * ldq + d] = Q[((size_t)(r0 + v / G) * H + (size_t)kvh * G + v % G) * hd + d];
+    }
+    for (int v = tid; v < nq; v += nt) mv[v] = -INFINITY, lv[v] = 0.0f;
+    const size_t plane = (size_t)info.cap * hd;
+    const T *kp = (const T *)info.kv + (((size_t)li * 2 + 0) * KVH + kvh) * plane;
+    const T *vp = (const T *)info.kv + (((size_t)li * 2 + 1) * KVH + kvh) * plane;
+    const int p0 = info.pos, plast = p0 + n - 1;
+    /* the value chains: thread tid owns element d = tid % hd of the vectors tid / hd, + nt / hd, … */
+    constexpr int QPT = TILE_QV / (ATT_THREADS / TILE_HD);   /* most chains a thread holds */
+    const int d = tid % hd, vstep = nt / hd, v0 = tid / hd;
+    float o[QPT];
+#pragma unroll
+    for (int i = 0; i < QPT; i++) o[i] = 0.0f;
+    const int grp = tid >> 4, u = tid & 15, ngrp = nt >> 4;
+    for (int kb0 = 0; kb0 <= plast; kb0 += block) {
+        const int nk = (kb0 + block <= plast + 1 ? block : plast + 1 - kb0);   /* keys staged: up to the last row's */
+        /* stage the block's keys and values as floats: 16-byte pieces, eight loads a thread in flight
+         * before their conversions (each element exactly to_f32) */
+        {
+            constexpr int E = 16 / (int)sizeof(T);   /* elements a piece */
+            const int pr = hd / E, total = 2 * nk * pr;
+            for (int i0 = tid; i0 < total; i0 += 8 * nt) {
+                uint4 w[8];
+#pragma unroll
+                for (int x = 0; x < 8; x++) {
+                    const int i = i0 + x * nt, isv = i >= nk * pr, ii = i - isv * nk * pr;
+                    if (i < total)
+                        w[x] = *(const uint4 *)((isv ? vp : kp) + (size_t)(kb0 + ii / pr) * hd + (ii % pr) * E);
+                }
+#pragma unroll
+                for (int x = 0; x < 8; x++) {
+                    const int i = i0 + x * nt, isv = i >= nk * pr, ii = i - isv * nk * pr;
+                    if (i >= total) break;
+                    float *o = (isv ? vs : ks) + (size_t)(ii / pr) * ldq + (ii % pr) * E;
+                    if (sizeof(T) == 2) halves8_to_f32(w[x], o);
+                    else *(uint4 *)o = w[x];
+                }
+            }
+        }
+        /* each vector's keys in this block (0: its row does not reach it) */
+        for (int v = tid; v < nq; v += nt) {
+            const int p = p0 + v / G;
+            nvv[v] = p < kb0 ? 0 : (p + 1 - kb0 < block ? p + 1 - kb0 : block);
+        }
+        __syncthreads();
+        /* scores: micro-tiles of 2 vectors x 4 keys, one per 16-thread group per round */
+        const int mq = (nq + 1) / 2, mk = (nk + 3) / 4;
+        for (int t0 = 0; t0 < mq * mk; t0 += ngrp) {
+            const int t = t0 + grp, tq = t / mk, tk = t % mk;
+            float a[2][4];
+#pragma unroll
+            for (int x = 0; x < 2; x++)
+#pragma unroll
+                for (int y = 0; y < 4; y++) a[x][y] = 0.0f;
+            if (t < mq * mk) {
+                const int va = 2 * tq, vb = 2 * tq + 1 < nq ? 2 * tq + 1 : 2 * tq;
+                const float *qa = qs + (size_t)va * ldq, *qb = qs + (size_t)vb * ldq;
+                const float *kr[4];
+#pragma unroll
+                for (int y = 0; y < 4; y++) kr[y] = ks + (size_t)(4 * tk + y < nk ? 4 * tk + y : 4 * tk) * ldq;
+                for (int i = u; i < hd; i += 16) {
+                    const float xa = qa[i], xb = qb[i];
+#pragma unroll
+                    for (int y = 0; y < 4; y++) {
+                        const float k = kr[y][i];
+                        a[0][y] = a[0][y] + xa * k;
+                        a[1][y] = a[1][y] + xb * k;
+                    }
+                }
+            }
+#pragma unroll
+            for (int w = 8; w >= 1; w >>= 1)
+#pragma unroll
+                for (int x = 0; x < 2; x++)
+#pragma unroll
+                    for (int y = 0; y < 4; y++) {
+                        const float s = __shfl_down_sync(0xffffffffu, a[x][y], w, 16);
+                        if (u < w) a[x][y] = a[x][y] + s;
+                    }
+            if (u == 0 && t < mq * mk)
+#pragma unroll
+                for (int x = 0; x < 2; x++)
+#pragma unroll
+                    for (int y = 0; y < 4; y++) {
+                        const int v = 2 * tq + x, j = 4 * tk + y;
+                        if (v < nq && j < nk) ps[(size_t)v * block + j] = a[x][y] * scale;
+                    }
+        }
+        __syncthreads();
+        /* per vector: the block's max over its keys, m' = max(m, block max), c = exp(m - m') */
+        for (int v = tid; v < nq; v += nt) {
+            const int nv = nvv[v];
+            if (nv == 0) continue;
+            const float *s = ps + (size_t)v * block;
+            float mb = -INFINITY;
+            for (int j = 0; j < nv; j++)
+                if (s[j] > mb) mb = s[j];
+            const float mr = mv[v], m_new = mb > mr ? mb : mr;
+            cv[v] = ib_expf_lane(mr - m_new);
+            mv[v] = m_new;
+        }
+        __syncthreads();
+        /* p_j = exp(s_j - m') in place, every pair in parallel */
+        for (int e = tid; e < nq * block; e += nt) {
+            const int v = e / block, j = e % block;
+            if (j < nvv[v]) ps[e] = ib_expf_lane(ps[e] - mv[v]);
+        }
+        __syncthreads();
+        /* l = l*c then l += p_j in key order, one thread a vector */
+        for (int v = tid; v < nq; v += nt) {
+            const int nv = nvv[v];
+            if (nv == 0) continue;
+            const float *pw = ps + (size_t)v * block;
+            float l = lv[v] * cv[v];
+            for (int j = 0; j < nv; j++) l = l + pw[j];
+            lv[v] = l;
+        }
+        /* out = out*c then out += p_j * v_j in key order, a thread per (vector, element) chain */
+        int nvr[QPT];   /* keys of this block each chain takes (0: none, or no such vector) */
+#pragma unroll
+        for (int i = 0; i < QPT; i++) {
+            const int v = v0 + i * vstep;
+            nvr[i] = v < nq ? nvv[v] : 0;
+            if (nvr[i] > 0) o[i] = o[i] * cv[v];
+        }
+        for (int j = 0; j < nk; j++) {
+            const float x = vs[(size_t)j * ldq + d];
+#pragma unroll
+            for (int i = 0; i < QPT; i++)
+                if (j < nvr[i]) o[i] = o[i] + ps[(size_t)(v0 + i * vstep) * block + j] * x;
+        }
+        __syncthreads();
+    }
+    /* out / l, into ATT and (for the quantization) over q */
+#pragma unroll
+    for (int i = 0; i < QPT; i++) {
+        const int v = v0 + i * vstep;
+        if (v < nq) {
+            const float y = o[i] / lv[v];
+            ATT[((size_t)(r0 + v / G) * H + (size_t)kvh * G + v % G) * hd + d] = y;
+            qs[(size_t)v * ldq + d] = y;
+        }
+    }
+    if (qG > 0) {
+        __syncthreads();
+        for (int v = 0; v < nq; v++)
+            quantize_span(qs + (size_t)v * ldq, hd, r0 + v / G, (kvh * G + v % G) * hd, H * hd, qG, xq, qd, qad);
+    }
+}
+
+/* One block per (tile, KV head): attend_tile for the tile's KV dtype (tiles [n_tiles], ri as the step's). */
+__global__ void __launch_bounds__(ATT_THREADS) attention_tile_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
+                                                                     const rowinfo *__restrict__ ri,
+                                                                     const att_tile *__restrict__ tiles, int H, int KVH,
+                                                                     int hd, int li, float scale, int block, int qG,
+                                                                     int8_t *__restrict__ xq, float *__restrict__ qd,
+                                                                     float *__restrict__ qad) {
+    PDL_ENTER();
+    extern __shared__ __align__(16) float tile_sh[];
+    const att_tile tl = tiles[blockIdx.x / KVH];
+    const int kvh = blockIdx.x % KVH;
+    const rowinfo info = ri[tl.r0];
+    if (info.f16)
+        attend_tile<uint16_t>(tile_sh, Q, ATT, info, tl.r0, tl.n, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
+    else attend_tile<float>(tile_sh, Q, ATT, info, tl.r0, tl.n, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
+}
+
 /* ---------------------------------------------------------------- availability */
 
 /* 1 when device 0 exists and is compute capability 9.0 (this build's kernels are sm_90a); else 0 and
@@ -1821,9 +2155,10 @@ static void cuda_destroy(ib_backend *base) {
         long long t[64][12];
         if (cudaMemcpyFromSymbol(t, att_trace, sizeof t) == cudaSuccess)
             for (int i = 0; i < 4; i++)
-                fprintf(stderr, "att trace block %d: wait %lld setup %lld stage %lld scores %lld maxima %lld exp %lld values %lld end %lld (cycles)\n", i,
-                        t[i][9] - t[i][0], t[i][2] - t[i][9], t[i][3] - t[i][2], t[i][4] - t[i][3], t[i][5] - t[i][4],
-                        t[i][6] - t[i][5], t[i][7] - t[i][6], t[i][8] - t[i][7]);
+                fprintf(stderr, "att trace block %d (cycles from its start, last chunk): slots %lld, waited %lld, staged %lld, "
+                                "scored %lld, maxima %lld, exp %lld, values %lld, end %lld\n", i, t[i][2] - t[i][0],
+                        t[i][9] - t[i][0], t[i][3] - t[i][0], t[i][4] - t[i][0], t[i][5] - t[i][0], t[i][6] - t[i][0],
+                        t[i][7] - t[i][0], t[i][8] - t[i][0]);
     }
 #endif
     drop_graphs(b);
@@ -1831,6 +2166,7 @@ static void cuda_destroy(ib_backend *base) {
     cudaFreeHost(b->h_logits);
     for (int i = 0; i < b->n_alloc; i++) cudaFree(b->alloc_list[i]);
     cudaFreeHost(b->h_tok), cudaFreeHost(b->h_lrow), cudaFreeHost(b->h_pos), cudaFreeHost(b->h_ri);
+    cudaFreeHost(b->h_tiles);
     cudaFreeHost(b->h_cs), cudaFreeHost(b->h_amax);
     if (b->st) cudaStreamDestroy(b->st);
     free(b->mats), free(b->lout), free(b->aout), free(b->h_rows), free(b->alloc_list);
@@ -1882,8 +2218,21 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         /* "attn", "linear" (comma-separated): those kernels, which recompute their outputs from inputs they
          * do not write, run twice in every step — the difference in step time is their cost inside the
          * graph (ncu times each kernel alone, with cold caches). The same bits. */
-        const char *as = getenv("IB_CUDA_ATT_STAGE");   /* "0": per-head attention reads the cache directly */
-        b->att_stage = !(as && !strcmp(as, "0"));
+        /* "0": per-head attention reads the cache directly; N > 0: its stage holds at most N KiB (tests:
+         * small stages walk many chunks) */
+        const char *as = getenv("IB_CUDA_ATT_STAGE");
+        const long ask = as ? atol(as) : -1;
+        b->att_stage = ask < 0 ? ATT_STAGE_MAX : ask < ATT_STAGE_MAX / 1024 ? (int)ask * 1024 : ATT_STAGE_MAX;
+        /* "1", "2", "4", "8": blocks a head of the per-head attention where the grid allows (default 4) */
+        const char *asp = getenv("IB_CUDA_ATT_SPLIT");
+        const int spn = asp ? atoi(asp) : 4;
+        b->att_cl = spn == 1 || spn == 2 || spn == 8 ? spn : 4;
+        /* N: the split from N attended keys on (default ATT_SPLIT_KEYS) */
+        const char *ask2 = getenv("IB_CUDA_ATT_SPLIT_KEYS");
+        b->att_split_keys = ask2 && atoi(ask2) > 0 ? atoi(ask2) : ATT_SPLIT_KEYS;
+        /* "0": never attend in tiles; "force": whenever the tile kernel can (tests) */
+        const char *at = getenv("IB_CUDA_ATT_TILE");
+        b->att_tiles = !at ? 1 : !strcmp(at, "0") ? 0 : !strcmp(at, "force") ? 2 : 1;
         const char *rp = getenv("IB_CUDA_REPEAT");
         b->repeat = (rp && strstr(rp, "attn") ? REPEAT_ATTN : 0) | (rp && strstr(rp, "linear") ? REPEAT_LINEAR : 0);
     }
@@ -1911,7 +2260,10 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ8, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, s64) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ4, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, s32) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ8, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, s32) == cudaSuccess;
-        ok = ok && cudaFuncSetAttribute(attention_head_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
+        ok = ok && cudaFuncSetAttribute(attention_head_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
+        ok = ok && cudaFuncSetAttribute(attention_head_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
+        ok = ok && cudaFuncSetAttribute(attention_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)tile_smem_bytes(TILE_QV, TILE_HD, ATT_MAX_BLOCK)) == cudaSuccess;
         if (!ok) {
             cudaGetLastError();
             rc = ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: could not give the tensor-core product its shared memory");
@@ -1980,9 +2332,10 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
     if (b->amax_cnt && cudaMemset(b->amax_cnt, 0, (size_t)LOGIT_CHUNK * sizeof(unsigned)) != cudaSuccess)
         b->amax_cnt = NULL;
     b->d_ri = (rowinfo *)dalloc(b, (size_t)Rm * sizeof(rowinfo));
+    b->d_tiles = (att_tile *)dalloc(b, (size_t)Rm * sizeof(att_tile));
     b->d_cs = (float *)dalloc(b, (size_t)Rm * hd * sizeof(float));
     if (!b->norms || !b->buf[IB_BUF_COUNT - 1] || !b->buf[0] || !b->xq || !b->qd || !b->qad || !b->logits ||
-        !b->d_tok || !b->d_lrow || !b->d_amax || !b->amax_v || !b->amax_i || !b->amax_cnt || !b->d_ri || !b->d_cs) {
+        !b->d_tok || !b->d_lrow || !b->d_amax || !b->amax_v || !b->amax_i || !b->amax_cnt || !b->d_ri || !b->d_cs || !b->d_tiles) {
         rc = ib_fail(err, IB_ERR_NOMEM, "cuda: out of device memory for %d rows of scratch", Rm);
         goto fail;
     }
@@ -1996,6 +2349,7 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         cudaMallocHost((void **)&b->h_amax, (size_t)Rm * 4) != cudaSuccess ||
         cudaMallocHost((void **)&b->h_pos, (size_t)Rm * 4) != cudaSuccess ||
         cudaMallocHost((void **)&b->h_ri, (size_t)Rm * sizeof(rowinfo)) != cudaSuccess ||
+        cudaMallocHost((void **)&b->h_tiles, (size_t)Rm * sizeof(att_tile)) != cudaSuccess ||
         cudaMallocHost((void **)&b->h_cs, (size_t)Rm * hd * sizeof(float)) != cudaSuccess) {
         rc = ib_fail(err, IB_ERR_NOMEM, "cuda: out of pinned host memory");
         goto fail;
@@ -2164,6 +2518,31 @@ static void push(cuda_backend *b, int op, int a0 = 0, int a1 = 0, int a2 = 0, in
     memcpy(r->a, a, sizeof a);
 }
 
+/* Whether the step's attention runs in tiles of one session's consecutive rows (attention_tile_kernel),
+ * and its tiles into b->h_tiles / b->n_tiles (0: not). Where the kernel can — not Gemma 4, every session
+ * a full cache, head dim 16, 32, 64 or 128, G * TILE_ROWS <= TILE_QV query vectors a block — and the
+ * step's shape asks for it: four or more rows a tile on average (prompts' chunks; decode rows are one a
+ * session) and at least two blocks a multiprocessor (tiles x KV heads). Measured on an H200 (one
+ * qwen3-0.6b prompt a step, f16 KV, tiles against a block per (row, KV head)): 128 rows 22,167 against
+ * 25,135 tok/s (128 blocks), 256 28,539 / 28,418, 512 26,841 / 22,813, 1,024 19,284 / 14,406, 2,048
+ * 12,325 / 8,296. IB_CUDA_ATT_TILE=force: whenever the kernel can, 0: never. Only the grid depends on
+ * it, never an operation. */
+static void plan_tiles(cuda_backend *b, const ib_step_desc *d) {
+    b->n_tiles = 0;
+    const int G = b->H / b->KVH;
+    if (!b->att_tiles || b->gm || G * TILE_ROWS > TILE_QV || (b->hd != 16 && b->hd != 32 && b->hd != 64 && b->hd != 128))
+        return;
+    int n = 0;
+    for (int r = 0; r < d->R;) {
+        if (b->h_ri[r].window > 0) return;
+        int e = r + 1;
+        while (e < d->R && d->row_item[e] == d->row_item[r] && e - r < TILE_ROWS) e++;
+        b->h_tiles[n].r0 = r, b->h_tiles[n].n = e - r;
+        n++, r = e;
+    }
+    if (b->att_tiles == 2 || (d->R >= 4 * n && (long)n * b->KVH >= 2L * b->n_sm)) b->n_tiles = n;
+}
+
 /* Copy the step's rows into pinned staging (tokens, per-row cache info, RoPE table computed here with
  * ib_rope_table, logits rows) and record their upload as the step's first op. */
 static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_error *err) {
@@ -2180,6 +2559,7 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
         return ib_fail(err, IB_ERR_NOMEM, "cuda: pinned host memory for %d logits rows", d->n_logits);
     b->R = d->R, b->n_items = d->n_items, b->n_logits = d->n_logits, b->attn_block = d->attn_block;
     b->fault = ib_fault_get();
+    b->long_keys = 0;
     for (int r = 0; r < d->R; r++) {
         const cuda_kv *kv = (const cuda_kv *)d->kv[d->row_item[r]];
         if (kv->pub.kind != IB_BACKEND_CUDA)
@@ -2189,6 +2569,10 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
         ri->cap = kv->pub.desc.capacity, ri->sink = kv->pub.desc.sink, ri->window = kv->pub.desc.window;
         ri->f16 = kv->pub.desc.dtype == IB_KV_F16;
         ri->pos = d->pos[r];
+        {
+            const int keys = d->pos[r] + 1, kept = ri->window > 0 ? ri->sink + ri->window : keys;
+            b->long_keys |= (keys < kept ? keys : kept) >= b->att_split_keys;
+        }
         ri->scap = kv->pub.desc.sliding_capacity, ri->swin = kv->pub.desc.sliding_window;
         b->h_tok[r] = d->tok[r];
         b->h_pos[r] = d->rope_pos[r];
@@ -2199,6 +2583,7 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
         b->aout[j] = d->argmax_out ? d->argmax_out[j] : NULL;
         b->want_logits |= b->lout[j] != NULL, b->want_argmax |= b->aout[j] != NULL;
     }
+    plan_tiles(b, d);
     ib_rope_table(b->h_pos, d->R, b->hd, b->theta, b->h_cs);
     if (b->gm) gemma_step_begin(b);
     push(b, OP_UPLOAD);
@@ -2212,6 +2597,9 @@ static unsigned blocks_for(size_t n, int threads) { return (unsigned)((n + threa
 static void launch_upload(cuda_backend *b) {
     note(b, cudaMemcpyAsync(b->d_tok, b->h_tok, (size_t)b->R * 4, cudaMemcpyHostToDevice, b->st), "upload");
     note(b, cudaMemcpyAsync(b->d_ri, b->h_ri, (size_t)b->R * sizeof(rowinfo), cudaMemcpyHostToDevice, b->st), "upload");
+    if (b->n_tiles > 0)
+        note(b, cudaMemcpyAsync(b->d_tiles, b->h_tiles, (size_t)b->n_tiles * sizeof(att_tile), cudaMemcpyHostToDevice, b->st),
+             "upload");
     note(b, cudaMemcpyAsync(b->d_cs, b->h_cs, (size_t)b->R * b->hd * sizeof(float), cudaMemcpyHostToDevice, b->st),
          "upload");
     if (b->n_logits > 0)
@@ -2412,13 +2800,27 @@ static void launch_qk(cuda_backend *b, int li, int phases) {
 
 /* Bytes a per-head attention block stages its chunks' keys and values in, for a grid of `blocks`: the
  * blocks that share a multiprocessor in one wave split ATT_SM_BYTES (less their static shared memory),
- * at most ATT_STAGE_MAX, in KiB; IB_CUDA_ATT_STAGE=0 stages nothing (the same arithmetic either way). */
+ * at most b->att_stage (ATT_STAGE_MAX unless IB_CUDA_ATT_STAGE says less), in KiB; 0 stages nothing (the
+ * same arithmetic either way). */
 static int att_stage_bytes(const cuda_backend *b, int blocks) {
     if (!b->att_stage) return 0;
     const int per_sm = (blocks + b->n_sm - 1) / b->n_sm;
     long st = (long)ATT_SM_BYTES / per_sm - (long)sizeof(att_smem1) - 1024;
-    if (st > ATT_STAGE_MAX) st = ATT_STAGE_MAX;
+    if (st > b->att_stage) st = b->att_stage;
     return st > 0 ? (int)(st & ~1023L) : 0;
+}
+
+/* Blocks per (row, query head) of the per-head attention over `heads` (row, head) pairs of head dim hd:
+ * att_cl (4 unless IB_CUDA_ATT_SPLIT says otherwise) where some row of the step attends at least
+ * att_split_keys keys, the grid stays within half the multiprocessors and each block's value columns
+ * are whole 16-byte pieces (hd a multiple of 8 * cl); else 1; 1 without a stage. Measured on an H200
+ * (qwen3-0.6b, f16 KV, B=1, the two instantiations against one block a head, alternating): 129 keys
+ * 828 against 855 tok/s, 1,000 keys 445 against 349; clusters of 8, clusters of 2 (qwen3-8b's 32
+ * heads at B=1: 1,302 against 1,337), and grids of two blocks a multiprocessor were slower than one
+ * block a head. Only the grid depends on it, never an operation. */
+static int att_cluster(const cuda_backend *b, int heads, int hd) {
+    const int cl = b->att_stage && b->long_keys ? b->att_cl : 1;
+    return (long)heads * cl <= b->n_sm / 2 && hd % (8 * cl) == 0 ? cl : 1;
 }
 
 /* ATT = attention of every row and query head at layer li: a block per (row, KV head) from
@@ -2430,13 +2832,17 @@ static void launch_attention(cuda_backend *b, int li, int qG) {
         return;
     }
     float *Q = b->buf[IB_BUF_Q], *ATT = b->buf[IB_BUF_ATT];
-    if (b->R >= b->att_group_rows)
+    if (b->n_tiles > 0)
+        launch(b, attention_tile_kernel, b->n_tiles * b->KVH, ATT_THREADS,
+               tile_smem_bytes(TILE_ROWS * (b->H / b->KVH), b->hd, b->attn_block), Q, ATT, b->d_ri,
+               (const att_tile *)b->d_tiles, b->H, b->KVH, b->hd, li, b->scale, b->attn_block, qG, b->xq, b->qd, b->qad);
+    else if (b->R >= b->att_group_rows)
         launch(b, attention_kernel, b->R * b->KVH, ATT_THREADS, 0, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li, b->scale,
                                                                      b->attn_block, qG, b->xq, b->qd, b->qad);
     else {
-        const int blocks = b->R * b->H, st = att_stage_bytes(b, blocks);
-        launch(b, attention_head_kernel, blocks, ATT_THREADS, (size_t)st, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li, b->scale,
-                                                                        b->attn_block, qG, b->xq, b->qd, b->qad, st);
+        const int cl = att_cluster(b, b->R * b->H, b->hd), blocks = b->R * b->H * cl, st = att_stage_bytes(b, blocks);
+        launch_cl(b, cl, cl > 1 ? attention_head_kernel<true> : attention_head_kernel<false>, blocks, ATT_THREADS, (size_t)st, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li,
+                  b->scale, b->attn_block, qG, b->xq, b->qd, b->qad, st, cl);
     }
     LAUNCHED(b, "attention");
 }
@@ -2607,7 +3013,7 @@ static void flush_step(cuda_backend *b) {
         }
         if (!old || c->used < old->used) old = c;
         if (c->R == b->R && c->n_items == b->n_items && c->n_logits == b->n_logits && c->attn_block == b->attn_block &&
-            c->fault == b->fault && c->nrec == b->nrec && !memcmp(c->rec, b->rec, (size_t)b->nrec * sizeof(oprec)))
+            c->fault == b->fault && c->long_keys == b->long_keys && c->n_tiles == b->n_tiles && c->nrec == b->nrec && !memcmp(c->rec, b->rec, (size_t)b->nrec * sizeof(oprec)))
             e = c;
     }
     if (!e) {
@@ -2618,7 +3024,7 @@ static void flush_step(cuda_backend *b) {
         if (c->rec) {
             memcpy(c->rec, b->rec, (size_t)b->nrec * sizeof(oprec));
             c->R = b->R, c->n_items = b->n_items, c->n_logits = b->n_logits, c->attn_block = b->attn_block;
-            c->fault = b->fault, c->nrec = b->nrec, c->used = ++b->tick;
+            c->fault = b->fault, c->long_keys = b->long_keys, c->n_tiles = b->n_tiles, c->nrec = b->nrec, c->used = ++b->tick;
         }
         flush_direct(b);
         return;

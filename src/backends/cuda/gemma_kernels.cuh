@@ -218,21 +218,28 @@ __global__ void __launch_bounds__(32 * QK_WARPS)
     }
 }
 
-/* attention_head_kernel on Gemma 4 layer views: one block per (row, query head), the row's view of the
- * layer (gemma_view: a KV-shared layer reads its source's keys and values) then attend_row_head with
- * li = 0 — the same arithmetic (ib_attend_heads order for a full view with window 0, ib_attend_policy
- * order for a windowed one: a sliding layer's last sliding_window keys). */
+/* attention_head_kernel on Gemma 4 layer views: one block (SPLIT: a cluster of cl) per (row, query
+ * head), the row's view of the layer (gemma_view: a KV-shared layer reads its source's keys and values)
+ * then attend_row_head with li = 0 — the same arithmetic (ib_attend_heads order for a full view with
+ * window 0, ib_attend_policy order for a windowed one: a sliding layer's last sliding_window keys);
+ * stage_bytes and cl as attention_head_kernel. */
+template <bool SPLIT>
 __global__ void __launch_bounds__(ATT_THREADS)
     gemma_attention_head_kernel(const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo *__restrict__ ri,
                                 int H, int KVH, int hd, int sliding, long long A, long long B, float scale, int block,
-                                int qG, int8_t *__restrict__ xq, float *__restrict__ qd, float *__restrict__ qad) {
-    const int r = blockIdx.x / H, h = blockIdx.x % H;
+                                int qG, int8_t *__restrict__ xq, float *__restrict__ qd, float *__restrict__ qad,
+                                int stage_bytes, int cl) {
+    if (!SPLIT) cl = 1;
+    const int rh = (int)blockIdx.x / cl, r = rh / H, h = rh % H;
+    const att_split sp = {cl, SPLIT ? cluster_rank() : 0};
     const rowinfo info = gemma_view(ri[r], sliding, A, B);   /* uploaded before the step's first kernel */
     prefetch_kv(info, 0, KVH, h / (H / KVH), hd);
     PDL_ENTER();
     __shared__ att_smem1 sm;
-    if (info.f16) attend_row_head<uint16_t>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, NULL, 0);
-    else attend_row_head<float>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, NULL, 0);
+    extern __shared__ __align__(16) unsigned char att_stage[];
+    unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
+    if (info.f16) attend_row_head<uint16_t, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
+    else attend_row_head<float, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
 }
 
 /* attention_kernel on Gemma 4 layer views: one block per (row, KV head); as above (G * hd <= ATT_QH). */
@@ -561,6 +568,14 @@ static ib_status gemma_create(cuda_backend *b, const ib_model *m, ib_error *err)
         g->h_cs_full = NULL;
         return ib_fail(err, IB_ERR_NOMEM, "cuda: out of pinned host memory");
     }
+    /* the per-head attention's stage (att_stage_bytes) takes more than the default 48 KB */
+    if (cudaFuncSetAttribute(gemma_attention_head_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             ATT_STAGE_MAX) != cudaSuccess ||
+        cudaFuncSetAttribute(gemma_attention_head_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             ATT_STAGE_MAX) != cudaSuccess) {
+        cudaGetLastError();
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: could not give the attention its shared memory");
+    }
     g->d_cs_full = (float *)dalloc(b, (size_t)Rm * g->ghd * sizeof(float));
     int ok = g->d_cs_full != NULL;
     long long A = 0, B = 0;   /* elements per (full, sliding) slot of the owned layers so far */
@@ -716,9 +731,12 @@ static void gemma_launch_attention(cuda_backend *b, int li, int qG) {
     if (b->R >= b->att_group_rows && !g->att_head[li])
         launch(b, gemma_attention_kernel, b->R * KVH, ATT_THREADS, 0, (const float *)Q, ATT, (const rowinfo *)b->d_ri, b->H,
                KVH, hd, g->sliding[li], g->offA[li], g->offB[li], 1.0f, b->attn_block, qG, b->xq, b->qd, b->qad);
-    else
-        launch(b, gemma_attention_head_kernel, b->R * b->H, ATT_THREADS, 0, (const float *)Q, ATT, (const rowinfo *)b->d_ri,
-               b->H, KVH, hd, g->sliding[li], g->offA[li], g->offB[li], 1.0f, b->attn_block, qG, b->xq, b->qd, b->qad);
+    else {
+        const int cl = att_cluster(b, b->R * b->H, hd), blocks = b->R * b->H * cl, st = att_stage_bytes(b, blocks);
+        launch_cl(b, cl, cl > 1 ? gemma_attention_head_kernel<true> : gemma_attention_head_kernel<false>, blocks, ATT_THREADS, (size_t)st, (const float *)Q, ATT,
+                  (const rowinfo *)b->d_ri, b->H, KVH, hd, g->sliding[li], g->offA[li], g->offB[li], 1.0f, b->attn_block,
+                  qG, b->xq, b->qd, b->qad, st, cl);
+    }
     LAUNCHED(b, "gemma attention");
 }
 
