@@ -930,6 +930,16 @@ int main(int argc, char **argv) {
                 }
                 unsetenv("IB_CUDA_ATT_TILE");
             }
+        /* tiles of 3 rows (IB_CUDA_ATT_TILE_ROWS): tiles that start and end inside a prompt's chunk */
+        {
+            setenv("IB_CUDA_ATT_TILE", "force", 1);
+            setenv("IB_CUDA_ATT_TILE_ROWS", "3", 1);
+            const int bad = schedule(m, IB_ACT_Q8, IB_KV_F16, 0, "attention in tiles of 3 rows", NULL, 0, NSTEPS);
+            unsetenv("IB_CUDA_ATT_TILE_ROWS");
+            unsetenv("IB_CUDA_ATT_TILE");
+            CHECK(bad == 0, "model %s, attention in tiles of 3 rows: CUDA differs from the scalar reference",
+                  models[mi].name);
+        }
         /* whole steps, CPU engine vs CUDA engine */
         const int q8ok = models[mi].bits != 32;   /* an engine refuses q8 activations on float weights */
         for (int act = 0; act < 1 + q8ok; act++)

@@ -246,6 +246,7 @@ typedef struct cuda_backend {
     int att_tiles;                   /* prompts' rows attend in tiles (attention_tile_kernel): 1 by the step's
                                         shape, 2 whenever the kernel can (IB_CUDA_ATT_TILE=force), 0 never */
     int n_tiles;                     /* the step's tiles when it attends in tiles, else 0 (step_begin) */
+    int tile_rows;                   /* most rows a tile (<= TILE_ROWS; IB_CUDA_ATT_TILE_ROWS) */
     struct att_tile *h_tiles, *d_tiles;   /* [R_max] pinned staging, device */
     int q_ready_buf, q_ready_G;      /* buffer whose Q8 form (group G) a fused norm just wrote, or -1 */
     struct gcache *gc;               /* [NGRAPH] */
@@ -2233,6 +2234,9 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         /* "0": never attend in tiles; "force": whenever the tile kernel can (tests) */
         const char *at = getenv("IB_CUDA_ATT_TILE");
         b->att_tiles = !at ? 1 : !strcmp(at, "0") ? 0 : !strcmp(at, "force") ? 2 : 1;
+        /* N (1..TILE_ROWS): rows a tile (measurements) */
+        const char *atr = getenv("IB_CUDA_ATT_TILE_ROWS");
+        b->tile_rows = atr && atoi(atr) >= 1 && atoi(atr) <= TILE_ROWS ? atoi(atr) : TILE_ROWS;
         const char *rp = getenv("IB_CUDA_REPEAT");
         b->repeat = (rp && strstr(rp, "attn") ? REPEAT_ATTN : 0) | (rp && strstr(rp, "linear") ? REPEAT_LINEAR : 0);
     }
@@ -2536,7 +2540,7 @@ static void plan_tiles(cuda_backend *b, const ib_step_desc *d) {
     for (int r = 0; r < d->R;) {
         if (b->h_ri[r].window > 0) return;
         int e = r + 1;
-        while (e < d->R && d->row_item[e] == d->row_item[r] && e - r < TILE_ROWS) e++;
+        while (e < d->R && d->row_item[e] == d->row_item[r] && e - r < b->tile_rows) e++;
         b->h_tiles[n].r0 = r, b->h_tiles[n].n = e - r;
         n++, r = e;
     }
