@@ -613,9 +613,27 @@ static void cpu_scale_layer(ib_backend *b, int li) {
     ib_scale(c->buf[IB_BUF_X], (size_t)c->R * c->model->cfg.hidden_size, c->model->layers[li].layer_scalar);
 }
 
+typedef struct {
+    float *x;
+    const float *y;
+    size_t n;   /* elements of x and y */
+} add_job;
+
+/* Task t of an add_job: x += y over elements [t * ADD_TASK_ELEMS, …) (elementwise: any split gives the
+ * same bits). */
+#define ADD_TASK_ELEMS 16384
+static void add_task(void *ctx, int t, int thread) {
+    const add_job *j = ctx;
+    const size_t i0 = (size_t)t * ADD_TASK_ELEMS, n = j->n - i0 < ADD_TASK_ELEMS ? j->n - i0 : ADD_TASK_ELEMS;
+    ib_add(j->x + i0, j->y + i0, n);
+}
+
+/* x += y over the step's rows, split over the pool in ADD_TASK_ELEMS pieces when there are several
+ * (one thread reads a prefill's two residual buffers at a fraction of the machine's bandwidth). */
 static void cpu_add(ib_backend *b, ib_buf x, ib_buf y) {
     cpu_backend *c = cb(b);
-    ib_add(c->buf[x], c->buf[y], (size_t)c->R * c->model->cfg.hidden_size);
+    add_job j = {c->buf[x], c->buf[y], (size_t)c->R * c->model->cfg.hidden_size};
+    ib_pool_run(c->pool, (int)((j.n + ADD_TASK_ELEMS - 1) / ADD_TASK_ELEMS), add_task, &j);
 }
 
 /* The wanted rows' logits: XN[j] = final norm of X[logit_row[j]], then the lm_head product LOGIT_ROWS
