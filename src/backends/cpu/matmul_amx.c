@@ -132,19 +132,44 @@ static inline void amx_drain(int nt, int32_t (*isum)[16]) {
     }
 }
 
+/* The float epilogue of group g for the nr rows of a row block: acc[r][j] = (acc + (s_j*d_r)*(float)
+ * isum[r][j]) + b_j*ad_r — plain C over the 16 lanes (the compiler vectorizes it; lane-wise IEEE
+ * multiplies and adds give the same bits in any vector width): the scalar kernel's formula, term for
+ * term. */
+static inline void amx_epilogue(const ib_matrix *m, int p, int g, const ib_act_buf *q, int b0, int nr,
+                                int32_t (*isum)[16], float (*acc)[16]) {
+    const int ng = m->cols / m->group;
+    float s[16], bb[16];
+    ib_pk_sb_f32(m, p, g, s, bb);
+    const float *d = q->d + (size_t)b0 * ng + g, *ad = q->ad + (size_t)b0 * ng + g;
+    for (int r = 0; r < nr; r++) {
+        const float dr = d[(size_t)r * ng], adr = ad[(size_t)r * ng];
+        float *f = acc[r];
+        const int32_t *is = isum[r];
+        for (int j = 0; j < 16; j++) {
+            float t = (s[j] * dr) * (float)is[j];
+            float u = bb[j] * adr;
+            f[j] = (f[j] + t) + u;
+        }
+    }
+}
+
 /* One row block of a quantized panel p: rows b0 .. b0 + 16*nt - 1 (nt = 1..4 full row tiles) of the
  * Q8 activations q, outputs to Y (row stride ldy) columns 16p.. . Groups ascending (descending when
  * desc). wq4 is a [G/4][64] scratch for a 4-bit group's VNNI rows. The tiles are configured for
- * K-steps of min(G, 64) and C tiles 0..nt-1 are zero on entry and on return. The epilogue is plain C
- * over the 16 lanes (the compiler vectorizes it; lane-wise IEEE multiplies and adds give the same
- * bits in any vector width): the scalar kernel's formula, term for term. */
+ * K-steps of min(G, 64) and C tiles 0..nt-1 are zero on entry and on return. Software-pipelined by one
+ * group: a group's tile products are issued, then the previous group's float epilogue runs (on the
+ * vector units, from the sums its tiles were stored to) while the tiles compute, and only then are this
+ * group's tiles stored — so the vector code neither waits for the tile unit nor reads a tile store
+ * that has just been issued. Every row's groups still reach its accumulators one at a time, in order. */
 static void amx_row_block(const ib_matrix *m, int p, const ib_act_buf *q, int b0, int nt, int desc, float *Y,
                           int ldy, uint8_t *wq4) {
     const int K = m->cols, G = m->group, ng = K / G, ks = G < 64 ? G : 64, nr = nt * AMX_TILE_ROWS;
     const uint8_t *P = ib_pk_panel(m, p);
     float acc[AMX_RBLOCK][16] __attribute__((aligned(64)));      /* [row of the block][lane] */
-    int32_t isum[AMX_RBLOCK][16] __attribute__((aligned(64)));   /* [row of the block][lane] */
+    int32_t isum[AMX_RBLOCK][16] __attribute__((aligned(64)));   /* [row of the block][lane]: the last stored group */
     memset(acc, 0, sizeof(float) * 16 * (size_t)nr);
+    int gprev = -1;   /* the group whose sums isum holds, its epilogue not yet run */
     for (int gi = 0; gi < ng; gi++) {
         const int g = desc ? ng - 1 - gi : gi;
         const uint8_t *wg; /* the group's VNNI rows, [G/4][64] */
@@ -159,22 +184,15 @@ static void amx_row_block(const ib_matrix *m, int p, const ib_act_buf *q, int b0
         }
         const int8_t *a = q->xq + (size_t)b0 * K + (size_t)g * G;
         for (int k = 0; k < G; k += ks) amx_step(nt, wg + (size_t)(k / 4) * 64, a + k, K);
-        amx_drain(nt, isum);
         ib_pk_sb_prefetch(m, p, g);
-        float s[16], bb[16];
-        ib_pk_sb_f32(m, p, g, s, bb);
-        const float *d = q->d + (size_t)b0 * ng + g, *ad = q->ad + (size_t)b0 * ng + g;
-        for (int r = 0; r < nr; r++) {
-            const float dr = d[(size_t)r * ng], adr = ad[(size_t)r * ng];
-            float *f = acc[r];
-            const int32_t *is = isum[r];
-            for (int j = 0; j < 16; j++) {
-                float t = (s[j] * dr) * (float)is[j];
-                float u = bb[j] * adr;
-                f[j] = (f[j] + t) + u;
-            }
-        }
+        if (gprev >= 0) amx_epilogue(m, p, gprev, q, b0, nr, isum, acc);
+        /* the epilogue's reads of isum come before the stores that overwrite it */
+        AMX_MEMORY_BARRIER();
+        amx_drain(nt, isum);
+        AMX_MEMORY_BARRIER();
+        gprev = g;
     }
+    amx_epilogue(m, p, gprev, q, b0, nr, isum, acc);
     const int lanes = ib_pk_lanes(m, p);
     for (int r = 0; r < nr; r++) ib_pk_store(Y + (size_t)(b0 + r) * ldy + (size_t)p * 16, acc[r], lanes);
 }
