@@ -3,11 +3,13 @@
  * error bound stated per op (u = 2^-24, the float32 unit roundoff). Matmul has its own test.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
 #include "core/fmath.h"
+#include "ops/act_def.h"
 #include "ops/ops.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ULL;
@@ -144,6 +146,34 @@ static void test_softcap(void) {
     ib_softcap(z, 3, 30.0f);
     CHECK(z[0] == 0.0f && z[1] == 30.0f && z[2] != z[2], "softcap(0, inf, nan) = %g %g %g", z[0], z[1], z[2]);
     free(x), free(x0), free(xn);
+}
+
+/* ib_softcap (built per ISA: its AVX-512 or AVX2 clone where the CPU has one) gives, element for
+ * element, the bits of ib_softcap_elem's definition called one value at a time here: random values
+ * over many magnitudes, both signs, and the special ones (zeros, subnormals, the largest floats,
+ * infinities, NaNs with payloads), at an odd length (the clone's remainder lanes too). */
+static void test_softcap_clone(void) {
+    const int n = 40001;
+    float *x = malloc((size_t)n * 4), *want = malloc((size_t)n * 4);
+    const uint32_t special[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x7f7fffffu, 0xff7fffffu,
+                                0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffc12345u, 0x7f800001u, 0x41f00000u,
+                                0xc1f00000u, 0x3f800000u};
+    const int ns = (int)(sizeof special / sizeof special[0]);
+    for (int i = 0; i < n; i++) {
+        if (i < ns) {
+            memcpy(&x[i], &special[i], 4);
+        } else {
+            const float mag = (i % 7 == 0) ? 1e-30f : (i % 7 == 1) ? 1e-3f : (i % 7 == 2) ? 1.0f : (i % 7 == 3) ? 30.0f
+                              : (i % 7 == 4) ? 500.0f : (i % 7 == 5) ? 1e20f : 60.0f;
+            x[i] = frand(mag);
+        }
+        want[i] = ib_softcap_elem(x[i], 30.0f);
+    }
+    ib_softcap(x, (size_t)n, 30.0f);
+    int bad = 0;
+    for (int i = 0; i < n; i++) bad += memcmp(&x[i], &want[i], 4) != 0;
+    CHECK(bad == 0, "softcap: %d of %d elements differ from the element definition's bits", bad, n);
+    free(x), free(want);
 }
 
 /* Proportional RoPE tables: all pairs rotated is ib_rope_table bitwise; with n_rot pairs the first
@@ -295,6 +325,7 @@ int main(void) {
     test_swiglu();
     test_geglu();
     test_softcap();
+    test_softcap_clone();
     test_rope_pairs_and_unit_norm();
     test_attention();
     test_expf_lane();

@@ -21,7 +21,7 @@ IB_VECTOR_CLONES void ib_geglu(float *g, const float *u, int R, int F) {
     }
 }
 
-void ib_softcap(float *x, size_t n, float cap) {
+IB_VECTOR_CLONES void ib_softcap(float *x, size_t n, float cap) {
     for (size_t i = 0; i < n; i++) x[i] = ib_softcap_elem(x[i], cap);
 }
 
