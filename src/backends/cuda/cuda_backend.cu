@@ -76,6 +76,9 @@ extern "C" {
 #define ARGMAX_THREADS 256  /* threads of an argmax block */
 #define ARGMAX_SLICES 32    /* argmax blocks per logits row (each a slice of the vocabulary) */
 enum { REPEAT_ATTN = 1, REPEAT_LINEAR = 2 };   /* cuda_backend.repeat: timing diagnostics */
+/* When a step's attention runs in tiles of a prompt's rows (plan_tiles): never (IB_CUDA_ATT_TILE=0), by the
+ * step's shape (the default), or wherever the tile kernel can (IB_CUDA_ATT_TILE=force: tests) */
+enum att_tiles_mode { TILES_NEVER, TILES_BY_SHAPE, TILES_FORCED };
 
 /* ---------------------------------------------------------------- device data */
 
@@ -243,8 +246,7 @@ typedef struct cuda_backend {
     int att_cl;                      /* blocks (a cluster) a head of the per-head attention, where the grid allows */
     int att_split_keys;              /* ... and where some row of the step attends at least this many keys */
     int long_keys;                   /* the step has such a row (step_begin) */
-    int att_tiles;                   /* prompts' rows attend in tiles (attention_tile_kernel): 1 by the step's
-                                        shape, 2 whenever the kernel can (IB_CUDA_ATT_TILE=force), 0 never */
+    att_tiles_mode att_tiles;        /* prompts' rows attending in tiles (attention_tile_kernel) */
     int n_tiles;                     /* the step's tiles when it attends in tiles, else 0 (step_begin) */
     int tile_rows;                   /* most rows a tile (<= TILE_ROWS; IB_CUDA_ATT_TILE_ROWS) */
     struct att_tile *h_tiles, *d_tiles;   /* [R_max] pinned staging, device */
@@ -2233,7 +2235,8 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         b->att_split_keys = ask2 && atoi(ask2) > 0 ? atoi(ask2) : ATT_SPLIT_KEYS;
         /* "0": never attend in tiles; "force": whenever the tile kernel can (tests) */
         const char *at = getenv("IB_CUDA_ATT_TILE");
-        b->att_tiles = !at ? 1 : !strcmp(at, "0") ? 0 : !strcmp(at, "force") ? 2 : 1;
+        b->att_tiles = !at ? TILES_BY_SHAPE : !strcmp(at, "0") ? TILES_NEVER : !strcmp(at, "force") ? TILES_FORCED
+                                                                                               : TILES_BY_SHAPE;
         /* N (1..TILE_ROWS): rows a tile (measurements) */
         const char *atr = getenv("IB_CUDA_ATT_TILE_ROWS");
         b->tile_rows = atr && atoi(atr) >= 1 && atoi(atr) <= TILE_ROWS ? atoi(atr) : TILE_ROWS;
@@ -2534,7 +2537,7 @@ static void push(cuda_backend *b, int op, int a0 = 0, int a1 = 0, int a2 = 0, in
 static void plan_tiles(cuda_backend *b, const ib_step_desc *d) {
     b->n_tiles = 0;
     const int G = b->H / b->KVH;
-    if (!b->att_tiles || b->gm || G * TILE_ROWS > TILE_QV || (b->hd != 16 && b->hd != 32 && b->hd != 64 && b->hd != 128))
+    if (b->att_tiles == TILES_NEVER || b->gm || G * TILE_ROWS > TILE_QV || (b->hd != 16 && b->hd != 32 && b->hd != 64 && b->hd != 128))
         return;
     int n = 0;
     for (int r = 0; r < d->R;) {
@@ -2544,7 +2547,7 @@ static void plan_tiles(cuda_backend *b, const ib_step_desc *d) {
         b->h_tiles[n].r0 = r, b->h_tiles[n].n = e - r;
         n++, r = e;
     }
-    if (b->att_tiles == 2 || (d->R >= 4 * n && (long)n * b->KVH >= 2L * b->n_sm)) b->n_tiles = n;
+    if (b->att_tiles == TILES_FORCED || (d->R >= 4 * n && (long)n * b->KVH >= 2L * b->n_sm)) b->n_tiles = n;
 }
 
 /* Copy the step's rows into pinned staging (tokens, per-row cache info, RoPE table computed here with
