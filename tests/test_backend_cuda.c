@@ -913,6 +913,19 @@ int main(int argc, char **argv) {
                         CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
                     }
         }
+        /* decode steps' q/k norm, RoPE and KV store as a kernel of their own (IB_CUDA_FUSE_QK=0) instead
+         * of inside their attention (the default): both against the scalar reference */
+        if (mi == 0)
+            for (int kvd = 0; kvd < 2; kvd++)
+                for (int win = 0; win < 2; win++) {
+                    char name[96];
+                    snprintf(name, sizeof name, "q/k preparation unfused, kv %s, %s", kvd ? "f16" : "f32",
+                             win ? "window 40" : "full");
+                    setenv("IB_CUDA_FUSE_QK", "0", 1);
+                    const int bad = schedule(m, IB_ACT_Q8, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0, name, NULL, 0, NSTEPS);
+                    unsetenv("IB_CUDA_FUSE_QK");
+                    CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
+                }
         /* attention in tiles of a session's consecutive rows (attention_tile_kernel) wherever that kernel
          * can run (IB_CUDA_ATT_TILE=force: every step of full sessions, decode rows a tile each), against the
          * scalar reference; and the wide schedule's prompts (tiles of up to 16 rows) */

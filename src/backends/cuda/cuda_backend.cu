@@ -247,6 +247,7 @@ typedef struct cuda_backend {
     int att_split_keys;              /* ... and where some row of the step attends at least this many keys */
     int long_keys;                   /* the step has such a row (step_begin) */
     att_tiles_mode att_tiles;        /* prompts' rows attending in tiles (attention_tile_kernel) */
+    int fuse_qk;                     /* decode steps' q/k preparation done by their attention (qk_fusable) */
     int n_tiles;                     /* the step's tiles when it attends in tiles, else 0 (step_begin) */
     int tile_rows;                   /* most rows a tile (<= TILE_ROWS; IB_CUDA_ATT_TILE_ROWS) */
     struct att_tile *h_tiles, *d_tiles;   /* [R_max] pinned staging, device */
@@ -1082,17 +1083,44 @@ __device__ __forceinline__ int slot_of(const rowinfo &ri, int pos) {
     return ri.sink + (pos - ri.sink) % (ri.cap - ri.sink);
 }
 
+/* One head of one row by one warp, in place in xs [hd] (shared memory): with w (the head norm's weights
+ * [hd]; NULL: none) ib_rmsnorm_heads as rmsnorm_kernel computes it — lanes 0..15 own ib_dot16's lanes
+ * and fold 8, 4, 2, 1, then r = 1/sqrt(ss/hd + eps) and (x * r) * w —; then, with rope, the rotation of
+ * each pair (i, i + hd/2) by t [hd/2][2] (ib_rope: a*c - b*s, b*c + a*s, products rounded). Ends with
+ * the warp's writes visible to the warp. */
+__device__ __forceinline__ void qk_head_warp(float *xs, const float *__restrict__ w, const float *__restrict__ t,
+                                             bool rope, int hd, float eps, int lane) {
+    const int half = hd / 2;
+    if (w) {
+        const float a = sumsq16(xs, hd, lane);
+        float rr = 0.0f;
+        if (lane == 0) rr = 1.0f / sqrtf(a / (float)hd + eps);
+        rr = __shfl_sync(0xffffffffu, rr, 0);
+        for (int i = lane; i < hd; i += 32) xs[i] = (xs[i] * rr) * w[i];
+        __syncwarp();
+    }
+    if (rope) {
+        for (int i = lane; i < half; i += 32) {
+            const float a = xs[i], b = xs[i + half], c = t[2 * i], s = t[2 * i + 1];
+            xs[i] = a * c - b * s;
+            xs[i + half] = b * c + a * s;
+        }
+        __syncwarp();
+    }
+}
+
+/* Store key head ks [hd] (shared memory) and value head vv [hd] of a row into its session's cache
+ * (info) at layer li, KV head kh, slot(pos): floats as they are, halves rounded by ib_f32_to_f16. By
+ * one warp. */
+__device__ __forceinline__ void kv_store_warp(const rowinfo &info, int li, int KVH, int kh, int hd, const float *ks,
+                                              const float *__restrict__ vv, int lane);
+
 /* One warp per (row r = blockIdx.y, head h = QK_WARPS * blockIdx.x + warp) of the row's H query heads
  * (Q [R][H][hd]) then KVH key heads (K [R][KVH][hd]), the head staged in shared memory
- * ([QK_WARPS][hd] floats, dynamic):
- *   - qn != NULL: the head norm with weights qn (query) or kn (key) [hd], ib_rmsnorm_heads as
- *     rmsnorm_kernel computes it: lanes 0..15 own ib_dot16's lanes and fold 8, 4, 2, 1, then
- *     r = 1/sqrt(ss/hd + eps) and (x * r) * w;
- *   - r < rope_rows: the rotation of each pair (i, i + hd/2) by cs [R][hd/2][2] (ib_rope: a*c - b*s,
- *     b*c + a*s, products rounded);
- *   - the head written back, and a key head stored with the row's V head into its session's cache at
- *     layer li, slot(pos) (half rounded by ib_f32_to_f16).
- * The separate ops' operations in their order (q/k norm, RoPE, store). */
+ * ([QK_WARPS][hd] floats, dynamic): qk_head_warp with qn (query) or kn (key) when qn != NULL, and the
+ * rotation by the row's cs [R][hd/2][2] when r < rope_rows; the head written back, and a key head stored
+ * with the row's V head into its session's cache at layer li, slot(pos) (kv_store_warp). The separate
+ * ops' operations in their order (q/k norm, RoPE, store). */
 __global__ void __launch_bounds__(32 * QK_WARPS) qk_kernel(float *Q, float *K, const float *__restrict__ V, const float *__restrict__ cs,
                                                  const rowinfo *__restrict__ ri, const float *__restrict__ qn,
                                                  const float *__restrict__ kn, int H, int KVH, int hd, int li, float eps,
@@ -1101,50 +1129,68 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_kernel(float *Q, float *K, c
     prefetch_bytes(cs + (size_t)blockIdx.y * hd, (size_t)hd * sizeof(float));
     PDL_ENTER();
     extern __shared__ float hs[];
-    const int r = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = hd / 2;
+    const int r = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float *xs = hs + (size_t)warp * hd;
-    const float *t = cs + (size_t)r * half * 2;
     const rowinfo info = ri[r];
-    const size_t plane = (size_t)info.cap * hd, slot = (size_t)slot_of(info, info.pos);
     const int h = QK_WARPS * blockIdx.x + warp;
     if (h < H + KVH) {
         float *v = h < H ? Q + ((size_t)r * H + h) * hd : K + ((size_t)r * KVH + (h - H)) * hd;
         for (int i = lane; i < hd; i += 32) xs[i] = v[i];
         __syncwarp();
-        if (qn) {
-            const float *w = h < H ? qn : kn;
-            const float a = sumsq16(xs, hd, lane);
-            float rr = 0.0f;
-            if (lane == 0) rr = 1.0f / sqrtf(a / (float)hd + eps);
-            rr = __shfl_sync(0xffffffffu, rr, 0);
-            for (int i = lane; i < hd; i += 32) xs[i] = (xs[i] * rr) * w[i];
-            __syncwarp();
-        }
-        if (r < rope_rows) {
-            for (int i = lane; i < half; i += 32) {
-                const float a = xs[i], b = xs[i + half], c = t[2 * i], s = t[2 * i + 1];
-                xs[i] = a * c - b * s;
-                xs[i + half] = b * c + a * s;
-            }
-            __syncwarp();
-        }
+        qk_head_warp(xs, qn ? (h < H ? qn : kn) : NULL, cs + (size_t)r * hd, r < rope_rows, hd, eps, lane);
         for (int i = lane; i < hd; i += 32) v[i] = xs[i];
-        if (h >= H) {
-            const int kh = h - H;
-            const float *vv = V + ((size_t)r * KVH + kh) * hd;
-            const size_t ko = (((size_t)li * 2 + 0) * KVH + kh) * plane + slot * hd;
-            const size_t vo = (((size_t)li * 2 + 1) * KVH + kh) * plane + slot * hd;
-            for (int i = lane; i < hd; i += 32) {
-                if (info.f16) {
-                    ((uint16_t *)info.kv)[ko + i] = ib_f32_to_f16(xs[i]);
-                    ((uint16_t *)info.kv)[vo + i] = ib_f32_to_f16(vv[i]);
-                } else {
-                    ((float *)info.kv)[ko + i] = xs[i];
-                    ((float *)info.kv)[vo + i] = vv[i];
-                }
-            }
+        if (h >= H) kv_store_warp(info, li, KVH, h - H, hd, xs, V + ((size_t)r * KVH + (h - H)) * hd, lane);
+    }
+}
+
+__device__ __forceinline__ void kv_store_warp(const rowinfo &info, int li, int KVH, int kh, int hd, const float *ks,
+                                              const float *__restrict__ vv, int lane) {
+    const size_t plane = (size_t)info.cap * hd, slot = (size_t)slot_of(info, info.pos);
+    const size_t ko = (((size_t)li * 2 + 0) * KVH + kh) * plane + slot * hd;
+    const size_t vo = (((size_t)li * 2 + 1) * KVH + kh) * plane + slot * hd;
+    for (int i = lane; i < hd; i += 32) {
+        if (info.f16) {
+            ((uint16_t *)info.kv)[ko + i] = ib_f32_to_f16(ks[i]);
+            ((uint16_t *)info.kv)[vo + i] = ib_f32_to_f16(vv[i]);
+        } else {
+            ((float *)info.kv)[ko + i] = ks[i];
+            ((float *)info.kv)[vo + i] = vv[i];
         }
     }
+}
+
+/* The q/k norm, RoPE and KV store of a decode step done by its attention blocks (every row its session's
+ * only row in the step, so a block needs no other row's key): the step's K, V [R][KVH][hd] and RoPE
+ * table cs [R][hd/2][2], the head norms' weights qn, kn [hd] (NULL: none), eps, and the rows that rotate
+ * (rope_rows: R, or 1 under the rope-skip-rows fault). K == NULL: not fused (Q holds the prepared
+ * queries). */
+struct qk_fuse {
+    const float *K, *V, *cs, *qn, *kn;
+    float eps;
+    int rope_rows;
+};
+
+/* The fused prologue of an attention block for row r: query heads h0 .. h0 + nq - 1 (Q [R][H][hd], as the
+ * q/k/v product wrote them) normed and rotated into qs [nq][hd] (shared memory), and the row's key head
+ * kvh normed, rotated (in ks [hd], shared scratch) and stored with its value head into the cache —
+ * qk_kernel's operations, a warp per head. Every block that attends with KV head kvh stores the same
+ * bits at the same place; each reads the cache only after its own store (the barrier at the end). */
+__device__ __forceinline__ void qk_fused_prologue(const qk_fuse &fz, const float *__restrict__ Q, const rowinfo &info,
+                                                  int r, int h0, int nq, int kvh, int H, int KVH, int hd, int li,
+                                                  float *qs, float *ks) {
+    const int lane = threadIdx.x & 31, nw = (int)blockDim.x >> 5;
+    const float *t = fz.cs + (size_t)r * hd;
+    const bool rope = r < fz.rope_rows;
+    for (int x = (int)threadIdx.x >> 5; x <= nq; x += nw) {
+        const bool key = x == nq;
+        float *xs = key ? ks : qs + (size_t)x * hd;
+        const float *src = key ? fz.K + ((size_t)r * KVH + kvh) * hd : Q + ((size_t)r * H + h0 + x) * hd;
+        for (int i = lane; i < hd; i += 32) xs[i] = src[i];
+        __syncwarp();
+        qk_head_warp(xs, fz.qn ? (key ? fz.kn : fz.qn) : NULL, t, rope, hd, fz.eps, lane);
+        if (key) kv_store_warp(info, li, KVH, kvh, hd, xs, fz.V + ((size_t)r * KVH + kvh) * hd, lane);
+    }
+    __syncthreads();
 }
 
 /* A KV element as float, exactly: a half by the conversion instruction, which is exact for every finite
@@ -1494,7 +1540,7 @@ template <typename T, bool SPLIT>
 __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo &info,
                                 int r, int h, int H, int KVH, int hd, int li, float scale, int block, int qG,
                                 int8_t *__restrict__ xq, float *__restrict__ qd, float *__restrict__ qad,
-                                unsigned char *stage, int stage_bytes, att_split sp) {
+                                unsigned char *stage, int stage_bytes, att_split sp, const qk_fuse &fz) {
     const int kvh = h / (H / KVH), tid = threadIdx.x;
     /* staged: each chunk's key and value rows are first copied into shared memory as floats, when a
      * stage holds a whole key block (kpc keys). Unsplit: stk, stv [kpc][ld], rows padded by 16 floats
@@ -1513,7 +1559,11 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
     float *stk = (float *)stage, *xs = stk + F;
     float *stv = stk + (size_t)(split ? (kpc + cl - 1) / cl : kpc) * ld;
     const int ldv = split ? dc : ld, e0 = split ? d0 : 0, ne = split ? dc : hd;   /* this block's outputs */
-    for (int d = tid; d < hd; d += blockDim.x) sm.q[d] = Q[((size_t)r * H + h) * hd + d], sm.out[d] = 0.0f;
+    if (fz.K) qk_fused_prologue(fz, Q, info, r, h, 1, kvh, H, KVH, hd, li, sm.q, sm.out);
+    for (int d = tid; d < hd; d += blockDim.x) {
+        if (!fz.K) sm.q[d] = Q[((size_t)r * H + h) * hd + d];
+        sm.out[d] = 0.0f;
+    }
     const size_t plane = (size_t)info.cap * hd;
     const T *kp = (const T *)info.kv + (((size_t)li * 2 + 0) * KVH + kvh) * plane;
     const T *vp = (const T *)info.kv + (((size_t)li * 2 + 1) * KVH + kvh) * plane;
@@ -1660,7 +1710,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float
                                                                 const rowinfo *__restrict__ ri, int H, int KVH, int hd,
                                                                 int li, float scale, int block, int qG,
                                                                 int8_t *__restrict__ xq, float *__restrict__ qd,
-                                                                float *__restrict__ qad, int stage_bytes, int cl) {
+                                                                float *__restrict__ qad, int stage_bytes, int cl, qk_fuse fz) {
     ATT_MARK(0);
     if (!SPLIT) cl = 1;
     const int rh = (int)blockIdx.x / cl, r = rh / H, h = rh % H;
@@ -1672,8 +1722,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float
     __shared__ att_smem1 sm;
     extern __shared__ __align__(16) unsigned char att_stage[];
     unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
-    if (info.f16) attend_row_head<uint16_t, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
-    else attend_row_head<float, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
+    if (info.f16) attend_row_head<uint16_t, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, fz);
+    else attend_row_head<float, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, fz);
 }
 
 /* Shared memory of an attention block: ATT_QH floats hold the G query heads' q and outputs, ATT_QH
@@ -1702,10 +1752,14 @@ template <typename T>
 __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, float *__restrict__ ATT,
                                   const rowinfo &info, int r, int kvh, int H, int KVH, int hd, int li, float scale,
                                   int block, int qG, int8_t *__restrict__ xq, float *__restrict__ qd,
-                                  float *__restrict__ qad) {
+                                  float *__restrict__ qad, const qk_fuse &fz) {
     const int G = H / KVH, tid = threadIdx.x, grp = tid >> 4, u = tid & 15, ngrp = blockDim.x >> 4;
     const int gw = G * hd;
-    for (int e = tid; e < gw; e += blockDim.x) sm.q[e] = Q[((size_t)r * H + (size_t)kvh * G) * hd + e], sm.out[e] = 0.0f;
+    if (fz.K) qk_fused_prologue(fz, Q, info, r, kvh * G, G, kvh, H, KVH, hd, li, sm.q, sm.out);
+    for (int e = tid; e < gw; e += blockDim.x) {
+        if (!fz.K) sm.q[e] = Q[((size_t)r * H + (size_t)kvh * G) * hd + e];
+        sm.out[e] = 0.0f;
+    }
     const size_t plane = (size_t)info.cap * hd;
     const T *kp = (const T *)info.kv + (((size_t)li * 2 + 0) * KVH + kvh) * plane;
     const T *vp = (const T *)info.kv + (((size_t)li * 2 + 1) * KVH + kvh) * plane;
@@ -1807,18 +1861,18 @@ __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, flo
 }
 
 /* One block per (row, KV head): attend_row_kvhead for the row's KV dtype; qG as attention_head_kernel. */
-__global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
+__global__ void __launch_bounds__(ATT_THREADS, 4) attention_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
                                                                 const rowinfo *__restrict__ ri, int H, int KVH, int hd,
                                                                 int li, float scale, int block, int qG,
                                                                 int8_t *__restrict__ xq, float *__restrict__ qd,
-                                                                float *__restrict__ qad) {
+                                                                float *__restrict__ qad, qk_fuse fz) {
     const int r = blockIdx.x / KVH, kvh = blockIdx.x % KVH;
     const rowinfo info = ri[r];   /* uploaded before the step's first kernel */
     prefetch_kv(info, li, KVH, kvh, hd);
     PDL_ENTER();
     __shared__ att_smem sm;
-    if (info.f16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
-    else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
+    if (info.f16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad, fz);
+    else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad, fz);
 }
 
 /* ---------------------------------------------------------------- attention: tiles of a prompt's rows */
@@ -2240,6 +2294,9 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         /* N (1..TILE_ROWS): rows a tile (measurements) */
         const char *atr = getenv("IB_CUDA_ATT_TILE_ROWS");
         b->tile_rows = atr && atoi(atr) >= 1 && atoi(atr) <= TILE_ROWS ? atoi(atr) : TILE_ROWS;
+        /* "0": a decode step's q/k norm, RoPE and KV store stay a kernel of their own (qk_fusable) */
+        const char *fq = getenv("IB_CUDA_FUSE_QK");
+        b->fuse_qk = !(fq && !strcmp(fq, "0"));
         const char *rp = getenv("IB_CUDA_REPEAT");
         b->repeat = (rp && strstr(rp, "attn") ? REPEAT_ATTN : 0) | (rp && strstr(rp, "linear") ? REPEAT_LINEAR : 0);
     }
@@ -2784,11 +2841,22 @@ static void launch_linear(cuda_backend *b, int li, int n, const int *ws, int in,
 /* Layer li's q/k head norms (IB_QK_NORM, when the model has them) and/or RoPE + KV store. The norms
  * alone (a captured run's first phase) run as the row-norm kernel over head vectors; RoPE + store, with
  * or without the norms before it, as one qk_kernel. */
+/* The query head norm's weights [hd] of layer li (the key's follow them) when phases asks for the norm and
+ * the model has one; else NULL. */
+static const float *qk_norm_weights(const cuda_backend *b, int li, int phases) {
+    return (phases & IB_QK_NORM) && b->has_qk_norm ? b->norms + (size_t)b->L * 2 * b->D + b->D + (size_t)li * 2 * b->hd
+                                                   : NULL;
+}
+
+/* Rows the RoPE rotates this step: all, or only the first under the test-only rope-skip-rows fault (as
+ * ib_rope_step_rows applies it: decode steps of several sessions). */
+static int rope_rows(const cuda_backend *b) {
+    return b->fault == IB_FAULT_ROPE_SKIP_ROWS && b->n_items > 1 && b->n_items == b->R ? 1 : b->R;
+}
+
 static void launch_qk(cuda_backend *b, int li, int phases) {
     const int R = b->R, H = b->H, KVH = b->KVH, hd = b->hd;
-    const float *qn = (phases & IB_QK_NORM) && b->has_qk_norm
-                          ? b->norms + (size_t)b->L * 2 * b->D + b->D + (size_t)li * 2 * hd
-                          : NULL;
+    const float *qn = qk_norm_weights(b, li, phases);
     if (!(phases & IB_QK_ROPE_STORE)) {
         if (qn) {
             launch_rmsnorm(b, b->buf[IB_BUF_Q], qn, R * H, hd, b->buf[IB_BUF_Q], 0);
@@ -2796,13 +2864,22 @@ static void launch_qk(cuda_backend *b, int li, int phases) {
         }
         return;
     }
-    /* the test-only rope-skip-rows fault, as ib_rope_step_rows applies it */
-    const int skip = b->fault == IB_FAULT_ROPE_SKIP_ROWS && b->n_items > 1 && b->n_items == R;
     const dim3 grid(blocks_for((size_t)(H + KVH), QK_WARPS), (unsigned)R);
     launch(b, qk_kernel, grid, 32 * QK_WARPS, (size_t)QK_WARPS * hd * sizeof(float), 
         b->buf[IB_BUF_Q], b->buf[IB_BUF_K], b->buf[IB_BUF_V], b->d_cs, b->d_ri, qn, qn ? qn + hd : NULL, H, KVH, hd, li,
-        b->eps, skip ? 1 : R);
+        b->eps, rope_rows(b));
     LAUNCHED(b, "qk");
+}
+
+/* Whether the q/k preparation of layer li (phases) can be done by the attention right after it, and its
+ * description into *fz: Qwen/Llama layers (not Gemma 4), the rotation and store asked for, every row
+ * its session's only row in the step (decode: no block needs a key another block makes) and no tiles
+ * (b->fuse_qk, IB_CUDA_FUSE_QK=0: never). The same operations either way. */
+static int qk_fusable(const cuda_backend *b, int li, int phases, qk_fuse *fz) {
+    if (!b->fuse_qk || b->gm || !(phases & IB_QK_ROPE_STORE) || b->n_items != b->R || b->n_tiles > 0) return 0;
+    const float *qn = qk_norm_weights(b, li, phases);
+    *fz = qk_fuse{b->buf[IB_BUF_K], b->buf[IB_BUF_V], b->d_cs, qn, qn ? qn + b->hd : NULL, b->eps, rope_rows(b)};
+    return 1;
 }
 
 /* Bytes a per-head attention block stages its chunks' keys and values in, for a grid of `blocks`: the
@@ -2833,7 +2910,9 @@ static int att_cluster(const cuda_backend *b, int heads, int hd) {
 /* ATT = attention of every row and query head at layer li: a block per (row, KV head) from
  * att_group_rows rows, a block per (row, query head) below (same arithmetic, more blocks when few).
  * qG > 0 (dividing hd): ATT's rows are also quantized for group qG. */
-static void launch_attention(cuda_backend *b, int li, int qG) {
+static void launch_attention(cuda_backend *b, int li, int qG, const qk_fuse *fz) {
+    const qk_fuse nofz = {};
+    if (!fz) fz = &nofz;
     if (b->gm) {
         gemma_launch_attention(b, li, qG);
         return;
@@ -2845,11 +2924,11 @@ static void launch_attention(cuda_backend *b, int li, int qG) {
                (const att_tile *)b->d_tiles, b->H, b->KVH, b->hd, li, b->scale, b->attn_block, qG, b->xq, b->qd, b->qad);
     else if (b->R >= b->att_group_rows)
         launch(b, attention_kernel, b->R * b->KVH, ATT_THREADS, 0, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li, b->scale,
-                                                                     b->attn_block, qG, b->xq, b->qd, b->qad);
+                                                                     b->attn_block, qG, b->xq, b->qd, b->qad, *fz);
     else {
         const int cl = att_cluster(b, b->R * b->H, b->hd), blocks = b->R * b->H * cl, st = att_stage_bytes(b, blocks);
         launch_cl(b, cl, cl > 1 ? attention_head_kernel<true> : attention_head_kernel<false>, blocks, ATT_THREADS, (size_t)st, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li,
-                  b->scale, b->attn_block, qG, b->xq, b->qd, b->qad, st, cl);
+                  b->scale, b->attn_block, qG, b->xq, b->qd, b->qad, st, cl, *fz);
     }
     LAUNCHED(b, "attention");
 }
@@ -2912,7 +2991,7 @@ static void exec_rec(cuda_backend *b, const oprec *r) {
         if (b->gm) gemma_launch_qk(b, a[0], a[1]);
         else launch_qk(b, a[0], a[1]);
         break;
-    case OP_ATTN: launch_attention(b, a[0], 0); break;
+    case OP_ATTN: launch_attention(b, a[0], 0, NULL); break;
     case OP_SWIGLU: launch_swiglu(b, 0); break;
     case OP_ADD: {
         const size_t n = (size_t)b->R * b->D;
@@ -2949,6 +3028,7 @@ static void exec_records(cuda_backend *b, const oprec *rec, int n) {
     for (int i = 0; i < n; i++) {
         const oprec *r = &rec[i], *nx = i + 1 < n ? &rec[i + 1] : NULL;
         int consumed = 1, ready = -1, G = 0;
+        qk_fuse fz;
         if (r->op == OP_ADD && nx && nx->op == OP_RMSNORM && nx->a[0] == r->a[0] && nx->a[3] != r->a[0] &&
             nx->a[3] != r->a[1]) {
             G = q8_group_for(b, i + 2 < n ? &rec[i + 2] : NULL, nx->a[3], b->D);
@@ -2967,12 +3047,17 @@ static void exec_records(cuda_backend *b, const oprec *rec, int n) {
             G = q8_group_for(b, nx, IB_BUF_G, gemma_ffn(b, r->a[0]));
             launch_geglu(b, r->a[0], G);
             ready = IB_BUF_G;
-        } else if (r->op == OP_ATTN) {
+        } else if (r->op == OP_ATTN || (r->op == OP_QK && nx && nx->op == OP_ATTN && nx->a[0] == r->a[0] &&
+                                        qk_fusable(b, r->a[0], r->a[1], &fz))) {
+            /* attention, or the q/k preparation and the attention right after it as one kernel */
+            const int fused = r->op == OP_QK;
+            const oprec *after = fused ? (i + 2 < n ? &rec[i + 2] : NULL) : nx;
             const int lhd = b->lhd[r->a[0]];
-            G = q8_group_for(b, nx, IB_BUF_ATT, b->H * lhd);
+            G = q8_group_for(b, after, IB_BUF_ATT, b->H * lhd);
             if (G > 0 && lhd % G) G = 0;
-            for (int t = 0; t < (b->repeat & REPEAT_ATTN ? 2 : 1); t++) launch_attention(b, r->a[0], G);
+            for (int t = 0; t < (b->repeat & REPEAT_ATTN ? 2 : 1); t++) launch_attention(b, r->a[0], G, fused ? &fz : NULL);
             ready = IB_BUF_ATT;
+            consumed = fused ? 2 : 1;
         } else {
             exec_rec(b, r);
         }

@@ -238,8 +238,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
     __shared__ att_smem1 sm;
     extern __shared__ __align__(16) unsigned char att_stage[];
     unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
-    if (info.f16) attend_row_head<uint16_t, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
-    else attend_row_head<float, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp);
+    if (info.f16) attend_row_head<uint16_t, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, qk_fuse{});
+    else attend_row_head<float, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, qk_fuse{});
 }
 
 /* attention_kernel on Gemma 4 layer views: one block per (row, KV head); as above (G * hd <= ATT_QH). */
@@ -252,8 +252,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
     prefetch_kv(info, 0, KVH, kvh, hd);
     PDL_ENTER();
     __shared__ att_smem sm;
-    if (info.f16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad);
-    else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad);
+    if (info.f16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, qk_fuse{});
+    else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, qk_fuse{});
 }
 
 /* Routing of every row: ib_moe_route (ops/moe.c) with the work of a row spread
