@@ -612,8 +612,10 @@ struct mma_stage {
  * integer sums grow by mma.sync m16n8k32 (s8 x s8/u8 -> s32: exact, the group's isum in any order);
  * where a group ends, every (row, output) of the warp's tile continues its float chain in registers,
  * acc = (acc + (s*d)*(float)isum) + b*ad — matmul.h's arithmetic, groups in ascending order, bit for
- * bit. Needs G % 32 == 0. fused, splits: the test-only faults, as mm_q8_kernel (splits: block z takes
- * the z-th group range and adds its partial chain into Y with atomics). */
+ * bit. Needs G % 32 == 0 and G dividing MMA_KS (32, 64, 128). Each thread's copies are planned once
+ * (sources, shared-memory offsets), so a stage's copy issue is a few instructions. fused, splits: the
+ * test-only faults, as mm_q8_kernel (splits: block z takes the z-th group range and adds its partial
+ * chain into Y with atomics). */
 template <int FMT, int BM>
 __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
                                                         const float *__restrict__ ad, int R, int fused, int splits) {
@@ -631,43 +633,68 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
     const int wr = (warp >> 2) * (BM / 2), wn = (warp & 3) * 16;   /* the warp's tile in the block */
     const int gs = (ng + splits - 1) / splits, gb = blockIdx.z * gs, ge = min(ng, gb + gs);
     const int kb = gb * G, ke = ge * G;                              /* the block's k range */
+    const int gps = MMA_KS / G;   /* groups a stage (G divides MMA_KS): stage st starts at group gb + st * gps */
     const int nst = ke > kb ? (ke - kb + MMA_KS - 1) / MMA_KS : 0;   /* stages */
 
+    /* Each thread's share of every stage's copies, fixed over the stages: its weight chunks (c, output
+     * nl), scale/bias pieces (threads < 128: array, group slot j, 4 outputs), activation pieces (row r, 16
+     * k) and d/ad floats (array, group slot j, row r); a stage only moves the sources by its k, and a
+     * copy whose k or group lies past the block's range is left out. */
+    constexpr int WPT = NCH * MMA_BN / 256;         /* weight chunks a thread: 1 (Q4) or 2 (Q8) */
+    constexpr int XPT = BM * (MMA_KS / 16) / 256;   /* activation pieces a thread: BM / 32 */
+    constexpr int DPT = 2 * 4 * BM / 256;           /* d / ad floats a thread: BM / 32 */
+    const uint4 *w_src[WPT];
+    int w_dst[WPT], w_k[WPT];
+    bool w_ok[WPT];
+#pragma unroll
+    for (int u = 0; u < WPT; u++) {
+        const int i = tid + 256 * u, c = i / MMA_BN, nl = i % MMA_BN;
+        w_ok[u] = n0 + nl < Np, w_k[u] = c * KC;
+        w_src[u] = m.w + (size_t)(kb / KC + c) * Np + n0 + nl;
+        w_dst[u] = (int)((char *)&stg[0].w[c][nl] - (char *)stg);
+    }
+    const int sb_j = (tid >> 4) & 3, sb_dst = (int)((char *)((tid >> 6) & 1 ? &stg[0].b[sb_j][4 * (tid & 15)]
+                                                                         : &stg[0].s[sb_j][4 * (tid & 15)]) - (char *)stg);
+    const float *sb_src = ((tid >> 6) & 1 ? m.b : m.s) + n0 + 4 * (tid & 15);
+    const bool sb_ok = tid < 128 && n0 + 4 * (tid & 15) < Np;
+    const int8_t *x_src[XPT];
+    int x_dst[XPT], x_k[XPT];
+#pragma unroll
+    for (int u = 0; u < XPT; u++) {
+        const int i = tid + 256 * u, r = i / (MMA_KS / 16), c = i % (MMA_KS / 16);
+        x_src[u] = xq + (size_t)min(rb + r, R - 1) * K + kb + 16 * c, x_k[u] = 16 * c;
+        x_dst[u] = (int)((char *)&stg[0].a[r][16 * c] - (char *)stg);
+    }
+    const float *d_src[DPT];
+    int d_dst[DPT], d_j[DPT];
+#pragma unroll
+    for (int u = 0; u < DPT; u++) {
+        const int i = tid + 256 * u, arr = i / (4 * BM), j = (i / BM) % 4, r = i % BM;
+        d_src[u] = (arr ? ad : d) + (size_t)min(rb + r, R - 1) * ng, d_j[u] = j;
+        d_dst[u] = (int)((char *)(arr ? &stg[0].ad[j][r] : &stg[0].d[j][r]) - (char *)stg);
+    }
     /* the weight side of stage st (codes, scales, biases): independent of earlier kernels */
     auto load_w = [&](int st) {
-        mma_stage<BM> &S = stg[st % MMA_NS];
+        char *S = (char *)&stg[st % MMA_NS];
         const int k0 = kb + st * MMA_KS;
-        for (int i = tid; i < NCH * MMA_BN; i += 256) {
-            const int c = i / MMA_BN, nl = i % MMA_BN, k = k0 + c * KC;
-            if (k < ke && n0 + nl < Np) cp_async16(&S.w[c][nl], m.w + (size_t)(k / KC) * Np + n0 + nl);
-        }
-        const int gA = k0 / G;
-        for (int i = tid; i < 2 * 4 * (MMA_BN / 4); i += 256) {
-            const int arr = i / (4 * (MMA_BN / 4)), j = (i / (MMA_BN / 4)) % 4, c = i % (MMA_BN / 4);
-            const int g = gA + j, n = n0 + 4 * c;
-            if (g < ge && g * G < k0 + MMA_KS && n < Np) {
-                const float *src = (arr ? m.b : m.s) + (size_t)g * Np + n;
-                cp_async16(arr ? &S.b[j][4 * c] : &S.s[j][4 * c], src);
-            }
-        }
+#pragma unroll
+        for (int u = 0; u < WPT; u++)
+            if (w_ok[u] && k0 + w_k[u] < ke) cp_async16(S + w_dst[u], w_src[u] + (size_t)st * NCH * Np);
+        const int g = gb + st * gps + sb_j;
+        if (sb_ok && g < ge && g * G < k0 + MMA_KS) cp_async16(S + sb_dst, sb_src + (size_t)g * Np);
     };
     /* the activation side of stage st (codes, d, ad): written by the previous kernels */
     auto load_x = [&](int st) {
-        mma_stage<BM> &S = stg[st % MMA_NS];
+        char *S = (char *)&stg[st % MMA_NS];
         const int k0 = kb + st * MMA_KS;
-        for (int i = tid; i < BM * (MMA_KS / 16); i += 256) {
-            const int r = i / (MMA_KS / 16), c = i % (MMA_KS / 16), k = k0 + 16 * c;
-            const int row = min(rb + r, R - 1);
-            if (k < ke) cp_async16(&S.a[r][16 * c], xq + (size_t)row * K + k);
-        }
-        const int gA = k0 / G;
-        for (int i = tid; i < 2 * 4 * BM; i += 256) {
-            const int arr = i / (4 * BM), j = (i / BM) % 4, r = i % BM;
-            const int g = gA + j, row = min(rb + r, R - 1);
-            if (g < ge && g * G < k0 + MMA_KS) {
-                const float *src = (arr ? ad : d) + (size_t)row * ng + g;
-                cp_async4(arr ? &S.ad[j][r] : &S.d[j][r], src);
-            }
+#pragma unroll
+        for (int u = 0; u < XPT; u++)
+            if (k0 + x_k[u] < ke) cp_async16(S + x_dst[u], x_src[u] + (size_t)st * MMA_KS);
+        const int gA = gb + st * gps;
+#pragma unroll
+        for (int u = 0; u < DPT; u++) {
+            const int g = gA + d_j[u];
+            if (g < ge && g * G < k0 + MMA_KS) cp_async4(S + d_dst[u], d_src[u] + g);
         }
     };
 
@@ -699,7 +726,7 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
         }
         cp_commit();
         const mma_stage<BM> &S = stg[st % MMA_NS];
-        const int k0 = kb + st * MMA_KS, gA = k0 / G;
+        const int k0 = kb + st * MMA_KS, gA = gb + st * gps;
         int j = 0, left = (gA + 1) * G - k0;   /* the staged group being summed, its k still to come */
 #pragma unroll
         for (int kk = 0; kk < MMA_KS / 32; kk++) {
