@@ -22,10 +22,12 @@
  * The 8-bit packed panel (pack.h: block c = k 4c..4c+3, byte 4j+i = code(j, 4c+i)) already is the
  * VNNI layout: B tiles load straight from it with a 64-byte stride. A 4-bit block c (k 8c..8c+7) holds
  * k 8c..8c+3 in its low nibbles and 8c+4..8c+7 in its high nibbles, each in the same byte positions:
- * one group is unpacked into a [G/4][64] byte buffer (low nibbles -> VNNI row 2c, high -> row 2c+1).
+ * each group is unpacked, one group ahead of its tile products, into one of two [G/4][64] byte buffers
+ * (low nibbles -> VNNI row 2c, high -> row 2c+1).
  *
  * BLOCKING. Panels in the caller's range one at a time; rows in blocks of up to 64 (4 row tiles) whose
- * float accumulators live in a [64][16] stack buffer; all of K per row block, group by group; then
+ * float accumulators live in a [64][16] stack buffer; all of K per row block, group by group, the
+ * tiles two groups ahead of the float epilogue (amx_row_block says why); then
  * the panel's rows past the last full tile on AVX-512. The panel's weights (a few KiB to tens of KiB)
  * stay in cache across its row blocks and that tail.
  */
@@ -132,23 +134,38 @@ static inline void amx_drain(int nt, int32_t (*isum)[16]) {
     }
 }
 
-/* The float epilogue of group g for the nr rows of a row block: acc[r][j] = (acc + (s_j*d_r)*(float)
- * isum[r][j]) + b_j*ad_r — plain C over the 16 lanes (the compiler vectorizes it; lane-wise IEEE
- * multiplies and adds give the same bits in any vector width): the scalar kernel's formula, term for
- * term. */
-static inline void amx_epilogue(const ib_matrix *m, int p, int g, const ib_act_buf *q, int b0, int nr,
-                                int32_t (*isum)[16], float (*acc)[16]) {
-    const int ng = m->cols / m->group;
-    float s[16], bb[16];
-    ib_pk_sb_f32(m, p, g, s, bb);
-    const float *d = q->d + (size_t)b0 * ng + g, *ad = q->ad + (size_t)b0 * ng + g;
+/* The 16 scales then the 16 biases of panel p, group g as floats: sbf [32], ib_pk_sb_f32's values
+ * (exact conversions), the storage format chosen once so that each conversion loop vectorizes
+ * (ib_f16_to_f32_row equals ib_f16_to_f32 on every input). */
+static inline void amx_sb_f32(const ib_matrix *m, int p, int g, float *restrict sbf) {
+    const uint8_t *sb = ib_pk_sb(m, p, g);
+    if (m->sb_fmt == IB_SB_F32) {
+        memcpy(sbf, sb, 32 * sizeof(float));
+        return;
+    }
+    uint16_t h[32];
+    memcpy(h, sb, sizeof h);
+    if (m->sb_fmt == IB_SB_BF16)
+        for (int i = 0; i < 32; i++) sbf[i] = ib_bf16_to_f32(h[i]);
+    else
+        ib_f16_to_f32_row(h, sbf, 32);
+}
+
+/* The float epilogue of one group for nr rows: acc[r][j] = (acc + (s_j*d_r)*(float)isum[r][j]) +
+ * b_j*ad_r, with sbf [32] the group's scales s then biases b, d_r = d[r*ng] and ad_r = ad[r*ng] —
+ * plain C over the 16 lanes (the compiler vectorizes it; lane-wise IEEE multiplies and adds give the
+ * same bits in any vector width): the scalar kernel's formula, term for term. The rows are unrolled by
+ * 4, so fewer loop instructions per row compete with the vector operations for the ALU ports. */
+static inline void amx_epilogue(const float *restrict sbf, const float *d, const float *ad, size_t ng, int nr,
+                                const int32_t (*restrict isum)[16], float (*restrict acc)[16]) {
+#pragma GCC unroll 4
     for (int r = 0; r < nr; r++) {
         const float dr = d[(size_t)r * ng], adr = ad[(size_t)r * ng];
         float *f = acc[r];
         const int32_t *is = isum[r];
         for (int j = 0; j < 16; j++) {
-            float t = (s[j] * dr) * (float)is[j];
-            float u = bb[j] * adr;
+            float t = (sbf[j] * dr) * (float)is[j];
+            float u = sbf[16 + j] * adr;
             f[j] = (f[j] + t) + u;
         }
     }
@@ -156,43 +173,64 @@ static inline void amx_epilogue(const ib_matrix *m, int p, int g, const ib_act_b
 
 /* One row block of a quantized panel p: rows b0 .. b0 + 16*nt - 1 (nt = 1..4 full row tiles) of the
  * Q8 activations q, outputs to Y (row stride ldy) columns 16p.. . Groups ascending (descending when
- * desc). wq4 is a [G/4][64] scratch for a 4-bit group's VNNI rows. The tiles are configured for
- * K-steps of min(G, 64) and C tiles 0..nt-1 are zero on entry and on return. Software-pipelined by one
- * group: a group's tile products are issued, then the previous group's float epilogue runs (on the
- * vector units, from the sums its tiles were stored to) while the tiles compute, and only then are this
- * group's tiles stored — so the vector code neither waits for the tile unit nor reads a tile store
- * that has just been issued. Every row's groups still reach its accumulators one at a time, in order. */
+ * desc). wq4 is a [2][G/4][64] scratch for two 4-bit groups' VNNI rows. The tiles are configured for
+ * K-steps of min(G, 64) and C tiles 0..nt-1 are zero on entry and on return.
+ *
+ * Software-pipelined two groups deep, so that no load reads a store issued just before it (forwarding
+ * from a tile store to vector loads, or from vector stores to a tile load, is not to be counted on:
+ * such a load may wait until the store has retired and reached the cache, which puts the tile unit and
+ * the epilogue one after the other). Step i, in program order:
+ *     drain the C tiles (group i-1's sums) to isum[(i-1)&1];
+ *     issue group i's tile products, its B tiles from wq4[i&1] (4-bit) or the panel (8-bit);
+ *     unpack group i+1's 4-bit weights to wq4[(i+1)&1];
+ *     run group i-2's float epilogue from isum[i&1], stored one step earlier,
+ * so the epilogue of step i overlaps the tile products of group i, and the stores that step i's
+ * loads read were issued one step (a whole epilogue) before. Every row's groups still reach its
+ * accumulators one at a time, in order. */
 static void amx_row_block(const ib_matrix *m, int p, const ib_act_buf *q, int b0, int nt, int desc, float *Y,
                           int ldy, uint8_t *wq4) {
-    const int K = m->cols, G = m->group, ng = K / G, ks = G < 64 ? G : 64, nr = nt * AMX_TILE_ROWS;
+    const int K = m->cols, G = m->group, ng = K / G, ks = G < 64 ? G : 64, nr = nt * AMX_TILE_ROWS, q4 = m->fmt == IB_WQ4;
+    const size_t wq_bytes = (size_t)(G / 4) * 64; /* one group's VNNI rows */
     const uint8_t *P = ib_pk_panel(m, p);
-    float acc[AMX_RBLOCK][16] __attribute__((aligned(64)));      /* [row of the block][lane] */
-    int32_t isum[AMX_RBLOCK][16] __attribute__((aligned(64)));   /* [row of the block][lane]: the last stored group */
+    float acc[AMX_RBLOCK][16] __attribute__((aligned(64)));        /* [row of the block][lane] */
+    int32_t isum[2][AMX_RBLOCK][16] __attribute__((aligned(64)));  /* [step parity][row of the block][lane] */
+    float sbf[32] __attribute__((aligned(64)));                    /* the epilogue's group: 16 scales, 16 biases */
     memset(acc, 0, sizeof(float) * 16 * (size_t)nr);
-    int gprev = -1;   /* the group whose sums isum holds, its epilogue not yet run */
-    for (int gi = 0; gi < ng; gi++) {
-        const int g = desc ? ng - 1 - gi : gi;
-        const uint8_t *wg; /* the group's VNNI rows, [G/4][64] */
-        if (m->fmt == IB_WQ4) {
-            AMX_MEMORY_BARRIER();
-            amx_unpack_q4(P, g, G, wq4);
-            AMX_MEMORY_BARRIER();
-            wg = wq4;
-        } else {
-            wg = P + (size_t)g * (size_t)(G / 4) * 64;
-            for (int i = 0; i < G / 4; i += 4) __builtin_prefetch(wg + (size_t)i * 64 + AMX_PF_DIST, 0, 2);
-        }
-        const int8_t *a = q->xq + (size_t)b0 * K + (size_t)g * G;
-        for (int k = 0; k < G; k += ks) amx_step(nt, wg + (size_t)(k / 4) * 64, a + k, K);
-        ib_pk_sb_prefetch(m, p, g);
-        if (gprev >= 0) amx_epilogue(m, p, gprev, q, b0, nr, isum, acc);
-        /* the epilogue's reads of isum come before the stores that overwrite it */
+#define AMX_GROUP(i) (desc ? ng - 1 - (i) : (i))
+    if (q4) {
+        amx_unpack_q4(P, AMX_GROUP(0), G, wq4);
         AMX_MEMORY_BARRIER();
-        amx_drain(nt, isum);
-        AMX_MEMORY_BARRIER();
-        gprev = g;
     }
-    amx_epilogue(m, p, gprev, q, b0, nr, isum, acc);
+    for (int i = 0; i < ng + 2; i++) {
+        if (i >= 1 && i <= ng) {
+            /* the epilogue's reads of isum[(i-1)&1] (step i-1) come before the stores that overwrite it */
+            AMX_MEMORY_BARRIER();
+            amx_drain(nt, isum[(i - 1) & 1]);
+            AMX_MEMORY_BARRIER();
+        }
+        if (i < ng) {
+            const int g = AMX_GROUP(i);
+            const uint8_t *wg = q4 ? wq4 + (size_t)(i & 1) * wq_bytes : P + (size_t)g * wq_bytes; /* [G/4][64] */
+            if (!q4)
+                for (int c = 0; c < G / 4; c += 4) __builtin_prefetch(wg + (size_t)c * 64 + AMX_PF_DIST, 0, 2);
+            const int8_t *a = q->xq + (size_t)b0 * K + (size_t)g * G;
+            for (int k = 0; k < G; k += ks) amx_step(nt, wg + (size_t)(k / 4) * 64, a + k, K);
+            ib_pk_sb_prefetch(m, p, g);
+            if (q4 && i + 1 < ng) {
+                /* the tile loads of wq4[(i+1)&1] (step i-1) come before the stores that overwrite it */
+                AMX_MEMORY_BARRIER();
+                amx_unpack_q4(P, AMX_GROUP(i + 1), G, wq4 + (size_t)((i + 1) & 1) * wq_bytes);
+                AMX_MEMORY_BARRIER();
+            }
+        }
+        if (i >= 2) {
+            const int g = AMX_GROUP(i - 2);
+            amx_sb_f32(m, p, g, sbf);
+            amx_epilogue(sbf, q->d + (size_t)b0 * ng + g, q->ad + (size_t)b0 * ng + g, (size_t)ng, nr,
+                         (const int32_t(*)[16])isum[i & 1], acc);
+        }
+    }
+#undef AMX_GROUP
     const int lanes = ib_pk_lanes(m, p);
     for (int r = 0; r < nr; r++) ib_pk_store(Y + (size_t)(b0 + r) * ldy + (size_t)p * 16, acc[r], lanes);
 }
@@ -211,7 +249,7 @@ void AMX_KERNEL(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, 
     const ib_fault fault = ib_fault_get();
     const int desc = fault == IB_FAULT_GEMV_GEMM || fault == IB_FAULT_AMX_GROUP_ORDER; /* B >= 16 here */
     const int K = m->cols, G = m->group, ng = K / G;
-    uint8_t wq4[128 / 4 * 64] __attribute__((aligned(64))); /* one 4-bit group's VNNI rows, G <= 128 */
+    uint8_t wq4[2 * 128 / 4 * 64] __attribute__((aligned(64))); /* two 4-bit groups' VNNI rows, G <= 128 */
     amx_configure(G < 64 ? G : 64);
     /* the C tiles start zeroed; amx_drain re-zeroes the ones it stores */
     AMX_ZERO(0);
