@@ -2239,9 +2239,9 @@ static void cuda_destroy(ib_backend *base) {
         long long t[64][12];
         if (cudaMemcpyFromSymbol(t, att_trace, sizeof t) == cudaSuccess)
             for (int i = 0; i < 4; i++)
-                fprintf(stderr, "att trace block %d (cycles from its start, last chunk): slots %lld, waited %lld, staged %lld, "
-                                "scored %lld, maxima %lld, exp %lld, values %lld, end %lld\n", i, t[i][2] - t[i][0],
-                        t[i][9] - t[i][0], t[i][3] - t[i][0], t[i][4] - t[i][0], t[i][5] - t[i][0], t[i][6] - t[i][0],
+                fprintf(stderr, "att trace block %d (cycles from its start, last chunk): waited %lld, q ready %lld, slots %lld, "
+                                "staged %lld, scored %lld, maxima %lld, exp %lld, values %lld, end %lld\n", i,
+                        t[i][9] - t[i][0], t[i][1] - t[i][0], t[i][2] - t[i][0], t[i][3] - t[i][0], t[i][4] - t[i][0], t[i][5] - t[i][0], t[i][6] - t[i][0],
                         t[i][7] - t[i][0], t[i][8] - t[i][0]);
     }
 #endif
