@@ -1195,37 +1195,19 @@ struct qk_fuse {
     const float *K, *V, *cs, *qn, *kn;
     float eps;
     int rope_rows;
-    const float *t;   /* row r's RoPE table [hd/2][2], staged by the kernel (qk_stage_consts) */
 };
-
-/* Before the wait for the previous kernel: the fused prologue's inputs that no kernel of the step writes
- * — the head norms' weights and row r's RoPE table — copied into shared scratch wq, wk, t [hd] (arrays
- * the attention uses only after its prologue), and fz pointed at them. All threads; qk_fused_prologue's
- * first barrier makes them visible. Not fused (fz.K NULL): nothing. */
-__device__ __forceinline__ qk_fuse qk_stage_consts(qk_fuse fz, int r, int hd, float *wq, float *wk, float *t) {
-    if (!fz.K) return fz;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        if (fz.qn) wq[i] = fz.qn[i], wk[i] = fz.kn[i];
-        t[i] = fz.cs[(size_t)r * hd + i];
-    }
-    if (fz.qn) fz.qn = wq, fz.kn = wk;
-    fz.t = t;
-    return fz;
-}
 
 /* The fused prologue of an attention block for row r: query heads h0 .. h0 + nq - 1 (Q [R][H][hd], as the
  * q/k/v product wrote them) normed and rotated into qs [nq][hd] (shared memory), and the row's key head
  * kvh normed, rotated (in ks [hd], shared scratch) and stored with its value head into the cache —
- * qk_kernel's operations, a warp per head, with the constants qk_stage_consts staged (its copies made
- * visible by the first barrier). Every block that attends with KV head kvh stores the same bits at the
- * same place; each reads the cache only after its own store (the barrier at the end). */
+ * qk_kernel's operations, a warp per head. Every block that attends with KV head kvh stores the same
+ * bits at the same place; each reads the cache only after its own store (the barrier at the end). */
 __device__ __forceinline__ void qk_fused_prologue(const qk_fuse &fz, const float *__restrict__ Q, const rowinfo &info,
                                                   int r, int h0, int nq, int kvh, int H, int KVH, int hd, int li,
                                                   float *qs, float *ks) {
     const int lane = threadIdx.x & 31, nw = (int)blockDim.x >> 5;
-    const float *t = fz.t;
+    const float *t = fz.cs + (size_t)r * hd;
     const bool rope = r < fz.rope_rows;
-    __syncthreads();
     for (int x = (int)threadIdx.x >> 5; x <= nq; x += nw) {
         const bool key = x == nq;
         float *xs = key ? ks : qs + (size_t)x * hd;
@@ -1762,14 +1744,13 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float
     const att_split sp = {cl, SPLIT ? cluster_rank() : 0};
     const rowinfo info = ri[r];   /* uploaded before the step's first kernel */
     prefetch_kv(info, li, KVH, h / (H / KVH), hd);
-    __shared__ att_smem1 sm;
-    const qk_fuse fzs = qk_stage_consts(fz, r, hd, sm.sc, sm.pw, sm.mk);
     PDL_ENTER();
     ATT_MARK(9);
+    __shared__ att_smem1 sm;
     extern __shared__ __align__(16) unsigned char att_stage[];
     unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
-    if (info.f16) attend_row_head<uint16_t, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, fzs);
-    else attend_row_head<float, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, fzs);
+    if (info.f16) attend_row_head<uint16_t, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, fz);
+    else attend_row_head<float, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, fz);
 }
 
 /* Shared memory of an attention block: ATT_QH floats hold the G query heads' q and outputs, ATT_QH
@@ -1915,11 +1896,10 @@ __global__ void __launch_bounds__(ATT_THREADS, 4) attention_kernel(const float *
     const int r = blockIdx.x / KVH, kvh = blockIdx.x % KVH;
     const rowinfo info = ri[r];   /* uploaded before the step's first kernel */
     prefetch_kv(info, li, KVH, kvh, hd);
-    __shared__ att_smem sm;
-    const qk_fuse fzs = qk_stage_consts(fz, r, hd, sm.sc, sm.pw, sm.mk);
     PDL_ENTER();
-    if (info.f16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad, fzs);
-    else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad, fzs);
+    __shared__ att_smem sm;
+    if (info.f16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad, fz);
+    else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad, fz);
 }
 
 /* ---------------------------------------------------------------- attention: tiles of a prompt's rows */
@@ -2925,7 +2905,7 @@ static void launch_qk(cuda_backend *b, int li, int phases) {
 static int qk_fusable(const cuda_backend *b, int li, int phases, qk_fuse *fz) {
     if (!b->fuse_qk || b->gm || !(phases & IB_QK_ROPE_STORE) || b->n_items != b->R || b->n_tiles > 0) return 0;
     const float *qn = qk_norm_weights(b, li, phases);
-    *fz = qk_fuse{b->buf[IB_BUF_K], b->buf[IB_BUF_V], b->d_cs, qn, qn ? qn + b->hd : NULL, b->eps, rope_rows(b), NULL};
+    *fz = qk_fuse{b->buf[IB_BUF_K], b->buf[IB_BUF_V], b->d_cs, qn, qn ? qn + b->hd : NULL, b->eps, rope_rows(b)};
     return 1;
 }
 
