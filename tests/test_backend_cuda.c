@@ -862,13 +862,17 @@ int main(int argc, char **argv) {
                     /* item 0 alone, the same chunks: the same logits at every step */
                     /* the lone runs take the tensor-core products and the per-KV-head attention from 1 row
                      * (the batched ones, with fewer than 16 rows: dp4a and per-query-head attention) */
+                    /* (and decode's q/k preparation inside that attention, IB_CUDA_FUSE_QK=force: by shape it
+                     * is only where the grid has more than two blocks a multiprocessor) */
                     snprintf(name + strlen(name), sizeof name - strlen(name), ", alone, mma");
                     setenv("IB_CUDA_MMA_ROWS", "1", 1);
                     setenv("IB_CUDA_ATT_GROUP_ROWS", "1", 1);
+                    setenv("IB_CUDA_FUSE_QK", "force", 1);
                     bad = schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0, name,
                                    lgs, 1, NSTEPS);
                     unsetenv("IB_CUDA_MMA_ROWS");
                     unsetenv("IB_CUDA_ATT_GROUP_ROWS");
+                    unsetenv("IB_CUDA_FUSE_QK");
                     CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
                     CHECK(memcmp(lgb, lgs, (size_t)NSTEPS * V * 4) == 0,
                           "model %s, %s: session 0's logits batched differ from alone", models[mi].name, name);

@@ -80,6 +80,11 @@ enum { REPEAT_ATTN = 1, REPEAT_LINEAR = 2 };   /* cuda_backend.repeat: timing di
  * step's shape (the default), or wherever the tile kernel can (IB_CUDA_ATT_TILE=force: tests) */
 enum att_tiles_mode { TILES_NEVER, TILES_BY_SHAPE, TILES_FORCED };
 
+/* When a decode step's q/k norm, RoPE and KV store run inside its attention (qk_fusable): never
+ * (IB_CUDA_FUSE_QK=0), by the step's shape (the default), or wherever they can (IB_CUDA_FUSE_QK=force:
+ * tests) */
+enum fuse_qk_mode { FUSE_QK_NEVER, FUSE_QK_BY_SHAPE, FUSE_QK_FORCED };
+
 /* ---------------------------------------------------------------- device data */
 
 /* A matrix in device memory (layout in cuda.h). */
@@ -247,7 +252,7 @@ typedef struct cuda_backend {
     int att_split_keys;              /* ... and where some row of the step attends at least this many keys */
     int long_keys;                   /* the step has such a row (step_begin) */
     att_tiles_mode att_tiles;        /* prompts' rows attending in tiles (attention_tile_kernel) */
-    int fuse_qk;                     /* decode steps' q/k preparation done by their attention (qk_fusable) */
+    fuse_qk_mode fuse_qk;            /* decode steps' q/k preparation done by their attention (qk_fusable) */
     int n_tiles;                     /* the step's tiles when it attends in tiles, else 0 (step_begin) */
     int tile_rows;                   /* most rows a tile (<= TILE_ROWS; IB_CUDA_ATT_TILE_ROWS) */
     struct att_tile *h_tiles, *d_tiles;   /* [R_max] pinned staging, device */
@@ -2321,9 +2326,11 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         /* N (1..TILE_ROWS): rows a tile (measurements) */
         const char *atr = getenv("IB_CUDA_ATT_TILE_ROWS");
         b->tile_rows = atr && atoi(atr) >= 1 && atoi(atr) <= TILE_ROWS ? atoi(atr) : TILE_ROWS;
-        /* "0": a decode step's q/k norm, RoPE and KV store stay a kernel of their own (qk_fusable) */
+        /* "0": a decode step's q/k norm, RoPE and KV store stay a kernel of their own; "force": inside
+         * the attention wherever they can be (tests; qk_fusable) */
         const char *fq = getenv("IB_CUDA_FUSE_QK");
-        b->fuse_qk = !(fq && !strcmp(fq, "0"));
+        b->fuse_qk = !fq ? FUSE_QK_BY_SHAPE : !strcmp(fq, "0") ? FUSE_QK_NEVER : !strcmp(fq, "force") ? FUSE_QK_FORCED
+                                                                                              : FUSE_QK_BY_SHAPE;
         const char *rp = getenv("IB_CUDA_REPEAT");
         b->repeat = (rp && strstr(rp, "attn") ? REPEAT_ATTN : 0) | (rp && strstr(rp, "linear") ? REPEAT_LINEAR : 0);
     }
@@ -2898,12 +2905,19 @@ static void launch_qk(cuda_backend *b, int li, int phases) {
     LAUNCHED(b, "qk");
 }
 
-/* Whether the q/k preparation of layer li (phases) can be done by the attention right after it, and its
- * description into *fz: Qwen/Llama layers (not Gemma 4), the rotation and store asked for, every row
- * its session's only row in the step (decode: no block needs a key another block makes) and no tiles
- * (b->fuse_qk, IB_CUDA_FUSE_QK=0: never). The same operations either way. */
+/* Whether the q/k preparation of layer li (phases) is done by the attention right after it, and its
+ * description into *fz. It can be for Qwen/Llama layers (not Gemma 4) when the rotation and store are
+ * asked for, every row is its session's only row in the step (decode: no block needs a key another
+ * block makes) and there are no tiles; by shape it is where it paid on an H200 (qwen3-0.6b, f16 KV,
+ * IB_CUDA_FUSE_QK=0 against fused, two rounds, tok/s): the per-head kernel (B=1 842 / 836 against
+ * 872 / 871, B=8 4,013 / 4,022 against 4,095 / 4,065), and the per-KV-head kernel with more than two
+ * blocks a multiprocessor (B=48 12,767 / 12,889 against 12,943 / 13,066, B=64 +1%, B=128 flat) — not
+ * with fewer, where each block's prologue is exposed (B=16 6,690 / 6,704 against 5,937 / 5,914, B=24
+ * -8%, B=32 -2%). b->fuse_qk: never, by shape, or wherever it can. The same operations either way. */
 static int qk_fusable(const cuda_backend *b, int li, int phases, qk_fuse *fz) {
-    if (!b->fuse_qk || b->gm || !(phases & IB_QK_ROPE_STORE) || b->n_items != b->R || b->n_tiles > 0) return 0;
+    if (b->fuse_qk == FUSE_QK_NEVER || b->gm || !(phases & IB_QK_ROPE_STORE) || b->n_items != b->R || b->n_tiles > 0)
+        return 0;
+    if (b->fuse_qk == FUSE_QK_BY_SHAPE && b->R >= b->att_group_rows && (long)b->R * b->KVH <= 2L * b->n_sm) return 0;
     const float *qn = qk_norm_weights(b, li, phases);
     *fz = qk_fuse{b->buf[IB_BUF_K], b->buf[IB_BUF_V], b->d_cs, qn, qn ? qn + b->hd : NULL, b->eps, rope_rows(b)};
     return 1;
