@@ -535,6 +535,38 @@ static int engine_compare_located(const ib_model *m, ib_act act, ib_kv_dtype dt,
  * sink + window; wide steps (tensor-core products, per-KV-head attention from one row); and under the
  * test-only gpu-fma fault the comparison fails (located to its first op). A difference is located to
  * its first (step, layer, op, row, element). */
+/* A Llama-architecture tiny model (no q/k head norms: the q/k kernel and the fused prologue rotate and
+ * store only), q8 activations, f16 and f32 KV, full and sink + window sessions: every step's logits
+ * against the scalar reference, with decode's q/k preparation inside attention wherever it can be and
+ * as a kernel of its own. */
+static void llama_checks(void) {
+    char dir[] = "/tmp/ib_cuda_llama_XXXXXX";
+    if (!mkdtemp(dir)) return;
+    ib_error err;
+    ib_model *m = NULL;
+    ib_mkmodel_opts mo = {.preset = "tiny", .arch = "llama", .seed = 5, .bits = 4, .group = 32, .tied = 1};
+    if (ib_mkmodel(dir, &mo, &err) || ib_model_load(dir, NULL, &m, &err)) {
+        CHECK(0, "model tiny llama: %s", err.msg);
+        return;
+    }
+    printf("model tiny llama:\n");
+    for (int fz = 0; fz < 2; fz++)
+        for (int kvd = 0; kvd < 2; kvd++)
+            for (int win = 0; win < 2; win++) {
+                char name[96];
+                snprintf(name, sizeof name, "llama, q/k preparation %s, kv %s, %s", fz ? "fused" : "unfused",
+                         kvd ? "f16" : "f32", win ? "window 40" : "full");
+                setenv("IB_CUDA_FUSE_QK", fz ? "force" : "0", 1);
+                const int bad = schedule(m, IB_ACT_Q8, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0, name, NULL, 0, NSTEPS);
+                unsetenv("IB_CUDA_FUSE_QK");
+                CHECK(bad == 0, "model tiny llama, %s: CUDA differs from the scalar reference", name);
+            }
+    ib_model_free(m);
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
 static void gemma_checks(void) {
     static const struct { const char *preset, *name; int kv_shared, ple, top_k, ties, wide; } presets[] = {
         {"gemma4-tiny", "gemma4-tiny", 0, 0, 0, 0, 0},
@@ -1008,6 +1040,7 @@ int main(int argc, char **argv) {
         }
         ib_model_free(m);
     }
+    llama_checks();
     gemma_checks();
     TEST_MAIN_END("test_backend_cuda");
 }
