@@ -1145,7 +1145,20 @@ __device__ __forceinline__ void qk_head_warp(float *xs, const float *__restrict_
  * (info) at layer li, KV head kh, slot(pos): floats as they are, halves rounded by ib_f32_to_f16. By
  * one warp. */
 __device__ __forceinline__ void kv_store_warp(const rowinfo &info, int li, int KVH, int kh, int hd, const float *ks,
-                                              const float *__restrict__ vv, int lane);
+                                              const float *__restrict__ vv, int lane) {
+    const size_t plane = (size_t)info.cap * hd, slot = (size_t)slot_of(info, info.pos);
+    const size_t ko = (((size_t)li * 2 + 0) * KVH + kh) * plane + slot * hd;
+    const size_t vo = (((size_t)li * 2 + 1) * KVH + kh) * plane + slot * hd;
+    for (int i = lane; i < hd; i += 32) {
+        if (info.f16) {
+            ((uint16_t *)info.kv)[ko + i] = ib_f32_to_f16(ks[i]);
+            ((uint16_t *)info.kv)[vo + i] = ib_f32_to_f16(vv[i]);
+        } else {
+            ((float *)info.kv)[ko + i] = ks[i];
+            ((float *)info.kv)[vo + i] = vv[i];
+        }
+    }
+}
 
 /* One warp per (row r = blockIdx.y, head h = QK_WARPS * blockIdx.x + warp) of the row's H query heads
  * (Q [R][H][hd]) then KVH key heads (K [R][KVH][hd]), the head staged in shared memory
@@ -1175,21 +1188,6 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_kernel(float *Q, float *K, c
     }
 }
 
-__device__ __forceinline__ void kv_store_warp(const rowinfo &info, int li, int KVH, int kh, int hd, const float *ks,
-                                              const float *__restrict__ vv, int lane) {
-    const size_t plane = (size_t)info.cap * hd, slot = (size_t)slot_of(info, info.pos);
-    const size_t ko = (((size_t)li * 2 + 0) * KVH + kh) * plane + slot * hd;
-    const size_t vo = (((size_t)li * 2 + 1) * KVH + kh) * plane + slot * hd;
-    for (int i = lane; i < hd; i += 32) {
-        if (info.f16) {
-            ((uint16_t *)info.kv)[ko + i] = ib_f32_to_f16(ks[i]);
-            ((uint16_t *)info.kv)[vo + i] = ib_f32_to_f16(vv[i]);
-        } else {
-            ((float *)info.kv)[ko + i] = ks[i];
-            ((float *)info.kv)[vo + i] = vv[i];
-        }
-    }
-}
 
 /* The q/k norm, RoPE and KV store of a decode step done by its attention blocks (every row its session's
  * only row in the step, so a block needs no other row's key): the step's K, V [R][KVH][hd] and RoPE

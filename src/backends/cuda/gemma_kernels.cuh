@@ -204,18 +204,7 @@ __global__ void __launch_bounds__(32 * QK_WARPS)
     if (rope) rope_warp(xs, t, hd, lane);
     for (int i = lane; i < hd; i += 32) k[i] = xs[i], v[i] = xv[i];
     if (!(phases & IB_QK_ROPE_STORE)) return;
-    const rowinfo info = gemma_view(ri[r], sliding, A, B);
-    const size_t plane = (size_t)info.cap * hd, slot = (size_t)slot_of(info, info.pos);
-    const size_t ko = ((size_t)0 * KVH + kh) * plane + slot * hd, vo = ((size_t)1 * KVH + kh) * plane + slot * hd;
-    for (int i = lane; i < hd; i += 32) {
-        if (info.f16) {
-            ((uint16_t *)info.kv)[ko + i] = ib_f32_to_f16(xs[i]);
-            ((uint16_t *)info.kv)[vo + i] = ib_f32_to_f16(xv[i]);
-        } else {
-            ((float *)info.kv)[ko + i] = xs[i];
-            ((float *)info.kv)[vo + i] = xv[i];
-        }
-    }
+    kv_store_warp(gemma_view(ri[r], sliding, A, B), 0, KVH, kh, hd, xs, xv, lane);   /* a view's layer 0 */
 }
 
 /* attention_head_kernel on Gemma 4 layer views: one block (SPLIT: a cluster of cl) per (row, query
