@@ -85,6 +85,16 @@ enum att_tiles_mode { TILES_NEVER, TILES_BY_SHAPE, TILES_FORCED };
  * tests) */
 enum fuse_qk_mode { FUSE_QK_NEVER, FUSE_QK_BY_SHAPE, FUSE_QK_FORCED };
 
+/* A never / by-shape / forced choice from environment variable `name` ("0", unset or anything else,
+ * "force"), as 0 / 1 / 2 — the order of att_tiles_mode and fuse_qk_mode. */
+static int env_mode(const char *name) {
+    const char *v = getenv(name);
+    return !v ? 1 : !strcmp(v, "0") ? 0 : !strcmp(v, "force") ? 2 : 1;
+}
+static_assert(TILES_NEVER == 0 && TILES_BY_SHAPE == 1 && TILES_FORCED == 2 && FUSE_QK_NEVER == 0 &&
+                  FUSE_QK_BY_SHAPE == 1 && FUSE_QK_FORCED == 2,
+              "env_mode's values are the modes'");
+
 /* ---------------------------------------------------------------- device data */
 
 /* A matrix in device memory (layout in cuda.h). */
@@ -1187,7 +1197,6 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_kernel(float *Q, float *K, c
         if (h >= H) kv_store_warp(info, li, KVH, h - H, hd, xs, V + ((size_t)r * KVH + (h - H)) * hd, lane);
     }
 }
-
 
 /* The q/k norm, RoPE and KV store of a decode step done by its attention blocks (every row its session's
  * only row in the step, so a block needs no other row's key): the step's K, V [R][KVH][hd] and RoPE
@@ -2318,17 +2327,13 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         const char *ask2 = getenv("IB_CUDA_ATT_SPLIT_KEYS");
         b->att_split_keys = ask2 && atoi(ask2) > 0 ? atoi(ask2) : ATT_SPLIT_KEYS;
         /* "0": never attend in tiles; "force": whenever the tile kernel can (tests) */
-        const char *at = getenv("IB_CUDA_ATT_TILE");
-        b->att_tiles = !at ? TILES_BY_SHAPE : !strcmp(at, "0") ? TILES_NEVER : !strcmp(at, "force") ? TILES_FORCED
-                                                                                               : TILES_BY_SHAPE;
+        b->att_tiles = (att_tiles_mode)env_mode("IB_CUDA_ATT_TILE");
         /* N (1..TILE_ROWS): rows a tile (measurements) */
         const char *atr = getenv("IB_CUDA_ATT_TILE_ROWS");
         b->tile_rows = atr && atoi(atr) >= 1 && atoi(atr) <= TILE_ROWS ? atoi(atr) : TILE_ROWS;
         /* "0": a decode step's q/k norm, RoPE and KV store stay a kernel of their own; "force": inside
          * the attention wherever they can be (tests; qk_fusable) */
-        const char *fq = getenv("IB_CUDA_FUSE_QK");
-        b->fuse_qk = !fq ? FUSE_QK_BY_SHAPE : !strcmp(fq, "0") ? FUSE_QK_NEVER : !strcmp(fq, "force") ? FUSE_QK_FORCED
-                                                                                              : FUSE_QK_BY_SHAPE;
+        b->fuse_qk = (fuse_qk_mode)env_mode("IB_CUDA_FUSE_QK");
         const char *rp = getenv("IB_CUDA_REPEAT");
         b->repeat = (rp && strstr(rp, "attn") ? REPEAT_ATTN : 0) | (rp && strstr(rp, "linear") ? REPEAT_LINEAR : 0);
     }
