@@ -538,7 +538,7 @@ static int engine_compare_located(const ib_model *m, ib_act act, ib_kv_dtype dt,
 /* A Llama-architecture tiny model (no q/k head norms: the q/k kernel and the fused prologue rotate and
  * store only), q8 activations, f16 and f32 KV, full and sink + window sessions: every step's logits
  * against the scalar reference, with decode's q/k preparation inside attention wherever it can be and
- * as a kernel of its own. */
+ * as a kernel of its own; under the gpu-fma fault the comparison fails. */
 static void llama_checks(void) {
     char dir[] = "/tmp/ib_cuda_llama_XXXXXX";
     if (!mkdtemp(dir)) return;
@@ -561,6 +561,11 @@ static void llama_checks(void) {
                 unsetenv("IB_CUDA_FUSE_QK");
                 CHECK(bad == 0, "model tiny llama, %s: CUDA differs from the scalar reference", name);
             }
+    /* and the comparison can fail: gpu-fma on the CUDA side only */
+    ib_fault_set(IB_FAULT_GPU_FMA);
+    const int bad = schedule(m, IB_ACT_Q8, IB_KV_F16, 0, "llama, FAULT gpu-fma (must mismatch)", NULL, 0, NSTEPS);
+    ib_fault_set(IB_FAULT_NONE);
+    CHECK(bad > 0, "model tiny llama: the gpu-fma fault went unnoticed");
     ib_model_free(m);
     char cmd[96];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
