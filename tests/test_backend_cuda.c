@@ -928,16 +928,21 @@ int main(int argc, char **argv) {
             }
         /* per-head attention spread over a cluster of blocks (default: 4 a head where the grid allows and
          * a row attends 256 keys or more; here from the first key, IB_CUDA_ATT_SPLIT_KEYS=1, in steps of up
-         * to 4 rows) or not: one block a head, 2 blocks a head, chunks of one key block
-         * (a 6 KiB stage: the scores exchanged chunk after chunk), and a stage too small for a key block
-         * (the cluster's first block alone reads the cache) */
+         * to 4 rows) or not: one block a head (its keys straight into registers, the default where they
+         * fit one chunk and their values the stage — with a 6 KiB stage, only the first steps; through its
+         * stage, IB_CUDA_ATT_DIRECT=0; or, with a stage too small for a key block, from the cache), 2 blocks a head, chunks of one key block (a 6 KiB stage: the scores
+         * exchanged chunk after chunk), and a stage too small for a key block (the cluster's first block
+         * alone reads the cache) */
         if (mi == 0) {
-            static const struct { const char *split, *stage, *what; } av[] = {
-                {"1", NULL, "1 block a head"},
-                {"2", NULL, "2 blocks a head"},
-                {NULL, "6", "6 KiB stage, split"},
-                {NULL, "2", "2 KiB stage, unstaged"}};
-            for (int a = 0; a < 4; a++)
+            static const struct { const char *split, *stage, *direct, *what; } av[] = {
+                {"1", NULL, NULL, "1 block a head (keys into registers)"},
+                {"1", NULL, "0", "1 block a head, staged"},
+                {"1", "6", NULL, "1 block a head, 6 KiB stage (keys into registers while the values fit it)"},
+                {"1", "2", "0", "1 block a head, 2 KiB stage, unstaged"},
+                {"2", NULL, NULL, "2 blocks a head"},
+                {NULL, "6", NULL, "6 KiB stage, split"},
+                {NULL, "2", NULL, "2 KiB stage, unstaged"}};
+            for (int a = 0; a < (int)(sizeof av / sizeof av[0]); a++)
                 for (int kvd = 0; kvd < 2; kvd++)
                     for (int win = 0; win < 2; win++) {
                         char name[96];
@@ -946,11 +951,13 @@ int main(int argc, char **argv) {
                         setenv("IB_CUDA_ATT_SPLIT_KEYS", "1", 1);
                         if (av[a].split) setenv("IB_CUDA_ATT_SPLIT", av[a].split, 1);
                         if (av[a].stage) setenv("IB_CUDA_ATT_STAGE", av[a].stage, 1);
+                        if (av[a].direct) setenv("IB_CUDA_ATT_DIRECT", av[a].direct, 1);
                         const int bad = schedule(m, IB_ACT_Q8, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0, name, NULL, 0,
                                                  NSTEPS);
                         unsetenv("IB_CUDA_ATT_SPLIT");
                         unsetenv("IB_CUDA_ATT_SPLIT_KEYS");
                         unsetenv("IB_CUDA_ATT_STAGE");
+                        unsetenv("IB_CUDA_ATT_DIRECT");
                         CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
                     }
         }

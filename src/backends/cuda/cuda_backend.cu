@@ -85,6 +85,15 @@ enum att_tiles_mode { TILES_NEVER, TILES_BY_SHAPE, TILES_FORCED };
  * tests) */
 enum fuse_qk_mode { FUSE_QK_NEVER, FUSE_QK_BY_SHAPE, FUSE_QK_FORCED };
 
+/* Whether the per-head attention reads its keys straight into registers where they fit
+ * (attend_row_head_direct) or through its stage (IB_CUDA_ATT_DIRECT=0: always the stage; by shape:
+ * the direct path wherever it applies — there is nothing more to force) */
+enum att_direct_mode { DIRECT_NEVER, DIRECT_BY_SHAPE };
+
+/* The KV types of a step's rows: mixed, all float, or all half (the direct attention kernel is
+ * compiled for one) */
+enum kv_rows_type { KV_ROWS_MIXED, KV_ROWS_F32, KV_ROWS_F16 };
+
 /* A never / by-shape / forced choice from environment variable `name` ("0", unset or anything else,
  * "force"), as 0 / 1 / 2 — the order of att_tiles_mode and fuse_qk_mode. */
 static int env_mode(const char *name) {
@@ -92,7 +101,7 @@ static int env_mode(const char *name) {
     return !v ? 1 : !strcmp(v, "0") ? 0 : !strcmp(v, "force") ? 2 : 1;
 }
 static_assert(TILES_NEVER == 0 && TILES_BY_SHAPE == 1 && TILES_FORCED == 2 && FUSE_QK_NEVER == 0 &&
-                  FUSE_QK_BY_SHAPE == 1 && FUSE_QK_FORCED == 2,
+                  FUSE_QK_BY_SHAPE == 1 && FUSE_QK_FORCED == 2 && DIRECT_NEVER == 0 && DIRECT_BY_SHAPE == 1,
               "env_mode's values are the modes'");
 
 /* ---------------------------------------------------------------- device data */
@@ -199,7 +208,7 @@ enum { OP_UPLOAD = 1, OP_EMBED, OP_RMSNORM, OP_LINEAR, OP_QK, OP_ATTN, OP_SWIGLU
 /* A step shape seen before: the key (row counts, key block, fault, the op records) and, once it came
  * twice, its captured graph. */
 typedef struct gcache {
-    int R, n_items, n_logits, attn_block, fault, long_keys, n_tiles, nrec, nograph;
+    int R, n_items, n_logits, attn_block, fault, long_keys, n_tiles, kv_rows, nrec, nograph;
     oprec *rec;
     cudaGraph_t g;
     cudaGraphExec_t x;
@@ -261,8 +270,10 @@ typedef struct cuda_backend {
     int att_cl;                      /* blocks (a cluster) a head of the per-head attention, where the grid allows */
     int att_split_keys;              /* ... and where some row of the step attends at least this many keys */
     int long_keys;                   /* the step has such a row (step_begin) */
+    kv_rows_type kv_rows;            /* the step's rows' KV types (step_begin) */
     att_tiles_mode att_tiles;        /* prompts' rows attending in tiles (attention_tile_kernel) */
     fuse_qk_mode fuse_qk;            /* decode steps' q/k preparation done by their attention (qk_fusable) */
+    att_direct_mode att_direct;      /* per-head attention's keys into registers where they fit, or staged */
     int n_tiles;                     /* the step's tiles when it attends in tiles, else 0 (step_begin) */
     int tile_rows;                   /* most rows a tile (<= TILE_ROWS; IB_CUDA_ATT_TILE_ROWS) */
     struct att_tile *h_tiles, *d_tiles;   /* [R_max] pinned staging, device */
@@ -1356,15 +1367,14 @@ __device__ __forceinline__ void prefetch_values_l1(const T *vp, const int *slot,
         asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)(vp + (size_t)slot[i / lines] * hd) + 128 * (i % lines)));
 }
 
-/* The 8 halves of w (element 2k in the low half of word k) as floats into o [8] (shared memory, 16-byte
- * aligned), each exactly to_f32's: when no half has all exponent bits set — ((h & 0x7c00) + 0x400) &
- * 0x8000 is then 0 for each — by paired conversion instructions, else one by one. */
-__device__ __forceinline__ void halves8_to_f32(uint4 w, float *o) {
+/* The 8 halves of w (element 2k in the low half of word k) as floats into f, each exactly to_f32's:
+ * when no half has all exponent bits set — ((h & 0x7c00) + 0x400) & 0x8000 is then 0 for each — by
+ * paired conversion instructions, else one by one. */
+__device__ __forceinline__ void halves8_regs(uint4 w, float (&f)[8]) {
     const unsigned ws[4] = {w.x, w.y, w.z, w.w};
     unsigned sp = 0;
 #pragma unroll
     for (int k = 0; k < 4; k++) sp |= ((ws[k] & 0x7c007c00u) + 0x04000400u) & 0x80008000u;
-    float f[8];
     if (sp == 0) {
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -1375,6 +1385,13 @@ __device__ __forceinline__ void halves8_to_f32(uint4 w, float *o) {
 #pragma unroll
         for (int e = 0; e < 8; e++) f[e] = to_f32((uint16_t)(ws[e >> 1] >> (16 * (e & 1))));
     }
+}
+
+/* The 8 halves of w (element 2k in the low half of word k) as floats into o [8] (shared memory, 16-byte
+ * aligned), each exactly to_f32's (halves8_regs). */
+__device__ __forceinline__ void halves8_to_f32(uint4 w, float *o) {
+    float f[8];
+    halves8_regs(w, f);
     ((float4 *)o)[0] = make_float4(f[0], f[1], f[2], f[3]);
     ((float4 *)o)[1] = make_float4(f[4], f[5], f[6], f[7]);
 }
@@ -1549,6 +1566,65 @@ __device__ __forceinline__ void stage_split_f32(float *stk, int ldk, float *stv,
         }
     }
 }
+
+/* The positions a row attends (ib_attend_policy), as ranges [ra[i], rb[i]): a full session [0, pos] (the
+ * second range empty); a windowed one the sink range [0, min(sink, pos + 1)) then the window range
+ * [max(pos - window + 1, that), pos]. rg, b0: the range and first position of the walk's next key block
+ * (next_chunk; the same in every thread). attend_row_head and attend_row_kvhead walk the same way written
+ * inline: on this form their code grew by 40 KB and the per-head kernel's B=1 step got 10% slower (a
+ * decode step's kernels run each path once, and wait on instruction fetch: ncu's "no instruction"
+ * stall was 40% of that kernel's). */
+struct key_walk {
+    int a0, b0r, a1, b1r;   /* ra[0], rb[0], ra[1], rb[1] (scalars: selected, never indexed, so in registers) */
+    int rg, b0;
+};
+
+__device__ __forceinline__ key_walk key_walk_of(const rowinfo &info) {
+    const int p = info.pos;
+    int S, lo;
+    if (info.window <= 0) {
+        S = p + 1, lo = p + 1;
+    } else {
+        S = info.sink < p + 1 ? info.sink : p + 1;
+        lo = p - info.window + 1;
+        if (lo < S) lo = S;
+    }
+    return key_walk{0, S, lo, p + 1, 0, 0};
+}
+
+/* A chunk of a key walk: nc keys in nbk whole key blocks, positions pa.. for its first na keys, then
+ * pb.. (the second range). */
+struct key_chunk {
+    int nc, nbk, na, pa, pb;
+};
+
+/* The walk's next chunk: whole key blocks (cut at multiples of `block`), at most ATT_MAX_BLOCKS of them
+ * and cap keys; nc 0 when the walk is done. Thread 0 writes bt0 [nbk + 1] (shared memory: each key
+ * block's first chunk index, then nc); every thread computes the same chunk. */
+__device__ __forceinline__ key_chunk next_chunk(key_walk &w, int block, int cap, int *bt0) {
+    key_chunk c = {0, 0, -1, 0, 0};
+    while (w.rg < 2 && c.nbk < ATT_MAX_BLOCKS) {
+        const int rb = w.rg ? w.b1r : w.b0r;
+        if (w.b0 >= rb) {
+            if (++w.rg < 2) w.b0 = w.a1;
+            continue;
+        }
+        int end = (w.b0 / block + 1) * block;
+        if (end > rb) end = rb;
+        if (c.nc + (end - w.b0) > cap) break;
+        if (c.nbk == 0) c.pa = w.b0;
+        else if (c.na < 0 && w.rg == 1 && w.a1 == w.b0 && w.b0 != c.pa + c.nc) c.na = c.nc, c.pb = w.b0;
+        if (threadIdx.x == 0) bt0[c.nbk] = c.nc;
+        c.nbk++, c.nc += end - w.b0, w.b0 = end;
+    }
+    if (c.nc == 0) return c;
+    if (c.na < 0) c.na = c.nc;
+    if (threadIdx.x == 0) bt0[c.nbk] = c.nc;
+    return c;
+}
+
+/* The position of chunk index j. */
+__device__ __forceinline__ int chunk_pos(const key_chunk &c, int j) { return j < c.na ? c.pa + j : c.pb + (j - c.na); }
 
 /* How a per-head attention is spread over a cluster of `cl` blocks (1: one block does it all). */
 struct att_split {
@@ -1726,6 +1802,184 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
     ATT_MARK(8);
 }
 
+/* Direct scores: a thread owns DL = 16 / sizeof(T) of ib_dot16's 16 lanes of one key (halves 8, floats
+ * 4; DTPK = 16 / DL threads a key, thread v of its key the lanes DL*v ..), i.e. the 16-byte piece at
+ * element 16 t + DL v of each of the key's hd / 16 segments t. */
+template <typename T>
+struct direct_lanes {
+    static constexpr int DL = 16 / (int)sizeof(T), DTPK = 16 / DL;
+};
+#define DIRECT_SEGS 8   /* most 16-element segments of a key the direct path holds (hd <= 128) */
+
+/* Thread v's pieces of the key row `key` (hd elements of T) into kr [hd / 16]. */
+template <typename T>
+__device__ __forceinline__ void direct_key_load(uint4 (&kr)[DIRECT_SEGS], const T *key, int v, int nseg) {
+    constexpr int DL = direct_lanes<T>::DL;
+#pragma unroll
+    for (int t = 0; t < DIRECT_SEGS; t++)
+        if (t < nseg) kr[t] = *(const uint4 *)(key + 16 * t + DL * v);
+}
+
+/* ib_dot16(q, key) * scale for the key whose pieces kr the DTPK threads v = 0 .. of a key group hold
+ * (direct_key_load; q [hd] in shared memory): each lane's chain over its elements in ascending order
+ * (a = a + q_i * k_i from 0), then the fold of lane u + w into lane u for w = 8, 4, 2, 1 — partners in
+ * another thread by shuffles, the rest within the thread —, exactly head_scores' operations. Every
+ * thread of the warp calls it (valid: kr holds a key; else zeros take part); the score is thread v = 0's. */
+template <typename T>
+__device__ __forceinline__ float direct_score(const uint4 (&kr)[DIRECT_SEGS], const float *q_s, int v, int nseg,
+                                              bool valid, float scale) {
+    constexpr int DL = direct_lanes<T>::DL;
+    float a[DL];
+#pragma unroll
+    for (int e = 0; e < DL; e++) a[e] = 0.0f;
+    if (valid) {
+#pragma unroll
+        for (int t = 0; t < DIRECT_SEGS; t++) {
+            if (t >= nseg) break;
+            float k[DL];
+            if (sizeof(T) == 2) halves8_regs(kr[t], *(float(*)[8])k);
+            else {
+                k[0] = __uint_as_float(kr[t].x), k[1] = __uint_as_float(kr[t].y);
+                k[2] = __uint_as_float(kr[t].z), k[3] = __uint_as_float(kr[t].w);
+            }
+            const float *qs = q_s + 16 * t + DL * v;
+#pragma unroll
+            for (int e = 0; e < DL; e++) a[e] = a[e] + qs[e] * k[e];
+        }
+    }
+#pragma unroll
+    for (int w = 8; w >= 1; w >>= 1) {
+        if (w >= DL) {
+            const int off = w / DL;   /* the partner thread holding lanes u + w */
+#pragma unroll
+            for (int e = 0; e < DL; e++) {
+                const float o = __shfl_down_sync(0xffffffffu, a[e], off);
+                if (v < off) a[e] = a[e] + o;
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < DL && e < w; e++) a[e] = a[e] + a[e + w];
+        }
+    }
+    return a[0] * scale;
+}
+
+/* Copy the value rows of a chunk's keys (hd elements of T each, the cache plane vp; chunk index j at
+ * position chunk_pos(ch, j)) into vst [nc][hd] (shared memory) as they are, except position `skip`'s
+ * (-1: none): threads t, t + nt, … of the block, a 16-byte piece each, VSTAGE_LOADS loads in flight
+ * (more would spill: the kernel also holds its keys in registers). */
+#define VSTAGE_LOADS 4
+template <typename T>
+__device__ __forceinline__ void stage_value_rows(T *vst, const T *vp, const rowinfo &info, const key_chunk &ch, int hd,
+                                                 int skip, int t, int nt) {
+    constexpr int E = 16 / (int)sizeof(T);
+    const int rp = hd / E, np = ch.nc * rp;   /* pieces a row, in all */
+    for (int i0 = t; i0 < np; i0 += VSTAGE_LOADS * nt) {
+        uint4 w[VSTAGE_LOADS];
+#pragma unroll
+        for (int k = 0; k < VSTAGE_LOADS; k++) {
+            const int i = i0 + k * nt, pj = i < np ? chunk_pos(ch, i / rp) : skip;
+            if (pj != skip) w[k] = *(const uint4 *)(vp + (size_t)slot_of(info, pj) * hd + (i % rp) * E);
+        }
+#pragma unroll
+        for (int k = 0; k < VSTAGE_LOADS; k++) {
+            const int i = i0 + k * nt;
+            if (i < np && chunk_pos(ch, i / rp) != skip) *(uint4 *)(vst + (size_t)i * E) = w[k];
+        }
+    }
+}
+
+/* attend_row_head's computation for one (row, query head) when its keys fit one chunk (ATT_CHUNK keys in
+ * at most ATT_MAX_BLOCKS key blocks), their value rows fit the stage (stage_bytes) as they are in the
+ * cache, and hd is a multiple of 16 of at most 128; returns false, having changed nothing the caller
+ * reads, otherwise. Before the q/k preparation (the fused prologue or the prepared queries' load) the
+ * block asks for what it can already: every key this step does not write straight into registers
+ * (DTPK threads a key: direct_key_load), and, by the threads the prologue leaves free, the value rows
+ * into the stage (stage_value_rows), so these loads overlap the prologue; position p's key and value
+ * rows (stored by the prologue when fused) are read after it. The scores come from the registers
+ * (direct_score), then attend_row_head's phases: the key blocks' maxima (block_maxima_par), p_j, one
+ * thread's l, the value pass over the stage (value_pass, converting each element as to_f32 does), out /
+ * l. Every score, maximum, p, l and output is made by the same operations in the same order as
+ * attend_row_head's. */
+template <typename T>
+__device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ Q, float *__restrict__ ATT,
+                                       const rowinfo &info, int r, int h, int H, int KVH, int hd, int li, float scale,
+                                       int block, int qG, int8_t *__restrict__ xq, float *__restrict__ qd,
+                                       float *__restrict__ qad, unsigned char *stage, int stage_bytes,
+                                       const qk_fuse &fz) {
+    constexpr int DTPK = direct_lanes<T>::DTPK, E = 16 / (int)sizeof(T);
+    const int nseg = hd / 16, tid = threadIdx.x, p = info.pos;
+    if (!stage || hd % 16 != 0 || nseg > DIRECT_SEGS || hd >= (int)blockDim.x) return false;
+    key_walk kw = key_walk_of(info);
+    const key_chunk ch = next_chunk(kw, block, ATT_CHUNK, sm.bt0);
+    if (ch.nc == 0 || (long)ch.nc * hd * (long)sizeof(T) > stage_bytes || chunk_pos(ch, ch.nc - 1) != p ||
+        next_chunk(kw, block, ATT_CHUNK, sm.bt0).nc != 0)
+        return false;
+    ATT_MARK(1);
+    const int nc = ch.nc, nbk = ch.nbk, kvh = h / (H / KVH);
+    const size_t plane = (size_t)info.cap * hd;
+    const T *kp = (const T *)info.kv + (((size_t)li * 2 + 0) * KVH + kvh) * plane;
+    const T *vp = (const T *)info.kv + (((size_t)li * 2 + 1) * KVH + kvh) * plane;
+    T *vst = (T *)stage;               /* [nc][hd] the value rows in chunk order */
+    const bool fused = fz.K != NULL;   /* this block stores position p's key and value (chunk index nc - 1) */
+    const int kpr = (int)blockDim.x / DTPK, jk = tid / DTPK, v = tid % DTPK;   /* keys a round; this thread's */
+    uint4 kr[DIRECT_SEGS];
+    const bool early = jk < nc && !(fused && jk == nc - 1);
+    if (early) direct_key_load<T>(kr, kp + (size_t)slot_of(info, chunk_pos(ch, jk)) * hd, v, nseg);
+    /* the prologue's warps: one per query head and one for the key head */
+    const int vt0 = fused ? 64 : 0;
+    if (tid >= vt0) stage_value_rows<T>(vst, vp, info, ch, hd, fused ? p : -1, tid - vt0, (int)blockDim.x - vt0);
+    for (int j = tid; j < nc; j += blockDim.x) sm.slot[j] = j;   /* the stage's rows are the chunk's */
+    if (fused) qk_fused_prologue(fz, Q, info, r, h, 1, kvh, H, KVH, hd, li, sm.q, sm.out);
+    for (int d = tid; d < hd; d += blockDim.x) {
+        if (!fused) sm.q[d] = Q[((size_t)r * H + h) * hd + d];
+        sm.out[d] = 0.0f;
+    }
+    if (tid == 0) sm.m = -INFINITY;
+    __syncthreads();
+    ATT_MARK(2);
+    if (fused && tid < hd / E)
+        *(uint4 *)(vst + (size_t)(nc - 1) * hd + tid * E) = *(const uint4 *)(vp + (size_t)slot_of(info, p) * hd + tid * E);
+    for (int jb = 0; jb < nc; jb += kpr) {
+        const int j = jb + jk;
+        if (j < nc && !(jb == 0 && early)) direct_key_load<T>(kr, kp + (size_t)slot_of(info, chunk_pos(ch, j)) * hd, v, nseg);
+        const float sc = direct_score<T>(kr, sm.q, v, nseg, j < nc, scale);
+        if (v == 0 && j < nc) sm.sc[j] = sc;
+    }
+    __syncthreads();
+    ATT_MARK(4);
+    block_maxima_par(sm.sc, sm.mk, sm.c, sm.bt0, nbk, &sm.m, sm.bm);
+    __syncthreads();
+    ATT_MARK(5);
+    for (int j = tid; j < nc; j += blockDim.x) sm.pw[j] = ib_expf_lane(sm.sc[j] - sm.mk[j]);
+    __syncthreads();
+    ATT_MARK(6);
+    /* thread lt's running sum (no value-pass work: hd < blockDim.x) */
+    const int lt = (int)blockDim.x - 1;
+    if (tid == lt) {
+        float l = 0.0f;
+        for (int k = 0; k < nbk; k++) {
+            l = l * sm.c[k];
+#pragma unroll 8
+            for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++) l = l + sm.pw[j];
+        }
+        sm.l = l;
+    }
+    value_pass(sm.out, hd, (const T *)vst, sm.slot, sm.pw, 0, sm.c, 0, sm.bt0, nbk, hd, hd);
+    ATT_MARK(7);
+    for (int d = tid; d < hd; d += blockDim.x) {
+        const float o = sm.out[d] / sm.l;
+        ATT[((size_t)r * H + h) * hd + d] = o;
+        sm.out[d] = o;
+    }
+    if (qG > 0) {
+        __syncthreads();
+        quantize_span(sm.out, hd, r, h * hd, H * hd, qG, xq, qd, qad);
+    }
+    ATT_MARK(8);
+    return true;
+}
+
 /* Ask L2 for the keys and values a row's attention at layer li, KV head kvh reads first (the cache's
  * slots [0, min(pos + 1, capacity, ATT_CHUNK))): its earlier positions, which this step does not write;
  * a line this step writes later stays coherent in L2. */
@@ -1763,6 +2017,29 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float
     unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
     if (info.f16) attend_row_head<uint16_t, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, fz);
     else attend_row_head<float, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, fz);
+}
+
+/* attention_head_kernel<false>'s work for steps whose rows all keep T (float or half) KV: each block
+ * takes attend_row_head_direct where its row fits it, else attend_row_head (the same arithmetic). A
+ * kernel of its own so a decode step runs only this code (one KV type, no cluster code). */
+template <typename T>
+__global__ void __launch_bounds__(ATT_THREADS) attention_direct_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
+                                                                  const rowinfo *__restrict__ ri, int H, int KVH, int hd,
+                                                                  int li, float scale, int block, int qG,
+                                                                  int8_t *__restrict__ xq, float *__restrict__ qd,
+                                                                  float *__restrict__ qad, int stage_bytes, qk_fuse fz) {
+    ATT_MARK(0);
+    const int r = (int)blockIdx.x / H, h = (int)blockIdx.x % H;
+    const rowinfo info = ri[r];   /* uploaded before the step's first kernel */
+    prefetch_kv(info, li, KVH, h / (H / KVH), hd);
+    PDL_ENTER();
+    ATT_MARK(9);
+    __shared__ att_smem1 sm;
+    extern __shared__ __align__(16) unsigned char att_stage[];
+    unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
+    if (!attend_row_head_direct<T>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, fz))
+        attend_row_head<T, false>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes,
+                                  att_split{1, 0}, fz);
 }
 
 /* Shared memory of an attention block: ATT_QH floats hold the G query heads' q and outputs, ATT_QH
@@ -2334,6 +2611,8 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         /* "0": a decode step's q/k norm, RoPE and KV store stay a kernel of their own; "force": inside
          * the attention wherever they can be (tests; qk_fusable) */
         b->fuse_qk = (fuse_qk_mode)env_mode("IB_CUDA_FUSE_QK");
+        /* "0": per-head attention always through its stage; else its keys into registers where they fit */
+        b->att_direct = env_mode("IB_CUDA_ATT_DIRECT") ? DIRECT_BY_SHAPE : DIRECT_NEVER;
         const char *rp = getenv("IB_CUDA_REPEAT");
         b->repeat = (rp && strstr(rp, "attn") ? REPEAT_ATTN : 0) | (rp && strstr(rp, "linear") ? REPEAT_LINEAR : 0);
     }
@@ -2363,6 +2642,8 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ8, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, s32) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(attention_head_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(attention_head_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
+        ok = ok && cudaFuncSetAttribute(attention_direct_kernel<uint16_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
+        ok = ok && cudaFuncSetAttribute(attention_direct_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(attention_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)tile_smem_bytes(TILE_QV, TILE_HD, ATT_MAX_BLOCK)) == cudaSuccess;
         if (!ok) {
@@ -2661,6 +2942,7 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
     b->R = d->R, b->n_items = d->n_items, b->n_logits = d->n_logits, b->attn_block = d->attn_block;
     b->fault = ib_fault_get();
     b->long_keys = 0;
+    int f16_rows = 0;
     for (int r = 0; r < d->R; r++) {
         const cuda_kv *kv = (const cuda_kv *)d->kv[d->row_item[r]];
         if (kv->pub.kind != IB_BACKEND_CUDA)
@@ -2669,6 +2951,7 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
         ri->kv = kv->dev;
         ri->cap = kv->pub.desc.capacity, ri->sink = kv->pub.desc.sink, ri->window = kv->pub.desc.window;
         ri->f16 = kv->pub.desc.dtype == IB_KV_F16;
+        f16_rows += ri->f16;
         ri->pos = d->pos[r];
         {
             const int keys = d->pos[r] + 1, kept = ri->window > 0 ? ri->sink + ri->window : keys;
@@ -2678,6 +2961,7 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
         b->h_tok[r] = d->tok[r];
         b->h_pos[r] = d->rope_pos[r];
     }
+    b->kv_rows = f16_rows == d->R ? KV_ROWS_F16 : f16_rows == 0 ? KV_ROWS_F32 : KV_ROWS_MIXED;
     b->want_logits = b->want_argmax = 0;
     for (int j = 0; j < d->n_logits; j++) {
         b->h_lrow[j] = d->logit_row[j], b->lout[j] = d->logits_out[j];
@@ -2971,8 +3255,13 @@ static void launch_attention(cuda_backend *b, int li, int qG, const qk_fuse *fz)
                                                                      b->attn_block, qG, b->xq, b->qd, b->qad, *fz);
     else {
         const int cl = att_cluster(b, b->R * b->H, b->hd), blocks = b->R * b->H * cl, st = att_stage_bytes(b, blocks);
-        launch_cl(b, cl, cl > 1 ? attention_head_kernel<true> : attention_head_kernel<false>, blocks, ATT_THREADS, (size_t)st, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li,
-                  b->scale, b->attn_block, qG, b->xq, b->qd, b->qad, st, cl, *fz);
+        if (cl == 1 && b->att_direct == DIRECT_BY_SHAPE && b->kv_rows != KV_ROWS_MIXED)
+            launch(b, b->kv_rows == KV_ROWS_F16 ? attention_direct_kernel<uint16_t> : attention_direct_kernel<float>, blocks,
+                   ATT_THREADS, (size_t)st, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li, b->scale, b->attn_block, qG, b->xq,
+                   b->qd, b->qad, st, *fz);
+        else
+            launch_cl(b, cl, cl > 1 ? attention_head_kernel<true> : attention_head_kernel<false>, blocks, ATT_THREADS, (size_t)st, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li,
+                      b->scale, b->attn_block, qG, b->xq, b->qd, b->qad, st, cl, *fz);
     }
     LAUNCHED(b, "attention");
 }
@@ -3149,7 +3438,7 @@ static void flush_step(cuda_backend *b) {
         }
         if (!old || c->used < old->used) old = c;
         if (c->R == b->R && c->n_items == b->n_items && c->n_logits == b->n_logits && c->attn_block == b->attn_block &&
-            c->fault == b->fault && c->long_keys == b->long_keys && c->n_tiles == b->n_tiles && c->nrec == b->nrec && !memcmp(c->rec, b->rec, (size_t)b->nrec * sizeof(oprec)))
+            c->fault == b->fault && c->long_keys == b->long_keys && c->n_tiles == b->n_tiles && c->kv_rows == b->kv_rows && c->nrec == b->nrec && !memcmp(c->rec, b->rec, (size_t)b->nrec * sizeof(oprec)))
             e = c;
     }
     if (!e) {
@@ -3160,7 +3449,7 @@ static void flush_step(cuda_backend *b) {
         if (c->rec) {
             memcpy(c->rec, b->rec, (size_t)b->nrec * sizeof(oprec));
             c->R = b->R, c->n_items = b->n_items, c->n_logits = b->n_logits, c->attn_block = b->attn_block;
-            c->fault = b->fault, c->long_keys = b->long_keys, c->n_tiles = b->n_tiles, c->nrec = b->nrec, c->used = ++b->tick;
+            c->fault = b->fault, c->long_keys = b->long_keys, c->n_tiles = b->n_tiles, c->kv_rows = b->kv_rows, c->nrec = b->nrec, c->used = ++b->tick;
         }
         flush_direct(b);
         return;
