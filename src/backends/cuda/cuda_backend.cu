@@ -1865,12 +1865,13 @@ __device__ __forceinline__ float direct_score(const uint4 (&kr)[DIRECT_SEGS], co
 }
 
 /* Copy the value rows of a chunk's keys (hd elements of T each, the cache plane vp; chunk index j at
- * position chunk_pos(ch, j)) into vst [nc][hd] (shared memory) as they are, except position `skip`'s
+ * position chunk_pos(ch, j)) into vst [nc][hd] (shared memory) as floats, each exactly to_f32 of the
+ * cache (a float copied as it is; halves by halves8_to_f32), except position `skip`'s
  * (-1: none): threads t, t + nt, … of the block, a 16-byte piece each, VSTAGE_LOADS loads in flight
  * (more would spill: the kernel also holds its keys in registers). */
 #define VSTAGE_LOADS 4
 template <typename T>
-__device__ __forceinline__ void stage_value_rows(T *vst, const T *vp, const rowinfo &info, const key_chunk &ch, int hd,
+__device__ __forceinline__ void stage_value_rows(float *vst, const T *vp, const rowinfo &info, const key_chunk &ch, int hd,
                                                  int skip, int t, int nt) {
     constexpr int E = 16 / (int)sizeof(T);
     const int rp = hd / E, np = ch.nc * rp;   /* pieces a row, in all */
@@ -1884,22 +1885,24 @@ __device__ __forceinline__ void stage_value_rows(T *vst, const T *vp, const rowi
 #pragma unroll
         for (int k = 0; k < VSTAGE_LOADS; k++) {
             const int i = i0 + k * nt;
-            if (i < np && chunk_pos(ch, i / rp) != skip) *(uint4 *)(vst + (size_t)i * E) = w[k];
+            if (i < np && chunk_pos(ch, i / rp) != skip) {
+                if (sizeof(T) == 2) halves8_to_f32(w[k], vst + (size_t)i * E);
+                else *(uint4 *)(vst + (size_t)i * E) = w[k];
+            }
         }
     }
 }
 
 /* attend_row_head's computation for one (row, query head) when its keys fit one chunk (ATT_CHUNK keys in
- * at most ATT_MAX_BLOCKS key blocks), their value rows fit the stage (stage_bytes) as they are in the
- * cache, and hd is a multiple of 16 of at most 128; returns false, having changed nothing the caller
+ * at most ATT_MAX_BLOCKS key blocks), their value rows fit the stage (stage_bytes) as floats, and hd is
+ * a multiple of 16 of at most 128; returns false, having changed nothing the caller
  * reads, otherwise. Before the q/k preparation (the fused prologue or the prepared queries' load) the
  * block asks for what it can already: every key this step does not write straight into registers
  * (DTPK threads a key: direct_key_load), and, by the threads the prologue leaves free, the value rows
  * into the stage (stage_value_rows), so these loads overlap the prologue; position p's key and value
  * rows (stored by the prologue when fused) are read after it. The scores come from the registers
  * (direct_score), then attend_row_head's phases: the key blocks' maxima (block_maxima_par), p_j, one
- * thread's l, the value pass over the stage (value_pass, converting each element as to_f32 does), out /
- * l. Every score, maximum, p, l and output is made by the same operations in the same order as
+ * thread's l, the value pass over the stage (value_pass), out / l. Every score, maximum, p, l and output is made by the same operations in the same order as
  * attend_row_head's. */
 template <typename T>
 __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ Q, float *__restrict__ ATT,
@@ -1912,7 +1915,7 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
     if (!stage || hd % 16 != 0 || nseg > DIRECT_SEGS || hd >= (int)blockDim.x) return false;
     key_walk kw = key_walk_of(info);
     const key_chunk ch = next_chunk(kw, block, ATT_CHUNK, sm.bt0);
-    if (ch.nc == 0 || (long)ch.nc * hd * (long)sizeof(T) > stage_bytes || chunk_pos(ch, ch.nc - 1) != p ||
+    if (ch.nc == 0 || (long)ch.nc * hd * (long)sizeof(float) > stage_bytes || chunk_pos(ch, ch.nc - 1) != p ||
         next_chunk(kw, block, ATT_CHUNK, sm.bt0).nc != 0)
         return false;
     ATT_MARK(1);
@@ -1920,7 +1923,7 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
     const size_t plane = (size_t)info.cap * hd;
     const T *kp = (const T *)info.kv + (((size_t)li * 2 + 0) * KVH + kvh) * plane;
     const T *vp = (const T *)info.kv + (((size_t)li * 2 + 1) * KVH + kvh) * plane;
-    T *vst = (T *)stage;               /* [nc][hd] the value rows in chunk order */
+    float *vst = (float *)stage;       /* [nc][hd] the value rows in chunk order, as floats */
     const bool fused = fz.K != NULL;   /* this block stores position p's key and value (chunk index nc - 1) */
     const int kpr = (int)blockDim.x / DTPK, jk = tid / DTPK, v = tid % DTPK;   /* keys a round; this thread's */
     uint4 kr[DIRECT_SEGS];
@@ -1938,8 +1941,12 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
     if (tid == 0) sm.m = -INFINITY;
     __syncthreads();
     ATT_MARK(2);
-    if (fused && tid < hd / E)
-        *(uint4 *)(vst + (size_t)(nc - 1) * hd + tid * E) = *(const uint4 *)(vp + (size_t)slot_of(info, p) * hd + tid * E);
+    if (fused && tid < hd / E) {
+        const uint4 w = *(const uint4 *)(vp + (size_t)slot_of(info, p) * hd + tid * E);
+        float *o = vst + (size_t)(nc - 1) * hd + tid * E;
+        if (sizeof(T) == 2) halves8_to_f32(w, o);
+        else *(uint4 *)o = w;
+    }
     for (int jb = 0; jb < nc; jb += kpr) {
         const int j = jb + jk;
         if (j < nc && !(jb == 0 && early)) direct_key_load<T>(kr, kp + (size_t)slot_of(info, chunk_pos(ch, j)) * hd, v, nseg);
@@ -1965,7 +1972,7 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
         }
         sm.l = l;
     }
-    value_pass(sm.out, hd, (const T *)vst, sm.slot, sm.pw, 0, sm.c, 0, sm.bt0, nbk, hd, hd);
+    value_pass(sm.out, hd, (const float *)vst, sm.slot, sm.pw, 0, sm.c, 0, sm.bt0, nbk, hd, hd);
     ATT_MARK(7);
     for (int d = tid; d < hd; d += blockDim.x) {
         const float o = sm.out[d] / sm.l;
