@@ -1567,6 +1567,20 @@ __device__ __forceinline__ void stage_split_f32(float *stk, int ldk, float *stv,
     }
 }
 
+/* The two ranges of positions a row attends (ib_attend_policy): [0, S) then [lo, pos] — a full session's
+ * [0, pos] (lo = pos + 1: the second empty); a windowed one's sink range [0, min(sink, pos + 1)) then
+ * its window range [max(pos - window + 1, S), pos]. */
+__device__ __forceinline__ void attended_ranges(const rowinfo &info, int &S, int &lo) {
+    const int p = info.pos;
+    if (info.window <= 0) {
+        S = p + 1, lo = p + 1;
+    } else {
+        S = info.sink < p + 1 ? info.sink : p + 1;
+        lo = p - info.window + 1;
+        if (lo < S) lo = S;
+    }
+}
+
 /* The positions a row attends (ib_attend_policy), as ranges [ra[i], rb[i]): a full session [0, pos] (the
  * second range empty); a windowed one the sink range [0, min(sink, pos + 1)) then the window range
  * [max(pos - window + 1, that), pos]. rg, b0: the range and first position of the walk's next key block
@@ -1582,13 +1596,7 @@ struct key_walk {
 __device__ __forceinline__ key_walk key_walk_of(const rowinfo &info) {
     const int p = info.pos;
     int S, lo;
-    if (info.window <= 0) {
-        S = p + 1, lo = p + 1;
-    } else {
-        S = info.sink < p + 1 ? info.sink : p + 1;
-        lo = p - info.window + 1;
-        if (lo < S) lo = S;
-    }
+    attended_ranges(info, S, lo);
     return key_walk{0, S, lo, p + 1, 0, 0};
 }
 
@@ -1684,13 +1692,7 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
     const T *vp = (const T *)info.kv + (((size_t)li * 2 + 1) * KVH + kvh) * plane;
     const int p = info.pos;
     int S, lo;
-    if (info.window <= 0) {
-        S = p + 1, lo = p + 1;
-    } else {
-        S = info.sink < p + 1 ? info.sink : p + 1;
-        lo = p - info.window + 1;
-        if (lo < S) lo = S;
-    }
+    attended_ranges(info, S, lo);
     const int ra[2] = {0, lo}, rb[2] = {S, p + 1};
     /* warp 0's running max (sm.m); thread lt's running sum (a thread without value-pass work when there
      * is one) */
@@ -2088,13 +2090,7 @@ __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, flo
     const T *vp = (const T *)info.kv + (((size_t)li * 2 + 1) * KVH + kvh) * plane;
     const int p = info.pos;
     int S, lo;
-    if (info.window <= 0) {
-        S = p + 1, lo = p + 1;
-    } else {
-        S = info.sink < p + 1 ? info.sink : p + 1;
-        lo = p - info.window + 1;
-        if (lo < S) lo = S;
-    }
+    attended_ranges(info, S, lo);
     const int ra[2] = {0, lo}, rb[2] = {S, p + 1};
     const int chunk = ATT_QH / G < ATT_CHUNK ? ATT_QH / G : ATT_CHUNK;
     /* warp h (h < G, then h + warps): head h's running max (sm.m[h]); thread lbase + h: its running sum
