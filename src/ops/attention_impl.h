@@ -309,13 +309,17 @@ ATTN_AI void block_scores(const int NQ, const int f16, const int fused, const fl
  * heads run side by side; each head's operations and their order are those of one head alone. */
 ATTN_AI void block_weights_n(const int NQ, const float *s, int rs, int j0, int nb, float *m, float *l, float *pw,
                              float *c) {
-    float mb[4], m_new[4], lv[4];
-#pragma GCC unroll 4
-    for (int h = 0; h < NQ; h++) mb[h] = -INFINITY;
-    for (int j = j0; j < nb; j++)
-#pragma GCC unroll 4
-        for (int h = 0; h < NQ; h++)
-            if (s[(size_t)h * rs + j] > mb[h]) mb[h] = s[(size_t)h * rs + j];
+    /* each head's running block max and sum in a scalar of its own (kept in a register: as an array
+     * indexed by head they went through the stack, a store and a reload per key) */
+    const float *s0 = s, *s1 = s + (NQ > 1 ? rs : 0), *s2 = s + (NQ > 2 ? 2 * rs : 0), *s3 = s + (NQ > 3 ? 3 * rs : 0);
+    float mb0 = -INFINITY, mb1 = -INFINITY, mb2 = -INFINITY, mb3 = -INFINITY, m_new[4], lv[4];
+    for (int j = j0; j < nb; j++) {
+        mb0 = s0[j] > mb0 ? s0[j] : mb0;
+        if (NQ > 1) mb1 = s1[j] > mb1 ? s1[j] : mb1;
+        if (NQ > 2) mb2 = s2[j] > mb2 ? s2[j] : mb2;
+        if (NQ > 3) mb3 = s3[j] > mb3 ? s3[j] : mb3;
+    }
+    const float mb[4] = {mb0, mb1, mb2, mb3};
 #pragma GCC unroll 4
     for (int h = 0; h < NQ; h++) {
         m_new[h] = mb[h] > m[h] ? mb[h] : m[h];
@@ -325,11 +329,40 @@ ATTN_AI void block_weights_n(const int NQ, const float *s, int rs, int j0, int n
 #pragma GCC unroll 4
     for (int h = 0; h < NQ; h++)
         for (int j = j0; j < nb; j++) pw[(size_t)h * rs + j] = ib_expf_lane(s[(size_t)h * rs + j] - m_new[h]);
-    for (int j = j0; j < nb; j++)
+    const float *p0 = pw, *p1 = pw + (NQ > 1 ? rs : 0), *p2 = pw + (NQ > 2 ? 2 * rs : 0), *p3 = pw + (NQ > 3 ? 3 * rs : 0);
+    float l0 = lv[0], l1 = lv[NQ > 1 ? 1 : 0], l2 = lv[NQ > 2 ? 2 : 0], l3 = lv[NQ > 3 ? 3 : 0];
+    for (int j = j0; j < nb; j++) {
+        l0 = l0 + p0[j];
+        if (NQ > 1) l1 = l1 + p1[j];
+        if (NQ > 2) l2 = l2 + p2[j];
+        if (NQ > 3) l3 = l3 + p3[j];
+    }
+    const float lf[4] = {l0, l1, l2, l3};
 #pragma GCC unroll 4
-        for (int h = 0; h < NQ; h++) lv[h] = lv[h] + pw[(size_t)h * rs + j];
-#pragma GCC unroll 4
-    for (int h = 0; h < NQ; h++) m[h] = m_new[h], l[h] = lv[h];
+    for (int h = 0; h < NQ; h++) m[h] = m_new[h], l[h] = lf[h];
+}
+
+/* block_weights_n for NQ = 1..4 as functions of their own: inlined into the callers' large bodies, the
+ * running maxima and sums were given stack slots there (a store and a reload per key on each chain). */
+#define IB_ATTN_WEIGHTS_FN(NQ)                                                                                   \
+    static __attribute__((noinline)) void block_weights_##NQ(const float *s, int rs, int j0, int nb, float *m,  \
+                                                             float *l, float *pw, float *c) {                   \
+        block_weights_n(NQ, s, rs, j0, nb, m, l, pw, c);                                                         \
+    }
+IB_ATTN_WEIGHTS_FN(1)
+IB_ATTN_WEIGHTS_FN(2)
+IB_ATTN_WEIGHTS_FN(3)
+IB_ATTN_WEIGHTS_FN(4)
+
+/* block_weights_n through the function for NQ (a constant wherever this is inlined). */
+ATTN_AI void block_weights(const int NQ, const float *s, int rs, int j0, int nb, float *m, float *l, float *pw,
+                           float *c) {
+    switch (NQ) {
+    case 4: block_weights_4(s, rs, j0, nb, m, l, pw, c); break;
+    case 3: block_weights_3(s, rs, j0, nb, m, l, pw, c); break;
+    case 2: block_weights_2(s, rs, j0, nb, m, l, pw, c); break;
+    default: block_weights_1(s, rs, j0, nb, m, l, pw, c); break;
+    }
 }
 
 /* One block of keys j0..nb-1 (key and value j at element ko + j*st; with those after it n_rows) for
@@ -340,7 +373,7 @@ ATTN_AI void heads_block(const int NQ, const int f16, const int fused, const flo
                          float *out) {
     float s[4 * IB_ATTN_MAX_BLOCK], pw[4 * IB_ATTN_MAX_BLOCK], c[4];
     block_scores(NQ, f16, fused, q, k, ko, st, hd, scale, j0, nb, n_rows, s, IB_ATTN_MAX_BLOCK);
-    block_weights_n(NQ, s, IB_ATTN_MAX_BLOCK, j0, nb, m, l, pw, c);
+    block_weights(NQ, s, IB_ATTN_MAX_BLOCK, j0, nb, m, l, pw, c);
     scale_accumulate(NQ, f16, out, hd, c, pw, IB_ATTN_MAX_BLOCK, v, ko, st, j0, nb, n_rows);
 }
 
@@ -353,7 +386,7 @@ ATTN_AI void block2_heads(const int NQ, const int f16, const int fused, const fl
     static const float one[2] = {1.0f, 1.0f};
     block_scores(NQ, f16, fused, q, k1, 0, st, hd, scale, 0, n1, n1, s, RS);
     if (n2 > 0) block_scores(NQ, f16, fused, q, k2, 0, st, hd, scale, 0, n2, n2, s + n1, RS);
-    block_weights_n(NQ, s, RS, 0, n1 + n2, m, l, pw, c);
+    block_weights(NQ, s, RS, 0, n1 + n2, m, l, pw, c);
     scale_accumulate(NQ, f16, out, hd, c, pw, RS, v1, 0, st, 0, n1, n1);
     if (n2 > 0) scale_accumulate(NQ, f16, out, hd, one, pw + n1, RS, v2, 0, st, 0, n2, n2);
 }
