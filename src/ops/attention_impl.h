@@ -342,8 +342,9 @@ ATTN_AI void block_weights_n(const int NQ, const float *s, int rs, int j0, int n
     for (int h = 0; h < NQ; h++) m[h] = m_new[h], l[h] = lf[h];
 }
 
-/* block_weights_n for NQ = 1..4 as functions of their own: inlined into the callers' large bodies, the
- * running maxima and sums were given stack slots there (a store and a reload per key on each chain). */
+/* block_weights_n for NQ = 1..4 as functions of their own, for attend_rows_body: inlined into its large
+ * body, the running maxima and sums were given stack slots (a store and a reload per key on each chain;
+ * the one-row bodies keep it inlined, where a call cost more than it saved). */
 #define IB_ATTN_WEIGHTS_FN(NQ)                                                                                   \
     static __attribute__((noinline)) void block_weights_##NQ(const float *s, int rs, int j0, int nb, float *m,  \
                                                              float *l, float *pw, float *c) {                   \
@@ -367,13 +368,15 @@ ATTN_AI void block_weights(const int NQ, const float *s, int rs, int j0, int nb,
 
 /* One block of keys j0..nb-1 (key and value j at element ko + j*st; with those after it n_rows) for
  * NQ <= 4 queries q [NQ][hd]: their scores, then each head's online-softmax update of its running
- * max m[h], sum l[h] and outputs out [NQ][hd]. */
-ATTN_AI void heads_block(const int NQ, const int f16, const int fused, const float *q, const void *k, const void *v,
-                         size_t ko, size_t st, int hd, float scale, int j0, int nb, int n_rows, float *m, float *l,
-                         float *out) {
+ * max m[h], sum l[h] and outputs out [NQ][hd]; the softmax side through block_weights when
+ * weights_fn (a constant), inlined otherwise. */
+ATTN_AI void heads_block(const int NQ, const int weights_fn, const int f16, const int fused, const float *q,
+                         const void *k, const void *v, size_t ko, size_t st, int hd, float scale, int j0, int nb,
+                         int n_rows, float *m, float *l, float *out) {
     float s[4 * IB_ATTN_MAX_BLOCK], pw[4 * IB_ATTN_MAX_BLOCK], c[4];
     block_scores(NQ, f16, fused, q, k, ko, st, hd, scale, j0, nb, n_rows, s, IB_ATTN_MAX_BLOCK);
-    block_weights(NQ, s, IB_ATTN_MAX_BLOCK, j0, nb, m, l, pw, c);
+    if (weights_fn) block_weights(NQ, s, IB_ATTN_MAX_BLOCK, j0, nb, m, l, pw, c);
+    else block_weights_n(NQ, s, IB_ATTN_MAX_BLOCK, j0, nb, m, l, pw, c);
     scale_accumulate(NQ, f16, out, hd, c, pw, IB_ATTN_MAX_BLOCK, v, ko, st, j0, nb, n_rows);
 }
 
@@ -386,7 +389,7 @@ ATTN_AI void block2_heads(const int NQ, const int f16, const int fused, const fl
     static const float one[2] = {1.0f, 1.0f};
     block_scores(NQ, f16, fused, q, k1, 0, st, hd, scale, 0, n1, n1, s, RS);
     if (n2 > 0) block_scores(NQ, f16, fused, q, k2, 0, st, hd, scale, 0, n2, n2, s + n1, RS);
-    block_weights(NQ, s, RS, 0, n1 + n2, m, l, pw, c);
+    block_weights_n(NQ, s, RS, 0, n1 + n2, m, l, pw, c);
     scale_accumulate(NQ, f16, out, hd, c, pw, RS, v1, 0, st, 0, n1, n1);
     if (n2 > 0) scale_accumulate(NQ, f16, out, hd, one, pw + n1, RS, v2, 0, st, 0, n2, n2);
 }
@@ -423,10 +426,10 @@ ATTN_AI void attend_heads_body(const int f16, const int fused, const float *q, i
         int nb = n_keys - b0 < block ? n_keys - b0 : block;
         int h = 0;
         for (; IB_ATTN_PAIRS && h + 2 <= nq; h += 2)
-            heads_block(2, f16, fused, q + (size_t)h * hd, k, v, (size_t)b0 * st, st, hd, scale, j0, nb, n_keys - b0,
+            heads_block(2, 0, f16, fused, q + (size_t)h * hd, k, v, (size_t)b0 * st, st, hd, scale, j0, nb, n_keys - b0,
                         m + h, l + h, out + (size_t)h * hd);
         for (; h < nq; h++)
-            heads_block(1, f16, fused, q + (size_t)h * hd, k, v, (size_t)b0 * st, st, hd, scale, j0, nb, n_keys - b0,
+            heads_block(1, 0, f16, fused, q + (size_t)h * hd, k, v, (size_t)b0 * st, st, hd, scale, j0, nb, n_keys - b0,
                         m + h, l + h, out + (size_t)h * hd);
     }
     for (int h = 0; h < nq; h++)
@@ -465,10 +468,10 @@ ATTN_AI void rows_block(const int f16, const int fused, const float *qt, int nq,
         float *ox = ot + (size_t)x * hd;
         const size_t ko = (size_t)b0 * st;
         switch (g) {
-        case 4: heads_block(4, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox); break;
-        case 3: heads_block(3, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox); break;
-        case 2: heads_block(2, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox); break;
-        default: heads_block(1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox); break;
+        case 4: heads_block(4, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox); break;
+        case 3: heads_block(3, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox); break;
+        case 2: heads_block(2, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox); break;
+        default: heads_block(1, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox); break;
         }
         x += g;
     }
