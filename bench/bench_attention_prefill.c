@@ -8,7 +8,7 @@
  *
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -pthread bench/bench_attention_prefill.c \
  *      build/libisobatch.a -lm -pthread -o build/bench_attention_prefill && \
- *      ./build/bench_attention_prefill [P [rounds]]
+ *      ./build/bench_attention_prefill [P [rounds [isa]]]
  *
  * "ns/pair" is nanoseconds per (row, attended key, KV head).
  */
@@ -36,8 +36,9 @@ static int cmp_double(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     int P = argc > 1 ? atoi(argv[1]) : 512, rounds = argc > 2 ? atoi(argv[2]) : 9;
-    if (P < 1 || P > 4096 || rounds < 1 || rounds > 99) {
-        fprintf(stderr, "bench_attention_prefill: P 1..4096, rounds 1..99\n");
+    ib_isa isa = IB_ISA_AUTO;
+    if (P < 1 || P > 4096 || rounds < 1 || rounds > 99 || (argc > 3 && ib_isa_parse(argv[3], &isa) != 0)) {
+        fprintf(stderr, "bench_attention_prefill: P 1..4096, rounds 1..99, an isa name\n");
         return 2;
     }
     /* kv [KVH][2][P][HD] halves (a head's keys, then its values); q, out [P][H][HD] */
@@ -59,7 +60,7 @@ int main(int argc, char **argv) {
         for (int p = 0; p < P; p++)
             for (int h = 0; h < KVH; h++) {
                 const uint16_t *k = kv + (size_t)h * 2 * P * HD, *v = k + (size_t)P * HD;
-                ib_attend_heads_f16_isa(IB_ISA_AUTO, k, v, q + ((size_t)p * H + h * NQ) * HD, NQ, p + 1, HD, HD, scale,
+                ib_attend_heads_f16_isa(isa, k, v, q + ((size_t)p * H + h * NQ) * HD, NQ, p + 1, HD, HD, scale,
                                         IB_ATTN_BLOCK, 0, o1 + ((size_t)p * H + h * NQ) * HD);
             }
         ta[r] = now() - t0;
@@ -69,7 +70,7 @@ int main(int argc, char **argv) {
                 const uint16_t *k = kv + (size_t)h * 2 * P * HD, *v = k + (size_t)P * HD;
                 int nr = P - p0 < tile ? P - p0 : tile, n_keys[IB_ATTN_TILE_Q];
                 for (int t = 0; t < nr; t++) n_keys[t] = p0 + t + 1;
-                ib_attend_rows_isa(IB_ISA_AUTO, 1, q + ((size_t)p0 * H + h * NQ) * HD, (size_t)H * HD, NQ, nr, n_keys,
+                ib_attend_rows_isa(isa, 1, q + ((size_t)p0 * H + h * NQ) * HD, (size_t)H * HD, NQ, nr, n_keys,
                                    k, v, HD, HD, scale, IB_ATTN_BLOCK, 0, o2 + ((size_t)p0 * H + h * NQ) * HD,
                                    (size_t)H * HD);
             }
@@ -81,7 +82,7 @@ int main(int argc, char **argv) {
                tb[r] * 1e9 / pairs);
     qsort(ta, (size_t)rounds, sizeof(double), cmp_double);
     qsort(tb, (size_t)rounds, sizeof(double), cmp_double);
-    printf("P %d, 1 thread: median rows alone %.2f, tiles %.2f ns/pair (min %.2f, %.2f); outputs %s\n", P,
+    printf("P %d, --isa %s, 1 thread: median rows alone %.2f, tiles %.2f ns/pair (min %.2f, %.2f); outputs %s\n", P, ib_isa_name(isa),
            ta[rounds / 2] * 1e9 / pairs, tb[rounds / 2] * 1e9 / pairs, ta[0] * 1e9 / pairs, tb[0] * 1e9 / pairs,
            same ? "bitwise equal" : "DIFFER");
     free(kv), free(q), free(o1), free(o2);
