@@ -455,9 +455,9 @@ static void attn_row(cpu_backend *c, int li, int r, int kvh) {
     }
 }
 
-/* Rows r0..r1-1 (r1 - r0 <= IB_ATTN_TILE_Q / query heads per KV head, all of one session whose KV is
- * not a sink/window ring) for KV head kvh of layer li, through the kernel that walks each key block
- * once for all of them; each row's result is attn_row's bitwise. */
+/* Rows r0..r1-1 (r1 - r0 <= IB_ATTN_TILE_Q / query heads per KV head, all of one session) for KV head
+ * kvh of layer li, through the kernels that walk each key block once for all of them (ib_attend_rows,
+ * or ib_attend_policy_rows for a sink/window ring); each row's result is attn_row's bitwise. */
 static void attn_rows(cpu_backend *c, int li, int r0, int r1, int kvh) {
     const ib_config *mc = &c->model->cfg;
     const ib_layer *L = &c->model->layers[li];
@@ -476,14 +476,17 @@ static void attn_rows(cpu_backend *c, int li, int r0, int r1, int kvh) {
     for (int t = 0; t < nr; t++) n_keys[t] = c->pos[r0 + t] + 1;
     for (int h = 0; h < G; h += IB_ATTN_MAX_GROUP) {
         int nq = G - h < IB_ATTN_MAX_GROUP ? G - h : IB_ATTN_MAX_GROUP;
-        c->k.attn.rows(d->dtype == IB_KV_F16, q + (size_t)h * hd, (size_t)H * hd, nq, nr, n_keys, kl, vl, hd, hd,
-                       scale, c->attn_block, window, out + (size_t)h * hd, (size_t)H * hd);
+        if (d->window > 0)
+            ib_attend_policy_rows(d, c->k.attn.block2, q + (size_t)h * hd, (size_t)H * hd, nq, nr, c->pos + r0, kl, vl,
+                                  hd, scale, c->attn_block, out + (size_t)h * hd, (size_t)H * hd);
+        else
+            c->k.attn.rows(d->dtype == IB_KV_F16, q + (size_t)h * hd, (size_t)H * hd, nq, nr, n_keys, kl, vl, hd,
+                           hd, scale, c->attn_block, window, out + (size_t)h * hd, (size_t)H * hd);
     }
 }
 
 /* One task = one (row, KV head), or (tile > 1) one KV head for a tile of consecutive rows: each run of
- * rows of one session in it goes through attn_rows (a run of one row, or a sink/window ring session's
- * rows, through attn_row). */
+ * rows of one session in it goes through attn_rows (a run of one row through attn_row). */
 static void attn_task(void *ctx, int task, int thread) {
     attn_job *j = ctx;
     cpu_backend *c = j->c;
@@ -496,11 +499,8 @@ static void attn_task(void *ctx, int task, int thread) {
     const int r_end = r0 + j->tile < c->R ? r0 + j->tile : c->R;
     for (int a = r0, b; a < r_end; a = b) {
         for (b = a + 1; b < r_end && c->row_item[b] == c->row_item[a];) b++;
-        const ib_kv_desc lv = ib_kv_desc_layer(&c->kv[c->row_item[a]]->base.desc, j->li);
-        if (b - a > 1 && lv.window <= 0)
-            attn_rows(c, j->li, a, b, kvh);
-        else
-            for (int r = a; r < b; r++) attn_row(c, j->li, r, kvh);
+        if (b - a > 1) attn_rows(c, j->li, a, b, kvh);
+        else attn_row(c, j->li, a, kvh);
     }
 }
 
