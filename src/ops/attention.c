@@ -43,7 +43,8 @@ int ib_attn_kernels_for(ib_isa isa, ib_attn_kernels *out) {
                                   ib_attend_rows_avx512};
         return 0;
     case IB_ISA_AVX2:
-        *out = (ib_attn_kernels){ib_attend_heads_avx2, ib_attend_heads_f16_avx2, ib_attend_block2_avx2, ib_attend_rows_avx2};
+        *out = (ib_attn_kernels){ib_attend_heads_avx2, ib_attend_heads_f16_avx2, ib_attend_block2_avx2,
+                                  ib_attend_rows_avx2};
         return 0;
 #endif
     case IB_ISA_SCALAR:
@@ -99,10 +100,12 @@ void ib_attend_rows_isa(ib_isa isa, int f16, const float *q, size_t q_stride, in
     switch (attn_isa(isa)) {
 #if defined(__x86_64__) || defined(__i386__)
     case IB_ISA_AVX512:
-        ib_attend_rows_avx512(f16, q, q_stride, nq, nr, n_keys, k, v, kv_stride, hd, scale, block, window, out, out_stride);
+        ib_attend_rows_avx512(f16, q, q_stride, nq, nr, n_keys, k, v, kv_stride, hd, scale, block, window, out,
+                              out_stride);
         return;
     case IB_ISA_AVX2:
-        ib_attend_rows_avx2(f16, q, q_stride, nq, nr, n_keys, k, v, kv_stride, hd, scale, block, window, out, out_stride);
+        ib_attend_rows_avx2(f16, q, q_stride, nq, nr, n_keys, k, v, kv_stride, hd, scale, block, window, out,
+                            out_stride);
         return;
 #endif
     default:

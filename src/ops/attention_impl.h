@@ -329,7 +329,8 @@ ATTN_AI void block_weights_n(const int NQ, const float *s, int rs, int j0, int n
 #pragma GCC unroll 4
     for (int h = 0; h < NQ; h++)
         for (int j = j0; j < nb; j++) pw[(size_t)h * rs + j] = ib_expf_lane(s[(size_t)h * rs + j] - m_new[h]);
-    const float *p0 = pw, *p1 = pw + (NQ > 1 ? rs : 0), *p2 = pw + (NQ > 2 ? 2 * rs : 0), *p3 = pw + (NQ > 3 ? 3 * rs : 0);
+    const float *p0 = pw, *p1 = pw + (NQ > 1 ? rs : 0), *p2 = pw + (NQ > 2 ? 2 * rs : 0),
+                *p3 = pw + (NQ > 3 ? 3 * rs : 0);
     float l0 = lv[0], l1 = lv[NQ > 1 ? 1 : 0], l2 = lv[NQ > 2 ? 2 : 0], l3 = lv[NQ > 3 ? 3 : 0];
     for (int j = j0; j < nb; j++) {
         l0 = l0 + p0[j];
@@ -547,13 +548,17 @@ static void rows_copy(const int f16, const float *q, size_t q_stride, int nq, in
     for (int t = 0; t < nr; t++) nk[t] = fault == IB_FAULT_ATTN_TILE_RANGE ? n_keys[nr - 1] : n_keys[t];
 #ifdef IB_ATTN_VECTOR_ISA
     if (fault == IB_FAULT_ISA_FMA) {
-        if (f16) attend_rows_body(1, 1, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride);
-        else attend_rows_body(0, 1, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride);
+        if (f16)
+            attend_rows_body(1, 1, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride);
+        else
+            attend_rows_body(0, 1, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride);
         return;
     }
 #endif
-    if (f16) attend_rows_body(1, 0, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride);
-    else attend_rows_body(0, 0, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride);
+    if (f16)
+        attend_rows_body(1, 0, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride);
+    else
+        attend_rows_body(0, 0, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride);
 }
 
 /* The four entry points of a copy, named ib_attend_heads_<sfx>, ib_attend_heads_f16_<sfx>,
