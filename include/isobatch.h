@@ -699,6 +699,8 @@ typedef enum ib_fault {
                                    * computes on tiles: products of 16 rows or more) */
     IB_FAULT_PLE_ROW0,            /* Gemma 4 per-layer embeddings: every row of a step takes the first row's
                                    * token's embed_tokens_per_layer row (CPU backend) */
+    IB_FAULT_ATTN_TILE_RANGE,     /* prefill attention: every row of a tile of one session's rows attends the
+                                   * keys of the tile's last row (earlier rows see later positions' keys) */
     IB_FAULT_COUNT
 } ib_fault;
 

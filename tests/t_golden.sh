@@ -7,7 +7,7 @@
 # on --isa scalar and on every other ISA this CPU has (the others: a SKIP line), with --batch 1 and with
 # --batch 8 --prefill-chunk 5 (2 threads; recorded with 1), and every run must give the ONE recorded
 # value: the digests do not depend on ISA, batch, threads or chunking. Any change of a canonical number
-# fails the test. A fault that changes the numerics (--inject isa-fma, row-order) must make the digests
+# fails the test. A fault that changes the numerics (--inject isa-fma, row-order, attn-tile-range) must make the digests
 # differ from the recorded ones: the comparison can fail. Two configurations keep a sink + window KV
 # policy (--kv) shorter than prompt + generation, so their sessions evict keys and wrap their rings.
 #
@@ -139,6 +139,8 @@ if [ ${#ISAS[@]} -gt 1 ]; then fault_case default-f32-kv32-greedy isa-fma "${ISA
 else echo "SKIP: --inject isa-fma (no vector ISA on this CPU)"; fi
 fault_case qwen-tiny-b8-greedy row-order scalar "--batch 8 --prefill-chunk 5 --threads 2"
 fault_case default-q8-kv16-sink4-window12-greedy split-kv-by-batch scalar "--batch 8 --prefill-chunk 5 --threads 2"
+# (attn-tile-range: the rows of a prefill chunk attend its last row's keys; whole prompts, vector ISA)
+fault_case default-q8-kv16-greedy attn-tile-range "${ISAS[${#ISAS[@]}-1]}" "--batch 1 --threads 2"
 
 echo "t_golden: $pass passed, $fail failed"
 [ $fail = 0 ]

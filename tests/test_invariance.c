@@ -234,11 +234,13 @@ int main(void) {
         CHECK(d > 0 && d <= N_PROMPTS, "row-order: shuffling at batch 8 changes nothing (%d)", d);
     }
     /* chunked against whole-prompt prefill, serialized: 1-row products (chunk 1) against the
-     * multi-row whole prompt, in both modes */
+     * multi-row whole prompt, in both modes; token by token attention takes one row at a time, the
+     * whole prompt's rows take key blocks in tiles (the attn-tile-range fault breaks the tiles) */
     for (int a = 0; a < 2; a++) {
         run_cfg chunk = base_cfg(a ? IB_ACT_F32 : IB_ACT_Q8, 0);
         chunk.chunk = 1;
         check_fault(m, IB_FAULT_GEMV_GEMM, chunk, 0);
+        check_fault(m, IB_FAULT_ATTN_TILE_RANGE, chunk, 0);
     }
     run_cfg samp = base_cfg(IB_ACT_Q8, 1);
     samp.batch = 8;
@@ -276,6 +278,9 @@ int main(void) {
         h8.isa = IB_ISA_AUTO;
         check_fault(m, IB_FAULT_SPLIT_KV_BY_BATCH, h8, 1);
         check_fault(m, IB_FAULT_ROPE_SKIP_ROWS, h8, 1);
+        run_cfg hc = base_cfg(IB_ACT_Q8, 0);
+        hc.chunk = 3;   /* tiles of 3 rows against the whole prompt's */
+        check_fault(m, IB_FAULT_ATTN_TILE_RANGE, hc, 0);
         g_kv_dtype = IB_KV_F32;
     }
 

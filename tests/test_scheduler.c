@@ -261,6 +261,80 @@ static int policy_heads_mismatches(const ib_model *m, ib_isa isa, int *cases) {
     return bad;
 }
 
+/* Count the rows where ib_attend_policy_rows (tiles of 1..chunk rows of one session at consecutive
+ * positions, the copy for isa) differs from ib_attend_policy head by head: float and half KV, with and
+ * without sinks, tiles whose rows' windows start in different blocks and cross the ring's wrap, 1 and
+ * 3 query heads. Each tile's keys are stored before its rows attend, as a step stores them. */
+static int policy_rows_mismatches(ib_isa isa, int *cases) {
+    enum { HD = 32, NPOS = 70, NQ = 3 };
+    static const int cfg[][3] = {{3, 20, 8}, {0, 20, 8}, {5, 7, 3}}, blocks[] = {8, 32};
+    static float kf[64 * HD], vf[64 * HD];
+    static uint16_t kh[64 * HD], vh[64 * HD];
+    float q[8 * NQ * HD], ref[8 * NQ * HD], got[8 * NQ * HD];
+    int pos[8];
+    uint64_t x = 0x9e3779b97f4a7c15ULL;
+    int bad = 0;
+    ib_attn_kernels ak;
+    if (ib_attn_kernels_for(isa == IB_ISA_AUTO ? ib_isa_best() : isa, &ak)) return -1;
+    for (int f16 = 0; f16 < 2; f16++)
+        for (int c = 0; c < 3; c++)
+            for (int bi = 0; bi < 2; bi++)
+                for (int nq = 1; nq <= NQ; nq += 2) {
+                    ib_kv_desc fake = {.dtype = f16 ? IB_KV_F16 : IB_KV_F32, .n_layers = 1, .n_kv_heads = 1,
+                                       .head_dim = HD, .capacity = cfg[c][0] + cfg[c][1] + cfg[c][2],
+                                       .sink = cfg[c][0], .window = cfg[c][1]};
+                    const void *k = f16 ? (const void *)kh : (const void *)kf, *v = f16 ? (const void *)vh : (const void *)vf;
+                    for (int p0 = 0, nr; p0 < NPOS; p0 += nr) {
+                        nr = 1 + (p0 + c + bi) % cfg[c][2];   /* 1..chunk rows */
+                        if (nr * nq > IB_ATTN_TILE_Q) nr = IB_ATTN_TILE_Q / nq;
+                        for (int t = 0; t < nr; t++) {
+                            int sl = ib_kv_slot(&fake, p0 + t);
+                            pos[t] = p0 + t;
+                            for (int d = 0; d < HD; d++) {
+                                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                                float a = (float)((double)(x >> 11) / 9007199254740992.0 * 4 - 2);
+                                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                                float b = (float)((double)(x >> 11) / 9007199254740992.0 * 2 - 1);
+                                kh[sl * HD + d] = ib_f32_to_f16(a), vh[sl * HD + d] = ib_f32_to_f16(b);
+                                kf[sl * HD + d] = a, vf[sl * HD + d] = b;
+                            }
+                        }
+                        for (int i = 0; i < nr * nq * HD; i++) q[i] = kf[(size_t)((i * 7) % (64 * HD))] * 1.5f;
+                        for (int t = 0; t < nr; t++)
+                            for (int h = 0; h < nq; h++)
+                                ib_attend_policy(&fake, q + (t * nq + h) * HD, k, v, pos[t], HD, 0.25f, blocks[bi],
+                                                 ref + (t * nq + h) * HD);
+                        ib_attend_policy_rows(&fake, ak.block2, q, (size_t)nq * HD, nq, nr, pos, k, v, HD, 0.25f,
+                                              blocks[bi], got, (size_t)nq * HD);
+                        for (int t = 0; t < nr; t++) {
+                            bad += memcmp(ref + t * nq * HD, got + t * nq * HD, sizeof(float) * (size_t)nq * HD) != 0;
+                            (*cases)++;
+                        }
+                    }
+                }
+    return bad;
+}
+
+/* ib_attend_policy_rows (windowed sessions' prefill rows) equals ib_attend_policy bitwise on every
+ * attention copy this CPU runs; the attn-tile-range fault (a tile's rows take its last row's range)
+ * must break the comparison. */
+static void check_policy_rows(void) {
+    static const ib_isa isas[] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512, IB_ISA_NEON, IB_ISA_AUTO};
+    for (int i = 0; i < 5; i++) {
+        if (!ib_isa_supported(isas[i])) continue;
+        int cases = 0, bad = policy_rows_mismatches(isas[i], &cases);
+        CHECK(bad == 0, "windowed attention in tiles of rows, --isa %s: %d of %d rows differ from ib_attend_policy",
+              ib_isa_name(isas[i]), bad, cases);
+        ib_fault_set(IB_FAULT_ATTN_TILE_RANGE);
+        int fcases = 0, fbad = policy_rows_mismatches(isas[i], &fcases);
+        ib_fault_set(IB_FAULT_NONE);
+        CHECK(fbad > fcases / 4, "attn-tile-range fault on windowed tiles, --isa %s, changed only %d of %d rows",
+              ib_isa_name(isas[i]), fbad, fcases);
+        printf("windowed tiles --isa %s: %d rows equal, the attn-tile-range fault changed %d\n", ib_isa_name(isas[i]),
+               cases - bad, fbad);
+    }
+}
+
 /* ib_attend_policy_heads (the path windowed sessions take) equals ib_attend_policy bitwise on every
  * attention copy this CPU runs; the isa-fma fault must break the comparison on the vector copies. */
 static void check_policy_heads(const ib_model *m) {
@@ -361,6 +435,7 @@ int main(void) {
     /* KV policies */
     check_attend_policy(m);
     check_policy_heads(m);
+    check_policy_rows();
     {
         int32_t t_full[GEN], t_a[GEN], t_b[GEN], t_c[GEN];
         uint64_t d_full, d_a, d_b, d_c;

@@ -54,7 +54,8 @@ static const char help[] =
     "                    moe-combine-by-load: Gemma 4 MoE routing / combine that depend on the batch;\n"
     "                    kv-ring-short: sliding-window KV rings one slot too small;\n"
     "                    amx-group-order: --isa amx adds its tile rows' groups in descending order;\n"
-    "                    ple-row0: Gemma 4 per-layer embeddings of every row from the first row's token)\n";
+    "                    ple-row0: Gemma 4 per-layer embeddings of every row from the first row's token;\n"
+    "                    attn-tile-range: prefill attention rows of a tile attend its last row's keys)\n";
 
 typedef struct prompts {
     int n, cap;

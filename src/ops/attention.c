@@ -39,15 +39,18 @@ int ib_attn_kernels_for(ib_isa isa, ib_attn_kernels *out) {
 #if defined(__x86_64__) || defined(__i386__)
     case IB_ISA_AVX512:
     case IB_ISA_AMX: /* AMX's attention is AVX-512's (the tiles serve the Q8 products only) */
-        *out = (ib_attn_kernels){ib_attend_heads_avx512, ib_attend_heads_f16_avx512, ib_attend_block2_avx512};
+        *out = (ib_attn_kernels){ib_attend_heads_avx512, ib_attend_heads_f16_avx512, ib_attend_block2_avx512,
+                                  ib_attend_rows_avx512};
         return 0;
     case IB_ISA_AVX2:
-        *out = (ib_attn_kernels){ib_attend_heads_avx2, ib_attend_heads_f16_avx2, ib_attend_block2_avx2};
+        *out = (ib_attn_kernels){ib_attend_heads_avx2, ib_attend_heads_f16_avx2, ib_attend_block2_avx2,
+                                  ib_attend_rows_avx2};
         return 0;
 #endif
     case IB_ISA_SCALAR:
     case IB_ISA_NEON:
-        *out = (ib_attn_kernels){ib_attend_heads_portable, ib_attend_heads_f16_portable, ib_attend_block2_portable};
+        *out = (ib_attn_kernels){ib_attend_heads_portable, ib_attend_heads_f16_portable, ib_attend_block2_portable,
+                                  ib_attend_rows_portable};
         return 0;
     default: return -1;
     }
@@ -88,6 +91,27 @@ void ib_attend_block2_isa(ib_isa isa, int f16, const float *q, int nq, const voi
     case IB_ISA_AVX2: ib_attend_block2_avx2(f16, q, nq, k1, v1, n1, k2, v2, n2, kv_stride, hd, scale, m, l, out); return;
 #endif
     default: ib_attend_block2_portable(f16, q, nq, k1, v1, n1, k2, v2, n2, kv_stride, hd, scale, m, l, out); return;
+    }
+}
+
+void ib_attend_rows_isa(ib_isa isa, int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys,
+                        const void *k, const void *v, int kv_stride, int hd, float scale, int block, int window,
+                        float *out, size_t out_stride) {
+    switch (attn_isa(isa)) {
+#if defined(__x86_64__) || defined(__i386__)
+    case IB_ISA_AVX512:
+        ib_attend_rows_avx512(f16, q, q_stride, nq, nr, n_keys, k, v, kv_stride, hd, scale, block, window, out,
+                              out_stride);
+        return;
+    case IB_ISA_AVX2:
+        ib_attend_rows_avx2(f16, q, q_stride, nq, nr, n_keys, k, v, kv_stride, hd, scale, block, window, out,
+                            out_stride);
+        return;
+#endif
+    default:
+        ib_attend_rows_portable(f16, q, q_stride, nq, nr, n_keys, k, v, kv_stride, hd, scale, block, window, out,
+                                out_stride);
+        return;
     }
 }
 

@@ -49,9 +49,18 @@ typedef float vecf __attribute__((vector_size(32)));
 #else
 #define IB_ATTN_PAIRS 0
 #endif
-/* Keys per dot16_keys call for NQ query heads: 4, or 2 for a pair of 8-lane heads (2 heads x 2 keys
- * x 2 vectors = 8 accumulators, with the 2 query and 1 key vectors 11 of the 16 AVX2 registers). */
-#define IB_ATTN_KEYS(NQ) ((NQ) == 2 && VL == 8 ? 2 : 4)
+/* Most queries (query heads of one row, or of consecutive rows of one session: ib_attend_rows) that
+ * take a key block's loads together: 4 in the vector copies, 1 in the portable one. */
+#if defined(IB_ATTN_AVX512) || defined(IB_ATTN_AVX2)
+#define IB_ATTN_GROUP 4
+#else
+#define IB_ATTN_GROUP 1
+#endif
+/* Keys per dot16_keys call for NQ queries: 4 with 16-lane vectors (NQ x 4 accumulators, at most 16
+ * of the 32 AVX-512 registers); with 8-lane ones 4 for one query, 2 for two (2 x 2 keys x 2 vectors
+ * = 8 accumulators, with the 2 query and 1 key vectors 11 of the 16 AVX2 registers), 1 for three or
+ * four. */
+#define IB_ATTN_KEYS(NQ) (VL == 16 || (NQ) == 1 ? 4 : (NQ) == 2 ? 2 : 1)
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 #define ATTN_AI static inline __attribute__((always_inline))
@@ -153,13 +162,13 @@ ATTN_AI void finish4(vecf a0_0, vecf a0_1, vecf a1_0, vecf a1_1, vecf a2_0, vecf
 }
 #endif
 
-/* r[h*rs + t] = ib_dot16(q_h, key t, n) for query heads h < NQ (NQ <= 2, q_h at q + h*n) and keys
+/* r[h*rs + t] = ib_dot16(q_h, key t, n) for queries h < NQ (NQ <= 4, q_h at q + h*n) and keys
  * t < T (T <= 4, key t at element ko + t*st), bitwise: NQ*T independent chains. Each element of a
  * key is loaded (and converted from half) once for all the heads. */
 ATTN_AI void dot16_keys(const int T, const int NQ, const int f16, const int fused, const float *q, const void *k,
                         size_t ko, size_t st, int n, float *r, int rs) {
-    vecf a[2][4][NV];
-#pragma GCC unroll 2
+    vecf a[4][4][NV];
+#pragma GCC unroll 4
     for (int h = 0; h < NQ; h++)
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++)
@@ -169,19 +178,19 @@ ATTN_AI void dot16_keys(const int T, const int NQ, const int f16, const int fuse
     for (; i + 16 <= n; i += 16)
 #pragma GCC unroll 2
         for (int u = 0; u < NV; u++) {
-            vecf qv[2];
-#pragma GCC unroll 2
+            vecf qv[4];
+#pragma GCC unroll 4
             for (int h = 0; h < NQ; h++) qv[h] = ldv(q + (size_t)h * n + i + u * VL);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
                 const vecf kv = kvv(k, ko + (size_t)t * st + (size_t)(i + u * VL), f16);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
                 for (int h = 0; h < NQ; h++) a[h][t][u] = mac(a[h][t][u], qv[h], kv, fused);
             }
         }
 #if defined(IB_ATTN_AVX512) || defined(IB_ATTN_AVX2)
     if (T == 4 && i == n) {
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int h = 0; h < NQ; h++)
             finish4(a[h][0][0], a[h][0][NV - 1], a[h][1][0], a[h][1][NV - 1], a[h][2][0], a[h][2][NV - 1], a[h][3][0],
                     a[h][3][NV - 1], r + (size_t)h * rs);
@@ -202,7 +211,7 @@ ATTN_AI void dot16_keys(const int T, const int NQ, const int f16, const int fuse
         return;
     }
 #endif
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int h = 0; h < NQ; h++)
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++)
@@ -220,7 +229,7 @@ ATTN_AI void prefetch_row(const int f16, const void *p, size_t base, size_t st, 
     for (size_t o = o0; o < o1; o += 64) __builtin_prefetch(r + o);
 }
 
-/* For each head h < NQ (NQ <= 2; its outputs at out + h*hd, its weights at p + h*rs, its factor c[h]):
+/* For each query h < NQ (NQ <= 4; its outputs at out + h*hd, its weights at p + h*rs, its factor c[h]):
  * out[d] = out[d]*c, then out[d] = out[d] + p[j]*v_j[d] for j = j0..nb-1 in order, for every d: the
  * contract's per-element sequence. Columns are walked in register-sized chunks with the values inside,
  * so the accumulators stay in registers, and each value element is loaded (and converted from half)
@@ -230,29 +239,30 @@ ATTN_AI void prefetch_row(const int f16, const void *p, size_t base, size_t st, 
 ATTN_AI void scale_accumulate(const int NQ, const int f16, float *out, int hd, const float *c, const float *p, int rs,
                               const void *v, size_t vo, size_t st, int j0, int nb, int n_rows) {
     const size_t eb = f16 ? 2 : 4;
-    /* columns per chunk and vectors per chunk per head: 8 accumulators with two 8-lane heads */
-    const int CW = NQ == 2 && VL == 8 ? 32 : 64, NC = CW / VL;
+    /* columns per chunk and vectors per chunk per query: NQ x 4 accumulators with 16-lane vectors, at
+     * most 8 with 8-lane ones */
+    const int CW = VL == 16 || NQ == 1 ? 64 : NQ == 2 ? 32 : 16, NC = CW / VL;
     int d0 = 0;
     for (; d0 + CW <= hd; d0 += CW) {
-        vecf o[2][64 / VL];
-#pragma GCC unroll 2
+        vecf o[4][64 / VL];
+#pragma GCC unroll 4
         for (int h = 0; h < NQ; h++)
 #pragma GCC unroll 8
             for (int u = 0; u < NC; u++) o[h][u] = ldv(out + (size_t)h * hd + d0 + u * VL) * c[h];
         for (int j = j0; j < nb; j++) {
             prefetch_row(f16, v, vo, st, j, n_rows, (size_t)d0 * eb, (size_t)(d0 + CW) * eb);
             size_t e = vo + (size_t)j * st + (size_t)d0;
-            float pj[2];
-#pragma GCC unroll 2
+            float pj[4];
+#pragma GCC unroll 4
             for (int h = 0; h < NQ; h++) pj[h] = p[(size_t)h * rs + j];
 #pragma GCC unroll 8
             for (int u = 0; u < NC; u++) {
                 const vecf vv = kvv(v, e + (size_t)(u * VL), f16);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
                 for (int h = 0; h < NQ; h++) o[h][u] = o[h][u] + pj[h] * vv;
             }
         }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int h = 0; h < NQ; h++)
 #pragma GCC unroll 8
             for (int u = 0; u < NC; u++) stv(out + (size_t)h * hd + d0 + u * VL, o[h][u]);
@@ -274,7 +284,7 @@ ATTN_AI void scale_accumulate(const int NQ, const int f16, float *out, int hd, c
     }
 }
 
-/* The scaled scores s[h*rs + j] = dot16(q_h, k_j) * scale of heads h < NQ (q_h at q + h*hd) for keys
+/* The scaled scores s[h*rs + j] = dot16(q_h, k_j) * scale of queries h < NQ (<= 4) (q_h at q + h*hd) for keys
  * j0..nb-1 of a block (key j at element ko + j*st; the block's keys and those after it number n_rows). */
 ATTN_AI void block_scores(const int NQ, const int f16, const int fused, const float *q, const void *k, size_t ko,
                           size_t st, int hd, float scale, int j0, int nb, int n_rows, float *s, int rs) {
@@ -291,46 +301,83 @@ ATTN_AI void block_scores(const int NQ, const int f16, const int fused, const fl
         for (j = j0; j < nb; j++) s[(size_t)h * rs + j] = s[(size_t)h * rs + j] * scale;
 }
 
-/* The softmax side of one block's online update for NQ <= 2 heads from their scores (head h's s[j0..nb)
+/* The softmax side of one block's online update for NQ <= 4 queries from their scores (head h's s[j0..nb)
  * at s + h*rs): per head, the block max, m' = max(m, it), c = exp(m - m') (c[h]: the factor that
  * rescales what the outputs hold so far), the weights pw[j] = exp(s[j] - m') (to pw + h*rs,
  * lane-parallel), l = l*c then l += pw[j] in key order; m[h], l[h] move on. The heads' loops are
- * interleaved: each head's max and sum are chains of dependent operations (one per key), which two heads
- * run side by side; each head's operations and their order are those of one head alone. */
+ * interleaved: each head's max and sum are chains of dependent operations (one per key), which the
+ * heads run side by side; each head's operations and their order are those of one head alone. */
 ATTN_AI void block_weights_n(const int NQ, const float *s, int rs, int j0, int nb, float *m, float *l, float *pw,
                              float *c) {
-    float mb[2], m_new[2], lv[2];
-#pragma GCC unroll 2
-    for (int h = 0; h < NQ; h++) mb[h] = -INFINITY;
-    for (int j = j0; j < nb; j++)
-#pragma GCC unroll 2
-        for (int h = 0; h < NQ; h++)
-            if (s[(size_t)h * rs + j] > mb[h]) mb[h] = s[(size_t)h * rs + j];
-#pragma GCC unroll 2
+    /* each head's running block max and sum in a scalar of its own (kept in a register: as an array
+     * indexed by head they went through the stack, a store and a reload per key) */
+    const float *s0 = s, *s1 = s + (NQ > 1 ? rs : 0), *s2 = s + (NQ > 2 ? 2 * rs : 0), *s3 = s + (NQ > 3 ? 3 * rs : 0);
+    float mb0 = -INFINITY, mb1 = -INFINITY, mb2 = -INFINITY, mb3 = -INFINITY, m_new[4], lv[4];
+    for (int j = j0; j < nb; j++) {
+        mb0 = s0[j] > mb0 ? s0[j] : mb0;
+        if (NQ > 1) mb1 = s1[j] > mb1 ? s1[j] : mb1;
+        if (NQ > 2) mb2 = s2[j] > mb2 ? s2[j] : mb2;
+        if (NQ > 3) mb3 = s3[j] > mb3 ? s3[j] : mb3;
+    }
+    const float mb[4] = {mb0, mb1, mb2, mb3};
+#pragma GCC unroll 4
     for (int h = 0; h < NQ; h++) {
         m_new[h] = mb[h] > m[h] ? mb[h] : m[h];
         c[h] = ib_expf(m[h] - m_new[h]); /* exp(-inf) = 0 on the first block */
         lv[h] = l[h] * c[h];
     }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int h = 0; h < NQ; h++)
         for (int j = j0; j < nb; j++) pw[(size_t)h * rs + j] = ib_expf_lane(s[(size_t)h * rs + j] - m_new[h]);
-    for (int j = j0; j < nb; j++)
-#pragma GCC unroll 2
-        for (int h = 0; h < NQ; h++) lv[h] = lv[h] + pw[(size_t)h * rs + j];
-#pragma GCC unroll 2
-    for (int h = 0; h < NQ; h++) m[h] = m_new[h], l[h] = lv[h];
+    const float *p0 = pw, *p1 = pw + (NQ > 1 ? rs : 0), *p2 = pw + (NQ > 2 ? 2 * rs : 0),
+                *p3 = pw + (NQ > 3 ? 3 * rs : 0);
+    float l0 = lv[0], l1 = lv[NQ > 1 ? 1 : 0], l2 = lv[NQ > 2 ? 2 : 0], l3 = lv[NQ > 3 ? 3 : 0];
+    for (int j = j0; j < nb; j++) {
+        l0 = l0 + p0[j];
+        if (NQ > 1) l1 = l1 + p1[j];
+        if (NQ > 2) l2 = l2 + p2[j];
+        if (NQ > 3) l3 = l3 + p3[j];
+    }
+    const float lf[4] = {l0, l1, l2, l3};
+#pragma GCC unroll 4
+    for (int h = 0; h < NQ; h++) m[h] = m_new[h], l[h] = lf[h];
+}
+
+/* block_weights_n for NQ = 1..4 as functions of their own, for attend_rows_body: inlined into its large
+ * body, the running maxima and sums were given stack slots (a store and a reload per key on each chain;
+ * the one-row bodies keep it inlined, where a call cost more than it saved). */
+#define IB_ATTN_WEIGHTS_FN(NQ)                                                                                   \
+    static __attribute__((noinline)) void block_weights_##NQ(const float *s, int rs, int j0, int nb, float *m,  \
+                                                             float *l, float *pw, float *c) {                   \
+        block_weights_n(NQ, s, rs, j0, nb, m, l, pw, c);                                                         \
+    }
+IB_ATTN_WEIGHTS_FN(1)
+IB_ATTN_WEIGHTS_FN(2)
+IB_ATTN_WEIGHTS_FN(3)
+IB_ATTN_WEIGHTS_FN(4)
+
+/* block_weights_n through the function for NQ (a constant wherever this is inlined). */
+ATTN_AI void block_weights(const int NQ, const float *s, int rs, int j0, int nb, float *m, float *l, float *pw,
+                           float *c) {
+    switch (NQ) {
+    case 4: block_weights_4(s, rs, j0, nb, m, l, pw, c); break;
+    case 3: block_weights_3(s, rs, j0, nb, m, l, pw, c); break;
+    case 2: block_weights_2(s, rs, j0, nb, m, l, pw, c); break;
+    default: block_weights_1(s, rs, j0, nb, m, l, pw, c); break;
+    }
 }
 
 /* One block of keys j0..nb-1 (key and value j at element ko + j*st; with those after it n_rows) for
- * NQ <= 2 query heads q [NQ][hd]: their scores, then each head's online-softmax update of its running
- * max m[h], sum l[h] and outputs out [NQ][hd]. */
-ATTN_AI void heads_block(const int NQ, const int f16, const int fused, const float *q, const void *k, const void *v,
-                         size_t ko, size_t st, int hd, float scale, int j0, int nb, int n_rows, float *m, float *l,
-                         float *out) {
-    float s[2 * IB_ATTN_MAX_BLOCK], pw[2 * IB_ATTN_MAX_BLOCK], c[2];
+ * NQ <= 4 queries q [NQ][hd]: their scores, then each head's online-softmax update of its running
+ * max m[h], sum l[h] and outputs out [NQ][hd]; the softmax side through block_weights when
+ * weights_fn (a constant), inlined otherwise. */
+ATTN_AI void heads_block(const int NQ, const int weights_fn, const int f16, const int fused, const float *q,
+                         const void *k, const void *v, size_t ko, size_t st, int hd, float scale, int j0, int nb,
+                         int n_rows, float *m, float *l, float *out) {
+    float s[4 * IB_ATTN_MAX_BLOCK], pw[4 * IB_ATTN_MAX_BLOCK], c[4];
     block_scores(NQ, f16, fused, q, k, ko, st, hd, scale, j0, nb, n_rows, s, IB_ATTN_MAX_BLOCK);
-    block_weights_n(NQ, s, IB_ATTN_MAX_BLOCK, j0, nb, m, l, pw, c);
+    if (weights_fn) block_weights(NQ, s, IB_ATTN_MAX_BLOCK, j0, nb, m, l, pw, c);
+    else block_weights_n(NQ, s, IB_ATTN_MAX_BLOCK, j0, nb, m, l, pw, c);
     scale_accumulate(NQ, f16, out, hd, c, pw, IB_ATTN_MAX_BLOCK, v, ko, st, j0, nb, n_rows);
 }
 
@@ -380,14 +427,84 @@ ATTN_AI void attend_heads_body(const int f16, const int fused, const float *q, i
         int nb = n_keys - b0 < block ? n_keys - b0 : block;
         int h = 0;
         for (; IB_ATTN_PAIRS && h + 2 <= nq; h += 2)
-            heads_block(2, f16, fused, q + (size_t)h * hd, k, v, (size_t)b0 * st, st, hd, scale, j0, nb, n_keys - b0,
+            heads_block(2, 0, f16, fused, q + (size_t)h * hd, k, v, (size_t)b0 * st, st, hd, scale, j0, nb, n_keys - b0,
                         m + h, l + h, out + (size_t)h * hd);
         for (; h < nq; h++)
-            heads_block(1, f16, fused, q + (size_t)h * hd, k, v, (size_t)b0 * st, st, hd, scale, j0, nb, n_keys - b0,
+            heads_block(1, 0, f16, fused, q + (size_t)h * hd, k, v, (size_t)b0 * st, st, hd, scale, j0, nb, n_keys - b0,
                         m + h, l + h, out + (size_t)h * hd);
     }
     for (int h = 0; h < nq; h++)
         for (int d = 0; d < hd; d++) out[(size_t)h * hd + d] = out[(size_t)h * hd + d] / l[h];
+}
+
+/* The first key (block-aligned: the first block's start) and the first attended key of a row with
+ * n_keys keys, as attend_heads_body walks them. */
+ATTN_AI int row_lo(int n_keys, int window) { return window > 0 && n_keys > window ? n_keys - window : 0; }
+
+/* One key block [b0, b0 + block) for the tile's queries: query x (row x / nq, head x % nq) at qt + x*hd,
+ * its running max m[x], sum l[x] and unnormalized outputs ot + x*hd. Row t takes the block when
+ * attend_heads_body would for its n_keys[t] keys, with the same keys j0..nb-1 of it; up to
+ * IB_ATTN_GROUP consecutive queries whose rows take the same keys of the block go through heads_block
+ * together (its loads shared, each query's operations its own). */
+ATTN_AI void rows_block(const int f16, const int fused, const float *qt, int nq, int nr, const int *n_keys,
+                        const void *k, const void *v, size_t st, int hd, float scale, int block, int window, int b0,
+                        float *m, float *l, float *ot) {
+    const int nx = nr * nq;
+    for (int x = 0; x < nx;) {
+        const int t = x / nq, n = n_keys[t], lo = row_lo(n, window);
+        if (b0 < lo - lo % block || b0 >= n) { /* the block is outside row t's keys */
+            x = (t + 1) * nq;
+            continue;
+        }
+        const int j0 = lo > b0 ? lo - b0 : 0, nb = n - b0 < block ? n - b0 : block;
+        int g = 1;
+        while (g < IB_ATTN_GROUP && x + g < nx) {
+            const int u = (x + g) / nq, nu = n_keys[u], lu = row_lo(nu, window);
+            if (u != t && ((lu > b0 ? lu - b0 : 0) != j0 || (nu - b0 < block ? nu - b0 : block) != nb ||
+                           b0 < lu - lu % block))
+                break;
+            g++;
+        }
+        const float *qx = qt + (size_t)x * hd;
+        float *ox = ot + (size_t)x * hd;
+        const size_t ko = (size_t)b0 * st;
+        switch (g) {
+        case 4: heads_block(4, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox); break;
+        case 3: heads_block(3, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox); break;
+        case 2: heads_block(2, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox); break;
+        default: heads_block(1, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox); break;
+        }
+        x += g;
+    }
+}
+
+/* ib_attend_rows over a float (f16 = 0) or half (f16 = 1) KV plane: the nr rows' nq query heads
+ * (row t's q + t*q_stride [nq][hd]) walk the key blocks together, block by block in ascending order,
+ * each block's keys and values read from memory once for all of them and from L1 after; row t's
+ * outputs (out + t*out_stride [nq][hd]) are attend_heads_body's for its n_keys[t] keys: the same
+ * blocks, the same keys of each, each query's operations in the same order.
+ * nr*nq <= IB_ATTN_TILE_Q, hd <= IB_ATTN_MAX_HD, block <= IB_ATTN_MAX_BLOCK. */
+ATTN_AI void attend_rows_body(const int f16, const int fused, const float *q, size_t q_stride, int nq, int nr,
+                              const int *n_keys, const void *k, const void *v, int kv_stride, int hd, float scale,
+                              int block, int window, float *out, size_t out_stride) {
+    float qt[IB_ATTN_TILE_Q * IB_ATTN_MAX_HD], ot[IB_ATTN_TILE_Q * IB_ATTN_MAX_HD]; /* [nr*nq][hd] each */
+    float m[IB_ATTN_TILE_Q], l[IB_ATTN_TILE_Q];                                     /* [nr*nq] */
+    const size_t st = (size_t)kv_stride, rowq = (size_t)nq * hd;
+    int b_first = n_keys[0], b_end = 0;
+    for (int t = 0; t < nr; t++) {
+        const int lo = row_lo(n_keys[t], window);
+        if (lo - lo % block < b_first) b_first = lo - lo % block;
+        if (n_keys[t] > b_end) b_end = n_keys[t];
+        for (size_t e = 0; e < rowq; e++) qt[(size_t)t * rowq + e] = q[(size_t)t * q_stride + e];
+    }
+    for (size_t e = 0; e < (size_t)nr * rowq; e++) ot[e] = 0.0f;
+    for (int x = 0; x < nr * nq; x++) m[x] = -INFINITY, l[x] = 0.0f;
+    for (int b0 = b_first; b0 < b_end; b0 += block)
+        rows_block(f16, fused, qt, nq, nr, n_keys, k, v, st, hd, scale, block, window, b0, m, l, ot);
+    for (int x = 0; x < nr * nq; x++) {
+        float *o = out + (size_t)(x / nq) * out_stride + (size_t)(x % nq) * hd;
+        for (int d = 0; d < hd; d++) o[d] = ot[(size_t)x * hd + d] / l[x];
+    }
 }
 
 /* The body for float (f16 = 0) or half (f16 = 1) KV, the fault read once per call. */
@@ -419,8 +536,33 @@ static void block2_copy(const int f16, const float *q, int nq, const void *k1, c
     else attend_block2_body(0, 0, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out);
 }
 
-/* The three entry points of a copy, named ib_attend_heads_<sfx>, ib_attend_heads_f16_<sfx> and
- * ib_attend_block2_<sfx> (their declarations are in ops.h). */
+/* attend_rows_body for float (f16 = 0) or half (f16 = 1) KV, the faults read once per call. Under the
+ * test-only attn-tile-range fault every row of a tile of several rows attends the keys of the tile's
+ * last row (earlier rows see later positions' keys). */
+static void rows_copy(const int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys, const void *k,
+                      const void *v, int kv_stride, int hd, float scale, int block, int window, float *out,
+                      size_t out_stride) {
+    int nk[IB_ATTN_TILE_Q];
+    const ib_fault fault = ib_fault_get();
+    if (nr < 1) return;
+    for (int t = 0; t < nr; t++) nk[t] = fault == IB_FAULT_ATTN_TILE_RANGE ? n_keys[nr - 1] : n_keys[t];
+#ifdef IB_ATTN_VECTOR_ISA
+    if (fault == IB_FAULT_ISA_FMA) {
+        if (f16)
+            attend_rows_body(1, 1, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride);
+        else
+            attend_rows_body(0, 1, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride);
+        return;
+    }
+#endif
+    if (f16)
+        attend_rows_body(1, 0, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride);
+    else
+        attend_rows_body(0, 0, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride);
+}
+
+/* The four entry points of a copy, named ib_attend_heads_<sfx>, ib_attend_heads_f16_<sfx>,
+ * ib_attend_block2_<sfx> and ib_attend_rows_<sfx> (their declarations are in ops.h). */
 #define IB_ATTN_DEFINE_COPY(sfx)                                                                                 \
     void ib_attend_heads_##sfx(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride, \
                                int hd, float scale, int block, int window, float *out) {                        \
@@ -434,6 +576,11 @@ static void block2_copy(const int f16, const float *q, int nq, const void *k1, c
                                 const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale,      \
                                 float *m, float *l, float *out) {                                                \
         block2_copy(f16, q, nq, k1, v1, n1, k2, v2, n2, kv_stride, hd, scale, m, l, out);                        \
+    }                                                                                                            \
+    void ib_attend_rows_##sfx(int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys,       \
+                              const void *k, const void *v, int kv_stride, int hd, float scale, int block,       \
+                              int window, float *out, size_t out_stride) {                                       \
+        rows_copy(f16, q, q_stride, nq, nr, n_keys, k, v, kv_stride, hd, scale, block, window, out, out_stride);  \
     }
 
 #endif

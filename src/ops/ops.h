@@ -185,6 +185,22 @@ void ib_attend_block2_isa(ib_isa isa, int f16, const float *q, int nq, const voi
                           const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale, float *m,
                           float *l, float *out);
 
+/* Most queries (rows x query heads) that ib_attend_rows takes at once. */
+#define IB_ATTN_TILE_Q 16
+
+/* Several query rows of one session taking each key block together (a prefill chunk's rows): rows
+ * t < nr (nr*nq <= IB_ATTN_TILE_Q), row t's nq query heads at q + t*q_stride ([nq][hd]) attending its
+ * keys 0..n_keys[t]-1 of the KV plane k, v ([n][kv_stride], float when f16 = 0, IEEE half when
+ * f16 = 1); row t's output out + t*out_stride ([nq][hd]) is bitwise ib_attend_heads(_f16)'s for
+ * (q + t*q_stride, nq, n_keys[t] keys, window): the same key blocks in the same order, each row
+ * taking only the keys of each block it would take alone (its own causal range and window), each
+ * query's operations unchanged. Each block's keys and values are read from memory once for the rows
+ * (and their loads into registers shared by up to 4 queries in the vector copies). hd <=
+ * IB_ATTN_MAX_HD, block <= 128. The copy for isa as in ib_attend_heads_isa. */
+void ib_attend_rows_isa(ib_isa isa, int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys,
+                        const void *k, const void *v, int kv_stride, int hd, float scale, int block, int window,
+                        float *out, size_t out_stride);
+
 /* The copies as function pointers, picked once (an engine's CPU backend does at creation). */
 typedef void (*ib_attend_heads_fn)(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride,
                                    int hd, float scale, int block, int window, float *out);
@@ -193,18 +209,22 @@ typedef void (*ib_attend_heads_f16_fn)(const uint16_t *k, const uint16_t *v, con
 typedef void (*ib_attend_block2_fn)(int f16, const float *q, int nq, const void *k1, const void *v1, int n1,
                                     const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale,
                                     float *m, float *l, float *out);
+typedef void (*ib_attend_rows_fn)(int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys,
+                                  const void *k, const void *v, int kv_stride, int hd, float scale, int block,
+                                  int window, float *out, size_t out_stride);
 typedef struct ib_attn_kernels {
     ib_attend_heads_fn heads;
     ib_attend_heads_f16_fn heads_f16;
     ib_attend_block2_fn block2;
+    ib_attend_rows_fn rows;
 } ib_attn_kernels;
 
 /* The attention copies for isa (not AUTO): the AVX2 / AVX-512 ones on x86, the portable one for SCALAR
  * and NEON. Returns 0, or -1 (out untouched) when this build or this CPU cannot run isa. */
 int ib_attn_kernels_for(ib_isa isa, ib_attn_kernels *out);
 
-/* The copies themselves (same arguments as ib_attend_heads / ib_attend_heads_f16 / ib_attend_block2_isa
- * without isa); the AVX2 and AVX-512 ones exist on x86 only and need a CPU that runs them. */
+/* The copies themselves (same arguments as ib_attend_heads / ib_attend_heads_f16 / ib_attend_block2_isa /
+ * ib_attend_rows_isa without isa); the AVX2 and AVX-512 ones exist on x86 only and need a CPU that runs them. */
 void ib_attend_heads_portable(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride,
                               int hd, float scale, int block, int window, float *out);
 void ib_attend_heads_f16_portable(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
@@ -212,6 +232,9 @@ void ib_attend_heads_f16_portable(const uint16_t *k, const uint16_t *v, const fl
 void ib_attend_block2_portable(int f16, const float *q, int nq, const void *k1, const void *v1, int n1,
                                const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale, float *m,
                                float *l, float *out);
+void ib_attend_rows_portable(int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys, const void *k,
+                             const void *v, int kv_stride, int hd, float scale, int block, int window, float *out,
+                             size_t out_stride);
 #if defined(__x86_64__) || defined(__i386__)
 void ib_attend_heads_avx2(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride, int hd,
                           float scale, int block, int window, float *out);
@@ -226,6 +249,12 @@ void ib_attend_block2_avx2(int f16, const float *q, int nq, const void *k1, cons
 void ib_attend_block2_avx512(int f16, const float *q, int nq, const void *k1, const void *v1, int n1,
                              const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale, float *m,
                              float *l, float *out);
+void ib_attend_rows_avx2(int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys, const void *k,
+                         const void *v, int kv_stride, int hd, float scale, int block, int window, float *out,
+                         size_t out_stride);
+void ib_attend_rows_avx512(int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys, const void *k,
+                           const void *v, int kv_stride, int hd, float scale, int block, int window, float *out,
+                           size_t out_stride);
 #endif
 
 #endif

@@ -10,6 +10,7 @@
 #include "core/fmath.h"
 #include "core/half.h"
 #include "ops/ops.h"
+#include "isobatch.h"
 #include "runtime/kv_policy.h"
 
 /* Row `slot` of a slot-indexed plane ([capacity][hd], float or half): a pointer to it, converted into
@@ -85,6 +86,63 @@ void ib_attend_policy_heads(const ib_kv_desc *s, ib_attend_block2_fn block2, con
         }
     for (int h = 0; h < nq; h++)
         for (int d = 0; d < hd; d++) out[(size_t)h * hd + d] = out[(size_t)h * hd + d] / l[h];
+}
+
+/* The positions [r0[0], r1[0]) (sink) and [r0[1], r1[1]) (window) that position p attends (A(p) in
+ * kv_policy.h), as ib_attend_policy walks them. */
+static void policy_ranges(const ib_kv_desc *s, int p, int r0[2], int r1[2]) {
+    int S = s->sink < p + 1 ? s->sink : p + 1;
+    int lo = p - s->window + 1;
+    if (lo < S) lo = S;
+    r0[0] = 0, r1[0] = S, r0[1] = lo, r1[1] = p + 1;
+}
+
+void ib_attend_policy_rows(const ib_kv_desc *s, ib_attend_block2_fn block2, const float *q, size_t q_stride, int nq,
+                           int nr, const int *pos, const void *k, const void *v, int hd, float scale, int block,
+                           float *out, size_t out_stride) {
+    float qt[IB_ATTN_TILE_Q * IB_ATTN_MAX_HD], ot[IB_ATTN_TILE_Q * IB_ATTN_MAX_HD]; /* [nr*nq][hd] each */
+    float m[IB_ATTN_TILE_Q], l[IB_ATTN_TILE_Q];                                     /* [nr*nq] */
+    int r0[IB_ATTN_TILE_Q][2], r1[IB_ATTN_TILE_Q][2];                               /* [nr] rows' ranges */
+    const int f16 = s->dtype == IB_KV_F16, fault = ib_fault_get() == IB_FAULT_ATTN_TILE_RANGE;
+    const size_t eb = f16 ? 2 : 4, row = (size_t)hd * eb, rowq = (size_t)nq * hd;
+    const char *kb = k, *vb = v;
+    if (nr < 1) return;
+    for (int t = 0; t < nr; t++) {
+        policy_ranges(s, fault ? pos[nr - 1] : pos[t], r0[t], r1[t]);
+        for (size_t e = 0; e < rowq; e++) qt[(size_t)t * rowq + e] = q[(size_t)t * q_stride + e];
+    }
+    for (size_t e = 0; e < (size_t)nr * rowq; e++) ot[e] = 0.0f;
+    for (int x = 0; x < nr * nq; x++) m[x] = -INFINITY, l[x] = 0.0f;
+    for (int r = 0; r < 2; r++) {
+        /* the block cells (positions [c*block, (c+1)*block)) that some row's range r reaches */
+        int c0 = -1, c1 = -1;
+        for (int t = 0; t < nr; t++)
+            if (r0[t][r] < r1[t][r]) {
+                if (c0 < 0 || r0[t][r] / block < c0) c0 = r0[t][r] / block;
+                if ((r1[t][r] - 1) / block > c1) c1 = (r1[t][r] - 1) / block;
+            }
+        for (int c = c0; c >= 0 && c <= c1; c++)
+            for (int t = 0, u; t < nr; t = u) {
+                /* row t's part of the cell, and the rows after it taking the same part */
+                int b0 = c * block > r0[t][r] ? c * block : r0[t][r];
+                int end = (c + 1) * block < r1[t][r] ? (c + 1) * block : r1[t][r];
+                for (u = t + 1; u < nr; u++) {
+                    int ub0 = c * block > r0[u][r] ? c * block : r0[u][r];
+                    int uend = (c + 1) * block < r1[u][r] ? (c + 1) * block : r1[u][r];
+                    if (ub0 != b0 || uend != end) break;
+                }
+                if (b0 >= end) continue;
+                int nb = end - b0, slot = ib_kv_slot(s, b0), x = t * nq;
+                int n1 = s->capacity - slot < nb ? s->capacity - slot : nb;
+                block2(f16, qt + (size_t)x * hd, (u - t) * nq, kb + (size_t)slot * row, vb + (size_t)slot * row, n1,
+                       kb + (size_t)s->sink * row, vb + (size_t)s->sink * row, nb - n1, hd, hd, scale, m + x, l + x,
+                       ot + (size_t)x * hd);
+            }
+    }
+    for (int x = 0; x < nr * nq; x++) {
+        float *o = out + (size_t)(x / nq) * out_stride + (size_t)(x % nq) * hd;
+        for (int d = 0; d < hd; d++) o[d] = ot[(size_t)x * hd + d] / l[x];
+    }
 }
 
 int ib_kv_policy_parse(const char *str, int *sink, int *window) {

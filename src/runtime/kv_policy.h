@@ -35,4 +35,15 @@ void ib_attend_policy(const ib_kv_desc *d, const float *q, const void *k, const 
 void ib_attend_policy_heads(const ib_kv_desc *d, ib_attend_block2_fn block2, const float *q, int nq, const void *k, const void *v,
                             int p, int hd, float scale, int block, float *out);
 
+/* ib_attend_policy_heads for nr rows of one session at positions pos[t] taking each key block together
+ * (a prefill chunk's rows; nr*nq <= IB_ATTN_TILE_Q): row t's nq query heads at q + t*q_stride
+ * ([nq][hd]), its output out + t*out_stride ([nq][hd]) bitwise ib_attend_policy_heads(d, block2,
+ * q + t*q_stride, nq, k, v, pos[t], ...). The sink ranges' blocks, then the window ranges', go in
+ * ascending order; each row takes the part of a block its own range A(pos[t]) holds, and rows taking
+ * the same part go through one block2 call (the block's keys and values read from memory once for
+ * them). Under the attn-tile-range fault every row takes the last row's range. */
+void ib_attend_policy_rows(const ib_kv_desc *d, ib_attend_block2_fn block2, const float *q, size_t q_stride, int nq,
+                           int nr, const int *pos, const void *k, const void *v, int hd, float scale, int block,
+                           float *out, size_t out_stride);
+
 #endif

@@ -419,22 +419,23 @@ static void cpu_qk_prepare(ib_backend *b, int li, int phases) {
 typedef struct {
     cpu_backend *c;
     int li;
+    int tile;     /* rows per task: 1 (task = row*KVH + KV head) or more (task = KV head*n_tiles + i: the
+                   * step's rows [i*tile, i*tile + tile), those of one session taking key blocks together) */
+    int n_tiles;  /* ceil(R / tile) */
 } attn_job;
 
-/* One task = one (row, KV head): attend the row's query heads of that KV head's group to the kept keys
- * 0..pos of its session (each head's result as ib_attend_one's / ib_attend_policy's). */
-static void attn_task(void *ctx, int task, int thread) {
-    attn_job *j = ctx;
-    cpu_backend *c = j->c;
+/* Row r's attention for the query heads of KV head kvh of layer li: the kept keys 0..pos of its
+ * session (each head's result as ib_attend_one's / ib_attend_policy's), the heads taken
+ * IB_ATTN_MAX_GROUP at a time. */
+static void attn_row(cpu_backend *c, int li, int r, int kvh) {
     const ib_config *mc = &c->model->cfg;
-    const ib_layer *L = &c->model->layers[j->li];
-    int H = mc->n_heads, KVH = L->kvh, hd = L->hd, G = H / KVH;
-    int r = task / KVH, kvh = task % KVH, h0 = kvh * G;
+    const ib_layer *L = &c->model->layers[li];
+    int H = mc->n_heads, KVH = L->kvh, hd = L->hd, G = H / KVH, h0 = kvh * G;
     const cpu_kv *kv = c->kv[c->row_item[r]];
-    const ib_kv_desc lv = ib_kv_desc_layer(&kv->base.desc, j->li), *d = &lv;
+    const ib_kv_desc lv = ib_kv_desc_layer(&kv->base.desc, li), *d = &lv;
     size_t eb = ib_kv_dtype_bytes(d->dtype);
-    const void *kl = (const char *)kv->data + kv_offset(kv, d, j->li, 0, kvh) * eb;
-    const void *vl = (const char *)kv->data + kv_offset(kv, d, j->li, 1, kvh) * eb;
+    const void *kl = (const char *)kv->data + kv_offset(kv, d, li, 0, kvh) * eb;
+    const void *vl = (const char *)kv->data + kv_offset(kv, d, li, 1, kvh) * eb;
     const float *q = c->buf[IB_BUF_Q] + ((size_t)r * H + h0) * hd;
     float *out = c->buf[IB_BUF_ATT] + ((size_t)r * H + h0) * hd;
     const int gemma = mc->arch == IB_ARCH_GEMMA4;
@@ -454,6 +455,55 @@ static void attn_task(void *ctx, int task, int thread) {
     }
 }
 
+/* Rows r0..r1-1 (r1 - r0 <= IB_ATTN_TILE_Q / query heads per KV head, all of one session) for KV head
+ * kvh of layer li, through the kernels that walk each key block once for all of them (ib_attend_rows,
+ * or ib_attend_policy_rows for a sink/window ring); each row's result is attn_row's bitwise. */
+static void attn_rows(cpu_backend *c, int li, int r0, int r1, int kvh) {
+    const ib_config *mc = &c->model->cfg;
+    const ib_layer *L = &c->model->layers[li];
+    int H = mc->n_heads, KVH = L->kvh, hd = L->hd, G = H / KVH, h0 = kvh * G, nr = r1 - r0;
+    const cpu_kv *kv = c->kv[c->row_item[r0]];
+    const ib_kv_desc lv = ib_kv_desc_layer(&kv->base.desc, li), *d = &lv;
+    size_t eb = ib_kv_dtype_bytes(d->dtype);
+    const void *kl = (const char *)kv->data + kv_offset(kv, d, li, 0, kvh) * eb;
+    const void *vl = (const char *)kv->data + kv_offset(kv, d, li, 1, kvh) * eb;
+    const float *q = c->buf[IB_BUF_Q] + ((size_t)r0 * H + h0) * hd;   /* row t's heads at q + t*H*hd */
+    float *out = c->buf[IB_BUF_ATT] + ((size_t)r0 * H + h0) * hd;
+    const int gemma = mc->arch == IB_ARCH_GEMMA4;
+    float scale = gemma ? 1.0f : 1.0f / sqrtf((float)hd);
+    int window = L->sliding ? mc->sliding_window : 0;
+    int n_keys[IB_ATTN_TILE_Q];   /* [nr] */
+    for (int t = 0; t < nr; t++) n_keys[t] = c->pos[r0 + t] + 1;
+    for (int h = 0; h < G; h += IB_ATTN_MAX_GROUP) {
+        int nq = G - h < IB_ATTN_MAX_GROUP ? G - h : IB_ATTN_MAX_GROUP;
+        if (d->window > 0)
+            ib_attend_policy_rows(d, c->k.attn.block2, q + (size_t)h * hd, (size_t)H * hd, nq, nr, c->pos + r0, kl, vl,
+                                  hd, scale, c->attn_block, out + (size_t)h * hd, (size_t)H * hd);
+        else
+            c->k.attn.rows(d->dtype == IB_KV_F16, q + (size_t)h * hd, (size_t)H * hd, nq, nr, n_keys, kl, vl, hd,
+                           hd, scale, c->attn_block, window, out + (size_t)h * hd, (size_t)H * hd);
+    }
+}
+
+/* One task = one (row, KV head), or (tile > 1) one KV head for a tile of consecutive rows: each run of
+ * rows of one session in it goes through attn_rows (a run of one row through attn_row). */
+static void attn_task(void *ctx, int task, int thread) {
+    attn_job *j = ctx;
+    cpu_backend *c = j->c;
+    const int KVH = c->model->layers[j->li].kvh;
+    if (j->tile == 1) {
+        attn_row(c, j->li, task / KVH, task % KVH);
+        return;
+    }
+    const int kvh = task / j->n_tiles, r0 = task % j->n_tiles * j->tile;
+    const int r_end = r0 + j->tile < c->R ? r0 + j->tile : c->R;
+    for (int a = r0, b; a < r_end; a = b) {
+        for (b = a + 1; b < r_end && c->row_item[b] == c->row_item[a];) b++;
+        if (b - a > 1) attn_rows(c, j->li, a, b, kvh);
+        else attn_row(c, j->li, a, kvh);
+    }
+}
+
 static void cpu_attention(ib_backend *b, int li) {
     cpu_backend *c = cb(b);
     const ib_config *mc = &c->model->cfg;
@@ -461,8 +511,14 @@ static void cpu_attention(ib_backend *b, int li) {
     double work = 0;
     const ib_layer *L = &c->model->layers[li];
     for (int r = 0; r < c->R; r++) work += 2.0 * (c->pos[r] + 1) * mc->n_heads * L->hd;
-    attn_job j = {c, li};
-    ib_pool_run(work < IB_MIN_PARALLEL_MACS ? NULL : c->pool, c->R * L->kvh, attn_task, &j);
+    /* tiles of rows when some session brings several rows (a prefill chunk); one row a task otherwise */
+    const int G = mc->n_heads / L->kvh, nq = G < IB_ATTN_MAX_GROUP ? G : IB_ATTN_MAX_GROUP;
+    int tile = 1;
+    for (int r = 1; r < c->R && tile == 1; r++)
+        if (c->row_item[r] == c->row_item[r - 1]) tile = IB_ATTN_TILE_Q / nq;
+    attn_job j = {c, li, tile, (c->R + tile - 1) / tile};
+    ib_pool_run(work < IB_MIN_PARALLEL_MACS ? NULL : c->pool, tile == 1 ? c->R * L->kvh : j.n_tiles * L->kvh,
+                attn_task, &j);
 }
 
 typedef struct {
