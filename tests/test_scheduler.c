@@ -219,6 +219,19 @@ static void run_window(const ib_model *m, ib_engine *e, int i, int sink, int win
     free(lo);
 }
 
+/* Slot sl's key and value rows (hd floats each, and their halves) from the xorshift state *x: keys in
+ * [-2, 2), values in [-1, 1). */
+static void fill_kv_slot(uint64_t *x, int sl, int hd, float *kf, float *vf, uint16_t *kh, uint16_t *vh) {
+    for (int d = 0; d < hd; d++) {
+        *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+        float a = (float)((double)(*x >> 11) / 9007199254740992.0 * 4 - 2);
+        *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17;
+        float b = (float)((double)(*x >> 11) / 9007199254740992.0 * 2 - 1);
+        kh[sl * hd + d] = ib_f32_to_f16(a), vh[sl * hd + d] = ib_f32_to_f16(b);
+        kf[sl * hd + d] = a, vf[sl * hd + d] = b;
+    }
+}
+
 /* Count the (position, config) cases where ib_attend_policy_heads with the copy for isa differs from
  * ib_attend_policy head by head: float and half KV, with and without sinks, blocks that the ring's
  * wrap cuts in two, 1 and 3 query heads. */
@@ -242,14 +255,7 @@ static int policy_heads_mismatches(const ib_model *m, ib_isa isa, int *cases) {
                     const void *k = f16 ? (const void *)kh : (const void *)kf, *v = f16 ? (const void *)vh : (const void *)vf;
                     for (int p = 0; p < NPOS; p++) {
                         int sl = ib_kv_slot(&fake, p);
-                        for (int d = 0; d < HD; d++) {
-                            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-                            float a = (float)((double)(x >> 11) / 9007199254740992.0 * 4 - 2);
-                            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-                            float b = (float)((double)(x >> 11) / 9007199254740992.0 * 2 - 1);
-                            kh[sl * HD + d] = ib_f32_to_f16(a), vh[sl * HD + d] = ib_f32_to_f16(b);
-                            kf[sl * HD + d] = a, vf[sl * HD + d] = b;
-                        }
+                        fill_kv_slot(&x, sl, HD, kf, vf, kh, vh);
                         for (int i = 0; i < nq * HD; i++) q[i] = kf[(size_t)((i * 7) % (sl * HD + HD))] * 1.5f;
                         for (int h = 0; h < nq; h++)
                             ib_attend_policy(&fake, q + h * HD, k, v, p, HD, 0.25f, blocks[bi], ref + h * HD);
@@ -290,14 +296,7 @@ static int policy_rows_mismatches(ib_isa isa, int *cases) {
                         for (int t = 0; t < nr; t++) {
                             int sl = ib_kv_slot(&fake, p0 + t);
                             pos[t] = p0 + t;
-                            for (int d = 0; d < HD; d++) {
-                                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-                                float a = (float)((double)(x >> 11) / 9007199254740992.0 * 4 - 2);
-                                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-                                float b = (float)((double)(x >> 11) / 9007199254740992.0 * 2 - 1);
-                                kh[sl * HD + d] = ib_f32_to_f16(a), vh[sl * HD + d] = ib_f32_to_f16(b);
-                                kf[sl * HD + d] = a, vf[sl * HD + d] = b;
-                            }
+                            fill_kv_slot(&x, sl, HD, kf, vf, kh, vh);
                         }
                         for (int i = 0; i < nr * nq * HD; i++) q[i] = kf[(size_t)((i * 7) % (64 * HD))] * 1.5f;
                         for (int t = 0; t < nr; t++)
