@@ -1589,7 +1589,7 @@ __device__ __forceinline__ void attended_ranges(const rowinfo &info, int &S, int
  * decode step's kernels run each path once, and wait on instruction fetch: ncu's "no instruction"
  * stall was 40% of that kernel's). */
 struct key_walk {
-    int a0, b0r, a1, b1r;   /* ra[0], rb[0], ra[1], rb[1] (scalars: selected, never indexed, so in registers) */
+    int b0r, a1, b1r;   /* rb[0], ra[1], rb[1] (ra[0] is 0; scalars: selected, never indexed, so in registers) */
     int rg, b0;
 };
 
@@ -1597,7 +1597,7 @@ __device__ __forceinline__ key_walk key_walk_of(const rowinfo &info) {
     const int p = info.pos;
     int S, lo;
     attended_ranges(info, S, lo);
-    return key_walk{0, S, lo, p + 1, 0, 0};
+    return key_walk{S, lo, p + 1, 0, 0};
 }
 
 /* A chunk of a key walk: nc keys in nbk whole key blocks, positions pa.. for its first na keys, then
