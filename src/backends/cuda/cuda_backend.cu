@@ -1209,6 +1209,21 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_kernel(float *Q, float *K, c
     }
 }
 
+#ifdef IB_CUDA_ATT_TRACE
+/* Diagnostic build only: thread 0 of per-head attention blocks < 64 at layer 3 records clock64() at its
+ * phases' ends (the last chunk's), printed when the instance is destroyed. */
+__device__ long long att_trace[64][12];
+__device__ int att_trace_twice;   /* IB_CUDA_ATT_TWICE=1: the direct kernel's layer-3 blocks run twice, traced the second time */
+#define ATT_MARK(i)                                                                  \
+    do {                                                                             \
+        if (li == 3 && threadIdx.x == 0 && blockIdx.x < 64) att_trace[blockIdx.x][i] = clock64(); \
+    } while (0)
+#else
+#define ATT_MARK(i) \
+    do {            \
+    } while (0)
+#endif
+
 /* The q/k norm, RoPE and KV store of a decode step done by its attention blocks (every row its session's
  * only row in the step, so a block needs no other row's key): the step's K, V [R][KVH][hd] and RoPE
  * table cs [R][hd/2][2], the head norms' weights qn, kn [hd] (NULL: none), eps, and the rows that rotate
@@ -1240,6 +1255,9 @@ __device__ __forceinline__ void qk_fused_prologue(const qk_fuse &fz, const float
         qk_head_warp(xs, fz.qn ? (key ? fz.kn : fz.qn) : NULL, t, rope, hd, fz.eps, lane);
         if (key) kv_store_warp(info, li, KVH, kvh, hd, xs, fz.V + ((size_t)r * KVH + kvh) * hd, lane);
     }
+#ifdef IB_CUDA_ATT_TRACE
+    if (li == 3 && (threadIdx.x == 0 || threadIdx.x == 32) && blockIdx.x < 64) att_trace[blockIdx.x][10 + (threadIdx.x >> 5)] = clock64();
+#endif
     __syncthreads();
 }
 
@@ -1310,6 +1328,35 @@ __device__ void value_pass(float *out, int W, const T *__restrict__ vp, const in
                 for (int t = 0; t < 4; t++) o = o + ph[j + t] * v[t];
             }
             for (; j < je; j++) o = o + ph[j] * to_f32(vp[(size_t)slot[j] * ld + d]);
+        }
+        out[e] = o;
+    }
+    __syncthreads();
+}
+
+/* value_pass for W <= blockDim.x elements over a stage of float rows in chunk order (row j at vst + j *
+ * ld, element e at + e): per key block k in order o = o * c[k], then o = o + pw[j] * v_j over the block's
+ * keys in order (loads issued 8 keys at a time before their products) — value_pass's operations, without
+ * its slot lookups (a decode block's stage, where the walk is short and every instruction counts). Ends
+ * with a barrier. */
+__device__ void value_pass_stage(float *out, int W, const float *vst, int ld, const float *pw, const float *c,
+                                 const int *bt0, int nbk) {
+    const int e = threadIdx.x;
+    if (e < W) {
+        float o = out[e];
+        const float *vr = vst + e;
+        for (int k = 0; k < nbk; k++) {
+            o = o * c[k];
+            int j = bt0[k];
+            const int je = bt0[k + 1];
+            for (; j + 8 <= je; j += 8) {
+                float v[8], q[8];
+#pragma unroll
+                for (int t = 0; t < 8; t++) v[t] = vr[(size_t)(j + t) * ld], q[t] = pw[j + t];
+#pragma unroll
+                for (int t = 0; t < 8; t++) o = o + q[t] * v[t];
+            }
+            for (; j < je; j++) o = o + pw[j] * vr[(size_t)j * ld];
         }
         out[e] = o;
     }
@@ -1464,19 +1511,6 @@ __device__ __forceinline__ void block_maxima_par(const float *sc, float *mk, flo
     if (lane == 0) *m = bm[nbk - 1];
 }
 
-#ifdef IB_CUDA_ATT_TRACE
-/* Diagnostic build only: thread 0 of per-head attention blocks < 64 at layer 3 records clock64() at its
- * phases' ends (the last chunk's), printed when the instance is destroyed. */
-__device__ long long att_trace[64][12];
-#define ATT_MARK(i)                                                                  \
-    do {                                                                             \
-        if (li == 3 && threadIdx.x == 0 && blockIdx.x < 64) att_trace[blockIdx.x][i] = clock64(); \
-    } while (0)
-#else
-#define ATT_MARK(i) \
-    do {            \
-    } while (0)
-#endif
 
 /* Shared memory of a per-head attention block. */
 struct att_smem1 {
@@ -1866,30 +1900,34 @@ __device__ __forceinline__ float direct_score(const uint4 (&kr)[DIRECT_SEGS], co
     return a[0] * scale;
 }
 
-/* Copy the value rows of a chunk's keys (hd elements of T each, the cache plane vp; chunk index j at
- * position chunk_pos(ch, j)) into vst [nc][hd] (shared memory) as floats, each exactly to_f32 of the
- * cache (a float copied as it is; halves by halves8_to_f32), except position `skip`'s
- * (-1: none): threads t, t + nt, … of the block, a 16-byte piece each, VSTAGE_LOADS loads in flight
- * (more would spill: the kernel also holds its keys in registers). */
+/* Copy the value rows of a chunk's first n keys (hd elements of T each, the cache plane vp; chunk index
+ * j at position chunk_pos(ch, j)) into vst [n][hd] (shared memory) as floats, each exactly to_f32 of the
+ * cache (a float copied as it is; halves by halves8_to_f32): threads t = 0 .. nt - 1 (nt a multiple of a
+ * row's 16-byte pieces), each one 16-byte column of rows t / pieces, + nt / pieces, …, VSTAGE_LOADS
+ * loads in flight (more would spill: the kernel also holds its keys in registers). */
+#ifndef VSTAGE_LOADS
 #define VSTAGE_LOADS 4
+#endif
 template <typename T>
 __device__ __forceinline__ void stage_value_rows(float *vst, const T *vp, const rowinfo &info, const key_chunk &ch, int hd,
-                                                 int skip, int t, int nt) {
+                                                 int n, int t, int nt) {
     constexpr int E = 16 / (int)sizeof(T);
-    const int rp = hd / E, np = ch.nc * rp;   /* pieces a row, in all */
-    for (int i0 = t; i0 < np; i0 += VSTAGE_LOADS * nt) {
+    const int rp = hd / E, col = t % rp, rstep = nt / rp;   /* pieces a row; this thread's column, row step */
+    const T *src = vp + col * E;
+    float *dst = vst + col * E;
+    for (int j0 = t / rp; j0 < n; j0 += VSTAGE_LOADS * rstep) {
         uint4 w[VSTAGE_LOADS];
 #pragma unroll
         for (int k = 0; k < VSTAGE_LOADS; k++) {
-            const int i = i0 + k * nt, pj = i < np ? chunk_pos(ch, i / rp) : skip;
-            if (pj != skip) w[k] = *(const uint4 *)(vp + (size_t)slot_of(info, pj) * hd + (i % rp) * E);
+            const int j = j0 + k * rstep;
+            if (j < n) w[k] = *(const uint4 *)(src + (size_t)slot_of(info, chunk_pos(ch, j)) * hd);
         }
 #pragma unroll
         for (int k = 0; k < VSTAGE_LOADS; k++) {
-            const int i = i0 + k * nt;
-            if (i < np && chunk_pos(ch, i / rp) != skip) {
-                if (sizeof(T) == 2) halves8_to_f32(w[k], vst + (size_t)i * E);
-                else *(uint4 *)(vst + (size_t)i * E) = w[k];
+            const int j = j0 + k * rstep;
+            if (j < n) {
+                if (sizeof(T) == 2) halves8_to_f32(w[k], dst + (size_t)j * hd);
+                else *(uint4 *)(dst + (size_t)j * hd) = w[k];
             }
         }
     }
@@ -1914,12 +1952,24 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
                                        const qk_fuse &fz) {
     constexpr int DTPK = direct_lanes<T>::DTPK, E = 16 / (int)sizeof(T);
     const int nseg = hd / 16, tid = threadIdx.x, p = info.pos;
-    if (!stage || hd % 16 != 0 || nseg > DIRECT_SEGS || hd >= (int)blockDim.x) return false;
-    key_walk kw = key_walk_of(info);
-    const key_chunk ch = next_chunk(kw, block, ATT_CHUNK, sm.bt0);
-    if (ch.nc == 0 || (long)ch.nc * hd * (long)sizeof(float) > stage_bytes || chunk_pos(ch, ch.nc - 1) != p ||
-        next_chunk(kw, block, ATT_CHUNK, sm.bt0).nc != 0)
+    if (!stage || hd % 16 != 0 || nseg > DIRECT_SEGS || hd >= (int)blockDim.x || 64 % (hd / E) != 0 ||
+        ((int)blockDim.x - 64) % (hd / E) != 0)
         return false;
+    key_chunk ch;
+    if (info.window <= 0) {
+        /* a full session: next_chunk's walk in closed form (positions 0 .. p, blocks cut at multiples of
+         * block; one chunk when they fit) — a serial walk here is a long chain of dependent instructions */
+        const int nk = p + 1, nb = p / block + 1;
+        if (nk > ATT_CHUNK || nb > ATT_MAX_BLOCKS || (long)nk * hd * (long)sizeof(float) > stage_bytes) return false;
+        for (int k = tid; k <= nb; k += blockDim.x) sm.bt0[k] = k < nb ? k * block : nk;
+        ch = key_chunk{nk, nb, nk, 0, 0};
+    } else {
+        key_walk kw = key_walk_of(info);
+        ch = next_chunk(kw, block, ATT_CHUNK, sm.bt0);
+        if (ch.nc == 0 || (long)ch.nc * hd * (long)sizeof(float) > stage_bytes || chunk_pos(ch, ch.nc - 1) != p ||
+            next_chunk(kw, block, ATT_CHUNK, sm.bt0).nc != 0)
+            return false;
+    }
     ATT_MARK(1);
     const int nc = ch.nc, nbk = ch.nbk, kvh = h / (H / KVH);
     const size_t plane = (size_t)info.cap * hd;
@@ -1928,13 +1978,17 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
     float *vst = (float *)stage;       /* [nc][hd] the value rows in chunk order, as floats */
     const bool fused = fz.K != NULL;   /* this block stores position p's key and value (chunk index nc - 1) */
     const int kpr = (int)blockDim.x / DTPK, jk = tid / DTPK, v = tid % DTPK;   /* keys a round; this thread's */
-    uint4 kr[DIRECT_SEGS];
-    const bool early = jk < nc && !(fused && jk == nc - 1);
+    /* the first two rounds' keys (this thread's jk and jk + kpr) asked for now, but the one being stored */
+    uint4 kr[DIRECT_SEGS], kr2[DIRECT_SEGS];
+    const bool early = jk < nc && !(fused && jk == nc - 1), early2 = jk + kpr < nc && !(fused && jk + kpr == nc - 1);
     if (early) direct_key_load<T>(kr, kp + (size_t)slot_of(info, chunk_pos(ch, jk)) * hd, v, nseg);
+    if (early2) direct_key_load<T>(kr2, kp + (size_t)slot_of(info, chunk_pos(ch, jk + kpr)) * hd, v, nseg);
     /* the prologue's warps: one per query head and one for the key head */
     const int vt0 = fused ? 64 : 0;
-    if (tid >= vt0) stage_value_rows<T>(vst, vp, info, ch, hd, fused ? p : -1, tid - vt0, (int)blockDim.x - vt0);
-    for (int j = tid; j < nc; j += blockDim.x) sm.slot[j] = j;   /* the stage's rows are the chunk's */
+    if (tid >= vt0) stage_value_rows<T>(vst, vp, info, ch, hd, fused ? nc - 1 : nc, tid - vt0, (int)blockDim.x - vt0);
+#ifdef IB_CUDA_ATT_TRACE
+    if (li == 3 && tid == 64 && blockIdx.x < 64) att_trace[blockIdx.x][3] = clock64();
+#endif
     if (fused) qk_fused_prologue(fz, Q, info, r, h, 1, kvh, H, KVH, hd, li, sm.q, sm.out);
     for (int d = tid; d < hd; d += blockDim.x) {
         if (!fused) sm.q[d] = Q[((size_t)r * H + h) * hd + d];
@@ -1951,7 +2005,13 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
     }
     for (int jb = 0; jb < nc; jb += kpr) {
         const int j = jb + jk;
-        if (j < nc && !(jb == 0 && early)) direct_key_load<T>(kr, kp + (size_t)slot_of(info, chunk_pos(ch, j)) * hd, v, nseg);
+        if (jb + (tid & ~31) / DTPK >= nc) break;   /* none of this warp's keys is left (warp-uniform) */
+        if (jb == kpr) {
+#pragma unroll
+            for (int t = 0; t < DIRECT_SEGS; t++) kr[t] = kr2[t];
+        }
+        if (j < nc && !(jb == 0 ? early : jb == kpr ? early2 : false))
+            direct_key_load<T>(kr, kp + (size_t)slot_of(info, chunk_pos(ch, j)) * hd, v, nseg);
         const float sc = direct_score<T>(kr, sm.q, v, nseg, j < nc, scale);
         if (v == 0 && j < nc) sm.sc[j] = sc;
     }
@@ -1974,7 +2034,7 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
         }
         sm.l = l;
     }
-    value_pass(sm.out, hd, (const float *)vst, sm.slot, sm.pw, 0, sm.c, 0, sm.bt0, nbk, hd, hd);
+    value_pass_stage(sm.out, hd, vst, hd, sm.pw, sm.c, sm.bt0, nbk);
     ATT_MARK(7);
     for (int d = tid; d < hd; d += blockDim.x) {
         const float o = sm.out[d] / sm.l;
@@ -2032,7 +2092,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float
  * takes attend_row_head_direct where its row fits it, else attend_row_head (the same arithmetic). A
  * kernel of its own so a decode step runs only this code (one KV type, no cluster code). */
 template <typename T>
-__global__ void __launch_bounds__(ATT_THREADS) attention_direct_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
+#ifndef DIRECT_MIN_BLOCKS
+#define DIRECT_MIN_BLOCKS 2   /* 2 blocks a multiprocessor at most 128 registers: B=15's 240 blocks in one wave */
+#endif
+__global__ void __launch_bounds__(ATT_THREADS, DIRECT_MIN_BLOCKS) attention_direct_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
                                                                   const rowinfo *__restrict__ ri, int H, int KVH, int hd,
                                                                   int li, float scale, int block, int qG,
                                                                   int8_t *__restrict__ xq, float *__restrict__ qd,
@@ -2046,6 +2109,13 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_direct_kernel(const flo
     __shared__ att_smem1 sm;
     extern __shared__ __align__(16) unsigned char att_stage[];
     unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
+#ifdef IB_CUDA_ATT_TRACE
+    if (att_trace_twice && li == 3) {   /* idempotent: the same stores and outputs twice */
+        attend_row_head_direct<T>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, fz);
+        __syncthreads();
+        ATT_MARK(0);
+    }
+#endif
     if (!attend_row_head_direct<T>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, fz))
         attend_row_head<T, false>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes,
                                   att_split{1, 0}, fz);
@@ -2532,9 +2602,9 @@ static void cuda_destroy(ib_backend *base) {
         if (cudaMemcpyFromSymbol(t, att_trace, sizeof t) == cudaSuccess)
             for (int i = 0; i < 4; i++)
                 fprintf(stderr, "att trace block %d (cycles from its start, last chunk): waited %lld, q ready %lld, slots %lld, "
-                                "staged %lld, scored %lld, maxima %lld, exp %lld, values %lld, end %lld\n", i,
+                                "staged %lld, scored %lld, maxima %lld, exp %lld, values %lld, end %lld; prologue q %lld k %lld\n", i,
                         t[i][9] - t[i][0], t[i][1] - t[i][0], t[i][2] - t[i][0], t[i][3] - t[i][0], t[i][4] - t[i][0], t[i][5] - t[i][0], t[i][6] - t[i][0],
-                        t[i][7] - t[i][0], t[i][8] - t[i][0]);
+                        t[i][7] - t[i][0], t[i][8] - t[i][0], t[i][10] - t[i][0], t[i][11] - t[i][0]);
     }
 #endif
     drop_graphs(b);
@@ -2618,6 +2688,13 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         b->att_direct = env_mode("IB_CUDA_ATT_DIRECT") ? DIRECT_BY_SHAPE : DIRECT_NEVER;
         const char *rp = getenv("IB_CUDA_REPEAT");
         b->repeat = (rp && strstr(rp, "attn") ? REPEAT_ATTN : 0) | (rp && strstr(rp, "linear") ? REPEAT_LINEAR : 0);
+#ifdef IB_CUDA_ATT_TRACE
+        {
+            const char *tw = getenv("IB_CUDA_ATT_TWICE");
+            const int twice = tw && tw[0] == '1';
+            cudaMemcpyToSymbol(att_trace_twice, &twice, sizeof twice);
+        }
+#endif
     }
     /* Gemma 4: Q / ATT rows at the widest layer's H * hd, K / V at the widest KV shape */
     const int hd_max = gemma && c->global_head_dim > b->hd ? c->global_head_dim : b->hd;
