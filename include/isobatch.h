@@ -701,6 +701,8 @@ typedef enum ib_fault {
                                    * token's embed_tokens_per_layer row (CPU backend) */
     IB_FAULT_ATTN_TILE_RANGE,     /* prefill attention: every row of a tile of one session's rows attends the
                                    * keys of the tile's last row (earlier rows see later positions' keys) */
+    IB_FAULT_GPU_ATT_BLOCK,       /* the CUDA attention cuts key blocks at half the canonical size (a kernel
+                                   * tuned with a tile of its own: another online-softmax rescale sequence) */
     IB_FAULT_COUNT
 } ib_fault;
 

@@ -15,7 +15,9 @@
  * batch; whole steps of a CPU engine and a CUDA engine (the public API, src/runtime/step.c over each
  * table) give bitwise equal logits; and under the test-only gpu-fma fault (an FMA in the products'
  * epilogue) each of these checks fails, so it can — and under gpu-split-k (Q8 products whose K is split
- * over blocks and added with atomics in any order) the op check and the engine comparison fail too.
+ * over blocks and added with atomics in any order) the op check and the engine comparison fail too, and
+ * under gpu-att-block (the attention's key blocks cut at half the canonical size) the op check of every
+ * attention path and the engine comparison.
  *
  * Gemma 4 (gemma_checks; `test_backend_cuda --gemma` runs them alone): whole steps of a CPU engine and
  * a CUDA engine on gemma4-tiny, gemma4-moe-tiny, and gemma4-tiny with KV sharing (and per-layer
@@ -1048,6 +1050,29 @@ int main(int argc, char **argv) {
                 unsetenv("IB_CUDA_MMA_ROWS");
                 CHECK(bad > 0, "model %s: the gpu-split-k fault went unnoticed (mma %d)", models[mi].name, mma);
             }
+            ib_fault_set(IB_FAULT_NONE);
+        }
+        /* and an attention that cuts its key blocks at a size of its own (half the canonical one: another
+         * sequence of online-softmax rescales): caught on every attention path — keys into registers (the
+         * default for decode steps), through the stage, a block per KV head, tiles of a prompt's rows */
+        if (mi == 0) {
+            static const struct { const char *var, *val, *what; } fv[] = {
+                {NULL, NULL, "keys into registers"},
+                {"IB_CUDA_ATT_DIRECT", "0", "staged"},
+                {"IB_CUDA_ATT_GROUP_ROWS", "1", "a block per KV head"},
+                {"IB_CUDA_ATT_TILE", "force", "tiles"}};
+            const ib_act fa = q8ok ? IB_ACT_Q8 : IB_ACT_F32;
+            ib_fault_set(IB_FAULT_GPU_ATT_BLOCK);
+            for (int a = 0; a < (int)(sizeof fv / sizeof fv[0]); a++) {
+                char name[96];
+                snprintf(name, sizeof name, "FAULT gpu-att-block, %s (must mismatch)", fv[a].what);
+                if (fv[a].var) setenv(fv[a].var, fv[a].val, 1);
+                const int bad = schedule(m, fa, IB_KV_F16, 0, name, NULL, 0, NSTEPS);
+                if (fv[a].var) unsetenv(fv[a].var);
+                CHECK(bad > 0, "model %s: the gpu-att-block fault went unnoticed (%s)", models[mi].name, fv[a].what);
+            }
+            CHECK(engine_compare(m, fa, IB_KV_F16, 0, "engine, FAULT gpu-att-block (must differ)") > 0,
+                  "model %s: the engine comparison missed the gpu-att-block fault", models[mi].name);
             ib_fault_set(IB_FAULT_NONE);
         }
         ib_model_free(m);
