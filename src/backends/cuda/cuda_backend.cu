@@ -1343,7 +1343,7 @@ __device__ void value_pass(float *out, int W, const T *__restrict__ vp, const in
 
 /* value_pass for W <= blockDim.x elements over a stage of float rows in chunk order (row j at vst + j *
  * ld, element e at + e): per key block k in order o = o * c[k], then o = o + pw[j] * v_j over the block's
- * keys in order (loads issued 8 keys at a time before their products) — value_pass's operations, without
+ * keys in order (the next 8 keys' loads issued before these 8 are added) — value_pass's operations, without
  * its slot lookups (a decode block's stage, where the walk is short and every instruction counts). Ends
  * with a barrier. */
 __device__ void value_pass_stage(float *out, int W, const float *vst, int ld, const float *pw, const float *c,
@@ -1356,12 +1356,24 @@ __device__ void value_pass_stage(float *out, int W, const float *vst, int ld, co
             o = o * c[k];
             int j = bt0[k];
             const int je = bt0[k + 1];
-            for (; j + 8 <= je; j += 8) {
-                float v[8], q[8];
+            float v[8], q[8];   /* the next 8 keys' loads in flight while these 8 are added */
+            if (j + 8 <= je) {
 #pragma unroll
                 for (int t = 0; t < 8; t++) v[t] = vr[(size_t)(j + t) * ld], q[t] = pw[j + t];
+            }
+            for (; j + 8 <= je; j += 8) {
+                float vn[8], qn[8];
+                const bool more = j + 16 <= je;
+                if (more) {
+#pragma unroll
+                    for (int t = 0; t < 8; t++) vn[t] = vr[(size_t)(j + 8 + t) * ld], qn[t] = pw[j + 8 + t];
+                }
 #pragma unroll
                 for (int t = 0; t < 8; t++) o = o + q[t] * v[t];
+                if (more) {
+#pragma unroll
+                    for (int t = 0; t < 8; t++) v[t] = vn[t], q[t] = qn[t];
+                }
             }
             for (; j < je; j++) o = o + pw[j] * vr[(size_t)j * ld];
         }
