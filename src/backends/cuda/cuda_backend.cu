@@ -1953,15 +1953,17 @@ __device__ __forceinline__ void stage_value_rows(float *vst, const T *vp, const 
 }
 
 /* attend_row_head's computation for one (row, query head) when its keys fit one chunk (ATT_CHUNK keys in
- * at most ATT_MAX_BLOCKS key blocks), their value rows fit the stage (stage_bytes) as floats, and hd is
- * a multiple of 16 of at most 128; returns false, having changed nothing the caller
- * reads, otherwise. Before the q/k preparation (the fused prologue or the prepared queries' load) the
- * block asks for what it can already: every key this step does not write straight into registers
+ * at most ATT_MAX_BLOCKS key blocks), their value rows fit the stage (stage_bytes) as floats, hd is a
+ * multiple of 16 of at most 128 and a row's 16-byte pieces divide 64 and the block's threads; returns
+ * false, having changed nothing the caller reads, otherwise. A full session's chunk is planned in closed
+ * form. Before the q/k preparation (the fused prologue or the prepared queries' load) the block asks for
+ * what it can already: the first two rounds' keys this step does not write straight into registers
  * (DTPK threads a key: direct_key_load), and, by the threads the prologue leaves free, the value rows
- * into the stage (stage_value_rows), so these loads overlap the prologue; position p's key and value
- * rows (stored by the prologue when fused) are read after it. The scores come from the registers
- * (direct_score), then attend_row_head's phases: the key blocks' maxima (block_maxima_par), p_j, one
- * thread's l, the value pass over the stage (value_pass), out / l. Every score, maximum, p, l and output is made by the same operations in the same order as
+ * into the stage (stage_value_rows), so these loads overlap the prologue; when fused, the prologue's key
+ * warp also leaves position p's key (as stored) and value row (as floats) in shared memory. The scores
+ * come from the registers (direct_score), then attend_row_head's phases: the key blocks' maxima
+ * (block_maxima_par), p_j, one thread's l, the value pass over the stage (value_pass_stage), out / l.
+ * Every score, maximum, p, l and output is made by the same operations in the same order as
  * attend_row_head's. */
 template <typename T>
 __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ Q, float *__restrict__ ATT,
