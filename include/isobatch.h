@@ -701,6 +701,9 @@ typedef enum ib_fault {
                                    * token's embed_tokens_per_layer row (CPU backend) */
     IB_FAULT_ATTN_TILE_RANGE,     /* prefill attention: every row of a tile of one session's rows attends the
                                    * keys of the tile's last row (earlier rows see later positions' keys) */
+    IB_FAULT_ATTN_BLOCK_MAX,      /* the vector attention copies' key-block maxima take a NaN score and keep
+                                   * whichever zero their lane fold ends on (the portable walk skips NaN
+                                   * and keeps the first zero in key order) */
     IB_FAULT_COUNT
 } ib_fault;
 
