@@ -703,6 +703,9 @@ typedef enum ib_fault {
                                    * keys of the tile's last row (earlier rows see later positions' keys) */
     IB_FAULT_GPU_ATT_BLOCK,       /* the CUDA attention cuts key blocks at half the canonical size (a kernel
                                    * tuned with a tile of its own: another online-softmax rescale sequence) */
+    IB_FAULT_ATTN_BLOCK_MAX,      /* the vector attention copies' key-block maxima take a NaN score and keep
+                                   * whichever zero their lane fold ends on (the portable walk skips NaN
+                                   * and keeps the first zero in key order) */
     IB_FAULT_COUNT
 } ib_fault;
 

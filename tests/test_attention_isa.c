@@ -7,7 +7,10 @@
  * the head. The isa-fma fault (the vector copies fuse the dot products' multiply-adds) must make the
  * comparison fail on every vector copy this CPU runs. Several rows of one session taking key blocks
  * together (ib_attend_rows) give each row's single-row bits, and the attn-tile-range fault (a tile's
- * rows attend its last row's keys) must make that comparison fail.
+ * rows attend its last row's keys) must make that comparison fail. A key block's softmax step
+ * (ib_attend_block_weights_isa: block max, rescale factor, weights, sum) gives the portable copy's bits
+ * on scores with NaN, zeros of both signs, infinities and denormals, and the attn-block-max fault (the
+ * vector block max takes NaN scores and keeps any zero) must make that comparison fail.
  */
 #include <math.h>
 #include <stdint.h>
@@ -115,6 +118,83 @@ static int perturbed_differs(void) {
     return memcmp(ref, got, sizeof(float) * HD) != 0;
 }
 
+/* One block's softmax step (ib_attend_block_weights_isa) of the copy for isa against the portable
+ * one, bitwise (m, l, c and the weights, zero signs and NaNs included), on scores the attention bodies
+ * rarely meet: NaN scores anywhere (the block max skips them; one is always the block's last key in
+ * half the cases, where a maximum that takes NaN keeps it), blocks whose maximum is a zero with both
+ * zero signs present in either order (the max is the first zero in key order), +inf and -inf scores,
+ * blocks of only NaN and -inf, denormals, and plain random scores; 1-4 queries, first keys j0 and
+ * block ends around the vector widths, running maxima -inf, finite, +0, -0. Counts the differing
+ * cases per kind (kinds: 0 random, 1 NaN, 2 zero max, 3 infinities, 4 NaN / -inf only). */
+enum { WKINDS = 5, WRS = 128 };
+static const char *const wkind_name[WKINDS] = {"random", "NaN", "zero max", "inf", "NaN/-inf only"};
+
+static void fill_scores(float *s, int kind, int j0, int nb) {
+    for (int j = 0; j < WRS; j++) s[j] = 4 * rndf();   /* outside j0..nb-1 too: must be ignored */
+    switch (kind) {
+    case 1: {
+        int n = 1 + rndi(4);
+        for (int i = 0; i < n; i++) s[j0 + rndi(nb - j0)] = NAN;
+        if (rndi(2)) s[nb - 1] = NAN;
+        if (rndi(4) == 0) s[j0] = NAN;
+        break;
+    }
+    case 2: {
+        for (int j = j0; j < nb; j++) s[j] = -fabsf(s[j]) - 0x1p-20f;
+        int a = j0 + rndi(nb - j0), b = j0 + rndi(nb - j0), first_neg = rndi(2);
+        if (a > b) { int x = a; a = b; b = x; }
+        s[a] = first_neg ? -0.0f : 0.0f;
+        s[b] = first_neg ? 0.0f : -0.0f;      /* a == b leaves one zero */
+        for (int i = rndi(3); i > 0; i--) s[j0 + rndi(nb - j0)] = rndi(2) ? 0.0f : -0.0f;
+        if (rndi(3) == 0) s[j0 + rndi(nb - j0)] = NAN;
+        break;
+    }
+    case 3:
+        for (int i = 1 + rndi(3); i > 0; i--) s[j0 + rndi(nb - j0)] = rndi(2) ? INFINITY : -INFINITY;
+        if (rndi(3) == 0) s[j0 + rndi(nb - j0)] = NAN;
+        break;
+    case 4:
+        for (int j = j0; j < nb; j++) s[j] = rndi(2) ? NAN : -INFINITY;
+        break;
+    default:
+        if (rndi(4) == 0)
+            for (int j = j0; j < nb; j++) s[j] *= 0x1p-140f; /* denormal scores */
+        break;
+    }
+}
+
+static int compare_weights(ib_isa isa, int cases[WKINDS], int bad[WKINDS]) {
+    static const int nbs[] = {1, 2, 7, 8, 9, 15, 16, 17, 23, 31, 32, 33, 48, 63, 64, 65, 100, 127, 128};
+    static const int j0s[] = {0, 1, 5, 16, 17};
+    static float s[4 * WRS], pw_ref[4 * WRS], pw_got[4 * WRS];
+    int total = 0;
+    for (int a = 0; a < (int)(sizeof nbs / sizeof nbs[0]); a++)
+        for (int b = 0; b < 5; b++)
+            for (int nq = 1; nq <= 4; nq++)
+                for (int kind = 0; kind < WKINDS; kind++)
+                    for (int rep = 0; rep < 4; rep++) {
+                        const int nb = nbs[a], j0 = j0s[b];
+                        if (j0 >= nb) continue;
+                        float m0[4], l0[4], m_ref[4], l_ref[4], c_ref[4], m_got[4], l_got[4], c_got[4];
+                        for (int h = 0; h < nq; h++) {
+                            /* the first query takes the kind, the others a random kind */
+                            fill_scores(s + h * WRS, h == 0 ? kind : rndi(WKINDS), j0, nb);
+                            const int r = rndi(4);
+                            m0[h] = r == 0 ? -INFINITY : r == 1 ? -8 + rndf() : r == 2 ? 0.0f : -0.0f;
+                            l0[h] = m0[h] == -INFINITY ? 0.0f : 1 + rndf();
+                            m_ref[h] = m_got[h] = m0[h], l_ref[h] = l_got[h] = l0[h];
+                        }
+                        memset(pw_ref, 0x5a, sizeof pw_ref), memset(pw_got, 0x5a, sizeof pw_got);
+                        ib_attend_block_weights_portable(nq, s, WRS, j0, nb, m_ref, l_ref, pw_ref, c_ref);
+                        ib_attend_block_weights_isa(isa, nq, s, WRS, j0, nb, m_got, l_got, pw_got, c_got);
+                        const size_t n4 = sizeof(float) * (size_t)nq;
+                        bad[kind] += memcmp(m_ref, m_got, n4) != 0 || memcmp(l_ref, l_got, n4) != 0 ||
+                                     memcmp(c_ref, c_got, n4) != 0 || memcmp(pw_ref, pw_got, sizeof pw_ref) != 0;
+                        cases[kind]++, total++;
+                    }
+    return total;
+}
+
 int main(void) {
     CHECK(perturbed_differs(), "a one-bit change of a half key went unseen");
     static const ib_isa isas[] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512, IB_ISA_NEON, IB_ISA_AUTO};
@@ -145,6 +225,33 @@ int main(void) {
               bad, cases);
         printf("rows tiles --isa %s: %d rows compared, the attn-tile-range fault changed %d\n", ib_isa_name(isas[i]),
                cases, bad);
+    }
+    /* after the comparisons above, so their random inputs are the ones they always drew */
+    for (int i = 0; i < 5; i++) {
+        if (!ib_isa_supported(isas[i])) continue;
+        /* the softmax step on NaN, zero and infinite scores; the attn-block-max fault (the vector copies'
+         * block max takes NaN scores and keeps the zero its lane fold ends on) must break the NaN and the
+         * zero-max kinds */
+        int wc[WKINDS] = {0}, wb[WKINDS] = {0}, wbad = 0;
+        compare_weights(isas[i], wc, wb);
+        for (int kd = 0; kd < WKINDS; kd++) {
+            CHECK(wb[kd] == 0, "block softmax step (--isa %s), %s scores: %d of %d cases differ from the portable copy",
+                  ib_isa_name(isas[i]), wkind_name[kd], wb[kd], wc[kd]);
+            wbad += wb[kd];
+        }
+        if (isas[i] == IB_ISA_AVX2 || isas[i] == IB_ISA_AVX512) {
+            int fc[WKINDS] = {0}, fb[WKINDS] = {0};
+            ib_fault_set(IB_FAULT_ATTN_BLOCK_MAX);
+            compare_weights(isas[i], fc, fb);
+            ib_fault_set(IB_FAULT_NONE);
+            CHECK(fb[1] > fc[1] / 8 && fb[2] > fc[2] / 8,
+                  "attn-block-max fault on --isa %s changed only %d of %d NaN and %d of %d zero-max cases",
+                  ib_isa_name(isas[i]), fb[1], fc[1], fb[2], fc[2]);
+            printf("block softmax step --isa %s: %d cases, %d differ; the attn-block-max fault changed %d of %d NaN, "
+                   "%d of %d zero-max, %d of %d random cases\n",
+                   ib_isa_name(isas[i]), wc[0] + wc[1] + wc[2] + wc[3] + wc[4], wbad, fb[1], fc[1], fb[2], fc[2], fb[0],
+                   fc[0]);
+        }
     }
     TEST_MAIN_END("test_attention_isa");
 }

@@ -29,6 +29,48 @@ static void alone(ib_engine *e, const int32_t *t, int n, int chunk, float *logit
     ib_session_free(s);
 }
 
+/* One step of NS sessions at different positions, each bringing one token and wanting its logits, its
+ * argmax or both: more logits rows than one lm_head product takes (the CPU backend computes them up to
+ * 32 rows a product, their argmax and copies spread over the pool), so the step runs five products.
+ * Counts the sessions whose logits or argmax differ from the same session alone (all its tokens in one
+ * step, one row of logits), and failed steps. */
+enum { NS = 150 };
+static int many_logits_rows(ib_engine *e) {
+    static ib_session *s[NS];
+    static int32_t tok[NS][6], got_arg[NS];
+    ib_step_item items[NS];
+    ib_error err;
+    float *lg = malloc((size_t)NS * V * 4), *ref = malloc((size_t)V * 4);
+    int bad = 0;
+    for (int k = 0; k < NS; k++) {
+        int pre = k % 5;   /* tokens fed before the shared step: positions 0..4 */
+        for (int i = 0; i <= pre; i++) tok[k][i] = (k * 11 + i * 7 + 3) % 256;
+        ib_session_create(m, &(ib_session_opts){.max_context = 16}, &s[k], &err);
+        if (pre > 0) {
+            ib_step_item it = {s[k], tok[k], pre, NULL, NULL};
+            bad += ib_step(e, &it, 1, &err) != IB_OK;
+        }
+        got_arg[k] = -1;
+        items[k] = (ib_step_item){s[k], tok[k] + pre, 1, k % 3 != 1 ? lg + (size_t)k * V : NULL,
+                                  k % 3 != 0 ? &got_arg[k] : NULL};
+    }
+    bad += ib_step(e, items, NS, &err) != IB_OK;
+    for (int k = 0; k < NS; k++) {
+        ib_session *sa;
+        ib_session_create(m, &(ib_session_opts){.max_context = 16}, &sa, &err);
+        ib_step_item it = {sa, tok[k], k % 5 + 1, ref, NULL};
+        bad += ib_step(e, &it, 1, &err) != IB_OK;
+        ib_session_free(sa);
+        int differs = 0;
+        if (k % 3 != 1) differs |= memcmp(lg + (size_t)k * V, ref, (size_t)V * 4) != 0;
+        if (k % 3 != 0) differs |= got_arg[k] != ib_argmax(ref, V);
+        bad += differs;
+        ib_session_free(s[k]);
+    }
+    free(lg), free(ref);
+    return bad;
+}
+
 int main(void) {
     char dir[] = "/tmp/ib_step_XXXXXX";
     if (!mkdtemp(dir)) return 1;
@@ -217,6 +259,23 @@ int main(void) {
         go.max_new_tokens = 2;
         CHECK(ib_generate(e, rb, 2, &go, res, &st, &err) == IB_ERR_INVALID_ARG && strstr(err.msg, "vocabulary"),
               "a token outside the vocabulary: code %d, %s", err.code, err.msg);
+    }
+
+    /* more logits rows in one step than one lm_head product takes: each row as alone; the gemv-gemm
+     * fault (products of several rows accumulate in another order) must break that */
+    {
+        ib_engine *eb;
+        CHECK(ib_engine_create(m, &(ib_engine_opts){.threads = 2, .max_step_tokens = 2 * NS}, &eb, &err) == IB_OK,
+              "%s", err.msg);
+        int bad = many_logits_rows(eb);
+        CHECK(bad == 0, "%d of %d sessions' logits or argmax in a step of %d logits rows differ from alone", bad, NS,
+              NS);
+        ib_fault_set(IB_FAULT_GEMV_GEMM);
+        int fbad = many_logits_rows(eb);
+        ib_fault_set(IB_FAULT_NONE);
+        CHECK(fbad > NS / 2, "gemv-gemm fault: only %d of %d sessions differ in a step of many logits rows", fbad, NS);
+        printf("a step of %d logits rows: %d sessions differ from alone, under gemv-gemm %d\n", NS, bad, fbad);
+        ib_engine_free(eb);
     }
 
     ib_session_free(sa);

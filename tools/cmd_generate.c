@@ -56,7 +56,8 @@ static const char help[] =
     "                    amx-group-order: --isa amx adds its tile rows' groups in descending order;\n"
     "                    ple-row0: Gemma 4 per-layer embeddings of every row from the first row's token;\n"
     "                    attn-tile-range: prefill attention rows of a tile attend its last row's keys;\n"
-    "                    gpu-att-block: the CUDA attention cuts key blocks at half the canonical size)\n";
+    "                    gpu-att-block: the CUDA attention cuts key blocks at half the canonical size;\n"
+    "                    attn-block-max: vector attention's key-block maxima take NaN scores)\n";
 
 typedef struct prompts {
     int n, cap;

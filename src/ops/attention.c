@@ -115,6 +115,17 @@ void ib_attend_rows_isa(ib_isa isa, int f16, const float *q, size_t q_stride, in
     }
 }
 
+void ib_attend_block_weights_isa(ib_isa isa, int nq, const float *s, int rs, int j0, int nb, float *m, float *l,
+                                 float *pw, float *c) {
+    switch (attn_isa(isa)) {
+#if defined(__x86_64__) || defined(__i386__)
+    case IB_ISA_AVX512: ib_attend_block_weights_avx512(nq, s, rs, j0, nb, m, l, pw, c); return;
+    case IB_ISA_AVX2: ib_attend_block_weights_avx2(nq, s, rs, j0, nb, m, l, pw, c); return;
+#endif
+    default: ib_attend_block_weights_portable(nq, s, rs, j0, nb, m, l, pw, c); return;
+    }
+}
+
 void ib_attend_heads(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride, int hd,
                      float scale, int block, int window, float *out) {
     ib_attend_heads_isa(IB_ISA_AUTO, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out);

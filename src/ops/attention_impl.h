@@ -7,10 +7,14 @@
  * All arithmetic is written on GCC vectors (16 lanes in the AVX-512 copy, 8 elsewhere) whose
  * operations are lane-wise IEEE (products and sums separate: -ffp-contract=off), and every lane of a
  * dot product or of an output walks its elements in the same order whatever the width, so the copies
- * give the same bits. Only two things differ between copies, neither of them arithmetic:
+ * give the same bits. Only three things differ between copies, none of them rounding:
  *   - how 16 half-precision keys or values become floats (an exact conversion: F16C / vcvtph2ps,
  *     NEON vcvt, or the portable bit manipulation of half.h), done in registers as they are used;
- *   - under the test-only isa-fma fault the vector copies fuse the dot products' multiply-adds.
+ *   - a key block's maximum score (block_max): the portable copy walks the keys in order, the vector
+ *     copies take them in lanes; a maximum is exact in any order, and NaN scores and the sign of a
+ *     zero maximum are handled so that the bits are the walk's;
+ *   - under the test-only faults, isa-fma (the vector copies fuse the dot products' multiply-adds) and
+ *     attn-block-max (their block maxima take NaN scores and lose the walk's zero sign).
  */
 #ifndef IB_OPS_ATTENTION_IMPL_H
 #define IB_OPS_ATTENTION_IMPL_H
@@ -301,24 +305,89 @@ ATTN_AI void block_scores(const int NQ, const int f16, const int fused, const fl
         for (j = j0; j < nb; j++) s[(size_t)h * rs + j] = s[(size_t)h * rs + j] * scale;
 }
 
+/* The block maximum of one query's scores s[j0..nb) as the key-order walk `mb = s[j] > mb ? s[j] : mb`
+ * from mb = -inf gives it, bitwise: the largest score that is not NaN (NaN scores are skipped; -inf
+ * when every score is NaN or -inf), and where that maximum is a zero, the zero (+0 or -0) that comes
+ * first in key order (a later zero of the other sign is not greater). The portable copy is the walk.
+ * The vector copies take VL keys a step, lane-wise: vmaxps(s, acc) is `s > acc ? s : acc` (it returns
+ * its second operand when either is NaN or both are zeros), so a NaN score leaves its lane as it was
+ * and no lane ever holds a NaN; a maximum that is not a zero is one value whatever order the keys and
+ * lanes are combined in, so the lanes fold in any order (masked lanes of the last step hold -inf);
+ * only the sign of a zero maximum depends on the order, and there (rare) the walk gives it. Under the
+ * test-only attn-block-max fault (maxf, the vector copies only) the operands are swapped (a NaN score
+ * wins its lane) and the zero the fold ends on is kept. */
+ATTN_AI float block_max(const float *s, int j0, int nb, int maxf) {
+    float mb = -INFINITY;
+    (void)maxf;
+#if defined(IB_ATTN_AVX512)
+    __m512 a = _mm512_set1_ps(-INFINITY);
+    int j = j0;
+    if (__builtin_expect(maxf, 0)) {
+        for (; j + 16 <= nb; j += 16) a = _mm512_max_ps(a, _mm512_loadu_ps(s + j));
+        if (j < nb) a = _mm512_max_ps(a, _mm512_mask_loadu_ps(a, (__mmask16)((1u << (nb - j)) - 1u), s + j));
+        return _mm512_reduce_max_ps(a);
+    }
+    for (; j + 16 <= nb; j += 16) a = _mm512_max_ps(_mm512_loadu_ps(s + j), a);
+    if (j < nb) a = _mm512_max_ps(_mm512_mask_loadu_ps(a, (__mmask16)((1u << (nb - j)) - 1u), s + j), a);
+    mb = _mm512_reduce_max_ps(a);
+#elif defined(IB_ATTN_AVX2)
+    __m256 a = _mm256_set1_ps(-INFINITY);
+    int j = j0;
+    if (__builtin_expect(maxf, 0)) {
+        for (; j + 8 <= nb; j += 8) a = _mm256_max_ps(a, _mm256_loadu_ps(s + j));
+        for (; j < nb; j++) a = _mm256_max_ps(a, _mm256_set1_ps(s[j]));
+    } else {
+        for (; j + 8 <= nb; j += 8) a = _mm256_max_ps(_mm256_loadu_ps(s + j), a);
+        if (j < nb) { /* the last 1-7 keys, the lanes past them -inf */
+            const __m256 in = _mm256_cmp_ps(_mm256_set1_ps((float)(nb - j)), _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _CMP_GT_OQ);
+            const __m256 x = _mm256_maskload_ps(s + j, _mm256_castps_si256(in));
+            a = _mm256_max_ps(_mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, in), a);
+        }
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    mb = _mm_cvtss_f32(h);
+    if (maxf) return mb;
+#endif
+#ifdef IB_ATTN_VECTOR_ISA
+    if (mb != 0.0f) return mb;
+    mb = -INFINITY; /* a zero maximum: its sign is the first zero's in key order, as the walk finds it */
+#endif
+    for (int j = j0; j < nb; j++) mb = s[j] > mb ? s[j] : mb;
+    return mb;
+}
+
 /* The softmax side of one block's online update for NQ <= 4 queries from their scores (head h's s[j0..nb)
  * at s + h*rs): per head, the block max, m' = max(m, it), c = exp(m - m') (c[h]: the factor that
  * rescales what the outputs hold so far), the weights pw[j] = exp(s[j] - m') (to pw + h*rs,
  * lane-parallel), l = l*c then l += pw[j] in key order; m[h], l[h] move on. The heads' loops are
- * interleaved: each head's max and sum are chains of dependent operations (one per key), which the
- * heads run side by side; each head's operations and their order are those of one head alone. */
+ * interleaved: each head's sum (and in the portable copy its max) is a chain of dependent operations
+ * (one per key), which the heads run side by side; each head's operations and their order are those
+ * of one head alone. The vector copies take each block max across the keys in lanes (block_max, the
+ * walk's bits; maxf: the attn-block-max fault). */
 ATTN_AI void block_weights_n(const int NQ, const float *s, int rs, int j0, int nb, float *m, float *l, float *pw,
-                             float *c) {
+                             float *c, int maxf) {
     /* each head's running block max and sum in a scalar of its own (kept in a register: as an array
      * indexed by head they went through the stack, a store and a reload per key) */
     const float *s0 = s, *s1 = s + (NQ > 1 ? rs : 0), *s2 = s + (NQ > 2 ? 2 * rs : 0), *s3 = s + (NQ > 3 ? 3 * rs : 0);
     float mb0 = -INFINITY, mb1 = -INFINITY, mb2 = -INFINITY, mb3 = -INFINITY, m_new[4], lv[4];
+#ifdef IB_ATTN_VECTOR_ISA
+    /* the block maxima across the keys in lanes (block_max: the walk's bits) */
+    mb0 = block_max(s0, j0, nb, maxf);
+    if (NQ > 1) mb1 = block_max(s1, j0, nb, maxf);
+    if (NQ > 2) mb2 = block_max(s2, j0, nb, maxf);
+    if (NQ > 3) mb3 = block_max(s3, j0, nb, maxf);
+#else
+    (void)maxf;
     for (int j = j0; j < nb; j++) {
         mb0 = s0[j] > mb0 ? s0[j] : mb0;
         if (NQ > 1) mb1 = s1[j] > mb1 ? s1[j] : mb1;
         if (NQ > 2) mb2 = s2[j] > mb2 ? s2[j] : mb2;
         if (NQ > 3) mb3 = s3[j] > mb3 ? s3[j] : mb3;
     }
+#endif
     const float mb[4] = {mb0, mb1, mb2, mb3};
 #pragma GCC unroll 4
     for (int h = 0; h < NQ; h++) {
@@ -348,8 +417,8 @@ ATTN_AI void block_weights_n(const int NQ, const float *s, int rs, int j0, int n
  * the one-row bodies keep it inlined, where a call cost more than it saved). */
 #define IB_ATTN_WEIGHTS_FN(NQ)                                                                                   \
     static __attribute__((noinline)) void block_weights_##NQ(const float *s, int rs, int j0, int nb, float *m,  \
-                                                             float *l, float *pw, float *c) {                   \
-        block_weights_n(NQ, s, rs, j0, nb, m, l, pw, c);                                                         \
+                                                             float *l, float *pw, float *c, int maxf) {         \
+        block_weights_n(NQ, s, rs, j0, nb, m, l, pw, c, maxf);                                                   \
     }
 IB_ATTN_WEIGHTS_FN(1)
 IB_ATTN_WEIGHTS_FN(2)
@@ -358,12 +427,12 @@ IB_ATTN_WEIGHTS_FN(4)
 
 /* block_weights_n through the function for NQ (a constant wherever this is inlined). */
 ATTN_AI void block_weights(const int NQ, const float *s, int rs, int j0, int nb, float *m, float *l, float *pw,
-                           float *c) {
+                           float *c, int maxf) {
     switch (NQ) {
-    case 4: block_weights_4(s, rs, j0, nb, m, l, pw, c); break;
-    case 3: block_weights_3(s, rs, j0, nb, m, l, pw, c); break;
-    case 2: block_weights_2(s, rs, j0, nb, m, l, pw, c); break;
-    default: block_weights_1(s, rs, j0, nb, m, l, pw, c); break;
+    case 4: block_weights_4(s, rs, j0, nb, m, l, pw, c, maxf); break;
+    case 3: block_weights_3(s, rs, j0, nb, m, l, pw, c, maxf); break;
+    case 2: block_weights_2(s, rs, j0, nb, m, l, pw, c, maxf); break;
+    default: block_weights_1(s, rs, j0, nb, m, l, pw, c, maxf); break;
     }
 }
 
@@ -373,24 +442,24 @@ ATTN_AI void block_weights(const int NQ, const float *s, int rs, int j0, int nb,
  * weights_fn (a constant), inlined otherwise. */
 ATTN_AI void heads_block(const int NQ, const int weights_fn, const int f16, const int fused, const float *q,
                          const void *k, const void *v, size_t ko, size_t st, int hd, float scale, int j0, int nb,
-                         int n_rows, float *m, float *l, float *out) {
+                         int n_rows, float *m, float *l, float *out, int maxf) {
     float s[4 * IB_ATTN_MAX_BLOCK], pw[4 * IB_ATTN_MAX_BLOCK], c[4];
     block_scores(NQ, f16, fused, q, k, ko, st, hd, scale, j0, nb, n_rows, s, IB_ATTN_MAX_BLOCK);
-    if (weights_fn) block_weights(NQ, s, IB_ATTN_MAX_BLOCK, j0, nb, m, l, pw, c);
-    else block_weights_n(NQ, s, IB_ATTN_MAX_BLOCK, j0, nb, m, l, pw, c);
+    if (weights_fn) block_weights(NQ, s, IB_ATTN_MAX_BLOCK, j0, nb, m, l, pw, c, maxf);
+    else block_weights_n(NQ, s, IB_ATTN_MAX_BLOCK, j0, nb, m, l, pw, c, maxf);
     scale_accumulate(NQ, f16, out, hd, c, pw, IB_ATTN_MAX_BLOCK, v, ko, st, j0, nb, n_rows);
 }
 
 /* attend_block2_body's work for NQ <= 2 of its heads (q, m, l, out advanced to the first). */
 ATTN_AI void block2_heads(const int NQ, const int f16, const int fused, const float *q, const void *k1,
                          const void *v1, int n1, const void *k2, const void *v2, int n2, size_t st, int hd,
-                         float scale, float *m, float *l, float *out) {
+                         float scale, float *m, float *l, float *out, int maxf) {
     enum { RS = IB_ATTN_MAX_BLOCK };
     float s[2 * RS], pw[2 * RS], c[2];
     static const float one[2] = {1.0f, 1.0f};
     block_scores(NQ, f16, fused, q, k1, 0, st, hd, scale, 0, n1, n1, s, RS);
     if (n2 > 0) block_scores(NQ, f16, fused, q, k2, 0, st, hd, scale, 0, n2, n2, s + n1, RS);
-    block_weights_n(NQ, s, RS, 0, n1 + n2, m, l, pw, c);
+    block_weights_n(NQ, s, RS, 0, n1 + n2, m, l, pw, c, maxf);
     scale_accumulate(NQ, f16, out, hd, c, pw, RS, v1, 0, st, 0, n1, n1);
     if (n2 > 0) scale_accumulate(NQ, f16, out, hd, one, pw + n1, RS, v2, 0, st, 0, n2, n2);
 }
@@ -403,20 +472,21 @@ ATTN_AI void block2_heads(const int NQ, const int f16, const int fused, const fl
  * (x * 1 = x exactly). */
 ATTN_AI void attend_block2_body(const int f16, const int fused, const float *q, int nq, const void *k1,
                                 const void *v1, int n1, const void *k2, const void *v2, int n2, size_t st, int hd,
-                                float scale, float *m, float *l, float *out) {
+                                float scale, float *m, float *l, float *out, int maxf) {
     int h = 0;
     for (; IB_ATTN_PAIRS && h + 2 <= nq; h += 2)
         block2_heads(2, f16, fused, q + (size_t)h * hd, k1, v1, n1, k2, v2, n2, st, hd, scale, m + h, l + h,
-                     out + (size_t)h * hd);
+                     out + (size_t)h * hd, maxf);
     for (; h < nq; h++)
         block2_heads(1, f16, fused, q + (size_t)h * hd, k1, v1, n1, k2, v2, n2, st, hd, scale, m + h, l + h,
-                     out + (size_t)h * hd);
+                     out + (size_t)h * hd, maxf);
 }
 
 /* ib_attend_heads over a float (f16 = 0) or half (f16 = 1) KV plane: nq query heads q [nq][hd] walk
  * each key block in turn while its keys and values are in L1; out [nq][hd]. block <= IB_ATTN_MAX_BLOCK. */
 ATTN_AI void attend_heads_body(const int f16, const int fused, const float *q, int nq, const void *k, const void *v,
-                               int n_keys, int kv_stride, int hd, float scale, int block, int window, float *out) {
+                               int n_keys, int kv_stride, int hd, float scale, int block, int window, float *out,
+                               int maxf) {
     float m[IB_ATTN_MAX_GROUP], l[IB_ATTN_MAX_GROUP];
     const int lo = window > 0 && n_keys > window ? n_keys - window : 0;  /* first attended key */
     const size_t st = (size_t)kv_stride;
@@ -428,10 +498,10 @@ ATTN_AI void attend_heads_body(const int f16, const int fused, const float *q, i
         int h = 0;
         for (; IB_ATTN_PAIRS && h + 2 <= nq; h += 2)
             heads_block(2, 0, f16, fused, q + (size_t)h * hd, k, v, (size_t)b0 * st, st, hd, scale, j0, nb, n_keys - b0,
-                        m + h, l + h, out + (size_t)h * hd);
+                        m + h, l + h, out + (size_t)h * hd, maxf);
         for (; h < nq; h++)
             heads_block(1, 0, f16, fused, q + (size_t)h * hd, k, v, (size_t)b0 * st, st, hd, scale, j0, nb, n_keys - b0,
-                        m + h, l + h, out + (size_t)h * hd);
+                        m + h, l + h, out + (size_t)h * hd, maxf);
     }
     for (int h = 0; h < nq; h++)
         for (int d = 0; d < hd; d++) out[(size_t)h * hd + d] = out[(size_t)h * hd + d] / l[h];
@@ -448,7 +518,7 @@ ATTN_AI int row_lo(int n_keys, int window) { return window > 0 && n_keys > windo
  * together (its loads shared, each query's operations its own). */
 ATTN_AI void rows_block(const int f16, const int fused, const float *qt, int nq, int nr, const int *n_keys,
                         const void *k, const void *v, size_t st, int hd, float scale, int block, int window, int b0,
-                        float *m, float *l, float *ot) {
+                        float *m, float *l, float *ot, int maxf) {
     const int nx = nr * nq;
     for (int x = 0; x < nx;) {
         const int t = x / nq, n = n_keys[t], lo = row_lo(n, window);
@@ -469,10 +539,10 @@ ATTN_AI void rows_block(const int f16, const int fused, const float *qt, int nq,
         float *ox = ot + (size_t)x * hd;
         const size_t ko = (size_t)b0 * st;
         switch (g) {
-        case 4: heads_block(4, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox); break;
-        case 3: heads_block(3, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox); break;
-        case 2: heads_block(2, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox); break;
-        default: heads_block(1, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox); break;
+        case 4: heads_block(4, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf); break;
+        case 3: heads_block(3, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf); break;
+        case 2: heads_block(2, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf); break;
+        default: heads_block(1, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf); break;
         }
         x += g;
     }
@@ -486,7 +556,7 @@ ATTN_AI void rows_block(const int f16, const int fused, const float *qt, int nq,
  * nr*nq <= IB_ATTN_TILE_Q, hd <= IB_ATTN_MAX_HD, block <= IB_ATTN_MAX_BLOCK. */
 ATTN_AI void attend_rows_body(const int f16, const int fused, const float *q, size_t q_stride, int nq, int nr,
                               const int *n_keys, const void *k, const void *v, int kv_stride, int hd, float scale,
-                              int block, int window, float *out, size_t out_stride) {
+                              int block, int window, float *out, size_t out_stride, int maxf) {
     float qt[IB_ATTN_TILE_Q * IB_ATTN_MAX_HD], ot[IB_ATTN_TILE_Q * IB_ATTN_MAX_HD]; /* [nr*nq][hd] each */
     float m[IB_ATTN_TILE_Q], l[IB_ATTN_TILE_Q];                                     /* [nr*nq] */
     const size_t st = (size_t)kv_stride, rowq = (size_t)nq * hd;
@@ -500,40 +570,55 @@ ATTN_AI void attend_rows_body(const int f16, const int fused, const float *q, si
     for (size_t e = 0; e < (size_t)nr * rowq; e++) ot[e] = 0.0f;
     for (int x = 0; x < nr * nq; x++) m[x] = -INFINITY, l[x] = 0.0f;
     for (int b0 = b_first; b0 < b_end; b0 += block)
-        rows_block(f16, fused, qt, nq, nr, n_keys, k, v, st, hd, scale, block, window, b0, m, l, ot);
+        rows_block(f16, fused, qt, nq, nr, n_keys, k, v, st, hd, scale, block, window, b0, m, l, ot, maxf);
     for (int x = 0; x < nr * nq; x++) {
         float *o = out + (size_t)(x / nq) * out_stride + (size_t)(x % nq) * hd;
         for (int d = 0; d < hd; d++) o[d] = ot[(size_t)x * hd + d] / l[x];
     }
 }
 
-/* The body for float (f16 = 0) or half (f16 = 1) KV, the fault read once per call. */
+/* Whether the test-only attn-block-max fault acts on this copy (the vector ones; block_max): read once
+ * per call, a runtime argument (not a constant: the bodies are not built twice for it). */
+static int max_fault(ib_fault fault) {
+#ifdef IB_ATTN_VECTOR_ISA
+    return fault == IB_FAULT_ATTN_BLOCK_MAX;
+#else
+    (void)fault;
+    return 0;
+#endif
+}
+
+/* The body for float (f16 = 0) or half (f16 = 1) KV, the faults read once per call. */
 static void attend_copy(const int f16, const void *k, const void *v, const float *q, int nq, int n_keys, int kv_stride,
                         int hd, float scale, int block, int window, float *out) {
+    const ib_fault fault = ib_fault_get();
+    const int mf = max_fault(fault);
 #ifdef IB_ATTN_VECTOR_ISA
-    if (ib_fault_get() == IB_FAULT_ISA_FMA) {
-        if (f16) attend_heads_body(1, 1, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out);
-        else attend_heads_body(0, 1, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out);
+    if (fault == IB_FAULT_ISA_FMA) {
+        if (f16) attend_heads_body(1, 1, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, 0);
+        else attend_heads_body(0, 1, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, 0);
         return;
     }
 #endif
-    if (f16) attend_heads_body(1, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out);
-    else attend_heads_body(0, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out);
+    if (f16) attend_heads_body(1, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, mf);
+    else attend_heads_body(0, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, mf);
 }
 
-/* attend_block2_body for float (f16 = 0) or half (f16 = 1) KV, the fault read once per call. */
+/* attend_block2_body for float (f16 = 0) or half (f16 = 1) KV, the faults read once per call. */
 static void block2_copy(const int f16, const float *q, int nq, const void *k1, const void *v1, int n1, const void *k2,
                         const void *v2, int n2, int kv_stride, int hd, float scale, float *m, float *l, float *out) {
     const size_t st = (size_t)kv_stride;
+    const ib_fault fault = ib_fault_get();
+    const int mf = max_fault(fault);
 #ifdef IB_ATTN_VECTOR_ISA
-    if (ib_fault_get() == IB_FAULT_ISA_FMA) {
-        if (f16) attend_block2_body(1, 1, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out);
-        else attend_block2_body(0, 1, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out);
+    if (fault == IB_FAULT_ISA_FMA) {
+        if (f16) attend_block2_body(1, 1, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out, 0);
+        else attend_block2_body(0, 1, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out, 0);
         return;
     }
 #endif
-    if (f16) attend_block2_body(1, 0, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out);
-    else attend_block2_body(0, 0, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out);
+    if (f16) attend_block2_body(1, 0, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out, mf);
+    else attend_block2_body(0, 0, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out, mf);
 }
 
 /* attend_rows_body for float (f16 = 0) or half (f16 = 1) KV, the faults read once per call. Under the
@@ -544,25 +629,42 @@ static void rows_copy(const int f16, const float *q, size_t q_stride, int nq, in
                       size_t out_stride) {
     int nk[IB_ATTN_TILE_Q];
     const ib_fault fault = ib_fault_get();
+    const int mf = max_fault(fault);
     if (nr < 1) return;
     for (int t = 0; t < nr; t++) nk[t] = fault == IB_FAULT_ATTN_TILE_RANGE ? n_keys[nr - 1] : n_keys[t];
 #ifdef IB_ATTN_VECTOR_ISA
     if (fault == IB_FAULT_ISA_FMA) {
         if (f16)
-            attend_rows_body(1, 1, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride);
+            attend_rows_body(1, 1, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride, 0);
         else
-            attend_rows_body(0, 1, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride);
+            attend_rows_body(0, 1, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride, 0);
         return;
     }
 #endif
     if (f16)
-        attend_rows_body(1, 0, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride);
+        attend_rows_body(1, 0, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride, mf);
     else
-        attend_rows_body(0, 0, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride);
+        attend_rows_body(0, 0, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride, mf);
 }
 
-/* The four entry points of a copy, named ib_attend_heads_<sfx>, ib_attend_heads_f16_<sfx>,
- * ib_attend_block2_<sfx> and ib_attend_rows_<sfx> (their declarations are in ops.h). */
+/* One block's softmax step (block_weights_n, this copy's) for nq (1..4) queries' scores s + h*rs
+ * (keys j0..nb-1, nb <= IB_ATTN_MAX_BLOCK): m[nq], l[nq] move on, the weights to pw + h*rs, the
+ * factors to c[nq]; the attn-block-max fault read as the bodies read it. For tests: the attention
+ * bodies reach scores such as NaN, -0 or a block of -inf only through extreme inputs, where the outputs
+ * no longer show the block max's bits; this compares them directly. */
+static void weights_copy(int nq, const float *s, int rs, int j0, int nb, float *m, float *l, float *pw, float *c) {
+    const int mf = max_fault(ib_fault_get());
+    switch (nq) {
+    case 4: block_weights_n(4, s, rs, j0, nb, m, l, pw, c, mf); break;
+    case 3: block_weights_n(3, s, rs, j0, nb, m, l, pw, c, mf); break;
+    case 2: block_weights_n(2, s, rs, j0, nb, m, l, pw, c, mf); break;
+    default: block_weights_n(1, s, rs, j0, nb, m, l, pw, c, mf); break;
+    }
+}
+
+/* The entry points of a copy, named ib_attend_heads_<sfx>, ib_attend_heads_f16_<sfx>,
+ * ib_attend_block2_<sfx>, ib_attend_rows_<sfx> and (for tests) ib_attend_block_weights_<sfx> (their
+ * declarations are in ops.h). */
 #define IB_ATTN_DEFINE_COPY(sfx)                                                                                 \
     void ib_attend_heads_##sfx(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride, \
                                int hd, float scale, int block, int window, float *out) {                        \
@@ -581,6 +683,10 @@ static void rows_copy(const int f16, const float *q, size_t q_stride, int nq, in
                               const void *k, const void *v, int kv_stride, int hd, float scale, int block,       \
                               int window, float *out, size_t out_stride) {                                       \
         rows_copy(f16, q, q_stride, nq, nr, n_keys, k, v, kv_stride, hd, scale, block, window, out, out_stride);  \
+    }                                                                                                            \
+    void ib_attend_block_weights_##sfx(int nq, const float *s, int rs, int j0, int nb, float *m, float *l,       \
+                                       float *pw, float *c) {                                                    \
+        weights_copy(nq, s, rs, j0, nb, m, l, pw, c);                                                            \
     }
 
 #endif

@@ -201,6 +201,15 @@ void ib_attend_rows_isa(ib_isa isa, int f16, const float *q, size_t q_stride, in
                         const void *k, const void *v, int kv_stride, int hd, float scale, int block, int window,
                         float *out, size_t out_stride);
 
+/* For tests: one key block's softmax step (the part after the scores) of the copy for isa, as its
+ * attention bodies run it: for nq (1..4) queries with scores s + h*rs (keys j0..nb-1, 0 <= j0 < nb <=
+ * 128), each query's block max (the largest score that is not NaN; a zero maximum is the first zero in
+ * key order), m' = max(m[h], it), c[h] = exp(m[h] - m'), the weights pw[h*rs + j] = exp(s[j] - m'),
+ * l[h] = l[h]*c[h] + the weights in key order, m[h] = m'. Every copy gives the portable one's bits
+ * for any scores, NaN, infinities and zeros of either sign included. */
+void ib_attend_block_weights_isa(ib_isa isa, int nq, const float *s, int rs, int j0, int nb, float *m, float *l,
+                                 float *pw, float *c);
+
 /* The copies as function pointers, picked once (an engine's CPU backend does at creation). */
 typedef void (*ib_attend_heads_fn)(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride,
                                    int hd, float scale, int block, int window, float *out);
@@ -235,6 +244,8 @@ void ib_attend_block2_portable(int f16, const float *q, int nq, const void *k1, 
 void ib_attend_rows_portable(int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys, const void *k,
                              const void *v, int kv_stride, int hd, float scale, int block, int window, float *out,
                              size_t out_stride);
+void ib_attend_block_weights_portable(int nq, const float *s, int rs, int j0, int nb, float *m, float *l, float *pw,
+                                     float *c);
 #if defined(__x86_64__) || defined(__i386__)
 void ib_attend_heads_avx2(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride, int hd,
                           float scale, int block, int window, float *out);
@@ -255,6 +266,10 @@ void ib_attend_rows_avx2(int f16, const float *q, size_t q_stride, int nq, int n
 void ib_attend_rows_avx512(int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys, const void *k,
                            const void *v, int kv_stride, int hd, float scale, int block, int window, float *out,
                            size_t out_stride);
+void ib_attend_block_weights_avx2(int nq, const float *s, int rs, int j0, int nb, float *m, float *l, float *pw,
+                                 float *c);
+void ib_attend_block_weights_avx512(int nq, const float *s, int rs, int j0, int nb, float *m, float *l, float *pw,
+                                   float *c);
 #endif
 
 #endif
