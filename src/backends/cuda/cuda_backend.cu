@@ -1924,9 +1924,7 @@ __device__ __forceinline__ float direct_score(const uint4 (&kr)[DIRECT_SEGS], co
  * cache (a float copied as it is; halves by halves8_to_f32): threads t = 0 .. nt - 1 (nt a multiple of a
  * row's 16-byte pieces), each one 16-byte column of rows t / pieces, + nt / pieces, …, VSTAGE_LOADS
  * loads in flight (more would spill: the kernel also holds its keys in registers). */
-#ifndef VSTAGE_LOADS
 #define VSTAGE_LOADS 4
-#endif
 template <typename T>
 __device__ __forceinline__ void stage_value_rows(float *vst, const T *vp, const rowinfo &info, const key_chunk &ch, int hd,
                                                  int n, int t, int nt) {
@@ -2110,9 +2108,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float
  * takes attend_row_head_direct where its row fits it, else attend_row_head (the same arithmetic). A
  * kernel of its own so a decode step runs only this code (one KV type, no cluster code). */
 template <typename T>
-#ifndef DIRECT_MIN_BLOCKS
 #define DIRECT_MIN_BLOCKS 2   /* 2 blocks a multiprocessor at most 128 registers: B=15's 240 blocks in one wave */
-#endif
 __global__ void __launch_bounds__(ATT_THREADS, DIRECT_MIN_BLOCKS) attention_direct_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
                                                                   const rowinfo *__restrict__ ri, int H, int KVH, int hd,
                                                                   int li, float scale, int block, int qG,
