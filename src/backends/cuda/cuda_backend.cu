@@ -266,6 +266,8 @@ typedef struct cuda_backend {
     int n_sm;                        /* the device's multiprocessors */
     int att_group_rows;              /* attention takes a block per KV head from this many rows */
     int repeat;                      /* REPEAT_* kernels launched twice (IB_CUDA_REPEAT: timing by difference) */
+    int row_runs;                    /* Gemma's runs of row ops as row programs (IB_CUDA_ROWPROG=0: op by op) */
+    int moe_split;                   /* Q8 expert products split K over a block's warps (IB_CUDA_MOE_SPLIT=0: a warp walks K) */
     int att_stage;                   /* most bytes per-head attention stages keys and values in (0: none) */
     int att_cl;                      /* blocks (a cluster) a head of the per-head attention, where the grid allows */
     int att_split_keys;              /* ... and where some row of the step attends at least this many keys */
@@ -535,42 +537,58 @@ __global__ void __launch_bounds__(256) mm_q8_mma_kernel(mset ms, const int8_t *_
             const size_t ai = (size_t)(row < R ? row : 0) * ng + g0 + i / 16;
             d_s[i / 16][i & 15] = d[ai], ad_s[i / 16][i & 15] = ad[ai];
         }
-        for (int gi = warp; gi < gn; gi += NWARP) {
-            const int g = g0 + gi;
-            int is[4][4];
+        /* warp w: groups w and w + NWARP of the pass, each 32 k's loads of both issued before their mma */
+        for (int gi0 = warp; gi0 < gn; gi0 += 2 * NWARP) {
+            const int nx = gi0 + NWARP < gn ? 2 : 1;
+            int is[2][4][4];
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++)
+            for (int x = 0; x < 2; x++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) is[nt][e] = 0;
-#pragma unroll 4
+                for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) is[x][nt][e] = 0;
+#pragma unroll 2
             for (int ks = 0; ks < ksteps; ks++) {
-                const int k0 = g * G + ks * 32;
-                unsigned a[4], b0[4], b1[4];
-                a[0] = oka ? *(const unsigned *)(xa + k0 + 4 * t) : 0u;
-                a[1] = okb ? *(const unsigned *)(xb + k0 + 4 * t) : 0u;
-                a[2] = oka ? *(const unsigned *)(xa + k0 + 16 + 4 * t) : 0u;
-                a[3] = okb ? *(const unsigned *)(xb + k0 + 16 + 4 * t) : 0u;
+                unsigned a[2][4], b0[2][4], b1[2][4];
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++) {
-                    const int n = n0 + nt * 8 + gq;
-                    if (FMT == IB_WQ4) {
-                        /* chunk k0/32: word i holds k 8i..8i+7 (low nibbles the first 4) */
-                        const size_t base = ((size_t)(k0 >> 5) * Np + n) * 4;
-                        const unsigned w0 = w[base + (t >> 1)], w1 = w[base + 2 + (t >> 1)];
-                        b0[nt] = ((t & 1) ? w0 >> 4 : w0) & 0x0f0f0f0fu;
-                        b1[nt] = ((t & 1) ? w1 >> 4 : w1) & 0x0f0f0f0fu;
-                    } else {
-                        b0[nt] = w[((size_t)(k0 >> 4) * Np + n) * 4 + t];
-                        b1[nt] = w[((size_t)((k0 >> 4) + 1) * Np + n) * 4 + t];
+                for (int x = 0; x < 2; x++) {
+                    if (x >= nx) break;
+                    const int k0 = (g0 + gi0 + x * NWARP) * G + ks * 32;
+                    a[x][0] = oka ? *(const unsigned *)(xa + k0 + 4 * t) : 0u;
+                    a[x][1] = okb ? *(const unsigned *)(xb + k0 + 4 * t) : 0u;
+                    a[x][2] = oka ? *(const unsigned *)(xa + k0 + 16 + 4 * t) : 0u;
+                    a[x][3] = okb ? *(const unsigned *)(xb + k0 + 16 + 4 * t) : 0u;
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) {
+                        const int n = n0 + nt * 8 + gq;
+                        if (FMT == IB_WQ4) {
+                            /* chunk k0/32: word i holds k 8i..8i+7 (low nibbles the first 4) */
+                            const size_t base = ((size_t)(k0 >> 5) * Np + n) * 4;
+                            const unsigned w0 = w[base + (t >> 1)], w1 = w[base + 2 + (t >> 1)];
+                            b0[x][nt] = ((t & 1) ? w0 >> 4 : w0) & 0x0f0f0f0fu;
+                            b1[x][nt] = ((t & 1) ? w1 >> 4 : w1) & 0x0f0f0f0fu;
+                        } else {
+                            b0[x][nt] = w[((size_t)(k0 >> 4) * Np + n) * 4 + t];
+                            b1[x][nt] = w[((size_t)((k0 >> 4) + 1) * Np + n) * 4 + t];
+                        }
                     }
                 }
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++) mma_k32<FMT>(is[nt], a, b0[nt], b1[nt]);
+                for (int x = 0; x < 2; x++) {
+                    if (x >= nx) break;
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) mma_k32<FMT>(is[x][nt], a[x], b0[x][nt], b1[x][nt]);
+                }
             }
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++)
+            for (int x = 0; x < 2; x++) {
+                if (x >= nx) break;
 #pragma unroll
-                for (int e = 0; e < 4; e++) isum_s[gi][gq + (e >= 2 ? 8 : 0)][nt * 8 + 2 * t + (e & 1)] = is[nt][e];
+                for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        isum_s[gi0 + x * NWARP][gq + (e >= 2 ? 8 : 0)][nt * 8 + 2 * t + (e & 1)] = is[x][nt][e];
+            }
         }
         __syncthreads();
 #pragma unroll
@@ -956,6 +974,26 @@ __device__ __forceinline__ float sumsq16(const float *xs, int n, int lane) {
     return a;
 }
 
+/* The norm factor 1/sqrt(ss/n + eps) of the vector xs [n] staged in shared memory (every thread's writes
+ * before the call), ss its sum of squares in ib_dot16's order (sumsq16, by warp 0) or, with rev (the
+ * test-only row-order fault), serially in reverse; r_s: shared scratch. Called by the whole block (two
+ * barriers); every thread gets the factor. */
+__device__ __forceinline__ float row_norm_factor(const float *xs, int n, float eps, int rev, float *r_s) {
+    const int tid = threadIdx.x;
+    if (tid < 32) {
+        float a = 0.0f;
+        if (rev) {
+            if (tid == 0)
+                for (int i = n - 1; i >= 0; i--) a = a + xs[i] * xs[i];
+        } else {
+            a = sumsq16(xs, n, tid);
+        }
+        if (tid == 0) *r_s = 1.0f / sqrtf(a / (float)n + eps);
+    }
+    __syncthreads();
+    return *r_s;
+}
+
 /* RMSNorm of nvec vectors of n floats (x, y [nvec][n], may alias; weights w [n]), one block per vector:
  * the vector is staged in shared memory (n floats of dynamic shared memory), threads 0..15 own
  * ib_dot16's lanes (lane j sums elements j, j+16, … in order) and fold 8, 4, 2, 1; then
@@ -985,18 +1023,7 @@ __global__ void rmsnorm_kernel(float *x, const float *__restrict__ add_y, const 
         for (int i = tid; i < n; i += blockDim.x) xs[i] = xv[i];
     }
     __syncthreads();
-    if (tid < 32) {
-        float a = 0.0f;
-        if (reverse_odd && (v & 1)) {
-            if (tid == 0)
-                for (int i = n - 1; i >= 0; i--) a = a + xs[i] * xs[i];
-        } else {
-            a = sumsq16(xs, n, tid);
-        }
-        if (tid == 0) r_s = 1.0f / sqrtf(a / (float)n + eps);
-    }
-    __syncthreads();
-    const float r = r_s;
+    const float r = row_norm_factor(xs, n, eps, reverse_odd && (v & 1), &r_s);
     for (int i = tid; i < n; i += blockDim.x) {
         const float t = (xs[i] * r) * w[i];
         yv[i] = t;
@@ -1008,6 +1035,75 @@ __global__ void rmsnorm_kernel(float *x, const float *__restrict__ add_y, const 
     for (int g = tid >> 5; g < ng; g += blockDim.x >> 5) {
         const size_t di = (size_t)v * ng + g;
         quantize_group(xs + (size_t)g * G, G, xq + (size_t)v * n + (size_t)g * G, qd + di, qad + di, lane);
+    }
+}
+
+/* A row program: a run of row-local ops (norms, residual adds, scales, Q8 quantizations, the MoE combine)
+ * that the step records one after another, run as one kernel — a block per row doing the ops in their
+ * order, each with the separate kernel's arithmetic — so a run costs one launch instead of one a op.
+ * Each op works on row v of R rows of n floats (pointers to row 0; row v at + v * n):
+ * RP_NORM   out = rmsnorm(x) with weights w [n] (rmsnorm_kernel's operations; out may be x);
+ * RP_ADD    x = x + y (add_kernel);
+ * RP_SCALE  x = x * s (scale_kernel);
+ * RP_QUANT  x's groups of G quantized (quantize_group) into xq [R][n] and qd, qad [R][n/G];
+ * RP_COMBINE x = ib_moe_combine of the row's K routed pairs (moe_combine_kernel): 0, then x + w[j] *
+ *           y[v*K + j] over ranks j in order whose sel [R][K] >= 0; y [R*K][n], w [R][K]. */
+#define RP_MAX 12
+enum { RP_NORM, RP_ADD, RP_SCALE, RP_QUANT, RP_COMBINE };
+typedef struct rp_op {
+    int kind, G;
+    float s;
+    float *x;
+    const float *y, *w;
+    float *out;
+    int8_t *xq;
+    float *qd, *qad;
+    const int32_t *sel;
+} rp_op;
+typedef struct rowprog {
+    int nop, n, K, reverse_odd;   /* reverse_odd: the test-only row-order fault of every norm */
+    float eps;
+    rp_op op[RP_MAX];
+} rowprog;
+
+/* Row program p on row blockIdx.x (n floats of dynamic shared memory); a barrier after every op, so an
+ * op sees the row as the ops before it left it. */
+__global__ void rowprog_kernel(const rowprog p) {
+    for (int k = 0; k < p.nop; k++)
+        if (p.op[k].kind == RP_NORM) prefetch_bytes(p.op[k].w, (size_t)p.n * sizeof(float));
+    PDL_ENTER();
+    extern __shared__ float xs[];
+    __shared__ float r_s;
+    const int v = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, n = p.n;
+    const size_t ro = (size_t)v * n;
+    for (int k = 0; k < p.nop; k++) {
+        const rp_op &o = p.op[k];
+        if (o.kind == RP_NORM) {
+            for (int i = tid; i < n; i += nt) xs[i] = o.x[ro + i];
+            __syncthreads();
+            const float r = row_norm_factor(xs, n, p.eps, p.reverse_odd && (v & 1), &r_s);
+            for (int i = tid; i < n; i += nt) o.out[ro + i] = (xs[i] * r) * o.w[i];
+        } else if (o.kind == RP_ADD) {
+            for (int i = tid; i < n; i += nt) o.x[ro + i] = o.x[ro + i] + o.y[ro + i];
+        } else if (o.kind == RP_SCALE) {
+            for (int i = tid; i < n; i += nt) o.x[ro + i] = o.x[ro + i] * o.s;
+        } else if (o.kind == RP_QUANT) {
+            const int ng = n / o.G, lane = tid & 31;
+            for (int g = tid >> 5; g < ng; g += nt >> 5)
+                quantize_group(o.x + ro + (size_t)g * o.G, o.G, o.xq + ro + (size_t)g * o.G, o.qd + (size_t)v * ng + g,
+                               o.qad + (size_t)v * ng + g, lane);
+        } else {
+            const int K = p.K;
+            for (int i = tid; i < n; i += nt) {
+                float a = 0.0f;
+                for (int j = 0; j < K; j++) {
+                    if (o.sel[(size_t)v * K + j] < 0) continue;
+                    a = a + o.w[(size_t)v * K + j] * o.y[((size_t)v * K + j) * n + i];
+                }
+                o.x[ro + i] = a;
+            }
+        }
+        __syncthreads();
     }
 }
 
@@ -2700,6 +2796,12 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         b->fuse_qk = (fuse_qk_mode)env_mode("IB_CUDA_FUSE_QK");
         /* "0": per-head attention always through its stage; else its keys into registers where they fit */
         b->att_direct = env_mode("IB_CUDA_ATT_DIRECT") ? DIRECT_BY_SHAPE : DIRECT_NEVER;
+        /* "0": Gemma's row ops one kernel each (gemma_row_run: measurements, tests) */
+        const char *rr = getenv("IB_CUDA_ROWPROG");
+        b->row_runs = !(rr && !strcmp(rr, "0"));
+        /* "0": the experts' Q8 products with a warp walking K alone (moe_mm_kernel: comparisons) */
+        const char *ms = getenv("IB_CUDA_MOE_SPLIT");
+        b->moe_split = !(ms && !strcmp(ms, "0"));
         const char *rp = getenv("IB_CUDA_REPEAT");
         b->repeat = (rp && strstr(rp, "attn") ? REPEAT_ATTN : 0) | (rp && strstr(rp, "linear") ? REPEAT_LINEAR : 0);
 #ifdef IB_CUDA_ATT_TRACE
@@ -3406,6 +3508,17 @@ static void launch_logits(cuda_backend *b, int copy, int amax) {
         note(b, cudaMemcpyAsync(b->h_amax, b->d_amax, (size_t)nl * 4, cudaMemcpyDeviceToHost, b->st), "argmax copy");
 }
 
+/* Group size the Q8 linear `next` quantizes its input `buf` (rows of `width` floats) with, when it reads
+ * buf under Q8 activations; 0 otherwise. */
+static int q8_group_for(const cuda_backend *b, const oprec *next, int buf, int width) {
+    if (!next || next->op != OP_LINEAR || b->act != IB_ACT_Q8 || next->a[5] != buf) return 0;
+    for (int i = 0; i < next->a[1]; i++) {
+        const dmat *m = &b->mats[(size_t)next->a[0] * IB_W_COUNT + next->a[2 + i]];
+        if (m->fmt != IB_WF32) return m->K == width ? m->G : 0;
+    }
+    return 0;
+}
+
 #include "backends/cuda/gemma_kernels.cuh"
 
 /* Enqueue one recorded op (unfused). */
@@ -3437,20 +3550,10 @@ static void exec_rec(cuda_backend *b, const oprec *r) {
     }
 }
 
-/* Group size the Q8 linear `next` quantizes its input `buf` (rows of `width` floats) with, when it reads
- * buf under Q8 activations; 0 otherwise. */
-static int q8_group_for(const cuda_backend *b, const oprec *next, int buf, int width) {
-    if (!next || next->op != OP_LINEAR || b->act != IB_ACT_Q8 || next->a[5] != buf) return 0;
-    for (int i = 0; i < next->a[1]; i++) {
-        const dmat *m = &b->mats[(size_t)next->a[0] * IB_W_COUNT + next->a[2 + i]];
-        if (m->fmt != IB_WF32) return m->K == width ? m->G : 0;
-    }
-    return 0;
-}
-
 /* Enqueue records [0, n) in order, fusing neighbours into one kernel where the same operations allow:
  * a residual add followed by the row norm of its sum; and the Q8 quantization of a linear's input done
- * by the op that writes it (a row norm, SwiGLU, attention), the linear then skipping its own. Every
+ * by the op that writes it (a row norm, SwiGLU, attention), the linear then skipping its own; Gemma's
+ * longer runs of row ops as row programs (gemma_row_run). Every
  * fused kernel performs the separate ops' arithmetic in their order, so fusing changes no bit (and
  * read_rows, which flushes op by op, sees the same values). */
 static void exec_records(cuda_backend *b, const oprec *rec, int n) {
@@ -3458,7 +3561,10 @@ static void exec_records(cuda_backend *b, const oprec *rec, int n) {
         const oprec *r = &rec[i], *nx = i + 1 < n ? &rec[i + 1] : NULL;
         int consumed = 1, ready = -1, G = 0;
         qk_fuse fz;
-        if (r->op == OP_ADD && nx && nx->op == OP_RMSNORM && nx->a[0] == r->a[0] && nx->a[3] != r->a[0] &&
+        const int run = b->gm && b->row_runs ? gemma_row_run(b, rec, n, i, &ready, &G) : 0;
+        if (run > 0) {
+            consumed = run;   /* Gemma's row ops as row programs */
+        } else if (r->op == OP_ADD && nx && nx->op == OP_RMSNORM && nx->a[0] == r->a[0] && nx->a[3] != r->a[0] &&
             nx->a[3] != r->a[1]) {
             G = q8_group_for(b, i + 2 < n ? &rec[i + 2] : NULL, nx->a[3], b->D);
             launch_rmsnorm_fused(b, r->a[0], b->buf[r->a[1]], norm_weights(b, nx->a[1], nx->a[2]), nx->a[3], G);

@@ -50,11 +50,14 @@ typedef struct gemma_state {
     int32_t *ent_row, *ent_slot;     /* [R_max*K] (row, slot r*K + j) of each routed pair, grouped by expert */
     int4 *blk;                       /* [nblk_max] (expert, first pair, pairs) of each product block row */
     int *nblk;                       /* [1] blocks in use this step */
+    unsigned *route_cnt;             /* [1] routing blocks finished (zero between launches) */
     int nblk_max;
     float *mg, *mu;                  /* [R_max*K][Fm] each pair's gate, then its GeGLU; up */
     float *my;                       /* [R_max*K][D] each pair's expert output */
     int8_t *mxq;                     /* [R_max*K][Fm] Q8 codes of the GeGLU rows */
     float *mqd, *mqad;               /* [R_max*K][Fm/32 + 1] */
+    int8_t *exq;                     /* [R_max][D] the experts' input in Q8 (a row program's; b->xq holds the router's) */
+    float *eqd, *eqad;               /* [R_max][D/32 + 1] */
     /* per-layer embeddings (ple_dim P > 0) */
     int P;
     float ple_escale;                /* ple_embed_scale */
@@ -245,6 +248,46 @@ __global__ void __launch_bounds__(ATT_THREADS)
     else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, qk_fuse{});
 }
 
+#define ROUTE_THREADS 128
+
+/* The experts' work lists (one block; cnt_s: 2E ints of shared memory): the routed pairs (r, j) with
+ * sel[r*K + j] >= 0 grouped by expert: ent_row / ent_slot (the row r and the slot r*K + j); and the
+ * product's block rows: for each expert with n pairs, ceil(n / MOE_CH) entries (expert, first pair,
+ * pairs), *nblk of them. Counts and places come from shared-memory atomics, so the order of the pairs
+ * inside an expert's list may change from run to run: it decides only which warp computes a pair,
+ * never a number (every pair's output is its own chain, written to its own slot). sel is read through
+ * L2 (other blocks wrote it). */
+__device__ void moe_dispatch_block(const int32_t *sel, int R, int K, int E, int32_t *ent_row, int32_t *ent_slot,
+                                   int4 *blk, int *nblk, int *cnt_s) {
+    int *cur_s = cnt_s + E;   /* [E] counts, then [E] each expert's next free place */
+    const int n = R * K;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt_s[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int e = __ldcg(sel + i);
+        if (e >= 0 && e < E) atomicAdd(&cnt_s[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int s = 0, nb = 0;
+        for (int e = 0; e < E; e++) {
+            const int c = cnt_s[e];
+            cur_s[e] = s;
+            for (int i0 = 0; i0 < c; i0 += MOE_CH) blk[nb++] = make_int4(e, s + i0, c - i0 < MOE_CH ? c - i0 : MOE_CH, 0);
+            s += c;
+        }
+        *nblk = nb;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int e = __ldcg(sel + i);
+        if (e >= 0 && e < E) {
+            const int o = atomicAdd(&cur_s[e], 1);
+            ent_row[o] = i / K, ent_slot[o] = i;
+        }
+    }
+}
+
 /* Routing of every row: ib_moe_route (ops/moe.c) with the work of a row spread
  * over one block of ROUTE_THREADS threads, the same operations giving the same bits. logits [R][E];
  * sel [R][K] (all -1 when fewer than K logits are numbers, as cpu_moe), w [R][K]. Block r (dynamic
@@ -256,19 +299,12 @@ __global__ void __launch_bounds__(ATT_THREADS)
  *   - their sum in the 16-lane order: thread j < 16 chains ids j, j+16, … ascending (the definition's
  *     lane j), then lanes fold 8, 4, 2, 1 (lane[j] + lane[j + h]);
  *   - thread 0: t = sum over ranks in order of p[sel[j]] / s, then w[j] = ((p[sel[j]] / s) / t) * scale. */
-#define ROUTE_THREADS 128
-__global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(const float *__restrict__ logits, int R, int E, int K,
-                                                                  const float *__restrict__ escale, int32_t *sel,
-                                                                  float *w) {
-    PDL_ENTER();
-    extern __shared__ float p_s[];           /* [E] the logits, then their exps */
-    int *taken_s = (int *)(p_s + E);         /* [E] 1 once ranked */
-    int *sel_s = taken_s + E;                /* [K] */
+__device__ void moe_route_row(const float *__restrict__ logits, int r, int E, int K, const float *__restrict__ escale,
+                              int32_t *sel, float *w, float *p_s, int *taken_s, int *sel_s) {
     __shared__ float bv_s[ROUTE_THREADS / 32];
     __shared__ int bi_s[ROUTE_THREADS / 32];
     __shared__ int fail_s;
-    const int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    if (r >= R) return;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const float *lg = logits + (size_t)r * E;
     for (int e = tid; e < E; e += ROUTE_THREADS) p_s[e] = lg[e], taken_s[e] = 0;
     if (tid == 0) fail_s = 0;
@@ -315,43 +351,27 @@ __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(const float *_
     }
 }
 
-/* The experts' work lists (one block; 2E ints of dynamic shared memory): the routed pairs (r, j) with
- * sel[r*K + j] >= 0 grouped by expert: ent_row / ent_slot (the row r and the slot r*K + j); and the
- * product's block rows: for each expert with n pairs, ceil(n / MOE_CH) entries (expert, first pair,
- * pairs), *nblk of them. Counts and places come from shared-memory atomics, so the order of the pairs
- * inside an expert's list may change from run to run: it decides only which warp computes a pair,
- * never a number (every pair's output is its own chain, written to its own slot). */
-__global__ void moe_dispatch_kernel(const int32_t *__restrict__ sel, int R, int K, int E, int32_t *ent_row,
-                                    int32_t *ent_slot, int4 *blk, int *nblk) {
+/* Every row's routing (moe_route_row, block r), then, by the last block to finish (cnt: zero between
+ * launches; that block sets it back), the experts' work lists (moe_dispatch_block) — one launch: no
+ * host round trip, the step stays one graph. Dynamic shared memory: 2E words + K ints. */
+__global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(const float *__restrict__ logits, int R, int E, int K,
+                                                                  const float *__restrict__ escale, int32_t *sel,
+                                                                  float *w, int32_t *ent_row, int32_t *ent_slot,
+                                                                  int4 *blk, int *nblk, unsigned *cnt) {
     PDL_ENTER();
-    extern __shared__ int cnt_s[];   /* [E] counts, then [E] each expert's next free place */
-    int *cur_s = cnt_s + E;
-    const int n = R * K;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt_s[e] = 0;
+    extern __shared__ float p_s[];           /* [E] the logits, then their exps */
+    int *taken_s = (int *)(p_s + E);         /* [E] 1 once ranked */
+    int *sel_s = taken_s + E;                /* [K] */
+    __shared__ unsigned done_s;
+    moe_route_row(logits, blockIdx.x, E, K, escale, sel, w, p_s, taken_s, sel_s);
+    __threadfence();   /* this block's sel and w before its count */
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int e = sel[i];
-        if (e >= 0 && e < E) atomicAdd(&cnt_s[e], 1);
-    }
+    if (threadIdx.x == 0) done_s = atomicAdd(cnt, 1u);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int s = 0, nb = 0;
-        for (int e = 0; e < E; e++) {
-            const int c = cnt_s[e];
-            cur_s[e] = s;
-            for (int i0 = 0; i0 < c; i0 += MOE_CH) blk[nb++] = make_int4(e, s + i0, c - i0 < MOE_CH ? c - i0 : MOE_CH, 0);
-            s += c;
-        }
-        *nblk = nb;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int e = sel[i];
-        if (e >= 0 && e < E) {
-            const int o = atomicAdd(&cur_s[e], 1);
-            ent_row[o] = i / K, ent_slot[o] = i;
-        }
-    }
+    if (done_s != (unsigned)R - 1) return;
+    __threadfence();
+    moe_dispatch_block(sel, R, K, E, ent_row, ent_slot, blk, nblk, (int *)p_s);
+    if (threadIdx.x == 0) *cnt = 0;
 }
 
 /* The routed experts' products (matmul.h), one launch for every expert: Y_z[slot][n] = x · W_e^T for
@@ -431,6 +451,72 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int p = 0; p < MOE_CH; p++)
         if (p < np) Y[(size_t)slot[p] * m.N + n] = acc[p];
+}
+
+/* moe_mm_kernel's Q8 products (Q8 activations, quantized weights) with each block's groups split over
+ * its warps: block (blockIdx.x, blockIdx.y, blockIdx.z) takes the pairs of block row blk[blockIdx.y]
+ * (at most MOE_CH) and the 32 outputs of tile blockIdx.x (a lane each) of matrix z. In each pass of
+ * MOE_GC groups, warp w takes groups w and w + NWARP (both groups' weights, scales and biases loaded
+ * first), and for every pair the group's exact isum (group_isum) and the terms t = (s*d)*(float)isum,
+ * u = b*ad go to shared memory; then warp p continues pair p's chains over the pass's groups in
+ * ascending order, acc = (acc + t) + u — moe_mm_kernel's numbers for every (pair, output), with K
+ * walked by eight warps at once instead of one (the latency of a warp's walk over K was the kernel's
+ * time). fused: the test-only gpu-fma fault (t = fma(s*d, isum, u), u = 0, as moe_mm_kernel). */
+#define MOE_GC (2 * NWARP)
+template <int FMT, int CPG>
+__global__ void __launch_bounds__(256, CPG >= 4 ? 2 : 4)   /* 4 blocks a multiprocessor where 64 registers do */
+    moe_mm_split_kernel(const dmat *__restrict__ mats0, const dmat *__restrict__ mats1, float *Y0, float *Y1,
+                        const int4 *__restrict__ blk, const int *__restrict__ nblk, const int32_t *__restrict__ ent_row,
+                        const int32_t *__restrict__ ent_slot, int in_by_slot, const int8_t *__restrict__ xq,
+                        const float *__restrict__ qd, const float *__restrict__ qad, int fused) {
+    PDL_ENTER();
+    if ((int)blockIdx.y >= *nblk) return;
+    __shared__ float t_s[MOE_CH][MOE_GC][NT], u_s[MOE_CH][MOE_GC][NT];
+    const int4 bk = blk[blockIdx.y];
+    const dmat m = (blockIdx.z ? mats1 : mats0)[bk.x];
+    float *Y = blockIdx.z ? Y1 : Y0;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n = blockIdx.x * NT + lane, Np = m.Np, K = m.K, G = m.G, ng = m.ng;
+    if ((int)blockIdx.x * NT >= Np) return;   /* the whole block: uniform */
+    const int np = bk.z;   /* pairs of the block row, 1..MOE_CH */
+    int xr[MOE_CH];
+#pragma unroll
+    for (int p = 0; p < MOE_CH; p++) xr[p] = p < np ? (in_by_slot ? ent_slot[bk.y + p] : ent_row[bk.y + p]) : 0;
+    float acc = 0.0f;   /* pair `warp`, output n (warps < np) */
+    for (int g0 = 0; g0 < ng; g0 += MOE_GC) {
+        const int gn = min(MOE_GC, ng - g0);
+        uint4 wl[2][CPG];
+        float sc[2], bi[2];
+#pragma unroll
+        for (int x = 0; x < 2; x++) {
+            const int gi = warp + x * NWARP, g = g0 + gi;
+            if (gi >= gn) break;
+#pragma unroll
+            for (int c = 0; c < CPG; c++) wl[x][c] = m.w[(size_t)(g * CPG + c) * Np + n];
+            sc[x] = m.s[(size_t)g * Np + n], bi[x] = m.b[(size_t)g * Np + n];
+        }
+#pragma unroll
+        for (int x = 0; x < 2; x++) {
+            const int gi = warp + x * NWARP, g = g0 + gi;
+            if (gi >= gn) break;
+#pragma unroll
+            for (int p = 0; p < MOE_CH; p++) {
+                if (p >= np) break;
+                const int is = group_isum<FMT>(wl[x], CPG, xq + (size_t)xr[p] * K + (size_t)g * G);
+                const float sd = sc[x] * qd[(size_t)xr[p] * ng + g], u = bi[x] * qad[(size_t)xr[p] * ng + g];
+                const float fi = (float)is;
+                if (fused) t_s[p][gi][lane] = __fmaf_rn(sd, fi, u), u_s[p][gi][lane] = 0.0f;
+                else t_s[p][gi][lane] = sd * fi, u_s[p][gi][lane] = u;
+            }
+        }
+        __syncthreads();
+        if (warp < np) {
+#pragma unroll 4
+            for (int gi = 0; gi < gn; gi++) acc = (acc + t_s[warp][gi][lane]) + u_s[warp][gi][lane];
+        }
+        __syncthreads();
+    }
+    if (warp < np && n < m.N) Y[(size_t)ent_slot[bk.y + warp] * m.N + n] = acc;
 }
 
 /* out[r][d] = ib_moe_combine of row r: 0, then out + w[j] * y[r*K + j][d] for ranks j in order with
@@ -636,14 +722,19 @@ static ib_status gemma_create(cuda_backend *b, const ib_model *m, ib_error *err)
         g->ent_slot = (int32_t *)dalloc(b, RK * sizeof(int32_t));
         g->blk = (int4 *)dalloc(b, (size_t)g->nblk_max * sizeof(int4));
         g->nblk = (int *)dalloc(b, sizeof(int));
+        g->route_cnt = (unsigned *)dalloc(b, sizeof(unsigned));
+        if (g->route_cnt && cudaMemset(g->route_cnt, 0, sizeof(unsigned)) != cudaSuccess) g->route_cnt = NULL;
         g->mg = (float *)dalloc(b, RK * Fm * sizeof(float));
         g->mu = (float *)dalloc(b, RK * Fm * sizeof(float));
         g->my = (float *)dalloc(b, RK * D * sizeof(float));
         g->mxq = (int8_t *)dalloc(b, RK * Fm);
         g->mqd = (float *)dalloc(b, RK * (Fm / 32 + 1) * sizeof(float));
         g->mqad = (float *)dalloc(b, RK * (Fm / 32 + 1) * sizeof(float));
+        g->exq = (int8_t *)dalloc(b, (size_t)Rm * D);
+        g->eqd = (float *)dalloc(b, (size_t)Rm * (D / 32 + 1) * sizeof(float));
+        g->eqad = (float *)dalloc(b, (size_t)Rm * (D / 32 + 1) * sizeof(float));
         if (!ok || !g->rin || !g->rlog || !g->sel || !g->w || !g->ent_row || !g->ent_slot || !g->blk ||
-            !g->nblk || !g->mg || !g->mu || !g->my || !g->mxq || !g->mqd || !g->mqad)
+            !g->nblk || !g->route_cnt || !g->mg || !g->mu || !g->my || !g->mxq || !g->mqd || !g->mqad || !g->exq || !g->eqd || !g->eqad)
             return ib_fail(err, IB_ERR_NOMEM, "cuda: out of device memory for the gemma4 MoE scratch of %d rows", Rm);
     }
     if (c->ple_dim > 0) {
@@ -766,39 +857,47 @@ static void launch_moe_mm(cuda_backend *b, int fmt, const dmat *m0, const dmat *
         : cpg == 2                    ? moe_mm_kernel<IB_WQ8, 2>
         : cpg == 4                    ? moe_mm_kernel<IB_WQ8, 4>
                                       : moe_mm_kernel<IB_WQ8, 8>;
-    launch(b, k, grid, 256, 0, m0, m1, Y0, Y1, (const int4 *)g->blk, (const int *)g->nblk, (const int32_t *)g->ent_row,
-           (const int32_t *)g->ent_slot, by_slot, X, xq, qd, qad, q8, fused);
+    if (q8 && fmt != IB_WF32 && b->moe_split) {
+        /* the warps of a block split the groups: a block a 32-output tile */
+        void (*ks)(const dmat *, const dmat *, float *, float *, const int4 *, const int *, const int32_t *,
+                   const int32_t *, int, const int8_t *, const float *, const float *, int) =
+            fmt == IB_WQ4 && cpg == 1   ? moe_mm_split_kernel<IB_WQ4, 1>
+            : fmt == IB_WQ4 && cpg == 2 ? moe_mm_split_kernel<IB_WQ4, 2>
+            : fmt == IB_WQ4             ? moe_mm_split_kernel<IB_WQ4, 4>
+            : cpg == 2                  ? moe_mm_split_kernel<IB_WQ8, 2>
+            : cpg == 4                  ? moe_mm_split_kernel<IB_WQ8, 4>
+                                        : moe_mm_split_kernel<IB_WQ8, 8>;
+        const dim3 gs((unsigned)((N + NT - 1) / NT), (unsigned)nby, m1 ? 2u : 1u);
+        launch(b, ks, gs, 256, 0, m0, m1, Y0, Y1, (const int4 *)g->blk, (const int *)g->nblk, (const int32_t *)g->ent_row,
+               (const int32_t *)g->ent_slot, by_slot, xq, qd, qad, fused);
+    } else {
+        launch(b, k, grid, 256, 0, m0, m1, Y0, Y1, (const int4 *)g->blk, (const int *)g->nblk, (const int32_t *)g->ent_row,
+               (const int32_t *)g->ent_slot, by_slot, X, xq, qd, qad, q8, fused);
+    }
     LAUNCHED(b, "moe products");
 }
 
-/* Layer li's routed experts (backend.h `moe`; cpu_moe's numbers): router input rmsnorm(route_in,
- * router.scale) then ib_scale by 1/sqrt(D); router logits (a product); ib_moe_route per row; the work
- * lists on the device (moe_dispatch_kernel: no host round trip, the step stays one graph); gate and up
- * of every routed pair in one launch, GeGLU (+ the down product's Q8 quantization), down; then
- * ib_moe_combine per row in rank order into out. Each selected expert's matrices are read by its own
- * block rows, for all its rows at once. The CPU's test-only MoE faults (capacity, combine by load) are
- * not modelled here. */
-static void gemma_launch_moe(cuda_backend *b, int li, int route_in, int in, int out) {
+/* The routed experts of layer li from their router's prepared input on: the router logits (a product
+ * of g->rin, read in Q8 from b->xq when the router is quantized under Q8 activations); ib_moe_route per
+ * row and the work lists on the device (moe_route_kernel: no host round trip, the step stays one graph);
+ * gate and up of every routed pair in one launch (input rows `in`; in Q8 from exq/eqd/eqad, or, when
+ * exq is NULL, quantized here into b's buffers after the router has read them), GeGLU (+ the down
+ * product's Q8 quantization), down into g->my. Each selected expert's matrices are read by its own
+ * block rows, for all its rows at once. */
+static void gemma_moe_core(cuda_backend *b, int li, int in, const int8_t *exq, const float *eqd, const float *eqad) {
     gemma_state *g = b->gm;
     const int R = b->R, D = b->D, E = g->E, K = g->K, Fm = g->Fm;
     const int q8 = b->act == IB_ACT_Q8;
-    /* router */
-    launch_rmsnorm(b, b->buf[route_in], g->router_scale[li], R, D, g->rin, 1);
-    launch_scale(b, g->rin, (size_t)R * D, g->rscale);
     const dmat *rt = &g->router[li];
-    const int rq8 = q8 && rt->fmt != IB_WF32;
-    if (rq8) launch_quantize(b, g->rin, R, rt->K, rt->G);
-    launch_product(b, rt, g->rin, R, rq8, g->rlog);
+    launch_product(b, rt, g->rin, R, q8 && rt->fmt != IB_WF32, g->rlog);
     launch(b, moe_route_kernel, R, ROUTE_THREADS, (size_t)2 * E * sizeof(float) + (size_t)K * sizeof(int),
-           (const float *)g->rlog, R, E, K, g->expert_scale[li], g->sel, g->w);
+           (const float *)g->rlog, R, E, K, g->expert_scale[li], g->sel, g->w, g->ent_row, g->ent_slot, g->blk, g->nblk,
+           g->route_cnt);
     LAUNCHED(b, "moe route");
-    launch(b, moe_dispatch_kernel, 1, 1024, (size_t)2 * E * sizeof(int), (const int32_t *)g->sel, R, K, E, g->ent_row,
-           g->ent_slot, g->blk, g->nblk);
-    LAUNCHED(b, "moe dispatch");
     /* gate and up: the input rows quantized once (each row's own numbers) */
     const int gq8 = q8 && g->fmt_gu != IB_WF32;
-    if (gq8) launch_quantize(b, b->buf[in], R, D, g->G_gu);
-    launch_moe_mm(b, g->fmt_gu, g->egate[li], g->eup[li], g->mg, g->mu, Fm, 0, b->buf[in], b->xq, b->qd, b->qad, gq8);
+    if (gq8 && !exq) launch_quantize(b, b->buf[in], R, D, g->G_gu), exq = b->xq, eqd = b->qd, eqad = b->qad;
+    launch_moe_mm(b, g->fmt_gu, g->egate[li], g->eup[li], g->mg, g->mu, Fm, 0, b->buf[in], exq, eqd, eqad, gq8);
     /* GeGLU of each routed pair (+ the down product's quantization) */
     const int dq8 = q8 && g->fmt_dn != IB_WF32;
     if (dq8) {
@@ -811,9 +910,112 @@ static void gemma_launch_moe(cuda_backend *b, int li, int route_in, int in, int 
     }
     LAUNCHED(b, "moe geglu");
     launch_moe_mm(b, g->fmt_dn, g->edown[li], NULL, g->my, NULL, D, 1, g->mg, g->mxq, g->mqd, g->mqad, dq8);
+}
+
+/* Layer li's routed experts (backend.h `moe`; cpu_moe's numbers) op by op: router input
+ * rmsnorm(route_in, router.scale) then ib_scale by 1/sqrt(D) (and its Q8 form), gemma_moe_core, then
+ * ib_moe_combine per row in rank order into out. The CPU's test-only MoE faults (capacity, combine by
+ * load) are not modelled here. (In a step's records a MoE block's neighbours run as row programs:
+ * gemma_row_run.) */
+static void gemma_launch_moe(cuda_backend *b, int li, int route_in, int in, int out) {
+    gemma_state *g = b->gm;
+    const int R = b->R, D = b->D, K = g->K;
+    const dmat *rt = &g->router[li];
+    launch_rmsnorm(b, b->buf[route_in], g->router_scale[li], R, D, g->rin, 1);
+    launch_scale(b, g->rin, (size_t)R * D, g->rscale);
+    if (b->act == IB_ACT_Q8 && rt->fmt != IB_WF32) launch_quantize(b, g->rin, R, rt->K, rt->G);
+    gemma_moe_core(b, li, in, NULL, NULL, NULL);
     launch(b, moe_combine_kernel, blocks_for((size_t)R * D, 256), 256, 0, (const float *)g->my, (const float *)g->w,
            (const int32_t *)g->sel, R, K, D, b->buf[out]);
     LAUNCHED(b, "moe combine");
+}
+
+/* Launch row program p (rowprog_kernel: a block per row) and empty it. */
+static void launch_rowprog(cuda_backend *b, rowprog *p) {
+    if (p->nop > 0) {
+        launch(b, rowprog_kernel, b->R, norm_threads(b, b->R, p->n), (size_t)p->n * sizeof(float), *p);
+        LAUNCHED(b, "row program");
+    }
+    p->nop = 0;
+}
+
+/* Append op o to p, first launching p when it is full (the ops keep their order either way). */
+static void rp_push(cuda_backend *b, rowprog *p, rp_op o) {
+    if (p->nop == RP_MAX) launch_rowprog(b, p);
+    p->op[p->nop++] = o;
+}
+
+/* Gemma's runs of row ops (exec_records): from record i, the records that act on each row alone — row
+ * norms, residual adds, the layer scalar, and around a MoE block its router input's norm, scale and Q8
+ * forms (the router's into b's buffers, the experts' input into g->exq) before, and its combine after
+ * — as row programs, one kernel for each stretch between the MoE block's core (gemma_moe_core), and the
+ * Q8 form of the last norm's output when the linear after the run reads it. Returns the records taken
+ * (0 when the run is a single row op and no MoE block: the caller's own fusions serve that), with
+ * *ready / *G the buffer whose Q8 form the run left in b's buffers and its group (G 0: none). Each
+ * op is the separate kernel's arithmetic in the records' order, so a run changes no bit. */
+static int gemma_row_run(cuda_backend *b, const oprec *rec, int n, int i, int *ready, int *G) {
+    gemma_state *g = b->gm;
+    int e = i, moe = 0;
+    for (; e < n; e++) {
+        const int op = rec[e].op;
+        if (op == OP_MOE) moe = 1;
+        else if (op != OP_RMSNORM && op != OP_ADD && op != OP_SCALE) break;
+    }
+    if (e - i < 2 && !moe) return 0;
+    const int D = b->D, q8 = b->act == IB_ACT_Q8;
+    rowprog p;
+    memset(&p, 0, sizeof p);
+    p.n = D, p.K = g->K, p.eps = b->eps, p.reverse_odd = b->fault == IB_FAULT_ROW_ORDER;
+    int last = -1;   /* the buffer the last op normed into (-1: the last op was not a norm) */
+    for (int j = i; j < e; j++) {
+        const int *a = rec[j].a;
+        rp_op o;
+        memset(&o, 0, sizeof o);
+        if (rec[j].op == OP_RMSNORM) {
+            o.kind = RP_NORM, o.x = b->buf[a[0]], o.w = norm_weights(b, a[1], a[2]), o.out = b->buf[a[3]];
+            rp_push(b, &p, o);
+            last = a[3];
+            continue;
+        }
+        last = -1;
+        if (rec[j].op == OP_ADD) {
+            o.kind = RP_ADD, o.x = b->buf[a[0]], o.y = b->buf[a[1]];
+            rp_push(b, &p, o);
+        } else if (rec[j].op == OP_SCALE) {
+            o.kind = RP_SCALE, o.x = b->buf[IB_BUF_X], o.s = g->layer_scalar[a[0]];
+            rp_push(b, &p, o);
+        } else { /* OP_MOE: li, route_in, in, out */
+            const dmat *rt = &g->router[a[0]];
+            o.kind = RP_NORM, o.x = b->buf[a[1]], o.w = g->router_scale[a[0]], o.out = g->rin;
+            rp_push(b, &p, o);
+            o.kind = RP_SCALE, o.x = g->rin, o.s = g->rscale;
+            rp_push(b, &p, o);
+            if (q8 && rt->fmt != IB_WF32) {
+                o.kind = RP_QUANT, o.x = g->rin, o.G = rt->G, o.xq = b->xq, o.qd = b->qd, o.qad = b->qad;
+                rp_push(b, &p, o);
+            }
+            const int eq8 = q8 && g->fmt_gu != IB_WF32;
+            if (eq8) {
+                o.kind = RP_QUANT, o.x = b->buf[a[2]], o.G = g->G_gu, o.xq = g->exq, o.qd = g->eqd, o.qad = g->eqad;
+                rp_push(b, &p, o);
+            }
+            launch_rowprog(b, &p);
+            gemma_moe_core(b, a[0], a[2], eq8 ? g->exq : NULL, g->eqd, g->eqad);
+            memset(&o, 0, sizeof o);
+            o.kind = RP_COMBINE, o.x = b->buf[a[3]], o.y = g->my, o.w = g->w, o.sel = g->sel;
+            rp_push(b, &p, o);
+        }
+    }
+    *ready = -1, *G = 0;
+    if (last >= 0 && (*G = q8_group_for(b, e < n ? &rec[e] : NULL, last, D)) > 0) {
+        rp_op o;
+        memset(&o, 0, sizeof o);
+        o.kind = RP_QUANT, o.x = b->buf[last], o.G = *G, o.xq = b->xq, o.qd = b->qd, o.qad = b->qad;
+        rp_push(b, &p, o);
+        *ready = last;
+    }
+    launch_rowprog(b, &p);
+    return e - i;
 }
 
 /* After embed: X *= embed_scale (ib_scale) when it is not 1. */
