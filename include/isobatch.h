@@ -186,7 +186,8 @@ typedef struct ib_model_info {
 } ib_model_info;
 
 typedef struct ib_load_opts {
-    int reserved; /* zero-initialise; for future options */
+    int threads;  /* threads that repack the weights, at most IB_MAX_DEFAULT_THREADS; 0 (or less) = the
+                   * CPUs online, as ib_engine_opts.threads; the loaded model is the same for every count */
 } ib_load_opts;
 
 /* Load a model directory (config.json, model.safetensors or shards with model.safetensors.index.json,

@@ -4,7 +4,8 @@
  *   - a safetensors header "{}" (used to reach qsort with NULL, UBSan);
  *   - an index naming a FIFO as a shard (used to block in open() for ever), a FIFO config.json;
  *   - a header of 200,000 empty tensors (1.5 s and 250 MB): refused before parsing, fast;
- *   - a NaN scale, an infinite bias, a NaN norm weight;
+ *   - a NaN scale, an infinite bias, a NaN norm weight; NaN and infinite scales in two experts of a
+ *     stacked tensor (loaded one expert per task): the lower expert's message at every thread count;
  *   - model_type llama over a Qwen3 checkpoint (q/k norms were silently dropped) and
  *     num_hidden_layers smaller than the checkpoint (layers dropped): unused tensors are an error;
  *   - trailing bytes after the last tensor, a hole between two tensors;
@@ -108,12 +109,13 @@ static json_t *read_st(const char *dir, unsigned char **data, size_t *n) {
     return h;
 }
 
-/* Load dir: expect failure within `secs` seconds with a message containing want. */
-static void expect_fail(const char *dir, const char *want, double secs, const char *what) {
+/* Load dir with opts (NULL: the defaults): expect failure within `secs` seconds with a message
+ * containing want. */
+static void expect_fail_opts(const char *dir, const ib_load_opts *opts, const char *want, double secs, const char *what) {
     ib_model *m = NULL;
     ib_error err = {0};
     double t0 = now();
-    ib_status st = ib_model_load(dir, NULL, &m, &err);
+    ib_status st = ib_model_load(dir, opts, &m, &err);
     double dt = now() - t0;
     CHECK(st != IB_OK && strstr(err.msg, want) != NULL, "%s: status %d, message '%s' (want '%s')", what, (int)st, err.msg, want);
     CHECK(dt < secs, "%s: failed after %.2f s (want < %.1f s)", what, dt, secs);
@@ -121,6 +123,10 @@ static void expect_fail(const char *dir, const char *want, double secs, const ch
     for (const char *p = err.msg; *p; p++) printable &= (unsigned char)*p >= 0x20 && *p != 0x7F;
     CHECK(printable, "%s: message has control bytes", what);
     if (m) ib_model_free(m);
+}
+
+static void expect_fail(const char *dir, const char *want, double secs, const char *what) {
+    expect_fail_opts(dir, NULL, want, secs, what);
 }
 
 /* Set one element of tensor `name` (bf16 or f32) in dir's model.safetensors to v. */
@@ -221,6 +227,24 @@ int main(void) {
         d = fresh("nan_norm");
         poke(d, "model.norm.weight", 7, 0.0f / 0.0f);
         expect_fail(d, "model.norm.weight: element 7 is NaN", 5, "NaN norm");
+    }
+    {   /* non-finite scales in experts 2 and 5 of a stacked tensor, loaded one expert per task: the
+         * message is expert 2's (the one a load expert after expert reports) at every thread count */
+        char d[128];   /* pathf's buffers are reused by poke */
+        snprintf(d, sizeof d, "%s/nan_experts", root);
+        ib_mkmodel_opts mo = {.preset = "gemma4-moe-tiny", .seed = 5, .bits = 4, .group = 64, .tied = 1};
+        ib_error err = {0};
+        CHECK(ib_mkmodel(d, &mo, &err) == IB_OK, "mkmodel gemma4-moe-tiny: %s", err.msg);
+        /* [8 experts, 64 rows, 128/64 groups]: 128 scales an expert */
+        poke(d, "model.layers.1.experts.switch_glu.up_proj.scales", 2 * 128 + 7, 0.0f / 0.0f);
+        poke(d, "model.layers.1.experts.switch_glu.up_proj.scales", 5 * 128 + 3, 1.0f / 0.0f);
+        static const int counts[] = {1, 2, 3, 8};
+        for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+            ib_load_opts lo = {.threads = counts[i]};
+            char what[64];
+            snprintf(what, sizeof what, "NaN expert scale, %d threads", counts[i]);
+            expect_fail_opts(d, &lo, "model.layers.1.experts.switch_glu.up_proj.scales: element 7 is NaN", 5, what);
+        }
     }
     {   /* a configuration that leaves tensors unused */
         const char *d = fresh("llama");

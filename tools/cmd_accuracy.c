@@ -122,7 +122,8 @@ int cmd_accuracy(int argc, char **argv) {
     if (per_pos && no_ref) return cli_usage_error("--per-position: not with --no-reference (nothing to compare)");
     if (!(dir = cli_model_dir(dir))) return 2;
     ib_error err;
-    if (ib_model_load(dir, NULL, &m, &err)) {
+    ib_load_opts lo = {.threads = (int)threads};   /* the weights are repacked on as many threads */
+    if (ib_model_load(dir, &lo, &m, &err)) {
         rc = cli_error("%s", err.msg);
         goto out;
     }

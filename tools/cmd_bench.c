@@ -241,7 +241,8 @@ int cmd_bench(int argc, char **argv) {
     int32_t *ids = NULL;
     int rc = 0;
     json_t *out = NULL;
-    if (ib_model_load(dir, NULL, &m, &err)) {
+    ib_load_opts lo = {.threads = (int)threads};   /* the weights are repacked on as many threads */
+    if (ib_model_load(dir, &lo, &m, &err)) {
         bw_probe_stop(probe);
         return cli_error("%s", err.msg);
     }

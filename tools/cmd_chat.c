@@ -233,7 +233,8 @@ int cmd_chat(int argc, char **argv) {
     int rc = 0;
     char *line = NULL;
     size_t lcap = 0;
-    if (ib_model_load(dir, NULL, &c.m, &err)) return cli_error("%s", err.msg);
+    ib_load_opts lo = {.threads = (int)threads};   /* the weights are repacked on as many threads */
+    if (ib_model_load(dir, &lo, &c.m, &err)) return cli_error("%s", err.msg);
     ib_engine_opts eo = {.threads = (int)threads, .max_step_tokens = c.max_step};
     int model_ctx = ib_model_get_info(c.m)->max_context;
     if (context == 0) context = model_ctx < 4096 ? model_ctx : 4096; /* the documented default, min(model, 4096) */

@@ -106,7 +106,8 @@ int cmd_diff(int argc, char **argv) {
         goto out;
     }
     ib_error err;
-    if (ib_model_load(dir, NULL, &m, &err)) {
+    ib_load_opts lo = {.threads = (int)threads};   /* the weights are repacked on as many threads */
+    if (ib_model_load(dir, &lo, &m, &err)) {
         rc = cli_error("%s", err.msg);
         goto out;
     }

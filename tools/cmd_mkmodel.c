@@ -12,7 +12,7 @@ static const char help[] =
     "usage: isobatch mkmodel --preset tiny|qwen3-0.6b|qwen3-8b|gemma4-tiny|gemma4-moe-tiny|gemma4-26b-a4b\n"
     "                        [--seed S] [--bits 4|8|16|32]"
     " [--group 32|64|128] [--untied] [--arch qwen3|llama] [--top-k K]\n"
-    "                        [--layers N] [--kv-shared N [--double-wide]] [--ple P] --out DIR\n"
+    "                        [--layers N] [--kv-shared N [--double-wide]] [--ple P] [--threads T] --out DIR\n"
     "  --top-k K   gemma4-moe-tiny (8 experts, top-k 2), gemma4-26b-a4b (128, top-k 8): route each token to K experts\n"
     "  --layers N  only the preset's first N layers, every other shape unchanged (Gemma 4: the preset's\n"
     "              sliding/full pattern over N layers, the last one full); e.g. gemma4-26b-a4b --layers 6\n"
@@ -20,6 +20,8 @@ static const char help[] =
     "              those of the last earlier layer of its type and has no k_proj, v_proj, k_norm\n"
     "  --double-wide  with --kv-shared: use_double_wide_mlp, the shared layers' MLPs 2 x intermediate_size\n"
     "  --ple P     Gemma 4: per-layer embeddings of width P (hidden_size_per_layer_input)\n"
+    "  -t, --threads T  threads that generate and write the weights, 1..256 (default: the CPUs online);\n"
+    "              the files are the same bytes for every count\n"
     "  gemma4-26b-a4b: Gemma-4-26B-A4B's real shapes (about 14 GB at 4 bits; for benchmarks)\n"
     "  Writes config.json, model.safetensors (MLX layout), tokenizer.json and tokenizer_config.json.\n";
 
@@ -63,6 +65,9 @@ int cmd_mkmodel(int argc, char **argv) {
         } else if (!strcmp(f, "--ple")) {
             if (cli_int(f, v, 1, 4096, &x)) return 2;
             o.ple_dim = (int)x;
+        } else if (!strcmp(f, "--threads") || !strcmp(f, "-t")) {
+            if (cli_int(f, v, 1, IB_MAX_DEFAULT_THREADS, &x)) return 2;
+            o.threads = (int)x;
         } else if (!strcmp(f, "--layers")) {
             if (cli_int(f, v, 1, 4096, &x)) return 2;
             o.layers = (int)x;

@@ -159,7 +159,8 @@ int cmd_recall(int argc, char **argv) {
     if (!spec_path) spec_path = find_spec(specbuf, sizeof specbuf);
     if (!(dir = cli_model_dir(dir))) return 2;
     ib_error err;
-    if (ib_needle_spec_load(spec_path, &sp, &err) || ib_model_load(dir, NULL, &m, &err)) {
+    ib_load_opts lo = {.threads = (int)threads};   /* the weights are repacked on as many threads */
+    if (ib_needle_spec_load(spec_path, &sp, &err) || ib_model_load(dir, &lo, &m, &err)) {
         rc = cli_error("%s", err.msg);
         goto out;
     }

@@ -53,7 +53,8 @@ int cmd_verify(int argc, char **argv) {
         return cli_error("verify: %s", err.msg), 2;
     }
     ib_model *m = NULL;
-    if (ib_model_load(dir, NULL, &m, &err)) {
+    ib_load_opts lo = {.threads = (int)threads};   /* the weights are repacked on as many threads */
+    if (ib_model_load(dir, &lo, &m, &err)) {
         json_decref(j);
         return cli_error("verify: %s", err.msg), 2;
     }

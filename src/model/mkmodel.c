@@ -13,11 +13,14 @@
  *
  * Memory stays bounded: the safetensors file is streamed. Every tensor's name, dtype and shape are
  * known up front, so the header (sorted by name, "__metadata__": {"format": "mlx"}, padded with
- * spaces so the data region starts 8-byte aligned) is written first, and then each tensor is
- * generated a block of rows at a time (the generator is counter-based, quantization is per row) and
- * written at its offset with pwrite. Tensors are stored contiguously in name order; every size is a
- * multiple of 8 bytes, so every tensor is 8-byte aligned. Peak memory: about 150 KB of row buffers plus
- * the header, whatever the preset.
+ * spaces so the data region starts 8-byte aligned) is written first, and then the tensors are cut
+ * into tasks of about 1 MB of output each (a run of rows of one matrix), which a pool of threads
+ * (mkmodel's threads) generates, a block of rows at a time, and writes at their offsets with pwrite.
+ * The generator is counter-based (every value is a function of the seed, the matrix's generator index
+ * and the element's index alone) and quantization is per row, so the bytes written do not depend on
+ * the thread count, the cut or which thread runs which task. Tensors are stored contiguously in name
+ * order; every size is a multiple of 8 bytes, so every tensor is 8-byte aligned. Peak memory: about
+ * 1.2 MB of buffers per thread plus the header, whatever the preset.
  *
  * Weights before storage: for bits 4/8/16 each generated float is first rounded to bfloat16 (as if
  * the source checkpoint were bf16), so the quantized models are quantizations of exactly the weights
@@ -26,6 +29,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +41,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/pool.h"
 #include "model/config.h"
 #include "model/mkmodel.h"
 #include "model/safetensors.h"
@@ -225,19 +231,38 @@ static int pwrite_all(int fd, const void *buf, size_t n, off_t off) {
 
 /* ---------------------------------------------------------------- safetensors streaming */
 
-/* Output bytes per block of rows (8 KB). Blocks therefore hold different row counts at different
- * bit widths, which the tests use to show the generator does not depend on the blocking. */
+/* Output bytes per block of rows (8 KB): a block is generated, quantized and staged while it sits in
+ * cache. Blocks therefore hold different row counts at different bit widths, which the tests use to
+ * show the generator does not depend on the blocking. */
 #define BLOCK_BYTES (1 << 13)
-#define BLOCK_ELEMS_MAX (2 * BLOCK_BYTES)      /* 4-bit: half a byte per element */
+/* Output bytes per task (1 MB, whole blocks, at least one): a task is a run of rows of one matrix that
+ * one thread generates into its own buffers and writes with one pwrite per stored part. */
+#define TASK_BYTES (1 << 20)
 
+/* One thread's buffers. */
 typedef struct gen_bufs {
-    float *w;                   /* [rows][K] generated (and bf16-rounded) values */
-    uint32_t *wq;               /* [rows][K*bits/32] */
-    float *s, *b;               /* [rows][K/group] */
-    uint16_t *h;                /* [rows * K] bf16 staging */
+    float *w;                   /* [block rows][K] generated (and bf16-rounded) values */
+    float *s, *b;               /* [block rows][K/group] */
+    void *out;                  /* the task's weight part as stored: U32 codes, BF16 or F32 */
+    uint16_t *so, *bo;          /* the task's scales and biases as stored (BF16) */
 } gen_bufs;
 
-/* Generate rows [r0, r0+nr) of matrix m into bufs->w. */
+/* Rows per block and per task of matrix m (a task is a whole number of blocks, or all N rows), and
+ * the stored bytes of one row's weight part. */
+static void mat_blocking(const gen_mat *m, int bits, int *block_rows, int *task_rows, size_t *row_bytes) {
+    /* stored bytes per element, times 2 (4-bit codes are half a byte) */
+    size_t twice = (size_t)(m->quantized ? bits / 4 : bits == 32 ? 8 : 4), row2 = (size_t)m->K * twice;
+    size_t rows = 2 * (size_t)BLOCK_BYTES / row2;
+    if (rows < 1) rows = 1;
+    size_t blocks = 2 * (size_t)TASK_BYTES / (row2 * rows);
+    if (blocks < 1) blocks = 1;
+    *block_rows = rows < (size_t)m->N ? (int)rows : m->N;
+    *task_rows = rows * blocks < (size_t)m->N ? (int)(rows * blocks) : m->N;
+    *row_bytes = row2 / 2;
+}
+
+/* Generate rows [r0, r0+nr) of matrix m into w. Every value is a function of (seed, m->index, its
+ * element index) alone, so any cut of the rows into blocks, tasks and threads gives the same values. */
 static void gen_rows(const gen_mat *m, uint64_t seed, int bits, int r0, int nr, float *w) {
     uint64_t key = tensor_key(seed, m->index);
     float a = 0.0f;
@@ -254,36 +279,139 @@ static void gen_rows(const gen_mat *m, uint64_t seed, int bits, int r0, int nr, 
     }
 }
 
-/* Generate matrix m and write its stored parts at data_start + m->off[*]. */
-static ib_status write_mat(int fd, const char *path, off_t data_start, const gen_mat *m, uint64_t seed,
-                           int bits, int group, gen_bufs *bf, ib_error *err) {
-    /* stored bytes per element, times 2 (4-bit codes are half a byte) */
-    int twice = m->quantized ? bits / 4 : bits == 32 ? 8 : 4;
-    int rows = (int)(2 * (size_t)BLOCK_BYTES / ((size_t)m->K * twice));
-    if (rows < 1) rows = 1;
-    size_t wq_row = m->quantized ? (size_t)m->K * bits / 32 : 0, g_row = m->quantized ? (size_t)m->K / group : 0;
-    for (int r0 = 0; r0 < m->N; r0 += rows) {
-        int nr = m->N - r0 < rows ? m->N - r0 : rows;
-        size_t n = (size_t)nr * m->K;
-        gen_rows(m, seed, bits, r0, nr, bf->w);
-        int bad = 0;
-        if (m->quantized) {
-            ib_mlx_quantize(bf->w, nr, m->K, bits, group, 1, bf->wq, bf->s, bf->b);
-            size_t ng = (size_t)nr * g_row;
-            for (size_t i = 0; i < ng; i++) bf->h[i] = ib_f32_to_bf16(bf->s[i]);
-            bad |= pwrite_all(fd, bf->wq, (size_t)nr * wq_row * 4, data_start + (off_t)(m->off[P_WEIGHT] + (size_t)r0 * wq_row * 4));
-            bad |= pwrite_all(fd, bf->h, ng * 2, data_start + (off_t)(m->off[P_SCALES] + (size_t)r0 * g_row * 2));
-            for (size_t i = 0; i < ng; i++) bf->h[i] = ib_f32_to_bf16(bf->b[i]);
-            bad |= pwrite_all(fd, bf->h, ng * 2, data_start + (off_t)(m->off[P_BIASES] + (size_t)r0 * g_row * 2));
-        } else if (bits == 32) {
-            bad |= pwrite_all(fd, bf->w, n * 4, data_start + (off_t)(m->off[P_WEIGHT] + (size_t)r0 * m->K * 4));
-        } else {
-            for (size_t i = 0; i < n; i++) bf->h[i] = ib_f32_to_bf16(bf->w[i]);  /* exact: already bf16 */
-            bad |= pwrite_all(fd, bf->h, n * 2, data_start + (off_t)(m->off[P_WEIGHT] + (size_t)r0 * m->K * 2));
-        }
-        if (bad) return ib_fail(err, IB_ERR_IO, "%s: tensor %s: write failed: %s", path, m->base, strerror(errno));
+/* The weights' pool job: tasks [task0[i], task0[i+1]) are matrix i's runs of task_rows rows. */
+typedef struct gen_job {
+    int fd;
+    const char *path;
+    off_t data_start;
+    const gen_mat *mats;
+    int nm;
+    const int *task0;           /* [nm + 1] */
+    uint64_t seed;
+    int bits, group;
+    gen_bufs *bufs;             /* [threads]: each thread's own */
+    _Atomic int failed;         /* set once a write failed: the tasks left do nothing */
+    pthread_mutex_t mu;         /* guards st and err */
+    ib_status st;
+    ib_error *err;
+} gen_job;
+
+/* Task `task`: generate its rows, quantize or convert them, and write each stored part at
+ * data_start + m->off[part] + its rows' offset. */
+static void gen_task(void *ctx, int task, int thread) {
+    gen_job *j = ctx;
+    if (atomic_load_explicit(&j->failed, memory_order_relaxed)) return;
+    int lo = 0, hi = j->nm - 1;   /* the matrix: the last whose first task is <= task */
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        if (j->task0[mid] <= task) lo = mid;
+        else hi = mid - 1;
     }
-    return IB_OK;
+    const gen_mat *m = &j->mats[lo];
+    gen_bufs *bf = &j->bufs[thread];
+    const int bits = j->bits, group = j->group, K = m->K;
+    int block_rows, task_rows;
+    size_t row_bytes;
+    mat_blocking(m, bits, &block_rows, &task_rows, &row_bytes);
+    const int r0 = (task - j->task0[lo]) * task_rows, r1 = m->N - r0 < task_rows ? m->N : r0 + task_rows;
+    const size_t g_row = m->quantized ? (size_t)K / group : 0;
+    for (int b0 = r0; b0 < r1; b0 += block_rows) {
+        const int nr = r1 - b0 < block_rows ? r1 - b0 : block_rows;
+        const size_t at = (size_t)(b0 - r0), n = (size_t)nr * K;   /* at: rows of the task before the block */
+        unsigned char *out = (unsigned char *)bf->out + at * row_bytes;
+        if (bits == 32 && !m->quantized) {
+            gen_rows(m, j->seed, bits, b0, nr, (float *)out);
+            continue;
+        }
+        gen_rows(m, j->seed, bits, b0, nr, bf->w);
+        if (m->quantized) {
+            ib_mlx_quantize(bf->w, nr, K, bits, group, 1, (uint32_t *)out, bf->s, bf->b);
+            const size_t ng = (size_t)nr * g_row;
+            for (size_t i = 0; i < ng; i++) bf->so[at * g_row + i] = ib_f32_to_bf16(bf->s[i]);
+            for (size_t i = 0; i < ng; i++) bf->bo[at * g_row + i] = ib_f32_to_bf16(bf->b[i]);
+        } else {
+            uint16_t *h = (uint16_t *)out;
+            for (size_t i = 0; i < n; i++) h[i] = ib_f32_to_bf16(bf->w[i]);   /* exact: already bf16 */
+        }
+    }
+    const size_t rows = (size_t)(r1 - r0);
+    int bad = pwrite_all(j->fd, bf->out, rows * row_bytes, j->data_start + (off_t)(m->off[P_WEIGHT] + (size_t)r0 * row_bytes));
+    if (!bad && m->quantized)
+        bad = pwrite_all(j->fd, bf->so, rows * g_row * 2, j->data_start + (off_t)(m->off[P_SCALES] + (size_t)r0 * g_row * 2)) ||
+              pwrite_all(j->fd, bf->bo, rows * g_row * 2, j->data_start + (off_t)(m->off[P_BIASES] + (size_t)r0 * g_row * 2));
+    if (bad) {
+        int e = errno;
+        pthread_mutex_lock(&j->mu);
+        if (!atomic_load(&j->failed))
+            j->st = ib_fail(j->err, IB_ERR_IO, "%s: tensor %s: write failed: %s", j->path, m->base, strerror(e));
+        atomic_store(&j->failed, 1);
+        pthread_mutex_unlock(&j->mu);
+    }
+}
+
+/* Write every matrix's stored parts with `threads` threads (data_start: the data region's offset). */
+static ib_status write_mats(int fd, const char *path, off_t data_start, const gen_mat *mats, int nm, uint64_t seed,
+                            int bits, int group, int threads, ib_error *err) {
+    ib_status st = IB_OK;
+    int *task0 = malloc(((size_t)nm + 1) * sizeof *task0);
+    gen_bufs *bufs = NULL;
+    ib_pool *pool = NULL;
+    if (!task0) return ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", path);
+    /* each thread's buffers hold the largest block and the largest task of any matrix */
+    size_t w_cap = 1, s_cap = 1, out_cap = 8, so_cap = 1;
+    long n_tasks = 0;
+    for (int i = 0; i < nm; i++) {
+        const gen_mat *m = &mats[i];
+        int block_rows, task_rows;
+        size_t row_bytes, g_row = m->quantized ? (size_t)m->K / group : 0;
+        mat_blocking(m, bits, &block_rows, &task_rows, &row_bytes);
+        task0[i] = (int)n_tasks;
+        n_tasks += (m->N + task_rows - 1) / task_rows;
+        if ((size_t)block_rows * m->K > w_cap) w_cap = (size_t)block_rows * m->K;
+        if ((size_t)block_rows * g_row > s_cap) s_cap = (size_t)block_rows * g_row;
+        if ((size_t)task_rows * row_bytes > out_cap) out_cap = (size_t)task_rows * row_bytes;
+        if ((size_t)task_rows * g_row > so_cap) so_cap = (size_t)task_rows * g_row;
+    }
+    if (n_tasks > 0x7fffffffL) {
+        free(task0);
+        return ib_fail(err, IB_ERR_INVALID_ARG, "%s: %ld write tasks are too many", path, n_tasks);
+    }
+    task0[nm] = (int)n_tasks;
+    if (threads > n_tasks) threads = (int)n_tasks;
+    if (threads < 1) threads = 1;
+    bufs = calloc((size_t)threads, sizeof *bufs);
+    if (!bufs) goto nomem;
+    for (int t = 0; t < threads; t++) {
+        gen_bufs *b = &bufs[t];
+        b->w = malloc(w_cap * sizeof *b->w);
+        b->s = malloc(s_cap * sizeof *b->s);
+        b->b = malloc(s_cap * sizeof *b->b);
+        b->out = malloc(out_cap);
+        b->so = malloc(so_cap * sizeof *b->so);
+        b->bo = malloc(so_cap * sizeof *b->bo);
+        if (!b->w || !b->s || !b->b || !b->out || !b->so || !b->bo) goto nomem;
+    }
+    if ((st = ib_pool_create(threads, &pool, err))) goto done;
+    {
+        gen_job job = {.fd = fd, .path = path, .data_start = data_start, .mats = mats, .nm = nm, .task0 = task0,
+                       .seed = seed, .bits = bits, .group = group, .bufs = bufs, .st = IB_OK, .err = err};
+        atomic_init(&job.failed, 0);
+        pthread_mutex_init(&job.mu, NULL);
+        ib_pool_run(pool, (int)n_tasks, gen_task, &job);
+        pthread_mutex_destroy(&job.mu);
+        st = job.st;
+    }
+    goto done;
+nomem:
+    st = ib_fail(err, IB_ERR_NOMEM, "%s: out of memory for %d threads' buffers", path, threads);
+done:
+    ib_pool_free(pool);
+    for (int t = 0; bufs && t < threads; t++) {
+        free(bufs[t].w); free(bufs[t].s); free(bufs[t].b); free(bufs[t].out); free(bufs[t].so); free(bufs[t].bo);
+    }
+    free(bufs);
+    free(task0);
+    return st;
 }
 
 /* Build the header JSON text for ents (sorted), padded with spaces so 8 + length is a multiple
@@ -324,7 +452,7 @@ static int is_llama(const ib_mkmodel_opts *o) { return o->arch && strcmp(o->arch
 
 /* Write model.safetensors of preset p to path (through path + ".tmp"; nothing left on failure). */
 static ib_status write_weights(const char *path, const preset *p, const ib_mkmodel_opts *o, int group,
-                               ib_error *err) {
+                               int threads, ib_error *err) {
     ib_status st = IB_OK;
     const int L = p->layers, D = p->hidden, qd = p->heads * p->head_dim, kvd = p->kv_heads * p->head_dim;
     const int quant = o->bits == 4 || o->bits == 8;
@@ -333,7 +461,6 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
     const int n_mats = 1 + (p->gemma ? (E ? 25 : 16) : 11) * L + 1 + (o->tied ? 0 : 1) + (o->ple_dim ? 3 + 3 * L : 0);
     gen_mat *mats = calloc((size_t)n_mats, sizeof *mats);
     tensor_ent *ents = calloc((size_t)n_mats * 3, sizeof *ents);
-    gen_bufs bf = {0};
     char *hdr = NULL, *tmp = NULL;
     int fd = -1;
     if (!mats || !ents) goto nomem;
@@ -420,10 +547,8 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
 
     /* stored tensors */
     int ne = 0;
-    size_t max_k = 0;
     for (int i = 0; i < nm; i++) {
         gen_mat *m = &mats[i];
-        if ((size_t)m->K > max_k) max_k = (size_t)m->K;
         for (int part = 0; part < (m->quantized ? 3 : 1); part++) {
             tensor_ent *t = &ents[ne++];
             static const char *const suffix[3] = {"weight", "scales", "biases"};
@@ -471,14 +596,6 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
     hdr = build_header(ents, ne, &hlen);
     if (!hdr) goto nomem;
 
-    size_t cap = BLOCK_ELEMS_MAX > max_k ? BLOCK_ELEMS_MAX : max_k;   /* elements of one block of rows */
-    bf.w = malloc(cap * sizeof *bf.w);
-    bf.wq = malloc(cap / 2 * sizeof *bf.wq + 4);     /* at most 8 bits per element */
-    bf.s = malloc(cap / 32 * sizeof *bf.s + 4);
-    bf.b = malloc(cap / 32 * sizeof *bf.b + 4);
-    bf.h = malloc(cap * sizeof *bf.h);
-    if (!bf.w || !bf.wq || !bf.s || !bf.b || !bf.h) goto nomem;
-
     size_t pl = strlen(path);
     tmp = malloc(pl + 5);
     if (!tmp) goto nomem;
@@ -496,8 +613,7 @@ static ib_status write_weights(const char *path, const preset *p, const ib_mkmod
         st = ib_fail(err, IB_ERR_IO, "%s: cannot size to %zu bytes: %s", tmp, 8 + hlen + data_len, strerror(errno));
         goto fail;
     }
-    for (int i = 0; i < nm; i++)
-        if ((st = write_mat(fd, tmp, (off_t)(8 + hlen), &mats[i], o->seed, o->bits, group, &bf, err))) goto fail;
+    if ((st = write_mats(fd, tmp, (off_t)(8 + hlen), mats, nm, o->seed, o->bits, group, threads, err))) goto fail;
     if (close(fd) != 0) {
         fd = -1;
         st = ib_fail(err, IB_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
@@ -518,7 +634,6 @@ fail:
 done:
     free(tmp);
     free(hdr);
-    free(bf.w); free(bf.wq); free(bf.s); free(bf.b); free(bf.h);
     free(mats);
     free(ents);
     return st;
@@ -584,6 +699,14 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
             return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: kv_shared %d: layer %d has no earlier non-shared layer of "
                            "its type", opts->kv_shared, unsourced);
     }
+    if (opts->threads < 0 || opts->threads > IB_MAX_DEFAULT_THREADS)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: threads %d not in 1..%d (0: the CPUs online)", opts->threads,
+                       IB_MAX_DEFAULT_THREADS);
+    int threads = opts->threads;
+    if (!threads) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n < 1 ? 1 : n > IB_MAX_DEFAULT_THREADS ? IB_MAX_DEFAULT_THREADS : (int)n;
+    }
     if (opts->top_k && (!p->experts || opts->top_k < 1 || opts->top_k > p->experts))
         return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: top_k %d: preset %s has %d experts", opts->top_k, p->name,
                        p->experts);
@@ -645,7 +768,7 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
     int wrote_cfg = 0, wrote_st = 0;
     if ((st = ib_config_save(&cfg, p_cfg, err))) goto fail;
     wrote_cfg = 1;
-    if ((st = write_weights(p_st, p, opts, group, err))) goto fail;
+    if ((st = write_weights(p_st, p, opts, group, threads, err))) goto fail;
     wrote_st = 1;
     if ((st = ib_tokenizer_write_bytelevel(dir, specials, 3, err))) goto fail;
     goto done;

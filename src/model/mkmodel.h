@@ -42,6 +42,9 @@ typedef struct ib_mkmodel_opts {
     int router_ties;      /* MoE presets, for tests of the routing's tie rule: 1 writes each odd expert's
                            * router row equal to the even one before it, so every row's logits tie in
                            * pairs */
+    int threads;          /* threads that generate and write the weights: 1..IB_MAX_DEFAULT_THREADS, or 0
+                           * for the CPUs online (at most IB_MAX_DEFAULT_THREADS). The files are the same
+                           * bytes for every count */
 } ib_mkmodel_opts;
 
 /* Create dir (mkdir -p) and write config.json, model.safetensors, tokenizer.json,

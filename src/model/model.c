@@ -3,15 +3,21 @@
  *
  * Every tensor is checked against config.json (dtype, shape) before use and converted or repacked
  * into the engine's layouts; the mapped files are closed at the end, so the model owns plain memory.
+ * The repacking runs on a pool of the load's threads (ib_load_opts.threads): a stacked expert tensor
+ * one expert per task, any other matrix by ranges of panels. Every byte of the model is written from
+ * its own source bytes alone, so the loaded model is the same bytes whatever the thread count.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/pool.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 
@@ -58,7 +64,7 @@ static ib_status load_vec(const ib_st_set *st, const char *name, int n, float **
 /* Load the linear weight `prefix`.weight of shape [N, K] (float) or its MLX-quantized triple
  * (.weight U32 [N, K*bits/32], .scales/.biases [N, K/group]) into m, as config.json says. */
 static ib_status load_linear(const ib_st_set *st, const ib_config *cfg, const char *prefix, int N, int K,
-                             ib_matrix *m, ib_error *err) {
+                             ib_matrix *m, ib_pool *pool, ib_error *err) {
     char name[256];
     const ib_st_tensor *t;
     ib_status rc;
@@ -75,7 +81,7 @@ static ib_status load_linear(const ib_st_set *st, const ib_config *cfg, const ch
         float *buf = malloc((size_t)N * K * sizeof(float));
         if (!buf) return ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", name);
         to_f32(t, (size_t)N * K, buf);
-        rc = ib_matrix_from_f32(m, buf, N, K, err);
+        rc = ib_matrix_from_f32_pool(m, buf, N, K, pool, err);
         free(buf);
         return rc;
     }
@@ -92,78 +98,126 @@ static ib_status load_linear(const ib_st_set *st, const ib_config *cfg, const ch
     if ((rc = ib_st_expect(st, name, u32, 1, 2, wshape, &t, err))) return rc;
     if ((rc = ib_st_expect(st, sname, float_dtypes, 3, 2, gshape, &sc, err))) return rc;
     if ((rc = ib_st_expect(st, bname, float_dtypes, 3, 2, gshape, &bi, err))) return rc;
-    size_t nw = (size_t)N * K * bits / 32, ng = (size_t)N * (K / G);
-    uint32_t *wq = malloc(nw * sizeof(uint32_t));
+    size_t ng = (size_t)N * (K / G);
     float *s = malloc(ng * sizeof(float)), *b = malloc(ng * sizeof(float));
-    if (!wq || !s || !b) {
+    if (!s || !b) {
         rc = ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", prefix);
-    } else {
-        memcpy(wq, t->data, nw * sizeof(uint32_t));
+    } else { /* the codes are repacked from the mapped file as they are (any alignment) */
         to_f32(sc, ng, s);
         to_f32(bi, ng, b);
         if (!(rc = check_finite(st, sname, s, ng, err)) && !(rc = check_finite(st, bname, b, ng, err)))
-            rc = ib_matrix_from_mlx(m, wq, s, b, N, K, bits, G, err);
+            rc = ib_matrix_from_mlx_pool(m, t->data, s, b, N, K, bits, G, pool, err);
     }
-    free(wq);
     free(s);
     free(b);
     return rc;
 }
 
-/* Load a stacked expert tensor [E, N, K] into E matrices. MLX layout (SwitchGLU): `prefix`.weight of
- * shape [E, N, K] (float) or its quantized triple (.weight U32 [E, N, K*bits/32], .scales/.biases
- * [E, N, K/group]). With `bare` the float tensor is stored under `prefix` itself (transformers'
- * experts.down_proj). rows0 / take: expert e's matrix is rows [rows0, rows0 + N) of a stored [E, Ns, K]
- * tensor of Ns = take rows per expert (transformers' gate_up_proj holds gate then up: Ns = 2N). */
+/* A stacked expert tensor's load over the pool: task e builds expert e's matrix from its rows of the
+ * stored tensors with its thread's buffer. Each expert's status and error are kept apart, and the one
+ * reported is the lowest failing expert's, as a load of one expert after another reports it (experts
+ * above a failed one are skipped; those built are freed with the model). */
+typedef struct stack_job {
+    const ib_st_set *st;
+    const ib_st_tensor *t, *sc, *bi;   /* weight; scales and biases (quantized) */
+    const char *sname, *bname;
+    int quant, N, K, take, rows0, bits, G;
+    ib_matrix *ms;                     /* [E] */
+    unsigned char **buf;               /* [threads] */
+    ib_status *rc;                     /* [E] */
+    ib_error *errs;                    /* [E] */
+    _Atomic int first_failed;          /* lowest failed expert so far (E: none) */
+} stack_job;
+
+static void stack_task(void *ctx, int e, int thread) {
+    stack_job *j = ctx;
+    if (e > atomic_load_explicit(&j->first_failed, memory_order_relaxed)) return;
+    const int N = j->N, K = j->K;
+    ib_status rc;
+    if (!j->quant) {
+        const ib_st_tensor *t = j->t;
+        size_t per = (size_t)j->take * K, n = (size_t)N * K;
+        float *buf = (float *)j->buf[thread];
+        ib_st_tensor sub = *t; /* expert e's rows: to_f32 reads from sub.data */
+        size_t eb = t->dtype == IB_DT_F32 ? 4 : 2;
+        sub.data = (const unsigned char *)t->data + ((size_t)e * per + (size_t)j->rows0 * K) * eb;
+        to_f32(&sub, n, buf);
+        rc = ib_matrix_from_f32(&j->ms[e], buf, N, K, &j->errs[e]);
+    } else {
+        size_t nw = (size_t)N * K * j->bits / 32, ng = (size_t)N * (K / j->G);
+        float *s = (float *)j->buf[thread], *b = s + ng;
+        ib_st_tensor ss = *j->sc, bb = *j->bi;
+        size_t sbe = j->sc->dtype == IB_DT_F32 ? 4 : 2, bbe = j->bi->dtype == IB_DT_F32 ? 4 : 2;
+        ss.data = (const unsigned char *)j->sc->data + (size_t)e * ng * sbe;
+        bb.data = (const unsigned char *)j->bi->data + (size_t)e * ng * bbe;
+        to_f32(&ss, ng, s);
+        to_f32(&bb, ng, b);
+        /* the codes are repacked from the mapped file as they are (any alignment) */
+        if (!(rc = check_finite(j->st, j->sname, s, ng, &j->errs[e])) &&
+            !(rc = check_finite(j->st, j->bname, b, ng, &j->errs[e])))
+            rc = ib_matrix_from_mlx_pool(&j->ms[e], (const unsigned char *)j->t->data + (size_t)e * nw * 4, s, b, N, K,
+                                         j->bits, j->G, NULL, &j->errs[e]);
+    }
+    j->rc[e] = rc;
+    if (rc) { /* lower first_failed to e */
+        int f = atomic_load_explicit(&j->first_failed, memory_order_relaxed);
+        while (e < f && !atomic_compare_exchange_weak(&j->first_failed, &f, e)) {}
+    }
+}
+
+/* Load a stacked expert tensor [E, N, K] into E matrices, the experts split over the pool. MLX layout
+ * (SwitchGLU): `prefix`.weight of shape [E, N, K] (float) or its quantized triple (.weight U32
+ * [E, N, K*bits/32], .scales/.biases [E, N, K/group]). With `bare` the float tensor is stored under
+ * `prefix` itself (transformers' experts.down_proj). rows0 / take: expert e's matrix is rows
+ * [rows0, rows0 + N) of a stored [E, Ns, K] tensor of Ns = take rows per expert (transformers'
+ * gate_up_proj holds gate then up: Ns = 2N). */
 static ib_status load_stacked(const ib_st_set *st, const ib_config *cfg, const char *prefix, int bare, int E, int N,
-                              int K, int take, int rows0, ib_matrix *ms, ib_error *err) {
+                              int K, int take, int rows0, ib_matrix *ms, ib_pool *pool, ib_error *err) {
     char name[256], sname[256], bname[256];
-    const ib_st_tensor *t, *sc, *bi;
+    stack_job j = {.st = st, .sname = sname, .bname = bname, .N = N, .K = K, .take = take, .rows0 = rows0, .ms = ms};
     ib_status rc = IB_OK;
+    size_t buf_bytes;
     snprintf(name, sizeof name, bare ? "%s" : "%s.weight", prefix);
     if (cfg->quant_bits == 0 || bare) {
         int64_t shape[3] = {E, take, K};
-        if ((rc = ib_st_expect(st, name, float_dtypes, 3, 3, shape, &t, err))) return rc;
-        size_t per = (size_t)take * K, n = (size_t)N * K;
-        float *buf = malloc(n * sizeof(float));
-        if (!buf) return ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", name);
-        for (int e = 0; e < E && !rc; e++) {
-            ib_st_tensor sub = *t; /* expert e's rows: to_f32 reads from sub.data */
-            size_t eb = t->dtype == IB_DT_F32 ? 4 : 2;
-            sub.data = (const unsigned char *)t->data + ((size_t)e * per + (size_t)rows0 * K) * eb;
-            to_f32(&sub, n, buf);
-            rc = ib_matrix_from_f32(&ms[e], buf, N, K, err);
+        if ((rc = ib_st_expect(st, name, float_dtypes, 3, 3, shape, &j.t, err))) return rc;
+        buf_bytes = (size_t)N * K * sizeof(float);
+    } else {
+        int bits = cfg->quant_bits, G = cfg->quant_group;
+        if (K % G != 0) return ib_fail(err, IB_ERR_MODEL, "%s: input size %d is not a multiple of group_size %d", prefix, K, G);
+        static const ib_dtype u32[] = {IB_DT_U32};
+        snprintf(sname, sizeof sname, "%s.scales", prefix);
+        snprintf(bname, sizeof bname, "%s.biases", prefix);
+        int64_t wshape[3] = {E, N, (int64_t)K * bits / 32}, gshape[3] = {E, N, K / G};
+        if ((rc = ib_st_expect(st, name, u32, 1, 3, wshape, &j.t, err))) return rc;
+        if ((rc = ib_st_expect(st, sname, float_dtypes, 3, 3, gshape, &j.sc, err))) return rc;
+        if ((rc = ib_st_expect(st, bname, float_dtypes, 3, 3, gshape, &j.bi, err))) return rc;
+        j.quant = 1;
+        j.bits = bits;
+        j.G = G;
+        buf_bytes = 2 * (size_t)N * (K / G) * sizeof(float);
+    }
+    const int T = ib_pool_threads(pool);
+    j.buf = calloc((size_t)T, sizeof *j.buf);
+    j.rc = calloc((size_t)E, sizeof *j.rc);
+    j.errs = calloc((size_t)E, sizeof *j.errs);
+    int ok = j.buf && j.rc && j.errs;
+    for (int t = 0; t < T && ok; t++) ok = (j.buf[t] = malloc(buf_bytes)) != NULL;
+    if (!ok) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", j.quant ? prefix : name);
+    } else {
+        atomic_init(&j.first_failed, E);
+        ib_pool_run(pool, E, stack_task, &j);
+        int f = atomic_load(&j.first_failed);
+        if (f < E) {
+            rc = j.rc[f];
+            *err = j.errs[f];
         }
-        free(buf);
-        return rc;
     }
-    int bits = cfg->quant_bits, G = cfg->quant_group;
-    if (K % G != 0) return ib_fail(err, IB_ERR_MODEL, "%s: input size %d is not a multiple of group_size %d", prefix, K, G);
-    static const ib_dtype u32[] = {IB_DT_U32};
-    snprintf(sname, sizeof sname, "%s.scales", prefix);
-    snprintf(bname, sizeof bname, "%s.biases", prefix);
-    int64_t wshape[3] = {E, N, (int64_t)K * bits / 32}, gshape[3] = {E, N, K / G};
-    if ((rc = ib_st_expect(st, name, u32, 1, 3, wshape, &t, err))) return rc;
-    if ((rc = ib_st_expect(st, sname, float_dtypes, 3, 3, gshape, &sc, err))) return rc;
-    if ((rc = ib_st_expect(st, bname, float_dtypes, 3, 3, gshape, &bi, err))) return rc;
-    size_t nw = (size_t)N * K * bits / 32, ng = (size_t)N * (K / G);
-    uint32_t *wq = malloc(nw * sizeof(uint32_t));
-    float *s = malloc(ng * sizeof(float)), *b = malloc(ng * sizeof(float));
-    if (!wq || !s || !b) rc = ib_fail(err, IB_ERR_NOMEM, "%s: out of memory", prefix);
-    size_t sbe = sc->dtype == IB_DT_F32 ? 4 : 2, bbe = bi->dtype == IB_DT_F32 ? 4 : 2;
-    for (int e = 0; e < E && !rc; e++) {
-        ib_st_tensor ss = *sc, bb = *bi;
-        ss.data = (const unsigned char *)sc->data + (size_t)e * ng * sbe;
-        bb.data = (const unsigned char *)bi->data + (size_t)e * ng * bbe;
-        memcpy(wq, (const unsigned char *)t->data + (size_t)e * nw * 4, nw * sizeof(uint32_t));
-        to_f32(&ss, ng, s);
-        to_f32(&bb, ng, b);
-        if (!(rc = check_finite(st, sname, s, ng, err)) && !(rc = check_finite(st, bname, b, ng, err)))
-            rc = ib_matrix_from_mlx(&ms[e], wq, s, b, N, K, bits, G, err);
-    }
-    free(wq);
-    free(s);
-    free(b);
+    for (int t = 0; j.buf && t < T; t++) free(j.buf[t]);
+    free(j.buf);
+    free(j.rc);
+    free(j.errs);
     return rc;
 }
 
@@ -171,7 +225,7 @@ static ib_status load_stacked(const ib_st_set *st, const ib_config *cfg, const c
  * them (experts.switch_glu.{gate,up,down}_proj, float or quantized) or as transformers does
  * (experts.gate_up_proj [E, 2Fm, D] gate rows then up rows, experts.down_proj [E, D, Fm]; float). */
 static ib_status load_moe(const ib_st_set *st, const ib_config *c, const char *pre, int i, ib_layer *l,
-                          ib_error *err) {
+                          ib_pool *pool, ib_error *err) {
     char p[192], n[224];
     int D = c->hidden_size, E = c->n_experts, Fm = c->moe_ffn;
     ib_status rc;
@@ -185,25 +239,25 @@ static ib_status load_moe(const ib_st_set *st, const ib_config *c, const char *p
     VEC(expert_scale, "router.per_expert_scale", E)
 #undef VEC
     snprintf(p, sizeof p, "%slayers.%d.router.proj", pre, i);
-    if ((rc = load_linear(st, c, p, E, D, &l->w_router, err))) return rc;
+    if ((rc = load_linear(st, c, p, E, D, &l->w_router, pool, err))) return rc;
     l->e_gate = calloc((size_t)E, sizeof(ib_matrix));
     l->e_up = calloc((size_t)E, sizeof(ib_matrix));
     l->e_down = calloc((size_t)E, sizeof(ib_matrix));
     if (!l->e_gate || !l->e_up || !l->e_down) return ib_fail(err, IB_ERR_NOMEM, "model: out of memory for experts");
     snprintf(p, sizeof p, "%slayers.%d.experts.gate_up_proj", pre, i);
     if (ib_st_find(st, p)) {
-        if ((rc = load_stacked(st, c, p, 1, E, Fm, D, 2 * Fm, 0, l->e_gate, err)) ||
-            (rc = load_stacked(st, c, p, 1, E, Fm, D, 2 * Fm, Fm, l->e_up, err)))
+        if ((rc = load_stacked(st, c, p, 1, E, Fm, D, 2 * Fm, 0, l->e_gate, pool, err)) ||
+            (rc = load_stacked(st, c, p, 1, E, Fm, D, 2 * Fm, Fm, l->e_up, pool, err)))
             return rc;
         snprintf(p, sizeof p, "%slayers.%d.experts.down_proj", pre, i);
-        return load_stacked(st, c, p, 1, E, D, Fm, D, 0, l->e_down, err);
+        return load_stacked(st, c, p, 1, E, D, Fm, D, 0, l->e_down, pool, err);
     }
     snprintf(p, sizeof p, "%slayers.%d.experts.switch_glu.gate_proj", pre, i);
-    if ((rc = load_stacked(st, c, p, 0, E, Fm, D, Fm, 0, l->e_gate, err))) return rc;
+    if ((rc = load_stacked(st, c, p, 0, E, Fm, D, Fm, 0, l->e_gate, pool, err))) return rc;
     snprintf(p, sizeof p, "%slayers.%d.experts.switch_glu.up_proj", pre, i);
-    if ((rc = load_stacked(st, c, p, 0, E, Fm, D, Fm, 0, l->e_up, err))) return rc;
+    if ((rc = load_stacked(st, c, p, 0, E, Fm, D, Fm, 0, l->e_up, pool, err))) return rc;
     snprintf(p, sizeof p, "%slayers.%d.experts.switch_glu.down_proj", pre, i);
-    return load_stacked(st, c, p, 0, E, D, Fm, D, 0, l->e_down, err);
+    return load_stacked(st, c, p, 0, E, D, Fm, D, 0, l->e_down, pool, err);
 }
 
 static void free_experts(ib_matrix *ms, int E) {
@@ -265,7 +319,8 @@ static const char *lm_prefix(const ib_config *c) { return c->tensor_prefix_lm ? 
  * use_double_wide_mlp, each of gate/up/down shape-checked at it), the layer scalar. A KV-shared layer (num_kv_shared_layers) has
  * only q_proj, q_norm and o_proj for attention: its k_proj, v_proj and k_norm are not read (a file
  * may still hold them, accepted unread as transformers ignores them), and wk / wv stay empty. */
-static ib_status load_layer_gemma4(const ib_st_set *st, const ib_config *c, int i, ib_layer *l, ib_error *err) {
+static ib_status load_layer_gemma4(const ib_st_set *st, const ib_config *c, int i, ib_layer *l, ib_pool *pool,
+                                   ib_error *err) {
     char p[160], n[192];
     const char *pre = lm_prefix(c);
     int D = c->hidden_size, H = c->n_heads, F = ib_config_layer_ffn(c, i);
@@ -273,7 +328,7 @@ static ib_status load_layer_gemma4(const ib_st_set *st, const ib_config *c, int 
     ib_status rc;
 #define LIN(field, sub, N_, K_)                                                   \
     snprintf(p, sizeof p, "%slayers.%d.%s", pre, i, sub);                         \
-    if ((rc = load_linear(st, c, p, (N_), (K_), &l->field, err))) return rc;
+    if ((rc = load_linear(st, c, p, (N_), (K_), &l->field, pool, err))) return rc;
 #define VEC(field, sub, n_)                                                       \
     snprintf(n, sizeof n, "%slayers.%d.%s.weight", pre, i, sub);                  \
     if ((rc = load_vec(st, n, (n_), &l->field, err))) return rc;
@@ -318,11 +373,12 @@ static ib_status load_layer_gemma4(const ib_st_set *st, const ib_config *c, int 
     }
     l->layer_scalar = s[0];
     free(s);
-    return c->n_experts > 0 ? load_moe(st, c, pre, i, l, err) : IB_OK;
+    return c->n_experts > 0 ? load_moe(st, c, pre, i, l, pool, err) : IB_OK;
 }
 
 /* Load layer i's tensors. */
-static ib_status load_layer(const ib_st_set *st, const ib_config *c, int i, ib_layer *l, ib_error *err) {
+static ib_status load_layer(const ib_st_set *st, const ib_config *c, int i, ib_layer *l, ib_pool *pool,
+                            ib_error *err) {
     char p[128], n[160];
     int D = c->hidden_size, hd = c->head_dim, H = c->n_heads, KVH = c->n_kv_heads, F = c->intermediate_size;
     ib_status rc;
@@ -330,10 +386,10 @@ static ib_status load_layer(const ib_st_set *st, const ib_config *c, int i, ib_l
     l->kvh = ib_config_layer_kvh(c, i);
     l->sliding = c->arch == IB_ARCH_GEMMA4 && c->layer_sliding[i];
     l->layer_scalar = 1.0f;
-    if (c->arch == IB_ARCH_GEMMA4) return load_layer_gemma4(st, c, i, l, err);
+    if (c->arch == IB_ARCH_GEMMA4) return load_layer_gemma4(st, c, i, l, pool, err);
 #define LIN(field, sub, N_, K_)                                                   \
     snprintf(p, sizeof p, "model.layers.%d.%s", i, sub);                          \
-    if ((rc = load_linear(st, c, p, (N_), (K_), &l->field, err))) return rc;
+    if ((rc = load_linear(st, c, p, (N_), (K_), &l->field, pool, err))) return rc;
 #define VEC(field, sub, n_)                                                       \
     snprintf(n, sizeof n, "model.layers.%d.%s.weight", i, sub);                   \
     if ((rc = load_vec(st, n, (n_), &l->field, err))) return rc;
@@ -439,11 +495,18 @@ static void fill_info(ib_model *m, const ib_st_set *st) {
 }
 
 ib_status ib_model_load(const char *dir, const ib_load_opts *opts, ib_model **out, ib_error *err) {
-    (void)opts;
     *out = NULL;
     char path[4096];
     ib_st_set *st = NULL;
+    ib_pool *pool = NULL;
     ib_status rc;
+    int threads = opts ? opts->threads : 0;
+    if (threads > IB_MAX_DEFAULT_THREADS)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "model: threads %d is more than %d", threads, IB_MAX_DEFAULT_THREADS);
+    if (threads <= 0) { /* as ib_engine_opts.threads: every online CPU */
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n < 1 ? 1 : n > IB_MAX_DEFAULT_THREADS ? IB_MAX_DEFAULT_THREADS : (int)n;
+    }
     ib_model *m = calloc(1, sizeof *m);
     if (!m) return ib_fail(err, IB_ERR_NOMEM, "model: out of memory");
     if (snprintf(path, sizeof path, "%s/config.json", dir) >= (int)sizeof path) {
@@ -457,6 +520,7 @@ ib_status ib_model_load(const char *dir, const ib_load_opts *opts, ib_model **ou
     }
     if ((rc = ib_config_load(path, &m->cfg, err))) goto fail;
     if ((rc = ib_st_open_dir(dir, &st, err))) goto fail;
+    if ((rc = ib_pool_create(threads, &pool, err))) goto fail;
     const ib_config *c = &m->cfg;
     int D = c->hidden_size, V = c->vocab_size;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
@@ -466,20 +530,20 @@ ib_status ib_model_load(const char *dir, const ib_load_opts *opts, ib_model **ou
     }
     char name[96];
     snprintf(name, sizeof name, "%sembed_tokens", lm_prefix(c));
-    if ((rc = load_linear(st, c, name, V, D, &m->embed, err))) goto fail;
+    if ((rc = load_linear(st, c, name, V, D, &m->embed, pool, err))) goto fail;
     m->embed_scale = c->arch == IB_ARCH_GEMMA4 ? (float)sqrt((double)D) : 1.0f;
     if (c->ple_dim > 0) { /* Gemma 4 per-layer embeddings: the table, the projection of X, its norm */
         const int LP = c->n_layers * c->ple_dim;
         snprintf(name, sizeof name, "%sembed_tokens_per_layer", lm_prefix(c));
-        if ((rc = load_linear(st, c, name, V, LP, &m->ple_embed, err))) goto fail;
+        if ((rc = load_linear(st, c, name, V, LP, &m->ple_embed, pool, err))) goto fail;
         m->ple_embed_scale = (float)sqrt((double)c->ple_dim);
         snprintf(name, sizeof name, "%sper_layer_model_projection", lm_prefix(c));
-        if ((rc = load_linear(st, c, name, LP, D, &m->ple_model_proj, err))) goto fail;
+        if ((rc = load_linear(st, c, name, LP, D, &m->ple_model_proj, pool, err))) goto fail;
         snprintf(name, sizeof name, "%sper_layer_projection_norm.weight", lm_prefix(c));
         if ((rc = load_vec(st, name, c->ple_dim, &m->ple_proj_norm, err))) goto fail;
     }
     for (int i = 0; i < c->n_layers; i++)
-        if ((rc = load_layer(st, c, i, &m->layers[i], err))) goto fail;
+        if ((rc = load_layer(st, c, i, &m->layers[i], pool, err))) goto fail;
     snprintf(name, sizeof name, "%snorm.weight", lm_prefix(c));
     if ((rc = load_vec(st, name, D, &m->final_norm, err))) goto fail;
     if (c->has_towers) /* model_type gemma4: the vision and audio towers' tensors are left unread */
@@ -492,7 +556,7 @@ ib_status ib_model_load(const char *dir, const ib_load_opts *opts, ib_model **ou
     if (c->tie_embeddings) {
         m->lm_head = &m->embed;
     } else {
-        if ((rc = load_linear(st, c, "lm_head", V, D, &m->lm_head_own, err))) goto fail;
+        if ((rc = load_linear(st, c, "lm_head", V, D, &m->lm_head_own, pool, err))) goto fail;
         m->lm_head = &m->lm_head_own;
     }
     char what[128];
@@ -511,10 +575,12 @@ ib_status ib_model_load(const char *dir, const ib_load_opts *opts, ib_model **ou
         rc = ib_tokenizer_bytes(V, &m->tok, err);
     if (rc) goto fail;
     fill_info(m, st);
+    ib_pool_free(pool);
     ib_st_close(st);
     *out = m;
     return IB_OK;
 fail:
+    ib_pool_free(pool);
     ib_st_close(st);
     ib_model_free(m);
     return rc;

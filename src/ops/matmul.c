@@ -29,14 +29,6 @@ static int panels_per_task(int B, int np, int threads) {
     return per < 1 ? 1 : per;
 }
 
-/* 64-byte aligned, zeroed allocation of n bytes (n rounded up to 64); NULL on failure. */
-static void *alloc64(size_t n) {
-    size_t r = (n + 63) & ~(size_t)63;
-    void *p = aligned_alloc(64, r ? r : 64);
-    if (p) memset(p, 0, r ? r : 64);
-    return p;
-}
-
 void ib_matrix_free(ib_matrix *m) {
     if (!m) return;
     free(m->packed);
@@ -44,8 +36,28 @@ void ib_matrix_free(ib_matrix *m) {
     memset(m, 0, sizeof *m);
 }
 
-/* The narrowest storage that holds every one of the n values of each array exactly (see ib_sbfmt). */
-static ib_sbfmt choose_sb_fmt(const float *a, const float *b, size_t n) {
+/* 64-byte aligned allocation of n bytes (n rounded up to 64): the bytes past n are zeroed, the first n
+ * are the caller's to fill (the repack tasks write every one of them, zeros included, each on the
+ * thread that fills it); NULL on failure. */
+static void *alloc64(size_t n) {
+    size_t r = (n + 63) & ~(size_t)63;
+    unsigned char *p = aligned_alloc(64, r ? r : 64);
+    if (p) memset(p + n, 0, (r ? r : 64) - n);
+    return p;
+}
+
+/* Panels per repack task: a task is this many panels of 16 rows (at K = 2816, 4 bits: 1.4 MB of
+ * packed bytes), so a thread has enough to do between two claims. */
+#define REPACK_PANELS_PER_TASK 64
+
+/* Tasks that repack np panels. Only the speed depends on the split: every panel's bytes are written
+ * by exactly one task, from its own rows alone. */
+static int repack_tasks(int np, ib_pool *pool) {
+    return ib_pool_threads(pool) > 1 ? (np + REPACK_PANELS_PER_TASK - 1) / REPACK_PANELS_PER_TASK : 1;
+}
+
+/* Which storages hold every one of the n values of each array exactly: bit 0 bfloat16, bit 1 float16. */
+static unsigned sb_fits(const float *a, const float *b, size_t n) {
     int bf16 = 1, f16 = 1;
     for (size_t i = 0; i < 2 * n && (bf16 || f16); i++) {
         float v = i < n ? a[i] : b[i - n];
@@ -53,7 +65,40 @@ static ib_sbfmt choose_sb_fmt(const float *a, const float *b, size_t n) {
         if (u & 0xffffu) bf16 = 0;
         if (v != v || ib_f32_to_bits(ib_f16_to_f32(ib_f32_to_f16(v))) != u) f16 = 0;
     }
-    return bf16 ? IB_SB_BF16 : f16 ? IB_SB_F16 : IB_SB_F32;
+    return (unsigned)bf16 | (unsigned)f16 << 1;
+}
+
+/* sb_fits over the pool: each task finds which storages hold its share of both arrays, and the
+ * storages that hold them all are those that hold every share (a logical AND: the same whatever the
+ * split). */
+typedef struct sbfits_job {
+    const float *a, *b;
+    size_t n, per_task;
+    unsigned char *fits;   /* [tasks] */
+} sbfits_job;
+
+static void sbfits_task(void *ctx, int task, int thread) {
+    const sbfits_job *j = ctx;
+    size_t i0 = (size_t)task * j->per_task, i1 = i0 + j->per_task < j->n ? i0 + j->per_task : j->n;
+    j->fits[task] = (unsigned char)sb_fits(j->a + i0, j->b + i0, i1 - i0);
+}
+
+/* The narrowest storage that holds every one of the n values of each array exactly (see ib_sbfmt). */
+static ib_sbfmt choose_sb_fmt(const float *a, const float *b, size_t n, ib_pool *pool) {
+    const size_t per = (size_t)1 << 18;
+    const size_t tasks = (n + per - 1) / per;
+    unsigned fits;
+    unsigned char *share = tasks > 1 && tasks <= 0x7fffffff && ib_pool_threads(pool) > 1 ? malloc(tasks) : NULL;
+    if (share) {
+        sbfits_job j = {a, b, n, per, share};
+        ib_pool_run(pool, (int)tasks, sbfits_task, &j);
+        fits = 3;
+        for (size_t t = 0; t < tasks; t++) fits &= share[t];
+        free(share);
+    } else {
+        fits = sb_fits(a, b, n);
+    }
+    return fits & 1 ? IB_SB_BF16 : fits & 2 ? IB_SB_F16 : IB_SB_F32;
 }
 
 /* Store v at element i of a scale/bias array of format fmt. */
@@ -65,7 +110,86 @@ static void put_sb(void *sb, ib_sbfmt fmt, size_t i, float v) {
     }
 }
 
+/* A repack: the source rows and the matrix being filled. */
+typedef struct pack_job {
+    ib_matrix *m;
+    const float *w;                        /* float32 source [N][K] */
+    const unsigned char *wq;               /* MLX source: [N][K*bits/32] little-endian uint32 words
+                                            * (any alignment), scales and biases [N][K/group] */
+    const float *scales, *biases;
+    int N, K, bits;
+    size_t pbytes;                         /* bytes of one packed panel */
+    int per_task;                          /* panels per task */
+} pack_job;
+
+/* Panels [task*per_task, ...) of a float32 matrix: [K][16] each, rows past N zero. */
+static void pack_f32_task(void *ctx, int task, int thread) {
+    const pack_job *j = ctx;
+    const int np = j->m->n_panels, K = j->K, N = j->N;
+    const int p0 = task * j->per_task, p1 = p0 + j->per_task < np ? p0 + j->per_task : np;
+    float *pk = j->m->packed;
+    for (int p = p0; p < p1; p++) {
+        float *panel = pk + (size_t)p * K * IB_PANEL;
+        if ((p + 1) * IB_PANEL > N) memset(panel, 0, j->pbytes);   /* the last panel's padding rows */
+        for (int n = p * IB_PANEL; n < N && n < (p + 1) * IB_PANEL; n++) {
+            const float *row = j->w + (size_t)n * K;
+            float *dst = panel + (n % IB_PANEL);
+            for (int k = 0; k < K; k++) dst[(size_t)k * IB_PANEL] = row[k];
+        }
+    }
+}
+
+/* Nibble t of x (t < 4) to the low nibble of byte t. */
+static inline uint32_t spread_nibbles(uint32_t x) {
+    x = (x | x << 8) & 0x00FF00FFu;
+    return (x | x << 4) & 0x0F0F0F0Fu;
+}
+
+/* Panels [task*per_task, ...) of an MLX-quantized matrix: the codes, the scales and biases; rows past
+ * N zero. Every byte of each panel is written once, a 64-byte line at a time: line w of a panel holds
+ * word w of each of its 16 rows, 4 bytes a row (pack.h). A 4-bit word holds codes 8w..8w+7 (code
+ * 8w+t in nibble t); its 4 bytes hold codes 8w+t (low nibble) and 8w+t+4 (high nibble) in byte t. An
+ * 8-bit word holds codes 4w..4w+3, one a byte, which are its 4 bytes as they are. */
+static void pack_mlx_task(void *ctx, int task, int thread) {
+    const pack_job *j = ctx;
+    const ib_matrix *m = j->m;
+    const int np = m->n_panels, K = j->K, N = j->N, bits = j->bits, ng = K / m->group;
+    const int p0 = task * j->per_task, p1 = p0 + j->per_task < np ? p0 + j->per_task : np;
+    const size_t wpr = (size_t)K * (size_t)bits / 32;   /* uint32 words per MLX row */
+    for (int p = p0; p < p1; p++) {
+        const int rows = N - p * IB_PANEL < IB_PANEL ? N - p * IB_PANEL : IB_PANEL;
+        const unsigned char *src = j->wq + (size_t)p * IB_PANEL * wpr * 4;   /* the panel's first row */
+        uint8_t *line = (uint8_t *)m->packed + (size_t)p * j->pbytes;
+        for (size_t w = 0; w < wpr; w++, line += 64) {
+            for (int r = 0; r < IB_PANEL; r++) {
+                uint32_t v = 0;
+                if (r < rows) {
+                    const unsigned char *b = src + ((size_t)r * wpr + w) * 4;   /* little-endian word */
+                    uint32_t word = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+                    v = bits == 4 ? spread_nibbles(word & 0xFFFFu) | spread_nibbles(word >> 16) << 4 : word;
+                }
+                line[r * 4 + 0] = (uint8_t)v;
+                line[r * 4 + 1] = (uint8_t)(v >> 8);
+                line[r * 4 + 2] = (uint8_t)(v >> 16);
+                line[r * 4 + 3] = (uint8_t)(v >> 24);
+            }
+        }
+        for (int g = 0; g < ng; g++) {
+            const size_t e = ((size_t)p * ng + (size_t)g) * 2 * IB_PANEL;
+            for (int r = 0; r < IB_PANEL; r++) {
+                const size_t n = (size_t)p * IB_PANEL + (size_t)r;
+                put_sb(m->sb, m->sb_fmt, e + r, r < rows ? j->scales[n * ng + g] : 0.0f);
+                put_sb(m->sb, m->sb_fmt, e + IB_PANEL + r, r < rows ? j->biases[n * ng + g] : 0.0f);
+            }
+        }
+    }
+}
+
 ib_status ib_matrix_from_f32(ib_matrix *m, const float *w, int N, int K, ib_error *err) {
+    return ib_matrix_from_f32_pool(m, w, N, K, NULL, err);
+}
+
+ib_status ib_matrix_from_f32_pool(ib_matrix *m, const float *w, int N, int K, ib_pool *pool, ib_error *err) {
     memset(m, 0, sizeof *m);
     if (!w) return ib_fail(err, IB_ERR_INVALID_ARG, "matrix: weights: NULL data");
     if (N < 1 || K < 1) return ib_fail(err, IB_ERR_INVALID_ARG, "matrix: shape: [%d, %d] is not positive", N, K);
@@ -73,11 +197,6 @@ ib_status ib_matrix_from_f32(ib_matrix *m, const float *w, int N, int K, ib_erro
     size_t bytes = (size_t)np * (size_t)K * IB_PANEL * sizeof(float);
     float *pk = alloc64(bytes);   /* [np][K][16] */
     if (!pk) return ib_fail(err, IB_ERR_NOMEM, "matrix: [%d, %d] float32: out of memory (%zu bytes)", N, K, bytes);
-    for (int n = 0; n < N; n++) {
-        const float *row = w + (size_t)n * K;
-        float *dst = pk + (size_t)(n / IB_PANEL) * K * IB_PANEL + (n % IB_PANEL);
-        for (int k = 0; k < K; k++) dst[(size_t)k * IB_PANEL] = row[k];
-    }
     m->fmt = IB_WF32;
     m->rows = N;
     m->cols = K;
@@ -85,11 +204,20 @@ ib_status ib_matrix_from_f32(ib_matrix *m, const float *w, int N, int K, ib_erro
     m->n_panels = np;
     m->packed = pk;
     m->bytes = bytes;
+    const int tasks = repack_tasks(np, pool);
+    pack_job j = {.m = m, .w = w, .N = N, .K = K, .pbytes = (size_t)K * IB_PANEL * sizeof(float),
+                  .per_task = (np + tasks - 1) / tasks};
+    ib_pool_run(pool, tasks, pack_f32_task, &j);
     return IB_OK;
 }
 
 ib_status ib_matrix_from_mlx(ib_matrix *m, const uint32_t *wq, const float *scales, const float *biases,
                              int N, int K, int bits, int group, ib_error *err) {
+    return ib_matrix_from_mlx_pool(m, wq, scales, biases, N, K, bits, group, NULL, err);
+}
+
+ib_status ib_matrix_from_mlx_pool(ib_matrix *m, const void *wq, const float *scales, const float *biases,
+                                  int N, int K, int bits, int group, ib_pool *pool, ib_error *err) {
     memset(m, 0, sizeof *m);
     if (!wq || !scales || !biases) return ib_fail(err, IB_ERR_INVALID_ARG, "matrix: weights/scales/biases: NULL data");
     if (N < 1 || K < 1) return ib_fail(err, IB_ERR_INVALID_ARG, "matrix: shape: [%d, %d] is not positive", N, K);
@@ -99,9 +227,8 @@ ib_status ib_matrix_from_mlx(ib_matrix *m, const uint32_t *wq, const float *scal
     if (K % group != 0)
         return ib_fail(err, IB_ERR_INVALID_ARG, "matrix: shape: K = %d is not a multiple of group_size %d", K, group);
     const int np = (N + IB_PANEL - 1) / IB_PANEL, ng = K / group;
-    const size_t wpr = (size_t)K * (size_t)bits / 32;   /* uint32 words per MLX row */
     const size_t pbytes = (size_t)K * (bits == 4 ? 8 : 16);
-    const ib_sbfmt sbf = choose_sb_fmt(scales, biases, (size_t)N * (size_t)ng);
+    const ib_sbfmt sbf = choose_sb_fmt(scales, biases, (size_t)N * (size_t)ng, pool);
     const size_t sbytes = (size_t)np * (size_t)ng * 2 * IB_PANEL * (sbf == IB_SB_F32 ? 4 : 2);
     uint8_t *pk = alloc64((size_t)np * pbytes);
     void *sb = alloc64(sbytes);   /* [np][ng][2][16] */
@@ -109,27 +236,6 @@ ib_status ib_matrix_from_mlx(ib_matrix *m, const uint32_t *wq, const float *scal
         free(pk);
         free(sb);
         return ib_fail(err, IB_ERR_NOMEM, "matrix: [%d, %d] %d-bit: out of memory", N, K, bits);
-    }
-    const uint32_t mask = bits == 4 ? 15u : 255u;
-    const int per_word = 32 / bits;
-    for (int n = 0; n < N; n++) {
-        const uint32_t *row = wq + (size_t)n * wpr;
-        uint8_t *panel = pk + (size_t)(n / IB_PANEL) * pbytes;
-        const int j = n % IB_PANEL;
-        for (int k = 0; k < K; k++) {
-            uint32_t q = (row[k / per_word] >> ((k % per_word) * bits)) & mask;
-            if (bits == 4) {
-                uint8_t *byte = panel + (size_t)(k / 8) * 64 + (size_t)j * 4 + (k % 4);
-                *byte |= (uint8_t)((k % 8) < 4 ? q : q << 4);
-            } else {
-                panel[(size_t)(k / 4) * 64 + (size_t)j * 4 + (k % 4)] = (uint8_t)q;
-            }
-        }
-        for (int g = 0; g < ng; g++) {
-            size_t e = ((size_t)(n / IB_PANEL) * ng + (size_t)g) * 2 * IB_PANEL + (size_t)j;
-            put_sb(sb, sbf, e, scales[(size_t)n * ng + g]);
-            put_sb(sb, sbf, e + IB_PANEL, biases[(size_t)n * ng + g]);
-        }
     }
     m->fmt = bits == 4 ? IB_WQ4 : IB_WQ8;
     m->rows = N;
@@ -140,6 +246,10 @@ ib_status ib_matrix_from_mlx(ib_matrix *m, const uint32_t *wq, const float *scal
     m->sb_fmt = sbf;
     m->sb = sb;
     m->bytes = (size_t)np * pbytes + sbytes;
+    const int tasks = repack_tasks(np, pool);
+    pack_job j = {.m = m, .wq = wq, .scales = scales, .biases = biases, .N = N, .K = K, .bits = bits,
+                  .pbytes = pbytes, .per_task = (np + tasks - 1) / tasks};
+    ib_pool_run(pool, tasks, pack_mlx_task, &j);
     return IB_OK;
 }
 

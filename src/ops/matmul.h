@@ -68,6 +68,14 @@ ib_status ib_matrix_from_f32(ib_matrix *m, const float *w, int N, int K, ib_erro
 ib_status ib_matrix_from_mlx(ib_matrix *m, const uint32_t *wq, const float *scales, const float *biases,
                              int N, int K, int bits, int group, ib_error *err);
 
+/* The same two builds with the repack split over pool's threads by ranges of panels (every panel's
+ * bytes are written by one task from its own rows, so the matrix is bitwise the one built alone);
+ * pool may be NULL (this thread alone). Not to be called from a task of the same pool. The MLX build
+ * reads wq as little-endian uint32 words at any alignment (a tensor in a mapped file as it is). */
+ib_status ib_matrix_from_f32_pool(ib_matrix *m, const float *w, int N, int K, ib_pool *pool, ib_error *err);
+ib_status ib_matrix_from_mlx_pool(ib_matrix *m, const void *wq, const float *scales, const float *biases,
+                                  int N, int K, int bits, int group, ib_pool *pool, ib_error *err);
+
 void ib_matrix_free(ib_matrix *m);
 
 /* Dequantize row n of m into out[K] with the F32-path formula (used for tests and embeddings). */

@@ -384,7 +384,8 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
         goto done;
     }
     S->log = log;
-    if ((rc = ib_model_load(o->model_dir, NULL, &S->m, err))) goto done;
+    ib_load_opts lo = {.threads = o->threads};   /* the weights are repacked on the engine's threads */
+    if ((rc = ib_model_load(o->model_dir, &lo, &S->m, err))) goto done;
     S->info = ib_model_get_info(S->m);
     /* the model's identity (a SHA-256 of its files): stored with each session, so that a session is
      * continued only by the model that made it */
