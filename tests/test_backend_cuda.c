@@ -629,15 +629,13 @@ static void gemma_checks(void) {
             unsetenv("IB_CUDA_ATT_GROUP_ROWS");
             CHECK(d == 0, "model %s %s, mma + per-KV-head attention: CUDA engine's logits differ from the CPU engine's",
                   presets[pi].name, models[mi].name);
-            /* the row ops one kernel each and the experts' products with a warp walking K (the paths
-             * IB_CUDA_ROWPROG=0 / IB_CUDA_MOE_SPLIT=0 take; the default runs row programs) */
-            setenv("IB_CUDA_ROWPROG", "0", 1);
+            /* the experts' Q8 products with a warp walking K (IB_CUDA_MOE_SPLIT=0; the default splits K over
+             * a block's warps) */
             setenv("IB_CUDA_MOE_SPLIT", "0", 1);
-            d = engine_compare_located(m, q8ok ? IB_ACT_Q8 : IB_ACT_F32, IB_KV_F16, 0, 8, "engine, op by op, experts by K walk");
-            unsetenv("IB_CUDA_ROWPROG");
+            d = engine_compare_located(m, q8ok ? IB_ACT_Q8 : IB_ACT_F32, IB_KV_F16, 0, 8, "engine, experts by K walk");
             unsetenv("IB_CUDA_MOE_SPLIT");
-            CHECK(d == 0, "model %s %s, op by op: CUDA engine's logits differ from the CPU engine's", presets[pi].name,
-                  models[mi].name);
+            CHECK(d == 0, "model %s %s, experts by K walk: CUDA engine's logits differ from the CPU engine's",
+                  presets[pi].name, models[mi].name);
             /* and the comparison can fail: gpu-fma on the CUDA side only */
             ib_fault_set(IB_FAULT_GPU_FMA);
             d = engine_compare_at(m, q8ok ? IB_ACT_Q8 : IB_ACT_F32, IB_KV_F32, 0, 0, "engine, FAULT gpu-fma (must differ)", 1);

@@ -266,7 +266,6 @@ typedef struct cuda_backend {
     int n_sm;                        /* the device's multiprocessors */
     int att_group_rows;              /* attention takes a block per KV head from this many rows */
     int repeat;                      /* REPEAT_* kernels launched twice (IB_CUDA_REPEAT: timing by difference) */
-    int row_runs;                    /* Gemma's runs of row ops as row programs (IB_CUDA_ROWPROG=0: op by op) */
     int moe_split;                   /* Q8 expert products split K over a block's warps (IB_CUDA_MOE_SPLIT=0: a warp walks K) */
     int att_stage;                   /* most bytes per-head attention stages keys and values in (0: none) */
     int att_cl;                      /* blocks (a cluster) a head of the per-head attention, where the grid allows */
@@ -1035,75 +1034,6 @@ __global__ void rmsnorm_kernel(float *x, const float *__restrict__ add_y, const 
     for (int g = tid >> 5; g < ng; g += blockDim.x >> 5) {
         const size_t di = (size_t)v * ng + g;
         quantize_group(xs + (size_t)g * G, G, xq + (size_t)v * n + (size_t)g * G, qd + di, qad + di, lane);
-    }
-}
-
-/* A row program: a run of row-local ops (norms, residual adds, scales, Q8 quantizations, the MoE combine)
- * that the step records one after another, run as one kernel — a block per row doing the ops in their
- * order, each with the separate kernel's arithmetic — so a run costs one launch instead of one a op.
- * Each op works on row v of R rows of n floats (pointers to row 0; row v at + v * n):
- * RP_NORM   out = rmsnorm(x) with weights w [n] (rmsnorm_kernel's operations; out may be x);
- * RP_ADD    x = x + y (add_kernel);
- * RP_SCALE  x = x * s (scale_kernel);
- * RP_QUANT  x's groups of G quantized (quantize_group) into xq [R][n] and qd, qad [R][n/G];
- * RP_COMBINE x = ib_moe_combine of the row's K routed pairs (moe_combine_kernel): 0, then x + w[j] *
- *           y[v*K + j] over ranks j in order whose sel [R][K] >= 0; y [R*K][n], w [R][K]. */
-#define RP_MAX 12
-enum { RP_NORM, RP_ADD, RP_SCALE, RP_QUANT, RP_COMBINE };
-typedef struct rp_op {
-    int kind, G;
-    float s;
-    float *x;
-    const float *y, *w;
-    float *out;
-    int8_t *xq;
-    float *qd, *qad;
-    const int32_t *sel;
-} rp_op;
-typedef struct rowprog {
-    int nop, n, K, reverse_odd;   /* reverse_odd: the test-only row-order fault of every norm */
-    float eps;
-    rp_op op[RP_MAX];
-} rowprog;
-
-/* Row program p on row blockIdx.x (n floats of dynamic shared memory); a barrier after every op, so an
- * op sees the row as the ops before it left it. */
-__global__ void rowprog_kernel(const rowprog p) {
-    for (int k = 0; k < p.nop; k++)
-        if (p.op[k].kind == RP_NORM) prefetch_bytes(p.op[k].w, (size_t)p.n * sizeof(float));
-    PDL_ENTER();
-    extern __shared__ float xs[];
-    __shared__ float r_s;
-    const int v = blockIdx.x, tid = threadIdx.x, nt = blockDim.x, n = p.n;
-    const size_t ro = (size_t)v * n;
-    for (int k = 0; k < p.nop; k++) {
-        const rp_op &o = p.op[k];
-        if (o.kind == RP_NORM) {
-            for (int i = tid; i < n; i += nt) xs[i] = o.x[ro + i];
-            __syncthreads();
-            const float r = row_norm_factor(xs, n, p.eps, p.reverse_odd && (v & 1), &r_s);
-            for (int i = tid; i < n; i += nt) o.out[ro + i] = (xs[i] * r) * o.w[i];
-        } else if (o.kind == RP_ADD) {
-            for (int i = tid; i < n; i += nt) o.x[ro + i] = o.x[ro + i] + o.y[ro + i];
-        } else if (o.kind == RP_SCALE) {
-            for (int i = tid; i < n; i += nt) o.x[ro + i] = o.x[ro + i] * o.s;
-        } else if (o.kind == RP_QUANT) {
-            const int ng = n / o.G, lane = tid & 31;
-            for (int g = tid >> 5; g < ng; g += nt >> 5)
-                quantize_group(o.x + ro + (size_t)g * o.G, o.G, o.xq + ro + (size_t)g * o.G, o.qd + (size_t)v * ng + g,
-                               o.qad + (size_t)v * ng + g, lane);
-        } else {
-            const int K = p.K;
-            for (int i = tid; i < n; i += nt) {
-                float a = 0.0f;
-                for (int j = 0; j < K; j++) {
-                    if (o.sel[(size_t)v * K + j] < 0) continue;
-                    a = a + o.w[(size_t)v * K + j] * o.y[((size_t)v * K + j) * n + i];
-                }
-                o.x[ro + i] = a;
-            }
-        }
-        __syncthreads();
     }
 }
 
@@ -2796,9 +2726,6 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         b->fuse_qk = (fuse_qk_mode)env_mode("IB_CUDA_FUSE_QK");
         /* "0": per-head attention always through its stage; else its keys into registers where they fit */
         b->att_direct = env_mode("IB_CUDA_ATT_DIRECT") ? DIRECT_BY_SHAPE : DIRECT_NEVER;
-        /* "0": Gemma's row ops one kernel each (gemma_row_run: measurements, tests) */
-        const char *rr = getenv("IB_CUDA_ROWPROG");
-        b->row_runs = !(rr && !strcmp(rr, "0"));
         /* "0": the experts' Q8 products with a warp walking K alone (moe_mm_kernel: comparisons) */
         const char *ms = getenv("IB_CUDA_MOE_SPLIT");
         b->moe_split = !(ms && !strcmp(ms, "0"));
@@ -3552,8 +3479,7 @@ static void exec_rec(cuda_backend *b, const oprec *r) {
 
 /* Enqueue records [0, n) in order, fusing neighbours into one kernel where the same operations allow:
  * a residual add followed by the row norm of its sum; and the Q8 quantization of a linear's input done
- * by the op that writes it (a row norm, SwiGLU, attention), the linear then skipping its own; Gemma's
- * longer runs of row ops as row programs (gemma_row_run). Every
+ * by the op that writes it (a row norm, SwiGLU, attention), the linear then skipping its own. Every
  * fused kernel performs the separate ops' arithmetic in their order, so fusing changes no bit (and
  * read_rows, which flushes op by op, sees the same values). */
 static void exec_records(cuda_backend *b, const oprec *rec, int n) {
@@ -3561,10 +3487,7 @@ static void exec_records(cuda_backend *b, const oprec *rec, int n) {
         const oprec *r = &rec[i], *nx = i + 1 < n ? &rec[i + 1] : NULL;
         int consumed = 1, ready = -1, G = 0;
         qk_fuse fz;
-        const int run = b->gm && b->row_runs ? gemma_row_run(b, rec, n, i, &ready, &G) : 0;
-        if (run > 0) {
-            consumed = run;   /* Gemma's row ops as row programs */
-        } else if (r->op == OP_ADD && nx && nx->op == OP_RMSNORM && nx->a[0] == r->a[0] && nx->a[3] != r->a[0] &&
+        if (r->op == OP_ADD && nx && nx->op == OP_RMSNORM && nx->a[0] == r->a[0] && nx->a[3] != r->a[0] &&
             nx->a[3] != r->a[1]) {
             G = q8_group_for(b, i + 2 < n ? &rec[i + 2] : NULL, nx->a[3], b->D);
             launch_rmsnorm_fused(b, r->a[0], b->buf[r->a[1]], norm_weights(b, nx->a[1], nx->a[2]), nx->a[3], G);

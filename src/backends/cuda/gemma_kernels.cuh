@@ -56,8 +56,6 @@ typedef struct gemma_state {
     float *my;                       /* [R_max*K][D] each pair's expert output */
     int8_t *mxq;                     /* [R_max*K][Fm] Q8 codes of the GeGLU rows */
     float *mqd, *mqad;               /* [R_max*K][Fm/32 + 1] */
-    int8_t *exq;                     /* [R_max][D] the experts' input in Q8 (a row program's; b->xq holds the router's) */
-    float *eqd, *eqad;               /* [R_max][D/32 + 1] */
     /* per-layer embeddings (ple_dim P > 0) */
     int P;
     float ple_escale;                /* ple_embed_scale */
@@ -374,6 +372,20 @@ __global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(const float *_
     if (threadIdx.x == 0) *cnt = 0;
 }
 
+/* The terms of one (pair, group) of a routed product under Q8 activations: the group's exact isum of the
+ * weights wl (CPG uint4 words of output n) with the pair's input row xr (xq [][K], d / ad [][ng]), then
+ * t = (s*d)*(float)isum and u = b*ad — the chain goes on as acc = (acc + t) + u; fused (the test-only
+ * gpu-fma fault): t = fma(s*d, isum, b*ad), u = 0. */
+template <int FMT, int CPG>
+__device__ __forceinline__ void pair_group_terms(const uint4 (&wl)[CPG], float sc, float bi, const int8_t *__restrict__ xq,
+                                                 const float *__restrict__ qd, const float *__restrict__ qad, int xr,
+                                                 int K, int G, int ng, int g, int fused, float &t, float &u) {
+    const int is = group_isum<FMT>(wl, CPG, xq + (size_t)xr * K + (size_t)g * G);
+    const float sd = sc * qd[(size_t)xr * ng + g], uu = bi * qad[(size_t)xr * ng + g], fi = (float)is;
+    if (fused) t = __fmaf_rn(sd, fi, uu), u = 0.0f;
+    else t = sd * fi, u = uu;
+}
+
 /* The routed experts' products (matmul.h), one launch for every expert: Y_z[slot][n] = x · W_e^T for
  * each routed pair (row, slot) of expert e, z = blockIdx.z picking (mats0, Y0) or (mats1, Y1) (gate and
  * up read the same input). Block (blockIdx.x, blockIdx.y): the pairs of block row blk[blockIdx.y] (at
@@ -434,11 +446,9 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
                 for (int p = 0; p < MOE_CH; p++) {
                     if (p >= np) break;
-                    const int is = group_isum<FMT>(wl[x], CPG, xq + (size_t)xr[p] * K + (size_t)g * G);
-                    const float sd = sc[x] * qd[(size_t)xr[p] * ng + g], u = bi[x] * qad[(size_t)xr[p] * ng + g];
-                    const float fi = (float)is;
-                    if (fused) acc[p] = (acc[p] + __fmaf_rn(sd, fi, u)) + 0.0f;
-                    else acc[p] = (acc[p] + sd * fi) + u;
+                    float t, u;
+                    pair_group_terms<FMT, CPG>(wl[x], sc[x], bi[x], xq, qd, qad, xr[p], K, G, ng, g, fused, t, u);
+                    acc[p] = (acc[p] + t) + u;
                 }
             }
         }
@@ -502,11 +512,8 @@ __global__ void __launch_bounds__(256, CPG >= 4 ? 2 : 4)   /* 4 blocks a multipr
 #pragma unroll
             for (int p = 0; p < MOE_CH; p++) {
                 if (p >= np) break;
-                const int is = group_isum<FMT>(wl[x], CPG, xq + (size_t)xr[p] * K + (size_t)g * G);
-                const float sd = sc[x] * qd[(size_t)xr[p] * ng + g], u = bi[x] * qad[(size_t)xr[p] * ng + g];
-                const float fi = (float)is;
-                if (fused) t_s[p][gi][lane] = __fmaf_rn(sd, fi, u), u_s[p][gi][lane] = 0.0f;
-                else t_s[p][gi][lane] = sd * fi, u_s[p][gi][lane] = u;
+                pair_group_terms<FMT, CPG>(wl[x], sc[x], bi[x], xq, qd, qad, xr[p], K, G, ng, g, fused, t_s[p][gi][lane],
+                                           u_s[p][gi][lane]);
             }
         }
         __syncthreads();
@@ -730,11 +737,8 @@ static ib_status gemma_create(cuda_backend *b, const ib_model *m, ib_error *err)
         g->mxq = (int8_t *)dalloc(b, RK * Fm);
         g->mqd = (float *)dalloc(b, RK * (Fm / 32 + 1) * sizeof(float));
         g->mqad = (float *)dalloc(b, RK * (Fm / 32 + 1) * sizeof(float));
-        g->exq = (int8_t *)dalloc(b, (size_t)Rm * D);
-        g->eqd = (float *)dalloc(b, (size_t)Rm * (D / 32 + 1) * sizeof(float));
-        g->eqad = (float *)dalloc(b, (size_t)Rm * (D / 32 + 1) * sizeof(float));
         if (!ok || !g->rin || !g->rlog || !g->sel || !g->w || !g->ent_row || !g->ent_slot || !g->blk ||
-            !g->nblk || !g->route_cnt || !g->mg || !g->mu || !g->my || !g->mxq || !g->mqd || !g->mqad || !g->exq || !g->eqd || !g->eqad)
+            !g->nblk || !g->route_cnt || !g->mg || !g->mu || !g->my || !g->mxq || !g->mqd || !g->mqad)
             return ib_fail(err, IB_ERR_NOMEM, "cuda: out of device memory for the gemma4 MoE scratch of %d rows", Rm);
     }
     if (c->ple_dim > 0) {
@@ -877,27 +881,32 @@ static void launch_moe_mm(cuda_backend *b, int fmt, const dmat *m0, const dmat *
     LAUNCHED(b, "moe products");
 }
 
-/* The routed experts of layer li from their router's prepared input on: the router logits (a product
- * of g->rin, read in Q8 from b->xq when the router is quantized under Q8 activations); ib_moe_route per
- * row and the work lists on the device (moe_route_kernel: no host round trip, the step stays one graph);
- * gate and up of every routed pair in one launch (input rows `in`; in Q8 from exq/eqd/eqad, or, when
- * exq is NULL, quantized here into b's buffers after the router has read them), GeGLU (+ the down
- * product's Q8 quantization), down into g->my. Each selected expert's matrices are read by its own
- * block rows, for all its rows at once. */
-static void gemma_moe_core(cuda_backend *b, int li, int in, const int8_t *exq, const float *eqd, const float *eqad) {
+/* Layer li's routed experts (backend.h `moe`; cpu_moe's numbers): router input rmsnorm(route_in,
+ * router.scale) then ib_scale by 1/sqrt(D); router logits (a product); ib_moe_route per row and the
+ * work lists on the device (moe_route_kernel: no host round trip, the step stays one graph); gate and
+ * up of every routed pair in one launch, GeGLU (+ the down product's Q8 quantization), down; then
+ * ib_moe_combine per row in rank order into out. Each selected expert's matrices are read by its own
+ * block rows, for all its rows at once. The CPU's test-only MoE faults (capacity, combine by load) are
+ * not modelled here. */
+static void gemma_launch_moe(cuda_backend *b, int li, int route_in, int in, int out) {
     gemma_state *g = b->gm;
     const int R = b->R, D = b->D, E = g->E, K = g->K, Fm = g->Fm;
     const int q8 = b->act == IB_ACT_Q8;
+    /* router */
+    launch_rmsnorm(b, b->buf[route_in], g->router_scale[li], R, D, g->rin, 1);
+    launch_scale(b, g->rin, (size_t)R * D, g->rscale);
     const dmat *rt = &g->router[li];
-    launch_product(b, rt, g->rin, R, q8 && rt->fmt != IB_WF32, g->rlog);
+    const int rq8 = q8 && rt->fmt != IB_WF32;
+    if (rq8) launch_quantize(b, g->rin, R, rt->K, rt->G);
+    launch_product(b, rt, g->rin, R, rq8, g->rlog);
     launch(b, moe_route_kernel, R, ROUTE_THREADS, (size_t)2 * E * sizeof(float) + (size_t)K * sizeof(int),
            (const float *)g->rlog, R, E, K, g->expert_scale[li], g->sel, g->w, g->ent_row, g->ent_slot, g->blk, g->nblk,
            g->route_cnt);
     LAUNCHED(b, "moe route");
     /* gate and up: the input rows quantized once (each row's own numbers) */
     const int gq8 = q8 && g->fmt_gu != IB_WF32;
-    if (gq8 && !exq) launch_quantize(b, b->buf[in], R, D, g->G_gu), exq = b->xq, eqd = b->qd, eqad = b->qad;
-    launch_moe_mm(b, g->fmt_gu, g->egate[li], g->eup[li], g->mg, g->mu, Fm, 0, b->buf[in], exq, eqd, eqad, gq8);
+    if (gq8) launch_quantize(b, b->buf[in], R, D, g->G_gu);
+    launch_moe_mm(b, g->fmt_gu, g->egate[li], g->eup[li], g->mg, g->mu, Fm, 0, b->buf[in], b->xq, b->qd, b->qad, gq8);
     /* GeGLU of each routed pair (+ the down product's quantization) */
     const int dq8 = q8 && g->fmt_dn != IB_WF32;
     if (dq8) {
@@ -910,112 +919,9 @@ static void gemma_moe_core(cuda_backend *b, int li, int in, const int8_t *exq, c
     }
     LAUNCHED(b, "moe geglu");
     launch_moe_mm(b, g->fmt_dn, g->edown[li], NULL, g->my, NULL, D, 1, g->mg, g->mxq, g->mqd, g->mqad, dq8);
-}
-
-/* Layer li's routed experts (backend.h `moe`; cpu_moe's numbers) op by op: router input
- * rmsnorm(route_in, router.scale) then ib_scale by 1/sqrt(D) (and its Q8 form), gemma_moe_core, then
- * ib_moe_combine per row in rank order into out. The CPU's test-only MoE faults (capacity, combine by
- * load) are not modelled here. (In a step's records a MoE block's neighbours run as row programs:
- * gemma_row_run.) */
-static void gemma_launch_moe(cuda_backend *b, int li, int route_in, int in, int out) {
-    gemma_state *g = b->gm;
-    const int R = b->R, D = b->D, K = g->K;
-    const dmat *rt = &g->router[li];
-    launch_rmsnorm(b, b->buf[route_in], g->router_scale[li], R, D, g->rin, 1);
-    launch_scale(b, g->rin, (size_t)R * D, g->rscale);
-    if (b->act == IB_ACT_Q8 && rt->fmt != IB_WF32) launch_quantize(b, g->rin, R, rt->K, rt->G);
-    gemma_moe_core(b, li, in, NULL, NULL, NULL);
     launch(b, moe_combine_kernel, blocks_for((size_t)R * D, 256), 256, 0, (const float *)g->my, (const float *)g->w,
            (const int32_t *)g->sel, R, K, D, b->buf[out]);
     LAUNCHED(b, "moe combine");
-}
-
-/* Launch row program p (rowprog_kernel: a block per row) and empty it. */
-static void launch_rowprog(cuda_backend *b, rowprog *p) {
-    if (p->nop > 0) {
-        launch(b, rowprog_kernel, b->R, norm_threads(b, b->R, p->n), (size_t)p->n * sizeof(float), *p);
-        LAUNCHED(b, "row program");
-    }
-    p->nop = 0;
-}
-
-/* Append op o to p, first launching p when it is full (the ops keep their order either way). */
-static void rp_push(cuda_backend *b, rowprog *p, rp_op o) {
-    if (p->nop == RP_MAX) launch_rowprog(b, p);
-    p->op[p->nop++] = o;
-}
-
-/* Gemma's runs of row ops (exec_records): from record i, the records that act on each row alone — row
- * norms, residual adds, the layer scalar, and around a MoE block its router input's norm, scale and Q8
- * forms (the router's into b's buffers, the experts' input into g->exq) before, and its combine after
- * — as row programs, one kernel for each stretch between the MoE block's core (gemma_moe_core), and the
- * Q8 form of the last norm's output when the linear after the run reads it. Returns the records taken
- * (0 when the run is a single row op and no MoE block: the caller's own fusions serve that), with
- * *ready / *G the buffer whose Q8 form the run left in b's buffers and its group (G 0: none). Each
- * op is the separate kernel's arithmetic in the records' order, so a run changes no bit. */
-static int gemma_row_run(cuda_backend *b, const oprec *rec, int n, int i, int *ready, int *G) {
-    gemma_state *g = b->gm;
-    int e = i, moe = 0;
-    for (; e < n; e++) {
-        const int op = rec[e].op;
-        if (op == OP_MOE) moe = 1;
-        else if (op != OP_RMSNORM && op != OP_ADD && op != OP_SCALE) break;
-    }
-    if (e - i < 2 && !moe) return 0;
-    const int D = b->D, q8 = b->act == IB_ACT_Q8;
-    rowprog p;
-    memset(&p, 0, sizeof p);
-    p.n = D, p.K = g->K, p.eps = b->eps, p.reverse_odd = b->fault == IB_FAULT_ROW_ORDER;
-    int last = -1;   /* the buffer the last op normed into (-1: the last op was not a norm) */
-    for (int j = i; j < e; j++) {
-        const int *a = rec[j].a;
-        rp_op o;
-        memset(&o, 0, sizeof o);
-        if (rec[j].op == OP_RMSNORM) {
-            o.kind = RP_NORM, o.x = b->buf[a[0]], o.w = norm_weights(b, a[1], a[2]), o.out = b->buf[a[3]];
-            rp_push(b, &p, o);
-            last = a[3];
-            continue;
-        }
-        last = -1;
-        if (rec[j].op == OP_ADD) {
-            o.kind = RP_ADD, o.x = b->buf[a[0]], o.y = b->buf[a[1]];
-            rp_push(b, &p, o);
-        } else if (rec[j].op == OP_SCALE) {
-            o.kind = RP_SCALE, o.x = b->buf[IB_BUF_X], o.s = g->layer_scalar[a[0]];
-            rp_push(b, &p, o);
-        } else { /* OP_MOE: li, route_in, in, out */
-            const dmat *rt = &g->router[a[0]];
-            o.kind = RP_NORM, o.x = b->buf[a[1]], o.w = g->router_scale[a[0]], o.out = g->rin;
-            rp_push(b, &p, o);
-            o.kind = RP_SCALE, o.x = g->rin, o.s = g->rscale;
-            rp_push(b, &p, o);
-            if (q8 && rt->fmt != IB_WF32) {
-                o.kind = RP_QUANT, o.x = g->rin, o.G = rt->G, o.xq = b->xq, o.qd = b->qd, o.qad = b->qad;
-                rp_push(b, &p, o);
-            }
-            const int eq8 = q8 && g->fmt_gu != IB_WF32;
-            if (eq8) {
-                o.kind = RP_QUANT, o.x = b->buf[a[2]], o.G = g->G_gu, o.xq = g->exq, o.qd = g->eqd, o.qad = g->eqad;
-                rp_push(b, &p, o);
-            }
-            launch_rowprog(b, &p);
-            gemma_moe_core(b, a[0], a[2], eq8 ? g->exq : NULL, g->eqd, g->eqad);
-            memset(&o, 0, sizeof o);
-            o.kind = RP_COMBINE, o.x = b->buf[a[3]], o.y = g->my, o.w = g->w, o.sel = g->sel;
-            rp_push(b, &p, o);
-        }
-    }
-    *ready = -1, *G = 0;
-    if (last >= 0 && (*G = q8_group_for(b, e < n ? &rec[e] : NULL, last, D)) > 0) {
-        rp_op o;
-        memset(&o, 0, sizeof o);
-        o.kind = RP_QUANT, o.x = b->buf[last], o.G = *G, o.xq = b->xq, o.qd = b->qd, o.qad = b->qad;
-        rp_push(b, &p, o);
-        *ready = last;
-    }
-    launch_rowprog(b, &p);
-    return e - i;
 }
 
 /* After embed: X *= embed_scale (ib_scale) when it is not 1. */
