@@ -33,31 +33,6 @@
 static char root[64];
 static const char *const FILES[4] = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"};
 
-static char *read_all(const char *p, size_t *n) {
-    *n = 0;
-    FILE *f = fopen(p, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc(sz > 0 ? (size_t)sz : 1);
-    if (b && sz > 0 && fread(b, 1, (size_t)sz, f) != (size_t)sz) sz = 0;
-    fclose(f);
-    *n = sz > 0 ? (size_t)sz : 0;
-    return b;
-}
-
-static int same_file(const char *d1, const char *d2, const char *name) {
-    char p1[256], p2[256];
-    snprintf(p1, sizeof p1, "%s/%s", d1, name);
-    snprintf(p2, sizeof p2, "%s/%s", d2, name);
-    size_t l1, l2;
-    char *a = read_all(p1, &l1), *b = read_all(p2, &l2);
-    int same = a && b && l1 == l2 && l1 > 0 && memcmp(a, b, l1) == 0;
-    free(a);
-    free(b);
-    return same;
-}
 
 static void remove_dir(const char *d) {
     char p[256];
@@ -90,7 +65,7 @@ static void test_mkmodel_threads(void) {
                 continue;
             }
             for (int f = 0; f < 4; f++)
-                CHECK(same_file(ref, d, FILES[f]), "%s: %s differs between threads 1 and %d", o.preset, FILES[f], counts[i]);
+                CHECK(check_same_file(ref, d, FILES[f]), "%s: %s differs between threads 1 and %d", o.preset, FILES[f], counts[i]);
             remove_dir(d);
         }
         remove_dir(ref);

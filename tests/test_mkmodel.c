@@ -249,25 +249,13 @@ static void remove_model_dir(const char *dir) {
     CHECK(rmdir(dir) == 0, "%s: not empty after removing the model files", dir);
 }
 
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) { free(buf); fclose(f); return NULL; }
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
-}
 
 /* Raw header checks independent of the reader: length, 8-byte aligned data start, metadata. */
 static void check_raw_header(const char *dir) {
     char p[256];
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
     size_t len = 0;
-    char *buf = read_all(p, &len);
+    char *buf = check_read_file(p, &len);
     CHECK(buf && len > 8, "%s: unreadable", p);
     if (!buf) return;
     uint64_t h = 0;
@@ -473,18 +461,6 @@ static void check_aux_files(const char *dir, int bits, int group, int tied) {
     CHECK(access(p, F_OK) != 0, "temporary file left behind");
 }
 
-static int same_file(const char *d1, const char *d2, const char *name) {
-    char p1[256], p2[256];
-    snprintf(p1, sizeof p1, "%s/%s", d1, name);
-    snprintf(p2, sizeof p2, "%s/%s", d2, name);
-    size_t l1 = 0, l2 = 0;
-    char *a = read_all(p1, &l1), *b = read_all(p2, &l2);
-    int same = a && b && l1 == l2 && memcmp(a, b, l1) == 0;
-    free(a);
-    free(b);
-    return same;
-}
-
 static void test_models(void) {
     static const struct { int bits, group, tied; } cases[] = {
         {4, 32, 1}, {4, 64, 1}, {4, 128, 1}, {4, 0, 0}, {8, 32, 1}, {8, 64, 0}, {8, 128, 1},
@@ -513,9 +489,9 @@ static void test_models(void) {
     char d4b[128], d4c[128];
     if ((x = make("tiny", 7, 4, 32, 0))) snprintf(d4b, sizeof d4b, "%s", x); else return;
     if ((x = make("tiny", 8, 4, 32, 0))) snprintf(d4c, sizeof d4c, "%s", x); else return;
-    for (int i = 0; i < 4; i++) CHECK(same_file(d4, d4b, FILES[i]), "same seed: %s differs", FILES[i]);
-    CHECK(!same_file(d4, d4c, "model.safetensors"), "different seeds gave the same weights");
-    CHECK(same_file(d4, d4c, "config.json"), "config depends on the seed");
+    for (int i = 0; i < 4; i++) CHECK(check_same_file(d4, d4b, FILES[i]), "same seed: %s differs", FILES[i]);
+    CHECK(!check_same_file(d4, d4c, "model.safetensors"), "different seeds gave the same weights");
+    CHECK(check_same_file(d4, d4c, "config.json"), "config depends on the seed");
     const char *all[] = {d32, d16, d4, d8, d4b, d4c};
     for (int i = 0; i < 6; i++) remove_model_dir(all[i]);
 }

@@ -3435,17 +3435,6 @@ static void launch_logits(cuda_backend *b, int copy, int amax) {
         note(b, cudaMemcpyAsync(b->h_amax, b->d_amax, (size_t)nl * 4, cudaMemcpyDeviceToHost, b->st), "argmax copy");
 }
 
-/* Group size the Q8 linear `next` quantizes its input `buf` (rows of `width` floats) with, when it reads
- * buf under Q8 activations; 0 otherwise. */
-static int q8_group_for(const cuda_backend *b, const oprec *next, int buf, int width) {
-    if (!next || next->op != OP_LINEAR || b->act != IB_ACT_Q8 || next->a[5] != buf) return 0;
-    for (int i = 0; i < next->a[1]; i++) {
-        const dmat *m = &b->mats[(size_t)next->a[0] * IB_W_COUNT + next->a[2 + i]];
-        if (m->fmt != IB_WF32) return m->K == width ? m->G : 0;
-    }
-    return 0;
-}
-
 #include "backends/cuda/gemma_kernels.cuh"
 
 /* Enqueue one recorded op (unfused). */
@@ -3475,6 +3464,17 @@ static void exec_rec(cuda_backend *b, const oprec *r) {
     case OP_PLE_INPUTS: gemma_launch_ple_inputs(b); break;
     case OP_PLE_LAYER: gemma_launch_ple_layer(b, a[0]); break;
     }
+}
+
+/* Group size the Q8 linear `next` quantizes its input `buf` (rows of `width` floats) with, when it reads
+ * buf under Q8 activations; 0 otherwise. */
+static int q8_group_for(const cuda_backend *b, const oprec *next, int buf, int width) {
+    if (!next || next->op != OP_LINEAR || b->act != IB_ACT_Q8 || next->a[5] != buf) return 0;
+    for (int i = 0; i < next->a[1]; i++) {
+        const dmat *m = &b->mats[(size_t)next->a[0] * IB_W_COUNT + next->a[2 + i]];
+        if (m->fmt != IB_WF32) return m->K == width ? m->G : 0;
+    }
+    return 0;
 }
 
 /* Enqueue records [0, n) in order, fusing neighbours into one kernel where the same operations allow:
