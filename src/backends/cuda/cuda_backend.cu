@@ -90,6 +90,11 @@ enum fuse_qk_mode { FUSE_QK_NEVER, FUSE_QK_BY_SHAPE, FUSE_QK_FORCED };
  * the direct path wherever it applies — there is nothing more to force) */
 enum att_direct_mode { DIRECT_NEVER, DIRECT_BY_SHAPE };
 
+/* Whether the blocks of a small-step product ask L2 for their weight tiles before their wait for the
+ * previous kernel (prefetch_tile): by the step's rows and the grid's weights (mm_prefetch_wanted: the
+ * default), always, or never (IB_CUDA_MM_PREFETCH unset / all / 0: measurements in docs/cuda.md) */
+enum mm_prefetch_mode { MM_PF_AUTO, MM_PF_ALL, MM_PF_NONE };
+
 /* The KV types of a step's rows: mixed, all float, or all half (the direct attention kernel is
  * compiled for one) */
 enum kv_rows_type { KV_ROWS_MIXED, KV_ROWS_F32, KV_ROWS_F16 };
@@ -131,6 +136,7 @@ typedef struct mset {
     float *Y[3];
     int t0[4];
     int n;
+    int prefetch;      /* the blocks ask L2 for their weight tiles before the wait (prefetch_tile) */
 } mset;
 
 /* The product of mset ms that 32-output tile `tile` belongs to, its matrix, output and local tile. */
@@ -167,7 +173,7 @@ __device__ __forceinline__ void prefetch_bytes(const void *p, size_t n) {
  * wait for the previous kernel hit L2. Reads nothing it computes with. */
 template <int OPB = NT>
 __device__ __forceinline__ void prefetch_tile(const mset &ms, bool on) {
-    if (!on) return;
+    if (!on || !ms.prefetch) return;
     dmat m;
     float *Y;
     const int tile = mset_pick(ms, blockIdx.x / (NT / OPB), m, Y);
@@ -267,6 +273,8 @@ typedef struct cuda_backend {
     int att_group_rows;              /* attention takes a block per KV head from this many rows */
     int repeat;                      /* REPEAT_* kernels launched twice (IB_CUDA_REPEAT: timing by difference) */
     int moe_split;                   /* Q8 expert products split K over a block's warps (IB_CUDA_MOE_SPLIT=0: a warp walks K) */
+    mm_prefetch_mode mm_prefetch;    /* which product blocks ask L2 for their weight tiles before the wait */
+    size_t l2_bytes;                 /* the device's L2 cache */
     int att_stage;                   /* most bytes per-head attention stages keys and values in (0: none) */
     int att_cl;                      /* blocks (a cluster) a head of the per-head attention, where the grid allows */
     int att_split_keys;              /* ... and where some row of the step attends at least this many keys */
@@ -2729,6 +2737,10 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         /* "0": the experts' Q8 products with a warp walking K alone (moe_mm_kernel: comparisons) */
         const char *ms = getenv("IB_CUDA_MOE_SPLIT");
         b->moe_split = !(ms && !strcmp(ms, "0"));
+        /* "all" / "0": every product's blocks ask L2 for their weights before the wait / none do
+         * (measurements; unset: mm_prefetch_wanted decides) */
+        const char *mp = getenv("IB_CUDA_MM_PREFETCH");
+        b->mm_prefetch = !mp ? MM_PF_AUTO : !strcmp(mp, "0") ? MM_PF_NONE : !strcmp(mp, "all") ? MM_PF_ALL : MM_PF_AUTO;
         const char *rp = getenv("IB_CUDA_REPEAT");
         b->repeat = (rp && strstr(rp, "attn") ? REPEAT_ATTN : 0) | (rp && strstr(rp, "linear") ? REPEAT_LINEAR : 0);
 #ifdef IB_CUDA_ATT_TRACE
@@ -2758,6 +2770,7 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         cudaDeviceProp p;
         int ok = cudaGetDeviceProperties(&p, 0) == cudaSuccess;
         b->n_sm = ok ? p.multiProcessorCount : 132;
+        b->l2_bytes = ok ? (size_t)p.l2CacheSize : (size_t)50 << 20;
         const int s64 = (int)(MMA_NS * sizeof(mma_stage<64>)), s32 = (int)(MMA_NS * sizeof(mma_stage<32>));
         ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ4, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, s64) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ8, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, s64) == cudaSuccess;
@@ -3178,6 +3191,30 @@ static mm_q8_fn mm_q8_pick(int fmt, int rbt, int narrow) {
     return fmt == IB_WQ4 ? mm_q8_pick_fmt<IB_WQ4>(rbt, narrow) : mm_q8_pick_fmt<IB_WQ8>(rbt, narrow);
 }
 
+/* Bytes of the weights (codes or floats, scales, biases) of mset ms's matrices. */
+static size_t mset_weight_bytes(const mset *ms) {
+    size_t n = 0;
+    for (int i = 0; i < ms->n; i++) {
+        const dmat *m = &ms->m[i];
+        if (m->fmt == IB_WF32) n += (size_t)m->K * m->Np * sizeof(float);
+        else n += (size_t)m->K / (m->fmt == IB_WQ4 ? 32 : 16) * m->Np * 16 + (size_t)2 * m->ng * m->Np * sizeof(float);
+    }
+    return n;
+}
+
+/* mset.prefetch for a product of R rows: whether its blocks ask L2 for their weight tiles before their
+ * wait, by b->mm_prefetch. By default they do, except in steps of fewer
+ * than 8 rows whose grid reads more than an eighth of the L2: measured on the H200 (docs/cuda.md),
+ * qwen3-8b's products at B=1 (10-65 MB each) ran 5% faster without, qwen3-0.6b's (1-4 MB) and every
+ * product at B=8 and more slower. */
+static int mm_prefetch_wanted(const cuda_backend *b, const mset *ms, int R) {
+    switch (b->mm_prefetch) {
+    case MM_PF_ALL: return 1;
+    case MM_PF_NONE: return 0;
+    default: return R >= 8 || mset_weight_bytes(ms) * 8 <= b->l2_bytes;
+    }
+}
+
 static void launch_products(cuda_backend *b, int n, const dmat *const *m, const float *X, int R, int q8,
                             float *const *Y) {
     const int fused = b->fault == IB_FAULT_GPU_FMA;
@@ -3190,6 +3227,7 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
         tiles += m[i]->Np / NT;
     }
     ms.t0[n] = tiles;
+    ms.prefetch = mm_prefetch_wanted(b, &ms, R);
     const int fmt = m[0]->fmt;
     /* the test-only gpu-split-k fault: Q8 products split K into up to 8 group ranges added with atomics */
     int splits = 1;
