@@ -1067,8 +1067,21 @@ int main(int argc, char **argv) {
                 {NULL, NULL, "keys into registers"},
                 {"IB_CUDA_ATT_DIRECT", "0", "staged"},
                 {"IB_CUDA_ATT_GROUP_ROWS", "1", "a block per KV head"},
-                {"IB_CUDA_ATT_TILE", "force", "tiles"}};
+                {"IB_CUDA_ATT_TILE", "force", "tiles"},
+                {"IB_CUDA_ATT_WIDE", "force", "keys into registers, wide blocks"}};
             const ib_act fa = q8ok ? IB_ACT_Q8 : IB_ACT_F32;
+            /* the direct attention in wide blocks (every decode step's) against the scalar references first:
+             * half and float caches, full and windowed sessions */
+            setenv("IB_CUDA_ATT_WIDE", "force", 1);
+            for (int kvd = 0; kvd < 2; kvd++)
+                for (int win = 0; win < 2; win++) {
+                    char name[96];
+                    snprintf(name, sizeof name, "attention in wide blocks, kv %s, %s", kvd ? "f16" : "f32",
+                             win ? "sink 4 + window 40" : "full");
+                    CHECK(schedule(m, fa, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0, name, NULL, 0, NSTEPS) == 0,
+                          "model %s: %s differs", models[mi].name, name);
+                }
+            unsetenv("IB_CUDA_ATT_WIDE");
             ib_fault_set(IB_FAULT_GPU_ATT_BLOCK);
             for (int a = 0; a < (int)(sizeof fv / sizeof fv[0]); a++) {
                 char name[96];

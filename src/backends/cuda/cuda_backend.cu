@@ -283,6 +283,7 @@ typedef struct cuda_backend {
     att_tiles_mode att_tiles;        /* prompts' rows attending in tiles (attention_tile_kernel) */
     fuse_qk_mode fuse_qk;            /* decode steps' q/k preparation done by their attention (qk_fusable) */
     att_direct_mode att_direct;      /* per-head attention's keys into registers where they fit, or staged */
+    int att_wide;                    /* direct attention in ATT_THREADS_WIDE blocks: 0 never (default), 1 small grids, 2 always */
     int n_tiles;                     /* the step's tiles when it attends in tiles, else 0 (step_begin) */
     int tile_rows;                   /* most rows a tile (<= TILE_ROWS; IB_CUDA_ATT_TILE_ROWS) */
     struct att_tile *h_tiles, *d_tiles;   /* [R_max] pinned staging, device */
@@ -2140,10 +2141,14 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float
 
 /* attention_head_kernel<false>'s work for steps whose rows all keep T (float or half) KV: each block
  * takes attend_row_head_direct where its row fits it, else attend_row_head (the same arithmetic). A
- * kernel of its own so a decode step runs only this code (one KV type, no cluster code). */
-template <typename T>
+ * kernel of its own so a decode step runs only this code (one KV type, no cluster code). NTH threads a
+ * block: ATT_THREADS, or ATT_THREADS_WIDE (IB_CUDA_ATT_WIDE, a measurement still to make) for grids that
+ * leave most multiprocessors idle (B=1: one round of keys instead of two, the value rows staged by twice
+ * the threads) — the operations are the same whatever the block's size. */
 #define DIRECT_MIN_BLOCKS 2   /* 2 blocks a multiprocessor at most 128 registers: B=15's 240 blocks in one wave */
-__global__ void __launch_bounds__(ATT_THREADS, DIRECT_MIN_BLOCKS) attention_direct_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
+#define ATT_THREADS_WIDE 512  /* threads of a direct attention block in small grids (at most 128 registers) */
+template <typename T, int NTH>
+__global__ void __launch_bounds__(NTH, NTH == ATT_THREADS ? DIRECT_MIN_BLOCKS : 1) attention_direct_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
                                                                   const rowinfo *__restrict__ ri, int H, int KVH, int hd,
                                                                   int li, float scale, int block, int qG,
                                                                   int8_t *__restrict__ xq, float *__restrict__ qd,
@@ -2734,6 +2739,12 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         b->fuse_qk = (fuse_qk_mode)env_mode("IB_CUDA_FUSE_QK");
         /* "0": per-head attention always through its stage; else its keys into registers where they fit */
         b->att_direct = env_mode("IB_CUDA_ATT_DIRECT") ? DIRECT_BY_SHAPE : DIRECT_NEVER;
+        /* "1": direct attention in ATT_THREADS_WIDE blocks where the grid is small; "force": always (tests);
+         * unset: ATT_THREADS blocks (the wide blocks are not yet measured on a GPU) */
+        {
+            const char *aw = getenv("IB_CUDA_ATT_WIDE");
+            b->att_wide = !aw ? 0 : !strcmp(aw, "force") ? 2 : !strcmp(aw, "1") ? 1 : 0;
+        }
         /* "0": the experts' Q8 products with a warp walking K alone (moe_mm_kernel: comparisons) */
         const char *ms = getenv("IB_CUDA_MOE_SPLIT");
         b->moe_split = !(ms && !strcmp(ms, "0"));
@@ -2778,8 +2789,10 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ8, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, s32) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(attention_head_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(attention_head_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
-        ok = ok && cudaFuncSetAttribute(attention_direct_kernel<uint16_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
-        ok = ok && cudaFuncSetAttribute(attention_direct_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
+        ok = ok && cudaFuncSetAttribute(attention_direct_kernel<uint16_t, ATT_THREADS>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
+        ok = ok && cudaFuncSetAttribute(attention_direct_kernel<float, ATT_THREADS>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
+        ok = ok && cudaFuncSetAttribute(attention_direct_kernel<uint16_t, ATT_THREADS_WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
+        ok = ok && cudaFuncSetAttribute(attention_direct_kernel<float, ATT_THREADS_WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(attention_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)tile_smem_bytes(TILE_QV, TILE_HD, ATT_MAX_BLOCK)) == cudaSuccess;
         if (!ok) {
@@ -3418,11 +3431,18 @@ static void launch_attention(cuda_backend *b, int li, int qG, const qk_fuse *fz)
                                                                      b->attn_block, qG, b->xq, b->qd, b->qad, *fz);
     else {
         const int cl = att_cluster(b, b->R * b->H, b->hd), blocks = b->R * b->H * cl, st = att_stage_bytes(b, blocks);
-        if (cl == 1 && b->att_direct == DIRECT_BY_SHAPE && b->kv_rows != KV_ROWS_MIXED)
-            launch(b, b->kv_rows == KV_ROWS_F16 ? attention_direct_kernel<uint16_t> : attention_direct_kernel<float>, blocks,
-                   ATT_THREADS, (size_t)st, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li, b->scale, b->attn_block, qG, b->xq,
-                   b->qd, b->qad, st, *fz);
-        else
+        if (cl == 1 && b->att_direct == DIRECT_BY_SHAPE && b->kv_rows != KV_ROWS_MIXED) {
+            /* wide blocks (IB_CUDA_ATT_WIDE=1) where the grid fills at most a quarter of the multiprocessors */
+            const int wide = b->att_wide == 2 || (b->att_wide == 1 && 4L * blocks <= b->n_sm);
+            const int f16 = b->kv_rows == KV_ROWS_F16;
+            void (*k)(const float *, float *, const rowinfo *, int, int, int, int, float, int, int, int8_t *, float *,
+                      float *, int, qk_fuse) = wide ? (f16 ? attention_direct_kernel<uint16_t, ATT_THREADS_WIDE>
+                                                           : attention_direct_kernel<float, ATT_THREADS_WIDE>)
+                                                    : (f16 ? attention_direct_kernel<uint16_t, ATT_THREADS>
+                                                           : attention_direct_kernel<float, ATT_THREADS>);
+            launch(b, k, blocks, wide ? ATT_THREADS_WIDE : ATT_THREADS, (size_t)st, Q, ATT, b->d_ri, b->H, b->KVH, b->hd,
+                   li, b->scale, b->attn_block, qG, b->xq, b->qd, b->qad, st, *fz);
+        } else
             launch_cl(b, cl, cl > 1 ? attention_head_kernel<true> : attention_head_kernel<false>, blocks, ATT_THREADS, (size_t)st, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li,
                       b->scale, b->attn_block, qG, b->xq, b->qd, b->qad, st, cl, *fz);
     }
