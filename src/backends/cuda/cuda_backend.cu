@@ -90,6 +90,10 @@ enum fuse_qk_mode { FUSE_QK_NEVER, FUSE_QK_BY_SHAPE, FUSE_QK_FORCED };
  * the direct path wherever it applies — there is nothing more to force) */
 enum att_direct_mode { DIRECT_NEVER, DIRECT_BY_SHAPE };
 
+/* The block size of the direct decode attention (attention_direct_kernel): ATT_THREADS always (the
+ * default), ATT_THREADS_WIDE where the grid is small (IB_CUDA_ATT_WIDE=1), or always (=force: tests) */
+enum att_wide_mode { WIDE_NEVER, WIDE_SMALL_GRIDS, WIDE_FORCED };
+
 /* Whether the blocks of a small-step product ask L2 for their weight tiles before their wait for the
  * previous kernel (prefetch_tile): by the step's rows and the grid's weights (mm_prefetch_wanted: the
  * default), always, or never (IB_CUDA_MM_PREFETCH unset / all / 0: measurements in docs/cuda.md) */
@@ -283,7 +287,7 @@ typedef struct cuda_backend {
     att_tiles_mode att_tiles;        /* prompts' rows attending in tiles (attention_tile_kernel) */
     fuse_qk_mode fuse_qk;            /* decode steps' q/k preparation done by their attention (qk_fusable) */
     att_direct_mode att_direct;      /* per-head attention's keys into registers where they fit, or staged */
-    int att_wide;                    /* direct attention in ATT_THREADS_WIDE blocks: 0 never (default), 1 small grids, 2 always */
+    att_wide_mode att_wide;          /* direct attention in ATT_THREADS_WIDE blocks: never (default), small grids, always */
     int n_tiles;                     /* the step's tiles when it attends in tiles, else 0 (step_begin) */
     int tile_rows;                   /* most rows a tile (<= TILE_ROWS; IB_CUDA_ATT_TILE_ROWS) */
     struct att_tile *h_tiles, *d_tiles;   /* [R_max] pinned staging, device */
@@ -2743,7 +2747,7 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
          * unset: ATT_THREADS blocks (the wide blocks are not yet measured on a GPU) */
         {
             const char *aw = getenv("IB_CUDA_ATT_WIDE");
-            b->att_wide = !aw ? 0 : !strcmp(aw, "force") ? 2 : !strcmp(aw, "1") ? 1 : 0;
+            b->att_wide = !aw ? WIDE_NEVER : !strcmp(aw, "force") ? WIDE_FORCED : !strcmp(aw, "1") ? WIDE_SMALL_GRIDS : WIDE_NEVER;
         }
         /* "0": the experts' Q8 products with a warp walking K alone (moe_mm_kernel: comparisons) */
         const char *ms = getenv("IB_CUDA_MOE_SPLIT");
@@ -3433,7 +3437,7 @@ static void launch_attention(cuda_backend *b, int li, int qG, const qk_fuse *fz)
         const int cl = att_cluster(b, b->R * b->H, b->hd), blocks = b->R * b->H * cl, st = att_stage_bytes(b, blocks);
         if (cl == 1 && b->att_direct == DIRECT_BY_SHAPE && b->kv_rows != KV_ROWS_MIXED) {
             /* wide blocks (IB_CUDA_ATT_WIDE=1) where the grid fills at most a quarter of the multiprocessors */
-            const int wide = b->att_wide == 2 || (b->att_wide == 1 && 4L * blocks <= b->n_sm);
+            const int wide = b->att_wide == WIDE_FORCED || (b->att_wide == WIDE_SMALL_GRIDS && 4L * blocks <= b->n_sm);
             const int f16 = b->kv_rows == KV_ROWS_F16;
             void (*k)(const float *, float *, const rowinfo *, int, int, int, int, float, int, int, int8_t *, float *,
                       float *, int, qk_fuse) = wide ? (f16 ? attention_direct_kernel<uint16_t, ATT_THREADS_WIDE>
