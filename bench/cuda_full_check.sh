@@ -4,7 +4,7 @@
 # then `probe --backend cuda` clean and under gpu-split-k and gpu-att-block, bench/serve_check.sh clean and
 # under gpu-fma,
 # and what the contract's order costs (isobatch bench with and without --inject gpu-split-k; left out
-# with CUDA_CHECK_COST=0). Writes OUT_DIR/summary.txt and prints it.
+# with CUDA_CHECK_COST=0). Writes OUT_DIR/summary.txt (among about 130 logs under OUT_DIR) and prints it.
 set -u
 bin=${1:-.devcarry}
 out=${2:-${OUT:-/tmp/cuda_full_check}}
