@@ -2647,6 +2647,13 @@ static ib_status upload_matrix(cuda_backend *b, const ib_matrix *cm, dmat *dm, i
     return IB_OK;
 }
 
+/* Device bytes of matrix m as upload_matrix lays it out: [K][Np] floats, or [K/KC][Np] 16-byte code
+ * chunks (KC = 32 k for 4-bit codes, 16 for 8-bit) and [ng][Np] scales and biases. */
+static size_t dmat_bytes(const dmat *m) {
+    if (m->fmt == IB_WF32) return (size_t)m->K * m->Np * sizeof(float);
+    return (size_t)(m->K / (m->fmt == IB_WQ4 ? 32 : 16)) * m->Np * 16 + (size_t)2 * m->ng * m->Np * sizeof(float);
+}
+
 /* Free everything an instance holds (NULL and partly built instances too): graphs, device and pinned
  * memory, the stream. */
 static void cuda_destroy(ib_backend *base) {
@@ -3208,14 +3215,10 @@ static mm_q8_fn mm_q8_pick(int fmt, int rbt, int narrow) {
     return fmt == IB_WQ4 ? mm_q8_pick_fmt<IB_WQ4>(rbt, narrow) : mm_q8_pick_fmt<IB_WQ8>(rbt, narrow);
 }
 
-/* Bytes of the weights (codes or floats, scales, biases) of mset ms's matrices. */
+/* Bytes of the weights of mset ms's matrices (dmat_bytes). */
 static size_t mset_weight_bytes(const mset *ms) {
     size_t n = 0;
-    for (int i = 0; i < ms->n; i++) {
-        const dmat *m = &ms->m[i];
-        if (m->fmt == IB_WF32) n += (size_t)m->K * m->Np * sizeof(float);
-        else n += (size_t)m->K / (m->fmt == IB_WQ4 ? 32 : 16) * m->Np * 16 + (size_t)2 * m->ng * m->Np * sizeof(float);
-    }
+    for (int i = 0; i < ms->n; i++) n += dmat_bytes(&ms->m[i]);
     return n;
 }
 
