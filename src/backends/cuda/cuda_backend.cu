@@ -90,8 +90,9 @@ enum fuse_qk_mode { FUSE_QK_NEVER, FUSE_QK_BY_SHAPE, FUSE_QK_FORCED };
  * the direct path wherever it applies — there is nothing more to force) */
 enum att_direct_mode { DIRECT_NEVER, DIRECT_BY_SHAPE };
 
-/* The block size of the direct decode attention (attention_direct_kernel): ATT_THREADS always (the
- * default), ATT_THREADS_WIDE where the grid is small (IB_CUDA_ATT_WIDE=1), or always (=force: tests) */
+/* The block size of the direct decode attention (attention_direct_kernel): ATT_THREADS always
+ * (IB_CUDA_ATT_WIDE=0), ATT_THREADS_WIDE where the grid fills at most a quarter of the multiprocessors
+ * (the default: measured 1-2% faster at B=1-2, docs/cuda.md), or always (=force: tests) */
 enum att_wide_mode { WIDE_NEVER, WIDE_SMALL_GRIDS, WIDE_FORCED };
 
 /* Whether the blocks of a small-step product ask L2 for their weight tiles before their wait for the
@@ -104,13 +105,14 @@ enum mm_prefetch_mode { MM_PF_AUTO, MM_PF_ALL, MM_PF_NONE };
 enum kv_rows_type { KV_ROWS_MIXED, KV_ROWS_F32, KV_ROWS_F16 };
 
 /* A never / by-shape / forced choice from environment variable `name` ("0", unset or anything else,
- * "force"), as 0 / 1 / 2 — the order of att_tiles_mode and fuse_qk_mode. */
+ * "force"), as 0 / 1 / 2 — the order of the never / by-shape / forced modes below. */
 static int env_mode(const char *name) {
     const char *v = getenv(name);
     return !v ? 1 : !strcmp(v, "0") ? 0 : !strcmp(v, "force") ? 2 : 1;
 }
 static_assert(TILES_NEVER == 0 && TILES_BY_SHAPE == 1 && TILES_FORCED == 2 && FUSE_QK_NEVER == 0 &&
-                  FUSE_QK_BY_SHAPE == 1 && FUSE_QK_FORCED == 2 && DIRECT_NEVER == 0 && DIRECT_BY_SHAPE == 1,
+                  FUSE_QK_BY_SHAPE == 1 && FUSE_QK_FORCED == 2 && DIRECT_NEVER == 0 && DIRECT_BY_SHAPE == 1 &&
+                  WIDE_NEVER == 0 && WIDE_SMALL_GRIDS == 1 && WIDE_FORCED == 2,
               "env_mode's values are the modes'");
 
 /* ---------------------------------------------------------------- device data */
@@ -2146,7 +2148,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float
 /* attention_head_kernel<false>'s work for steps whose rows all keep T (float or half) KV: each block
  * takes attend_row_head_direct where its row fits it, else attend_row_head (the same arithmetic). A
  * kernel of its own so a decode step runs only this code (one KV type, no cluster code). NTH threads a
- * block: ATT_THREADS, or ATT_THREADS_WIDE (IB_CUDA_ATT_WIDE, a measurement still to make) for grids that
+ * block: ATT_THREADS, or ATT_THREADS_WIDE (att_wide_mode) for grids that
  * leave most multiprocessors idle (B=1: one round of keys instead of two, the value rows staged by twice
  * the threads) — the operations are the same whatever the block's size. */
 #define DIRECT_MIN_BLOCKS 2   /* 2 blocks a multiprocessor at most 128 registers: B=15's 240 blocks in one wave */
@@ -2750,12 +2752,9 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         b->fuse_qk = (fuse_qk_mode)env_mode("IB_CUDA_FUSE_QK");
         /* "0": per-head attention always through its stage; else its keys into registers where they fit */
         b->att_direct = env_mode("IB_CUDA_ATT_DIRECT") ? DIRECT_BY_SHAPE : DIRECT_NEVER;
-        /* "1": direct attention in ATT_THREADS_WIDE blocks where the grid is small; "force": always (tests);
-         * unset: ATT_THREADS blocks (the wide blocks are not yet measured on a GPU) */
-        {
-            const char *aw = getenv("IB_CUDA_ATT_WIDE");
-            b->att_wide = !aw ? WIDE_NEVER : !strcmp(aw, "force") ? WIDE_FORCED : !strcmp(aw, "1") ? WIDE_SMALL_GRIDS : WIDE_NEVER;
-        }
+        /* "0": direct attention always in ATT_THREADS blocks; "force": always in ATT_THREADS_WIDE ones
+         * (tests); unset: wide blocks where the grid is small (att_wide_mode) */
+        b->att_wide = (att_wide_mode)env_mode("IB_CUDA_ATT_WIDE");
         /* "0": the experts' Q8 products with a warp walking K alone (moe_mm_kernel: comparisons) */
         const char *ms = getenv("IB_CUDA_MOE_SPLIT");
         b->moe_split = !(ms && !strcmp(ms, "0"));
@@ -3439,7 +3438,7 @@ static void launch_attention(cuda_backend *b, int li, int qG, const qk_fuse *fz)
     else {
         const int cl = att_cluster(b, b->R * b->H, b->hd), blocks = b->R * b->H * cl, st = att_stage_bytes(b, blocks);
         if (cl == 1 && b->att_direct == DIRECT_BY_SHAPE && b->kv_rows != KV_ROWS_MIXED) {
-            /* wide blocks (IB_CUDA_ATT_WIDE=1) where the grid fills at most a quarter of the multiprocessors */
+            /* wide blocks where the grid fills at most a quarter of the multiprocessors (att_wide_mode) */
             const int wide = b->att_wide == WIDE_FORCED || (b->att_wide == WIDE_SMALL_GRIDS && 4L * blocks <= b->n_sm);
             const int f16 = b->kv_rows == KV_ROWS_F16;
             void (*k)(const float *, float *, const rowinfo *, int, int, int, int, float, int, int, int8_t *, float *,
