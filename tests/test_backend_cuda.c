@@ -13,7 +13,7 @@
  * products and per-query-head attention; the lone runs are told to take the tensor-core products and
  * per-KV-head attention from one row. Then: a session decoded alone gives the logits it got in the
  * batch; whole steps of a CPU engine and a CUDA engine (the public API, src/runtime/step.c over each
- * table) give bitwise equal logits; and under the test-only gpu-fma fault (an FMA in the products'
+ * table) give bitwise equal logits, in the schedule above and in decode steps of 1-4 sessions; and under the test-only gpu-fma fault (an FMA in the products'
  * epilogue) each of these checks fails, so it can — and under gpu-split-k (Q8 products whose K is split
  * over blocks and added with atomics in any order) the op check and the engine comparison fail too, and
  * under gpu-att-block (the attention's key blocks cut at half the canonical size) the op check of every
@@ -449,13 +449,11 @@ static int cap_first_diff(const capbuf *c, int st) {
  * engines capture every op's rows and the first differing (step, layer, point, row, element) is
  * printed (op by op on the GPU: the same arithmetic, no graphs). Returns the number of differing
  * logits rows (and argmax rows). */
-static int engine_compare_at(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, int chunk, const char *name,
-                             int locate) {
-    const int V = m->cfg.vocab_size;
-    ib_engine *e[2];
-    ib_session *s[2][NSESS];
-    capbuf cb[2];
-    memset(cb, 0, sizeof cb);
+/* A CPU engine (e[0]) and a CUDA engine (e[1]) on m with activations act, each with nsess sessions s[k][i]
+ * (max_context ctx, KV dtype dt; window > 0: sink 4 + that window; chunk > 0: that KV chunk), capturing
+ * into cb[k] when cb != NULL. Returns 0, or -1 (a failed CHECK) when something could not be made. */
+static int engine_pair_open(const ib_model *m, ib_act act, ib_kv_dtype dt, int ctx, int window, int chunk, int nsess,
+                            ib_engine *e[2], ib_session *s[2][NSESS + 1], capbuf *cb) {
     ib_error err;
     for (int k = 0; k < 2; k++) {
         ib_engine_opts eo = {.threads = 2, .act = act, .max_step_tokens = 64,
@@ -464,9 +462,9 @@ static int engine_compare_at(const ib_model *m, ib_act act, ib_kv_dtype dt, int 
             CHECK(0, "engine %s: %s", k ? "cuda" : "cpu", err.msg);
             return -1;
         }
-        if (locate) ib_engine_set_capture(e[k], cap_fn, &cb[k]);
-        for (int i = 0; i < NSESS; i++) {
-            ib_session_opts so = {.max_context = 160, .kv_dtype = dt, .backend = k ? IB_BACKEND_CUDA : IB_BACKEND_CPU};
+        if (cb) ib_engine_set_capture(e[k], cap_fn, &cb[k]);
+        for (int i = 0; i < nsess; i++) {
+            ib_session_opts so = {.max_context = ctx, .kv_dtype = dt, .backend = k ? IB_BACKEND_CUDA : IB_BACKEND_CPU};
             if (window) so.kv_sink = 4, so.kv_window = window, so.kv_chunk = 8;
             if (chunk) so.kv_chunk = chunk;
             if (ib_session_create(m, &so, &s[k][i], &err)) {
@@ -475,6 +473,18 @@ static int engine_compare_at(const ib_model *m, ib_act act, ib_kv_dtype dt, int 
             }
         }
     }
+    return 0;
+}
+
+static int engine_compare_at(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, int chunk, const char *name,
+                             int locate) {
+    const int V = m->cfg.vocab_size;
+    ib_engine *e[2];
+    ib_session *s[2][NSESS + 1];
+    capbuf cb[2];
+    memset(cb, 0, sizeof cb);
+    ib_error err;
+    if (engine_pair_open(m, act, dt, 160, window, chunk, NSESS, e, s, locate ? cb : NULL)) return -1;
     rng_state = 0x777;
     int32_t tk[NSESS][8];
     float *lg[2][NSESS];
@@ -517,6 +527,52 @@ static int engine_compare_at(const ib_model *m, ib_act act, ib_kv_dtype dt, int 
 
 static int engine_compare(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, const char *name) {
     return engine_compare_at(m, act, dt, window, 0, name, 0);
+}
+
+/* Whole decode steps of few rows, CPU engine vs CUDA engine: nsess sessions (1..4) take prompts of 3, 4, …
+ * tokens in one step, then decode one token each for 12 steps (steps of nsess rows, each its session's
+ * only one: the one-row product kernels, the q/k preparation inside the direct attention, its wide
+ * blocks); every step's logits must be bitwise equal. Returns the rows that differ. */
+static int engine_decode_compare(const ib_model *m, ib_act act, ib_kv_dtype dt, int nsess, const char *name) {
+    enum { DSTEPS = 13, DMAX = NSESS + 1 };
+    const int V = m->cfg.vocab_size;
+    ib_engine *e[2];
+    ib_session *s[2][NSESS + 1];
+    ib_error err;
+    if (nsess > DMAX || engine_pair_open(m, act, dt, 64, 0, 0, nsess, e, s, NULL)) return -1;
+    rng_state = 0x5150 + (uint32_t)nsess;
+    int32_t tk[DMAX][8];
+    float *lg[2][DMAX];
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < nsess; i++) lg[k][i] = xmalloc((size_t)V * 4);
+    int diff = 0, rows = 0;
+    for (int st = 0; st < DSTEPS; st++) {
+        ib_step_item it[2][DMAX];
+        for (int i = 0; i < nsess; i++) {
+            const int c = st == 0 ? 3 + i : 1;
+            for (int j = 0; j < c; j++) tk[i][j] = rndi(V);
+            for (int k = 0; k < 2; k++) it[k][i] = (ib_step_item){s[k][i], tk[i], c, lg[k][i], NULL};
+        }
+        for (int k = 0; k < 2; k++) CHECK(ib_step(e[k], it[k], nsess, &err) == IB_OK, "ib_step: %s", err.msg);
+        for (int i = 0; i < nsess; i++, rows++) diff += memcmp(lg[0][i], lg[1][i], (size_t)V * 4) != 0;
+    }
+    printf("  %-44s %5d logits rows CPU vs CUDA: %s\n", name, rows, diff ? "DIFFER" : "all bitwise equal");
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < nsess; i++) ib_session_free(s[k][i]), free(lg[k][i]);
+        ib_engine_free(e[k]);
+    }
+    return diff;
+}
+
+/* engine_decode_compare for 1..4 sessions; returns the rows that differ. */
+static int decode_compares(const ib_model *m, ib_act act, ib_kv_dtype dt, const char *what) {
+    int bad = 0;
+    for (int ns = 1; ns <= 4; ns++) {
+        char name[96];
+        snprintf(name, sizeof name, "decode, %d session%s, %s", ns, ns > 1 ? "s" : "", what);
+        bad += engine_decode_compare(m, act, dt, ns, name);
+    }
+    return bad;
 }
 
 /* engine_compare_at; when the logits differ, the run again with capture on to say where first. */
@@ -1023,10 +1079,21 @@ int main(int argc, char **argv) {
                     CHECK(d == 0, "model %s, %s: CUDA engine's logits differ from the CPU engine's", models[mi].name,
                           name);
                 }
+        /* decode steps of 1-4 rows */
+        for (int act = 0; act < 1 + q8ok; act++)
+            for (int kvd = 0; kvd < 2; kvd++) {
+                char what[64];
+                snprintf(what, sizeof what, "act %s, kv %s", act ? "q8" : "f32", kvd ? "f16" : "f32");
+                CHECK(decode_compares(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32, what) == 0,
+                      "model %s, decode steps (%s): CUDA engine's logits differ from the CPU engine's",
+                      models[mi].name, what);
+            }
         /* and the comparison can fail: gpu-fma on the CUDA side only */
         ib_fault_set(IB_FAULT_GPU_FMA);
         CHECK(engine_compare(m, q8ok ? IB_ACT_Q8 : IB_ACT_F32, IB_KV_F32, 0, "engine, FAULT gpu-fma (must differ)") > 0,
               "model %s: the engine comparison missed the gpu-fma fault", models[mi].name);
+        CHECK(decode_compares(m, q8ok ? IB_ACT_Q8 : IB_ACT_F32, IB_KV_F32, "FAULT gpu-fma (must differ)") > 0,
+              "model %s: the decode comparison missed the gpu-fma fault", models[mi].name);
         ib_fault_set(IB_FAULT_NONE);
         /* the check can fail: an FMA in the products' epilogue (Q8 and F32 paths) */
         ib_fault_set(IB_FAULT_GPU_FMA);
