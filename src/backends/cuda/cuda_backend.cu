@@ -372,6 +372,17 @@ __device__ __forceinline__ float weight_at(const dmat &m, int n, int k) {
     return m.s[gi] * (float)code_at(m, n, k) + m.b[gi];
 }
 
+/* The weights of output n in group g of quantized matrix m: its cpg (<= MAXC) 16-byte code words into
+ * wl, its scale and bias — one group's loads, issued together. */
+template <int MAXC>
+__device__ __forceinline__ void group_weights(const dmat &m, int g, int n, int cpg, uint4 (&wl)[MAXC], float &sc,
+                                              float &bi) {
+#pragma unroll
+    for (int c = 0; c < MAXC; c++)
+        if (c < cpg) wl[c] = m.w[(size_t)(g * cpg + c) * m.Np + n];
+    sc = m.s[(size_t)g * m.Np + n], bi = m.b[(size_t)g * m.Np + n];
+}
+
 /* The exact integer sum of one group's codes (the uint4 words wg[0..cpg)) with one row's activation
  * codes xr [G] (int8), by dp4a. */
 template <int FMT>
@@ -436,7 +447,7 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__res
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int o = lane % OPB, set = warp * (NT / OPB) + lane / OPB;
     const int n = tile * NT + (blockIdx.x % (NT / OPB)) * OPB + o;
-    const int K = m.K, G = m.G, ng = m.ng, Np = m.Np;
+    const int K = m.K, G = m.G, ng = m.ng;
     const int cpg = G / KC;
     const int rbeg = blockIdx.y * rpb, rend = min(R, rbeg + rpb);
     const int gs = (ng + splits - 1) / splits, gb = blockIdx.z * gs, ge = min(ng, gb + gs);
@@ -453,10 +464,7 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__res
                 for (int x = 0; x < 2; x++) {
                     const int gi = gi0 + x * SETS, g = g0 + gi;
                     if (gi >= gn) break;
-#pragma unroll
-                    for (int c = 0; c < MAXC; c++)
-                        if (c < cpg) wg[x][c] = m.w[(size_t)(g * cpg + c) * Np + n];
-                    sc[x] = m.s[(size_t)g * Np + n], bi[x] = m.b[(size_t)g * Np + n];
+                    group_weights<MAXC>(m, g, n, cpg, wg[x], sc[x], bi[x]);
 #pragma unroll
                     for (int r = 0; r < RBT; r++)
                         if (r < nr) dd[x][r] = d[(size_t)(r0 + r) * ng + g], aa[x][r] = ad[(size_t)(r0 + r) * ng + g];

@@ -501,9 +501,7 @@ __global__ void __launch_bounds__(256, CPG >= 4 ? 2 : 4)   /* 4 blocks a multipr
         for (int x = 0; x < 2; x++) {
             const int gi = warp + x * NWARP, g = g0 + gi;
             if (gi >= gn) break;
-#pragma unroll
-            for (int c = 0; c < CPG; c++) wl[x][c] = m.w[(size_t)(g * CPG + c) * Np + n];
-            sc[x] = m.s[(size_t)g * Np + n], bi[x] = m.b[(size_t)g * Np + n];
+            group_weights<CPG>(m, g, n, CPG, wl[x], sc[x], bi[x]);
         }
 #pragma unroll
         for (int x = 0; x < 2; x++) {
