@@ -70,6 +70,23 @@ mkdir -p "$T/badtok" && cp "$T/tiny/"* "$T/badtok/" && cp "$T/bad_merges.json" "
 printf '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n' > "$T/chatml"
 "$RUNBIN" tokenize -m "$T/tiny" --chat --render hi | cmp -s - "$T/chatml" && ok || bad "tokenize --chat --render"
 "$BIN" generate -m "$T/tiny" --chat -p hi -n 3 --json 2>/dev/null | grep -q '"prompt_tokens":21' && ok || bad "generate --chat: 21 prompt tokens"
+# generate --chat --no-think: the prompt tokenize --chat --no-think gives, under a template that knows
+# enable_thinking (an empty think block after the assistant header); --think/--no-think without --chat: exit 2
+mkdir -p "$T/think" && cp "$T/tiny/"* "$T/think/"
+python3 - "$T/think/tokenizer_config.json" <<'EOF' || bad "chat template for the thinking check"
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["chat_template"] = ("{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + "
+                      "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+                      "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+                      "{%- endif %}{%- endif %}")
+json.dump(c, open(sys.argv[1], "w"))
+EOF
+nt=$("$RUNBIN" tokenize -m "$T/think" --chat --no-think hi | wc -w)
+[ "$nt" -gt 21 ] && "$BIN" generate -m "$T/think" --chat --no-think -p hi -n 3 --json 2>/dev/null | grep -q "\"prompt_tokens\":$nt," \
+    && ok || bad "generate --chat --no-think: not the $nt prompt tokens of tokenize --chat --no-think"
+"$RUNBIN" generate -m "$T/tiny" --think -p hi -n 2 > /dev/null 2> "$T/err"; rc=$?
+[ $rc = 2 ] && grep -q "need --chat" "$T/err" && [ "$(wc -l < "$T/err")" = 1 ] && ok || bad "generate --think without --chat: exit $rc, $(head -2 "$T/err")"
 # the chat REPL: greedy, so a conversation restarted with /reset gives the same reply again
 printf 'hi\n' | "$RUNBIN" chat -m "$T/tiny" -n 12 > "$T/c1" 2> "$T/err" || { cat "$T/err"; bad "chat"; }
 printf 'hi\n/reset\nhi\n' | "$RUNBIN" chat -m "$T/tiny" -n 12 > "$T/c2" 2>> "$T/err" || { cat "$T/err"; bad "chat /reset"; }

@@ -18,7 +18,8 @@ static const char help[] =
     "usage: isobatch generate [-m DIR] (-p TEXT)... [--prompts-file F] [--prompt-ids 1,2,3]... [-n N]\n"
     "         [--batch B] [--threads T] [--prefill-chunk C|whole] [--isa auto|scalar|avx2|avx512|neon|amx]\n"
     "         [--act auto|f32|q8] [--kv-dtype f32|f16] [--kv full|window:W|sink:S,window:W] [--temp X] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R]\n"
-    "         [--seed S] [--ignore-eos] [--json] [--stream] [--logits-out FILE] [--check-serial] [--inject FAULT] [--chat]\n"
+    "         [--seed S] [--ignore-eos] [--json] [--stream] [--logits-out FILE] [--check-serial] [--inject FAULT]\n"
+    "         [--chat [--think | --no-think]]\n"
     "\n"
     "  -m DIR            model directory (default models/default)\n"
     "  -p TEXT           a prompt (repeatable)\n"
@@ -40,6 +41,8 @@ static const char help[] =
     "  --ignore-eos      do not stop at the end-of-sequence token\n"
     "  --chat            wrap each text prompt as a user turn in the model's chat format (ChatML,\n"
     "                    Llama 3, Gemma) followed by the assistant header\n"
+    "  --think           with --chat: Gemma 4's enable_thinking=true (<|think|> in the system turn)\n"
+    "  --no-think        with --chat: Qwen3's enable_thinking=false (an empty <think></think> block)\n"
     "  --json            one JSON line per prompt: index, prompt_tokens, tokens, text, digest, seed\n"
     "  --stream          print text as it is generated (the default with one prompt); several prompts\n"
     "                    are shown in order, each live once those before it are done\n"
@@ -114,14 +117,16 @@ static int add_text(prompts *p, const ib_model *m, const char *text) {
 /* ---- --chat (added with the tokenizer): a text prompt becomes a user turn in the model's chat
  * format followed by the assistant header; the prompt shown stays the user's text. */
 static int chat_mode;
+static int chat_flags;   /* --think / --no-think: IB_CHAT_THINKING / IB_CHAT_NO_THINKING */
 
 static int add_chat_text(prompts *p, const ib_model *m, const char *text) {
     ib_chat_msg msg = {"user", text};
-    long n = ib_chat_format(m, &msg, 1, IB_CHAT_GENERATION_PROMPT, NULL, 0);
+    const int flags = IB_CHAT_GENERATION_PROMPT | chat_flags;
+    long n = ib_chat_format(m, &msg, 1, flags, NULL, 0);
     if (n < 0) return cli_usage_error("--chat: the model has no chat format (no chat template and no chat markers such as <|im_start|>/<|im_end|>)");
     char *s = malloc((size_t)n + 1);
     if (!s) return cli_error("out of memory");
-    ib_chat_format(m, &msg, 1, IB_CHAT_GENERATION_PROMPT, s, (size_t)n + 1);
+    ib_chat_format(m, &msg, 1, flags, s, (size_t)n + 1);
     int rc = add_text(p, m, s);
     free(s);
     if (!rc) {
@@ -455,6 +460,8 @@ int cmd_generate(int argc, char **argv) {
         else if (!strcmp(f, "--stream")) a.stream = 1;
         else if (!strcmp(f, "--ignore-eos")) a.ignore_eos = 1;
         else if (!strcmp(f, "--chat")) chat_mode = 1;
+        else if (!strcmp(f, "--think")) chat_flags |= IB_CHAT_THINKING;
+        else if (!strcmp(f, "--no-think")) chat_flags |= IB_CHAT_NO_THINKING;
         else if (!strcmp(f, "--check-serial")) a.check_serial = 1;
         else if (!strcmp(f, "--logits-out")) rc = VAL() ? (a.logits_out = v, 0) : 2;
         else if (!strcmp(f, "--inject")) rc = VAL() ? cli_inject(v) : 2;
@@ -462,6 +469,10 @@ int cmd_generate(int argc, char **argv) {
 #undef VAL
     }
     if (rc) goto out;
+    if (chat_flags && !chat_mode) {
+        rc = cli_usage_error("generate: --think and --no-think shape the chat format: they need --chat");
+        goto out;
+    }
     if (nt + ni == 0 && !a.prompts_file) {
         rc = cli_usage_error("generate: no prompt (use -p TEXT, --prompts-file F or --prompt-ids 1,2,3)");
         goto out;
