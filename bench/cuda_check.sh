@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cuda_check.sh [BIN_DIR] [OUT_DIR] — the CUDA backend's whole check-and-bench set, for one call on a
+# cuda_check.sh BIN_DIR [OUT_DIR] — the CUDA backend's whole check-and-bench set, for one call on a
 # machine with a GPU (built elsewhere: BIN_DIR holds isobatch, test_backend_cuda, test_backend_ops,
 # and lib/ with the shared libraries the device lacks). Writes one log per part into OUT_DIR and a
 # summary table last.
@@ -18,7 +18,7 @@
 #   7. isobatch bench --backend cuda --batch 1,8 on gemma4-26b-a4b 4-bit (mkmodel writes 14.2 GB to
 #      /tmp first; CUDA_CHECK_G26=0 skips it).
 set -u
-bin=${1:-.devcarry}
+bin=${1:?usage: cuda_check.sh BIN_DIR [OUT_DIR]}
 out=${2:-${OUT:-/tmp/cuda_check}}
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# cuda_full_check.sh [BIN_DIR] [OUT_DIR] — everything the CUDA backend is checked and measured with, for
+# cuda_full_check.sh BIN_DIR [OUT_DIR] — everything the CUDA backend is checked and measured with, for
 # one call on a GPU machine (binaries built elsewhere; BIN_DIR as for cuda_check.sh): bench/cuda_check.sh,
 # then `probe --backend cuda` clean and under gpu-split-k and gpu-att-block, bench/serve_check.sh clean and
 # under gpu-fma,
 # and what the contract's order costs (isobatch bench with and without --inject gpu-split-k; left out
 # with CUDA_CHECK_COST=0). Writes OUT_DIR/summary.txt (among about 130 logs under OUT_DIR) and prints it.
 set -u
-bin=${1:-.devcarry}
+bin=${1:?usage: cuda_full_check.sh BIN_DIR [OUT_DIR]}
 out=${2:-${OUT:-/tmp/cuda_full_check}}
 mkdir -p "$out/check"
 export LD_LIBRARY_PATH="$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -200,6 +200,20 @@ fi
     > "$T/bench.txt" 2>&1 && grep -q "(f16, kv sink:2,window:8)" "$T/bench.txt" && grep -qE '^ +2 ' "$T/bench.txt" && ok \
     || bad "bench --kv sink:2,window:8: $(cat "$T/bench.txt")"
 
+# bench/ab_bench.sh: every setting x batch (and prefill) with one figure per round and their median; a
+# setting that is not VAR=VALUE, no rounds, or a failing bench: a message and a non-zero exit
+bash bench/ab_bench.sh "$BIN" "$T/m" 2 "" "IB_AB_PROBE=1 IB_AB_PROBE2=2" -- --batch 1,2 --prompt 4 --gen 2 --threads 1 --reps 1 \
+    > "$T/ab.txt" 2> "$T/ab.err"
+[ $? = 0 ] && [ "$(grep -cE '^\(none\) +(B=1|B=2|prefill) +[0-9.]+ [0-9.]+  \(median [0-9.]+\)$' "$T/ab.txt")" = 3 ] \
+    && [ "$(grep -cE '^IB_AB_PROBE=1 IB_AB_PROBE2=2 +(B=1|B=2|prefill) +[0-9.]+ [0-9.]+  \(median [0-9.]+\)$' "$T/ab.txt")" = 3 ] \
+    && ok || bad "ab_bench.sh: $(cat "$T/ab.txt" "$T/ab.err")"
+bash bench/ab_bench.sh "$BIN" "$T/m" 1 "NOTASETTING" -- --batch 1 > /dev/null 2> "$T/ab.err"; rc=$?
+[ $rc = 2 ] && grep -q "'NOTASETTING' is not VAR=VALUE" "$T/ab.err" && ok || bad "ab_bench.sh bad setting: exit $rc, $(cat "$T/ab.err")"
+bash bench/ab_bench.sh "$BIN" "$T/m" 0 "" -- --batch 1 > /dev/null 2> "$T/ab.err"; rc=$?
+[ $rc = 2 ] && grep -q "ROUNDS must be a positive integer" "$T/ab.err" && ok || bad "ab_bench.sh 0 rounds: exit $rc, $(cat "$T/ab.err")"
+bash bench/ab_bench.sh "$BIN" "$T/nope" 1 "" -- --batch 1 > /dev/null 2> "$T/ab.err"; rc=$?
+[ $rc = 1 ] && grep -q "bench failed under ''" "$T/ab.err" && ok || bad "ab_bench.sh failing bench: exit $rc, $(cat "$T/ab.err")"
+
 # bench --profile: a line after the prefill line and after each batch line, every category the tiny
 # Qwen3 model's step calls (no moe), the total against the measured step; --json: the same as objects
 # (every category, the calls per step the 2 layers imply, the categories within the measured step)

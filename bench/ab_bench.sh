@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# ab_bench.sh BIN MODEL_DIR ROUNDS SETTING... -- BENCH_ARGS...
+# One A/B measurement in one run: `BIN bench -m MODEL_DIR BENCH_ARGS` under each SETTING in turn (a
+# space-separated list of VAR=VALUE environment settings; "" for none), the whole list ROUNDS times, so
+# that clock, temperature and neighbours' load drift over all settings alike. Prints, per setting and
+# batch size, the decode tok/s of every round and their median, and the prefill tok/s. The figures in
+# docs/cuda.md ("alternating in one call, two rounds") are taken this way, e.g.
+#   bench/ab_bench.sh build/isobatch /tmp/q06 2 "" "IB_CUDA_ATT_WIDE=0" -- --backend cuda --batch 1,2,4
+#       --prompt 128 --gen 32 --reps 3 --kv-dtype f16
+set -u
+usage() { echo "usage: ab_bench.sh BIN MODEL_DIR ROUNDS SETTING... -- BENCH_ARGS..." >&2; exit 2; }
+[ $# -ge 5 ] || usage
+bin=$1 model=$2 rounds=$3
+shift 3
+case $rounds in '' | *[!0-9]* | 0) echo "ab_bench.sh: ROUNDS must be a positive integer, not '$rounds'" >&2; exit 2 ;; esac
+settings=()
+while [ $# -gt 0 ] && [ "$1" != -- ]; do settings+=("$1"); shift; done
+[ $# -gt 0 ] || usage
+shift
+[ ${#settings[@]} -ge 1 ] || usage
+for s in "${settings[@]}"; do
+    for kv in $s; do
+        case $kv in [A-Za-z_]*=*) ;; *) echo "ab_bench.sh: setting '$s': '$kv' is not VAR=VALUE" >&2; exit 2 ;; esac
+    done
+done
+[ -x "$bin" ] || { echo "ab_bench.sh: $bin is not an executable" >&2; exit 2; }
+tmp=$(mktemp -d) || exit 1
+trap 'rm -rf "$tmp"' EXIT
+for r in $(seq "$rounds"); do
+    for i in "${!settings[@]}"; do
+        # shellcheck disable=SC2086 # the setting is a list of VAR=VALUE words
+        if ! env ${settings[$i]} "$bin" bench -m "$model" "$@" >"$tmp/out" 2>&1; then
+            echo "ab_bench.sh: bench failed under '${settings[$i]}' (round $r):" >&2
+            tail -3 "$tmp/out" >&2
+            exit 1
+        fi
+        awk -v s="$i" -v r="$r" '/^ +[0-9]+ +[0-9.]+ /{print s, r, $1, $2} /^prefill [0-9]+ tokens:/{print s, r, "prefill", $4}' \
+            "$tmp/out" >>"$tmp/rows"
+    done
+done
+for i in "${!settings[@]}"; do
+    name=${settings[$i]:-"(none)"}
+    awk -v s="$i" -v n="$name" '
+        $1 == s { key = $3; v[key] = v[key] (v[key] == "" ? "" : " ") $4; c[key]++; if (!(key in seen)) { seen[key] = 1; order[++k] = key } }
+        END {
+            for (j = 1; j <= k; j++) {
+                key = order[j]; m = split(v[key], a, " ");
+                for (x = 1; x <= m; x++) for (y = x + 1; y <= m; y++) if (a[y] + 0 < a[x] + 0) { t = a[x]; a[x] = a[y]; a[y] = t }
+                med = m % 2 ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2;
+                printf "%-36s %-8s %s  (median %s)\n", n, key == "prefill" ? "prefill" : "B=" key, v[key], med
+            }
+        }' "$tmp/rows"
+done
