@@ -321,6 +321,7 @@ static void run_free(run *t) {
 }
 
 #define NSESS 3
+#define PAIR_SESS (NSESS + 1)   /* most sessions of engine_pair_open: the decode comparisons take 1..4 */
 #define NSTEPS 16
 
 /* Tokens item i brings at step s (0 when it has not joined yet): 1..7. */
@@ -442,18 +443,11 @@ static int cap_first_diff(const capbuf *c, int st) {
     return 0;
 }
 
-/* Whole steps through the public API: the same sessions and schedule on a CPU engine and a CUDA
- * engine (src/runtime/step.c over each table); every item's logits at every step must be
- * bitwise equal. window > 0: sessions with sink 4 + that window; chunk > 0: items of at most chunk
- * tokens (Gemma 4's sliding layers then keep rings of sliding_window + chunk - 1 slots). locate: both
- * engines capture every op's rows and the first differing (step, layer, point, row, element) is
- * printed (op by op on the GPU: the same arithmetic, no graphs). Returns the number of differing
- * logits rows (and argmax rows). */
 /* A CPU engine (e[0]) and a CUDA engine (e[1]) on m with activations act, each with nsess sessions s[k][i]
  * (max_context ctx, KV dtype dt; window > 0: sink 4 + that window; chunk > 0: that KV chunk), capturing
  * into cb[k] when cb != NULL. Returns 0, or -1 (a failed CHECK) when something could not be made. */
 static int engine_pair_open(const ib_model *m, ib_act act, ib_kv_dtype dt, int ctx, int window, int chunk, int nsess,
-                            ib_engine *e[2], ib_session *s[2][NSESS + 1], capbuf *cb) {
+                            ib_engine *e[2], ib_session *s[2][PAIR_SESS], capbuf *cb) {
     ib_error err;
     for (int k = 0; k < 2; k++) {
         ib_engine_opts eo = {.threads = 2, .act = act, .max_step_tokens = 64,
@@ -476,11 +470,18 @@ static int engine_pair_open(const ib_model *m, ib_act act, ib_kv_dtype dt, int c
     return 0;
 }
 
+/* Whole steps through the public API: the same sessions and schedule on a CPU engine and a CUDA
+ * engine (src/runtime/step.c over each table); every item's logits at every step must be
+ * bitwise equal. window > 0: sessions with sink 4 + that window; chunk > 0: items of at most chunk
+ * tokens (Gemma 4's sliding layers then keep rings of sliding_window + chunk - 1 slots). locate: both
+ * engines capture every op's rows and the first differing (step, layer, point, row, element) is
+ * printed (op by op on the GPU: the same arithmetic, no graphs). Returns the number of differing
+ * logits rows (and argmax rows). */
 static int engine_compare_at(const ib_model *m, ib_act act, ib_kv_dtype dt, int window, int chunk, const char *name,
                              int locate) {
     const int V = m->cfg.vocab_size;
     ib_engine *e[2];
-    ib_session *s[2][NSESS + 1];
+    ib_session *s[2][PAIR_SESS];
     capbuf cb[2];
     memset(cb, 0, sizeof cb);
     ib_error err;
@@ -534,20 +535,20 @@ static int engine_compare(const ib_model *m, ib_act act, ib_kv_dtype dt, int win
  * only one: the one-row product kernels, the q/k preparation inside the direct attention, its wide
  * blocks); every step's logits must be bitwise equal. Returns the rows that differ. */
 static int engine_decode_compare(const ib_model *m, ib_act act, ib_kv_dtype dt, int nsess, const char *name) {
-    enum { DSTEPS = 13, DMAX = NSESS + 1 };
+    enum { DSTEPS = 13 };
     const int V = m->cfg.vocab_size;
     ib_engine *e[2];
-    ib_session *s[2][NSESS + 1];
+    ib_session *s[2][PAIR_SESS];
     ib_error err;
-    if (nsess > DMAX || engine_pair_open(m, act, dt, 64, 0, 0, nsess, e, s, NULL)) return -1;
+    if (nsess > PAIR_SESS || engine_pair_open(m, act, dt, 64, 0, 0, nsess, e, s, NULL)) return -1;
     rng_state = 0x5150 + (uint32_t)nsess;
-    int32_t tk[DMAX][8];
-    float *lg[2][DMAX];
+    int32_t tk[PAIR_SESS][8];
+    float *lg[2][PAIR_SESS];
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < nsess; i++) lg[k][i] = xmalloc((size_t)V * 4);
     int diff = 0, rows = 0;
     for (int st = 0; st < DSTEPS; st++) {
-        ib_step_item it[2][DMAX];
+        ib_step_item it[2][PAIR_SESS];
         for (int i = 0; i < nsess; i++) {
             const int c = st == 0 ? 3 + i : 1;
             for (int j = 0; j < c; j++) tk[i][j] = rndi(V);
@@ -564,10 +565,10 @@ static int engine_decode_compare(const ib_model *m, ib_act act, ib_kv_dtype dt, 
     return diff;
 }
 
-/* engine_decode_compare for 1..4 sessions; returns the rows that differ. */
+/* engine_decode_compare for 1..PAIR_SESS sessions; returns the rows that differ. */
 static int decode_compares(const ib_model *m, ib_act act, ib_kv_dtype dt, const char *what) {
     int bad = 0;
-    for (int ns = 1; ns <= 4; ns++) {
+    for (int ns = 1; ns <= PAIR_SESS; ns++) {
         char name[96];
         snprintf(name, sizeof name, "decode, %d session%s, %s", ns, ns > 1 ? "s" : "", what);
         bad += engine_decode_compare(m, act, dt, ns, name);

@@ -289,7 +289,7 @@ typedef struct cuda_backend {
     att_tiles_mode att_tiles;        /* prompts' rows attending in tiles (attention_tile_kernel) */
     fuse_qk_mode fuse_qk;            /* decode steps' q/k preparation done by their attention (qk_fusable) */
     att_direct_mode att_direct;      /* per-head attention's keys into registers where they fit, or staged */
-    att_wide_mode att_wide;          /* direct attention in ATT_THREADS_WIDE blocks: never (default), small grids, always */
+    att_wide_mode att_wide;          /* direct attention in ATT_THREADS_WIDE blocks: never, small grids (default), always */
     int n_tiles;                     /* the step's tiles when it attends in tiles, else 0 (step_begin) */
     int tile_rows;                   /* most rows a tile (<= TILE_ROWS; IB_CUDA_ATT_TILE_ROWS) */
     struct att_tile *h_tiles, *d_tiles;   /* [R_max] pinned staging, device */
