@@ -13,9 +13,12 @@
  * products and per-query-head attention; the lone runs are told to take the tensor-core products and
  * per-KV-head attention from one row. Then: a session decoded alone gives the logits it got in the
  * batch; whole steps of a CPU engine and a CUDA engine (the public API, src/runtime/step.c over each
- * table) give bitwise equal logits, in the schedule above and in decode steps of 1-4 sessions; and under the test-only gpu-fma fault (an FMA in the products'
+ * table) give bitwise equal logits, in the schedule above and in decode steps of 1-4 sessions (also with
+ * every one-row product staging its row's codes in shared memory, IB_CUDA_MM_STAGE=force); and under the
+ * test-only gpu-fma fault (an FMA in the products'
  * epilogue) each of these checks fails, so it can — and under gpu-split-k (Q8 products whose K is split
- * over blocks and added with atomics in any order) the op check and the engine comparison fail too, and
+ * over blocks and added with atomics in any order) the op check, the engine comparison and the staged
+ * decode steps fail too, and
  * under gpu-att-block (the attention's key blocks cut at half the canonical size) the op check of every
  * attention path and the engine comparison.
  *
@@ -1089,6 +1092,23 @@ int main(int argc, char **argv) {
                       "model %s, decode steps (%s): CUDA engine's logits differ from the CPU engine's",
                       models[mi].name, what);
             }
+        /* one-row products that stage the row's codes in shared memory wherever they can
+         * (IB_CUDA_MM_STAGE=force; by shape only where the weights come from DRAM: large models), with
+         * the faults in their epilogue and across their blocks caught there */
+        if (q8ok) {
+            setenv("IB_CUDA_MM_STAGE", "force", 1);
+            CHECK(decode_compares(m, IB_ACT_Q8, IB_KV_F16, "act q8, kv f16, staged codes") == 0,
+                  "model %s, decode steps with staged codes: CUDA engine's logits differ from the CPU engine's",
+                  models[mi].name);
+            ib_fault_set(IB_FAULT_GPU_FMA);
+            CHECK(decode_compares(m, IB_ACT_Q8, IB_KV_F32, "staged codes, FAULT gpu-fma (must differ)") > 0,
+                  "model %s: the decode comparison with staged codes missed the gpu-fma fault", models[mi].name);
+            ib_fault_set(IB_FAULT_GPU_SPLIT_K);
+            CHECK(decode_compares(m, IB_ACT_Q8, IB_KV_F32, "staged codes, FAULT gpu-split-k (must differ)") > 0,
+                  "model %s: the decode comparison with staged codes missed the gpu-split-k fault", models[mi].name);
+            ib_fault_set(IB_FAULT_NONE);
+            unsetenv("IB_CUDA_MM_STAGE");
+        }
         /* and the comparison can fail: gpu-fma on the CUDA side only */
         ib_fault_set(IB_FAULT_GPU_FMA);
         CHECK(engine_compare(m, q8ok ? IB_ACT_Q8 : IB_ACT_F32, IB_KV_F32, 0, "engine, FAULT gpu-fma (must differ)") > 0,

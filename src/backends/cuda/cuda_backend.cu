@@ -75,7 +75,7 @@ extern "C" {
 #define ATT_MAX_BLOCK 128  /* largest key block (ops.h: block <= 128) */
 #define ARGMAX_THREADS 256  /* threads of an argmax block */
 #define ARGMAX_SLICES 32    /* argmax blocks per logits row (each a slice of the vocabulary) */
-enum { REPEAT_ATTN = 1, REPEAT_LINEAR = 2 };   /* cuda_backend.repeat: timing diagnostics */
+enum { REPEAT_ATTN = 1, REPEAT_LINEAR = 2, REPEAT_NORM = 4, REPEAT_ACT = 8, REPEAT_EMPTY = 16 };   /* cuda_backend.repeat: timing diagnostics */
 /* When a step's attention runs in tiles of a prompt's rows (plan_tiles): never (IB_CUDA_ATT_TILE=0), by the
  * step's shape (the default), or wherever the tile kernel can (IB_CUDA_ATT_TILE=force: tests) */
 enum att_tiles_mode { TILES_NEVER, TILES_BY_SHAPE, TILES_FORCED };
@@ -100,6 +100,13 @@ enum att_wide_mode { WIDE_NEVER, WIDE_SMALL_GRIDS, WIDE_FORCED };
  * default), always, or never (IB_CUDA_MM_PREFETCH unset / all / 0: measurements in docs/cuda.md) */
 enum mm_prefetch_mode { MM_PF_AUTO, MM_PF_ALL, MM_PF_NONE };
 
+/* Whether a one-row product stages the row's activation codes in shared memory (mm_q8_kernel's XS):
+ * never (IB_CUDA_MM_STAGE=0), by the step's shape (the default: grids of at most 4 blocks a
+ * multiprocessor whose weights were not asked of L2 before the wait — measured on the H200, qwen3-8b
+ * B=1 +2%; where the weights were asked of L2 the copy's round trip costs what it saves), or wherever
+ * it can (=force: tests) */
+enum mm_stage_mode { STAGE_NEVER, STAGE_BY_SHAPE, STAGE_FORCED };
+
 /* The KV types of a step's rows: mixed, all float, or all half (the direct attention kernel is
  * compiled for one) */
 enum kv_rows_type { KV_ROWS_MIXED, KV_ROWS_F32, KV_ROWS_F16 };
@@ -112,7 +119,8 @@ static int env_mode(const char *name) {
 }
 static_assert(TILES_NEVER == 0 && TILES_BY_SHAPE == 1 && TILES_FORCED == 2 && FUSE_QK_NEVER == 0 &&
                   FUSE_QK_BY_SHAPE == 1 && FUSE_QK_FORCED == 2 && DIRECT_NEVER == 0 && DIRECT_BY_SHAPE == 1 &&
-                  WIDE_NEVER == 0 && WIDE_SMALL_GRIDS == 1 && WIDE_FORCED == 2,
+                  WIDE_NEVER == 0 && WIDE_SMALL_GRIDS == 1 && WIDE_FORCED == 2 && STAGE_NEVER == 0 &&
+                  STAGE_BY_SHAPE == 1 && STAGE_FORCED == 2,
               "env_mode's values are the modes'");
 
 /* ---------------------------------------------------------------- device data */
@@ -280,6 +288,7 @@ typedef struct cuda_backend {
     int repeat;                      /* REPEAT_* kernels launched twice (IB_CUDA_REPEAT: timing by difference) */
     int moe_split;                   /* Q8 expert products split K over a block's warps (IB_CUDA_MOE_SPLIT=0: a warp walks K) */
     mm_prefetch_mode mm_prefetch;    /* which product blocks ask L2 for their weight tiles before the wait */
+    mm_stage_mode mm_stage;          /* which one-row products stage the row's codes in shared memory */
     size_t l2_bytes;                 /* the device's L2 cache */
     int att_stage;                   /* most bytes per-head attention stages keys and values in (0: none) */
     int att_cl;                      /* blocks (a cluster) a head of the per-head attention, where the grid allows */
@@ -383,11 +392,13 @@ __device__ __forceinline__ void group_weights(const dmat &m, int g, int n, int c
     sc = m.s[(size_t)g * m.Np + n], bi = m.b[(size_t)g * m.Np + n];
 }
 
+/* The most 16-byte code words of a group: 4 of 32 4-bit codes, 8 of 16 8-bit codes (groups of 128). */
+#define MM_MAXC(FMT) ((FMT) == IB_WQ4 ? 4 : 8)
+
 /* The exact integer sum of one group's codes (the uint4 words wg[0..cpg)) with one row's activation
  * codes xr [G] (int8), by dp4a. */
-template <int FMT>
+template <int FMT, int MAXC = MM_MAXC(FMT)>
 __device__ __forceinline__ int group_isum(const uint4 *wg, int cpg, const int8_t *__restrict__ xr) {
-    constexpr int MAXC = FMT == IB_WQ4 ? 4 : 8;
     constexpr int KC = FMT == IB_WQ4 ? 32 : 16;
     int a = 0;
 #pragma unroll
@@ -429,8 +440,13 @@ __device__ __forceinline__ int group_isum(const uint4 *wg, int cpg, const int8_t
  * xq [R][K] int8, d/ad [R][K/G]. fused: the test-only gpu-fma fault (t_g = fma(s*d, isum, u_g), u_g 0:
  * a fused multiply-add in the epilogue). splits > 1: the test-only gpu-split-k fault — block z takes only
  * the z-th of `splits` group ranges and adds its partial chain into Y (zeroed) with atomics, in whatever
- * order the blocks finish (1: the canonical product). */
-template <int FMT, int RBT, int OPB>
+ * order the blocks finish (1: the canonical product).
+ * MAXC: the most 16-byte code words a group (MM_MAXC; fewer registers where the groups are short).
+ * XS: one row a block (RBT = rpb = 1) whose K activation codes the block first copies into dynamic
+ * shared memory (K bytes), so each round's sums read them there and not from L2 after its weights
+ * arrive — which one-row products do: mm_stage_mode; the same sums. */
+#define MM_XS_MAX_K 12288   /* most activation codes a block stages (with 32 KB of static shared memory) */
+template <int FMT, int RBT, int OPB, int MAXC = MM_MAXC(FMT), bool XS = false>
 __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
                                                     const float *__restrict__ ad, int R, int rpb, int fused,
                                                     int splits) {
@@ -438,7 +454,6 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__res
     PDL_ENTER();
     constexpr int GC = 128 / RBT;
     constexpr int SETS = NWARP * (NT / OPB);   /* group sets of the block: one group each per round */
-    constexpr int MAXC = FMT == IB_WQ4 ? 4 : 8;
     constexpr int KC = FMT == IB_WQ4 ? 32 : 16;   /* k per uint4 */
     __shared__ float t_s[RBT][GC][OPB], u_s[RBT][GC][OPB];
     dmat m;
@@ -451,6 +466,12 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__res
     const int cpg = G / KC;
     const int rbeg = blockIdx.y * rpb, rend = min(R, rbeg + rpb);
     const int gs = (ng + splits - 1) / splits, gb = blockIdx.z * gs, ge = min(ng, gb + gs);
+    extern __shared__ __align__(16) int8_t x_s[];   /* XS: [K] the row's activation codes */
+    if (XS) {
+        const int4 *src = (const int4 *)(xq + (size_t)rbeg * K);
+        for (int i = threadIdx.x; i < K / 16; i += blockDim.x) ((int4 *)x_s)[i] = src[i];
+        __syncthreads();
+    }
     for (int r0 = rbeg; r0 < rend; r0 += RBT) {
         const int nr = min(RBT, rend - r0);
         float acc = 0.0f;   /* row r0 + warp, output n (lanes < OPB) */
@@ -476,7 +497,7 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__res
 #pragma unroll
                     for (int r = 0; r < RBT; r++) {
                         if (r >= nr) break;
-                        const int is = group_isum<FMT>(wg[x], cpg, xq + (size_t)(r0 + r) * K + (size_t)g * G);
+                        const int is = group_isum<FMT, MAXC>(wg[x], cpg, XS ? x_s + (size_t)g * G : xq + (size_t)(r0 + r) * K + (size_t)g * G);
                         const float sd = sc[x] * dd[x][r], u = bi[x] * aa[x][r], fi = (float)is;
                         if (fused) {
                             t_s[r][gi][o] = __fmaf_rn(sd, fi, u);
@@ -1023,15 +1044,28 @@ __device__ __forceinline__ float row_norm_factor(const float *xs, int n, float e
  * their squares in reverse, serially).
  * Fused neighbours (the same operations as the separate ops, in the same order): add_y != NULL first
  * does x = x + add_y (ib_add; x written back); G > 0 then quantizes y for group G into xq/qd/qad
- * (ib_quantize_act of the rows just written). */
+ * (ib_quantize_act of the rows just written). The weights are read before the wait for the previous
+ * kernel (no kernel writes them): into registers where a thread's share is at most NORM_WREG of them
+ * (qwen3-8b B=1 +1.3% on the H200), else asked of L2. */
+#define NORM_WREG 8
 __global__ void rmsnorm_kernel(float *x, const float *__restrict__ add_y, const float *__restrict__ w, int nvec, int n,
                                float eps, float *y, int reverse_odd, int8_t *__restrict__ xq, float *__restrict__ qd,
                                float *__restrict__ qad, int G) {
-    prefetch_bytes(w, (size_t)n * sizeof(float));
+    const int tid = threadIdx.x, wreg = n <= NORM_WREG * (int)blockDim.x;
+    float wr[NORM_WREG];
+    if (wreg) {
+#pragma unroll
+        for (int k = 0; k < NORM_WREG; k++) {
+            const int i = tid + k * (int)blockDim.x;
+            wr[k] = i < n ? w[i] : 0.0f;
+        }
+    } else {
+        prefetch_bytes(w, (size_t)n * sizeof(float));
+    }
     PDL_ENTER();
     extern __shared__ float xs[];
     __shared__ float r_s;
-    const int v = blockIdx.x, tid = threadIdx.x;
+    const int v = blockIdx.x;
     float *xv = x + (size_t)v * n;
     float *yv = y + (size_t)v * n;
     if (add_y) {
@@ -1046,10 +1080,22 @@ __global__ void rmsnorm_kernel(float *x, const float *__restrict__ add_y, const 
     }
     __syncthreads();
     const float r = row_norm_factor(xs, n, eps, reverse_odd && (v & 1), &r_s);
-    for (int i = tid; i < n; i += blockDim.x) {
-        const float t = (xs[i] * r) * w[i];
-        yv[i] = t;
-        xs[i] = t;
+    if (wreg) {
+#pragma unroll
+        for (int k = 0; k < NORM_WREG; k++) {
+            const int i = tid + k * (int)blockDim.x;
+            if (i < n) {
+                const float t = (xs[i] * r) * wr[k];
+                yv[i] = t;
+                xs[i] = t;
+            }
+        }
+    } else {
+        for (int i = tid; i < n; i += blockDim.x) {
+            const float t = (xs[i] * r) * w[i];
+            yv[i] = t;
+            xs[i] = t;
+        }
     }
     if (G <= 0) return;
     __syncthreads();
@@ -1160,6 +1206,9 @@ __global__ void swiglu_q8_kernel(float *g, const float *__restrict__ u, int R, i
     }
     quantize_group(gp, G, xq + o, qd + (size_t)r * ng + gi, qad + (size_t)r * ng + gi, lane);
 }
+
+/* Nothing but the wait for the previous kernel (IB_CUDA_REPEAT=empty: what a kernel boundary costs). */
+__global__ void empty_kernel() { PDL_ENTER(); }
 
 /* x += y, n elements. */
 __global__ void add_kernel(float *x, const float *__restrict__ y, size_t n) {
@@ -2770,8 +2819,11 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
          * (measurements; unset: mm_prefetch_wanted decides) */
         const char *mp = getenv("IB_CUDA_MM_PREFETCH");
         b->mm_prefetch = !mp ? MM_PF_AUTO : !strcmp(mp, "0") ? MM_PF_NONE : !strcmp(mp, "all") ? MM_PF_ALL : MM_PF_AUTO;
+        b->mm_stage = (mm_stage_mode)env_mode("IB_CUDA_MM_STAGE");
         const char *rp = getenv("IB_CUDA_REPEAT");
-        b->repeat = (rp && strstr(rp, "attn") ? REPEAT_ATTN : 0) | (rp && strstr(rp, "linear") ? REPEAT_LINEAR : 0);
+        b->repeat = (rp && strstr(rp, "attn") ? REPEAT_ATTN : 0) | (rp && strstr(rp, "linear") ? REPEAT_LINEAR : 0) |
+                    (rp && strstr(rp, "norm") ? REPEAT_NORM : 0) | (rp && strstr(rp, "act") ? REPEAT_ACT : 0) |
+                    (rp && strstr(rp, "empty") ? REPEAT_EMPTY : 0);
 #ifdef IB_CUDA_ATT_TRACE
         {
             const char *tw = getenv("IB_CUDA_ATT_TWICE");
@@ -3222,6 +3274,19 @@ static mm_q8_fn mm_q8_pick(int fmt, int rbt, int narrow) {
     return fmt == IB_WQ4 ? mm_q8_pick_fmt<IB_WQ4>(rbt, narrow) : mm_q8_pick_fmt<IB_WQ8>(rbt, narrow);
 }
 
+/* mm_q8_kernel for one row a block with its codes staged (XS), 8- or 32-output blocks, and half of
+ * MM_MAXC's code words a group where every group has at most that many (short). */
+template <int FMT>
+static mm_q8_fn mm_q8_pick_staged_fmt(int narrow, int short_groups) {
+    constexpr int H = MM_MAXC(FMT) / 2, F = MM_MAXC(FMT);
+    if (narrow) return short_groups ? mm_q8_kernel<FMT, 1, 8, H, true> : mm_q8_kernel<FMT, 1, 8, F, true>;
+    return short_groups ? mm_q8_kernel<FMT, 1, NT, H, true> : mm_q8_kernel<FMT, 1, NT, F, true>;
+}
+static mm_q8_fn mm_q8_pick_staged(int fmt, int narrow, int short_groups) {
+    return fmt == IB_WQ4 ? mm_q8_pick_staged_fmt<IB_WQ4>(narrow, short_groups)
+                         : mm_q8_pick_staged_fmt<IB_WQ8>(narrow, short_groups);
+}
+
 /* Bytes of the weights of mset ms's matrices (dmat_bytes). */
 static size_t mset_weight_bytes(const mset *ms) {
     size_t n = 0;
@@ -3302,7 +3367,16 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
          * quarter of the groups per warp) */
         const int narrow = (long)tiles * blocks_for((size_t)R, rpb) < b->n_sm;
         dim3 grid((unsigned)tiles * (narrow ? NT / 8 : 1), blocks_for((size_t)R, rpb), (unsigned)splits);
-        launch(b, mm_q8_pick(fmt, rbt, narrow), grid, 256, 0, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
+        /* a one-row step's codes staged in shared memory: b->mm_stage */
+        const long blocks = (long)grid.x * grid.y * grid.z;
+        int short_groups = 1;   /* every matrix's groups fit half of MM_MAXC's code words */
+        for (int i = 0; i < n; i++) short_groups &= m[i]->G / (fmt == IB_WQ4 ? 32 : 16) <= MM_MAXC(fmt) / 2;
+        const int can_stage = R == 1 && rpb == 1 && m[0]->K <= MM_XS_MAX_K;
+        const int staged = can_stage && (b->mm_stage == STAGE_FORCED ||
+                                         (b->mm_stage == STAGE_BY_SHAPE && !ms.prefetch && blocks <= 4L * b->n_sm));
+        mm_q8_fn k = staged ? mm_q8_pick_staged(fmt, narrow, short_groups) : mm_q8_pick(fmt, rbt, narrow);
+        const size_t xsm = staged ? (size_t)m[0]->K : 0;
+        launch(b, k, grid, 256, xsm, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
     } else {
         dim3 grid((unsigned)tiles, blocks_for((size_t)R, NWARP));
         if (fmt == IB_WQ4) launch(b, mm_f32_kernel<IB_WQ4>, grid, 256, 0, ms, X, R, fused);
@@ -3345,6 +3419,7 @@ static void launch_linear(cuda_backend *b, int li, int n, const int *ws, int in,
         float *ys[3];
         for (int i = i0; i < i1; i++) ys[i - i0] = b->buf[outs[i]];
         for (int t = 0; t < (b->repeat & REPEAT_LINEAR ? 2 : 1); t++) launch_products(b, i1 - i0, ms + i0, b->buf[in], b->R, q8, ys);
+        if (b->repeat & REPEAT_EMPTY) launch(b, empty_kernel, 1, 32, 0);
         i0 = i1;
     }
 }
@@ -3562,16 +3637,18 @@ static void exec_records(cuda_backend *b, const oprec *rec, int n) {
         if (r->op == OP_ADD && nx && nx->op == OP_RMSNORM && nx->a[0] == r->a[0] && nx->a[3] != r->a[0] &&
             nx->a[3] != r->a[1]) {
             G = q8_group_for(b, i + 2 < n ? &rec[i + 2] : NULL, nx->a[3], b->D);
-            launch_rmsnorm_fused(b, r->a[0], b->buf[r->a[1]], norm_weights(b, nx->a[1], nx->a[2]), nx->a[3], G);
+            for (int t = 0; t < (b->repeat & REPEAT_NORM ? 2 : 1); t++)
+                launch_rmsnorm_fused(b, r->a[0], b->buf[r->a[1]], norm_weights(b, nx->a[1], nx->a[2]), nx->a[3], G);
             ready = nx->a[3];
             consumed = 2;
         } else if (r->op == OP_RMSNORM && r->a[0] != r->a[3]) {
             G = q8_group_for(b, nx, r->a[3], b->D);
-            launch_rmsnorm_fused(b, r->a[0], NULL, norm_weights(b, r->a[1], r->a[2]), r->a[3], G);
+            for (int t = 0; t < (b->repeat & REPEAT_NORM ? 2 : 1); t++)
+                launch_rmsnorm_fused(b, r->a[0], NULL, norm_weights(b, r->a[1], r->a[2]), r->a[3], G);
             ready = r->a[3];
         } else if (r->op == OP_SWIGLU) {
             G = q8_group_for(b, nx, IB_BUF_G, b->F);
-            launch_swiglu(b, G);
+            for (int t = 0; t < (b->repeat & REPEAT_ACT ? 2 : 1); t++) launch_swiglu(b, G);
             ready = IB_BUF_G;
         } else if (r->op == OP_GEGLU) {
             G = q8_group_for(b, nx, IB_BUF_G, gemma_ffn(b, r->a[0]));
