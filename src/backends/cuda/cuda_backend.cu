@@ -101,10 +101,10 @@ enum att_wide_mode { WIDE_NEVER, WIDE_SMALL_GRIDS, WIDE_FORCED };
 enum mm_prefetch_mode { MM_PF_AUTO, MM_PF_ALL, MM_PF_NONE };
 
 /* Whether a one-row product stages the row's activation codes in shared memory (mm_q8_kernel's XS):
- * never (IB_CUDA_MM_STAGE=0), by the step's shape (the default: grids of at most 4 blocks a
- * multiprocessor whose weights were not asked of L2 before the wait — measured on the H200, qwen3-8b
- * B=1 +2%; where the weights were asked of L2 the copy's round trip costs what it saves), or wherever
- * it can (=force: tests) */
+ * never (IB_CUDA_MM_STAGE=0), by the step's shape (the default: products whose weights were not asked
+ * of L2 before the wait, so each round's come from DRAM — measured on the H200, qwen3-8b B=1 +6%;
+ * where the weights were asked of L2 the copy's round trip costs about what it saves), or wherever it
+ * can (=force: tests) */
 enum mm_stage_mode { STAGE_NEVER, STAGE_BY_SHAPE, STAGE_FORCED };
 
 /* The KV types of a step's rows: mixed, all float, or all half (the direct attention kernel is
@@ -3368,12 +3368,10 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
         const int narrow = (long)tiles * blocks_for((size_t)R, rpb) < b->n_sm;
         dim3 grid((unsigned)tiles * (narrow ? NT / 8 : 1), blocks_for((size_t)R, rpb), (unsigned)splits);
         /* a one-row step's codes staged in shared memory: b->mm_stage */
-        const long blocks = (long)grid.x * grid.y * grid.z;
         int short_groups = 1;   /* every matrix's groups fit half of MM_MAXC's code words */
         for (int i = 0; i < n; i++) short_groups &= m[i]->G / (fmt == IB_WQ4 ? 32 : 16) <= MM_MAXC(fmt) / 2;
         const int can_stage = R == 1 && rpb == 1 && m[0]->K <= MM_XS_MAX_K;
-        const int staged = can_stage && (b->mm_stage == STAGE_FORCED ||
-                                         (b->mm_stage == STAGE_BY_SHAPE && !ms.prefetch && blocks <= 4L * b->n_sm));
+        const int staged = can_stage && (b->mm_stage == STAGE_FORCED || (b->mm_stage == STAGE_BY_SHAPE && !ms.prefetch));
         mm_q8_fn k = staged ? mm_q8_pick_staged(fmt, narrow, short_groups) : mm_q8_pick(fmt, rbt, narrow);
         const size_t xsm = staged ? (size_t)m[0]->K : 0;
         launch(b, k, grid, 256, xsm, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
