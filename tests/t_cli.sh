@@ -214,6 +214,26 @@ bash bench/ab_bench.sh "$BIN" "$T/m" 0 "" -- --batch 1 > /dev/null 2> "$T/ab.err
 bash bench/ab_bench.sh "$BIN" "$T/nope" 1 "" -- --batch 1 > /dev/null 2> "$T/ab.err"; rc=$?
 [ $rc = 1 ] && grep -q "bench failed under ''" "$T/ab.err" && ok || bad "ab_bench.sh failing bench: exit $rc, $(cat "$T/ab.err")"
 
+# bench/cuda_breakdown.sh: ab_bench.sh over the IB_CUDA_REPEAT settings, then per batch size the step's
+# milliseconds (batch * 1000 / the plain setting's median tok/s) and each kind's growth of it (here on
+# the CPU, where the settings change nothing: only the arithmetic and the table are checked); no `--`,
+# or a failing bench: a message and a non-zero exit
+bash bench/cuda_breakdown.sh "$BIN" "$T/m" 1 -- --batch 1,2 --prompt 4 --gen 2 --threads 1 --reps 1 \
+    > "$T/bd.txt" 2> "$T/bd.err"
+rc=$?
+med2=$(awk '$1 == "(none)" && $2 == "B=2" { m = $NF; sub(/\)$/, "", m); print m }' "$T/bd.txt")
+want2=$(awk -v m="$med2" 'BEGIN { if (m + 0 > 0) printf "%.3f", 2 * 1000.0 / m }')
+got2=$(awk '$1 == "2" && NF == 7 { print $2 }' "$T/bd.txt")
+[ $rc = 0 ] && grep -qE '^batch +step ms +\+attention +\+products +\+row norms +\+SwiGLU +\+empty kernels$' "$T/bd.txt" \
+    && [ "$(grep -cE '^IB_CUDA_REPEAT=(attn|linear|norm|act|empty) +B=1 ' "$T/bd.txt")" = 5 ] \
+    && [ -n "$want2" ] && [ "$got2" = "$want2" ] \
+    && [ "$(awk '$1 == "1" && NF == 7 && $3 ~ /^[+-][0-9]+\.[0-9][0-9][0-9]$/' "$T/bd.txt" | wc -l)" = 1 ] \
+    && ok || bad "cuda_breakdown.sh (step $got2, want $want2): $(cat "$T/bd.txt" "$T/bd.err")"
+bash bench/cuda_breakdown.sh "$BIN" "$T/m" 1 --batch 1 > /dev/null 2> "$T/bd.err"; rc=$?
+[ $rc = 2 ] && grep -q "usage: cuda_breakdown.sh" "$T/bd.err" && ok || bad "cuda_breakdown.sh without --: exit $rc, $(cat "$T/bd.err")"
+bash bench/cuda_breakdown.sh "$BIN" "$T/nope" 1 -- --batch 1 > /dev/null 2> "$T/bd.err"; rc=$?
+[ $rc = 1 ] && grep -q "bench failed under ''" "$T/bd.err" && ok || bad "cuda_breakdown.sh failing bench: exit $rc, $(cat "$T/bd.err")"
+
 # bench --profile: a line after the prefill line and after each batch line, every category the tiny
 # Qwen3 model's step calls (no moe), the total against the measured step; --json: the same as objects
 # (every category, the calls per step the 2 layers imply, the categories within the measured step)
