@@ -332,6 +332,9 @@ static void note(cuda_backend *b, cudaError_t e, const char *where) {
 /* Enqueue kernel k on b's stream (grid, block, dynamic shared bytes, its arguments) in clusters of cl
  * blocks along x (cl > 1: thread block clusters; the grid a multiple of cl), with programmatic dependent
  * launch when b->pdl (each kernel waits for its predecessor itself: PDL_ENTER). */
+/* How many times a kernel of kind `kind` (REPEAT_*) is launched: twice under IB_CUDA_REPEAT, else once. */
+static int launches(const cuda_backend *b, int kind) { return b->repeat & kind ? 2 : 1; }
+
 template <typename... KArgs, typename... Args>
 static void launch_cl(cuda_backend *b, int cl, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
     cudaLaunchConfig_t cfg;
@@ -392,14 +395,16 @@ __device__ __forceinline__ void group_weights(const dmat &m, int g, int n, int c
     sc = m.s[(size_t)g * m.Np + n], bi = m.b[(size_t)g * m.Np + n];
 }
 
-/* The most 16-byte code words of a group: 4 of 32 4-bit codes, 8 of 16 8-bit codes (groups of 128). */
+/* k per 16-byte code word (32 4-bit codes, 16 8-bit ones), and the most code words of a group (groups of
+ * 128: 4 or 8). */
+#define MM_KC(FMT) ((FMT) == IB_WQ4 ? 32 : 16)
 #define MM_MAXC(FMT) ((FMT) == IB_WQ4 ? 4 : 8)
 
 /* The exact integer sum of one group's codes (the uint4 words wg[0..cpg)) with one row's activation
  * codes xr [G] (int8), by dp4a. */
 template <int FMT, int MAXC = MM_MAXC(FMT)>
 __device__ __forceinline__ int group_isum(const uint4 *wg, int cpg, const int8_t *__restrict__ xr) {
-    constexpr int KC = FMT == IB_WQ4 ? 32 : 16;
+    constexpr int KC = MM_KC(FMT);
     int a = 0;
 #pragma unroll
     for (int c = 0; c < MAXC; c++) {
@@ -454,7 +459,7 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__res
     PDL_ENTER();
     constexpr int GC = 128 / RBT;
     constexpr int SETS = NWARP * (NT / OPB);   /* group sets of the block: one group each per round */
-    constexpr int KC = FMT == IB_WQ4 ? 32 : 16;   /* k per uint4 */
+    constexpr int KC = MM_KC(FMT);   /* k per uint4 */
     __shared__ float t_s[RBT][GC][OPB], u_s[RBT][GC][OPB];
     dmat m;
     float *Y;
@@ -707,7 +712,7 @@ template <int FMT, int BM>
 __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
                                                         const float *__restrict__ ad, int R, int fused, int splits) {
     constexpr int MT = BM / 32;                       /* 16-row mma tiles per warp */
-    constexpr int KC = FMT == IB_WQ4 ? 32 : 16;       /* k per weight chunk (uint4) */
+    constexpr int KC = MM_KC(FMT);       /* k per weight chunk (uint4) */
     constexpr int NCH = MMA_KS / KC;                  /* weight chunks per stage */
     extern __shared__ __align__(16) unsigned char mma_smem[];
     mma_stage<BM> *stg = (mma_stage<BM> *)mma_smem;
@@ -908,7 +913,7 @@ __device__ __forceinline__ float f32_chain(const dmat &m, int n, const float *__
         }
         return acc;
     }
-    constexpr int KC = FMT == IB_WQ4 ? 32 : 16;
+    constexpr int KC = MM_KC(FMT);
     for (int c = 0; c < m.K / KC; c++) {
         const size_t gi = (size_t)(c * KC / m.G) * Np + n;
         const float sc = m.s[gi], bi = m.b[gi];
@@ -2710,7 +2715,7 @@ static ib_status upload_matrix(cuda_backend *b, const ib_matrix *cm, dmat *dm, i
  * chunks (KC = 32 k for 4-bit codes, 16 for 8-bit) and [ng][Np] scales and biases. */
 static size_t dmat_bytes(const dmat *m) {
     if (m->fmt == IB_WF32) return (size_t)m->K * m->Np * sizeof(float);
-    return (size_t)(m->K / (m->fmt == IB_WQ4 ? 32 : 16)) * m->Np * 16 + (size_t)2 * m->ng * m->Np * sizeof(float);
+    return (size_t)(m->K / MM_KC(m->fmt)) * m->Np * 16 + (size_t)2 * m->ng * m->Np * sizeof(float);
 }
 
 /* Free everything an instance holds (NULL and partly built instances too): graphs, device and pinned
@@ -3369,7 +3374,7 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
         dim3 grid((unsigned)tiles * (narrow ? NT / 8 : 1), blocks_for((size_t)R, rpb), (unsigned)splits);
         /* a one-row step's codes staged in shared memory: b->mm_stage */
         int short_groups = 1;   /* every matrix's groups fit half of MM_MAXC's code words */
-        for (int i = 0; i < n; i++) short_groups &= m[i]->G / (fmt == IB_WQ4 ? 32 : 16) <= MM_MAXC(fmt) / 2;
+        for (int i = 0; i < n; i++) short_groups &= m[i]->G / MM_KC(fmt) <= MM_MAXC(fmt) / 2;
         const int can_stage = R == 1 && rpb == 1 && m[0]->K <= MM_XS_MAX_K;
         const int staged = can_stage && (b->mm_stage == STAGE_FORCED || (b->mm_stage == STAGE_BY_SHAPE && !ms.prefetch));
         mm_q8_fn k = staged ? mm_q8_pick_staged(fmt, narrow, short_groups) : mm_q8_pick(fmt, rbt, narrow);
@@ -3416,7 +3421,7 @@ static void launch_linear(cuda_backend *b, int li, int n, const int *ws, int in,
         while (i1 < n && ms[i1]->fmt == ms[i0]->fmt) i1++;
         float *ys[3];
         for (int i = i0; i < i1; i++) ys[i - i0] = b->buf[outs[i]];
-        for (int t = 0; t < (b->repeat & REPEAT_LINEAR ? 2 : 1); t++) launch_products(b, i1 - i0, ms + i0, b->buf[in], b->R, q8, ys);
+        for (int t = 0; t < launches(b, REPEAT_LINEAR); t++) launch_products(b, i1 - i0, ms + i0, b->buf[in], b->R, q8, ys);
         if (b->repeat & REPEAT_EMPTY) launch(b, empty_kernel, 1, 32, 0);
         i0 = i1;
     }
@@ -3635,18 +3640,18 @@ static void exec_records(cuda_backend *b, const oprec *rec, int n) {
         if (r->op == OP_ADD && nx && nx->op == OP_RMSNORM && nx->a[0] == r->a[0] && nx->a[3] != r->a[0] &&
             nx->a[3] != r->a[1]) {
             G = q8_group_for(b, i + 2 < n ? &rec[i + 2] : NULL, nx->a[3], b->D);
-            for (int t = 0; t < (b->repeat & REPEAT_NORM ? 2 : 1); t++)
+            for (int t = 0; t < launches(b, REPEAT_NORM); t++)
                 launch_rmsnorm_fused(b, r->a[0], b->buf[r->a[1]], norm_weights(b, nx->a[1], nx->a[2]), nx->a[3], G);
             ready = nx->a[3];
             consumed = 2;
         } else if (r->op == OP_RMSNORM && r->a[0] != r->a[3]) {
             G = q8_group_for(b, nx, r->a[3], b->D);
-            for (int t = 0; t < (b->repeat & REPEAT_NORM ? 2 : 1); t++)
+            for (int t = 0; t < launches(b, REPEAT_NORM); t++)
                 launch_rmsnorm_fused(b, r->a[0], NULL, norm_weights(b, r->a[1], r->a[2]), r->a[3], G);
             ready = r->a[3];
         } else if (r->op == OP_SWIGLU) {
             G = q8_group_for(b, nx, IB_BUF_G, b->F);
-            for (int t = 0; t < (b->repeat & REPEAT_ACT ? 2 : 1); t++) launch_swiglu(b, G);
+            for (int t = 0; t < launches(b, REPEAT_ACT); t++) launch_swiglu(b, G);
             ready = IB_BUF_G;
         } else if (r->op == OP_GEGLU) {
             G = q8_group_for(b, nx, IB_BUF_G, gemma_ffn(b, r->a[0]));
@@ -3660,7 +3665,7 @@ static void exec_records(cuda_backend *b, const oprec *rec, int n) {
             const int lhd = b->lhd[r->a[0]];
             G = q8_group_for(b, after, IB_BUF_ATT, b->H * lhd);
             if (G > 0 && lhd % G) G = 0;
-            for (int t = 0; t < (b->repeat & REPEAT_ATTN ? 2 : 1); t++) launch_attention(b, r->a[0], G, fused ? &fz : NULL);
+            for (int t = 0; t < launches(b, REPEAT_ATTN); t++) launch_attention(b, r->a[0], G, fused ? &fz : NULL);
             ready = IB_BUF_ATT;
             consumed = fused ? 2 : 1;
         } else {
