@@ -29,6 +29,11 @@
  * run is repeated with layer capture on both engines and the first differing (step, layer, point, row,
  * element) printed.
  *
+ * Long K (long_k_checks; `test_backend_cuda --long-k` runs them alone): qwen3-0.6b's shapes, one layer,
+ * 4-bit group 32 and 64, 8-bit group 128 — the small-grid tensor-core kernels walk many pipeline stages
+ * there —: CPU engine vs CUDA engine with every Q8 product on each of those kernels and by the default
+ * rules, bitwise equal logits; gpu-fma and gpu-split-k must make them differ on each.
+ *
  * No GPU (or a build without CUDA): one SKIP line and no checks. `test_backend_cuda --bench` also
  * checks and times a qwen3-0.6b-shaped 4-bit model (decode B=1, B=128, prefill), `--profile` runs one
  * decode step at B=1 and one at B=128 for ncu — used on the device machine (bench/cuda_check.sh).
@@ -591,6 +596,68 @@ static int engine_compare_located(const ib_model *m, ib_act act, ib_kv_dtype dt,
     return d;
 }
 
+/* Products over a long K: qwen3-0.6b's shapes, one layer (K of 1,024 and 3,072, so the pipelined
+ * tensor-core kernel walks 2 and 6 stages of 512 k — more than its pipeline holds — with 16..4 groups a
+ * stage), 4-bit group 32, 8-bit group 128 and 4-bit group 64: whole steps of a CPU engine and a CUDA
+ * engine, bitwise equal logits, with every Q8 product of 1..21 rows on the tensor cores
+ * (IB_CUDA_MMA_ROWS=1), on each of the small-grid kernels (IB_CUDA_MMA_KERNEL=pipe — with its blocks of
+ * 16 outputs where the grid is small, and with 32 always, IB_CUDA_MMA_NARROW=0 — and 16), and by the
+ * default rules; then under gpu-fma and gpu-split-k, on each kernel, the comparison must fail. */
+static void long_k_checks(void) {
+    static const struct { int bits, group; } cf[] = {{4, 32}, {8, 128}, {4, 64}};
+    for (int c = 0; c < 3; c++) {
+        char dir[] = "/tmp/ib_cuda_lk_XXXXXX";
+        if (!mkdtemp(dir)) return;
+        ib_error err;
+        ib_model *m;
+        ib_mkmodel_opts mo = {.preset = "qwen3-0.6b", .seed = 31 + c, .bits = cf[c].bits, .group = cf[c].group,
+                              .tied = 1, .layers = 1};
+        if (ib_mkmodel(dir, &mo, &err) || ib_model_load(dir, NULL, &m, &err)) {
+            CHECK(0, "model qwen3-0.6b 1 layer %d-bit g%d: %s", cf[c].bits, cf[c].group, err.msg);
+            continue;
+        }
+        printf("model qwen3-0.6b shapes, 1 layer, %d-bit group %d:\n", cf[c].bits, cf[c].group);
+        char name[96];
+        /* the small-grid kernels: pipelined (16-output blocks where the grid is small: here q/k/v, o and
+         * down), pipelined with 32-output blocks only, 16-row tiles */
+        static const char *const kernels[] = {"pipe", "pipe", "16"}, *const narrow[] = {NULL, "0", NULL};
+        static const char *const kname[] = {"pipe", "pipe 32-output blocks", "16"};
+        for (int mma = 0; mma < 4; mma++) {
+            if (mma < 3) {
+                setenv("IB_CUDA_MMA_ROWS", "1", 1), setenv("IB_CUDA_MMA_KERNEL", kernels[mma], 1);
+                if (narrow[mma]) setenv("IB_CUDA_MMA_NARROW", narrow[mma], 1);
+            }
+            snprintf(name, sizeof name, "engine, act q8, kv f16, %s%s", mma < 3 ? "tensor cores, kernel " : "default kernels",
+                     mma < 3 ? kname[mma] : "");
+            CHECK(engine_compare_located(m, IB_ACT_Q8, IB_KV_F16, 0, 0, name) == 0,
+                  "qwen3-0.6b 1 layer %d-bit g%d, %s: CUDA engine's logits differ from the CPU engine's", cf[c].bits,
+                  cf[c].group, name);
+            unsetenv("IB_CUDA_MMA_ROWS"), unsetenv("IB_CUDA_MMA_KERNEL"), unsetenv("IB_CUDA_MMA_NARROW");
+        }
+        CHECK(decode_compares(m, IB_ACT_Q8, IB_KV_F16, "act q8, kv f16") == 0,
+              "qwen3-0.6b 1 layer %d-bit g%d: decode steps differ from the CPU engine's", cf[c].bits, cf[c].group);
+        static const ib_fault faults[] = {IB_FAULT_GPU_FMA, IB_FAULT_GPU_SPLIT_K};
+        setenv("IB_CUDA_MMA_ROWS", "1", 1);
+        for (int mma = 0; mma < 3; mma++)
+            for (int f = 0; f < 2; f++) {
+                setenv("IB_CUDA_MMA_KERNEL", kernels[mma], 1);
+                if (narrow[mma]) setenv("IB_CUDA_MMA_NARROW", narrow[mma], 1);
+                ib_fault_set(faults[f]);
+                snprintf(name, sizeof name, "engine, kernel %s, FAULT %s (must differ)", kname[mma], ib_fault_name(faults[f]));
+                CHECK(engine_compare(m, IB_ACT_Q8, IB_KV_F32, 0, name) > 0,
+                      "qwen3-0.6b 1 layer %d-bit g%d: the engine comparison missed the %s fault (kernel %s)", cf[c].bits,
+                      cf[c].group, ib_fault_name(faults[f]), kname[mma]);
+                ib_fault_set(IB_FAULT_NONE);
+                unsetenv("IB_CUDA_MMA_NARROW");
+            }
+        unsetenv("IB_CUDA_MMA_ROWS"), unsetenv("IB_CUDA_MMA_KERNEL");
+        ib_model_free(m);
+        char cmd[64];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    }
+}
+
 /* Gemma 4 on the CUDA backend (dense gemma4-tiny, MoE gemma4-moe-tiny — also with top-k 3 and router rows
  * equal in pairs, so every routing decides ties (lowest id first) —, gemma4-tiny with KV sharing, with KV
  * sharing and per-layer embeddings, and with KV sharing and double-wide shared MLPs; 4-bit group 32, 8-bit group 64, float32 weights): whole steps of a CPU engine and a CUDA engine, bitwise equal logits, for f32
@@ -938,6 +1005,10 @@ int main(int argc, char **argv) {
         bench(argc > 2 ? argv[2] : NULL, IB_ACT_Q8, 0);
         TEST_MAIN_END("test_backend_cuda --bench");
     }
+    if (argc > 1 && !strcmp(argv[1], "--long-k")) { /* the long-K product checks alone */
+        long_k_checks();
+        TEST_MAIN_END("test_backend_cuda --long-k");
+    }
     if (argc > 1 && !strcmp(argv[1], "--gemma")) { /* the Gemma 4 checks alone */
         gemma_checks();
         TEST_MAIN_END("test_backend_cuda --gemma");
@@ -1190,6 +1261,7 @@ int main(int argc, char **argv) {
     }
     llama_checks();
     gemma_checks();
+    long_k_checks();
     TEST_MAIN_END("test_backend_cuda");
 }
 #endif

@@ -62,7 +62,6 @@ extern "C" {
 #define MMA_MIN_ROWS 8     /* Q8 products of at least this many rows run on the tensor cores */
 #define NGRAPH 16          /* step graphs kept per instance */
 #define REC_ARGS 10        /* ints of one recorded op */
-#define GCH 16             /* groups per pass of mm_q8_mma_kernel: shared isums [GCH][16][33] */
 #define ATT_THREADS 256    /* threads of an attention block */
 #define ATT_SPLIT_KEYS 256 /* per-head attention splits a head over a cluster from this many keys (B=1 129: -3%, 1,000: +28%) */
 #define ATT_CHUNK 512      /* most keys an attention block scores at once */
@@ -107,6 +106,17 @@ enum mm_prefetch_mode { MM_PF_AUTO, MM_PF_ALL, MM_PF_NONE };
  * can (=force: tests) */
 enum mm_stage_mode { STAGE_NEVER, STAGE_BY_SHAPE, STAGE_FORCED };
 
+/* Which tensor-core kernel takes the Q8 products of a few rows on small grids (launch_products): by the
+ * step's rows (the default: mm_q8_mma_pipe_kernel up to MMA_PIPE_MAX_ROWS, mm_q8_mma16_kernel beyond —
+ * measured on the H200, docs/cuda.md: decode steps of 8-64 rows 6-65% faster on the first, 128-row
+ * prefill 10% slower), or always one of them (IB_CUDA_MMA_KERNEL=pipe / 16: tests and measurements) */
+#define MMA_PIPE_MAX_ROWS 64
+enum mma_kernel_mode { MMA_BY_ROWS, MMA_PIPE, MMA_16 };
+
+/* Whether mm_q8_mma_pipe_kernel's blocks take 16 outputs instead of 32: never (IB_CUDA_MMA_NARROW=0),
+ * where 32 would give fewer blocks than multiprocessors (the default), or always (=force: tests) */
+enum mma_narrow_mode { NARROW_NEVER, NARROW_BY_GRID, NARROW_FORCED };
+
 /* The KV types of a step's rows: mixed, all float, or all half (the direct attention kernel is
  * compiled for one) */
 enum kv_rows_type { KV_ROWS_MIXED, KV_ROWS_F32, KV_ROWS_F16 };
@@ -120,7 +130,8 @@ static int env_mode(const char *name) {
 static_assert(TILES_NEVER == 0 && TILES_BY_SHAPE == 1 && TILES_FORCED == 2 && FUSE_QK_NEVER == 0 &&
                   FUSE_QK_BY_SHAPE == 1 && FUSE_QK_FORCED == 2 && DIRECT_NEVER == 0 && DIRECT_BY_SHAPE == 1 &&
                   WIDE_NEVER == 0 && WIDE_SMALL_GRIDS == 1 && WIDE_FORCED == 2 && STAGE_NEVER == 0 &&
-                  STAGE_BY_SHAPE == 1 && STAGE_FORCED == 2,
+                  STAGE_BY_SHAPE == 1 && STAGE_FORCED == 2 && NARROW_NEVER == 0 && NARROW_BY_GRID == 1 &&
+                  NARROW_FORCED == 2,
               "env_mode's values are the modes'");
 
 /* ---------------------------------------------------------------- device data */
@@ -289,6 +300,8 @@ typedef struct cuda_backend {
     int moe_split;                   /* Q8 expert products split K over a block's warps (IB_CUDA_MOE_SPLIT=0: a warp walks K) */
     mm_prefetch_mode mm_prefetch;    /* which product blocks ask L2 for their weight tiles before the wait */
     mm_stage_mode mm_stage;          /* which one-row products stage the row's codes in shared memory */
+    mma_kernel_mode mma_kernel;      /* which tensor-core kernel takes few rows on small grids */
+    mma_narrow_mode mma_narrow;      /* where that kernel's blocks take 16 outputs */
     size_t l2_bytes;                 /* the device's L2 cache */
     int att_stage;                   /* most bytes per-head attention stages keys and values in (0: none) */
     int att_cl;                      /* blocks (a cluster) a head of the per-head attention, where the grid allows */
@@ -544,9 +557,25 @@ __device__ __forceinline__ void mma_k32(int (&d)[4], const unsigned (&a)[4], uns
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* cp.async: copy n (4 or 16) bytes global -> shared without passing through registers; .cg (16 bytes)
+ * skips L1. Completion: cp_commit groups them, cp_wait<N> waits until at most N groups are pending. */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+#define GCH 16             /* groups per pass of mm_q8_mma16_kernel: shared isums [GCH][16][33] */
 /* The Q8 product of mm_q8_kernel for many rows, on the tensor cores, where the grid is small (too few
- * blocks for mm_q8_gemm_kernel, which walks K in one block per tile: launch_products chooses): block
- * tile 16 rows x 32 outputs whose warps split the groups.
+ * blocks for mm_q8_gemm_kernel, which walks K in one block per tile; launch_products chooses between
+ * this kernel and mm_q8_mma_pipe_kernel by mma_kernel_mode): block tile 16 rows x 32 outputs whose
+ * warps split the groups, their weights loaded straight into the mma fragments.
  * In each pass of GCH groups, the block stages the pass's scales and biases of its 32 outputs and d, ad
  * of its 16 rows in shared memory, and warp w takes groups w, w+8, …: their integer sums come from
  * mma.sync (s8 x s8/u8 -> s32, exact: the same isum as any order) into shared memory; then each thread
@@ -554,7 +583,7 @@ __device__ __forceinline__ void mma_k32(int (&d)[4], const unsigned (&a)[4], uns
  * acc = (acc + (s*d)*(float)isum) + b*ad — matmul.h's arithmetic, bit for bit. fused, splits: the
  * test-only faults, as mm_q8_kernel. */
 template <int FMT>
-__global__ void __launch_bounds__(256) mm_q8_mma_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
+__global__ void __launch_bounds__(256) mm_q8_mma16_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
                                                         const float *__restrict__ ad, int R, int fused, int splits) {
     prefetch_tile(ms, blockIdx.y == 0 && blockIdx.z == 0);
     PDL_ENTER();
@@ -667,19 +696,281 @@ __global__ void __launch_bounds__(256) mm_q8_mma_kernel(mset ms, const int8_t *_
     }
 }
 
-/* cp.async: copy n (4 or 16) bytes global -> shared without passing through registers; .cg (16 bytes)
- * skips L1. Completion: cp_commit groups them, cp_wait<N> waits until at most N groups are pending. */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
+/* d += a · b for one m16n8k32 tile with the weights on the left: a 16x32 weight codes (row major
+ * fragment: 16 outputs x 32 k; int8 for 4-bit codes, uint8 for 8-bit ones), b 32x8 int8 activations
+ * (8 rows), d 16x8 int32 (outputs x rows). Integer arithmetic: exact. */
+template <int FMT>
+__device__ __forceinline__ void mma_k32_wa(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    if (FMT == IB_WQ8)
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src));
+
+/* One pipeline stage of mm_q8_mma_pipe_kernel: SK_KS = 512 k of the block's NB outputs' weight codes and
+ * of its 8 * NR rows' activation codes, with the scales, biases, d and ad of the (at most SK_KS / 32)
+ * groups that k range holds. */
+#define SK_KS 512                 /* k per stage (16 slots of 32 k, two a warp) */
+#define SK_AROW (SK_KS + 16)      /* bytes of a staged activation row (padded: conflict-free fragment reads) */
+template <int FMT, int NR, int NB>
+struct sk_stage {
+    uint4 w[SK_KS / MM_KC(FMT)][NB];   /* weight chunks x outputs */
+    uint8_t a[8 * NR][SK_AROW];        /* activation codes: rows x k */
+    float s[SK_KS / 32][NB], b[SK_KS / 32][NB];
+    float d[SK_KS / 32][8 * NR], ad[SK_KS / 32][8 * NR];
+};
+/* Dynamic shared bytes of mm_q8_mma_pipe_kernel<FMT, NR, NB, NS>. */
+template <int FMT, int NR, int NB, int NS>
+constexpr size_t sk_smem_bytes() { return NS * sizeof(sk_stage<FMT, NR, NB>); }
+/* (row, output) pairs a thread of mm_q8_mma_pipe_kernel<.., NR, NB, ..> keeps (its NB * 8 * NR pairs over
+ * 256 threads; some threads none where there are fewer) */
+#define SK_PPT(NR, NB) ((NB) * (NR) >= 32 ? (NB) * (NR) / 32 : 1)
+
+/* The float chains of mm_q8_mma_pipe_kernel's stage for this thread's (row, output) pairs (pair p =
+ * threadIdx.x + 256 * i < NB * 8 * NR: row p / NB, output p % NB), over the stage's gn groups in ascending order:
+ * acc = (acc + (s*d)*(float)isum) + b*ad, group j's isum the exact sum of its tiles in isum_s — tile j
+ * (GPS 16: groups of 32 k, one a slot), or the tiles of warps j * WPG .. (j + 1) * WPG - 1. GPS, WPG:
+ * groups a stage and warps a group where they are known when compiled (0: from G at run time). */
+template <int FMT, int NR, int NB, int GPS, int WPG, typename IS>
+__device__ __forceinline__ void sk_chains(float (&acc)[SK_PPT(NR, NB)], const sk_stage<FMT, NR, NB> &S, const IS &isum_s,
+                                          int gn, int G, int fused) {
+    const int gps = GPS ? GPS : SK_KS / G, wpg = GPS ? WPG : G / 64;
+#pragma unroll
+    for (int i = 0; i < SK_PPT(NR, NB); i++) {
+        const int p = threadIdx.x + 256 * i, rl = p / NB, cl = p % NB;
+        if (p >= NB * 8 * NR) break;
+        float x = acc[i];
+#pragma unroll
+        for (int j = 0; j < (GPS ? GPS : SK_KS / 32); j++) {
+            if (j >= gn || j >= gps) break;
+            int isum;
+            if (GPS ? GPS == SK_KS / 32 : G == 32) isum = isum_s[j >> 1][j & 1][rl][cl];
+            else {
+                isum = 0;
+#pragma unroll
+                for (int w = 0; w < (GPS ? WPG : NWARP); w++)
+                    if (w < wpg) isum += isum_s[j * wpg + w][0][rl][cl];
+            }
+            const float sd = S.s[j][cl] * S.d[j][rl], u = S.b[j][cl] * S.ad[j][rl], fi = (float)isum;
+            if (fused) x = __fmaf_rn(sd, fi, x);
+            else x = x + sd * fi;
+            x = x + u;
+        }
+        acc[i] = x;
+    }
 }
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+/* The Q8 product of mm_q8_kernel for a few rows (at most 16 a block), on the tensor cores, where the
+ * grid is small (too few blocks for mm_q8_gemm_kernel, whose blocks hold 32-64 rows: launch_products
+ * chooses). Block: NB (32 or 16) outputs of mset ms — part x % (32 / NB) of 32-output tile x / (32 / NB)
+ * — x 8 * NR rows (blockIdx.y), 8 warps.
+ * K is walked in stages of SK_KS k through an NS-deep cp.async pipeline into shared memory (the
+ * weights of the first stages asked for before the wait for the previous kernel), so the weight stream
+ * goes on while the chains of earlier stages run. In a stage, warp w takes its two 32-k slots: each
+ * slot's integer sums over the block's NB outputs x 8 * NR rows come from mma.sync m16n8k32 with the
+ * weights as the left operand (s8/u8 x s8 -> s32, exact: any order gives the group's isum) and go to
+ * shared memory — one tile a slot where groups are 32 k, one a warp where they are longer (the warp's
+ * two slots lie in one group) — then each thread continues the float chains of its (row, output) pairs
+ * over the stage's groups in ascending order, a group's isum the exact sum of its tiles:
+ * acc = (acc + (s*d)*(float)isum) + b*ad — matmul.h's arithmetic, bit for bit.
+ * Needs G % 32 == 0 and G dividing SK_KS. fused, splits: the test-only faults, as mm_q8_kernel
+ * (splits: block z takes the z-th group range and adds its partial chain into Y with atomics). */
+template <int FMT, int NR, int NB, int NS>
+__global__ void __launch_bounds__(256) mm_q8_mma_pipe_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
+                                                             const float *__restrict__ ad, int R, int fused, int splits) {
+    constexpr int KC = MM_KC(FMT), RT = 8 * NR, MT = NB / 16;   /* k per chunk, rows a block, 16-output tiles */
+    constexpr int WPT = (SK_KS / KC) * NB / 256;   /* weight chunks a thread a stage: 1-4 */
+    constexpr int SBQ = NB / 4;                    /* 16-byte pieces of a group's scales (or biases) */
+    extern __shared__ __align__(16) unsigned char sk_smem[];
+    sk_stage<FMT, NR, NB> *stg = (sk_stage<FMT, NR, NB> *)sk_smem;
+    __shared__ int isum_s[NWARP][2][RT][NB + 1];   /* [warp][slot of the warp or 0][row][output] */
+    dmat m;
+    float *Y;
+    const int tile = mset_pick(ms, blockIdx.x / (NT / NB), m, Y), ldy = m.N;
+    const int K = m.K, G = m.G, ng = m.ng, Np = m.Np;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, t = lane & 3;
+    const int r0 = blockIdx.y * RT, n0 = tile * NT + (blockIdx.x % (NT / NB)) * NB, nib = 4 * (t & 1);   /* nib: this lane's nibbles (Q4) */
+    const int gs = (ng + splits - 1) / splits, gb = blockIdx.z * gs, ge = min(ng, gb + gs);
+    const int kb = gb * G, ke = ge * G;                              /* the block's k range */
+    const int gps = SK_KS / G;                                       /* groups a stage */
+    const int nst = ke > kb ? (ke - kb + SK_KS - 1) / SK_KS : 0;     /* stages */
+
+    /* Each thread's share of every stage's copies, fixed over the stages (a stage moves the sources by
+     * its k; a copy past the block's k or group range is left out): weight chunks (c, output nl);
+     * scale/bias pieces (threads < 2 * gps * SBQ: array, group slot j, 4 outputs); activation pieces (row r,
+     * 16 k; rows past R repeat row R - 1, whose sums no one keeps); d/ad floats (array, group slot j,
+     * row r). */
+    const uint4 *w_src[WPT];
+    int w_dst[WPT], w_k[WPT];
+#pragma unroll
+    for (int u = 0; u < WPT; u++) {
+        const int i = tid + 256 * u, c = i / NB, nl = i % NB;
+        w_k[u] = c * KC;
+        w_src[u] = m.w + (size_t)(kb / KC + c) * Np + n0 + nl;
+        w_dst[u] = (int)((char *)&stg[0].w[c][nl] - (char *)stg);
+    }
+    const int sb_arr = tid / (SBQ * gps), sb_j = (tid / SBQ) % gps, sb_q = tid % SBQ;
+    const bool sb_ok = tid < 2 * SBQ * gps;
+    const float *sb_src = (sb_arr ? m.b : m.s) + (size_t)(gb + sb_j) * Np + n0 + 4 * sb_q;
+    const int sb_dst = (int)((char *)(sb_arr ? &stg[0].b[sb_j][4 * sb_q] : &stg[0].s[sb_j][4 * sb_q]) - (char *)stg);
+    const int8_t *x_src[NR];
+    int x_dst[NR], x_k[NR];
+#pragma unroll
+    for (int u = 0; u < NR; u++) {
+        const int i = tid + 256 * u, r = i / (SK_KS / 16), c = i % (SK_KS / 16);
+        x_src[u] = xq + (size_t)min(r0 + r, R - 1) * K + kb + 16 * c, x_k[u] = 16 * c;
+        x_dst[u] = (int)((char *)&stg[0].a[r][16 * c] - (char *)stg);
+    }
+    const float *d_src[NR];
+    int d_dst[NR], d_j[NR];
+    bool d_ok[NR];
+#pragma unroll
+    for (int u = 0; u < NR; u++) {
+        const int i = tid + 256 * u, arr = i / (gps * RT), j = (i / RT) % gps, r = i % RT;
+        d_ok[u] = i < 2 * gps * RT, d_j[u] = j;
+        d_src[u] = (arr ? ad : d) + (size_t)min(r0 + r, R - 1) * ng + gb + j;
+        d_dst[u] = (int)((char *)(arr ? &stg[0].ad[j][r] : &stg[0].d[j][r]) - (char *)stg);
+    }
+    /* the weight side of stage st (codes, scales, biases): independent of earlier kernels */
+    auto load_w = [&](int st) {
+        char *S = (char *)&stg[st % NS];
+        const int k0 = kb + st * SK_KS;
+#pragma unroll
+        for (int u = 0; u < WPT; u++)
+            if (k0 + w_k[u] < ke) cp_async16(S + w_dst[u], w_src[u] + (size_t)st * (SK_KS / KC) * Np);
+        if (sb_ok && gb + st * gps + sb_j < ge) cp_async16(S + sb_dst, sb_src + (size_t)(st * gps) * Np);
+    };
+    /* the activation side of stage st (codes, d, ad): written by the previous kernels */
+    auto load_x = [&](int st) {
+        char *S = (char *)&stg[st % NS];
+        const int k0 = kb + st * SK_KS;
+#pragma unroll
+        for (int u = 0; u < NR; u++)
+            if (k0 + x_k[u] < ke) cp_async16(S + x_dst[u], x_src[u] + (size_t)st * SK_KS);
+#pragma unroll
+        for (int u = 0; u < NR; u++)
+            if (d_ok[u] && gb + st * gps + d_j[u] < ge) cp_async4(S + d_dst[u], d_src[u] + st * gps);
+    };
+
+    /* the weights of the first stages before the wait for the previous kernel; each stage one group
+     * of copies (the first holds every copy issued before it) */
+    for (int st = 0; st < NS - 1; st++)
+        if (st < nst) load_w(st);
+    PDL_ENTER();
+    for (int st = 0; st < NS - 1; st++) {
+        if (st < nst) load_x(st);
+        cp_commit();
+    }
+
+    float acc[SK_PPT(NR, NB)];   /* pairs p = tid + 256 * i: row r0 + p / NB, output n0 + p % NB */
+#pragma unroll
+    for (int i = 0; i < SK_PPT(NR, NB); i++) acc[i] = 0.0f;
+    for (int st = 0; st < nst; st++) {
+        cp_wait<NS - 2>();
+        __syncthreads();   /* stage st is in; every thread is done with the buffer loaded next and the isums */
+        if (st + NS - 1 < nst) {
+            load_w(st + NS - 1);
+            load_x(st + NS - 1);
+        }
+        cp_commit();
+        const sk_stage<FMT, NR, NB> &S = stg[st % NS];
+        const int k0 = kb + st * SK_KS, gA = gb + st * gps;
+        /* warp w: slots 2w and 2w + 1 (k 64w .. 64w + 63 of the stage) */
+        int is[MT][NR][4];   /* [16-output tile][8-row tile][fragment element] */
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nr = 0; nr < NR; nr++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) is[mt][nr][e] = 0;
+#pragma unroll
+        for (int sl = 0; sl < 2; sl++) {
+            const int kk = 2 * warp + sl;
+            if (k0 + kk * 32 >= ke) break;
+            unsigned a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {   /* outputs 16 mt + gq and 16 mt + gq + 8 */
+                    const int nl = 16 * mt + gq + 8 * h;
+                    if (FMT == IB_WQ4) {
+                        /* chunk kk: word i holds k 8i..8i+7 (low nibbles the first 4) */
+                        const unsigned *wv = (const unsigned *)&S.w[kk][nl];
+                        a[mt][h] = (wv[t >> 1] >> nib) & 0x0f0f0f0fu;
+                        a[mt][2 + h] = (wv[2 + (t >> 1)] >> nib) & 0x0f0f0f0fu;
+                    } else {
+                        a[mt][h] = ((const unsigned *)&S.w[2 * kk][nl])[t];
+                        a[mt][2 + h] = ((const unsigned *)&S.w[2 * kk + 1][nl])[t];
+                    }
+                }
+#pragma unroll
+            for (int nr = 0; nr < NR; nr++) {
+                const uint8_t *xr = &S.a[8 * nr + gq][kk * 32];
+                const unsigned b0 = *(const unsigned *)(xr + 4 * t), b1 = *(const unsigned *)(xr + 16 + 4 * t);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) mma_k32_wa<FMT>(is[mt][nr], a[mt], b0, b1);
+            }
+            /* a slot's tile where groups are 32 k; the warp's tile (both slots, one group) otherwise */
+            if (G == 32 || sl == 1) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nr = 0; nr < NR; nr++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            isum_s[warp][G == 32 ? sl : 0][8 * nr + 2 * t + (e & 1)][16 * mt + gq + 8 * (e >> 1)] =
+                                is[mt][nr][e];
+                            is[mt][nr][e] = 0;
+                        }
+            }
+        }
+        __syncthreads();
+        /* the chains over the stage's groups, in order (unrolled for the usual group sizes) */
+        const int gn = min(gps, ge - gA);
+        switch (G) {
+        case 32: sk_chains<FMT, NR, NB, 16, 0>(acc, S, isum_s, gn, G, fused); break;
+        case 64: sk_chains<FMT, NR, NB, 8, 1>(acc, S, isum_s, gn, G, fused); break;
+        case 128: sk_chains<FMT, NR, NB, 4, 2>(acc, S, isum_s, gn, G, fused); break;
+        default: sk_chains<FMT, NR, NB, 0, 0>(acc, S, isum_s, gn, G, fused); break;
+        }
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int i = 0; i < SK_PPT(NR, NB); i++) {
+        const int p = tid + 256 * i, row = r0 + p / NB, n = n0 + p % NB;
+        if (p < NB * RT && row < R && n < m.N) {
+            if (splits > 1) atomicAdd(&Y[(size_t)row * ldy + n], acc[i]);
+            else Y[(size_t)row * ldy + n] = acc[i];
+        }
+    }
+}
+
+/* mm_q8_mma_pipe_kernel for blocks of 8 * nr rows: 16 outputs a block (narrow: 5 stages for 8 rows, 4
+ * for 16), or 32 with 5 stages (deep: grids of at most two blocks a multiprocessor) or 3 (more blocks a
+ * multiprocessor, and 16-row blocks); its dynamic shared bytes into *sm. */
+typedef void (*mm_q8_mma_fn)(mset, const int8_t *, const float *, const float *, int, int, int);
+template <int FMT>
+static mm_q8_mma_fn mma_pipe_pick_fmt(int nr, int narrow, int deep, size_t *sm) {
+    if (narrow) {
+        *sm = nr == 2 ? sk_smem_bytes<FMT, 2, 16, 4>() : sk_smem_bytes<FMT, 1, 16, 5>();
+        return nr == 2 ? mm_q8_mma_pipe_kernel<FMT, 2, 16, 4> : mm_q8_mma_pipe_kernel<FMT, 1, 16, 5>;
+    }
+    if (nr == 2) {
+        *sm = sk_smem_bytes<FMT, 2, 32, 3>();
+        return mm_q8_mma_pipe_kernel<FMT, 2, 32, 3>;
+    }
+    *sm = deep ? sk_smem_bytes<FMT, 1, 32, 5>() : sk_smem_bytes<FMT, 1, 32, 3>();
+    return deep ? mm_q8_mma_pipe_kernel<FMT, 1, 32, 5> : mm_q8_mma_pipe_kernel<FMT, 1, 32, 3>;
+}
+static mm_q8_mma_fn mma_pipe_pick(int fmt, int nr, int narrow, int deep, size_t *sm) {
+    return fmt == IB_WQ4 ? mma_pipe_pick_fmt<IB_WQ4>(nr, narrow, deep, sm) : mma_pipe_pick_fmt<IB_WQ8>(nr, narrow, deep, sm);
+}
 
 /* Shared memory of one pipeline stage of mm_q8_gemm_kernel: KS = 128 k of BM rows' activation codes and
  * BN outputs' weight codes, and the scales, biases, d and ad of the (at most 4) groups the stage's k
@@ -2787,6 +3078,9 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
          * (tests; unset: the kernel and its rows follow the grid's size) */
         const char *bm = getenv("IB_CUDA_MMA_BM");
         b->mma_bm = bm && (atoi(bm) == 32 || atoi(bm) == 64) ? atoi(bm) : 0;
+        const char *mk = getenv("IB_CUDA_MMA_KERNEL");
+        b->mma_kernel = !mk ? MMA_BY_ROWS : !strcmp(mk, "pipe") ? MMA_PIPE : !strcmp(mk, "16") ? MMA_16 : MMA_BY_ROWS;
+        b->mma_narrow = (mma_narrow_mode)env_mode("IB_CUDA_MMA_NARROW");
         const char *a = getenv("IB_CUDA_ATT_GROUP_ROWS");
         b->att_group_rows = a && atoi(a) > 0 ? atoi(a) : ATT_GROUP_MIN_ROWS;
         /* "attn", "linear" (comma-separated): those kernels, which recompute their outputs from inputs they
@@ -2862,6 +3156,11 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ8, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, s64) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ4, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, s32) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ8, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, s32) == cudaSuccess;
+        for (int v = 0; v < 16; v++) {   /* every (format, rows, narrow, deep) */
+            size_t sm;
+            const mm_q8_mma_fn k = mma_pipe_pick(v & 1 ? IB_WQ8 : IB_WQ4, v & 2 ? 2 : 1, (v >> 2) & 1, v >> 3, &sm);
+            ok = ok && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) == cudaSuccess;
+        }
         ok = ok && cudaFuncSetAttribute(attention_head_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(attention_head_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(attention_direct_kernel<uint16_t, ATT_THREADS>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
@@ -3279,6 +3578,7 @@ static mm_q8_fn mm_q8_pick(int fmt, int rbt, int narrow) {
     return fmt == IB_WQ4 ? mm_q8_pick_fmt<IB_WQ4>(rbt, narrow) : mm_q8_pick_fmt<IB_WQ8>(rbt, narrow);
 }
 
+
 /* mm_q8_kernel for one row a block with its codes staged (XS), 8- or 32-output blocks, and half of
  * MM_MAXC's code words a group where every group has at most that many (short). */
 template <int FMT>
@@ -3333,8 +3633,8 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
         for (int i = 0; i < n; i++)
             note(b, cudaMemsetAsync(Y[i], 0, (size_t)R * m[i]->N * sizeof(float), b->st), "split-k zero");
     }
-    int g32 = 1;   /* the tensor-core kernels walk groups in steps of 32 k */
-    for (int i = 0; i < n; i++) g32 &= m[i]->G % 32 == 0;
+    int g32 = 1;   /* the tensor-core kernels walk groups in steps of 32 k, whole groups a stage */
+    for (int i = 0; i < n; i++) g32 &= m[i]->G > 0 && m[i]->G % 32 == 0 && MMA_KS % m[i]->G == 0;
     if (q8 && fmt != IB_WF32 && R >= b->mma_rows && g32) {
         /* the same matrices in 64-output tiles, for the tiled kernel */
         mset m64 = ms;
@@ -3358,9 +3658,24 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
                          : (fmt == IB_WQ4 ? mm_q8_gemm_kernel<IB_WQ4, 32> : mm_q8_gemm_kernel<IB_WQ8, 32>);
             launch(b, k, grid, 256, sm, m64, b->xq, b->qd, b->qad, R, fused, splits);
         } else {
-            dim3 grid((unsigned)tiles, blocks_for((size_t)R, 16), (unsigned)splits);
-            if (fmt == IB_WQ4) launch(b, mm_q8_mma_kernel<IB_WQ4>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, fused, splits);
-            else launch(b, mm_q8_mma_kernel<IB_WQ8>, grid, 256, 0, ms, b->xq, b->qd, b->qad, R, fused, splits);
+            const int pipe = b->mma_kernel == MMA_PIPE || (b->mma_kernel == MMA_BY_ROWS && R <= MMA_PIPE_MAX_ROWS);
+            if (pipe) {
+                /* blocks of 8 rows where the step has at most 8, else of 16; 16 outputs a block where
+                 * 32 would give fewer blocks than multiprocessors (b->mma_narrow), else 32, with the
+                 * deeper pipeline where that gives at most two blocks a multiprocessor */
+                const int nr = R <= 8 ? 1 : 2;
+                const long b32 = (long)tiles * blocks_for((size_t)R, 8 * nr);
+                const int narrow = b->mma_narrow == NARROW_FORCED || (b->mma_narrow == NARROW_BY_GRID && b32 < b->n_sm);
+                const int deep = b32 <= 2L * b->n_sm;
+                dim3 grid((unsigned)tiles * (narrow ? 2 : 1), blocks_for((size_t)R, 8 * nr), (unsigned)splits);
+                size_t sm;
+                const mm_q8_mma_fn k = mma_pipe_pick(fmt, nr, narrow, deep, &sm);
+                launch(b, k, grid, 256, sm, ms, b->xq, b->qd, b->qad, R, fused, splits);
+            } else {
+                dim3 grid((unsigned)tiles, blocks_for((size_t)R, 16), (unsigned)splits);
+                launch(b, fmt == IB_WQ4 ? mm_q8_mma16_kernel<IB_WQ4> : mm_q8_mma16_kernel<IB_WQ8>, grid, 256, 0, ms, b->xq,
+                       b->qd, b->qad, R, fused, splits);
+            }
         }
     } else if (q8 && fmt != IB_WF32) {
         /* rows per pass: the fewest of 1, 2, 4, 8 that hold R (fewer rows, more groups per pass) */
