@@ -114,7 +114,7 @@ enum mm_stage_mode { STAGE_NEVER, STAGE_BY_SHAPE, STAGE_FORCED };
 enum mma_kernel_mode { MMA_BY_ROWS, MMA_PIPE, MMA_16 };
 
 /* Whether mm_q8_mma_pipe_kernel's blocks take 16 outputs instead of 32: never (IB_CUDA_MMA_NARROW=0),
- * where 32 would give fewer blocks than multiprocessors (the default), or always (=force: tests) */
+ * where 32 would leave multiprocessors idle (the default: launch_products), or always (=force: tests) */
 enum mma_narrow_mode { NARROW_NEVER, NARROW_BY_GRID, NARROW_FORCED };
 
 /* The KV types of a step's rows: mixed, all float, or all half (the direct attention kernel is
@@ -743,8 +743,9 @@ __device__ __forceinline__ void sk_chains(float (&acc)[SK_PPT(NR, NB)], const sk
     const int gps = GPS ? GPS : SK_KS / G, wpg = GPS ? WPG : G / 64;
 #pragma unroll
     for (int i = 0; i < SK_PPT(NR, NB); i++) {
-        const int p = threadIdx.x + 256 * i, rl = p / NB, cl = p % NB;
-        if (p >= NB * 8 * NR) break;
+        const unsigned p = threadIdx.x + 256u * i;
+        const int rl = (int)(p / NB), cl = (int)(p % NB);
+        if (NB * NR < 32 && p >= NB * 8 * NR) break;
         float x = acc[i];
 #pragma unroll
         for (int j = 0; j < (GPS ? GPS : SK_KS / 32); j++) {
@@ -943,8 +944,9 @@ __global__ void __launch_bounds__(256) mm_q8_mma_pipe_kernel(mset ms, const int8
     cp_wait<0>();
 #pragma unroll
     for (int i = 0; i < SK_PPT(NR, NB); i++) {
-        const int p = tid + 256 * i, row = r0 + p / NB, n = n0 + p % NB;
-        if (p < NB * RT && row < R && n < m.N) {
+        const unsigned p = tid + 256u * i;
+        const int row = r0 + (int)(p / NB), n = n0 + (int)(p % NB);
+        if ((NB * NR >= 32 || p < NB * RT) && row < R && n < m.N) {
             if (splits > 1) atomicAdd(&Y[(size_t)row * ldy + n], acc[i]);
             else Y[(size_t)row * ldy + n] = acc[i];
         }
@@ -3661,11 +3663,13 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
             const int pipe = b->mma_kernel == MMA_PIPE || (b->mma_kernel == MMA_BY_ROWS && R <= MMA_PIPE_MAX_ROWS);
             if (pipe) {
                 /* blocks of 8 rows where the step has at most 8, else of 16; 16 outputs a block where
-                 * 32 would give fewer blocks than multiprocessors (b->mma_narrow), else 32, with the
-                 * deeper pipeline where that gives at most two blocks a multiprocessor */
+                 * 32 would give fewer blocks than multiprocessors — for 8-row blocks, fewer than half
+                 * (b->mma_narrow; measured, docs/cuda.md) —, else 32, with the deeper pipeline where that
+                 * gives at most two blocks a multiprocessor */
                 const int nr = R <= 8 ? 1 : 2;
                 const long b32 = (long)tiles * blocks_for((size_t)R, 8 * nr);
-                const int narrow = b->mma_narrow == NARROW_FORCED || (b->mma_narrow == NARROW_BY_GRID && b32 < b->n_sm);
+                const int small = nr == 2 ? b32 < b->n_sm : 2 * b32 < b->n_sm;
+                const int narrow = b->mma_narrow == NARROW_FORCED || (b->mma_narrow == NARROW_BY_GRID && small);
                 const int deep = b32 <= 2L * b->n_sm;
                 dim3 grid((unsigned)tiles * (narrow ? 2 : 1), blocks_for((size_t)R, 8 * nr), (unsigned)splits);
                 size_t sm;
