@@ -541,20 +541,27 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__res
     }
 }
 
+/* d += a · b for one m16n8k32 tile of 8-bit integers: a 16x32 (row major fragment), b 32x8, d 16x8
+ * int32; AU / BU: a / b unsigned (uint8), else int8. Integer arithmetic: exact. */
+#define MMA_I8(TYPES)                                                                                       \
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32." TYPES ".s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, " \
+                 "{%0,%1,%2,%3};"                                                                             \
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])                                             \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+template <bool AU, bool BU>
+__device__ __forceinline__ void mma_i8(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    if (AU && BU) MMA_I8("u8.u8");
+    else if (AU) MMA_I8("u8.s8");
+    else if (BU) MMA_I8("s8.u8");
+    else MMA_I8("s8.s8");
+}
+#undef MMA_I8
+
 /* d += a · b for one m16n8k32 tile: a 16x32 int8 activations (row major fragment), b 32x8 weight codes
- * (int8 for 4-bit codes, uint8 for 8-bit ones), d 16x8 int32. Integer arithmetic: exact. */
+ * (int8 for 4-bit codes, uint8 for 8-bit ones), d 16x8 int32. */
 template <int FMT>
 __device__ __forceinline__ void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    if (FMT == IB_WQ8)
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};"
-                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};"
-                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    mma_i8<false, FMT == IB_WQ8>(d, a, b0, b1);
 }
 
 /* cp.async: copy n (4 or 16) bytes global -> shared without passing through registers; .cg (16 bytes)
@@ -698,19 +705,10 @@ __global__ void __launch_bounds__(256) mm_q8_mma16_kernel(mset ms, const int8_t 
 
 /* d += a · b for one m16n8k32 tile with the weights on the left: a 16x32 weight codes (row major
  * fragment: 16 outputs x 32 k; int8 for 4-bit codes, uint8 for 8-bit ones), b 32x8 int8 activations
- * (8 rows), d 16x8 int32 (outputs x rows). Integer arithmetic: exact. */
+ * (8 rows), d 16x8 int32 (outputs x rows). */
 template <int FMT>
 __device__ __forceinline__ void mma_k32_wa(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    if (FMT == IB_WQ8)
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};"
-                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};"
-                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    mma_i8<FMT == IB_WQ8, false>(d, a, b0, b1);
 }
 
 /* One pipeline stage of mm_q8_mma_pipe_kernel: SK_KS = 512 k of the block's NB outputs' weight codes and
