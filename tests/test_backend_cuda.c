@@ -30,8 +30,8 @@
  * element) printed.
  *
  * Long K (long_k_checks; `test_backend_cuda --long-k` runs them alone): qwen3-0.6b's shapes, one layer,
- * 4-bit group 32 and 64, 8-bit group 128 — the small-grid tensor-core kernels walk many pipeline stages
- * there —: CPU engine vs CUDA engine with every Q8 product on each of those kernels and by the default
+ * 4-bit group 32 and 64, 8-bit group 128, and gemma4-26b-a4b's, one layer, 4-bit group 64 — the
+ * small-grid tensor-core kernels walk many pipeline stages there, and a part of one last —: CPU engine vs CUDA engine with every Q8 product on each of those kernels and by the default
  * rules, bitwise equal logits; gpu-fma and gpu-split-k must make them differ on each.
  *
  * No GPU (or a build without CUDA): one SKIP line and no checks. `test_backend_cuda --bench` also
@@ -598,25 +598,27 @@ static int engine_compare_located(const ib_model *m, ib_act act, ib_kv_dtype dt,
 
 /* Products over a long K: qwen3-0.6b's shapes, one layer (K of 1,024 and 3,072, so the pipelined
  * tensor-core kernel walks 2 and 6 stages of 512 k — more than its pipeline holds — with 16..4 groups a
- * stage), 4-bit group 32, 8-bit group 128 and 4-bit group 64: whole steps of a CPU engine and a CUDA
- * engine, bitwise equal logits, with every Q8 product of 1..21 rows on the tensor cores
+ * stage), 4-bit group 32, 8-bit group 128 and 4-bit group 64; and gemma4-26b-a4b's, one (full-attention)
+ * layer, 4-bit group 64 (K of 2,816 and 2,112: whole stages, then a part of one): whole steps of a CPU
+ * engine and a CUDA engine, bitwise equal logits, with every Q8 product of 1..21 rows on the tensor cores
  * (IB_CUDA_MMA_ROWS=1), on each of the small-grid kernels (IB_CUDA_MMA_KERNEL=pipe — with its blocks of
  * 16 outputs where the grid is small, and with 32 always, IB_CUDA_MMA_NARROW=0 — and 16), and by the
  * default rules; then under gpu-fma and gpu-split-k, on each kernel, the comparison must fail. */
 static void long_k_checks(void) {
-    static const struct { int bits, group; } cf[] = {{4, 32}, {8, 128}, {4, 64}};
-    for (int c = 0; c < 3; c++) {
+    static const struct { const char *preset; int bits, group; } cf[] = {
+        {"qwen3-0.6b", 4, 32}, {"qwen3-0.6b", 8, 128}, {"qwen3-0.6b", 4, 64}, {"gemma4-26b-a4b", 4, 64}};
+    for (int c = 0; c < (int)(sizeof cf / sizeof cf[0]); c++) {
         char dir[] = "/tmp/ib_cuda_lk_XXXXXX";
         if (!mkdtemp(dir)) return;
         ib_error err;
         ib_model *m;
-        ib_mkmodel_opts mo = {.preset = "qwen3-0.6b", .seed = 31 + c, .bits = cf[c].bits, .group = cf[c].group,
+        ib_mkmodel_opts mo = {.preset = cf[c].preset, .seed = 31 + c, .bits = cf[c].bits, .group = cf[c].group,
                               .tied = 1, .layers = 1};
         if (ib_mkmodel(dir, &mo, &err) || ib_model_load(dir, NULL, &m, &err)) {
-            CHECK(0, "model qwen3-0.6b 1 layer %d-bit g%d: %s", cf[c].bits, cf[c].group, err.msg);
+            CHECK(0, "model %s 1 layer %d-bit g%d: %s", cf[c].preset, cf[c].bits, cf[c].group, err.msg);
             continue;
         }
-        printf("model qwen3-0.6b shapes, 1 layer, %d-bit group %d:\n", cf[c].bits, cf[c].group);
+        printf("model %s shapes, 1 layer, %d-bit group %d:\n", cf[c].preset, cf[c].bits, cf[c].group);
         char name[96];
         /* the small-grid kernels: pipelined (16-output blocks where the grid is small: here q/k/v, o and
          * down), pipelined with 32-output blocks only, 16-row tiles */
@@ -630,12 +632,13 @@ static void long_k_checks(void) {
             snprintf(name, sizeof name, "engine, act q8, kv f16, %s%s", mma < 3 ? "tensor cores, kernel " : "default kernels",
                      mma < 3 ? kname[mma] : "");
             CHECK(engine_compare_located(m, IB_ACT_Q8, IB_KV_F16, 0, 0, name) == 0,
-                  "qwen3-0.6b 1 layer %d-bit g%d, %s: CUDA engine's logits differ from the CPU engine's", cf[c].bits,
-                  cf[c].group, name);
+                  "%s 1 layer %d-bit g%d, %s: CUDA engine's logits differ from the CPU engine's", cf[c].preset,
+                  cf[c].bits, cf[c].group, name);
             unsetenv("IB_CUDA_MMA_ROWS"), unsetenv("IB_CUDA_MMA_KERNEL"), unsetenv("IB_CUDA_MMA_NARROW");
         }
         CHECK(decode_compares(m, IB_ACT_Q8, IB_KV_F16, "act q8, kv f16") == 0,
-              "qwen3-0.6b 1 layer %d-bit g%d: decode steps differ from the CPU engine's", cf[c].bits, cf[c].group);
+              "%s 1 layer %d-bit g%d: decode steps differ from the CPU engine's", cf[c].preset, cf[c].bits,
+              cf[c].group);
         static const ib_fault faults[] = {IB_FAULT_GPU_FMA, IB_FAULT_GPU_SPLIT_K};
         setenv("IB_CUDA_MMA_ROWS", "1", 1);
         for (int mma = 0; mma < 3; mma++)
@@ -645,8 +648,8 @@ static void long_k_checks(void) {
                 ib_fault_set(faults[f]);
                 snprintf(name, sizeof name, "engine, kernel %s, FAULT %s (must differ)", kname[mma], ib_fault_name(faults[f]));
                 CHECK(engine_compare(m, IB_ACT_Q8, IB_KV_F32, 0, name) > 0,
-                      "qwen3-0.6b 1 layer %d-bit g%d: the engine comparison missed the %s fault (kernel %s)", cf[c].bits,
-                      cf[c].group, ib_fault_name(faults[f]), kname[mma]);
+                      "%s 1 layer %d-bit g%d: the engine comparison missed the %s fault (kernel %s)", cf[c].preset,
+                      cf[c].bits, cf[c].group, ib_fault_name(faults[f]), kname[mma]);
                 ib_fault_set(IB_FAULT_NONE);
                 unsetenv("IB_CUDA_MMA_NARROW");
             }
