@@ -357,6 +357,22 @@ __device__ __forceinline__ void mma_k32_wa(int (&d)[4], const unsigned (&a)[4], 
     mma_i8<FMT == IB_WQ8, false>(d, a, b0, b1);
 }
 
+/* Each thread's share of a pipeline stage's activation codes, for the tensor-core kernels' stages (type
+ * STG, whose a[rows][..] holds KS k of each row): piece i = threadIdx.x + 256 u (u < N) is row i / (KS /
+ * 16) of the block's (rows past R repeat row R - 1, whose sums no one keeps), 16 bytes at k 16 * (i % (KS
+ * / 16)) from the block's first k, kb — its source for the first stage, its k offset, and its byte
+ * offset in a stage. */
+template <int N, int KS, typename STG>
+__device__ __forceinline__ void plan_act_copies(const int8_t *xq, int K, int R, int r0, int kb, const STG *stg,
+                                                const int8_t *(&src)[N], int (&k)[N], int (&dst)[N]) {
+#pragma unroll
+    for (int u = 0; u < N; u++) {
+        const int i = threadIdx.x + 256 * u, r = i / (KS / 16), c = i % (KS / 16);
+        src[u] = xq + (size_t)min(r0 + r, R - 1) * K + kb + 16 * c, k[u] = 16 * c;
+        dst[u] = (int)((const char *)&stg[0].a[r][16 * c] - (const char *)stg);
+    }
+}
+
 /* One pipeline stage of mm_q8_mma_pipe_kernel: SK_KS = 512 k of the block's NB outputs' weight codes and
  * of its 8 * NR rows' activation codes, with the scales, biases, d and ad of the (at most SK_KS / 32)
  * groups that k range holds. */
@@ -466,12 +482,7 @@ __global__ void __launch_bounds__(256) mm_q8_mma_pipe_kernel(mset ms, const int8
     const int sb_dst = (int)((char *)(sb_arr ? &stg[0].b[sb_j][4 * sb_q] : &stg[0].s[sb_j][4 * sb_q]) - (char *)stg);
     const int8_t *x_src[NR];
     int x_dst[NR], x_k[NR];
-#pragma unroll
-    for (int u = 0; u < NR; u++) {
-        const int i = tid + 256 * u, r = i / (SK_KS / 16), c = i % (SK_KS / 16);
-        x_src[u] = xq + (size_t)min(r0 + r, R - 1) * K + kb + 16 * c, x_k[u] = 16 * c;
-        x_dst[u] = (int)((char *)&stg[0].a[r][16 * c] - (char *)stg);
-    }
+    plan_act_copies<NR, SK_KS>(xq, K, R, r0, kb, stg, x_src, x_k, x_dst);
     const float *d_src[NR];
     int d_dst[NR], d_j[NR];
     bool d_ok[NR];
@@ -688,12 +699,7 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
     const bool sb_ok = tid < 128 && n0 + 4 * (tid & 15) < Np;
     const int8_t *x_src[XPT];
     int x_dst[XPT], x_k[XPT];
-#pragma unroll
-    for (int u = 0; u < XPT; u++) {
-        const int i = tid + 256 * u, r = i / (MMA_KS / 16), c = i % (MMA_KS / 16);
-        x_src[u] = xq + (size_t)min(rb + r, R - 1) * K + kb + 16 * c, x_k[u] = 16 * c;
-        x_dst[u] = (int)((char *)&stg[0].a[r][16 * c] - (char *)stg);
-    }
+    plan_act_copies<XPT, MMA_KS>(xq, K, R, rb, kb, stg, x_src, x_k, x_dst);
     const float *d_src[DPT];
     int d_dst[DPT], d_j[DPT];
 #pragma unroll
