@@ -440,6 +440,7 @@ __device__ __forceinline__ void sk_chains(float (&acc)[SK_PPT(NR, NB)], const sk
  * two slots lie in one group) — then each thread continues the float chains of its (row, output) pairs
  * over the stage's groups in ascending order, a group's isum the exact sum of its tiles:
  * acc = (acc + (s*d)*(float)isum) + b*ad — matmul.h's arithmetic, bit for bit.
+ * xq [R][K] int8 activation codes, d / ad [R][K/G]; the block's matrix writes Y [R][N] (row stride N).
  * Needs G % 32 == 0 and G dividing SK_KS. fused, splits: the test-only faults, as mm_q8_kernel
  * (splits: block z takes the z-th group range and adds its partial chain into Y with atomics). */
 template <int FMT, int NR, int NB, int NS>
