@@ -395,12 +395,13 @@ constexpr size_t sk_smem_bytes() { return NS * sizeof(sk_stage<FMT, NR, NB>); }
 /* The float chains of mm_q8_mma_pipe_kernel's stage for this thread's (row, output) pairs (pair p =
  * threadIdx.x + 256 * i < NB * 8 * NR: row p / NB, output p % NB), over the stage's gn groups in ascending order:
  * acc = (acc + (s*d)*(float)isum) + b*ad, group j's isum the exact sum of its tiles in isum_s — tile j
- * (GPS 16: groups of 32 k, one a slot), or the tiles of warps j * WPG .. (j + 1) * WPG - 1. GPS, WPG:
- * groups a stage and warps a group where they are known when compiled (0: from G at run time). */
-template <int FMT, int NR, int NB, int GPS, int WPG, typename IS>
+ * (G 32: one a slot), or the tiles of warps j * G / 64 .. (j + 1) * G / 64 - 1 (a warp's two slots are
+ * 64 k). G: 32, 64 or 128 (the only group sizes launch_products gives the tensor-core kernels). */
+template <int FMT, int NR, int NB, int G, typename IS>
 __device__ __forceinline__ void sk_chains(float (&acc)[SK_PPT(NR, NB)], const sk_stage<FMT, NR, NB> &S, const IS &isum_s,
-                                          int gn, int G, int fused) {
-    const int gps = GPS ? GPS : SK_KS / G, wpg = GPS ? WPG : G / 64;
+                                          int gn, int fused) {
+    static_assert(G == 32 || G == 64 || G == 128, "sk_chains: G is 32, 64 or 128");
+    constexpr int GPS = SK_KS / G, WPG = G / 64;   /* groups a stage; warps a group (G >= 64) */
 #pragma unroll
     for (int i = 0; i < SK_PPT(NR, NB); i++) {
         const unsigned p = threadIdx.x + 256u * i;
@@ -408,15 +409,14 @@ __device__ __forceinline__ void sk_chains(float (&acc)[SK_PPT(NR, NB)], const sk
         if (NB * NR < 32 && p >= NB * 8 * NR) break;
         float x = acc[i];
 #pragma unroll
-        for (int j = 0; j < (GPS ? GPS : SK_KS / 32); j++) {
-            if (j >= gn || j >= gps) break;
+        for (int j = 0; j < GPS; j++) {
+            if (j >= gn) break;
             int isum;
-            if (GPS ? GPS == SK_KS / 32 : G == 32) isum = isum_s[j >> 1][j & 1][rl][cl];
+            if (G == 32) isum = isum_s[j >> 1][j & 1][rl][cl];
             else {
                 isum = 0;
 #pragma unroll
-                for (int w = 0; w < (GPS ? WPG : NWARP); w++)
-                    if (w < wpg) isum += isum_s[j * wpg + w][0][rl][cl];
+                for (int w = 0; w < WPG; w++) isum += isum_s[j * WPG + w][0][rl][cl];
             }
             const float sd = S.s[j][cl] * S.d[j][rl], u = S.b[j][cl] * S.ad[j][rl], fi = (float)isum;
             if (fused) x = __fmaf_rn(sd, fi, x);
@@ -441,7 +441,7 @@ __device__ __forceinline__ void sk_chains(float (&acc)[SK_PPT(NR, NB)], const sk
  * over the stage's groups in ascending order, a group's isum the exact sum of its tiles:
  * acc = (acc + (s*d)*(float)isum) + b*ad — matmul.h's arithmetic, bit for bit.
  * xq [R][K] int8 activation codes, d / ad [R][K/G]; the block's matrix writes Y [R][N] (row stride N).
- * Needs G % 32 == 0 and G dividing SK_KS. fused, splits: the test-only faults, as mm_q8_kernel
+ * Needs G of 32, 64 or 128. fused, splits: the test-only faults, as mm_q8_kernel
  * (splits: block z takes the z-th group range and adds its partial chain into Y with atomics). */
 template <int FMT, int NR, int NB, int NS>
 __global__ void __launch_bounds__(256) mm_q8_mma_pipe_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
@@ -590,12 +590,9 @@ __global__ void __launch_bounds__(256) mm_q8_mma_pipe_kernel(mset ms, const int8
         __syncthreads();
         /* the chains over the stage's groups, in order (unrolled for the usual group sizes) */
         const int gn = min(gps, ge - gA);
-        switch (G) {
-        case 32: sk_chains<FMT, NR, NB, 16, 0>(acc, S, isum_s, gn, G, fused); break;
-        case 64: sk_chains<FMT, NR, NB, 8, 1>(acc, S, isum_s, gn, G, fused); break;
-        case 128: sk_chains<FMT, NR, NB, 4, 2>(acc, S, isum_s, gn, G, fused); break;
-        default: sk_chains<FMT, NR, NB, 0, 0>(acc, S, isum_s, gn, G, fused); break;
-        }
+        if (G == 32) sk_chains<FMT, NR, NB, 32>(acc, S, isum_s, gn, fused);
+        else if (G == 64) sk_chains<FMT, NR, NB, 64>(acc, S, isum_s, gn, fused);
+        else sk_chains<FMT, NR, NB, 128>(acc, S, isum_s, gn, fused);   /* G is 128: launch_products' rule */
     }
     cp_wait<0>();
 #pragma unroll
