@@ -3,7 +3,8 @@
 # One A/B measurement in one run: `BIN bench -m MODEL_DIR BENCH_ARGS` under each SETTING in turn (a
 # space-separated list of VAR=VALUE environment settings; "" for none), the whole list ROUNDS times, so
 # that clock, temperature and neighbours' load drift over all settings alike. Prints, per setting and
-# batch size, the decode tok/s of every round and their median, and the prefill tok/s. The figures in
+# batch size, the decode tok/s of every round and their median, and the prefill tok/s. A setting's word
+# BIN=PATH runs the binary at PATH instead of BIN (two builds alternated: "" "BIN=base/isobatch"). The figures in
 # docs/cuda.md ("alternating in one call, two rounds") are taken this way, e.g.
 #   bench/ab_bench.sh build/isobatch /tmp/q06 2 "" "IB_CUDA_ATT_WIDE=0" -- --backend cuda --batch 1,2,4
 #       --prompt 128 --gen 32 --reps 3 --kv-dtype f16
@@ -23,13 +24,18 @@ for s in "${settings[@]}"; do
         case $kv in [A-Za-z_]*=*) ;; *) echo "ab_bench.sh: setting '$s': '$kv' is not VAR=VALUE" >&2; exit 2 ;; esac
     done
 done
-[ -x "$bin" ] || { echo "ab_bench.sh: $bin is not an executable" >&2; exit 2; }
+for b in "$bin" $(printf '%s\n' "${settings[@]}" | tr ' ' '\n' | sed -n 's/^BIN=//p'); do
+    [ -x "$b" ] || { echo "ab_bench.sh: $b is not an executable" >&2; exit 2; }
+done
 tmp=$(mktemp -d) || exit 1
 trap 'rm -rf "$tmp"' EXIT
 for r in $(seq "$rounds"); do
     for i in "${!settings[@]}"; do
-        # shellcheck disable=SC2086 # the setting is a list of VAR=VALUE words
-        if ! env ${settings[$i]} "$bin" bench -m "$model" "$@" >"$tmp/out" 2>&1; then
+        run=$bin envs=()
+        for kv in ${settings[$i]}; do
+            case $kv in BIN=*) run=${kv#BIN=} ;; *) envs+=("$kv") ;; esac
+        done
+        if ! env "${envs[@]}" "$run" bench -m "$model" "$@" >"$tmp/out" 2>&1; then
             echo "ab_bench.sh: bench failed under '${settings[$i]}' (round $r):" >&2
             tail -3 "$tmp/out" >&2
             exit 1

@@ -213,6 +213,17 @@ bash bench/ab_bench.sh "$BIN" "$T/m" 0 "" -- --batch 1 > /dev/null 2> "$T/ab.err
 [ $rc = 2 ] && grep -q "ROUNDS must be a positive integer" "$T/ab.err" && ok || bad "ab_bench.sh 0 rounds: exit $rc, $(cat "$T/ab.err")"
 bash bench/ab_bench.sh "$BIN" "$T/nope" 1 "" -- --batch 1 > /dev/null 2> "$T/ab.err"; rc=$?
 [ $rc = 1 ] && grep -q "bench failed under ''" "$T/ab.err" && ok || bad "ab_bench.sh failing bench: exit $rc, $(cat "$T/ab.err")"
+# a setting's BIN=PATH runs that binary (here a wrapper that leaves a mark), its other words as environment;
+# a BIN= that is not an executable: a message and exit 2 before anything runs
+printf '#!/bin/sh\n[ "$IB_AB_PROBE" = 3 ] && touch "%s/binwrap.ran"\nexec "%s" "$@"\n' "$T" "$BIN" > "$T/binwrap"
+chmod +x "$T/binwrap"
+bash bench/ab_bench.sh "$BIN" "$T/m" 1 "" "BIN=$T/binwrap IB_AB_PROBE=3" -- --batch 1 --prompt 4 --gen 2 --threads 1 --reps 1 \
+    > "$T/ab.txt" 2> "$T/ab.err"
+[ $? = 0 ] && [ -e "$T/binwrap.ran" ] \
+    && [ "$(grep -cE "^BIN=$T/binwrap IB_AB_PROBE=3 +(B=1|prefill) +[0-9.]+  \(median [0-9.]+\)$" "$T/ab.txt")" = 2 ] \
+    && ok || bad "ab_bench.sh BIN=: $(cat "$T/ab.txt" "$T/ab.err")"
+bash bench/ab_bench.sh "$BIN" "$T/m" 1 "" "BIN=$T/nope-bin" -- --batch 1 > /dev/null 2> "$T/ab.err"; rc=$?
+[ $rc = 2 ] && grep -q "$T/nope-bin is not an executable" "$T/ab.err" && ok || bad "ab_bench.sh BIN= not executable: exit $rc, $(cat "$T/ab.err")"
 
 # bench/cuda_breakdown.sh: ab_bench.sh over the IB_CUDA_REPEAT settings, then per batch size the step's
 # milliseconds (batch * 1000 / the plain setting's median tok/s) and each kind's growth of it (here on
@@ -229,6 +240,13 @@ got2=$(awk '$1 == "2" && NF == 7 { print $2 }' "$T/bd.txt")
     && [ -n "$want2" ] && [ "$got2" = "$want2" ] \
     && [ "$(awk '$1 == "1" && NF == 7 && $3 ~ /^[+-][0-9]+\.[0-9][0-9][0-9]$/' "$T/bd.txt" | wc -l)" = 1 ] \
     && ok || bad "cuda_breakdown.sh (step $got2, want $want2): $(cat "$T/bd.txt" "$T/bd.err")"
+# a mixture-of-experts model also gets the experts' column (IB_CUDA_REPEAT=moe)
+"$BIN" mkmodel --preset gemma4-moe-tiny --bits 4 --out "$T/moe" > /dev/null 2>&1 || bad "mkmodel gemma4-moe-tiny"
+bash bench/cuda_breakdown.sh "$BIN" "$T/moe" 1 -- --batch 1 --prompt 4 --gen 2 --threads 1 --reps 1 > "$T/bd.txt" 2> "$T/bd.err" \
+    && grep -qE '^batch +step ms +\+attention +\+products +\+row norms +\+SwiGLU +\+empty kernels +\+experts$' "$T/bd.txt" \
+    && grep -qE '^IB_CUDA_REPEAT=moe +B=1 ' "$T/bd.txt" \
+    && [ "$(awk '$1 == "1" && NF == 8 && $8 ~ /^[+-][0-9]+\.[0-9][0-9][0-9]$/' "$T/bd.txt" | wc -l)" = 1 ] \
+    && ok || bad "cuda_breakdown.sh on a MoE model: $(cat "$T/bd.txt" "$T/bd.err")"
 bash bench/cuda_breakdown.sh "$BIN" "$T/m" 1 --batch 1 > /dev/null 2> "$T/bd.err"; rc=$?
 [ $rc = 2 ] && grep -q "usage: cuda_breakdown.sh" "$T/bd.err" && ok || bad "cuda_breakdown.sh without --: exit $rc, $(cat "$T/bd.err")"
 bash bench/cuda_breakdown.sh "$BIN" "$T/nope" 1 -- --batch 1 > /dev/null 2> "$T/bd.err"; rc=$?

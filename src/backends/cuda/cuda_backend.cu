@@ -76,7 +76,7 @@ extern "C" {
 #define ATT_MAX_BLOCK 128  /* largest key block (ops.h: block <= 128) */
 #define ARGMAX_THREADS 256  /* threads of an argmax block */
 #define ARGMAX_SLICES 32    /* argmax blocks per logits row (each a slice of the vocabulary) */
-enum { REPEAT_ATTN = 1, REPEAT_LINEAR = 2, REPEAT_NORM = 4, REPEAT_ACT = 8, REPEAT_EMPTY = 16 };   /* cuda_backend.repeat: timing diagnostics */
+enum { REPEAT_ATTN = 1, REPEAT_LINEAR = 2, REPEAT_NORM = 4, REPEAT_ACT = 8, REPEAT_EMPTY = 16, REPEAT_MOE = 32 };   /* cuda_backend.repeat: timing diagnostics */
 /* When a step's attention runs in tiles of a prompt's rows (plan_tiles): never (IB_CUDA_ATT_TILE=0), by the
  * step's shape (the default), or wherever the tile kernel can (IB_CUDA_ATT_TILE=force: tests) */
 enum att_tiles_mode { TILES_NEVER, TILES_BY_SHAPE, TILES_FORCED };
@@ -889,7 +889,7 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         const char *rp = getenv("IB_CUDA_REPEAT");
         b->repeat = (rp && strstr(rp, "attn") ? REPEAT_ATTN : 0) | (rp && strstr(rp, "linear") ? REPEAT_LINEAR : 0) |
                     (rp && strstr(rp, "norm") ? REPEAT_NORM : 0) | (rp && strstr(rp, "act") ? REPEAT_ACT : 0) |
-                    (rp && strstr(rp, "empty") ? REPEAT_EMPTY : 0);
+                    (rp && strstr(rp, "empty") ? REPEAT_EMPTY : 0) | (rp && strstr(rp, "moe") ? REPEAT_MOE : 0);
 #ifdef IB_CUDA_ATT_TRACE
         {
             const char *tw = getenv("IB_CUDA_ATT_TWICE");

@@ -904,7 +904,8 @@ static void gemma_launch_moe(cuda_backend *b, int li, int route_in, int in, int 
     /* gate and up: the input rows quantized once (each row's own numbers) */
     const int gq8 = q8 && g->fmt_gu != IB_WF32;
     if (gq8) launch_quantize(b, b->buf[in], R, D, g->G_gu);
-    launch_moe_mm(b, g->fmt_gu, g->egate[li], g->eup[li], g->mg, g->mu, Fm, 0, b->buf[in], b->xq, b->qd, b->qad, gq8);
+    for (int t = 0; t < launches(b, REPEAT_MOE); t++)
+        launch_moe_mm(b, g->fmt_gu, g->egate[li], g->eup[li], g->mg, g->mu, Fm, 0, b->buf[in], b->xq, b->qd, b->qad, gq8);
     /* GeGLU of each routed pair (+ the down product's quantization) */
     const int dq8 = q8 && g->fmt_dn != IB_WF32;
     if (dq8) {
@@ -916,7 +917,8 @@ static void gemma_launch_moe(cuda_backend *b, int li, int route_in, int in, int 
                (const int32_t *)g->sel);
     }
     LAUNCHED(b, "moe geglu");
-    launch_moe_mm(b, g->fmt_dn, g->edown[li], NULL, g->my, NULL, D, 1, g->mg, g->mxq, g->mqd, g->mqad, dq8);
+    for (int t = 0; t < launches(b, REPEAT_MOE); t++)
+        launch_moe_mm(b, g->fmt_dn, g->edown[li], NULL, g->my, NULL, D, 1, g->mg, g->mxq, g->mqd, g->mqad, dq8);
     launch(b, moe_combine_kernel, blocks_for((size_t)R * D, 256), 256, 0, (const float *)g->my, (const float *)g->w,
            (const int32_t *)g->sel, R, K, D, b->buf[out]);
     LAUNCHED(b, "moe combine");
