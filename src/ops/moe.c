@@ -1,7 +1,7 @@
 /*
  * moe.c — the numeric definition of Gemma 4's mixture-of-experts routing and combine (ops.h,
  * docs/gemma4.md "Mixture of experts"). Each row's routing and combine read that row alone. The CUDA
- * backend's moe_route_kernel runs ib_moe_route's operations spread over a block per row.
+ * backend's moe_route_kernel runs ib_moe_route's operations with a warp per row.
  */
 #include "core/fmath.h"
 #include "ops/ops.h"

@@ -246,17 +246,48 @@ __global__ void __launch_bounds__(ATT_THREADS)
     else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, qk_fuse{});
 }
 
-#define ROUTE_THREADS 128
+#define ROUTE_WARPS_MAX 8   /* rows a routing block (a warp each) */
+
+/* Exclusive prefix sums over a block of (x, y) int pairs, one a thread in thread order; *tot gets the
+ * block's sums (every thread). ws: [32] shared scratch. Called by the whole block (blockDim a multiple of
+ * 32, at most 1024). */
+__device__ int2 block_exclusive_scan2(int2 v, int2 *ws, int2 *tot) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int2 in = v;   /* inclusive within the warp */
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int x = __shfl_up_sync(0xffffffffu, in.x, o), y = __shfl_up_sync(0xffffffffu, in.y, o);
+        if (lane >= o) in.x += x, in.y += y;
+    }
+    if (lane == 31) ws[warp] = in;
+    __syncthreads();
+    if (warp == 0) {
+        int2 t = lane < nw ? ws[lane] : make_int2(0, 0);
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int x = __shfl_up_sync(0xffffffffu, t.x, o), y = __shfl_up_sync(0xffffffffu, t.y, o);
+            if (lane >= o) t.x += x, t.y += y;
+        }
+        if (lane < nw) ws[lane] = t;   /* inclusive over warps */
+    }
+    __syncthreads();
+    const int2 before = warp ? ws[warp - 1] : make_int2(0, 0);
+    *tot = ws[nw - 1];
+    __syncthreads();   /* ws free for the next call */
+    return make_int2(before.x + in.x - v.x, before.y + in.y - v.y);
+}
 
 /* The experts' work lists (one block; cnt_s: 2E ints of shared memory): the routed pairs (r, j) with
  * sel[r*K + j] >= 0 grouped by expert: ent_row / ent_slot (the row r and the slot r*K + j); and the
  * product's block rows: for each expert with n pairs, ceil(n / MOE_CH) entries (expert, first pair,
- * pairs), *nblk of them. Counts and places come from shared-memory atomics, so the order of the pairs
- * inside an expert's list may change from run to run: it decides only which warp computes a pair,
- * never a number (every pair's output is its own chain, written to its own slot). sel is read through
- * L2 (other blocks wrote it). */
+ * pairs), in ascending expert order, *nblk of them. Counts and places come from shared-memory atomics,
+ * so the order of the pairs inside an expert's list may change from run to run: it decides only which
+ * warp computes a pair, never a number (every pair's output is its own chain, written to its own
+ * slot). The experts' first places and first block rows are prefix sums over the block's threads
+ * (block_exclusive_scan2), not one thread's walk. sel is read through L2 (other blocks wrote it). */
 __device__ void moe_dispatch_block(const int32_t *sel, int R, int K, int E, int32_t *ent_row, int32_t *ent_slot,
                                    int4 *blk, int *nblk, int *cnt_s) {
+    __shared__ int2 ws[32];
     int *cur_s = cnt_s + E;   /* [E] counts, then [E] each expert's next free place */
     const int n = R * K;
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt_s[e] = 0;
@@ -266,16 +297,20 @@ __device__ void moe_dispatch_block(const int32_t *sel, int R, int K, int E, int3
         if (e >= 0 && e < E) atomicAdd(&cnt_s[e], 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int s = 0, nb = 0;
-        for (int e = 0; e < E; e++) {
-            const int c = cnt_s[e];
+    int2 base = make_int2(0, 0);   /* (pairs, block rows) of the experts before this pass */
+    for (int e0 = 0; e0 < E; e0 += blockDim.x) {
+        const int e = e0 + (int)threadIdx.x, c = e < E ? cnt_s[e] : 0;
+        int2 tot;
+        const int2 at = block_exclusive_scan2(make_int2(c, (c + MOE_CH - 1) / MOE_CH), ws, &tot);
+        if (e < E) {
+            const int s = base.x + at.x;
             cur_s[e] = s;
-            for (int i0 = 0; i0 < c; i0 += MOE_CH) blk[nb++] = make_int4(e, s + i0, c - i0 < MOE_CH ? c - i0 : MOE_CH, 0);
-            s += c;
+            for (int i0 = 0, nb = base.y + at.y; i0 < c; i0 += MOE_CH, nb++)
+                blk[nb] = make_int4(e, s + i0, c - i0 < MOE_CH ? c - i0 : MOE_CH, 0);
         }
-        *nblk = nb;
+        base.x += tot.x, base.y += tot.y;
     }
+    if (threadIdx.x == 0) *nblk = base.y;
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const int e = __ldcg(sel + i);
@@ -286,89 +321,89 @@ __device__ void moe_dispatch_block(const int32_t *sel, int R, int K, int E, int3
     }
 }
 
-/* Routing of every row: ib_moe_route (ops/moe.c) with the work of a row spread
- * over one block of ROUTE_THREADS threads, the same operations giving the same bits. logits [R][E];
- * sel [R][K] (all -1 when fewer than K logits are numbers, as cpu_moe), w [R][K]. Block r (dynamic
- * shared memory: E floats, E ints, K ints):
- *   - rank j takes the largest logit not yet taken, ties to the lowest id, NaN never: each thread the
- *     best of its strided ids, then the block's best by argmax_pick (a maximum and, among equal values,
- *     the lowest id: the order of the comparisons cannot change the winner);
+/* Routing of row r: ib_moe_route (ops/moe.c) by one warp, the same operations giving the same bits.
+ * logits [R][E]; sel [R][K] (all -1 when fewer than K logits are numbers, as cpu_moe), w [R][K]; ws: the
+ * warp's shared scratch, E + K words.
+ *   - rank j takes the largest logit not yet taken, ties to the lowest id, NaN never: each lane the best
+ *     of its strided ids, then the warp's best by argmax_pick (a maximum and, among equal values, the
+ *     lowest id: the order of the comparisons cannot change the winner); a ranked id's copy becomes NaN;
  *   - p[e] = NaN ? 0 : ib_expf_lane(logit[e] - logit[sel[0]]) per id (independent);
- *   - their sum in the 16-lane order: thread j < 16 chains ids j, j+16, … ascending (the definition's
+ *   - their sum in the 16-lane order: lane j < 16 chains ids j, j+16, … ascending (the definition's
  *     lane j), then lanes fold 8, 4, 2, 1 (lane[j] + lane[j + h]);
- *   - thread 0: t = sum over ranks in order of p[sel[j]] / s, then w[j] = ((p[sel[j]] / s) / t) * scale. */
+ *   - lane 0: t = sum over ranks in order of p[sel[j]] / s, then w[j] = ((p[sel[j]] / s) / t) * scale. */
 __device__ void moe_route_row(const float *__restrict__ logits, int r, int E, int K, const float *__restrict__ escale,
-                              int32_t *sel, float *w, float *p_s, int *taken_s, int *sel_s) {
-    __shared__ float bv_s[ROUTE_THREADS / 32];
-    __shared__ int bi_s[ROUTE_THREADS / 32];
-    __shared__ int fail_s;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+                              int32_t *sel, float *w, float *ws) {
+    const int lane = threadIdx.x & 31;
+    float *p = ws;                 /* [E] the logits (ranked ones NaN), then their exps */
+    int *rk = (int *)(ws + E);     /* [K] the ranks' ids */
     const float *lg = logits + (size_t)r * E;
-    for (int e = tid; e < E; e += ROUTE_THREADS) p_s[e] = lg[e], taken_s[e] = 0;
-    if (tid == 0) fail_s = 0;
-    __syncthreads();
+    int32_t *so = sel + (size_t)r * K;
+    for (int e = lane; e < E; e += 32) p[e] = lg[e];
+    __syncwarp();
+    float m = 0.0f;   /* rank 0's logit */
     for (int j = 0; j < K; j++) {
         float bv = -INFINITY;
         int bi = 0x7fffffff;
-        for (int e = tid; e < E; e += ROUTE_THREADS)
-            if (!taken_s[e] && p_s[e] == p_s[e]) argmax_pick(bv, bi, p_s[e], e);
-        argmax_block(bv, bi, bv_s, bi_s);
-        if (tid == 0) {
-            if (bi == 0x7fffffff) fail_s = 1;   /* no number left: fewer than K */
-            else sel_s[j] = bi, taken_s[bi] = 1;
+        for (int e = lane; e < E; e += 32)
+            if (p[e] == p[e]) argmax_pick(bv, bi, p[e], e);
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int i = __shfl_xor_sync(0xffffffffu, bi, o);
+            argmax_pick(bv, bi, v, i);
         }
-        __syncthreads();
-        if (fail_s) break;
-    }
-    int32_t *so = sel + (size_t)r * K;
-    if (fail_s) {
-        for (int j = tid; j < K; j += ROUTE_THREADS) so[j] = -1;
-        return;
-    }
-    const float m = p_s[sel_s[0]];
-    __syncthreads();   /* every thread has read m before p_s is overwritten */
-    for (int e = tid; e < E; e += ROUTE_THREADS) p_s[e] = p_s[e] != p_s[e] ? 0.0f : ib_expf_lane(p_s[e] - m);
-    __syncthreads();
-    if (warp == 0) {
-        float a = 0.0f;
-        if (lane < 16)
-            for (int e = lane; e < E; e += 16) a = a + p_s[e];
-        for (int h = 8; h >= 1; h >>= 1) {
-            const float o = __shfl_down_sync(0xffffffffu, a, h, 16);
-            if (lane < h) a = a + o;
+        if (bi == 0x7fffffff) {   /* no number left: fewer than K (the warp agrees) */
+            for (int i = lane; i < K; i += 32) so[i] = -1;
+            return;
         }
-        if (lane == 0) {
-            const float s = a;
-            float t = 0.0f;
-            for (int j = 0; j < K; j++) t = t + p_s[sel_s[j]] / s;
-            for (int j = 0; j < K; j++) {
-                so[j] = sel_s[j];
-                w[(size_t)r * K + j] = ((p_s[sel_s[j]] / s) / t) * escale[sel_s[j]];
-            }
+        if (j == 0) m = bv;
+        __syncwarp();
+        if (lane == 0) rk[j] = bi, p[bi] = __int_as_float(0x7fc00000);
+        __syncwarp();
+    }
+    for (int e = lane; e < E; e += 32) {
+        const float x = lg[e];
+        p[e] = x != x ? 0.0f : ib_expf_lane(x - m);
+    }
+    __syncwarp();
+    float a = 0.0f;
+    if (lane < 16)
+        for (int e = lane; e < E; e += 16) a = a + p[e];
+    for (int h = 8; h >= 1; h >>= 1) {
+        const float o = __shfl_down_sync(0xffffffffu, a, h, 16);
+        if (lane < h) a = a + o;
+    }
+    if (lane == 0) {
+        const float s = a;
+        float t = 0.0f;
+        for (int j = 0; j < K; j++) t = t + p[rk[j]] / s;
+        for (int j = 0; j < K; j++) {
+            so[j] = rk[j];
+            w[(size_t)r * K + j] = ((p[rk[j]] / s) / t) * escale[rk[j]];
         }
     }
 }
 
-/* Every row's routing (moe_route_row, block r), then, by the last block to finish (cnt: zero between
- * launches; that block sets it back), the experts' work lists (moe_dispatch_block) — one launch: no
- * host round trip, the step stays one graph. Dynamic shared memory: 2E words + K ints. */
-__global__ void __launch_bounds__(ROUTE_THREADS) moe_route_kernel(const float *__restrict__ logits, int R, int E, int K,
-                                                                  const float *__restrict__ escale, int32_t *sel,
-                                                                  float *w, int32_t *ent_row, int32_t *ent_slot,
-                                                                  int4 *blk, int *nblk, unsigned *cnt) {
+/* Every row's routing (moe_route_row, a warp a row: block x takes rows x * (blockDim / 32) ...), then, by
+ * the last block to finish (cnt: zero between launches; that block sets it back), the experts' work lists
+ * (moe_dispatch_block) — one launch: no host round trip, the step stays one graph. Dynamic shared
+ * memory: E + K words a warp, and at least 2E words (the work lists' counts). */
+__global__ void __launch_bounds__(32 * ROUTE_WARPS_MAX) moe_route_kernel(const float *__restrict__ logits, int R, int E, int K,
+                                                                         const float *__restrict__ escale, int32_t *sel,
+                                                                         float *w, int32_t *ent_row, int32_t *ent_slot,
+                                                                         int4 *blk, int *nblk, unsigned *cnt) {
     PDL_ENTER();
-    extern __shared__ float p_s[];           /* [E] the logits, then their exps */
-    int *taken_s = (int *)(p_s + E);         /* [E] 1 once ranked */
-    int *sel_s = taken_s + E;                /* [K] */
+    extern __shared__ float route_s[];
     __shared__ unsigned done_s;
-    moe_route_row(logits, blockIdx.x, E, K, escale, sel, w, p_s, taken_s, sel_s);
+    const int warp = threadIdx.x >> 5, r = (int)blockIdx.x * (int)(blockDim.x >> 5) + warp;
+    if (r < R) moe_route_row(logits, r, E, K, escale, sel, w, route_s + (size_t)warp * (E + K));
     __threadfence();   /* this block's sel and w before its count */
     __syncthreads();
     if (threadIdx.x == 0) done_s = atomicAdd(cnt, 1u);
     __syncthreads();
-    if (done_s != (unsigned)R - 1) return;
+    if (done_s != gridDim.x - 1) return;
     __threadfence();
-    moe_dispatch_block(sel, R, K, E, ent_row, ent_slot, blk, nblk, (int *)p_s);
+    moe_dispatch_block(sel, R, K, E, ent_row, ent_slot, blk, nblk, (int *)route_s);
     if (threadIdx.x == 0) *cnt = 0;
 }
 
@@ -897,9 +932,10 @@ static void gemma_launch_moe(cuda_backend *b, int li, int route_in, int in, int 
     const int rq8 = q8 && rt->fmt != IB_WF32;
     if (rq8) launch_quantize(b, g->rin, R, rt->K, rt->G);
     launch_product(b, rt, g->rin, R, rq8, g->rlog);
-    launch(b, moe_route_kernel, R, ROUTE_THREADS, (size_t)2 * E * sizeof(float) + (size_t)K * sizeof(int),
-           (const float *)g->rlog, R, E, K, g->expert_scale[li], g->sel, g->w, g->ent_row, g->ent_slot, g->blk, g->nblk,
-           g->route_cnt);
+    /* warps a block: as many as 48 KB of scratch hold (E + K words each; 6 or more, E <= 1024) */
+    const int rw = (int)(12288 / (E + K)) < ROUTE_WARPS_MAX ? (int)(12288 / (E + K)) : ROUTE_WARPS_MAX;
+    launch(b, moe_route_kernel, (R + rw - 1) / rw, 32 * rw, (size_t)rw * (E + K) * sizeof(float), (const float *)g->rlog, R,
+           E, K, g->expert_scale[li], g->sel, g->w, g->ent_row, g->ent_slot, g->blk, g->nblk, g->route_cnt);
     LAUNCHED(b, "moe route");
     /* gate and up: the input rows quantized once (each row's own numbers) */
     const int gq8 = q8 && g->fmt_gu != IB_WF32;
