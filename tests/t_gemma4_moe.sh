@@ -2,7 +2,7 @@
 # Gemma 4's MoE block end to end on `mkmodel --preset gemma4-moe-tiny` (8 experts, top-k 2;
 # docs/gemma4.md "Mixture of experts"): the engine's logits against the independent float64 reference
 # (tests/gemma4_ref.py), the invariance matrix (batch, threads, prefill chunks, ISAs, order, greedy and
-# seeded, f32 and f16 KV, float and 4-bit weights), the MoE faults caught (moe-capacity: routing that
+# seeded, f32 and f16 KV, float and 4-bit weights; also 40 experts, top-k 5), the MoE faults caught (moe-capacity: routing that
 # depends on the batch; moe-combine-by-load: expert outputs summed in the batch's order, which needs
 # top-k >= 3 to change any bits: with two outputs 0 + a + b = 0 + b + a), and the MoE config errors.
 set -u
@@ -21,6 +21,9 @@ trap 'rm -rf "$T"' EXIT
 "$BIN" mkmodel --preset gemma4-tiny --top-k 3 --out "$T/no" >/dev/null 2>&1 && bad "mkmodel --top-k on a dense preset" || ok
 "$BIN" info -m "$T/m32" | grep -q "architecture gemma4" && ok || bad "info: architecture gemma4"
 "$BIN" info -m "$T/k3" | grep -q "experts      8 per layer, 3 per token, expert ffn 64" && ok || bad "info: the experts line"
+# many experts (mkmodel --experts): 40 a layer, top-k 5 — the routing's top-k and softmax over more ids
+"$BIN" mkmodel --preset gemma4-moe-tiny --bits 32 --seed 5 --experts 40 --top-k 5 --out "$T/e40" >/dev/null || bad "mkmodel --experts 40"
+"$BIN" info -m "$T/e40" | grep -q "experts      40 per layer, 5 per token, expert ffn 64" && ok || bad "info: the experts line of e40"
 
 # ---- the float64 reference (numpy): prompts of 3 and 40 tokens (window 16), greedy and sampled
 ref_python
@@ -28,7 +31,7 @@ if [ -z "$PY" ]; then
     bad "python3 with numpy missing (apt-get install python3-numpy): the float64 reference cannot run"
 else
     "$BIN" mkmodel --preset gemma4-moe-tiny --bits 32 --seed 5 --top-k 3 --out "$T/k3f" >/dev/null
-    for m in m32 k3f; do
+    for m in m32 k3f e40; do
         for len in 3 40; do
             for s in "" "--temp 1.5 --seed 7"; do reference_case "$m" "$len" "$s"; done
         done
@@ -37,7 +40,7 @@ fi
 
 # ---- invariance: every --json line equal to the serialized scalar run
 make_prompts
-for m in m32 m4 k3; do
+for m in m32 m4 k3 e40; do
     for kv in f32 f16; do
         for mode in greedy seeded; do
             [ $m != m4 ] && [ $kv = f16 ] && continue

@@ -55,7 +55,7 @@ while IFS='|' read -r args want_w want_a; do
 done <<< "$GOLDEN"
 rm -rf "$T/m"
 
-# bad --threads: one line, non-zero exit, no crash (under the sanitizers)
+# bad --threads (and --experts below): one line, non-zero exit, no crash (under the sanitizers)
 expect_error() {
     local name=$1 want=$2; shift 2
     local err rc
@@ -72,7 +72,12 @@ for v in 0 -1 257 abc 4x "" 99999999999999999999; do
 done
 expect_error "mkmodel -t 0" "-t: bad value '0'" "$ASAN_BIN" mkmodel --preset tiny -t 0 --out "$T/bad"
 expect_error "mkmodel --threads (no value)" "--threads" "$ASAN_BIN" mkmodel --preset tiny --out "$T/bad" --threads
-[ ! -e "$T/bad" ] && ok || bad "a refused --threads still wrote $T/bad"
+# bad --experts: out of range, or on a preset without experts
+for v in 0 1025 -3 x; do
+    expect_error "mkmodel --experts '$v'" "--experts: bad value '$v'" "$ASAN_BIN" mkmodel --preset gemma4-moe-tiny --experts "$v" --out "$T/bad"
+done
+expect_error "mkmodel --experts on a dense preset" "mkmodel: experts 4: only for the MoE presets" "$ASAN_BIN" mkmodel --preset gemma4-tiny --experts 4 --out "$T/bad"
+[ ! -e "$T/bad" ] && ok || bad "a refused --threads or --experts still wrote $T/bad"
 "$BIN" mkmodel --help | grep -q -- "--threads T" && ok || bad "mkmodel --help does not name --threads"
 
 echo "t_mkmodel: $pass passed, $fail failed"

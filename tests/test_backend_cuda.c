@@ -23,7 +23,7 @@
  * attention path and the engine comparison.
  *
  * Gemma 4 (gemma_checks; `test_backend_cuda --gemma` runs them alone): whole steps of a CPU engine and
- * a CUDA engine on gemma4-tiny, gemma4-moe-tiny, and gemma4-tiny with KV sharing (and per-layer
+ * a CUDA engine on gemma4-tiny, gemma4-moe-tiny (also with 300 and with 1,024 experts, 4-bit only), and gemma4-tiny with KV sharing (and per-layer
  * embeddings, or use_double_wide_mlp), three weight formats, f32/q8 activations, f32/f16 KV, full sessions, sliding-window rings
  * and sink + window, bitwise equal logits; gpu-fma must make them differ. A difference is located: the
  * run is repeated with layer capture on both engines and the first differing (step, layer, point, row,
@@ -706,16 +706,21 @@ static void llama_checks(void) {
 }
 
 static void gemma_checks(void) {
-    static const struct { const char *preset, *name; int kv_shared, ple, top_k, ties, wide; } presets[] = {
-        {"gemma4-tiny", "gemma4-tiny", 0, 0, 0, 0, 0},
-        {"gemma4-moe-tiny", "gemma4-moe-tiny", 0, 0, 0, 0, 0},
-        {"gemma4-moe-tiny", "gemma4-moe-tiny --top-k 3, router rows equal in pairs", 0, 0, 3, 1, 0},
-        {"gemma4-tiny", "gemma4-tiny --kv-shared 2", 2, 0, 0, 0, 0},
-        {"gemma4-tiny", "gemma4-tiny --kv-shared 2 --ple 64", 2, 64, 0, 0, 0},
-        {"gemma4-tiny", "gemma4-tiny --kv-shared 2 --double-wide", 2, 0, 0, 0, 1}};
+    /* experts > 0: that many experts a layer — the routing's work lists over more experts than a routing
+     * block has threads (300), and rows of 600 routed pairs whose scratch leaves 7 warps a routing block
+     * (1,024 experts): 4-bit weights only (q4: 1) */
+    static const struct { const char *preset, *name; int kv_shared, ple, top_k, ties, wide, experts, q4; } presets[] = {
+        {"gemma4-tiny", "gemma4-tiny", 0, 0, 0, 0, 0, 0, 0},
+        {"gemma4-moe-tiny", "gemma4-moe-tiny", 0, 0, 0, 0, 0, 0, 0},
+        {"gemma4-moe-tiny", "gemma4-moe-tiny --top-k 3, router rows equal in pairs", 0, 0, 3, 1, 0, 0, 0},
+        {"gemma4-moe-tiny", "gemma4-moe-tiny --experts 300 --top-k 8", 0, 0, 8, 0, 0, 300, 1},
+        {"gemma4-moe-tiny", "gemma4-moe-tiny --experts 1024 --top-k 600", 0, 0, 600, 0, 0, 1024, 1},
+        {"gemma4-tiny", "gemma4-tiny --kv-shared 2", 2, 0, 0, 0, 0, 0, 0},
+        {"gemma4-tiny", "gemma4-tiny --kv-shared 2 --ple 64", 2, 64, 0, 0, 0, 0, 0},
+        {"gemma4-tiny", "gemma4-tiny --kv-shared 2 --double-wide", 2, 0, 0, 0, 1, 0, 0}};
     static const struct { int bits, group; const char *name; } models[] = {{4, 32, "q4 g32"}, {8, 64, "q8 g64"}, {32, 0, "f32"}};
     for (int pi = 0; pi < (int)(sizeof presets / sizeof *presets); pi++)
-        for (int mi = 0; mi < 3; mi++) {
+        for (int mi = 0; mi < (presets[pi].q4 ? 1 : 3); mi++) {
             char dir[] = "/tmp/ib_cuda_g4_XXXXXX";
             if (!mkdtemp(dir)) return;
             ib_error err;
@@ -723,7 +728,8 @@ static void gemma_checks(void) {
             ib_mkmodel_opts mo = {.preset = presets[pi].preset, .seed = 11 + mi, .bits = models[mi].bits,
                                    .group = models[mi].group, .tied = 1, .kv_shared = presets[pi].kv_shared,
                                    .ple_dim = presets[pi].ple, .top_k = presets[pi].top_k,
-                                   .router_ties = presets[pi].ties, .double_wide = presets[pi].wide};
+                                   .router_ties = presets[pi].ties, .double_wide = presets[pi].wide,
+                                   .experts = presets[pi].experts};
             if (ib_mkmodel(dir, &mo, &err) || ib_model_load(dir, NULL, &m, &err)) {
                 CHECK(0, "model %s %s: %s", presets[pi].name, models[mi].name, err.msg);
                 continue;

@@ -11,9 +11,10 @@
 static const char help[] =
     "usage: isobatch mkmodel --preset tiny|qwen3-0.6b|qwen3-8b|gemma4-tiny|gemma4-moe-tiny|gemma4-26b-a4b\n"
     "                        [--seed S] [--bits 4|8|16|32]"
-    " [--group 32|64|128] [--untied] [--arch qwen3|llama] [--top-k K]\n"
+    " [--group 32|64|128] [--untied] [--arch qwen3|llama] [--top-k K] [--experts E]\n"
     "                        [--layers N] [--kv-shared N [--double-wide]] [--ple P] [--threads T] --out DIR\n"
     "  --top-k K   gemma4-moe-tiny (8 experts, top-k 2), gemma4-26b-a4b (128, top-k 8): route each token to K experts\n"
+    "  --experts E MoE presets: E experts a layer (1..1024; top-k at most E), every other shape unchanged\n"
     "  --layers N  only the preset's first N layers, every other shape unchanged (Gemma 4: the preset's\n"
     "              sliding/full pattern over N layers, the last one full); e.g. gemma4-26b-a4b --layers 6\n"
     "  --kv-shared N  Gemma 4: the last N layers share keys and values (num_kv_shared_layers): each reads\n"
@@ -56,6 +57,9 @@ int cmd_mkmodel(int argc, char **argv) {
             if (cli_int(f, v, 4, 32, &x)) return 2;
             if (x != 4 && x != 8 && x != 16 && x != 32) return cli_usage_error("--bits: %ld is not 4, 8, 16 or 32", x);
             o.bits = (int)x;
+        } else if (!strcmp(f, "--experts")) {
+            if (cli_int(f, v, 1, 1024, &x)) return 2;
+            o.experts = (int)x;
         } else if (!strcmp(f, "--top-k")) {
             if (cli_int(f, v, 1, 1024, &x)) return 2;
             o.top_k = (int)x;

@@ -658,12 +658,17 @@ ib_status ib_mkmodel(const char *dir, const ib_mkmodel_opts *opts, ib_error *err
     if (opts->layers < 0 || opts->layers > p->layers)
         return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: layers %d: preset %s has %d (give 1..%d)", opts->layers,
                        p->name, p->layers, p->layers);
-    preset cut;                     /* the preset with fewer layers: widths, heads, experts unchanged */
-    if (opts->layers) {
-        cut = *p;
-        cut.layers = opts->layers;
-        p = &cut;
+    if (opts->experts && (!p->experts || opts->experts < 1 || opts->experts > IB_CONFIG_MAX_EXPERTS))
+        return ib_fail(err, IB_ERR_INVALID_ARG, "mkmodel: experts %d: %s", opts->experts,
+                       !p->experts ? "only for the MoE presets (gemma4-moe-tiny, gemma4-26b-a4b)" : "not in 1..1024");
+    preset cut = *p;                /* the preset with fewer layers or another expert count: every other
+                                     * shape unchanged */
+    if (opts->layers) cut.layers = opts->layers;
+    if (opts->experts) {
+        cut.experts = opts->experts;
+        if (cut.top_k > cut.experts) cut.top_k = cut.experts;
     }
+    if (opts->layers || opts->experts) p = &cut;
     ib_mkmodel_opts own = *opts;
     if (p->untied) own.tied = 0;   /* the real model's layout */
     opts = &own;

@@ -28,6 +28,8 @@ typedef struct ib_mkmodel_opts {
     int tied;             /* 1 = tie_word_embeddings (default for both presets); 0 writes lm_head */
     const char *arch;     /* NULL or "qwen3"; "llama" = the same shapes without q/k norm */
     int top_k;            /* MoE presets: experts per token (0: the preset's) */
+    int experts;          /* MoE presets: experts a layer (0: the preset's; 1..IB_CONFIG_MAX_EXPERTS), for
+                           * tests of routing over many experts; top-k is then at most this */
     int layers;           /* 0: the preset's layer count; 1..the preset's: only its first `layers`
                            * layers, every other shape unchanged (Gemma 4: the layer types are the
                            * preset's pattern over the new count, so the last layer is full) */
