@@ -708,9 +708,9 @@ static void llama_checks(void) {
 static void gemma_checks(void) {
     /* experts > 0: that many experts a layer — the routing's work lists over more experts than a routing
      * block has threads (300), and rows of 600 routed pairs whose scratch leaves 7 warps a routing block
-     * (1,024 experts): 4-bit weights, q8 activations, f16 KV, full sessions only (q4: 1), the CPU engine
-     * being slow there */
-    static const struct { const char *preset, *name; int kv_shared, ple, top_k, ties, wide, experts, q4; } presets[] = {
+     * (1,024 experts): 4-bit weights, q8 activations, f16 KV, full sessions only (heavy: 1), the CPU
+     * engine being slow there */
+    static const struct { const char *preset, *name; int kv_shared, ple, top_k, ties, wide, experts, heavy; } presets[] = {
         {"gemma4-tiny", "gemma4-tiny", 0, 0, 0, 0, 0, 0, 0},
         {"gemma4-moe-tiny", "gemma4-moe-tiny", 0, 0, 0, 0, 0, 0, 0},
         {"gemma4-moe-tiny", "gemma4-moe-tiny --top-k 3, router rows equal in pairs", 0, 0, 3, 1, 0, 0, 0},
@@ -721,7 +721,7 @@ static void gemma_checks(void) {
         {"gemma4-tiny", "gemma4-tiny --kv-shared 2 --double-wide", 2, 0, 0, 0, 1, 0, 0}};
     static const struct { int bits, group; const char *name; } models[] = {{4, 32, "q4 g32"}, {8, 64, "q8 g64"}, {32, 0, "f32"}};
     for (int pi = 0; pi < (int)(sizeof presets / sizeof *presets); pi++)
-        for (int mi = 0; mi < (presets[pi].q4 ? 1 : 3); mi++) {
+        for (int mi = 0; mi < (presets[pi].heavy ? 1 : 3); mi++) {
             char dir[] = "/tmp/ib_cuda_g4_XXXXXX";
             if (!mkdtemp(dir)) return;
             ib_error err;
@@ -747,10 +747,10 @@ static void gemma_checks(void) {
                 free(r0);
             }
             printf("model %s %s:\n", presets[pi].name, models[mi].name);
-            const int q8ok = models[mi].bits != 32, few = presets[pi].q4;
-            for (int act = few; act < 1 + q8ok; act++)
-                for (int kvd = few; kvd < 2; kvd++)
-                    for (int pol = 0; pol < (few ? 1 : 3); pol++) {
+            const int q8ok = models[mi].bits != 32, heavy = presets[pi].heavy;
+            for (int act = heavy; act < 1 + q8ok; act++)
+                for (int kvd = heavy; kvd < 2; kvd++)
+                    for (int pol = 0; pol < (heavy ? 1 : 3); pol++) {
                         char name[96];
                         snprintf(name, sizeof name, "engine: act %s, kv %s, %s", act ? "q8" : "f32", kvd ? "f16" : "f32",
                                  pol == 2 ? "sink 4 + window 40" : pol == 1 ? "sliding rings (chunk 8)" : "full");
@@ -760,7 +760,7 @@ static void gemma_checks(void) {
                               models[mi].name, name);
                     }
             int d;
-            if (!few) {
+            if (!heavy) {
                 /* one row takes the tensor-core products and the per-KV-head attention */
                 setenv("IB_CUDA_MMA_ROWS", "1", 1);
                 setenv("IB_CUDA_ATT_GROUP_ROWS", "1", 1);

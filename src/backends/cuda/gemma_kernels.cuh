@@ -247,6 +247,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 }
 
 #define ROUTE_WARPS_MAX 8   /* rows a routing block (a warp each) */
+#define ROUTE_SCRATCH_BYTES (48 * 1024)   /* dynamic shared memory a routing block may take (no opt-in needed) */
 
 /* Exclusive prefix sums over a block of (x, y) int pairs, one a thread in thread order; *tot gets the
  * block's sums (every thread). ws: [32] shared scratch. Called by the whole block (blockDim a multiple of
@@ -932,8 +933,9 @@ static void gemma_launch_moe(cuda_backend *b, int li, int route_in, int in, int 
     const int rq8 = q8 && rt->fmt != IB_WF32;
     if (rq8) launch_quantize(b, g->rin, R, rt->K, rt->G);
     launch_product(b, rt, g->rin, R, rq8, g->rlog);
-    /* warps a block: as many as 48 KB of scratch hold (E + K words each; 6 or more, E <= 1024) */
-    const int rw = (int)(12288 / (E + K)) < ROUTE_WARPS_MAX ? (int)(12288 / (E + K)) : ROUTE_WARPS_MAX;
+    /* warps a block: as many as ROUTE_SCRATCH_BYTES hold (E + K words each; 6 or more, E <= 1024) */
+    const int fit = (int)(ROUTE_SCRATCH_BYTES / ((size_t)(E + K) * sizeof(float)));
+    const int rw = fit < ROUTE_WARPS_MAX ? fit : ROUTE_WARPS_MAX;
     launch(b, moe_route_kernel, (R + rw - 1) / rw, 32 * rw, (size_t)rw * (E + K) * sizeof(float), (const float *)g->rlog, R,
            E, K, g->expert_scale[li], g->sel, g->w, g->ent_row, g->ent_slot, g->blk, g->nblk, g->route_cnt);
     LAUNCHED(b, "moe route");
