@@ -117,11 +117,11 @@ typedef int32_t amx_v16i __attribute__((vector_size(64)));
 /* A chunk: the groups whose 4-bit weights are unpacked together (at most AMX_CHUNK_K k: [K/4][64] bytes
  * = 16 KiB of VNNI rows) and then used by every row tile, so each weight is unpacked once per product. */
 #define AMX_CHUNK_K 1024
-#define AMX_DEPTH 2   /* the float epilogue runs this many steps behind the tile products */
-#define AMX_RING 4    /* the slots a one-row-tile panel's groups cycle through (> AMX_DEPTH + 1) */
-_Static_assert(AMX_RING > AMX_DEPTH + 1 && AMX_RING * 128 <= AMX_CHUNK_K && AMX_CHUNK_K % 128 == 0,
-               "a chunk holds a ring of the largest groups (128), and whole groups of 32, 64 and 128");
-#define AMX_SLOT(j) (one ? (j) % AMX_RING : (j)) /* a chunk group's slot in the unpacked weights and sbc */
+#define AMX_DEPTH 2   /* the float epilogue runs this many steps behind the tile products (amx_panel) */
+#define AMX_RING 4    /* the slots a one-row-tile panel's groups cycle through (> AMX_DEPTH + 1, a power of 2) */
+_Static_assert(AMX_DEPTH == 2 && AMX_RING > AMX_DEPTH + 1 && (AMX_RING & (AMX_RING - 1)) == 0 &&
+                   AMX_RING * 128 <= AMX_CHUNK_K && (AMX_CHUNK_K & (AMX_CHUNK_K - 1)) == 0 && AMX_CHUNK_K >= 128,
+               "two isum slots; a chunk holds a ring of the largest groups (128) and whole groups of 32, 64, 128");
 
 /* The tile products of one step: C tile `par` (0 or 1) = the group's integer sums of a row tile, k-steps
  * of ks, B from the group's VNNI rows wb [G/4][64] (stride 64), A from the row tile's activations a
@@ -206,11 +206,12 @@ static inline void amx_chunk_group(const ib_matrix *m, int p, int g, int q4, uin
  * and C tiles 0 and 1 are zero on entry and on return.
  *
  * The groups are taken in chunks (AMX_CHUNK_K): a chunk's 4-bit weights are unpacked into VNNI rows once
- * and its scales and biases converted once (by its first row tile's pass, a group ahead); the chunk's steps — (row tile, group) pairs, row tile
- * by row tile — run through a pipeline AMX_DEPTH deep. Step i, in program order:
+ * and its scales and biases converted once (by its first row tile's pass, a group ahead); the chunk's
+ * steps — (row tile, group) pairs, row tile by row tile — run through a pipeline two steps deep. Step i,
+ * in program order:
+ *     drain C tile (i-1)&1 (step i-1's sums) to isum[(i-1)&1];
  *     the tile products of step i into C tile i&1;
- *     drain C tile (i-1)&1 (step i-1's sums) to isum[(i-1) % AMX_DEPTH];
- *     the float epilogue of step i-AMX_DEPTH from isum[(i-AMX_DEPTH) % AMX_DEPTH], drained one step earlier,
+ *     the float epilogue of step i-2 from isum[i&1], drained one step earlier,
  * so the epilogue overlaps the tile unit, and no vector load reads a tile store issued just before it
  * (forwarding from a tile store to vector loads is not to be counted on: such a load may wait until the
  * store has reached the cache). A row tile's 16 accumulators stay in registers over its groups of the
@@ -221,7 +222,8 @@ static void amx_panel(const ib_matrix *m, int p, const ib_act_buf *q, int T, int
     const size_t wq_bytes = (size_t)(G / 4) * 64; /* one group's VNNI rows */
     /* groups per chunk: with one row tile, each group is used once, so the whole of K is one chunk whose
      * groups take slots of a ring (AMX_RING: the products' and the epilogue's groups stay in it) */
-    const int one = T == 1, cmax = one ? ng : AMX_CHUNK_K / G > 0 ? AMX_CHUNK_K / G : 1;
+    const int one = T == 1, cmax = one ? ng : AMX_CHUNK_K / G;
+    const int smask = one ? AMX_RING - 1 : AMX_CHUNK_K / 32 - 1; /* chunk group j's slot: j & smask */
     const uint8_t *P = ib_pk_panel(m, p);
     const int lanes = ib_pk_lanes(m, p);
     float *yp = Y + (size_t)p * 16;
@@ -230,45 +232,51 @@ static void amx_panel(const ib_matrix *m, int p, const ib_act_buf *q, int T, int
     int32_t isum[AMX_DEPTH][16][16] __attribute__((aligned(64)));                          /* [slot][row][lane] */
     amx_v16f acc[16];
 #define AMX_GROUP(i) (desc ? ng - 1 - (i) : (i))
+    const long gdir = desc ? -1 : 1; /* chunk group j is group gbase + gdir * j */
     for (int c0 = 0; c0 < ng; c0 += cmax) {
         const int cg = ng - c0 < cmax ? ng - c0 : cmax, S = T * cg;
+        const long gbase = AMX_GROUP(c0);
         /* the chunk's first group as VNNI rows (4-bit; an 8-bit panel already is) and its scales and
          * biases as floats; the previous chunk's tile loads come before these stores */
         AMX_MEMORY_BARRIER();
-        amx_chunk_group(m, p, AMX_GROUP(c0), q4, wq4, sbc[0]);
+        amx_chunk_group(m, p, (int)gbase, q4, wq4, sbc[0]);
         AMX_MEMORY_BARRIER();
-        int pt = 0, pj = 0; /* the step whose products issue: row tile, group of the chunk */
-        int et = 0, ej = 0; /* the step whose epilogue runs */
+        /* the step whose products issue: row tile pt (its activations at arow), chunk group pj */
+        const int8_t *arow = q->xq;
+        int pt = 0, pj = 0;
+        /* the step whose epilogue runs: its row tile's d, ad and Y rows, chunk group ej */
+        const float *drow = q->d, *adrow = q->ad;
+        float *yrow = yp;
+        int ej = 0;
+        const size_t dstep = (size_t)16 * (size_t)ng, ystep = (size_t)16 * (size_t)ldy;
         for (int i = 0; i < S + AMX_DEPTH; i++) {
             if (i >= 1 && i <= S) {
                 /* the epilogue's reads of this slot (step i-1-AMX_DEPTH) came before */
                 AMX_MEMORY_BARRIER();
-                amx_drain((i - 1) & 1, isum[(i - 1) % AMX_DEPTH]);
+                amx_drain((i - 1) & 1, isum[(i - 1) & 1]);
                 AMX_MEMORY_BARRIER();
             }
             if (i < S) {
-                const int g = AMX_GROUP(c0 + pj);
-                const uint8_t *wb = q4 ? wq4 + (size_t)AMX_SLOT(pj) * wq_bytes : P + (size_t)g * wq_bytes;
-                amx_group_products(i & 1, wb, q->xq + (size_t)pt * 16 * K + (size_t)g * G, K, G, ks);
+                const long g = gbase + gdir * pj;
+                const uint8_t *wb = q4 ? wq4 + (size_t)(pj & smask) * wq_bytes : P + (size_t)g * wq_bytes;
+                amx_group_products(i & 1, wb, arow + g * G, K, G, ks);
                 if (pt == 0 && pj + 1 < cg) {
                     /* the first row tile's pass prepares the chunk's next group, one step ahead of its
                      * products (so the weights' reads overlap the tile unit where there is one row
                      * tile); this step's tile loads come before the stores */
+                    const int sl = (pj + 1) & smask;
                     AMX_MEMORY_BARRIER();
-                    amx_chunk_group(m, p, AMX_GROUP(c0 + pj + 1), q4, wq4 + (size_t)AMX_SLOT(pj + 1) * wq_bytes,
-                                    sbc[AMX_SLOT(pj + 1)]);
+                    amx_chunk_group(m, p, (int)(g + gdir), q4, wq4 + (size_t)sl * wq_bytes, sbc[sl]);
                     AMX_MEMORY_BARRIER();
                 }
-                if (++pj == cg) pj = 0, pt++;
+                if (++pj == cg) pj = 0, pt++, arow += (size_t)16 * (size_t)K;
             }
             if (i >= AMX_DEPTH) {
-                const int g = AMX_GROUP(c0 + ej);
-                const size_t r0 = (size_t)et * 16;
-                if (ej == 0) amx_acc_load(acc, c0 == 0, yp + r0 * (size_t)ldy, (size_t)ldy, lanes);
-                amx_epilogue(acc, sbc[AMX_SLOT(ej)], q->d + r0 * ng + g, q->ad + r0 * ng + g, (size_t)ng,
-                             (const int32_t(*)[16])isum[(i - AMX_DEPTH) % AMX_DEPTH]);
-                if (ej == cg - 1) amx_acc_store(acc, yp + r0 * (size_t)ldy, (size_t)ldy, lanes);
-                if (++ej == cg) ej = 0, et++;
+                const long g = gbase + gdir * ej;
+                if (ej == 0) amx_acc_load(acc, c0 == 0, yrow, (size_t)ldy, lanes);
+                amx_epilogue(acc, sbc[ej & smask], drow + g, adrow + g, (size_t)ng, (const int32_t(*)[16])isum[i & 1]);
+                if (ej == cg - 1) amx_acc_store(acc, yrow, (size_t)ldy, lanes);
+                if (++ej == cg) ej = 0, drow += dstep, adrow += dstep, yrow += ystep;
             }
         }
     }
