@@ -12,7 +12,8 @@
  *
  * On a machine shared with other busy processes, `IB_BENCH_SINGLES=N` times N single products
  * instead and keeps the fastest (one product is short enough to often run without being descheduled),
- * and `IB_BENCH_ISA=avx2` (any ISA name) leaves the other ISAs out.
+ * `IB_BENCH_ISA=avx2` (any ISA name) leaves the other ISAs out, and `IB_BENCH_THREADS=N` makes the second
+ * thread count N instead of 2.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -109,7 +110,9 @@ int main(int argc, char **argv) {
     ib_quantize_act(x, BMAXR, K, G, xq, d, ad);
     ib_act_buf q = {xq, d, ad};
     ib_pool *pool2 = NULL;
-    if (ib_pool_create(2, &pool2, &err)) {
+    const char *threads_env = getenv("IB_BENCH_THREADS");
+    const int nthr = threads_env && atoi(threads_env) > 1 ? atoi(threads_env) : 2;
+    if (ib_pool_create(nthr, &pool2, &err)) {
         fprintf(stderr, "bench_matmul: %s\n", err.msg);
         return 1;
     }
@@ -135,7 +138,7 @@ int main(int argc, char **argv) {
                         double t = time_product(&mats[mi], x, B, &q, (ib_act)act, (ib_isa)isa, th == 2 ? pool2 : NULL, y,
                                                 singles);
                         printf("%-7s %-4s %-4s %3d %3d %10.1f %9.2f %9.2f\n", ib_isa_name((ib_isa)isa), names[mi],
-                               act == IB_ACT_Q8 ? "q8" : "f32", B, th, t * 1e6, (double)mats[mi].bytes / t * 1e-9,
+                               act == IB_ACT_Q8 ? "q8" : "f32", B, th == 2 ? nthr : 1, t * 1e6, (double)mats[mi].bytes / t * 1e-9,
                                (double)B * N * K / t * 1e-9);
                     }
             }
