@@ -5,8 +5,8 @@
  * last full tile sent to the scalar kernel. It checks, against the numeric definition of ops/matmul.h
  * evaluated here:
  *   - every row count 1..70 and 150, 4- and 8-bit weights, groups 32, 64 and 128 (both tile K-steps),
- *     N not a multiple of 16, K within one chunk of groups and over several, scales stored as float32,
- *     bfloat16 and float16: bitwise equal;
+ *     N not a multiple of 16, K from 32 to 2,112 (66 groups), scales stored as float32, bfloat16 and
+ *     float16: bitwise equal;
  *   - the panel range split in two gives the same bits; Y's padding columns are never written;
  *   - the tile configuration is one the hardware accepts (palette 1, tiles 0..7, at most 16 rows of 64
  *     bytes, the operand shapes TDPBSUD demands) and is released after each call; the tiles are used
@@ -290,7 +290,7 @@ int main(void) {
     static const struct { int bits, G, N, K; } cfgs[] = {
         {4, 32, 40, 256}, {4, 64, 50, 512}, {4, 128, 33, 384}, {4, 64, 16, 64},
         {8, 32, 40, 256}, {8, 64, 17, 128}, {8, 128, 40, 512}, {8, 32, 7, 32},
-        /* K past one chunk (1,024 k): the accumulators parked in Y between chunks, the last chunk partial */
+        /* long K: many groups through the pipeline (66 of 32; 25 of 64) */
         {4, 32, 24, 2112}, {8, 64, 17, 1600},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) check_config(cfgs[i].bits, cfgs[i].G, cfgs[i].N, cfgs[i].K, 0);
