@@ -111,7 +111,7 @@ int main(int argc, char **argv) {
     ib_act_buf q = {xq, d, ad};
     ib_pool *pool2 = NULL;
     const char *threads_env = getenv("IB_BENCH_THREADS");
-    const int nthr = threads_env && atoi(threads_env) > 1 ? atoi(threads_env) : 2;
+    const int threads_asked = threads_env ? atoi(threads_env) : 0, nthr = threads_asked > 1 ? threads_asked : 2;
     if (ib_pool_create(nthr, &pool2, &err)) {
         fprintf(stderr, "bench_matmul: %s\n", err.msg);
         return 1;
