@@ -152,7 +152,7 @@ asan:
 # Needs the Debian packages gcc-aarch64-linux-gnu and qemu-user; tests/t_neon.sh skips without them.
 CROSS_CC  ?= aarch64-linux-gnu-gcc
 QEMU_A64  ?= qemu-aarch64
-NEON_SRC  := src/ops/matmul.c src/backends/cpu/matmul_scalar.c src/backends/cpu/matmul_neon.c \
+NEON_SRC  := src/ops/matmul.c src/backends/cpu/matmul_scalar.c src/backends/cpu/matmul_neon.c src/core/bigalloc.c \
              src/backends/cpu/isa.c src/core/pool.c src/core/status.c src/core/fault.c
 NEON_TEST := $(BUILD)/aarch64/test_matmul_neon
 

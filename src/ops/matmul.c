@@ -8,6 +8,7 @@
 
 #include "backends/cpu/cpu.h"
 #include "backends/cpu/pack.h"
+#include "core/bigalloc.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "ops/matmul.h"
@@ -31,20 +32,15 @@ static int panels_per_task(int B, int np, int threads) {
 
 void ib_matrix_free(ib_matrix *m) {
     if (!m) return;
-    free(m->packed);
-    free(m->sb);
+    ib_big_free(m->packed);
+    ib_big_free(m->sb);
     memset(m, 0, sizeof *m);
 }
 
-/* 64-byte aligned allocation of n bytes (n rounded up to 64): the bytes past n are zeroed, the first n
- * are the caller's to fill (the repack tasks write every one of them, zeros included, each on the
- * thread that fills it); NULL on failure. */
-static void *alloc64(size_t n) {
-    size_t r = (n + 63) & ~(size_t)63;
-    unsigned char *p = aligned_alloc(64, r ? r : 64);
-    if (p) memset(p + n, 0, (r ? r : 64) - n);
-    return p;
-}
+/* 64-byte aligned, zeroed allocation of n bytes (ib_big_alloc: huge pages for large matrices, so a
+ * product's weight stream is not a TLB walk every 4 KiB); NULL on failure. The repack tasks write
+ * every one of the first n bytes, each on the thread that fills it. Freed with ib_big_free. */
+static void *alloc64(size_t n) { return ib_big_alloc(n); }
 
 /* Panels per repack task: a task is this many panels of 16 rows (at K = 2816, 4 bits: 1.4 MB of
  * packed bytes), so a thread has enough to do between two claims. */
@@ -233,8 +229,8 @@ ib_status ib_matrix_from_mlx_pool(ib_matrix *m, const void *wq, const float *sca
     uint8_t *pk = alloc64((size_t)np * pbytes);
     void *sb = alloc64(sbytes);   /* [np][ng][2][16] */
     if (!pk || !sb) {
-        free(pk);
-        free(sb);
+        ib_big_free(pk);
+        ib_big_free(sb);
         return ib_fail(err, IB_ERR_NOMEM, "matrix: [%d, %d] %d-bit: out of memory", N, K, bits);
     }
     m->fmt = bits == 4 ? IB_WQ4 : IB_WQ8;
