@@ -14,7 +14,9 @@
  * per-KV-head attention from one row. Then: a session decoded alone gives the logits it got in the
  * batch; whole steps of a CPU engine and a CUDA engine (the public API, src/runtime/step.c over each
  * table) give bitwise equal logits, in the schedule above and in decode steps of 1-4 sessions (also with
- * every one-row product staging its row's codes in shared memory, IB_CUDA_MM_STAGE=force); and under the
+ * every one-row product reading its weights in rounds, IB_CUDA_MM_TILE=0 IB_CUDA_MM_STAGE=0, staging its
+ * row's codes in shared memory, IB_CUDA_MM_TILE=0 IB_CUDA_MM_STAGE=force, and copying its weight tiles
+ * into shared memory, IB_CUDA_MM_TILE=force, the default's kernel); and under the
  * test-only gpu-fma fault (an FMA in the products'
  * epilogue) each of these checks fails, so it can — and under gpu-split-k (Q8 products whose K is split
  * over blocks and added with atomics in any order) the op check, the engine comparison and the staged
@@ -32,7 +34,9 @@
  * Long K (long_k_checks; `test_backend_cuda --long-k` runs them alone): qwen3-0.6b's shapes, one layer,
  * 4-bit group 32 and 64, 8-bit group 128, and gemma4-26b-a4b's, one layer, 4-bit group 64 — the
  * small-grid tensor-core kernels walk many pipeline stages there, and a part of one last —: CPU engine vs CUDA engine with every Q8 product on each of those kernels and by the default
- * rules, bitwise equal logits; gpu-fma and gpu-split-k must make them differ on each.
+ * rules, bitwise equal logits; gpu-fma and gpu-split-k must make them differ on each. The same for the
+ * one-row products with their weight tiles in shared memory (IB_CUDA_MM_TILE=force: 32-, 16- and 8-output
+ * blocks by the grids' sizes, and at a 20 KiB bound).
  *
  * No GPU (or a build without CUDA): one SKIP line and no checks. `test_backend_cuda --bench` also
  * checks and times a qwen3-0.6b-shaped 4-bit model (decode B=1, B=128, prefill), `--profile` runs one
@@ -639,6 +643,27 @@ static void long_k_checks(void) {
         CHECK(decode_compares(m, IB_ACT_Q8, IB_KV_F16, "act q8, kv f16") == 0,
               "%s 1 layer %d-bit g%d: decode steps differ from the CPU engine's", cf[c].preset, cf[c].bits,
               cf[c].group);
+        /* one-row products with their weight tiles in shared memory: 32-, 16- and 8-output blocks by
+         * the grids' sizes (and 8- or 16-output ones only, at a 20 KiB bound), the faults caught */
+        setenv("IB_CUDA_MM_TILE", "force", 1);
+        for (int tb = 0; tb < 2; tb++) {
+            if (tb) setenv("IB_CUDA_MM_TILE_KB", "20", 1);
+            snprintf(name, sizeof name, "act q8, kv f16, weight tiles in shared memory%s", tb ? " (20 KiB)" : "");
+            CHECK(decode_compares(m, IB_ACT_Q8, IB_KV_F16, name) == 0,
+                  "%s 1 layer %d-bit g%d, %s: decode steps differ from the CPU engine's", cf[c].preset, cf[c].bits,
+                  cf[c].group, name);
+        }
+        unsetenv("IB_CUDA_MM_TILE_KB");
+        for (int f = 0; f < 2; f++) {
+            static const ib_fault tf[] = {IB_FAULT_GPU_FMA, IB_FAULT_GPU_SPLIT_K};
+            ib_fault_set(tf[f]);
+            snprintf(name, sizeof name, "decode, 1 row a step, weight tiles, FAULT %s (must differ)", ib_fault_name(tf[f]));
+            CHECK(engine_decode_compare(m, IB_ACT_Q8, IB_KV_F32, 1, 1, name) > 0,
+                  "%s 1 layer %d-bit g%d: the decode comparison with weight tiles missed the %s fault", cf[c].preset,
+                  cf[c].bits, cf[c].group, ib_fault_name(tf[f]));
+            ib_fault_set(IB_FAULT_NONE);
+        }
+        unsetenv("IB_CUDA_MM_TILE");
         static const ib_fault faults[] = {IB_FAULT_GPU_FMA, IB_FAULT_GPU_SPLIT_K};
         setenv("IB_CUDA_MMA_ROWS", "1", 1);
         for (int mma = 0; mma < 3; mma++)
@@ -1181,6 +1206,13 @@ int main(int argc, char **argv) {
          * (IB_CUDA_MM_STAGE=force; by shape only where the weights come from DRAM: large models), with
          * the faults in their epilogue and across their blocks caught there */
         if (q8ok) {
+            /* one-row products on the kernel that reads its weights in rounds (neither tiles nor staged
+             * codes), then staging the row's codes wherever they can */
+            setenv("IB_CUDA_MM_TILE", "0", 1);
+            setenv("IB_CUDA_MM_STAGE", "0", 1);
+            CHECK(decode_compares(m, IB_ACT_Q8, IB_KV_F16, "act q8, kv f16, one-row products in rounds") == 0,
+                  "model %s, decode steps with one-row products in rounds: CUDA engine's logits differ from the "
+                  "CPU engine's", models[mi].name);
             setenv("IB_CUDA_MM_STAGE", "force", 1);
             CHECK(decode_compares(m, IB_ACT_Q8, IB_KV_F16, "act q8, kv f16, staged codes") == 0,
                   "model %s, decode steps with staged codes: CUDA engine's logits differ from the CPU engine's",
@@ -1195,6 +1227,21 @@ int main(int argc, char **argv) {
                   "model %s: the decode comparison with staged codes missed the gpu-split-k fault", models[mi].name);
             ib_fault_set(IB_FAULT_NONE);
             unsetenv("IB_CUDA_MM_STAGE");
+            unsetenv("IB_CUDA_MM_TILE");
+            /* one-row products whose blocks copy their whole weight tiles into shared memory before the
+             * wait (IB_CUDA_MM_TILE=force: wherever a block fits; by shape within a smaller bound), faults too */
+            setenv("IB_CUDA_MM_TILE", "force", 1);
+            CHECK(decode_compares(m, IB_ACT_Q8, IB_KV_F16, "act q8, kv f16, weight tiles in shared memory") == 0,
+                  "model %s, decode steps with weight tiles in shared memory: CUDA engine's logits differ from the "
+                  "CPU engine's", models[mi].name);
+            ib_fault_set(IB_FAULT_GPU_FMA);
+            CHECK(engine_decode_compare(m, IB_ACT_Q8, IB_KV_F32, 1, 1, "decode, 1 row a step, weight tiles, FAULT gpu-fma (must differ)") > 0,
+                  "model %s: the decode comparison with weight tiles missed the gpu-fma fault", models[mi].name);
+            ib_fault_set(IB_FAULT_GPU_SPLIT_K);
+            CHECK(engine_decode_compare(m, IB_ACT_Q8, IB_KV_F32, 1, 1, "decode, 1 row a step, weight tiles, FAULT gpu-split-k (must differ)") > 0,
+                  "model %s: the decode comparison with weight tiles missed the gpu-split-k fault", models[mi].name);
+            ib_fault_set(IB_FAULT_NONE);
+            unsetenv("IB_CUDA_MM_TILE");
         }
         /* and the comparison can fail: gpu-fma on the CUDA side only */
         ib_fault_set(IB_FAULT_GPU_FMA);

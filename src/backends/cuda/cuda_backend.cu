@@ -108,6 +108,19 @@ enum mm_prefetch_mode { MM_PF_AUTO, MM_PF_ALL, MM_PF_NONE };
  * can (=force: tests) */
 enum mm_stage_mode { STAGE_NEVER, STAGE_BY_SHAPE, STAGE_FORCED };
 
+/* Whether a one-row Q8 product copies its blocks' whole weight tiles into shared memory before the wait
+ * for the previous kernel (mm_q8_tile_kernel), with the same modes (IB_CUDA_MM_TILE=0 / unset / force;
+ * by shape: wherever a block fits the bound below; forced: wherever one fits MM_TILE_SMEM_CAP), so a tile's bytes are in flight at once instead of
+ * in a warp's rounds one after another. The bound on a block's shared bytes sets its outputs (32, 16 or
+ * 8: mm_tile_opb): where the weights were asked of L2 before the wait (mm_prefetch_wanted) blocks of up
+ * to MM_TILE_SMEM_MAX, two a multiprocessor; where they come from DRAM, smaller ones
+ * (MM_TILE_SMEM_DRAM), more of them in flight. Measured on the H200 (docs/cuda.md): qwen3-0.6b B=1 1,017
+ * -> 1,134 tok/s; qwen3-8b B=1 341 -> 360 with 48 KB blocks (321 with 96 KB, 312 with 200 KB);
+ * gemma4-26b-a4b B=1 277 -> 288 */
+#define MM_TILE_SMEM_CAP (200 * 1024)  /* most a block may take (IB_CUDA_MM_TILE_KB, force): with its 16 KB of terms, within the 227 KB a block */
+#define MM_TILE_SMEM_MAX (96 * 1024)   /* most dynamic shared bytes of a tile block by default: with its 16 KB of terms, two blocks a multiprocessor */
+#define MM_TILE_SMEM_DRAM (48 * 1024)  /* the same where its weights come from DRAM */
+
 /* Which tensor-core kernel takes the Q8 products of a few rows on small grids (launch_products): by the
  * step's rows (the default: mm_q8_mma_pipe_kernel up to MMA_PIPE_MAX_ROWS, mm_q8_mma16_kernel beyond —
  * measured on the H200, docs/cuda.md: decode steps of 8-64 rows 6-65% faster on the first, 128-row
@@ -302,6 +315,8 @@ typedef struct cuda_backend {
     int moe_split;                   /* Q8 expert products split K over a block's warps (IB_CUDA_MOE_SPLIT=0: a warp walks K) */
     mm_prefetch_mode mm_prefetch;    /* which product blocks ask L2 for their weight tiles before the wait */
     mm_stage_mode mm_stage;          /* which one-row products stage the row's codes in shared memory */
+    mm_stage_mode mm_tile;           /* which one-row products copy their weight tiles into shared memory */
+    int mm_tile_max;                 /* most dynamic shared bytes of such a block (IB_CUDA_MM_TILE_KB; 0: by where its weights come from) */
     mma_kernel_mode mma_kernel;      /* which tensor-core kernel takes few rows on small grids */
     mma_narrow_mode mma_narrow;      /* where that kernel's blocks take 16 outputs */
     size_t l2_bytes;                 /* the device's L2 cache */
@@ -886,6 +901,10 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         const char *mp = getenv("IB_CUDA_MM_PREFETCH");
         b->mm_prefetch = !mp ? MM_PF_AUTO : !strcmp(mp, "0") ? MM_PF_NONE : !strcmp(mp, "all") ? MM_PF_ALL : MM_PF_AUTO;
         b->mm_stage = (mm_stage_mode)env_mode("IB_CUDA_MM_STAGE");
+        b->mm_tile = (mm_stage_mode)env_mode("IB_CUDA_MM_TILE");
+        /* N: a tile block's shared memory at most N KiB (measurements; default MM_TILE_SMEM_MAX) */
+        const char *tk = getenv("IB_CUDA_MM_TILE_KB");
+        b->mm_tile_max = tk && atoi(tk) >= 16 && atoi(tk) * 1024 <= MM_TILE_SMEM_CAP ? atoi(tk) * 1024 : 0;
         const char *rp = getenv("IB_CUDA_REPEAT");
         b->repeat = (rp && strstr(rp, "attn") ? REPEAT_ATTN : 0) | (rp && strstr(rp, "linear") ? REPEAT_LINEAR : 0) |
                     (rp && strstr(rp, "norm") ? REPEAT_NORM : 0) | (rp && strstr(rp, "act") ? REPEAT_ACT : 0) |
@@ -927,6 +946,13 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
             size_t sm;
             const mm_q8_mma_fn k = mma_pipe_pick(v & 1 ? IB_WQ8 : IB_WQ4, v & 2 ? 2 : 1, (v >> 2) & 1, v >> 3, &sm);
             ok = ok && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) == cudaSuccess;
+        }
+        {   /* every (format, outputs a block) of the one-row tile kernel: up to IB_CUDA_MM_TILE_KB's bound */
+            void (*const tk[6])(mset, const int8_t *, const float *, const float *, int, int, int, int) = {
+                mm_q8_tile_kernel<IB_WQ4, NT>, mm_q8_tile_kernel<IB_WQ4, 16>, mm_q8_tile_kernel<IB_WQ4, 8>,
+                mm_q8_tile_kernel<IB_WQ8, NT>, mm_q8_tile_kernel<IB_WQ8, 16>, mm_q8_tile_kernel<IB_WQ8, 8>};
+            for (int v = 0; v < 6; v++)
+                ok = ok && cudaFuncSetAttribute(tk[v], cudaFuncAttributeMaxDynamicSharedMemorySize, MM_TILE_SMEM_CAP) == cudaSuccess;
         }
         ok = ok && cudaFuncSetAttribute(attention_head_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(attention_head_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
@@ -1359,6 +1385,40 @@ static mm_q8_fn mm_q8_pick_staged(int fmt, int narrow, int short_groups) {
                          : mm_q8_pick_staged_fmt<IB_WQ8>(narrow, short_groups);
 }
 
+/* mm_q8_tile_kernel for format fmt and opb (32, 16 or 8) outputs a block. */
+template <int FMT>
+static mm_q8_fn mm_q8_tile_pick_fmt(int opb) {
+    return opb == NT ? mm_q8_tile_kernel<FMT, NT> : opb == 16 ? mm_q8_tile_kernel<FMT, 16> : mm_q8_tile_kernel<FMT, 8>;
+}
+static mm_q8_fn mm_q8_tile_pick(int fmt, int opb) {
+    return fmt == IB_WQ4 ? mm_q8_tile_pick_fmt<IB_WQ4>(opb) : mm_q8_tile_pick_fmt<IB_WQ8>(opb);
+}
+
+/* Outputs a block of mm_q8_tile_kernel for the n matrices of a one-row product of `tiles` 32-output
+ * tiles whose weights were asked of L2 before the wait or not (l2): the most of 32, 16, 8 whose block
+ * fits the bound (b->mm_tile_max; forced, MM_TILE_SMEM_CAP; else MM_TILE_SMEM_MAX or MM_TILE_SMEM_DRAM
+ * by l2) in shared memory
+ * (*smem: its bytes) and, but for 8, gives at least a block a multiprocessor; 0 where even 8 do not
+ * fit. Only the grid depends on it, never an operation. */
+static int mm_tile_opb(const cuda_backend *b, int n, const dmat *const *m, int tiles, int l2, size_t *smem) {
+    const size_t bound = b->mm_tile_max                ? (size_t)b->mm_tile_max
+                         : b->mm_tile == STAGE_FORCED ? (size_t)MM_TILE_SMEM_CAP
+                         : l2                          ? (size_t)MM_TILE_SMEM_MAX
+                                                       : (size_t)MM_TILE_SMEM_DRAM;
+    for (int opb = NT; opb >= 8; opb /= 2) {
+        size_t need = 0;
+        for (int i = 0; i < n; i++) {
+            const size_t s = mm_tile_smem(opb, m[i]->K, m[i]->ng, m[i]->G / MM_KC(m[i]->fmt));
+            if (s > need) need = s;
+        }
+        if (need > bound) continue;
+        if (opb > 8 && (long)tiles * (NT / opb) < b->n_sm) continue;
+        *smem = need;
+        return opb;
+    }
+    return 0;
+}
+
 /* Bytes of the weights of mset ms's matrices (dmat_bytes). */
 static size_t mset_weight_bytes(const mset *ms) {
     size_t n = 0;
@@ -1459,6 +1519,15 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
         /* a one-row step's codes staged in shared memory: b->mm_stage */
         int short_groups = 1;   /* every matrix's groups fit half of MM_MAXC's code words */
         for (int i = 0; i < n; i++) short_groups &= m[i]->G / MM_KC(fmt) <= MM_MAXC(fmt) / 2;
+        /* a one-row step's weight tiles copied into shared memory before the wait: b->mm_tile */
+        size_t tsm = 0;
+        const int tile_opb = R == 1 && rpb == 1 && b->mm_tile != STAGE_NEVER ? mm_tile_opb(b, n, m, tiles, ms.prefetch, &tsm) : 0;
+        if (tile_opb) {
+            dim3 tgrid((unsigned)tiles * (NT / tile_opb), 1, (unsigned)splits);
+            launch(b, mm_q8_tile_pick(fmt, tile_opb), tgrid, 256, tsm, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
+            LAUNCHED(b, "linear");
+            return;
+        }
         const int can_stage = R == 1 && rpb == 1 && m[0]->K <= MM_XS_MAX_K;
         const int staged = can_stage && (b->mm_stage == STAGE_FORCED || (b->mm_stage == STAGE_BY_SHAPE && !ms.prefetch));
         mm_q8_fn k = staged ? mm_q8_pick_staged(fmt, narrow, short_groups) : mm_q8_pick(fmt, rbt, narrow);

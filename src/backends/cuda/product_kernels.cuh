@@ -224,6 +224,90 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
+/* Dynamic shared bytes of mm_q8_tile_kernel for OPB outputs of a matrix of K inputs in ng groups of cpg
+ * 16-byte code words: the codes [ng * cpg][OPB] (16 bytes each), scales and biases [ng][OPB] (floats),
+ * then the row's K activation codes. */
+__host__ __device__ __forceinline__ size_t mm_tile_smem(int opb, int K, int ng, int cpg) {
+    return (size_t)ng * cpg * opb * 16 + (size_t)ng * opb * 8 + (size_t)K;
+}
+
+/* mm_q8_kernel's product for one row (RBT = 1, rpb = 1: block (x, y) takes row y) with the block's whole
+ * weight tile in shared memory: before the wait for the previous kernel — the weights are written by no
+ * kernel of the step — every thread issues cp.async copies of its share of the tile (the OPB outputs'
+ * code words, scales and biases over the block's groups), so the tile's bytes are in flight at once and
+ * stream in while the previous kernel ends; after the wait the row's activation codes are copied too,
+ * and each group's integer sum and terms come from shared memory. The arithmetic is mm_q8_kernel's: per
+ * (output, group) t_g = (s*d)*(float)isum and u_g = b*ad, the chain acc = (acc + t_g) + u_g in
+ * ascending group order by warp 0's lanes, 64 groups a pass (16 KB of terms at 32 outputs); fused and splits are its test-only faults
+ * (block z stages and sums only its group range). Dynamic shared memory: mm_tile_smem(OPB, K, the
+ * block's groups, cpg) of the block's matrix. */
+template <int FMT, int OPB>
+__global__ void __launch_bounds__(256) mm_q8_tile_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
+                                                         const float *__restrict__ ad, int R, int rpb, int fused,
+                                                         int splits) {
+    constexpr int GC = 64, SETS = NWARP * (NT / OPB), KC = MM_KC(FMT), MAXC = MM_MAXC(FMT);
+    __shared__ float t_s[GC][OPB], u_s[GC][OPB];
+    extern __shared__ __align__(16) unsigned char tile_s[];
+    dmat m;
+    float *Y;
+    const int tile = mset_pick(ms, blockIdx.x / (NT / OPB), m, Y), ldy = m.N;
+    const int n0 = tile * NT + (blockIdx.x % (NT / OPB)) * OPB;   /* the block's first output */
+    const int K = m.K, G = m.G, ng = m.ng, cpg = G / KC, r = blockIdx.y;
+    const int gs = (ng + splits - 1) / splits, gb = min(ng, (int)blockIdx.z * gs), ge = min(ng, gb + gs), gnb = ge - gb;
+    uint4 *wc = (uint4 *)tile_s;                        /* [gnb * cpg][OPB] code words */
+    float *sc_s = (float *)(wc + (size_t)gnb * cpg * OPB), *bi_s = sc_s + (size_t)gnb * OPB;   /* [gnb][OPB] */
+    int8_t *x_s = (int8_t *)(bi_s + (size_t)gnb * OPB);  /* [K] */
+    /* the tile: code word row w of the block's groups is 16 * OPB contiguous bytes at row gb * cpg + w */
+    for (int i = threadIdx.x; i < gnb * cpg * OPB; i += blockDim.x)
+        cp_async16(wc + i, m.w + (size_t)(gb * cpg + i / OPB) * m.Np + n0 + i % OPB);
+    for (int i = threadIdx.x; i < gnb * (OPB / 4); i += blockDim.x) {
+        const size_t src = (size_t)(gb + i / (OPB / 4)) * m.Np + n0 + 4 * (i % (OPB / 4));
+        cp_async16(sc_s + 4 * i, m.s + src);
+        cp_async16(bi_s + 4 * i, m.b + src);
+    }
+    cp_commit();
+    PDL_ENTER();
+    {
+        const int4 *src = (const int4 *)(xq + (size_t)r * K);
+        for (int i = threadIdx.x; i < K / 16; i += blockDim.x) ((int4 *)x_s)[i] = src[i];
+    }
+    cp_wait<0>();
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int o = lane % OPB, set = warp * (NT / OPB) + lane / OPB, n = n0 + o;
+    float acc = 0.0f;   /* output n (warp 0, lanes < OPB) */
+    for (int g0 = 0; g0 < gnb; g0 += GC) {
+        const int gn = min(GC, gnb - g0);
+        for (int gi = set; gi < gn; gi += SETS) {
+            const int gl = g0 + gi, g = gb + gl;
+            uint4 wl[MAXC];
+#pragma unroll
+            for (int c = 0; c < MAXC; c++)
+                if (c < cpg) wl[c] = wc[(size_t)(gl * cpg + c) * OPB + o];
+            const int is = group_isum<FMT, MAXC>(wl, cpg, x_s + (size_t)g * G);
+            const float sd = sc_s[(size_t)gl * OPB + o] * d[(size_t)r * ng + g];
+            const float u = bi_s[(size_t)gl * OPB + o] * ad[(size_t)r * ng + g], fi = (float)is;
+            if (fused) {
+                t_s[gi][o] = __fmaf_rn(sd, fi, u);
+                u_s[gi][o] = 0.0f;
+            } else {
+                t_s[gi][o] = sd * fi;
+                u_s[gi][o] = u;
+            }
+        }
+        __syncthreads();
+        if (warp == 0 && lane < OPB) {
+#pragma unroll 8
+            for (int gi = 0; gi < gn; gi++) acc = (acc + t_s[gi][lane]) + u_s[gi][lane];
+        }
+        __syncthreads();
+    }
+    if (warp == 0 && lane < OPB && n < m.N && r < R) {
+        if (splits > 1) atomicAdd(&Y[(size_t)r * ldy + n], acc);
+        else Y[(size_t)r * ldy + n] = acc;
+    }
+}
+
 #define GCH 16             /* groups per pass of mm_q8_mma16_kernel: shared isums [GCH][16][33] */
 /* The Q8 product of mm_q8_kernel for many rows, on the tensor cores, where the grid is small (too few
  * blocks for mm_q8_gemm_kernel, which walks K in one block per tile; launch_products chooses between
