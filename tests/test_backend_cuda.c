@@ -1229,18 +1229,26 @@ int main(int argc, char **argv) {
             unsetenv("IB_CUDA_MM_STAGE");
             unsetenv("IB_CUDA_MM_TILE");
             /* one-row products whose blocks copy their whole weight tiles into shared memory before the
-             * wait (IB_CUDA_MM_TILE=force: wherever a block fits; by shape within a smaller bound), faults too */
+             * wait, in steps of at most 4 rows (IB_CUDA_MM_TILE=force: wherever a block fits; by shape
+             * within a smaller bound), faults too */
             setenv("IB_CUDA_MM_TILE", "force", 1);
             CHECK(decode_compares(m, IB_ACT_Q8, IB_KV_F16, "act q8, kv f16, weight tiles in shared memory") == 0,
                   "model %s, decode steps with weight tiles in shared memory: CUDA engine's logits differ from the "
                   "CPU engine's", models[mi].name);
-            ib_fault_set(IB_FAULT_GPU_FMA);
-            CHECK(engine_decode_compare(m, IB_ACT_Q8, IB_KV_F32, 1, 1, "decode, 1 row a step, weight tiles, FAULT gpu-fma (must differ)") > 0,
-                  "model %s: the decode comparison with weight tiles missed the gpu-fma fault", models[mi].name);
-            ib_fault_set(IB_FAULT_GPU_SPLIT_K);
-            CHECK(engine_decode_compare(m, IB_ACT_Q8, IB_KV_F32, 1, 1, "decode, 1 row a step, weight tiles, FAULT gpu-split-k (must differ)") > 0,
-                  "model %s: the decode comparison with weight tiles missed the gpu-split-k fault", models[mi].name);
-            ib_fault_set(IB_FAULT_NONE);
+            /* 1, 2 and 3 sessions from one-token prompts: steps of 1, 2, 3 rows, every Q8 product a tile
+             * kernel's of 1, 2 or 4 rows a block */
+            for (int ns = 1; ns <= 3; ns++)
+                for (int f = 0; f < 2; f++) {
+                    static const ib_fault tf[] = {IB_FAULT_GPU_FMA, IB_FAULT_GPU_SPLIT_K};
+                    char what[96];
+                    snprintf(what, sizeof what, "decode, %d row(s) a step, weight tiles, FAULT %s (must differ)", ns,
+                             ib_fault_name(tf[f]));
+                    ib_fault_set(tf[f]);
+                    CHECK(engine_decode_compare(m, IB_ACT_Q8, IB_KV_F32, ns, 1, what) > 0,
+                          "model %s: the decode comparison with weight tiles (%d rows) missed the %s fault",
+                          models[mi].name, ns, ib_fault_name(tf[f]));
+                    ib_fault_set(IB_FAULT_NONE);
+                }
             unsetenv("IB_CUDA_MM_TILE");
         }
         /* and the comparison can fail: gpu-fma on the CUDA side only */

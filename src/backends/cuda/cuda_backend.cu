@@ -108,7 +108,7 @@ enum mm_prefetch_mode { MM_PF_AUTO, MM_PF_ALL, MM_PF_NONE };
  * can (=force: tests) */
 enum mm_stage_mode { STAGE_NEVER, STAGE_BY_SHAPE, STAGE_FORCED };
 
-/* Whether a one-row Q8 product copies its blocks' whole weight tiles into shared memory before the wait
+/* Whether a Q8 product of at most 4 rows copies its blocks' whole weight tiles into shared memory before the wait
  * for the previous kernel (mm_q8_tile_kernel), with the same modes (IB_CUDA_MM_TILE=0 / unset / force;
  * by shape: wherever a block fits the bound below; forced: wherever one fits MM_TILE_SMEM_CAP), so a tile's bytes are in flight at once instead of
  * in a warp's rounds one after another. The bound on a block's shared bytes sets its outputs (32, 16 or
@@ -385,6 +385,22 @@ static void launch(cuda_backend *b, void (*k)(KArgs...), dim3 grid, dim3 block, 
 }
 
 #include "backends/cuda/product_kernels.cuh"
+
+/* mm_q8_tile_kernel for format fmt (IB_WQ4, IB_WQ8), opb (32, 16 or 8) outputs and rbt (1, 2 or 4) rows
+ * a block. */
+typedef void (*mm_tile_fn)(mset, const int8_t *, const float *, const float *, int, int, int, int);
+template <int FMT, int OPB>
+static mm_tile_fn mm_q8_tile_pick_rows(int rbt) {
+    return rbt == 1 ? mm_q8_tile_kernel<FMT, OPB, 1> : rbt == 2 ? mm_q8_tile_kernel<FMT, OPB, 2> : mm_q8_tile_kernel<FMT, OPB, 4>;
+}
+template <int FMT>
+static mm_tile_fn mm_q8_tile_pick_fmt(int opb, int rbt) {
+    return opb == NT ? mm_q8_tile_pick_rows<FMT, NT>(rbt) : opb == 16 ? mm_q8_tile_pick_rows<FMT, 16>(rbt)
+                                                                    : mm_q8_tile_pick_rows<FMT, 8>(rbt);
+}
+static mm_tile_fn mm_q8_tile_pick(int fmt, int opb, int rbt) {
+    return fmt == IB_WQ4 ? mm_q8_tile_pick_fmt<IB_WQ4>(opb, rbt) : mm_q8_tile_pick_fmt<IB_WQ8>(opb, rbt);
+}
 
 /* ---------------------------------------------------------------- kernels: activation quantization */
 
@@ -947,13 +963,9 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
             const mm_q8_mma_fn k = mma_pipe_pick(v & 1 ? IB_WQ8 : IB_WQ4, v & 2 ? 2 : 1, (v >> 2) & 1, v >> 3, &sm);
             ok = ok && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) == cudaSuccess;
         }
-        {   /* every (format, outputs a block) of the one-row tile kernel: up to IB_CUDA_MM_TILE_KB's bound */
-            void (*const tk[6])(mset, const int8_t *, const float *, const float *, int, int, int, int) = {
-                mm_q8_tile_kernel<IB_WQ4, NT>, mm_q8_tile_kernel<IB_WQ4, 16>, mm_q8_tile_kernel<IB_WQ4, 8>,
-                mm_q8_tile_kernel<IB_WQ8, NT>, mm_q8_tile_kernel<IB_WQ8, 16>, mm_q8_tile_kernel<IB_WQ8, 8>};
-            for (int v = 0; v < 6; v++)
-                ok = ok && cudaFuncSetAttribute(tk[v], cudaFuncAttributeMaxDynamicSharedMemorySize, MM_TILE_SMEM_CAP) == cudaSuccess;
-        }
+        for (int v = 0; v < 18; v++)   /* every (format, outputs, rows) of the tile kernel: up to MM_TILE_SMEM_CAP */
+            ok = ok && cudaFuncSetAttribute(mm_q8_tile_pick(v & 1 ? IB_WQ8 : IB_WQ4, NT >> (v / 2 % 3), 1 << (v / 6)),
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, MM_TILE_SMEM_CAP) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(attention_head_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(attention_head_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(attention_direct_kernel<uint16_t, ATT_THREADS>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
@@ -1385,22 +1397,14 @@ static mm_q8_fn mm_q8_pick_staged(int fmt, int narrow, int short_groups) {
                          : mm_q8_pick_staged_fmt<IB_WQ8>(narrow, short_groups);
 }
 
-/* mm_q8_tile_kernel for format fmt and opb (32, 16 or 8) outputs a block. */
-template <int FMT>
-static mm_q8_fn mm_q8_tile_pick_fmt(int opb) {
-    return opb == NT ? mm_q8_tile_kernel<FMT, NT> : opb == 16 ? mm_q8_tile_kernel<FMT, 16> : mm_q8_tile_kernel<FMT, 8>;
-}
-static mm_q8_fn mm_q8_tile_pick(int fmt, int opb) {
-    return fmt == IB_WQ4 ? mm_q8_tile_pick_fmt<IB_WQ4>(opb) : mm_q8_tile_pick_fmt<IB_WQ8>(opb);
-}
-
-/* Outputs a block of mm_q8_tile_kernel for the n matrices of a one-row product of `tiles` 32-output
- * tiles whose weights were asked of L2 before the wait or not (l2): the most of 32, 16, 8 whose block
+/* Outputs a block of mm_q8_tile_kernel for the n matrices of a product of `rows` rows (its RBT) and
+ * `tiles` 32-output tiles whose weights were asked of L2 before the wait or not (l2): the most of 32,
+ * 16, 8 whose block
  * fits the bound (b->mm_tile_max; forced, MM_TILE_SMEM_CAP; else MM_TILE_SMEM_MAX or MM_TILE_SMEM_DRAM
  * by l2) in shared memory
  * (*smem: its bytes) and, but for 8, gives at least a block a multiprocessor; 0 where even 8 do not
  * fit. Only the grid depends on it, never an operation. */
-static int mm_tile_opb(const cuda_backend *b, int n, const dmat *const *m, int tiles, int l2, size_t *smem) {
+static int mm_tile_opb(const cuda_backend *b, int n, const dmat *const *m, int tiles, int rows, int l2, size_t *smem) {
     const size_t bound = b->mm_tile_max                ? (size_t)b->mm_tile_max
                          : b->mm_tile == STAGE_FORCED ? (size_t)MM_TILE_SMEM_CAP
                          : l2                          ? (size_t)MM_TILE_SMEM_MAX
@@ -1408,7 +1412,7 @@ static int mm_tile_opb(const cuda_backend *b, int n, const dmat *const *m, int t
     for (int opb = NT; opb >= 8; opb /= 2) {
         size_t need = 0;
         for (int i = 0; i < n; i++) {
-            const size_t s = mm_tile_smem(opb, m[i]->K, m[i]->ng, m[i]->G / MM_KC(m[i]->fmt));
+            const size_t s = mm_tile_smem(opb, m[i]->K, m[i]->ng, m[i]->G / MM_KC(m[i]->fmt), rows);
             if (s > need) need = s;
         }
         if (need > bound) continue;
@@ -1519,12 +1523,14 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
         /* a one-row step's codes staged in shared memory: b->mm_stage */
         int short_groups = 1;   /* every matrix's groups fit half of MM_MAXC's code words */
         for (int i = 0; i < n; i++) short_groups &= m[i]->G / MM_KC(fmt) <= MM_MAXC(fmt) / 2;
-        /* a one-row step's weight tiles copied into shared memory before the wait: b->mm_tile */
+        /* a step of at most 4 rows: its weight tiles copied into shared memory before the wait (b->mm_tile),
+         * but in grids of more than MAX_PASSES rows' passes (over 1,056 tiles: the lm_head), which read well */
         size_t tsm = 0;
-        const int tile_opb = R == 1 && rpb == 1 && b->mm_tile != STAGE_NEVER ? mm_tile_opb(b, n, m, tiles, ms.prefetch, &tsm) : 0;
+        const int tile_opb = rbt <= 4 && rpb == rbt && b->mm_tile != STAGE_NEVER
+                                 ? mm_tile_opb(b, n, m, tiles, rbt, ms.prefetch, &tsm) : 0;
         if (tile_opb) {
             dim3 tgrid((unsigned)tiles * (NT / tile_opb), 1, (unsigned)splits);
-            launch(b, mm_q8_tile_pick(fmt, tile_opb), tgrid, 256, tsm, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
+            launch(b, mm_q8_tile_pick(fmt, tile_opb, rbt), tgrid, 256, tsm, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
             LAUNCHED(b, "linear");
             return;
         }

@@ -225,38 +225,39 @@ template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
 /* Dynamic shared bytes of mm_q8_tile_kernel for OPB outputs of a matrix of K inputs in ng groups of cpg
- * 16-byte code words: the codes [ng * cpg][OPB] (16 bytes each), scales and biases [ng][OPB] (floats),
- * then the row's K activation codes. */
-__host__ __device__ __forceinline__ size_t mm_tile_smem(int opb, int K, int ng, int cpg) {
-    return (size_t)ng * cpg * opb * 16 + (size_t)ng * opb * 8 + (size_t)K;
+ * 16-byte code words and `rows` rows: the codes [ng * cpg][OPB] (16 bytes each), scales and biases
+ * [ng][OPB] (floats), then the rows' activation codes [rows][K]. */
+__host__ __device__ __forceinline__ size_t mm_tile_smem(int opb, int K, int ng, int cpg, int rows) {
+    return (size_t)ng * cpg * opb * 16 + (size_t)ng * opb * 8 + (size_t)rows * K;
 }
 
-/* mm_q8_kernel's product for one row (RBT = 1, rpb = 1: block (x, y) takes row y) with the block's whole
- * weight tile in shared memory: before the wait for the previous kernel — the weights are written by no
- * kernel of the step — every thread issues cp.async copies of its share of the tile (the OPB outputs'
- * code words, scales and biases over the block's groups), so the tile's bytes are in flight at once and
- * stream in while the previous kernel ends; after the wait the row's activation codes are copied too,
- * and each group's integer sum and terms come from shared memory. The arithmetic is mm_q8_kernel's: per
- * (output, group) t_g = (s*d)*(float)isum and u_g = b*ad, the chain acc = (acc + t_g) + u_g in
- * ascending group order by warp 0's lanes, 64 groups a pass (16 KB of terms at 32 outputs); fused and splits are its test-only faults
- * (block z stages and sums only its group range). Dynamic shared memory: mm_tile_smem(OPB, K, the
- * block's groups, cpg) of the block's matrix. */
-template <int FMT, int OPB>
+/* mm_q8_kernel's product for the step's R <= RBT rows (RBT = 1, 2 or 4; one block row: rpb >= R) with
+ * the block's whole weight tile in shared memory: before the wait for the previous kernel — the weights
+ * are written by no kernel of the step — every thread issues cp.async copies of its share of the tile
+ * (the OPB outputs' code words, scales and biases over the block's groups), so the tile's bytes are in
+ * flight at once and stream in while the previous kernel ends; after the wait the rows' activation
+ * codes are copied too, and each group's integer sums and terms come from shared memory, the group's
+ * code words read once for all the rows. The arithmetic is mm_q8_kernel's: per (row, output, group)
+ * t_g = (s*d)*(float)isum and u_g = b*ad, the chain acc = (acc + t_g) + u_g in ascending group order
+ * by warp r's lanes for row r, 64 / RBT groups a pass (16 KB of terms at 32 outputs); fused and splits
+ * are its test-only faults (block z stages and sums only its group range). Dynamic shared memory:
+ * mm_tile_smem(OPB, K, the block's groups, cpg, RBT) of the block's matrix. */
+template <int FMT, int OPB, int RBT>
 __global__ void __launch_bounds__(256) mm_q8_tile_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
                                                          const float *__restrict__ ad, int R, int rpb, int fused,
                                                          int splits) {
-    constexpr int GC = 64, SETS = NWARP * (NT / OPB), KC = MM_KC(FMT), MAXC = MM_MAXC(FMT);
-    __shared__ float t_s[GC][OPB], u_s[GC][OPB];
+    constexpr int GC = 64 / RBT, SETS = NWARP * (NT / OPB), KC = MM_KC(FMT), MAXC = MM_MAXC(FMT);
+    __shared__ float t_s[RBT][GC][OPB], u_s[RBT][GC][OPB];
     extern __shared__ __align__(16) unsigned char tile_s[];
     dmat m;
     float *Y;
     const int tile = mset_pick(ms, blockIdx.x / (NT / OPB), m, Y), ldy = m.N;
     const int n0 = tile * NT + (blockIdx.x % (NT / OPB)) * OPB;   /* the block's first output */
-    const int K = m.K, G = m.G, ng = m.ng, cpg = G / KC, r = blockIdx.y;
+    const int K = m.K, G = m.G, ng = m.ng, cpg = G / KC, nr = min(R, RBT);
     const int gs = (ng + splits - 1) / splits, gb = min(ng, (int)blockIdx.z * gs), ge = min(ng, gb + gs), gnb = ge - gb;
     uint4 *wc = (uint4 *)tile_s;                        /* [gnb * cpg][OPB] code words */
     float *sc_s = (float *)(wc + (size_t)gnb * cpg * OPB), *bi_s = sc_s + (size_t)gnb * OPB;   /* [gnb][OPB] */
-    int8_t *x_s = (int8_t *)(bi_s + (size_t)gnb * OPB);  /* [K] */
+    int8_t *x_s = (int8_t *)(bi_s + (size_t)gnb * OPB);  /* [nr][K] */
     /* the tile: code word row w of the block's groups is 16 * OPB contiguous bytes at row gb * cpg + w */
     for (int i = threadIdx.x; i < gnb * cpg * OPB; i += blockDim.x)
         cp_async16(wc + i, m.w + (size_t)(gb * cpg + i / OPB) * m.Np + n0 + i % OPB);
@@ -268,14 +269,14 @@ __global__ void __launch_bounds__(256) mm_q8_tile_kernel(mset ms, const int8_t *
     cp_commit();
     PDL_ENTER();
     {
-        const int4 *src = (const int4 *)(xq + (size_t)r * K);
-        for (int i = threadIdx.x; i < K / 16; i += blockDim.x) ((int4 *)x_s)[i] = src[i];
+        const int4 *src = (const int4 *)xq;   /* rows 0 .. nr - 1, K bytes each */
+        for (int i = threadIdx.x; i < nr * (K / 16); i += blockDim.x) ((int4 *)x_s)[i] = src[i];
     }
     cp_wait<0>();
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int o = lane % OPB, set = warp * (NT / OPB) + lane / OPB, n = n0 + o;
-    float acc = 0.0f;   /* output n (warp 0, lanes < OPB) */
+    float acc = 0.0f;   /* row `warp`, output n (warps < nr, lanes < OPB) */
     for (int g0 = 0; g0 < gnb; g0 += GC) {
         const int gn = min(GC, gnb - g0);
         for (int gi = set; gi < gn; gi += SETS) {
@@ -284,27 +285,31 @@ __global__ void __launch_bounds__(256) mm_q8_tile_kernel(mset ms, const int8_t *
 #pragma unroll
             for (int c = 0; c < MAXC; c++)
                 if (c < cpg) wl[c] = wc[(size_t)(gl * cpg + c) * OPB + o];
-            const int is = group_isum<FMT, MAXC>(wl, cpg, x_s + (size_t)g * G);
-            const float sd = sc_s[(size_t)gl * OPB + o] * d[(size_t)r * ng + g];
-            const float u = bi_s[(size_t)gl * OPB + o] * ad[(size_t)r * ng + g], fi = (float)is;
-            if (fused) {
-                t_s[gi][o] = __fmaf_rn(sd, fi, u);
-                u_s[gi][o] = 0.0f;
-            } else {
-                t_s[gi][o] = sd * fi;
-                u_s[gi][o] = u;
+            const float sc = sc_s[(size_t)gl * OPB + o], bi = bi_s[(size_t)gl * OPB + o];
+#pragma unroll
+            for (int r = 0; r < RBT; r++) {
+                if (r >= nr) break;
+                const int is = group_isum<FMT, MAXC>(wl, cpg, x_s + (size_t)r * K + (size_t)g * G);
+                const float sd = sc * d[(size_t)r * ng + g], u = bi * ad[(size_t)r * ng + g], fi = (float)is;
+                if (fused) {
+                    t_s[r][gi][o] = __fmaf_rn(sd, fi, u);
+                    u_s[r][gi][o] = 0.0f;
+                } else {
+                    t_s[r][gi][o] = sd * fi;
+                    u_s[r][gi][o] = u;
+                }
             }
         }
         __syncthreads();
-        if (warp == 0 && lane < OPB) {
+        if (warp < nr && lane < OPB) {
 #pragma unroll 8
-            for (int gi = 0; gi < gn; gi++) acc = (acc + t_s[gi][lane]) + u_s[gi][lane];
+            for (int gi = 0; gi < gn; gi++) acc = (acc + t_s[warp][gi][lane]) + u_s[warp][gi][lane];
         }
         __syncthreads();
     }
-    if (warp == 0 && lane < OPB && n < m.N && r < R) {
-        if (splits > 1) atomicAdd(&Y[(size_t)r * ldy + n], acc);
-        else Y[(size_t)r * ldy + n] = acc;
+    if (warp < nr && lane < OPB && n < m.N) {
+        if (splits > 1) atomicAdd(&Y[(size_t)warp * ldy + n], acc);
+        else Y[(size_t)warp * ldy + n] = acc;
     }
 }
 
