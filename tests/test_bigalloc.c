@@ -102,7 +102,7 @@ int main(void) {
     char mode[32];
     thp_mode(mode, sizeof mode);
     if (SANITIZED) {
-        printf("test_bigalloc: huge-page check not run (AddressSanitizer build: every block is a heap block)\n");
+        printf("test_bigalloc: huge-page check not run (sanitizer build: every block is a heap block)\n");
     } else if (strcmp(mode, "always") != 0 && strcmp(mode, "madvise") != 0) {
         printf("test_bigalloc: huge-page check not run (transparent huge pages: \"%s\")\n", mode);
     } else {

@@ -1,20 +1,20 @@
 /*
- * bigalloc.h — large zeroed allocations (packed weights, KV caches) on transparent huge pages where
- * the kernel grants them.
+ * bigalloc.h — large zeroed allocations (the packed weights) on transparent huge pages where the kernel
+ * grants them.
  *
- * A decode step streams every weight and each session's keys and values once; on 4 KiB pages that is a
- * TLB walk every 4 KiB of a stream that jumps between a few hundred planes. Linux gives 2 MiB pages to
- * an anonymous mapping that asks for them (madvise MADV_HUGEPAGE, honoured when
- * /sys/kernel/mm/transparent_hugepage/enabled is "always" or "madvise", the usual default); elsewhere,
- * or where it declines, the memory is ordinary pages. Only speed depends on it, never a result.
+ * A step streams every weight once; on 4 KiB pages that is a TLB walk every 4 KiB of each matrix's
+ * stream. Linux gives 2 MiB pages to an anonymous mapping that asks for them (madvise MADV_HUGEPAGE,
+ * honoured when /sys/kernel/mm/transparent_hugepage/enabled is "always" or "madvise", the usual default);
+ * elsewhere, or where it declines, the memory is ordinary pages. Only speed depends on it, never a
+ * result. (KV caches stay on ordinary pages: cpu_kv_create says why.)
  */
 #ifndef IB_CORE_BIGALLOC_H
 #define IB_CORE_BIGALLOC_H
 #include <stddef.h>
 
 /* n bytes (n >= 0), zeroed, 64-byte aligned; NULL when out of memory. Blocks of at least 2 MiB are
- * their own mapping, 2 MiB-aligned and asked for huge pages (its pages come on first touch, so a
- * large cache costs memory as it fills); smaller ones, and every block in an AddressSanitizer build
+ * their own mapping, 2 MiB-aligned and asked for huge pages (their pages come on first touch, 2 MiB
+ * at a time); smaller ones, and every block in an AddressSanitizer build
  * (whose leak checker sees heap blocks only), come from the heap. Free with ib_big_free. */
 void *ib_big_alloc(size_t n);
 

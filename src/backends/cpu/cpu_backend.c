@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "backends/cpu/cpu.h"
-#include "core/bigalloc.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "ops/ops.h"
@@ -92,10 +91,13 @@ static ib_status cpu_kv_create(const ib_kv_desc *d, ib_kv **out, ib_error *err) 
     *out = NULL;
     cpu_kv *kv = calloc(1, sizeof *kv);
     size_t bytes = ib_kv_desc_bytes(d);
-    if (kv) kv->data = ib_big_alloc(bytes);   /* zeroed; huge pages where granted (bigalloc.h) */
+    /* ordinary pages, not ib_big_alloc's huge ones: a cache's pages come as its session fills it, where
+     * huge pages would make 2 MiB of each of its planes resident at the first token (no faster either:
+     * README, "Packed weights on huge pages") */
+    if (kv) kv->data = calloc(1, bytes ? bytes : 1);
     if (kv) kv->layer_off = malloc((d->n_layers > 0 ? (size_t)d->n_layers : 1) * sizeof *kv->layer_off);
     if (!kv || !kv->data || !kv->layer_off) {
-        if (kv) ib_big_free(kv->data), free(kv->layer_off);
+        if (kv) free(kv->data), free(kv->layer_off);
         free(kv);
         return ib_fail(err, IB_ERR_NOMEM, "session: out of memory for a KV cache of %d tokens (%zu bytes)", d->capacity,
                        bytes);
@@ -114,7 +116,7 @@ static ib_status cpu_kv_create(const ib_kv_desc *d, ib_kv **out, ib_error *err) 
 
 static void cpu_kv_free(ib_kv *kv) {
     if (!kv) return;
-    ib_big_free(((cpu_kv *)kv)->data);
+    free(((cpu_kv *)kv)->data);
     free(((cpu_kv *)kv)->layer_off);
     free(kv);
 }
