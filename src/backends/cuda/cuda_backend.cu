@@ -108,18 +108,19 @@ enum mm_prefetch_mode { MM_PF_AUTO, MM_PF_ALL, MM_PF_NONE };
  * can (=force: tests) */
 enum mm_stage_mode { STAGE_NEVER, STAGE_BY_SHAPE, STAGE_FORCED };
 
-/* Whether a Q8 product of at most 4 rows copies its blocks' whole weight tiles into shared memory before the wait
- * for the previous kernel (mm_q8_tile_kernel), with the same modes (IB_CUDA_MM_TILE=0 / unset / force;
- * by shape: wherever a block fits the bound below; forced: wherever one fits MM_TILE_SMEM_CAP), so a tile's bytes are in flight at once instead of
- * in a warp's rounds one after another. The bound on a block's shared bytes sets its outputs (32, 16 or
- * 8: mm_tile_opb): where the weights were asked of L2 before the wait (mm_prefetch_wanted) blocks of up
- * to MM_TILE_SMEM_MAX, two a multiprocessor; where they come from DRAM, smaller ones
- * (MM_TILE_SMEM_DRAM), more of them in flight. Measured on the H200 (docs/cuda.md): qwen3-0.6b B=1 1,017
- * -> 1,134 tok/s; qwen3-8b B=1 341 -> 360 with 48 KB blocks (321 with 96 KB, 312 with 200 KB);
- * gemma4-26b-a4b B=1 277 -> 288 */
-#define MM_TILE_SMEM_CAP (200 * 1024)  /* most a block may take (IB_CUDA_MM_TILE_KB, force): with its 16 KB of terms, within the 227 KB a block */
-#define MM_TILE_SMEM_MAX (96 * 1024)   /* most dynamic shared bytes of a tile block by default: with its 16 KB of terms, two blocks a multiprocessor */
-#define MM_TILE_SMEM_DRAM (48 * 1024)  /* the same where its weights come from DRAM */
+/* Whether a Q8 product of at most 4 rows copies its blocks' whole weight tiles into shared memory
+ * before the wait for the previous kernel (mm_q8_tile_kernel), so a tile's bytes are in flight at once
+ * instead of in a warp's rounds one after another, with the modes above (IB_CUDA_MM_TILE=0 / unset /
+ * force): by shape, wherever a block fits the bound below; forced, wherever one fits MM_TILE_SMEM_CAP.
+ * The bound on a block's shared bytes sets its outputs (32, 16 or 8: mm_tile_opb): where the weights
+ * were asked of L2 before the wait (mm_prefetch_wanted), blocks of up to MM_TILE_SMEM_MAX, two a
+ * multiprocessor; where they come from DRAM, smaller ones (MM_TILE_SMEM_DRAM), more of them in flight.
+ * Measured on the H200 (docs/cuda.md): qwen3-0.6b B=1 1,017 -> 1,134 tok/s; qwen3-8b B=1 341 -> 360 with
+ * 48 KB blocks (321 with 96 KB, 312 with 200 KB); gemma4-26b-a4b B=1 277 -> 288. */
+#define MM_TILE_SMEM_CAP (200 * 1024)   /* most a block may take (IB_CUDA_MM_TILE_KB, force): with its 16 KB
+                                         * of terms, within the 227 KB a block may have */
+#define MM_TILE_SMEM_MAX (96 * 1024)    /* by default, weights from L2: with its terms, two blocks a multiprocessor */
+#define MM_TILE_SMEM_DRAM (48 * 1024)   /* by default, weights from DRAM */
 
 /* Which tensor-core kernel takes the Q8 products of a few rows on small grids (launch_products): by the
  * step's rows (the default: mm_q8_mma_pipe_kernel up to MMA_PIPE_MAX_ROWS, mm_q8_mma16_kernel beyond —
@@ -315,7 +316,7 @@ typedef struct cuda_backend {
     int moe_split;                   /* Q8 expert products split K over a block's warps (IB_CUDA_MOE_SPLIT=0: a warp walks K) */
     mm_prefetch_mode mm_prefetch;    /* which product blocks ask L2 for their weight tiles before the wait */
     mm_stage_mode mm_stage;          /* which one-row products stage the row's codes in shared memory */
-    mm_stage_mode mm_tile;           /* which one-row products copy their weight tiles into shared memory */
+    mm_stage_mode mm_tile;           /* which products of at most 4 rows copy their weight tiles into shared memory */
     int mm_tile_max;                 /* most dynamic shared bytes of such a block (IB_CUDA_MM_TILE_KB; 0: by where its weights come from) */
     mma_kernel_mode mma_kernel;      /* which tensor-core kernel takes few rows on small grids */
     mma_narrow_mode mma_narrow;      /* where that kernel's blocks take 16 outputs */
@@ -918,7 +919,8 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         b->mm_prefetch = !mp ? MM_PF_AUTO : !strcmp(mp, "0") ? MM_PF_NONE : !strcmp(mp, "all") ? MM_PF_ALL : MM_PF_AUTO;
         b->mm_stage = (mm_stage_mode)env_mode("IB_CUDA_MM_STAGE");
         b->mm_tile = (mm_stage_mode)env_mode("IB_CUDA_MM_TILE");
-        /* N: a tile block's shared memory at most N KiB (measurements; default MM_TILE_SMEM_MAX) */
+        /* N: a tile block's dynamic shared memory at most N KiB (measurements, tests; unset: by where its
+         * weights come from, mm_tile_opb) */
         const char *tk = getenv("IB_CUDA_MM_TILE_KB");
         b->mm_tile_max = tk && atoi(tk) >= 16 && atoi(tk) * 1024 <= MM_TILE_SMEM_CAP ? atoi(tk) * 1024 : 0;
         const char *rp = getenv("IB_CUDA_REPEAT");
@@ -1399,11 +1401,9 @@ static mm_q8_fn mm_q8_pick_staged(int fmt, int narrow, int short_groups) {
 
 /* Outputs a block of mm_q8_tile_kernel for the n matrices of a product of `rows` rows (its RBT) and
  * `tiles` 32-output tiles whose weights were asked of L2 before the wait or not (l2): the most of 32,
- * 16, 8 whose block
- * fits the bound (b->mm_tile_max; forced, MM_TILE_SMEM_CAP; else MM_TILE_SMEM_MAX or MM_TILE_SMEM_DRAM
- * by l2) in shared memory
- * (*smem: its bytes) and, but for 8, gives at least a block a multiprocessor; 0 where even 8 do not
- * fit. Only the grid depends on it, never an operation. */
+ * 16, 8 whose block fits the bound in shared memory (*smem: its bytes) — b->mm_tile_max; forced,
+ * MM_TILE_SMEM_CAP; else MM_TILE_SMEM_MAX or MM_TILE_SMEM_DRAM by l2 — and, but for 8, gives at least a
+ * block a multiprocessor; 0 where even 8 do not fit. Only the grid depends on it, never an operation. */
 static int mm_tile_opb(const cuda_backend *b, int n, const dmat *const *m, int tiles, int rows, int l2, size_t *smem) {
     const size_t bound = b->mm_tile_max                ? (size_t)b->mm_tile_max
                          : b->mm_tile == STAGE_FORCED ? (size_t)MM_TILE_SMEM_CAP
@@ -1523,8 +1523,9 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
         /* a one-row step's codes staged in shared memory: b->mm_stage */
         int short_groups = 1;   /* every matrix's groups fit half of MM_MAXC's code words */
         for (int i = 0; i < n; i++) short_groups &= m[i]->G / MM_KC(fmt) <= MM_MAXC(fmt) / 2;
-        /* a step of at most 4 rows: its weight tiles copied into shared memory before the wait (b->mm_tile),
-         * but in grids of more than MAX_PASSES rows' passes (over 1,056 tiles: the lm_head), which read well */
+        /* a step of at most 4 rows: its weight tiles copied into shared memory before the wait (b->mm_tile)
+         * where a block's rows take one pass (rpb == rbt: grids of fewer than 1,056 tiles; the lm_head's
+         * larger grid, which the kernel above reads at 3.8 TB/s, keeps it) */
         size_t tsm = 0;
         const int tile_opb = rbt <= 4 && rpb == rbt && b->mm_tile != STAGE_NEVER
                                  ? mm_tile_opb(b, n, m, tiles, rbt, ms.prefetch, &tsm) : 0;
