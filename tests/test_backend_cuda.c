@@ -1202,9 +1202,10 @@ int main(int argc, char **argv) {
                       "model %s, decode steps (%s): CUDA engine's logits differ from the CPU engine's",
                       models[mi].name, what);
             }
-        /* one-row products that stage the row's codes in shared memory wherever they can
-         * (IB_CUDA_MM_STAGE=force; by shape only where the weights come from DRAM: large models), with
-         * the faults in their epilogue and across their blocks caught there */
+        /* the kernels of few-row steps: one-row products reading their weights in rounds, staging the
+         * row's codes in shared memory wherever they can (IB_CUDA_MM_STAGE=force; by shape where the
+         * weights come from DRAM and no weight tile fits its bound), and the weight tiles of steps of at
+         * most 4 rows (the default) — with the faults in their epilogue and across their blocks caught */
         if (q8ok) {
             /* one-row products on the kernel that reads its weights in rounds (neither tiles nor staged
              * codes), then staging the row's codes wherever they can */
@@ -1235,8 +1236,8 @@ int main(int argc, char **argv) {
             CHECK(decode_compares(m, IB_ACT_Q8, IB_KV_F16, "act q8, kv f16, weight tiles in shared memory") == 0,
                   "model %s, decode steps with weight tiles in shared memory: CUDA engine's logits differ from the "
                   "CPU engine's", models[mi].name);
-            /* 1, 2 and 3 sessions from one-token prompts: steps of 1, 2, 3 rows, every Q8 product a tile
-             * kernel's of 1, 2 or 4 rows a block */
+            /* 1, 2 and 3 sessions from prompts of 1, 2, 3 tokens: their decode steps of 1, 2 and 3 rows take
+             * the tile kernel with 1, 2 and 4 rows a block */
             for (int ns = 1; ns <= 3; ns++)
                 for (int f = 0; f < 2; f++) {
                     static const ib_fault tf[] = {IB_FAULT_GPU_FMA, IB_FAULT_GPU_SPLIT_K};
