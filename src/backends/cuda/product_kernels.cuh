@@ -91,6 +91,22 @@ __device__ __forceinline__ int group_isum(const uint4 *wg, int cpg, const int8_t
     return a;
 }
 
+/* Row r's chain over a pass's gn groups for output lane: acc = (acc + t_g) + u_g in group order, the
+ * terms parked in t_s, u_s [rows][groups][outputs]. */
+template <int NR, int NG, int NO>
+__device__ __forceinline__ float q8_chain(float acc, const float (&t_s)[NR][NG][NO], const float (&u_s)[NR][NG][NO],
+                                          int r, int lane, int gn) {
+#pragma unroll 8
+    for (int gi = 0; gi < gn; gi++) acc = (acc + t_s[r][gi][lane]) + u_s[r][gi][lane];
+    return acc;
+}
+
+/* Store output y of a Q8 product, or add it with an atomic (splits > 1: the test-only gpu-split-k fault). */
+__device__ __forceinline__ void q8_store(float *y, float acc, int splits) {
+    if (splits > 1) atomicAdd(y, acc);
+    else *y = acc;
+}
+
 /* Y[r][n] (row stride ldy) for r < R, n < N, Q8 activations (matmul.h): per (row, output) the groups'
  * terms t_g = (s*d)*(float)isum and u_g = b*ad, combined in ascending group order as
  * acc = (acc + t_g) + u_g.
@@ -174,16 +190,10 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__res
                 }
             }
             __syncthreads();
-            if (warp < nr && lane < OPB) {
-#pragma unroll 8
-                for (int gi = 0; gi < gn; gi++) acc = (acc + t_s[warp][gi][lane]) + u_s[warp][gi][lane];
-            }
+            if (warp < nr && lane < OPB) acc = q8_chain(acc, t_s, u_s, warp, lane, gn);
             __syncthreads();
         }
-        if (warp < nr && lane < OPB && n < m.N) {
-            if (splits > 1) atomicAdd(&Y[(size_t)(r0 + warp) * ldy + n], acc);
-            else Y[(size_t)(r0 + warp) * ldy + n] = acc;
-        }
+        if (warp < nr && lane < OPB && n < m.N) q8_store(&Y[(size_t)(r0 + warp) * ldy + n], acc, splits);
     }
 }
 
@@ -301,16 +311,10 @@ __global__ void __launch_bounds__(256) mm_q8_tile_kernel(mset ms, const int8_t *
             }
         }
         __syncthreads();
-        if (warp < nr && lane < OPB) {
-#pragma unroll 8
-            for (int gi = 0; gi < gn; gi++) acc = (acc + t_s[warp][gi][lane]) + u_s[warp][gi][lane];
-        }
+        if (warp < nr && lane < OPB) acc = q8_chain(acc, t_s, u_s, warp, lane, gn);
         __syncthreads();
     }
-    if (warp < nr && lane < OPB && n < m.N) {
-        if (splits > 1) atomicAdd(&Y[(size_t)warp * ldy + n], acc);
-        else Y[(size_t)warp * ldy + n] = acc;
-    }
+    if (warp < nr && lane < OPB && n < m.N) q8_store(&Y[(size_t)warp * ldy + n], acc, splits);
 }
 
 #define GCH 16             /* groups per pass of mm_q8_mma16_kernel: shared isums [GCH][16][33] */
