@@ -387,19 +387,21 @@ static void launch(cuda_backend *b, void (*k)(KArgs...), dim3 grid, dim3 block, 
 
 #include "backends/cuda/product_kernels.cuh"
 
+/* The Q8 dp4a product kernels' signature (mm_q8_kernel, mm_q8_tile_kernel): launch_products picks one. */
+typedef void (*mm_q8_fn)(mset, const int8_t *, const float *, const float *, int, int, int, int);
+
 /* mm_q8_tile_kernel for format fmt (IB_WQ4, IB_WQ8), opb (32, 16 or 8) outputs and rbt (1, 2 or 4) rows
  * a block. */
-typedef void (*mm_tile_fn)(mset, const int8_t *, const float *, const float *, int, int, int, int);
 template <int FMT, int OPB>
-static mm_tile_fn mm_q8_tile_pick_rows(int rbt) {
+static mm_q8_fn mm_q8_tile_pick_rows(int rbt) {
     return rbt == 1 ? mm_q8_tile_kernel<FMT, OPB, 1> : rbt == 2 ? mm_q8_tile_kernel<FMT, OPB, 2> : mm_q8_tile_kernel<FMT, OPB, 4>;
 }
 template <int FMT>
-static mm_tile_fn mm_q8_tile_pick_fmt(int opb, int rbt) {
+static mm_q8_fn mm_q8_tile_pick_fmt(int opb, int rbt) {
     return opb == NT ? mm_q8_tile_pick_rows<FMT, NT>(rbt) : opb == 16 ? mm_q8_tile_pick_rows<FMT, 16>(rbt)
                                                                     : mm_q8_tile_pick_rows<FMT, 8>(rbt);
 }
-static mm_tile_fn mm_q8_tile_pick(int fmt, int opb, int rbt) {
+static mm_q8_fn mm_q8_tile_pick(int fmt, int opb, int rbt) {
     return fmt == IB_WQ4 ? mm_q8_tile_pick_fmt<IB_WQ4>(opb, rbt) : mm_q8_tile_pick_fmt<IB_WQ8>(opb, rbt);
 }
 
@@ -1369,7 +1371,6 @@ static const float *norm_weights(cuda_backend *b, int n, int li) {
  * already quantized into b->xq/qd/qad when q8. The Q8 dp4a kernel's rows per block grow with the work
  * (about 4 blocks per multiprocessor); many rows take the tensor-core kernel. Neither choice changes
  * any output's arithmetic. */
-typedef void (*mm_q8_fn)(mset, const int8_t *, const float *, const float *, int, int, int, int);
 
 /* mm_q8_kernel for format fmt (IB_WQ4, IB_WQ8), rbt rows per pass (1, 2, 4, RB) and 8-output blocks
  * (narrow) or 32-output ones. */
