@@ -37,11 +37,6 @@ void ib_matrix_free(ib_matrix *m) {
     memset(m, 0, sizeof *m);
 }
 
-/* 64-byte aligned, zeroed allocation of n bytes (ib_big_alloc: huge pages for large matrices, so a
- * product's weight stream is not a TLB walk every 4 KiB); NULL on failure. The repack tasks write
- * every one of the first n bytes, each on the thread that fills it. Freed with ib_big_free. */
-static void *alloc64(size_t n) { return ib_big_alloc(n); }
-
 /* Panels per repack task: a task is this many panels of 16 rows (at K = 2816, 4 bits: 1.4 MB of
  * packed bytes), so a thread has enough to do between two claims. */
 #define REPACK_PANELS_PER_TASK 64
@@ -191,7 +186,7 @@ ib_status ib_matrix_from_f32_pool(ib_matrix *m, const float *w, int N, int K, ib
     if (N < 1 || K < 1) return ib_fail(err, IB_ERR_INVALID_ARG, "matrix: shape: [%d, %d] is not positive", N, K);
     int np = (N + IB_PANEL - 1) / IB_PANEL;
     size_t bytes = (size_t)np * (size_t)K * IB_PANEL * sizeof(float);
-    float *pk = alloc64(bytes);   /* [np][K][16] */
+    float *pk = ib_big_alloc(bytes);   /* [np][K][16]; huge pages for large matrices (bigalloc.h) */
     if (!pk) return ib_fail(err, IB_ERR_NOMEM, "matrix: [%d, %d] float32: out of memory (%zu bytes)", N, K, bytes);
     m->fmt = IB_WF32;
     m->rows = N;
@@ -226,8 +221,8 @@ ib_status ib_matrix_from_mlx_pool(ib_matrix *m, const void *wq, const float *sca
     const size_t pbytes = (size_t)K * (bits == 4 ? 8 : 16);
     const ib_sbfmt sbf = choose_sb_fmt(scales, biases, (size_t)N * (size_t)ng, pool);
     const size_t sbytes = (size_t)np * (size_t)ng * 2 * IB_PANEL * (sbf == IB_SB_F32 ? 4 : 2);
-    uint8_t *pk = alloc64((size_t)np * pbytes);
-    void *sb = alloc64(sbytes);   /* [np][ng][2][16] */
+    uint8_t *pk = ib_big_alloc((size_t)np * pbytes);   /* huge pages for large matrices (bigalloc.h) */
+    void *sb = ib_big_alloc(sbytes);   /* [np][ng][2][16] */
     if (!pk || !sb) {
         ib_big_free(pk);
         ib_big_free(sb);
