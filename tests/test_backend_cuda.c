@@ -1024,6 +1024,24 @@ static int bench(const char *dir_in, ib_act act, int profile) {
     return 0;
 }
 
+/* gpu-fma and gpu-split-k caught by the decode comparison of 1, 2 and 3 sessions from prompts of 1, 2, 3
+ * tokens, whose decode steps of 1, 2 and 3 rows take the few-row product kernel the environment selects
+ * (`kernel` names it). */
+static void few_row_faults_caught(const ib_model *m, const char *model, const char *kernel) {
+    static const ib_fault tf[] = {IB_FAULT_GPU_FMA, IB_FAULT_GPU_SPLIT_K};
+    for (int ns = 1; ns <= 3; ns++)
+        for (int f = 0; f < 2; f++) {
+            char what[112];
+            snprintf(what, sizeof what, "decode, %d row(s) a step, %s, FAULT %s (must differ)", ns, kernel,
+                     ib_fault_name(tf[f]));
+            ib_fault_set(tf[f]);
+            CHECK(engine_decode_compare(m, IB_ACT_Q8, IB_KV_F32, ns, 1, what) > 0,
+                  "model %s: the decode comparison with %s (%d rows) missed the %s fault", model, kernel, ns,
+                  ib_fault_name(tf[f]));
+            ib_fault_set(IB_FAULT_NONE);
+        }
+}
+
 int main(int argc, char **argv) {
     const char *why;
     char desc[256];
@@ -1207,13 +1225,14 @@ int main(int argc, char **argv) {
          * weights come from DRAM and no weight tile fits its bound), and the weight tiles of steps of at
          * most 4 rows (the default) — with the faults in their epilogue and across their blocks caught */
         if (q8ok) {
-            /* one-row products on the kernel that reads its weights in rounds (neither tiles nor staged
-             * codes), then staging the row's codes wherever they can */
+            /* few-row products on the kernel that reads its weights in rounds (neither tiles nor staged
+             * codes), its faults caught, then staging the row's codes wherever they can */
             setenv("IB_CUDA_MM_TILE", "0", 1);
             setenv("IB_CUDA_MM_STAGE", "0", 1);
             CHECK(decode_compares(m, IB_ACT_Q8, IB_KV_F16, "act q8, kv f16, one-row products in rounds") == 0,
                   "model %s, decode steps with one-row products in rounds: CUDA engine's logits differ from the "
                   "CPU engine's", models[mi].name);
+            few_row_faults_caught(m, models[mi].name, "products in rounds");
             setenv("IB_CUDA_MM_STAGE", "force", 1);
             CHECK(decode_compares(m, IB_ACT_Q8, IB_KV_F16, "act q8, kv f16, staged codes") == 0,
                   "model %s, decode steps with staged codes: CUDA engine's logits differ from the CPU engine's",
@@ -1236,20 +1255,7 @@ int main(int argc, char **argv) {
             CHECK(decode_compares(m, IB_ACT_Q8, IB_KV_F16, "act q8, kv f16, weight tiles in shared memory") == 0,
                   "model %s, decode steps with weight tiles in shared memory: CUDA engine's logits differ from the "
                   "CPU engine's", models[mi].name);
-            /* 1, 2 and 3 sessions from prompts of 1, 2, 3 tokens: their decode steps of 1, 2 and 3 rows take
-             * the tile kernel with 1, 2 and 4 rows a block */
-            for (int ns = 1; ns <= 3; ns++)
-                for (int f = 0; f < 2; f++) {
-                    static const ib_fault tf[] = {IB_FAULT_GPU_FMA, IB_FAULT_GPU_SPLIT_K};
-                    char what[96];
-                    snprintf(what, sizeof what, "decode, %d row(s) a step, weight tiles, FAULT %s (must differ)", ns,
-                             ib_fault_name(tf[f]));
-                    ib_fault_set(tf[f]);
-                    CHECK(engine_decode_compare(m, IB_ACT_Q8, IB_KV_F32, ns, 1, what) > 0,
-                          "model %s: the decode comparison with weight tiles (%d rows) missed the %s fault",
-                          models[mi].name, ns, ib_fault_name(tf[f]));
-                    ib_fault_set(IB_FAULT_NONE);
-                }
+            few_row_faults_caught(m, models[mi].name, "weight tiles");
             unsetenv("IB_CUDA_MM_TILE");
         }
         /* and the comparison can fail: gpu-fma on the CUDA side only */
