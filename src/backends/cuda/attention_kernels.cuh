@@ -1164,7 +1164,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 4) attention_kernel(const float *
 
 /* ---------------------------------------------------------------- attention: tiles of a prompt's rows */
 
-#define TILE_ROWS 8         /* rows of one session per block of attention_tile_kernel */
+#define TILE_ROWS 16        /* most rows of one session per block of attention_tile_kernel (TILE_QV / G at most) */
 #define TILE_QV 32          /* most (row, query head) vectors of such a block: TILE_ROWS * G */
 #define TILE_HD 128         /* largest head dim it takes */
 

@@ -1232,29 +1232,59 @@ static void push(cuda_backend *b, int op, int a0 = 0, int a1 = 0, int a2 = 0, in
     memcpy(r->a, a, sizeof a);
 }
 
-/* Whether the step's attention runs in tiles of one session's consecutive rows (attention_tile_kernel),
- * and its tiles into b->h_tiles / b->n_tiles (0: not). Where the kernel can — not Gemma 4, every session
- * a full cache, head dim 16, 32, 64 or 128, G * TILE_ROWS <= TILE_QV query vectors a block — and the
- * step's shape asks for it: four or more rows a tile on average (prompts' chunks; decode rows are one a
- * session) and at least two blocks a multiprocessor (tiles x KV heads). Measured on an H200 (one
- * qwen3-0.6b prompt a step, f16 KV, tiles against a block per (row, KV head)): 128 rows 22,167 against
- * 25,135 tok/s (128 blocks), 256 28,539 / 28,418, 512 26,841 / 22,813, 1,024 19,284 / 14,406, 2,048
- * 12,325 / 8,296. IB_CUDA_ATT_TILE=force: whenever the kernel can, 0: never. Only the grid depends on
- * it, never an operation. */
-static void plan_tiles(cuda_backend *b, const ib_step_desc *d) {
-    b->n_tiles = 0;
-    const int G = b->H / b->KVH;
-    if (b->att_tiles == TILES_NEVER || b->gm || G * TILE_ROWS > TILE_QV || (b->hd != 16 && b->hd != 32 && b->hd != 64 && b->hd != 128))
-        return;
+/* The step's rows cut into tiles of at most `rows` consecutive rows of one session, into b->h_tiles;
+ * returns how many, or -1 where a row's session keeps a window (the tile kernel needs full caches). */
+static int cut_tiles(cuda_backend *b, const ib_step_desc *d, int rows) {
     int n = 0;
     for (int r = 0; r < d->R;) {
-        if (b->h_ri[r].window > 0) return;
+        if (b->h_ri[r].window > 0) return -1;
         int e = r + 1;
-        while (e < d->R && d->row_item[e] == d->row_item[r] && e - r < b->tile_rows) e++;
+        while (e < d->R && d->row_item[e] == d->row_item[r] && e - r < rows) e++;
         b->h_tiles[n].r0 = r, b->h_tiles[n].n = e - r;
         n++, r = e;
     }
-    if (b->att_tiles == TILES_FORCED || (d->R >= 4 * n && (long)n * b->KVH >= 2L * b->n_sm)) b->n_tiles = n;
+    return n;
+}
+
+/* Whether the step's attention runs in tiles of one session's consecutive rows (attention_tile_kernel),
+ * and its tiles into b->h_tiles / b->n_tiles (0: not). Where the kernel can — not Gemma 4, every session
+ * a full cache, head dim 16, 32, 64 or 128, at most TILE_QV query vectors a block (rows x G) — and the
+ * step's shape asks for it: four or more rows a tile on average (prompts' chunks; decode rows are one a
+ * session) and, for tiles of TILE_ROWS_SHORT rows, at least two blocks a multiprocessor (tiles x KV
+ * heads); where some row attends TILE_LONG_KEYS keys or more, tiles of up to TILE_ROWS rows (TILE_QV /
+ * G) first, if they give at least a block a multiprocessor: each key block is then staged once for
+ * twice the rows. Measured on an H200 (one qwen3-0.6b prompt a step, f16 KV, tiles against a block per
+ * (row, KV head)): 128 rows 22,167 against 25,135 tok/s (128 blocks), 256 28,539 / 28,418, 512 26,841
+ * / 22,813, 1,024 19,284 / 14,406, 2,048 12,325 / 8,296 (8-row tiles); 16-row tiles against 8-row ones
+ * (docs/cuda.md): 256 rows 26,300 / 30,480, 512 29,390 / 27,100, 1,024 23,960 / 20,340, 2,048 16,030 /
+ * 12,570. IB_CUDA_ATT_TILE=force: whenever the kernel can (tiles of TILE_ROWS rows, or
+ * IB_CUDA_ATT_TILE_ROWS), 0: never. Only the grid depends on it, never an operation. */
+#define TILE_ROWS_SHORT 8
+#define TILE_LONG_KEYS 512
+static void plan_tiles(cuda_backend *b, const ib_step_desc *d) {
+    b->n_tiles = 0;
+    const int G = b->H / b->KVH;
+    const int rows = b->tile_rows < TILE_QV / G ? b->tile_rows : TILE_QV / G;   /* most rows a tile */
+    if (b->att_tiles == TILES_NEVER || b->gm || rows < 1 || (b->hd != 16 && b->hd != 32 && b->hd != 64 && b->hd != 128))
+        return;
+    if (b->att_tiles == TILES_FORCED) {
+        const int n = cut_tiles(b, d, rows);
+        b->n_tiles = n > 0 ? n : 0;
+        return;
+    }
+    int keys = 0;
+    for (int r = 0; r < d->R; r++)
+        if (b->h_ri[r].pos + 1 > keys) keys = b->h_ri[r].pos + 1;
+    if (keys >= TILE_LONG_KEYS && rows > TILE_ROWS_SHORT) {
+        const int n = cut_tiles(b, d, rows);
+        if (n < 0) return;
+        if (d->R >= 4 * n && (long)n * b->KVH >= b->n_sm) {
+            b->n_tiles = n;
+            return;
+        }
+    }
+    const int n = cut_tiles(b, d, rows < TILE_ROWS_SHORT ? rows : TILE_ROWS_SHORT);
+    if (n > 0 && d->R >= 4 * n && (long)n * b->KVH >= 2L * b->n_sm) b->n_tiles = n;
 }
 
 /* Copy the step's rows into pinned staging (tokens, per-row cache info, RoPE table computed here with
@@ -1677,7 +1707,7 @@ static void launch_attention(cuda_backend *b, int li, int qG, const qk_fuse *fz)
     float *Q = b->buf[IB_BUF_Q], *ATT = b->buf[IB_BUF_ATT];
     if (b->n_tiles > 0)
         launch(b, attention_tile_kernel, b->n_tiles * b->KVH, ATT_THREADS,
-               tile_smem_bytes(TILE_ROWS * (b->H / b->KVH), b->hd, b->attn_block), Q, ATT, b->d_ri,
+               tile_smem_bytes(TILE_QV, b->hd, b->attn_block), Q, ATT, b->d_ri,
                (const att_tile *)b->d_tiles, b->H, b->KVH, b->hd, li, b->scale, b->attn_block, qG, b->xq, b->qd, b->qad);
     else if (b->R >= b->att_group_rows)
         launch(b, attention_kernel, b->R * b->KVH, ATT_THREADS, 0, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li, b->scale,
