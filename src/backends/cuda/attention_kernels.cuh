@@ -1165,7 +1165,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 4) attention_kernel(const float *
 /* ---------------------------------------------------------------- attention: tiles of a prompt's rows */
 
 #define TILE_ROWS 16        /* most rows of one session per block of attention_tile_kernel (TILE_QV / G at most) */
-#define TILE_QV 32          /* most (row, query head) vectors of such a block: TILE_ROWS * G */
+#define TILE_QV 32          /* most (row, query head) vectors of such a block: its rows x G */
 #define TILE_HD 128         /* largest head dim it takes */
 
 /* One tile: rows [r0, r0 + n) of the step, consecutive positions of one session (a prompt's chunk). */
