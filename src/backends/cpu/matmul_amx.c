@@ -155,9 +155,11 @@ static inline void amx_sb_f32(const ib_matrix *m, int p, int g, float *restrict 
  * b_j*ad_r, with sbf [32] the group's scales s then biases b, d_r = d[r*ng] and ad_r = ad[r*ng] —
  * plain C over the 16 lanes (the compiler vectorizes it; lane-wise IEEE multiplies and adds give the
  * same bits in any vector width): the scalar kernel's formula, term for term. The rows are unrolled by
- * 4, so fewer loop instructions per row compete with the vector operations for the ALU ports. */
-static inline void amx_epilogue(const float *restrict sbf, const float *d, const float *ad, size_t ng, int nr,
-                                const int32_t (*restrict isum)[16], float (*restrict acc)[16]) {
+ * 4, so fewer loop instructions per row compete with the vector operations for the ALU ports. FIRST:
+ * the row block's first group, whose acc is the chain's start 0.0f — written as the constant (0.0f + t
+ * keeps IEEE's sign of zero: no operation changes), so acc need not be cleared before. */
+static inline void amx_epilogue(const int FIRST, const float *restrict sbf, const float *d, const float *ad, size_t ng,
+                                int nr, const int32_t (*restrict isum)[16], float (*restrict acc)[16]) {
 #pragma GCC unroll 4
     for (int r = 0; r < nr; r++) {
         const float dr = d[(size_t)r * ng], adr = ad[(size_t)r * ng];
@@ -166,7 +168,7 @@ static inline void amx_epilogue(const float *restrict sbf, const float *d, const
         for (int j = 0; j < 16; j++) {
             float t = (sbf[j] * dr) * (float)is[j];
             float u = sbf[16 + j] * adr;
-            f[j] = (f[j] + t) + u;
+            f[j] = ((FIRST ? 0.0f : f[j]) + t) + u;
         }
     }
 }
@@ -195,7 +197,6 @@ static void amx_row_block(const ib_matrix *m, int p, const ib_act_buf *q, int b0
     float acc[AMX_RBLOCK][16] __attribute__((aligned(64)));        /* [row of the block][lane] */
     int32_t isum[2][AMX_RBLOCK][16] __attribute__((aligned(64)));  /* [step parity][row of the block][lane] */
     float sbf[32] __attribute__((aligned(64)));                    /* the epilogue's group: 16 scales, 16 biases */
-    memset(acc, 0, sizeof(float) * 16 * (size_t)nr);
 #define AMX_GROUP(i) (desc ? ng - 1 - (i) : (i))
     if (q4) {
         amx_unpack_q4(P, AMX_GROUP(0), G, wq4);
@@ -226,8 +227,9 @@ static void amx_row_block(const ib_matrix *m, int p, const ib_act_buf *q, int b0
         if (i >= 2) {
             const int g = AMX_GROUP(i - 2);
             amx_sb_f32(m, p, g, sbf);
-            amx_epilogue(sbf, q->d + (size_t)b0 * ng + g, q->ad + (size_t)b0 * ng + g, (size_t)ng, nr,
-                         (const int32_t(*)[16])isum[i & 1], acc);
+            const float *dg = q->d + (size_t)b0 * ng + g, *adg = q->ad + (size_t)b0 * ng + g;
+            if (i == 2) amx_epilogue(1, sbf, dg, adg, (size_t)ng, nr, (const int32_t(*)[16])isum[i & 1], acc);
+            else amx_epilogue(0, sbf, dg, adg, (size_t)ng, nr, (const int32_t(*)[16])isum[i & 1], acc);
         }
     }
 #undef AMX_GROUP
