@@ -101,6 +101,20 @@ __device__ __forceinline__ float q8_chain(float acc, const float (&t_s)[NR][NG][
     return acc;
 }
 
+/* Park a group's two terms for q8_chain in lvalues T and U: T = (s*d)*(float)isum and U = b*ad (SD, FI,
+ * UB as the caller computed them), or under the test-only gpu-fma fault (`fused` in scope) T = fma(SD,
+ * FI, UB) and U = 0. A macro, so each kernel compiles exactly the statements it had written out. */
+#define Q8_PARK(T, U, SD, FI, UB) \
+    do {                          \
+        if (fused) {              \
+            T = __fmaf_rn(SD, FI, UB); \
+            U = 0.0f;             \
+        } else {                  \
+            T = SD * FI;          \
+            U = UB;               \
+        }                         \
+    } while (0)
+
 /* Store output y of a Q8 product, or add it with an atomic (splits > 1: the test-only gpu-split-k fault). */
 __device__ __forceinline__ void q8_store(float *y, float acc, int splits) {
     if (splits > 1) atomicAdd(y, acc);
@@ -179,13 +193,7 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__res
                         if (r >= nr) break;
                         const int is = group_isum<FMT, MAXC>(wg[x], cpg, XS ? x_s + (size_t)g * G : xq + (size_t)(r0 + r) * K + (size_t)g * G);
                         const float sd = sc[x] * dd[x][r], u = bi[x] * aa[x][r], fi = (float)is;
-                        if (fused) {
-                            t_s[r][gi][o] = __fmaf_rn(sd, fi, u);
-                            u_s[r][gi][o] = 0.0f;
-                        } else {
-                            t_s[r][gi][o] = sd * fi;
-                            u_s[r][gi][o] = u;
-                        }
+                        Q8_PARK(t_s[r][gi][o], u_s[r][gi][o], sd, fi, u);
                     }
                 }
             }
@@ -301,13 +309,7 @@ __global__ void __launch_bounds__(256) mm_q8_tile_kernel(mset ms, const int8_t *
                 if (r >= nr) break;
                 const int is = group_isum<FMT, MAXC>(wl, cpg, x_s + (size_t)r * K + (size_t)g * G);
                 const float sd = sc * d[(size_t)r * ng + g], u = bi * ad[(size_t)r * ng + g], fi = (float)is;
-                if (fused) {
-                    t_s[r][gi][o] = __fmaf_rn(sd, fi, u);
-                    u_s[r][gi][o] = 0.0f;
-                } else {
-                    t_s[r][gi][o] = sd * fi;
-                    u_s[r][gi][o] = u;
-                }
+                Q8_PARK(t_s[r][gi][o], u_s[r][gi][o], sd, fi, u);
             }
         }
         __syncthreads();
