@@ -271,6 +271,35 @@ static void test_custom_vocab(void) {
     ib_tokenizer_free(t);
 }
 
+/* A vocab whose first entry is the empty string (tokenizers accepts one): it loads, decodes to no
+ * bytes, and encoding never produces it. Under UBSan this was an offset applied to a null key arena. */
+static void test_empty_token(void) {
+    json_t *root = json_object(), *model = json_object(), *vocab = json_object();
+    json_object_set_new(vocab, "", json_integer(256));
+    for (int b = 0; b < 256; b++) {
+        char s[3];
+        t_utf8(t_cp(b), s);
+        json_object_set_new(vocab, s, json_integer(b));
+    }
+    json_object_set_new(model, "type", json_string("BPE"));
+    json_object_set_new(model, "vocab", vocab);
+    json_object_set_new(root, "model", model);
+    char p[128];
+    path_in(p, sizeof p, "empty_token.json");
+    CHECK_EQ_INT(json_dump_file(root, p, JSON_PRESERVE_ORDER), 0);
+    json_decref(root);
+    ib_tokenizer *t = NULL;
+    ib_error err = {0};
+    CHECK_EQ_INT(ib_tokenizer_load(p, 300, &t, &err), IB_OK);
+    if (!t) { fprintf(stderr, "empty token load: %s\n", err.msg); return; }
+    char out[8];
+    CHECK_EQ_INT(ib_tokenizer_decode(t, 256, out, sizeof out), 0);
+    int32_t ids[8];
+    int n = ib_tokenizer_encode(t, "Hi", 2, ids, 8);
+    CHECK(n == 2 && ids[0] == 'H' && ids[1] == 'i', "encode beside an empty token: n=%d", n);
+    ib_tokenizer_free(t);
+}
+
 /* Run a load that must fail; check the status, *out cleared and the message naming file and
  * the expected fragments. */
 static void expect_load_fail(const char *name, const char *text, int limit, ib_status code,
@@ -527,7 +556,7 @@ static void test_write_errors(void) {
 /* Remove every file of tmpdir, then tmpdir. */
 static void cleanup(void) {
     static const char *const names[] = {
-        "tokenizer.json", "tokenizer_config.json", "custom.json", "missing.json", "nomodel.json", "array.json",
+        "tokenizer.json", "tokenizer_config.json", "custom.json", "empty_token.json", "missing.json", "nomodel.json", "array.json",
         "syntax.json", "nobyte.json", "limit.json", "range.json", "strid.json", "dupid.json", "addid.json",
         "addcontent.json", "addtype.json", "mf_type.json", "mf_typenum.json", "mf_dropout.json", "mf_prefix.json",
         "mf_ignore.json", "mf_mtype.json", "mf_m1.json", "mf_m2.json", "mf_m3.json", "mf_m4.json", "mf_m5.json", "mf_m6.json",
@@ -549,6 +578,7 @@ int main(void) {
     test_written_files();
     test_bytelevel_model();
     test_custom_vocab();
+    test_empty_token();
     test_load_errors();
     test_malformed();
     test_bytes_tokenizer();

@@ -48,7 +48,7 @@ int tok_vocab_add(tok_vocab *v, const char *s, size_t n, int32_t id) {
         v->id = ids;
         v->n_alloc = na;
     }
-    if (v->keys_used + n > v->keys_cap) {
+    if (!v->keys || v->keys_used + n > v->keys_cap) {   /* an empty first key still needs an arena */
         size_t nc = v->keys_cap ? v->keys_cap : 65536;
         while (nc < v->keys_used + n) nc *= 2;
         if (nc > UINT32_MAX) return -1;
