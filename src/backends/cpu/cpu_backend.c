@@ -93,7 +93,7 @@ static ib_status cpu_kv_create(const ib_kv_desc *d, ib_kv **out, ib_error *err) 
     size_t bytes = ib_kv_desc_bytes(d);
     /* ordinary pages, not ib_big_alloc's huge ones: a cache's pages come as its session fills it, where
      * huge pages would make 2 MiB of each of its planes resident at the first token (no faster either:
-     * README, "Packed weights on huge pages") */
+     * docs/cpu.md, "Packed weights on huge pages") */
     if (kv) kv->data = calloc(1, bytes ? bytes : 1);
     if (kv) kv->layer_off = malloc((d->n_layers > 0 ? (size_t)d->n_layers : 1) * sizeof *kv->layer_off);
     if (!kv || !kv->data || !kv->layer_off) {
