@@ -183,6 +183,8 @@ req 200 "content string" "${A[@]}" "$U/v1/chat/completions" -d '{"model":"tiny",
 [ "$P1" = "$(jget 'b.choices[0].message.content + "|" + b.usage.prompt_tokens')" ] && ok || bad "content parts differ from the joined string"
 field_400 "image part" invalid_value messages /v1/chat/completions '{"model":"tiny","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}'
 grep -q "image_url" "$T/body" && ok || bad "image part: the message does not name the part type"
+field_400 "part type with a newline" invalid_value messages /v1/chat/completions '{"model":"tiny","messages":[{"role":"user","content":[{"type":"a\nb","text":"x"}]}]}'
+node -e 'const m = JSON.parse(require("fs").readFileSync(process.argv[1])).error.message; process.exit(m.includes("part type '"'"'a b'"'"'") && !/[\r\n]/.test(m) ? 0 : 1)' "$T/body" && ok || bad "part type with a newline: the message is not one printable line: $(cat "$T/body")"
 # several prompts: one choice per prompt, each equal to that prompt alone; usage adds up
 req 200 "two prompts" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":["Hello","crowd"],"max_tokens":8,"temperature":0}'
 cp "$T/body" "$T/multi"

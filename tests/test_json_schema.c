@@ -289,6 +289,10 @@ static void test_compile_errors(void) {
         {"{\"type\":\"xml\"}", "response_format must be"},
         {"{\"type\":\"json_object\",\"json_schema\":{}}", "response_format.json_schema is not a field"},
         {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{}},\"strict\":true}", "response_format.strict"},
+        /* a field name of the client's with a newline or a control byte comes back on one printable line */
+        {"{\"type\":\"json_schema\",\"js\\n_schema\":{}}", "response_format.js _schema is not a field"},
+        {"{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{},\"a\\u0001\\rb\":1}}",
+         "json_schema.a\\x01 b is not a field"},
     };
     for (size_t i = 0; i < sizeof fmt / sizeof fmt[0]; i++) {
         char msg[512] = "";
@@ -296,6 +300,7 @@ static void test_compile_errors(void) {
         int rc = ib_json_format_check(j, msg, sizeof msg);
         json_decref(j);
         CHECK(rc == -1 && strstr(msg, fmt[i].needle), "%s: rc %d message '%s' lacks '%s'", fmt[i].rf, rc, msg, fmt[i].needle);
+        CHECK(!strchr(msg, '\n') && !strchr(msg, '\r'), "%s: message on one line: %s", fmt[i].rf, msg);
     }
     json_t *j = json_loads("{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"P_1-x\",\"strict\":true,\"schema\":{\"type\":\"object\"}}}", 0, NULL);
     char msg[256] = "";
