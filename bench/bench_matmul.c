@@ -12,8 +12,8 @@
  *
  * On a machine shared with other busy processes, `IB_BENCH_SINGLES=N` times N single products
  * instead and keeps the fastest (one product is short enough to often run without being descheduled),
- * `IB_BENCH_ISA=avx2` (any ISA name) leaves the other ISAs out, and `IB_BENCH_THREADS=N` makes the second
- * thread count N instead of 2.
+ * `IB_BENCH_ISA=avx2` (any ISA name) leaves the other ISAs out, `IB_BENCH_THREADS=N` makes the second
+ * thread count N instead of 2, and `IB_BENCH_K=K` takes K columns instead of 1024.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -71,7 +71,12 @@ static double time_product(const ib_matrix *m, const float *x, int B, const ib_a
 }
 
 int main(int argc, char **argv) {
-    const int K = 1024, N = 3072, G = 64;
+    const char *k_env = getenv("IB_BENCH_K");
+    const int K = k_env ? atoi(k_env) : 1024, N = 3072, G = 64;
+    if (K < G || K % G != 0 || K > 16384) {
+        fprintf(stderr, "bench_matmul: IB_BENCH_K is a multiple of %d in %d..16384, not '%s'\n", G, G, k_env);
+        return 2;
+    }
     int Bs[16] = {1, 16}, nB = 2, BMAXR = 16;
     if (argc > 1) {
         nB = 0;

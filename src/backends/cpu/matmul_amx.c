@@ -134,6 +134,35 @@ static inline void amx_drain(int nt, int32_t (*isum)[16]) {
     }
 }
 
+/* amx_drain then amx_step, interleaved: each C tile is stored and zeroed just before its own product
+ * of the step, so the tile unit can run one tile's product while it stores the next. Same sums. */
+static inline void amx_drain_step(int nt, int32_t (*isum)[16], const uint8_t *wb, const int8_t *a, int K) {
+    const size_t rs = (size_t)AMX_TILE_ROWS * (size_t)K;
+    AMX_LOAD(4, wb, 64);
+    AMX_STORE(0, isum[0], 64);
+    AMX_ZERO(0);
+    AMX_LOAD(5, a, K);
+    AMX_DP(0, 5, 4);
+    if (nt > 1) {
+        AMX_STORE(1, isum[16], 64);
+        AMX_ZERO(1);
+        AMX_LOAD(6, a + rs, K);
+        AMX_DP(1, 6, 4);
+    }
+    if (nt > 2) {
+        AMX_STORE(2, isum[32], 64);
+        AMX_ZERO(2);
+        AMX_LOAD(5, a + 2 * rs, K);
+        AMX_DP(2, 5, 4);
+    }
+    if (nt > 3) {
+        AMX_STORE(3, isum[48], 64);
+        AMX_ZERO(3);
+        AMX_LOAD(6, a + 3 * rs, K);
+        AMX_DP(3, 6, 4);
+    }
+}
+
 /* The 16 scales then the 16 biases of panel p, group g as floats: sbf [32], ib_pk_sb_f32's values
  * (exact conversions), the storage format chosen once so that each conversion loop vectorizes
  * (ib_f16_to_f32_row equals ib_f16_to_f32 on every input). */
@@ -182,8 +211,10 @@ static inline void amx_epilogue(const int FIRST, const float *restrict sbf, cons
  * from a tile store to vector loads, or from vector stores to a tile load, is not to be counted on:
  * such a load may wait until the store has retired and reached the cache, which puts the tile unit and
  * the epilogue one after the other). Step i, in program order:
- *     drain the C tiles (group i-1's sums) to isum[(i-1)&1];
- *     issue group i's tile products, its B tiles from wq4[i&1] (4-bit) or the panel (8-bit);
+ *     drain the C tiles (group i-1's sums) to isum[(i-1)&1] and issue group i's tile products, its B
+ *     tiles from wq4[i&1] (4-bit) or the panel (8-bit): each C tile stored and zeroed just before its
+ *     own first product (amx_drain_step: the tile unit then overlaps one tile's product with the next
+ *     tile's store, where four stores first made the products wait for all four);
  *     unpack group i+1's 4-bit weights to wq4[(i+1)&1];
  *     run group i-2's float epilogue from isum[i&1], stored one step earlier,
  * so the epilogue of step i overlaps the tile products of group i, and the stores that step i's
@@ -203,7 +234,7 @@ static void amx_row_block(const ib_matrix *m, int p, const ib_act_buf *q, int b0
         AMX_MEMORY_BARRIER();
     }
     for (int i = 0; i < ng + 2; i++) {
-        if (i >= 1 && i <= ng) {
+        if (i == ng) {
             /* the epilogue's reads of isum[(i-1)&1] (step i-1) come before the stores that overwrite it */
             AMX_MEMORY_BARRIER();
             amx_drain(nt, isum[(i - 1) & 1]);
@@ -215,7 +246,16 @@ static void amx_row_block(const ib_matrix *m, int p, const ib_act_buf *q, int b0
             if (!q4)
                 for (int c = 0; c < G / 4; c += 4) __builtin_prefetch(wg + (size_t)c * 64 + AMX_PF_DIST, 0, 2);
             const int8_t *a = q->xq + (size_t)b0 * K + (size_t)g * G;
-            for (int k = 0; k < G; k += ks) amx_step(nt, wg + (size_t)(k / 4) * 64, a + k, K);
+            int k = 0;
+            if (i >= 1) {
+                /* group i-1's sums out (the epilogue's reads of that buffer, step i-1, come before), each
+                 * C tile just ahead of its first product of group i */
+                AMX_MEMORY_BARRIER();
+                amx_drain_step(nt, isum[(i - 1) & 1], wg, a, K);
+                AMX_MEMORY_BARRIER();
+                k = ks;
+            }
+            for (; k < G; k += ks) amx_step(nt, wg + (size_t)(k / 4) * 64, a + k, K);
             ib_pk_sb_prefetch(m, p, g);
             if (q4 && i + 1 < ng) {
                 /* the tile loads of wq4[(i+1)&1] (step i-1) come before the stores that overwrite it */
