@@ -134,32 +134,18 @@ static inline void amx_drain(int nt, int32_t (*isum)[16]) {
     }
 }
 
-/* amx_drain then amx_step, interleaved: each C tile is stored and zeroed just before its own product
- * of the step, so the tile unit can run one tile's product while it stores the next. Same sums. */
-static inline void amx_drain_step(int nt, int32_t (*isum)[16], const uint8_t *wb, const int8_t *a, int K) {
-    const size_t rs = (size_t)AMX_TILE_ROWS * (size_t)K;
-    AMX_LOAD(4, wb, 64);
-    AMX_STORE(0, isum[0], 64);
-    AMX_ZERO(0);
-    AMX_LOAD(5, a, K);
-    AMX_DP(0, 5, 4);
-    if (nt > 1) {
-        AMX_STORE(1, isum[16], 64);
-        AMX_ZERO(1);
-        AMX_LOAD(6, a + rs, K);
-        AMX_DP(1, 6, 4);
-    }
-    if (nt > 2) {
-        AMX_STORE(2, isum[32], 64);
-        AMX_ZERO(2);
-        AMX_LOAD(5, a + 2 * rs, K);
-        AMX_DP(2, 5, 4);
-    }
-    if (nt > 3) {
-        AMX_STORE(3, isum[48], 64);
-        AMX_ZERO(3);
-        AMX_LOAD(6, a + 3 * rs, K);
-        AMX_DP(3, 6, 4);
+/* Row tile t's part of a step that drains and multiplies: C tile t stored to isum [16][16] (the
+ * previous group's sums) and zeroed just before its own product, A from the activations a (row stride
+ * K) and C_t += A . B (B already in tmm4). Storing each tile next to its product lets the tile unit
+ * overlap one tile's product with the next tile's store (four stores first made the products wait for
+ * all four). */
+static inline __attribute__((always_inline)) void amx_drain_step_tile(const int t, int32_t (*isum)[16], const int8_t *a,
+                                                                      int K) {
+    switch (t) {
+    case 0: AMX_STORE(0, isum[0], 64); AMX_ZERO(0); AMX_LOAD(5, a, K); AMX_DP(0, 5, 4); break;
+    case 1: AMX_STORE(1, isum[0], 64); AMX_ZERO(1); AMX_LOAD(6, a, K); AMX_DP(1, 6, 4); break;
+    case 2: AMX_STORE(2, isum[0], 64); AMX_ZERO(2); AMX_LOAD(5, a, K); AMX_DP(2, 5, 4); break;
+    default: AMX_STORE(3, isum[0], 64); AMX_ZERO(3); AMX_LOAD(6, a, K); AMX_DP(3, 6, 4); break;
     }
 }
 
@@ -202,6 +188,38 @@ static inline void amx_epilogue(const int FIRST, const float *restrict sbf, cons
     }
 }
 
+/* amx_epilogue with FIRST = first (each value its own inlined copy, FIRST a constant in each). */
+static inline __attribute__((always_inline)) void amx_epilogue_at(int first, const float *restrict sbf, const float *d,
+                                                                  const float *ad, size_t ng, int nr,
+                                                                  const int32_t (*restrict isum)[16],
+                                                                  float (*restrict acc)[16]) {
+    if (first) amx_epilogue(1, sbf, d, ad, ng, nr, isum, acc);
+    else amx_epilogue(0, sbf, d, ad, ng, nr, isum, acc);
+}
+
+/* Group g's B rows for step i: the unpacked buffer wq4[i&1] (4-bit) or the panel P itself (8-bit,
+ * whose weights further on are asked for ahead). [G/4][64] bytes. */
+static inline const uint8_t *amx_group_b(const uint8_t *P, const uint8_t *wq4, int q4, int i, int g, int G) {
+    const size_t wq_bytes = (size_t)(G / 4) * 64;
+    const uint8_t *wg = q4 ? wq4 + (size_t)(i & 1) * wq_bytes : P + (size_t)g * wq_bytes;
+    if (!q4)
+        for (int c = 0; c < G / 4; c += 4) __builtin_prefetch(wg + (size_t)c * 64 + AMX_PF_DIST, 0, 2);
+    return wg;
+}
+
+/* After step i's tile products of group g: its scales asked for, and group gn's 4-bit weights (gn >= 0)
+ * unpacked into wq4[(i+1)&1] — after the tile loads of that buffer (step i-1) and before the next
+ * step's. */
+static inline void amx_after_products(const ib_matrix *m, int p, const uint8_t *P, uint8_t *wq4, int q4, int i, int g,
+                                      int gn, int G) {
+    ib_pk_sb_prefetch(m, p, g);
+    if (q4 && gn >= 0) {
+        AMX_MEMORY_BARRIER();
+        amx_unpack_q4(P, gn, G, wq4 + (size_t)((i + 1) & 1) * (size_t)(G / 4) * 64);
+        AMX_MEMORY_BARRIER();
+    }
+}
+
 /* One row block of a quantized panel p: rows b0 .. b0 + 16*nt - 1 (nt = 1..4 full row tiles) of the
  * Q8 activations q, outputs to Y (row stride ldy) columns 16p.. . Groups ascending (descending when
  * desc). wq4 is a [2][G/4][64] scratch for two 4-bit groups' VNNI rows. The tiles are configured for
@@ -212,18 +230,20 @@ static inline void amx_epilogue(const int FIRST, const float *restrict sbf, cons
  * such a load may wait until the store has retired and reached the cache, which puts the tile unit and
  * the epilogue one after the other). Step i, in program order:
  *     drain the C tiles (group i-1's sums) to isum[(i-1)&1] and issue group i's tile products, its B
- *     tiles from wq4[i&1] (4-bit) or the panel (8-bit): each C tile stored and zeroed just before its
- *     own first product (amx_drain_step: the tile unit then overlaps one tile's product with the next
- *     tile's store, where four stores first made the products wait for all four);
+ *     tiles from wq4[i&1] (4-bit) or the panel (8-bit), each C tile stored and zeroed just before its
+ *     own first product (amx_drain_step_tile);
  *     unpack group i+1's 4-bit weights to wq4[(i+1)&1];
  *     run group i-2's float epilogue from isum[i&1], stored one step earlier,
  * so the epilogue of step i overlaps the tile products of group i, and the stores that step i's
- * loads read were issued one step (a whole epilogue) before. Every row's groups still reach its
- * accumulators one at a time, in order. */
+ * loads read were issued one step (a whole epilogue) before. Where a group is one k-step and the block
+ * has several row tiles, a middle step (2 <= i < ng) runs row tile by row tile instead: tile t's drain
+ * and product, then the epilogue of its 16 rows, so the tile instructions are spread through the
+ * epilogue rather than all waiting ahead of it (64-128 rows 5-12% faster than the order above, 512 a few
+ * percent). Every
+ * row's groups still reach its accumulators one at a time, in order. */
 static void amx_row_block(const ib_matrix *m, int p, const ib_act_buf *q, int b0, int nt, int desc, float *Y,
                           int ldy, uint8_t *wq4) {
     const int K = m->cols, G = m->group, ng = K / G, ks = G < 64 ? G : 64, nr = nt * AMX_TILE_ROWS, q4 = m->fmt == IB_WQ4;
-    const size_t wq_bytes = (size_t)(G / 4) * 64; /* one group's VNNI rows */
     const uint8_t *P = ib_pk_panel(m, p);
     float acc[AMX_RBLOCK][16] __attribute__((aligned(64)));        /* [row of the block][lane] */
     int32_t isum[2][AMX_RBLOCK][16] __attribute__((aligned(64)));  /* [step parity][row of the block][lane] */
@@ -241,35 +261,54 @@ static void amx_row_block(const ib_matrix *m, int p, const ib_act_buf *q, int b0
             AMX_MEMORY_BARRIER();
         }
         if (i < ng) {
-            const int g = AMX_GROUP(i);
-            const uint8_t *wg = q4 ? wq4 + (size_t)(i & 1) * wq_bytes : P + (size_t)g * wq_bytes; /* [G/4][64] */
-            if (!q4)
-                for (int c = 0; c < G / 4; c += 4) __builtin_prefetch(wg + (size_t)c * 64 + AMX_PF_DIST, 0, 2);
+            const int g = AMX_GROUP(i), gn = i + 1 < ng ? AMX_GROUP(i + 1) : -1;
+            const uint8_t *wg = amx_group_b(P, wq4, q4, i, g, G);
             const int8_t *a = q->xq + (size_t)b0 * K + (size_t)g * G;
+            if (i >= 2 && ks == G && nt > 1) {
+                /* a middle step of one k-step a group: row tile by row tile, C tile t out and its product
+                 * of group i in, then group i-2's epilogue of that tile's 16 rows, so the tile instructions
+                 * are spread through the epilogue instead of all waiting ahead of it */
+                const int ge = AMX_GROUP(i - 2);
+                amx_sb_f32(m, p, ge, sbf);
+                const float *dg = q->d + (size_t)b0 * ng + ge, *adg = q->ad + (size_t)b0 * ng + ge;
+                AMX_MEMORY_BARRIER();
+                AMX_LOAD(4, wg, 64);
+#pragma GCC unroll 4
+                for (int t = 0; t < AMX_ROW_TILES; t++) {
+                    if (t >= nt) break;
+                    const size_t r0 = (size_t)t * AMX_TILE_ROWS;
+                    AMX_MEMORY_BARRIER();
+                    amx_drain_step_tile(t, isum[(i - 1) & 1] + r0, a + r0 * (size_t)K, K);
+                    AMX_MEMORY_BARRIER();
+                    amx_epilogue_at(i == 2, sbf, dg + r0 * ng, adg + r0 * ng, (size_t)ng, AMX_TILE_ROWS,
+                                    (const int32_t(*)[16])isum[i & 1] + r0, acc + r0);
+                }
+                amx_after_products(m, p, P, wq4, q4, i, g, gn, G);
+                continue;
+            }
             int k = 0;
             if (i >= 1) {
                 /* group i-1's sums out (the epilogue's reads of that buffer, step i-1, come before), each
                  * C tile just ahead of its first product of group i */
                 AMX_MEMORY_BARRIER();
-                amx_drain_step(nt, isum[(i - 1) & 1], wg, a, K);
+                AMX_LOAD(4, wg, 64);
+#pragma GCC unroll 4
+                for (int t = 0; t < AMX_ROW_TILES; t++) {
+                    if (t >= nt) break;
+                    const size_t r0 = (size_t)t * AMX_TILE_ROWS;
+                    amx_drain_step_tile(t, isum[(i - 1) & 1] + r0, a + r0 * (size_t)K, K);
+                }
                 AMX_MEMORY_BARRIER();
                 k = ks;
             }
             for (; k < G; k += ks) amx_step(nt, wg + (size_t)(k / 4) * 64, a + k, K);
-            ib_pk_sb_prefetch(m, p, g);
-            if (q4 && i + 1 < ng) {
-                /* the tile loads of wq4[(i+1)&1] (step i-1) come before the stores that overwrite it */
-                AMX_MEMORY_BARRIER();
-                amx_unpack_q4(P, AMX_GROUP(i + 1), G, wq4 + (size_t)((i + 1) & 1) * wq_bytes);
-                AMX_MEMORY_BARRIER();
-            }
+            amx_after_products(m, p, P, wq4, q4, i, g, gn, G);
         }
         if (i >= 2) {
             const int g = AMX_GROUP(i - 2);
             amx_sb_f32(m, p, g, sbf);
-            const float *dg = q->d + (size_t)b0 * ng + g, *adg = q->ad + (size_t)b0 * ng + g;
-            if (i == 2) amx_epilogue(1, sbf, dg, adg, (size_t)ng, nr, (const int32_t(*)[16])isum[i & 1], acc);
-            else amx_epilogue(0, sbf, dg, adg, (size_t)ng, nr, (const int32_t(*)[16])isum[i & 1], acc);
+            amx_epilogue_at(i == 2, sbf, q->d + (size_t)b0 * ng + g, q->ad + (size_t)b0 * ng + g, (size_t)ng, nr,
+                            (const int32_t(*)[16])isum[i & 1], acc);
         }
     }
 #undef AMX_GROUP
