@@ -281,6 +281,19 @@ static void check_config(int bits, int G, int N, int K, int sb_round) {
               tile_rows_differ);
         CHECK(first_diff_row(y + (size_t)32 * ldy, ldy, canon + (size_t)32 * N, N, 8) < 0,
               "bits %d g%d: amx-group-order reached the rows past the last tile", bits, G);
+        /* one row tile (20 rows): with 4-bit weights its panels two at a time, the fault on them as well */
+        if (N > 16) {
+            ib_fault_set(IB_FAULT_AMX_GROUP_ORDER);
+            run_kernel(&w, &q, 20, 0, y, ldy);
+            ib_fault_set(IB_FAULT_NONE);
+            tile_rows_differ = 0;
+            for (int b = 0; b < 16; b++)
+                tile_rows_differ += first_diff_row(y + (size_t)b * ldy, ldy, canon + (size_t)b * N, N, 1) >= 0;
+            CHECK(tile_rows_differ >= 12, "bits %d g%d: amx-group-order changed only %d of a 20-row product's 16 tile rows",
+                  bits, G, tile_rows_differ);
+            CHECK(first_diff_row(y + (size_t)16 * ldy, ldy, canon + (size_t)16 * N, N, 4) < 0,
+                  "bits %d g%d: amx-group-order reached a 20-row product's last 4 rows", bits, G);
+        }
     }
     free(x), free(canon), free(y), free(q.xq), free(q.d), free(q.ad);
     wq_free(&w);

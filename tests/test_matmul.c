@@ -788,6 +788,17 @@ static void test_amx_fault(void) {
               "amx bits %d g%d: amx-group-order reached the AVX-512 tail rows", bits, G);
         ib_matmul(&w.m, x, 15, &q, IB_ACT_Q8, IB_ISA_AMX, pools[2], y, N);
         CHECK(same_bits(y, canon, (size_t)15 * N), "amx bits %d g%d: amx-group-order reached a 15-row product", bits, G);
+        /* one row tile (20 rows): with 4-bit weights its panels two at a time, the fault on them as well (one thread, so panels
+         * 0 and 1 are a pair) */
+        ib_matmul(&w.m, x, 20, &q, IB_ACT_Q8, IB_ISA_AMX, pools[1], y, N);
+        tile_rows_differ = 0;
+        /* (outputs 0..31: the first two panels, which take the two-panel path; N = 40 leaves a third alone) */
+        for (int b = 0; b < 16; b++) tile_rows_differ += !same_bits(y + (size_t)b * N, canon + (size_t)b * N, 32);
+        CHECK(tile_rows_differ >= 12,
+              "amx bits %d g%d: amx-group-order changed only %d of a 20-row product's 16 tile rows in its panel pair", bits,
+              G, tile_rows_differ);
+        CHECK(same_bits(y + (size_t)16 * N, canon + (size_t)16 * N, (size_t)4 * N),
+              "amx bits %d g%d: amx-group-order reached a 20-row product's last 4 rows", bits, G);
         ib_fault_set(IB_FAULT_NONE);
         q8case_free(&qc);
         wset_free(&w);
