@@ -30,7 +30,9 @@
  * float accumulators live in a [64][16] stack buffer; all of K per row block, group by group, the
  * tiles two groups ahead of the float epilogue (amx_row_block says why); then
  * the panel's rows past the last full tile on AVX-512. The panel's weights (a few KiB to tens of KiB)
- * stay in cache across its row blocks and that tail.
+ * stay in cache across its row blocks and that tail. A product of one row tile (16-31 rows) of 4-bit
+ * weights takes its panels two at a time instead (amx_row_tile_2p), so that its steps too have two
+ * tile products to interleave with the epilogue.
  */
 #if defined(IB_AMX_EMULATE)
 /* A test (tests/test_amx_emul.c) includes this file with the AMX_* operations below defined as C
