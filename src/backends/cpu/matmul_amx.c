@@ -87,12 +87,13 @@ static void amx_configure(int ks) {
 }
 
 /* Unpack group g of 4-bit panel P (group size G) into VNNI rows: out [G/4][64] bytes, row 2i = the low
- * nibbles of the group's block i (k 8i..8i+3), row 2i+1 = its high nibbles (k 8i+4..8i+7). */
-static inline void amx_unpack_q4(const uint8_t *P, int g, int G, uint8_t *restrict out) {
+ * nibbles of the group's block i (k 8i..8i+3), row 2i+1 = its high nibbles (k 8i+4..8i+7). The bytes pf
+ * past each block read are asked for ahead (where the weights read next are). */
+static inline void amx_unpack_q4(const uint8_t *P, int g, int G, uint8_t *restrict out, size_t pf) {
     const uint8_t *blk = P + (size_t)g * (size_t)(G / 8) * 64;
     for (int i = 0; i < G / 8; i++) {
         const uint8_t *w = blk + (size_t)i * 64;
-        __builtin_prefetch(w + AMX_PF_DIST, 0, 2);
+        __builtin_prefetch(w + pf, 0, 2);
         uint8_t *lo = out + (size_t)(2 * i) * 64, *hi = lo + 64;
         for (int x = 0; x < 64; x++) lo[x] = (uint8_t)(w[x] & 15), hi[x] = (uint8_t)(w[x] >> 4);
     }
@@ -210,15 +211,20 @@ static inline const uint8_t *amx_group_b(const uint8_t *P, const uint8_t *wq4, i
     return wg;
 }
 
-/* After step i's tile products of group g: its scales asked for, and group gn's 4-bit weights (gn >= 0)
+/* After step i's tile products of group g of panel p: scales and group gn's 4-bit weights (gn >= 0)
  * unpacked into wq4[(i+1)&1] — after the tile loads of that buffer (step i-1) and before the next
- * step's. */
+ * step's. ahead: 0 where panels are taken one at a time (the scales IB_SB_PF_DIST and the weights
+ * AMX_PF_DIST bytes on are asked for: the next panel's, as the stream goes); 2 where they are taken in
+ * pairs (p's and p+1's bytes are read together, so those of the panel two on, read with the next pair,
+ * are asked for instead). */
 static inline void amx_after_products(const ib_matrix *m, int p, const uint8_t *P, uint8_t *wq4, int q4, int i, int g,
-                                      int gn, int G) {
-    ib_pk_sb_prefetch(m, p, g);
+                                      int gn, int G, int ahead) {
+    if (ahead) __builtin_prefetch(ib_pk_sb(m, p + ahead, g));
+    else ib_pk_sb_prefetch(m, p, g);
     if (q4 && gn >= 0) {
         AMX_MEMORY_BARRIER();
-        amx_unpack_q4(P, gn, G, wq4 + (size_t)((i + 1) & 1) * (size_t)(G / 4) * 64);
+        amx_unpack_q4(P, gn, G, wq4 + (size_t)((i + 1) & 1) * (size_t)(G / 4) * 64,
+                      ahead ? (size_t)ahead * ib_pk_panel_bytes(m) : (size_t)AMX_PF_DIST);
         AMX_MEMORY_BARRIER();
     }
 }
@@ -253,7 +259,7 @@ static void amx_row_block(const ib_matrix *m, int p, const ib_act_buf *q, int b0
     float sbf[32] __attribute__((aligned(64)));                    /* the epilogue's group: 16 scales, 16 biases */
 #define AMX_GROUP(i) (desc ? ng - 1 - (i) : (i))
     if (q4) {
-        amx_unpack_q4(P, AMX_GROUP(0), G, wq4);
+        amx_unpack_q4(P, AMX_GROUP(0), G, wq4, AMX_PF_DIST);
         AMX_MEMORY_BARRIER();
     }
     for (int i = 0; i < ng + 2; i++) {
@@ -286,7 +292,7 @@ static void amx_row_block(const ib_matrix *m, int p, const ib_act_buf *q, int b0
                     amx_epilogue_at(i == 2, sbf, dg + r0 * ng, adg + r0 * ng, (size_t)ng, AMX_TILE_ROWS,
                                     (const int32_t(*)[16])isum[i & 1] + r0, acc + r0);
                 }
-                amx_after_products(m, p, P, wq4, q4, i, g, gn, G);
+                amx_after_products(m, p, P, wq4, q4, i, g, gn, G, 0);
                 continue;
             }
             int k = 0;
@@ -305,7 +311,7 @@ static void amx_row_block(const ib_matrix *m, int p, const ib_act_buf *q, int b0
                 k = ks;
             }
             for (; k < G; k += ks) amx_step(nt, wg + (size_t)(k / 4) * 64, a + k, K);
-            amx_after_products(m, p, P, wq4, q4, i, g, gn, G);
+            amx_after_products(m, p, P, wq4, q4, i, g, gn, G, 0);
         }
         if (i >= 2) {
             const int g = AMX_GROUP(i - 2);
@@ -337,8 +343,8 @@ static void amx_row_tile_2p(const ib_matrix *m, int p, const ib_act_buf *q, int 
     float sbf[2][32] __attribute__((aligned(64)));                           /* [panel]: 16 scales, 16 biases */
 #define AMX_GROUP(i) (desc ? ng - 1 - (i) : (i))
     if (q4) {
-        amx_unpack_q4(P0, AMX_GROUP(0), G, wq0);
-        amx_unpack_q4(P1, AMX_GROUP(0), G, wq1);
+        amx_unpack_q4(P0, AMX_GROUP(0), G, wq0, 2 * ib_pk_panel_bytes(m));
+        amx_unpack_q4(P1, AMX_GROUP(0), G, wq1, 2 * ib_pk_panel_bytes(m));
         AMX_MEMORY_BARRIER();
     }
     for (int i = 0; i < ng + 2; i++) {
@@ -388,8 +394,8 @@ static void amx_row_tile_2p(const ib_matrix *m, int p, const ib_act_buf *q, int 
                 AMX_DP(1, 6, 7);
             }
             AMX_MEMORY_BARRIER();
-            amx_after_products(m, p, P0, wq0, q4, i, g, gn, G);
-            amx_after_products(m, p + 1, P1, wq1, q4, i, g, gn, G);
+            amx_after_products(m, p, P0, wq0, q4, i, g, gn, G, 2);
+            amx_after_products(m, p + 1, P1, wq1, q4, i, g, gn, G, 2);
         } else if (drain) {
             AMX_STORE(0, isum[0][(i - 1) & 1][0], 64);
             AMX_ZERO(0);
