@@ -76,14 +76,20 @@ _Static_assert(sizeof(amx_tilecfg) == 64, "LDTILECFG reads 64 bytes");
 /* The configuration described above for K-steps of KS bytes: C tiles 0..3 of 16 rows x 64 bytes, B
  * (tile 4) of KS/4 rows x 64 bytes, A (tiles 5, 6) of 16 rows x KS bytes. Constant data: nothing for
  * the compiler to drop or reorder in front of LDTILECFG, whose asm names only the first 8 bytes. */
-#define AMX_CFG(KS) { .palette = 1, .colsb = {64, 64, 64, 64, 64, KS, KS, 64}, .rows = {16, 16, 16, 16, KS / 4, 16, 16, KS / 4} }
+#define AMX_CFG(KS) { .palette = 1, .colsb = {64, 64, 64, 64, 64, KS, KS}, .rows = {16, 16, 16, 16, KS / 4, 16, 16} }
+/* the same with tile 7 as a second B (amx_row_tile_2p), loaded only for products that take that path */
+#define AMX_CFG_2P(KS) { .palette = 1, .colsb = {64, 64, 64, 64, 64, KS, KS, 64}, .rows = {16, 16, 16, 16, KS / 4, 16, 16, KS / 4} }
 static const amx_tilecfg amx_cfg_ks32 __attribute__((aligned(64))) = AMX_CFG(32);
 static const amx_tilecfg amx_cfg_ks64 __attribute__((aligned(64))) = AMX_CFG(64);
+static const amx_tilecfg amx_cfg_2p_ks32 __attribute__((aligned(64))) = AMX_CFG_2P(32);
+static const amx_tilecfg amx_cfg_2p_ks64 __attribute__((aligned(64))) = AMX_CFG_2P(64);
 
-/* Load the configuration for K-steps of ks bytes (32 or 64). */
-static void amx_configure(int ks) {
+/* Load the configuration for K-steps of ks bytes (32 or 64), with tile 7 where pairs (the two-panel
+ * path) is set. */
+static void amx_configure(int ks, int pairs) {
     AMX_MEMORY_BARRIER();
-    AMX_CONFIG(ks == 32 ? &amx_cfg_ks32 : &amx_cfg_ks64);
+    if (pairs) AMX_CONFIG(ks == 32 ? &amx_cfg_2p_ks32 : &amx_cfg_2p_ks64);
+    else AMX_CONFIG(ks == 32 ? &amx_cfg_ks32 : &amx_cfg_ks64);
 }
 
 /* Unpack group g of 4-bit panel P (group size G) into VNNI rows: out [G/4][64] bytes, row 2i = the low
@@ -217,7 +223,7 @@ static inline const uint8_t *amx_group_b(const uint8_t *P, const uint8_t *wq4, i
  * AMX_PF_DIST bytes on are asked for: the next panel's, as the stream goes); 2 where they are taken in
  * pairs (p's and p+1's bytes are read together, so those of the panel two on, read with the next pair,
  * are asked for instead). */
-static inline void amx_after_products(const ib_matrix *m, int p, const uint8_t *P, uint8_t *wq4, int q4, int i, int g,
+static inline __attribute__((always_inline)) void amx_after_products(const ib_matrix *m, int p, const uint8_t *P, uint8_t *wq4, int q4, int i, int g,
                                       int gn, int G, int ahead) {
     if (ahead) __builtin_prefetch(ib_pk_sb(m, p + ahead, g));
     else ib_pk_sb_prefetch(m, p, g);
@@ -330,13 +336,13 @@ static void amx_row_block(const ib_matrix *m, int p, const ib_act_buf *q, int b0
  * both products, so a block of one row tile still has two tile products a step to spread its epilogue
  * around (amx_row_block's order otherwise: two groups deep, each C tile stored and zeroed just before
  * its product, and where a group is one k-step each panel's 16-row epilogue of the group two back
- * right after that panel's product). wq4 is a [2 panels][2][G/4][64] scratch. C tiles 0 and 1 are zero
- * on entry and on return. Each panel's outputs are amx_row_block's, bit for bit. */
-static void amx_row_tile_2p(const ib_matrix *m, int p, const ib_act_buf *q, int b0, int desc, float *Y, int ldy,
-                            uint8_t *wq4) {
+ * right after that panel's product). The tiles are configured with tile 7 (amx_configure's pairs). C tiles
+ * 0 and 1 are zero on entry and on return. Each panel's outputs are amx_row_block's, bit for bit. */
+static void amx_row_tile_2p(const ib_matrix *m, int p, const ib_act_buf *q, int b0, int desc, float *Y, int ldy) {
     const int K = m->cols, G = m->group, ng = K / G, ks = G < 64 ? G : 64, q4 = m->fmt == IB_WQ4;
     const size_t wq_pan = (size_t)2 * (size_t)(G / 4) * 64; /* one panel's two groups of VNNI rows */
     const uint8_t *P0 = ib_pk_panel(m, p), *P1 = ib_pk_panel(m, p + 1);
+    uint8_t wq4[2 * 2 * 128 / 4 * 64] __attribute__((aligned(64)));     /* [panel][2][G/4][64], G <= 128 */
     uint8_t *wq0 = wq4, *wq1 = wq4 + wq_pan;
     float acc[2][AMX_TILE_ROWS][16] __attribute__((aligned(64)));            /* [panel][row][lane] */
     int32_t isum[2][2][AMX_TILE_ROWS][16] __attribute__((aligned(64)));      /* [panel][step parity][row][lane] */
@@ -430,8 +436,9 @@ void AMX_KERNEL(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, 
     const ib_fault fault = ib_fault_get();
     const int desc = fault == IB_FAULT_GEMV_GEMM || fault == IB_FAULT_AMX_GROUP_ORDER; /* B >= 16 here */
     const int K = m->cols, G = m->group, ng = K / G;
-    uint8_t wq4[2 * 2 * 128 / 4 * 64] __attribute__((aligned(64))); /* two panels' two 4-bit groups' VNNI rows, G <= 128 */
-    amx_configure(G < 64 ? G : 64);
+    uint8_t wq4[2 * 128 / 4 * 64] __attribute__((aligned(64))); /* two 4-bit groups' VNNI rows, G <= 128 */
+    const int pairs = BA == AMX_TILE_ROWS && m->fmt == IB_WQ4; /* one row tile of 4-bit weights: panels in pairs */
+    amx_configure(G < 64 ? G : 64, pairs);
     /* the C tiles start zeroed; amx_drain re-zeroes the ones it stores */
     AMX_ZERO(0);
     AMX_ZERO(1);
@@ -439,11 +446,11 @@ void AMX_KERNEL(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, 
     AMX_ZERO(3);
     const ib_act_buf qt = {q->xq + (size_t)BA * K, q->d + (size_t)BA * ng, q->ad + (size_t)BA * ng}; /* tail rows */
     for (int p = p0; p < p1; p++) {
-        if (BA == AMX_TILE_ROWS && p + 1 < p1 && m->fmt == IB_WQ4) {
+        if (pairs && p + 1 < p1) {
             /* one row tile of 4-bit weights: two panels at a time (their rows past the tile next, while both
              * are in cache). With 8-bit weights, whose B tiles load from memory rather than from the
              * unpacked buffer in L1, the pair measured 10% slower at 16 rows, so they keep one panel. */
-            amx_row_tile_2p(m, p, q, 0, desc, Y, ldy, wq4);
+            amx_row_tile_2p(m, p, q, 0, desc, Y, ldy);
             if (BA < B) AMX_TAIL_KERNEL(m, X ? X + (size_t)BA * K : NULL, B - BA, &qt, act, p, p + 2, Y + (size_t)BA * ldy, ldy);
             p++;
             continue;
