@@ -223,8 +223,9 @@ static inline const uint8_t *amx_group_b(const uint8_t *P, const uint8_t *wq4, i
  * AMX_PF_DIST bytes on are asked for: the next panel's, as the stream goes); 2 where they are taken in
  * pairs (p's and p+1's bytes are read together, so those of the panel two on, read with the next pair,
  * are asked for instead). */
-static inline __attribute__((always_inline)) void amx_after_products(const ib_matrix *m, int p, const uint8_t *P, uint8_t *wq4, int q4, int i, int g,
-                                      int gn, int G, int ahead) {
+static inline __attribute__((always_inline)) void amx_after_products(const ib_matrix *m, int p, const uint8_t *P,
+                                                                     uint8_t *wq4, int q4, int i, int g, int gn, int G,
+                                                                     int ahead) {
     if (ahead) __builtin_prefetch(ib_pk_sb(m, p + ahead, g));
     else ib_pk_sb_prefetch(m, p, g);
     if (q4 && gn >= 0) {
