@@ -44,17 +44,29 @@ void ib_one_line(char *out, size_t cap, const char *raw) {
     out[o] = '\0';
 }
 
+/* vprintf into a buffer of 512 bytes, then ib_one_line into out[cap]. */
+static void one_line_v(char *out, size_t cap, const char *fmt, va_list ap) {
+    char raw[512];
+    vsnprintf(raw, sizeof raw, fmt, ap);
+    ib_one_line(out, cap, raw);
+}
+
+void ib_one_linef(char *out, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    one_line_v(out, cap, fmt, ap);
+    va_end(ap);
+}
+
 /* Record code and the formatted message in err (may be NULL), as one printable line (ib_one_line),
  * and return code. */
 ib_status ib_fail(ib_error *err, ib_status code, const char *fmt, ...) {
     if (err) {
-        char raw[sizeof err->msg];
         va_list ap;
         va_start(ap, fmt);
         err->code = code;
-        vsnprintf(raw, sizeof raw, fmt, ap);
+        one_line_v(err->msg, sizeof err->msg, fmt, ap);
         va_end(ap);
-        ib_one_line(err->msg, sizeof err->msg, raw);
     }
     return code;
 }

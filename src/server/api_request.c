@@ -128,10 +128,9 @@ static json_t *content_string(json_t *ct, size_t i, char *msg, size_t msz) {
             return NULL;
         }
         if (strcmp(json_string_value(type), "text")) {
-            char raw[512]; /* the type is the client's: the refusal is made one printable line */
-            snprintf(raw, sizeof raw, "messages[%zu].content[%zu]: part type '%s' is not supported (text parts only)", i,
-                     j, json_string_value(type));
-            ib_one_line(msg, msz, raw);
+            /* the type is the client's: the refusal is made one printable line */
+            ib_one_linef(msg, msz, "messages[%zu].content[%zu]: part type '%s' is not supported (text parts only)", i,
+                         j, json_string_value(type));
             return NULL;
         }
         if (!json_is_string(text)) {

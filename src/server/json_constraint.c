@@ -59,9 +59,8 @@ static json_t *schema_member(json_t *rf, char *msg, size_t msz) {
     json_t *v;
     json_object_foreach(js, k, v) {
         if (strcmp(k, "name") && strcmp(k, "schema") && strcmp(k, "description") && strcmp(k, "strict")) {
-            char raw[512]; /* k is the client's: the refusal is made one printable line */
-            snprintf(raw, sizeof raw, "response_format.json_schema.%s is not a field of json_schema", k);
-            ib_one_line(msg, msz, raw);
+            /* k is the client's: the refusal is made one printable line */
+            ib_one_linef(msg, msz, "response_format.json_schema.%s is not a field of json_schema", k);
             return NULL;
         }
     }
@@ -105,9 +104,8 @@ int ib_json_format_check(json_t *rf, char *msg, size_t msz) {
     json_t *v;
     json_object_foreach(rf, k, v) {
         if (strcmp(k, "type") && (strcmp(k, "json_schema") || strcmp(ty, "json_schema"))) {
-            char raw[512]; /* k is the client's: the refusal is made one printable line */
-            snprintf(raw, sizeof raw, "response_format.%s is not a field of a %s response_format", k, ty);
-            ib_one_line(msg, msz, raw);
+            /* k is the client's: the refusal is made one printable line */
+            ib_one_linef(msg, msz, "response_format.%s is not a field of a %s response_format", k, ty);
             return -1;
         }
     }

@@ -255,8 +255,7 @@ static inline __attribute__((always_inline)) void amx_after_products(const ib_ma
  * has several row tiles, a middle step (2 <= i < ng) runs row tile by row tile instead: tile t's drain
  * and product, then the epilogue of its 16 rows, so the tile instructions are spread through the
  * epilogue rather than all waiting ahead of it (64-128 rows 5-12% faster than the order above, 512 a few
- * percent). Every
- * row's groups still reach its accumulators one at a time, in order. */
+ * percent). Every row's groups still reach its accumulators one at a time, in order. */
 static void amx_row_block(const ib_matrix *m, int p, const ib_act_buf *q, int b0, int nt, int desc, float *Y,
                           int ldy, uint8_t *wq4) {
     const int K = m->cols, G = m->group, ng = K / G, ks = G < 64 ? G : 64, nr = nt * AMX_TILE_ROWS, q4 = m->fmt == IB_WQ4;
@@ -371,28 +370,26 @@ static void amx_row_tile_2p(const ib_matrix *m, int p, const ib_act_buf *q, int 
             AMX_LOAD(4, w0, 64);
             AMX_LOAD(7, w1, 64);
             AMX_LOAD(5, a, K);
-            if (drain) {
-                AMX_STORE(0, isum[0][(i - 1) & 1][0], 64);
-                AMX_ZERO(0);
-            }
-            AMX_DP(0, 5, 4);
-            if (spread) {
-                AMX_MEMORY_BARRIER();
-                amx_epilogue_at(i == 2, sbf[0], dg, adg, (size_t)ng, AMX_TILE_ROWS, (const int32_t(*)[16])isum[0][i & 1],
-                                acc[0]);
-                AMX_MEMORY_BARRIER();
-            }
-            if (drain) {
-                AMX_STORE(1, isum[1][(i - 1) & 1][0], 64);
-                AMX_ZERO(1);
-            }
-            AMX_DP(1, 5, 7);
-            if (spread) {
-                AMX_MEMORY_BARRIER();
-                amx_epilogue_at(i == 2, sbf[1], dg, adg, (size_t)ng, AMX_TILE_ROWS, (const int32_t(*)[16])isum[1][i & 1],
-                                acc[1]);
-                AMX_MEMORY_BARRIER();
-            }
+/* panel PAN (0 or 1; its C tile has the same number, its B tile is BT): the previous group's sums out,
+ * this group's product in, then (spread) its epilogue of the group two back. A macro: tile numbers
+ * must be constants. */
+#define AMX_PAIR_PANEL(PAN, BT)                                                                          \
+    do {                                                                                                 \
+        if (drain) {                                                                                     \
+            AMX_STORE(PAN, isum[PAN][(i - 1) & 1][0], 64);                                               \
+            AMX_ZERO(PAN);                                                                               \
+        }                                                                                                \
+        AMX_DP(PAN, 5, BT);                                                                              \
+        if (spread) {                                                                                    \
+            AMX_MEMORY_BARRIER();                                                                        \
+            amx_epilogue_at(i == 2, sbf[PAN], dg, adg, (size_t)ng, AMX_TILE_ROWS,                        \
+                            (const int32_t(*)[16])isum[PAN][i & 1], acc[PAN]);                           \
+            AMX_MEMORY_BARRIER();                                                                        \
+        }                                                                                                \
+    } while (0)
+            AMX_PAIR_PANEL(0, 4);
+            AMX_PAIR_PANEL(1, 7);
+#undef AMX_PAIR_PANEL
             for (int k = ks; k < G; k += ks) {
                 AMX_LOAD(4, w0 + (size_t)(k / 4) * 64, 64);
                 AMX_LOAD(7, w1 + (size_t)(k / 4) * 64, 64);
