@@ -63,6 +63,11 @@ TOOL_SRC := $(wildcard tools/*.c)
 TOOL_OBJ := $(TOOL_SRC:%.c=$(BUILD)/%.o)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# Tests that run a CUDA kernel's device code on the host (tests/test_*_host.cc, C++ as the kernels are,
+# through tests/cuda_host_shim.h): built by the host's C++ compiler, no nvcc or GPU needed.
+CXX_TEST_SRC := $(wildcard tests/test_*.cc)
+CXX_TEST_BIN := $(CXX_TEST_SRC:tests/%.cc=$(BUILD)/tests/%)
+CXX_TEST_FLAGS = -std=c++17 $(filter-out -std=c11,$(IB_BASE_FLAGS)) -Wno-unknown-pragmas $(CFLAGS) $(IB_NUMERIC_FLAGS)
 # Test programs a tests/t_*.sh script runs with arguments (not run alone by tests/run.sh): the
 # PostgreSQL store's checks need the private server tests/t_store_pg.sh starts.
 HELPER_BIN := $(BUILD)/tests/pg_store_check
@@ -121,6 +126,10 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libisobatch.a tests/check.h tests/test_rng.
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< $(BUILD)/libisobatch.a $(LDLIBS) $(CUDA_LIBS)
 
+$(BUILD)/tests/%: tests/%.cc $(BUILD)/libisobatch.a tests/check.h tests/cuda_host_shim.h $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(CXX) $(CXX_TEST_FLAGS) -Itests -o $@ $< $(BUILD)/libisobatch.a $(LDLIBS) $(CUDA_LIBS)
+
 $(BUILD)/examples/%: examples/%.c $(BUILD)/libisobatch.a $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/libisobatch.a $(LDLIBS) $(CUDA_LIBS)
@@ -130,7 +139,7 @@ examples: $(EX_BIN)
 # clang builds the fuzz targets (fuzz/); `make test` builds and runs them briefly when it is installed
 FUZZ_CC      ?= clang
 HAVE_FUZZ_CC := $(shell command -v $(FUZZ_CC) 2>/dev/null)
-test: all asan $(TEST_BIN) $(HELPER_BIN) $(EX_BIN) $(if $(HAVE_FUZZ_CC),fuzz-build)
+test: all asan $(TEST_BIN) $(CXX_TEST_BIN) $(HELPER_BIN) $(EX_BIN) $(if $(HAVE_FUZZ_CC),fuzz-build)
 	@BUILD=$(BUILD) ASAN_BUILD=$(ASAN_BUILD) FUZZ_BUILD=$(FUZZ_BUILD) bash tests/run.sh
 
 # The main job: batched generation on the bundled default model (models/default, trained by train/),
@@ -232,7 +241,7 @@ fuzz: fuzz-build
 clean:
 	rm -rf build build-asan build-fuzz
 
--include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_BIN:=.d) $(HELPER_BIN:=.d) $(EX_BIN:=.d) $(FUZZ_OBJ:.o=.d) $(FUZZ_BIN:=.d)
+-include $(OBJ:.o=.d) $(TOOL_OBJ:.o=.d) $(TEST_BIN:=.d) $(CXX_TEST_BIN:=.d) $(HELPER_BIN:=.d) $(EX_BIN:=.d) $(FUZZ_OBJ:.o=.d) $(FUZZ_BIN:=.d)
 
 # ---- the linkable library: shared library, pkg-config file, install (rules kept apart from the build above)
 # The version comes from include/isobatch.h (IB_VERSION_*), its one home. The library's objects are

@@ -32,7 +32,7 @@ static inline char *check_read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
     long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-    char *buf = n >= 0 && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)n + 1) : NULL;
+    char *buf = n >= 0 && fseek(f, 0, SEEK_SET) == 0 ? (char *)malloc((size_t)n + 1) : NULL;
     if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) free(buf), buf = NULL;
     fclose(f);
     if (buf) buf[n] = 0, *len = (size_t)n;

@@ -33,7 +33,10 @@
  * arithmetic. docs/cuda.md has the whole picture and what was verified on an H200.
  *
  * The product kernels are in product_kernels.cuh and the q/k preparation and attention kernels in
- * attention_kernels.cuh, included in place. Gemma 4 (per-layer shapes and cache views, GeGLU, the routed
+ * attention_kernels.cuh (a prompt's tiles in attention_tile.cuh), included in place, with the small
+ * headers they share: rowinfo.cuh (a row's cache), quantize_group.cuh (the activation quantization),
+ * kv_element.cuh (a cached element as a float); these compile for the host as well, where
+ * tests/test_cuda_tile_host.cc runs the tile kernel without a GPU. Gemma 4 (per-layer shapes and cache views, GeGLU, the routed
  * experts, per-layer embeddings, the logit soft-cap) is in gemma_kernels.cuh, included below the product,
  * norm and attention code it reuses.
  */
@@ -161,13 +164,7 @@ typedef struct dmat {
     const float *s, *b;
 } dmat;
 
-/* Per row of a step: where its session's cache is and how it is kept. */
-typedef struct rowinfo {
-    void *kv;          /* device cache base */
-    int cap, sink, window, f16;
-    int pos;           /* the row's position */
-    int scap, swin;    /* Gemma 4: the sliding layers' slots and window (gemma_kernels.cuh) */
-} rowinfo;
+#include "backends/cuda/rowinfo.cuh"
 
 /* Up to three products that read the same input, run as one grid: matrix i owns the 32-output tiles
  * [t0[i], t0[i+1]) of blockIdx.x and writes Y[i] (row stride its N). Which block computes an output
@@ -407,44 +404,7 @@ static mm_q8_fn mm_q8_tile_pick(int fmt, int opb, int rbt) {
 
 /* ---------------------------------------------------------------- kernels: activation quantization */
 
-/* clamp(rne(x * inv), -127, 127), 0 for NaN: the same float operations as matmul.c's quant_code. */
-__device__ __forceinline__ int quant_code(float x, float inv) {
-    const float rne = 12582912.0f; /* 1.5 * 2^23 */
-    float v = (x * inv + rne) - rne;
-    v = v > 127.0f ? 127.0f : v;
-    v = v < -127.0f ? -127.0f : v;
-    v = v == v ? v : 0.0f;
-    return (int)v;
-}
-
-/* ib_quantize_act of one group of G floats xs (any memory) by one warp: codes into qs, d and ad into *d,
- * *ad (written by lane 0). amax is a maximum of non-NaN magnitudes (the same in any order); the code sum
- * is an exact integer. */
-__device__ __forceinline__ void quantize_group(const float *xs, int G, int8_t *qs, float *d, float *ad, int lane) {
-    float amax = 0.0f;
-    for (int k = lane; k < G; k += 32) {
-        const float a = fabsf(xs[k]);
-        amax = a > amax ? a : amax;
-    }
-    for (int o = 16; o; o >>= 1) {
-        const float b = __shfl_xor_sync(0xffffffffu, amax, o);
-        amax = b > amax ? b : amax;
-    }
-    if (amax == 0.0f) {
-        for (int k = lane; k < G; k += 32) qs[k] = 0;
-        if (lane == 0) *d = 0.0f, *ad = 0.0f;
-        return;
-    }
-    const float dd = amax / 127.0f, inv = 127.0f / amax;
-    int sum = 0;
-    for (int k = lane; k < G; k += 32) {
-        const int c = quant_code(xs[k], inv);
-        qs[k] = (int8_t)c;
-        sum += c;
-    }
-    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) *d = dd, *ad = dd * (float)sum;
-}
+#include "backends/cuda/quantize_group.cuh"
 
 /* ib_quantize_act of X [R][K] for group G: one warp per (row, group). */
 __global__ void quantize_kernel(const float *__restrict__ X, int R, int K, int G, int8_t *__restrict__ xq,

@@ -1,0 +1,169 @@
+/*
+ * cuda_host_shim.h — just enough of CUDA to run a kernel's device code on the host, for tests that
+ * check a kernel's arithmetic and indexing where no GPU is (tests/test_cuda_tile_host.cc): a block's
+ * threads are coroutines of one host thread (ucontext), switched at barriers only — __syncthreads
+ * waits for the block's threads, __syncwarp for the warp's, a shuffle passes values through a per-warp
+ * slot array between two warp barriers —, cp.async copies at once, halves convert by half.h. A barrier
+ * that not every thread of its block or warp reaches stops the run with a message (a kernel's
+ * divergent barrier). The arithmetic is the host's IEEE
+ * single precision, built without contraction (-ffp-contract=off), as the device build (-fmad=false).
+ * What this cannot show: timing, memory-ordering races between threads that skip a barrier, register
+ * or shared-memory limits — the device tests do.
+ */
+#ifndef IB_TESTS_CUDA_HOST_SHIM_H
+#define IB_TESTS_CUDA_HOST_SHIM_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <ucontext.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+extern "C" {
+#include "core/fmath.h"
+#include "core/half.h"
+}
+
+#define __device__
+#define __host__
+#define __global__
+#define __shared__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(...)
+#define PDL_ENTER() \
+    do {            \
+    } while (0)
+
+struct cuda_host_idx {
+    unsigned x;
+};
+static cuda_host_idx threadIdx, blockIdx, blockDim;   /* threadIdx: the running coroutine's */
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct float2 {
+    float x, y;
+};
+struct __half {
+    uint16_t b;
+};
+struct __half2 {
+    uint16_t x, y;
+};
+static inline __half __ushort_as_half(uint16_t u) { return __half{u}; }
+static inline float __half2float(__half h) { return ib_f16_to_f32(h.b); }
+static inline float2 __half22float2(__half2 h) { return float2{ib_f16_to_f32(h.x), ib_f16_to_f32(h.y)}; }
+static inline float __uint_as_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+#define CUDA_HOST_THREADS 256   /* threads of an emulated block (its warps: CUDA_HOST_THREADS / 32) */
+#define CUDA_HOST_STACK (64 * 1024)
+enum { CUDA_HOST_READY, CUDA_HOST_WAITING, CUDA_HOST_DONE };
+static struct {
+    ucontext_t main, th[CUDA_HOST_THREADS];
+    unsigned char *stacks;
+    int state[CUDA_HOST_THREADS];
+    int arrived[1 + CUDA_HOST_THREADS / 32];   /* barrier 0: the block's; 1 + w: warp w's */
+    void (*fn)(void *);
+    void *ctx;
+} cuda_host;
+static uint64_t cuda_host_slot[CUDA_HOST_THREADS / 32][32];
+
+/* This thread arrives at barrier b (of n threads) and yields; the last to arrive releases them all. */
+static inline void cuda_host_barrier(int b, int n) {
+    const int t = (int)threadIdx.x;
+    cuda_host.state[t] = CUDA_HOST_WAITING;
+    if (++cuda_host.arrived[b] == n) {
+        cuda_host.arrived[b] = 0;
+        const int lo = b == 0 ? 0 : (b - 1) * 32, hi = b == 0 ? CUDA_HOST_THREADS : lo + 32;
+        for (int i = lo; i < hi; i++) cuda_host.state[i] = CUDA_HOST_READY;
+    }
+    swapcontext(&cuda_host.th[t], &cuda_host.main);
+}
+static inline void __syncthreads() { cuda_host_barrier(0, CUDA_HOST_THREADS); }
+static inline void __syncwarp(unsigned = 0xffffffffu) { cuda_host_barrier(1 + (int)(threadIdx.x >> 5), 32); }
+
+/* v of lane src (of this thread's warp); every lane of the warp calls it. */
+template <class T>
+static inline T cuda_host_lane_value(T v, int src) {
+    const int w = (int)threadIdx.x >> 5, l = (int)threadIdx.x & 31;
+    memcpy(&cuda_host_slot[w][l], &v, sizeof v);
+    __syncwarp();
+    T r;
+    memcpy(&r, &cuda_host_slot[w][src & 31], sizeof r);
+    __syncwarp();
+    return r;
+}
+template <class T>
+static inline T __shfl_sync(unsigned, T v, int src) {
+    return cuda_host_lane_value(v, src);
+}
+template <class T>
+static inline T __shfl_xor_sync(unsigned, T v, int m) {
+    return cuda_host_lane_value(v, ((int)threadIdx.x & 31) ^ m);
+}
+/* lane + d within the lane's segment of `width` lanes, else the lane's own value */
+template <class T>
+static inline T __shfl_down_sync(unsigned, T v, unsigned d, int width = 32) {
+    const int l = (int)threadIdx.x & 31, src = l + (int)d;
+    const T r = cuda_host_lane_value(v, src);
+    return (src / width == l / width && src < 32) ? r : v;
+}
+
+static inline void cp_async16(void *dst, const void *src) { memcpy(dst, src, 16); }
+static inline void cp_commit() {}
+template <int N>
+static inline void cp_wait() {}
+
+static void cuda_host_entry(void) {
+    cuda_host.fn(cuda_host.ctx);
+    cuda_host.state[threadIdx.x] = CUDA_HOST_DONE;
+    swapcontext(&cuda_host.th[threadIdx.x], &cuda_host.main);
+}
+
+/* Run fn(ctx) as block bx of CUDA_HOST_THREADS threads: each runs until its next barrier, in thread
+ * order, until all have returned. Exits the program when threads wait at a barrier no other thread can
+ * reach. */
+static void cuda_host_run_block(unsigned bx, void (*fn)(void *), void *ctx) {
+    if (!cuda_host.stacks && !(cuda_host.stacks = (unsigned char *)malloc((size_t)CUDA_HOST_THREADS * CUDA_HOST_STACK))) {
+        fprintf(stderr, "cuda_host_run_block: out of memory for the threads' stacks\n");
+        exit(1);
+    }
+    blockIdx.x = bx, blockDim.x = CUDA_HOST_THREADS, cuda_host.fn = fn, cuda_host.ctx = ctx;
+    memset(cuda_host.arrived, 0, sizeof cuda_host.arrived);
+    for (int t = 0; t < CUDA_HOST_THREADS; t++) {
+        getcontext(&cuda_host.th[t]);
+        cuda_host.th[t].uc_stack.ss_sp = cuda_host.stacks + (size_t)t * CUDA_HOST_STACK;
+        cuda_host.th[t].uc_stack.ss_size = CUDA_HOST_STACK;
+        cuda_host.th[t].uc_link = NULL;
+        makecontext(&cuda_host.th[t], cuda_host_entry, 0);
+        cuda_host.state[t] = CUDA_HOST_READY;
+    }
+    for (;;) {
+        int ran = 0, done = 0;
+        for (int t = 0; t < CUDA_HOST_THREADS; t++) {
+            if (cuda_host.state[t] == CUDA_HOST_DONE) done++;
+            if (cuda_host.state[t] != CUDA_HOST_READY) continue;
+            threadIdx.x = (unsigned)t, ran = 1;
+            swapcontext(&cuda_host.main, &cuda_host.th[t]);
+        }
+        if (done == CUDA_HOST_THREADS) return;
+        if (!ran) {
+            fprintf(stderr, "cuda_host_run_block: block %u: threads wait at a barrier the others do not reach\n", bx);
+            exit(1);
+        }
+    }
+}
+
+#endif

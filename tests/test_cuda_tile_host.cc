@@ -1,0 +1,134 @@
+/*
+ * test_cuda_tile_host.cc — the CUDA backend's prompt tile attention (attention_tile_kernel,
+ * src/backends/cuda/attention_tile.cuh) run on the host through tests/cuda_host_shim.h (a block's 256
+ * threads as coroutines), against the scalar reference (ib_attend_heads / ib_attend_heads_f16 with
+ * --isa scalar's copy), bitwise: so its order of operations and its indexing are checked on every
+ * machine, GPU or not. Head dims 16, 64 and 128; 1, 2 and 4 query heads a KV head; float and half
+ * caches; key blocks of 32 and 16; tiles that start at, before and after a key block's start, of 1, 3
+ * and the most rows a tile holds; each (row, head) output also quantized for a product (group 32),
+ * compared with ib_quantize_act of the reference's outputs. A kernel that cuts its key blocks at half
+ * the reference's size (another sequence of online-softmax rescales: the gpu-att-block fault's change)
+ * must differ. The device tests (test_backend_cuda) run the same kernel on a GPU.
+ */
+#include "cuda_host_shim.h"
+
+#define ATT_THREADS CUDA_HOST_THREADS
+#include "backends/cuda/rowinfo.cuh"
+#include "backends/cuda/kv_element.cuh"
+#include "backends/cuda/quantize_group.cuh"
+#include "backends/cuda/attention_tile.cuh"
+
+extern "C" {
+#include "check.h"
+#include "ops/matmul.h"
+#include "ops/ops.h"
+}
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <vector>
+
+alignas(16) float tile_sh[64 * 1024];   /* the emulated block's dynamic shared memory (256 KiB) */
+
+/* ---------------------------------------------------------------- one case */
+
+static uint32_t rng = 0x9e3779b9u;
+static float rnd(void) { /* uniform in [-1, 1) */
+    rng = rng * 1664525u + 1013904223u;
+    return (float)((rng >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+struct launch {
+    const float *Q;
+    float *ATT;
+    const rowinfo *ri;
+    const att_tile *tiles;
+    int H, KVH, hd, block, qG;
+    float scale;
+    int8_t *xq;
+    float *qd, *qad;
+};
+
+static void tile_block(void *p) {
+    const launch *l = (const launch *)p;
+    attention_tile_kernel(l->Q, l->ATT, l->ri, l->tiles, l->H, l->KVH, l->hd, 0, l->scale, l->block, l->qG, l->xq, l->qd,
+                          l->qad);
+}
+
+/* One tile of n rows at positions p0 .. p0 + n - 1 of a session (two KV heads of G query heads, head
+ * dim hd, a float or half cache of one layer), the kernel's key block `block`, the reference's `ref_block`;
+ * qG > 0: the outputs also quantized for that group. Returns whether every output (and code, scale and
+ * offset) equals the reference's bitwise. */
+static int tile_case(int hd, int G, int f16, int block, int ref_block, int p0, int n, int qG) {
+    const int KVH = 2, H = G * KVH, cap = p0 + n + 3;
+    const size_t plane = (size_t)cap * hd, eb = f16 ? 2 : 4, W = (size_t)n * H * hd;
+    std::vector<unsigned char> kv(2 * KVH * plane * eb);
+    for (size_t i = 0; i < 2 * KVH * plane; i++) {
+        const float x = rnd() * (i % 7 == 0 ? 6.0f : 1.0f);
+        if (f16) ((uint16_t *)kv.data())[i] = ib_f32_to_f16(x);
+        else ((float *)kv.data())[i] = x;
+    }
+    std::vector<float> Q(W), got(W, 0.0f), want(W);
+    for (float &x : Q) x = rnd() * 3.0f;
+    std::vector<int8_t> xq(W), rq(W);
+    std::vector<float> qd(W), qad(W), rd(W), rad(W);
+    std::vector<rowinfo> ri(n);
+    for (int i = 0; i < n; i++) ri[i] = rowinfo{kv.data(), cap, 0, 0, f16, p0 + i, 0, 0};
+    const att_tile tl = {0, n};
+    const float scale = 1.0f / sqrtf((float)hd);
+    launch l = {Q.data(), got.data(), ri.data(), &tl, H, KVH, hd, block, qG, scale, xq.data(), qd.data(), qad.data()};
+    if (tile_smem_bytes(TILE_QV, hd, block) > sizeof tile_sh) return 0;
+    for (int kvh = 0; kvh < KVH; kvh++) cuda_host_run_block((unsigned)kvh, tile_block, &l);
+    for (int i = 0; i < n; i++)
+        for (int kvh = 0; kvh < KVH; kvh++) {
+            const unsigned char *kp = kv.data() + (size_t)kvh * plane * eb, *vp = kv.data() + (size_t)(KVH + kvh) * plane * eb;
+            const float *q = Q.data() + ((size_t)i * H + (size_t)kvh * G) * hd;
+            float *o = want.data() + ((size_t)i * H + (size_t)kvh * G) * hd;
+            if (f16)
+                ib_attend_heads_f16_isa(IB_ISA_SCALAR, (const uint16_t *)kp, (const uint16_t *)vp, q, G, p0 + i + 1, hd,
+                                        hd, scale, ref_block, 0, o);
+            else
+                ib_attend_heads_isa(IB_ISA_SCALAR, q, G, (const float *)kp, (const float *)vp, p0 + i + 1, hd, hd, scale,
+                                    ref_block, 0, o);
+        }
+    int same = memcmp(want.data(), got.data(), W * sizeof(float)) == 0;
+    if (qG > 0) {
+        const size_t ng = W / (size_t)qG;
+        ib_quantize_act(want.data(), n, H * hd, qG, rq.data(), rd.data(), rad.data());
+        same = same && memcmp(rq.data(), xq.data(), W) == 0 && memcmp(rd.data(), qd.data(), ng * 4) == 0 &&
+               memcmp(rad.data(), qad.data(), ng * 4) == 0;
+    }
+    return same;
+}
+
+int main(void) {
+    static const int hds[] = {16, 64, 128}, Gs[] = {1, 2, 4}, blocks[] = {32, 16}, p0s[] = {0, 29, 100};
+    int cases = 0, differ = 0;
+    for (int hd : hds)
+        for (int G : Gs)
+            for (int f16 = 0; f16 < 2; f16++)
+                for (int block : blocks)
+                    for (int p0 : p0s) {
+                        const int most = TILE_QV / G < TILE_ROWS ? TILE_QV / G : TILE_ROWS;
+                        const int ns[] = {1, 3, most};
+                        for (int n : ns) {
+                            const int qG = hd >= 32 && cases % 2 == 0 ? 32 : 0;
+                            const int ok = tile_case(hd, G, f16, block, block, p0, n, qG);
+                            CHECK(ok, "hd %d, %d heads a KV head, %s KV, key block %d, rows %d..%d%s: tile attention differs "
+                                  "from the scalar reference", hd, G, f16 ? "half" : "float", block, p0, p0 + n - 1,
+                                  qG ? ", quantized" : "");
+                            cases++, differ += !ok;
+                        }
+                    }
+    printf("%d tiles against the scalar reference: %d differ\n", cases, differ);
+    /* the fault: key blocks of half the reference's size must change the bits */
+    int caught = 0, tried = 0;
+    for (int f16 = 0; f16 < 2; f16++)
+        for (int G : Gs) {
+            caught += !tile_case(128, G, f16, 16, 32, 100, TILE_QV / G < TILE_ROWS ? TILE_QV / G : TILE_ROWS, 0);
+            tried++;
+        }
+    CHECK(caught == tried, "key blocks of 16 against the reference's 32: %d of %d tiles differ", caught, tried);
+    printf("key blocks of 16 against the reference's 32 (must differ): %d of %d tiles differ\n", caught, tried);
+    TEST_MAIN_END("test_cuda_tile_host");
+}
