@@ -13,6 +13,7 @@
 #include "core/half.h"
 #include "ops/matmul.h"
 #include "ops/ops.h"
+#include "ops/quant_code.h"
 
 /* Panels per pool task. Each thread walks its own contiguous share of the tasks (core/pool.h), so
  * its weight stream stays sequential across tasks whatever their size; small tasks let the threads
@@ -266,16 +267,6 @@ void ib_matrix_row_f32(const ib_matrix *m, int n, float *out) {
     }
 }
 
-/* clamp(rne(x * inv), -127, 127), and 0 for NaN: rne as (v + 1.5*2^23) - 1.5*2^23 (see below). */
-static inline int32_t quant_code(float x, float inv) {
-    const float rne = 12582912.0f; /* 1.5 * 2^23 */
-    float v = (x * inv + rne) - rne;
-    v = v > 127.0f ? 127.0f : v;
-    v = v < -127.0f ? -127.0f : v;
-    v = v == v ? v : 0.0f;
-    return (int32_t)v;
-}
-
 /* Per row and group: amax, d = amax/127, xq = clamp(rne(x * (127/amax)), -127, 127), ad = d*sum(xq).
  * A NaN input quantizes to 0 (it does not count in amax); an all-zero group gives d = ad = 0.
  *
@@ -317,9 +308,9 @@ IB_VECTOR_CLONES void ib_quantize_act(const float *x, int B, int K, int G, int8_
             for (k = 0; k < G; k += 16) {
                 const int n = G - k < 16 ? G - k : 16;
                 if (n == 16)
-                    for (int j = 0; j < 16; j++) t[j] = quant_code(xs[k + j], inv);
+                    for (int j = 0; j < 16; j++) t[j] = ib_quant_code(xs[k + j], inv);
                 else
-                    for (int j = 0; j < n; j++) t[j] = quant_code(xs[k + j], inv);
+                    for (int j = 0; j < n; j++) t[j] = ib_quant_code(xs[k + j], inv);
                 for (int j = 0; j < n; j++) qs[k + j] = (int8_t)t[j], sum += t[j];
             }
             d[di] = dd;

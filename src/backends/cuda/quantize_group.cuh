@@ -5,15 +5,7 @@
 #ifndef IB_BACKENDS_CUDA_QUANTIZE_GROUP_CUH
 #define IB_BACKENDS_CUDA_QUANTIZE_GROUP_CUH
 
-/* clamp(rne(x * inv), -127, 127), 0 for NaN: the same float operations as matmul.c's quant_code. */
-__device__ __forceinline__ int quant_code(float x, float inv) {
-    const float rne = 12582912.0f; /* 1.5 * 2^23 */
-    float v = (x * inv + rne) - rne;
-    v = v > 127.0f ? 127.0f : v;
-    v = v < -127.0f ? -127.0f : v;
-    v = v == v ? v : 0.0f;
-    return (int)v;
-}
+#include "ops/quant_code.h"
 
 /* ib_quantize_act of one group of G floats xs (any memory) by one warp: codes into qs, d and ad into *d,
  * *ad (written by lane 0). amax is a maximum of non-NaN magnitudes (the same in any order); the code sum
@@ -36,7 +28,7 @@ __device__ __forceinline__ void quantize_group(const float *xs, int G, int8_t *q
     const float dd = amax / 127.0f, inv = 127.0f / amax;
     int sum = 0;
     for (int k = lane; k < G; k += 32) {
-        const int c = quant_code(xs[k], inv);
+        const int c = ib_quant_code(xs[k], inv);
         qs[k] = (int8_t)c;
         sum += c;
     }
