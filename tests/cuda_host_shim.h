@@ -29,11 +29,12 @@ extern "C" {
 #define __device__
 #define __host__
 #define __global__
-#define __shared__
+#define __shared__ static   /* one instance for the block: its threads are coroutines of one thread */
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
+#define IB_BACKENDS_CUDA_DEVICE_PRIMITIVES_CUH   /* this file gives device_primitives.cuh's names */
 #define PDL_ENTER() \
     do {            \
     } while (0)
@@ -67,7 +68,7 @@ static inline float __uint_as_float(unsigned u) {
     return f;
 }
 
-#define CUDA_HOST_THREADS 256   /* threads of an emulated block (its warps: CUDA_HOST_THREADS / 32) */
+#define CUDA_HOST_THREADS 512   /* most threads of an emulated block (its warps: CUDA_HOST_THREADS / 32) */
 #define CUDA_HOST_STACK (64 * 1024)
 enum { CUDA_HOST_READY, CUDA_HOST_WAITING, CUDA_HOST_DONE };
 static struct {
@@ -86,12 +87,12 @@ static inline void cuda_host_barrier(int b, int n) {
     cuda_host.state[t] = CUDA_HOST_WAITING;
     if (++cuda_host.arrived[b] == n) {
         cuda_host.arrived[b] = 0;
-        const int lo = b == 0 ? 0 : (b - 1) * 32, hi = b == 0 ? CUDA_HOST_THREADS : lo + 32;
+        const int lo = b == 0 ? 0 : (b - 1) * 32, hi = b == 0 ? (int)blockDim.x : lo + 32;
         for (int i = lo; i < hi; i++) cuda_host.state[i] = CUDA_HOST_READY;
     }
     swapcontext(&cuda_host.th[t], &cuda_host.main);
 }
-static inline void __syncthreads() { cuda_host_barrier(0, CUDA_HOST_THREADS); }
+static inline void __syncthreads() { cuda_host_barrier(0, (int)blockDim.x); }
 static inline void __syncwarp(unsigned = 0xffffffffu) { cuda_host_barrier(1 + (int)(threadIdx.x >> 5), 32); }
 
 /* v of lane src (of this thread's warp); every lane of the warp calls it. */
@@ -121,10 +122,23 @@ static inline T __shfl_down_sync(unsigned, T v, unsigned d, int width = 32) {
     return (src / width == l / width && src < 32) ? r : v;
 }
 
+/* device_primitives.cuh's names: prefetches are hints (nothing here), cp.async copies at once, a
+ * cluster is the one block (its rank 0, its barriers nothing, its shared memory this block's). */
+static inline void prefetch_l2(const void *) {}
+static inline void prefetch_l1(const void *) {}
+static inline void prefetch_bytes(const void *, size_t) {}
 static inline void cp_async16(void *dst, const void *src) { memcpy(dst, src, 16); }
+static inline void cp_async4(void *dst, const void *src) { memcpy(dst, src, 4); }
 static inline void cp_commit() {}
 template <int N>
 static inline void cp_wait() {}
+static inline int cluster_rank() { return 0; }
+static inline void cluster_arrive() {}
+static inline void cluster_wait() {}
+static inline float ld_cluster(const float *p, int) { return *p; }
+alignas(16) static unsigned char cuda_host_dyn_smem[256 * 1024];   /* a block's dynamic shared memory */
+#define DYN_SHARED(T, name) T *const name = (T *)cuda_host_dyn_smem
+#define DYN_SHARED_ALIGNED(T, name) T *const name = (T *)cuda_host_dyn_smem
 
 static void cuda_host_entry(void) {
     cuda_host.fn(cuda_host.ctx);
@@ -132,17 +146,17 @@ static void cuda_host_entry(void) {
     swapcontext(&cuda_host.th[threadIdx.x], &cuda_host.main);
 }
 
-/* Run fn(ctx) as block bx of CUDA_HOST_THREADS threads: each runs until its next barrier, in thread
- * order, until all have returned. Exits the program when threads wait at a barrier no other thread can
- * reach. */
-static void cuda_host_run_block(unsigned bx, void (*fn)(void *), void *ctx) {
+/* Run fn(ctx) as block bx of nt threads (a multiple of 32, at most CUDA_HOST_THREADS): each runs until
+ * its next barrier, in thread order, until all have returned. Exits the program when threads wait at a
+ * barrier no other thread can reach. */
+static void cuda_host_run_block(unsigned bx, int nt, void (*fn)(void *), void *ctx) {
     if (!cuda_host.stacks && !(cuda_host.stacks = (unsigned char *)malloc((size_t)CUDA_HOST_THREADS * CUDA_HOST_STACK))) {
         fprintf(stderr, "cuda_host_run_block: out of memory for the threads' stacks\n");
         exit(1);
     }
-    blockIdx.x = bx, blockDim.x = CUDA_HOST_THREADS, cuda_host.fn = fn, cuda_host.ctx = ctx;
+    blockIdx.x = bx, blockDim.x = (unsigned)nt, cuda_host.fn = fn, cuda_host.ctx = ctx;
     memset(cuda_host.arrived, 0, sizeof cuda_host.arrived);
-    for (int t = 0; t < CUDA_HOST_THREADS; t++) {
+    for (int t = 0; t < nt; t++) {
         getcontext(&cuda_host.th[t]);
         cuda_host.th[t].uc_stack.ss_sp = cuda_host.stacks + (size_t)t * CUDA_HOST_STACK;
         cuda_host.th[t].uc_stack.ss_size = CUDA_HOST_STACK;
@@ -152,13 +166,13 @@ static void cuda_host_run_block(unsigned bx, void (*fn)(void *), void *ctx) {
     }
     for (;;) {
         int ran = 0, done = 0;
-        for (int t = 0; t < CUDA_HOST_THREADS; t++) {
+        for (int t = 0; t < nt; t++) {
             if (cuda_host.state[t] == CUDA_HOST_DONE) done++;
             if (cuda_host.state[t] != CUDA_HOST_READY) continue;
             threadIdx.x = (unsigned)t, ran = 1;
             swapcontext(&cuda_host.main, &cuda_host.th[t]);
         }
-        if (done == CUDA_HOST_THREADS) return;
+        if (done == nt) return;
         if (!ran) {
             fprintf(stderr, "cuda_host_run_block: block %u: threads wait at a barrier the others do not reach\n", bx);
             exit(1);

@@ -12,7 +12,7 @@
  */
 #include "cuda_host_shim.h"
 
-#define ATT_THREADS CUDA_HOST_THREADS
+#include "backends/cuda/attention_limits.cuh"
 #include "backends/cuda/rowinfo.cuh"
 #include "backends/cuda/kv_element.cuh"
 #include "backends/cuda/quantize_group.cuh"
@@ -27,8 +27,6 @@ extern "C" {
 #include <stdio.h>
 #include <stdlib.h>
 #include <vector>
-
-alignas(16) float tile_sh[64 * 1024];   /* the emulated block's dynamic shared memory (256 KiB) */
 
 /* ---------------------------------------------------------------- one case */
 
@@ -77,8 +75,8 @@ static int tile_case(int hd, int G, int f16, int block, int ref_block, int p0, i
     const att_tile tl = {0, n};
     const float scale = 1.0f / sqrtf((float)hd);
     launch l = {Q.data(), got.data(), ri.data(), &tl, H, KVH, hd, block, qG, scale, xq.data(), qd.data(), qad.data()};
-    if (tile_smem_bytes(TILE_QV, hd, block) > sizeof tile_sh) return 0;
-    for (int kvh = 0; kvh < KVH; kvh++) cuda_host_run_block((unsigned)kvh, tile_block, &l);
+    if (tile_smem_bytes(TILE_QV, hd, block) > sizeof cuda_host_dyn_smem) return 0;
+    for (int kvh = 0; kvh < KVH; kvh++) cuda_host_run_block((unsigned)kvh, ATT_THREADS, tile_block, &l);
     for (int i = 0; i < n; i++)
         for (int kvh = 0; kvh < KVH; kvh++) {
             const unsigned char *kp = kv.data() + (size_t)kvh * plane * eb, *vp = kv.data() + (size_t)(KVH + kvh) * plane * eb;

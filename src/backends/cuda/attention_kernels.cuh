@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(32 * QK_WARPS) qk_kernel(float *Q, float *K, c
     if (qn) prefetch_bytes(qn, (size_t)hd * sizeof(float)), prefetch_bytes(kn, (size_t)hd * sizeof(float));
     prefetch_bytes(cs + (size_t)blockIdx.y * hd, (size_t)hd * sizeof(float));
     PDL_ENTER();
-    extern __shared__ float hs[];
+    DYN_SHARED(float, hs);
     const int r = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float *xs = hs + (size_t)warp * hd;
     const rowinfo info = ri[r];
@@ -292,7 +292,7 @@ template <typename T>
 __device__ __forceinline__ void prefetch_values_l1(const T *vp, const int *slot, int nc, int hd, int t, int nt) {
     const int lines = (int)((hd * sizeof(T) + 127) / 128);
     for (int i = t; i < nc * lines; i += nt)
-        asm volatile("prefetch.global.L1 [%0];" ::"l"((const char *)(vp + (size_t)slot[i / lines] * hd) + 128 * (i % lines)));
+        prefetch_l1((const char *)(vp + (size_t)slot[i / lines] * hd) + 128 * (i % lines));
 }
 
 /* Stage a chunk: key and value rows slot[j] (hd elements of T) of the cache planes kp, vp as floats
@@ -402,25 +402,6 @@ __device__ __forceinline__ void head_scores(att_smem1 &sm, float *sc, const T *_
             if (u == 0 && j < nc) sc[j] = a[x] * scale;
         }
     }
-}
-
-/* Thread block clusters (sm_90): this block's rank in its cluster; a barrier of all the cluster's
- * threads split in its two halves (arrive: what this block wrote to shared memory before is visible to
- * the cluster's blocks after their wait; every thread of every block calls both, in turn); a float of
- * block `rank`'s shared memory at the address p has in this block's. */
-__device__ __forceinline__ int cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return (int)r;
-}
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-__device__ __forceinline__ float ld_cluster(const float *p, int rank) {
-    unsigned a = (unsigned)__cvta_generic_to_shared(p), ra;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
-    return v;
 }
 
 /* Stage this block's part of a chunk split over a cluster: the chunk's key rows [k0, k1) whole (slot[j]'s
@@ -931,7 +912,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float
     PDL_ENTER();
     ATT_MARK(9);
     __shared__ att_smem1 sm;
-    extern __shared__ __align__(16) unsigned char att_stage[];
+    DYN_SHARED_ALIGNED(unsigned char, att_stage);
     unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
     if (info.f16) attend_row_head<uint16_t, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, fz);
     else attend_row_head<float, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, fz);
@@ -958,7 +939,7 @@ __global__ void __launch_bounds__(NTH, NTH == ATT_THREADS ? DIRECT_MIN_BLOCKS : 
     PDL_ENTER();
     ATT_MARK(9);
     __shared__ att_smem1 sm;
-    extern __shared__ __align__(16) unsigned char att_stage[];
+    DYN_SHARED_ALIGNED(unsigned char, att_stage);
     unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
 #ifdef IB_CUDA_ATT_TRACE
     if (att_trace_twice && li == 3) {   /* idempotent: the same stores and outputs twice */

@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_tile_kernel(const float
                                                                      int8_t *__restrict__ xq, float *__restrict__ qd,
                                                                      float *__restrict__ qad) {
     PDL_ENTER();
-    extern __shared__ __align__(16) float tile_sh[];
+    DYN_SHARED_ALIGNED(float, tile_sh);
     const att_tile tl = tiles[blockIdx.x / KVH];
     const int kvh = blockIdx.x % KVH;
     const rowinfo info = ri[tl.r0];

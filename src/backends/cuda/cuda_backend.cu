@@ -58,6 +58,7 @@ extern "C" {
 #include <string.h>
 
 #include "backends/cuda/cuda.h"
+#include "backends/cuda/attention_limits.cuh"
 
 #define NT 32              /* outputs per product tile: one warp's lanes */
 #define NWARP 8            /* warps per product block (256 threads) */
@@ -67,16 +68,6 @@ extern "C" {
 #define MMA_MIN_ROWS 8     /* Q8 products of at least this many rows run on the tensor cores */
 #define NGRAPH 16          /* step graphs kept per instance */
 #define REC_ARGS 10        /* ints of one recorded op */
-#define ATT_THREADS 256    /* threads of an attention block */
-#define ATT_SPLIT_KEYS 256 /* per-head attention splits a head over a cluster from this many keys (B=1 129: -3%, 1,000: +28%) */
-#define ATT_CHUNK 512      /* most keys an attention block scores at once */
-#define ATT_GROUP_MIN_ROWS 16  /* steps of at least this many rows: one attention block per (row, KV head) */
-#define ATT_QH 2048        /* floats of an attention block's per-head arrays: G * head_dim <= ATT_QH */
-#define ATT_STAGE_MAX (160 * 1024)   /* most shared bytes a per-head attention block stages keys and values in */
-#define ATT_SM_BYTES (224 * 1024)    /* shared bytes of a multiprocessor that per-head attention blocks split */
-#define QK_WARPS 4         /* warps (heads) per block of the q/k norm + RoPE + store kernel */
-#define ATT_MAX_BLOCKS 64  /* most key blocks in one such chunk */
-#define ATT_MAX_BLOCK 128  /* largest key block (ops.h: block <= 128) */
 #define ARGMAX_THREADS 256  /* threads of an argmax block */
 #define ARGMAX_SLICES 32    /* argmax blocks per logits row (each a slice of the vocabulary) */
 enum { REPEAT_ATTN = 1, REPEAT_LINEAR = 2, REPEAT_NORM = 4, REPEAT_ACT = 8, REPEAT_EMPTY = 16, REPEAT_MOE = 32 };   /* cuda_backend.repeat: timing diagnostics */
@@ -165,6 +156,7 @@ typedef struct dmat {
 } dmat;
 
 #include "backends/cuda/rowinfo.cuh"
+#include "backends/cuda/device_primitives.cuh"
 
 /* Up to three products that read the same input, run as one grid: matrix i owns the 32-output tiles
  * [t0[i], t0[i+1]) of blockIdx.x and writes Y[i] (row stride its N). Which block computes an output
@@ -185,25 +177,6 @@ __device__ __forceinline__ int mset_pick(const mset &ms, int tile, dmat &m, floa
     m = i == 0 ? ms.m[0] : i == 1 ? ms.m[1] : ms.m[2];
     Y = i == 0 ? ms.Y[0] : i == 1 ? ms.Y[1] : ms.Y[2];
     return tile - (i == 0 ? ms.t0[0] : i == 1 ? ms.t0[1] : ms.t0[2]);
-}
-
-/* Programmatic dependent launch: a kernel launched with it may start while the previous kernel of the
- * stream still runs; griddepcontrol.wait then waits for that kernel's completion and its memory. Every
- * kernel here waits first thing (so completion stays transitive down the chain), then lets the next
- * kernel launch — which does only independent work (prefetching its weights) before its own wait. */
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-__device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;"); }
-#define PDL_ENTER() \
-    do {            \
-        pdl_wait(); \
-        pdl_launch(); \
-    } while (0)
-
-/* Ask L2 for bytes [p, p + n) (128-byte lines), by the block's threads: for data that no kernel of the
- * step writes, read before the wait for the previous kernel. */
-__device__ __forceinline__ void prefetch_bytes(const void *p, size_t n) {
-    for (size_t o = (size_t)threadIdx.x * 128; o < n; o += (size_t)blockDim.x * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
 }
 
 /* When on: ask L2 for the weights of this block's outputs of mset ms — block x holds OPB outputs, part
@@ -232,7 +205,7 @@ __device__ __forceinline__ void prefetch_tile(const mset &ms, bool on) {
     for (int a = 0; a < na; a++)
         for (int i = threadIdx.x; i < rows[a] * per[a]; i += blockDim.x) {
             const char *p = base[a] + (size_t)(i / per[a]) * stride[a] + 128 * (i % per[a]);
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+            prefetch_l2(p);
         }
 }
 
@@ -420,41 +393,7 @@ __global__ void quantize_kernel(const float *__restrict__ X, int R, int K, int G
 
 /* ---------------------------------------------------------------- kernels: elementwise and norms */
 
-/* The sum of squares of xs [n] (shared memory) in ib_dot16's order: lane j < 16 sums elements j, j+16, …
- * in order, then the 16 lanes fold 8, 4, 2, 1. Called by a whole warp (lane = its lane); lane 0 gets
- * the sum. */
-__device__ __forceinline__ float sumsq16(const float *xs, int n, int lane) {
-    float a = 0.0f;
-    if (lane < 16) {
-#pragma unroll 8
-        for (int i = lane; i < n; i += 16) a = a + xs[i] * xs[i];
-    }
-    for (int wd = 8; wd >= 1; wd >>= 1) {
-        const float o = __shfl_down_sync(0xffffffffu, a, wd, 16);
-        if (lane < wd) a = a + o;
-    }
-    return a;
-}
-
-/* The norm factor 1/sqrt(ss/n + eps) of the vector xs [n] staged in shared memory (every thread's writes
- * before the call), ss its sum of squares in ib_dot16's order (sumsq16, by warp 0) or, with rev (the
- * test-only row-order fault), serially in reverse; r_s: shared scratch. Called by the whole block (two
- * barriers); every thread gets the factor. */
-__device__ __forceinline__ float row_norm_factor(const float *xs, int n, float eps, int rev, float *r_s) {
-    const int tid = threadIdx.x;
-    if (tid < 32) {
-        float a = 0.0f;
-        if (rev) {
-            if (tid == 0)
-                for (int i = n - 1; i >= 0; i--) a = a + xs[i] * xs[i];
-        } else {
-            a = sumsq16(xs, n, tid);
-        }
-        if (tid == 0) *r_s = 1.0f / sqrtf(a / (float)n + eps);
-    }
-    __syncthreads();
-    return *r_s;
-}
+#include "backends/cuda/row_norm.cuh"
 
 /* RMSNorm of nvec vectors of n floats (x, y [nvec][n], may alias; weights w [n]), one block per vector:
  * the vector is staged in shared memory (n floats of dynamic shared memory), threads 0..15 own
@@ -482,7 +421,7 @@ __global__ void rmsnorm_kernel(float *x, const float *__restrict__ add_y, const 
         prefetch_bytes(w, (size_t)n * sizeof(float));
     }
     PDL_ENTER();
-    extern __shared__ float xs[];
+    DYN_SHARED(float, xs);
     __shared__ float r_s;
     const int v = blockIdx.x;
     float *xv = x + (size_t)v * n;

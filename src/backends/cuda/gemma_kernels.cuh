@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(32 * QK_WARPS)
                     const float *__restrict__ qn, const float *__restrict__ kn, int H, int KVH, int hd, int phases,
                     int own_kv, int k_eq_v, int sliding, long long A, long long B, float eps, int rope_rows) {
     PDL_ENTER();
-    extern __shared__ float hs[];
+    DYN_SHARED(float, hs);
     const int r = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float *xs = hs + (size_t)warp * 2 * hd, *xv = xs + hd;
     const float *t = cs + (size_t)r * (hd / 2) * 2;
@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
     prefetch_kv(info, 0, KVH, h / (H / KVH), hd);
     PDL_ENTER();
     __shared__ att_smem1 sm;
-    extern __shared__ __align__(16) unsigned char att_stage[];
+    DYN_SHARED_ALIGNED(unsigned char, att_stage);
     unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
     if (info.f16) attend_row_head<uint16_t, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, qk_fuse{});
     else attend_row_head<float, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, qk_fuse{});
@@ -394,7 +394,7 @@ __global__ void __launch_bounds__(32 * ROUTE_WARPS_MAX) moe_route_kernel(const f
                                                                          float *w, int32_t *ent_row, int32_t *ent_slot,
                                                                          int4 *blk, int *nblk, unsigned *cnt) {
     PDL_ENTER();
-    extern __shared__ float route_s[];
+    DYN_SHARED(float, route_s);
     __shared__ unsigned done_s;
     const int warp = threadIdx.x >> 5, r = (int)blockIdx.x * (int)(blockDim.x >> 5) + warp;
     if (r < R) moe_route_row(logits, r, E, K, escale, sel, w, route_s + (size_t)warp * (E + K));

@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__res
     const int cpg = G / KC;
     const int rbeg = blockIdx.y * rpb, rend = min(R, rbeg + rpb);
     const int gs = (ng + splits - 1) / splits, gb = blockIdx.z * gs, ge = min(ng, gb + gs);
-    extern __shared__ __align__(16) int8_t x_s[];   /* XS: [K] the row's activation codes */
+    DYN_SHARED_ALIGNED(int8_t, x_s);   /* XS: [K] the row's activation codes */
     if (XS) {
         const int4 *src = (const int4 *)(xq + (size_t)rbeg * K);
         for (int i = threadIdx.x; i < K / 16; i += blockDim.x) ((int4 *)x_s)[i] = src[i];
@@ -228,19 +228,6 @@ __device__ __forceinline__ void mma_k32(int (&d)[4], const unsigned (&a)[4], uns
     mma_i8<false, FMT == IB_WQ8>(d, a, b0, b1);
 }
 
-/* cp.async: copy n (4 or 16) bytes global -> shared without passing through registers; .cg (16 bytes)
- * skips L1. Completion: cp_commit groups them, cp_wait<N> waits until at most N groups are pending. */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src));
-}
-__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
 /* Dynamic shared bytes of mm_q8_tile_kernel for OPB outputs of a matrix of K inputs in ng groups of cpg
  * 16-byte code words and `rows` rows: the codes [ng * cpg][OPB] (16 bytes each), scales and biases
@@ -266,7 +253,7 @@ __global__ void __launch_bounds__(256) mm_q8_tile_kernel(mset ms, const int8_t *
                                                          int splits) {
     constexpr int GC = 64 / RBT, SETS = NWARP * (NT / OPB), KC = MM_KC(FMT), MAXC = MM_MAXC(FMT);
     __shared__ float t_s[RBT][GC][OPB], u_s[RBT][GC][OPB];
-    extern __shared__ __align__(16) unsigned char tile_s[];
+    DYN_SHARED_ALIGNED(unsigned char, tile_s);
     dmat m;
     float *Y;
     const int tile = mset_pick(ms, blockIdx.x / (NT / OPB), m, Y), ldy = m.N;
@@ -544,7 +531,7 @@ __global__ void __launch_bounds__(256) mm_q8_mma_pipe_kernel(mset ms, const int8
     constexpr int KC = MM_KC(FMT), RT = 8 * NR, MT = NB / 16;   /* k per chunk, rows a block, 16-output tiles */
     constexpr int WPT = (SK_KS / KC) * NB / 256;   /* weight chunks a thread a stage: 1-4 */
     constexpr int SBQ = NB / 4;                    /* 16-byte pieces of a group's scales (or biases) */
-    extern __shared__ __align__(16) unsigned char sk_smem[];
+    DYN_SHARED_ALIGNED(unsigned char, sk_smem);
     sk_stage<FMT, NR, NB> *stg = (sk_stage<FMT, NR, NB> *)sk_smem;
     __shared__ int isum_s[NWARP][2][RT][NB + 1];   /* [warp][slot of the warp or 0][row][output] */
     dmat m;
@@ -755,7 +742,7 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
     constexpr int MT = BM / 32;                       /* 16-row mma tiles per warp */
     constexpr int KC = MM_KC(FMT);       /* k per weight chunk (uint4) */
     constexpr int NCH = MMA_KS / KC;                  /* weight chunks per stage */
-    extern __shared__ __align__(16) unsigned char mma_smem[];
+    DYN_SHARED_ALIGNED(unsigned char, mma_smem);
     mma_stage<BM> *stg = (mma_stage<BM> *)mma_smem;
     dmat m;
     float *Y;
