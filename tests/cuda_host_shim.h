@@ -40,7 +40,7 @@ extern "C" {
     } while (0)
 
 struct cuda_host_idx {
-    unsigned x;
+    unsigned x, y, z;
 };
 static cuda_host_idx threadIdx, blockIdx, blockDim;   /* threadIdx: the running coroutine's */
 struct alignas(16) float4 {
@@ -146,15 +146,16 @@ static void cuda_host_entry(void) {
     swapcontext(&cuda_host.th[threadIdx.x], &cuda_host.main);
 }
 
-/* Run fn(ctx) as block bx of nt threads (a multiple of 32, at most CUDA_HOST_THREADS): each runs until
- * its next barrier, in thread order, until all have returned. Exits the program when threads wait at a
- * barrier no other thread can reach. */
-static void cuda_host_run_block(unsigned bx, int nt, void (*fn)(void *), void *ctx) {
+/* Run fn(ctx) as block (bx, by) of nt threads (a multiple of 32, at most CUDA_HOST_THREADS): each runs
+ * until its next barrier, in thread order, until all have returned. Exits the program when threads wait
+ * at a barrier no other thread can reach. */
+static void cuda_host_run_block(unsigned bx, unsigned by, int nt, void (*fn)(void *), void *ctx) {
     if (!cuda_host.stacks && !(cuda_host.stacks = (unsigned char *)malloc((size_t)CUDA_HOST_THREADS * CUDA_HOST_STACK))) {
         fprintf(stderr, "cuda_host_run_block: out of memory for the threads' stacks\n");
         exit(1);
     }
-    blockIdx.x = bx, blockDim.x = (unsigned)nt, cuda_host.fn = fn, cuda_host.ctx = ctx;
+    blockIdx = cuda_host_idx{bx, by, 0}, blockDim = cuda_host_idx{(unsigned)nt, 1, 1};
+    cuda_host.fn = fn, cuda_host.ctx = ctx;
     memset(cuda_host.arrived, 0, sizeof cuda_host.arrived);
     for (int t = 0; t < nt; t++) {
         getcontext(&cuda_host.th[t]);
@@ -169,7 +170,7 @@ static void cuda_host_run_block(unsigned bx, int nt, void (*fn)(void *), void *c
         for (int t = 0; t < nt; t++) {
             if (cuda_host.state[t] == CUDA_HOST_DONE) done++;
             if (cuda_host.state[t] != CUDA_HOST_READY) continue;
-            threadIdx.x = (unsigned)t, ran = 1;
+            threadIdx = cuda_host_idx{(unsigned)t, 0, 0}, ran = 1;
             swapcontext(&cuda_host.main, &cuda_host.th[t]);
         }
         if (done == nt) return;

@@ -76,7 +76,7 @@ static int tile_case(int hd, int G, int f16, int block, int ref_block, int p0, i
     const float scale = 1.0f / sqrtf((float)hd);
     launch l = {Q.data(), got.data(), ri.data(), &tl, H, KVH, hd, block, qG, scale, xq.data(), qd.data(), qad.data()};
     if (tile_smem_bytes(TILE_QV, hd, block) > sizeof cuda_host_dyn_smem) return 0;
-    for (int kvh = 0; kvh < KVH; kvh++) cuda_host_run_block((unsigned)kvh, ATT_THREADS, tile_block, &l);
+    for (int kvh = 0; kvh < KVH; kvh++) cuda_host_run_block((unsigned)kvh, 0, ATT_THREADS, tile_block, &l);
     for (int i = 0; i < n; i++)
         for (int kvh = 0; kvh < KVH; kvh++) {
             const unsigned char *kp = kv.data() + (size_t)kvh * plane * eb, *vp = kv.data() + (size_t)(KVH + kvh) * plane * eb;
