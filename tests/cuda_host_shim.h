@@ -50,8 +50,14 @@ static inline float4 make_float4(float a, float b, float c, float d) { return fl
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
+struct alignas(16) int4 {
+    int x, y, z, w;
+};
 struct float2 {
     float x, y;
+};
+struct int2 {
+    int x, y;
 };
 struct __half {
     uint16_t b;
@@ -62,6 +68,29 @@ struct __half2 {
 static inline __half __ushort_as_half(uint16_t u) { return __half{u}; }
 static inline float __half2float(__half h) { return ib_f16_to_f32(h.b); }
 static inline float2 __half22float2(__half2 h) { return float2{ib_f16_to_f32(h.x), ib_f16_to_f32(h.y)}; }
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+/* one emulated block runs at a time and its threads switch only at barriers: a plain add is atomic */
+static inline float atomicAdd(float *p, float v) {
+    const float old = *p;
+    *p = old + v;
+    return old;
+}
+static inline unsigned atomicAdd(unsigned *p, unsigned v) {
+    const unsigned old = *p;
+    *p = old + v;
+    return old;
+}
+/* the sum of the four byte products of a and b (signed bytes; dp4a_us: a's unsigned) plus c */
+static inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
+    return c;
+}
+static inline int dp4a_us(unsigned a, int b, int c) {
+    for (int i = 0; i < 4; i++) c += (int)(uint8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
+    return c;
+}
 static inline float __uint_as_float(unsigned u) {
     float f;
     memcpy(&f, &u, 4);
@@ -127,6 +156,31 @@ static inline T __shfl_down_sync(unsigned, T v, unsigned d, int width = 32) {
 static inline void prefetch_l2(const void *) {}
 static inline void prefetch_l1(const void *) {}
 static inline void prefetch_bytes(const void *, size_t) {}
+/* d += a · b for one m16n8k32 tile of 8-bit integers, a warp's fragments as mma.sync's: lane L (g = L / 4,
+ * t = L % 4) holds a's rows g and g + 8 at k 4t..4t+3 (a[0], a[1]) and 16 + 4t.. (a[2], a[3]), b's
+ * column g at k 4t.. (b0) and 16 + 4t.. (b1), d's rows g, g + 8 at columns 2t, 2t + 1 (d[0..3]); AU / BU:
+ * a / b unsigned bytes. Every lane of the warp calls it. */
+static unsigned cuda_host_mma_frag[CUDA_HOST_THREADS / 32][32][6];
+template <bool AU, bool BU>
+static inline void mma_i8(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    const int w = (int)threadIdx.x >> 5, l = (int)threadIdx.x & 31, g = l >> 2, t = l & 3;
+    unsigned *f = cuda_host_mma_frag[w][l];
+    f[0] = a[0], f[1] = a[1], f[2] = a[2], f[3] = a[3], f[4] = b0, f[5] = b1;
+    __syncwarp();
+    for (int e = 0; e < 4; e++) {
+        const int row = g + (e >= 2 ? 8 : 0), col = 2 * t + (e & 1);
+        int sum = 0;
+        for (int k = 0; k < 32; k++) {
+            const unsigned aw = cuda_host_mma_frag[w][(row & 7) * 4 + (k & 15) / 4][(row >= 8) + 2 * (k >= 16)];
+            const unsigned bw = cuda_host_mma_frag[w][col * 4 + (k & 15) / 4][4 + (k >= 16)];
+            const unsigned ab = (aw >> (8 * (k & 3))) & 0xffu, bb = (bw >> (8 * (k & 3))) & 0xffu;
+            sum += (AU ? (int)ab : (int)(int8_t)ab) * (BU ? (int)bb : (int)(int8_t)bb);
+        }
+        d[e] += sum;
+    }
+    __syncwarp();
+}
+
 static inline void cp_async16(void *dst, const void *src) { memcpy(dst, src, 16); }
 static inline void cp_async4(void *dst, const void *src) { memcpy(dst, src, 4); }
 static inline void cp_commit() {}
@@ -149,12 +203,17 @@ static void cuda_host_entry(void) {
 /* Run fn(ctx) as block (bx, by) of nt threads (a multiple of 32, at most CUDA_HOST_THREADS): each runs
  * until its next barrier, in thread order, until all have returned. Exits the program when threads wait
  * at a barrier no other thread can reach. */
-static void cuda_host_run_block(unsigned bx, unsigned by, int nt, void (*fn)(void *), void *ctx) {
+static void cuda_host_run_block_z(unsigned bx, unsigned by, unsigned bz, int nt, void (*fn)(void *), void *ctx);
+static inline void cuda_host_run_block(unsigned bx, unsigned by, int nt, void (*fn)(void *), void *ctx) {
+    cuda_host_run_block_z(bx, by, 0, nt, fn, ctx);
+}
+/* cuda_host_run_block for block (bx, by, bz). */
+static void cuda_host_run_block_z(unsigned bx, unsigned by, unsigned bz, int nt, void (*fn)(void *), void *ctx) {
     if (!cuda_host.stacks && !(cuda_host.stacks = (unsigned char *)malloc((size_t)CUDA_HOST_THREADS * CUDA_HOST_STACK))) {
         fprintf(stderr, "cuda_host_run_block: out of memory for the threads' stacks\n");
         exit(1);
     }
-    blockIdx = cuda_host_idx{bx, by, 0}, blockDim = cuda_host_idx{(unsigned)nt, 1, 1};
+    blockIdx = cuda_host_idx{bx, by, bz}, blockDim = cuda_host_idx{(unsigned)nt, 1, 1};
     cuda_host.fn = fn, cuda_host.ctx = ctx;
     memset(cuda_host.arrived, 0, sizeof cuda_host.arrived);
     for (int t = 0; t < nt; t++) {

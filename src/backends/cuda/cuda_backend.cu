@@ -58,10 +58,9 @@ extern "C" {
 #include <string.h>
 
 #include "backends/cuda/cuda.h"
+#include "backends/cuda/device_layout.h"
 #include "backends/cuda/attention_limits.cuh"
 
-#define NT 32              /* outputs per product tile: one warp's lanes */
-#define NWARP 8            /* warps per product block (256 threads) */
 #define RB 8               /* rows per pass of a Q8 product block (one epilogue warp each) */
 #define MAX_PASSES 8       /* most 8-row passes one Q8 product block walks (its weight tile stays in L1) */
 #define LOGIT_CHUNK 128    /* lm_head rows per product (bounds the logits scratch) */
@@ -146,68 +145,10 @@ static_assert(TILES_NEVER == 0 && TILES_BY_SHAPE == 1 && TILES_FORCED == 2 && FU
 
 /* ---------------------------------------------------------------- device data */
 
-/* A matrix in device memory (layout in cuda.h). */
-typedef struct dmat {
-    int fmt;          /* ib_wfmt */
-    int N, K, G, Np, ng;
-    const uint4 *w;   /* quantized codes */
-    const float *wf;  /* F32 weights */
-    const float *s, *b;
-} dmat;
-
 #include "backends/cuda/rowinfo.cuh"
 #include "backends/cuda/device_primitives.cuh"
 
-/* Up to three products that read the same input, run as one grid: matrix i owns the 32-output tiles
- * [t0[i], t0[i+1]) of blockIdx.x and writes Y[i] (row stride its N). Which block computes an output
- * never changes how. */
-typedef struct mset {
-    dmat m[3];
-    float *Y[3];
-    int t0[4];
-    int n;
-    int prefetch;      /* the blocks ask L2 for their weight tiles before the wait (prefetch_tile) */
-} mset;
-
-/* The product of mset ms that 32-output tile `tile` belongs to, its matrix, output and local tile. */
-__device__ __forceinline__ int mset_pick(const mset &ms, int tile, dmat &m, float *&Y) {
-    int i = 0;
-    if (ms.n > 1 && tile >= ms.t0[1]) i = 1;
-    if (ms.n > 2 && tile >= ms.t0[2]) i = 2;
-    m = i == 0 ? ms.m[0] : i == 1 ? ms.m[1] : ms.m[2];
-    Y = i == 0 ? ms.Y[0] : i == 1 ? ms.Y[1] : ms.Y[2];
-    return tile - (i == 0 ? ms.t0[0] : i == 1 ? ms.t0[1] : ms.t0[2]);
-}
-
-/* When on: ask L2 for the weights of this block's outputs of mset ms — block x holds OPB outputs, part
- * x % (NT / OPB) of 32-output tile x / (NT / OPB) — (codes, then scales and biases), so the loads after the
- * wait for the previous kernel hit L2. Reads nothing it computes with. */
-template <int OPB = NT>
-__device__ __forceinline__ void prefetch_tile(const mset &ms, bool on) {
-    if (!on || !ms.prefetch) return;
-    dmat m;
-    float *Y;
-    const int tile = mset_pick(ms, blockIdx.x / (NT / OPB), m, Y);
-    const size_t n0 = (size_t)tile * NT + (size_t)(blockIdx.x % (NT / OPB)) * OPB;
-    const char *base[3];
-    size_t stride[3];
-    int rows[3], per[3];   /* rows of each array, 128-byte lines per row */
-    int na = 0;
-    if (m.fmt == IB_WF32) {
-        base[0] = (const char *)(m.wf + n0), stride[0] = (size_t)m.Np * 4, rows[0] = m.K, per[0] = 1, na = 1;
-    } else {
-        const int kc = m.fmt == IB_WQ4 ? 32 : 16;
-        base[0] = (const char *)(m.w + n0), stride[0] = (size_t)m.Np * 16, rows[0] = m.K / kc, per[0] = OPB / 8;
-        base[1] = (const char *)(m.s + n0), stride[1] = (size_t)m.Np * 4, rows[1] = m.ng, per[1] = 1;
-        base[2] = (const char *)(m.b + n0), stride[2] = (size_t)m.Np * 4, rows[2] = m.ng, per[2] = 1;
-        na = 3;
-    }
-    for (int a = 0; a < na; a++)
-        for (int i = threadIdx.x; i < rows[a] * per[a]; i += blockDim.x) {
-            const char *p = base[a] + (size_t)(i / per[a]) * stride[a] + 128 * (i % per[a]);
-            prefetch_l2(p);
-        }
-}
+#include "backends/cuda/product_types.cuh"
 
 /* A KV cache on the device. */
 typedef struct cuda_kv {
@@ -659,10 +600,7 @@ static ib_status upload_matrix(cuda_backend *b, const ib_matrix *cm, dmat *dm, i
     if (cm->fmt == IB_WF32) {
         float *w = (float *)calloc((size_t)K * Np, sizeof(float));   /* [K][Np] */
         if (!w) return ib_fail(err, IB_ERR_NOMEM, "cuda: repacking a [%d, %d] matrix: out of host memory", N, K);
-        for (int n = 0; n < N; n++) {
-            const float *src = (const float *)ib_pk_panel(cm, n / IB_PANEL) + n % IB_PANEL;
-            for (int k = 0; k < K; k++) w[(size_t)k * Np + n] = src[(size_t)k * IB_PANEL];
-        }
+        ib_cuda_layout_f32(cm, Np, w);
         dm->wf = (const float *)dupload(b, w, (size_t)K * Np * sizeof(float));
         free(w);
         if (!dm->wf) return ib_fail(err, IB_ERR_NOMEM, "cuda: uploading a [%d, %d] float matrix failed", N, K);
@@ -677,23 +615,7 @@ static ib_status upload_matrix(cuda_backend *b, const ib_matrix *cm, dmat *dm, i
         free(w), free(s), free(bb);
         return ib_fail(err, IB_ERR_NOMEM, "cuda: repacking a [%d, %d] matrix: out of host memory", N, K);
     }
-    for (int n = 0; n < N; n++) {
-        const int p = n / IB_PANEL, j = n % IB_PANEL;
-        const uint8_t *P = ib_pk_panel(cm, p);
-        /* CPU block kb (8 k for Q4, 4 k for Q8): dword j is lane j's word, the same bytes as word i of
-         * device chunk c = kb / 4, i = kb % 4 */
-        const int nkb = q4 ? K / 8 : K / 4;
-        for (int kb = 0; kb < nkb; kb++) {
-            uint32_t v;
-            memcpy(&v, P + (size_t)kb * 64 + (size_t)j * 4, 4);
-            w[((size_t)(kb / 4) * Np + n) * 4 + kb % 4] = v;
-        }
-        for (int g = 0; g < ng; g++) {
-            const uint8_t *sb = ib_pk_sb(cm, p, g);
-            s[(size_t)g * Np + n] = ib_pk_sb_get(cm, sb, j);
-            bb[(size_t)g * Np + n] = ib_pk_sb_get(cm, sb, IB_PANEL + j);
-        }
-    }
+    ib_cuda_layout_q(cm, Np, w, s, bb);
     dm->w = (const uint4 *)dupload(b, w, nwords * 4);
     dm->s = (const float *)dupload(b, s, (size_t)ng * Np * sizeof(float));
     dm->b = (const float *)dupload(b, bb, (size_t)ng * Np * sizeof(float));

@@ -1,10 +1,9 @@
 /*
  * device_primitives.cuh — what the CUDA backend's kernels reach by inline PTX, each behind a function
- * (programmatic dependent launch, L1/L2 prefetches, cp.async copies, thread block clusters; the
- * products' dp4a and mma.sync stay in product_kernels.cuh), and the declaration of a kernel's dynamic
- * shared memory. Included by cuda_backend.cu before the kernels. The rest of the attention and norm
- * kernels is CUDA C++, so a host build of them (tests/cuda_host_shim.h gives these same names host
- * meanings) runs their arithmetic.
+ * (programmatic dependent launch, L1/L2 prefetches, cp.async copies, thread block clusters, the
+ * products' dp4a and mma.sync), and the declaration of a kernel's dynamic shared memory. Included by
+ * cuda_backend.cu before the kernels. The rest of the kernels is CUDA C++, so a host build of them
+ * (tests/cuda_host_shim.h gives these same names host meanings) runs their arithmetic.
  */
 #ifndef IB_BACKENDS_CUDA_DEVICE_PRIMITIVES_CUH
 #define IB_BACKENDS_CUDA_DEVICE_PRIMITIVES_CUH
@@ -68,5 +67,28 @@ __device__ __forceinline__ float ld_cluster(const float *p, int rank) {
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
     return v;
 }
+
+/* a·b over 4 byte lanes, a unsigned (weight codes 0..255), b signed (activation codes), plus c. */
+__device__ __forceinline__ int dp4a_us(unsigned a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* d += a · b for one m16n8k32 tile of 8-bit integers: a 16x32 (row major fragment), b 32x8, d 16x8
+ * int32; AU / BU: a / b unsigned (uint8), else int8. Integer arithmetic: exact. */
+#define MMA_I8(TYPES)                                                                                       \
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32." TYPES ".s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, " \
+                 "{%0,%1,%2,%3};"                                                                             \
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])                                             \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+template <bool AU, bool BU>
+__device__ __forceinline__ void mma_i8(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    if (AU && BU) MMA_I8("u8.u8");
+    else if (AU) MMA_I8("u8.s8");
+    else if (BU) MMA_I8("s8.u8");
+    else MMA_I8("s8.s8");
+}
+#undef MMA_I8
 
 #endif

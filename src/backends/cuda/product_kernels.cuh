@@ -15,13 +15,6 @@
 
 /* ---------------------------------------------------------------- kernels: products */
 
-/* a·b over 4 byte lanes, a unsigned (weight codes 0..255), b signed (activation codes), plus c. */
-__device__ __forceinline__ int dp4a_us(unsigned a, int b, int c) {
-    int d;
-    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-
 /* Code q(n, k) of a quantized device matrix. */
 __device__ __forceinline__ int code_at(const dmat &m, int n, int k) {
     if (m.fmt == IB_WQ4) {
@@ -204,22 +197,6 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__res
         if (warp < nr && lane < OPB && n < m.N) q8_store(&Y[(size_t)(r0 + warp) * ldy + n], acc, splits);
     }
 }
-
-/* d += a · b for one m16n8k32 tile of 8-bit integers: a 16x32 (row major fragment), b 32x8, d 16x8
- * int32; AU / BU: a / b unsigned (uint8), else int8. Integer arithmetic: exact. */
-#define MMA_I8(TYPES)                                                                                       \
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32." TYPES ".s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, " \
-                 "{%0,%1,%2,%3};"                                                                             \
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])                                             \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
-template <bool AU, bool BU>
-__device__ __forceinline__ void mma_i8(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    if (AU && BU) MMA_I8("u8.u8");
-    else if (AU) MMA_I8("u8.s8");
-    else if (BU) MMA_I8("s8.u8");
-    else MMA_I8("s8.s8");
-}
-#undef MMA_I8
 
 /* d += a · b for one m16n8k32 tile: a 16x32 int8 activations (row major fragment), b 32x8 weight codes
  * (int8 for 4-bit codes, uint8 for 8-bit ones), d 16x8 int32. */
