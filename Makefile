@@ -67,7 +67,7 @@ TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 # through tests/cuda_host_shim.h): built by the host's C++ compiler, no nvcc or GPU needed.
 CXX_TEST_SRC := $(wildcard tests/test_*.cc)
 CXX_TEST_BIN := $(CXX_TEST_SRC:tests/%.cc=$(BUILD)/tests/%)
-CXX_TEST_FLAGS = -std=c++17 $(filter-out -std=c11,$(IB_BASE_FLAGS)) -Wno-unknown-pragmas $(CFLAGS) $(IB_NUMERIC_FLAGS)
+CXX_TEST_FLAGS = -std=c++17 $(filter-out -std=c11,$(IB_BASE_FLAGS)) -Wno-unknown-pragmas -Wno-unused-function $(CFLAGS) $(IB_NUMERIC_FLAGS)
 # Test programs a tests/t_*.sh script runs with arguments (not run alone by tests/run.sh): the
 # PostgreSQL store's checks need the private server tests/t_store_pg.sh starts.
 HELPER_BIN := $(BUILD)/tests/pg_store_check

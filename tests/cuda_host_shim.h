@@ -68,6 +68,7 @@ struct __half2 {
 static inline __half __ushort_as_half(uint16_t u) { return __half{u}; }
 static inline float __half2float(__half h) { return ib_f16_to_f32(h.b); }
 static inline float2 __half22float2(__half2 h) { return float2{ib_f16_to_f32(h.x), ib_f16_to_f32(h.y)}; }
+static inline void __threadfence() {}
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
 static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
@@ -97,7 +98,7 @@ static inline float __uint_as_float(unsigned u) {
     return f;
 }
 
-#define CUDA_HOST_THREADS 512   /* most threads of an emulated block (its warps: CUDA_HOST_THREADS / 32) */
+#define CUDA_HOST_THREADS 1024  /* most threads of an emulated block (its warps: CUDA_HOST_THREADS / 32) */
 #define CUDA_HOST_STACK (64 * 1024)
 enum { CUDA_HOST_READY, CUDA_HOST_WAITING, CUDA_HOST_DONE };
 static struct {
