@@ -43,6 +43,7 @@ struct cuda_host_idx {
     unsigned x, y, z;
 };
 static cuda_host_idx threadIdx, blockIdx, blockDim;   /* threadIdx: the running coroutine's */
+static cuda_host_idx gridDim = {1, 1, 1};              /* the caller sets it for kernels that read it */
 struct alignas(16) float4 {
     float x, y, z, w;
 };
@@ -59,6 +60,8 @@ struct float2 {
 struct int2 {
     int x, y;
 };
+static inline int2 make_int2(int x, int y) { return int2{x, y}; }
+static inline int4 make_int4(int x, int y, int z, int w) { return int4{x, y, z, w}; }
 struct __half {
     uint16_t b;
 };
@@ -91,6 +94,18 @@ static inline int __dp4a(int a, int b, int c) {
 static inline int dp4a_us(unsigned a, int b, int c) {
     for (int i = 0; i < 4; i++) c += (int)(uint8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
     return c;
+}
+static inline float __int_as_float(int i) {
+    float f;
+    memcpy(&f, &i, 4);
+    return f;
+}
+template <class T>
+static inline T __ldcg(const T *p) { return *p; }
+static inline int atomicAdd(int *p, int v) {
+    const int old = *p;
+    *p = old + v;
+    return old;
 }
 static inline float __uint_as_float(unsigned u) {
     float f;
@@ -143,6 +158,13 @@ static inline T __shfl_sync(unsigned, T v, int src) {
 template <class T>
 static inline T __shfl_xor_sync(unsigned, T v, int m) {
     return cuda_host_lane_value(v, ((int)threadIdx.x & 31) ^ m);
+}
+/* lane - d within the lane's segment of `width` lanes, else the lane's own value */
+template <class T>
+static inline T __shfl_up_sync(unsigned, T v, unsigned d, int width = 32) {
+    const int l = (int)threadIdx.x & 31, src = l - (int)d;
+    const T r = cuda_host_lane_value(v, src < 0 ? l : src);
+    return (src >= 0 && src / width == l / width) ? r : v;
 }
 /* lane + d within the lane's segment of `width` lanes, else the lane's own value */
 template <class T>

@@ -32,13 +32,16 @@
  * output row depends only on its own row (and its own session's cache): grids are sized by R, never the
  * arithmetic. docs/cuda.md has the whole picture and what was verified on an H200.
  *
- * The product kernels are in product_kernels.cuh and the q/k preparation and attention kernels in
- * attention_kernels.cuh (a prompt's tiles in attention_tile.cuh), included in place, with the small
- * headers they share: rowinfo.cuh (a row's cache), quantize_group.cuh (the activation quantization),
- * kv_element.cuh (a cached element as a float); these compile for the host as well, where
- * tests/test_cuda_tile_host.cc runs the tile kernel without a GPU. Gemma 4 (per-layer shapes and cache views, GeGLU, the routed
- * experts, per-layer embeddings, the logit soft-cap) is in gemma_kernels.cuh, included below the product,
- * norm and attention code it reuses.
+ * The product kernels are in product_kernels.cuh, the row and element kernels in
+ * elementwise_kernels.cuh, the q/k preparation and attention kernels in attention_kernels.cuh (a
+ * prompt's tiles in attention_tile.cuh), included in place, with the small headers they share:
+ * device_primitives.cuh (every inline PTX), product_types.cuh (a matrix and a product set),
+ * device_layout.h (a matrix's device layout), rowinfo.cuh (a row's cache), row_norm.cuh,
+ * quantize_group.cuh (the activation quantization), kv_element.cuh (a cached element as a float),
+ * attention_limits.cuh. These compile for the host as well, where tests/test_cuda_*_host.cc run the
+ * kernels without a GPU. Gemma 4 (per-layer shapes and cache views, GeGLU, the routed experts,
+ * per-layer embeddings, the logit soft-cap) is in gemma_kernels.cuh (kernels) and gemma_backend.cuh
+ * (host side), included below the product, norm and attention code it reuses.
  */
 extern "C" {
 #include "backends/backend.h"
@@ -248,11 +251,11 @@ typedef struct cuda_backend {
     void **alloc_list;               /* [cap_alloc] device allocations (freed at destroy) */
     int n_alloc, cap_alloc;
     int *lhd, *lkvh;                 /* [L] each layer's head dim and KV heads (host) */
-    struct gemma_state *gm;          /* Gemma 4's state (gemma_kernels.cuh); NULL for other families */
+    struct gemma_state *gm;          /* Gemma 4's state (gemma_backend.cuh); NULL for other families */
 } cuda_backend;
 
 static void drop_graphs(cuda_backend *b);
-/* Gemma 4 (gemma_kernels.cuh, included before the op records' execution) */
+/* Gemma 4 (gemma_kernels.cuh and gemma_backend.cuh, included before the op records' execution) */
 struct gemma_state;
 static ib_status gemma_create(cuda_backend *b, const ib_model *m, ib_error *err);
 static void gemma_free(struct gemma_state *g);
@@ -1389,6 +1392,7 @@ static void launch_logits(cuda_backend *b, int copy, int amax) {
 }
 
 #include "backends/cuda/gemma_kernels.cuh"
+#include "backends/cuda/gemma_backend.cuh"
 
 /* Enqueue one recorded op (unfused). */
 static void exec_rec(cuda_backend *b, const oprec *r) {
