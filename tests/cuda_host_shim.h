@@ -43,7 +43,7 @@ struct cuda_host_idx {
     unsigned x, y, z;
 };
 static cuda_host_idx threadIdx, blockIdx, blockDim;   /* threadIdx: the running coroutine's */
-static cuda_host_idx gridDim = {1, 1, 1};              /* the caller sets it for kernels that read it */
+[[maybe_unused]] static cuda_host_idx gridDim = {1, 1, 1};   /* the caller sets it for kernels that read it */
 struct alignas(16) float4 {
     float x, y, z, w;
 };
