@@ -67,7 +67,7 @@ TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 # through tests/cuda_host_shim.h): built by the host's C++ compiler, no nvcc or GPU needed.
 CXX_TEST_SRC := $(wildcard tests/test_*.cc)
 CXX_TEST_BIN := $(CXX_TEST_SRC:tests/%.cc=$(BUILD)/tests/%)
-CXX_TEST_FLAGS = -std=c++17 $(filter-out -std=c11,$(IB_BASE_FLAGS)) -Wno-unknown-pragmas -Wno-unused-function $(CFLAGS) $(IB_NUMERIC_FLAGS)
+CXX_TEST_FLAGS = -std=c++17 $(filter-out -std=c11,$(IB_BASE_FLAGS)) -Wno-unknown-pragmas -Wno-unused-function $(CFLAGS) $(SAN_FLAGS) $(IB_NUMERIC_FLAGS)
 # Test programs a tests/t_*.sh script runs with arguments (not run alone by tests/run.sh): the
 # PostgreSQL store's checks need the private server tests/t_store_pg.sh starts.
 HELPER_BIN := $(BUILD)/tests/pg_store_check
@@ -149,11 +149,13 @@ run: all
 	./$(BUILD)/isobatch generate -m $(RUN_MODEL) --prompts-file examples/prompts.txt -n 32 --batch 8 --check-serial
 
 # Sanitizer build (AddressSanitizer + UndefinedBehaviorSanitizer) in its own folder ($(ASAN_BUILD)),
-# without the CUDA backend (its device code cannot be sanitized; the bad-input tests need the host side). It also leaves out
-# the AVX2 clones of the elementwise ops (IB_NO_CLONES), so tests can compare the two builds bitwise.
+# without the CUDA backend (its device code cannot be sanitized on a GPU; the bad-input tests need the host
+# side) — but with the host tests of the kernels (CXX_TEST_BIN), so a kernel reading or writing out of
+# its bounds is caught on the host. It also leaves out the AVX2 clones of the elementwise ops
+# (IB_NO_CLONES), so tests can compare the two builds bitwise.
 asan:
 	$(MAKE) BUILD=$(ASAN_BUILD) NVCC= SAN_FLAGS="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -DIB_NO_CLONES" \
-	    LDLIBS="$(DEP_LIBS) -fsanitize=address,undefined" all $(patsubst $(BUILD)/%,$(ASAN_BUILD)/%,$(TEST_BIN) $(HELPER_BIN))
+	    LDLIBS="$(DEP_LIBS) -fsanitize=address,undefined" all $(patsubst $(BUILD)/%,$(ASAN_BUILD)/%,$(TEST_BIN) $(CXX_TEST_BIN) $(HELPER_BIN))
 
 # The NEON matmul kernel, tested under emulation on any host: tests/test_matmul_neon.c and the few
 # sources it needs (no libraries beyond libc) cross-built statically for aarch64, then run under

@@ -72,8 +72,8 @@ static void make_expert(expert &x, int N, int K, int bits, int group) {
     std::vector<float> sc((size_t)N * ng), bi((size_t)N * ng);
     for (size_t i = 0; i < sc.size(); i++) sc[i] = 0.01f + 0.02f * (rnd() + 1.0f), bi[i] = 0.1f * rnd();
     CHECK(ib_matrix_from_mlx(&x.m, wq.data(), sc.data(), bi.data(), N, K, bits, group, &err) == IB_OK, "expert: %s", err.msg);
-    x.w.assign((size_t)(K / kc) * (Np + 32) * 4, 0u);
-    x.s.assign((size_t)ng * (Np + 32), 0.0f), x.b.assign((size_t)ng * (Np + 32), 0.0f);
+    x.w.assign((size_t)(K / kc) * Np * 4, 0u);
+    x.s.assign((size_t)ng * Np, 0.0f), x.b.assign((size_t)ng * Np, 0.0f);
     ib_cuda_layout_q(&x.m, Np, x.w.data(), x.s.data(), x.b.data());
     memset(&x.dm, 0, sizeof x.dm);
     x.dm.fmt = x.m.fmt, x.dm.N = N, x.dm.K = K, x.dm.G = group, x.dm.Np = Np, x.dm.ng = ng;

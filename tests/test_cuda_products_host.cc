@@ -28,7 +28,7 @@ extern "C" {
 #include <stdlib.h>
 #include <vector>
 
-enum { N_OUT = 80, K_IN = 512, NP = 96, NP_SLACK = 128 };
+enum { N_OUT = 80, K_IN = 512, NP = 96 };
 
 static uint32_t rng = 0x85ebca6bu;
 static uint32_t rnd_u32(void) {
@@ -37,7 +37,8 @@ static uint32_t rnd_u32(void) {
 }
 static float rnd(void) { return (float)(rnd_u32() & 0xffff) / 32768.0f - 1.0f; }
 
-/* A matrix in both layouts: the CPU's (m) and the device's, in host memory with room past Np. */
+/* A matrix in both layouts: the CPU's (m) and the device's, in host memory of exactly the device's size
+ * (so a sanitizer build catches a kernel reading past it). */
 struct mat {
     ib_matrix m;
     std::vector<uint32_t> w;
@@ -55,7 +56,7 @@ static void make_matrix(mat &a, int bits, int group) {
         std::vector<float> w((size_t)N_OUT * K_IN);
         for (float &x : w) x = rnd() * 0.1f;
         ib_matrix_from_f32(&a.m, w.data(), N_OUT, K_IN, &err);
-        a.wf.assign((size_t)K_IN * NP_SLACK, 0.0f);
+        a.wf.assign((size_t)K_IN * NP, 0.0f);
         ib_cuda_layout_f32(&a.m, NP, a.wf.data());
         a.d.fmt = IB_WF32, a.d.wf = a.wf.data();
         return;
@@ -67,8 +68,8 @@ static void make_matrix(mat &a, int bits, int group) {
     for (size_t i = 0; i < sc.size(); i++) sc[i] = 0.01f + 0.02f * (rnd() + 1.0f), bi[i] = 0.1f * rnd();
     ib_matrix_from_mlx(&a.m, wq.data(), sc.data(), bi.data(), N_OUT, K_IN, bits, group, &err);
     const int kc = bits == 4 ? 32 : 16;
-    a.w.assign((size_t)(K_IN / kc) * NP_SLACK * 4, 0u);
-    a.s.assign((size_t)ng * NP_SLACK, 0.0f), a.b.assign((size_t)ng * NP_SLACK, 0.0f);
+    a.w.assign((size_t)(K_IN / kc) * NP * 4, 0u);
+    a.s.assign((size_t)ng * NP, 0.0f), a.b.assign((size_t)ng * NP, 0.0f);
     ib_cuda_layout_q(&a.m, NP, a.w.data(), a.s.data(), a.b.data());
     a.d.fmt = a.m.fmt, a.d.G = group, a.d.ng = ng;
     a.d.w = (const uint4 *)a.w.data(), a.d.s = a.s.data(), a.d.b = a.b.data();
