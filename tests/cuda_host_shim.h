@@ -1,14 +1,17 @@
 /*
- * cuda_host_shim.h — just enough of CUDA to run a kernel's device code on the host, for tests that
- * check a kernel's arithmetic and indexing where no GPU is (tests/test_cuda_tile_host.cc): a block's
- * threads are coroutines of one host thread (ucontext), switched at barriers only — __syncthreads
- * waits for the block's threads, __syncwarp for the warp's, a shuffle passes values through a per-warp
- * slot array between two warp barriers —, cp.async copies at once, halves convert by half.h. A barrier
- * that not every thread of its block or warp reaches stops the run with a message (a kernel's
- * divergent barrier). The arithmetic is the host's IEEE
- * single precision, built without contraction (-ffp-contract=off), as the device build (-fmad=false).
- * What this cannot show: timing, memory-ordering races between threads that skip a barrier, register
- * or shared-memory limits — the device tests do.
+ * cuda_host_shim.h — just enough of CUDA to run the backend's kernels on the host, for the tests that
+ * check their arithmetic and indexing where no GPU is (tests/test_cuda_*_host.cc): the names of
+ * src/backends/cuda/device_primitives.cuh (PDL, prefetches, cp.async, clusters, dp4a, mma.sync, dynamic
+ * shared memory) with host meanings, the CUDA types and intrinsics the kernels use, and
+ * cuda_host_run_block, which runs one block: its threads (up to 1,024) are coroutines of one host
+ * thread (ucontext) switched at barriers only — __syncthreads waits for the block's threads, __syncwarp
+ * for the warp's, a shuffle or an mma passes values through per-warp slots between two warp barriers.
+ * A static __shared__ is one instance for the block; cp.async copies at once; prefetches do nothing; a
+ * cluster is the one block; halves convert by half.h. A barrier that not every thread of its block or
+ * warp reaches stops the run with a message (a kernel's divergent barrier). The arithmetic is the
+ * host's IEEE single precision, built without contraction (-ffp-contract=off), as the device build
+ * (-fmad=false). What this cannot show: timing, races between threads that skip a barrier, register or
+ * shared-memory limits, the GPU's NaN bits — the device tests do.
  */
 #ifndef IB_TESTS_CUDA_HOST_SHIM_H
 #define IB_TESTS_CUDA_HOST_SHIM_H
