@@ -126,7 +126,7 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libisobatch.a tests/check.h tests/test_rng.
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -Itests -o $@ $< $(BUILD)/libisobatch.a $(LDLIBS) $(CUDA_LIBS)
 
-$(BUILD)/tests/%: tests/%.cc $(BUILD)/libisobatch.a tests/check.h tests/cuda_host_shim.h $(FLAGS_STAMP)
+$(BUILD)/tests/%: tests/%.cc $(BUILD)/libisobatch.a tests/check.h tests/test_rng.h tests/cuda_host_shim.h tests/cuda_host_mat.h $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CXX) $(CXX_TEST_FLAGS) -Itests -o $@ $< $(BUILD)/libisobatch.a $(LDLIBS) $(CUDA_LIBS)
 

@@ -266,4 +266,14 @@ static void cuda_host_run_block_z(unsigned bx, unsigned by, unsigned bz, int nt,
     }
 }
 
+/* Run body() (a callable) as every block of grid (gx, gy, gz) of nt threads, gridDim set for the kernels
+ * that read it. */
+template <class F>
+static void cuda_host_grid(unsigned gx, unsigned gy, unsigned gz, int nt, F &body) {
+    gridDim = cuda_host_idx{gx, gy, gz};
+    for (unsigned z = 0; z < gz; z++)
+        for (unsigned y = 0; y < gy; y++)
+            for (unsigned x = 0; x < gx; x++) cuda_host_run_block_z(x, y, z, nt, [](void *p) { (*(F *)p)(); }, &body);
+}
+
 #endif

@@ -18,6 +18,7 @@
 
 extern "C" {
 #include "check.h"
+#include "test_rng.h"
 #include "ops/matmul.h"
 #include "ops/ops.h"
 }
@@ -33,11 +34,6 @@ extern "C" {
 #include <stdlib.h>
 #include <vector>
 
-static uint32_t rng = 0x2545f491u;
-static float rnd(void) { /* uniform in [-1, 1) */
-    rng = rng * 1664525u + 1013904223u;
-    return (float)((rng >> 8) & 0xffff) / 32768.0f - 1.0f;
-}
 
 enum kernel_kind { K_DIRECT, K_DIRECT_WIDE, K_STAGED, K_STAGED_SMALL, K_UNSTAGED, K_KVHEAD, K_COUNT };
 static const char *const kernel_name[K_COUNT] = {"keys in registers", "keys in registers, 512 threads",
@@ -131,10 +127,10 @@ static int decode_case(int kind, int fused, int hd, int G, int f16, int block, i
     const size_t W = (size_t)R * s.H * hd;
     s.Q.resize(W), s.K.resize((size_t)R * s.KVH * hd), s.V.resize((size_t)R * s.KVH * hd), s.cs.resize((size_t)R * hd);
     s.qn.resize(hd), s.kn.resize(hd), s.ATT.assign(W, 0.0f), s.qd.resize(W), s.qad.resize(W), s.xq.resize(W);
-    for (float &x : s.Q) x = rnd() * 2.0f;
-    for (float &x : s.K) x = rnd() * 2.0f;
-    for (float &x : s.V) x = rnd();
-    for (int i = 0; i < hd; i++) s.qn[i] = 1.0f + 0.25f * rnd(), s.kn[i] = 1.0f + 0.25f * rnd();
+    for (float &x : s.Q) x = rndf() * 2.0f;
+    for (float &x : s.K) x = rndf() * 2.0f;
+    for (float &x : s.V) x = rndf();
+    for (int i = 0; i < hd; i++) s.qn[i] = 1.0f + 0.25f * rndf(), s.kn[i] = 1.0f + 0.25f * rndf();
     std::vector<int32_t> p32(pos, pos + R);
     ib_rope_table(p32.data(), R, hd, 1e6, s.cs.data());
     s.ri.resize(R), s.kv.resize(R);
@@ -143,7 +139,7 @@ static int decode_case(int kind, int fused, int hd, int G, int f16, int block, i
         const size_t n = 2 * (size_t)s.KVH * cap * hd;
         s.kv[r].assign(n * (f16 ? 2 : 4), 0);
         for (size_t i = 0; i < n; i++) {
-            const float x = rnd() * (i % 11 == 0 ? 4.0f : 1.0f);
+            const float x = rndf() * (i % 11 == 0 ? 4.0f : 1.0f);
             if (f16) ((uint16_t *)s.kv[r].data())[i] = ib_f32_to_f16(x);
             else ((float *)s.kv[r].data())[i] = x;
         }

@@ -33,68 +33,28 @@ extern "C" {
 #include "backends/cuda/elementwise_kernels.cuh"
 #include "backends/cuda/attention_kernels.cuh"
 #include "backends/cuda/gemma_kernels.cuh"
+#include "cuda_host_mat.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <vector>
 
 enum { E = 16, TOPK = 4, R = 5, D = 256, FM = 128 };
-
-static uint32_t rng = 0xcc9e2d51u;
-static uint32_t rnd_u32(void) {
-    rng ^= rng << 13, rng ^= rng >> 17, rng ^= rng << 5;
-    return rng;
-}
-static float rnd(void) { return (float)(rnd_u32() & 0xffff) / 32768.0f - 1.0f; }
-
-/* Run `body` as every block of grid (gx, gy, gz) of nt threads (gridDim set for the kernels that read it). */
-template <class F>
-static void grid(unsigned gx, unsigned gy, unsigned gz, int nt, F &body) {
-    gridDim = cuda_host_idx{gx, gy, gz};
-    for (unsigned z = 0; z < gz; z++)
-        for (unsigned y = 0; y < gy; y++)
-            for (unsigned x = 0; x < gx; x++) cuda_host_run_block_z(x, y, z, nt, [](void *p) { (*(F *)p)(); }, &body);
-}
-
-/* An expert matrix N x K in both layouts (CPU m; device layout in host memory, dm). */
-struct expert {
-    ib_matrix m;
-    std::vector<uint32_t> w;
-    std::vector<float> s, b;
-    dmat dm;
-};
-
-static void make_expert(expert &x, int N, int K, int bits, int group) {
-    ib_error err;
-    const int per = 32 / bits, ng = K / group, Np = (N + 31) / 32 * 32, kc = bits == 4 ? 32 : 16;
-    std::vector<uint32_t> wq((size_t)N * K / per);
-    for (uint32_t &v : wq) v = rnd_u32();
-    std::vector<float> sc((size_t)N * ng), bi((size_t)N * ng);
-    for (size_t i = 0; i < sc.size(); i++) sc[i] = 0.01f + 0.02f * (rnd() + 1.0f), bi[i] = 0.1f * rnd();
-    CHECK(ib_matrix_from_mlx(&x.m, wq.data(), sc.data(), bi.data(), N, K, bits, group, &err) == IB_OK, "expert: %s", err.msg);
-    x.w.assign((size_t)(K / kc) * Np * 4, 0u);
-    x.s.assign((size_t)ng * Np, 0.0f), x.b.assign((size_t)ng * Np, 0.0f);
-    ib_cuda_layout_q(&x.m, Np, x.w.data(), x.s.data(), x.b.data());
-    memset(&x.dm, 0, sizeof x.dm);
-    x.dm.fmt = x.m.fmt, x.dm.N = N, x.dm.K = K, x.dm.G = group, x.dm.Np = Np, x.dm.ng = ng;
-    x.dm.w = (const uint4 *)x.w.data(), x.dm.s = x.s.data(), x.dm.b = x.b.data();
-}
 
 /* One routed product kind over the step: pairs (row, slot) from the work lists; input rows of X / xq by
  * the pair's row (by_slot 0) or slot (1); kernel 0: moe_mm_kernel (q8 or F32), 1: moe_mm_split_kernel.
  * Returns whether every routed pair's output equals ib_matmul's of its input row and expert. */
 template <int FMT, int CPG>
-static int routed_case(int kernel, int q8, int fused, std::vector<expert> &ex0, std::vector<expert> &ex1, int N, int K, int G,
+static int routed_case(int kernel, int q8, int fused, std::vector<cuda_host_mat> &ex0, std::vector<cuda_host_mat> &ex1, int N, int K, int G,
                        int by_slot, const std::vector<int32_t> &sel, const std::vector<int32_t> &ent_row,
                        const std::vector<int32_t> &ent_slot, const std::vector<int4> &blk, int nblk) {
     const int rows_in = by_slot ? R * TOPK : R, two = !ex1.empty();
     std::vector<float> X((size_t)rows_in * K);
-    for (float &v : X) v = rnd() * 2.0f;
+    for (float &v : X) v = rndf() * 2.0f;
     std::vector<int8_t> xq((size_t)rows_in * K);
     std::vector<float> qd((size_t)rows_in * (K / G)), qad((size_t)rows_in * (K / G));
     ib_quantize_act(X.data(), rows_in, K, G, xq.data(), qd.data(), qad.data());
     std::vector<dmat> m0(E), m1(E);
-    for (int e = 0; e < E; e++) m0[e] = ex0[e].dm, m1[e] = two ? ex1[e].dm : ex0[e].dm;
+    for (int e = 0; e < E; e++) m0[e] = ex0[e].d, m1[e] = two ? ex1[e].d : ex0[e].d;
     std::vector<float> Y0((size_t)R * TOPK * N, 0.0f), Y1((size_t)R * TOPK * N, 0.0f);
     const int nby = (R * TOPK + MOE_CH - 1) / MOE_CH + (E < R * TOPK ? E : R * TOPK);
     auto body = [&]() {
@@ -106,7 +66,7 @@ static int routed_case(int kernel, int q8, int fused, std::vector<expert> &ex0, 
                                           ent_slot.data(), by_slot, xq.data(), qd.data(), qad.data(), fused);
     };
     const unsigned gx = kernel == 0 ? (unsigned)((N + NT * NWARP - 1) / (NT * NWARP)) : (unsigned)((N + NT - 1) / NT);
-    grid(gx, (unsigned)nby, two ? 2u : 1u, 256, body);
+    cuda_host_grid(gx, (unsigned)nby, two ? 2u : 1u, 256, body);
     int ok = 1;
     std::vector<float> want(N);
     for (int slot = 0; slot < R * TOPK; slot++) {
@@ -126,8 +86,8 @@ static int routed_case(int kernel, int q8, int fused, std::vector<expert> &ex0, 
 int main(void) {
     /* router logits: random, a row with tied logits, a row with a NaN */
     std::vector<float> logits((size_t)R * E), escale(E);
-    for (float &v : logits) v = rnd() * 3.0f;
-    for (float &v : escale) v = 0.5f + rnd() * 0.25f;
+    for (float &v : logits) v = rndf() * 3.0f;
+    for (float &v : escale) v = 0.5f + rndf() * 0.25f;
     logits[1 * E + 3] = logits[1 * E + 9] = logits[1 * E + 12] = 5.0f;   /* ties: 3, 9, 12 in that order */
     logits[2 * E + 7] = NAN;
     std::vector<int32_t> sel((size_t)R * TOPK, -2), ent_row((size_t)R * TOPK, -1), ent_slot((size_t)R * TOPK, -1);
@@ -141,7 +101,7 @@ int main(void) {
         moe_route_kernel(logits.data(), R, E, TOPK, escale.data(), sel.data(), w.data(), ent_row.data(), ent_slot.data(), blk.data(),
                          &nblk, &cnt);
     };
-    grid((R + rw - 1) / rw, 1, 1, 32 * rw, route);
+    cuda_host_grid((R + rw - 1) / rw, 1, 1, 32 * rw, route);
     int route_ok = cnt == 0;
     std::vector<float> p(E);
     for (int r = 0; r < R; r++) {
@@ -173,8 +133,12 @@ int main(void) {
     int cases = 0, equal = 0;
     for (int bits : {4, 8}) {
         const int G = bits == 4 ? 32 : 64;
-        std::vector<expert> gate(E), up(E), down(E), none;
-        for (int e = 0; e < E; e++) make_expert(gate[e], FM, D, bits, G), make_expert(up[e], FM, D, bits, G), make_expert(down[e], D, FM, bits, G);
+        std::vector<cuda_host_mat> gate(E), up(E), down(E), none;
+        int made = 1;
+        for (int e = 0; e < E; e++)
+            made &= cuda_host_mat_make(gate[e], FM, D, bits, G) & cuda_host_mat_make(up[e], FM, D, bits, G) &
+                    cuda_host_mat_make(down[e], D, FM, bits, G);
+        CHECK(made, "%d-bit experts", bits);
         for (int kernel = 0; kernel < 2; kernel++)
             for (int q8 = 1; q8 >= (kernel ? 1 : 0); q8--) {
                 int ok;
@@ -201,12 +165,12 @@ int main(void) {
     /* the combine */
     {
         std::vector<float> y((size_t)R * TOPK * D), out((size_t)R * D), want((size_t)R * D);
-        for (float &v : y) v = rnd();
+        for (float &v : y) v = rndf();
         std::vector<int32_t> sc(sel);
         sc[2] = -1;   /* a slot without an expert */
         for (int r = 0; r < R; r++) ib_moe_combine(&y[(size_t)r * TOPK * D], &w[(size_t)r * TOPK], &sc[(size_t)r * TOPK], TOPK, D, &want[(size_t)r * D]);
         auto body = [&]() { moe_combine_kernel(y.data(), w.data(), sc.data(), R, TOPK, D, out.data()); };
-        grid((unsigned)((R * D + 255) / 256), 1, 1, 256, body);
+        cuda_host_grid((unsigned)((R * D + 255) / 256), 1, 1, 256, body);
         CHECK(memcmp(out.data(), want.data(), out.size() * 4) == 0, "moe_combine_kernel differs from ib_moe_combine");
     }
     TEST_MAIN_END("test_cuda_moe_host");

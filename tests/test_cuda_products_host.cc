@@ -23,57 +23,12 @@ extern "C" {
 #include "backends/cuda/device_layout.h"
 #include "backends/cuda/product_types.cuh"
 #include "backends/cuda/product_kernels.cuh"
+#include "cuda_host_mat.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <vector>
 
 enum { N_OUT = 80, K_IN = 512, NP = 96 };
-
-static uint32_t rng = 0x85ebca6bu;
-static uint32_t rnd_u32(void) {
-    rng ^= rng << 13, rng ^= rng >> 17, rng ^= rng << 5;
-    return rng;
-}
-static float rnd(void) { return (float)(rnd_u32() & 0xffff) / 32768.0f - 1.0f; }
-
-/* A matrix in both layouts: the CPU's (m) and the device's, in host memory of exactly the device's size
- * (so a sanitizer build catches a kernel reading past it). */
-struct mat {
-    ib_matrix m;
-    std::vector<uint32_t> w;
-    std::vector<float> s, b, wf;
-    dmat d;
-};
-
-/* A random N_OUT x K_IN matrix: MLX-quantized with `bits` (4, 8) and `group`, or float (bits 32). */
-static void make_matrix(mat &a, int bits, int group) {
-    ib_error err;
-    memset(&a.m, 0, sizeof a.m);
-    memset(&a.d, 0, sizeof a.d);
-    a.d.N = N_OUT, a.d.K = K_IN, a.d.Np = NP;
-    if (bits == 32) {
-        std::vector<float> w((size_t)N_OUT * K_IN);
-        for (float &x : w) x = rnd() * 0.1f;
-        ib_matrix_from_f32(&a.m, w.data(), N_OUT, K_IN, &err);
-        a.wf.assign((size_t)K_IN * NP, 0.0f);
-        ib_cuda_layout_f32(&a.m, NP, a.wf.data());
-        a.d.fmt = IB_WF32, a.d.wf = a.wf.data();
-        return;
-    }
-    const int per = 32 / bits, ng = K_IN / group;
-    std::vector<uint32_t> wq((size_t)N_OUT * K_IN / per);
-    for (uint32_t &x : wq) x = rnd_u32();
-    std::vector<float> sc((size_t)N_OUT * ng), bi((size_t)N_OUT * ng);
-    for (size_t i = 0; i < sc.size(); i++) sc[i] = 0.01f + 0.02f * (rnd() + 1.0f), bi[i] = 0.1f * rnd();
-    ib_matrix_from_mlx(&a.m, wq.data(), sc.data(), bi.data(), N_OUT, K_IN, bits, group, &err);
-    const int kc = bits == 4 ? 32 : 16;
-    a.w.assign((size_t)(K_IN / kc) * NP * 4, 0u);
-    a.s.assign((size_t)ng * NP, 0.0f), a.b.assign((size_t)ng * NP, 0.0f);
-    ib_cuda_layout_q(&a.m, NP, a.w.data(), a.s.data(), a.b.data());
-    a.d.fmt = a.m.fmt, a.d.G = group, a.d.ng = ng;
-    a.d.w = (const uint4 *)a.w.data(), a.d.s = a.s.data(), a.d.b = a.b.data();
-}
 
 /* The product of one launch: the kernel (as a closure over its template arguments) and its grid. */
 struct launch {
@@ -96,10 +51,10 @@ static void run_product(void *p) {
 /* Y = X · W^T of R rows through one kernel configuration on grid (gx, gy, splits), dynamic shared bytes
  * smem; the matrix in 32-output tiles (tile64: in 64-output tiles, the GEMM's). Returns whether every
  * output equals the scalar reference bitwise. */
-static int product_case(mat &a, int R, const launch &proto, unsigned gx, unsigned gy, size_t smem, int tile64) {
+static int product_case(cuda_host_mat &a, int R, const launch &proto, unsigned gx, unsigned gy, size_t smem, int tile64) {
     const int q8 = proto.f32 == NULL, G = a.d.G;
     std::vector<float> X((size_t)R * K_IN), want((size_t)R * N_OUT), got((size_t)R * N_OUT, 0.0f);
-    for (float &x : X) x = rnd() * 2.0f;
+    for (float &x : X) x = rndf() * 2.0f;
     std::vector<int8_t> xq((size_t)R * K_IN);
     std::vector<float> qd((size_t)R * K_IN / 32 + 1), qad((size_t)R * K_IN / 32 + 1);
     ib_act_buf q = {xq.data(), qd.data(), qad.data()};
@@ -122,7 +77,7 @@ static unsigned blocks_of(int n, int per) { return (unsigned)((n + per - 1) / pe
 /* Every kernel configuration on matrix a (quantized) for R rows; fault: 0, or 1 (gpu-fma), 2 (gpu-split-k).
  * Adds the cases run and those equal to the reference. */
 template <int FMT>
-static void q8_kernels(mat &a, int fault, int &cases, int &equal, const char *what) {
+static void q8_kernels(cuda_host_mat &a, int fault, int &cases, int &equal, const char *what) {
     const int tiles = NP / NT, fused = fault == 1, splits = fault == 2 ? 4 : 1, G = a.d.G;
     const int cpg = G / MM_KC(FMT);
     auto run = [&](const char *name, int R, launch l, unsigned gx, unsigned gy, size_t sm, int t64) {
@@ -192,8 +147,8 @@ int main(void) {
     static const struct { int bits, group; } qm[] = {{4, 32}, {4, 64}, {4, 128}, {8, 32}, {8, 64}, {8, 128}};
     int cases = 0, equal = 0;
     for (const auto &c : qm) {
-        mat a;
-        make_matrix(a, c.bits, c.group);
+        cuda_host_mat a;
+        CHECK(cuda_host_mat_make(a, N_OUT, K_IN, c.bits, c.group), "%d-bit group %d matrix", c.bits, c.group);
         char what[48];
         snprintf(what, sizeof what, "%d-bit group %d", c.bits, c.group);
         if (c.bits == 4) q8_kernels<IB_WQ4>(a, 0, cases, equal, what);
@@ -202,8 +157,8 @@ int main(void) {
     }
     /* the F32 path: float, 4-bit and 8-bit weights, one chain a (row, output) */
     for (int bits : {32, 4, 8}) {
-        mat a;
-        make_matrix(a, bits, 64);
+        cuda_host_mat a;
+        CHECK(cuda_host_mat_make(a, N_OUT, K_IN, bits, 64), "%d-bit matrix", bits);
         launch l = {};
         l.f32 = bits == 32 ? mm_f32_kernel<IB_WF32> : bits == 4 ? mm_f32_kernel<IB_WQ4> : mm_f32_kernel<IB_WQ8>;
         l.splits = 1;
@@ -217,8 +172,8 @@ int main(void) {
     for (int fault = 1; fault <= 2; fault++) {
         int fc = 0, fe = 0;
         for (const auto &c : qm) {
-            mat a;
-            make_matrix(a, c.bits, c.group);
+            cuda_host_mat a;
+            cuda_host_mat_make(a, N_OUT, K_IN, c.bits, c.group);
             if (c.bits == 4) q8_kernels<IB_WQ4>(a, fault, fc, fe, "fault");
             else q8_kernels<IB_WQ8>(a, fault, fc, fe, "fault");
             ib_matrix_free(&a.m);

@@ -20,6 +20,7 @@
 
 extern "C" {
 #include "check.h"
+#include "test_rng.h"
 #include "ops/matmul.h"
 #include "ops/ops.h"
 }
@@ -30,11 +31,6 @@ extern "C" {
 
 /* ---------------------------------------------------------------- one case */
 
-static uint32_t rng = 0x9e3779b9u;
-static float rnd(void) { /* uniform in [-1, 1) */
-    rng = rng * 1664525u + 1013904223u;
-    return (float)((rng >> 8) & 0xffff) / 32768.0f - 1.0f;
-}
 
 struct launch {
     const float *Q;
@@ -62,12 +58,12 @@ static int tile_case(int hd, int G, int f16, int block, int ref_block, int p0, i
     const size_t plane = (size_t)cap * hd, eb = f16 ? 2 : 4, W = (size_t)n * H * hd;
     std::vector<unsigned char> kv(2 * KVH * plane * eb);
     for (size_t i = 0; i < 2 * KVH * plane; i++) {
-        const float x = rnd() * (i % 7 == 0 ? 6.0f : 1.0f);
+        const float x = rndf() * (i % 7 == 0 ? 6.0f : 1.0f);
         if (f16) ((uint16_t *)kv.data())[i] = ib_f32_to_f16(x);
         else ((float *)kv.data())[i] = x;
     }
     std::vector<float> Q(W), got(W, 0.0f), want(W);
-    for (float &x : Q) x = rnd() * 3.0f;
+    for (float &x : Q) x = rndf() * 3.0f;
     std::vector<int8_t> xq(W), rq(W);
     std::vector<float> qd(W), qad(W), rd(W), rad(W);
     std::vector<rowinfo> ri(n);
