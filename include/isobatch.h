@@ -684,7 +684,9 @@ typedef enum ib_fault {
     IB_FAULT_ROPE_SKIP_ROWS,      /* rows >= 1 not rotated when each session brings one token */
     IB_FAULT_GEMV_GEMM,           /* another accumulation order when a product has > 1 row */
     IB_FAULT_SPLIT_K_THREADS,     /* a reduction split into one chunk per thread */
-    IB_FAULT_ISA_FMA,             /* the vector kernels fuse multiply-add, scalar does not */
+    IB_FAULT_ISA_FMA,             /* the vector kernels fuse multiply-add, scalar does not (F32 products,
+                                   * whose double sums of exact products no fusion changes: a float32
+                                   * chain with fused multiply-adds instead) */
     IB_FAULT_ROW_ORDER,           /* a reduction whose order depends on the row index */
     IB_FAULT_SAMPLE_BY_ROW,       /* "shared-rng": draws from one process-wide stream, not (seed, step) */
     IB_FAULT_SPLIT_KV_BY_BATCH,   /* attention key blocks sized by the batch size */

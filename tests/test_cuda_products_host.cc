@@ -168,6 +168,18 @@ int main(void) {
         ib_matrix_free(&a.m);
     }
     printf("%d products against the scalar reference: %d equal\n", cases, equal);
+    /* gpu-fma on the F32 path (a float32 chain of fused multiply-adds instead of the double sum): each
+     * product must differ */
+    for (int bits : {32, 4, 8}) {
+        cuda_host_mat a;
+        cuda_host_mat_make(a, N_OUT, K_IN, bits, 64);
+        launch l = {};
+        l.f32 = bits == 32 ? mm_f32_kernel<IB_WF32> : bits == 4 ? mm_f32_kernel<IB_WQ4> : mm_f32_kernel<IB_WQ8>;
+        l.splits = 1, l.fused = 1;
+        CHECK(!product_case(a, 13, l, NP / NT, blocks_of(13, NWARP), 0, 0),
+              "F32 path, %d-bit weights: the gpu-fma fault (a float32 chain) went unnoticed", bits);
+        ib_matrix_free(&a.m);
+    }
     /* the faults, on every Q8 kernel: none may equal the reference */
     for (int fault = 1; fault <= 2; fault++) {
         int fc = 0, fe = 0;

@@ -3,12 +3,16 @@
  *
  * NUMERIC DEFINITION (the canonical order; every ISA and thread count produces exactly these bits).
  * Each output y[b][n] is one independent chain; vector lanes own different outputs n and every lane
- * walks K in ascending order. No fused multiply-add anywhere (separate mul then add, each rounded to
- * float32), unless a test-only fault asks for one.
+ * walks K in ascending order. Float32 arithmetic has no fused multiply-add anywhere (separate mul then
+ * add, each rounded to float32), unless a test-only fault asks for one.
  *
  *   F32 activations (IB_ACT_F32), any weight format:
- *       w(n,k) = float weight; for quantized: w = s(n,g)*(float)q(n,k) + b(n,g)   (mul, then add)
- *       acc = 0.0f; for k = 0..K-1: acc = acc + w(n,k) * x(b,k);   y = acc
+ *       w(n,k) = float weight; for quantized: w = s(n,g)*(float)q(n,k) + b(n,g)   (float32 mul, then add)
+ *       acc = 0.0 (double); for k = 0..K-1: acc = acc + (double)w(n,k) * (double)x(b,k);   y = (float)acc
+ *     The product of two floats is exact in double, so each step rounds once (the add, to double) and
+ *     a fused multiply-add gives the same bits as a mul then an add; y is rounded to float32 once.
+ *     (Float32 chains over K in the thousands were the largest error at Gemma 4 26B's widths:
+ *     docs/gemma4.md, "Float32 error at the real shapes".)
  *
  *   Q8 activations (IB_ACT_Q8), quantized weights only (group size G = the weight's group):
  *       per row b and group g (k in [gG, gG+G)), computed by ib_quantize_act from that row alone:

@@ -1,8 +1,8 @@
 /*
  * matmul_avx2.c — the AVX2 panel kernel. Same arithmetic as matmul_scalar.c, bit for bit: a ymm
  * register holds 8 lanes (outputs) of a panel, every lane walks K (or the groups) in the canonical
- * order, and products and sums are separate vmulps / vaddps (vfmadd only under IB_FAULT_ISA_FMA).
- * Integer group sums (Q8 activations) are exact, so their order is free:
+ * order; float products and sums are separate vmulps / vaddps (vfmadd only under IB_FAULT_ISA_FMA),
+ * the F32 path's double sums of exact products vfmadd231pd (4 lanes a ymm). Integer group sums (Q8 activations) are exact, so their order is free:
  *   Q4 weights: vpmaddubsw(u4 code, s8 x) -> int16 pairs (|.| <= 2*15*127 = 3810); eight of them
  *               are added in int16 (<= 30480 < 32767, no overflow) per 32 k, then vpmaddwd by 1.
  *   Q8 weights: codes up to 255 would saturate vpmaddubsw, so the code bytes are split into even and
@@ -97,64 +97,71 @@ static void dequant_block(const ib_matrix *m, int p, int k0, int kn, float *w) {
 
 /* ---------------------------------------------------------------- F32 activations */
 
-/* One k of R rows: a[r] = a[r] + w(k) * x(r, k) (fma only under IB_FAULT_ISA_FMA). */
-AI void mac_k(const int R, const int fma, __m256 a[][2], const float *wk, const float *xk, size_t ldx) {
-    __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        __m256 xv = _mm256_broadcast_ss(xk + r * ldx);
-        if (fma) {
-            a[r][0] = _mm256_fmadd_ps(w0, xv, a[r][0]);
-            a[r][1] = _mm256_fmadd_ps(w1, xv, a[r][1]);
-        } else {
-            a[r][0] = _mm256_add_ps(a[r][0], _mm256_mul_ps(w0, xv));
-            a[r][1] = _mm256_add_ps(a[r][1], _mm256_mul_ps(w1, xv));
+/* One k of R rows: a[r] = a[r] + (double)w(k) * (double)x(r, k), lanes 4i..4i+3 in a[r][i]. The
+ * product of two floats is exact in double, so vfmadd231pd is the mul then the add. Under a fault
+ * (ib_pk_chain) a float32 chain instead: vmulps then vaddps, or vfmadd231ps. */
+AI void mac_k(const int R, const ib_pk_chain ch, __m256d a[][4], const float *wk, const float *xk, size_t ldx) {
+    const __m256 wa = _mm256_loadu_ps(wk), wb = _mm256_loadu_ps(wk + 8);
+    if (ch != IB_PK_CHAIN_DOUBLE) {
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            const __m256 xv = _mm256_broadcast_ss(xk + r * ldx);
+            __m256 fa = _mm256_set_m128(_mm256_cvtpd_ps(a[r][1]), _mm256_cvtpd_ps(a[r][0]));
+            __m256 fb = _mm256_set_m128(_mm256_cvtpd_ps(a[r][3]), _mm256_cvtpd_ps(a[r][2]));
+            if (ch == IB_PK_CHAIN_FLOAT_FMA) fa = _mm256_fmadd_ps(wa, xv, fa), fb = _mm256_fmadd_ps(wb, xv, fb);
+            else fa = _mm256_add_ps(fa, _mm256_mul_ps(wa, xv)), fb = _mm256_add_ps(fb, _mm256_mul_ps(wb, xv));
+            a[r][0] = _mm256_cvtps_pd(_mm256_castps256_ps128(fa)), a[r][1] = _mm256_cvtps_pd(_mm256_extractf128_ps(fa, 1));
+            a[r][2] = _mm256_cvtps_pd(_mm256_castps256_ps128(fb)), a[r][3] = _mm256_cvtps_pd(_mm256_extractf128_ps(fb, 1));
         }
+        return;
+    }
+    const __m256d w0 = _mm256_cvtps_pd(_mm256_castps256_ps128(wa)), w1 = _mm256_cvtps_pd(_mm256_extractf128_ps(wa, 1));
+    const __m256d w2 = _mm256_cvtps_pd(_mm256_castps256_ps128(wb)), w3 = _mm256_cvtps_pd(_mm256_extractf128_ps(wb, 1));
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++) {
+        const __m256d xv = _mm256_set1_pd((double)xk[r * ldx]);
+        a[r][0] = _mm256_fmadd_pd(w0, xv, a[r][0]);
+        a[r][1] = _mm256_fmadd_pd(w1, xv, a[r][1]);
+        a[r][2] = _mm256_fmadd_pd(w2, xv, a[r][2]);
+        a[r][3] = _mm256_fmadd_pd(w3, xv, a[r][3]);
     }
 }
 
-/* R rows (R <= 4) of a chunk: acc [R][16] += w [kn][16] times x (row r at x + r*ldx), walking k
- * ascending, or descending when desc. */
-AI void tile_f32(const int R, const int fma, float *acc, const float *x, size_t ldx, const float *w, int kn,
+/* R rows (R <= 2: 8 double accumulators and 4 weight vectors of 16 ymm) of a chunk: acc [R][16]
+ * (double) += w [kn][16] times x (row r at x + r*ldx), walking k ascending, or descending when desc. */
+AI void tile_f32(const int R, const ib_pk_chain ch, double *acc, const float *x, size_t ldx, const float *w, int kn,
                  int desc) {
-    __m256 a[4][2];
+    __m256d a[2][4];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        a[r][0] = _mm256_loadu_ps(acc + r * 16);
-        a[r][1] = _mm256_loadu_ps(acc + r * 16 + 8);
-    }
+        for (int i = 0; i < 4; i++) a[r][i] = _mm256_loadu_pd(acc + r * 16 + 4 * i);
     if (desc)
-        for (int k = kn - 1; k >= 0; k--) mac_k(R, fma, a, w + (size_t)k * 16, x + k, ldx);
+        for (int k = kn - 1; k >= 0; k--) mac_k(R, ch, a, w + (size_t)k * 16, x + k, ldx);
     else
-        for (int k = 0; k < kn; k++) mac_k(R, fma, a, w + (size_t)k * 16, x + k, ldx);
+        for (int k = 0; k < kn; k++) mac_k(R, ch, a, w + (size_t)k * 16, x + k, ldx);
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++) {
-        _mm256_storeu_ps(acc + r * 16, a[r][0]);
-        _mm256_storeu_ps(acc + r * 16 + 8, a[r][1]);
-    }
+        for (int i = 0; i < 4; i++) _mm256_storeu_pd(acc + r * 16 + 4 * i, a[r][i]);
 }
 
-/* All rows of one K block, in tiles of 4 (then 3, 2, 1). */
-AI void rows_f32(const int fma, float (*acc)[16], const float *x, size_t ldx, int nb, const float *w, int kn,
+/* All rows of one K block, in tiles of 2 (then 1). */
+AI void rows_f32(const ib_pk_chain ch, double (*acc)[16], const float *x, size_t ldx, int nb, const float *w, int kn,
                  int desc) {
     int r = 0;
-    for (; r + 4 <= nb; r += 4) tile_f32(4, fma, acc[r], x + r * ldx, ldx, w, kn, desc);
-    switch (nb - r) {
-    case 3: tile_f32(3, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
-    case 2: tile_f32(2, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
-    case 1: tile_f32(1, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
-    default: break;
-    }
+    for (; r + 2 <= nb; r += 2) tile_f32(2, ch, acc[r], x + r * ldx, ldx, w, kn, desc);
+    if (r < nb) tile_f32(1, ch, acc[r], x + r * ldx, ldx, w, kn, desc);
 }
 
 /* F32 activations, panel p, all B rows (blocking in pack.h). */
-static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc, int fma, float *Y, int ldy) {
+static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc, ib_pk_chain ch, float *Y, int ldy) {
     const int K = m->cols, lanes = ib_pk_lanes(m, p), nblk = (K + IB_KBLOCK - 1) / IB_KBLOCK;
     float wbuf[IB_KBLOCK * 16] __attribute__((aligned(32)));   /* [IB_KBLOCK][16] */
-    float acc[IB_RCHUNK][16] __attribute__((aligned(32)));     /* [rows of the chunk][lane] */
+    double acc[IB_RCHUNK][16] __attribute__((aligned(32)));    /* [rows of the chunk][lane] */
     for (int b0 = 0; b0 < B; b0 += IB_RCHUNK) {
         int nb = B - b0 < IB_RCHUNK ? B - b0 : IB_RCHUNK;
-        memset(acc, 0, sizeof(float) * 16 * (size_t)nb);
+        memset(acc, 0, sizeof(double) * 16 * (size_t)nb);
         for (int bi = 0; bi < nblk; bi++) {
             int blk = desc ? nblk - 1 - bi : bi;
             int k0 = blk * IB_KBLOCK, kn = K - k0 < IB_KBLOCK ? K - k0 : IB_KBLOCK;
@@ -166,10 +173,13 @@ static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc
                 w = wbuf;
             }
             const float *x = X + (size_t)b0 * K + k0;
-            if (fma) rows_f32(1, acc, x, (size_t)K, nb, w, kn, desc);
-            else rows_f32(0, acc, x, (size_t)K, nb, w, kn, desc);
+            switch (ch) {
+            case IB_PK_CHAIN_DOUBLE: rows_f32(IB_PK_CHAIN_DOUBLE, acc, x, (size_t)K, nb, w, kn, desc); break;
+            case IB_PK_CHAIN_FLOAT: rows_f32(IB_PK_CHAIN_FLOAT, acc, x, (size_t)K, nb, w, kn, desc); break;
+            default: rows_f32(IB_PK_CHAIN_FLOAT_FMA, acc, x, (size_t)K, nb, w, kn, desc); break;
+            }
         }
-        for (int r = 0; r < nb; r++) ib_pk_store(Y + (size_t)(b0 + r) * ldy + (size_t)p * 16, acc[r], lanes);
+        for (int r = 0; r < nb; r++) ib_pk_store_f64(Y + (size_t)(b0 + r) * ldy + (size_t)p * 16, acc[r], lanes);
     }
 }
 
@@ -331,9 +341,8 @@ void ib_matmul_panels_avx2(const ib_matrix *m, const float *X, int B, const ib_a
                            int p0, int p1, float *Y, int ldy) {
     const ib_fault fault = ib_fault_get();
     const int desc = B > 1 && fault == IB_FAULT_GEMV_GEMM;
-    const int fma = fault == IB_FAULT_ISA_FMA;
     if (!ib_pk_use_q8(m, q, act)) {
-        for (int p = p0; p < p1; p++) panel_f32(m, p, X, B, desc, fma, Y, ldy);
+        for (int p = p0; p < p1; p++) panel_f32(m, p, X, B, desc, ib_pk_f32_chain(fault, desc, 1), Y, ldy);
         return;
     }
     const int K = m->cols, ng = K / m->group;

@@ -1,8 +1,9 @@
 /*
  * matmul_avx512.c — the AVX-512 panel kernel (F, BW, VL, DQ, VNNI). Same arithmetic as
- * matmul_scalar.c, bit for bit: one zmm register holds the 16 lanes (outputs) of a panel, every lane
- * walks K (or the groups) in the canonical order, and products and sums are separate vmulps / vaddps
- * (vfmadd only under IB_FAULT_ISA_FMA). Q8 activations use vpdpbusd (u8 weight code x s8 activation,
+ * matmul_scalar.c, bit for bit: one zmm register holds the 16 lanes (outputs) of a panel (two of
+ * doubles for F32 activations' sums), every lane walks K (or the groups) in the canonical order; float
+ * products and sums are separate vmulps / vaddps (vfmadd only under IB_FAULT_ISA_FMA), the F32 path's
+ * double sums of exact products vfmadd231pd. Q8 activations use vpdpbusd (u8 weight code x s8 activation,
  * 4 consecutive k per lane, exact int32 accumulation: the group sum is exact in any order): per panel
  * in tiles of up to 8 rows for fewer than QT_MIN_ROWS rows (tile_q), else in tiles of 4 rows x 4
  * panels, groups outermost (qt_tile; 235 -> 350 GMAC/s on one Zen 5 core at 16-64 rows in cache).
@@ -87,57 +88,71 @@ static void dequant_block(const ib_matrix *m, int p, int k0, int kn, float *w) {
 
 /* ---------------------------------------------------------------- F32 activations */
 
-/* One k of R rows: a[r] = a[r] + w(k) * x(r, k) (fma only under IB_FAULT_ISA_FMA). */
-AI void mac_k(const int R, const int fma, __m512 a[], const float *wk, const float *xk, size_t ldx) {
-    __m512 wv = _mm512_loadu_ps(wk);
+/* One k of R rows: a[r] = a[r] + (double)w(k) * (double)x(r, k), lanes 0-7 in a[r][0] and 8-15 in
+ * a[r][1]. The product of two floats is exact in double, so vfmadd231pd is the mul then the add. Under
+ * a fault (ib_pk_chain) a float32 chain instead: vmulps then vaddps, or vfmadd231ps. */
+AI void mac_k(const int R, const ib_pk_chain ch, __m512d a[][2], const float *wk, const float *xk, size_t ldx) {
+    const __m512 wv = _mm512_loadu_ps(wk);
+    if (ch != IB_PK_CHAIN_DOUBLE) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            __m512 af = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(a[r][0])), _mm512_cvtpd_ps(a[r][1]), 1);
+            const __m512 xv = _mm512_set1_ps(xk[r * ldx]);
+            af = ch == IB_PK_CHAIN_FLOAT_FMA ? _mm512_fmadd_ps(wv, xv, af) : _mm512_add_ps(af, _mm512_mul_ps(wv, xv));
+            a[r][0] = _mm512_cvtps_pd(_mm512_castps512_ps256(af));
+            a[r][1] = _mm512_cvtps_pd(_mm512_extractf32x8_ps(af, 1));
+        }
+        return;
+    }
+    const __m512d w0 = _mm512_cvtps_pd(_mm512_castps512_ps256(wv)), w1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(wv, 1));
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
-        __m512 xv = _mm512_set1_ps(xk[r * ldx]);
-        if (fma) a[r] = _mm512_fmadd_ps(wv, xv, a[r]);
-        else a[r] = _mm512_add_ps(a[r], _mm512_mul_ps(wv, xv));
+        const __m512d xv = _mm512_set1_pd((double)xk[r * ldx]);
+        a[r][0] = _mm512_fmadd_pd(w0, xv, a[r][0]);
+        a[r][1] = _mm512_fmadd_pd(w1, xv, a[r][1]);
     }
 }
 
-/* R rows (R <= 8) of a chunk: acc [R][16] += w [kn][16] times x (row r at x + r*ldx), walking k
- * ascending, or descending when desc. */
-AI void tile_f32(const int R, const int fma, float *acc, const float *x, size_t ldx, const float *w, int kn,
+/* R rows (R <= 8) of a chunk: acc [R][16] (double) += w [kn][16] times x (row r at x + r*ldx), walking
+ * k ascending, or descending when desc. */
+AI void tile_f32(const int R, const ib_pk_chain ch, double *acc, const float *x, size_t ldx, const float *w, int kn,
                  int desc) {
-    __m512 a[8];
+    __m512d a[8][2];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) a[r] = _mm512_loadu_ps(acc + r * 16);
+    for (int r = 0; r < R; r++) a[r][0] = _mm512_loadu_pd(acc + r * 16), a[r][1] = _mm512_loadu_pd(acc + r * 16 + 8);
     if (desc)
-        for (int k = kn - 1; k >= 0; k--) mac_k(R, fma, a, w + (size_t)k * 16, x + k, ldx);
+        for (int k = kn - 1; k >= 0; k--) mac_k(R, ch, a, w + (size_t)k * 16, x + k, ldx);
     else
-        for (int k = 0; k < kn; k++) mac_k(R, fma, a, w + (size_t)k * 16, x + k, ldx);
+        for (int k = 0; k < kn; k++) mac_k(R, ch, a, w + (size_t)k * 16, x + k, ldx);
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++) _mm512_storeu_ps(acc + r * 16, a[r]);
+    for (int r = 0; r < R; r++) _mm512_storeu_pd(acc + r * 16, a[r][0]), _mm512_storeu_pd(acc + r * 16 + 8, a[r][1]);
 }
 
 /* All rows of one K block, in tiles of 8 (then the remainder). */
-AI void rows_f32(const int fma, float (*acc)[16], const float *x, size_t ldx, int nb, const float *w, int kn,
+AI void rows_f32(const ib_pk_chain ch, double (*acc)[16], const float *x, size_t ldx, int nb, const float *w, int kn,
                  int desc) {
     int r = 0;
-    for (; r + 8 <= nb; r += 8) tile_f32(8, fma, acc[r], x + r * ldx, ldx, w, kn, desc);
+    for (; r + 8 <= nb; r += 8) tile_f32(8, ch, acc[r], x + r * ldx, ldx, w, kn, desc);
     switch (nb - r) {
-    case 7: tile_f32(7, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
-    case 6: tile_f32(6, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
-    case 5: tile_f32(5, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
-    case 4: tile_f32(4, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
-    case 3: tile_f32(3, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
-    case 2: tile_f32(2, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
-    case 1: tile_f32(1, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
+    case 7: tile_f32(7, ch, acc[r], x + r * ldx, ldx, w, kn, desc); break;
+    case 6: tile_f32(6, ch, acc[r], x + r * ldx, ldx, w, kn, desc); break;
+    case 5: tile_f32(5, ch, acc[r], x + r * ldx, ldx, w, kn, desc); break;
+    case 4: tile_f32(4, ch, acc[r], x + r * ldx, ldx, w, kn, desc); break;
+    case 3: tile_f32(3, ch, acc[r], x + r * ldx, ldx, w, kn, desc); break;
+    case 2: tile_f32(2, ch, acc[r], x + r * ldx, ldx, w, kn, desc); break;
+    case 1: tile_f32(1, ch, acc[r], x + r * ldx, ldx, w, kn, desc); break;
     default: break;
     }
 }
 
 /* F32 activations, panel p, all B rows (blocking in pack.h). */
-static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc, int fma, float *Y, int ldy) {
+static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc, ib_pk_chain ch, float *Y, int ldy) {
     const int K = m->cols, lanes = ib_pk_lanes(m, p), nblk = (K + IB_KBLOCK - 1) / IB_KBLOCK;
     float wbuf[IB_KBLOCK * 16] __attribute__((aligned(64)));   /* [IB_KBLOCK][16] */
-    float acc[IB_RCHUNK][16] __attribute__((aligned(64)));     /* [rows of the chunk][lane] */
+    double acc[IB_RCHUNK][16] __attribute__((aligned(64)));    /* [rows of the chunk][lane] */
     for (int b0 = 0; b0 < B; b0 += IB_RCHUNK) {
         int nb = B - b0 < IB_RCHUNK ? B - b0 : IB_RCHUNK;
-        memset(acc, 0, sizeof(float) * 16 * (size_t)nb);
+        memset(acc, 0, sizeof(double) * 16 * (size_t)nb);
         for (int bi = 0; bi < nblk; bi++) {
             int blk = desc ? nblk - 1 - bi : bi;
             int k0 = blk * IB_KBLOCK, kn = K - k0 < IB_KBLOCK ? K - k0 : IB_KBLOCK;
@@ -149,10 +164,13 @@ static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc
                 w = wbuf;
             }
             const float *x = X + (size_t)b0 * K + k0;
-            if (fma) rows_f32(1, acc, x, (size_t)K, nb, w, kn, desc);
-            else rows_f32(0, acc, x, (size_t)K, nb, w, kn, desc);
+            switch (ch) {
+            case IB_PK_CHAIN_DOUBLE: rows_f32(IB_PK_CHAIN_DOUBLE, acc, x, (size_t)K, nb, w, kn, desc); break;
+            case IB_PK_CHAIN_FLOAT: rows_f32(IB_PK_CHAIN_FLOAT, acc, x, (size_t)K, nb, w, kn, desc); break;
+            default: rows_f32(IB_PK_CHAIN_FLOAT_FMA, acc, x, (size_t)K, nb, w, kn, desc); break;
+            }
         }
-        for (int r = 0; r < nb; r++) ib_pk_store(Y + (size_t)(b0 + r) * ldy + (size_t)p * 16, acc[r], lanes);
+        for (int r = 0; r < nb; r++) ib_pk_store_f64(Y + (size_t)(b0 + r) * ldy + (size_t)p * 16, acc[r], lanes);
     }
 }
 
@@ -421,7 +439,6 @@ void ib_matmul_panels_avx512(const ib_matrix *m, const float *X, int B, const ib
                              int p0, int p1, float *Y, int ldy) {
     const ib_fault fault = ib_fault_get();
     const int desc = B > 1 && fault == IB_FAULT_GEMV_GEMM;
-    const int fma = fault == IB_FAULT_ISA_FMA;
     const int use_q8 = ib_pk_use_q8(m, q, act);
     if (use_q8 && B >= QT_MIN_ROWS) {
         qt_range(m, p0, p1, q, B, desc, Y, ldy);
@@ -429,7 +446,7 @@ void ib_matmul_panels_avx512(const ib_matrix *m, const float *X, int B, const ib
     }
     for (int p = p0; p < p1; p++) {
         if (use_q8) panel_q8(m, p, q, B, desc, Y, ldy);
-        else panel_f32(m, p, X, B, desc, fma, Y, ldy);
+        else panel_f32(m, p, X, B, desc, ib_pk_f32_chain(fault, desc, 1), Y, ldy);
     }
 }
 

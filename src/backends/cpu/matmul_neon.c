@@ -1,9 +1,9 @@
 /*
  * matmul_neon.c — the AArch64 Advanced SIMD (NEON) panel kernel. Same arithmetic as matmul_scalar.c,
  * bit for bit: a q register holds 4 lanes (outputs) of a panel, so a panel row is 4 registers; every
- * lane walks K (or the groups) in the canonical order, and products and sums are separate fmul / fadd
+ * lane walks K (or the groups) in the canonical order; float products and sums are separate fmul / fadd
  * (fmla only under IB_FAULT_ISA_FMA; the Makefile's -ffp-contract=off keeps GCC from fusing the
- * vmulq_f32 / vaddq_f32 pairs itself).
+ * vmulq_f32 / vaddq_f32 pairs itself), the F32 path's double sums of exact products fmla on float64x2.
  *
  * Compiled only on aarch64 (elsewhere this file is empty). Advanced SIMD is part of every AArch64
  * CPU; the int8 dot product (SDOT, FEAT_DotProd, optional from Armv8.2) is checked at run time with
@@ -121,64 +121,74 @@ static void dequant_block(const ib_matrix *m, int p, int k0, int kn, float *w) {
 
 /* ---------------------------------------------------------------- F32 activations */
 
-/* a = a + w * x, or fused under IB_FAULT_ISA_FMA. */
-AI float32x4_t mac(const int fma, float32x4_t a, float32x4_t w, float32x4_t x) {
-    return fma ? vfmaq_f32(a, w, x) : vaddq_f32(a, vmulq_f32(w, x));
-}
-
-/* One k of R rows: a[r] = a[r] + w(k) * x(r, k). */
-AI void mac_k(const int R, const int fma, float32x4_t a[][4], const float *wk, const float *xk, size_t ldx) {
-    float32x4_t w0 = vld1q_f32(wk), w1 = vld1q_f32(wk + 4), w2 = vld1q_f32(wk + 8), w3 = vld1q_f32(wk + 12);
-#pragma GCC unroll 8
+/* One k of R rows: a[r] = a[r] + (double)w(k) * (double)x(r, k), lanes 2i, 2i+1 in a[r][i]. The
+ * product of two floats is exact in double, so fmla (vfmaq_f64) is the mul then the add. Under a fault
+ * (ib_pk_chain) a float32 chain instead: fmul then fadd, or fmla. */
+AI void mac_k(const int R, const ib_pk_chain ch, float64x2_t a[][8], const float *wk, const float *xk, size_t ldx) {
+    float32x4_t w[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) w[i] = vld1q_f32(wk + 4 * i);
+    if (ch != IB_PK_CHAIN_DOUBLE) {
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            const float32x4_t xv = vld1q_dup_f32(xk + r * ldx);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                float32x4_t af = vcombine_f32(vcvt_f32_f64(a[r][2 * i]), vcvt_f32_f64(a[r][2 * i + 1]));
+                af = ch == IB_PK_CHAIN_FLOAT_FMA ? vfmaq_f32(af, w[i], xv) : vaddq_f32(af, vmulq_f32(w[i], xv));
+                a[r][2 * i] = vcvt_f64_f32(vget_low_f32(af));
+                a[r][2 * i + 1] = vcvt_high_f64_f32(af);
+            }
+        }
+        return;
+    }
+    float64x2_t wd[8];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) wd[2 * i] = vcvt_f64_f32(vget_low_f32(w[i])), wd[2 * i + 1] = vcvt_high_f64_f32(w[i]);
+#pragma GCC unroll 2
     for (int r = 0; r < R; r++) {
-        float32x4_t xv = vld1q_dup_f32(xk + r * ldx);
-        a[r][0] = mac(fma, a[r][0], w0, xv);
-        a[r][1] = mac(fma, a[r][1], w1, xv);
-        a[r][2] = mac(fma, a[r][2], w2, xv);
-        a[r][3] = mac(fma, a[r][3], w3, xv);
+        const float64x2_t xv = vdupq_n_f64((double)xk[r * ldx]);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) a[r][i] = vfmaq_f64(a[r][i], wd[i], xv);
     }
 }
 
-/* R rows (R <= 4) of a chunk: acc [R][16] += w [kn][16] times x (row r at x + r*ldx), walking k
- * ascending, or descending when desc. */
-AI void tile_f32(const int R, const int fma, float *acc, const float *x, size_t ldx, const float *w, int kn,
+/* R rows (R <= 2: 16 double accumulators and 8 weight vectors of the 32 registers) of a chunk: acc
+ * [R][16] (double) += w [kn][16] times x (row r at x + r*ldx), walking k ascending, or descending when
+ * desc. */
+AI void tile_f32(const int R, const ib_pk_chain ch, double *acc, const float *x, size_t ldx, const float *w, int kn,
                  int desc) {
-    float32x4_t a[4][4];
-#pragma GCC unroll 8
+    float64x2_t a[2][8];
+#pragma GCC unroll 2
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-        for (int i = 0; i < 4; i++) a[r][i] = vld1q_f32(acc + r * 16 + 4 * i);
+        for (int i = 0; i < 8; i++) a[r][i] = vld1q_f64(acc + r * 16 + 2 * i);
     if (desc)
-        for (int k = kn - 1; k >= 0; k--) mac_k(R, fma, a, w + (size_t)k * 16, x + k, ldx);
+        for (int k = kn - 1; k >= 0; k--) mac_k(R, ch, a, w + (size_t)k * 16, x + k, ldx);
     else
-        for (int k = 0; k < kn; k++) mac_k(R, fma, a, w + (size_t)k * 16, x + k, ldx);
-#pragma GCC unroll 8
+        for (int k = 0; k < kn; k++) mac_k(R, ch, a, w + (size_t)k * 16, x + k, ldx);
+#pragma GCC unroll 2
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-        for (int i = 0; i < 4; i++) vst1q_f32(acc + r * 16 + 4 * i, a[r][i]);
+        for (int i = 0; i < 8; i++) vst1q_f64(acc + r * 16 + 2 * i, a[r][i]);
 }
 
-/* All rows of one K block, in tiles of 4 (then 3, 2, 1). */
-AI void rows_f32(const int fma, float (*acc)[16], const float *x, size_t ldx, int nb, const float *w, int kn,
+/* All rows of one K block, in tiles of 2 (then 1). */
+AI void rows_f32(const ib_pk_chain ch, double (*acc)[16], const float *x, size_t ldx, int nb, const float *w, int kn,
                  int desc) {
     int r = 0;
-    for (; r + 4 <= nb; r += 4) tile_f32(4, fma, acc[r], x + r * ldx, ldx, w, kn, desc);
-    switch (nb - r) {
-    case 3: tile_f32(3, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
-    case 2: tile_f32(2, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
-    case 1: tile_f32(1, fma, acc[r], x + r * ldx, ldx, w, kn, desc); break;
-    default: break;
-    }
+    for (; r + 2 <= nb; r += 2) tile_f32(2, ch, acc[r], x + r * ldx, ldx, w, kn, desc);
+    if (r < nb) tile_f32(1, ch, acc[r], x + r * ldx, ldx, w, kn, desc);
 }
 
 /* F32 activations, panel p, all B rows (blocking in pack.h). */
-static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc, int fma, float *Y, int ldy) {
+static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc, ib_pk_chain ch, float *Y, int ldy) {
     const int K = m->cols, lanes = ib_pk_lanes(m, p), nblk = (K + IB_KBLOCK - 1) / IB_KBLOCK;
     float wbuf[IB_KBLOCK * 16] __attribute__((aligned(16)));   /* [IB_KBLOCK][16] */
-    float acc[IB_RCHUNK][16] __attribute__((aligned(16)));     /* [rows of the chunk][lane] */
+    double acc[IB_RCHUNK][16] __attribute__((aligned(16)));    /* [rows of the chunk][lane] */
     for (int b0 = 0; b0 < B; b0 += IB_RCHUNK) {
         int nb = B - b0 < IB_RCHUNK ? B - b0 : IB_RCHUNK;
-        memset(acc, 0, sizeof(float) * 16 * (size_t)nb);
+        memset(acc, 0, sizeof(double) * 16 * (size_t)nb);
         for (int bi = 0; bi < nblk; bi++) {
             int blk = desc ? nblk - 1 - bi : bi;
             int k0 = blk * IB_KBLOCK, kn = K - k0 < IB_KBLOCK ? K - k0 : IB_KBLOCK;
@@ -190,10 +200,13 @@ static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc
                 w = wbuf;
             }
             const float *x = X + (size_t)b0 * K + k0;
-            if (fma) rows_f32(1, acc, x, (size_t)K, nb, w, kn, desc);
-            else rows_f32(0, acc, x, (size_t)K, nb, w, kn, desc);
+            switch (ch) {
+            case IB_PK_CHAIN_DOUBLE: rows_f32(IB_PK_CHAIN_DOUBLE, acc, x, (size_t)K, nb, w, kn, desc); break;
+            case IB_PK_CHAIN_FLOAT: rows_f32(IB_PK_CHAIN_FLOAT, acc, x, (size_t)K, nb, w, kn, desc); break;
+            default: rows_f32(IB_PK_CHAIN_FLOAT_FMA, acc, x, (size_t)K, nb, w, kn, desc); break;
+            }
         }
-        for (int r = 0; r < nb; r++) ib_pk_store(Y + (size_t)(b0 + r) * ldy + (size_t)p * 16, acc[r], lanes);
+        for (int r = 0; r < nb; r++) ib_pk_store_f64(Y + (size_t)(b0 + r) * ldy + (size_t)p * 16, acc[r], lanes);
     }
 }
 
@@ -413,12 +426,11 @@ void ib_matmul_panels_neon(const ib_matrix *m, const float *X, int B, const ib_a
                            int p1, float *Y, int ldy) {
     const ib_fault fault = ib_fault_get();
     const int desc = B > 1 && fault == IB_FAULT_GEMV_GEMM;
-    const int fma = fault == IB_FAULT_ISA_FMA;
     const int use_q8 = ib_pk_use_q8(m, q, act);
     const int dot = use_q8 && !atomic_load_explicit(&dotprod_off, memory_order_relaxed) && ib_neon_has_dotprod();
     for (int p = p0; p < p1; p++) {
         if (use_q8) panel_q8(m, p, q, B, desc, dot, Y, ldy);
-        else panel_f32(m, p, X, B, desc, fma, Y, ldy);
+        else panel_f32(m, p, X, B, desc, ib_pk_f32_chain(fault, desc, 1), Y, ldy);
     }
 }
 

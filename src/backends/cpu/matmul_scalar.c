@@ -1,6 +1,7 @@
 /*
  * matmul_scalar.c — the reference panel kernel in plain C. It computes exactly the NUMERIC
- * DEFINITION of ops/matmul.h (each output one float chain, mul then add, K or groups ascending) with
+ * DEFINITION of ops/matmul.h (each output one chain: F32 activations a double sum of exact products, Q8
+ * a float chain of mul then add; K or groups ascending) with
  * the blocking described in backends/cpu/pack.h; the vector kernels must match it bit for bit.
  */
 #include <string.h>
@@ -27,11 +28,12 @@ static void dequant_block(const ib_matrix *m, int p, int k0, int kn, float *w) {
     }
 }
 
-/* F32 activations, panel p, all B rows: y = sum_k w*x, k ascending (descending when desc). */
+/* F32 activations, panel p, all B rows: y = (float) of the double sum of the exact products w*x, k
+ * ascending; when desc (IB_FAULT_GEMV_GEMM) a float32 chain of mul then add, k descending (ib_pk_chain). */
 static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc, float *Y, int ldy) {
     const int K = m->cols, lanes = ib_pk_lanes(m, p), nblk = (K + IB_KBLOCK - 1) / IB_KBLOCK;
     float wbuf[IB_KBLOCK * 16];    /* [IB_KBLOCK][16] */
-    float acc[IB_RCHUNK][16];      /* [rows of the chunk][lane] */
+    double acc[IB_RCHUNK][16];     /* [rows of the chunk][lane] */
     for (int b0 = 0; b0 < B; b0 += IB_RCHUNK) {
         int nb = B - b0 < IB_RCHUNK ? B - b0 : IB_RCHUNK;
         memset(acc, 0, sizeof acc);
@@ -47,16 +49,18 @@ static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc
             }
             for (int r = 0; r < nb; r++) {
                 const float *x = X + (size_t)(b0 + r) * K + k0;
-                float *a = acc[r];
+                double *a = acc[r];
                 for (int i = 0; i < kn; i++) {
                     int k = desc ? kn - 1 - i : i;
-                    float xv = x[k];
                     const float *wk = w + (size_t)k * 16;
-                    for (int j = 0; j < 16; j++) a[j] = a[j] + wk[j] * xv;
+                    if (desc)
+                        for (int j = 0; j < 16; j++) a[j] = (double)((float)a[j] + wk[j] * x[k]);
+                    else
+                        for (int j = 0; j < 16; j++) a[j] = a[j] + (double)wk[j] * (double)x[k];
                 }
             }
         }
-        for (int r = 0; r < nb; r++) ib_pk_store(Y + (size_t)(b0 + r) * ldy + (size_t)p * 16, acc[r], lanes);
+        for (int r = 0; r < nb; r++) ib_pk_store_f64(Y + (size_t)(b0 + r) * ldy + (size_t)p * 16, acc[r], lanes);
     }
 }
 

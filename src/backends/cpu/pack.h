@@ -26,10 +26,11 @@
  * K is a multiple of the group (>= 32).
  *
  * BLOCKING (same in every kernel; it never changes the arithmetic, only where accumulators live):
- *   F32 activations: rows in chunks of IB_RCHUNK whose accumulators live in a [IB_RCHUNK][16] stack
- *   buffer; K in blocks of IB_KBLOCK (a multiple of every group size) whose weights are, for
+ *   F32 activations: rows in chunks of IB_RCHUNK whose double accumulators live in a [IB_RCHUNK][16]
+ *   stack buffer; K in blocks of IB_KBLOCK (a multiple of every group size) whose weights are, for
  *   quantized matrices, dequantized once per chunk into a [IB_KBLOCK][16] float stack buffer with
- *   w = s*(float)q + b. Storing and reloading a float accumulator is exact.
+ *   w = s*(float)q + b. Storing and reloading a double accumulator is exact; each output is rounded
+ *   to float once, by ib_pk_store_f64 at the end of its chain.
  *   Q8 activations: rows in register tiles, all of K per tile, one int32 sum per (row, lane, group);
  *   the AVX-512 kernel, for 4 rows or more, takes 4 adjacent panels at once and the groups outermost,
  *   keeping the float accumulators of up to 64 rows in a stack buffer between groups.
@@ -110,6 +111,25 @@ static inline int32_t ib_pk_load4(const int8_t *p) {
 /* Copy the first `lanes` of a panel's 16 outputs to y. */
 static inline void ib_pk_store(float *y, const float *v /* [16] */, int lanes) {
     memcpy(y, v, (size_t)lanes * sizeof(float));
+}
+
+/* How an F32-activation kernel accumulates: the canonical double sum of exact products, or, under a
+ * test-only fault, a float32 chain of mul then add (IB_FAULT_GEMV_GEMM's many-row order, K descending:
+ * a double sum taken in another order almost never rounds to another float, a float chain does) or of
+ * fused multiply-adds (IB_FAULT_ISA_FMA in the vector kernels). Decided once a product, by
+ * ib_pk_f32_chain. The double accumulators hold a float chain's values exactly. */
+typedef enum ib_pk_chain { IB_PK_CHAIN_DOUBLE = 0, IB_PK_CHAIN_FLOAT, IB_PK_CHAIN_FLOAT_FMA } ib_pk_chain;
+
+/* The chain for this product: fault the process's fault, desc 1 when IB_FAULT_GEMV_GEMM reverses it,
+ * vector 1 for the vector kernels (the scalar kernel never fuses). */
+static inline ib_pk_chain ib_pk_f32_chain(ib_fault fault, int desc, int vector) {
+    if (vector && fault == IB_FAULT_ISA_FMA) return IB_PK_CHAIN_FLOAT_FMA;
+    return desc ? IB_PK_CHAIN_FLOAT : IB_PK_CHAIN_DOUBLE;
+}
+
+/* Lanes [0, lanes) of the double accumulators v [16] rounded to float (once, round to nearest) into y. */
+static inline void ib_pk_store_f64(float *y, const double *v /* [16] */, int lanes) {
+    for (int j = 0; j < lanes; j++) y[j] = (float)v[j];
 }
 
 /* 1 when the kernel should use the Q8-activation path: Q8 asked, a quantized matrix, buffers given. */

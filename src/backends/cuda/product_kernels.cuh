@@ -7,7 +7,7 @@
  *     (16-row tiles; or 8/16-row blocks through a cp.async pipeline with the weights as the left
  *     operand);
  *   - mm_q8_gemm_kernel: the tiled tensor-core GEMM for many rows on large grids;
- *   - mm_f32_kernel: F32 activations, one ascending chain per (row, output).
+ *   - mm_f32_kernel: F32 activations, one ascending chain per (row, output), summed in double.
  * Each computes per (row, output) the exact integer group sums in any order and the float combination
  * in ascending group order; which kernel runs is launch_products' choice (cuda_backend.cu) and never
  * changes a bit. docs/cuda.md has the table and the measurements.
@@ -900,18 +900,23 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
             }
 }
 
-/* Output n of x · W^T for one row x [K] with F32 activations: acc = acc + w*x over k ascending, w the
- * stored float or s*(float)q + b (matmul.h). fused: the test-only gpu-fma fault (acc = fma(w, x, acc)). */
+/* acc + (double)w * (double)x: the product of two floats is exact in double, so this is one rounding
+ * (matmul.h's F32 step). fused: the test-only gpu-fma fault — a float32 chain of fused multiply-adds
+ * instead (the double holds its floats exactly). */
+__device__ __forceinline__ double f32_step(double acc, float w, float x, int fused) {
+    return fused ? (double)__fmaf_rn(w, x, (float)acc) : acc + (double)w * (double)x;
+}
+
+/* Output n of x · W^T for one row x [K] with F32 activations: acc = acc + (double)w*(double)x over k
+ * ascending in double, w the stored float or s*(float)q + b, rounded to float once (matmul.h). fused:
+ * the test-only gpu-fma fault (f32_step). */
 template <int FMT>
 __device__ __forceinline__ float f32_chain(const dmat &m, int n, const float *__restrict__ x, int fused) {
     const int Np = m.Np;
-    float acc = 0.0f;
+    double acc = 0.0;
     if (FMT == IB_WF32) {
-        for (int k = 0; k < m.K; k++) {
-            const float w = m.wf[(size_t)k * Np + n];
-            acc = fused ? __fmaf_rn(w, x[k], acc) : acc + w * x[k];
-        }
-        return acc;
+        for (int k = 0; k < m.K; k++) acc = f32_step(acc, m.wf[(size_t)k * Np + n], x[k], fused);
+        return (float)acc;
     }
     constexpr int KC = MM_KC(FMT);
     for (int c = 0; c < m.K / KC; c++) {
@@ -927,12 +932,10 @@ __device__ __forceinline__ float f32_chain(const dmat &m, int n, const float *__
                 int q;
                 if (FMT == IB_WQ4) q = e < 4 ? (int)((wd[i] >> (8 * e)) & 15u) : (int)((wd[i] >> (8 * (e - 4) + 4)) & 15u);
                 else q = (int)((wd[i] >> (8 * e)) & 255u);
-                const float w = sc * (float)q + bi;
-                const float xv = xc[i * (KC / 4) + e];
-                acc = fused ? __fmaf_rn(w, xv, acc) : acc + w * xv;
+                acc = f32_step(acc, sc * (float)q + bi, xc[i * (KC / 4) + e], fused);
             }
     }
-    return acc;
+    return (float)acc;
 }
 
 /* Y[r][n] for r < R, n < N, F32 activations: one thread per (row, output), f32_chain. Block: 32
