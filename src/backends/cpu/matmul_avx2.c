@@ -97,15 +97,16 @@ static void dequant_block(const ib_matrix *m, int p, int k0, int kn, float *w) {
 
 /* ---------------------------------------------------------------- F32 activations */
 
-/* One k of R rows: a[r] = a[r] + (double)w(k) * (double)x(r, k), lanes 4i..4i+3 in a[r][i]. The
- * product of two floats is exact in double, so vfmadd231pd is the mul then the add. Under a fault
- * (ib_pk_chain) a float32 chain instead: vmulps then vaddps, or vfmadd231ps. */
-AI void mac_k(const int R, const ib_pk_chain ch, __m256d a[][4], const float *wk, const float *xk, size_t ldx) {
+/* One k of R rows: a[r] = a[r] + (double)w(k) * x(r, k), lanes 4i..4i+3 in a[r][i], x the rows'
+ * activations as doubles (row r at xk + r * ldx). The product of two floats is exact in double, so
+ * vfmadd231pd is the mul then the add. Under a fault (ib_pk_chain) a float32 chain instead: vmulps then
+ * vaddps, or vfmadd231ps. */
+AI void mac_k(const int R, const ib_pk_chain ch, __m256d a[][4], const float *wk, const double *xk, size_t ldx) {
     const __m256 wa = _mm256_loadu_ps(wk), wb = _mm256_loadu_ps(wk + 8);
     if (ch != IB_PK_CHAIN_DOUBLE) {
 #pragma GCC unroll 2
         for (int r = 0; r < R; r++) {
-            const __m256 xv = _mm256_broadcast_ss(xk + r * ldx);
+            const __m256 xv = _mm256_set1_ps((float)xk[r * ldx]);
             __m256 fa = _mm256_set_m128(_mm256_cvtpd_ps(a[r][1]), _mm256_cvtpd_ps(a[r][0]));
             __m256 fb = _mm256_set_m128(_mm256_cvtpd_ps(a[r][3]), _mm256_cvtpd_ps(a[r][2]));
             if (ch == IB_PK_CHAIN_FLOAT_FMA) fa = _mm256_fmadd_ps(wa, xv, fa), fb = _mm256_fmadd_ps(wb, xv, fb);
@@ -119,7 +120,7 @@ AI void mac_k(const int R, const ib_pk_chain ch, __m256d a[][4], const float *wk
     const __m256d w2 = _mm256_cvtps_pd(_mm256_castps256_ps128(wb)), w3 = _mm256_cvtps_pd(_mm256_extractf128_ps(wb, 1));
 #pragma GCC unroll 2
     for (int r = 0; r < R; r++) {
-        const __m256d xv = _mm256_set1_pd((double)xk[r * ldx]);
+        const __m256d xv = _mm256_broadcast_sd(xk + r * ldx);
         a[r][0] = _mm256_fmadd_pd(w0, xv, a[r][0]);
         a[r][1] = _mm256_fmadd_pd(w1, xv, a[r][1]);
         a[r][2] = _mm256_fmadd_pd(w2, xv, a[r][2]);
@@ -128,18 +129,26 @@ AI void mac_k(const int R, const ib_pk_chain ch, __m256d a[][4], const float *wk
 }
 
 /* R rows (R <= 2: 8 double accumulators and 4 weight vectors of 16 ymm) of a chunk: acc [R][16]
- * (double) += w [kn][16] times x (row r at x + r*ldx), walking k ascending, or descending when desc. */
+ * (double) += w [kn][16] times x (row r at x + r*ldx), walking k ascending, or descending when desc.
+ * The rows' x are widened to double once (xd). */
 AI void tile_f32(const int R, const ib_pk_chain ch, double *acc, const float *x, size_t ldx, const float *w, int kn,
                  int desc) {
+    double xd[2][IB_KBLOCK] __attribute__((aligned(32)));   /* [R][kn] */
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++) {
+        int k = 0;
+        for (; k + 4 <= kn; k += 4) _mm256_store_pd(xd[r] + k, _mm256_cvtps_pd(_mm_loadu_ps(x + r * ldx + k)));
+        for (; k < kn; k++) xd[r][k] = (double)x[r * ldx + k];
+    }
     __m256d a[2][4];
 #pragma GCC unroll 2
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) a[r][i] = _mm256_loadu_pd(acc + r * 16 + 4 * i);
     if (desc)
-        for (int k = kn - 1; k >= 0; k--) mac_k(R, ch, a, w + (size_t)k * 16, x + k, ldx);
+        for (int k = kn - 1; k >= 0; k--) mac_k(R, ch, a, w + (size_t)k * 16, &xd[0][k], IB_KBLOCK);
     else
-        for (int k = 0; k < kn; k++) mac_k(R, ch, a, w + (size_t)k * 16, x + k, ldx);
+        for (int k = 0; k < kn; k++) mac_k(R, ch, a, w + (size_t)k * 16, &xd[0][k], IB_KBLOCK);
 #pragma GCC unroll 2
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
