@@ -4,7 +4,8 @@
  * the engine's f32 path agrees with the reference to float rounding (top-1 100%, relative L2 < 1e-5,
  * mean KL < 1e-9); q8 is close but measurably lossy; the metrics flag a reference of a different
  * sequence; the reference is causal (a prefix gives the same rows bitwise); the metrics on a
- * hand-worked example; bad inputs fail with a message naming the problem.
+ * hand-worked example; bad inputs fail with a message naming the problem; the float32-storage pass
+ * (floats everywhere the engine stores one, double arithmetic) on Qwen3 and Gemma 4 MoE.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -98,6 +99,49 @@ static void check_model(const char *dir, const ib_mkmodel_opts *mo, const char *
     ib_model_free(m);
 }
 
+/* The float32-storage pass (ib_reference_logits_stored): every logit a float (the products' outputs are
+ * stored), close to the float64 pass but not equal to it, causal like it; an unknown storage refused
+ * with nothing written. */
+static void check_store(const char *dir, const ib_mkmodel_opts *mo, const char *name) {
+    ib_error err;
+    ib_model *m = NULL;
+    if (ib_mkmodel(dir, mo, &err) || ib_model_load(dir, NULL, &m, &err)) {
+        CHECK(0, "%s: %s", name, err.msg);
+        return;
+    }
+    const int V = ib_model_get_info(m)->vocab_size;
+    int32_t tok[T];
+    for (int i = 0; i < T; i++) tok[i] = (i * 53 + 5) % 256;
+    double *r64 = malloc((size_t)T * V * sizeof *r64), *r32 = malloc((size_t)T * V * sizeof *r32);
+    double *pre = malloc((size_t)T * V * sizeof *pre);
+    CHECK(ib_reference_logits(m, tok, T, r64, &err) == IB_OK, "%s: reference: %s", name, err.msg);
+    CHECK(ib_reference_logits_stored(m, tok, T, IB_REF_STORE_F32, r32, &err) == IB_OK, "%s: f32 storage: %s", name,
+          err.msg);
+    size_t n = (size_t)T * V, not_float = 0;
+    double d2 = 0, r2 = 0;
+    for (size_t i = 0; i < n; i++) {
+        not_float += (double)(float)r32[i] != r32[i];
+        d2 += (r32[i] - r64[i]) * (r32[i] - r64[i]);
+        r2 += r64[i] * r64[i];
+    }
+    const double rel = sqrt(d2 / r2);
+    CHECK(not_float == 0, "%s: %zu logits of the float32-storage pass are not floats", name, not_float);
+    CHECK(rel > 0 && rel < 1e-5, "%s: float32 storage against float64: relative L2 %g", name, rel);
+    printf("%s: float32-storage reference against float64: relative L2 %.3g\n", name, rel);
+    CHECK(ib_reference_logits_stored(m, tok, 19, IB_REF_STORE_F32, pre, &err) == IB_OK &&
+              memcmp(pre, r32, (size_t)19 * V * sizeof *pre) == 0,
+          "%s: a prefix's float32-storage rows differ", name);
+    pre[0] = 12345.0;
+    CHECK(ib_reference_logits_stored(m, tok, T, (ib_ref_store)7, pre, &err) == IB_ERR_INVALID_ARG &&
+              strstr(err.msg, "unknown storage"),
+          "%s: storage 7: %s", name, err.msg);
+    CHECK(pre[0] == 12345.0, "%s: a failed call wrote logits", name);
+    free(r64);
+    free(r32);
+    free(pre);
+    ib_model_free(m);
+}
+
 /* The metrics on values worked by hand. */
 static void check_metrics(void) {
     /* ref (1, 1): uniform. eng (1 + ln 3, 1): p = (3/4, 1/4).
@@ -141,6 +185,10 @@ int main(void) {
     snprintf(sub, sizeof sub, "%s/llama", dir);
     check_model(sub, &(ib_mkmodel_opts){.preset = "tiny", .seed = 9, .bits = 4, .group = 32, .tied = 0, .arch = "llama"},
                 "tiny llama 4-bit untied");
+    snprintf(sub, sizeof sub, "%s/store_q", dir);
+    check_store(sub, &(ib_mkmodel_opts){.preset = "tiny", .seed = 7, .bits = 4, .tied = 1}, "tiny qwen3 4-bit");
+    snprintf(sub, sizeof sub, "%s/store_g", dir);
+    check_store(sub, &(ib_mkmodel_opts){.preset = "gemma4-moe-tiny", .seed = 5, .bits = 4}, "gemma4-moe-tiny 4-bit");
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);

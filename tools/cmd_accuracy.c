@@ -17,7 +17,7 @@
 static const char help[] =
     "usage: isobatch accuracy [-m DIR] [-p TEXT | --prompt-ids L] [--tokens N] [--act f32|q8|both]\n"
     "         [--isa I] [--threads N] [--json] [--logits-out F] [--ref-logits-out F] [--no-reference]\n"
-    "         [--per-position]\n"
+    "         [--per-position] [--ref-store f64|f32]\n"
     "\n"
     "Runs a float64 reference forward pass of the model over one token sequence (every position, from\n"
     "position 0), then feeds the same tokens to the engine one step at a time per activation mode and\n"
@@ -38,7 +38,11 @@ static const char help[] =
     "  --no-reference    skip the float64 reference (and the comparison): only --logits-out's engine run\n"
     "                    (for models whose float64 pass would take too long, compared elsewhere)\n"
     "  --per-position    also the relative L2 error of each position's logits alone (needs one --act);\n"
-    "                    an error that grows with the position points at attention\n";
+    "                    an error that grows with the position points at attention\n"
+    "  --ref-store S     how the reference stores its activations: f64 (default) or f32 — every\n"
+    "                    value the engine stores as a float rounded to float32, all arithmetic still\n"
+    "                    double: the error of that pass against f64 (run both, --ref-logits-out) is\n"
+    "                    the floor of any float32-activation engine on this model and prompt\n";
 
 /* Write n elements of size sz from buf to path; 0 or a one-line error (exit status 1). */
 static int write_file(const char *path, const void *buf, size_t sz, size_t n) {
@@ -78,6 +82,7 @@ static json_t *mode_json(const char *act, const ib_accuracy *a) {
 int cmd_accuracy(int argc, char **argv) {
     const char *dir = NULL, *text = NULL, *idlist = NULL, *acts = "both", *logits_out = NULL, *ref_out = NULL;
     int no_ref = 0, per_pos = 0;
+    ib_ref_store ref_store = IB_REF_STORE_F64;
     double *pos_l2 = NULL;   /* [T] --per-position: each position's relative L2 */
     float *eng = NULL;
     long n_tokens = 64, threads = sysconf(_SC_NPROCESSORS_ONLN);
@@ -110,6 +115,12 @@ int cmd_accuracy(int argc, char **argv) {
         else if (!strcmp(f, "--ref-logits-out")) rc = VAL() ? (ref_out = v, 0) : 2;
         else if (!strcmp(f, "--no-reference")) no_ref = 1;
         else if (!strcmp(f, "--per-position")) per_pos = 1;
+        else if (!strcmp(f, "--ref-store")) {
+            if (!VAL()) rc = 2;
+            else if (!strcmp(v, "f64")) ref_store = IB_REF_STORE_F64;
+            else if (!strcmp(v, "f32")) ref_store = IB_REF_STORE_F32;
+            else rc = cli_usage_error("--ref-store: unknown '%s' (f64, f32)", v);
+        }
         else rc = cli_unknown_option("accuracy", f, help);
 #undef VAL
     }
@@ -157,7 +168,7 @@ int cmd_accuracy(int argc, char **argv) {
             goto out;
         }
         double t0 = now_s();
-        if (ib_reference_logits(m, ids, T, ref, &err)) {
+        if (ib_reference_logits_stored(m, ids, T, ref_store, ref, &err)) {
             rc = cli_error("%s", err.msg);
             goto out;
         }
@@ -231,6 +242,7 @@ int cmd_accuracy(int argc, char **argv) {
         json_object_set_new(o, "isa", json_string(ib_isa_name(isa_used)));
         json_object_set_new(o, "threads", json_integer(threads));
         json_object_set_new(o, "reference_seconds", json_real(ref_s));
+        json_object_set_new(o, "reference_store", json_string(ref_store == IB_REF_STORE_F32 ? "f32" : "f64"));
         for (int k = 0; k < 2; k++)
             if (run[k]) json_array_append_new(ms, mode_json(names[k], &acc[k]));
         if (skipped_q8)
@@ -246,8 +258,9 @@ int cmd_accuracy(int argc, char **argv) {
         free(s);
         json_decref(o);
     } else {
-        printf("isobatch accuracy: %d tokens, vocab %d, %s weights; float64 reference in %.2f s; engine isa %s, %ld thread%s\n",
-               T, V, info->weight_dtype, ref_s, ib_isa_name(isa_used), threads, threads == 1 ? "" : "s");
+        printf("isobatch accuracy: %d tokens, vocab %d, %s weights; float64 reference%s in %.2f s; engine isa %s, %ld thread%s\n",
+               T, V, info->weight_dtype, ref_store == IB_REF_STORE_F32 ? " (float32 storage)" : "", ref_s,
+               ib_isa_name(isa_used), threads, threads == 1 ? "" : "s");
         printf("%-4s %6s  %-16s %10s %10s %13s %10s %8s\n", "act", "tokens", "top-1 agree", "KL mean", "KL max",
                "max |dlogit|", "rel L2", "seconds");
         for (int k = 0; k < 2; k++) {

@@ -218,6 +218,16 @@ void ib_recall_result_free(ib_recall_result *r);
  * outside the vocabulary, or on out of memory. Splits each product's rows over two threads. */
 ib_status ib_reference_logits(const ib_model *m, const int32_t *tokens, int T, double *logits, ib_error *err);
 
+/* How the reference pass stores its activations: as doubles (ib_reference_logits), or each rounded to
+ * float32 where the engine stores one (the residual stream, norms' outputs, q/k/v, attention and
+ * products' outputs, GeLU/SiLU products, the MoE sums) while every operation stays double — what
+ * float32 storage alone costs, the floor of any float32-activation engine (`accuracy --ref-store f32`). */
+typedef enum ib_ref_store { IB_REF_STORE_F64 = 0, IB_REF_STORE_F32 } ib_ref_store;
+
+/* ib_reference_logits with the storage st; the same failures (and an unknown st). */
+ib_status ib_reference_logits_stored(const ib_model *m, const int32_t *tokens, int T, ib_ref_store st,
+                                     double *logits, ib_error *err);
+
 /* Engine logits against reference logits, accumulated token by token. */
 typedef struct ib_accuracy {
     int tokens;             /* tokens compared */
