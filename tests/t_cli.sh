@@ -312,6 +312,14 @@ done
 grep -qF '"act":"f32","tokens":32,"top1_agree":32,"top1_fraction":1.0,' "$T/acc" && ok || bad "accuracy: f32 top-1 agreement is not 1: $(cat "$T/acc")"
 "$BIN" accuracy -m "$T/m" --tokens 8 --act f32 -p "The quick brown fox jumps" > "$T/acct" 2>&1 \
     && grep -q "^f32 .* 8/8 = 1.000" "$T/acct" && ! grep -q "^q8 " "$T/acct" && ok || bad "accuracy table: $(cat "$T/acct")"
+# --floor: the float32-storage reference's row, close to the float64 one but not equal to it
+"$BIN" accuracy -m "$T/m" --tokens 8 --act f32 --floor --json > "$T/accf" 2>/dev/null && ok || bad "accuracy --floor"
+python3 - "$T/accf" <<'PY' && ok || bad "accuracy --floor: $(cat "$T/accf")"
+import json, sys
+f = json.load(open(sys.argv[1]))["floor"]
+assert f["act"] == "floor" and f["tokens"] == 8 and f["top1_agree"] == 8, f
+assert 0 < f["rel_l2"] < 1e-5, f
+PY
 
 # expect_error NAME SUBSTRING CMD...: non-zero exit, the substring in stderr, one line, no sanitizer report
 expect_error() {
@@ -346,6 +354,8 @@ expect_error "missing dir" "$T/none" "$B" generate -m "$T/none" -p hi
 expect_error "bad prompt id" "--prompt-ids: bad id" "$B" generate -m "$T/m" --prompt-ids 1,2,99999
 expect_error "context" "exceed the context" "$B" generate -m "$T/m" -p hello -n 5000
 expect_error "accuracy bad act" "--act: unknown 'q4'" "$B" accuracy -m "$T/m" --act q4
+expect_error "accuracy bad storage" "--ref-store: unknown 'f16'" "$B" accuracy -m "$T/m" --ref-store f16
+expect_error "accuracy floor of f32" "--floor: needs the float64 reference" "$B" accuracy -m "$T/m" --floor --ref-store f32
 expect_error "accuracy one token" "at least 2 are needed" "$B" accuracy -m "$T/m" --prompt-ids 5
 expect_error "accuracy bad id" "--prompt-ids: bad id" "$B" accuracy -m "$T/m" --prompt-ids 1,2,99999
 expect_error "accuracy -p and ids" "not both" "$B" accuracy -m "$T/m" -p hi --prompt-ids 1,2

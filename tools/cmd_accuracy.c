@@ -17,7 +17,7 @@
 static const char help[] =
     "usage: isobatch accuracy [-m DIR] [-p TEXT | --prompt-ids L] [--tokens N] [--act f32|q8|both]\n"
     "         [--isa I] [--threads N] [--json] [--logits-out F] [--ref-logits-out F] [--no-reference]\n"
-    "         [--per-position] [--ref-store f64|f32]\n"
+    "         [--per-position] [--ref-store f64|f32] [--floor]\n"
     "\n"
     "Runs a float64 reference forward pass of the model over one token sequence (every position, from\n"
     "position 0), then feeds the same tokens to the engine one step at a time per activation mode and\n"
@@ -42,7 +42,9 @@ static const char help[] =
     "  --ref-store S     how the reference stores its activations: f64 (default) or f32 — every\n"
     "                    value the engine stores as a float rounded to float32, all arithmetic still\n"
     "                    double: the error of that pass against f64 (run both, --ref-logits-out) is\n"
-    "                    the floor of any float32-activation engine on this model and prompt\n";
+    "                    the floor of any float32-activation engine on this model and prompt\n"
+    "  --floor           also run the float32-storage reference and print that floor as a row: its\n"
+    "                    distance from the float64 reference (with the default --ref-store f64)\n";
 
 /* Write n elements of size sz from buf to path; 0 or a one-line error (exit status 1). */
 static int write_file(const char *path, const void *buf, size_t sz, size_t n) {
@@ -81,7 +83,10 @@ static json_t *mode_json(const char *act, const ib_accuracy *a) {
 
 int cmd_accuracy(int argc, char **argv) {
     const char *dir = NULL, *text = NULL, *idlist = NULL, *acts = "both", *logits_out = NULL, *ref_out = NULL;
-    int no_ref = 0, per_pos = 0;
+    int no_ref = 0, per_pos = 0, floor_row = 0;
+    double *ref32 = NULL;   /* [T][V] --floor: the float32-storage reference */
+    float *row32 = NULL;    /* [V] one of its rows as floats (exactly) */
+    ib_accuracy floor_acc = {0};
     ib_ref_store ref_store = IB_REF_STORE_F64;
     double *pos_l2 = NULL;   /* [T] --per-position: each position's relative L2 */
     float *eng = NULL;
@@ -115,6 +120,7 @@ int cmd_accuracy(int argc, char **argv) {
         else if (!strcmp(f, "--ref-logits-out")) rc = VAL() ? (ref_out = v, 0) : 2;
         else if (!strcmp(f, "--no-reference")) no_ref = 1;
         else if (!strcmp(f, "--per-position")) per_pos = 1;
+        else if (!strcmp(f, "--floor")) floor_row = 1;
         else if (!strcmp(f, "--ref-store")) {
             if (!VAL()) rc = 2;
             else if (!strcmp(v, "f64")) ref_store = IB_REF_STORE_F64;
@@ -131,6 +137,8 @@ int cmd_accuracy(int argc, char **argv) {
     if (no_ref && ref_out) return cli_usage_error("--ref-logits-out: not with --no-reference");
     if (per_pos && !strcmp(acts, "both")) return cli_usage_error("--per-position: give one --act (f32 or q8)");
     if (per_pos && no_ref) return cli_usage_error("--per-position: not with --no-reference (nothing to compare)");
+    if (floor_row && (no_ref || ref_store != IB_REF_STORE_F64))
+        return cli_usage_error("--floor: needs the float64 reference (not with --no-reference or --ref-store f32)");
     if (!(dir = cli_model_dir(dir))) return 2;
     ib_error err;
     ib_load_opts lo = {.threads = (int)threads};   /* the weights are repacked on as many threads */
@@ -174,6 +182,23 @@ int cmd_accuracy(int argc, char **argv) {
         }
         ref_s = now_s() - t0;
         if (ref_out && (rc = write_file(ref_out, ref, sizeof *ref, (size_t)T * V))) goto out;
+    }
+    if (floor_row) { /* the float32-storage pass against the float64 one: its rows are floats exactly */
+        if (!(ref32 = malloc((size_t)T * V * sizeof *ref32)) || !(row32 = malloc((size_t)V * sizeof *row32))) {
+            rc = cli_error("out of memory for the float32-storage reference (%d x %d)", T, V);
+            goto out;
+        }
+        double t0 = now_s();
+        if (ib_reference_logits_stored(m, ids, T, IB_REF_STORE_F32, ref32, &err)) {
+            rc = cli_error("%s", err.msg);
+            goto out;
+        }
+        for (int t = 0; t < T; t++) {
+            for (int i = 0; i < V; i++) row32[i] = (float)ref32[(size_t)t * V + i];
+            ib_accuracy_add(&floor_acc, ref + (size_t)t * V, row32, V);
+        }
+        ib_accuracy_finish(&floor_acc);
+        floor_acc.seconds = now_s() - t0;
     }
     if ((logits_out || per_pos) && !(eng = malloc((size_t)T * V * sizeof *eng))) {
         rc = cli_error("out of memory for the engine logits (%d x %d)", T, V);
@@ -248,6 +273,7 @@ int cmd_accuracy(int argc, char **argv) {
         if (skipped_q8)
             json_array_append_new(ms, json_pack("{s:s,s:s}", "act", "q8", "skipped", "the model's weights are not quantized"));
         json_object_set_new(o, "modes", ms);
+        if (floor_row) json_object_set_new(o, "floor", mode_json("floor", &floor_acc));
         if (pos_l2) {
             json_t *pl = json_array();
             for (int t = 0; t < T; t++) json_array_append_new(pl, jnum(pos_l2[t]));
@@ -272,6 +298,13 @@ int cmd_accuracy(int argc, char **argv) {
                    a->kl_max, a->max_abs_diff, a->rel_l2, a->seconds);
         }
         if (skipped_q8) printf("q8   skipped: the model's weights are not quantized\n");
+        if (floor_row) {
+            const ib_accuracy *a = &floor_acc;
+            char agree[32];
+            snprintf(agree, sizeof agree, "%d/%d = %.3f", a->top1_agree, a->tokens, a->top1_fraction);
+            printf("%-5s%6d  %-16s %10.3e %10.3e %13.3e %10.3e %8.2f  (float32 storage, double arithmetic)\n", "floor",
+                   a->tokens, agree, a->kl_mean, a->kl_max, a->max_abs_diff, a->rel_l2, a->seconds);
+        }
         printf("(KL in nats per token, KL(reference || engine); rel L2 = ||engine - ref|| / ||ref|| over all logits)\n");
         if (pos_l2) {
             printf("rel L2 per position:");
@@ -283,6 +316,8 @@ out:
     free(pos_l2);
     free(eng);
     free(ref);
+    free(ref32);
+    free(row32);
     free(ids);
     ib_model_free(m);
     return rc;

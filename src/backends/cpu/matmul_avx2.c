@@ -97,13 +97,25 @@ static void dequant_block(const ib_matrix *m, int p, int k0, int kn, float *w) {
 
 /* ---------------------------------------------------------------- F32 activations */
 
-/* One k of R rows: a[r] = a[r] + (double)w(k) * x(r, k), lanes 4i..4i+3 in a[r][i], x the rows'
- * activations as doubles (row r at xk + r * ldx). The product of two floats is exact in double, so
- * vfmadd231pd is the mul then the add. Under a fault (ib_pk_chain) a float32 chain instead: vmulps then
- * vaddps, or vfmadd231ps. */
-AI void mac_k(const int R, const ib_pk_chain ch, __m256d a[][4], const float *wk, const double *xk, size_t ldx) {
-    const __m256 wa = _mm256_loadu_ps(wk), wb = _mm256_loadu_ps(wk + 8);
+/* The 16 weights of one k as doubles, w[i] lanes 4i..4i+3: from the block's doubles (WD) or widened
+ * here from its floats. */
+AI void load_w16(const int WD, const void *wk, __m256d w[4]) {
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++)
+        w[i] = WD ? _mm256_loadu_pd((const double *)wk + 4 * i) : _mm256_cvtps_pd(_mm_loadu_ps((const float *)wk + 4 * i));
+}
+
+/* One k of R rows: a[r] = a[r] + w(k) * x(r, k), lanes 4i..4i+3 in a[r][i], x the rows' activations as
+ * doubles (row r at xk + r * ldx), w 16 doubles (WD) or floats at wk. Every value is exactly a float
+ * and the product of two floats is exact in double, so vfmadd231pd is the mul then the add. Under a
+ * fault (ib_pk_chain) a float32 chain instead: vmulps then vaddps, or vfmadd231ps. */
+AI void mac_k(const int R, const ib_pk_chain ch, const int WD, __m256d a[][4], const void *wk, const double *xk,
+              size_t ldx) {
+    __m256d w[4];
+    load_w16(WD, wk, w);
     if (ch != IB_PK_CHAIN_DOUBLE) {
+        const __m256 wa = _mm256_set_m128(_mm256_cvtpd_ps(w[1]), _mm256_cvtpd_ps(w[0]));
+        const __m256 wb = _mm256_set_m128(_mm256_cvtpd_ps(w[3]), _mm256_cvtpd_ps(w[2]));
 #pragma GCC unroll 2
         for (int r = 0; r < R; r++) {
             const __m256 xv = _mm256_set1_ps((float)xk[r * ldx]);
@@ -116,23 +128,20 @@ AI void mac_k(const int R, const ib_pk_chain ch, __m256d a[][4], const float *wk
         }
         return;
     }
-    const __m256d w0 = _mm256_cvtps_pd(_mm256_castps256_ps128(wa)), w1 = _mm256_cvtps_pd(_mm256_extractf128_ps(wa, 1));
-    const __m256d w2 = _mm256_cvtps_pd(_mm256_castps256_ps128(wb)), w3 = _mm256_cvtps_pd(_mm256_extractf128_ps(wb, 1));
 #pragma GCC unroll 2
     for (int r = 0; r < R; r++) {
         const __m256d xv = _mm256_broadcast_sd(xk + r * ldx);
-        a[r][0] = _mm256_fmadd_pd(w0, xv, a[r][0]);
-        a[r][1] = _mm256_fmadd_pd(w1, xv, a[r][1]);
-        a[r][2] = _mm256_fmadd_pd(w2, xv, a[r][2]);
-        a[r][3] = _mm256_fmadd_pd(w3, xv, a[r][3]);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) a[r][i] = _mm256_fmadd_pd(w[i], xv, a[r][i]);
     }
 }
 
 /* R rows (R <= 2: 8 double accumulators and 4 weight vectors of 16 ymm) of a chunk: acc [R][16]
- * (double) += w [kn][16] times x (row r at x + r*ldx), walking k ascending, or descending when desc.
- * The rows' x are widened to double once (xd). */
-AI void tile_f32(const int R, const ib_pk_chain ch, double *acc, const float *x, size_t ldx, const float *w, int kn,
-                 int desc) {
+ * (double) += w [kn][16] (doubles when WD, else floats) times x (row r at x + r*ldx), walking k
+ * ascending, or descending when desc. The rows' x are widened to double once (xd). */
+AI void tile_f32(const int R, const ib_pk_chain ch, const int WD, double *acc, const float *x, size_t ldx,
+                 const void *w, int kn, int desc) {
+    const size_t wstep = WD ? 16 * sizeof(double) : 16 * sizeof(float);
     double xd[2][IB_KBLOCK] __attribute__((aligned(32)));   /* [R][kn] */
 #pragma GCC unroll 2
     for (int r = 0; r < R; r++) {
@@ -145,10 +154,11 @@ AI void tile_f32(const int R, const ib_pk_chain ch, double *acc, const float *x,
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int i = 0; i < 4; i++) a[r][i] = _mm256_loadu_pd(acc + r * 16 + 4 * i);
+    const uint8_t *wb = (const uint8_t *)w;
     if (desc)
-        for (int k = kn - 1; k >= 0; k--) mac_k(R, ch, a, w + (size_t)k * 16, &xd[0][k], IB_KBLOCK);
+        for (int k = kn - 1; k >= 0; k--) mac_k(R, ch, WD, a, wb + (size_t)k * wstep, &xd[0][k], IB_KBLOCK);
     else
-        for (int k = 0; k < kn; k++) mac_k(R, ch, a, w + (size_t)k * 16, &xd[0][k], IB_KBLOCK);
+        for (int k = 0; k < kn; k++) mac_k(R, ch, WD, a, wb + (size_t)k * wstep, &xd[0][k], IB_KBLOCK);
 #pragma GCC unroll 2
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
@@ -156,17 +166,22 @@ AI void tile_f32(const int R, const ib_pk_chain ch, double *acc, const float *x,
 }
 
 /* All rows of one K block, in tiles of 2 (then 1). */
-AI void rows_f32(const ib_pk_chain ch, double (*acc)[16], const float *x, size_t ldx, int nb, const float *w, int kn,
-                 int desc) {
+AI void rows_f32(const ib_pk_chain ch, const int WD, double (*acc)[16], const float *x, size_t ldx, int nb,
+                 const void *w, int kn, int desc) {
     int r = 0;
-    for (; r + 2 <= nb; r += 2) tile_f32(2, ch, acc[r], x + r * ldx, ldx, w, kn, desc);
-    if (r < nb) tile_f32(1, ch, acc[r], x + r * ldx, ldx, w, kn, desc);
+    for (; r + 2 <= nb; r += 2) tile_f32(2, ch, WD, acc[r], x + r * ldx, ldx, w, kn, desc);
+    if (r < nb) tile_f32(1, ch, WD, acc[r], x + r * ldx, ldx, w, kn, desc);
 }
+
+/* Chunks of more rows than this widen each K block's weights to doubles once (wd) for all their
+ * tiles; fewer widen them in each tile (as the AVX-512 kernel). */
+#define F32_WIDEN_MIN_ROWS 3
 
 /* F32 activations, panel p, all B rows (blocking in pack.h). */
 static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc, ib_pk_chain ch, float *Y, int ldy) {
     const int K = m->cols, lanes = ib_pk_lanes(m, p), nblk = (K + IB_KBLOCK - 1) / IB_KBLOCK;
     float wbuf[IB_KBLOCK * 16] __attribute__((aligned(32)));   /* [IB_KBLOCK][16] */
+    double wd[IB_KBLOCK * 16] __attribute__((aligned(32)));    /* [IB_KBLOCK][16]: the block's w as doubles */
     double acc[IB_RCHUNK][16] __attribute__((aligned(32)));    /* [rows of the chunk][lane] */
     for (int b0 = 0; b0 < B; b0 += IB_RCHUNK) {
         int nb = B - b0 < IB_RCHUNK ? B - b0 : IB_RCHUNK;
@@ -182,10 +197,15 @@ static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc
                 w = wbuf;
             }
             const float *x = X + (size_t)b0 * K + k0;
+            if (ch == IB_PK_CHAIN_DOUBLE && nb < F32_WIDEN_MIN_ROWS) {
+                rows_f32(IB_PK_CHAIN_DOUBLE, 0, acc, x, (size_t)K, nb, w, kn, desc);
+                continue;
+            }
+            for (int i = 0; i < kn * 16; i += 4) _mm256_store_pd(wd + i, _mm256_cvtps_pd(_mm_loadu_ps(w + i)));
             switch (ch) {
-            case IB_PK_CHAIN_DOUBLE: rows_f32(IB_PK_CHAIN_DOUBLE, acc, x, (size_t)K, nb, w, kn, desc); break;
-            case IB_PK_CHAIN_FLOAT: rows_f32(IB_PK_CHAIN_FLOAT, acc, x, (size_t)K, nb, w, kn, desc); break;
-            default: rows_f32(IB_PK_CHAIN_FLOAT_FMA, acc, x, (size_t)K, nb, w, kn, desc); break;
+            case IB_PK_CHAIN_DOUBLE: rows_f32(IB_PK_CHAIN_DOUBLE, 1, acc, x, (size_t)K, nb, wd, kn, desc); break;
+            case IB_PK_CHAIN_FLOAT: rows_f32(IB_PK_CHAIN_FLOAT, 1, acc, x, (size_t)K, nb, wd, kn, desc); break;
+            default: rows_f32(IB_PK_CHAIN_FLOAT_FMA, 1, acc, x, (size_t)K, nb, wd, kn, desc); break;
             }
         }
         for (int r = 0; r < nb; r++) ib_pk_store_f64(Y + (size_t)(b0 + r) * ldy + (size_t)p * 16, acc[r], lanes);
