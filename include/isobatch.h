@@ -682,7 +682,8 @@ typedef enum ib_fault {
     IB_FAULT_NONE = 0,
     IB_FAULT_ROPE_SCALAR_OFFSET,  /* every row rotated with the first row's position */
     IB_FAULT_ROPE_SKIP_ROWS,      /* rows >= 1 not rotated when each session brings one token */
-    IB_FAULT_GEMV_GEMM,           /* another accumulation order when a product has > 1 row */
+    IB_FAULT_GEMV_GEMM,           /* another accumulation order when a product has > 1 row (F32 products:
+                                   * a float32 chain, K descending) */
     IB_FAULT_SPLIT_K_THREADS,     /* a reduction split into one chunk per thread */
     IB_FAULT_ISA_FMA,             /* the vector kernels fuse multiply-add, scalar does not (F32 products,
                                    * whose double sums of exact products no fusion changes: a float32
