@@ -18,14 +18,22 @@
 
 #define T 48
 
-/* One model: engine f32 (and q8 when quantized) vs the reference, and the checks that must fail. */
-static void check_model(const char *dir, const ib_mkmodel_opts *mo, const char *name) {
+/* The model mo written to dir and loaded; NULL (a failed check) when it could not be. */
+static ib_model *make_model(const char *dir, const ib_mkmodel_opts *mo, const char *name) {
     ib_error err;
     ib_model *m = NULL;
     if (ib_mkmodel(dir, mo, &err) || ib_model_load(dir, NULL, &m, &err)) {
         CHECK(0, "%s: %s", name, err.msg);
-        return;
+        return NULL;
     }
+    return m;
+}
+
+/* One model: engine f32 (and q8 when quantized) vs the reference, and the checks that must fail. */
+static void check_model(const char *dir, const ib_mkmodel_opts *mo, const char *name) {
+    ib_error err;
+    ib_model *m = make_model(dir, mo, name);
+    if (!m) return;
     const int V = ib_model_get_info(m)->vocab_size;
     const int quant = ib_model_get_info(m)->quant_bits;
     int32_t tok[T], other[T];
@@ -104,11 +112,8 @@ static void check_model(const char *dir, const ib_mkmodel_opts *mo, const char *
  * with nothing written. */
 static void check_store(const char *dir, const ib_mkmodel_opts *mo, const char *name) {
     ib_error err;
-    ib_model *m = NULL;
-    if (ib_mkmodel(dir, mo, &err) || ib_model_load(dir, NULL, &m, &err)) {
-        CHECK(0, "%s: %s", name, err.msg);
-        return;
-    }
+    ib_model *m = make_model(dir, mo, name);
+    if (!m) return;
     const int V = ib_model_get_info(m)->vocab_size;
     int32_t tok[T];
     for (int i = 0; i < T; i++) tok[i] = (i * 53 + 5) % 256;

@@ -71,6 +71,20 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* The reference logits [T][V] of ids with storage st into a new *out (the caller frees it, also after a
+ * failure) and its time in *secs; 0 or a one-line error (exit status 1). */
+static int reference_run(const ib_model *m, const int32_t *ids, int T, int V, ib_ref_store st, double **out,
+                         double *secs) {
+    ib_error err;
+    if (!(*out = malloc((size_t)T * V * sizeof **out)))
+        return cli_error("out of memory for the %sreference logits (%d x %d)", st == IB_REF_STORE_F32 ? "float32-storage " : "",
+                         T, V);
+    double t0 = now_s();
+    if (ib_reference_logits_stored(m, ids, T, st, *out, &err)) return cli_error("%s", err.msg);
+    *secs = now_s() - t0;
+    return 0;
+}
+
 /* A number, or null when it is not finite (JSON has no NaN or infinity). */
 static json_t *jnum(double d) { return isfinite(d) ? json_real(d) : json_null(); }
 
@@ -171,26 +185,13 @@ int cmd_accuracy(int argc, char **argv) {
     }
     double ref_s = 0;
     if (!no_ref) {
-        if (!(ref = malloc((size_t)T * V * sizeof *ref))) {
-            rc = cli_error("out of memory for the reference logits (%d x %d)", T, V);
-            goto out;
-        }
-        double t0 = now_s();
-        if (ib_reference_logits_stored(m, ids, T, ref_store, ref, &err)) {
-            rc = cli_error("%s", err.msg);
-            goto out;
-        }
-        ref_s = now_s() - t0;
+        if ((rc = reference_run(m, ids, T, V, ref_store, &ref, &ref_s))) goto out;
         if (ref_out && (rc = write_file(ref_out, ref, sizeof *ref, (size_t)T * V))) goto out;
     }
     if (floor_row) { /* the float32-storage pass against the float64 one: its rows are floats exactly */
-        if (!(ref32 = malloc((size_t)T * V * sizeof *ref32)) || !(row32 = malloc((size_t)V * sizeof *row32))) {
-            rc = cli_error("out of memory for the float32-storage reference (%d x %d)", T, V);
-            goto out;
-        }
-        double t0 = now_s();
-        if (ib_reference_logits_stored(m, ids, T, IB_REF_STORE_F32, ref32, &err)) {
-            rc = cli_error("%s", err.msg);
+        if ((rc = reference_run(m, ids, T, V, IB_REF_STORE_F32, &ref32, &floor_acc.seconds))) goto out;
+        if (!(row32 = malloc((size_t)V * sizeof *row32))) {
+            rc = cli_error("out of memory");
             goto out;
         }
         for (int t = 0; t < T; t++) {
@@ -198,7 +199,6 @@ int cmd_accuracy(int argc, char **argv) {
             ib_accuracy_add(&floor_acc, ref + (size_t)t * V, row32, V);
         }
         ib_accuracy_finish(&floor_acc);
-        floor_acc.seconds = now_s() - t0;
     }
     if ((logits_out || per_pos) && !(eng = malloc((size_t)T * V * sizeof *eng))) {
         rc = cli_error("out of memory for the engine logits (%d x %d)", T, V);

@@ -168,45 +168,13 @@ AI void rows_f32(const ib_pk_chain ch, const int WD, double (*acc)[16], const fl
     }
 }
 
-/* Chunks of more rows than this widen each K block's weights to doubles once (wd) for all their
- * tiles; fewer widen them in each tile (qwen3-0.6b, this machine: B=1 9.8 tok/s with the pass, 12.2
- * without). */
-#define F32_WIDEN_MIN_ROWS 3
-
-/* F32 activations, panel p, all B rows (blocking in pack.h). */
-static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc, ib_pk_chain ch, float *Y, int ldy) {
-    const int K = m->cols, lanes = ib_pk_lanes(m, p), nblk = (K + IB_KBLOCK - 1) / IB_KBLOCK;
-    float wbuf[IB_KBLOCK * 16] __attribute__((aligned(64)));   /* [IB_KBLOCK][16] */
-    double wd[IB_KBLOCK * 16] __attribute__((aligned(64)));    /* [IB_KBLOCK][16]: the block's w as doubles */
-    double acc[IB_RCHUNK][16] __attribute__((aligned(64)));    /* [rows of the chunk][lane] */
-    for (int b0 = 0; b0 < B; b0 += IB_RCHUNK) {
-        int nb = B - b0 < IB_RCHUNK ? B - b0 : IB_RCHUNK;
-        memset(acc, 0, sizeof(double) * 16 * (size_t)nb);
-        for (int bi = 0; bi < nblk; bi++) {
-            int blk = desc ? nblk - 1 - bi : bi;
-            int k0 = blk * IB_KBLOCK, kn = K - k0 < IB_KBLOCK ? K - k0 : IB_KBLOCK;
-            const float *w;
-            if (m->fmt == IB_WF32) {
-                w = (const float *)ib_pk_panel(m, p) + (size_t)k0 * 16;
-            } else {
-                dequant_block(m, p, k0, kn, wbuf);
-                w = wbuf;
-            }
-            const float *x = X + (size_t)b0 * K + k0;
-            if (ch == IB_PK_CHAIN_DOUBLE && nb < F32_WIDEN_MIN_ROWS) {
-                rows_f32(IB_PK_CHAIN_DOUBLE, 0, acc, x, (size_t)K, nb, w, kn, desc);
-                continue;
-            }
-            for (int i = 0; i < kn * 16; i += 8) _mm512_store_pd(wd + i, _mm512_cvtps_pd(_mm256_loadu_ps(w + i)));
-            switch (ch) {
-            case IB_PK_CHAIN_DOUBLE: rows_f32(IB_PK_CHAIN_DOUBLE, 1, acc, x, (size_t)K, nb, wd, kn, desc); break;
-            case IB_PK_CHAIN_FLOAT: rows_f32(IB_PK_CHAIN_FLOAT, 1, acc, x, (size_t)K, nb, wd, kn, desc); break;
-            default: rows_f32(IB_PK_CHAIN_FLOAT_FMA, 1, acc, x, (size_t)K, nb, wd, kn, desc); break;
-            }
-        }
-        for (int r = 0; r < nb; r++) ib_pk_store_f64(Y + (size_t)(b0 + r) * ldy + (size_t)p * 16, acc[r], lanes);
-    }
+/* n floats (a multiple of 16) to doubles. */
+AI void widen_block(const float *w, double *wd, int n) {
+    for (int i = 0; i < n; i += 8) _mm512_store_pd(wd + i, _mm512_cvtps_pd(_mm256_loadu_ps(w + i)));
 }
+
+#define F32_ALIGN 64
+#include "backends/cpu/panel_f32_impl.h"
 
 /* ---------------------------------------------------------------- Q8 activations */
 

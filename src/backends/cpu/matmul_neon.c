@@ -121,52 +121,68 @@ static void dequant_block(const ib_matrix *m, int p, int k0, int kn, float *w) {
 
 /* ---------------------------------------------------------------- F32 activations */
 
-/* One k of R rows: a[r] = a[r] + (double)w(k) * (double)x(r, k), lanes 2i, 2i+1 in a[r][i]. The
+/* The 16 weights of one k as doubles, w[i] lanes 2i, 2i+1: from the block's doubles (WD) or widened
+ * here from its floats. */
+AI void load_w16(const int WD, const void *wk, float64x2_t w[8]) {
+    if (WD) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) w[i] = vld1q_f64((const double *)wk + 2 * i);
+    } else {
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const float32x4_t f = vld1q_f32((const float *)wk + 4 * i);
+            w[2 * i] = vcvt_f64_f32(vget_low_f32(f)), w[2 * i + 1] = vcvt_high_f64_f32(f);
+        }
+    }
+}
+
+/* One k of R rows: a[r] = a[r] + w(k) * x(r, k), lanes 2i, 2i+1 in a[r][i], x the rows' activations
+ * (row r at xk + r * ldx), w 16 doubles (WD) or floats at wk. Every value is exactly a float and the
  * product of two floats is exact in double, so fmla (vfmaq_f64) is the mul then the add. Under a fault
  * (ib_pk_chain) a float32 chain instead: fmul then fadd, or fmla. */
-AI void mac_k(const int R, const ib_pk_chain ch, float64x2_t a[][8], const float *wk, const float *xk, size_t ldx) {
-    float32x4_t w[4];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) w[i] = vld1q_f32(wk + 4 * i);
+AI void mac_k(const int R, const ib_pk_chain ch, const int WD, float64x2_t a[][8], const void *wk, const float *xk,
+              size_t ldx) {
+    float64x2_t w[8];
+    load_w16(WD, wk, w);
     if (ch != IB_PK_CHAIN_DOUBLE) {
 #pragma GCC unroll 2
         for (int r = 0; r < R; r++) {
             const float32x4_t xv = vld1q_dup_f32(xk + r * ldx);
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) {
+                const float32x4_t wf = vcombine_f32(vcvt_f32_f64(w[2 * i]), vcvt_f32_f64(w[2 * i + 1]));
                 float32x4_t af = vcombine_f32(vcvt_f32_f64(a[r][2 * i]), vcvt_f32_f64(a[r][2 * i + 1]));
-                af = ch == IB_PK_CHAIN_FLOAT_FMA ? vfmaq_f32(af, w[i], xv) : vaddq_f32(af, vmulq_f32(w[i], xv));
+                af = ch == IB_PK_CHAIN_FLOAT_FMA ? vfmaq_f32(af, wf, xv) : vaddq_f32(af, vmulq_f32(wf, xv));
                 a[r][2 * i] = vcvt_f64_f32(vget_low_f32(af));
                 a[r][2 * i + 1] = vcvt_high_f64_f32(af);
             }
         }
         return;
     }
-    float64x2_t wd[8];
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) wd[2 * i] = vcvt_f64_f32(vget_low_f32(w[i])), wd[2 * i + 1] = vcvt_high_f64_f32(w[i]);
 #pragma GCC unroll 2
     for (int r = 0; r < R; r++) {
         const float64x2_t xv = vdupq_n_f64((double)xk[r * ldx]);
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) a[r][i] = vfmaq_f64(a[r][i], wd[i], xv);
+        for (int i = 0; i < 8; i++) a[r][i] = vfmaq_f64(a[r][i], w[i], xv);
     }
 }
 
 /* R rows (R <= 2: 16 double accumulators and 8 weight vectors of the 32 registers) of a chunk: acc
- * [R][16] (double) += w [kn][16] times x (row r at x + r*ldx), walking k ascending, or descending when
- * desc. */
-AI void tile_f32(const int R, const ib_pk_chain ch, double *acc, const float *x, size_t ldx, const float *w, int kn,
-                 int desc) {
+ * [R][16] (double) += w [kn][16] (doubles when WD, else floats) times x (row r at x + r*ldx), walking k
+ * ascending, or descending when desc. */
+AI void tile_f32(const int R, const ib_pk_chain ch, const int WD, double *acc, const float *x, size_t ldx,
+                 const void *w, int kn, int desc) {
+    const size_t wstep = WD ? 16 * sizeof(double) : 16 * sizeof(float);
+    const uint8_t *wb = (const uint8_t *)w;
     float64x2_t a[2][8];
 #pragma GCC unroll 2
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++) a[r][i] = vld1q_f64(acc + r * 16 + 2 * i);
     if (desc)
-        for (int k = kn - 1; k >= 0; k--) mac_k(R, ch, a, w + (size_t)k * 16, x + k, ldx);
+        for (int k = kn - 1; k >= 0; k--) mac_k(R, ch, WD, a, wb + (size_t)k * wstep, x + k, ldx);
     else
-        for (int k = 0; k < kn; k++) mac_k(R, ch, a, w + (size_t)k * 16, x + k, ldx);
+        for (int k = 0; k < kn; k++) mac_k(R, ch, WD, a, wb + (size_t)k * wstep, x + k, ldx);
 #pragma GCC unroll 2
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
@@ -174,41 +190,24 @@ AI void tile_f32(const int R, const ib_pk_chain ch, double *acc, const float *x,
 }
 
 /* All rows of one K block, in tiles of 2 (then 1). */
-AI void rows_f32(const ib_pk_chain ch, double (*acc)[16], const float *x, size_t ldx, int nb, const float *w, int kn,
-                 int desc) {
+AI void rows_f32(const ib_pk_chain ch, const int WD, double (*acc)[16], const float *x, size_t ldx, int nb,
+                 const void *w, int kn, int desc) {
     int r = 0;
-    for (; r + 2 <= nb; r += 2) tile_f32(2, ch, acc[r], x + r * ldx, ldx, w, kn, desc);
-    if (r < nb) tile_f32(1, ch, acc[r], x + r * ldx, ldx, w, kn, desc);
+    for (; r + 2 <= nb; r += 2) tile_f32(2, ch, WD, acc[r], x + r * ldx, ldx, w, kn, desc);
+    if (r < nb) tile_f32(1, ch, WD, acc[r], x + r * ldx, ldx, w, kn, desc);
 }
 
-/* F32 activations, panel p, all B rows (blocking in pack.h). */
-static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc, ib_pk_chain ch, float *Y, int ldy) {
-    const int K = m->cols, lanes = ib_pk_lanes(m, p), nblk = (K + IB_KBLOCK - 1) / IB_KBLOCK;
-    float wbuf[IB_KBLOCK * 16] __attribute__((aligned(16)));   /* [IB_KBLOCK][16] */
-    double acc[IB_RCHUNK][16] __attribute__((aligned(16)));    /* [rows of the chunk][lane] */
-    for (int b0 = 0; b0 < B; b0 += IB_RCHUNK) {
-        int nb = B - b0 < IB_RCHUNK ? B - b0 : IB_RCHUNK;
-        memset(acc, 0, sizeof(double) * 16 * (size_t)nb);
-        for (int bi = 0; bi < nblk; bi++) {
-            int blk = desc ? nblk - 1 - bi : bi;
-            int k0 = blk * IB_KBLOCK, kn = K - k0 < IB_KBLOCK ? K - k0 : IB_KBLOCK;
-            const float *w;
-            if (m->fmt == IB_WF32) {
-                w = (const float *)ib_pk_panel(m, p) + (size_t)k0 * 16;
-            } else {
-                dequant_block(m, p, k0, kn, wbuf);
-                w = wbuf;
-            }
-            const float *x = X + (size_t)b0 * K + k0;
-            switch (ch) {
-            case IB_PK_CHAIN_DOUBLE: rows_f32(IB_PK_CHAIN_DOUBLE, acc, x, (size_t)K, nb, w, kn, desc); break;
-            case IB_PK_CHAIN_FLOAT: rows_f32(IB_PK_CHAIN_FLOAT, acc, x, (size_t)K, nb, w, kn, desc); break;
-            default: rows_f32(IB_PK_CHAIN_FLOAT_FMA, acc, x, (size_t)K, nb, w, kn, desc); break;
-            }
-        }
-        for (int r = 0; r < nb; r++) ib_pk_store_f64(Y + (size_t)(b0 + r) * ldy + (size_t)p * 16, acc[r], lanes);
+/* n floats (a multiple of 16) to doubles. */
+AI void widen_block(const float *w, double *wd, int n) {
+    for (int i = 0; i < n; i += 4) {
+        const float32x4_t f = vld1q_f32(w + i);
+        vst1q_f64(wd + i, vcvt_f64_f32(vget_low_f32(f)));
+        vst1q_f64(wd + i + 2, vcvt_high_f64_f32(f));
     }
 }
+
+#define F32_ALIGN 16
+#include "backends/cpu/panel_f32_impl.h"
 
 /* ---------------------------------------------------------------- Q8 activations */
 
