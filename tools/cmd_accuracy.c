@@ -30,7 +30,7 @@ static const char help[] =
     "  --tokens N        compare the first N tokens (default 64; at least 2 are needed)\n"
     "  --act A           f32, q8 or both (default both; q8 is skipped on float models)\n"
     "  --isa I           engine kernels: auto, scalar, avx2, avx512, neon, amx (default auto)\n"
-    "  --threads N       engine threads (default: the CPUs online; the reference uses two)\n"
+    "  --threads N       engine threads (default: the CPUs online; the reference uses them all, up to 64)\n"
     "  --json            one JSON object\n"
     "  --logits-out F    also write the engine's logits after every token (float32 little-endian,\n"
     "                    [tokens][vocab], row t = after token t); needs --act f32 or --act q8\n"

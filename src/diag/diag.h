@@ -215,7 +215,8 @@ void ib_recall_result_free(ib_recall_result *r);
  * pass written apart from the engine's ops (weights read as floats through ib_matrix_row_f32, the values
  * the F32 activation path uses; everything else in double). logits: [T][vocab], row t = the logits
  * after token t. Fails (nothing written) when T < 1, T > max_position_embeddings or a token id is
- * outside the vocabulary, or on out of memory. Splits each product's rows over two threads. */
+ * outside the vocabulary, or on out of memory. Splits each product's rows over the CPUs online (at most
+ * 64; each output is one thread's, so the split changes nothing). */
 ib_status ib_reference_logits(const ib_model *m, const int32_t *tokens, int T, double *logits, ib_error *err);
 
 /* How the reference pass stores its activations: as doubles (ib_reference_logits), or each rounded to

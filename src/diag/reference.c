@@ -18,14 +18,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "diag/diag.h"
 #include "model/model.h"
 
-/* Threads each weight product's rows are split over (a product of fewer multiply-adds than
- * REF_MIN_PARALLEL runs on the caller alone). The result does not depend on the split. */
-#define REF_THREADS 2
+/* Threads each weight product's rows are split over: the CPUs online, at most REF_MAX_THREADS (a
+ * product of fewer multiply-adds than REF_MIN_PARALLEL runs on the caller alone). Each output is one
+ * thread's dot product, so the result does not depend on the split. */
+#define REF_MAX_THREADS 64
 #define REF_MIN_PARALLEL 1000000.0
 /* Gemma 4's router input is one token's [D] on the stack; top-k selections likewise. */
 #define IB_REF_MAX_D 16384
@@ -71,11 +73,12 @@ static void *lin_run(void *arg) {
     return NULL;
 }
 
-/* One forward pass's product scratch rows (REF_THREADS of float [Kmax] and double [Kmax]) and its
- * storage: f32 1 rounds every stored activation to float32 (store below). */
+/* One forward pass's product threads (nt), their scratch rows (nt of float [Kmax] and double [Kmax])
+ * and its storage: f32 1 rounds every stored activation to float32 (store below). */
 typedef struct ref_pass {
-    float *wf[REF_THREADS];
-    double *wd[REF_THREADS];
+    float *wf[REF_MAX_THREADS];
+    double *wd[REF_MAX_THREADS];
+    int nt;
     int f32;
 } ref_pass;
 
@@ -87,11 +90,14 @@ static void store(const ref_pass *s, double *a, size_t n) {
         for (size_t i = 0; i < n; i++) a[i] = (double)(float)a[i];
 }
 
-/* Give each thread's row buffers of s Kmax elements; 0 when one could not be had (the ones that
- * could are in s, freed with the rest). */
+/* Decide the pass's threads (the CPUs online, 1..REF_MAX_THREADS) and give each its row buffers of
+ * Kmax elements; 0 when one could not be had (the ones that could are in s, freed with the rest by
+ * ref_pass_free). */
 static int ref_pass_alloc(ref_pass *s, int Kmax) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    s->nt = cpus < 1 ? 1 : cpus > REF_MAX_THREADS ? REF_MAX_THREADS : (int)cpus;
     int ok = 1;
-    for (int i = 0; i < REF_THREADS; i++) {
+    for (int i = 0; i < s->nt; i++) {
         s->wf[i] = malloc((size_t)Kmax * sizeof(float));
         s->wd[i] = malloc((size_t)Kmax * sizeof(double));
         ok = ok && s->wf[i] && s->wd[i];
@@ -99,13 +105,19 @@ static int ref_pass_alloc(ref_pass *s, int Kmax) {
     return ok;
 }
 
-/* Y[T][N] = X[T][K] · W^T for W = w ([N][K]), rows split over up to REF_THREADS threads. A thread
+/* Frees the row buffers of s (any that ref_pass_alloc got). */
+static void ref_pass_free(ref_pass *s) {
+    for (int i = 0; i < REF_MAX_THREADS; i++) free(s->wf[i]), free(s->wd[i]);
+}
+
+/* Y[T][N] = X[T][K] · W^T for W = w ([N][K]), rows split over up to s->nt threads. A thread
  * that cannot be started is run on the caller (same result). */
 static void linear(const ib_matrix *w, const double *X, int T, double *Y, ref_pass *s) {
-    int nt = (double)w->rows * w->cols * T < REF_MIN_PARALLEL ? 1 : REF_THREADS;
-    lin_job jobs[REF_THREADS];
-    pthread_t th[REF_THREADS];
-    int started[REF_THREADS] = {0};
+    int nt = (double)w->rows * w->cols * T < REF_MIN_PARALLEL ? 1 : s->nt;
+    if (nt > w->rows) nt = w->rows > 0 ? w->rows : 1;
+    lin_job jobs[REF_MAX_THREADS];
+    pthread_t th[REF_MAX_THREADS];
+    int started[REF_MAX_THREADS] = {0};
     for (int i = 0; i < nt; i++) {
         jobs[i] = (lin_job){w, X, T, Y, (int)((long)w->rows * i / nt), (int)((long)w->rows * (i + 1) / nt), s->wf[i],
                             s->wd[i]};
@@ -252,7 +264,7 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
     /* per-layer embeddings: inputs [T][L*P], a table row [L*P], a layer's gate [T][P] */
     double *pli = P ? malloc(TT * LP * sizeof *pli) : NULL, *pg = P ? malloc(TT * P * sizeof *pg) : NULL;
     float *prow = P ? malloc((size_t)LP * sizeof *prow) : NULL;
-    ref_pass s = {{0}, {0}, f32};
+    ref_pass s = {{0}, {0}, 0, f32};
     int ok = x && xn && o && q && k && v && att && g && u && p && cs && rl && gu && y && me && sk && sv &&
              (!P || (pli && pg && prow));
     ok = ref_pass_alloc(&s, Kmax) && ok;
@@ -410,7 +422,7 @@ out:
     for (int li = 0; sk && sv && li < c->n_layers; li++) free(sk[li]), free(sv[li]);
     free(pli), free(pg), free(prow);
     free(sk), free(sv);
-    for (int i = 0; i < REF_THREADS; i++) free(s.wf[i]), free(s.wd[i]);
+    ref_pass_free(&s);
     return rc;
 }
 
@@ -453,7 +465,7 @@ ib_status ib_reference_logits_stored(const ib_model *m, const int32_t *tokens, i
     double *u = malloc(TT * F * sizeof *u);            /* [T][F] up */
     double *cs = malloc(TT * half * 2 * sizeof *cs);   /* [T][hd/2][cos, sin] */
     double *p = malloc(TT * sizeof *p);                /* [T] attention weights of one query */
-    ref_pass s = {{0}, {0}, st == IB_REF_STORE_F32};
+    ref_pass s = {{0}, {0}, 0, st == IB_REF_STORE_F32};
     int ok = x && xn && q && k && v && att && o && g && u && cs && p;
     ok = ref_pass_alloc(&s, Kmax) && ok;
     ib_status rc = IB_OK;
@@ -527,10 +539,7 @@ out:
     free(u);
     free(cs);
     free(p);
-    for (int i = 0; i < REF_THREADS; i++) {
-        free(s.wf[i]);
-        free(s.wd[i]);
-    }
+    ref_pass_free(&s);
     return rc;
 }
 
