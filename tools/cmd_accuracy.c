@@ -42,7 +42,7 @@ static const char help[] =
     "  --ref-store S     how the reference stores its activations: f64 (default) or f32 — every\n"
     "                    value the engine stores as a float rounded to float32, all arithmetic still\n"
     "                    double: the error of that pass against f64 (run both, --ref-logits-out) is\n"
-    "                    the floor of any float32-activation engine on this model and prompt\n"
+    "                    the floor of an engine storing those values as float32 on this model\n"
     "  --floor           also run the float32-storage reference and print that floor as a row: its\n"
     "                    distance from the float64 reference (with the default --ref-store f64)\n";
 

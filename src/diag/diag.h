@@ -222,7 +222,8 @@ ib_status ib_reference_logits(const ib_model *m, const int32_t *tokens, int T, d
 /* How the reference pass stores its activations: as doubles (ib_reference_logits), or each rounded to
  * float32 where the engine stores one (the residual stream, norms' outputs, q/k/v, attention and
  * products' outputs, GeLU/SiLU products, the MoE sums) while every operation stays double — what
- * float32 storage alone costs, the floor of any float32-activation engine (`accuracy --ref-store f32`). */
+ * float32 storage alone costs, the floor of an engine that stores those values as float32
+ * (`accuracy --ref-store f32`). */
 typedef enum ib_ref_store { IB_REF_STORE_F64 = 0, IB_REF_STORE_F32 } ib_ref_store;
 
 /* ib_reference_logits with the storage st; the same failures (and an unknown st). */
