@@ -198,7 +198,6 @@ int cmd_accuracy(int argc, char **argv) {
             for (int i = 0; i < V; i++) row32[i] = (float)ref32[(size_t)t * V + i];
             ib_accuracy_add(&floor_acc, ref + (size_t)t * V, row32, V);
         }
-        ib_accuracy_finish(&floor_acc);
     }
     if ((logits_out || per_pos) && !(eng = malloc((size_t)T * V * sizeof *eng))) {
         rc = cli_error("out of memory for the engine logits (%d x %d)", T, V);

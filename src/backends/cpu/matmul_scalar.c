@@ -1,9 +1,12 @@
 /*
  * matmul_scalar.c — the reference panel kernel in plain C. It computes exactly the NUMERIC
  * DEFINITION of ops/matmul.h (each output one chain: F32 activations a double sum of exact products, Q8
- * a float chain of mul then add; K or groups ascending) with
- * the blocking described in backends/cpu/pack.h; the vector kernels must match it bit for bit.
+ * a float chain of mul then add; K or groups ascending) with the blocking described in
+ * backends/cpu/pack.h (the F32 panel loop is the vector kernels' one, panel_f32_impl.h: the blocking
+ * never changes a bit, the arithmetic below is written plainly); the vector kernels must match it bit
+ * for bit, and tests/test_matmul.c checks it against its own definition.
  */
+#include <math.h>
 #include <string.h>
 
 #include "backends/cpu/pack.h"
@@ -28,41 +31,38 @@ static void dequant_block(const ib_matrix *m, int p, int k0, int kn, float *w) {
     }
 }
 
-/* F32 activations, panel p, all B rows: y = (float) of the double sum of the exact products w*x, k
- * ascending; when desc (IB_FAULT_GEMV_GEMM) a float32 chain of mul then add, k descending (ib_pk_chain). */
-static void panel_f32(const ib_matrix *m, int p, const float *X, int B, int desc, float *Y, int ldy) {
-    const int K = m->cols, lanes = ib_pk_lanes(m, p), nblk = (K + IB_KBLOCK - 1) / IB_KBLOCK;
-    float wbuf[IB_KBLOCK * 16];    /* [IB_KBLOCK][16] */
-    double acc[IB_RCHUNK][16];     /* [rows of the chunk][lane] */
-    for (int b0 = 0; b0 < B; b0 += IB_RCHUNK) {
-        int nb = B - b0 < IB_RCHUNK ? B - b0 : IB_RCHUNK;
-        memset(acc, 0, sizeof acc);
-        for (int bi = 0; bi < nblk; bi++) {
-            int blk = desc ? nblk - 1 - bi : bi;
-            int k0 = blk * IB_KBLOCK, kn = K - k0 < IB_KBLOCK ? K - k0 : IB_KBLOCK;
-            const float *w;
-            if (m->fmt == IB_WF32) {
-                w = (const float *)ib_pk_panel(m, p) + (size_t)k0 * 16;
-            } else {
-                dequant_block(m, p, k0, kn, wbuf);
-                w = wbuf;
-            }
-            for (int r = 0; r < nb; r++) {
-                const float *x = X + (size_t)(b0 + r) * K + k0;
-                double *a = acc[r];
-                for (int i = 0; i < kn; i++) {
-                    int k = desc ? kn - 1 - i : i;
-                    const float *wk = w + (size_t)k * 16;
-                    if (desc)
-                        for (int j = 0; j < 16; j++) a[j] = (double)((float)a[j] + wk[j] * x[k]);
-                    else
-                        for (int j = 0; j < 16; j++) a[j] = a[j] + (double)wk[j] * (double)x[k];
+/* The chunk's nb rows (row r at x + r*ldx) over one K block: acc[r][j] = acc[r][j] + w(k, j) * x(r, k)
+ * as ib_pk_chain ch says (the double sum of exact products; under a fault a float32 chain of mul then
+ * add, or fused), k ascending (descending when desc); w [kn][16] doubles (WD) or floats, every value
+ * exactly a float. */
+static void rows_f32(ib_pk_chain ch, int WD, double (*acc)[16], const float *x, size_t ldx, int nb, const void *w,
+                     int kn, int desc) {
+    for (int r = 0; r < nb; r++) {
+        const float *xr = x + (size_t)r * ldx;
+        double *a = acc[r];
+        for (int i = 0; i < kn; i++) {
+            const int k = desc ? kn - 1 - i : i;
+            for (int j = 0; j < 16; j++) {
+                const size_t e = (size_t)k * 16 + j;
+                const double wj = WD ? ((const double *)w)[e] : (double)((const float *)w)[e];
+                if (ch == IB_PK_CHAIN_DOUBLE) {
+                    a[j] = a[j] + wj * (double)xr[k];
+                } else {
+                    const float af = (float)a[j], wf = (float)wj;
+                    a[j] = ch == IB_PK_CHAIN_FLOAT_FMA ? fmaf(wf, xr[k], af) : af + wf * xr[k];
                 }
             }
         }
-        for (int r = 0; r < nb; r++) ib_pk_store_f64(Y + (size_t)(b0 + r) * ldy + (size_t)p * 16, acc[r], lanes);
     }
 }
+
+/* n floats to doubles. */
+static void widen_block(const float *w, double *wd, int n) {
+    for (int i = 0; i < n; i++) wd[i] = (double)w[i];
+}
+
+#define F32_ALIGN 16
+#include "backends/cpu/panel_f32_impl.h"
 
 /* Q8 activations, quantized panel p, all B rows: per group an exact int32 sum, then
  * acc = (acc + (s*d)*(float)isum) + b*ad, groups ascending (descending when desc). */
@@ -107,10 +107,11 @@ static void panel_q8(const ib_matrix *m, int p, const ib_act_buf *q, int B, int 
 /* Panels [p0, p1) for all B rows (contract in ops/matmul.h). */
 void ib_matmul_panels_scalar(const ib_matrix *m, const float *X, int B, const ib_act_buf *q, ib_act act,
                              int p0, int p1, float *Y, int ldy) {
-    const int desc = B > 1 && ib_fault_get() == IB_FAULT_GEMV_GEMM;
+    const ib_fault fault = ib_fault_get();
+    const int desc = B > 1 && fault == IB_FAULT_GEMV_GEMM;
     const int use_q8 = ib_pk_use_q8(m, q, act);
     for (int p = p0; p < p1; p++) {
         if (use_q8) panel_q8(m, p, q, B, desc, Y, ldy);
-        else panel_f32(m, p, X, B, desc, Y, ldy);
+        else panel_f32(m, p, X, B, desc, ib_pk_f32_chain(fault, desc, 0), Y, ldy);
     }
 }

@@ -1,6 +1,6 @@
 /*
- * panel_f32_impl.h — the F32-activation panel loop of the vector kernels, one body for matmul_avx2.c,
- * matmul_avx512.c and matmul_neon.c (each includes it once, after defining its own pieces). The
+ * panel_f32_impl.h — the F32-activation panel loop of the matmul kernels, one body for matmul_scalar.c,
+ * matmul_avx2.c, matmul_avx512.c and matmul_neon.c (each includes it once, after defining its own pieces). The
  * blocking is pack.h's: rows in chunks of IB_RCHUNK whose double accumulators live on the stack, K in
  * blocks of IB_KBLOCK whose weights are dequantized (or read) as floats; a chunk of F32_WIDEN_MIN_ROWS
  * rows or more widens each block's weights to doubles once for all its row tiles, a smaller one
