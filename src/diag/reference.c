@@ -83,8 +83,8 @@ typedef struct ref_pass {
 } ref_pass;
 
 /* a [n] as the pass stores it: unchanged, or (f32 storage) each value rounded to float32 — the
- * arithmetic stays double, so the pass then shows what storing activations as float32 alone costs,
- * the floor of any float32-activation engine. */
+ * arithmetic stays double, so the pass then shows what storing these activations as float32 alone
+ * costs: the floor of an engine that stores them so. */
 static void store(const ref_pass *s, double *a, size_t n) {
     if (s->f32)
         for (size_t i = 0; i < n; i++) a[i] = (double)(float)a[i];
