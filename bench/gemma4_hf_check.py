@@ -227,6 +227,10 @@ def compare(got, ref):
         "rel_l2_all": float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-300)),
         "top1": int(np.sum(top_g == top_r)),
         "top1_first_miss": int(np.nonzero(top_g != top_r)[0][0]) if np.any(top_g != top_r) else -1,
+        "over_tol": int(np.sum(per > TOL_REL_L2)),
+        "first_over_tol": int(np.nonzero(per > TOL_REL_L2)[0][0]) if np.any(per > TOL_REL_L2) else -1,
+        "quartiles": [float(q) for q in np.percentile(per, [25, 50, 75])],
+        "worst": [[int(i), float(per[i])] for i in np.argsort(-per)[:5]],
     }
 
 
@@ -243,6 +247,10 @@ def fmt(m):
         m["rel_l2_all"], m["max_rel_l2"], m["argmax_pos"], m["top1"], m["positions"])
     if m["top1_first_miss"] >= 0:
         s += " (first miss at position %d)" % m["top1_first_miss"]
+    if m["over_tol"]:   # where a failing prompt goes wrong: how many positions, from where, how spread
+        s += "; %d positions over %g, the first %d; per-position quartiles %s; worst %s" % (
+            m["over_tol"], TOL_REL_L2, m["first_over_tol"], "/".join("%.2g" % q for q in m["quartiles"]),
+            ", ".join("%d: %.2g" % (i, e) for i, e in m["worst"]))
     return s
 
 
@@ -590,14 +598,16 @@ def describe(tc, bits, notes):
     return s
 
 
-def prompts_for(tc, seed):
+def prompts_for(tc, seed, max_tokens=0):
     """Prompts of token ids: 23 and 41 tokens, and sliding_window + 40 (past the window); with a long
-    window (the real shapes' 1024) only 23 and sliding_window + 40, to keep the run short."""
+    window (the real shapes' 1024) only 23 and sliding_window + 40, to keep the run short. max_tokens > 0
+    cuts each to its first max_tokens ids (the same ids, so a prefix of the same positions)."""
     rng = np.random.default_rng(seed)
     V = tc["vocab_size"]
     W = tc["sliding_window"]
     lens = [23, 41, W + 40] if W <= 256 else [23, W + 40]
-    return [[int(t) for t in rng.integers(3, V, size=n)] for n in lens]
+    ps = [[int(t) for t in rng.integers(3, V, size=n)] for n in lens]
+    return [p[:max_tokens] if max_tokens > 0 else p for p in ps]
 
 
 def run_case(name, a, work):
@@ -614,7 +624,7 @@ def run_case(name, a, work):
     refs = a.refs == "yes" or (a.refs == "auto" and small)          # the numpy reference
     def c_ref(ids):   # the C reference: on the real shapes only the first prompt (2 threads, slow)
         return a.refs == "yes" or (a.refs == "auto" and (small or len(ids) <= 32))
-    prompts = prompts_for(tc, seed)
+    prompts = prompts_for(tc, seed, a.max_tokens)
     V = tc["vocab_size"]
 
     eng, cref = [], []   # isobatch first: its process is gone before the float64 weights are read here
@@ -718,6 +728,8 @@ def main():
                     "(put first on its LD_LIBRARY_PATH; torch and transformers keep this process's)")
     ap.add_argument("--hf-standin", choices=["numpy"], help="testing this script without torch: the numpy "
                     "reference (tests/gemma4_ref.py) takes HF's place (not the check itself)")
+    ap.add_argument("--max-tokens", type=int, default=0, help="cut every prompt to its first N ids (a prefix "
+                    "of the same positions; with --refs yes the C reference then runs on the real shapes' long prompt)")
     ap.add_argument("--threads", type=int, default=0, help="isobatch threads (default: every CPU)")
     ap.add_argument("--keep", action="store_true", help="keep the models and logits files")
     ap.add_argument("--json", help="write the results here")
