@@ -282,16 +282,20 @@ def exact_inv_freq(tc, layer_type):
 
 
 class Float64Internals:
-    """While active: transformers' Gemma 4 RMSNorm, RoPE tables and eager attention softmax evaluated in
-    the model's dtype (float64) with the same formulas. Every replacement is checked against
+    """While active: transformers' Gemma 4 RMSNorm, RoPE tables, eager attention softmax and MoE router
+    evaluated in the model's dtype (float64) with the same formulas. Every replacement is checked against
     transformers' own function on its first call of each kind (relative difference small, same shapes),
-    and the RoPE frequencies against transformers' own float32 buffers; a mismatch raises."""
+    and the RoPE frequencies against transformers' own float32 buffers; a mismatch raises. Also records,
+    for every position, the smallest relative gap between the k-th and (k+1)-th router logits over the
+    layers (`margins`): a routed choice that close to a tie can differ between two exact-enough
+    implementations, and one differing choice changes that position's whole MoE output."""
 
     def __init__(self, mod, tc, torch):
         self.mod, self.tc, self.torch = mod, tc, torch
-        self.calls = {"rmsnorm": 0, "rope": 0, "attention": 0}
+        self.calls = {"rmsnorm": 0, "rope": 0, "attention": 0, "router": 0}
         self.checked = set()
         self.saved = []
+        self.margins = None   # [T] smallest relative k-th / (k+1)-th router logit gap over the layers so far
 
     def _check(self, kind, mine, theirs_fn, tol):
         """On the first call of this kind: mine against theirs_fn() (transformers' own), relative to its
@@ -391,6 +395,42 @@ class Float64Internals:
         mod.Gemma4RMSNorm.forward = norm64
         mod.Gemma4TextRotaryEmbedding.forward = rope64
         mod.eager_attention_forward = attn64
+        router_cls = getattr(mod, "Gemma4TextRouter", None)
+        if router_cls is not None:      # absent in transformers without the MoE block: nothing to replace
+            router_orig = router_cls.forward
+
+            def router64(self, hidden_states):
+                # hidden_states [N, D] -> (probabilities [N, E], top-k weights [N, k], top-k ids [N, k]), as
+                # transformers' router computes them, every step in float64 (its own keeps float32 inside)
+                k = getattr(getattr(self, "config", None), "top_k_experts", None)
+                needed = ("norm", "scale", "scalar_root_size", "proj", "per_expert_scale")
+                if k is None or not all(hasattr(self, a) for a in needed):
+                    raise SetupError("transformers' Gemma4TextRouter has not the attributes %s and config.top_k_experts: "
+                                     "run with --hf-mode stock" % (needed,))
+                x = self.norm(hidden_states)                                   # norm64 (weightless)
+                x = x * self.scale.to(x.dtype) * self.scalar_root_size
+                logits = torch.nn.functional.linear(x, self.proj.weight.to(x.dtype))  # [N, E]
+                probs = torch.softmax(logits, dim=-1)
+                # ties to the lowest id, as the definition has them (a float64 tie is not expected here)
+                order = torch.sort(logits, dim=-1, descending=True, stable=True)
+                idx = order.indices[:, :k]
+                w = torch.gather(probs, -1, idx)
+                w = w / w.sum(dim=-1, keepdim=True) * self.per_expert_scale.to(x.dtype)[idx]
+                top = order.values
+                gap = ((top[:, k - 1] - top[:, k]) / top[:, k - 1].abs().clamp_min(1e-300)).detach().cpu().numpy()
+                me.margins = gap if me.margins is None or me.margins.shape != gap.shape else np.minimum(me.margins, gap)
+                if "router" not in me.checked:
+                    theirs = router_orig(self, hidden_states)
+                    same = (torch.sort(theirs[2], dim=-1).values == torch.sort(idx, dim=-1).values).all(dim=-1)
+                    if float(same.double().mean().item()) < 0.9:
+                        raise SetupError("float64 router: its top-%d ids differ from transformers' own on %d of %d "
+                                         "rows: run with --hf-mode stock" % (k, int((~same).sum().item()), same.numel()))
+                    me._check("router probabilities", probs, lambda: theirs[0], 1e-4)
+                me.calls["router"] += 1
+                return probs, w, idx
+
+            self.saved.append((router_cls, "forward", router_orig))
+            router_cls.forward = router64
         return self
 
     def __exit__(self, *exc):
@@ -525,10 +565,16 @@ class HF:
         dev = next(self.model.parameters()).device
         x = torch.tensor([ids], dtype=torch.long, device=dev)
         patch = Float64Internals(self.mod, self.tc, torch) if float64_internals else None
+        self.margins = None
         with torch.no_grad():
             if patch:
                 with patch:
                     out = self.model(input_ids=x, use_cache=False)
+                self.margins = patch.margins
+                if self.tc.get("enable_moe_block") and not patch.calls["router"] and "router" not in self.noted:
+                    self.noted.add("router")
+                    log("note: the float64 router was not used (this transformers has no Gemma4TextRouter.forward "
+                        "to replace): HF's own router ran")
                 if not patch.calls["rope"]:
                     raise SetupError("the float64 RoPE tables were not used (calls %s): this transformers version "
                                      "computes them elsewhere; run with --hf-mode stock" % patch.calls)
@@ -564,6 +610,8 @@ class NumpyStandin:
             w[0] *= 1.01
             self.W["model.norm.weight"] = w
             log("--perturb: the stand-in's model.norm.weight[0] multiplied by 1.01 (this run must FAIL)")
+
+    margins = None   # the stand-in does not report its routing
 
     def logits(self, ids, float64_internals):
         return self.ref.forward(self.tc, self.W, ids)
@@ -676,6 +724,15 @@ def run_case(name, a, work):
             per.append(m)
             log("prompt %d, %d tokens: isobatch f32 vs HF %s: %s  [HF %.1f s]" % (i, len(ids), mode, fmt(m),
                                                                                    time.time() - t0))
+            mg = getattr(hf, "margins", None)
+            if mg is not None and len(mg) == len(ids):
+                # how close each position's routed set came to a tie (k-th vs (k+1)-th router logit, relative,
+                # the smallest over the layers): under about 1e-6 two correct float implementations may route
+                # that position differently, and every later position attends to it
+                m["router_margin_min"] = float(mg.min())
+                m["router_margin_argmin"] = int(mg.argmin())
+                log("    router: smallest relative gap between the k-th and (k+1)-th logit %.3g at position %d; "
+                    "%d positions under 1e-6" % (mg.min(), mg.argmin(), int(np.sum(mg < 1e-6))))
             if npref:
                 mn = compare(npref[i], h)
                 log("    numpy float64 reference (tests/gemma4_ref.py) vs HF %s: %s" % (mode, fmt(mn)))
