@@ -92,7 +92,7 @@ FLAGS_STAMP := $(BUILD)/flags.txt
 FLAGS_NOW   := $(ALL_CFLAGS) | $(IB_NVCC_FLAGS) | $(CUDA_LIBS) | $(AVX2_FLAGS) | $(AVX512_FLAGS) | $(AMX_FLAGS)
 $(shell mkdir -p $(BUILD) && { printf '%s\n' '$(FLAGS_NOW)' | cmp -s - $(FLAGS_STAMP) || printf '%s\n' '$(FLAGS_NOW)' > $(FLAGS_STAMP); })
 
-.PHONY: all test asan examples clean run neon-test
+.PHONY: gpu-bundle all test asan examples clean run neon-test
 all: $(BUILD)/isobatch $(BUILD)/libisobatch.a
 
 $(BUILD)/libisobatch.a: $(OBJ)
@@ -147,6 +147,24 @@ test: all asan $(TEST_BIN) $(CXX_TEST_BIN) $(HELPER_BIN) $(EX_BIN) $(if $(HAVE_F
 RUN_MODEL ?= models/default
 run: all
 	./$(BUILD)/isobatch generate -m $(RUN_MODEL) --prompts-file examples/prompts.txt -n 32 --batch 8 --check-serial
+
+# The GPU checks' binaries for a machine with a GPU but without this project's -dev libraries (they are
+# built here, with nvcc, and run there): isobatch and the test programs bench/cuda_full_check.sh,
+# bench/gemma4_hf_check.sh and bench/amx_check.sh run, stripped, and lib/ with the shared libraries
+# isobatch loads beyond the C and C++ runtimes (ldd); $(GPU_BUNDLE).tar.xz packs the folder. There:
+# `bash bench/cuda_full_check.sh DIR OUT` with DIR the unpacked folder (it sets LD_LIBRARY_PATH to DIR/lib).
+GPU_BUNDLE ?= $(BUILD)/gpu-bundle
+GPU_BUNDLE_BIN := $(BUILD)/isobatch $(BUILD)/tests/test_backend_cuda $(BUILD)/tests/test_backend_ops \
+                  $(BUILD)/tests/test_matmul $(BUILD)/tests/test_bigalloc
+GPU_BUNDLE_SKIP := /(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|libresolv)\.so|/ld-linux
+gpu-bundle: $(GPU_BUNDLE_BIN)
+	rm -rf $(GPU_BUNDLE) $(GPU_BUNDLE).tar.xz
+	mkdir -p $(GPU_BUNDLE)/lib
+	cp $(GPU_BUNDLE_BIN) $(GPU_BUNDLE)/
+	strip $(addprefix $(GPU_BUNDLE)/,$(notdir $(GPU_BUNDLE_BIN)))
+	ldd $(BUILD)/isobatch | awk '$$3 ~ /^\// {print $$3}' | grep -Ev '$(GPU_BUNDLE_SKIP)' | xargs -r cp -L -t $(GPU_BUNDLE)/lib/
+	tar -cJf $(GPU_BUNDLE).tar.xz -C $(dir $(GPU_BUNDLE)) $(notdir $(GPU_BUNDLE))
+	@echo "$(GPU_BUNDLE): $$(ls $(GPU_BUNDLE) | wc -l) entries, lib/ $$(ls $(GPU_BUNDLE)/lib | wc -l) libraries; $(GPU_BUNDLE).tar.xz $$(du -h $(GPU_BUNDLE).tar.xz | cut -f1)"
 
 # Sanitizer build (AddressSanitizer + UndefinedBehaviorSanitizer) in its own folder ($(ASAN_BUILD)),
 # without the CUDA backend (its device code cannot be sanitized on a GPU; the bad-input tests need the host

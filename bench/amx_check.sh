@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # amx_check.sh [BUILD_DIR] [OUT_FILE] — the AMX kernel's check-and-bench set, for one call on a machine
 # whose CPU has AMX-INT8 (built elsewhere; run from the repository root; BUILD_DIR holds isobatch and
-# tests/test_matmul; the caller sets LD_LIBRARY_PATH for the shared libraries the machine lacks).
+# tests/test_matmul, or is a `make gpu-bundle` folder; the caller sets LD_LIBRARY_PATH for the shared libraries the machine lacks).
 # Prints each step's result as it goes, appends everything to OUT_FILE, and ends with one summary line.
 #   1. the host: CPU model, its AMX flags, the kernels `isobatch --version` says this CPU runs.
 #   2. test_matmul: every ISA (amx included) bitwise equal to the numeric definition over the shapes,
@@ -19,6 +19,8 @@ set -u
 build=${1:-build}
 out=${2:-/tmp/amx_check.txt}
 bin=$build/isobatch
+test_matmul=$build/tests/test_matmul            # a build folder's place, or a gpu-bundle's (make gpu-bundle)
+[ -x "$test_matmul" ] || test_matmul=$build/test_matmul
 model=models/default
 prompts=examples/prompts.txt
 # overridable to try the script itself on another machine (the defaults are the AMX run's)
@@ -49,7 +51,7 @@ amx_here=0
 
 # ---- 2. test_matmul
 t0=$(date +%s)
-timeout 600 "$build/tests/test_matmul" >"$tmp/test_matmul.log" 2>&1
+timeout 600 "$test_matmul" >"$tmp/test_matmul.log" 2>&1
 rc=$?
 grep -E '^(test_matmul: ISAs|SKIP)' "$tmp/test_matmul.log" | while read -r l; do say "$l"; done
 grep -E '^FAIL' "$tmp/test_matmul.log" | head -20 | while read -r l; do say "  $l"; done
