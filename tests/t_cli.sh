@@ -320,6 +320,22 @@ f = json.load(open(sys.argv[1]))["floor"]
 assert f["act"] == "floor" and f["tokens"] == 8 and f["top1_agree"] == 8, f
 assert 0 < f["rel_l2"] < 1e-5, f
 PY
+# --floor-parts: one row per stored part, each no larger than about the whole floor's share and the
+# parts together accounting for it (their squares sum to about the floor's square); the table names them
+"$BIN" accuracy -m "$T/m" --tokens 8 --act f32 --floor --floor-parts --json > "$T/accp" 2>/dev/null && ok || bad "accuracy --floor-parts"
+python3 - "$T/accp" <<'PY' && ok || bad "accuracy --floor-parts: $(cat "$T/accp")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+f, parts = d["floor"], d["floor_parts"]
+assert sorted(parts) == sorted(["residual", "normed", "qkv", "attention", "block", "hidden", "products", "logits"]), parts
+for n, p in parts.items():
+    assert p["act"] == n and p["tokens"] == 8 and p["top1_agree"] == 8, p
+    assert 0 <= p["rel_l2"] < 2 * f["rel_l2"], (n, p, f)
+s = sum(p["rel_l2"] ** 2 for p in parts.values()) ** 0.5
+assert 0.3 * f["rel_l2"] < s < 3 * f["rel_l2"], (s, f)
+PY
+"$BIN" accuracy -m "$T/m" --tokens 4 --act f32 --floor-parts > "$T/accpt" 2>&1 && [ "$(grep -c '^part .*(only .* stored as float32)' "$T/accpt")" = 8 ] \
+    && ok || bad "accuracy --floor-parts table: $(cat "$T/accpt")"
 
 # expect_error NAME SUBSTRING CMD...: non-zero exit, the substring in stderr, one line, no sanitizer report
 expect_error() {
@@ -356,6 +372,7 @@ expect_error "context" "exceed the context" "$B" generate -m "$T/m" -p hello -n 
 expect_error "accuracy bad act" "--act: unknown 'q4'" "$B" accuracy -m "$T/m" --act q4
 expect_error "accuracy bad storage" "--ref-store: unknown 'f16'" "$B" accuracy -m "$T/m" --ref-store f16
 expect_error "accuracy floor of f32" "--floor: needs the float64 reference" "$B" accuracy -m "$T/m" --floor --ref-store f32
+expect_error "accuracy floor parts without reference" "--floor-parts: needs the float64 reference" "$B" accuracy -m "$T/m" --floor-parts --no-reference --logits-out "$T/fp.bin" --act f32
 expect_error "accuracy one token" "at least 2 are needed" "$B" accuracy -m "$T/m" --prompt-ids 5
 expect_error "accuracy bad id" "--prompt-ids: bad id" "$B" accuracy -m "$T/m" --prompt-ids 1,2,99999
 expect_error "accuracy -p and ids" "not both" "$B" accuracy -m "$T/m" -p hi --prompt-ids 1,2

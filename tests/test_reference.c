@@ -136,10 +136,38 @@ static void check_store(const char *dir, const ib_mkmodel_opts *mo, const char *
     CHECK(ib_reference_logits_stored(m, tok, 19, IB_REF_STORE_F32, pre, &err) == IB_OK &&
               memcmp(pre, r32, (size_t)19 * V * sizeof *pre) == 0,
           "%s: a prefix's float32-storage rows differ", name);
+    /* each part alone (accuracy --floor-parts): a pass of its own — every part the architecture stores
+     * moves the logits off the float64 pass (its storage points are wired); the block and logits parts
+     * only where the Gemma 4 pass has such storage points (the MoE model here: post-normed block outputs,
+     * the soft-capped logits; the Qwen3 pass's logits are the lm_head product's output, the products
+     * part), and there the logits part leaves every logit a float */
+    const int gemma = ib_model_get_info(m)->n_experts > 0;
+    for (int i = 0; i < 8; i++) {
+        const ib_ref_store part = (ib_ref_store)(1 << i);
+        const char *pn = ib_ref_store_part_name(part);
+        CHECK(pn != NULL, "%s: part %d has no name", name, i);
+        if (ib_reference_logits_stored(m, tok, T, part, pre, &err) != IB_OK) {
+            CHECK(0, "%s: part %s: %s", name, pn ? pn : "?", err.msg);
+            continue;
+        }
+        size_t moved = 0, floats = 0;
+        for (size_t k = 0; k < n; k++) moved += pre[k] != r64[k], floats += (double)(float)pre[k] == pre[k];
+        const int expect_moved = (part != IB_REF_F32_BLOCK && part != IB_REF_F32_LOGITS) || gemma;
+        CHECK(expect_moved ? moved > 0 : moved == 0, "%s: part %s alone moved %zu of %zu logits", name, pn ? pn : "?",
+              moved, n);
+        if (part == IB_REF_F32_LOGITS && gemma)
+            CHECK(floats == n, "%s: the logits part alone: %zu of %zu logits are floats", name, floats, n);
+    }
+    CHECK(ib_ref_store_part_name(IB_REF_STORE_F32) == NULL && ib_ref_store_part_name(IB_REF_STORE_F64) == NULL,
+          "%s: a mask of several parts or none has a part's name", name);
+    /* every part but one: not the whole float32-storage pass (each part is its own storage points) */
+    CHECK(ib_reference_logits_stored(m, tok, T, (ib_ref_store)(IB_REF_STORE_F32 & ~IB_REF_F32_QKV), pre, &err) == IB_OK &&
+              memcmp(pre, r32, n * sizeof *pre) != 0,
+          "%s: all parts but qkv gave the whole float32-storage pass", name);
     pre[0] = 12345.0;
-    CHECK(ib_reference_logits_stored(m, tok, T, (ib_ref_store)7, pre, &err) == IB_ERR_INVALID_ARG &&
+    CHECK(ib_reference_logits_stored(m, tok, T, (ib_ref_store)(1 << 8), pre, &err) == IB_ERR_INVALID_ARG &&
               strstr(err.msg, "unknown storage"),
-          "%s: storage 7: %s", name, err.msg);
+          "%s: storage 256: %s", name, err.msg);
     CHECK(pre[0] == 12345.0, "%s: a failed call wrote logits", name);
     free(r64);
     free(r32);

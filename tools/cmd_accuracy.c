@@ -17,7 +17,7 @@
 static const char help[] =
     "usage: isobatch accuracy [-m DIR] [-p TEXT | --prompt-ids L] [--tokens N] [--act f32|q8|both]\n"
     "         [--isa I] [--threads N] [--json] [--logits-out F] [--ref-logits-out F] [--no-reference]\n"
-    "         [--per-position] [--ref-store f64|f32] [--floor]\n"
+    "         [--per-position] [--ref-store f64|f32] [--floor] [--floor-parts]\n"
     "\n"
     "Runs a float64 reference forward pass of the model over one token sequence (every position, from\n"
     "position 0), then feeds the same tokens to the engine one step at a time per activation mode and\n"
@@ -44,7 +44,12 @@ static const char help[] =
     "                    double: the error of that pass against f64 (run both, --ref-logits-out) is\n"
     "                    the floor of an engine storing those values as float32 on this model\n"
     "  --floor           also run the float32-storage reference and print that floor as a row: its\n"
-    "                    distance from the float64 reference (with the default --ref-store f64)\n";
+    "                    distance from the float64 reference (with the default --ref-store f64)\n"
+    "  --floor-parts     also one such row per stored part alone — residual, normed (norms' outputs the\n"
+    "                    products read), qkv, attention (its output), block (block outputs before the\n"
+    "                    residual), hidden (the MLPs' gated values), products (their outputs), logits —\n"
+    "                    each the reference with only that part rounded to float32: where the floor\n"
+    "                    comes from (eight more reference passes; rows compared as floats)\n";
 
 /* Write n elements of size sz from buf to path; 0 or a one-line error (exit status 1). */
 static int write_file(const char *path, const void *buf, size_t sz, size_t n) {
@@ -97,10 +102,12 @@ static json_t *mode_json(const char *act, const ib_accuracy *a) {
 
 int cmd_accuracy(int argc, char **argv) {
     const char *dir = NULL, *text = NULL, *idlist = NULL, *acts = "both", *logits_out = NULL, *ref_out = NULL;
-    int no_ref = 0, per_pos = 0, floor_row = 0;
-    double *ref32 = NULL;   /* [T][V] --floor: the float32-storage reference */
-    float *row32 = NULL;    /* [V] one of its rows as floats (exactly) */
+    int no_ref = 0, per_pos = 0, floor_row = 0, floor_parts = 0;
+    double *ref32 = NULL;   /* [T][V] --floor: the float32-storage reference; --floor-parts: each part's */
+    float *row32 = NULL;    /* [V] one of its rows as floats (exactly, for --floor) */
     ib_accuracy floor_acc = {0};
+    enum { N_PARTS = 8 };   /* the part bits of ib_ref_store, 1 << 0 .. 1 << 7 */
+    ib_accuracy part_acc[N_PARTS] = {{0}};
     ib_ref_store ref_store = IB_REF_STORE_F64;
     double *pos_l2 = NULL;   /* [T] --per-position: each position's relative L2 */
     float *eng = NULL;
@@ -135,6 +142,7 @@ int cmd_accuracy(int argc, char **argv) {
         else if (!strcmp(f, "--no-reference")) no_ref = 1;
         else if (!strcmp(f, "--per-position")) per_pos = 1;
         else if (!strcmp(f, "--floor")) floor_row = 1;
+        else if (!strcmp(f, "--floor-parts")) floor_parts = 1;
         else if (!strcmp(f, "--ref-store")) {
             if (!VAL()) rc = 2;
             else if (!strcmp(v, "f64")) ref_store = IB_REF_STORE_F64;
@@ -153,6 +161,8 @@ int cmd_accuracy(int argc, char **argv) {
     if (per_pos && no_ref) return cli_usage_error("--per-position: not with --no-reference (nothing to compare)");
     if (floor_row && (no_ref || ref_store != IB_REF_STORE_F64))
         return cli_usage_error("--floor: needs the float64 reference (not with --no-reference or --ref-store f32)");
+    if (floor_parts && (no_ref || ref_store != IB_REF_STORE_F64))
+        return cli_usage_error("--floor-parts: needs the float64 reference (not with --no-reference or --ref-store f32)");
     if (!(dir = cli_model_dir(dir))) return 2;
     ib_error err;
     ib_load_opts lo = {.threads = (int)threads};   /* the weights are repacked on as many threads */
@@ -188,15 +198,23 @@ int cmd_accuracy(int argc, char **argv) {
         if ((rc = reference_run(m, ids, T, V, ref_store, &ref, &ref_s))) goto out;
         if (ref_out && (rc = write_file(ref_out, ref, sizeof *ref, (size_t)T * V))) goto out;
     }
+    if ((floor_row || floor_parts) && !(row32 = malloc((size_t)V * sizeof *row32))) {
+        rc = cli_error("out of memory");
+        goto out;
+    }
     if (floor_row) { /* the float32-storage pass against the float64 one: its rows are floats exactly */
         if ((rc = reference_run(m, ids, T, V, IB_REF_STORE_F32, &ref32, &floor_acc.seconds))) goto out;
-        if (!(row32 = malloc((size_t)V * sizeof *row32))) {
-            rc = cli_error("out of memory");
-            goto out;
-        }
         for (int t = 0; t < T; t++) {
             for (int i = 0; i < V; i++) row32[i] = (float)ref32[(size_t)t * V + i];
             ib_accuracy_add(&floor_acc, ref + (size_t)t * V, row32, V);
+        }
+    }
+    for (int i = 0; floor_parts && i < N_PARTS; i++) { /* one part alone; its rows rounded to floats to compare */
+        free(ref32);
+        if ((rc = reference_run(m, ids, T, V, (ib_ref_store)(1 << i), &ref32, &part_acc[i].seconds))) goto out;
+        for (int t = 0; t < T; t++) {
+            for (int k = 0; k < V; k++) row32[k] = (float)ref32[(size_t)t * V + k];
+            ib_accuracy_add(&part_acc[i], ref + (size_t)t * V, row32, V);
         }
     }
     if ((logits_out || per_pos) && !(eng = malloc((size_t)T * V * sizeof *eng))) {
@@ -273,6 +291,14 @@ int cmd_accuracy(int argc, char **argv) {
             json_array_append_new(ms, json_pack("{s:s,s:s}", "act", "q8", "skipped", "the model's weights are not quantized"));
         json_object_set_new(o, "modes", ms);
         if (floor_row) json_object_set_new(o, "floor", mode_json("floor", &floor_acc));
+        if (floor_parts) {
+            json_t *fp = json_object();
+            for (int i = 0; i < N_PARTS; i++) {
+                const char *pn = ib_ref_store_part_name((ib_ref_store)(1 << i));
+                json_object_set_new(fp, pn, mode_json(pn, &part_acc[i]));
+            }
+            json_object_set_new(o, "floor_parts", fp);
+        }
         if (pos_l2) {
             json_t *pl = json_array();
             for (int t = 0; t < T; t++) json_array_append_new(pl, jnum(pos_l2[t]));
@@ -303,6 +329,14 @@ int cmd_accuracy(int argc, char **argv) {
             snprintf(agree, sizeof agree, "%d/%d = %.3f", a->top1_agree, a->tokens, a->top1_fraction);
             printf("%-5s%6d  %-16s %10.3e %10.3e %13.3e %10.3e %8.2f  (float32 storage, double arithmetic)\n", "floor",
                    a->tokens, agree, a->kl_mean, a->kl_max, a->max_abs_diff, a->rel_l2, a->seconds);
+        }
+        for (int i = 0; floor_parts && i < N_PARTS; i++) {
+            const ib_accuracy *a = &part_acc[i];
+            char agree[32];
+            snprintf(agree, sizeof agree, "%d/%d = %.3f", a->top1_agree, a->tokens, a->top1_fraction);
+            printf("%-5s%6d  %-16s %10.3e %10.3e %13.3e %10.3e %8.2f  (only %s stored as float32)\n", "part",
+                   a->tokens, agree, a->kl_mean, a->kl_max, a->max_abs_diff, a->rel_l2, a->seconds,
+                   ib_ref_store_part_name((ib_ref_store)(1 << i)));
         }
         printf("(KL in nats per token, KL(reference || engine); rel L2 = ||engine - ref|| / ||ref|| over all logits)\n");
         if (pos_l2) {

@@ -219,14 +219,31 @@ void ib_recall_result_free(ib_recall_result *r);
  * 64; each output is one thread's, so the split changes nothing). */
 ib_status ib_reference_logits(const ib_model *m, const int32_t *tokens, int T, double *logits, ib_error *err);
 
-/* How the reference pass stores its activations: as doubles (ib_reference_logits), or each rounded to
- * float32 where the engine stores one (the residual stream, norms' outputs, q/k/v, attention and
- * products' outputs, GeLU/SiLU products, the MoE sums) while every operation stays double — what
- * float32 storage alone costs, the floor of an engine that stores those values as float32
- * (`accuracy --ref-store f32`). */
-typedef enum ib_ref_store { IB_REF_STORE_F64 = 0, IB_REF_STORE_F32 } ib_ref_store;
+/* How the reference pass stores its activations: as doubles (IB_REF_STORE_F64, ib_reference_logits), or
+ * rounded to float32 at the engine's storage points of the parts set in a mask of the bits below, while
+ * every operation stays double — what float32 storage of those values alone costs: with every part
+ * (IB_REF_STORE_F32), the floor of an engine that stores its activations as float32 (`accuracy
+ * --ref-store f32`, `--floor`); one part at a time, that part's share of it (`--floor-parts`). */
+typedef enum ib_ref_store {
+    IB_REF_STORE_F64 = 0,
+    IB_REF_F32_RESIDUAL = 1 << 0,   /* the residual stream (after each block joins it, and the embedding) */
+    IB_REF_F32_NORMED = 1 << 1,     /* norms' outputs that products read (the MoE router's input too) */
+    IB_REF_F32_QKV = 1 << 2,        /* q, k, v after their norms, and after RoPE */
+    IB_REF_F32_ATTENTION = 1 << 3,  /* attention's output */
+    IB_REF_F32_BLOCK = 1 << 4,      /* a block's normed output before it joins the residual, the MoE sums,
+                                     * Gemma 4's per-layer inputs */
+    IB_REF_F32_HIDDEN = 1 << 5,     /* the MLPs' gated hidden values (GeLU/SiLU times up), experts' too */
+    IB_REF_F32_PRODUCTS = 1 << 6,   /* every product's output */
+    IB_REF_F32_LOGITS = 1 << 7,     /* the logits */
+    IB_REF_STORE_F32 = (1 << 8) - 1 /* every part */
+} ib_ref_store;
 
-/* ib_reference_logits with the storage st; the same failures (and an unknown st). */
+/* The name of one part bit of ib_ref_store ("residual", "normed", "qkv", "attention", "block", "hidden",
+ * "products", "logits"); NULL for anything else. */
+const char *ib_ref_store_part_name(ib_ref_store part);
+
+/* ib_reference_logits with the storage st (a mask of the part bits); the same failures, and a bit
+ * outside IB_REF_STORE_F32. */
 ib_status ib_reference_logits_stored(const ib_model *m, const int32_t *tokens, int T, ib_ref_store st,
                                      double *logits, ib_error *err);
 

@@ -79,15 +79,29 @@ typedef struct ref_pass {
     float *wf[REF_MAX_THREADS];
     double *wd[REF_MAX_THREADS];
     int nt;
-    int f32;
+    unsigned f32;   /* the parts (ib_ref_store bits) stored as float32 */
 } ref_pass;
 
-/* a [n] as the pass stores it: unchanged, or (f32 storage) each value rounded to float32 — the
- * arithmetic stays double, so the pass then shows what storing these activations as float32 alone
- * costs: the floor of an engine that stores them so. */
-static void store(const ref_pass *s, double *a, size_t n) {
-    if (s->f32)
+/* a [n], values of the storage part `part`, as the pass stores them: unchanged, or (that part's bit set)
+ * each rounded to float32 — the arithmetic stays double, so the pass then shows what storing these
+ * activations as float32 alone costs: the floor of an engine that stores them so. */
+static void store(const ref_pass *s, ib_ref_store part, double *a, size_t n) {
+    if (s->f32 & (unsigned)part)
         for (size_t i = 0; i < n; i++) a[i] = (double)(float)a[i];
+}
+
+const char *ib_ref_store_part_name(ib_ref_store part) {
+    switch (part) {
+    case IB_REF_F32_RESIDUAL: return "residual";
+    case IB_REF_F32_NORMED: return "normed";
+    case IB_REF_F32_QKV: return "qkv";
+    case IB_REF_F32_ATTENTION: return "attention";
+    case IB_REF_F32_BLOCK: return "block";
+    case IB_REF_F32_HIDDEN: return "hidden";
+    case IB_REF_F32_PRODUCTS: return "products";
+    case IB_REF_F32_LOGITS: return "logits";
+    default: return NULL;
+    }
 }
 
 /* Decide the pass's threads (the CPUs online, 1..REF_MAX_THREADS) and give each its row buffers of
@@ -128,7 +142,7 @@ static void linear(const ib_matrix *w, const double *X, int T, double *Y, ref_pa
         if (started[i]) pthread_join(th[i], NULL);
         else lin_run(&jobs[i]);
     }
-    store(s, Y, (size_t)T * w->rows);
+    store(s, IB_REF_F32_PRODUCTS, Y, (size_t)T * w->rows);
 }
 
 /* ---------------------------------------------------------------- the other layers */
@@ -196,7 +210,7 @@ static void gemma4_moe(const ib_config *c, const ib_layer *L, const double *h, c
     double r[IB_REF_MAX_D];
     rmsnorm(h, NULL, D, c->rms_eps, r);
     for (int d = 0; d < D; d++) r[d] = r[d] * (double)L->router_scale[d] / sqrt((double)D);
-    store(s, r, (size_t)D);
+    store(s, IB_REF_F32_NORMED, r, (size_t)D);
     linear(&L->w_router, r, 1, rl, s);
     int sel[IB_REF_MAX_TOPK] = {0};
     for (int j = 0; j < K; j++) { /* rank j: the largest logit not yet taken, ties to the lowest id */
@@ -218,10 +232,10 @@ static void gemma4_moe(const ib_config *c, const ib_layer *L, const double *h, c
         linear(&L->e_gate[e], xe, 1, gu, s);
         linear(&L->e_up[e], xe, 1, gu + Fm, s);
         for (int f = 0; f < Fm; f++) gu[f] = gelu_tanh(gu[f]) * gu[Fm + f];
-        store(s, gu, (size_t)Fm);
+        store(s, IB_REF_F32_HIDDEN, gu, (size_t)Fm);
         linear(&L->e_down[e], gu, 1, y, s);
         for (int d = 0; d < D; d++) out[d] += w * y[d];
-        store(s, out, (size_t)D);
+        store(s, IB_REF_F32_BLOCK, out, (size_t)D);
     }
 }
 
@@ -236,7 +250,7 @@ static void gemma4_moe(const ib_config *c, const ib_layer *L, const double *h, c
  * embeddings (ple_dim P > 0): each token's [L][P] inputs from the projection of its embedding (scaled
  * 1/sqrt(D), normed per P-slice) plus its per-layer table row (times sqrt(P)), times 1/sqrt(2); after
  * each layer's MLP, X += rmsnorm(proj(gelu_tanh(gate(X)) * input of the layer)). logits [T][V]. */
-static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int T, int f32, double *logits,
+static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int T, ib_ref_store st, double *logits,
                                   ib_error *err) {
     const ib_config *c = &m->cfg;
     /* F: the widest layer's MLP (2 x intermediate_size with double-wide KV-shared layers) */
@@ -264,7 +278,7 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
     /* per-layer embeddings: inputs [T][L*P], a table row [L*P], a layer's gate [T][P] */
     double *pli = P ? malloc(TT * LP * sizeof *pli) : NULL, *pg = P ? malloc(TT * P * sizeof *pg) : NULL;
     float *prow = P ? malloc((size_t)LP * sizeof *prow) : NULL;
-    ref_pass s = {{0}, {0}, 0, f32};
+    ref_pass s = {{0}, {0}, 0, (unsigned)st};
     int ok = x && xn && o && q && k && v && att && g && u && p && cs && rl && gu && y && me && sk && sv &&
              (!P || (pli && pg && prow));
     ok = ref_pass_alloc(&s, Kmax) && ok;
@@ -277,7 +291,7 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
         ib_matrix_row_f32(&m->embed, tokens[t], s.wf[0]);
         for (int d = 0; d < D; d++) x[(size_t)t * D + d] = (double)s.wf[0][d] * (double)m->embed_scale;
     }
-    store(&s, x, TT * D);
+    store(&s, IB_REF_F32_RESIDUAL, x, TT * D);
     if (P > 0) { /* each token's per-layer inputs [L][P] */
         linear(&m->ple_model_proj, x, T, pli, &s);
         for (size_t i = 0; i < TT * LP; i++) pli[i] /= sqrt((double)D);
@@ -289,7 +303,7 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
                 *e = (*e + (double)prow[i] * (double)m->ple_embed_scale) / sqrt(2.0);
             }
         }
-        store(&s, pli, TT * LP);
+        store(&s, IB_REF_F32_BLOCK, pli, TT * LP);
     }
     for (int li = 0; li < c->n_layers; li++) {
         const ib_layer *L = &m->layers[li];
@@ -305,14 +319,14 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
             }
         }
         for (int t = 0; t < T; t++) rmsnorm(x + (size_t)t * D, L->attn_norm, D, eps, xn + (size_t)t * D);
-        store(&s, xn, TT * D);
+        store(&s, IB_REF_F32_NORMED, xn, TT * D);
         linear(&L->wq, xn, T, q, &s);
         for (int t = 0; t < T; t++) {
             for (int h = 0; h < H; h++) rmsnorm(q + ((size_t)t * H + h) * hd, L->q_norm, hd, eps, q + ((size_t)t * H + h) * hd);
-            store(&s, q + (size_t)t * HD, (size_t)HD);
+            store(&s, IB_REF_F32_QKV, q + (size_t)t * HD, (size_t)HD);
             rope(q + (size_t)t * HD, H, hd, cs + (size_t)t * half * 2);
         }
-        store(&s, q, TT * HD);
+        store(&s, IB_REF_F32_QKV, q, TT * HD);
         const int src = ib_config_kv_layer(c, li);
         const double *kk = k, *vv = v;   /* [T][KVH][hd] the keys and values this layer attends to */
         if (src != li) {
@@ -326,11 +340,11 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
                     rmsnorm(k + ((size_t)t * KVH + h) * hd, L->k_norm, hd, eps, k + ((size_t)t * KVH + h) * hd);
                     rmsnorm(v + ((size_t)t * KVH + h) * hd, NULL, hd, eps, v + ((size_t)t * KVH + h) * hd);
                 }
-                store(&s, k + (size_t)t * KD, (size_t)KD);
+                store(&s, IB_REF_F32_QKV, k + (size_t)t * KD, (size_t)KD);
                 rope(k + (size_t)t * KD, KVH, hd, cs + (size_t)t * half * 2);
             }
-            store(&s, k, TT * KD);
-            store(&s, v, TT * KD);
+            store(&s, IB_REF_F32_QKV, k, TT * KD);
+            store(&s, IB_REF_F32_QKV, v, TT * KD);
             int is_source = 0;
             for (int j = li + 1; j < c->n_layers; j++) is_source |= ib_config_kv_layer(c, j) == li;
             if (is_source) {
@@ -360,62 +374,62 @@ static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int 
                 for (int j = j0; j <= t; j++)
                     for (int d = 0; d < hd; d++) oh[d] += p[j] / sum * vv[((size_t)j * KVH + kvh) * hd + d];
             }
-        store(&s, att, TT * HD);
+        store(&s, IB_REF_F32_ATTENTION, att, TT * HD);
         linear(&L->wo, att, T, o, &s);
         for (int t = 0; t < T; t++) {
             rmsnorm(o + (size_t)t * D, L->post_attn_norm, D, eps, o + (size_t)t * D);
-            store(&s, o + (size_t)t * D, (size_t)D);
+            store(&s, IB_REF_F32_BLOCK, o + (size_t)t * D, (size_t)D);
             for (int d = 0; d < D; d++) x[(size_t)t * D + d] += o[(size_t)t * D + d];
         }
-        store(&s, x, TT * D);
+        store(&s, IB_REF_F32_RESIDUAL, x, TT * D);
         for (int t = 0; t < T; t++) rmsnorm(x + (size_t)t * D, L->mlp_norm, D, eps, xn + (size_t)t * D);
-        store(&s, xn, TT * D);
+        store(&s, IB_REF_F32_NORMED, xn, TT * D);
         linear(&L->w_gate, xn, T, g, &s);
         linear(&L->w_up, xn, T, u, &s);
         for (size_t i = 0; i < TT * ib_config_layer_ffn(c, li); i++) g[i] = gelu_tanh(g[i]) * u[i];   /* [T][F of li] */
-        store(&s, g, TT * ib_config_layer_ffn(c, li));
+        store(&s, IB_REF_F32_HIDDEN, g, TT * ib_config_layer_ffn(c, li));
         linear(&L->w_down, g, T, o, &s);
         for (int t = 0; t < T; t++) {
             double *ot = o + (size_t)t * D, *xt = x + (size_t)t * D;
             if (E > 0) { /* the MoE block: dense and routed outputs, each normed, summed */
                 rmsnorm(ot, L->post_mlp_norm1, D, eps, ot);
                 rmsnorm(xt, L->pre_moe_norm, D, eps, y);
-                store(&s, ot, (size_t)D);
-                store(&s, y, (size_t)D);
+                store(&s, IB_REF_F32_BLOCK, ot, (size_t)D);
+                store(&s, IB_REF_F32_NORMED, y, (size_t)D);
                 gemma4_moe(c, L, xt, y, me, rl, gu, xn, &s);
                 rmsnorm(me, L->post_moe_norm, D, eps, me);
-                store(&s, me, (size_t)D);
+                store(&s, IB_REF_F32_BLOCK, me, (size_t)D);
                 for (int d = 0; d < D; d++) ot[d] += me[d];
-                store(&s, ot, (size_t)D);
+                store(&s, IB_REF_F32_BLOCK, ot, (size_t)D);
             }
             rmsnorm(ot, L->post_mlp_norm, D, eps, ot);
-            store(&s, ot, (size_t)D);
+            store(&s, IB_REF_F32_BLOCK, ot, (size_t)D);
             for (int d = 0; d < D; d++) xt[d] += ot[d];
-            store(&s, xt, (size_t)D);
+            store(&s, IB_REF_F32_RESIDUAL, xt, (size_t)D);
         }
         if (P > 0) { /* the per-layer input block */
             linear(&L->ple_gate, x, T, pg, &s);
             for (int t = 0; t < T; t++)
                 for (int i = 0; i < P; i++)
                     pg[(size_t)t * P + i] = gelu_tanh(pg[(size_t)t * P + i]) * pli[(size_t)t * LP + (size_t)li * P + i];
-            store(&s, pg, TT * P);
+            store(&s, IB_REF_F32_HIDDEN, pg, TT * P);
             linear(&L->ple_proj, pg, T, o, &s);
             for (int t = 0; t < T; t++) {
                 rmsnorm(o + (size_t)t * D, L->ple_norm, D, eps, o + (size_t)t * D);
-                store(&s, o + (size_t)t * D, (size_t)D);
+                store(&s, IB_REF_F32_BLOCK, o + (size_t)t * D, (size_t)D);
                 for (int d = 0; d < D; d++) x[(size_t)t * D + d] += o[(size_t)t * D + d];
             }
-            store(&s, x, TT * D);
+            store(&s, IB_REF_F32_RESIDUAL, x, TT * D);
         }
         for (size_t i = 0; i < TT * D; i++) x[i] *= (double)L->layer_scalar;
-        store(&s, x, TT * D);
+        store(&s, IB_REF_F32_RESIDUAL, x, TT * D);
     }
     for (int t = 0; t < T; t++) rmsnorm(x + (size_t)t * D, m->final_norm, D, eps, xn + (size_t)t * D);
-    store(&s, xn, TT * D);
+    store(&s, IB_REF_F32_NORMED, xn, TT * D);
     linear(m->lm_head, xn, T, logits, &s);
     if (c->final_softcap > 0)
         for (size_t i = 0; i < TT * V; i++) logits[i] = c->final_softcap * tanh(logits[i] / c->final_softcap);
-    store(&s, logits, TT * V);
+    store(&s, IB_REF_F32_LOGITS, logits, TT * V);
 out:
     free(x), free(xn), free(o), free(q), free(k), free(v), free(att), free(g), free(u), free(p), free(cs);
     free(rl), free(gu), free(y), free(me);
@@ -435,7 +449,7 @@ ib_status ib_reference_logits(const ib_model *m, const int32_t *tokens, int T, d
 ib_status ib_reference_logits_stored(const ib_model *m, const int32_t *tokens, int T, ib_ref_store st,
                                      double *logits, ib_error *err) {
     if (!m || !tokens || !logits) return ib_fail(err, IB_ERR_INVALID_ARG, "reference: NULL model, tokens or logits");
-    if (st != IB_REF_STORE_F64 && st != IB_REF_STORE_F32)
+    if ((unsigned)st & ~(unsigned)IB_REF_STORE_F32)
         return ib_fail(err, IB_ERR_INVALID_ARG, "reference: unknown storage %d", (int)st);
     const ib_config *c = &m->cfg;
     if (T < 1) return ib_fail(err, IB_ERR_INVALID_ARG, "reference: %d tokens (at least 1 is needed)", T);
@@ -446,7 +460,7 @@ ib_status ib_reference_logits_stored(const ib_model *m, const int32_t *tokens, i
         if (tokens[t] < 0 || tokens[t] >= c->vocab_size)
             return ib_fail(err, IB_ERR_INVALID_ARG, "reference: token %d is %d, outside the vocabulary [0, %d)", t,
                            tokens[t], c->vocab_size);
-    if (c->arch == IB_ARCH_GEMMA4) return reference_gemma4(m, tokens, T, st == IB_REF_STORE_F32, logits, err);
+    if (c->arch == IB_ARCH_GEMMA4) return reference_gemma4(m, tokens, T, st, logits, err);
 
     const int D = c->hidden_size, H = c->n_heads, KVH = c->n_kv_heads, hd = c->head_dim, F = c->intermediate_size;
     const int HD = H * hd, KD = KVH * hd, half = hd / 2;
@@ -465,7 +479,7 @@ ib_status ib_reference_logits_stored(const ib_model *m, const int32_t *tokens, i
     double *u = malloc(TT * F * sizeof *u);            /* [T][F] up */
     double *cs = malloc(TT * half * 2 * sizeof *cs);   /* [T][hd/2][cos, sin] */
     double *p = malloc(TT * sizeof *p);                /* [T] attention weights of one query */
-    ref_pass s = {{0}, {0}, 0, st == IB_REF_STORE_F32};
+    ref_pass s = {{0}, {0}, 0, (unsigned)st};
     int ok = x && xn && q && k && v && att && o && g && u && cs && p;
     ok = ref_pass_alloc(&s, Kmax) && ok;
     ib_status rc = IB_OK;
@@ -491,7 +505,7 @@ ib_status ib_reference_logits_stored(const ib_model *m, const int32_t *tokens, i
         const ib_layer *L = &m->layers[li];
         /* attention block */
         for (int t = 0; t < T; t++) rmsnorm(x + (size_t)t * D, L->attn_norm, D, eps, xn + (size_t)t * D);
-        store(&s, xn, TT * D);
+        store(&s, IB_REF_F32_NORMED, xn, TT * D);
         linear(&L->wq, xn, T, q, &s);
         linear(&L->wk, xn, T, k, &s);
         linear(&L->wv, xn, T, v, &s);
@@ -501,31 +515,31 @@ ib_status ib_reference_logits_stored(const ib_model *m, const int32_t *tokens, i
                 for (int h = 0; h < KVH; h++)
                     rmsnorm(k + ((size_t)t * KVH + h) * hd, L->k_norm, hd, eps, k + ((size_t)t * KVH + h) * hd);
             }
-            store(&s, q + (size_t)t * HD, (size_t)HD);
-            store(&s, k + (size_t)t * KD, (size_t)KD);
+            store(&s, IB_REF_F32_QKV, q + (size_t)t * HD, (size_t)HD);
+            store(&s, IB_REF_F32_QKV, k + (size_t)t * KD, (size_t)KD);
             rope(q + (size_t)t * HD, H, hd, cs + (size_t)t * half * 2);
             rope(k + (size_t)t * KD, KVH, hd, cs + (size_t)t * half * 2);
         }
-        store(&s, q, TT * HD);
-        store(&s, k, TT * KD);
+        store(&s, IB_REF_F32_QKV, q, TT * HD);
+        store(&s, IB_REF_F32_QKV, k, TT * KD);
         attention(q, k, v, T, H, KVH, hd, p, att);
-        store(&s, att, TT * HD);
+        store(&s, IB_REF_F32_ATTENTION, att, TT * HD);
         linear(&L->wo, att, T, o, &s);
         for (size_t i = 0; i < TT * D; i++) x[i] += o[i];
-        store(&s, x, TT * D);
+        store(&s, IB_REF_F32_RESIDUAL, x, TT * D);
         /* MLP block */
         for (int t = 0; t < T; t++) rmsnorm(x + (size_t)t * D, L->mlp_norm, D, eps, xn + (size_t)t * D);
-        store(&s, xn, TT * D);
+        store(&s, IB_REF_F32_NORMED, xn, TT * D);
         linear(&L->w_gate, xn, T, g, &s);
         linear(&L->w_up, xn, T, u, &s);
         for (size_t i = 0; i < TT * F; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
-        store(&s, g, TT * F);
+        store(&s, IB_REF_F32_HIDDEN, g, TT * F);
         linear(&L->w_down, g, T, o, &s);
         for (size_t i = 0; i < TT * D; i++) x[i] += o[i];
-        store(&s, x, TT * D);
+        store(&s, IB_REF_F32_RESIDUAL, x, TT * D);
     }
     for (int t = 0; t < T; t++) rmsnorm(x + (size_t)t * D, m->final_norm, D, eps, xn + (size_t)t * D);
-    store(&s, xn, TT * D);
+    store(&s, IB_REF_F32_NORMED, xn, TT * D);
     linear(m->lm_head, xn, T, logits, &s);
 out:
     free(x);
