@@ -249,7 +249,8 @@ static void gemma4_moe(const ib_config *c, const ib_layer *L, const double *h, c
  * attends to its source layer's normed and rotated keys and values, kept from that layer. Per-layer
  * embeddings (ple_dim P > 0): each token's [L][P] inputs from the projection of its embedding (scaled
  * 1/sqrt(D), normed per P-slice) plus its per-layer table row (times sqrt(P)), times 1/sqrt(2); after
- * each layer's MLP, X += rmsnorm(proj(gelu_tanh(gate(X)) * input of the layer)). logits [T][V]. */
+ * each layer's MLP, X += rmsnorm(proj(gelu_tanh(gate(X)) * input of the layer)). logits [T][V]; st: the
+ * parts stored as float32 (ib_ref_store). */
 static ib_status reference_gemma4(const ib_model *m, const int32_t *tokens, int T, ib_ref_store st, double *logits,
                                   ib_error *err) {
     const ib_config *c = &m->cfg;
