@@ -141,8 +141,8 @@ static void check_store(const char *dir, const ib_mkmodel_opts *mo, const char *
      * only where the Gemma 4 pass has such storage points (the MoE model here: post-normed block outputs,
      * the soft-capped logits; the Qwen3 pass's logits are the lm_head product's output, the products
      * part), and there the logits part leaves every logit a float */
-    const int gemma = ib_model_get_info(m)->n_experts > 0;
-    for (int i = 0; i < 8; i++) {
+    const int gemma = ib_model_get_info(m)->n_experts > 0;   /* the Gemma 4 MoE model of main() */
+    for (int i = 0; i < IB_REF_STORE_PARTS; i++) {
         const ib_ref_store part = (ib_ref_store)(1 << i);
         const char *pn = ib_ref_store_part_name(part);
         CHECK(pn != NULL, "%s: part %d has no name", name, i);
@@ -165,9 +165,9 @@ static void check_store(const char *dir, const ib_mkmodel_opts *mo, const char *
               memcmp(pre, r32, n * sizeof *pre) != 0,
           "%s: all parts but qkv gave the whole float32-storage pass", name);
     pre[0] = 12345.0;
-    CHECK(ib_reference_logits_stored(m, tok, T, (ib_ref_store)(1 << 8), pre, &err) == IB_ERR_INVALID_ARG &&
+    CHECK(ib_reference_logits_stored(m, tok, T, (ib_ref_store)(1 << IB_REF_STORE_PARTS), pre, &err) == IB_ERR_INVALID_ARG &&
               strstr(err.msg, "unknown storage"),
-          "%s: storage 256: %s", name, err.msg);
+          "%s: a storage bit past the parts: %s", name, err.msg);
     CHECK(pre[0] == 12345.0, "%s: a failed call wrote logits", name);
     free(r64);
     free(r32);

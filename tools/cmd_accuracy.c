@@ -90,6 +90,29 @@ static int reference_run(const ib_model *m, const int32_t *ids, int T, int V, ib
     return 0;
 }
 
+/* The reference with the float32 storage st (reference_run into *buf, freed first) against the float64
+ * reference ref [T][V], row by row into a: each row rounded to floats (row32 [V]) as an engine's are —
+ * exact for the whole float32-storage pass, whose logits are floats. */
+static int floor_pass(const ib_model *m, const int32_t *ids, int T, int V, ib_ref_store st, const double *ref,
+                      float *row32, double **buf, ib_accuracy *a) {
+    free(*buf);
+    *buf = NULL;
+    int rc = reference_run(m, ids, T, V, st, buf, &a->seconds);
+    for (int t = 0; !rc && t < T; t++) {
+        for (int i = 0; i < V; i++) row32[i] = (float)(*buf)[(size_t)t * V + i];
+        ib_accuracy_add(a, ref + (size_t)t * V, row32, V);
+    }
+    return rc;
+}
+
+/* One table row of a floor pass: label, the figures, then the note in parentheses. */
+static void print_floor_row(const char *label, const ib_accuracy *a, const char *note) {
+    char agree[32];
+    snprintf(agree, sizeof agree, "%d/%d = %.3f", a->top1_agree, a->tokens, a->top1_fraction);
+    printf("%-5s%6d  %-16s %10.3e %10.3e %13.3e %10.3e %8.2f  (%s)\n", label, a->tokens, agree, a->kl_mean, a->kl_max,
+           a->max_abs_diff, a->rel_l2, a->seconds, note);
+}
+
 /* A number, or null when it is not finite (JSON has no NaN or infinity). */
 static json_t *jnum(double d) { return isfinite(d) ? json_real(d) : json_null(); }
 
@@ -104,10 +127,8 @@ int cmd_accuracy(int argc, char **argv) {
     const char *dir = NULL, *text = NULL, *idlist = NULL, *acts = "both", *logits_out = NULL, *ref_out = NULL;
     int no_ref = 0, per_pos = 0, floor_row = 0, floor_parts = 0;
     double *ref32 = NULL;   /* [T][V] --floor: the float32-storage reference; --floor-parts: each part's */
-    float *row32 = NULL;    /* [V] one of its rows as floats (exactly, for --floor) */
-    ib_accuracy floor_acc = {0};
-    enum { N_PARTS = 8 };   /* the part bits of ib_ref_store, 1 << 0 .. 1 << 7 */
-    ib_accuracy part_acc[N_PARTS] = {{0}};
+    float *row32 = NULL;    /* [V] one of its rows as floats */
+    ib_accuracy floor_acc = {0}, part_acc[IB_REF_STORE_PARTS] = {{0}};
     ib_ref_store ref_store = IB_REF_STORE_F64;
     double *pos_l2 = NULL;   /* [T] --per-position: each position's relative L2 */
     float *eng = NULL;
@@ -202,21 +223,9 @@ int cmd_accuracy(int argc, char **argv) {
         rc = cli_error("out of memory");
         goto out;
     }
-    if (floor_row) { /* the float32-storage pass against the float64 one: its rows are floats exactly */
-        if ((rc = reference_run(m, ids, T, V, IB_REF_STORE_F32, &ref32, &floor_acc.seconds))) goto out;
-        for (int t = 0; t < T; t++) {
-            for (int i = 0; i < V; i++) row32[i] = (float)ref32[(size_t)t * V + i];
-            ib_accuracy_add(&floor_acc, ref + (size_t)t * V, row32, V);
-        }
-    }
-    for (int i = 0; floor_parts && i < N_PARTS; i++) { /* one part alone; its rows rounded to floats to compare */
-        free(ref32);
-        if ((rc = reference_run(m, ids, T, V, (ib_ref_store)(1 << i), &ref32, &part_acc[i].seconds))) goto out;
-        for (int t = 0; t < T; t++) {
-            for (int k = 0; k < V; k++) row32[k] = (float)ref32[(size_t)t * V + k];
-            ib_accuracy_add(&part_acc[i], ref + (size_t)t * V, row32, V);
-        }
-    }
+    if (floor_row && (rc = floor_pass(m, ids, T, V, IB_REF_STORE_F32, ref, row32, &ref32, &floor_acc))) goto out;
+    for (int i = 0; floor_parts && i < IB_REF_STORE_PARTS; i++) /* one part alone */
+        if ((rc = floor_pass(m, ids, T, V, (ib_ref_store)(1 << i), ref, row32, &ref32, &part_acc[i]))) goto out;
     if ((logits_out || per_pos) && !(eng = malloc((size_t)T * V * sizeof *eng))) {
         rc = cli_error("out of memory for the engine logits (%d x %d)", T, V);
         goto out;
@@ -293,7 +302,7 @@ int cmd_accuracy(int argc, char **argv) {
         if (floor_row) json_object_set_new(o, "floor", mode_json("floor", &floor_acc));
         if (floor_parts) {
             json_t *fp = json_object();
-            for (int i = 0; i < N_PARTS; i++) {
+            for (int i = 0; i < IB_REF_STORE_PARTS; i++) {
                 const char *pn = ib_ref_store_part_name((ib_ref_store)(1 << i));
                 json_object_set_new(fp, pn, mode_json(pn, &part_acc[i]));
             }
@@ -323,20 +332,11 @@ int cmd_accuracy(int argc, char **argv) {
                    a->kl_max, a->max_abs_diff, a->rel_l2, a->seconds);
         }
         if (skipped_q8) printf("q8   skipped: the model's weights are not quantized\n");
-        if (floor_row) {
-            const ib_accuracy *a = &floor_acc;
-            char agree[32];
-            snprintf(agree, sizeof agree, "%d/%d = %.3f", a->top1_agree, a->tokens, a->top1_fraction);
-            printf("%-5s%6d  %-16s %10.3e %10.3e %13.3e %10.3e %8.2f  (float32 storage, double arithmetic)\n", "floor",
-                   a->tokens, agree, a->kl_mean, a->kl_max, a->max_abs_diff, a->rel_l2, a->seconds);
-        }
-        for (int i = 0; floor_parts && i < N_PARTS; i++) {
-            const ib_accuracy *a = &part_acc[i];
-            char agree[32];
-            snprintf(agree, sizeof agree, "%d/%d = %.3f", a->top1_agree, a->tokens, a->top1_fraction);
-            printf("%-5s%6d  %-16s %10.3e %10.3e %13.3e %10.3e %8.2f  (only %s stored as float32)\n", "part",
-                   a->tokens, agree, a->kl_mean, a->kl_max, a->max_abs_diff, a->rel_l2, a->seconds,
-                   ib_ref_store_part_name((ib_ref_store)(1 << i)));
+        if (floor_row) print_floor_row("floor", &floor_acc, "float32 storage, double arithmetic");
+        for (int i = 0; floor_parts && i < IB_REF_STORE_PARTS; i++) {
+            char note[64];
+            snprintf(note, sizeof note, "only %s stored as float32", ib_ref_store_part_name((ib_ref_store)(1 << i)));
+            print_floor_row("part", &part_acc[i], note);
         }
         printf("(KL in nats per token, KL(reference || engine); rel L2 = ||engine - ref|| / ||ref|| over all logits)\n");
         if (pos_l2) {

@@ -224,6 +224,7 @@ ib_status ib_reference_logits(const ib_model *m, const int32_t *tokens, int T, d
  * every operation stays double — what float32 storage of those values alone costs: with every part
  * (IB_REF_STORE_F32), the floor of an engine that stores its activations as float32 (`accuracy
  * --ref-store f32`, `--floor`); one part at a time, that part's share of it (`--floor-parts`). */
+#define IB_REF_STORE_PARTS 8   /* the part bits below: 1 << 0 .. 1 << (IB_REF_STORE_PARTS - 1) */
 typedef enum ib_ref_store {
     IB_REF_STORE_F64 = 0,
     IB_REF_F32_RESIDUAL = 1 << 0,   /* the residual stream (after each block joins it, and the embedding) */
@@ -235,7 +236,7 @@ typedef enum ib_ref_store {
     IB_REF_F32_HIDDEN = 1 << 5,     /* the MLPs' gated hidden values (GeLU/SiLU times up), experts' too */
     IB_REF_F32_PRODUCTS = 1 << 6,   /* every product's output */
     IB_REF_F32_LOGITS = 1 << 7,     /* the logits */
-    IB_REF_STORE_F32 = (1 << 8) - 1 /* every part */
+    IB_REF_STORE_F32 = (1 << IB_REF_STORE_PARTS) - 1 /* every part */
 } ib_ref_store;
 
 /* The name of one part bit of ib_ref_store ("residual", "normed", "qkv", "attention", "block", "hidden",
