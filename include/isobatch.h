@@ -132,9 +132,13 @@ int ib_act_parse(const char *s, ib_act *out);
 /* Element type of a session's KV cache. F32: float32. F16: IEEE half, rounded to nearest even when
  * written and converted exactly when read: half the memory and the bandwidth attention reads; answers
  * differ slightly from F32's, but never between batchings, thread counts, chunkings, ISAs or backends
- * (the rounding is a function of the value alone). */
-typedef enum ib_kv_dtype { IB_KV_F32 = 0, IB_KV_F16 } ib_kv_dtype;
-/* "f32" / "f16"; parse returns 0, or -1 on an unknown name. */
+ * (the rounding is a function of the value alone). Q8: 8-bit codes with a float scale per 32
+ * elements of a row (src/core/kvq8.h), 1.125 bytes an element (56% of F16's memory and attention
+ * bandwidth); answers differ more from F32's than F16's do (docs/cpu.md measures by how much), and
+ * likewise never between batchings (each block's scale is a function of its own 32 values). Q8 needs
+ * head dims that are multiples of 32, and the CPU backend (a session refuses it elsewhere). */
+typedef enum ib_kv_dtype { IB_KV_F32 = 0, IB_KV_F16, IB_KV_Q8, IB_KV_DTYPE_COUNT } ib_kv_dtype;
+/* "f32" / "f16" / "q8"; parse returns 0, or -1 on an unknown name. */
 const char *ib_kv_dtype_name(ib_kv_dtype t);
 int ib_kv_dtype_parse(const char *s, ib_kv_dtype *out);
 
@@ -710,6 +714,9 @@ typedef enum ib_fault {
     IB_FAULT_ATTN_BLOCK_MAX,      /* the vector attention copies' key-block maxima take a NaN score and keep
                                    * whichever zero their lane fold ends on (the portable walk skips NaN
                                    * and keeps the first zero in key order) */
+    IB_FAULT_KVQ8_STEP_SCALE,     /* q8 KV: a step of more than one row encodes its keys and values with codes
+                                   * up to 126 (the definition: 127), as a kernel picked by the step's shape
+                                   * would (CPU backend) */
     IB_FAULT_COUNT
 } ib_fault;
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Golden digests: every prompt's digest (the hash of the logits rows that chose its tokens) of a fixed
 # set of generate configurations, compared with the values recorded in tests/golden/digests.txt. The
-# configurations: the bundled trained model (models/default) with q8 and f32 activations, f32 and f16
-# KV, greedy and seeded sampling, full and sink + window KV; the Gemma 4 dense and MoE tiny presets (sliding-window layers, the
+# configurations: the bundled trained model (models/default) with q8 and f32 activations, f32, f16 and
+# q8 KV, greedy and seeded sampling, full and sink + window KV; the Gemma 4 dense and MoE tiny presets (sliding-window layers, the
 # prompts longer than the window); two tiny Qwen presets with 8-bit and 16-bit weights. Each one runs
 # on --isa scalar and on every other ISA this CPU has (the others: a SKIP line), with --batch 1 and with
 # --batch 8 --prefill-chunk 5 (2 threads; recorded with 1), and every run must give the ONE recorded
@@ -46,6 +46,10 @@ CONFIGS=(
     "qwen-tiny-b16-seeded|tiny:3:16|$COMMON $SAMPLED"
     "default-q8-kv16-sink4-window12-greedy|default|$COMMON --act q8 --kv-dtype f16 --kv sink:4,window:12"
     "default-f32-kv32-window10-seeded|default|$COMMON --act f32 --kv-dtype f32 --kv window:10 $SAMPLED"
+    "default-q8-kvq8-greedy|default|$COMMON --act q8 --kv-dtype q8"
+    "default-f32-kvq8-seeded|default|$COMMON --act f32 --kv-dtype q8 $SAMPLED"
+    "default-q8-kvq8-sink4-window12-greedy|default|$COMMON --act q8 --kv-dtype q8 --kv sink:4,window:12"
+    "gemma4-moe-tiny-b4-kvq8-greedy|gemma4-moe-tiny:5:4|$COMMON --kv-dtype q8"
 )
 SCHEDULES=("--batch 1 --threads 2" "--batch 8 --prefill-chunk 5 --threads 2")   # recorded: --threads 1
 

@@ -1,7 +1,8 @@
 /*
  * test_attention_isa.c — the attention copies (portable, AVX2, AVX-512: attention_impl.h) give the
  * same bits on fresh random inputs, and half KV gives the bits of float KV holding its exact values
- * (the contract of ib_attend_heads_f16; on aarch64 this checks the NEON half conversion): float and
+ * (the contract of ib_attend_heads_f16; on aarch64 this checks the NEON half conversion), and q8 KV
+ * the bits of float KV holding its decoded values (ib_attend_heads_kv_isa, ib_attend_rows_isa): float and
  * half KV, 1..16 query heads, head sizes with and without
  * a tail, key counts around the block edges, windows, blocks of 16 and 32, and a stride wider than
  * the head. The isa-fma fault (the vector copies fuse the dot products' multiply-adds) must make the
@@ -19,6 +20,7 @@
 
 #include "check.h"
 #include "core/half.h"
+#include "core/kv_elem.h"
 #include "ops/ops.h"
 #include "test_rng.h"
 
@@ -50,7 +52,7 @@ static int compare_isa(ib_isa isa, int *cases) {
                     bad += memcmp(ref, got, sizeof(float) * (size_t)(nq * hd)) != 0;
                     ib_attend_heads_f16_isa(isa, kh, vh, q, nq, nk, stride, hd, scale, block, window, got);
                     bad += memcmp(ref, got, sizeof(float) * (size_t)(nq * hd)) != 0;
-                    ib_attend_heads_f16_portable(kh, vh, q, nq, nk, stride, hd, scale, block, window, got);
+                    ib_attend_heads_kv_portable(IB_KV_F16, kh, vh, q, nq, nk, stride, hd, scale, block, window, got);
                     bad += memcmp(ref, got, sizeof(float) * (size_t)(nq * hd)) != 0;
                     *cases += 3;
                 }
@@ -114,7 +116,7 @@ static int perturbed_differs(void) {
     for (int i = 0; i < HD; i++) q[i] = 3 * rndf();
     kh[5 * HD + 3] ^= 1;
     ib_attend_heads_portable(q, 1, kf, vf, NK, HD, HD, 0.125f, IB_ATTN_BLOCK, 0, ref);
-    ib_attend_heads_f16_portable(kh, vh, q, 1, NK, HD, HD, 0.125f, IB_ATTN_BLOCK, 0, got);
+    ib_attend_heads_kv_portable(IB_KV_F16, kh, vh, q, 1, NK, HD, HD, 0.125f, IB_ATTN_BLOCK, 0, got);
     return memcmp(ref, got, sizeof(float) * HD) != 0;
 }
 
@@ -195,6 +197,72 @@ static int compare_weights(ib_isa isa, int cases[WKINDS], int bad[WKINDS]) {
     return total;
 }
 
+/* q8 KV: the copy for isa over q8 planes (ib_attend_heads_kv_isa, and ib_attend_rows_isa for tiles of
+ * rows of one session) gives the bits of the portable float attention over the planes' decoded values,
+ * decoded here from the bytes as core/kv_elem.h lays them out (a code times its block's scale): 1..16
+ * query heads, head sizes 32..128, rows wider than the head, windows, blocks of 16 and 32, key counts
+ * around the block edges; the rows' blocks take magnitudes from 2^-6 to 2^3, and some are zero. */
+enum { Q8_MAX_STRIDE = 160 };
+static unsigned char kq[MAX_KEYS * Q8_MAX_STRIDE / 32 * 36], vq[MAX_KEYS * Q8_MAX_STRIDE / 32 * 36];
+static float kqf[MAX_KEYS * Q8_MAX_STRIDE], vqf[MAX_KEYS * Q8_MAX_STRIDE];   /* their decoded values */
+
+static float q8_decoded(const unsigned char *plane, size_t e) {
+    float s;
+    memcpy(&s, plane + (e / 32) * 36 + 32, 4);
+    return s * (float)(int8_t)plane[(e / 32) * 36 + e % 32];
+}
+
+/* nk rows of `stride` random floats per plane, encoded into kq / vq, their decoded values into kqf / vqf. */
+static void fill_q8(int nk, int stride) {
+    float row[Q8_MAX_STRIDE];
+    for (int j = 0; j < nk; j++)
+        for (int pl = 0; pl < 2; pl++) {
+            for (int b = 0; b < stride / 32; b++) {
+                const float mag = rndi(8) == 0 ? 0.0f : ldexpf(1.0f, rndi(10) - 6);
+                for (int i = 0; i < 32; i++) row[b * 32 + i] = mag * rndf();
+            }
+            unsigned char *dst = (pl ? vq : kq) + (size_t)j * stride / 32 * 36;
+            ib_kvq8_encode_row(row, stride, dst);
+        }
+    for (size_t e = 0; e < (size_t)nk * stride; e++) kqf[e] = q8_decoded(kq, e), vqf[e] = q8_decoded(vq, e);
+}
+
+static int compare_q8(ib_isa isa, int *cases) {
+    static const int nqs[] = {1, 2, 3, 16}, hds[] = {32, 64, 128}, keys[] = {1, 15, 32, 33, 150, 300};
+    int bad = 0;
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 3; b++)
+            for (int c = 0; c < 6; c++)
+                for (int w = 0; w < 3; w++) {
+                    int nq = nqs[a], hd = hds[b], nk = keys[c], stride = hd + (c & 1) * 32;
+                    int window = w == 0 ? 0 : w == 1 ? 40 : 1 + rndi(60), block = (c & 1) ? 16 : 32;
+                    float scale = 1.0f / sqrtf((float)hd);
+                    fill_q8(nk, stride);
+                    for (int i = 0; i < nq * hd; i++) q[i] = 3 * rndf();
+                    ib_attend_heads_portable(q, nq, kqf, vqf, nk, stride, hd, scale, block, window, ref);
+                    ib_attend_heads_kv_isa(isa, IB_KV_Q8, kq, vq, q, nq, nk, stride, hd, scale, block, window, got);
+                    bad += memcmp(ref, got, sizeof(float) * (size_t)(nq * hd)) != 0;
+                    *cases += 1;
+                    /* the last rows of the plane as a tile of one session's rows */
+                    const int nr = nk < 4 ? nk : 4;
+                    if (nr * nq > IB_ATTN_TILE_Q) continue;
+                    int n_keys[IB_ATTN_TILE_Q];
+                    size_t qs = (size_t)nq * hd;
+                    for (int t = 0; t < nr; t++) n_keys[t] = nk - nr + 1 + t;
+                    for (size_t i = 0; i < (size_t)nr * qs; i++) rq[i] = 3 * rndf();
+                    for (int t = 0; t < nr; t++)
+                        ib_attend_heads_portable(rq + t * qs, nq, kqf, vqf, n_keys[t], stride, hd, scale, block,
+                                                 window, rref + t * qs);
+                    ib_attend_rows_isa(isa, IB_KV_Q8, rq, qs, nq, nr, n_keys, kq, vq, stride, hd, scale, block, window,
+                                       rgot, qs);
+                    for (int t = 0; t < nr; t++) {
+                        bad += memcmp(rref + t * qs, rgot + t * qs, sizeof(float) * qs) != 0;
+                        *cases += 1;
+                    }
+                }
+    return bad;
+}
+
 int main(void) {
     CHECK(perturbed_differs(), "a one-bit change of a half key went unseen");
     static const ib_isa isas[] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512, IB_ISA_NEON, IB_ISA_AUTO};
@@ -251,6 +319,23 @@ int main(void) {
                    "%d of %d zero-max, %d of %d random cases\n",
                    ib_isa_name(isas[i]), wc[0] + wc[1] + wc[2] + wc[3] + wc[4], wbad, fb[1], fc[1], fb[2], fc[2], fb[0],
                    fc[0]);
+        }
+    }
+    /* q8 KV, after everything above (its random inputs unchanged) */
+    for (int i = 0; i < 5; i++) {
+        if (!ib_isa_supported(isas[i])) continue;
+        int cases = 0, bad = compare_q8(isas[i], &cases);
+        CHECK(bad == 0, "q8 KV attention (--isa %s) differs from float attention over its decoded values in %d of %d "
+              "cases", ib_isa_name(isas[i]), bad, cases);
+        if (isas[i] == IB_ISA_AVX2 || isas[i] == IB_ISA_AVX512) {
+            int fcases = 0;
+            ib_fault_set(IB_FAULT_ISA_FMA);
+            int fbad = compare_q8(isas[i], &fcases);
+            ib_fault_set(IB_FAULT_NONE);
+            CHECK(fbad > fcases / 4, "isa-fma fault on --isa %s changed only %d of %d q8 cases", ib_isa_name(isas[i]),
+                  fbad, fcases);
+            printf("q8 KV --isa %s: %d cases, %d differ; the isa-fma fault changed %d\n", ib_isa_name(isas[i]), cases,
+                   bad, fbad);
         }
     }
     TEST_MAIN_END("test_attention_isa");

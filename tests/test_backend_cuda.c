@@ -205,10 +205,9 @@ static void step(run *t, sess **ss, int n, const int32_t *const *toks, const int
         CU->attention(t->b, li);
         for (int r = 0; r < R; r++) {
             sess *s = ss[item[r]];
-            const size_t eb = ib_kv_dtype_bytes(s->desc.dtype);
             for (int kh = 0; kh < KVH; kh++) {
-                const char *kp = (const char *)s->hkv + plane_off(&s->desc, li, 0, kh) * eb;
-                const char *vp = (const char *)s->hkv + plane_off(&s->desc, li, 1, kh) * eb;
+                const char *kp = (const char *)s->hkv + ib_kv_bytes(s->desc.dtype, plane_off(&s->desc, li, 0, kh));
+                const char *vp = (const char *)s->hkv + ib_kv_bytes(s->desc.dtype, plane_off(&s->desc, li, 1, kh));
                 const float *qr = t->q + ((size_t)r * H + kh * G) * hd;
                 float *out = t->att + ((size_t)r * H + kh * G) * hd;
                 if (s->desc.window > 0) {
@@ -216,8 +215,8 @@ static void step(run *t, sess **ss, int n, const int32_t *const *toks, const int
                         ib_attend_policy(&s->desc, qr + (size_t)h * hd, kp, vp, pos[r], hd, scale, sd.attn_block,
                                          out + (size_t)h * hd);
                 } else if (s->desc.dtype == IB_KV_F16) {
-                    ib_attend_heads_f16_portable((const uint16_t *)kp, (const uint16_t *)vp, qr, G, pos[r] + 1, hd, hd,
-                                                 scale, sd.attn_block, 0, out);
+                    ib_attend_heads_kv_portable(IB_KV_F16, kp, vp, qr, G, pos[r] + 1, hd, hd, scale, sd.attn_block, 0,
+                                                out);
                 } else {
                     ib_attend_heads_portable(qr, G, (const float *)kp, (const float *)vp, pos[r] + 1, hd, hd, scale,
                                              sd.attn_block, 0, out);

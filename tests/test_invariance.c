@@ -281,6 +281,19 @@ int main(void) {
         run_cfg hc = base_cfg(IB_ACT_Q8, 0);
         hc.chunk = 3;   /* tiles of 3 rows against the whole prompt's */
         check_fault(m, IB_FAULT_ATTN_TILE_RANGE, hc, 0);
+
+        /* q8 KV: likewise, and its encoding must not depend on the step (kvq8-step-scale: steps of
+         * several rows encode with another code range) */
+        g_kv_dtype = IB_KV_Q8;
+        outcome q8kv = run(m, base_cfg(IB_ACT_F32, 0));
+        CHECK(differing(&f16kv, &q8kv) > 0 && differing(&f32kv, &q8kv) > 0,
+              "q8 KV gives the digests of f16 KV (%d differ) or f32 KV (%d)", differing(&f16kv, &q8kv),
+              differing(&f32kv, &q8kv));
+        check_clean(m, IB_ACT_F32, 0, "f32 greedy, q8 KV");
+        check_clean(m, IB_ACT_Q8, 1, "q8 sampled, q8 KV");
+        check_fault(m, IB_FAULT_KVQ8_STEP_SCALE, h8, 0);   /* the baseline's whole-prompt prefill has > 1 row */
+        check_fault(m, IB_FAULT_SPLIT_KV_BY_BATCH, h8, 1);
+        check_fault(m, IB_FAULT_ATTN_TILE_RANGE, hc, 0);
         g_kv_dtype = IB_KV_F32;
     }
 

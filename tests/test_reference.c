@@ -51,7 +51,7 @@ static void check_model(const char *dir, const ib_mkmodel_opts *mo, const char *
     /* f32 activations: float rounding only */
     ib_accuracy a;
     ib_engine_opts f32 = {.threads = 2, .act = IB_ACT_F32};
-    CHECK(ib_accuracy_run(m, &f32, tok, T, ref, &a, &err) == IB_OK, "%s: f32: %s", name, err.msg);
+    CHECK(ib_accuracy_run(m, &f32, IB_KV_F32, tok, T, ref, &a, &err) == IB_OK, "%s: f32: %s", name, err.msg);
     CHECK_EQ_INT(a.tokens, T);
     CHECK(a.top1_agree == T && a.top1_fraction == 1.0, "%s: f32 top-1 %d/%d", name, a.top1_agree, T);
     CHECK(a.rel_l2 < 1e-5, "%s: f32 relative L2 %g", name, a.rel_l2);
@@ -63,7 +63,7 @@ static void check_model(const char *dir, const ib_mkmodel_opts *mo, const char *
     /* the metric can fail: the engine on tok against the reference of a sequence that differs at
      * position 0 (which every later position attends to) */
     ib_accuracy w;
-    CHECK(ib_accuracy_run(m, &f32, tok, T, ref2, &w, &err) == IB_OK, "%s: f32 vs other: %s", name, err.msg);
+    CHECK(ib_accuracy_run(m, &f32, IB_KV_F32, tok, T, ref2, &w, &err) == IB_OK, "%s: f32 vs other: %s", name, err.msg);
     CHECK(w.rel_l2 > 1e-2, "%s: the reference of another sequence not flagged: relative L2 %g", name, w.rel_l2);
     CHECK(w.kl_max > 1e-4, "%s: the reference of another sequence not flagged: KL max %g", name, w.kl_max);
     printf("%s f32 vs another sequence's reference: rel L2 %.3g, KL max %.3g, top-1 %d/%d\n", name, w.rel_l2,
@@ -72,14 +72,14 @@ static void check_model(const char *dir, const ib_mkmodel_opts *mo, const char *
     /* q8 activations: lossy but close (quantized weights only; a float model refuses q8) */
     ib_engine_opts q8 = {.threads = 2, .act = IB_ACT_Q8};
     if (quant) {
-        CHECK(ib_accuracy_run(m, &q8, tok, T, ref, &a, &err) == IB_OK, "%s: q8: %s", name, err.msg);
+        CHECK(ib_accuracy_run(m, &q8, IB_KV_F32, tok, T, ref, &a, &err) == IB_OK, "%s: q8: %s", name, err.msg);
         CHECK(a.kl_mean > 1e-9 && a.kl_mean < 1e-2, "%s: q8 KL mean %g", name, a.kl_mean);
         CHECK(a.rel_l2 > 1e-5 && a.rel_l2 < 0.1, "%s: q8 relative L2 %g", name, a.rel_l2);
         CHECK(a.top1_fraction >= 0.9, "%s: q8 top-1 %d/%d", name, a.top1_agree, a.tokens);
         printf("%s q8:  top-1 %d/%d, KL mean %.3g max %.3g, max |d| %.3g, rel L2 %.3g\n", name, a.top1_agree, a.tokens,
                a.kl_mean, a.kl_max, a.max_abs_diff, a.rel_l2);
     } else {
-        CHECK(ib_accuracy_run(m, &q8, tok, T, ref, &a, &err) == IB_ERR_UNSUPPORTED && strstr(err.msg, "not quantized"),
+        CHECK(ib_accuracy_run(m, &q8, IB_KV_F32, tok, T, ref, &a, &err) == IB_ERR_UNSUPPORTED && strstr(err.msg, "not quantized"),
               "%s: q8 on a float model: %s", name, err.msg);
         CHECK(a.tokens == 0, "%s: a failed run left %d tokens", name, a.tokens);
     }
@@ -99,7 +99,7 @@ static void check_model(const char *dir, const ib_mkmodel_opts *mo, const char *
           "%s: T past the context: %s", name, err.msg);
     CHECK(ib_reference_logits(m, NULL, 3, pre, &err) == IB_ERR_INVALID_ARG, "%s: NULL tokens accepted", name);
     CHECK(pre[0] == 12345.0, "%s: a failed call wrote logits", name);
-    CHECK(ib_accuracy_run(m, &f32, tok, 0, ref, &a, &err) == IB_ERR_INVALID_ARG, "%s: accuracy T = 0 accepted", name);
+    CHECK(ib_accuracy_run(m, &f32, IB_KV_F32, tok, 0, ref, &a, &err) == IB_ERR_INVALID_ARG, "%s: accuracy T = 0 accepted", name);
 
     free(ref);
     free(ref2);

@@ -159,7 +159,7 @@ int cli_act(const char *v, ib_act *out) {
 
 int cli_kv_dtype(const char *v, ib_kv_dtype *out) {
     if (ib_kv_dtype_parse(v, out) == 0) return 0;
-    return cli_usage_error("--kv-dtype: unknown '%s' (f32, f16)", v);
+    return cli_usage_error("--kv-dtype: unknown '%s' (f32, f16, q8)", v);
 }
 
 int cli_kv_policy(const char *v, int *sink, int *window) {

@@ -44,7 +44,7 @@ int cli_act(const char *v, ib_act *out);
 /* --backend cpu|cuda. */
 int cli_backend(const char *v, ib_backend_kind *out);
 int cli_inject(const char *v);
-/* --kv-dtype f32|f16: *f16 = 1 for half-precision KV. 0, or 2 after a usage error. */
+/* --kv-dtype f32|f16|q8 into *out (ib_kv_dtype_parse). 0, or 2 after a usage error. */
 int cli_kv_dtype(const char *v, ib_kv_dtype *out);
 /* --kv POLICY: "full" | "window:W" | "sink:S,window:W" into (sink, window); 0, or a usage error (2). */
 int cli_kv_policy(const char *v, int *sink, int *window);

@@ -17,7 +17,7 @@
 static const char help[] =
     "usage: isobatch accuracy [-m DIR] [-p TEXT | --prompt-ids L] [--tokens N] [--act f32|q8|both]\n"
     "         [--isa I] [--threads N] [--json] [--logits-out F] [--ref-logits-out F] [--no-reference]\n"
-    "         [--per-position] [--ref-store f64|f32] [--floor] [--floor-parts]\n"
+    "         [--per-position] [--ref-store f64|f32] [--floor] [--floor-parts] [--kv-dtype f32|f16|q8]\n"
     "\n"
     "Runs a float64 reference forward pass of the model over one token sequence (every position, from\n"
     "position 0), then feeds the same tokens to the engine one step at a time per activation mode and\n"
@@ -30,6 +30,7 @@ static const char help[] =
     "  --tokens N        compare the first N tokens (default 64; at least 2 are needed)\n"
     "  --act A           f32, q8 or both (default both; q8 is skipped on float models)\n"
     "  --isa I           engine kernels: auto, scalar, avx2, avx512, neon, amx (default auto)\n"
+    "  --kv-dtype T      the engine session's KV element type: f32 (default), f16 or q8\n"
     "  --threads N       engine threads (default: the CPUs online; the reference uses them all, up to 64)\n"
     "  --json            one JSON object\n"
     "  --logits-out F    also write the engine's logits after every token (float32 little-endian,\n"
@@ -134,6 +135,7 @@ int cmd_accuracy(int argc, char **argv) {
     float *eng = NULL;
     long n_tokens = 64, threads = sysconf(_SC_NPROCESSORS_ONLN);
     ib_isa isa = IB_ISA_AUTO;
+    ib_kv_dtype kvd = IB_KV_F32;
     int json = 0, rc = 0;
     if (threads < 1) threads = 1;
     ib_model *m = NULL;
@@ -152,6 +154,7 @@ int cmd_accuracy(int argc, char **argv) {
         else if (!strcmp(f, "--tokens")) rc = VAL() ? cli_int(f, v, 2, 1 << 20, &n_tokens) : 2;
         else if ((!strcmp(f, "--threads") || !strcmp(f, "-t"))) rc = VAL() ? cli_int(f, v, 1, 256, &threads) : 2;
         else if (!strcmp(f, "--isa")) rc = VAL() ? cli_isa(v, &isa) : 2;
+        else if (!strcmp(f, "--kv-dtype")) rc = VAL() ? cli_kv_dtype(v, &kvd) : 2;
         else if (!strcmp(f, "--act")) {
             if (!VAL()) rc = 2;
             else if (strcmp(v, "f32") && strcmp(v, "q8") && strcmp(v, "both"))
@@ -247,7 +250,7 @@ int cmd_accuracy(int argc, char **argv) {
         if (!run[k]) continue;
         ib_engine_opts eo = {.threads = (int)threads, .isa = isa, .act = modes[k], .max_step_tokens = 1};
         if (eng) { /* one mode (checked above): keep every row, compare them when there is a reference */
-            if (ib_engine_logits_all(m, &eo, ids, T, eng, &acc[k].isa, &acc[k].seconds, &err)) {
+            if (ib_engine_logits_all(m, &eo, kvd, ids, T, eng, &acc[k].isa, &acc[k].seconds, &err)) {
                 rc = cli_error("%s", err.msg);
                 goto out;
             }
@@ -260,7 +263,7 @@ int cmd_accuracy(int argc, char **argv) {
                 }
             }
             if (logits_out && (rc = write_file(logits_out, eng, sizeof *eng, (size_t)T * V))) goto out;
-        } else if (ib_accuracy_run(m, &eo, ids, T, ref, &acc[k], &err)) {
+        } else if (ib_accuracy_run(m, &eo, kvd, ids, T, ref, &acc[k], &err)) {
             rc = cli_error("%s", err.msg);
             goto out;
         }
@@ -292,6 +295,7 @@ int cmd_accuracy(int argc, char **argv) {
         json_object_set_new(o, "quant_bits", json_integer(info->quant_bits));
         json_object_set_new(o, "isa", json_string(ib_isa_name(isa_used)));
         json_object_set_new(o, "threads", json_integer(threads));
+        json_object_set_new(o, "kv_dtype", json_string(ib_kv_dtype_name(kvd)));
         json_object_set_new(o, "reference_seconds", json_real(ref_s));
         json_object_set_new(o, "reference_store", json_string(ref_store == IB_REF_STORE_F32 ? "f32" : "f64"));
         for (int k = 0; k < 2; k++)
@@ -318,9 +322,10 @@ int cmd_accuracy(int argc, char **argv) {
         free(s);
         json_decref(o);
     } else {
-        printf("isobatch accuracy: %d tokens, vocab %d, %s weights; float64 reference%s in %.2f s; engine isa %s, %ld thread%s\n",
+        printf("isobatch accuracy: %d tokens, vocab %d, %s weights; float64 reference%s in %.2f s; engine isa %s, %ld "
+               "thread%s, %s KV\n",
                T, V, info->weight_dtype, ref_store == IB_REF_STORE_F32 ? " (float32 storage)" : "", ref_s,
-               ib_isa_name(isa_used), threads, threads == 1 ? "" : "s");
+               ib_isa_name(isa_used), threads, threads == 1 ? "" : "s", ib_kv_dtype_name(kvd));
         printf("%-4s %6s  %-16s %10s %10s %13s %10s %8s\n", "act", "tokens", "top-1 agree", "KL mean", "KL max",
                "max |dlogit|", "rel L2", "seconds");
         for (int k = 0; k < 2; k++) {

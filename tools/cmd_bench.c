@@ -17,7 +17,7 @@
 
 static const char help[] =
     "usage: isobatch bench [-m DIR] [--batch 1,2,4,8,16,32,64] [--prompt 128] [--gen 32] [--threads T]\n"
-    "                      [--act auto|f32|q8] [--isa auto|scalar|avx2|avx512|neon|amx] [--kv-dtype f32|f16]\n"
+    "                      [--act auto|f32|q8] [--isa auto|scalar|avx2|avx512|neon|amx] [--kv-dtype f32|f16|q8]\n"
     "                      [--backend cpu|cuda] [--inject FAULT]\n"
     "                      [--kv full|window:W|sink:S,window:W] [--reps 3] [--host-logits] [--profile] [--json]\n"
     "  prefill: one session, --prompt tokens in one step.  decode: B sessions holding --prompt tokens\n"

@@ -17,7 +17,7 @@
 static const char help[] =
     "usage: isobatch generate [-m DIR] (-p TEXT)... [--prompts-file F] [--prompt-ids 1,2,3]... [-n N]\n"
     "         [--batch B] [--threads T] [--prefill-chunk C|whole] [--isa auto|scalar|avx2|avx512|neon|amx]\n"
-    "         [--act auto|f32|q8] [--kv-dtype f32|f16] [--kv full|window:W|sink:S,window:W] [--temp X] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R]\n"
+    "         [--act auto|f32|q8] [--kv-dtype f32|f16|q8] [--kv full|window:W|sink:S,window:W] [--temp X] [--top-k K] [--top-p P] [--min-p M] [--repeat-penalty R]\n"
     "         [--seed S] [--ignore-eos] [--json] [--stream] [--logits-out FILE] [--check-serial] [--inject FAULT]\n"
     "         [--chat [--think | --no-think]]\n"
     "\n"
@@ -32,7 +32,8 @@ static const char help[] =
     "  --max-step-tokens N  tokens per step over all sessions (default 512)\n"
     "  --isa, --act      kernels and activation mode (results never depend on --isa)\n"
     "  --backend B       cpu (default) or cuda: where the engine computes (same bits on both)\n"
-    "  --kv-dtype f16    keep keys/values in IEEE half: half the KV memory (answers change slightly)\n"
+    "  --kv-dtype T      keys/values as f32 (default), f16 (IEEE half: half the KV memory) or q8 (8-bit\n"
+    "                    codes, a scale per 32: 28% of f32's memory; CPU backend); answers change slightly\n"
     "  --kv POLICY       KV policy: full (default), window:W (each token attends the last W positions),\n"
     "                    sink:S,window:W (and the first S): fixed memory, the same answers batched or alone\n"
     "  --temp ... --seed sampling (default greedy); draws keyed by (seed, step). Sampling without\n"
@@ -60,7 +61,8 @@ static const char help[] =
     "                    ple-row0: Gemma 4 per-layer embeddings of every row from the first row's token;\n"
     "                    attn-tile-range: prefill attention rows of a tile attend its last row's keys;\n"
     "                    gpu-att-block: the CUDA attention cuts key blocks at half the canonical size;\n"
-    "                    attn-block-max: vector attention's key-block maxima take NaN scores)\n";
+    "                    attn-block-max: vector attention's key-block maxima take NaN scores;\n"
+    "                    kvq8-step-scale: q8 KV encoded with another code range in steps of several rows)\n";
 
 typedef struct prompts {
     int n, cap;

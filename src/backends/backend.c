@@ -50,12 +50,12 @@ const char *ib_backends_compiled(void) {
 #endif
 }
 
-static const char *const kv_dtype_names[] = {"f32", "f16"};
+static const char *const kv_dtype_names[IB_KV_DTYPE_COUNT] = {"f32", "f16", "q8"};
 
-const char *ib_kv_dtype_name(ib_kv_dtype t) { return (unsigned)t <= IB_KV_F16 ? kv_dtype_names[t] : "unknown"; }
+const char *ib_kv_dtype_name(ib_kv_dtype t) { return (unsigned)t < IB_KV_DTYPE_COUNT ? kv_dtype_names[t] : "unknown"; }
 
 int ib_kv_dtype_parse(const char *s, ib_kv_dtype *out) {
-    for (int i = 0; s && i <= IB_KV_F16; i++)
+    for (int i = 0; s && i < IB_KV_DTYPE_COUNT; i++)
         if (!strcmp(s, kv_dtype_names[i])) {
             *out = (ib_kv_dtype)i;
             return 0;

@@ -41,6 +41,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/kv_elem.h"
 #include "core/pool.h"
 #include "isobatch.h"
 #include "model/model.h"
@@ -104,8 +105,6 @@ typedef struct ib_kv {
     ib_backend_kind kind;   /* the backend whose memory holds it */
 } ib_kv;
 
-/* Bytes of one KV element of a dtype. */
-static inline size_t ib_kv_dtype_bytes(ib_kv_dtype t) { return t == IB_KV_F16 ? 2 : 4; }
 
 /* Whether layer li of a cache of this shape is a sliding-window layer. */
 static inline int ib_kv_desc_sliding(const ib_kv_desc *d, int li) {
@@ -142,12 +141,15 @@ static inline size_t ib_kv_desc_layer_elems(const ib_kv_desc *d, int li) {
     return (size_t)2 * d->n_kv_heads * (size_t)d->capacity * d->head_dim;
 }
 
-/* Bytes of a KV cache of this shape. */
-static inline size_t ib_kv_desc_bytes(const ib_kv_desc *d) {
+/* Elements (keys and values) of a KV cache of this shape. */
+static inline size_t ib_kv_desc_elems(const ib_kv_desc *d) {
     size_t n = 0;
     for (int li = 0; li < d->n_layers; li++) n += ib_kv_desc_layer_elems(d, li);
-    return n * ib_kv_dtype_bytes(d->dtype);
+    return n;
 }
+
+/* Bytes of a KV cache of this shape. */
+static inline size_t ib_kv_desc_bytes(const ib_kv_desc *d) { return ib_kv_bytes(d->dtype, ib_kv_desc_elems(d)); }
 
 /* Slot of position pos in a one-layer view (ib_kv_desc_layer) or a cache with no sliding layers. */
 static inline int ib_kv_desc_slot(const ib_kv_desc *d, int pos) {
@@ -193,6 +195,8 @@ typedef struct ib_backend_ops {
     /* Whether this build and machine can run the backend (a GPU present, …); when not, *why gets a
      * static one-line reason. */
     int (*available)(const char **why);
+    /* The KV element types its caches and attention run: bit (1u << t) for each ib_kv_dtype t. */
+    unsigned kv_dtypes;
 
     /* ---- instance: weights and step scratch ---- */
     /* Make an instance for model m: weights in the backend's memory and layout, scratch for

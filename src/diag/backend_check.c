@@ -513,7 +513,7 @@ static ib_status check_config(check *k, ib_kv_dtype dtype, int windowed, ib_erro
     }
     k->config = dtype == IB_KV_F16 ? (windowed ? "f16 KV, sink+window" : "f16 KV, full")
                                    : (windowed ? "f32 KV, sink+window" : "f32 KV, full");
-    size_t mirror_floats = ib_kv_desc_bytes(&k->desc) / ib_kv_dtype_bytes(dtype);
+    size_t mirror_floats = ib_kv_desc_elems(&k->desc);
     for (int i = 0; i < N_ITEMS && !rc; i++) {
         rc = k->ops->kv_create(&k->desc, &kvs[i], err);
         if (!rc && (!(k->mirror[i] = calloc(mirror_floats, sizeof(float))) ||

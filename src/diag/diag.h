@@ -267,18 +267,19 @@ void ib_accuracy_add(ib_accuracy *a, const double *ref, const float *eng, int V)
 /* Recompute the derived fields (fraction, mean, relative L2) from the counts and sums. */
 void ib_accuracy_finish(ib_accuracy *a);
 
-/* Create an engine with opts (NULL: defaults) and one session, feed tokens[0..T) one ib_step at a
- * time, and compare the logits after each token with ref ([T][vocab], e.g. from ib_reference_logits)
- * into *out. Fails with the engine's or the step's error (e.g. act q8 on a float model). */
-ib_status ib_accuracy_run(const ib_model *m, const ib_engine_opts *opts, const int32_t *tokens, int T,
+/* Create an engine with opts (NULL: defaults) and one session keeping KV of type kvd, feed
+ * tokens[0..T) one ib_step at a time, and compare the logits after each token with ref ([T][vocab],
+ * e.g. from ib_reference_logits) into *out. Fails with the engine's, the session's or the step's error
+ * (e.g. act q8 on a float model). */
+ib_status ib_accuracy_run(const ib_model *m, const ib_engine_opts *opts, ib_kv_dtype kvd, const int32_t *tokens, int T,
                           const double *ref, ib_accuracy *out, ib_error *err);
 
-/* Create an engine with opts (NULL: defaults) and one session, feed tokens[0..T) one ib_step at a time
- * (as ib_accuracy_run does) and store the logits after each token: logits [T][vocab] floats, row t =
+/* Create an engine with opts (NULL: defaults) and one session keeping KV of type kvd, feed tokens[0..T)
+ * one ib_step at a time (as ib_accuracy_run does) and store the logits after each token: logits [T][vocab] floats, row t =
  * after token t. *isa_out (may be NULL): the ISA the engine used; *seconds (may be NULL): the stepping
  * time. Fails with the engine's or the step's error; logits is then undefined. */
-ib_status ib_engine_logits_all(const ib_model *m, const ib_engine_opts *opts, const int32_t *tokens, int T,
-                               float *logits, ib_isa *isa_out, double *seconds, ib_error *err);
+ib_status ib_engine_logits_all(const ib_model *m, const ib_engine_opts *opts, ib_kv_dtype kvd, const int32_t *tokens,
+                               int T, float *logits, ib_isa *isa_out, double *seconds, ib_error *err);
 
 /* ---- the backend op check (backend_check.c): every op of a backend's table against the scalar
  * references of src/ops/, bitwise, inside whole steps of the model (several sessions at different

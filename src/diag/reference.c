@@ -609,7 +609,7 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-ib_status ib_accuracy_run(const ib_model *m, const ib_engine_opts *opts, const int32_t *tokens, int T,
+ib_status ib_accuracy_run(const ib_model *m, const ib_engine_opts *opts, ib_kv_dtype kvd, const int32_t *tokens, int T,
                           const double *ref, ib_accuracy *out, ib_error *err) {
     memset(out, 0, sizeof *out);
     if (!m || !tokens || !ref) return ib_fail(err, IB_ERR_INVALID_ARG, "accuracy: NULL model, tokens or reference");
@@ -624,7 +624,7 @@ ib_status ib_accuracy_run(const ib_model *m, const ib_engine_opts *opts, const i
         goto out;
     }
     if ((rc = ib_engine_create(m, opts, &e, err))) goto out;
-    if ((rc = ib_session_create(m, &(ib_session_opts){.max_context = T}, &s, err))) goto out;
+    if ((rc = ib_session_create(m, &(ib_session_opts){.max_context = T, .kv_dtype = kvd}, &s, err))) goto out;
     double t0 = now_s();
     for (int t = 0; t < T; t++) {
         ib_step_item it = {.session = s, .tokens = tokens + t, .n_tokens = 1, .logits = lg};
@@ -641,8 +641,8 @@ out:
     return rc;
 }
 
-ib_status ib_engine_logits_all(const ib_model *m, const ib_engine_opts *opts, const int32_t *tokens, int T,
-                               float *logits, ib_isa *isa_out, double *seconds, ib_error *err) {
+ib_status ib_engine_logits_all(const ib_model *m, const ib_engine_opts *opts, ib_kv_dtype kvd, const int32_t *tokens,
+                               int T, float *logits, ib_isa *isa_out, double *seconds, ib_error *err) {
     if (!m || !tokens || !logits) return ib_fail(err, IB_ERR_INVALID_ARG, "engine logits: NULL model, tokens or output");
     if (T < 1) return ib_fail(err, IB_ERR_INVALID_ARG, "engine logits: %d tokens (at least 1 is needed)", T);
     const int V = m->cfg.vocab_size;
@@ -650,7 +650,7 @@ ib_status ib_engine_logits_all(const ib_model *m, const ib_engine_opts *opts, co
     ib_session *s = NULL;
     ib_status rc;
     if ((rc = ib_engine_create(m, opts, &e, err))) goto out;
-    if ((rc = ib_session_create(m, &(ib_session_opts){.max_context = T}, &s, err))) goto out;
+    if ((rc = ib_session_create(m, &(ib_session_opts){.max_context = T, .kv_dtype = kvd}, &s, err))) goto out;
     double t0 = now_s();
     for (int t = 0; t < T; t++) {
         ib_step_item it = {.session = s, .tokens = tokens + t, .n_tokens = 1, .logits = logits + (size_t)t * V};

@@ -39,17 +39,17 @@ int ib_attn_kernels_for(ib_isa isa, ib_attn_kernels *out) {
 #if defined(__x86_64__) || defined(__i386__)
     case IB_ISA_AVX512:
     case IB_ISA_AMX: /* AMX's attention is AVX-512's (the tiles serve the Q8 products only) */
-        *out = (ib_attn_kernels){ib_attend_heads_avx512, ib_attend_heads_f16_avx512, ib_attend_block2_avx512,
+        *out = (ib_attn_kernels){ib_attend_heads_avx512, ib_attend_heads_kv_avx512, ib_attend_block2_avx512,
                                   ib_attend_rows_avx512};
         return 0;
     case IB_ISA_AVX2:
-        *out = (ib_attn_kernels){ib_attend_heads_avx2, ib_attend_heads_f16_avx2, ib_attend_block2_avx2,
+        *out = (ib_attn_kernels){ib_attend_heads_avx2, ib_attend_heads_kv_avx2, ib_attend_block2_avx2,
                                   ib_attend_rows_avx2};
         return 0;
 #endif
     case IB_ISA_SCALAR:
     case IB_ISA_NEON:
-        *out = (ib_attn_kernels){ib_attend_heads_portable, ib_attend_heads_f16_portable, ib_attend_block2_portable,
+        *out = (ib_attn_kernels){ib_attend_heads_portable, ib_attend_heads_kv_portable, ib_attend_block2_portable,
                                   ib_attend_rows_portable};
         return 0;
     default: return -1;
@@ -67,49 +67,54 @@ void ib_attend_heads_isa(ib_isa isa, const float *q, int nq, const float *k, con
     }
 }
 
-void ib_attend_heads_f16_isa(ib_isa isa, const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
-                             int kv_stride, int hd, float scale, int block, int window, float *out) {
+void ib_attend_heads_kv_isa(ib_isa isa, ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq,
+                            int n_keys, int kv_stride, int hd, float scale, int block, int window, float *out) {
     switch (attn_isa(isa)) {
 #if defined(__x86_64__) || defined(__i386__)
     case IB_ISA_AVX512:
-        ib_attend_heads_f16_avx512(k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out);
+        ib_attend_heads_kv_avx512(kvt, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out);
         return;
-    case IB_ISA_AVX2: ib_attend_heads_f16_avx2(k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out); return;
+    case IB_ISA_AVX2: ib_attend_heads_kv_avx2(kvt, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out); return;
 #endif
-    default: ib_attend_heads_f16_portable(k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out); return;
+    default: ib_attend_heads_kv_portable(kvt, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out); return;
     }
 }
 
-void ib_attend_block2_isa(ib_isa isa, int f16, const float *q, int nq, const void *k1, const void *v1, int n1,
+void ib_attend_heads_f16_isa(ib_isa isa, const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
+                             int kv_stride, int hd, float scale, int block, int window, float *out) {
+    ib_attend_heads_kv_isa(isa, IB_KV_F16, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out);
+}
+
+void ib_attend_block2_isa(ib_isa isa, ib_kv_dtype kvt, const float *q, int nq, const void *k1, const void *v1, int n1,
                           const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale, float *m,
                           float *l, float *out) {
     switch (attn_isa(isa)) {
 #if defined(__x86_64__) || defined(__i386__)
     case IB_ISA_AVX512:
-        ib_attend_block2_avx512(f16, q, nq, k1, v1, n1, k2, v2, n2, kv_stride, hd, scale, m, l, out);
+        ib_attend_block2_avx512(kvt, q, nq, k1, v1, n1, k2, v2, n2, kv_stride, hd, scale, m, l, out);
         return;
-    case IB_ISA_AVX2: ib_attend_block2_avx2(f16, q, nq, k1, v1, n1, k2, v2, n2, kv_stride, hd, scale, m, l, out); return;
+    case IB_ISA_AVX2: ib_attend_block2_avx2(kvt, q, nq, k1, v1, n1, k2, v2, n2, kv_stride, hd, scale, m, l, out); return;
 #endif
-    default: ib_attend_block2_portable(f16, q, nq, k1, v1, n1, k2, v2, n2, kv_stride, hd, scale, m, l, out); return;
+    default: ib_attend_block2_portable(kvt, q, nq, k1, v1, n1, k2, v2, n2, kv_stride, hd, scale, m, l, out); return;
     }
 }
 
-void ib_attend_rows_isa(ib_isa isa, int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys,
+void ib_attend_rows_isa(ib_isa isa, ib_kv_dtype kvt, const float *q, size_t q_stride, int nq, int nr, const int *n_keys,
                         const void *k, const void *v, int kv_stride, int hd, float scale, int block, int window,
                         float *out, size_t out_stride) {
     switch (attn_isa(isa)) {
 #if defined(__x86_64__) || defined(__i386__)
     case IB_ISA_AVX512:
-        ib_attend_rows_avx512(f16, q, q_stride, nq, nr, n_keys, k, v, kv_stride, hd, scale, block, window, out,
+        ib_attend_rows_avx512(kvt, q, q_stride, nq, nr, n_keys, k, v, kv_stride, hd, scale, block, window, out,
                               out_stride);
         return;
     case IB_ISA_AVX2:
-        ib_attend_rows_avx2(f16, q, q_stride, nq, nr, n_keys, k, v, kv_stride, hd, scale, block, window, out,
+        ib_attend_rows_avx2(kvt, q, q_stride, nq, nr, n_keys, k, v, kv_stride, hd, scale, block, window, out,
                             out_stride);
         return;
 #endif
     default:
-        ib_attend_rows_portable(f16, q, q_stride, nq, nr, n_keys, k, v, kv_stride, hd, scale, block, window, out,
+        ib_attend_rows_portable(kvt, q, q_stride, nq, nr, n_keys, k, v, kv_stride, hd, scale, block, window, out,
                                 out_stride);
         return;
     }

@@ -10,6 +10,8 @@
  * give the same bits. Only three things differ between copies, none of them rounding:
  *   - how 16 half-precision keys or values become floats (an exact conversion: F16C / vcvtph2ps,
  *     NEON vcvt, or the portable bit manipulation of half.h), done in registers as they are used;
+ *     likewise q8 codes (an exact int8 -> float conversion; then each lane's one product with its
+ *     block's scale, the same IEEE product in every copy: kv_elem.h);
  *   - a key block's maximum score (block_max): the portable copy walks the keys in order, the vector
  *     copies take them in lanes; a maximum is exact in any order, and NaN scores and the sign of a
  *     zero maximum are handled so that the bits are the walk's;
@@ -23,6 +25,7 @@
 
 #include "core/fmath.h"
 #include "core/half.h"
+#include "core/kv_elem.h"
 #include "ops/ops.h"
 
 #if defined(IB_ATTN_AVX512) || defined(IB_ATTN_AVX2)
@@ -99,13 +102,35 @@ ATTN_AI vecf ldv_half(const uint16_t *p) {
     return v;
 }
 
-/* Keys and values: VL elements from element i of a KV plane of floats (f16 = 0) or halves (f16 = 1);
- * f16 is a constant wherever these are inlined. */
-ATTN_AI vecf kvv(const void *p, size_t i, const int f16) {
-    return f16 ? ldv_half((const uint16_t *)p + i) : ldv((const float *)p + i);
+/* VL elements of a q8 plane from logical element i (i a multiple of VL, so inside one block: kv_elem.h),
+ * decoded: the block's scale times each code, one float product a lane (exactly ib_kvq8_get's). */
+ATTN_AI vecf ldv_q8(const void *p, size_t i) {
+    const signed char *c = (const signed char *)p + ib_kvq8_offset(i);
+    const float s = ib_kvq8_scale(p, i);
+    vecf v;
+#if defined(IB_ATTN_AVX512)
+    __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)c)));
+    __builtin_memcpy(&v, &x, sizeof v);
+#elif defined(IB_ATTN_AVX2)
+    __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c)));
+    __builtin_memcpy(&v, &x, sizeof v);
+#else
+    float f[VL];
+    for (int j = 0; j < VL; j++) f[j] = (float)c[j];
+    v = ldv(f);
+#endif
+    return v * s;
 }
-ATTN_AI float kv1(const void *p, size_t i, const int f16) {
-    return f16 ? ib_f16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+
+/* Keys and values: VL elements from logical element i of a KV plane of type kvt (IB_KV_F32 floats,
+ * IB_KV_F16 halves, IB_KV_Q8 blocks), as floats; kvt is a constant wherever these are inlined. */
+ATTN_AI vecf kvv(const void *p, size_t i, const int kvt) {
+    return kvt == IB_KV_Q8 ? ldv_q8(p, i) : kvt == IB_KV_F16 ? ldv_half((const uint16_t *)p + i) : ldv((const float *)p + i);
+}
+ATTN_AI float kv1(const void *p, size_t i, const int kvt) {
+    return kvt == IB_KV_Q8 ? ib_kvq8_get(p, i)
+           : kvt == IB_KV_F16 ? ib_f16_to_f32(((const uint16_t *)p)[i])
+                              : ((const float *)p)[i];
 }
 
 /* acc + a*b, lane-wise; fused only in the vector copies under the isa-fma fault. */
@@ -121,11 +146,11 @@ ATTN_AI vecf mac(vecf acc, vecf a, vecf b, const int fused) {
 
 /* The 16 lanes (NV vectors) of a partial dot product, finished as ib_dot16_inline does: the tail
  * i..n-1 added into lanes 0.., then the halving tree. */
-ATTN_AI float dot16_finish(const vecf *acc, const float *q, const void *k, size_t ko, int i, int n, const int f16) {
+ATTN_AI float dot16_finish(const vecf *acc, const float *q, const void *k, size_t ko, int i, int n, const int kvt) {
     float lane[16];
 #pragma GCC unroll 2
     for (int u = 0; u < NV; u++) stv(lane + u * VL, acc[u]);
-    for (int j = 0; i + j < n; j++) lane[j] = lane[j] + q[i + j] * kv1(k, ko + (size_t)(i + j), f16);
+    for (int j = 0; i + j < n; j++) lane[j] = lane[j] + q[i + j] * kv1(k, ko + (size_t)(i + j), kvt);
     for (int w = 8; w >= 1; w >>= 1)
         for (int j = 0; j < w; j++) lane[j] = lane[j] + lane[j + w];
     return lane[0];
@@ -168,8 +193,8 @@ ATTN_AI void finish4(vecf a0_0, vecf a0_1, vecf a1_0, vecf a1_1, vecf a2_0, vecf
 
 /* r[h*rs + t] = ib_dot16(q_h, key t, n) for queries h < NQ (NQ <= 4, q_h at q + h*n) and keys
  * t < T (T <= 4, key t at element ko + t*st), bitwise: NQ*T independent chains. Each element of a
- * key is loaded (and converted from half) once for all the heads. */
-ATTN_AI void dot16_keys(const int T, const int NQ, const int f16, const int fused, const float *q, const void *k,
+ * key is loaded (and decoded, from half or q8) once for all the heads. */
+ATTN_AI void dot16_keys(const int T, const int NQ, const int kvt, const int fused, const float *q, const void *k,
                         size_t ko, size_t st, int n, float *r, int rs) {
     vecf a[4][4][NV];
 #pragma GCC unroll 4
@@ -187,7 +212,7 @@ ATTN_AI void dot16_keys(const int T, const int NQ, const int f16, const int fuse
             for (int h = 0; h < NQ; h++) qv[h] = ldv(q + (size_t)h * n + i + u * VL);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
-                const vecf kv = kvv(k, ko + (size_t)t * st + (size_t)(i + u * VL), f16);
+                const vecf kv = kvv(k, ko + (size_t)t * st + (size_t)(i + u * VL), kvt);
 #pragma GCC unroll 4
                 for (int h = 0; h < NQ; h++) a[h][t][u] = mac(a[h][t][u], qv[h], kv, fused);
             }
@@ -219,30 +244,29 @@ ATTN_AI void dot16_keys(const int T, const int NQ, const int f16, const int fuse
     for (int h = 0; h < NQ; h++)
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++)
-            r[(size_t)h * rs + t] = dot16_finish(a[h][t], q + (size_t)h * n, k, ko + (size_t)t * st, i, n, f16);
+            r[(size_t)h * rs + t] = dot16_finish(a[h][t], q + (size_t)h * n, k, ko + (size_t)t * st, i, n, kvt);
 }
 
 /* Ask for key or value row j + IB_ATTN_PF_KEYS (bytes [o0, o1) of it) while row j is computed, when
  * that row exists (j + IB_ATTN_PF_KEYS < n_rows). Row i starts at element base + i*st. One head's
  * keys are a few dozen kilobytes in rows far apart from its values: too short and scattered a stream
  * for the hardware prefetcher, so without this every block waits for memory. */
-ATTN_AI void prefetch_row(const int f16, const void *p, size_t base, size_t st, int j, int n_rows, size_t o0,
+ATTN_AI void prefetch_row(const int kvt, const void *p, size_t base, size_t st, int j, int n_rows, size_t o0,
                           size_t o1) {
     if (j + IB_ATTN_PF_KEYS >= n_rows) return;
-    const char *r = (const char *)p + (base + (size_t)(j + IB_ATTN_PF_KEYS) * st) * (f16 ? 2 : 4);
+    const char *r = (const char *)p + ib_kv_bytes((ib_kv_dtype)kvt, base + (size_t)(j + IB_ATTN_PF_KEYS) * st);
     for (size_t o = o0; o < o1; o += 64) __builtin_prefetch(r + o);
 }
 
 /* For each query h < NQ (NQ <= 4; its outputs at out + h*hd, its weights at p + h*rs, its factor c[h]):
  * out[d] = out[d]*c, then out[d] = out[d] + p[j]*v_j[d] for j = j0..nb-1 in order, for every d: the
  * contract's per-element sequence. Columns are walked in register-sized chunks with the values inside,
- * so the accumulators stay in registers, and each value element is loaded (and converted from half)
+ * so the accumulators stay in registers, and each value element is loaded (and decoded)
  * once for all the heads; each element's operations are unchanged. A scalar operand of a vector
  * operation is broadcast (a 16-element initializer would not compile to one broadcast). Value j
  * starts at element vo + j*st. */
-ATTN_AI void scale_accumulate(const int NQ, const int f16, float *out, int hd, const float *c, const float *p, int rs,
+ATTN_AI void scale_accumulate(const int NQ, const int kvt, float *out, int hd, const float *c, const float *p, int rs,
                               const void *v, size_t vo, size_t st, int j0, int nb, int n_rows) {
-    const size_t eb = f16 ? 2 : 4;
     /* columns per chunk and vectors per chunk per query: NQ x 4 accumulators with 16-lane vectors, at
      * most 8 with 8-lane ones */
     const int CW = VL == 16 || NQ == 1 ? 64 : NQ == 2 ? 32 : 16, NC = CW / VL;
@@ -254,14 +278,15 @@ ATTN_AI void scale_accumulate(const int NQ, const int f16, float *out, int hd, c
 #pragma GCC unroll 8
             for (int u = 0; u < NC; u++) o[h][u] = ldv(out + (size_t)h * hd + d0 + u * VL) * c[h];
         for (int j = j0; j < nb; j++) {
-            prefetch_row(f16, v, vo, st, j, n_rows, (size_t)d0 * eb, (size_t)(d0 + CW) * eb);
+            prefetch_row(kvt, v, vo, st, j, n_rows, ib_kv_bytes((ib_kv_dtype)kvt, (size_t)d0),
+                         ib_kv_bytes((ib_kv_dtype)kvt, (size_t)(d0 + CW)));
             size_t e = vo + (size_t)j * st + (size_t)d0;
             float pj[4];
 #pragma GCC unroll 4
             for (int h = 0; h < NQ; h++) pj[h] = p[(size_t)h * rs + j];
 #pragma GCC unroll 8
             for (int u = 0; u < NC; u++) {
-                const vecf vv = kvv(v, e + (size_t)(u * VL), f16);
+                const vecf vv = kvv(v, e + (size_t)(u * VL), kvt);
 #pragma GCC unroll 4
                 for (int h = 0; h < NQ; h++) o[h][u] = o[h][u] + pj[h] * vv;
             }
@@ -277,12 +302,12 @@ ATTN_AI void scale_accumulate(const int NQ, const int f16, float *out, int hd, c
         int d = d0;
         for (; d + VL <= hd; d += VL) {
             vecf o0 = ldv(oh + d) * c[h];
-            for (int j = j0; j < nb; j++) o0 = o0 + ph[j] * kvv(v, vo + (size_t)j * st + (size_t)d, f16);
+            for (int j = j0; j < nb; j++) o0 = o0 + ph[j] * kvv(v, vo + (size_t)j * st + (size_t)d, kvt);
             stv(oh + d, o0);
         }
         for (; d < hd; d++) {
             float o = oh[d] * c[h];
-            for (int j = j0; j < nb; j++) o = o + ph[j] * kv1(v, vo + (size_t)j * st + (size_t)d, f16);
+            for (int j = j0; j < nb; j++) o = o + ph[j] * kv1(v, vo + (size_t)j * st + (size_t)d, kvt);
             oh[d] = o;
         }
     }
@@ -290,17 +315,17 @@ ATTN_AI void scale_accumulate(const int NQ, const int f16, float *out, int hd, c
 
 /* The scaled scores s[h*rs + j] = dot16(q_h, k_j) * scale of queries h < NQ (<= 4) (q_h at q + h*hd) for keys
  * j0..nb-1 of a block (key j at element ko + j*st; the block's keys and those after it number n_rows). */
-ATTN_AI void block_scores(const int NQ, const int f16, const int fused, const float *q, const void *k, size_t ko,
+ATTN_AI void block_scores(const int NQ, const int kvt, const int fused, const float *q, const void *k, size_t ko,
                           size_t st, int hd, float scale, int j0, int nb, int n_rows, float *s, int rs) {
-    const size_t row_bytes = (size_t)hd * (f16 ? 2 : 4);
+    const size_t row_bytes = ib_kv_bytes((ib_kv_dtype)kvt, (size_t)hd);
     const int T = IB_ATTN_KEYS(NQ);
     int j = j0;
     for (; j + T <= nb; j += T) {
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) prefetch_row(f16, k, ko, st, j + t, n_rows, 0, row_bytes);
-        dot16_keys(T, NQ, f16, fused, q, k, ko + (size_t)j * st, st, hd, s + j, rs);
+        for (int t = 0; t < T; t++) prefetch_row(kvt, k, ko, st, j + t, n_rows, 0, row_bytes);
+        dot16_keys(T, NQ, kvt, fused, q, k, ko + (size_t)j * st, st, hd, s + j, rs);
     }
-    for (; j < nb; j++) dot16_keys(1, NQ, f16, fused, q, k, ko + (size_t)j * st, st, hd, s + j, rs);
+    for (; j < nb; j++) dot16_keys(1, NQ, kvt, fused, q, k, ko + (size_t)j * st, st, hd, s + j, rs);
     for (int h = 0; h < NQ; h++)
         for (j = j0; j < nb; j++) s[(size_t)h * rs + j] = s[(size_t)h * rs + j] * scale;
 }
@@ -440,28 +465,28 @@ ATTN_AI void block_weights(const int NQ, const float *s, int rs, int j0, int nb,
  * NQ <= 4 queries q [NQ][hd]: their scores, then each head's online-softmax update of its running
  * max m[h], sum l[h] and outputs out [NQ][hd]; the softmax side through block_weights when
  * weights_fn (a constant), inlined otherwise. */
-ATTN_AI void heads_block(const int NQ, const int weights_fn, const int f16, const int fused, const float *q,
+ATTN_AI void heads_block(const int NQ, const int weights_fn, const int kvt, const int fused, const float *q,
                          const void *k, const void *v, size_t ko, size_t st, int hd, float scale, int j0, int nb,
                          int n_rows, float *m, float *l, float *out, int maxf) {
     float s[4 * IB_ATTN_MAX_BLOCK], pw[4 * IB_ATTN_MAX_BLOCK], c[4];
-    block_scores(NQ, f16, fused, q, k, ko, st, hd, scale, j0, nb, n_rows, s, IB_ATTN_MAX_BLOCK);
+    block_scores(NQ, kvt, fused, q, k, ko, st, hd, scale, j0, nb, n_rows, s, IB_ATTN_MAX_BLOCK);
     if (weights_fn) block_weights(NQ, s, IB_ATTN_MAX_BLOCK, j0, nb, m, l, pw, c, maxf);
     else block_weights_n(NQ, s, IB_ATTN_MAX_BLOCK, j0, nb, m, l, pw, c, maxf);
-    scale_accumulate(NQ, f16, out, hd, c, pw, IB_ATTN_MAX_BLOCK, v, ko, st, j0, nb, n_rows);
+    scale_accumulate(NQ, kvt, out, hd, c, pw, IB_ATTN_MAX_BLOCK, v, ko, st, j0, nb, n_rows);
 }
 
 /* attend_block2_body's work for NQ <= 2 of its heads (q, m, l, out advanced to the first). */
-ATTN_AI void block2_heads(const int NQ, const int f16, const int fused, const float *q, const void *k1,
+ATTN_AI void block2_heads(const int NQ, const int kvt, const int fused, const float *q, const void *k1,
                          const void *v1, int n1, const void *k2, const void *v2, int n2, size_t st, int hd,
                          float scale, float *m, float *l, float *out, int maxf) {
     enum { RS = IB_ATTN_MAX_BLOCK };
     float s[2 * RS], pw[2 * RS], c[2];
     static const float one[2] = {1.0f, 1.0f};
-    block_scores(NQ, f16, fused, q, k1, 0, st, hd, scale, 0, n1, n1, s, RS);
-    if (n2 > 0) block_scores(NQ, f16, fused, q, k2, 0, st, hd, scale, 0, n2, n2, s + n1, RS);
+    block_scores(NQ, kvt, fused, q, k1, 0, st, hd, scale, 0, n1, n1, s, RS);
+    if (n2 > 0) block_scores(NQ, kvt, fused, q, k2, 0, st, hd, scale, 0, n2, n2, s + n1, RS);
     block_weights_n(NQ, s, RS, 0, n1 + n2, m, l, pw, c, maxf);
-    scale_accumulate(NQ, f16, out, hd, c, pw, RS, v1, 0, st, 0, n1, n1);
-    if (n2 > 0) scale_accumulate(NQ, f16, out, hd, one, pw + n1, RS, v2, 0, st, 0, n2, n2);
+    scale_accumulate(NQ, kvt, out, hd, c, pw, RS, v1, 0, st, 0, n1, n1);
+    if (n2 > 0) scale_accumulate(NQ, kvt, out, hd, one, pw + n1, RS, v2, 0, st, 0, n2, n2);
 }
 
 /* One key block for nq heads whose n1 + n2 (<= IB_ATTN_MAX_BLOCK, n1 >= 1) rows lie in two runs: n1
@@ -470,21 +495,21 @@ ATTN_AI void block2_heads(const int NQ, const int f16, const int fused, const fl
  * Bitwise what attend_heads_body does for the same keys as one block in one run: scores are per key,
  * and the values' pass over the second run goes on from the first's outputs with a factor of 1
  * (x * 1 = x exactly). */
-ATTN_AI void attend_block2_body(const int f16, const int fused, const float *q, int nq, const void *k1,
+ATTN_AI void attend_block2_body(const int kvt, const int fused, const float *q, int nq, const void *k1,
                                 const void *v1, int n1, const void *k2, const void *v2, int n2, size_t st, int hd,
                                 float scale, float *m, float *l, float *out, int maxf) {
     int h = 0;
     for (; IB_ATTN_PAIRS && h + 2 <= nq; h += 2)
-        block2_heads(2, f16, fused, q + (size_t)h * hd, k1, v1, n1, k2, v2, n2, st, hd, scale, m + h, l + h,
+        block2_heads(2, kvt, fused, q + (size_t)h * hd, k1, v1, n1, k2, v2, n2, st, hd, scale, m + h, l + h,
                      out + (size_t)h * hd, maxf);
     for (; h < nq; h++)
-        block2_heads(1, f16, fused, q + (size_t)h * hd, k1, v1, n1, k2, v2, n2, st, hd, scale, m + h, l + h,
+        block2_heads(1, kvt, fused, q + (size_t)h * hd, k1, v1, n1, k2, v2, n2, st, hd, scale, m + h, l + h,
                      out + (size_t)h * hd, maxf);
 }
 
-/* ib_attend_heads over a float (f16 = 0) or half (f16 = 1) KV plane: nq query heads q [nq][hd] walk
+/* ib_attend_heads over a KV plane of type kvt (float, half or q8): nq query heads q [nq][hd] walk
  * each key block in turn while its keys and values are in L1; out [nq][hd]. block <= IB_ATTN_MAX_BLOCK. */
-ATTN_AI void attend_heads_body(const int f16, const int fused, const float *q, int nq, const void *k, const void *v,
+ATTN_AI void attend_heads_body(const int kvt, const int fused, const float *q, int nq, const void *k, const void *v,
                                int n_keys, int kv_stride, int hd, float scale, int block, int window, float *out,
                                int maxf) {
     float m[IB_ATTN_MAX_GROUP], l[IB_ATTN_MAX_GROUP];
@@ -497,10 +522,10 @@ ATTN_AI void attend_heads_body(const int f16, const int fused, const float *q, i
         int nb = n_keys - b0 < block ? n_keys - b0 : block;
         int h = 0;
         for (; IB_ATTN_PAIRS && h + 2 <= nq; h += 2)
-            heads_block(2, 0, f16, fused, q + (size_t)h * hd, k, v, (size_t)b0 * st, st, hd, scale, j0, nb, n_keys - b0,
+            heads_block(2, 0, kvt, fused, q + (size_t)h * hd, k, v, (size_t)b0 * st, st, hd, scale, j0, nb, n_keys - b0,
                         m + h, l + h, out + (size_t)h * hd, maxf);
         for (; h < nq; h++)
-            heads_block(1, 0, f16, fused, q + (size_t)h * hd, k, v, (size_t)b0 * st, st, hd, scale, j0, nb, n_keys - b0,
+            heads_block(1, 0, kvt, fused, q + (size_t)h * hd, k, v, (size_t)b0 * st, st, hd, scale, j0, nb, n_keys - b0,
                         m + h, l + h, out + (size_t)h * hd, maxf);
     }
     for (int h = 0; h < nq; h++)
@@ -516,7 +541,7 @@ ATTN_AI int row_lo(int n_keys, int window) { return window > 0 && n_keys > windo
  * attend_heads_body would for its n_keys[t] keys, with the same keys j0..nb-1 of it; up to
  * IB_ATTN_GROUP consecutive queries whose rows take the same keys of the block go through heads_block
  * together (its loads shared, each query's operations its own). */
-ATTN_AI void rows_block(const int f16, const int fused, const float *qt, int nq, int nr, const int *n_keys,
+ATTN_AI void rows_block(const int kvt, const int fused, const float *qt, int nq, int nr, const int *n_keys,
                         const void *k, const void *v, size_t st, int hd, float scale, int block, int window, int b0,
                         float *m, float *l, float *ot, int maxf) {
     const int nx = nr * nq;
@@ -539,22 +564,22 @@ ATTN_AI void rows_block(const int f16, const int fused, const float *qt, int nq,
         float *ox = ot + (size_t)x * hd;
         const size_t ko = (size_t)b0 * st;
         switch (g) {
-        case 4: heads_block(4, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf); break;
-        case 3: heads_block(3, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf); break;
-        case 2: heads_block(2, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf); break;
-        default: heads_block(1, 1, f16, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf); break;
+        case 4: heads_block(4, 1, kvt, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf); break;
+        case 3: heads_block(3, 1, kvt, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf); break;
+        case 2: heads_block(2, 1, kvt, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf); break;
+        default: heads_block(1, 1, kvt, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf); break;
         }
         x += g;
     }
 }
 
-/* ib_attend_rows over a float (f16 = 0) or half (f16 = 1) KV plane: the nr rows' nq query heads
+/* ib_attend_rows over a KV plane of type kvt (float, half or q8): the nr rows' nq query heads
  * (row t's q + t*q_stride [nq][hd]) walk the key blocks together, block by block in ascending order,
  * each block's keys and values read from memory once for all of them and from L1 after; row t's
  * outputs (out + t*out_stride [nq][hd]) are attend_heads_body's for its n_keys[t] keys: the same
  * blocks, the same keys of each, each query's operations in the same order.
  * nr*nq <= IB_ATTN_TILE_Q, hd <= IB_ATTN_MAX_HD, block <= IB_ATTN_MAX_BLOCK. */
-ATTN_AI void attend_rows_body(const int f16, const int fused, const float *q, size_t q_stride, int nq, int nr,
+ATTN_AI void attend_rows_body(const int kvt, const int fused, const float *q, size_t q_stride, int nq, int nr,
                               const int *n_keys, const void *k, const void *v, int kv_stride, int hd, float scale,
                               int block, int window, float *out, size_t out_stride, int maxf) {
     float qt[IB_ATTN_TILE_Q * IB_ATTN_MAX_HD], ot[IB_ATTN_TILE_Q * IB_ATTN_MAX_HD]; /* [nr*nq][hd] each */
@@ -570,7 +595,7 @@ ATTN_AI void attend_rows_body(const int f16, const int fused, const float *q, si
     for (size_t e = 0; e < (size_t)nr * rowq; e++) ot[e] = 0.0f;
     for (int x = 0; x < nr * nq; x++) m[x] = -INFINITY, l[x] = 0.0f;
     for (int b0 = b_first; b0 < b_end; b0 += block)
-        rows_block(f16, fused, qt, nq, nr, n_keys, k, v, st, hd, scale, block, window, b0, m, l, ot, maxf);
+        rows_block(kvt, fused, qt, nq, nr, n_keys, k, v, st, hd, scale, block, window, b0, m, l, ot, maxf);
     for (int x = 0; x < nr * nq; x++) {
         float *o = out + (size_t)(x / nq) * out_stride + (size_t)(x % nq) * hd;
         for (int d = 0; d < hd; d++) o[d] = ot[(size_t)x * hd + d] / l[x];
@@ -588,43 +613,50 @@ static int max_fault(ib_fault fault) {
 #endif
 }
 
-/* The body for float (f16 = 0) or half (f16 = 1) KV, the faults read once per call. */
-static void attend_copy(const int f16, const void *k, const void *v, const float *q, int nq, int n_keys, int kv_stride,
+/* CALL (a body call naming its KV type K_) with K_ the constant for kvt (IB_KV_F32, IB_KV_F16 or
+ * IB_KV_Q8; anything else is taken as F32), so each type gets its own inlined body. */
+#define IB_ATTN_BY_KVT(kvt, CALL)                                                                                \
+    do {                                                                                                         \
+        switch (kvt) {                                                                                           \
+        case IB_KV_Q8: { const int K_ = IB_KV_Q8; CALL; } break;                                                \
+        case IB_KV_F16: { const int K_ = IB_KV_F16; CALL; } break;                                              \
+        default: { const int K_ = IB_KV_F32; CALL; } break;                                                     \
+        }                                                                                                        \
+    } while (0)
+
+/* The body for KV of type kvt, the faults read once per call. */
+static void attend_copy(const int kvt, const void *k, const void *v, const float *q, int nq, int n_keys, int kv_stride,
                         int hd, float scale, int block, int window, float *out) {
     const ib_fault fault = ib_fault_get();
     const int mf = max_fault(fault);
 #ifdef IB_ATTN_VECTOR_ISA
     if (fault == IB_FAULT_ISA_FMA) {
-        if (f16) attend_heads_body(1, 1, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, 0);
-        else attend_heads_body(0, 1, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, 0);
+        IB_ATTN_BY_KVT(kvt, attend_heads_body(K_, 1, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, 0));
         return;
     }
 #endif
-    if (f16) attend_heads_body(1, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, mf);
-    else attend_heads_body(0, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, mf);
+    IB_ATTN_BY_KVT(kvt, attend_heads_body(K_, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, mf));
 }
 
-/* attend_block2_body for float (f16 = 0) or half (f16 = 1) KV, the faults read once per call. */
-static void block2_copy(const int f16, const float *q, int nq, const void *k1, const void *v1, int n1, const void *k2,
+/* attend_block2_body for KV of type kvt, the faults read once per call. */
+static void block2_copy(const int kvt, const float *q, int nq, const void *k1, const void *v1, int n1, const void *k2,
                         const void *v2, int n2, int kv_stride, int hd, float scale, float *m, float *l, float *out) {
     const size_t st = (size_t)kv_stride;
     const ib_fault fault = ib_fault_get();
     const int mf = max_fault(fault);
 #ifdef IB_ATTN_VECTOR_ISA
     if (fault == IB_FAULT_ISA_FMA) {
-        if (f16) attend_block2_body(1, 1, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out, 0);
-        else attend_block2_body(0, 1, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out, 0);
+        IB_ATTN_BY_KVT(kvt, attend_block2_body(K_, 1, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out, 0));
         return;
     }
 #endif
-    if (f16) attend_block2_body(1, 0, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out, mf);
-    else attend_block2_body(0, 0, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out, mf);
+    IB_ATTN_BY_KVT(kvt, attend_block2_body(K_, 0, q, nq, k1, v1, n1, k2, v2, n2, st, hd, scale, m, l, out, mf));
 }
 
-/* attend_rows_body for float (f16 = 0) or half (f16 = 1) KV, the faults read once per call. Under the
- * test-only attn-tile-range fault every row of a tile of several rows attends the keys of the tile's
- * last row (earlier rows see later positions' keys). */
-static void rows_copy(const int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys, const void *k,
+/* attend_rows_body for KV of type kvt, the faults read once per call. Under the test-only
+ * attn-tile-range fault every row of a tile of several rows attends the keys of the tile's last row
+ * (earlier rows see later positions' keys). */
+static void rows_copy(const int kvt, const float *q, size_t q_stride, int nq, int nr, const int *n_keys, const void *k,
                       const void *v, int kv_stride, int hd, float scale, int block, int window, float *out,
                       size_t out_stride) {
     int nk[IB_ATTN_TILE_Q];
@@ -634,17 +666,13 @@ static void rows_copy(const int f16, const float *q, size_t q_stride, int nq, in
     for (int t = 0; t < nr; t++) nk[t] = fault == IB_FAULT_ATTN_TILE_RANGE ? n_keys[nr - 1] : n_keys[t];
 #ifdef IB_ATTN_VECTOR_ISA
     if (fault == IB_FAULT_ISA_FMA) {
-        if (f16)
-            attend_rows_body(1, 1, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride, 0);
-        else
-            attend_rows_body(0, 1, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride, 0);
+        IB_ATTN_BY_KVT(kvt, attend_rows_body(K_, 1, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window,
+                                             out, out_stride, 0));
         return;
     }
 #endif
-    if (f16)
-        attend_rows_body(1, 0, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride, mf);
-    else
-        attend_rows_body(0, 0, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out, out_stride, mf);
+    IB_ATTN_BY_KVT(kvt, attend_rows_body(K_, 0, q, q_stride, nq, nr, nk, k, v, kv_stride, hd, scale, block, window, out,
+                                         out_stride, mf));
 }
 
 /* One block's softmax step (block_weights_n, this copy's) for nq (1..4) queries' scores s + h*rs
@@ -662,7 +690,7 @@ static void weights_copy(int nq, const float *s, int rs, int j0, int nb, float *
     }
 }
 
-/* The entry points of a copy, named ib_attend_heads_<sfx>, ib_attend_heads_f16_<sfx>,
+/* The entry points of a copy, named ib_attend_heads_<sfx>, ib_attend_heads_kv_<sfx>,
  * ib_attend_block2_<sfx>, ib_attend_rows_<sfx> and (for tests) ib_attend_block_weights_<sfx> (their
  * declarations are in ops.h). */
 #define IB_ATTN_DEFINE_COPY(sfx)                                                                                 \
@@ -670,19 +698,20 @@ static void weights_copy(int nq, const float *s, int rs, int j0, int nb, float *
                                int hd, float scale, int block, int window, float *out) {                        \
         attend_copy(0, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out);                           \
     }                                                                                                            \
-    void ib_attend_heads_f16_##sfx(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,     \
-                                   int kv_stride, int hd, float scale, int block, int window, float *out) {     \
-        attend_copy(1, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out);                           \
+    void ib_attend_heads_kv_##sfx(ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq,         \
+                                  int n_keys, int kv_stride, int hd, float scale, int block, int window,         \
+                                  float *out) {                                                                  \
+        attend_copy(kvt, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out);                         \
     }                                                                                                            \
-    void ib_attend_block2_##sfx(int f16, const float *q, int nq, const void *k1, const void *v1, int n1,         \
+    void ib_attend_block2_##sfx(ib_kv_dtype kvt, const float *q, int nq, const void *k1, const void *v1, int n1,         \
                                 const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale,      \
                                 float *m, float *l, float *out) {                                                \
-        block2_copy(f16, q, nq, k1, v1, n1, k2, v2, n2, kv_stride, hd, scale, m, l, out);                        \
+        block2_copy(kvt, q, nq, k1, v1, n1, k2, v2, n2, kv_stride, hd, scale, m, l, out);                        \
     }                                                                                                            \
-    void ib_attend_rows_##sfx(int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys,       \
+    void ib_attend_rows_##sfx(ib_kv_dtype kvt, const float *q, size_t q_stride, int nq, int nr, const int *n_keys,       \
                               const void *k, const void *v, int kv_stride, int hd, float scale, int block,       \
                               int window, float *out, size_t out_stride) {                                       \
-        rows_copy(f16, q, q_stride, nq, nr, n_keys, k, v, kv_stride, hd, scale, block, window, out, out_stride);  \
+        rows_copy(kvt, q, q_stride, nq, nr, n_keys, k, v, kv_stride, hd, scale, block, window, out, out_stride);  \
     }                                                                                                            \
     void ib_attend_block_weights_##sfx(int nq, const float *s, int rs, int j0, int nb, float *m, float *l,       \
                                        float *pw, float *c) {                                                    \

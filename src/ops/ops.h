@@ -163,6 +163,13 @@ void ib_attend_heads(const float *q, int nq, const float *k, const float *v, int
 void ib_attend_heads_f16(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys, int kv_stride,
                          int hd, float scale, int block, int window, float *out);
 
+/* ib_attend_heads over keys and values stored as KV type kvt (core/kv_elem.h: IB_KV_F32 floats,
+ * IB_KV_F16 halves, IB_KV_Q8 blocks; k, v planes of n_keys rows of kv_stride logical elements, for
+ * q8 hd and kv_stride multiples of 32): bitwise ib_attend_heads over the rows' decoded floats (half:
+ * exact; q8: ib_kvq8_get's), decoded as they are read. */
+void ib_attend_heads_kv_isa(ib_isa isa, ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq,
+                            int n_keys, int kv_stride, int hd, float scale, int block, int window, float *out);
+
 /* ib_attend_heads / ib_attend_heads_f16 computed by the copy for isa (attention_impl.h): AUTO picks
  * the best this CPU runs; SCALAR, NEON and an ISA the CPU lacks take the portable copy. Every copy
  * gives the same bits (the test-only isa-fma fault makes the AVX2 / AVX-512 copies fuse the dot
@@ -174,14 +181,14 @@ void ib_attend_heads_f16_isa(ib_isa isa, const uint16_t *k, const uint16_t *v, c
 
 /* One step of the online softmax that ib_attend_heads runs, for callers whose keys are not one
  * contiguous run (a ring buffer): one key block of n1 + n2 keys (1 <= n1, 0 <= n2, n1 + n2 <= 128) for
- * nq (<= IB_ATTN_MAX_GROUP) query heads q [nq][hd], the keys and values stored as float (f16 = 0) or
- * IEEE half (f16 = 1) in two runs: n1 rows at k1 / v1 then n2 rows at k2 / v2, row stride kv_stride
- * elements. Updates each head's running max m[nq] (start: -INFINITY), running sum l[nq] (start: 0)
+ * nq (<= IB_ATTN_MAX_GROUP) query heads q [nq][hd], the keys and values stored as KV type kvt
+ * (as in ib_attend_heads_kv_isa) in two runs: n1 rows at k1 / v1 then n2 rows at k2 / v2, row stride
+ * kv_stride logical elements. Updates each head's running max m[nq] (start: -INFINITY), running sum l[nq] (start: 0)
  * and unnormalized output out [nq][hd] (start: 0); after the last block out / l is the attention
  * output. Walking a query's blocks in order through this gives bitwise what ib_attend_heads gives for
  * the same keys in one run cut into the same blocks, with the copy for isa as in
  * ib_attend_heads_isa. */
-void ib_attend_block2_isa(ib_isa isa, int f16, const float *q, int nq, const void *k1, const void *v1, int n1,
+void ib_attend_block2_isa(ib_isa isa, ib_kv_dtype kvt, const float *q, int nq, const void *k1, const void *v1, int n1,
                           const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale, float *m,
                           float *l, float *out);
 
@@ -190,14 +197,14 @@ void ib_attend_block2_isa(ib_isa isa, int f16, const float *q, int nq, const voi
 
 /* Several query rows of one session taking each key block together (a prefill chunk's rows): rows
  * t < nr (nr*nq <= IB_ATTN_TILE_Q), row t's nq query heads at q + t*q_stride ([nq][hd]) attending its
- * keys 0..n_keys[t]-1 of the KV plane k, v ([n][kv_stride], float when f16 = 0, IEEE half when
- * f16 = 1); row t's output out + t*out_stride ([nq][hd]) is bitwise ib_attend_heads(_f16)'s for
+ * keys 0..n_keys[t]-1 of the KV plane k, v ([n][kv_stride] of KV type kvt, as in
+ * ib_attend_heads_kv_isa); row t's output out + t*out_stride ([nq][hd]) is bitwise ib_attend_heads_kv's for
  * (q + t*q_stride, nq, n_keys[t] keys, window): the same key blocks in the same order, each row
  * taking only the keys of each block it would take alone (its own causal range and window), each
  * query's operations unchanged. Each block's keys and values are read from memory once for the rows
  * (and their loads into registers shared by up to 4 queries in the vector copies). hd <=
  * IB_ATTN_MAX_HD, block <= 128. The copy for isa as in ib_attend_heads_isa. */
-void ib_attend_rows_isa(ib_isa isa, int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys,
+void ib_attend_rows_isa(ib_isa isa, ib_kv_dtype kvt, const float *q, size_t q_stride, int nq, int nr, const int *n_keys,
                         const void *k, const void *v, int kv_stride, int hd, float scale, int block, int window,
                         float *out, size_t out_stride);
 
@@ -213,17 +220,18 @@ void ib_attend_block_weights_isa(ib_isa isa, int nq, const float *s, int rs, int
 /* The copies as function pointers, picked once (an engine's CPU backend does at creation). */
 typedef void (*ib_attend_heads_fn)(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride,
                                    int hd, float scale, int block, int window, float *out);
-typedef void (*ib_attend_heads_f16_fn)(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
-                                       int kv_stride, int hd, float scale, int block, int window, float *out);
-typedef void (*ib_attend_block2_fn)(int f16, const float *q, int nq, const void *k1, const void *v1, int n1,
+typedef void (*ib_attend_heads_kv_fn)(ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq,
+                                      int n_keys, int kv_stride, int hd, float scale, int block, int window,
+                                      float *out);
+typedef void (*ib_attend_block2_fn)(ib_kv_dtype kvt, const float *q, int nq, const void *k1, const void *v1, int n1,
                                     const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale,
                                     float *m, float *l, float *out);
-typedef void (*ib_attend_rows_fn)(int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys,
+typedef void (*ib_attend_rows_fn)(ib_kv_dtype kvt, const float *q, size_t q_stride, int nq, int nr, const int *n_keys,
                                   const void *k, const void *v, int kv_stride, int hd, float scale, int block,
                                   int window, float *out, size_t out_stride);
 typedef struct ib_attn_kernels {
     ib_attend_heads_fn heads;
-    ib_attend_heads_f16_fn heads_f16;
+    ib_attend_heads_kv_fn heads_kv;
     ib_attend_block2_fn block2;
     ib_attend_rows_fn rows;
 } ib_attn_kernels;
@@ -232,16 +240,16 @@ typedef struct ib_attn_kernels {
  * and NEON. Returns 0, or -1 (out untouched) when this build or this CPU cannot run isa. */
 int ib_attn_kernels_for(ib_isa isa, ib_attn_kernels *out);
 
-/* The copies themselves (same arguments as ib_attend_heads / ib_attend_heads_f16 / ib_attend_block2_isa /
+/* The copies themselves (same arguments as ib_attend_heads / ib_attend_heads_kv_isa / ib_attend_block2_isa /
  * ib_attend_rows_isa without isa); the AVX2 and AVX-512 ones exist on x86 only and need a CPU that runs them. */
 void ib_attend_heads_portable(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride,
                               int hd, float scale, int block, int window, float *out);
-void ib_attend_heads_f16_portable(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
-                                  int kv_stride, int hd, float scale, int block, int window, float *out);
-void ib_attend_block2_portable(int f16, const float *q, int nq, const void *k1, const void *v1, int n1,
+void ib_attend_heads_kv_portable(ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq, int n_keys,
+                            int kv_stride, int hd, float scale, int block, int window, float *out);
+void ib_attend_block2_portable(ib_kv_dtype kvt, const float *q, int nq, const void *k1, const void *v1, int n1,
                                const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale, float *m,
                                float *l, float *out);
-void ib_attend_rows_portable(int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys, const void *k,
+void ib_attend_rows_portable(ib_kv_dtype kvt, const float *q, size_t q_stride, int nq, int nr, const int *n_keys, const void *k,
                              const void *v, int kv_stride, int hd, float scale, int block, int window, float *out,
                              size_t out_stride);
 void ib_attend_block_weights_portable(int nq, const float *s, int rs, int j0, int nb, float *m, float *l, float *pw,
@@ -249,21 +257,21 @@ void ib_attend_block_weights_portable(int nq, const float *s, int rs, int j0, in
 #if defined(__x86_64__) || defined(__i386__)
 void ib_attend_heads_avx2(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride, int hd,
                           float scale, int block, int window, float *out);
-void ib_attend_heads_f16_avx2(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
-                              int kv_stride, int hd, float scale, int block, int window, float *out);
+void ib_attend_heads_kv_avx2(ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq, int n_keys,
+                            int kv_stride, int hd, float scale, int block, int window, float *out);
 void ib_attend_heads_avx512(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride,
                             int hd, float scale, int block, int window, float *out);
-void ib_attend_heads_f16_avx512(const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,
-                                int kv_stride, int hd, float scale, int block, int window, float *out);
-void ib_attend_block2_avx2(int f16, const float *q, int nq, const void *k1, const void *v1, int n1, const void *k2,
+void ib_attend_heads_kv_avx512(ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq, int n_keys,
+                            int kv_stride, int hd, float scale, int block, int window, float *out);
+void ib_attend_block2_avx2(ib_kv_dtype kvt, const float *q, int nq, const void *k1, const void *v1, int n1, const void *k2,
                            const void *v2, int n2, int kv_stride, int hd, float scale, float *m, float *l, float *out);
-void ib_attend_block2_avx512(int f16, const float *q, int nq, const void *k1, const void *v1, int n1,
+void ib_attend_block2_avx512(ib_kv_dtype kvt, const float *q, int nq, const void *k1, const void *v1, int n1,
                              const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale, float *m,
                              float *l, float *out);
-void ib_attend_rows_avx2(int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys, const void *k,
+void ib_attend_rows_avx2(ib_kv_dtype kvt, const float *q, size_t q_stride, int nq, int nr, const int *n_keys, const void *k,
                          const void *v, int kv_stride, int hd, float scale, int block, int window, float *out,
                          size_t out_stride);
-void ib_attend_rows_avx512(int f16, const float *q, size_t q_stride, int nq, int nr, const int *n_keys, const void *k,
+void ib_attend_rows_avx512(ib_kv_dtype kvt, const float *q, size_t q_stride, int nq, int nr, const int *n_keys, const void *k,
                            const void *v, int kv_stride, int hd, float scale, int block, int window, float *out,
                            size_t out_stride);
 void ib_attend_block_weights_avx2(int nq, const float *s, int rs, int j0, int nb, float *m, float *l, float *pw,

@@ -9,16 +9,21 @@
 #include "core/error.h"
 #include "core/fmath.h"
 #include "core/half.h"
+#include "core/kv_elem.h"
 #include "ops/ops.h"
 #include "isobatch.h"
 #include "runtime/kv_policy.h"
 
-/* Row `slot` of a slot-indexed plane ([capacity][hd], float or half): a pointer to it, converted into
- * buf when the session keeps half-precision KV. */
+/* Row `slot` of a slot-indexed plane ([capacity][hd] of the session's KV type): a pointer to it, or
+ * its values decoded into buf (half: exactly; q8: ib_kvq8_decode_row) when it is not float. */
 static const float *kv_row(const ib_kv_desc *d, const void *plane, int slot, int hd, float *buf) {
-    if (d->dtype != IB_KV_F16) return (const float *)plane + (size_t)slot * hd;
-    ib_f16_to_f32_row((const uint16_t *)plane + (size_t)slot * hd, buf, hd);
-    return buf;
+    switch (d->dtype) {
+    case IB_KV_F16: ib_f16_to_f32_row((const uint16_t *)plane + (size_t)slot * hd, buf, hd); return buf;
+    case IB_KV_Q8:
+        ib_kvq8_decode_row((const char *)plane + ib_kv_bytes(IB_KV_Q8, (size_t)slot * hd), hd, buf);
+        return buf;
+    default: return (const float *)plane + (size_t)slot * hd;
+    }
 }
 
 void ib_attend_policy(const ib_kv_desc *s, const float *q, const void *k, const void *v, int p, int hd,
@@ -63,8 +68,8 @@ void ib_attend_policy(const ib_kv_desc *s, const float *q, const void *k, const 
 void ib_attend_policy_heads(const ib_kv_desc *s, ib_attend_block2_fn block2, const float *q, int nq, const void *k, const void *v,
                             int p, int hd, float scale, int block, float *out) {
     float m[IB_ATTN_MAX_GROUP], l[IB_ATTN_MAX_GROUP];
-    const int f16 = s->dtype == IB_KV_F16;
-    const size_t eb = f16 ? 2 : 4, row = (size_t)hd * eb;
+    const ib_kv_dtype kvt = s->dtype;
+    const size_t row = ib_kv_bytes(kvt, (size_t)hd);
     const char *kb = k, *vb = v;
     for (int h = 0; h < nq; h++) m[h] = -INFINITY, l[h] = 0.0f;
     for (int d = 0; d < nq * hd; d++) out[d] = 0.0f;
@@ -80,7 +85,7 @@ void ib_attend_policy_heads(const ib_kv_desc *s, ib_attend_block2_fn block2, con
             if (end > r1[r]) end = r1[r];
             int nb = end - b0, slot = ib_kv_slot(s, b0);
             int n1 = s->capacity - slot < nb ? s->capacity - slot : nb;
-            block2(f16, q, nq, kb + (size_t)slot * row, vb + (size_t)slot * row, n1, kb + (size_t)s->sink * row,
+            block2(kvt, q, nq, kb + (size_t)slot * row, vb + (size_t)slot * row, n1, kb + (size_t)s->sink * row,
                    vb + (size_t)s->sink * row, nb - n1, hd, hd, scale, m, l, out);
             b0 = end;
         }
@@ -103,8 +108,9 @@ void ib_attend_policy_rows(const ib_kv_desc *s, ib_attend_block2_fn block2, cons
     float qt[IB_ATTN_TILE_Q * IB_ATTN_MAX_HD], ot[IB_ATTN_TILE_Q * IB_ATTN_MAX_HD]; /* [nr*nq][hd] each */
     float m[IB_ATTN_TILE_Q], l[IB_ATTN_TILE_Q];                                     /* [nr*nq] */
     int r0[IB_ATTN_TILE_Q][2], r1[IB_ATTN_TILE_Q][2];                               /* [nr] rows' ranges */
-    const int f16 = s->dtype == IB_KV_F16, fault = ib_fault_get() == IB_FAULT_ATTN_TILE_RANGE;
-    const size_t eb = f16 ? 2 : 4, row = (size_t)hd * eb, rowq = (size_t)nq * hd;
+    const ib_kv_dtype kvt = s->dtype;
+    const int fault = ib_fault_get() == IB_FAULT_ATTN_TILE_RANGE;
+    const size_t row = ib_kv_bytes(kvt, (size_t)hd), rowq = (size_t)nq * hd;
     const char *kb = k, *vb = v;
     if (nr < 1) return;
     for (int t = 0; t < nr; t++) {
@@ -134,7 +140,7 @@ void ib_attend_policy_rows(const ib_kv_desc *s, ib_attend_block2_fn block2, cons
                 if (b0 >= end) continue;
                 int nb = end - b0, slot = ib_kv_slot(s, b0), x = t * nq;
                 int n1 = s->capacity - slot < nb ? s->capacity - slot : nb;
-                block2(f16, qt + (size_t)x * hd, (u - t) * nq, kb + (size_t)slot * row, vb + (size_t)slot * row, n1,
+                block2(kvt, qt + (size_t)x * hd, (u - t) * nq, kb + (size_t)slot * row, vb + (size_t)slot * row, n1,
                        kb + (size_t)s->sink * row, vb + (size_t)s->sink * row, nb - n1, hd, hd, scale, m + x, l + x,
                        ot + (size_t)x * hd);
             }
@@ -180,5 +186,5 @@ size_t ib_kv_bytes_per_token(const ib_model *m, ib_kv_dtype t) {
     size_t n = 0;
     for (int li = 0; li < c->n_layers; li++)   /* KV-shared layers store nothing */
         if (!c->kv_from[li]) n += (size_t)2 * ib_config_layer_kvh(c, li) * ib_config_layer_hd(c, li);
-    return n * ib_kv_dtype_bytes(t);
+    return ib_kv_bytes(t, n);
 }

@@ -12,14 +12,17 @@
 ib_sampling ib_sampling_default(void);
 
 /* The table of the backend that will hold a session's KV: an error naming the backend when this
- * build or machine lacks it, or the dtype is outside the enum. */
+ * build or machine lacks it or it does not run the dtype, or the dtype is outside the enum. */
 static ib_status kv_ops_for(ib_backend_kind kind, ib_kv_dtype dtype, const ib_backend_ops **out, ib_error *err) {
     const char *why = NULL;
-    if (dtype != IB_KV_F32 && dtype != IB_KV_F16)
+    if ((unsigned)dtype >= IB_KV_DTYPE_COUNT)
         return ib_fail(err, IB_ERR_INVALID_ARG, "session: kv_dtype %d is not a KV element type", (int)dtype);
     if (!ib_backend_available(kind, &why))
         return ib_fail(err, IB_ERR_UNSUPPORTED, "session: backend %s: %s", ib_backend_name(kind), why);
     *out = ib_backend_ops_for(kind);
+    if (!((*out)->kv_dtypes & 1u << dtype))
+        return ib_fail(err, IB_ERR_UNSUPPORTED, "session: backend %s does not run kv_dtype %s", ib_backend_name(kind),
+                       ib_kv_dtype_name(dtype));
     return IB_OK;
 }
 
@@ -51,6 +54,12 @@ static ib_status session_plan(const ib_model *m, const ib_session_opts *opts, ib
     *kd = (ib_kv_desc){.dtype = opts ? opts->kv_dtype : IB_KV_F32, .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
                        .head_dim = c->head_dim, .capacity = cap, .sink = window > 0 ? sink : 0, .window = window};
     int ring = 0;
+    if (kd->dtype == IB_KV_Q8) {   /* its rows are whole 32-element blocks (core/kv_elem.h) */
+        int bad = c->head_dim % IB_KVQ8_BLOCK ? c->head_dim : gemma && c->global_head_dim % IB_KVQ8_BLOCK ? c->global_head_dim : 0;
+        if (bad)
+            return ib_fail(err, IB_ERR_UNSUPPORTED, "session: kv_dtype q8 needs head dims that are multiples of %d; "
+                           "this model has %d", IB_KVQ8_BLOCK, bad);
+    }
     if (gemma) { /* full layers at the full shape, sliding layers at theirs */
         kd->n_kv_heads = c->global_kv_heads;
         kd->head_dim = c->global_head_dim;

@@ -33,7 +33,7 @@ json_t *ib_verify_json(const char *model_id, ib_act act, ib_kv_dtype kvd, const 
     json_object_set_new(v, "contract", json_integer(IB_VERIFY_CONTRACT));
     json_object_set_new(v, "model", json_string(model_id));
     json_object_set_new(v, "act", json_string(act == IB_ACT_F32 ? "f32" : "q8"));
-    json_object_set_new(v, "kv_dtype", json_string(kvd == IB_KV_F16 ? "f16" : "f32"));
+    json_object_set_new(v, "kv_dtype", json_string(ib_kv_dtype_name(kvd)));
     json_object_set_new(v, "kv", json_string(kv));
     if (strcmp(kv, "full"))
         json_object_set_new(v, "kv_chunk", json_integer(kv_chunk));
@@ -149,8 +149,7 @@ int ib_verify_parse(json_t *j, int vocab, int max_context, ib_vrec *r, char *msg
     const char *act = json_string_value(json_object_get(v, "act")), *kvd = json_string_value(json_object_get(v, "kv_dtype"));
     if (!act || (strcmp(act, "f32") && strcmp(act, "q8"))) FAIL("verification.act must be \"f32\" or \"q8\"");
     r->act = !strcmp(act, "f32") ? IB_ACT_F32 : IB_ACT_Q8;
-    if (!kvd || (strcmp(kvd, "f32") && strcmp(kvd, "f16"))) FAIL("verification.kv_dtype must be \"f32\" or \"f16\"");
-    r->kv_dtype = !strcmp(kvd, "f16") ? IB_KV_F16 : IB_KV_F32;
+    if (!kvd || ib_kv_dtype_parse(kvd, &r->kv_dtype)) FAIL("verification.kv_dtype must be \"f32\", \"f16\" or \"q8\"");
     const char *kv = json_string_value(json_object_get(v, "kv"));
     if (!kv || ib_kv_policy_parse(kv, &r->kv_sink, &r->kv_window))
         FAIL("verification.kv must be full, window:W or sink:S,window:W");

@@ -86,7 +86,7 @@ ib_status ib_store_create(ib_store *st, const ib_store_session *rec, ib_error *e
         return ib_fail(err, IB_ERR_INVALID_ARG, "store: session %s: owner is not a hex SHA-256", rec->id);
     if (!memchr(rec->model_id, 0, sizeof rec->model_id) || !rec->model_id[0])
         return ib_fail(err, IB_ERR_INVALID_ARG, "store: session %s: no model identity", rec->id);
-    if (rec->kv_dtype != IB_KV_F32 && rec->kv_dtype != IB_KV_F16)
+    if ((unsigned)rec->kv_dtype >= IB_KV_DTYPE_COUNT)
         return ib_fail(err, IB_ERR_INVALID_ARG, "store: session %s: kv_dtype %d is not a KV type", rec->id,
                        (int)rec->kv_dtype);
     if (rec->max_context < 0 || rec->kv_sink < 0 || rec->kv_window < 0 || rec->kv_chunk < 0)

@@ -124,17 +124,17 @@ static void cpu_kv_free(ib_kv *kv) {
 static void cpu_kv_copy(ib_kv *dst, const ib_kv *src, int n_slots) {
     const cpu_kv *s = (const cpu_kv *)src;
     cpu_kv *t = (cpu_kv *)dst;
-    size_t eb = ib_kv_dtype_bytes(src->desc.dtype);
+    const ib_kv_dtype dt = src->desc.dtype;
     for (int l = 0; l < src->desc.n_layers; l++) {
         if (ib_kv_desc_owner(&src->desc, l) != l) continue;   /* KV-shared: its source's are copied */
         ib_kv_desc sv = ib_kv_desc_layer(&src->desc, l), tv = ib_kv_desc_layer(&dst->desc, l);
         int n = n_slots < sv.capacity ? n_slots : sv.capacity;
         if (n > tv.capacity) n = tv.capacity;
-        size_t plane = (size_t)sv.head_dim * n * eb;
+        size_t plane = ib_kv_bytes(dt, (size_t)sv.head_dim * n);
         for (int kv = 0; kv < 2; kv++)
             for (int h = 0; h < sv.n_kv_heads; h++)
-                memcpy((char *)t->data + kv_offset(t, &tv, l, kv, h) * eb,
-                       (const char *)s->data + kv_offset(s, &sv, l, kv, h) * eb, plane);
+                memcpy((char *)t->data + ib_kv_bytes(dt, kv_offset(t, &tv, l, kv, h)),
+                       (const char *)s->data + ib_kv_bytes(dt, kv_offset(s, &sv, l, kv, h)), plane);
     }
 }
 
@@ -365,15 +365,23 @@ static void store_kv_row(cpu_backend *c, int r, int li) {
     cpu_kv *kv = c->kv[c->row_item[r]];
     const ib_kv_desc lv = ib_kv_desc_layer(&kv->base.desc, li), *d = &lv;
     size_t slot = (size_t)ib_kv_desc_slot(d, c->pos[r]);
+    const float qmax = c->R > 1 && ib_fault_get() == IB_FAULT_KVQ8_STEP_SCALE ? 126.0f : 127.0f;
     for (int h = 0; h < KVH; h++) {
         size_t ko = kv_offset(kv, d, li, 0, h) + slot * hd, vo = kv_offset(kv, d, li, 1, h) + slot * hd;
         const float *kr = c->buf[IB_BUF_K] + ((size_t)r * KVH + h) * hd, *vr = c->buf[IB_BUF_V] + ((size_t)r * KVH + h) * hd;
-        if (d->dtype == IB_KV_F16) {
+        switch (d->dtype) {
+        case IB_KV_F16:
             ib_f32_to_f16_rows(kr, (uint16_t *)kv->data + ko, hd);
             ib_f32_to_f16_rows(vr, (uint16_t *)kv->data + vo, hd);
-        } else {
+            break;
+        case IB_KV_Q8:
+            ib_kvq8_encode_row_qmax(kr, hd, (char *)kv->data + ib_kv_bytes(IB_KV_Q8, ko), qmax);
+            ib_kvq8_encode_row_qmax(vr, hd, (char *)kv->data + ib_kv_bytes(IB_KV_Q8, vo), qmax);
+            break;
+        default:
             memcpy((float *)kv->data + ko, kr, hd * sizeof(float));
             memcpy((float *)kv->data + vo, vr, hd * sizeof(float));
+            break;
         }
     }
 }
@@ -442,9 +450,8 @@ static void attn_row(cpu_backend *c, int li, int r, int kvh) {
     int H = mc->n_heads, KVH = L->kvh, hd = L->hd, G = H / KVH, h0 = kvh * G;
     const cpu_kv *kv = c->kv[c->row_item[r]];
     const ib_kv_desc lv = ib_kv_desc_layer(&kv->base.desc, li), *d = &lv;
-    size_t eb = ib_kv_dtype_bytes(d->dtype);
-    const void *kl = (const char *)kv->data + kv_offset(kv, d, li, 0, kvh) * eb;
-    const void *vl = (const char *)kv->data + kv_offset(kv, d, li, 1, kvh) * eb;
+    const void *kl = (const char *)kv->data + ib_kv_bytes(d->dtype, kv_offset(kv, d, li, 0, kvh));
+    const void *vl = (const char *)kv->data + ib_kv_bytes(d->dtype, kv_offset(kv, d, li, 1, kvh));
     const float *q = c->buf[IB_BUF_Q] + ((size_t)r * H + h0) * hd;
     float *out = c->buf[IB_BUF_ATT] + ((size_t)r * H + h0) * hd;
     const int gemma = mc->arch == IB_ARCH_GEMMA4;
@@ -457,10 +464,10 @@ static void attn_row(cpu_backend *c, int li, int r, int kvh) {
         float *oh = out + (size_t)h * hd;
         if (d->window > 0)
             ib_attend_policy_heads(d, c->k.attn.block2, qh, nq, kl, vl, pos, hd, scale, c->attn_block, oh);
-        else if (d->dtype == IB_KV_F16)
-            c->k.attn.heads_f16(kl, vl, qh, nq, pos + 1, hd, hd, scale, c->attn_block, window, oh);
-        else
+        else if (d->dtype == IB_KV_F32)
             c->k.attn.heads(qh, nq, kl, vl, pos + 1, hd, hd, scale, c->attn_block, window, oh);
+        else
+            c->k.attn.heads_kv(d->dtype, kl, vl, qh, nq, pos + 1, hd, hd, scale, c->attn_block, window, oh);
     }
 }
 
@@ -473,9 +480,8 @@ static void attn_rows(cpu_backend *c, int li, int r0, int r1, int kvh) {
     int H = mc->n_heads, KVH = L->kvh, hd = L->hd, G = H / KVH, h0 = kvh * G, nr = r1 - r0;
     const cpu_kv *kv = c->kv[c->row_item[r0]];
     const ib_kv_desc lv = ib_kv_desc_layer(&kv->base.desc, li), *d = &lv;
-    size_t eb = ib_kv_dtype_bytes(d->dtype);
-    const void *kl = (const char *)kv->data + kv_offset(kv, d, li, 0, kvh) * eb;
-    const void *vl = (const char *)kv->data + kv_offset(kv, d, li, 1, kvh) * eb;
+    const void *kl = (const char *)kv->data + ib_kv_bytes(d->dtype, kv_offset(kv, d, li, 0, kvh));
+    const void *vl = (const char *)kv->data + ib_kv_bytes(d->dtype, kv_offset(kv, d, li, 1, kvh));
     const float *q = c->buf[IB_BUF_Q] + ((size_t)r0 * H + h0) * hd;   /* row t's heads at q + t*H*hd */
     float *out = c->buf[IB_BUF_ATT] + ((size_t)r0 * H + h0) * hd;
     const int gemma = mc->arch == IB_ARCH_GEMMA4;
@@ -489,7 +495,7 @@ static void attn_rows(cpu_backend *c, int li, int r0, int r1, int kvh) {
             ib_attend_policy_rows(d, c->k.attn.block2, q + (size_t)h * hd, (size_t)H * hd, nq, nr, c->pos + r0, kl, vl,
                                   hd, scale, c->attn_block, out + (size_t)h * hd, (size_t)H * hd);
         else
-            c->k.attn.rows(d->dtype == IB_KV_F16, q + (size_t)h * hd, (size_t)H * hd, nq, nr, n_keys, kl, vl, hd,
+            c->k.attn.rows(d->dtype, q + (size_t)h * hd, (size_t)H * hd, nq, nr, n_keys, kl, vl, hd,
                            hd, scale, c->attn_block, window, out + (size_t)h * hd, (size_t)H * hd);
     }
 }
@@ -755,6 +761,7 @@ const ib_backend_ops ib_backend_cpu = {
     .name = "cpu",
     .kind = IB_BACKEND_CPU,
     .available = NULL,
+    .kv_dtypes = 1u << IB_KV_F32 | 1u << IB_KV_F16 | 1u << IB_KV_Q8,
     .create = cpu_create,
     .destroy = cpu_destroy,
     .kv_create = cpu_kv_create,

@@ -728,23 +728,23 @@ static void cuda_kv_copy(ib_kv *dst, const ib_kv *src, int n_slots) {
     int mixed = sd->n_sliding > 0;
     for (int li = 0; li < sd->n_layers && !mixed; li++) mixed = ib_kv_desc_owner(sd, li) != li;
     if (mixed) { /* Gemma 4: layer by layer at each layer's shape (cpu_kv_copy's planes) */
-        const size_t eb = ib_kv_dtype_bytes(sd->dtype);
+        const ib_kv_dtype dt = sd->dtype;
         size_t so = 0, to = 0;   /* bytes of the layers before li in src, dst */
         for (int li = 0; li < sd->n_layers; li++) {
             if (ib_kv_desc_owner(sd, li) != li) continue;   /* KV-shared: holds none */
             const ib_kv_desc sv = ib_kv_desc_layer(sd, li), tv = ib_kv_desc_layer(dd, li);
             int n = n_slots < sv.capacity ? n_slots : sv.capacity;
             if (n > tv.capacity) n = tv.capacity;
-            const size_t row = (size_t)sv.head_dim * eb;
+            const size_t row = ib_kv_bytes(dt, (size_t)sv.head_dim);
             if (n > 0)
                 cudaMemcpy2D((char *)((cuda_kv *)dst)->dev + to, (size_t)tv.capacity * row,
                              (const char *)((const cuda_kv *)src)->dev + so, (size_t)sv.capacity * row, (size_t)n * row,
                              (size_t)2 * sv.n_kv_heads, cudaMemcpyDeviceToDevice);
-            so += ib_kv_desc_layer_elems(sd, li) * eb, to += ib_kv_desc_layer_elems(dd, li) * eb;
+            so += ib_kv_bytes(dt, ib_kv_desc_layer_elems(sd, li)), to += ib_kv_bytes(dt, ib_kv_desc_layer_elems(dd, li));
         }
         return;
     }
-    const size_t row = (size_t)sd->head_dim * ib_kv_dtype_bytes(sd->dtype);
+    const size_t row = ib_kv_bytes(sd->dtype, (size_t)sd->head_dim);
     cudaMemcpy2D(((cuda_kv *)dst)->dev, (size_t)dd->capacity * row, ((const cuda_kv *)src)->dev,
                  (size_t)sd->capacity * row, (size_t)n_slots * row, (size_t)sd->n_layers * 2 * sd->n_kv_heads,
                  cudaMemcpyDeviceToDevice);
@@ -1665,6 +1665,7 @@ extern "C" const ib_backend_ops ib_backend_cuda = {
     "cuda",
     IB_BACKEND_CUDA,
     cuda_available,
+    1u << IB_KV_F32 | 1u << IB_KV_F16,   /* q8 KV: not yet on the GPU */
     cuda_create,
     cuda_destroy,
     cuda_kv_create,
