@@ -1,7 +1,7 @@
 /*
  * bench_attention.c — prints (asserts nothing) the time of decode attention per key and KV head, the
  * shape of a Qwen3-0.6B layer (head_dim 128, two query heads per KV head, 8 KV heads), for each
- * attention copy this CPU runs and float32 / float16 KV, with the keys either in cache (8 sessions'
+ * attention copy this CPU runs and float32 / float16 / q8 KV, with the keys either in cache (8 sessions'
  * planes, a few MB) or streamed from memory (448 planes, as 16 sessions x 28 layers: ~290 MB in f16).
  * One thread. Not built by `make`; after `make build/libisobatch.a`:
  *
@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "core/half.h"
+#include "core/kv_elem.h"
 #include "ops/ops.h"
 
 enum { HD = 128, KVH = 8, NQ = 2, CAP = 512 };
@@ -26,25 +27,24 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Best of `reps` passes over n_planes planes x KVH heads, seconds per pass. */
-static double time_pass(ib_isa isa, int f16, void *kv, int n_planes, int n_keys, int reps, const float *q,
+/* Best of `reps` passes over n_planes planes x KVH heads of KV type t, seconds per pass. */
+static double time_pass(ib_isa isa, ib_kv_dtype t, void *kv, int n_planes, int n_keys, int reps, const float *q,
                         float *out) {
-    const size_t eb = f16 ? 2 : 4, plane = (size_t)CAP * HD;  /* elements of one head's K (or V) */
+    const size_t plane = ib_kv_bytes(t, (size_t)CAP * HD);  /* bytes of one head's K (or V) */
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
         double t0 = now();
         for (int p = 0; p < n_planes; p++)
             for (int h = 0; h < KVH; h++) {
-                char *k = (char *)kv + ((size_t)(p * KVH + h) * 2) * plane * eb, *v = k + plane * eb;
-                if (f16)
-                    ib_attend_heads_f16_isa(isa, (const uint16_t *)k, (const uint16_t *)v, q, NQ, n_keys, HD, HD,
-                                            0.088f, IB_ATTN_BLOCK, 0, out);
-                else
+                char *k = (char *)kv + (size_t)(p * KVH + h) * 2 * plane, *v = k + plane;
+                if (t == IB_KV_F32)
                     ib_attend_heads_isa(isa, q, NQ, (const float *)k, (const float *)v, n_keys, HD, HD, 0.088f,
                                         IB_ATTN_BLOCK, 0, out);
+                else
+                    ib_attend_heads_kv_isa(isa, t, k, v, q, NQ, n_keys, HD, HD, 0.088f, IB_ATTN_BLOCK, 0, out);
             }
-        double t = now() - t0;
-        if (t < best) best = t;
+        double dt = now() - t0;
+        if (dt < best) best = dt;
     }
     return best;
 }
@@ -59,7 +59,8 @@ int main(int argc, char **argv) {
     const size_t n = (size_t)big * KVH * 2 * CAP * HD;   /* elements of all planes */
     float *kf = malloc(n * sizeof(float));
     uint16_t *kh = malloc(n * sizeof(uint16_t));
-    if (!kf || !kh) {
+    unsigned char *kq = malloc(ib_kv_bytes(IB_KV_Q8, n));
+    if (!kf || !kh || !kq) {
         fprintf(stderr, "bench_attention: out of memory\n");
         return 1;
     }
@@ -69,6 +70,8 @@ int main(int argc, char **argv) {
         kf[i] = (float)((double)(s >> 11) * 0x1.0p-53 * 2.0 - 1.0);
         kh[i] = ib_f32_to_f16(kf[i]);
     }
+    ib_kvq8_encode_row(kf, (int)HD, kq);   /* warm the inline encoder, then every row */
+    for (size_t r = 0; r < n / HD; r++) ib_kvq8_encode_row(kf + r * HD, HD, kq + ib_kv_bytes(IB_KV_Q8, r * HD));
     float q[NQ * HD], out[NQ * HD];
     for (int i = 0; i < NQ * HD; i++) q[i] = (float)(i % 7) * 0.1f - 0.3f;
     static const ib_isa isas[] = {IB_ISA_SCALAR, IB_ISA_AVX2, IB_ISA_AVX512};
@@ -76,16 +79,18 @@ int main(int argc, char **argv) {
     printf("%-8s %-4s %-10s %10s %10s\n", "isa", "kv", "keys", "ns/key/kvh", "GB/s");
     for (int ii = 0; ii < 3; ii++) {
         if (!ib_isa_supported(isas[ii])) continue;
-        for (int f16 = 0; f16 <= 1; f16++)
+        for (int t = IB_KV_F32; t < IB_KV_DTYPE_COUNT; t++)
             for (int mem = 0; mem <= 1; mem++) {
                 int planes = mem ? big : small, reps = mem ? 3 : 50;
-                double t = time_pass(isas[ii], f16, f16 ? (void *)kh : (void *)kf, planes, n_keys, reps, q, out);
-                double keys = (double)planes * KVH * n_keys, bytes = keys * 2 * HD * (f16 ? 2 : 4);
-                printf("%-8s %-4s %-10s %10.1f %10.1f\n", ib_isa_name(isas[ii]), f16 ? "f16" : "f32",
-                       mem ? "memory" : "cache", t * 1e9 / keys, bytes / t * 1e-9);
+                void *kv = t == IB_KV_Q8 ? (void *)kq : t == IB_KV_F16 ? (void *)kh : (void *)kf;
+                double dt = time_pass(isas[ii], (ib_kv_dtype)t, kv, planes, n_keys, reps, q, out);
+                double keys = (double)planes * KVH * n_keys, bytes = keys * 2 * ib_kv_bytes((ib_kv_dtype)t, HD);
+                printf("%-8s %-4s %-10s %10.1f %10.1f\n", ib_isa_name(isas[ii]), ib_kv_dtype_name((ib_kv_dtype)t),
+                       mem ? "memory" : "cache", dt * 1e9 / keys, bytes / dt * 1e-9);
             }
     }
     free(kf);
     free(kh);
+    free(kq);
     return 0;
 }

@@ -97,6 +97,12 @@ IB_HD static inline void ib_kvq8_encode_row_qmax(const float *x, int n, void *ds
 /* Encode n floats x (n a multiple of IB_KVQ8_BLOCK) into n/32 q8 blocks at dst: the definition above. */
 IB_HD static inline void ib_kvq8_encode_row(const float *x, int n, void *dst) { ib_kvq8_encode_row_qmax(x, n, dst, 127.0f); }
 
+#ifndef __CUDACC__
+/* ib_kvq8_encode_row_qmax on SIMD lanes (kv_elem.c): the same bytes for every input, several times
+ * faster; the CPU backend's store of q8 keys and values. */
+void ib_kvq8_encode_rows_qmax(const float *x, int n, void *dst, float qmax);
+#endif
+
 /* Decode n elements (a multiple of IB_KVQ8_BLOCK) from the blocks at src into floats y. */
 IB_HD static inline void ib_kvq8_decode_row(const void *src, int n, float *y) {
     for (int i = 0; i < n; i++) y[i] = ib_kvq8_get(src, (size_t)i);

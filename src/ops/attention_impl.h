@@ -115,9 +115,10 @@ ATTN_AI vecf ldv_q8(const void *p, size_t i) {
     __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)c)));
     __builtin_memcpy(&v, &x, sizeof v);
 #else
-    float f[VL];
-    for (int j = 0; j < VL; j++) f[j] = (float)c[j];
-    v = ldv(f);
+    typedef signed char vecc __attribute__((vector_size(VL)));   /* VL codes */
+    vecc cv;
+    __builtin_memcpy(&cv, c, sizeof cv);
+    v = __builtin_convertvector(cv, vecf);   /* exact: every int8 is a float */
 #endif
     return v * s;
 }

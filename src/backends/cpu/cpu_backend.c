@@ -375,8 +375,8 @@ static void store_kv_row(cpu_backend *c, int r, int li) {
             ib_f32_to_f16_rows(vr, (uint16_t *)kv->data + vo, hd);
             break;
         case IB_KV_Q8:
-            ib_kvq8_encode_row_qmax(kr, hd, (char *)kv->data + ib_kv_bytes(IB_KV_Q8, ko), qmax);
-            ib_kvq8_encode_row_qmax(vr, hd, (char *)kv->data + ib_kv_bytes(IB_KV_Q8, vo), qmax);
+            ib_kvq8_encode_rows_qmax(kr, hd, (char *)kv->data + ib_kv_bytes(IB_KV_Q8, ko), qmax);
+            ib_kvq8_encode_rows_qmax(vr, hd, (char *)kv->data + ib_kv_bytes(IB_KV_Q8, vo), qmax);
             break;
         default:
             memcpy((float *)kv->data + ko, kr, hd * sizeof(float));
