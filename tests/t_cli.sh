@@ -355,6 +355,7 @@ expect_error "unknown flag" "unknown option '--bogus'" "$B" generate -m "$T/m" -
 expect_error "missing value" "-n: missing value" "$B" generate -m "$T/m" -p hi -n
 expect_error "bad number" "--batch: bad value 'x'" "$B" generate -m "$T/m" -p hi --batch x
 expect_error "bad isa" "--isa: unknown 'sse9'" "$B" generate -m "$T/m" -p hi --isa sse9
+expect_error "bad kv dtype" "--kv-dtype: unknown 'q4' (f32, f16, q8)" "$B" generate -m "$T/m" -p hi --kv-dtype q4
 # an ISA of the other architecture is a known name that this build never supports
 case "$(uname -m)" in
     x86_64) expect_error "neon on x86" "isa neon: not supported" "$B" generate -m "$T/m" -p hi --isa neon ;;

@@ -12,6 +12,7 @@
 
 #include "check.h"
 #include "core/kv_elem.h"
+#include "model/model.h"
 
 /* The code and scale of element i of an encoded row, read from the bytes as the layout says. */
 static int code_at(const unsigned char *row, int i) { return (int8_t)row[(i / 32) * 36 + i % 32]; }
@@ -150,6 +151,31 @@ int main(void) {
             rows++;
         }
         CHECK(differ == 0, "the SIMD q8 encoder differs from the definition on %d of %d rows", differ, rows);
+    }
+    /* sessions: q8 needs head dims that are multiples of 32 (a one-line refusal naming them); an unknown
+     * dtype is refused too, and a q8 cache takes 36/32 bytes an element */
+    {
+        ib_model m;
+        memset(&m, 0, sizeof m);
+        m.cfg.n_layers = 2, m.cfg.n_heads = 2, m.cfg.n_kv_heads = 1, m.cfg.head_dim = 48;
+        m.cfg.max_position = 64, m.cfg.vocab_size = 16;
+        ib_session *ses = NULL;
+        ib_error err = {0};
+        ib_session_opts o = {.max_context = 16, .kv_dtype = IB_KV_Q8, .sampling = ib_sampling_default()};
+        ib_status rc = ib_session_create(&m, &o, &ses, &err);
+        CHECK(rc == IB_ERR_UNSUPPORTED && strstr(err.msg, "multiples of 32") && strstr(err.msg, "48") && !ses,
+              "q8 session with head_dim 48: status %d, '%s'", (int)rc, err.msg);
+        o.kv_dtype = (ib_kv_dtype)7;
+        rc = ib_session_create(&m, &o, &ses, &err);
+        CHECK(rc == IB_ERR_INVALID_ARG && strstr(err.msg, "kv_dtype 7") && !ses, "dtype 7: status %d, '%s'", (int)rc,
+              err.msg);
+        m.cfg.head_dim = 64;
+        o.kv_dtype = IB_KV_Q8;
+        rc = ib_session_create(&m, &o, &ses, &err);
+        CHECK(rc == IB_OK && ses && ib_session_kv_bytes(ses) == (size_t)2 * 2 * 16 * 64 / 32 * 36,
+              "q8 session with head_dim 64: status %d '%s', %zu KV bytes (want %d)", (int)rc, err.msg,
+              ses ? ib_session_kv_bytes(ses) : 0, 2 * 2 * 16 * 64 / 32 * 36);
+        ib_session_free(ses);
     }
     TEST_MAIN_END("test_kv_elem");
 }
