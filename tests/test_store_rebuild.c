@@ -2,7 +2,7 @@
  * test_store_rebuild.c — a session written to the SQLite store and rebuilt from it (ib_store_rebuild)
  * carries on exactly as the session that never stopped.
  *
- * On the tiny synthetic model, for full and sink+window sessions with float32 and half KV, a
+ * On the tiny synthetic model, for full and sink+window sessions with float32, half and q8 KV, a
  * conversation runs the way the server drives a session (appended text noted when fed, prompt chunks
  * of 7, sampled tokens fed back as decode rows, the last one left pending and fed as the next
  * prompt's first token), with temperature sampling and a repetition penalty over a short window so
@@ -264,8 +264,10 @@ int main(void) {
         {"full f16", 0, 0, IB_KV_F16},
         {"sink:4,window:24 f32", 4, 24, IB_KV_F32},
         {"sink:4,window:24 f16", 4, 24, IB_KV_F16},
+        {"full q8", 0, 0, IB_KV_Q8},
+        {"sink:4,window:24 q8", 4, 24, IB_KV_Q8},
     };
-    for (int i = 0; i < 4; i++) run_cfg(m, e, model_id, &cfgs[i], i);
+    for (int i = 0; i < (int)(sizeof cfgs / sizeof cfgs[0]); i++) run_cfg(m, e, model_id, &cfgs[i], i);
     ib_engine_free(e);
     ib_model_free(m);
     char cmd[600];
