@@ -21,6 +21,10 @@ trap 'rm -rf "$T"' EXIT
 "$BIN" mkmodel --preset tiny --seed 3 --bits 4 --out "$T/m" >/dev/null || bad "mkmodel"
 "$BIN" info -m "$T/m" | grep -q "architecture qwen3" && ok || bad "info"
 "$BIN" info -m "$T/m" --json | grep -q '"quant_bits":4' && ok || bad "info --json"
+# info --kv-dtype: q8 takes 36 bytes for every 32 elements, f32 128
+kv32=$("$BIN" info -m "$T/m" --json | grep -o '"kv_bytes_per_token":[0-9]*' | cut -d: -f2)
+kvq8=$("$BIN" info -m "$T/m" --json --kv-dtype q8 | grep -o '"kv_bytes_per_token":[0-9]*' | cut -d: -f2)
+[ -n "$kv32" ] && [ -n "$kvq8" ] && [ $((kvq8 * 128)) = $((kv32 * 36)) ] && ok || bad "info --kv-dtype q8: $kvq8 bytes a token against f32's $kv32"
 
 # invariance through the CLI: every line of --json output identical across batch/threads/chunk/isa
 P=(-p "Hello" -p "The quick brown fox jumps over the lazy dog" -p "a" -p "1234567890 1234567890 1234567890"
