@@ -128,6 +128,13 @@ ATTN_AI vecf ldv_q8(const void *p, size_t i) {
 ATTN_AI vecf kvv(const void *p, size_t i, const int kvt) {
     return kvt == IB_KV_Q8 ? ldv_q8(p, i) : kvt == IB_KV_F16 ? ldv_half((const uint16_t *)p + i) : ldv((const float *)p + i);
 }
+/* kvv of element d of the row starting at element row (a multiple of 32 for q8, as every row start
+ * is): for q8 the row's byte offset and d's are added apart, so the first is computed once per row and
+ * the second once for all the rows a loop reads at the same d. */
+ATTN_AI vecf kvv_at(const void *p, size_t row, size_t d, const int kvt) {
+    if (kvt == IB_KV_Q8) return ldv_q8((const char *)p + ib_kvq8_offset(row), d);
+    return kvv(p, row + d, kvt);
+}
 ATTN_AI float kv1(const void *p, size_t i, const int kvt) {
     return kvt == IB_KV_Q8 ? ib_kvq8_get(p, i)
            : kvt == IB_KV_F16 ? ib_f16_to_f32(((const uint16_t *)p)[i])
@@ -213,7 +220,7 @@ ATTN_AI void dot16_keys(const int T, const int NQ, const int kvt, const int fuse
             for (int h = 0; h < NQ; h++) qv[h] = ldv(q + (size_t)h * n + i + u * VL);
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++) {
-                const vecf kv = kvv(k, ko + (size_t)t * st + (size_t)(i + u * VL), kvt);
+                const vecf kv = kvv_at(k, ko + (size_t)t * st, (size_t)(i + u * VL), kvt);
 #pragma GCC unroll 4
                 for (int h = 0; h < NQ; h++) a[h][t][u] = mac(a[h][t][u], qv[h], kv, fused);
             }
@@ -281,13 +288,13 @@ ATTN_AI void scale_accumulate(const int NQ, const int kvt, float *out, int hd, c
         for (int j = j0; j < nb; j++) {
             prefetch_row(kvt, v, vo, st, j, n_rows, ib_kv_bytes((ib_kv_dtype)kvt, (size_t)d0),
                          ib_kv_bytes((ib_kv_dtype)kvt, (size_t)(d0 + CW)));
-            size_t e = vo + (size_t)j * st + (size_t)d0;
+            const size_t e = vo + (size_t)j * st;   /* row j */
             float pj[4];
 #pragma GCC unroll 4
             for (int h = 0; h < NQ; h++) pj[h] = p[(size_t)h * rs + j];
 #pragma GCC unroll 8
             for (int u = 0; u < NC; u++) {
-                const vecf vv = kvv(v, e + (size_t)(u * VL), kvt);
+                const vecf vv = kvv_at(v, e, (size_t)(d0 + u * VL), kvt);
 #pragma GCC unroll 4
                 for (int h = 0; h < NQ; h++) o[h][u] = o[h][u] + pj[h] * vv;
             }
@@ -303,7 +310,7 @@ ATTN_AI void scale_accumulate(const int NQ, const int kvt, float *out, int hd, c
         int d = d0;
         for (; d + VL <= hd; d += VL) {
             vecf o0 = ldv(oh + d) * c[h];
-            for (int j = j0; j < nb; j++) o0 = o0 + ph[j] * kvv(v, vo + (size_t)j * st + (size_t)d, kvt);
+            for (int j = j0; j < nb; j++) o0 = o0 + ph[j] * kvv_at(v, vo + (size_t)j * st, (size_t)d, kvt);
             stv(oh + d, o0);
         }
         for (; d < hd; d++) {
