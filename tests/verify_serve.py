@@ -225,13 +225,18 @@ tamper_check("changed session history", y, 0)
 y = copy.deepcopy(sess_rec[-1])
 y["draws"] = y.get("draws", 0) + 1
 tamper_check("changed draw counter", y, None)
+y = copy.deepcopy(sampled[0])
+check(y.get("kv_dtype") == "f32", f"record of a float32-KV server: kv_dtype {y.get('kv_dtype')}")
+y["kv_dtype"] = "q8"   # re-run with 8-bit KV: other logits from the first step
+tamper_check("changed KV type", y, 0)
 
 # bad records: 400 naming verification; another model: 409 / exit 2; not JSON: exit 2, one line
 x = sampled[0]
 for name, mut in (("no tokens", lambda y: y.pop("tokens")), ("bad act", lambda y: y.__setitem__("act", "f64")),
                   ("token out of range", lambda y: y["tokens"].__setitem__(0, 1 << 20)),
                   ("digest count", lambda y: y["step_digests"].pop()), ("contract", lambda y: y.__setitem__("contract", 99)),
-                  ("bad kv", lambda y: y.__setitem__("kv", "window:-1"))):
+                  ("bad kv", lambda y: y.__setitem__("kv", "window:-1")),
+                  ("bad kv_dtype", lambda y: y.__setitem__("kv_dtype", "q4"))):
     y = copy.deepcopy(x)
     mut(y)
     st, res = req(U, "POST", "/v1/verify", y)
@@ -256,6 +261,20 @@ p.terminate()
 check(p.wait(timeout=30) == 0, "server stop")
 log = open(os.path.join(T, "S.log")).read()
 check("Sanitizer" not in log and "runtime error" not in log, "sanitizer report: " + log[-1500:])
+
+# a server keeping 8-bit KV: its records say so and verify, batched under load or alone
+p, U = start("Q8", model, "--kv-dtype", "q8")
+qrec = []
+workload(U, qrec, "q8 KV: ")
+check(len(qrec) > 0 and all(x.get("kv_dtype") == "q8" for _, x in qrec), f"q8 server records: {len(qrec)}")
+qres = [req(U, "POST", "/v1/verify", x) for _, x in qrec[::4]]
+check(all(st == 200 and res.get("match") is True for st, res in qres),
+      f"q8 records on /v1/verify: {sum(1 for st, res in qres if st == 200 and res.get('match') is True)} of {len(qres)} match")
+for _, x in qrec[::10]:
+    rc, res, err = cli_verify(model, x)
+    check(rc == 0 and res and res["match"] is True, f"isobatch verify of a q8 record: exit {rc} {res} {err.strip()[:200]}")
+p.terminate()
+check(p.wait(timeout=30) == 0, "q8 server stop")
 
 # a server with an invariance fault: its batched records must fail the clean re-run
 p, U = start("F", model, "--inject", "gemv-gemm")
