@@ -148,6 +148,22 @@ int main(void) {
     CHECK(ib_session_copy(small, sa, &err) == IB_ERR_CONTEXT && ib_session_position(small) == 0, "copy into a small session");
     ib_session_free(small);
     ib_session_free(sd);
+    { /* q8 KV: a copy into a session of another capacity (its planes at other byte offsets) continues
+       * exactly as the original; a copy between KV types is refused */
+        ib_session *qa, *qd, *qf;
+        ib_session_create(m, &(ib_session_opts){.max_context = 100, .kv_dtype = IB_KV_Q8}, &qa, &err);
+        ib_session_create(m, &(ib_session_opts){.max_context = 40, .kv_dtype = IB_KV_Q8}, &qd, &err);
+        ib_session_create(m, &(ib_session_opts){.max_context = 40, .kv_dtype = IB_KV_F16}, &qf, &err);
+        ib_step_item pre = {qa, a, 12, NULL, NULL};
+        CHECK(qa && qd && qf && ib_step(e, &pre, 1, &err) == IB_OK, "q8 prefill: %s", err.msg);
+        CHECK(ib_session_copy(qd, qa, &err) == IB_OK && ib_session_position(qd) == 12, "q8 copy: %s", err.msg);
+        ib_step_item qc[2] = {{qa, a + 12, 3, la, NULL}, {qd, a + 12, 3, lb, NULL}};
+        CHECK(ib_step(e, qc, 2, &err) == IB_OK, "%s", err.msg);
+        CHECK(memcmp(la, lb, V * 4) == 0, "copied q8 session diverged from its original");
+        CHECK(ib_session_copy(qf, qa, &err) == IB_ERR_INVALID_ARG && strstr(err.msg, "KV types"),
+              "q8 -> f16 copy: %s", err.msg);
+        ib_session_free(qa), ib_session_free(qd), ib_session_free(qf);
+    }
 
     /* an item may ask for ib_argmax of its logits, with the logits or without them */
     {
