@@ -70,7 +70,6 @@ int main(int argc, char **argv) {
         kf[i] = (float)((double)(s >> 11) * 0x1.0p-53 * 2.0 - 1.0);
         kh[i] = ib_f32_to_f16(kf[i]);
     }
-    ib_kvq8_encode_row(kf, (int)HD, kq);   /* warm the inline encoder, then every row */
     for (size_t r = 0; r < n / HD; r++) ib_kvq8_encode_row(kf + r * HD, HD, kq + ib_kv_bytes(IB_KV_Q8, r * HD));
     float q[NQ * HD], out[NQ * HD];
     for (int i = 0; i < NQ * HD; i++) q[i] = (float)(i % 7) * 0.1f - 0.3f;

@@ -351,6 +351,10 @@ size_t ib_session_kv_bytes(const ib_session *s);
 /* Bytes of the KV cache ib_session_create would allocate on model m for opts (NULL: the defaults);
  * 0 when ib_session_create would refuse them. For admission: sliding-window rings included. */
 size_t ib_session_kv_bytes_for(const ib_model *m, const ib_session_opts *opts);
+/* Whether ib_session_create would accept opts (NULL: the defaults) on model m — the KV policy, the
+ * backend and whether it runs the KV type, the head dims q8 needs — without allocating anything:
+ * IB_OK, or the error (and one-line message) ib_session_create would give. */
+ib_status ib_session_check(const ib_model *m, const ib_session_opts *opts, ib_error *err);
 /* Parse a KV policy "full" | "window:W" | "sink:S,window:W" into (sink, window); 0 or -1. */
 int ib_kv_policy_parse(const char *s, int *sink, int *window);
 /* Forget everything (position 0, empty history, sample step 0); keeps the allocation. */

@@ -165,6 +165,13 @@ int main(void) {
         ib_status rc = ib_session_create(&m, &o, &ses, &err);
         CHECK(rc == IB_ERR_UNSUPPORTED && strstr(err.msg, "multiples of 32") && strstr(err.msg, "48") && !ses,
               "q8 session with head_dim 48: status %d, '%s'", (int)rc, err.msg);
+        ib_error err2 = {0};
+        rc = ib_session_check(&m, &o, &err2);   /* the same verdict without a session */
+        CHECK(rc == IB_ERR_UNSUPPORTED && !strcmp(err.msg, err2.msg), "ib_session_check, head_dim 48: %d '%s'", (int)rc,
+              err2.msg);
+        o.kv_dtype = IB_KV_F16;
+        CHECK(ib_session_check(&m, &o, &err2) == IB_OK, "f16 with head_dim 48 refused: %s", err2.msg);
+        o.kv_dtype = IB_KV_Q8;
         o.kv_dtype = (ib_kv_dtype)7;
         rc = ib_session_create(&m, &o, &ses, &err);
         CHECK(rc == IB_ERR_INVALID_ARG && strstr(err.msg, "kv_dtype 7") && !ses, "dtype 7: status %d, '%s'", (int)rc,
@@ -175,6 +182,7 @@ int main(void) {
         CHECK(rc == IB_OK && ses && ib_session_kv_bytes(ses) == (size_t)2 * 2 * 16 * 64 / 32 * 36,
               "q8 session with head_dim 64: status %d '%s', %zu KV bytes (want %d)", (int)rc, err.msg,
               ses ? ib_session_kv_bytes(ses) : 0, 2 * 2 * 16 * 64 / 32 * 36);
+        CHECK(ib_session_check(&m, &o, &err) == IB_OK, "ib_session_check, q8 with head_dim 64: %s", err.msg);
         ib_session_free(ses);
     }
     TEST_MAIN_END("test_kv_elem");

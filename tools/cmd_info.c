@@ -47,15 +47,11 @@ int cmd_info(int argc, char **argv) {
     const ib_model_info *in = ib_model_get_info(m);
     if (ctx > in->max_context) ctx = in->max_context;   /* a session holds at most the model's context */
     ib_session_opts so = {.max_context = (int)ctx, .kv_chunk = (int)chunk, .kv_dtype = kvd};
-    size_t kv = ib_session_kv_bytes_for(m, &so);   /* what ib_session_create allocates, rings included */
-    if (!kv) { /* the session itself would be refused (q8 with head dims that are not multiples of 32) */
-        ib_session *s = NULL;
-        if (ib_session_create(m, &so, &s, &err)) {
-            ib_model_free(m);
-            return cli_error("%s", err.msg);
-        }
-        ib_session_free(s);
+    if (ib_session_check(m, &so, &err)) { /* e.g. q8 with head dims that are not multiples of 32 */
+        ib_model_free(m);
+        return cli_error("%s", err.msg);
     }
+    size_t kv = ib_session_kv_bytes_for(m, &so);   /* what ib_session_create allocates, rings included */
     /* per token in that type: the model's figures count float32 elements */
     const size_t per_token = ib_kv_bytes_per_token(m, kvd),
                  per_token_sliding = ib_kv_bytes(kvd, in->kv_bytes_per_token_sliding / sizeof(float));

@@ -39,17 +39,17 @@ int ib_attn_kernels_for(ib_isa isa, ib_attn_kernels *out) {
 #if defined(__x86_64__) || defined(__i386__)
     case IB_ISA_AVX512:
     case IB_ISA_AMX: /* AMX's attention is AVX-512's (the tiles serve the Q8 products only) */
-        *out = (ib_attn_kernels){ib_attend_heads_avx512, ib_attend_heads_kv_avx512, ib_attend_block2_avx512,
+        *out = (ib_attn_kernels){ib_attend_heads_kv_avx512, ib_attend_block2_avx512,
                                   ib_attend_rows_avx512};
         return 0;
     case IB_ISA_AVX2:
-        *out = (ib_attn_kernels){ib_attend_heads_avx2, ib_attend_heads_kv_avx2, ib_attend_block2_avx2,
+        *out = (ib_attn_kernels){ib_attend_heads_kv_avx2, ib_attend_block2_avx2,
                                   ib_attend_rows_avx2};
         return 0;
 #endif
     case IB_ISA_SCALAR:
     case IB_ISA_NEON:
-        *out = (ib_attn_kernels){ib_attend_heads_portable, ib_attend_heads_kv_portable, ib_attend_block2_portable,
+        *out = (ib_attn_kernels){ib_attend_heads_kv_portable, ib_attend_block2_portable,
                                   ib_attend_rows_portable};
         return 0;
     default: return -1;

@@ -218,8 +218,6 @@ void ib_attend_block_weights_isa(ib_isa isa, int nq, const float *s, int rs, int
                                  float *pw, float *c);
 
 /* The copies as function pointers, picked once (an engine's CPU backend does at creation). */
-typedef void (*ib_attend_heads_fn)(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride,
-                                   int hd, float scale, int block, int window, float *out);
 typedef void (*ib_attend_heads_kv_fn)(ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq,
                                       int n_keys, int kv_stride, int hd, float scale, int block, int window,
                                       float *out);
@@ -230,8 +228,7 @@ typedef void (*ib_attend_rows_fn)(ib_kv_dtype kvt, const float *q, size_t q_stri
                                   const void *k, const void *v, int kv_stride, int hd, float scale, int block,
                                   int window, float *out, size_t out_stride);
 typedef struct ib_attn_kernels {
-    ib_attend_heads_fn heads;
-    ib_attend_heads_kv_fn heads_kv;
+    ib_attend_heads_kv_fn heads_kv;   /* every KV type, float included */
     ib_attend_block2_fn block2;
     ib_attend_rows_fn rows;
 } ib_attn_kernels;

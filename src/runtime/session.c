@@ -54,12 +54,6 @@ static ib_status session_plan(const ib_model *m, const ib_session_opts *opts, ib
     *kd = (ib_kv_desc){.dtype = opts ? opts->kv_dtype : IB_KV_F32, .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
                        .head_dim = c->head_dim, .capacity = cap, .sink = window > 0 ? sink : 0, .window = window};
     int ring = 0;
-    if (kd->dtype == IB_KV_Q8) {   /* its rows are whole 32-element blocks (core/kv_elem.h) */
-        int bad = c->head_dim % IB_KVQ8_BLOCK ? c->head_dim : gemma && c->global_head_dim % IB_KVQ8_BLOCK ? c->global_head_dim : 0;
-        if (bad)
-            return ib_fail(err, IB_ERR_UNSUPPORTED, "session: kv_dtype q8 needs head dims that are multiples of %d; "
-                           "this model has %d", IB_KVQ8_BLOCK, bad);
-    }
     if (gemma) { /* full layers at the full shape, sliding layers at theirs */
         kd->n_kv_heads = c->global_kv_heads;
         kd->head_dim = c->global_head_dim;
@@ -79,6 +73,13 @@ static ib_status session_plan(const ib_model *m, const ib_session_opts *opts, ib
         kd->sliding_capacity = ring ? (int)slots : cap;
         kd->sliding_window = W;
     }
+    if (kd->dtype == IB_KV_Q8) {   /* its rows are whole 32-element blocks (core/kv_elem.h) */
+        int bad = kd->head_dim % IB_KVQ8_BLOCK ? kd->head_dim
+                  : kd->n_sliding > 0 && kd->sliding_head_dim % IB_KVQ8_BLOCK ? kd->sliding_head_dim : 0;
+        if (bad)
+            return ib_fail(err, IB_ERR_UNSUPPORTED, "session: kv_dtype q8 needs head dims that are multiples of %d; "
+                           "this model has %d", IB_KVQ8_BLOCK, bad);
+    }
     *cap_out = cap;
     *sink_out = window > 0 ? sink : 0;
     *window_out = window;
@@ -92,6 +93,14 @@ size_t ib_session_kv_bytes_for(const ib_model *m, const ib_session_opts *opts) {
     int cap, sink, window, chunk, ring;
     if (session_plan(m, opts, &kd, &cap, &sink, &window, &chunk, &ring, NULL)) return 0;
     return ib_kv_desc_bytes(&kd);
+}
+
+ib_status ib_session_check(const ib_model *m, const ib_session_opts *opts, ib_error *err) {
+    ib_kv_desc kd;
+    int cap, sink, window, chunk, ring;
+    const ib_backend_ops *ops;
+    ib_status rc = session_plan(m, opts, &kd, &cap, &sink, &window, &chunk, &ring, err);
+    return rc ? rc : kv_ops_for(opts ? opts->backend : IB_BACKEND_CPU, kd.dtype, &ops, err);
 }
 
 ib_status ib_session_create(const ib_model *m, const ib_session_opts *opts, ib_session **out, ib_error *err) {

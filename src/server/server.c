@@ -423,14 +423,11 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     ib_engine_opts eo = {.threads = o->threads, .isa = o->isa, .act = o->act, .backend = o->backend,
                          .max_step_tokens = step_tokens};
     if ((rc = ib_engine_create(S->m, &eo, &S->e, err))) goto done;
-    { /* a session of the server's KV options must be possible (a backend that lacks the KV type, q8
-       * with head dims it cannot take): refused now in one line, not at every request */
-        ib_session *probe = NULL;
-        ib_session_opts po = {.max_context = 1, .sampling = ib_sampling_default(), .kv_dtype = o->kv_dtype,
-                              .backend = o->backend};
-        if ((rc = ib_session_create(S->m, &po, &probe, err))) goto done;
-        ib_session_free(probe);
-    }
+    /* a session of the server's KV options must be possible (a backend that lacks the KV type, q8 with
+     * head dims it cannot take): refused now in one line, not at every request */
+    if ((rc = ib_session_check(S->m, &(ib_session_opts){.max_context = 1, .kv_dtype = o->kv_dtype, .backend = o->backend},
+                               err)))
+        goto done;
     ib_sched_opts so = {.max_batch = o->max_batch, .prefill_chunk = o->prefill_chunk, .max_queue = o->max_queue > 0 ? o->max_queue : -1};
     if ((rc = ib_sched_create(S->e, &so, &S->sched, err))) goto done;
     if (!(S->sessions = calloc((size_t)(o->max_sessions > 0 ? o->max_sessions : 1), sizeof *S->sessions))) {

@@ -464,8 +464,6 @@ static void attn_row(cpu_backend *c, int li, int r, int kvh) {
         float *oh = out + (size_t)h * hd;
         if (d->window > 0)
             ib_attend_policy_heads(d, c->k.attn.block2, qh, nq, kl, vl, pos, hd, scale, c->attn_block, oh);
-        else if (d->dtype == IB_KV_F32)
-            c->k.attn.heads(qh, nq, kl, vl, pos + 1, hd, hd, scale, c->attn_block, window, oh);
         else
             c->k.attn.heads_kv(d->dtype, kl, vl, qh, nq, pos + 1, hd, hd, scale, c->attn_block, window, oh);
     }
