@@ -7,7 +7,7 @@
 #      formats x act f32/q8 x KV f32/f16 x full/sink+window; dp4a and tensor-core products), batched ==
 #      alone, CPU engine == CUDA engine on whole steps, each shown to fail under gpu-fma.
 #   2. test_backend_ops: the backend op checker (diag/backend_check.c) on the CPU ISAs and on CUDA.
-#   3. generate digests, CPU vs CUDA, on models/default: act q8/f32 x KV f32/f16 x greedy/sampled x
+#   3. generate digests, CPU vs CUDA, on models/default: act q8/f32 x KV f32/f16/q8 x greedy/sampled x
 #      three schedules (batch 1; batch 8 chunks of 5; batch 4 whole prompts), and with a sink 4 + window
 #      12 KV policy (two schedules); --check-serial on CUDA;
 #      gpu-fma must change the CUDA digests.
@@ -40,14 +40,14 @@ cmp_digests() {
     b=$("$bin/isobatch" generate "$@" --backend cuda 2>&1 | grep -o '"digest": *"[0-9a-f]*"' | tr '\n' ' ')
     if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "EQUAL  $*"; else echo "DIFF  $*"; fi
 }
-# the digest matrix of model $1 (name $2) into the summary: act q8/f32 x KV f32/f16 x greedy/sampled x
+# the digest matrix of model $1 (name $2) into the summary: act q8/f32 x KV f32/f16/q8 x greedy/sampled x
 # three schedules, and with $3 (a KV policy, "" for none) two schedules more; then --check-serial, and
 # gpu-fma must change the CUDA digests
 check_model() {
     local model=$1 name=$2 policy=$3 log="$out/digests_$2.log" act kv samp sched a b r
     {
         for act in q8 f32; do
-            for kv in f32 f16; do
+            for kv in f32 f16 q8; do
                 for samp in "" "--temp 0.8 --top-p 0.9 --seed 7"; do
                     for sched in "--batch 1" "--batch 8 --prefill-chunk 5" "--batch 4 --prefill-chunk whole"; do
                         cmp_digests -m "$model" --prompts-file $prompts -n 24 --json --act $act --kv-dtype $kv $samp $sched

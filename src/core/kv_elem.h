@@ -61,12 +61,27 @@ IB_HD static inline float ib_kvq8_get(const void *p, size_t e) {
     return ib_kvq8_scale(p, e) * (float)((const int8_t *)p)[ib_kvq8_offset(e)];
 }
 
+/* The scale of a block whose largest magnitude is a, for codes up to qmax (an integer: 127 is the
+ * definition; another value only under the test-only kvq8-step-scale fault): a / qmax, or NaN when the
+ * block holds a NaN or an infinity (finite 0). Shared by every encoder (the CUDA backend's store too). */
+IB_HD static inline float ib_kvq8_block_scale(float a, int finite, float qmax) {
+    return finite ? a / qmax : ib_bits_to_f32(0x7fc00000u);
+}
+
+/* The code of x in a block of scale s (finite and nonzero), codes up to qmax: x / s clamped to
+ * [-qmax, qmax] (which commutes with rounding to an integer), then rounded to the nearest integer, ties
+ * to even, by the addition and subtraction of 1.5 * 2^23 (exact round-to-nearest-even for |y| < 2^22 in
+ * the default rounding mode). No branch, so the loops calling it vectorize. */
+IB_HD static inline signed char ib_kvq8_code(float x, float s, float qmax) {
+    float y = x / s;
+    y = y > qmax ? qmax : y < -qmax ? -qmax : y;
+    y = (y + 12582912.0f) - 12582912.0f; /* 1.5 * 2^23 */
+    return (signed char)(int)y;
+}
+
 /* Encode n floats x (n a multiple of IB_KVQ8_BLOCK) into n/32 blocks at dst (n/32*36 bytes) with codes
- * up to qmax (an integer: 127 is the definition, ib_kvq8_encode_row; another value only under the
- * test-only kvq8-step-scale fault). Written
- * without calls or branches inside the element loops, so they vectorize: the rounding of x/s (clamped
- * first to [-127, 127], which commutes with rounding to an integer) is the addition and subtraction of
- * 1.5 * 2^23, exact round-to-nearest-even for |y| < 2^22 in the default rounding mode. */
+ * up to qmax (ib_kvq8_block_scale, ib_kvq8_code). Written without branches inside the element loops, so
+ * they vectorize. */
 IB_HD static inline void ib_kvq8_encode_row_qmax(const float *x, int n, void *dst, float qmax) {
     unsigned char *o = (unsigned char *)dst;
     for (int b = 0; b < n / IB_KVQ8_BLOCK; b++, x += IB_KVQ8_BLOCK, o += IB_KVQ8_BLOCK_BYTES) {
@@ -77,15 +92,10 @@ IB_HD static inline void ib_kvq8_encode_row_qmax(const float *x, int n, void *ds
             finite &= m <= 3.40282347e38f;   /* 0 for NaN or infinite */
             a = m > a ? m : a;
         }
-        const float s = finite ? a / qmax : ib_bits_to_f32(0x7fc00000u);
+        const float s = ib_kvq8_block_scale(a, finite, qmax);
         signed char c[IB_KVQ8_BLOCK];
         if (finite && s != 0.0f) {
-            for (int i = 0; i < IB_KVQ8_BLOCK; i++) {
-                float y = x[i] / s;
-                y = y > qmax ? qmax : y < -qmax ? -qmax : y;
-                y = (y + 12582912.0f) - 12582912.0f;   /* 1.5 * 2^23 */
-                c[i] = (signed char)(int)y;
-            }
+            for (int i = 0; i < IB_KVQ8_BLOCK; i++) c[i] = ib_kvq8_code(x[i], s, qmax);
         } else {
             for (int i = 0; i < IB_KVQ8_BLOCK; i++) c[i] = 0;
         }

@@ -46,18 +46,26 @@ __device__ __forceinline__ void qk_head_warp(float *xs, const float *__restrict_
 }
 
 /* Store key head ks [hd] (shared memory) and value head vv [hd] of a row into its session's cache
- * (info) at layer li, KV head kh, slot(pos): floats as they are, halves rounded by ib_f32_to_f16. By
- * one warp. kmir != NULL: the key's stored elements (their bits, of the cache's type) also into kmir
- * [hd] and the value's as floats (to_f32 of what was stored) into vmir [hd] — shared memory, so the
- * block reads them without a round trip through the cache. */
+ * (info) at layer li, KV head kh, slot(pos): floats as they are, halves rounded by ib_f32_to_f16, q8 by
+ * blocks of 32 (kvq8_store_warp; hd a multiple of 32). By one warp. kmir != NULL (float and half caches
+ * only): the key's stored elements (their bits, of the cache's type) also into kmir [hd] and the
+ * value's as floats (to_f32 of what was stored) into vmir [hd] — shared memory, so the block reads them
+ * without a round trip through the cache. */
 __device__ __forceinline__ void kv_store_warp(const rowinfo &info, int li, int KVH, int kh, int hd, const float *ks,
                                               const float *__restrict__ vv, int lane, void *kmir = NULL,
                                               float *vmir = NULL) {
     const size_t plane = (size_t)info.cap * hd, slot = (size_t)slot_of(info, info.pos);
     const size_t ko = (((size_t)li * 2 + 0) * KVH + kh) * plane + slot * hd;
     const size_t vo = (((size_t)li * 2 + 1) * KVH + kh) * plane + slot * hd;
+    if (info.kvt == IB_KV_Q8) {
+        for (int i = lane; i < hd; i += 32) {   /* the whole warp a block at a time */
+            kvq8_store_warp((unsigned char *)info.kv, ko + i - lane, ks[i], lane);
+            kvq8_store_warp((unsigned char *)info.kv, vo + i - lane, vv[i], lane);
+        }
+        return;
+    }
     for (int i = lane; i < hd; i += 32) {
-        if (info.f16) {
+        if (info.kvt == IB_KV_F16) {
             const uint16_t kh16 = ib_f32_to_f16(ks[i]), vh16 = ib_f32_to_f16(vv[i]);
             ((uint16_t *)info.kv)[ko + i] = kh16;
             ((uint16_t *)info.kv)[vo + i] = vh16;
@@ -154,18 +162,19 @@ __device__ __forceinline__ void qk_fused_prologue(const qk_fuse &fz, const float
 /* Lane u (0..15) of ib_dot16(q, key): elements u, u+16, … in ascending order (q in shared memory). The
  * loads of 8 elements are issued before their products. */
 template <typename T>
-__device__ __forceinline__ float dot16_lane(const float *q_s, const T *__restrict__ key, int hd, int u) {
+__device__ __forceinline__ float dot16_lane(const float *q_s, typename kv_read<T>::ptr key, int hd, int u) {
+    typedef kv_read<T> KR;
     float a = 0.0f;
     for (int i0 = 0; i0 < hd; i0 += 128) {
-        T raw[8];   /* every load issued before any conversion (a half's conversion may branch) */
+        typename KR::elem raw[8];   /* every load issued before any conversion (a half's conversion may branch) */
         float k[8];
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             const int i = i0 + u + 16 * t;
-            raw[t] = i < hd ? key[i] : (T)0;
+            raw[t] = i < hd ? KR::ld(key, i) : KR::zero();
         }
 #pragma unroll
-        for (int t = 0; t < 8; t++) k[t] = to_f32(raw[t]);
+        for (int t = 0; t < 8; t++) k[t] = KR::cvt(raw[t]);
 #pragma unroll
         for (int t = 0; t < 8; t++)
             if (i0 + u + 16 * t < hd) a = a + q_s[i0 + u + 16 * t] * k[t];
@@ -179,8 +188,9 @@ __device__ __forceinline__ float dot16_lane(const float *q_s, const T *__restric
  * time before their products) — the reference's operations in its order. pw [heads][pws], c [heads][cs];
  * bt0 [nbk + 1] the blocks' first keys, then the chunk's size. Ends with a barrier. */
 template <typename T>
-__device__ void value_pass(float *out, int W, const T *__restrict__ vp, const int *slot, const float *pw, int pws,
+__device__ void value_pass(float *out, int W, typename kv_read<T>::ptr vp, const int *slot, const float *pw, int pws,
                            const float *c, int cs, const int *bt0, int nbk, int hd, int ld) {
+    typedef kv_read<T> KR;
     for (int e = threadIdx.x; e < W; e += blockDim.x) {
         const int h = e / hd, d = e % hd;
         const float *ph = pw + (size_t)h * pws, *ch = c + (size_t)h * cs;
@@ -190,26 +200,26 @@ __device__ void value_pass(float *out, int W, const T *__restrict__ vp, const in
             int j = bt0[k];
             const int je = bt0[k + 1];
             for (; j + 16 <= je; j += 16) {
-                T raw[16];
+                typename KR::elem raw[16];
                 float v[16];
 #pragma unroll
-                for (int t = 0; t < 16; t++) raw[t] = vp[(size_t)slot[j + t] * ld + d];
+                for (int t = 0; t < 16; t++) raw[t] = KR::ld(vp, (size_t)slot[j + t] * ld + d);
 #pragma unroll
-                for (int t = 0; t < 16; t++) v[t] = to_f32(raw[t]);
+                for (int t = 0; t < 16; t++) v[t] = KR::cvt(raw[t]);
 #pragma unroll
                 for (int t = 0; t < 16; t++) o = o + ph[j + t] * v[t];
             }
             for (; j + 4 <= je; j += 4) {
-                T raw[4];
+                typename KR::elem raw[4];
                 float v[4];
 #pragma unroll
-                for (int t = 0; t < 4; t++) raw[t] = vp[(size_t)slot[j + t] * ld + d];
+                for (int t = 0; t < 4; t++) raw[t] = KR::ld(vp, (size_t)slot[j + t] * ld + d);
 #pragma unroll
-                for (int t = 0; t < 4; t++) v[t] = to_f32(raw[t]);
+                for (int t = 0; t < 4; t++) v[t] = KR::cvt(raw[t]);
 #pragma unroll
                 for (int t = 0; t < 4; t++) o = o + ph[j + t] * v[t];
             }
-            for (; j < je; j++) o = o + ph[j] * to_f32(vp[(size_t)slot[j] * ld + d]);
+            for (; j < je; j++) o = o + ph[j] * KR::cvt(KR::ld(vp, (size_t)slot[j] * ld + d));
         }
         out[e] = o;
     }
@@ -289,10 +299,11 @@ __device__ __forceinline__ void block_maxima_warp(const float *sc, float *mk, fl
  * threads t0.. of the block (stride nt): the value pass then finds them there. Reads nothing it
  * computes with. */
 template <typename T>
-__device__ __forceinline__ void prefetch_values_l1(const T *vp, const int *slot, int nc, int hd, int t, int nt) {
-    const int lines = (int)((hd * sizeof(T) + 127) / 128);
-    for (int i = t; i < nc * lines; i += nt)
-        prefetch_l1((const char *)(vp + (size_t)slot[i / lines] * hd) + 128 * (i % lines));
+__device__ __forceinline__ void prefetch_values_l1(typename kv_read<T>::ptr vp, const int *slot, int nc, int hd, int t,
+                                                   int nt) {
+    typedef kv_read<T> KR;
+    const int lines = (int)((KR::bytes(hd) + 127) / 128);
+    for (int i = t; i < nc * lines; i += nt) prefetch_l1(KR::addr(vp + (size_t)slot[i / lines] * hd) + 128 * (i % lines));
 }
 
 /* Stage a chunk: key and value rows slot[j] (hd elements of T) of the cache planes kp, vp as floats
@@ -300,26 +311,25 @@ __device__ __forceinline__ void prefetch_values_l1(const T *vp, const int *slot,
  * (a float is copied as it is). All threads, each keeping one 16-byte column of the rows (the block's
  * threads a multiple of a row's pieces), eight loads in flight each. */
 template <typename T>
-__device__ __forceinline__ void stage_rows_f32(float *stk, float *stv, const T *__restrict__ kp, const T *__restrict__ vp,
-                                               const int *slot, int nc, int hd, int ld) {
-    constexpr int E = 16 / (int)sizeof(T);   /* elements per 16 bytes */
-    const int pieces = hd / E;   /* 16-byte pieces of a row: they divide the block's threads */
+__device__ __forceinline__ void stage_rows_f32(float *stk, float *stv, typename kv_read<T>::ptr kp,
+                                               typename kv_read<T>::ptr vp, const int *slot, int nc, int hd, int ld) {
+    typedef kv_read<T> KR;
+    constexpr int E = KR::E;   /* elements per piece */
+    const int pieces = hd / E;   /* pieces of a row: they divide the block's threads */
     /* each thread one 16-byte column of rows r0, r0 + rstep, …: rows < nc keys, then values */
     const int col = (int)threadIdx.x % pieces, rstep = (int)blockDim.x / pieces, rows = 2 * nc;
     for (int r0 = (int)threadIdx.x / pieces; r0 < rows; r0 += 8 * rstep) {
-        uint4 w[8];
+        typename KR::piece w[8];
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             const int rr = r0 + t * rstep, isv = rr >= nc;
-            if (rr < rows) w[t] = *(const uint4 *)((isv ? vp : kp) + (size_t)slot[rr - isv * nc] * hd + col * E);
+            if (rr < rows) w[t] = KR::load((isv ? vp : kp) + (size_t)slot[rr - isv * nc] * hd + col * E);
         }
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             const int rr = r0 + t * rstep, isv = rr >= nc;
             if (rr >= rows) break;
-            float *o = (isv ? stv : stk) + (size_t)(rr - isv * nc) * ld + col * E;
-            if (sizeof(T) == 2) halves8_to_f32(w[t], o);
-            else *(uint4 *)o = w[t];
+            KR::to_f32s(w[t], (isv ? stv : stk) + (size_t)(rr - isv * nc) * ld + col * E);
         }
     }
 }
@@ -379,7 +389,7 @@ struct __align__(16) att_smem1 {   /* 16-byte aligned: the direct path reads a k
  * identity slots): 16 threads per key own ib_dot16's lanes and fold them 8, 4, 2, 1; four keys per group
  * per round, every group the same number of rounds (whole warps in the shuffles). */
 template <typename T>
-__device__ __forceinline__ void head_scores(att_smem1 &sm, float *sc, const T *__restrict__ kc, int nc, int ld, int hd,
+__device__ __forceinline__ void head_scores(att_smem1 &sm, float *sc, typename kv_read<T>::ptr kc, int nc, int ld, int hd,
                                             float scale) {
     const int grp = threadIdx.x >> 4, u = threadIdx.x & 15, ngrp = blockDim.x >> 4;
     for (int j0 = 0; j0 < nc; j0 += 4 * ngrp) {
@@ -387,7 +397,7 @@ __device__ __forceinline__ void head_scores(att_smem1 &sm, float *sc, const T *_
 #pragma unroll
         for (int x = 0; x < 4; x++) {
             const int j = j0 + x * ngrp + grp;
-            a[x] = j < nc ? dot16_lane(sm.q, kc + (size_t)sm.slot[j] * ld, hd, u) : 0.0f;
+            a[x] = j < nc ? dot16_lane<T>(sm.q, kc + (size_t)sm.slot[j] * ld, hd, u) : 0.0f;
         }
 #pragma unroll
         for (int w = 8; w >= 1; w >>= 1)
@@ -410,26 +420,26 @@ __device__ __forceinline__ void head_scores(att_smem1 &sm, float *sc, const T *_
  * threads, a 16-byte piece each per round (hd, dc multiples of a piece's elements), eight loads in
  * flight each. */
 template <typename T>
-__device__ __forceinline__ void stage_split_f32(float *stk, int ldk, float *stv, const T *__restrict__ kp,
-                                                const T *__restrict__ vp, const int *slot, int k0, int k1, int nc,
+__device__ __forceinline__ void stage_split_f32(float *stk, int ldk, float *stv, typename kv_read<T>::ptr kp,
+                                                typename kv_read<T>::ptr vp, const int *slot, int k0, int k1, int nc,
                                                 int hd, int d0, int dc) {
-    constexpr int E = 16 / (int)sizeof(T);   /* elements per 16 bytes */
+    typedef kv_read<T> KR;
+    constexpr int E = KR::E;   /* elements per piece */
     const int pk = hd / E, pv = dc / E, nkp = (k1 - k0) * pk, total = nkp + nc * pv, nt = (int)blockDim.x;
     for (int i0 = (int)threadIdx.x; i0 < total; i0 += 8 * nt) {
-        uint4 w[8];
+        typename KR::piece w[8];
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             const int i = i0 + t * nt, iv = i - nkp;
-            if (i < nkp) w[t] = *(const uint4 *)(kp + (size_t)slot[k0 + i / pk] * hd + (i % pk) * E);
-            else if (i < total) w[t] = *(const uint4 *)(vp + (size_t)slot[iv / pv] * hd + d0 + (iv % pv) * E);
+            if (i < nkp) w[t] = KR::load(kp + (size_t)slot[k0 + i / pk] * hd + (i % pk) * E);
+            else if (i < total) w[t] = KR::load(vp + (size_t)slot[iv / pv] * hd + d0 + (iv % pv) * E);
         }
 #pragma unroll
         for (int t = 0; t < 8; t++) {
             const int i = i0 + t * nt, iv = i - nkp;
             if (i >= total) break;
-            float *o = i < nkp ? stk + (size_t)(i / pk) * ldk + (i % pk) * E : stv + (size_t)(iv / pv) * dc + (iv % pv) * E;
-            if (sizeof(T) == 2) halves8_to_f32(w[t], o);
-            else *(uint4 *)o = w[t];
+            KR::to_f32s(w[t], i < nkp ? stk + (size_t)(i / pk) * ldk + (i % pk) * E
+                                      : stv + (size_t)(iv / pv) * dc + (iv % pv) * E);
         }
     }
 }
@@ -540,9 +550,10 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
     const int ld = hd + 16, cl = SPLIT ? sp.cl : 1, dc = hd / cl, d0 = sp.rank * dc;
     const int F = stage ? stage_bytes / (int)sizeof(float) - (cl > 1 ? ATT_CHUNK : 0) : 0;
     const int kpc = cl == 1 ? F / (2 * ld) : (F > ld ? (int)((long)(F - ld) * cl / (ld + cl * dc)) : 0);
-    const int pieces = hd * (int)sizeof(T) / 16;   /* stage_rows_f32's columns */
-    const bool staged = kpc >= block && (hd * (int)sizeof(T)) % 16 == 0 &&
-                        (cl == 1 ? (int)blockDim.x % pieces == 0 : (dc * (int)sizeof(T)) % 16 == 0);
+    typedef kv_read<T> KR;
+    const int pieces = hd / KR::E;   /* stage_rows_f32's columns */
+    const bool staged = kpc >= block && hd % KR::E == 0 &&
+                        (cl == 1 ? (int)blockDim.x % pieces == 0 : dc % KR::E == 0);
     if (cl > 1 && !staged && sp.rank != 0) return;   /* not splittable: rank 0 alone, unsplit, no cluster barriers */
     const bool split = cl > 1 && staged;
     const int chunk_cap = staged && kpc < ATT_CHUNK ? kpc : ATT_CHUNK;
@@ -555,8 +566,8 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
         sm.out[d] = 0.0f;
     }
     const size_t plane = (size_t)info.cap * hd;
-    const T *kp = (const T *)info.kv + (((size_t)li * 2 + 0) * KVH + kvh) * plane;
-    const T *vp = (const T *)info.kv + (((size_t)li * 2 + 1) * KVH + kvh) * plane;
+    const typename kv_read<T>::ptr kp = kv_read<T>::at(info.kv, (((size_t)li * 2 + 0) * KVH + kvh) * plane);
+    const typename kv_read<T>::ptr vp = kv_read<T>::at(info.kv, (((size_t)li * 2 + 1) * KVH + kvh) * plane);
     const int p = info.pos;
     int S, lo;
     attended_ranges(info, S, lo);
@@ -595,14 +606,14 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
         const int k1 = nc - k0 < nck ? nc : k0 + nck;
         if (split) {
             /* the scores of this block's keys exchanged through xs */
-            stage_split_f32(stk, ld, stv, kp, vp, sm.slot, k0, k1, nc, hd, d0, dc);
+            stage_split_f32<T>(stk, ld, stv, kp, vp, sm.slot, k0, k1, nc, hd, d0, dc);
             __syncthreads();
             for (int j = tid; j < nc; j += blockDim.x) sm.slot[j] = j;
             __syncthreads();
             ATT_MARK(3);
             /* xs is written once every block has read the previous chunk's (its arrive after that) */
             if (nchunk > 0) cluster_wait();
-            head_scores(sm, xs + k0, (const float *)stk, k1 - k0, ld, hd, scale);
+            head_scores<float>(sm, xs + k0, (const float *)stk, k1 - k0, ld, hd, scale);
             __syncthreads();
             cluster_arrive();
             cluster_wait();
@@ -610,21 +621,21 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
             __syncthreads();
             cluster_arrive();
         } else if (staged) {
-            stage_rows_f32(stk, stv, kp, vp, sm.slot, nc, hd, ld);
+            stage_rows_f32<T>(stk, stv, kp, vp, sm.slot, nc, hd, ld);
             __syncthreads();
             /* the stage's rows are the chunk's in order */
             for (int j = tid; j < nc; j += blockDim.x) sm.slot[j] = j;
             __syncthreads();
             ATT_MARK(3);
-            head_scores(sm, sm.sc, (const float *)stk, nc, ld, hd, scale);
+            head_scores<float>(sm, sm.sc, (const float *)stk, nc, ld, hd, scale);
         } else {
             ATT_MARK(3);
-            head_scores(sm, sm.sc, kp, nc, hd, hd, scale);
+            head_scores<T>(sm, sm.sc, kp, nc, hd, hd, scale);
         }
         __syncthreads();
         ATT_MARK(4);
         block_maxima_par(sm.sc, sm.mk, sm.c, sm.bt0, nbk, &sm.m, sm.bm);
-        if (tid >= 32 && !staged) prefetch_values_l1(vp, sm.slot, nc, hd, tid - 32, (int)blockDim.x - 32);
+        if (tid >= 32 && !staged) prefetch_values_l1<T>(vp, sm.slot, nc, hd, tid - 32, (int)blockDim.x - 32);
         __syncthreads();
         ATT_MARK(5);
         for (int j = tid; j < nc; j += blockDim.x) sm.pw[j] = ib_expf_lane(sm.sc[j] - sm.mk[j]);
@@ -636,8 +647,8 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
 #pragma unroll 8
                 for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++) l = l + sm.pw[j];
             }
-        if (staged) value_pass(sm.out + e0, ne, (const float *)stv, sm.slot, sm.pw, 0, sm.c, 0, sm.bt0, nbk, ne, ldv);
-        else value_pass(sm.out, hd, vp, sm.slot, sm.pw, 0, sm.c, 0, sm.bt0, nbk, hd, hd);
+        if (staged) value_pass<float>(sm.out + e0, ne, (const float *)stv, sm.slot, sm.pw, 0, sm.c, 0, sm.bt0, nbk, ne, ldv);
+        else value_pass<T>(sm.out, hd, vp, sm.slot, sm.pw, 0, sm.c, 0, sm.bt0, nbk, hd, hd);
         ATT_MARK(7);
         nchunk++;
     }
@@ -806,8 +817,8 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
     ATT_MARK(1);
     const int nc = ch.nc, nbk = ch.nbk, kvh = h / (H / KVH);
     const size_t plane = (size_t)info.cap * hd;
-    const T *kp = (const T *)info.kv + (((size_t)li * 2 + 0) * KVH + kvh) * plane;
-    const T *vp = (const T *)info.kv + (((size_t)li * 2 + 1) * KVH + kvh) * plane;
+    const typename kv_read<T>::ptr kp = kv_read<T>::at(info.kv, (((size_t)li * 2 + 0) * KVH + kvh) * plane);
+    const typename kv_read<T>::ptr vp = kv_read<T>::at(info.kv, (((size_t)li * 2 + 1) * KVH + kvh) * plane);
     float *vst = (float *)stage;       /* [nc][hd] the value rows in chunk order, as floats */
     const bool fused = fz.K != NULL;   /* this block stores position p's key and value (chunk index nc - 1) */
     const int kpr = (int)blockDim.x / DTPK, jk = tid / DTPK, v = tid % DTPK;   /* keys a round; this thread's */
@@ -883,13 +894,14 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
  * slots [0, min(pos + 1, capacity, ATT_CHUNK))): its earlier positions, which this step does not write;
  * a line this step writes later stays coherent in L2. */
 __device__ __forceinline__ void prefetch_kv(const rowinfo &info, int li, int KVH, int kvh, int hd) {
-    const size_t elt = info.f16 ? 2 : 4, plane = (size_t)info.cap * hd * elt;
+    const ib_kv_dtype t = (ib_kv_dtype)info.kvt;
+    const size_t plane = ib_kv_bytes(t, (size_t)info.cap * hd);
     int n = info.pos + 1 < info.cap ? info.pos + 1 : info.cap;
     if (n > ATT_CHUNK) n = ATT_CHUNK;
     const char *kp = (const char *)info.kv + (((size_t)li * 2 + 0) * KVH + kvh) * plane;
     const char *vp = (const char *)info.kv + (((size_t)li * 2 + 1) * KVH + kvh) * plane;
-    prefetch_bytes(kp, (size_t)n * hd * elt);
-    prefetch_bytes(vp, (size_t)n * hd * elt);
+    prefetch_bytes(kp, ib_kv_bytes(t, (size_t)n * hd));
+    prefetch_bytes(vp, ib_kv_bytes(t, (size_t)n * hd));
 }
 
 /* One block per (row, query head) — SPLIT: a cluster of cl blocks (launched with that cluster size) —:
@@ -914,7 +926,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float
     __shared__ att_smem1 sm;
     DYN_SHARED_ALIGNED(unsigned char, att_stage);
     unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
-    if (info.f16) attend_row_head<uint16_t, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, fz);
+    if (info.kvt == IB_KV_F16) attend_row_head<uint16_t, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, fz);
+    else if (info.kvt == IB_KV_Q8) attend_row_head<kvq8, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, fz);
     else attend_row_head<float, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, fz);
 }
 
@@ -988,8 +1001,8 @@ __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, flo
         sm.out[e] = 0.0f;
     }
     const size_t plane = (size_t)info.cap * hd;
-    const T *kp = (const T *)info.kv + (((size_t)li * 2 + 0) * KVH + kvh) * plane;
-    const T *vp = (const T *)info.kv + (((size_t)li * 2 + 1) * KVH + kvh) * plane;
+    const typename kv_read<T>::ptr kp = kv_read<T>::at(info.kv, (((size_t)li * 2 + 0) * KVH + kvh) * plane);
+    const typename kv_read<T>::ptr vp = kv_read<T>::at(info.kv, (((size_t)li * 2 + 1) * KVH + kvh) * plane);
     const int p = info.pos;
     int S, lo;
     attended_ranges(info, S, lo);
@@ -1030,7 +1043,7 @@ __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, flo
 #pragma unroll
             for (int x = 0; x < 4; x++) {
                 const int e = e0 + x * ngrp + grp;
-                a[x] = e < npair ? dot16_lane(sm.q + (size_t)(e / nc) * hd, kp + (size_t)sm.slot[e % nc] * hd, hd, u)
+                a[x] = e < npair ? dot16_lane<T>(sm.q + (size_t)(e / nc) * hd, kp + (size_t)sm.slot[e % nc] * hd, hd, u)
                                  : 0.0f;
             }
 #pragma unroll
@@ -1052,7 +1065,7 @@ __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, flo
             for (int h = warp; h < G; h += nwarp)
                 block_maxima_warp(sm.sc + (size_t)h * nc, sm.mk + (size_t)h * nc, sm.c + h * ATT_MAX_BLOCKS, sm.bt0,
                                   nbk, &sm.m[h], tid & 31);
-            if (G < nwarp && warp >= G) prefetch_values_l1(vp, sm.slot, nc, hd, tid - 32 * G, (int)blockDim.x - 32 * G);
+            if (G < nwarp && warp >= G) prefetch_values_l1<T>(vp, sm.slot, nc, hd, tid - 32 * G, (int)blockDim.x - 32 * G);
         }
         __syncthreads();
         for (int e = tid; e < npair; e += blockDim.x) sm.pw[e] = ib_expf_lane(sm.sc[e] - sm.mk[e]);
@@ -1066,7 +1079,7 @@ __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, flo
                 for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++) l = l + pw[j];
             }
         }
-        value_pass(sm.out, gw, vp, sm.slot, sm.pw, nc, sm.c, ATT_MAX_BLOCKS, sm.bt0, nbk, hd, hd);
+        value_pass<T>(sm.out, gw, vp, sm.slot, sm.pw, nc, sm.c, ATT_MAX_BLOCKS, sm.bt0, nbk, hd, hd);
     }
     if (tid >= lbase && tid < lbase + G) sm.l[tid - lbase] = l;
     __syncthreads();
@@ -1092,7 +1105,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 4) attention_kernel(const float *
     prefetch_kv(info, li, KVH, kvh, hd);
     PDL_ENTER();
     __shared__ att_smem sm;
-    if (info.f16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad, fz);
+    if (info.kvt == IB_KV_F16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad, fz);
+    else if (info.kvt == IB_KV_Q8) attend_row_kvhead<kvq8>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad, fz);
     else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad, fz);
 }
 

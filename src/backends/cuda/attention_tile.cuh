@@ -32,14 +32,14 @@ __host__ __device__ __forceinline__ size_t tile_smem_bytes(int nq, int hd, int b
  * blockIdx.x % KVH: the attention of each (row, head) vector over its session's keys [0, pos] (a full
  * cache), ATT_THREADS threads. The rows of a tile are one session's consecutive positions, so they
  * share their keys: each key block (positions [kb*block, (kb+1)*block), as ib_attend_heads cuts them)
- * is staged in shared memory once (as floats, exactly to_f32) for all the tile's vectors, instead of
+ * is staged in shared memory once (as floats, exactly as the host decodes them) for all the tile's vectors, instead of
  * once per row. For each vector whose row reaches the block (pos >= kb*block) over the block's keys it
  * sees (those <= pos), in the reference's order: every score s_j = dot16(q, k_j) * scale (16 threads own
  * ib_dot16's lanes, each a micro-tile of 2 vectors x 4 keys, folded 8, 4, 2, 1); m' = max(m, the block's
  * max), c = exp(m - m'); p_j = exp(s_j - m'); l = l*c then l += p_j in key order (one thread a vector);
  * out = out*c then out += p_j * v_j in key order (a thread per (vector, element) chain, kept in
  * registers); finally out / l. The same operations as attend_row_head and attend_row_kvhead, so the same
- * bits. qG > 0: each (row, head) output also quantized for group qG into xq/qd/qad. T: float or half KV.
+ * bits. qG > 0: each (row, head) output also quantized for group qG into xq/qd/qad. T: float, half or q8 KV.
  * Needs nq = n * G <= TILE_QV, hd <= TILE_HD (a multiple of 16), block <= ATT_MAX_BLOCK. */
 template <typename T>
 __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo &info, int r0,
@@ -56,8 +56,9 @@ __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__res
     }
     for (int v = tid; v < nq; v += nt) mv[v] = -INFINITY, lv[v] = 0.0f;
     const size_t plane = (size_t)info.cap * hd;
-    const T *kp = (const T *)info.kv + (((size_t)li * 2 + 0) * KVH + kvh) * plane;
-    const T *vp = (const T *)info.kv + (((size_t)li * 2 + 1) * KVH + kvh) * plane;
+    typedef kv_read<T> KR;
+    const typename KR::ptr kp = KR::at(info.kv, (((size_t)li * 2 + 0) * KVH + kvh) * plane);
+    const typename KR::ptr vp = KR::at(info.kv, (((size_t)li * 2 + 1) * KVH + kvh) * plane);
     const int p0 = info.pos, plast = p0 + n - 1;
     /* the value chains: thread tid owns element d = tid % hd of the vectors tid / hd, + nt / hd, … */
     constexpr int QPT = TILE_QV / (ATT_THREADS / TILE_HD);   /* most chains a thread holds */
@@ -68,26 +69,23 @@ __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__res
     const int grp = tid >> 4, u = tid & 15, ngrp = nt >> 4;
     for (int kb0 = 0; kb0 <= plast; kb0 += block) {
         const int nk = (kb0 + block <= plast + 1 ? block : plast + 1 - kb0);   /* keys staged: up to the last row's */
-        /* stage the block's keys and values as floats: 16-byte pieces, eight loads a thread in flight
-         * before their conversions (each element exactly to_f32) */
+        /* stage the block's keys and values as floats: pieces (kv_read), eight loads a thread in flight
+         * before their conversions (each element exactly the host's decoding) */
         {
-            constexpr int E = 16 / (int)sizeof(T);   /* elements a piece */
+            constexpr int E = KR::E;   /* elements a piece */
             const int pr = hd / E, total = 2 * nk * pr;
             for (int i0 = tid; i0 < total; i0 += 8 * nt) {
-                uint4 w[8];
+                typename KR::piece w[8];
 #pragma unroll
                 for (int x = 0; x < 8; x++) {
                     const int i = i0 + x * nt, isv = i >= nk * pr, ii = i - isv * nk * pr;
-                    if (i < total)
-                        w[x] = *(const uint4 *)((isv ? vp : kp) + (size_t)(kb0 + ii / pr) * hd + (ii % pr) * E);
+                    if (i < total) w[x] = KR::load((isv ? vp : kp) + (size_t)(kb0 + ii / pr) * hd + (ii % pr) * E);
                 }
 #pragma unroll
                 for (int x = 0; x < 8; x++) {
                     const int i = i0 + x * nt, isv = i >= nk * pr, ii = i - isv * nk * pr;
                     if (i >= total) break;
-                    float *o = (isv ? vs : ks) + (size_t)(ii / pr) * ldq + (ii % pr) * E;
-                    if (sizeof(T) == 2) halves8_to_f32(w[x], o);
-                    else *(uint4 *)o = w[x];
+                    KR::to_f32s(w[x], (isv ? vs : ks) + (size_t)(ii / pr) * ldq + (ii % pr) * E);
                 }
             }
         }
@@ -214,8 +212,10 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_tile_kernel(const float
     const att_tile tl = tiles[blockIdx.x / KVH];
     const int kvh = blockIdx.x % KVH;
     const rowinfo info = ri[tl.r0];
-    if (info.f16)
+    if (info.kvt == IB_KV_F16)
         attend_tile<uint16_t>(tile_sh, Q, ATT, info, tl.r0, tl.n, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
+    else if (info.kvt == IB_KV_Q8)
+        attend_tile<kvq8>(tile_sh, Q, ATT, info, tl.r0, tl.n, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
     else attend_tile<float>(tile_sh, Q, ATT, info, tl.r0, tl.n, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
 }
 

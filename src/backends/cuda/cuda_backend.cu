@@ -127,9 +127,9 @@ enum mma_kernel_mode { MMA_BY_ROWS, MMA_PIPE, MMA_16 };
  * where 32 would leave multiprocessors idle (the default: launch_products), or always (=force: tests) */
 enum mma_narrow_mode { NARROW_NEVER, NARROW_BY_GRID, NARROW_FORCED };
 
-/* The KV types of a step's rows: mixed, all float, or all half (the direct attention kernel is
- * compiled for one) */
-enum kv_rows_type { KV_ROWS_MIXED, KV_ROWS_F32, KV_ROWS_F16 };
+/* The KV types of a step's rows: mixed, all float, all half (the direct attention kernel is compiled
+ * for these two), or all q8 (the per-head kernel reads its pieces) */
+enum kv_rows_type { KV_ROWS_MIXED, KV_ROWS_F32, KV_ROWS_F16, KV_ROWS_Q8 };
 
 /* A never / by-shape / forced choice from environment variable `name` ("0", unset or anything else,
  * "force"), as 0 / 1 / 2 — the order of the never / by-shape / forced modes below. */
@@ -921,7 +921,7 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
     /* the test-only gpu-att-block fault: every attention kernel cuts key blocks at half the size */
     if (b->fault == IB_FAULT_GPU_ATT_BLOCK && b->attn_block > 1) b->attn_block /= 2;
     b->long_keys = 0;
-    int f16_rows = 0;
+    int rows_of[IB_KV_DTYPE_COUNT] = {0};
     for (int r = 0; r < d->R; r++) {
         const cuda_kv *kv = (const cuda_kv *)d->kv[d->row_item[r]];
         if (kv->pub.kind != IB_BACKEND_CUDA)
@@ -929,8 +929,8 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
         rowinfo *ri = &b->h_ri[r];
         ri->kv = kv->dev;
         ri->cap = kv->pub.desc.capacity, ri->sink = kv->pub.desc.sink, ri->window = kv->pub.desc.window;
-        ri->f16 = kv->pub.desc.dtype == IB_KV_F16;
-        f16_rows += ri->f16;
+        ri->kvt = kv->pub.desc.dtype;
+        rows_of[ri->kvt]++;
         ri->pos = d->pos[r];
         {
             const int keys = d->pos[r] + 1, kept = ri->window > 0 ? ri->sink + ri->window : keys;
@@ -940,7 +940,8 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
         b->h_tok[r] = d->tok[r];
         b->h_pos[r] = d->rope_pos[r];
     }
-    b->kv_rows = f16_rows == d->R ? KV_ROWS_F16 : f16_rows == 0 ? KV_ROWS_F32 : KV_ROWS_MIXED;
+    b->kv_rows = rows_of[IB_KV_F16] == d->R ? KV_ROWS_F16 : rows_of[IB_KV_F32] == d->R ? KV_ROWS_F32
+                 : rows_of[IB_KV_Q8] == d->R ? KV_ROWS_Q8 : KV_ROWS_MIXED;
     b->want_logits = b->want_argmax = 0;
     for (int j = 0; j < d->n_logits; j++) {
         b->h_lrow[j] = d->logit_row[j], b->lout[j] = d->logits_out[j];
@@ -1329,7 +1330,7 @@ static void launch_attention(cuda_backend *b, int li, int qG, const qk_fuse *fz)
                                                                      b->attn_block, qG, b->xq, b->qd, b->qad, *fz);
     else {
         const int cl = att_cluster(b, b->R * b->H, b->hd), blocks = b->R * b->H * cl, st = att_stage_bytes(b, blocks);
-        if (cl == 1 && b->att_direct == DIRECT_BY_SHAPE && b->kv_rows != KV_ROWS_MIXED) {
+        if (cl == 1 && b->att_direct == DIRECT_BY_SHAPE && (b->kv_rows == KV_ROWS_F32 || b->kv_rows == KV_ROWS_F16)) {
             /* wide blocks where the grid fills at most a quarter of the multiprocessors (att_wide_mode) */
             const int wide = b->att_wide == WIDE_FORCED || (b->att_wide == WIDE_SMALL_GRIDS && 4L * blocks <= b->n_sm);
             const int f16 = b->kv_rows == KV_ROWS_F16;
@@ -1665,7 +1666,7 @@ extern "C" const ib_backend_ops ib_backend_cuda = {
     "cuda",
     IB_BACKEND_CUDA,
     cuda_available,
-    1u << IB_KV_F32 | 1u << IB_KV_F16,   /* q8 KV: not yet on the GPU */
+    1u << IB_KV_F32 | 1u << IB_KV_F16 | 1u << IB_KV_Q8,
     cuda_create,
     cuda_destroy,
     cuda_kv_create,

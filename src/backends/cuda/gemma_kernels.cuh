@@ -26,8 +26,7 @@
 /* Row r's view of one layer: its cache at the layer's first element, and the layer kind's capacity and
  * policy (ib_kv_desc_layer, ib_kv_desc_slot). The attention and store code then takes li = 0. */
 __device__ __forceinline__ rowinfo gemma_view(rowinfo v, int sliding, long long A, long long B) {
-    const size_t elt = v.f16 ? 2 : 4;
-    v.kv = (char *)v.kv + (size_t)(A * v.cap + B * v.scap) * elt;
+    v.kv = (char *)v.kv + ib_kv_bytes((ib_kv_dtype)v.kvt, (size_t)(A * v.cap + B * v.scap));
     if (sliding) v.cap = v.scap, v.sink = 0, v.window = v.swin;
     return v;
 }
@@ -178,7 +177,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
     __shared__ att_smem1 sm;
     DYN_SHARED_ALIGNED(unsigned char, att_stage);
     unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
-    if (info.f16) attend_row_head<uint16_t, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, qk_fuse{});
+    if (info.kvt == IB_KV_F16) attend_row_head<uint16_t, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, qk_fuse{});
+    else if (info.kvt == IB_KV_Q8) attend_row_head<kvq8, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, qk_fuse{});
     else attend_row_head<float, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, qk_fuse{});
 }
 
@@ -192,7 +192,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
     prefetch_kv(info, 0, KVH, kvh, hd);
     PDL_ENTER();
     __shared__ att_smem sm;
-    if (info.f16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, qk_fuse{});
+    if (info.kvt == IB_KV_F16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, qk_fuse{});
+    else if (info.kvt == IB_KV_Q8) attend_row_kvhead<kvq8>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, qk_fuse{});
     else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, qk_fuse{});
 }
 

@@ -8,7 +8,8 @@
 /* Per row of a step: where its session's cache is and how it is kept. */
 typedef struct rowinfo {
     void *kv;          /* device cache base */
-    int cap, sink, window, f16;
+    int cap, sink, window;
+    int kvt;           /* its element type (ib_kv_dtype: IB_KV_F32, IB_KV_F16, IB_KV_Q8) */
     int pos;           /* the row's position */
     int scap, swin;    /* Gemma 4: the sliding layers' slots and window (gemma_kernels.cuh) */
 } rowinfo;
