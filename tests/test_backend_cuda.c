@@ -4,11 +4,11 @@
  *
  * A tiny random model (mkmodel; 4-bit group 64, 8-bit group 32, float32 weights) is uploaded; three
  * sessions join at different steps and bring 1..7 tokens per step (prefill chunks and decode mixed in
- * one batch), for every activation mode (f32, q8), KV dtype (f32, f16) and KV policy (full,
+ * one batch), for every activation mode (f32, q8), KV dtype (f32, f16, q8) and KV policy (full,
  * sink + window with ring wrap-around). The test drives the table as src/runtime/step.c does and, beside
  * it on the host, runs the same forward pass with the scalar references (ib_matrix_row_f32, ib_rmsnorm,
- * ib_matmul on IB_ISA_SCALAR after ib_quantize_act, ib_rmsnorm_heads, ib_rope, ib_attend_heads_portable
- * / ib_attend_policy, ib_swiglu, ib_add); after every op the device buffer must equal the host one
+ * ib_matmul on IB_ISA_SCALAR after ib_quantize_act, ib_rmsnorm_heads, ib_rope, the KV store (q8: kv_elem.h's
+ * ib_kvq8_encode_row), ib_attend_heads(_kv)_portable / ib_attend_policy, ib_swiglu, ib_add); after every op the device buffer must equal the host one
  * byte for byte, the KV caches too, and the logits. The batched runs (< 16 rows a step) take the dp4a
  * products and per-query-head attention; the lone runs are told to take the tensor-core products and
  * per-KV-head attention from one row. Then: a session decoded alone gives the logits it got in the
@@ -26,7 +26,7 @@
  *
  * Gemma 4 (gemma_checks; `test_backend_cuda --gemma` runs them alone): whole steps of a CPU engine and
  * a CUDA engine on gemma4-tiny, gemma4-moe-tiny (also with 300 and with 1,024 experts, 4-bit only), and gemma4-tiny with KV sharing (and per-layer
- * embeddings, or use_double_wide_mlp), three weight formats, f32/q8 activations, f32/f16 KV, full sessions, sliding-window rings
+ * embeddings, or use_double_wide_mlp), three weight formats, f32/q8 activations, f32/f16/q8 KV, full sessions, sliding-window rings
  * and sink + window, bitwise equal logits; gpu-fma must make them differ. A difference is located: the
  * run is repeated with layer capture on both engines and the first differing (step, layer, point, row,
  * element) printed.
@@ -62,6 +62,7 @@ int main(void) {
 #include "backends/backend.h"
 #include "backends/cuda/cuda.h"
 #include "core/half.h"
+#include "core/kv_elem.h"
 #include "core/pool.h"
 #include "model/mkmodel.h"
 #include "model/model.h"
@@ -95,6 +96,10 @@ typedef struct run {
     char first_bad[96];
     int verbose;
 } run;
+
+/* KV type index kvd of the test loops (0 f32, 1 f16, 2 q8) and its name. */
+static ib_kv_dtype kv_of(int kvd) { return kvd == 2 ? IB_KV_Q8 : kvd ? IB_KV_F16 : IB_KV_F32; }
+static const char *kv_name(int kvd) { return kvd == 2 ? "q8" : kvd ? "f16" : "f32"; }
 
 static void *xmalloc(size_t n) {
     void *p = calloc(1, n ? n : 1);
@@ -188,7 +193,15 @@ static void step(run *t, sess **ss, int n, const int32_t *const *toks, const int
         for (int r = 0; r < R; r++) {
             sess *s = ss[item[r]];
             const size_t slot = (size_t)ib_kv_desc_slot(&s->desc, pos[r]);
-            for (int h = 0; h < KVH; h++)
+            for (int h = 0; h < KVH; h++) {
+                if (s->desc.dtype == IB_KV_Q8) { /* the definition's encoder, a row at a time */
+                    char *base = (char *)s->hkv;
+                    ib_kvq8_encode_row(t->k + ((size_t)r * KVH + h) * hd, hd,
+                                       base + ib_kv_bytes(IB_KV_Q8, plane_off(&s->desc, li, 0, h) + slot * hd));
+                    ib_kvq8_encode_row(t->v + ((size_t)r * KVH + h) * hd, hd,
+                                       base + ib_kv_bytes(IB_KV_Q8, plane_off(&s->desc, li, 1, h) + slot * hd));
+                    continue;
+                }
                 for (int e = 0; e < hd; e++) {
                     const size_t ko = plane_off(&s->desc, li, 0, h) + slot * hd + e;
                     const size_t vo = plane_off(&s->desc, li, 1, h) + slot * hd + e;
@@ -201,6 +214,7 @@ static void step(run *t, sess **ss, int n, const int32_t *const *toks, const int
                         ((float *)s->hkv)[vo] = vx;
                     }
                 }
+            }
         }
         CU->attention(t->b, li);
         for (int r = 0; r < R; r++) {
@@ -214,8 +228,8 @@ static void step(run *t, sess **ss, int n, const int32_t *const *toks, const int
                     for (int h = 0; h < G; h++)
                         ib_attend_policy(&s->desc, qr + (size_t)h * hd, kp, vp, pos[r], hd, scale, sd.attn_block,
                                          out + (size_t)h * hd);
-                } else if (s->desc.dtype == IB_KV_F16) {
-                    ib_attend_heads_kv_portable(IB_KV_F16, kp, vp, qr, G, pos[r] + 1, hd, hd, scale, sd.attn_block, 0,
+                } else if (s->desc.dtype != IB_KV_F32) {
+                    ib_attend_heads_kv_portable(s->desc.dtype, kp, vp, qr, G, pos[r] + 1, hd, hd, scale, sd.attn_block, 0,
                                                 out);
                 } else {
                     ib_attend_heads_portable(qr, G, (const float *)kp, (const float *)vp, pos[r] + 1, hd, hd, scale,
@@ -708,13 +722,13 @@ static void llama_checks(void) {
     }
     printf("model tiny llama:\n");
     for (int fz = 0; fz < 2; fz++)
-        for (int kvd = 0; kvd < 2; kvd++)
+        for (int kvd = 0; kvd < 3; kvd++)
             for (int win = 0; win < 2; win++) {
                 char name[96];
                 snprintf(name, sizeof name, "llama, q/k preparation %s, kv %s, %s", fz ? "fused" : "unfused",
-                         kvd ? "f16" : "f32", win ? "window 40" : "full");
+                         kv_name(kvd), win ? "window 40" : "full");
                 setenv("IB_CUDA_FUSE_QK", fz ? "force" : "0", 1);
-                const int bad = schedule(m, IB_ACT_Q8, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0, name, NULL, 0, NSTEPS);
+                const int bad = schedule(m, IB_ACT_Q8, kv_of(kvd), win ? 40 : 0, name, NULL, 0, NSTEPS);
                 unsetenv("IB_CUDA_FUSE_QK");
                 CHECK(bad == 0, "model tiny llama, %s: CUDA differs from the scalar reference", name);
             }
@@ -773,12 +787,12 @@ static void gemma_checks(void) {
             printf("model %s %s:\n", presets[pi].name, models[mi].name);
             const int q8ok = models[mi].bits != 32, heavy = presets[pi].heavy;
             for (int act = heavy; act < 1 + q8ok; act++)
-                for (int kvd = heavy; kvd < 2; kvd++)
+                for (int kvd = heavy; kvd < (heavy ? 2 : 3); kvd++)
                     for (int pol = 0; pol < (heavy ? 1 : 3); pol++) {
                         char name[96];
-                        snprintf(name, sizeof name, "engine: act %s, kv %s, %s", act ? "q8" : "f32", kvd ? "f16" : "f32",
+                        snprintf(name, sizeof name, "engine: act %s, kv %s, %s", act ? "q8" : "f32", kv_name(kvd),
                                  pol == 2 ? "sink 4 + window 40" : pol == 1 ? "sliding rings (chunk 8)" : "full");
-                        int d = engine_compare_located(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32,
+                        int d = engine_compare_located(m, act ? IB_ACT_Q8 : IB_ACT_F32, kv_of(kvd),
                                                        pol == 2 ? 40 : 0, pol == 1 ? 8 : 0, name);
                         CHECK(d == 0, "model %s %s, %s: CUDA engine's logits differ from the CPU engine's", presets[pi].name,
                               models[mi].name, name);
@@ -1083,13 +1097,13 @@ int main(int argc, char **argv) {
         const int V = m->cfg.vocab_size;
         printf("model tiny %s:\n", models[mi].name);
         for (int act = 0; act < 2; act++)
-            for (int kvd = 0; kvd < 2; kvd++)
+            for (int kvd = 0; kvd < 3; kvd++)
                 for (int win = 0; win < 2; win++) {
                     char name[96];
-                    snprintf(name, sizeof name, "act %s, kv %s, %s", act ? "q8" : "f32", kvd ? "f16" : "f32",
+                    snprintf(name, sizeof name, "act %s, kv %s, %s", act ? "q8" : "f32", kv_name(kvd),
                              win ? "sink 4 + window 40 (ring)" : "full");
                     float *lgb = xmalloc((size_t)NSTEPS * V * 4), *lgs = xmalloc((size_t)NSTEPS * V * 4);
-                    int bad = schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0, name,
+                    int bad = schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, kv_of(kvd), win ? 40 : 0, name,
                                        lgb, 0, NSTEPS);
                     CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
                     /* item 0 alone, the same chunks: the same logits at every step */
@@ -1101,7 +1115,7 @@ int main(int argc, char **argv) {
                     setenv("IB_CUDA_MMA_ROWS", "1", 1);
                     setenv("IB_CUDA_ATT_GROUP_ROWS", "1", 1);
                     setenv("IB_CUDA_FUSE_QK", "force", 1);
-                    bad = schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0, name,
+                    bad = schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, kv_of(kvd), win ? 40 : 0, name,
                                    lgs, 1, NSTEPS);
                     unsetenv("IB_CUDA_MMA_ROWS");
                     unsetenv("IB_CUDA_ATT_GROUP_ROWS");
@@ -1139,16 +1153,16 @@ int main(int argc, char **argv) {
                 {NULL, "6", NULL, "6 KiB stage, split"},
                 {NULL, "2", NULL, "2 KiB stage, unstaged"}};
             for (int a = 0; a < (int)(sizeof av / sizeof av[0]); a++)
-                for (int kvd = 0; kvd < 2; kvd++)
+                for (int kvd = 0; kvd < 3; kvd++)
                     for (int win = 0; win < 2; win++) {
                         char name[96];
-                        snprintf(name, sizeof name, "attention %s, kv %s, %s", av[a].what, kvd ? "f16" : "f32",
+                        snprintf(name, sizeof name, "attention %s, kv %s, %s", av[a].what, kv_name(kvd),
                                  win ? "window 40" : "full");
                         setenv("IB_CUDA_ATT_SPLIT_KEYS", "1", 1);
                         if (av[a].split) setenv("IB_CUDA_ATT_SPLIT", av[a].split, 1);
                         if (av[a].stage) setenv("IB_CUDA_ATT_STAGE", av[a].stage, 1);
                         if (av[a].direct) setenv("IB_CUDA_ATT_DIRECT", av[a].direct, 1);
-                        const int bad = schedule(m, IB_ACT_Q8, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0, name, NULL, 0,
+                        const int bad = schedule(m, IB_ACT_Q8, kv_of(kvd), win ? 40 : 0, name, NULL, 0,
                                                  NSTEPS);
                         unsetenv("IB_CUDA_ATT_SPLIT");
                         unsetenv("IB_CUDA_ATT_SPLIT_KEYS");
@@ -1160,13 +1174,13 @@ int main(int argc, char **argv) {
         /* decode steps' q/k norm, RoPE and KV store as a kernel of their own (IB_CUDA_FUSE_QK=0) instead
          * of inside their attention (the default): both against the scalar reference */
         if (mi == 0)
-            for (int kvd = 0; kvd < 2; kvd++)
+            for (int kvd = 0; kvd < 3; kvd++)
                 for (int win = 0; win < 2; win++) {
                     char name[96];
-                    snprintf(name, sizeof name, "q/k preparation unfused, kv %s, %s", kvd ? "f16" : "f32",
+                    snprintf(name, sizeof name, "q/k preparation unfused, kv %s, %s", kv_name(kvd),
                              win ? "window 40" : "full");
                     setenv("IB_CUDA_FUSE_QK", "0", 1);
-                    const int bad = schedule(m, IB_ACT_Q8, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0, name, NULL, 0, NSTEPS);
+                    const int bad = schedule(m, IB_ACT_Q8, kv_of(kvd), win ? 40 : 0, name, NULL, 0, NSTEPS);
                     unsetenv("IB_CUDA_FUSE_QK");
                     CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
                 }
@@ -1174,15 +1188,15 @@ int main(int argc, char **argv) {
          * can run (IB_CUDA_ATT_TILE=force: every step of full sessions, decode rows a tile each), against the
          * scalar reference; and the wide schedule's prompts (tiles of up to 16 rows) */
         for (int act = 0; act < 2; act++)
-            for (int kvd = 0; kvd < 2; kvd++) {
+            for (int kvd = 0; kvd < 3; kvd++) {
                 char name[96];
-                snprintf(name, sizeof name, "attention in tiles, act %s, kv %s", act ? "q8" : "f32", kvd ? "f16" : "f32");
+                snprintf(name, sizeof name, "attention in tiles, act %s, kv %s", act ? "q8" : "f32", kv_name(kvd));
                 setenv("IB_CUDA_ATT_TILE", "force", 1);
-                int bad = schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32, 0, name, NULL, 0, NSTEPS);
+                int bad = schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, kv_of(kvd), 0, name, NULL, 0, NSTEPS);
                 CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
                 if (models[mi].bits != 32 || !act) {
                     snprintf(name + strlen(name), sizeof name - strlen(name), ", wide steps");
-                    bad = wide_schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32, name);
+                    bad = wide_schedule(m, act ? IB_ACT_Q8 : IB_ACT_F32, kv_of(kvd), name);
                     CHECK(bad == 0, "model %s, %s: CUDA differs from the scalar reference", models[mi].name, name);
                 }
                 unsetenv("IB_CUDA_ATT_TILE");
@@ -1200,22 +1214,22 @@ int main(int argc, char **argv) {
         /* whole steps, CPU engine vs CUDA engine */
         const int q8ok = models[mi].bits != 32;   /* an engine refuses q8 activations on float weights */
         for (int act = 0; act < 1 + q8ok; act++)
-            for (int kvd = 0; kvd < 2; kvd++)
+            for (int kvd = 0; kvd < 3; kvd++)
                 for (int win = 0; win < 2; win++) {
                     char name[96];
-                    snprintf(name, sizeof name, "engine: act %s, kv %s, %s", act ? "q8" : "f32", kvd ? "f16" : "f32",
+                    snprintf(name, sizeof name, "engine: act %s, kv %s, %s", act ? "q8" : "f32", kv_name(kvd),
                              win ? "sink 4 + window 40" : "full");
-                    int d = engine_compare(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0,
+                    int d = engine_compare(m, act ? IB_ACT_Q8 : IB_ACT_F32, kv_of(kvd), win ? 40 : 0,
                                            name);
                     CHECK(d == 0, "model %s, %s: CUDA engine's logits differ from the CPU engine's", models[mi].name,
                           name);
                 }
         /* decode steps of 1-4 rows */
         for (int act = 0; act < 1 + q8ok; act++)
-            for (int kvd = 0; kvd < 2; kvd++) {
+            for (int kvd = 0; kvd < 3; kvd++) {
                 char what[64];
-                snprintf(what, sizeof what, "act %s, kv %s", act ? "q8" : "f32", kvd ? "f16" : "f32");
-                CHECK(decode_compares(m, act ? IB_ACT_Q8 : IB_ACT_F32, kvd ? IB_KV_F16 : IB_KV_F32, what) == 0,
+                snprintf(what, sizeof what, "act %s, kv %s", act ? "q8" : "f32", kv_name(kvd));
+                CHECK(decode_compares(m, act ? IB_ACT_Q8 : IB_ACT_F32, kv_of(kvd), what) == 0,
                       "model %s, decode steps (%s): CUDA engine's logits differ from the CPU engine's",
                       models[mi].name, what);
             }
@@ -1309,12 +1323,12 @@ int main(int argc, char **argv) {
             /* the direct attention in wide blocks (every decode step's) against the scalar references first:
              * half and float caches, full and windowed sessions */
             setenv("IB_CUDA_ATT_WIDE", "force", 1);
-            for (int kvd = 0; kvd < 2; kvd++)
+            for (int kvd = 0; kvd < 3; kvd++)
                 for (int win = 0; win < 2; win++) {
                     char name[96];
-                    snprintf(name, sizeof name, "attention in wide blocks, kv %s, %s", kvd ? "f16" : "f32",
+                    snprintf(name, sizeof name, "attention in wide blocks, kv %s, %s", kv_name(kvd),
                              win ? "sink 4 + window 40" : "full");
-                    CHECK(schedule(m, fa, kvd ? IB_KV_F16 : IB_KV_F32, win ? 40 : 0, name, NULL, 0, NSTEPS) == 0,
+                    CHECK(schedule(m, fa, kv_of(kvd), win ? 40 : 0, name, NULL, 0, NSTEPS) == 0,
                           "model %s: %s differs", models[mi].name, name);
                 }
             unsetenv("IB_CUDA_ATT_WIDE");
@@ -1329,6 +1343,15 @@ int main(int argc, char **argv) {
             }
             CHECK(engine_compare(m, fa, IB_KV_F16, 0, "engine, FAULT gpu-att-block (must differ)") > 0,
                   "model %s: the engine comparison missed the gpu-att-block fault", models[mi].name);
+            ib_fault_set(IB_FAULT_NONE);
+            /* the q8 store under the test-only kvq8-step-scale fault (a step of several rows encodes its keys
+             * and values with codes up to 126, here as on the CPU): the op check against the definition's
+             * encoder must fail, and the two engines, both under it, must still agree */
+            ib_fault_set(IB_FAULT_KVQ8_STEP_SCALE);
+            CHECK(schedule(m, fa, IB_KV_Q8, 0, "FAULT kvq8-step-scale (must mismatch)", NULL, 0, NSTEPS) > 0,
+                  "model %s: the kvq8-step-scale fault went unnoticed by the op check", models[mi].name);
+            CHECK(engine_compare(m, fa, IB_KV_Q8, 0, "engine, kvq8-step-scale on both engines") == 0,
+                  "model %s: under kvq8-step-scale the CUDA engine's logits differ from the CPU engine's", models[mi].name);
             ib_fault_set(IB_FAULT_NONE);
         }
         ib_model_free(m);

@@ -2,17 +2,18 @@
  * test_cuda_decode_host.cc — the CUDA backend's decode attention kernels (attention_kernels.cuh) run on
  * the host through tests/cuda_host_shim.h (a block's threads as coroutines), against the CPU's scalar
  * definitions, bitwise: the q/k head norms (ib_rmsnorm_heads), RoPE (ib_rope over ib_rope_table's
- * table), the KV store (floats as they are, halves by ib_f32_to_f16) and attention (ib_attend_heads /
- * ib_attend_heads_f16, --isa scalar's copy), each output also quantized for the o product
+ * table), the KV store (floats as they are, halves by ib_f32_to_f16, q8 by ib_kvq8_encode_row) and
+ * attention (ib_attend_heads_kv, --isa scalar's copy), each output also quantized for the o product
  * (ib_quantize_act). Every path a decode step can take: the per-head kernel with its keys in registers
  * (attention_direct_kernel, blocks of 256 and 512 threads), the per-head kernel through a stage of
  * 160 KiB or 6 KiB or none (attention_head_kernel), the per-KV-head kernel (attention_kernel) — each
  * with the q/k norm, RoPE and store inside it (qk_fuse) and after qk_kernel did them. Steps of 1 and 3
  * rows, each its own session at positions 0 to 300; head dims 64 and 128; 1, 2 and 4 query heads a KV
- * head; float and half caches; key blocks of 32 and 16. The cache's new key and value (every kernel
- * that stores them) must be the reference's too. A kernel that cuts key blocks at half the
- * reference's size, and one that skips the rotation of every row but the first (rope_rows 1, as the
- * rope-skip-rows fault), must differ. test_backend_cuda runs the same kernels on a GPU.
+ * head; float, half and q8 caches (q8: every kernel but the direct one, which the backend never runs on
+ * q8); key blocks of 32 and 16. The cache's new key and value (every kernel that stores them) must be
+ * the reference's too. A kernel that cuts key blocks at half the reference's size, one that skips the
+ * rotation of every row but the first (rope_rows 1, as the rope-skip-rows fault), and a q8 store with
+ * codes up to 126 (the kvq8-step-scale fault), must differ. test_backend_cuda runs the same kernels on a GPU.
  */
 #include "cuda_host_shim.h"
 
@@ -42,19 +43,19 @@ static const char *const kernel_name[K_COUNT] = {"keys in registers", "keys in r
 
 /* A step's inputs and outputs, and how to launch one kernel over it. */
 struct step {
-    int R, H, KVH, hd, block, qG, f16, rope_rows;
+    int R, H, KVH, hd, block, qG, kvt, rope_rows;
     float scale, eps;
     std::vector<float> Q, K, V, cs, qn, kn, ATT, qd, qad;
     std::vector<int8_t> xq;
     std::vector<rowinfo> ri;
-    std::vector<std::vector<unsigned char>> kv;   /* each row's session cache: [2][KVH][cap][hd] of T */
+    std::vector<std::vector<unsigned char>> kv;   /* each row's session cache: [2][KVH][cap][hd] of its type */
     qk_fuse fz;
     int kind, stage;
 };
 
 static void run_attention(void *p) {
     step *s = (step *)p;
-    const bool h = s->f16;
+    const bool h = s->kvt == IB_KV_F16;   /* the direct kernel: float or half only */
     switch (s->kind) {
     case K_DIRECT:
         if (h) attention_direct_kernel<uint16_t, ATT_THREADS>(s->Q.data(), s->ATT.data(), s->ri.data(), s->H, s->KVH, s->hd, 0, s->scale, s->block, s->qG, s->xq.data(), s->qd.data(), s->qad.data(), s->stage, s->fz);
@@ -92,37 +93,40 @@ static void reference(const step &s, int ref_block, std::vector<float> &att, std
         ib_rope(q.data(), 1, s.H, hd, s.cs.data() + (size_t)r * hd);
         ib_rope(k.data(), 1, s.KVH, hd, s.cs.data() + (size_t)r * hd);
         const rowinfo &ri = s.ri[r];
-        const size_t plane = (size_t)ri.cap * hd, eb = s.f16 ? 2 : 4;
+        const ib_kv_dtype t = (ib_kv_dtype)s.kvt;
+        const size_t plane = (size_t)ri.cap * hd;
         unsigned char *base = kv[r].data();
-        for (int h = 0; h < s.KVH; h++)
-            for (int i = 0; i < hd; i++) {
-                const size_t ko = ((size_t)h * plane + (size_t)ri.pos * hd + i), vo = ko + (size_t)s.KVH * plane;
-                const float kf = k[(size_t)h * hd + i], vf = s.V[((size_t)r * s.KVH + h) * hd + i];
-                if (s.f16) ((uint16_t *)base)[ko] = ib_f32_to_f16(kf), ((uint16_t *)base)[vo] = ib_f32_to_f16(vf);
-                else ((float *)base)[ko] = kf, ((float *)base)[vo] = vf;
+        for (int h = 0; h < s.KVH; h++) {
+            const size_t ko = (size_t)h * plane + (size_t)ri.pos * hd, vo = ko + (size_t)s.KVH * plane;
+            const float *kr = k.data() + (size_t)h * hd, *vr = s.V.data() + ((size_t)r * s.KVH + h) * hd;
+            if (t == IB_KV_Q8) {
+                ib_kvq8_encode_row(kr, hd, base + ib_kv_bytes(t, ko));
+                ib_kvq8_encode_row(vr, hd, base + ib_kv_bytes(t, vo));
+                continue;
             }
+            for (int i = 0; i < hd; i++) {
+                if (t == IB_KV_F16) ((uint16_t *)base)[ko + i] = ib_f32_to_f16(kr[i]), ((uint16_t *)base)[vo + i] = ib_f32_to_f16(vr[i]);
+                else ((float *)base)[ko + i] = kr[i], ((float *)base)[vo + i] = vr[i];
+            }
+        }
         for (int h = 0; h < s.H; h++) {
             const int kvh = h / G;
-            const unsigned char *kp = base + (size_t)kvh * plane * eb, *vp = base + (size_t)(s.KVH + kvh) * plane * eb;
+            const unsigned char *kp = base + ib_kv_bytes(t, (size_t)kvh * plane), *vp = base + ib_kv_bytes(t, (size_t)(s.KVH + kvh) * plane);
             float *o = att.data() + ((size_t)r * s.H + h) * hd;
-            if (s.f16)
-                ib_attend_heads_f16_isa(IB_ISA_SCALAR, (const uint16_t *)kp, (const uint16_t *)vp, q.data() + (size_t)h * hd, 1,
-                                        ri.pos + 1, hd, hd, s.scale, ref_block, 0, o);
-            else
-                ib_attend_heads_isa(IB_ISA_SCALAR, q.data() + (size_t)h * hd, 1, (const float *)kp, (const float *)vp,
-                                    ri.pos + 1, hd, hd, s.scale, ref_block, 0, o);
+            ib_attend_heads_kv_isa(IB_ISA_SCALAR, t, kp, vp, q.data() + (size_t)h * hd, 1, ri.pos + 1, hd, hd, s.scale,
+                                   ref_block, 0, o);
         }
     }
 }
 
-/* One step of R rows (row r at position pos[r] of its own session) through kernel `kind`, fused or after
- * qk_kernel; the kernel's key block `block`, the reference's ref_block; rope_rows < R: the kernel
- * rotates only that many rows. Returns whether outputs, their quantization and the caches equal the
- * reference's bitwise. */
-static int decode_case(int kind, int fused, int hd, int G, int f16, int block, int ref_block, int R, const int *pos,
-                       int qG, int rope_rows) {
+/* One step of R rows (row r at position pos[r] of its own session, caches of KV type kvt) through kernel
+ * `kind`, fused or after qk_kernel; the kernel's key block `block`, the reference's ref_block;
+ * rope_rows < R: the kernel rotates only that many rows; kvq8_fault: the kernel's q8 store has codes up to
+ * 126. Returns whether outputs, their quantization and the caches equal the reference's bitwise. */
+static int decode_case(int kind, int fused, int hd, int G, int kvt, int block, int ref_block, int R, const int *pos,
+                       int qG, int rope_rows, int kvq8_fault = 0) {
     step s;
-    s.R = R, s.KVH = 2, s.H = G * s.KVH, s.hd = hd, s.block = block, s.qG = qG, s.f16 = f16, s.rope_rows = rope_rows;
+    s.R = R, s.KVH = 2, s.H = G * s.KVH, s.hd = hd, s.block = block, s.qG = qG, s.kvt = kvt, s.rope_rows = rope_rows;
     s.scale = 1.0f / sqrtf((float)hd), s.eps = 1e-6f, s.kind = kind;
     const size_t W = (size_t)R * s.H * hd;
     s.Q.resize(W), s.K.resize((size_t)R * s.KVH * hd), s.V.resize((size_t)R * s.KVH * hd), s.cs.resize((size_t)R * hd);
@@ -137,13 +141,15 @@ static int decode_case(int kind, int fused, int hd, int G, int f16, int block, i
     for (int r = 0; r < R; r++) {
         const int cap = pos[r] + 5;
         const size_t n = 2 * (size_t)s.KVH * cap * hd;
-        s.kv[r].assign(n * (f16 ? 2 : 4), 0);
-        for (size_t i = 0; i < n; i++) {
-            const float x = rndf() * (i % 11 == 0 ? 4.0f : 1.0f);
-            if (f16) ((uint16_t *)s.kv[r].data())[i] = ib_f32_to_f16(x);
-            else ((float *)s.kv[r].data())[i] = x;
+        std::vector<float> x(n);
+        for (size_t i = 0; i < n; i++) x[i] = rndf() * (i % 11 == 0 ? 4.0f : 1.0f);
+        s.kv[r].assign(ib_kv_bytes((ib_kv_dtype)kvt, n), 0);
+        if (kvt == IB_KV_Q8) ib_kvq8_encode_row(x.data(), (int)n, s.kv[r].data());
+        for (size_t i = 0; i < n && kvt != IB_KV_Q8; i++) {
+            if (kvt == IB_KV_F16) ((uint16_t *)s.kv[r].data())[i] = ib_f32_to_f16(x[i]);
+            else ((float *)s.kv[r].data())[i] = x[i];
         }
-        s.ri[r] = rowinfo{s.kv[r].data(), cap, 0, 0, f16, pos[r], 0, 0};
+        s.ri[r] = rowinfo{s.kv[r].data(), cap, 0, 0, kvt, pos[r], 0, 0, kvq8_fault};
     }
     std::vector<float> want(W);
     std::vector<std::vector<unsigned char>> kv_want = s.kv;
@@ -182,29 +188,35 @@ int main(void) {
         for (int fused = 0; fused < 2; fused++)
             for (int hd : {64, 128})
                 for (int G : {1, 2, 4})
-                    for (int f16 = 0; f16 < 2; f16++) {
+                    for (int kvt = 0; kvt < IB_KV_DTYPE_COUNT; kvt++) {
+                        if (kvt == IB_KV_Q8 && (kind == K_DIRECT || kind == K_DIRECT_WIDE)) continue;
                         const int block = (cases % 3 == 2) ? 16 : 32, qG = cases % 2 ? 32 : 0;
                         const int np = (int)(sizeof pos1 / sizeof *pos1) + (int)(sizeof pos3 / sizeof *pos3);
                         const int pi = cases % np;
                         const int R = pi < 6 ? 1 : 3;
                         const int *pos = pi < 6 ? pos1[pi] : pos3[pi - 6];
-                        const int ok = decode_case(kind, fused, hd, G, f16, block, block, R, pos, qG, R);
+                        const int ok = decode_case(kind, fused, hd, G, kvt, block, block, R, pos, qG, R);
                         CHECK(ok, "%s, %s, hd %d, %d heads a KV head, %s KV, key block %d, %d row(s) at %d..: decode "
                               "attention differs from the scalar reference", kernel_name[kind], fused ? "q/k inside" : "q/k kernel first",
-                              hd, G, f16 ? "half" : "float", block, R, pos[0]);
+                              hd, G, kvt == IB_KV_Q8 ? "q8" : kvt == IB_KV_F16 ? "half" : "float", block, R, pos[0]);
                         cases++, differ += !ok;
                     }
     printf("%d decode steps against the scalar reference: %d differ\n", cases, differ);
-    /* faults: key blocks of half the reference's size; RoPE for the first row only */
+    /* faults: key blocks of half the reference's size; RoPE for the first row only; q8 codes up to 126 */
     static const int p3[3] = {130, 2, 64};
     int caught = 0, tried = 0;
     for (int kind = 0; kind < K_COUNT; kind++)
         for (int fused = 0; fused < 2; fused++) {
-            caught += !decode_case(kind, fused, 128, 2, 1, 16, 32, 3, p3, 0, 3);
-            caught += !decode_case(kind, fused, 128, 2, 1, 32, 32, 3, p3, 0, 1);
+            caught += !decode_case(kind, fused, 128, 2, IB_KV_F16, 16, 32, 3, p3, 0, 3);
+            caught += !decode_case(kind, fused, 128, 2, IB_KV_F16, 32, 32, 3, p3, 0, 1);
             tried += 2;
+            if (kind != K_DIRECT && kind != K_DIRECT_WIDE) {
+                caught += !decode_case(kind, fused, 128, 2, IB_KV_Q8, 32, 32, 3, p3, 0, 3, 1);
+                tried++;
+            }
         }
     CHECK(caught == tried, "faults caught in %d of %d steps", caught, tried);
-    printf("key blocks of 16 against 32, and RoPE of the first row only (must differ): %d of %d steps differ\n", caught, tried);
+    printf("key blocks of 16 against 32, RoPE of the first row only, q8 codes up to 126 (must differ): %d of %d steps "
+           "differ\n", caught, tried);
     TEST_MAIN_END("test_cuda_decode_host");
 }

@@ -1,10 +1,10 @@
 /*
  * test_cuda_tile_host.cc — the CUDA backend's prompt tile attention (attention_tile_kernel,
  * src/backends/cuda/attention_tile.cuh) run on the host through tests/cuda_host_shim.h (a block's 256
- * threads as coroutines), against the scalar reference (ib_attend_heads / ib_attend_heads_f16 with
- * --isa scalar's copy), bitwise: so its order of operations and its indexing are checked on every
- * machine, GPU or not. Head dims 16, 64 and 128; 1, 2 and 4 query heads a KV head; float and half
- * caches; key blocks of 32 and 16; tiles that start at, before and after a key block's start, of 1, 3
+ * threads as coroutines), against the scalar reference (ib_attend_heads_kv with --isa scalar's copy),
+ * bitwise: so its order of operations and its indexing are checked on every machine, GPU or not. Head
+ * dims 16, 64 and 128; 1, 2 and 4 query heads a KV head; float, half and q8 caches (q8: head dims 64
+ * and 128, key blocks of 32); key blocks of 32 and 16; tiles that start at, before and after a key block's start, of 1, 3
  * and the most rows a tile holds; each (row, head) output also quantized for a product (group 32),
  * compared with ib_quantize_act of the reference's outputs. A kernel that cuts its key blocks at half
  * the reference's size (another sequence of online-softmax rescales: the gpu-att-block fault's change)
@@ -53,21 +53,24 @@ static void tile_block(void *p) {
  * dim hd, a float or half cache of one layer), the kernel's key block `block`, the reference's `ref_block`;
  * qG > 0: the outputs also quantized for that group. Returns whether every output (and code, scale and
  * offset) equals the reference's bitwise. */
-static int tile_case(int hd, int G, int f16, int block, int ref_block, int p0, int n, int qG) {
+static int tile_case(int hd, int G, int kvt, int block, int ref_block, int p0, int n, int qG) {
     const int KVH = 2, H = G * KVH, cap = p0 + n + 3;
-    const size_t plane = (size_t)cap * hd, eb = f16 ? 2 : 4, W = (size_t)n * H * hd;
-    std::vector<unsigned char> kv(2 * KVH * plane * eb);
-    for (size_t i = 0; i < 2 * KVH * plane; i++) {
-        const float x = rndf() * (i % 7 == 0 ? 6.0f : 1.0f);
-        if (f16) ((uint16_t *)kv.data())[i] = ib_f32_to_f16(x);
-        else ((float *)kv.data())[i] = x;
+    const ib_kv_dtype t = (ib_kv_dtype)kvt;
+    const size_t plane = (size_t)cap * hd, W = (size_t)n * H * hd;
+    std::vector<unsigned char> kv(ib_kv_bytes(t, 2 * KVH * plane));
+    std::vector<float> x(2 * KVH * plane);
+    for (size_t i = 0; i < x.size(); i++) x[i] = rndf() * (i % 7 == 0 ? 6.0f : 1.0f);
+    if (t == IB_KV_Q8) ib_kvq8_encode_row(x.data(), (int)x.size(), kv.data());
+    for (size_t i = 0; i < x.size() && t != IB_KV_Q8; i++) {
+        if (t == IB_KV_F16) ((uint16_t *)kv.data())[i] = ib_f32_to_f16(x[i]);
+        else ((float *)kv.data())[i] = x[i];
     }
     std::vector<float> Q(W), got(W, 0.0f), want(W);
     for (float &x : Q) x = rndf() * 3.0f;
     std::vector<int8_t> xq(W), rq(W);
     std::vector<float> qd(W), qad(W), rd(W), rad(W);
     std::vector<rowinfo> ri(n);
-    for (int i = 0; i < n; i++) ri[i] = rowinfo{kv.data(), cap, 0, 0, f16, p0 + i, 0, 0};
+    for (int i = 0; i < n; i++) ri[i] = rowinfo{kv.data(), cap, 0, 0, kvt, p0 + i, 0, 0, 0};
     const att_tile tl = {0, n};
     const float scale = 1.0f / sqrtf((float)hd);
     launch l = {Q.data(), got.data(), ri.data(), &tl, H, KVH, hd, block, qG, scale, xq.data(), qd.data(), qad.data()};
@@ -75,15 +78,11 @@ static int tile_case(int hd, int G, int f16, int block, int ref_block, int p0, i
     for (int kvh = 0; kvh < KVH; kvh++) cuda_host_run_block((unsigned)kvh, 0, ATT_THREADS, tile_block, &l);
     for (int i = 0; i < n; i++)
         for (int kvh = 0; kvh < KVH; kvh++) {
-            const unsigned char *kp = kv.data() + (size_t)kvh * plane * eb, *vp = kv.data() + (size_t)(KVH + kvh) * plane * eb;
+            const unsigned char *kp = kv.data() + ib_kv_bytes(t, (size_t)kvh * plane);
+            const unsigned char *vp = kv.data() + ib_kv_bytes(t, (size_t)(KVH + kvh) * plane);
             const float *q = Q.data() + ((size_t)i * H + (size_t)kvh * G) * hd;
             float *o = want.data() + ((size_t)i * H + (size_t)kvh * G) * hd;
-            if (f16)
-                ib_attend_heads_f16_isa(IB_ISA_SCALAR, (const uint16_t *)kp, (const uint16_t *)vp, q, G, p0 + i + 1, hd,
-                                        hd, scale, ref_block, 0, o);
-            else
-                ib_attend_heads_isa(IB_ISA_SCALAR, q, G, (const float *)kp, (const float *)vp, p0 + i + 1, hd, hd, scale,
-                                    ref_block, 0, o);
+            ib_attend_heads_kv_isa(IB_ISA_SCALAR, t, kp, vp, q, G, p0 + i + 1, hd, hd, scale, ref_block, 0, o);
         }
     int same = memcmp(want.data(), got.data(), W * sizeof(float)) == 0;
     if (qG > 0) {
@@ -100,16 +99,18 @@ int main(void) {
     int cases = 0, differ = 0;
     for (int hd : hds)
         for (int G : Gs)
-            for (int f16 = 0; f16 < 2; f16++)
+            for (int kvt = 0; kvt < IB_KV_DTYPE_COUNT; kvt++)
                 for (int block : blocks)
                     for (int p0 : p0s) {
                         const int most = TILE_QV / G < TILE_ROWS ? TILE_QV / G : TILE_ROWS;
                         const int ns[] = {1, 3, most};
                         for (int n : ns) {
+                            if (kvt == IB_KV_Q8 && (hd % IB_KVQ8_BLOCK || block != 32)) continue;   /* q8: fewer, for time */
                             const int qG = hd >= 32 && cases % 2 == 0 ? 32 : 0;
-                            const int ok = tile_case(hd, G, f16, block, block, p0, n, qG);
+                            const int ok = tile_case(hd, G, kvt, block, block, p0, n, qG);
                             CHECK(ok, "hd %d, %d heads a KV head, %s KV, key block %d, rows %d..%d%s: tile attention differs "
-                                  "from the scalar reference", hd, G, f16 ? "half" : "float", block, p0, p0 + n - 1,
+                                  "from the scalar reference", hd, G, kvt == IB_KV_Q8 ? "q8" : kvt ? "half" : "float",
+                                  block, p0, p0 + n - 1,
                                   qG ? ", quantized" : "");
                             cases++, differ += !ok;
                         }
@@ -117,9 +118,9 @@ int main(void) {
     printf("%d tiles against the scalar reference: %d differ\n", cases, differ);
     /* the fault: key blocks of half the reference's size must change the bits */
     int caught = 0, tried = 0;
-    for (int f16 = 0; f16 < 2; f16++)
+    for (int kvt = 0; kvt < IB_KV_DTYPE_COUNT; kvt++)
         for (int G : Gs) {
-            caught += !tile_case(128, G, f16, 16, 32, 100, TILE_QV / G < TILE_ROWS ? TILE_QV / G : TILE_ROWS, 0);
+            caught += !tile_case(128, G, kvt, 16, 32, 100, TILE_QV / G < TILE_ROWS ? TILE_QV / G : TILE_ROWS, 0);
             tried++;
         }
     CHECK(caught == tried, "key blocks of 16 against the reference's 32: %d of %d tiles differ", caught, tried);

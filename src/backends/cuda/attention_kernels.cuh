@@ -47,7 +47,8 @@ __device__ __forceinline__ void qk_head_warp(float *xs, const float *__restrict_
 
 /* Store key head ks [hd] (shared memory) and value head vv [hd] of a row into its session's cache
  * (info) at layer li, KV head kh, slot(pos): floats as they are, halves rounded by ib_f32_to_f16, q8 by
- * blocks of 32 (kvq8_store_warp; hd a multiple of 32). By one warp. kmir != NULL (float and half caches
+ * blocks of 32 (kvq8_store_warp, codes up to 127 — 126 under the test-only kvq8-step-scale fault, as the
+ * CPU applies it; hd a multiple of 32). By one warp. kmir != NULL (float and half caches
  * only): the key's stored elements (their bits, of the cache's type) also into kmir [hd] and the
  * value's as floats (to_f32 of what was stored) into vmir [hd] — shared memory, so the block reads them
  * without a round trip through the cache. */
@@ -58,9 +59,10 @@ __device__ __forceinline__ void kv_store_warp(const rowinfo &info, int li, int K
     const size_t ko = (((size_t)li * 2 + 0) * KVH + kh) * plane + slot * hd;
     const size_t vo = (((size_t)li * 2 + 1) * KVH + kh) * plane + slot * hd;
     if (info.kvt == IB_KV_Q8) {
+        const float qmax = info.kvq8_fault ? 126.0f : 127.0f;
         for (int i = lane; i < hd; i += 32) {   /* the whole warp a block at a time */
-            kvq8_store_warp((unsigned char *)info.kv, ko + i - lane, ks[i], lane);
-            kvq8_store_warp((unsigned char *)info.kv, vo + i - lane, vv[i], lane);
+            kvq8_store_warp((unsigned char *)info.kv, ko + i - lane, ks[i], lane, qmax);
+            kvq8_store_warp((unsigned char *)info.kv, vo + i - lane, vv[i], lane, qmax);
         }
         return;
     }

@@ -937,6 +937,7 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
             b->long_keys |= (keys < kept ? keys : kept) >= b->att_split_keys;
         }
         ri->scap = kv->pub.desc.sliding_capacity, ri->swin = kv->pub.desc.sliding_window;
+        ri->kvq8_fault = d->R > 1 && b->fault == IB_FAULT_KVQ8_STEP_SCALE;
         b->h_tok[r] = d->tok[r];
         b->h_pos[r] = d->rope_pos[r];
     }

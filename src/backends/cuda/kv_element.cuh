@@ -157,8 +157,8 @@ struct kv_read<kvq8> {
  * plane at base, by the 32 lanes of a warp together (each its own element): the block's scale
  * (ib_kvq8_block_scale of the largest magnitude — a maximum, so the same in any order — and whether all
  * 32 are finite) and each lane's code (ib_kvq8_code; 0 where the scale is NaN or 0) — the bytes
- * ib_kvq8_encode_row writes. Returns the element as it will be decoded (kvq8_value). */
-__device__ __forceinline__ float kvq8_store_warp(unsigned char *base, size_t e0, float x, int lane) {
+ * ib_kvq8_encode_row_qmax writes (qmax: 127, the definition; 126 only under a test-only fault). Returns the element as it will be decoded (kvq8_value). */
+__device__ __forceinline__ float kvq8_store_warp(unsigned char *base, size_t e0, float x, int lane, float qmax) {
     const float m = fabsf(x);
     int finite = m <= 3.40282347e38f;   /* 0 for NaN or infinite */
     float a = finite ? m : 0.0f;
@@ -169,8 +169,8 @@ __device__ __forceinline__ float kvq8_store_warp(unsigned char *base, size_t e0,
         a = t > a ? t : a;
         finite &= f;
     }
-    const float s = ib_kvq8_block_scale(a, finite, 127.0f);
-    const int c = finite && s != 0.0f ? (int)ib_kvq8_code(x, s, 127.0f) : 0;
+    const float s = ib_kvq8_block_scale(a, finite, qmax);
+    const int c = finite && s != 0.0f ? (int)ib_kvq8_code(x, s, qmax) : 0;
     unsigned char *blk = base + (e0 / IB_KVQ8_BLOCK) * IB_KVQ8_BLOCK_BYTES;
     blk[lane] = (unsigned char)(signed char)c;
     if (lane == 0) *(float *)(blk + IB_KVQ8_BLOCK) = s;

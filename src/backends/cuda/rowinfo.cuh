@@ -12,6 +12,7 @@ typedef struct rowinfo {
     int kvt;           /* its element type (ib_kv_dtype: IB_KV_F32, IB_KV_F16, IB_KV_Q8) */
     int pos;           /* the row's position */
     int scap, swin;    /* Gemma 4: the sliding layers' slots and window (gemma_kernels.cuh) */
+    int kvq8_fault;    /* nonzero: the test-only kvq8-step-scale fault (q8 codes up to 126) in this step */
 } rowinfo;
 
 #endif
