@@ -9,8 +9,7 @@
  * 160 KiB or 6 KiB or none (attention_head_kernel), the per-KV-head kernel (attention_kernel) — each
  * with the q/k norm, RoPE and store inside it (qk_fuse) and after qk_kernel did them. Steps of 1 and 3
  * rows, each its own session at positions 0 to 300; head dims 64 and 128; 1, 2 and 4 query heads a KV
- * head; float, half and q8 caches (q8: every kernel but the direct one, which the backend never runs on
- * q8); key blocks of 32 and 16. The cache's new key and value (every kernel that stores them) must be
+ * head; float, half and q8 caches; key blocks of 32 and 16. The cache's new key and value (every kernel that stores them) must be
  * the reference's too. A kernel that cuts key blocks at half the reference's size, one that skips the
  * rotation of every row but the first (rope_rows 1, as the rope-skip-rows fault), and a q8 store with
  * codes up to 126 (the kvq8-step-scale fault), must differ. test_backend_cuda runs the same kernels on a GPU.
@@ -55,15 +54,10 @@ struct step {
 
 static void run_attention(void *p) {
     step *s = (step *)p;
-    const bool h = s->kvt == IB_KV_F16;   /* the direct kernel: float or half only */
     switch (s->kind) {
     case K_DIRECT:
-        if (h) attention_direct_kernel<uint16_t, ATT_THREADS>(s->Q.data(), s->ATT.data(), s->ri.data(), s->H, s->KVH, s->hd, 0, s->scale, s->block, s->qG, s->xq.data(), s->qd.data(), s->qad.data(), s->stage, s->fz);
-        else attention_direct_kernel<float, ATT_THREADS>(s->Q.data(), s->ATT.data(), s->ri.data(), s->H, s->KVH, s->hd, 0, s->scale, s->block, s->qG, s->xq.data(), s->qd.data(), s->qad.data(), s->stage, s->fz);
-        break;
     case K_DIRECT_WIDE:
-        if (h) attention_direct_kernel<uint16_t, ATT_THREADS_WIDE>(s->Q.data(), s->ATT.data(), s->ri.data(), s->H, s->KVH, s->hd, 0, s->scale, s->block, s->qG, s->xq.data(), s->qd.data(), s->qad.data(), s->stage, s->fz);
-        else attention_direct_kernel<float, ATT_THREADS_WIDE>(s->Q.data(), s->ATT.data(), s->ri.data(), s->H, s->KVH, s->hd, 0, s->scale, s->block, s->qG, s->xq.data(), s->qd.data(), s->qad.data(), s->stage, s->fz);
+        direct_attention_kernel_for((ib_kv_dtype)s->kvt, s->kind == K_DIRECT_WIDE)(s->Q.data(), s->ATT.data(), s->ri.data(), s->H, s->KVH, s->hd, 0, s->scale, s->block, s->qG, s->xq.data(), s->qd.data(), s->qad.data(), s->stage, s->fz);
         break;
     case K_STAGED:
     case K_STAGED_SMALL:
@@ -189,7 +183,6 @@ int main(void) {
             for (int hd : {64, 128})
                 for (int G : {1, 2, 4})
                     for (int kvt = 0; kvt < IB_KV_DTYPE_COUNT; kvt++) {
-                        if (kvt == IB_KV_Q8 && (kind == K_DIRECT || kind == K_DIRECT_WIDE)) continue;
                         const int block = (cases % 3 == 2) ? 16 : 32, qG = cases % 2 ? 32 : 0;
                         const int np = (int)(sizeof pos1 / sizeof *pos1) + (int)(sizeof pos3 / sizeof *pos3);
                         const int pi = cases % np;
@@ -210,10 +203,8 @@ int main(void) {
             caught += !decode_case(kind, fused, 128, 2, IB_KV_F16, 16, 32, 3, p3, 0, 3);
             caught += !decode_case(kind, fused, 128, 2, IB_KV_F16, 32, 32, 3, p3, 0, 1);
             tried += 2;
-            if (kind != K_DIRECT && kind != K_DIRECT_WIDE) {
-                caught += !decode_case(kind, fused, 128, 2, IB_KV_Q8, 32, 32, 3, p3, 0, 3, 1);
-                tried++;
-            }
+            caught += !decode_case(kind, fused, 128, 2, IB_KV_Q8, 32, 32, 3, p3, 0, 3, 1);
+            tried++;
         }
     CHECK(caught == tried, "faults caught in %d of %d steps", caught, tried);
     printf("key blocks of 16 against 32, RoPE of the first row only, q8 codes up to 126 (must differ): %d of %d steps "

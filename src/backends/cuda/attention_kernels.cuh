@@ -48,10 +48,9 @@ __device__ __forceinline__ void qk_head_warp(float *xs, const float *__restrict_
 /* Store key head ks [hd] (shared memory) and value head vv [hd] of a row into its session's cache
  * (info) at layer li, KV head kh, slot(pos): floats as they are, halves rounded by ib_f32_to_f16, q8 by
  * blocks of 32 (kvq8_store_warp, codes up to 127 — 126 under the test-only kvq8-step-scale fault, as the
- * CPU applies it; hd a multiple of 32). By one warp. kmir != NULL (float and half caches
- * only): the key's stored elements (their bits, of the cache's type) also into kmir [hd] and the
- * value's as floats (to_f32 of what was stored) into vmir [hd] — shared memory, so the block reads them
- * without a round trip through the cache. */
+ * CPU applies it; hd a multiple of 32). By one warp. kmir != NULL: the key's stored bytes (of the cache's
+ * type: a one-row plane) also into kmir and the value as floats (decoded from what was stored) into
+ * vmir [hd] — shared memory, so the block reads them without a round trip through the cache. */
 __device__ __forceinline__ void kv_store_warp(const rowinfo &info, int li, int KVH, int kh, int hd, const float *ks,
                                               const float *__restrict__ vv, int lane, void *kmir = NULL,
                                               float *vmir = NULL) {
@@ -61,8 +60,9 @@ __device__ __forceinline__ void kv_store_warp(const rowinfo &info, int li, int K
     if (info.kvt == IB_KV_Q8) {
         const float qmax = info.kvq8_fault ? 126.0f : 127.0f;
         for (int i = lane; i < hd; i += 32) {   /* the whole warp a block at a time */
-            kvq8_store_warp((unsigned char *)info.kv, ko + i - lane, ks[i], lane, qmax);
-            kvq8_store_warp((unsigned char *)info.kv, vo + i - lane, vv[i], lane, qmax);
+            kvq8_store_warp((unsigned char *)info.kv, ko + i - lane, ks[i], lane, qmax, (unsigned char *)kmir, i - lane);
+            const float vd = kvq8_store_warp((unsigned char *)info.kv, vo + i - lane, vv[i], lane, qmax);
+            if (kmir) vmir[i] = vd;
         }
         return;
     }
@@ -177,6 +177,32 @@ __device__ __forceinline__ float dot16_lane(const float *q_s, typename kv_read<T
         }
 #pragma unroll
         for (int t = 0; t < 8; t++) k[t] = KR::cvt(raw[t]);
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+            if (i0 + u + 16 * t < hd) a = a + q_s[i0 + u + 16 * t] * k[t];
+    }
+    return a;
+}
+
+/* dot16_lane over a q8 key row whose first element is a multiple of 32 (every row of a cache): the same
+ * products in the same order, each element kvq8_value(its block's scale, its code) — with the row's byte
+ * offset computed once and each block's scale loaded once for the lane's two elements in it. */
+template <>
+__device__ __forceinline__ float dot16_lane<kvq8>(const float *q_s, kvq8_ptr key, int hd, int u) {
+    const unsigned char *row = key.b + ib_kvq8_offset(key.e);
+    float a = 0.0f;
+    for (int i0 = 0; i0 < hd; i0 += 128) {
+        const unsigned char *blk = row + (size_t)(i0 / IB_KVQ8_BLOCK) * IB_KVQ8_BLOCK_BYTES;
+        int c[8];
+        float sc[4], k[8];
+#pragma unroll
+        for (int b = 0; b < 4; b++)
+            sc[b] = i0 + IB_KVQ8_BLOCK * b < hd ? *(const float *)(blk + b * IB_KVQ8_BLOCK_BYTES + IB_KVQ8_BLOCK) : 0.0f;
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+            c[t] = i0 + u + 16 * t < hd ? (int)(signed char)blk[(t >> 1) * IB_KVQ8_BLOCK_BYTES + (t & 1) * 16 + u] : 0;
+#pragma unroll
+        for (int t = 0; t < 8; t++) k[t] = kvq8_value(sc[t >> 1], c[t]);
 #pragma unroll
         for (int t = 0; t < 8; t++)
             if (i0 + u + 16 * t < hd) a = a + q_s[i0 + u + 16 * t] * k[t];
@@ -686,20 +712,40 @@ __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, floa
 
 /* Direct scores: a thread owns DL = 16 / sizeof(T) of ib_dot16's 16 lanes of one key (halves 8, floats
  * 4; DTPK = 16 / DL threads a key, thread v of its key the lanes DL*v ..), i.e. the 16-byte piece at
- * element 16 t + DL v of each of the key's hd / 16 segments t. */
+ * element 16 t + DL v of each of the key's hd / 16 segments t. q8: 8 lanes, 8 codes and their block's
+ * scale a segment. */
 template <typename T>
 struct direct_lanes {
     static constexpr int DL = 16 / (int)sizeof(T), DTPK = 16 / DL;
+};
+template <>
+struct direct_lanes<kvq8> {
+    static constexpr int DL = 8, DTPK = 2;
 };
 #define DIRECT_SEGS 8   /* most 16-element segments of a key the direct path holds (hd <= 128) */
 
 /* Thread v's pieces of the key row `key` (hd elements of T) into kr [hd / 16]. */
 template <typename T>
-__device__ __forceinline__ void direct_key_load(uint4 (&kr)[DIRECT_SEGS], const T *key, int v, int nseg) {
+__device__ __forceinline__ void direct_key_load(uint4 (&kr)[DIRECT_SEGS], typename kv_read<T>::ptr key, int v, int nseg) {
     constexpr int DL = direct_lanes<T>::DL;
 #pragma unroll
     for (int t = 0; t < DIRECT_SEGS; t++)
         if (t < nseg) kr[t] = *(const uint4 *)(key + 16 * t + DL * v);
+}
+
+/* The q8 form: segment t's 8 codes of thread v (elements 16 t + 8 v ..: bytes (t / 2) * 36 + (t % 2) * 16 +
+ * 8 v of the row, 4-byte aligned) into kr[t].x, .y and its block's scale's bits into .z (.w unused). The
+ * row's first element is a multiple of 32 (a cache row, or the prologue's mirror of one). */
+template <>
+__device__ __forceinline__ void direct_key_load<kvq8>(uint4 (&kr)[DIRECT_SEGS], kvq8_ptr key, int v, int nseg) {
+    const unsigned char *row = key.b + ib_kvq8_offset(key.e);
+#pragma unroll
+    for (int t = 0; t < DIRECT_SEGS; t++)
+        if (t < nseg) {
+            const unsigned char *blk = row + (t >> 1) * IB_KVQ8_BLOCK_BYTES;
+            const unsigned *w = (const unsigned *)(blk + (t & 1) * 16 + 8 * v);
+            kr[t] = make_uint4(w[0], w[1], *(const unsigned *)(blk + IB_KVQ8_BLOCK), 0u);
+        }
 }
 
 /* ib_dot16(q, key) * scale for the key whose pieces kr the DTPK threads v = 0 .. of a key group hold
@@ -719,7 +765,11 @@ __device__ __forceinline__ float direct_score(const uint4 (&kr)[DIRECT_SEGS], co
         for (int t = 0; t < DIRECT_SEGS; t++) {
             if (t >= nseg) break;
             float k[DL];
-            if (sizeof(T) == 2) halves8_regs(kr[t], *(float(*)[8])k);
+            if constexpr (kv_is_q8<T>::value) {
+                const float sc = __uint_as_float(kr[t].z);
+#pragma unroll
+                for (int e = 0; e < DL; e++) k[e] = kvq8_value(sc, (int)(signed char)((e < 4 ? kr[t].x : kr[t].y) >> (8 * (e & 3))));
+            } else if constexpr (sizeof(T) == 2) halves8_regs(kr[t], *(float(*)[8])k);
             else {
                 k[0] = __uint_as_float(kr[t].x), k[1] = __uint_as_float(kr[t].y);
                 k[2] = __uint_as_float(kr[t].z), k[3] = __uint_as_float(kr[t].w);
@@ -753,26 +803,24 @@ __device__ __forceinline__ float direct_score(const uint4 (&kr)[DIRECT_SEGS], co
  * loads in flight (more would spill: the kernel also holds its keys in registers). */
 #define VSTAGE_LOADS 4
 template <typename T>
-__device__ __forceinline__ void stage_value_rows(float *vst, const T *vp, const rowinfo &info, const key_chunk &ch, int hd,
-                                                 int n, int t, int nt) {
-    constexpr int E = 16 / (int)sizeof(T);
+__device__ __forceinline__ void stage_value_rows(float *vst, typename kv_read<T>::ptr vp, const rowinfo &info,
+                                                 const key_chunk &ch, int hd, int n, int t, int nt) {
+    typedef kv_read<T> KR;
+    constexpr int E = KR::E;
     const int rp = hd / E, col = t % rp, rstep = nt / rp;   /* pieces a row; this thread's column, row step */
-    const T *src = vp + col * E;
+    const typename KR::ptr src = vp + col * E;
     float *dst = vst + col * E;
     for (int j0 = t / rp; j0 < n; j0 += VSTAGE_LOADS * rstep) {
-        uint4 w[VSTAGE_LOADS];
+        typename KR::piece w[VSTAGE_LOADS];
 #pragma unroll
         for (int k = 0; k < VSTAGE_LOADS; k++) {
             const int j = j0 + k * rstep;
-            if (j < n) w[k] = *(const uint4 *)(src + (size_t)slot_of(info, chunk_pos(ch, j)) * hd);
+            if (j < n) w[k] = KR::load(src + (size_t)slot_of(info, chunk_pos(ch, j)) * hd);
         }
 #pragma unroll
         for (int k = 0; k < VSTAGE_LOADS; k++) {
             const int j = j0 + k * rstep;
-            if (j < n) {
-                if (sizeof(T) == 2) halves8_to_f32(w[k], dst + (size_t)j * hd);
-                else *(uint4 *)(dst + (size_t)j * hd) = w[k];
-            }
+            if (j < n) KR::to_f32s(w[k], dst + (size_t)j * hd);
         }
     }
 }
@@ -796,7 +844,7 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
                                        int block, int qG, int8_t *__restrict__ xq, float *__restrict__ qd,
                                        float *__restrict__ qad, unsigned char *stage, int stage_bytes,
                                        const qk_fuse &fz) {
-    constexpr int DTPK = direct_lanes<T>::DTPK, E = 16 / (int)sizeof(T);
+    constexpr int DTPK = direct_lanes<T>::DTPK, E = kv_read<T>::E;
     const int nseg = hd / 16, tid = threadIdx.x, p = info.pos;
     if (!stage || hd % 16 != 0 || nseg > DIRECT_SEGS || hd >= (int)blockDim.x || 64 % (hd / E) != 0 ||
         ((int)blockDim.x - 64) % (hd / E) != 0)
@@ -837,8 +885,8 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
 #endif
     /* position p's key as stored (its bits) into sm.slot, unused here, and its value row as floats into
      * the stage's last row, by the prologue's key warp: no round trip through the cache after it */
-    T *kpos = (T *)sm.slot;
-    if (fused) qk_fused_prologue(fz, Q, info, r, h, 1, kvh, H, KVH, hd, li, sm.q, sm.out, kpos, vst + (size_t)(nc - 1) * hd);
+    const typename kv_read<T>::ptr kpos = kv_read<T>::at(sm.slot, 0);
+    if (fused) qk_fused_prologue(fz, Q, info, r, h, 1, kvh, H, KVH, hd, li, sm.q, sm.out, sm.slot, vst + (size_t)(nc - 1) * hd);
     for (int d = tid; d < hd; d += blockDim.x) {
         if (!fused) sm.q[d] = Q[((size_t)r * H + h) * hd + d];
         sm.out[d] = 0.0f;
@@ -966,6 +1014,15 @@ __global__ void __launch_bounds__(NTH, NTH == ATT_THREADS ? DIRECT_MIN_BLOCKS : 
     if (!attend_row_head_direct<T>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, fz))
         attend_row_head<T, false>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes,
                                   att_split{1, 0}, fz);
+}
+
+/* The direct attention kernel for rows that all keep KV type kvt, in wide blocks (ATT_THREADS_WIDE) or not. */
+typedef void (*direct_attention_fn)(const float *, float *, const rowinfo *, int, int, int, int, float, int, int, int8_t *,
+                                    float *, float *, int, qk_fuse);
+static inline direct_attention_fn direct_attention_kernel_for(ib_kv_dtype kvt, int wide) {
+    if (kvt == IB_KV_F16) return wide ? attention_direct_kernel<uint16_t, ATT_THREADS_WIDE> : attention_direct_kernel<uint16_t, ATT_THREADS>;
+    if (kvt == IB_KV_Q8) return wide ? attention_direct_kernel<kvq8, ATT_THREADS_WIDE> : attention_direct_kernel<kvq8, ATT_THREADS>;
+    return wide ? attention_direct_kernel<float, ATT_THREADS_WIDE> : attention_direct_kernel<float, ATT_THREADS>;
 }
 
 /* Shared memory of an attention block: ATT_QH floats hold the G query heads' q and outputs, ATT_QH

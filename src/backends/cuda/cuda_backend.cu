@@ -127,8 +127,8 @@ enum mma_kernel_mode { MMA_BY_ROWS, MMA_PIPE, MMA_16 };
  * where 32 would leave multiprocessors idle (the default: launch_products), or always (=force: tests) */
 enum mma_narrow_mode { NARROW_NEVER, NARROW_BY_GRID, NARROW_FORCED };
 
-/* The KV types of a step's rows: mixed, all float, all half (the direct attention kernel is compiled
- * for these two), or all q8 (the per-head kernel reads its pieces) */
+/* The KV types of a step's rows: mixed, or all of one type (the direct attention kernel is compiled for
+ * each) */
 enum kv_rows_type { KV_ROWS_MIXED, KV_ROWS_F32, KV_ROWS_F16, KV_ROWS_Q8 };
 
 /* A never / by-shape / forced choice from environment variable `name` ("0", unset or anything else,
@@ -587,10 +587,10 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, MM_TILE_SMEM_CAP) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(attention_head_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(attention_head_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
-        ok = ok && cudaFuncSetAttribute(attention_direct_kernel<uint16_t, ATT_THREADS>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
-        ok = ok && cudaFuncSetAttribute(attention_direct_kernel<float, ATT_THREADS>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
-        ok = ok && cudaFuncSetAttribute(attention_direct_kernel<uint16_t, ATT_THREADS_WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
-        ok = ok && cudaFuncSetAttribute(attention_direct_kernel<float, ATT_THREADS_WIDE>, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
+        for (int kvt = 0; kvt < IB_KV_DTYPE_COUNT; kvt++)
+            for (int wide = 0; wide < 2; wide++)
+                ok = ok && cudaFuncSetAttribute(direct_attention_kernel_for((ib_kv_dtype)kvt, wide),
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(attention_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)tile_smem_bytes(TILE_QV, TILE_HD, ATT_MAX_BLOCK)) == cudaSuccess;
         if (!ok) {
@@ -1331,16 +1331,11 @@ static void launch_attention(cuda_backend *b, int li, int qG, const qk_fuse *fz)
                                                                      b->attn_block, qG, b->xq, b->qd, b->qad, *fz);
     else {
         const int cl = att_cluster(b, b->R * b->H, b->hd), blocks = b->R * b->H * cl, st = att_stage_bytes(b, blocks);
-        if (cl == 1 && b->att_direct == DIRECT_BY_SHAPE && (b->kv_rows == KV_ROWS_F32 || b->kv_rows == KV_ROWS_F16)) {
+        if (cl == 1 && b->att_direct == DIRECT_BY_SHAPE && b->kv_rows != KV_ROWS_MIXED) {
             /* wide blocks where the grid fills at most a quarter of the multiprocessors (att_wide_mode) */
             const int wide = b->att_wide == WIDE_FORCED || (b->att_wide == WIDE_SMALL_GRIDS && 4L * blocks <= b->n_sm);
-            const int f16 = b->kv_rows == KV_ROWS_F16;
-            void (*k)(const float *, float *, const rowinfo *, int, int, int, int, float, int, int, int8_t *, float *,
-                      float *, int, qk_fuse) = wide ? (f16 ? attention_direct_kernel<uint16_t, ATT_THREADS_WIDE>
-                                                           : attention_direct_kernel<float, ATT_THREADS_WIDE>)
-                                                    : (f16 ? attention_direct_kernel<uint16_t, ATT_THREADS>
-                                                           : attention_direct_kernel<float, ATT_THREADS>);
-            launch(b, k, blocks, wide ? ATT_THREADS_WIDE : ATT_THREADS, (size_t)st, Q, ATT, b->d_ri, b->H, b->KVH, b->hd,
+            const ib_kv_dtype kvt = b->kv_rows == KV_ROWS_F16 ? IB_KV_F16 : b->kv_rows == KV_ROWS_Q8 ? IB_KV_Q8 : IB_KV_F32;
+            launch(b, direct_attention_kernel_for(kvt, wide), blocks, wide ? ATT_THREADS_WIDE : ATT_THREADS, (size_t)st, Q, ATT, b->d_ri, b->H, b->KVH, b->hd,
                    li, b->scale, b->attn_block, qG, b->xq, b->qd, b->qad, st, *fz);
         } else
             launch_cl(b, cl, cl > 1 ? attention_head_kernel<true> : attention_head_kernel<false>, blocks, ATT_THREADS, (size_t)st, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li,

@@ -51,6 +51,16 @@ __device__ __forceinline__ void halves8_to_f32(uint4 w, float *o) {
  * float scale). */
 struct kvq8 {};
 
+/* Whether T is the q8 tag (for `if constexpr` where a kernel's code differs by KV type). */
+template <typename T>
+struct kv_is_q8 {
+    static constexpr bool value = false;
+};
+template <>
+struct kv_is_q8<kvq8> {
+    static constexpr bool value = true;
+};
+
 /* A place in a q8 plane: the plane's first byte and a logical element (its code at ib_kvq8_offset(e)).
  * Adding n moves n elements, as a pointer to float or half elements does. */
 struct kvq8_ptr {
@@ -157,8 +167,11 @@ struct kv_read<kvq8> {
  * plane at base, by the 32 lanes of a warp together (each its own element): the block's scale
  * (ib_kvq8_block_scale of the largest magnitude — a maximum, so the same in any order — and whether all
  * 32 are finite) and each lane's code (ib_kvq8_code; 0 where the scale is NaN or 0) — the bytes
- * ib_kvq8_encode_row_qmax writes (qmax: 127, the definition; 126 only under a test-only fault). Returns the element as it will be decoded (kvq8_value). */
-__device__ __forceinline__ float kvq8_store_warp(unsigned char *base, size_t e0, float x, int lane, float qmax) {
+ * ib_kvq8_encode_row_qmax writes (qmax: 127, the definition; 126 only under a test-only fault); mir !=
+ * NULL: the same bytes also at logical element me0 of the plane at mir (a mirror in shared memory).
+ * Returns the element as it will be decoded (kvq8_value). */
+__device__ __forceinline__ float kvq8_store_warp(unsigned char *base, size_t e0, float x, int lane, float qmax,
+                                                 unsigned char *mir = NULL, size_t me0 = 0) {
     const float m = fabsf(x);
     int finite = m <= 3.40282347e38f;   /* 0 for NaN or infinite */
     float a = finite ? m : 0.0f;
@@ -174,6 +187,11 @@ __device__ __forceinline__ float kvq8_store_warp(unsigned char *base, size_t e0,
     unsigned char *blk = base + (e0 / IB_KVQ8_BLOCK) * IB_KVQ8_BLOCK_BYTES;
     blk[lane] = (unsigned char)(signed char)c;
     if (lane == 0) *(float *)(blk + IB_KVQ8_BLOCK) = s;
+    if (mir) {
+        unsigned char *mb = mir + (me0 / IB_KVQ8_BLOCK) * IB_KVQ8_BLOCK_BYTES;
+        mb[lane] = (unsigned char)(signed char)c;
+        if (lane == 0) *(float *)(mb + IB_KVQ8_BLOCK) = s;
+    }
     return kvq8_value(s, c);
 }
 
