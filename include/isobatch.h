@@ -721,6 +721,9 @@ typedef enum ib_fault {
     IB_FAULT_KVQ8_STEP_SCALE,     /* q8 KV: a step of more than one row encodes its keys and values with codes
                                    * up to 126 (the definition: 127), as a kernel picked by the step's shape
                                    * would (CPU backend) */
+    IB_FAULT_KV_POOL_DIRTY,       /* the CPU backend keeps ended sessions' KV blocks for new caches without
+                                   * zeroing what those sessions wrote (another tenant's keys and values
+                                   * left in a new session's unwritten slots) */
     IB_FAULT_COUNT
 } ib_fault;
 

@@ -62,7 +62,8 @@ static const char help[] =
     "                    attn-tile-range: prefill attention rows of a tile attend its last row's keys;\n"
     "                    gpu-att-block: the CUDA attention cuts key blocks at half the canonical size;\n"
     "                    attn-block-max: vector attention's key-block maxima take NaN scores;\n"
-    "                    kvq8-step-scale: q8 KV encoded with another code range in steps of several rows)\n";
+    "                    kvq8-step-scale: q8 KV encoded with another code range in steps of several rows;\n"
+    "                    kv-pool-dirty: ended sessions' KV memory reused without zeroing it)\n";
 
 typedef struct prompts {
     int n, cap;

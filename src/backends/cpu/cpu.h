@@ -29,6 +29,11 @@ typedef struct ib_cpu_kernels {
  * the ISA, when this build or this CPU cannot run it: never a silent fallback to another ISA. */
 ib_status ib_cpu_kernels_for(ib_isa isa, ib_cpu_kernels *out, ib_error *err);
 
+/* Copy the bytes of CPU cache kv (bytes: exactly its ib_kv_desc_bytes) into dst, for tests and
+ * diagnostics; -1 (nothing copied) for another backend's cache or another size. */
+struct ib_kv;
+int ib_cpu_kv_read(const struct ib_kv *kv, void *dst, size_t bytes);
+
 #if defined(__aarch64__)
 /* NEON kernel (matmul_neon.c): 1 when the CPU has the int8 dot product (HWCAP_ASIMDDP), which the
  * Q8-activation path then uses; ib_neon_dotprod_disable(1) makes it take the plain NEON path anyway

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backends/cpu/cpu.h"
+#include "backends/cpu/kv_blocks.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "ops/ops.h"
@@ -35,6 +36,9 @@ typedef struct cpu_kv {
     void *data;         /* per layer, [2][KVH][slots][hd] elements of base.desc.dtype at the shape of its kind
                          * (ib_kv_desc_layer): keys then values */
     size_t *layer_off;  /* [n_layers] element offset of each layer's keys */
+    size_t block;       /* bytes of the block at data (kv_blocks.h: at least the cache's) */
+    int used;           /* slots [0, used) of a plane (at most its capacity) may have been written: every
+                         * stored position and copied slot is below it */
 } cpu_kv;
 
 typedef struct cpu_backend {
@@ -93,11 +97,12 @@ static ib_status cpu_kv_create(const ib_kv_desc *d, ib_kv **out, ib_error *err) 
     size_t bytes = ib_kv_desc_bytes(d);
     /* ordinary pages, not ib_big_alloc's huge ones: a cache's pages come as its session fills it, where
      * huge pages would make 2 MiB of each of its planes resident at the first token (no faster either:
-     * docs/cpu.md, "Packed weights on huge pages") */
-    if (kv) kv->data = calloc(1, bytes ? bytes : 1);
+     * docs/cpu.md, "Packed weights on huge pages"); an ended session's block of the same size when the
+     * pool has one (kv_blocks.h: its pages already mapped, all zero) */
+    if (kv) kv->data = ib_kv_block_take(bytes, &kv->block);
     if (kv) kv->layer_off = malloc((d->n_layers > 0 ? (size_t)d->n_layers : 1) * sizeof *kv->layer_off);
     if (!kv || !kv->data || !kv->layer_off) {
-        if (kv) free(kv->data), free(kv->layer_off);
+        if (kv) ib_kv_block_free(kv->data), free(kv->layer_off);
         free(kv);
         return ib_fail(err, IB_ERR_NOMEM, "session: out of memory for a KV cache of %d tokens (%zu bytes)", d->capacity,
                        bytes);
@@ -114,11 +119,43 @@ static ib_status cpu_kv_create(const ib_kv_desc *d, ib_kv **out, ib_error *err) 
     return IB_OK;
 }
 
+/* Bytes of cache k its session may have written (slots [0, used) of every plane), zeroing them when zero. */
+static size_t kv_written(cpu_kv *k, int zero) {
+    const ib_kv_desc *d = &k->base.desc;
+    size_t bytes = 0;
+    for (int l = 0; l < d->n_layers; l++) {
+        if (ib_kv_desc_owner(d, l) != l) continue;   /* KV-shared: holds none */
+        const ib_kv_desc v = ib_kv_desc_layer(d, l);
+        const int n = k->used < v.capacity ? k->used : v.capacity;
+        const size_t row = ib_kv_bytes(d->dtype, (size_t)v.head_dim * n);
+        for (int kv = 0; kv < 2; kv++)
+            for (int h = 0; h < v.n_kv_heads; h++) {
+                if (zero) memset((char *)k->data + ib_kv_bytes(d->dtype, kv_offset(k, &v, l, kv, h)), 0, row);
+                bytes += row;
+            }
+    }
+    return bytes;
+}
+
+/* Free a cache: its block to the pool (its written slots zeroed first) when the pool wants it. */
 static void cpu_kv_free(ib_kv *kv) {
     if (!kv) return;
-    free(((cpu_kv *)kv)->data);
-    free(((cpu_kv *)kv)->layer_off);
+    cpu_kv *k = (cpu_kv *)kv;
+    const size_t resident = kv_written(k, 0);
+    if (ib_kv_block_wanted(k->block, resident)) {
+        if (ib_fault_get() != IB_FAULT_KV_POOL_DIRTY) kv_written(k, 1);
+        ib_kv_block_give(k->data, k->block, resident);
+    } else {
+        ib_kv_block_free(k->data);
+    }
+    free(k->layer_off);
     free(kv);
+}
+
+int ib_cpu_kv_read(const ib_kv *kv, void *dst, size_t bytes) {
+    if (!kv || kv->kind != IB_BACKEND_CPU || bytes != ib_kv_desc_bytes(&kv->desc)) return -1;
+    memcpy(dst, ((const cpu_kv *)kv)->data, bytes);
+    return 0;
 }
 
 static void cpu_kv_copy(ib_kv *dst, const ib_kv *src, int n_slots) {
@@ -130,6 +167,7 @@ static void cpu_kv_copy(ib_kv *dst, const ib_kv *src, int n_slots) {
         ib_kv_desc sv = ib_kv_desc_layer(&src->desc, l), tv = ib_kv_desc_layer(&dst->desc, l);
         int n = n_slots < sv.capacity ? n_slots : sv.capacity;
         if (n > tv.capacity) n = tv.capacity;
+        if (n > t->used) t->used = n;
         size_t plane = ib_kv_bytes(dt, (size_t)sv.head_dim * n);
         for (int kv = 0; kv < 2; kv++)
             for (int h = 0; h < sv.n_kv_heads; h++)
@@ -271,6 +309,10 @@ static ib_status cpu_step_begin(ib_backend *b, const ib_step_desc *d, ib_error *
     memcpy(c->logits_out, d->logits_out, (size_t)d->n_logits * sizeof(float *));
     for (int j = 0; j < d->n_logits; j++) c->argmax_out[j] = d->argmax_out ? d->argmax_out[j] : NULL;
     for (int i = 0; i < d->n_items; i++) c->kv[i] = (cpu_kv *)d->kv[i];
+    for (int r = 0; r < d->R; r++) { /* the slots this step may store at (kv_written) */
+        cpu_kv *k = c->kv[d->row_item[r]];
+        if (d->pos[r] >= k->used) k->used = d->pos[r] + 1;
+    }
     ib_rope_table(d->rope_pos, d->R, mc->head_dim, mc->rope_theta, c->cs);
     if (c->cs_full)
         ib_rope_table_pairs(d->rope_pos, d->R, mc->global_head_dim, mc->rope_theta_full, mc->rope_pairs_full, c->cs_full);
