@@ -184,32 +184,6 @@ __device__ __forceinline__ float dot16_lane(const float *q_s, typename kv_read<T
     return a;
 }
 
-/* dot16_lane over a q8 key row whose first element is a multiple of 32 (every row of a cache): the same
- * products in the same order, each element kvq8_value(its block's scale, its code) — with the row's byte
- * offset computed once and each block's scale loaded once for the lane's two elements in it. */
-template <>
-__device__ __forceinline__ float dot16_lane<kvq8>(const float *q_s, kvq8_ptr key, int hd, int u) {
-    const unsigned char *row = key.b + ib_kvq8_offset(key.e);
-    float a = 0.0f;
-    for (int i0 = 0; i0 < hd; i0 += 128) {
-        const unsigned char *blk = row + (size_t)(i0 / IB_KVQ8_BLOCK) * IB_KVQ8_BLOCK_BYTES;
-        int c[8];
-        float sc[4], k[8];
-#pragma unroll
-        for (int b = 0; b < 4; b++)
-            sc[b] = i0 + IB_KVQ8_BLOCK * b < hd ? *(const float *)(blk + b * IB_KVQ8_BLOCK_BYTES + IB_KVQ8_BLOCK) : 0.0f;
-#pragma unroll
-        for (int t = 0; t < 8; t++)
-            c[t] = i0 + u + 16 * t < hd ? (int)(signed char)blk[(t >> 1) * IB_KVQ8_BLOCK_BYTES + (t & 1) * 16 + u] : 0;
-#pragma unroll
-        for (int t = 0; t < 8; t++) k[t] = kvq8_value(sc[t >> 1], c[t]);
-#pragma unroll
-        for (int t = 0; t < 8; t++)
-            if (i0 + u + 16 * t < hd) a = a + q_s[i0 + u + 16 * t] * k[t];
-    }
-    return a;
-}
-
 /* The value pass of one chunk for the block's W output elements out[e] (shared memory; element e belongs
  * to head e / hd, dimension e % hd), a thread per element: per key block k in order o = o * c[k], then
  * o = o + p_j * v_j over the block's keys in order (v_j = vp[slot[j] * ld + d]; loads issued 16 keys at a
