@@ -536,7 +536,7 @@ struct att_split {
  * p_j and l itself (the same operations on the same numbers: the same bits in each); each block's
  * value pass and division give its own hd/cl output elements; with qG, rank 0 gathers the head's outputs
  * and quantizes them. A score and an output element are each made by one thread, as unsplit: exactly
- * the reference's operations, in its order, staged, split or not. T: float or half KV; SPLIT: sp.cl > 1
+ * the reference's operations, in its order, staged, split or not. T: float, half or q8 KV; SPLIT: sp.cl > 1
  * (without it the split's code is compiled out). */
 template <typename T, bool SPLIT>
 __device__ void attend_row_head(att_smem1 &sm, const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo &info,
@@ -955,7 +955,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attention_head_kernel(const float
     else attend_row_head<float, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, fz);
 }
 
-/* attention_head_kernel<false>'s work for steps whose rows all keep T (float or half) KV: each block
+/* attention_head_kernel<false>'s work for steps whose rows all keep T (float, half or q8) KV: each block
  * takes attend_row_head_direct where its row fits it, else attend_row_head (the same arithmetic). A
  * kernel of its own so a decode step runs only this code (one KV type, no cluster code). NTH threads a
  * block: ATT_THREADS, or ATT_THREADS_WIDE (att_wide_mode) for grids that
@@ -1020,7 +1020,7 @@ struct att_smem {
  * the softmax state); then per head (warp h) and key block in order: m' = max(m, block max), c = exp(m -
  * m') (block_maxima_warp; warps without a head ask L1 for the chunk's value rows); every p = exp(s - m') in parallel; thread h: l = l*c then l += p_j in key
  * order; a thread per (head, output element): out = out*c then out += p_j * v_j in key order; finally
- * out / l. Exactly the reference's operations, in its order, for each head. T: float or half KV. */
+ * out / l. Exactly the reference's operations, in its order, for each head. T: float, half or q8 KV. */
 template <typename T>
 __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, float *__restrict__ ATT,
                                   const rowinfo &info, int r, int kvh, int H, int KVH, int hd, int li, float scale,
