@@ -97,8 +97,8 @@ static ib_status cpu_kv_create(const ib_kv_desc *d, ib_kv **out, ib_error *err) 
     size_t bytes = ib_kv_desc_bytes(d);
     /* ordinary pages, not ib_big_alloc's huge ones: a cache's pages come as its session fills it, where
      * huge pages would make 2 MiB of each of its planes resident at the first token (no faster either:
-     * docs/cpu.md, "Packed weights on huge pages"); an ended session's block of the same size when the
-     * pool has one (kv_blocks.h: its pages already mapped, all zero) */
+     * docs/cpu.md, "Packed weights on huge pages"); an ended session's block of this size up to twice it
+     * when the pool has one (kv_blocks.h: the pages its session wrote still mapped, all zero) */
     if (kv) kv->data = ib_kv_block_take(bytes, &kv->block);
     if (kv) kv->layer_off = malloc((d->n_layers > 0 ? (size_t)d->n_layers : 1) * sizeof *kv->layer_off);
     if (!kv || !kv->data || !kv->layer_off) {
