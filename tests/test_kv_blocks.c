@@ -40,7 +40,7 @@ static void pool_checks(void) {
     if (!a) return;
     memset(a, 7, 4096);   /* a session writes it, then the caller zeroes what it wrote */
     memset(a, 0, 4096);
-    CHECK(ib_kv_block_wanted(M, 4096), "an empty pool wants a block");
+    CHECK(ib_kv_block_wanted(4096), "an empty pool wants a block");
     ib_kv_block_give(a, M, 4096);
     ib_kv_pool_stats(&nb, &res);
     CHECK(nb == 1 && res == 4096, "pool after one give: %d blocks, %zu resident bytes (want 1, 4096)", nb, res);
@@ -64,7 +64,7 @@ static void pool_checks(void) {
     CHECK(d == big, "the 1.5 MiB block is taken by a cache of its size");
     ib_kv_block_free(d);
     /* the budget (512 MiB without IB_KV_POOL_MB) and the count bound */
-    CHECK(!ib_kv_block_wanted(M, (size_t)600 << 20), "a block of 600 MiB resident is over the default budget");
+    CHECK(!ib_kv_block_wanted((size_t)600 << 20), "a block of 600 MiB resident is over the default budget");
     unsigned char *blk[IB_KV_POOL_BLOCKS + 1];
     for (int i = 0; i <= IB_KV_POOL_BLOCKS; i++) blk[i] = ib_kv_block_take(4096, &got);
     for (int i = 0; i <= IB_KV_POOL_BLOCKS; i++) ib_kv_block_give(blk[i], 4096, 0);

@@ -142,7 +142,7 @@ static void cpu_kv_free(ib_kv *kv) {
     if (!kv) return;
     cpu_kv *k = (cpu_kv *)kv;
     const size_t resident = kv_written(k, 0);
-    if (ib_kv_block_wanted(k->block, resident)) {
+    if (ib_kv_block_wanted(resident)) {
         if (ib_fault_get() != IB_FAULT_KV_POOL_DIRTY) kv_written(k, 1);
         ib_kv_block_give(k->data, k->block, resident);
     } else {

@@ -59,8 +59,7 @@ static int fits(size_t resident) {
     return pool_n < IB_KV_POOL_BLOCKS && resident <= b && pool_resident <= b - resident;
 }
 
-int ib_kv_block_wanted(size_t n, size_t resident) {
-    (void)n;
+int ib_kv_block_wanted(size_t resident) {
     pthread_mutex_lock(&pool_mu);
     const int ok = fits(resident);
     pthread_mutex_unlock(&pool_mu);

@@ -26,9 +26,9 @@
  * or ib_kv_block_free. */
 void *ib_kv_block_take(size_t n, size_t *got);
 
-/* Whether the pool would keep a block of n bytes of which `resident` bytes were written (so that the
- * caller zeroes it only when it will be kept). The answer may change before ib_kv_block_give. */
-int ib_kv_block_wanted(size_t n, size_t resident);
+/* Whether the pool would keep a block of which `resident` bytes were written (so that the caller
+ * zeroes it only when it will be kept). The answer may change before ib_kv_block_give. */
+int ib_kv_block_wanted(size_t resident);
 
 /* Give back block p of n bytes (from ib_kv_block_take: its *got), all of whose bytes the caller has
  * zeroed, `resident` of them written by its session: the pool keeps it (while it has room), else it is
