@@ -1330,12 +1330,11 @@ static void launch_attention(cuda_backend *b, int li, int qG, const qk_fuse *fz)
                                                                      b->attn_block, qG, b->xq, b->qd, b->qad, *fz);
     else {
         const int cl = att_cluster(b, b->R * b->H, b->hd), blocks = b->R * b->H * cl, st = att_stage_bytes(b, blocks);
-        /* q8 rows take the per-head kernel: the direct kernel's q8 form is checked by test_cuda_decode_host
-         * (the kernels on the host) alone so far (docs/cuda.md, "q8 KV on the GPU") */
-        if (cl == 1 && b->att_direct == DIRECT_BY_SHAPE && (b->kv_rows == KV_ROWS_F32 || b->kv_rows == KV_ROWS_F16)) {
+        /* the direct kernel has one form per KV type: a step of mixed rows takes the per-head kernel */
+        if (cl == 1 && b->att_direct == DIRECT_BY_SHAPE && b->kv_rows != KV_ROWS_MIXED) {
             /* wide blocks where the grid fills at most a quarter of the multiprocessors (att_wide_mode) */
             const int wide = b->att_wide == WIDE_FORCED || (b->att_wide == WIDE_SMALL_GRIDS && 4L * blocks <= b->n_sm);
-            const ib_kv_dtype kvt = b->kv_rows == KV_ROWS_F16 ? IB_KV_F16 : IB_KV_F32;
+            const ib_kv_dtype kvt = b->kv_rows == KV_ROWS_F16 ? IB_KV_F16 : b->kv_rows == KV_ROWS_Q8 ? IB_KV_Q8 : IB_KV_F32;
             launch(b, direct_attention_kernel_for(kvt, wide), blocks, wide ? ATT_THREADS_WIDE : ATT_THREADS, (size_t)st, Q, ATT, b->d_ri, b->H, b->KVH, b->hd,
                    li, b->scale, b->attn_block, qG, b->xq, b->qd, b->qad, st, *fz);
         } else
