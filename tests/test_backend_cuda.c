@@ -803,10 +803,20 @@ static void gemma_checks(void) {
                 setenv("IB_CUDA_MMA_ROWS", "1", 1);
                 setenv("IB_CUDA_ATT_GROUP_ROWS", "1", 1);
                 d = engine_compare_located(m, q8ok ? IB_ACT_Q8 : IB_ACT_F32, IB_KV_F16, 0, 8, "engine, mma + per-KV-head attention");
-                unsetenv("IB_CUDA_MMA_ROWS");
-                unsetenv("IB_CUDA_ATT_GROUP_ROWS");
                 CHECK(d == 0, "model %s %s, mma + per-KV-head attention: CUDA engine's logits differ from the CPU engine's",
                       presets[pi].name, models[mi].name);
+                /* its q8 rows, and its passes a (head, key) pair at a time (IB_CUDA_ATT_GROUPED=0) */
+                for (int grouped = 1; grouped >= 0; grouped--) {
+                    if (!grouped) setenv("IB_CUDA_ATT_GROUPED", "0", 1);
+                    d = engine_compare_located(m, q8ok ? IB_ACT_Q8 : IB_ACT_F32, grouped ? IB_KV_Q8 : IB_KV_F32, 0, 8,
+                                               grouped ? "engine, per-KV-head attention, q8 KV"
+                                                       : "engine, per-KV-head attention a pair at a time, f32 KV");
+                    CHECK(d == 0, "model %s %s, per-KV-head attention (%s): CUDA engine's logits differ from the CPU "
+                          "engine's", presets[pi].name, models[mi].name, grouped ? "grouped, q8 KV" : "pairs, f32 KV");
+                }
+                unsetenv("IB_CUDA_ATT_GROUPED");
+                unsetenv("IB_CUDA_MMA_ROWS");
+                unsetenv("IB_CUDA_ATT_GROUP_ROWS");
                 /* the experts' Q8 products with a warp walking K (IB_CUDA_MOE_SPLIT=0; the default splits K over
                  * a block's warps) */
                 setenv("IB_CUDA_MOE_SPLIT", "0", 1);

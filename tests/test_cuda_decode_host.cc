@@ -6,7 +6,8 @@
  * attention (ib_attend_heads_kv, --isa scalar's copy), each output also quantized for the o product
  * (ib_quantize_act). Every path a decode step can take: the per-head kernel with its keys in registers
  * (attention_direct_kernel, blocks of 256 and 512 threads), the per-head kernel through a stage of
- * 160 KiB or 6 KiB or none (attention_head_kernel), the per-KV-head kernel (attention_kernel) — each
+ * 160 KiB or 6 KiB or none (attention_head_kernel), the per-KV-head kernel (attention_kernel, its grouped
+ * passes for 2 and 4 query heads a KV head and its (head, key) pair at a time ones) — each
  * with the q/k norm, RoPE and store inside it (qk_fuse) and after qk_kernel did them. Steps of 1 and 3
  * rows, each its own session at positions 0 to 300; head dims 64 and 128; 1, 2 and 4 query heads a KV
  * head; float, half and q8 caches; key blocks of 32 and 16. The cache's new key and value (every kernel that stores them) must be
@@ -35,10 +36,10 @@ extern "C" {
 #include <vector>
 
 
-enum kernel_kind { K_DIRECT, K_DIRECT_WIDE, K_STAGED, K_STAGED_SMALL, K_UNSTAGED, K_KVHEAD, K_COUNT };
+enum kernel_kind { K_DIRECT, K_DIRECT_WIDE, K_STAGED, K_STAGED_SMALL, K_UNSTAGED, K_KVHEAD, K_KVHEAD_PAIRS, K_COUNT };
 static const char *const kernel_name[K_COUNT] = {"keys in registers", "keys in registers, 512 threads",
                                                  "staged 160 KiB", "staged 6 KiB", "cache read directly",
-                                                 "a block per KV head"};
+                                                 "a block per KV head", "a block per KV head, a (head, key) pair at a time"};
 
 /* A step's inputs and outputs, and how to launch one kernel over it. */
 struct step {
@@ -65,7 +66,8 @@ static void run_attention(void *p) {
         attention_head_kernel<false>(s->Q.data(), s->ATT.data(), s->ri.data(), s->H, s->KVH, s->hd, 0, s->scale, s->block, s->qG, s->xq.data(), s->qd.data(), s->qad.data(), s->stage, 1, s->fz);
         break;
     default:
-        attention_kernel(s->Q.data(), s->ATT.data(), s->ri.data(), s->H, s->KVH, s->hd, 0, s->scale, s->block, s->qG, s->xq.data(), s->qd.data(), s->qad.data(), s->fz);
+        attention_kernel(s->Q.data(), s->ATT.data(), s->ri.data(), s->H, s->KVH, s->hd, 0, s->scale, s->block, s->qG, s->xq.data(), s->qd.data(), s->qad.data(), s->fz,
+                         s->kind == K_KVHEAD);
     }
 }
 
@@ -158,7 +160,7 @@ static int decode_case(int kind, int fused, int hd, int G, int kvt, int block, i
         for (int r = 0; r < R; r++)
             for (int x = 0; x < gx; x++) cuda_host_run_block((unsigned)x, (unsigned)r, 32 * QK_WARPS, run_qk, &s);
     }
-    const int blocks = kind == K_KVHEAD ? R * s.KVH : R * s.H;
+    const int blocks = kind == K_KVHEAD || kind == K_KVHEAD_PAIRS ? R * s.KVH : R * s.H;
     const int nt = kind == K_DIRECT_WIDE ? ATT_THREADS_WIDE : ATT_THREADS;
     for (int b = 0; b < blocks; b++) cuda_host_run_block((unsigned)b, 0, nt, run_attention, &s);
     int same = memcmp(want.data(), s.ATT.data(), W * sizeof(float)) == 0;

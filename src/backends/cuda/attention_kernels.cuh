@@ -228,6 +228,125 @@ __device__ void value_pass(float *out, int W, typename kv_read<T>::ptr vp, const
     __syncthreads();
 }
 
+/* dot16_lane for the G query heads of one KV head at once: a[h] = lane u of ib_dot16(q_h, key), q_h at
+ * q_s + h * hd (shared memory). The key's elements are loaded once for all G heads; each head's sum is
+ * dot16_lane's, the same operations in the same order. */
+template <typename T, int G>
+__device__ __forceinline__ void dot16_lane_heads(float (&a)[G], const float *q_s, typename kv_read<T>::ptr key, int hd,
+                                                 int u) {
+    typedef kv_read<T> KR;
+#pragma unroll
+    for (int h = 0; h < G; h++) a[h] = 0.0f;
+    for (int i0 = 0; i0 < hd; i0 += 128) {
+        typename KR::elem raw[8];
+        float k[8];
+#pragma unroll
+        for (int t = 0; t < 8; t++) {
+            const int i = i0 + u + 16 * t;
+            raw[t] = i < hd ? KR::ld(key, i) : KR::zero();
+        }
+#pragma unroll
+        for (int t = 0; t < 8; t++) k[t] = KR::cvt(raw[t]);
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+            if (i0 + u + 16 * t < hd)
+#pragma unroll
+                for (int h = 0; h < G; h++) a[h] = a[h] + q_s[h * hd + i0 + u + 16 * t] * k[t];
+    }
+}
+
+/* The scores of one chunk for the G query heads of a KV head: sc[h * nc + j] = scale * ib_dot16(q_h,
+ * key j) (q_h at q + h * hd, key j at kp + slot[j] * hd), by 16-thread groups that each take 4 / G keys
+ * a round and make every head's score of a key from one load of it (dot16_lane_heads, folded 8, 4, 2, 1
+ * as the per-pair loop in attend_row_kvhead folds). Every group runs the same number of rounds, so the
+ * shuffles see whole warps. No barrier. */
+template <typename T, int G>
+__device__ __forceinline__ void kvhead_scores_grouped(float *sc, const float *q, typename kv_read<T>::ptr kp,
+                                                      const int *slot, int nc, int hd, float scale) {
+    constexpr int KX = 4 / G;
+    const int tid = threadIdx.x, grp = tid >> 4, u = tid & 15, ngrp = blockDim.x >> 4;
+    for (int j0 = 0; j0 < nc; j0 += KX * ngrp) {
+        float a[KX][G];
+#pragma unroll
+        for (int x = 0; x < KX; x++) {
+            const int j = j0 + x * ngrp + grp;
+            if (j < nc) dot16_lane_heads<T, G>(a[x], q, kp + (size_t)slot[j] * hd, hd, u);
+            else
+#pragma unroll
+                for (int h = 0; h < G; h++) a[x][h] = 0.0f;
+        }
+#pragma unroll
+        for (int w = 8; w >= 1; w >>= 1)
+#pragma unroll
+            for (int x = 0; x < KX; x++)
+#pragma unroll
+                for (int h = 0; h < G; h++) {
+                    const float o = __shfl_down_sync(0xffffffffu, a[x][h], w, 16);
+                    if (u < w) a[x][h] = a[x][h] + o;
+                }
+#pragma unroll
+        for (int x = 0; x < KX; x++) {
+            const int j = j0 + x * ngrp + grp;
+            if (u == 0 && j < nc)
+#pragma unroll
+                for (int h = 0; h < G; h++) sc[h * nc + j] = a[x][h] * scale;
+        }
+    }
+}
+
+/* value_pass for the G query heads of one KV head (out[h * hd + d], W = G * hd): a thread per element d
+ * keeps the G heads' chains of that element, so each value element is loaded once for all of them; each
+ * chain is value_pass's (o = o * c[k] per key block k in order, then o = o + p_j * v_j over the block's
+ * keys in order). pw [G][pws], c [G][cs]; value row of key j at vp + slot[j] * hd. Ends with a barrier. */
+template <typename T, int G>
+__device__ void value_pass_grouped(float *out, typename kv_read<T>::ptr vp, const int *slot, const float *pw, int pws,
+                                   const float *c, int cs, const int *bt0, int nbk, int hd) {
+    typedef kv_read<T> KR;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o[G];
+#pragma unroll
+        for (int h = 0; h < G; h++) o[h] = out[h * hd + d];
+        for (int k = 0; k < nbk; k++) {
+#pragma unroll
+            for (int h = 0; h < G; h++) o[h] = o[h] * c[h * cs + k];
+            int j = bt0[k];
+            const int je = bt0[k + 1];
+            for (; j + 16 <= je; j += 16) {
+                typename KR::elem raw[16];
+                float v[16];
+#pragma unroll
+                for (int t = 0; t < 16; t++) raw[t] = KR::ld(vp, (size_t)slot[j + t] * hd + d);
+#pragma unroll
+                for (int t = 0; t < 16; t++) v[t] = KR::cvt(raw[t]);
+#pragma unroll
+                for (int t = 0; t < 16; t++)
+#pragma unroll
+                    for (int h = 0; h < G; h++) o[h] = o[h] + pw[h * pws + j + t] * v[t];
+            }
+            for (; j + 4 <= je; j += 4) {
+                typename KR::elem raw[4];
+                float v[4];
+#pragma unroll
+                for (int t = 0; t < 4; t++) raw[t] = KR::ld(vp, (size_t)slot[j + t] * hd + d);
+#pragma unroll
+                for (int t = 0; t < 4; t++) v[t] = KR::cvt(raw[t]);
+#pragma unroll
+                for (int t = 0; t < 4; t++)
+#pragma unroll
+                    for (int h = 0; h < G; h++) o[h] = o[h] + pw[h * pws + j + t] * v[t];
+            }
+            for (; j < je; j++) {
+                const float v = KR::cvt(KR::ld(vp, (size_t)slot[j] * hd + d));
+#pragma unroll
+                for (int h = 0; h < G; h++) o[h] = o[h] + pw[h * pws + j] * v;
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < G; h++) out[h * hd + d] = o[h];
+    }
+    __syncthreads();
+}
+
 /* value_pass for W <= blockDim.x elements over a stage of float rows in chunk order (row j at vst + j *
  * ld, element e at + e): per key block k in order o = o * c[k], then o = o + pw[j] * v_j over the block's
  * keys in order (the next 8 keys' loads issued before these 8 are added) — value_pass's operations, without
@@ -1025,7 +1144,7 @@ template <typename T>
 __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, float *__restrict__ ATT,
                                   const rowinfo &info, int r, int kvh, int H, int KVH, int hd, int li, float scale,
                                   int block, int qG, int8_t *__restrict__ xq, float *__restrict__ qd,
-                                  float *__restrict__ qad, const qk_fuse &fz) {
+                                  float *__restrict__ qad, const qk_fuse &fz, int grouping) {
     const int G = H / KVH, tid = threadIdx.x, grp = tid >> 4, u = tid & 15, ngrp = blockDim.x >> 4;
     const int gw = G * hd;
     if (fz.K) qk_fused_prologue(fz, Q, info, r, kvh * G, G, kvh, H, KVH, hd, li, sm.q, sm.out);
@@ -1043,7 +1162,11 @@ __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, flo
     const int chunk = ATT_QH / G < ATT_CHUNK ? ATT_QH / G : ATT_CHUNK;
     /* warp h (h < G, then h + warps): head h's running max (sm.m[h]); thread lbase + h: its running sum
      * (threads without value-pass work when there are enough) */
-    const int lbase = gw + G <= (int)blockDim.x ? (int)blockDim.x - G : 0;
+    /* 2 or 4 query heads a KV head: the grouped passes (each key and value element loaded once for them
+     * all; a thread per value element d); else a (pair, element) at a time */
+    const int grouped = grouping && (G == 2 || G == 4) ? G : 0;
+    const int busy = grouped ? hd : gw;   /* threads with value-pass work */
+    const int lbase = busy + G <= (int)blockDim.x ? (int)blockDim.x - G : 0;
     float l = 0.0f;
     if (tid < G) sm.m[tid] = -INFINITY;
     int rg = 0, b0 = 0;              /* the next key block: range rg, position b0 (uniform over threads) */
@@ -1071,7 +1194,9 @@ __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, flo
         /* scores of the (head, key) pairs e = h*nc + j: four per group per round, every group the same
          * number of rounds, so the shuffles see whole warps */
         const int npair = G * nc;
-        for (int e0 = 0; e0 < npair; e0 += 4 * ngrp) {
+        if (grouped == 2) kvhead_scores_grouped<T, 2>(sm.sc, sm.q, kp, sm.slot, nc, hd, scale);
+        else if (grouped == 4) kvhead_scores_grouped<T, 4>(sm.sc, sm.q, kp, sm.slot, nc, hd, scale);
+        else for (int e0 = 0; e0 < npair; e0 += 4 * ngrp) {
             float a[4];
 #pragma unroll
             for (int x = 0; x < 4; x++) {
@@ -1112,7 +1237,9 @@ __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, flo
                 for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++) l = l + pw[j];
             }
         }
-        value_pass<T>(sm.out, gw, vp, sm.slot, sm.pw, nc, sm.c, ATT_MAX_BLOCKS, sm.bt0, nbk, hd, hd);
+        if (grouped == 2) value_pass_grouped<T, 2>(sm.out, vp, sm.slot, sm.pw, nc, sm.c, ATT_MAX_BLOCKS, sm.bt0, nbk, hd);
+        else if (grouped == 4) value_pass_grouped<T, 4>(sm.out, vp, sm.slot, sm.pw, nc, sm.c, ATT_MAX_BLOCKS, sm.bt0, nbk, hd);
+        else value_pass<T>(sm.out, gw, vp, sm.slot, sm.pw, nc, sm.c, ATT_MAX_BLOCKS, sm.bt0, nbk, hd, hd);
     }
     if (tid >= lbase && tid < lbase + G) sm.l[tid - lbase] = l;
     __syncthreads();
@@ -1127,20 +1254,21 @@ __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, flo
     }
 }
 
-/* One block per (row, KV head): attend_row_kvhead for the row's KV dtype; qG as attention_head_kernel. */
+/* One block per (row, KV head): attend_row_kvhead for the row's KV dtype; qG as attention_head_kernel;
+ * grouping: 1 for the grouped score and value passes where G is 2 or 4 (IB_CUDA_ATT_GROUPED=0: 0). */
 __global__ void __launch_bounds__(ATT_THREADS, 4) attention_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
                                                                 const rowinfo *__restrict__ ri, int H, int KVH, int hd,
                                                                 int li, float scale, int block, int qG,
                                                                 int8_t *__restrict__ xq, float *__restrict__ qd,
-                                                                float *__restrict__ qad, qk_fuse fz) {
+                                                                float *__restrict__ qad, qk_fuse fz, int grouping) {
     const int r = blockIdx.x / KVH, kvh = blockIdx.x % KVH;
     const rowinfo info = ri[r];   /* uploaded before the step's first kernel */
     prefetch_kv(info, li, KVH, kvh, hd);
     PDL_ENTER();
     __shared__ att_smem sm;
-    if (info.kvt == IB_KV_F16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad, fz);
-    else if (info.kvt == IB_KV_Q8) attend_row_kvhead<kvq8>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad, fz);
-    else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad, fz);
+    if (info.kvt == IB_KV_F16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad, fz, grouping);
+    else if (info.kvt == IB_KV_Q8) attend_row_kvhead<kvq8>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad, fz, grouping);
+    else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad, fz, grouping);
 }
 
 #include "backends/cuda/attention_tile.cuh"

@@ -85,6 +85,11 @@ enum fuse_qk_mode { FUSE_QK_NEVER, FUSE_QK_BY_SHAPE, FUSE_QK_FORCED };
  * the direct path wherever it applies — there is nothing more to force) */
 enum att_direct_mode { DIRECT_NEVER, DIRECT_BY_SHAPE };
 
+/* Whether the per-KV-head attention (attention_kernel) makes the scores and value chains of its 2 or 4
+ * query heads from one load of each key and value element (IB_CUDA_ATT_GROUPED=0: a (head, key) pair
+ * and a (head, element) chain at a time, for comparisons; the same bits either way) */
+enum att_grouped_mode { GROUPED_NEVER, GROUPED_BY_SHAPE };
+
 /* The block size of the direct decode attention (attention_direct_kernel): ATT_THREADS always
  * (IB_CUDA_ATT_WIDE=0), ATT_THREADS_WIDE where the grid fills at most a quarter of the multiprocessors
  * (the default: measured 1-2% faster at B=1-2, docs/cuda.md), or always (=force: tests) */
@@ -240,6 +245,7 @@ typedef struct cuda_backend {
     att_tiles_mode att_tiles;        /* prompts' rows attending in tiles (attention_tile_kernel) */
     fuse_qk_mode fuse_qk;            /* decode steps' q/k preparation done by their attention (qk_fusable) */
     att_direct_mode att_direct;      /* per-head attention's keys into registers where they fit, or staged */
+    att_grouped_mode att_grouped;    /* per-KV-head attention's grouped passes (2 or 4 query heads a KV head) */
     att_wide_mode att_wide;          /* direct attention in ATT_THREADS_WIDE blocks: never, small grids (default), always */
     int n_tiles;                     /* the step's tiles when it attends in tiles, else 0 (step_begin) */
     int tile_rows;                   /* most rows a tile (<= TILE_ROWS; IB_CUDA_ATT_TILE_ROWS) */
@@ -523,6 +529,8 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         b->fuse_qk = (fuse_qk_mode)env_mode("IB_CUDA_FUSE_QK");
         /* "0": per-head attention always through its stage; else its keys into registers where they fit */
         b->att_direct = env_mode("IB_CUDA_ATT_DIRECT") ? DIRECT_BY_SHAPE : DIRECT_NEVER;
+        /* "0": the per-KV-head attention a (head, key) pair at a time; else grouped where G is 2 or 4 */
+        b->att_grouped = env_mode("IB_CUDA_ATT_GROUPED") ? GROUPED_BY_SHAPE : GROUPED_NEVER;
         /* "0": direct attention always in ATT_THREADS blocks; "force": always in ATT_THREADS_WIDE ones
          * (tests); unset: wide blocks where the grid is small (att_wide_mode) */
         b->att_wide = (att_wide_mode)env_mode("IB_CUDA_ATT_WIDE");
@@ -1327,7 +1335,8 @@ static void launch_attention(cuda_backend *b, int li, int qG, const qk_fuse *fz)
                (const att_tile *)b->d_tiles, b->H, b->KVH, b->hd, li, b->scale, b->attn_block, qG, b->xq, b->qd, b->qad);
     else if (b->R >= b->att_group_rows)
         launch(b, attention_kernel, b->R * b->KVH, ATT_THREADS, 0, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li, b->scale,
-                                                                     b->attn_block, qG, b->xq, b->qd, b->qad, *fz);
+                                                                     b->attn_block, qG, b->xq, b->qd, b->qad, *fz,
+               (int)(b->att_grouped == GROUPED_BY_SHAPE));
     else {
         const int cl = att_cluster(b, b->R * b->H, b->hd), blocks = b->R * b->H * cl, st = att_stage_bytes(b, blocks);
         /* the direct kernel has one form per KV type: a step of mixed rows takes the per-head kernel */

@@ -182,7 +182,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
     else attend_row_head<float, SPLIT>(sm, Q, ATT, info, r, h, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, st, stage_bytes, sp, qk_fuse{});
 }
 
-/* attention_kernel on Gemma 4 layer views: one block per (row, KV head); as above (G * hd <= ATT_QH). */
+/* attention_kernel on Gemma 4 layer views: one block per (row, KV head); as above (G * hd <= ATT_QH); its
+ * passes a (head, key) pair at a time (the grouped ones are not measured on Gemma's shapes). */
 __global__ void __launch_bounds__(ATT_THREADS)
     gemma_attention_kernel(const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo *__restrict__ ri, int H,
                            int KVH, int hd, int sliding, long long A, long long B, float scale, int block, int qG,
@@ -192,9 +193,9 @@ __global__ void __launch_bounds__(ATT_THREADS)
     prefetch_kv(info, 0, KVH, kvh, hd);
     PDL_ENTER();
     __shared__ att_smem sm;
-    if (info.kvt == IB_KV_F16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, qk_fuse{});
-    else if (info.kvt == IB_KV_Q8) attend_row_kvhead<kvq8>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, qk_fuse{});
-    else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, qk_fuse{});
+    if (info.kvt == IB_KV_F16) attend_row_kvhead<uint16_t>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, qk_fuse{}, 0);
+    else if (info.kvt == IB_KV_Q8) attend_row_kvhead<kvq8>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, qk_fuse{}, 0);
+    else attend_row_kvhead<float>(sm, Q, ATT, info, r, kvh, H, KVH, hd, 0, scale, block, qG, xq, qd, qad, qk_fuse{}, 0);
 }
 
 #define ROUTE_WARPS_MAX 8   /* rows a routing block (a warp each) */
