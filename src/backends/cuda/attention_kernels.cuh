@@ -185,20 +185,24 @@ __device__ __forceinline__ float dot16_lane(const float *q_s, typename kv_read<T
 }
 
 /* The value pass of one chunk for the block's W output elements out[e] (shared memory; element e belongs
- * to head e / hd, dimension e % hd), a thread per element: per key block k in order o = o * c[k], then
- * o = o + p_j * v_j over the block's keys in order (v_j = vp[slot[j] * ld + d]; loads issued 16 keys at a
- * time before their products) — the reference's operations in its order. pw [heads][pws], c [heads][cs];
+ * to head e / hd, dimension e % hd): per key block k in order o = o * c[k], then o = o + p_j * v_j over the
+ * block's keys in order (v_j = vp[slot[j] * ld + d]; loads issued 16 keys at a time before their
+ * products) — the reference's operations in its order. A thread takes NG chains at a time: dimension d
+ * of NG consecutive heads, so each value element is loaded once for them (NG = 1: a thread per element;
+ * NG = G: a thread per dimension for all the query heads of a KV head). pw [heads][pws], c [heads][cs];
  * bt0 [nbk + 1] the blocks' first keys, then the chunk's size. Ends with a barrier. */
-template <typename T>
+template <typename T, int NG = 1>
 __device__ void value_pass(float *out, int W, typename kv_read<T>::ptr vp, const int *slot, const float *pw, int pws,
                            const float *c, int cs, const int *bt0, int nbk, int hd, int ld) {
     typedef kv_read<T> KR;
-    for (int e = threadIdx.x; e < W; e += blockDim.x) {
-        const int h = e / hd, d = e % hd;
-        const float *ph = pw + (size_t)h * pws, *ch = c + (size_t)h * cs;
-        float o = out[e];
+    for (int e = threadIdx.x; e < W / NG; e += blockDim.x) {
+        const int h0 = e / hd * NG, d = e % hd;
+        float o[NG];
+#pragma unroll
+        for (int g = 0; g < NG; g++) o[g] = out[(h0 + g) * hd + d];
         for (int k = 0; k < nbk; k++) {
-            o = o * ch[k];
+#pragma unroll
+            for (int g = 0; g < NG; g++) o[g] = o[g] * c[(size_t)(h0 + g) * cs + k];
             int j = bt0[k];
             const int je = bt0[k + 1];
             for (; j + 16 <= je; j += 16) {
@@ -209,7 +213,9 @@ __device__ void value_pass(float *out, int W, typename kv_read<T>::ptr vp, const
 #pragma unroll
                 for (int t = 0; t < 16; t++) v[t] = KR::cvt(raw[t]);
 #pragma unroll
-                for (int t = 0; t < 16; t++) o = o + ph[j + t] * v[t];
+                for (int t = 0; t < 16; t++)
+#pragma unroll
+                    for (int g = 0; g < NG; g++) o[g] = o[g] + pw[(size_t)(h0 + g) * pws + j + t] * v[t];
             }
             for (; j + 4 <= je; j += 4) {
                 typename KR::elem raw[4];
@@ -219,11 +225,18 @@ __device__ void value_pass(float *out, int W, typename kv_read<T>::ptr vp, const
 #pragma unroll
                 for (int t = 0; t < 4; t++) v[t] = KR::cvt(raw[t]);
 #pragma unroll
-                for (int t = 0; t < 4; t++) o = o + ph[j + t] * v[t];
+                for (int t = 0; t < 4; t++)
+#pragma unroll
+                    for (int g = 0; g < NG; g++) o[g] = o[g] + pw[(size_t)(h0 + g) * pws + j + t] * v[t];
             }
-            for (; j < je; j++) o = o + ph[j] * KR::cvt(KR::ld(vp, (size_t)slot[j] * ld + d));
+            for (; j < je; j++) {
+                const float v = KR::cvt(KR::ld(vp, (size_t)slot[j] * ld + d));
+#pragma unroll
+                for (int g = 0; g < NG; g++) o[g] = o[g] + pw[(size_t)(h0 + g) * pws + j] * v;
+            }
         }
-        out[e] = o;
+#pragma unroll
+        for (int g = 0; g < NG; g++) out[(h0 + g) * hd + d] = o[g];
     }
     __syncthreads();
 }
@@ -292,59 +305,6 @@ __device__ __forceinline__ void kvhead_scores_grouped(float *sc, const float *q,
                 for (int h = 0; h < G; h++) sc[h * nc + j] = a[x][h] * scale;
         }
     }
-}
-
-/* value_pass for the G query heads of one KV head (out[h * hd + d], W = G * hd): a thread per element d
- * keeps the G heads' chains of that element, so each value element is loaded once for all of them; each
- * chain is value_pass's (o = o * c[k] per key block k in order, then o = o + p_j * v_j over the block's
- * keys in order). pw [G][pws], c [G][cs]; value row of key j at vp + slot[j] * hd. Ends with a barrier. */
-template <typename T, int G>
-__device__ void value_pass_grouped(float *out, typename kv_read<T>::ptr vp, const int *slot, const float *pw, int pws,
-                                   const float *c, int cs, const int *bt0, int nbk, int hd) {
-    typedef kv_read<T> KR;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o[G];
-#pragma unroll
-        for (int h = 0; h < G; h++) o[h] = out[h * hd + d];
-        for (int k = 0; k < nbk; k++) {
-#pragma unroll
-            for (int h = 0; h < G; h++) o[h] = o[h] * c[h * cs + k];
-            int j = bt0[k];
-            const int je = bt0[k + 1];
-            for (; j + 16 <= je; j += 16) {
-                typename KR::elem raw[16];
-                float v[16];
-#pragma unroll
-                for (int t = 0; t < 16; t++) raw[t] = KR::ld(vp, (size_t)slot[j + t] * hd + d);
-#pragma unroll
-                for (int t = 0; t < 16; t++) v[t] = KR::cvt(raw[t]);
-#pragma unroll
-                for (int t = 0; t < 16; t++)
-#pragma unroll
-                    for (int h = 0; h < G; h++) o[h] = o[h] + pw[h * pws + j + t] * v[t];
-            }
-            for (; j + 4 <= je; j += 4) {
-                typename KR::elem raw[4];
-                float v[4];
-#pragma unroll
-                for (int t = 0; t < 4; t++) raw[t] = KR::ld(vp, (size_t)slot[j + t] * hd + d);
-#pragma unroll
-                for (int t = 0; t < 4; t++) v[t] = KR::cvt(raw[t]);
-#pragma unroll
-                for (int t = 0; t < 4; t++)
-#pragma unroll
-                    for (int h = 0; h < G; h++) o[h] = o[h] + pw[h * pws + j + t] * v[t];
-            }
-            for (; j < je; j++) {
-                const float v = KR::cvt(KR::ld(vp, (size_t)slot[j] * hd + d));
-#pragma unroll
-                for (int h = 0; h < G; h++) o[h] = o[h] + pw[h * pws + j] * v;
-            }
-        }
-#pragma unroll
-        for (int h = 0; h < G; h++) out[h * hd + d] = o[h];
-    }
-    __syncthreads();
 }
 
 /* value_pass for W <= blockDim.x elements over a stage of float rows in chunk order (row j at vst + j *
@@ -1237,8 +1197,8 @@ __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, flo
                 for (int j = sm.bt0[k]; j < sm.bt0[k + 1]; j++) l = l + pw[j];
             }
         }
-        if (grouped == 2) value_pass_grouped<T, 2>(sm.out, vp, sm.slot, sm.pw, nc, sm.c, ATT_MAX_BLOCKS, sm.bt0, nbk, hd);
-        else if (grouped == 4) value_pass_grouped<T, 4>(sm.out, vp, sm.slot, sm.pw, nc, sm.c, ATT_MAX_BLOCKS, sm.bt0, nbk, hd);
+        if (grouped == 2) value_pass<T, 2>(sm.out, gw, vp, sm.slot, sm.pw, nc, sm.c, ATT_MAX_BLOCKS, sm.bt0, nbk, hd, hd);
+        else if (grouped == 4) value_pass<T, 4>(sm.out, gw, vp, sm.slot, sm.pw, nc, sm.c, ATT_MAX_BLOCKS, sm.bt0, nbk, hd, hd);
         else value_pass<T>(sm.out, gw, vp, sm.slot, sm.pw, nc, sm.c, ATT_MAX_BLOCKS, sm.bt0, nbk, hd, hd);
     }
     if (tid >= lbase && tid < lbase + G) sm.l[tid - lbase] = l;
