@@ -161,14 +161,17 @@ __device__ __forceinline__ void qk_fused_prologue(const qk_fuse &fz, const float
     __syncthreads();
 }
 
-/* Lane u (0..15) of ib_dot16(q, key): elements u, u+16, … in ascending order (q in shared memory). The
- * loads of 8 elements are issued before their products. */
-template <typename T>
-__device__ __forceinline__ float dot16_lane(const float *q_s, typename kv_read<T>::ptr key, int hd, int u) {
+/* Lane u (0..15) of ib_dot16(q_h, key) for G query heads at once: a[h] sums elements u, u+16, … of
+ * q_h * key in ascending order (q_h at q_s + h * hd, shared memory); the key's elements are loaded once
+ * for all G heads, 8 loads issued before their products. */
+template <typename T, int G>
+__device__ __forceinline__ void dot16_lane_heads(float (&a)[G], const float *q_s, typename kv_read<T>::ptr key, int hd,
+                                                 int u) {
     typedef kv_read<T> KR;
-    float a = 0.0f;
+#pragma unroll
+    for (int h = 0; h < G; h++) a[h] = 0.0f;
     for (int i0 = 0; i0 < hd; i0 += 128) {
-        typename KR::elem raw[8];   /* every load issued before any conversion (a half's conversion may branch) */
+        typename KR::elem raw[8];
         float k[8];
 #pragma unroll
         for (int t = 0; t < 8; t++) {
@@ -179,9 +182,18 @@ __device__ __forceinline__ float dot16_lane(const float *q_s, typename kv_read<T
         for (int t = 0; t < 8; t++) k[t] = KR::cvt(raw[t]);
 #pragma unroll
         for (int t = 0; t < 8; t++)
-            if (i0 + u + 16 * t < hd) a = a + q_s[i0 + u + 16 * t] * k[t];
+            if (i0 + u + 16 * t < hd)
+#pragma unroll
+                for (int h = 0; h < G; h++) a[h] = a[h] + q_s[h * hd + i0 + u + 16 * t] * k[t];
     }
-    return a;
+}
+
+/* Lane u (0..15) of ib_dot16(q, key): dot16_lane_heads for one head. */
+template <typename T>
+__device__ __forceinline__ float dot16_lane(const float *q_s, typename kv_read<T>::ptr key, int hd, int u) {
+    float a[1];
+    dot16_lane_heads<T, 1>(a, q_s, key, hd, u);
+    return a[0];
 }
 
 /* The value pass of one chunk for the block's W output elements out[e] (shared memory; element e belongs
@@ -239,33 +251,6 @@ __device__ void value_pass(float *out, int W, typename kv_read<T>::ptr vp, const
         for (int g = 0; g < NG; g++) out[(h0 + g) * hd + d] = o[g];
     }
     __syncthreads();
-}
-
-/* dot16_lane for the G query heads of one KV head at once: a[h] = lane u of ib_dot16(q_h, key), q_h at
- * q_s + h * hd (shared memory). The key's elements are loaded once for all G heads; each head's sum is
- * dot16_lane's, the same operations in the same order. */
-template <typename T, int G>
-__device__ __forceinline__ void dot16_lane_heads(float (&a)[G], const float *q_s, typename kv_read<T>::ptr key, int hd,
-                                                 int u) {
-    typedef kv_read<T> KR;
-#pragma unroll
-    for (int h = 0; h < G; h++) a[h] = 0.0f;
-    for (int i0 = 0; i0 < hd; i0 += 128) {
-        typename KR::elem raw[8];
-        float k[8];
-#pragma unroll
-        for (int t = 0; t < 8; t++) {
-            const int i = i0 + u + 16 * t;
-            raw[t] = i < hd ? KR::ld(key, i) : KR::zero();
-        }
-#pragma unroll
-        for (int t = 0; t < 8; t++) k[t] = KR::cvt(raw[t]);
-#pragma unroll
-        for (int t = 0; t < 8; t++)
-            if (i0 + u + 16 * t < hd)
-#pragma unroll
-                for (int h = 0; h < G; h++) a[h] = a[h] + q_s[h * hd + i0 + u + 16 * t] * k[t];
-    }
 }
 
 /* The scores of one chunk for the G query heads of a KV head: sc[h * nc + j] = scale * ib_dot16(q_h,
