@@ -178,9 +178,12 @@ const bad = [];
 for (const k of ["read_bandwidth_gbs", "weight_bytes", "kv_bytes_per_token", "peak_rss_mb"])
   if (!(r[k] > 0)) bad.push(k);
 if (!(r.read_bandwidth_all_gbs && r.read_bandwidth_all_gbs.passes === 5 + 2 * 3 * 4)) bad.push("read_bandwidth_all_gbs.passes");
-if (!(r.prefill_tok_s.median > 0 && r.prefill_tok_s.tokens === 8)) bad.push("prefill_tok_s");
+if (!(r.prefill_tok_s.median > 0 && r.prefill_tok_s.tokens === 8 && r.prefill_tok_s.first_step > 0)) bad.push("prefill_tok_s");
 if (r.decode.length !== 2 || r.decode[0].batch !== 1 || r.decode[1].batch !== 3) bad.push("decode batches");
 const med = v => { const s = [...v].sort((a, b) => a - b); return s[(s.length - 1) / 2]; };
+const pr = r.prefill_tok_s.reps || [], ps = r.prefill_tok_s;
+if (pr.length !== 3 || Math.abs(Math.min(...pr) - ps.min) > 1e-9 * ps.min || Math.abs(Math.max(...pr) - ps.max) > 1e-9 * ps.max
+    || Math.abs(med(pr) - ps.median) > 1e-9 * ps.median) bad.push("prefill_tok_s.reps");
 for (const d of r.decode) {
   if (!(d.min <= d.tok_s && d.tok_s <= d.max && d.ms_per_step > 0 && d.floor_tok_s > 0)) bad.push("decode figures B=" + d.batch);
   if (d.reps.length !== 3) { bad.push("reps B=" + d.batch); continue; }
