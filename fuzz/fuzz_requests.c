@@ -2,8 +2,9 @@
  * fuzz_requests.c — libFuzzer target: request bodies of the chat/completions, completions and
  * sessions endpoints, through the server's own parsing (src/server/server_impl.h declares
  * its parsers): the sampling and length parameters (parse_params, completions and
- * chat flavours), the messages (chat_messages, as for chat/completions and session append) and the
- * session's kv policy. Whatever the body, the parsers must return a verdict with no crash, leak or
+ * chat flavours), the messages (chat_messages, as for chat/completions and session append), the
+ * tools (ib_api_tools, the messages in Qwen's tool form, a "reply" string read for tool calls) and
+ * the session's kv policy. Whatever the body, the parsers must return a verdict with no crash, leak or
  * undefined behaviour; an accepted body must be within the limits.
  */
 #include "server/server_impl.h"
@@ -40,6 +41,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             for (size_t i = 0; i < nm; i++)
                 if (strcmp(cm[i].role, "system") && strcmp(cm[i].role, "user") && strcmp(cm[i].role, "assistant")) abort();
             free(cm);
+        }
+        /* tools: the request's tool use, its messages in Qwen's form, and the body's "reply" read for calls */
+        ib_api_tool_use tu;
+        const char *tparam = NULL;
+        int trc = ib_api_tools(b, &tu, &tparam, why, sizeof why);
+        if (trc && (!tparam || !why[0])) abort();
+        if (!trc && tu.mode == IB_TOOLS_FORCED && (!tu.forced || !tu.name[0])) abort();
+        ib_api_tool_msgs tm;
+        if (ib_api_tool_messages(json_object_get(b, "messages"), trc ? NULL : tu.tools, &tm, why, sizeof why) == 0) {
+            for (size_t i = 0; i < tm.n; i++)
+                if (!tm.m[i].role || !tm.m[i].content) abort();
+            ib_api_tool_msgs_free(&tm);
+        }
+        json_t *reply = json_object_get(b, "reply");
+        if (json_is_string(reply)) {
+            size_t cl = 0;
+            json_t *calls = ib_api_tool_calls_read(json_string_value(reply), json_string_length(reply), "x", 0, &cl);
+            if (calls && (cl > json_string_length(reply) || json_array_size(calls) < 1)) abort();
+            json_decref(calls);
         }
         json_t *kv = json_object_get(b, "kv");
         int sink = 0, window = 0;

@@ -105,7 +105,7 @@ field_400() { # NAME CODE PARAM URL BODY
 }
 field_400 "unknown field" unknown_parameter frobnicate /v1/completions '{"model":"tiny","prompt":"x","frobnicate":1}'
 field_400 "tools" unsupported_parameter tools /v1/chat/completions "{$CH,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}"
-field_400 "tool_choice" unsupported_parameter tool_choice /v1/chat/completions "{$CH,\"tool_choice\":\"auto\"}"
+field_400 "tool_choice without tools" invalid_value tool_choice /v1/chat/completions "{$CH,\"tool_choice\":\"auto\"}"
 # response_format json_object: decoding constrained to one JSON object
 req 200 "response_format json_object" "${A[@]}" "$U/v1/chat/completions" -d '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":200,"temperature":0.9,"seed":4,"response_format":{"type":"json_object"}}'
 [ "$(jget 'const c=b.choices[0]; const t=c.message.content.trimStart(); t[0]==="{" && (c.finish_reason!=="stop" || (typeof JSON.parse(t)==="object" && !Array.isArray(JSON.parse(t))))')" = true ] \

@@ -65,6 +65,64 @@ void ib_api_bias_free(ib_api_bias *b);
  * -1 with a message naming the element when the array mixes kinds or holds something else. */
 int ib_api_prompt_count(json_t *prompt, char *msg, size_t msz);
 
+/* ------------------------------------------------------------------ function calling (tool_calls.c) */
+
+#define IB_API_MAX_TOOLS 128
+#define IB_API_MAX_MESSAGES 4096
+
+/* How a chat request uses tools: none; declared, the reply read for calls (tool_choice "auto"); or
+ * one named function called (tool_choice {"type": "function", ...}): the prompt ends with the call's
+ * opening and its arguments are decoded under the function's parameters schema. */
+typedef enum ib_api_tool_mode { IB_TOOLS_OFF, IB_TOOLS_AUTO, IB_TOOLS_FORCED } ib_api_tool_mode;
+
+typedef struct ib_api_tool_use {
+    ib_api_tool_mode mode;
+    json_t *tools;      /* the request's tools array (borrowed) when mode is not OFF */
+    json_t *forced;     /* FORCED: the named tool's "function" object (borrowed) */
+    char name[65];      /* FORCED: its name */
+    int parallel;       /* parallel_tool_calls (default 1): 0 keeps the reply's first call only */
+} ib_api_tool_use;
+
+/* Read tools, tool_choice and parallel_tool_calls of a chat body into *out (tools: every field of each
+ * tool checked, names unique; tool_choice "none" or no tools: OFF; "auto" or absent with tools: AUTO;
+ * a named function: FORCED). 0; -1 with a message and param for a bad value; -2 for tool_choice
+ * "required" (not supported). */
+int ib_api_tools(json_t *body, ib_api_tool_use *out, const char **param, char *msg, size_t msz);
+
+/* A chat request's messages rewritten into plain role/content messages of Qwen's tool form
+ * (tool_calls.c's header): tools (NULL or empty: none) declared in the system turn, assistant
+ * tool_calls written after their text, each run of tool messages one user turn of <tool_response>
+ * blocks; roles system, developer (as system), user, assistant, tool; an assistant message with
+ * tool_calls may have a null content. 0 with *o (free with ib_api_tool_msgs_free); -1 with a
+ * message in why; -2 out of memory. */
+typedef struct ib_api_tool_msgs {
+    ib_chat_msg *m;
+    size_t n;
+    char **own;         /* the rewritten contents */
+    size_t n_own;
+} ib_api_tool_msgs;
+int ib_api_tool_messages(json_t *msgs, json_t *tools, ib_api_tool_msgs *o, char *why, size_t wsz);
+void ib_api_tool_msgs_free(ib_api_tool_msgs *o);
+
+/* The response_format a forced call's arguments are decoded under: a json_schema of the function's
+ * "parameters", or json_object when it has none (a new reference; NULL when out of memory). */
+json_t *ib_api_tool_arguments_format(json_t *function);
+
+/* The text a call of function name opens with ("<tool_call>\n{\"name\": \"NAME\", \"arguments\": "),
+ * malloc'ed; NULL when out of memory. */
+char *ib_api_tool_call_prefix(const char *name);
+
+/* The calls in a reply's text[len]: one or more <tool_call> blocks, each {"name": NAME, "arguments":
+ * {...}} and nothing but whitespace between and after them, as an OpenAI tool_calls array (ids
+ * "call_<id_base>_<k>", arguments as compact JSON text; at most max_calls when > 0), with
+ * *content_len the length of the text before the first block less trailing whitespace. NULL when
+ * the text holds no such calls (a block cut off or not of that shape leaves the whole text text). */
+json_t *ib_api_tool_calls_read(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len);
+
+/* A forced call's tool_calls: [{"id": "call_<id_base>_0", "type": "function", "function": {"name":
+ * name, "arguments": text[len] as compact JSON}}] when the text is one JSON object; else NULL. */
+json_t *ib_api_tool_call_forced(const char *name, const char *text, size_t len, const char *id_base);
+
 /* ------------------------------------------------------------------ tokens and models (api_tokens.c) */
 
 /* The chat-formatted text of messages cm[nm] with flags (IB_CHAT_*), as a new string in *out and its

@@ -44,25 +44,22 @@ int ib_api_failf(const char **param, const char *p, char *msg, size_t msz, const
 }
 
 /* Whether value v of an unimplemented field asks for nothing (null, or the value that means "off"),
- * so it can be accepted: echo false, best_of 1, suffix "", tools [], tool_choice "none",
- * penalties 0, store false, parallel_tool_calls any boolean. */
+ * so it can be accepted: echo false, best_of 1, suffix "", functions [], function_call "none",
+ * penalties 0, store false. */
 static int is_noop(const char *k, json_t *v) {
     if (json_is_null(v)) return 1;
     if (!strcmp(k, "echo") || !strcmp(k, "store")) return json_is_false(v);
     if (!strcmp(k, "best_of")) return json_is_integer(v) && json_integer_value(v) == 1;
     if (!strcmp(k, "suffix")) return json_is_string(v) && json_string_length(v) == 0;
-    if (!strcmp(k, "tools") || !strcmp(k, "functions")) return json_is_array(v) && json_array_size(v) == 0;
-    if (!strcmp(k, "tool_choice") || !strcmp(k, "function_call"))
-        return json_is_string(v) && !strcmp(json_string_value(v), "none");
-    if (!strcmp(k, "parallel_tool_calls")) return json_is_boolean(v);
+    if (!strcmp(k, "functions")) return json_is_array(v) && json_array_size(v) == 0;
+    if (!strcmp(k, "function_call")) return json_is_string(v) && !strcmp(json_string_value(v), "none");
     if (!strcmp(k, "frequency_penalty") || !strcmp(k, "presence_penalty"))
         return json_is_number(v) && json_number_value(v) == 0.0;
     return 0;
 }
 
 /* Fields that are OpenAI's but not implemented here: accepted only with a no-op value. */
-static const char *const unimplemented[] = {"echo", "suffix", "best_of", "tools", "tool_choice",
-                                            "parallel_tool_calls", "functions", "function_call", "store",
+static const char *const unimplemented[] = {"echo", "suffix", "best_of", "functions", "function_call", "store",
                                             "metadata", "service_tier", "reasoning_effort", "modalities", "audio",
                                             "prediction", "web_search_options",
                                             "frequency_penalty", "presence_penalty", NULL};

@@ -367,19 +367,26 @@ json_t *final_json(gen *g) {
     int k = tokens_shown(g);
     json_t *ch = json_object();
     json_object_set_new(ch, "index", json_integer(0));
-    json_t *j;
+    json_t *j, *calls = NULL;
     if (g->chat) {
         j = envelope(g, "chat.completion");
         json_t *msg = json_object();
         json_object_set_new(msg, "role", json_string("assistant"));
-        json_object_set_new(msg, "content", ib_api_bytes_str(g->text, g->text_len));
+        /* tools: the calls read from the text (tool_calls.c); the text before them stays the content */
+        size_t cl = g->text_len;
+        if (g->tool_mode == IB_TOOLS_FORCED && !strcmp(finish_reason(g), "stop"))
+            calls = ib_api_tool_call_forced(g->tool_name, g->text, g->text_len, g->id), cl = 0;
+        else if (g->tool_mode == IB_TOOLS_AUTO)
+            calls = ib_api_tool_calls_read(g->text, g->text_len, g->id, g->tool_parallel ? 0 : 1, &cl);
+        json_object_set_new(msg, "content", calls && !cl ? json_null() : ib_api_bytes_str(g->text, calls ? cl : g->text_len));
+        if (calls) json_object_set_new(msg, "tool_calls", calls);
         json_object_set_new(ch, "message", msg);
     } else {
         j = envelope(g, g->session_gen ? "session.generation" : "text_completion");
         json_object_set_new(ch, "text", ib_api_bytes_str(g->text, g->text_len));
     }
     json_object_set_new(ch, "logprobs", g->want_lp ? logprobs_json(g, 0, k) : json_null());
-    json_object_set_new(ch, "finish_reason", json_string(finish_reason(g)));
+    json_object_set_new(ch, "finish_reason", json_string(calls ? "tool_calls" : finish_reason(g)));
     json_t *choices = json_array();
     json_array_append_new(choices, ch);
     json_object_set_new(j, "choices", choices);

@@ -146,7 +146,7 @@ int32_t *tokenize(server *S, struct MHD_Connection *c, const char *text, size_t 
     return ids;
 }
 
-#define MAX_MESSAGES 4096
+#define MAX_MESSAGES IB_API_MAX_MESSAGES
 
 /* The chat messages of a request (chat/completions, or a session's append): msgs must be an array
  * of 1..MAX_MESSAGES objects, each with a string content and a role among system, developer (taken
@@ -213,16 +213,25 @@ int32_t *json_token_ids(server *S, json_t *a, int *n, int *rc, long *bad) {
     return ids;
 }
 
-int chat_ids(server *S, struct MHD_Connection *c, ib_chat_msg *cm, size_t nm, int flags, int32_t **ids, int *n,
-             int *trc, enum MHD_Result *r) {
+int chat_ids(server *S, struct MHD_Connection *c, ib_chat_msg *cm, size_t nm, int flags, const char *suffix,
+             int32_t **ids, int *n, int *trc, enum MHD_Result *r) {
     char *text = NULL, msg[256];
     long len = 0;
     const char *param = NULL;
     int rc = ib_api_chat_text(S->m, cm, (int)nm, flags, &text, &len, &param, msg, sizeof msg);
     free(cm);
+    if (!rc && suffix) {
+        const size_t sl = strlen(suffix);
+        char *t2 = realloc(text, (size_t)len + sl + 1);
+        if (!t2) rc = -2;
+        else memcpy(t2 + len, suffix, sl + 1), text = t2, len += (long)sl;
+    }
     if (rc == -2) *r = send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
     else if (rc) *r = BAD(param, "%s", msg);
-    if (rc) return 1;
+    if (rc) {
+        free(text);
+        return 1;
+    }
     *ids = tokenize(S, c, text, (size_t)len, 0, n, trc);
     free(text);
     return 0;
@@ -462,6 +471,17 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
 }
 
 /* POST /v1/completions and /v1/chat/completions. */
+/* Whether a messages array carries tool traffic: a tool message or an assistant's tool_calls. */
+static int messages_use_tools(json_t *msgs) {
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        json_t *r = json_object_get(m, "role"), *tc = json_object_get(m, "tool_calls");
+        if ((json_is_string(r) && !strcmp(json_string_value(r), "tool")) || (tc && !json_is_null(tc))) return 1;
+    }
+    return 0;
+}
+
 enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, int chat, int tidx) {
     enum MHD_Result mr;
     if (check_model(S, c, b, &mr)) return mr;
@@ -474,24 +494,72 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
     }
     int32_t *ids = NULL;
     int n_ids = 0, trc = 0;
+    ib_api_tool_use tu = {0};
     if (chat) {
         json_t *msgs = json_object_get(b, "messages");
         ib_chat_msg *cm = NULL;
         size_t nm = 0;
         char why[256];
-        int mrc = chat_messages(msgs, &cm, &nm, why, sizeof why);
+        const char *tp = NULL;
+        int trc0 = ib_api_tools(b, &tu, &tp, why, sizeof why);
+        if (trc0 == -2) return send_error(S, c, 400, "invalid_request_error", "unsupported_parameter", tp, "%s", why);
+        if (trc0) return BAD(tp, "%s", why);
+        const int history_tools = messages_use_tools(msgs);
+        if ((tu.mode != IB_TOOLS_OFF || history_tools) && !ib_tokenizer_chat_tools(S->m->tok))
+            return send_error(S, c, 400, "invalid_request_error", "unsupported_parameter",
+                              tu.mode != IB_TOOLS_OFF ? "tools" : "messages",
+                              "this model's chat template has no tool calls (tools need a ChatML template that "
+                              "writes <tool_call> blocks, as Qwen's do)");
+        if (tu.mode != IB_TOOLS_OFF) {
+            int st = 0;
+            if (get_bool(b, "stream", &st) > 0 && st)
+                return send_error(S, c, 400, "invalid_request_error", "unsupported_parameter", "stream",
+                                  "stream is not supported together with tools yet");
+        }
+        if (tu.mode == IB_TOOLS_FORCED) {
+            json_t *rf = json_object_get(b, "response_format");
+            const char *rt = json_string_value(json_object_get(rf, "type"));
+            if (rf && !json_is_null(rf) && !(rt && !strcmp(rt, "text")))
+                return BAD("response_format", "response_format cannot be combined with a named tool_choice (the "
+                                              "call's arguments follow the function's parameters)");
+            json_t *arf = ib_api_tool_arguments_format(tu.forced);
+            if (!arf) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
+            char fm[256];
+            const int fbad = ib_json_format_check(arf, fm, sizeof fm);
+            json_decref(arf);
+            if (fbad)
+                return send_error(S, c, 400, "invalid_request_error",
+                                  strstr(fm, "not supported") ? "unsupported_parameter" : "invalid_value", "tools",
+                                  "the parameters of '%s' (tool_choice): %s", tu.name, fm);
+        }
+        ib_api_tool_msgs tm = {0};
+        char *prefix = NULL;
+        int mrc = tu.mode != IB_TOOLS_OFF || history_tools
+                      ? ib_api_tool_messages(msgs, tu.mode != IB_TOOLS_OFF ? tu.tools : NULL, &tm, why, sizeof why)
+                      : chat_messages(msgs, &cm, &nm, why, sizeof why);
+        if (!mrc && tm.m) cm = tm.m, nm = tm.n, tm.m = NULL;   /* the array goes to chat_ids; the texts stay in tm */
+        if (!mrc && tu.mode == IB_TOOLS_FORCED && !(prefix = ib_api_tool_call_prefix(tu.name))) mrc = -2;
+        if (mrc) {
+            free(cm);
+            ib_api_tool_msgs_free(&tm);
+        }
         if (mrc == -2) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
         if (mrc) return BAD("messages", "%s", why);
         int flags = IB_CHAT_GENERATION_PROMPT, think = 1;
         int given = get_bool(b, "enable_thinking", &think);
         if (given < 0) {
             free(cm);
+            free(prefix);
+            ib_api_tool_msgs_free(&tm);
             return BAD("enable_thinking", "enable_thinking must be a boolean");
         }
         if (!think) flags |= IB_CHAT_NO_THINKING;
         else if (given) flags |= IB_CHAT_THINKING;   /* asked for: Gemma 4 thinks only then */
         enum MHD_Result r;
-        if (chat_ids(S, c, cm, nm, flags, &ids, &n_ids, &trc, &r)) return r;
+        const int bad = chat_ids(S, c, cm, nm, flags, prefix, &ids, &n_ids, &trc, &r);
+        free(prefix);
+        ib_api_tool_msgs_free(&tm);
+        if (bad) return r;
     } else {
         json_t *pr = json_object_get(b, "prompt");
         if (json_is_array(pr) && json_array_size(pr) == 1 && json_is_string(json_array_get(pr, 0)))
@@ -567,8 +635,16 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
         g->n_stop_ids = ib_chat_stop_ids(S->m, g->stop_ids, MAX_STOP_IDS);
     else if (S->info->eos_id >= 0)
         g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
-    /* response_format json_object / json_schema (checked by ib_api_check_fields; json_constraint.c) */
-    if ((g->want_json = chat ? ib_json_setup(&g->json, json_object_get(b, "response_format")) : 0) < 0) {
+    /* response_format json_object / json_schema (checked by ib_api_check_fields; json_constraint.c); a
+     * named tool_choice: the call's arguments under the function's parameters (checked above) */
+    g->tool_mode = tu.mode, g->tool_parallel = tu.parallel;
+    snprintf(g->tool_name, sizeof g->tool_name, "%s", tu.name);
+    json_t *arf = tu.mode == IB_TOOLS_FORCED ? ib_api_tool_arguments_format(tu.forced) : NULL;
+    g->want_json = chat ? (tu.mode == IB_TOOLS_FORCED ? (arf ? ib_json_setup(&g->json, arf) : -1)
+                                                      : ib_json_setup(&g->json, json_object_get(b, "response_format")))
+                        : 0;
+    json_decref(arf);
+    if (g->want_json < 0) {
         ib_sched_event ev = {.done = 1, .finish = "error"}; /* undo as run_gen's failure does (g's one ref) */
         on_event(g, &ev);
         free(ids);

@@ -132,6 +132,9 @@ typedef struct gen {
     int sent_role, sent_final, sent_done;
     uint64_t seed;            /* the sampling seed used (reported: fresh when the request gave none) */
     int want_json;            /* response_format json_object: decoding constrained to one JSON object */
+    ib_api_tool_mode tool_mode;   /* chat with tools: the reply read for calls (AUTO) or one forced call */
+    int tool_parallel;        /* parallel_tool_calls: 0 keeps the first call only */
+    char tool_name[65];       /* FORCED: the function called */
     ib_json_state json;       /* the JSON reader over the tokens generated so far (scheduler thread) */
     double t_arrive, t_last;  /* when it was accepted; when its last token came (latency metrics) */
     char *out;                /* SSE bytes waiting to be written */
@@ -255,10 +258,11 @@ int chat_messages(json_t *msgs, ib_chat_msg **out, size_t *n, char *why, size_t 
  * -1 out of memory; -2 more than the server's max_prompt_tokens (*n the count, capped). An element that
  * is not an integer in [0, vocab) gives NULL with *bad its index (else *bad is -1). */
 int32_t *json_token_ids(server *S, json_t *a, int *n, int *rc, long *bad);
-/* Format messages cm[nm] (freed here) with flags and tokenize them into *ids and *n (*trc as tokenize's
- * rc): 0; or 1 with the error answer (400 no chat format / refused roles, 503 out of memory) in *r. */
-int chat_ids(server *S, struct MHD_Connection *c, ib_chat_msg *cm, size_t nm, int flags, int32_t **ids, int *n,
-             int *trc, enum MHD_Result *r);
+/* Format messages cm[nm] (the array freed here) with flags, append suffix (NULL: nothing; a forced tool
+ * call's opening) and tokenize them into *ids and *n (*trc as tokenize's rc): 0; or 1 with the error
+ * answer (400 no chat format / refused roles, 503 out of memory) in *r. */
+int chat_ids(server *S, struct MHD_Connection *c, ib_chat_msg *cm, size_t nm, int flags, const char *suffix,
+             int32_t **ids, int *n, int *trc, enum MHD_Result *r);
 int check_request(server *S, struct MHD_Connection *c, json_t *b, ib_api_endpoint ep, enum MHD_Result *r);
 enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, int chat, int tidx);
 

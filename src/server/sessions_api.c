@@ -205,7 +205,7 @@ enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c, sess 
             return BAD("add_generation_prompt", "add_generation_prompt must be a boolean");
         }
         enum MHD_Result r;
-        if (chat_ids(S, c, cm, nm, gp ? IB_CHAT_GENERATION_PROMPT : 0, &ids, &n, &trc, &r)) return r;
+        if (chat_ids(S, c, cm, nm, gp ? IB_CHAT_GENERATION_PROMPT : 0, NULL, &ids, &n, &trc, &r)) return r;
     } else if (json_is_array(toks)) {
         long bad;
         ids = json_token_ids(S, toks, &n, &trc, &bad);

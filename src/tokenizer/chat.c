@@ -87,7 +87,11 @@ static void template_facts(ib_tokenizer *t, const char *tpl) {
                                                        strstr(tpl, "\"<|channel>thought\\n<channel|>\""));
     t->chat_thinking = strstr(tpl, "enable_thinking") != NULL;
     t->chat_strip_think = strstr(tpl, "</think>") != NULL && t->chat == CHAT_CHATML;
+    /* Qwen's templates declare tools in the system turn and write calls as <tool_call> JSON blocks */
+    t->chat_tools = t->chat == CHAT_CHATML && strstr(tpl, "<tool_call>") != NULL;
 }
+
+int ib_tokenizer_chat_tools(const ib_tokenizer *t) { return t && t->chat_tools; }
 
 /* The template from tokenizer_config.json's chat_template (a string, or a list of {name, template}
  * where "default" or else the first is used), else from chat_template.jinja beside it. */

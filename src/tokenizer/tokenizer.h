@@ -80,6 +80,9 @@ int ib_tokenizer_stream_flush(ib_text_stream *s, char *out, int cap);
 /* Chat formatting and turn-ending ids (contracts of ib_chat_format / ib_chat_stop_ids). */
 long ib_tokenizer_chat_format(const ib_tokenizer *t, const ib_chat_msg *msgs, int n, int flags, char *out, size_t cap);
 int ib_tokenizer_chat_stops(const ib_tokenizer *t, int32_t *ids, int cap);
+/* 1 when the chat format has tool declarations and calls here: ChatML whose template writes
+ * <tool_call> blocks (the Qwen2.5/Qwen3 form: server/tool_calls.c writes and reads it). */
+int ib_tokenizer_chat_tools(const ib_tokenizer *t);
 
 /* Write a byte-level tokenizer.json (vocab: the 256 byte tokens at ids 0..255, then the given
  * special tokens at ids 256.. as added_tokens; no merges) and a tokenizer_config.json beside it

@@ -1,0 +1,423 @@
+/*
+ * tool_calls.c — OpenAI function calling (tools, tool_choice, assistant tool_calls, tool messages) in
+ * the chat form of Qwen's templates (ChatML whose template writes <tool_call> blocks):
+ *
+ *   the system turn:  [SYSTEM\n\n]# Tools\n\nYou may call one or more functions to assist with the user
+ *                     query.\n\nYou are provided with function signatures within <tools></tools> XML
+ *                     tags:\n<tools>\n{tool 1 as JSON}\n{tool 2}…\n</tools>\n\nFor each function call,
+ *                     return a json object with function name and arguments within <tool_call></tool_call>
+ *                     XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}
+ *                     \n</tool_call>
+ *   a call:           <tool_call>\n{"name": "NAME", "arguments": ARGUMENTS}\n</tool_call>   (after the
+ *                     turn's text, separated by \n from it and from each other)
+ *   tool results:     one user turn per run of tool messages, each result as
+ *                     <tool_response>\nCONTENT\n</tool_response>, joined by \n
+ *
+ * The tools are written as JSON with ", " and ": " separators and non-ASCII characters as they are (the
+ * templates' tojson). Requests are checked here (every field named when refused) and the reply's text is
+ * read back into tool_calls. Contracts in api.h.
+ */
+#include "server/api.h"
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char tools_head[] =
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+static const char tools_tail[] =
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call>";
+static const char call_open[] = "<tool_call>", call_close[] = "</tool_call>";
+
+/* A function name as OpenAI takes it: 1 to 64 of a-z, A-Z, 0-9, _ and -. */
+static int name_ok(const char *s, size_t n) {
+    if (n < 1 || n > 64 || strlen(s) != n) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '-') return 0;
+    return 1;
+}
+
+/* tools[i], checked: {"type": "function", "function": {"name", "description"?, "parameters"?,
+ * "strict"?}}, nothing else. */
+static int tool_check(json_t *t, size_t i, const char **param, char *msg, size_t msz) {
+    const char *k;
+    json_t *v;
+    if (!json_is_object(t) || !json_is_string(json_object_get(t, "type")) ||
+        strcmp(json_string_value(json_object_get(t, "type")), "function") || !json_is_object(json_object_get(t, "function")))
+        return ib_api_failf(param, "tools", msg, msz, "tools[%zu] must be {\"type\": \"function\", \"function\": {...}}", i);
+    json_object_foreach(t, k, v) if (strcmp(k, "type") && strcmp(k, "function")) {
+        return ib_api_failf(param, "tools", msg, msz, "tools[%zu].%.40s is not a field of a tool", i, k);
+    }
+    json_t *f = json_object_get(t, "function"), *nm = json_object_get(f, "name");
+    json_object_foreach(f, k, v) {
+        if (!strcmp(k, "name")) continue;
+        if (!strcmp(k, "description") && json_is_string(v)) continue;
+        if (!strcmp(k, "parameters") && json_is_object(v)) continue;
+        if (!strcmp(k, "strict") && json_is_boolean(v)) continue;
+        if (!strcmp(k, "description") || !strcmp(k, "parameters") || !strcmp(k, "strict"))
+            return ib_api_failf(param, "tools", msg, msz, "tools[%zu].function.%s must be %s", i, k,
+                                !strcmp(k, "parameters") ? "an object (a JSON Schema)" : !strcmp(k, "strict") ? "a boolean" : "a string");
+        return ib_api_failf(param, "tools", msg, msz, "tools[%zu].function.%.40s is not a field of a function", i, k);
+    }
+    if (!json_is_string(nm) || !name_ok(json_string_value(nm), json_string_length(nm)))
+        return ib_api_failf(param, "tools", msg, msz, "tools[%zu].function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -", i);
+    return 0;
+}
+
+/* The tool of tools named name, or NULL. */
+static json_t *tool_named(json_t *tools, const char *name) {
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        json_t *nm = json_object_get(json_object_get(t, "function"), "name");
+        if (json_is_string(nm) && !strcmp(json_string_value(nm), name)) return t;
+    }
+    return NULL;
+}
+
+int ib_api_tools(json_t *body, ib_api_tool_use *out, const char **param, char *msg, size_t msz) {
+    memset(out, 0, sizeof *out);
+    out->parallel = 1;
+    json_t *tools = json_object_get(body, "tools"), *tc = json_object_get(body, "tool_choice");
+    json_t *par = json_object_get(body, "parallel_tool_calls");
+    if (par && !json_is_null(par)) {
+        if (!json_is_boolean(par)) return ib_api_failf(param, "parallel_tool_calls", msg, msz, "parallel_tool_calls must be a boolean");
+        out->parallel = json_is_true(par);
+    }
+    if (tools && !json_is_null(tools) && !json_is_array(tools))
+        return ib_api_failf(param, "tools", msg, msz, "tools must be an array of tools");
+    size_t nt = json_is_array(tools) ? json_array_size(tools) : 0, i;
+    if (nt > IB_API_MAX_TOOLS) return ib_api_failf(param, "tools", msg, msz, "tools holds %zu tools, more than %d", nt, IB_API_MAX_TOOLS);
+    json_t *t;
+    for (i = 0; i < nt; i++) {
+        if (tool_check(json_array_get(tools, i), i, param, msg, msz)) return -1;
+        const char *nm = json_string_value(json_object_get(json_object_get(json_array_get(tools, i), "function"), "name"));
+        for (size_t j = 0; j < i; j++) {
+            t = json_array_get(tools, j);
+            if (!strcmp(json_string_value(json_object_get(json_object_get(t, "function"), "name")), nm))
+                return ib_api_failf(param, "tools", msg, msz, "tools[%zu] and tools[%zu] are both named '%s'", j, i, nm);
+        }
+    }
+    const char *choice = json_is_string(tc) ? json_string_value(tc) : NULL;
+    if (tc && !json_is_null(tc) && !choice && !json_is_object(tc))
+        return ib_api_failf(param, "tool_choice", msg, msz, "tool_choice must be \"none\", \"auto\", \"required\" or "
+                                                            "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    if (choice && strcmp(choice, "none") && strcmp(choice, "auto") && strcmp(choice, "required"))
+        return ib_api_failf(param, "tool_choice", msg, msz, "tool_choice must be \"none\", \"auto\", \"required\" or "
+                                                            "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    if (choice && !strcmp(choice, "required")) {
+        *param = "tool_choice";
+        snprintf(msg, msz, "tool_choice \"required\" is not supported by this server (name the function instead)");
+        return -2;
+    }
+    if (!nt && choice && strcmp(choice, "none"))
+        return ib_api_failf(param, "tool_choice", msg, msz, "tool_choice \"%s\" needs tools", choice);
+    if (json_is_object(tc)) {
+        json_t *f = json_object_get(tc, "function"), *nm = json_object_get(f, "name");
+        const char *k;
+        json_t *v;
+        int shape = json_is_string(json_object_get(tc, "type")) && !strcmp(json_string_value(json_object_get(tc, "type")), "function") &&
+                    json_is_object(f) && json_is_string(nm) && json_object_size(f) == 1;
+        json_object_foreach(tc, k, v) shape = shape && (!strcmp(k, "type") || !strcmp(k, "function"));
+        if (!shape)
+            return ib_api_failf(param, "tool_choice", msg, msz, "tool_choice must be \"none\", \"auto\", \"required\" or "
+                                                                "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+        if (!nt) return ib_api_failf(param, "tool_choice", msg, msz, "tool_choice names a function but tools is empty");
+        json_t *tool = tool_named(tools, json_string_value(nm));
+        if (!tool) return ib_api_failf(param, "tool_choice", msg, msz, "tool_choice names '%.64s', which is not in tools", json_string_value(nm));
+        out->mode = IB_TOOLS_FORCED;
+        out->forced = json_object_get(tool, "function");
+        snprintf(out->name, sizeof out->name, "%s", json_string_value(nm));
+    } else if (nt && (!choice || !strcmp(choice, "auto"))) {
+        out->mode = IB_TOOLS_AUTO;
+    }
+    if (out->mode != IB_TOOLS_OFF) out->tools = tools;
+    return 0;
+}
+
+json_t *ib_api_tool_arguments_format(json_t *function) {
+    json_t *params = json_object_get(function, "parameters");
+    return params ? json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema", "json_schema", "name", "arguments", "schema",
+                              params)
+                  : json_pack("{s:s}", "type", "json_object");
+}
+
+/* ------------------------------------------------------------------ the messages in Qwen's form */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+    int oom;
+} tbuf;
+
+static void put(tbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t c = b->cap ? b->cap : 256;
+        while (c < b->n + n + 1) c *= 2;
+        char *q = realloc(b->p, c);
+        if (!q) {
+            b->oom = 1;
+            return;
+        }
+        b->p = q, b->cap = c;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+}
+static void puts_(tbuf *b, const char *s) { put(b, s, strlen(s)); }
+
+/* JSON text of v as the templates' tojson writes it: ", " and ": " separators, keys in their order,
+ * non-ASCII characters as they are. */
+static void put_json(tbuf *b, json_t *v) {
+    char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
+    if (!s) {
+        b->oom = 1;
+        return;
+    }
+    puts_(b, s);
+    free(s);
+}
+
+/* A kept string of the rewritten messages. */
+static const char *keep(ib_api_tool_msgs *o, tbuf *b) {
+    if (b->oom) return NULL;
+    char **q = realloc(o->own, (o->n_own + 1) * sizeof *q);
+    if (!q) return NULL;
+    o->own = q;
+    o->own[o->n_own++] = b->p ? b->p : strdup("");
+    b->p = NULL, b->n = b->cap = 0;
+    return o->own[o->n_own - 1];
+}
+
+void ib_api_tool_msgs_free(ib_api_tool_msgs *o) {
+    for (size_t i = 0; i < o->n_own; i++) free(o->own[i]);
+    free(o->own);
+    free(o->m);
+    memset(o, 0, sizeof *o);
+}
+
+/* Message i's tool_calls, checked, written after what b holds (as the template writes them). */
+static int put_calls(tbuf *b, json_t *calls, size_t i, int had_text, char *why, size_t wsz) {
+    size_t j;
+    json_t *c;
+    if (!json_is_array(calls) || json_array_size(calls) < 1) {
+        snprintf(why, wsz, "messages[%zu].tool_calls must be a non-empty array", i);
+        return -1;
+    }
+    json_array_foreach(calls, j, c) {
+        json_t *f = json_object_get(c, "function"), *nm = json_object_get(f, "name"), *args = json_object_get(f, "arguments");
+        json_t *ty = json_object_get(c, "type");
+        if (!json_is_object(c) || !json_is_object(f) || (ty && !(json_is_string(ty) && !strcmp(json_string_value(ty), "function")))) {
+            snprintf(why, wsz, "messages[%zu].tool_calls[%zu] must be {\"id\", \"type\": \"function\", \"function\": "
+                               "{\"name\", \"arguments\"}}", i, j);
+            return -1;
+        }
+        if (!json_is_string(nm) || !name_ok(json_string_value(nm), json_string_length(nm))) {
+            snprintf(why, wsz, "messages[%zu].tool_calls[%zu].function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -", i, j);
+            return -1;
+        }
+        if (!json_is_string(args)) {
+            snprintf(why, wsz, "messages[%zu].tool_calls[%zu].function.arguments must be a string (JSON text)", i, j);
+            return -1;
+        }
+        if (had_text || j > 0) puts_(b, "\n");
+        puts_(b, call_open);
+        puts_(b, "\n{\"name\": \"");
+        puts_(b, json_string_value(nm));
+        puts_(b, "\", \"arguments\": ");
+        put(b, json_string_value(args), json_string_length(args));
+        puts_(b, "}\n");
+        puts_(b, call_close);
+    }
+    return 0;
+}
+
+int ib_api_tool_messages(json_t *msgs, json_t *tools, ib_api_tool_msgs *o, char *why, size_t wsz) {
+    memset(o, 0, sizeof *o);
+    size_t nm = json_is_array(msgs) ? json_array_size(msgs) : 0;
+    if (nm < 1) {
+        snprintf(why, wsz, "messages must be a non-empty array");
+        return -1;
+    }
+    if (nm > IB_API_MAX_MESSAGES) {
+        snprintf(why, wsz, "messages holds %zu messages, more than the limit of %d", nm, IB_API_MAX_MESSAGES);
+        return -1;
+    }
+    if (!(o->m = calloc(nm + 1, sizeof *o->m))) return -2;
+    tbuf b = {0};
+    size_t i = 0;
+    int rc = 0;
+    const int ntools = json_is_array(tools) ? (int)json_array_size(tools) : 0;
+    const char *first_role = json_string_value(json_object_get(json_array_get(msgs, 0), "role"));
+    const int sys0 = first_role && (!strcmp(first_role, "system") || !strcmp(first_role, "developer"));
+    if (ntools) { /* the system turn: the system message's text, then the tools */
+        json_t *ct = sys0 ? json_object_get(json_array_get(msgs, 0), "content") : NULL;
+        if (sys0 && !json_is_string(ct)) {
+            snprintf(why, wsz, "messages[0] needs a string content");
+            rc = -1;
+            goto out;
+        }
+        if (sys0) {
+            put(&b, json_string_value(ct), json_string_length(ct));
+            puts_(&b, "\n\n");
+        }
+        puts_(&b, tools_head);
+        size_t k;
+        json_t *t;
+        json_array_foreach(tools, k, t) {
+            puts_(&b, "\n");
+            put_json(&b, t);
+        }
+        puts_(&b, tools_tail);
+        o->m[o->n].role = "system";
+        if (!(o->m[o->n++].content = keep(o, &b))) goto oom;
+        i = sys0 ? 1 : 0;
+    }
+    for (; i < nm; i++) {
+        json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role"), *ct = json_object_get(m, "content");
+        json_t *calls = json_object_get(m, "tool_calls");
+        const char *r = json_is_string(role) ? json_string_value(role) : "";
+        if (!json_is_object(m) || !json_is_string(role) || strlen(r) != json_string_length(role)) {
+            snprintf(why, wsz, "messages[%zu] needs a string role", i);
+            rc = -1;
+            goto out;
+        }
+        const int is_tool = !strcmp(r, "tool"), is_asst = !strcmp(r, "assistant");
+        if (strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") && !is_asst && !is_tool) {
+            snprintf(why, wsz, "messages[%zu].role '%.40s' is not system, developer, user, assistant or tool", i, r);
+            rc = -1;
+            goto out;
+        }
+        const int null_ok = is_asst && calls && !json_is_null(calls);
+        if (!json_is_string(ct) && !(null_ok && (!ct || json_is_null(ct)))) {
+            snprintf(why, wsz, "messages[%zu] needs a string content", i);
+            rc = -1;
+            goto out;
+        }
+        if (calls && !json_is_null(calls) && !is_asst) {
+            snprintf(why, wsz, "messages[%zu]: only assistant messages carry tool_calls", i);
+            rc = -1;
+            goto out;
+        }
+        if (is_tool) { /* a run of tool messages: one user turn */
+            for (;;) {
+                puts_(&b, "<tool_response>\n");
+                put(&b, json_string_value(ct), json_string_length(ct));
+                puts_(&b, "\n</tool_response>");
+                json_t *nx = i + 1 < nm ? json_array_get(msgs, i + 1) : NULL;
+                json_t *nr = json_object_get(nx, "role"), *nc = json_object_get(nx, "tool_calls");
+                if (!json_is_string(nr) || json_string_length(nr) != 4 || strcmp(json_string_value(nr), "tool")) break;
+                ct = json_object_get(nx, "content");
+                if (!json_is_string(ct) || (nc && !json_is_null(nc))) {
+                    snprintf(why, wsz, !json_is_string(ct) ? "messages[%zu] needs a string content"
+                                                           : "messages[%zu]: only assistant messages carry tool_calls", i + 1);
+                    rc = -1;
+                    goto out;
+                }
+                i++;
+                puts_(&b, "\n");
+            }
+            o->m[o->n].role = "user";
+        } else {
+            if (json_is_string(ct)) put(&b, json_string_value(ct), json_string_length(ct));
+            if (null_ok && put_calls(&b, calls, i, json_is_string(ct) && json_string_length(ct) > 0, why, wsz)) {
+                rc = -1;
+                goto out;
+            }
+            o->m[o->n].role = !strcmp(r, "developer") ? "system" : r;
+        }
+        if (!(o->m[o->n++].content = keep(o, &b))) goto oom;
+    }
+out:
+    free(b.p);
+    if (rc) ib_api_tool_msgs_free(o);
+    return rc;
+oom:
+    free(b.p);
+    ib_api_tool_msgs_free(o);
+    return -2;
+}
+
+char *ib_api_tool_call_prefix(const char *name) {
+    tbuf b = {0};
+    puts_(&b, call_open);
+    puts_(&b, "\n{\"name\": \"");
+    puts_(&b, name);
+    puts_(&b, "\", \"arguments\": ");
+    return b.oom ? (free(b.p), NULL) : b.p;
+}
+
+/* ------------------------------------------------------------------ reading calls back */
+
+static const char *find(const char *s, size_t n, const char *what) {
+    size_t w = strlen(what);
+    for (size_t i = 0; i + w <= n; i++)
+        if (!memcmp(s + i, what, w)) return s + i;
+    return NULL;
+}
+
+/* One tool_calls entry: {"id": id, "type": "function", "function": {"name", "arguments": JSON text}}. */
+static json_t *call_json(const char *id, const char *name, json_t *args) {
+    char *a = json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_t *c = a ? json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function", "name", name,
+                              "arguments", a)
+                  : NULL;
+    free(a);
+    return c;
+}
+
+json_t *ib_api_tool_calls_read(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len) {
+    const char *first = find(text, len, call_open);
+    if (!first) return NULL;
+    json_t *calls = json_array();
+    if (!calls) return NULL;
+    const char *p = first, *end = text + len;
+    while (p) {
+        const char *body = p + strlen(call_open), *close = find(body, (size_t)(end - body), call_close);
+        if (!close) goto none; /* cut off (max_tokens) or not a call: the text stays text */
+        json_error_t je;
+        json_t *o = json_loadb(body, (size_t)(close - body), JSON_REJECT_DUPLICATES, &je);
+        json_t *nm = json_object_get(o, "name"), *args = json_object_get(o, "arguments");
+        int ok = json_is_object(o) && json_is_string(nm) && name_ok(json_string_value(nm), json_string_length(nm)) &&
+                 json_is_object(args) && json_object_size(o) == 2;
+        if (ok && (max_calls <= 0 || (int)json_array_size(calls) < max_calls)) {
+            char id[160];
+            snprintf(id, sizeof id, "call_%s_%zu", id_base, json_array_size(calls));
+            json_t *c = call_json(id, json_string_value(nm), args);
+            ok = c && !json_array_append_new(calls, c);
+        }
+        json_decref(o);
+        if (!ok) goto none;
+        const char *after = close + strlen(call_close), *q = after;
+        while (q < end && isspace((unsigned char)*q)) q++;
+        if (q == end) break;
+        if ((size_t)(end - q) < strlen(call_open) || memcmp(q, call_open, strlen(call_open))) goto none;
+        p = q;
+    }
+    size_t cl = (size_t)(first - text);
+    while (cl > 0 && isspace((unsigned char)text[cl - 1])) cl--;
+    *content_len = cl;
+    return calls;
+none:
+    json_decref(calls);
+    return NULL;
+}
+
+json_t *ib_api_tool_call_forced(const char *name, const char *text, size_t len, const char *id_base) {
+    json_t *args = json_loadb(text, len, JSON_REJECT_DUPLICATES, NULL);
+    json_t *calls = NULL;
+    if (json_is_object(args)) {
+        char id[160];
+        snprintf(id, sizeof id, "call_%s_0", id_base);
+        json_t *c = call_json(id, name, args);
+        if (c && (calls = json_array())) json_array_append_new(calls, c);
+        else json_decref(c);
+    }
+    json_decref(args);
+    return calls;
+}
