@@ -7,7 +7,8 @@
 #   - the prompt the server built (the verification record's ids, detokenized) is the format's text,
 #     written out here by hand: the tools block, an assistant's calls, a run of tool results;
 #   - tool_choice "auto": the tiny model writes no call, so a plain reply with no tool_calls;
-#   - refusals, each a 400 naming the field: stream with tools, "required", bad tools, response_format
+#   - streamed, the same replies (calls, content, logprobs) as the bodies;
+#   - refusals, each a 400 naming the field: "required", bad tools, response_format
 #     with a named function, a parameters schema outside the subset, and tools or tool messages on a
 #     model whose template has no tool calls.
 set -u
@@ -139,9 +140,27 @@ req 200 "auto" "$U/v1/chat/completions" "{$BASE,$TOOLS,\"seed\":2}"
 [ "$(jget 'const c=b.choices[0]; (c.finish_reason==="stop"||c.finish_reason==="length") && c.message.tool_calls===undefined && typeof c.message.content==="string"')" = true ] \
     && ok || bad "auto: $(head -c 300 "$T/body")"
 
+# ---- streamed: the same replies as the bodies above, chunk by chunk (the content held back where a call
+# may begin, the calls in one delta with their index, then finish_reason)
+SSE='const fs=require("fs"); const ev=fs.readFileSync(process.argv[1],"utf8").split("\n").filter(l=>l.startsWith("data: ")&&l!=="data: [DONE]").map(l=>JSON.parse(l.slice(6)));
+let content="", calls=[], fin=null, ids=[], nulls=0;
+for (const e of ev) { const c=e.choices[0]; if (!c) continue; const d=c.delta; if (d.content) content+=d.content; if (d.tool_calls) calls=calls.concat(d.tool_calls.map(t=>({index:t.index,id:t.id,name:t.function.name,arguments:t.function.arguments}))); if (c.finish_reason) fin=c.finish_reason; if (c.logprobs) ids=ids.concat(c.logprobs.content.map(x=>x.token_id)); }
+console.log(JSON.stringify([fin, content, calls, ids]));'
+BODYKEY='const b=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")); const c=b.choices[0], m=c.message;
+console.log(JSON.stringify([c.finish_reason, m.content||"", (m.tool_calls||[]).map((t,i)=>({index:i,id:t.id.replace(b.id,process.argv[2]),name:t.function.name,arguments:t.function.arguments})), c.logprobs.content.map(x=>x.token_id)]))'
+curl -s -N -m 60 "$U/v1/chat/completions" -d "{$BASE,$TOOLS,$FORCE,\"seed\":1,\"stream\":true}" > "$T/sse_forced"
+sid=$(grep -m1 -o '"id":"chatcmpl-[0-9a-f]*"' "$T/sse_forced" | cut -d'"' -f4)
+a=$(node -e "$SSE" "$T/sse_forced"); b=$(node -e "$BODYKEY" "$T/forced1" "$sid")
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "streamed forced call differs from the body: $a vs $b"
+case $a in '["tool_calls","",[{"index":0,'*) ok ;; *) bad "streamed forced call: $a" ;; esac
+curl -s -m 60 -o "$T/auto2" "$U/v1/chat/completions" -d "{$BASE,$TOOLS,\"seed\":2}"
+curl -s -N -m 60 "$U/v1/chat/completions" -d "{$BASE,$TOOLS,\"seed\":2,\"stream\":true}" > "$T/sse_auto"
+sid=$(grep -m1 -o '"id":"chatcmpl-[0-9a-f]*"' "$T/sse_auto" | cut -d'"' -f4)
+a=$(node -e "$SSE" "$T/sse_auto"); b=$(node -e "$BODYKEY" "$T/auto2" "$sid")
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "streamed auto reply differs from the body: $a vs $b"
+
 # ---- refusals
 CH='"model":"tools","messages":[{"role":"user","content":"hi"}],"max_tokens":4'
-field_400 "stream with tools" unsupported_parameter stream "{$CH,$TOOLS,\"stream\":true}"
 field_400 "tool_choice required" unsupported_parameter tool_choice "{$CH,$TOOLS,\"tool_choice\":\"required\"}"
 field_400 "tool_choice without tools" invalid_value tool_choice "{$CH,\"tool_choice\":\"auto\"}"
 field_400 "a tool without a name" invalid_value tools "{$CH,\"tools\":[{\"type\":\"function\",\"function\":{}}]}"

@@ -360,6 +360,51 @@ static json_t *verification_json(const gen *g) {
                           g->n_stop_ids, g->tok, g->dig, g->n);
 }
 
+/* A finished chat reply's tool calls (tool_calls.c), or NULL: a forced call's arguments when it stopped,
+ * or the calls read from the text ("auto"); *content_len: the text that stays content. */
+static json_t *reply_calls(const gen *g, size_t *content_len) {
+    *content_len = g->text_len;
+    if (!g->chat) return NULL;
+    json_t *calls = NULL;
+    if (g->tool_mode == IB_TOOLS_FORCED && !strcmp(finish_reason(g), "stop")) {
+        if ((calls = ib_api_tool_call_forced(g->tool_name, g->text, g->text_len, g->id))) *content_len = 0;
+    } else if (g->tool_mode == IB_TOOLS_AUTO) {
+        size_t cl = 0;
+        if ((calls = ib_api_tool_calls_read(g->text, g->text_len, g->id, g->tool_parallel ? 0 : 1, &cl))) *content_len = cl;
+    }
+    return calls;
+}
+
+/* Tools in a stream, before the end: how far the content may go out now — nowhere past what is out
+ * for a forced call (its text is the arguments); for "auto", up to the first "<tool_call>", or up to a
+ * tail that may still become one, less trailing whitespace (the content of a reply with calls ends
+ * without it). The cut falls on ASCII bytes, so on a character boundary. */
+static size_t tool_stream_end(const gen *g, size_t show) {
+    static const char open[] = "<tool_call>";
+    const size_t ol = sizeof open - 1;
+    if (g->tool_mode == IB_TOOLS_FORCED || show <= g->emitted) return g->emitted;   /* (no text yet: NULL) */
+    size_t lim = show;
+    const char *hit = memmem(g->text, show, open, ol);
+    if (hit) lim = (size_t)(hit - g->text);
+    else
+        for (size_t k = ol - 1; k > 0; k--)
+            if (show >= k && !memcmp(g->text + show - k, open, k)) {
+                lim = show - k;
+                break;
+            }
+    while (lim > g->emitted && (g->text[lim - 1] == ' ' || g->text[lim - 1] == '\n' || g->text[lim - 1] == '\t' ||
+                                g->text[lim - 1] == '\r'))
+        lim--;
+    return lim > g->emitted ? lim : g->emitted;
+}
+
+/* Of the first k tokens, how many have their text wholly before byte end. */
+static int tokens_within(const gen *g, size_t end, int k) {
+    int j = 0;
+    while (j < k && (j + 1 < g->rendered ? (size_t)g->tok_off[j + 1] : g->text_len) <= end) j++;
+    return j;
+}
+
 /* The non-streaming body of a finished generation. */
 json_t *final_json(gen *g) {
     size_t show = render(g);
@@ -373,12 +418,9 @@ json_t *final_json(gen *g) {
         json_t *msg = json_object();
         json_object_set_new(msg, "role", json_string("assistant"));
         /* tools: the calls read from the text (tool_calls.c); the text before them stays the content */
-        size_t cl = g->text_len;
-        if (g->tool_mode == IB_TOOLS_FORCED && !strcmp(finish_reason(g), "stop"))
-            calls = ib_api_tool_call_forced(g->tool_name, g->text, g->text_len, g->id), cl = 0;
-        else if (g->tool_mode == IB_TOOLS_AUTO)
-            calls = ib_api_tool_calls_read(g->text, g->text_len, g->id, g->tool_parallel ? 0 : 1, &cl);
-        json_object_set_new(msg, "content", calls && !cl ? json_null() : ib_api_bytes_str(g->text, calls ? cl : g->text_len));
+        size_t cl;
+        calls = reply_calls(g, &cl);
+        json_object_set_new(msg, "content", calls && !cl ? json_null() : ib_api_bytes_str(g->text, cl));
         if (calls) json_object_set_new(msg, "tool_calls", calls);
         json_object_set_new(ch, "message", msg);
     } else {
@@ -418,8 +460,9 @@ static void out_event(gen *g, json_t *j) {
     free(s);
 }
 
-/* One SSE chunk with text delta [a, b) of the text, logprobs of tokens [ta, tb), and a finish reason. */
-static void out_chunk(gen *g, size_t a, size_t b, int ta, int tb, const char *finish) {
+/* One SSE chunk with text delta [a, b) of the text, logprobs of tokens [ta, tb), a finish reason, and
+ * (chat; calls != NULL, taken) the reply's tool calls, each with its "index". */
+static void out_chunk(gen *g, size_t a, size_t b, int ta, int tb, const char *finish, json_t *calls) {
     json_t *j = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
     json_t *ch = json_object();
     json_object_set_new(ch, "index", json_integer(0));
@@ -430,11 +473,19 @@ static void out_chunk(gen *g, size_t a, size_t b, int ta, int tb, const char *fi
             g->sent_role = 1;
         }
         if (b > a) json_object_set_new(delta, "content", ib_api_bytes_str(g->text + a, b - a));
+        if (calls) {
+            size_t i;
+            json_t *c;
+            json_array_foreach(calls, i, c) json_object_set_new(c, "index", json_integer((json_int_t)i));
+            json_object_set_new(delta, "tool_calls", calls);
+            calls = NULL;
+        }
         json_object_set_new(ch, "delta", delta);
     } else
         json_object_set_new(ch, "text", ib_api_bytes_str(g->text + a, b - a));
     json_object_set_new(ch, "logprobs", g->want_lp && tb > ta ? logprobs_json(g, ta, tb) : json_null());
     json_object_set_new(ch, "finish_reason", finish ? json_string(finish) : json_null());
+    json_decref(calls);   /* a completion chunk has none */
     json_t *choices = json_array();
     json_array_append_new(choices, ch);
     json_object_set_new(j, "choices", choices);
@@ -468,8 +519,19 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             pthread_mutex_lock(&g->mu);
         }
         int k = tokens_shown(g);
-        if (show > g->emitted || (k > g->lp_emitted && g->want_lp) || (g->chat && !g->sent_role)) {
-            out_chunk(g, g->emitted, show, g->lp_emitted, k, NULL);
+        json_t *calls = NULL;   /* tools: the reply's calls, read once it is finished */
+        if (g->chat && g->tool_mode != IB_TOOLS_OFF) {
+            if (!finished) {
+                show = tool_stream_end(g, show);
+                k = tokens_within(g, show, k);
+                if (k < g->lp_emitted) k = g->lp_emitted;
+            } else if (!g->store_failed && strcmp(finish_reason(g), "error")) {
+                size_t cl;
+                if ((calls = reply_calls(g, &cl))) show = cl > g->emitted ? cl : g->emitted;
+            }
+        }
+        if (show > g->emitted || (k > g->lp_emitted && g->want_lp) || (g->chat && !g->sent_role) || calls) {
+            out_chunk(g, g->emitted, show, g->lp_emitted, k, NULL, calls);
             g->emitted = show;
             g->lp_emitted = k;
         }
@@ -487,7 +549,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
                 if (g->oom) out_append(g, oe, sizeof oe - 1);
                 else out_append(g, ge, sizeof ge - 1);
             } else
-                out_chunk(g, show, show, k, k, finish_reason(g));
+                out_chunk(g, show, show, k, k, calls ? "tool_calls" : finish_reason(g), NULL);
             if (g->include_usage) {
                 json_t *j = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
                 json_object_set_new(j, "choices", json_array());

@@ -510,12 +510,6 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
                               tu.mode != IB_TOOLS_OFF ? "tools" : "messages",
                               "this model's chat template has no tool calls (tools need a ChatML template that "
                               "writes <tool_call> blocks, as Qwen's do)");
-        if (tu.mode != IB_TOOLS_OFF) {
-            int st = 0;
-            if (get_bool(b, "stream", &st) > 0 && st)
-                return send_error(S, c, 400, "invalid_request_error", "unsupported_parameter", "stream",
-                                  "stream is not supported together with tools yet");
-        }
         if (tu.mode == IB_TOOLS_FORCED) {
             json_t *rf = json_object_get(b, "response_format");
             const char *rt = json_string_value(json_object_get(rf, "type"));
