@@ -3,7 +3,8 @@
 # with a chat template that writes <tool_call> blocks (Qwen's tool form: src/server/tool_calls.c):
 #   - a named tool_choice: the reply is the call (finish_reason "tool_calls", content null), its
 #     arguments one JSON object of the function's parameters schema; the same request with
-#     tool_choice "none" gives no call (the check can fail); batched equals alone;
+#     tool_choice "none" gives no call (the check can fail); batched equals alone, and not under the
+#     split-kv-by-batch fault;
 #   - the prompt the server built (the verification record's ids, detokenized) is the format's text,
 #     written out here by hand: the tools block, an assistant's calls, a run of tool results;
 #   - tool_choice "auto": the tiny model writes no call, so a plain reply with no tool_calls;
@@ -33,15 +34,17 @@ c.chat_template = "{%- for m in messages %}{{- \"<|im_start|>\" + m.role + \"\\n
                   "{#- calls as <tool_call> blocks #}{%- if add_generation_prompt %}{{- \"<|im_start|>assistant\\n\" }}{%- endif %}";
 fs.writeFileSync(p, JSON.stringify(c));' "$T/tools/tokenizer_config.json" || { bad "template"; finish; }
 
-# start NAME MODEL: a server on a free port; sets PORT
+# start NAME MODEL [ARGS...]: a server on a free port; sets PORT
 start() {
-    rm -f "$T/$1.port"
-    "$SBIN" serve -m "$T/$2" --port 0 --port-file "$T/$1.port" --threads 2 --store none --max-tokens 200 2> "$T/$1.log" &
+    local name=$1 model=$2
+    shift 2
+    rm -f "$T/$name.port"
+    "$SBIN" serve -m "$T/$model" --port 0 --port-file "$T/$name.port" --threads 2 --store none --max-tokens 200 "$@" 2> "$T/$name.log" &
     PIDS+=($!)
     LAST_PID=$!
-    for _ in $(seq 1 100); do [ -s "$T/$1.port" ] && break; sleep 0.1; done
-    [ -s "$T/$1.port" ] || { cat "$T/$1.log"; bad "$1: server did not start"; finish; }
-    PORT=$(cat "$T/$1.port")
+    for _ in $(seq 1 100); do [ -s "$T/$name.port" ] && break; sleep 0.1; done
+    [ -s "$T/$name.port" ] || { cat "$T/$name.log"; bad "$name: server did not start"; finish; }
+    PORT=$(cat "$T/$name.port")
 }
 stop() {
     kill -TERM "$1"
@@ -81,19 +84,24 @@ req 200 "tool_choice none" "$U/v1/chat/completions" "{$BASE,$TOOLS,\"tool_choice
 [ "$(jget 'const c=b.choices[0]; c.finish_reason!=="tool_calls" && c.message.tool_calls===undefined && typeof c.message.content==="string"')" = true ] \
     && ok || bad "tool_choice none: $(head -c 300 "$T/body")"
 # batched equals alone: the four forced requests at once give the same arguments and logprobs
-CP=()
-for seed in 1 2 3 4; do
-    curl -s -m 60 "$U/v1/chat/completions" -d "{$BASE,$TOOLS,$FORCE,\"seed\":$seed}" > "$T/forced_b$seed" &
-    CP+=($!)
-done
-wait "${CP[@]}"
-same=0
 key='const c=JSON.parse(require("fs").readFileSync(process.argv[1])).choices[0]; console.log(JSON.stringify([c.finish_reason, c.message.tool_calls ? c.message.tool_calls[0].function.arguments : c.message.content, c.logprobs.content.map(e=>[e.token_id,e.logprob])]))'
-for seed in 1 2 3 4; do
-    a=$(node -e "$key" "$T/forced$seed"); b=$(node -e "$key" "$T/forced_b$seed")
-    [ -n "$a" ] && [ "$a" = "$b" ] && same=$((same+1))
-done
-[ $same = 4 ] && ok || bad "forced calls: $same of 4 batched replies equal to the same request alone"
+# batched_same URL TAG: the four forced requests at once against the same ones alone ($T/TAG<seed>);
+# prints how many are equal
+batched_same() {
+    local CP=() same=0 seed a b
+    for seed in 1 2 3 4; do
+        curl -s -m 60 "$1/v1/chat/completions" -d "{$BASE,$TOOLS,$FORCE,\"seed\":$seed}" > "$T/$2_b$seed" &
+        CP+=($!)
+    done
+    wait "${CP[@]}"
+    for seed in 1 2 3 4; do
+        a=$(node -e "$key" "$T/$2$seed"); b=$(node -e "$key" "$T/$2_b$seed")
+        [ -n "$a" ] && [ "$a" = "$b" ] && same=$((same+1))
+    done
+    echo $same
+}
+same=$(batched_same "$U" forced)
+[ "$same" = 4 ] && ok || bad "forced calls: $same of 4 batched replies equal to the same request alone"
 
 # ---- the prompt: the format's text (the verification record's prompt ids, detokenized)
 CONV='"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"weather?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Oslo\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"sunny"},{"role":"tool","content":"4 C"}]'
@@ -170,6 +178,17 @@ field_400 "parameters outside the schema subset" unsupported_parameter tools "{$
 field_400 "a tool message without content" invalid_value messages "{\"model\":\"tools\",\"messages\":[{\"role\":\"tool\"}],$TOOLS}"
 field_400 "functions (the old form)" unsupported_parameter functions "{$CH,\"functions\":[{\"name\":\"f\"}]}"
 stop "$LAST_PID" tools
+
+# ---- the batched-equals-alone check fails when the server batches wrongly: under split-kv-by-batch a
+# step of several rows cuts key blocks of half the size (a 2 ms delay a token keeps the four together)
+start faulty tools --inject split-kv-by-batch --token-delay-ms 2
+U=http://127.0.0.1:$PORT
+for seed in 1 2 3 4; do
+    curl -s -m 60 -o "$T/fault$seed" "$U/v1/chat/completions" -d "{$BASE,$TOOLS,$FORCE,\"seed\":$seed}"
+done
+same=$(batched_same "$U" fault)
+[ "$same" -lt 4 ] && ok || bad "under split-kv-by-batch all 4 batched forced calls equal alone: the check cannot fail"
+stop "$LAST_PID" faulty
 
 # ---- a model whose chat template has no tool calls
 start plain tiny

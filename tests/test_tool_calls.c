@@ -51,6 +51,17 @@ static void test_tool_use(void) {
     CHECK(tools_rc("{\"tools\":[]}", &tu, &param, msg, sizeof msg) == 0 && tu.mode == IB_TOOLS_OFF, "empty tools: off");
     snprintf(b, sizeof b, "{%s,\"tool_choice\":\"required\"}", T1);
     CHECK(tools_rc(b, &tu, &param, msg, sizeof msg) == -2 && !strcmp(param, "tool_choice"), "required: unsupported");
+    /* a named function: its parameters must compile in the schema subset, and no response_format of its own */
+    CHECK(tools_rc("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+                   "\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0}}}}}],\"tool_choice\":{\"type\":\"function\","
+                   "\"function\":{\"name\":\"f\"}}}", &tu, &param, msg, sizeof msg) == -2 && !strcmp(param, "tools") &&
+              strstr(msg, "the parameters of 'f'") && strstr(msg, "minimum"), "forced parameters outside the subset: %s", msg);
+    CHECK(tools_rc("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":{\"type\":"
+                   "\"function\",\"function\":{\"name\":\"f\"}},\"response_format\":{\"type\":\"json_object\"}}", &tu, &param,
+                   msg, sizeof msg) == -1 && !strcmp(param, "response_format"), "forced with a response_format: %s", msg);
+    CHECK(tools_rc("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":{\"type\":"
+                   "\"function\",\"function\":{\"name\":\"f\"}},\"response_format\":{\"type\":\"text\"}}", &tu, &param,
+                   msg, sizeof msg) == 0 && tu.mode == IB_TOOLS_FORCED, "forced with response_format text: %s", msg);
     /* bad values: -1, the field named, a message */
     static const struct {
         const char *body, *param, *needle;

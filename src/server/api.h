@@ -85,8 +85,9 @@ typedef struct ib_api_tool_use {
 
 /* Read tools, tool_choice and parallel_tool_calls of a chat body into *out (tools: every field of each
  * tool checked, names unique; tool_choice "none" or no tools: OFF; "auto" or absent with tools: AUTO;
- * a named function: FORCED). 0; -1 with a message and param for a bad value; -2 for tool_choice
- * "required" (not supported). */
+ * a named function: FORCED, with no response_format of the body's own and parameters the json_schema
+ * subset compiles). 0; -1 with a message and param for a bad value; -2 for what is not supported
+ * (tool_choice "required", a schema keyword outside the subset); -3 out of memory. */
 int ib_api_tools(json_t *body, ib_api_tool_use *out, const char **param, char *msg, size_t msz);
 
 /* A chat request's messages rewritten into plain role/content messages of Qwen's tool form

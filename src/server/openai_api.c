@@ -146,10 +146,9 @@ int32_t *tokenize(server *S, struct MHD_Connection *c, const char *text, size_t 
     return ids;
 }
 
-#define MAX_MESSAGES IB_API_MAX_MESSAGES
 
 /* The chat messages of a request (chat/completions, or a session's append): msgs must be an array
- * of 1..MAX_MESSAGES objects, each with a string content and a role among system, developer (taken
+ * of 1..IB_API_MAX_MESSAGES objects, each with a string content and a role among system, developer (taken
  * as system), user and assistant — exactly, so no role can carry other text (such as a chat
  * template's markers) into the prompt. On success *out (freed by the caller; its strings belong to
  * msgs) and *n are set and 0 is returned; -1 with a message in why when invalid; -2 out of memory. */
@@ -161,8 +160,8 @@ int chat_messages(json_t *msgs, ib_chat_msg **out, size_t *n, char *why, size_t 
         return -1;
     }
     size_t nm = json_array_size(msgs);
-    if (nm > MAX_MESSAGES) {
-        snprintf(why, wsz, "messages holds %zu messages, more than the limit of %d", nm, MAX_MESSAGES);
+    if (nm > IB_API_MAX_MESSAGES) {
+        snprintf(why, wsz, "messages holds %zu messages, more than the limit of %d", nm, IB_API_MAX_MESSAGES);
         return -1;
     }
     ib_chat_msg *cm = calloc(nm, sizeof *cm);
@@ -470,7 +469,6 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
     return ret;
 }
 
-/* POST /v1/completions and /v1/chat/completions. */
 /* Whether a messages array carries tool traffic: a tool message or an assistant's tool_calls. */
 static int messages_use_tools(json_t *msgs) {
     size_t i;
@@ -482,6 +480,7 @@ static int messages_use_tools(json_t *msgs) {
     return 0;
 }
 
+/* POST /v1/completions and /v1/chat/completions. */
 enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, int chat, int tidx) {
     enum MHD_Result mr;
     if (check_model(S, c, b, &mr)) return mr;
@@ -502,6 +501,7 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
         char why[256];
         const char *tp = NULL;
         int trc0 = ib_api_tools(b, &tu, &tp, why, sizeof why);
+        if (trc0 == -3) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
         if (trc0 == -2) return send_error(S, c, 400, "invalid_request_error", "unsupported_parameter", tp, "%s", why);
         if (trc0) return BAD(tp, "%s", why);
         const int history_tools = messages_use_tools(msgs);
@@ -510,22 +510,6 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
                               tu.mode != IB_TOOLS_OFF ? "tools" : "messages",
                               "this model's chat template has no tool calls (tools need a ChatML template that "
                               "writes <tool_call> blocks, as Qwen's do)");
-        if (tu.mode == IB_TOOLS_FORCED) {
-            json_t *rf = json_object_get(b, "response_format");
-            const char *rt = json_string_value(json_object_get(rf, "type"));
-            if (rf && !json_is_null(rf) && !(rt && !strcmp(rt, "text")))
-                return BAD("response_format", "response_format cannot be combined with a named tool_choice (the "
-                                              "call's arguments follow the function's parameters)");
-            json_t *arf = ib_api_tool_arguments_format(tu.forced);
-            if (!arf) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
-            char fm[256];
-            const int fbad = ib_json_format_check(arf, fm, sizeof fm);
-            json_decref(arf);
-            if (fbad)
-                return send_error(S, c, 400, "invalid_request_error",
-                                  strstr(fm, "not supported") ? "unsupported_parameter" : "invalid_value", "tools",
-                                  "the parameters of '%s' (tool_choice): %s", tu.name, fm);
-        }
         ib_api_tool_msgs tm = {0};
         char *prefix = NULL;
         int mrc = tu.mode != IB_TOOLS_OFF || history_tools

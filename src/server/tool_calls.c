@@ -78,6 +78,13 @@ static json_t *tool_named(json_t *tools, const char *name) {
     return NULL;
 }
 
+json_t *ib_api_tool_arguments_format(json_t *function) {
+    json_t *params = json_object_get(function, "parameters");
+    return params ? json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema", "json_schema", "name", "arguments", "schema",
+                              params)
+                  : json_pack("{s:s}", "type", "json_object");
+}
+
 int ib_api_tools(json_t *body, ib_api_tool_use *out, const char **param, char *msg, size_t msz) {
     memset(out, 0, sizeof *out);
     out->parallel = 1;
@@ -131,18 +138,30 @@ int ib_api_tools(json_t *body, ib_api_tool_use *out, const char **param, char *m
         out->mode = IB_TOOLS_FORCED;
         out->forced = json_object_get(tool, "function");
         snprintf(out->name, sizeof out->name, "%s", json_string_value(nm));
+        /* the call's arguments are decoded under the function's parameters: no response_format of the
+         * request's own, and parameters the schema subset takes */
+        json_t *rf = json_object_get(body, "response_format");
+        const char *rt = json_string_value(json_object_get(rf, "type"));
+        if (rf && !json_is_null(rf) && !(rt && !strcmp(rt, "text")))
+            return ib_api_failf(param, "response_format", msg, msz, "response_format cannot be combined with a named "
+                                "tool_choice (the call's arguments follow the function's parameters)");
+        json_t *arf = ib_api_tool_arguments_format(out->forced);
+        char fm[256];
+        if (!arf) {
+            snprintf(msg, msz, "out of memory");
+            return -3;
+        }
+        const int fbad = ib_json_format_check(arf, fm, sizeof fm);
+        json_decref(arf);
+        if (fbad) {
+            ib_api_failf(param, "tools", msg, msz, "the parameters of '%s' (tool_choice): %s", out->name, fm);
+            return strstr(fm, "not supported") ? -2 : -1;
+        }
     } else if (nt && (!choice || !strcmp(choice, "auto"))) {
         out->mode = IB_TOOLS_AUTO;
     }
     if (out->mode != IB_TOOLS_OFF) out->tools = tools;
     return 0;
-}
-
-json_t *ib_api_tool_arguments_format(json_t *function) {
-    json_t *params = json_object_get(function, "parameters");
-    return params ? json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema", "json_schema", "name", "arguments", "schema",
-                              params)
-                  : json_pack("{s:s}", "type", "json_object");
 }
 
 /* ------------------------------------------------------------------ the messages in Qwen's form */

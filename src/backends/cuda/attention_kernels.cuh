@@ -171,7 +171,7 @@ __device__ __forceinline__ void dot16_lane_heads(float (&a)[G], const float *q_s
 #pragma unroll
     for (int h = 0; h < G; h++) a[h] = 0.0f;
     for (int i0 = 0; i0 < hd; i0 += 128) {
-        typename KR::elem raw[8];
+        typename KR::elem raw[8];   /* every load issued before any conversion (a half's conversion may branch) */
         float k[8];
 #pragma unroll
         for (int t = 0; t < 8; t++) {
