@@ -30,17 +30,7 @@ command -v python3 >/dev/null || { bad "python3 not found"; finish; }
 [ -x "$BIN" ] || { bad "$BIN missing (run make)"; finish; }
 "$BIN" mkmodel --preset tiny --seed 9 --out "$T/tiny" >/dev/null || { bad "mkmodel"; finish; }
 
-start() {
-    local name=$1 model=$2; shift 2
-    rm -f "$T/$name.port"
-    "$SBIN" serve -m "$model" --port 0 --port-file "$T/$name.port" --threads 2 --store none "$@" 2> "$T/$name.log" &
-    PIDS+=($!)
-    LAST_PID=$!
-    for _ in $(seq 1 200); do [ -s "$T/$name.port" ] && break; sleep 0.1; done
-    [ -s "$T/$name.port" ] || { cat "$T/$name.log"; bad "$name: server did not start"; finish; }
-    PORT=$(cat "$T/$name.port")
-    U=http://127.0.0.1:$PORT
-}
+start() { serve_start "$@"; }
 # wait (up to 10 s) until N generations are being stepped, so a signal sent next finds them in flight
 wait_active() {
     local n=$1

@@ -27,16 +27,7 @@ command -v curl >/dev/null || { bad "curl not found (apt-get install curl)"; fin
 "$BIN" mkmodel --preset tiny --seed 9 --out "$T/tiny" >/dev/null || { bad "mkmodel"; finish; }
 
 # start NAME ARGS...: start a server, wait for its port file, set PORT; stops the test on failure
-start() {
-    local name=$1; shift
-    rm -f "$T/$name.port"
-    "$SBIN" serve -m "$T/tiny" --port 0 --port-file "$T/$name.port" --threads 2 --store none "$@" 2> "$T/$name.log" &
-    PIDS+=($!)
-    LAST_PID=$!
-    for _ in $(seq 1 100); do [ -s "$T/$name.port" ] && break; sleep 0.1; done
-    [ -s "$T/$name.port" ] || { cat "$T/$name.log"; bad "$name: server did not start"; finish; }
-    PORT=$(cat "$T/$name.port")
-}
+start() { local name=$1; shift; serve_start "$name" "$T/tiny" "$@"; }
 # stop PID NAME: SIGTERM, wait (bounded), exit 0, no sanitizer report
 stop() {
     local pid=$1 name=$2 rc

@@ -35,17 +35,7 @@ c.chat_template = "{%- for m in messages %}{{- \"<|im_start|>\" + m.role + \"\\n
 fs.writeFileSync(p, JSON.stringify(c));' "$T/tools/tokenizer_config.json" || { bad "template"; finish; }
 
 # start NAME MODEL [ARGS...]: a server on a free port; sets PORT
-start() {
-    local name=$1 model=$2
-    shift 2
-    rm -f "$T/$name.port"
-    "$SBIN" serve -m "$T/$model" --port 0 --port-file "$T/$name.port" --threads 2 --store none --max-tokens 200 "$@" 2> "$T/$name.log" &
-    PIDS+=($!)
-    LAST_PID=$!
-    for _ in $(seq 1 100); do [ -s "$T/$name.port" ] && break; sleep 0.1; done
-    [ -s "$T/$name.port" ] || { cat "$T/$name.log"; bad "$name: server did not start"; finish; }
-    PORT=$(cat "$T/$name.port")
-}
+start() { local name=$1 model=$2; shift 2; serve_start "$name" "$T/$model" --max-tokens 200 "$@"; }
 stop() {
     kill -TERM "$1"
     for _ in $(seq 1 100); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
