@@ -384,7 +384,8 @@ static size_t tool_stream_end(const gen *g, size_t show) {
     const size_t ol = sizeof open - 1;
     if (g->tool_mode == IB_TOOLS_FORCED || show <= g->emitted) return g->emitted;   /* (no text yet: NULL) */
     size_t lim = show;
-    const char *hit = memmem(g->text, show, open, ol);
+    /* nothing out so far can hold an opening (the content stops before one), so look from there only */
+    const char *hit = memmem(g->text + g->emitted, show - g->emitted, open, ol);
     if (hit) lim = (size_t)(hit - g->text);
     else
         for (size_t k = ol - 1; k > 0; k--)
