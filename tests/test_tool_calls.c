@@ -1,13 +1,15 @@
 /*
  * test_tool_calls.c — function calling in Qwen's chat form (src/server/tool_calls.c):
  *   - tools / tool_choice / parallel_tool_calls read into a tool use, every bad value refused with a
- *     message and the field named ("required" as unsupported);
+ *     message and the field named ("required" without tools, with a response_format, with a tool whose
+ *     parameters are outside the schema subset; the 128-tool limit);
  *   - a conversation with tools, an assistant's tool_calls and a run of tool messages rewritten into
  *     role/content messages whose texts are the ones written out here by hand from the format (the
  *     tools block, the <tool_call> lines, the <tool_response> user turn);
  *   - reply texts read back into tool_calls: one call, several, text before them, parallel off,
  *     and every malformed or cut-off block leaving the whole text text;
- *   - a forced call's arguments.
+ *   - a forced call's arguments; a "required" reply (after the opening up to the name) read back into
+ *     one or more calls, or none when cut off.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -50,7 +52,40 @@ static void test_tool_use(void) {
     CHECK(tools_rc("{\"messages\":[]}", &tu, &param, msg, sizeof msg) == 0 && tu.mode == IB_TOOLS_OFF, "no tools: off");
     CHECK(tools_rc("{\"tools\":[]}", &tu, &param, msg, sizeof msg) == 0 && tu.mode == IB_TOOLS_OFF, "empty tools: off");
     snprintf(b, sizeof b, "{%s,\"tool_choice\":\"required\"}", T1);
-    CHECK(tools_rc(b, &tu, &param, msg, sizeof msg) == -2 && !strcmp(param, "tool_choice"), "required: unsupported");
+    CHECK(tools_rc(b, &tu, &param, msg, sizeof msg) == 0 && tu.mode == IB_TOOLS_REQUIRED && tu.parallel == 1,
+          "required: a call of some tool (%s)", msg);
+    snprintf(b, sizeof b, "{%s,\"tool_choice\":\"required\",\"parallel_tool_calls\":false,\"response_format\":"
+                          "{\"type\":\"text\"}}", T1);
+    CHECK(tools_rc(b, &tu, &param, msg, sizeof msg) == 0 && tu.mode == IB_TOOLS_REQUIRED && tu.parallel == 0,
+          "required, parallel off, response_format text (%s)", msg);
+    /* required: no response_format of its own, every tool's parameters in the subset (the second's here) */
+    snprintf(b, sizeof b, "{%s,\"tool_choice\":\"required\",\"response_format\":{\"type\":\"json_object\"}}", T1);
+    CHECK(tools_rc(b, &tu, &param, msg, sizeof msg) == -1 && !strcmp(param, "response_format") &&
+              strstr(msg, "tool_choice \"required\""), "required with a response_format: %s", msg);
+    CHECK(tools_rc("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}},{\"type\":\"function\",\"function\":"
+                   "{\"name\":\"g\",\"parameters\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\","
+                   "\"pattern\":\"x\"}}}}}],\"tool_choice\":\"required\"}", &tu, &param, msg, sizeof msg) == -2 &&
+              !strcmp(param, "tools") && strstr(msg, "the parameters of 'g' (tool_choice \"required\")") && strstr(msg, "pattern"),
+          "required, a tool's parameters outside the subset: %s", msg);
+    CHECK(tools_rc("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"$ref\":\"#/$defs/x\"}}}],"
+                   "\"tool_choice\":\"required\"}", &tu, &param, msg, sizeof msg) == -1 && !strcmp(param, "tools") &&
+              strstr(msg, "the parameters of 'f'"), "required, a $ref to nothing: %s", msg);
+    /* the tools limit holds for required too: 128 taken, 129 refused */
+    {
+        char *big = malloc(64 * 1024);
+        for (int nt = 128; big && nt <= 129; nt++) {
+            size_t o = (size_t)snprintf(big, 64 * 1024, "{\"tool_choice\":\"required\",\"tools\":[");
+            for (int i = 0; i < nt; i++)
+                o += (size_t)snprintf(big + o, 64 * 1024 - o, "%s{\"type\":\"function\",\"function\":{\"name\":\"t%d\"}}",
+                                      i ? "," : "", i);
+            snprintf(big + o, 64 * 1024 - o, "]}");
+            int rc = tools_rc(big, &tu, &param, msg, sizeof msg);
+            CHECK(nt == 128 ? rc == 0 && tu.mode == IB_TOOLS_REQUIRED
+                            : rc == -1 && !strcmp(param, "tools") && strstr(msg, "129 tools, more than 128"),
+                  "required with %d tools: rc %d (%s)", nt, rc, msg);
+        }
+        free(big);
+    }
     /* a named function: its parameters must compile in the schema subset, and no response_format of its own */
     CHECK(tools_rc("{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
                    "\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0}}}}}],\"tool_choice\":{\"type\":\"function\","
@@ -81,6 +116,9 @@ static void test_tool_use(void) {
         {"{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\"}}],\"tool_choice\":{\"type\":\"function\"}}", "tool_choice", "tool_choice must be"},
         {"{\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"b\"}}}", "tool_choice", "tools is empty"},
         {"{\"tool_choice\":\"auto\"}", "tool_choice", "needs tools"},
+        {"{\"tool_choice\":\"required\"}", "tool_choice", "tool_choice \"required\" needs tools"},
+        {"{\"tools\":[],\"tool_choice\":\"required\"}", "tool_choice", "tool_choice \"required\" needs tools"},
+        {"{\"tools\":null,\"tool_choice\":\"required\"}", "tool_choice", "needs tools"},
         {"{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\"}}],\"parallel_tool_calls\":1}", "parallel_tool_calls", "must be a boolean"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -218,18 +256,57 @@ static void test_read(void) {
     char *pre = ib_api_tool_call_prefix("get_weather");
     CHECK(pre && !strcmp(pre, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "), "forced prefix: %s", pre ? pre : "none");
     free(pre);
-    json_t *fn = J("{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}"), *rf = ib_api_tool_arguments_format(fn);
+    json_t *fn = J("{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"required\":[]}}"), *rf = ib_api_tool_arguments_format(fn);
     s = rf ? json_dumps(rf, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    CHECK(s && !strcmp(s, "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"arguments\",\"schema\":{\"type\":\"object\"}}}"),
+    CHECK(s && !strcmp(s, "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"arguments\",\"schema\":{\"type\":\"object\","
+                          "\"required\":[]}}}"),
           "a function's arguments format: %s", s ? s : "none");
     free(s);
     json_decref(rf);
     json_decref(fn);
+    /* no parameters: any object, as a schema (bounded numbers), not json_object */
+    fn = J("{\"name\":\"f\"}"), rf = ib_api_tool_arguments_format(fn);
+    s = rf ? json_dumps(rf, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    CHECK(s && !strcmp(s, "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"arguments\",\"schema\":{\"type\":\"object\"}}}"),
+          "a function without parameters: %s", s ? s : "none");
+    free(s);
+    json_decref(rf);
+    json_decref(fn);
+    /* required: the opening before the name, and the reply after it read back */
+    pre = ib_api_tool_call_prefix(NULL);
+    CHECK(pre && !strcmp(pre, "<tool_call>\n{\"name\": \""), "required prefix: %s", pre ? pre : "none");
+    free(pre);
+}
+
+/* ib_api_tool_calls_required on text: the calls as compact JSON text, or "none". */
+static void required_case(const char *text, int parallel, const char *want_calls) {
+    json_t *calls = ib_api_tool_calls_required(text, strlen(text), "X", parallel);
+    char *got = calls ? json_dumps(calls, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    CHECK(want_calls ? got && !strcmp(got, want_calls) : !calls, "required read '%s': got %s, want %s", text,
+          got ? got : "none", want_calls ? want_calls : "none");
+    free(got);
+    json_decref(calls);
+}
+
+static void test_required_read(void) {
+    const char *one = "[{\"id\":\"call_X_0\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}}]";
+    const char *two = "[{\"id\":\"call_X_0\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":1}\"}},"
+                      "{\"id\":\"call_X_1\",\"type\":\"function\",\"function\":{\"name\":\"g-2\",\"arguments\":\"{}\"}}]";
+    required_case("f\", \"arguments\": {\"a\": 1}", 1, one);              /* stopped after the arguments */
+    required_case("f\", \"arguments\": {\"a\": 1}}\n</tool_call>", 1, one); /* stopped after the close */
+    required_case("f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"g-2\", \"arguments\": {}", 1, two);
+    required_case("f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"g-2\", \"arguments\": {}", 0, one);
+    /* cut off (max_tokens, a stop string): no call */
+    required_case("f\", \"arguments\": {\"a\": ", 1, NULL);
+    required_case("f\", \"argu", 1, NULL);
+    required_case("", 1, NULL);
+    required_case("f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"g", 1, NULL);
 }
 
 int main(void) {
     test_tool_use();
     test_messages();
     test_read();
+    test_required_read();
     TEST_MAIN_END("test_tool_calls");
 }

@@ -70,10 +70,12 @@ int ib_api_prompt_count(json_t *prompt, char *msg, size_t msz);
 #define IB_API_MAX_TOOLS 128
 #define IB_API_MAX_MESSAGES 4096
 
-/* How a chat request uses tools: none; declared, the reply read for calls (tool_choice "auto"); or
- * one named function called (tool_choice {"type": "function", ...}): the prompt ends with the call's
- * opening and its arguments are decoded under the function's parameters schema. */
-typedef enum ib_api_tool_mode { IB_TOOLS_OFF, IB_TOOLS_AUTO, IB_TOOLS_FORCED } ib_api_tool_mode;
+/* How a chat request uses tools: none; declared, the reply read for calls (tool_choice "auto"); one
+ * named function called (tool_choice {"type": "function", ...}): the prompt ends with the call's
+ * opening and its arguments are decoded under the function's parameters schema; or a call of some
+ * declared function (tool_choice "required"): the prompt ends with "<tool_call>\n{\"name\": \"" and
+ * the reply is read by ib_tool_pick (tool_pick.c): a declared name, then arguments under its schema. */
+typedef enum ib_api_tool_mode { IB_TOOLS_OFF, IB_TOOLS_AUTO, IB_TOOLS_FORCED, IB_TOOLS_REQUIRED } ib_api_tool_mode;
 
 typedef struct ib_api_tool_use {
     ib_api_tool_mode mode;
@@ -85,9 +87,10 @@ typedef struct ib_api_tool_use {
 
 /* Read tools, tool_choice and parallel_tool_calls of a chat body into *out (tools: every field of each
  * tool checked, names unique; tool_choice "none" or no tools: OFF; "auto" or absent with tools: AUTO;
- * a named function: FORCED, with no response_format of the body's own and parameters the json_schema
- * subset compiles). 0; -1 with a message and param for a bad value; -2 for what is not supported
- * (tool_choice "required", a schema keyword outside the subset); -3 out of memory. */
+ * a named function: FORCED; "required": REQUIRED — both with no response_format of the body's own and
+ * the parameters of the function called (REQUIRED: of every tool) in the json_schema subset). 0; -1
+ * with a message and param for a bad value; -2 for what is not supported (a schema keyword outside the
+ * subset); -3 out of memory. */
 int ib_api_tools(json_t *body, ib_api_tool_use *out, const char **param, char *msg, size_t msz);
 
 /* A chat request's messages rewritten into plain role/content messages of Qwen's tool form
@@ -105,12 +108,14 @@ typedef struct ib_api_tool_msgs {
 int ib_api_tool_messages(json_t *msgs, json_t *tools, ib_api_tool_msgs *o, char *why, size_t wsz);
 void ib_api_tool_msgs_free(ib_api_tool_msgs *o);
 
-/* The response_format a forced call's arguments are decoded under: a json_schema of the function's
- * "parameters", or json_object when it has none (a new reference; NULL when out of memory). */
+/* The response_format a call's arguments are decoded under: a json_schema of the function's
+ * "parameters", or of {"type": "object"} when it has none (json_schema rather than json_object: its
+ * numbers are bounded so every parser reads them); a new reference, NULL when out of memory. */
 json_t *ib_api_tool_arguments_format(json_t *function);
 
 /* The text a call of function name opens with ("<tool_call>\n{\"name\": \"NAME\", \"arguments\": "),
- * malloc'ed; NULL when out of memory. */
+ * or with name NULL the opening before any name ("<tool_call>\n{\"name\": \""); malloc'ed; NULL when
+ * out of memory. */
 char *ib_api_tool_call_prefix(const char *name);
 
 /* The calls in a reply's text[len]: one or more <tool_call> blocks, each {"name": NAME, "arguments":
@@ -123,6 +128,12 @@ json_t *ib_api_tool_calls_read(const char *text, size_t len, const char *id_base
 /* A forced call's tool_calls: [{"id": "call_<id_base>_0", "type": "function", "function": {"name":
  * name, "arguments": text[len] as compact JSON}}] when the text is one JSON object; else NULL. */
 json_t *ib_api_tool_call_forced(const char *name, const char *text, size_t len, const char *id_base);
+
+/* A tool_choice "required" reply's tool_calls: text[len] follows the opening "<tool_call>\n{\"name\": \""
+ * (ib_api_tool_call_prefix(NULL)); it is read as that opening, the text and, unless the text ends with
+ * one, the call's close "}\n</tool_call>" (ib_tool_pick lets the reply stop before it), by
+ * ib_api_tool_calls_read (at most one call unless parallel). NULL when that is no call. */
+json_t *ib_api_tool_calls_required(const char *text, size_t len, const char *id_base, int parallel);
 
 /* ------------------------------------------------------------------ tokens and models (api_tokens.c) */
 
@@ -177,13 +188,17 @@ int ib_http_bind_addr(const char *host, int port, struct sockaddr_storage *out, 
 /* A compiled response_format json_schema (json_schema.c) and one generation's reading over it. */
 typedef struct ib_schema ib_schema;
 typedef struct ib_schema_run ib_schema_run;
+/* A tool_choice "required" reply's reader (tool_pick.c). */
+typedef struct ib_tool_pick ib_tool_pick;
 
 /* Where a byte-by-byte JSON reader stands in the text generated so far (small: copied per token).
- * run: NULL for json_object; for json_schema the schema reader (owned, ib_json_release). */
+ * run: NULL for json_object; for json_schema the schema reader (owned, ib_json_release). pick: a
+ * tool_choice "required" reply's reader (owned), to which _step, _done, _mask and _release go. */
 typedef struct ib_json_state {
     uint8_t mode, sub, lit, key, utf8_left, ws, depth;
     uint64_t stack;                /* open containers, innermost in bit 0: 1 object, 0 array */
     ib_schema_run *run;
+    ib_tool_pick *pick;
 } ib_json_state;
 
 /* Every token's bytes, for masking: token t is bytes[off[t], off[t+1]). For the schema walk the
@@ -252,6 +267,24 @@ int ib_schema_run_done(const ib_schema_run *r);
  * the caller undoes the row). */
 int ib_schema_mask(ib_schema_run *r, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop,
                    int n_stop);
+
+/* tool_pick.c. tool_choice "required": the reply that follows the prompt's "<tool_call>\n{\"name\": \""
+ * is NAME", "arguments": ARGS — NAME one of the tools' names, ARGS a JSON object that function's
+ * arguments format allows (ib_api_tool_arguments_format: its parameters schema, or any object) — and
+ * then ends; with parallel, it may instead go on with "}\n</tool_call>" and end there, or with
+ * "\n<tool_call>\n{\"name\": \"" and another NAME", "arguments": ARGS, and so on. The mask is a function
+ * of the reply so far, the tools and the vocabulary only.
+ * Set s up for tools (checked by ib_api_tools: names valid and unique, every parameters schema in the
+ * subset): 1; -1 out of memory (s is then unconstrained-empty). */
+int ib_tool_pick_setup(ib_json_state *s, json_t *tools, int parallel);
+void ib_tool_pick_free(ib_tool_pick *pk);
+/* Feed one byte of the reply: 0 when accepted, -1 when not (the reader then ends: only the stop ids). */
+int ib_tool_pick_step(ib_tool_pick *pk, unsigned char c);
+/* Whether the reply may end here (the stop ids allowed). */
+int ib_tool_pick_done(const ib_tool_pick *pk);
+/* ib_json_mask for the reader: -inf for every token whose bytes it refuses, the stop ids allowed
+ * exactly where the reply may end. Returns the tokens left. */
+int ib_tool_pick_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop, int n_stop);
 
 /* ------------------------------------------------------------------ latency metrics (latency.c) */
 

@@ -360,14 +360,17 @@ static json_t *verification_json(const gen *g) {
                           g->n_stop_ids, g->tok, g->dig, g->n);
 }
 
-/* A finished chat reply's tool calls (tool_calls.c), or NULL: a forced call's arguments when it stopped,
- * or the calls read from the text ("auto"); *content_len: the text that stays content. */
+/* A finished chat reply's tool calls (tool_calls.c), or NULL: when it stopped, a forced call's
+ * arguments or a "required" reply's calls; or the calls read from the text ("auto"); *content_len:
+ * the text that stays content. */
 static json_t *reply_calls(const gen *g, size_t *content_len) {
     *content_len = g->text_len;
     if (!g->chat) return NULL;
     json_t *calls = NULL;
-    if (g->tool_mode == IB_TOOLS_FORCED && !strcmp(finish_reason(g), "stop")) {
-        if ((calls = ib_api_tool_call_forced(g->tool_name, g->text, g->text_len, g->id))) *content_len = 0;
+    if ((g->tool_mode == IB_TOOLS_FORCED || g->tool_mode == IB_TOOLS_REQUIRED) && !strcmp(finish_reason(g), "stop")) {
+        calls = g->tool_mode == IB_TOOLS_FORCED ? ib_api_tool_call_forced(g->tool_name, g->text, g->text_len, g->id)
+                                                : ib_api_tool_calls_required(g->text, g->text_len, g->id, g->tool_parallel);
+        if (calls) *content_len = 0;
     } else if (g->tool_mode == IB_TOOLS_AUTO) {
         size_t cl = 0;
         if ((calls = ib_api_tool_calls_read(g->text, g->text_len, g->id, g->tool_parallel ? 0 : 1, &cl))) *content_len = cl;
@@ -376,13 +379,13 @@ static json_t *reply_calls(const gen *g, size_t *content_len) {
 }
 
 /* Tools in a stream, before the end: how far the content may go out now — nowhere past what is out
- * for a forced call (its text is the arguments); for "auto", up to the first "<tool_call>", or up to a
+ * for a forced or "required" call (its text is the call); for "auto", up to the first "<tool_call>", or up to a
  * tail that may still become one, less trailing whitespace (the content of a reply with calls ends
  * without it). The cut falls on ASCII bytes, so on a character boundary. */
 static size_t tool_stream_end(const gen *g, size_t show) {
     static const char open[] = "<tool_call>";
     const size_t ol = sizeof open - 1;
-    if (g->tool_mode == IB_TOOLS_FORCED || show <= g->emitted) return g->emitted;   /* (no text yet: NULL) */
+    if (g->tool_mode == IB_TOOLS_FORCED || g->tool_mode == IB_TOOLS_REQUIRED || show <= g->emitted) return g->emitted;   /* (no text yet: NULL) */
     size_t lim = show;
     /* nothing out so far can hold an opening (the content stops before one), so look from there only */
     const char *hit = memmem(g->text + g->emitted, show - g->emitted, open, ol);

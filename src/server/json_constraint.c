@@ -11,7 +11,8 @@
  * nesting up to 64 deep, at most 16 whitespace bytes in a row (so a model cannot pad forever).
  *
  * response_format {"type": "json_schema"} goes through the same entry points (ib_json_setup, _step,
- * _mask) to the schema reader of json_schema.c; the vocabulary table built here also serves its walk.
+ * _mask) to the schema reader of json_schema.c, and a tool_choice "required" reply to tool_pick.c's
+ * reader; the vocabulary table built here also serves their walks.
  */
 #include "server/api.h"
 
@@ -45,7 +46,10 @@ static const char *const lits[3] = {"true", "false", "null"};
 
 void ib_json_init(ib_json_state *s) { memset(s, 0, sizeof *s); }
 
-int ib_json_done(const ib_json_state *s) { return s->run ? ib_schema_run_done(s->run) : s->mode == J_DONE; }
+int ib_json_done(const ib_json_state *s) {
+    if (s->pick) return ib_tool_pick_done(s->pick);
+    return s->run ? ib_schema_run_done(s->run) : s->mode == J_DONE;
+}
 
 /* The "json_schema" member of a json_schema response_format, checked: {"name": 1-64 of
  * [A-Za-z0-9_-], "schema": {...}, "description"?: string, "strict"?: boolean or null}. */
@@ -137,7 +141,9 @@ int ib_json_setup(ib_json_state *s, json_t *rf) {
 
 void ib_json_release(ib_json_state *s) {
     ib_schema_run_free(s->run);
+    ib_tool_pick_free(s->pick);
     s->run = NULL;
+    s->pick = NULL;
 }
 
 static int is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -184,6 +190,7 @@ static int close_with(ib_json_state *s, unsigned char c) {
 }
 
 int ib_json_step(ib_json_state *s, unsigned char c) {
+    if (s->pick) return ib_tool_pick_step(s->pick, c);
     if (s->run) return ib_schema_run_step(s->run, c);
     if (s->mode != J_STRING && s->mode != J_ESC && s->mode != J_HEX && s->mode != J_NUM && s->mode != J_LIT) {
         if (is_ws(c)) return ++s->ws > 16 ? -1 : 0;
@@ -464,6 +471,7 @@ static int json_walk(const ib_json_state *s, const ib_json_vocab *v, float *logi
 
 int ib_json_mask(const ib_json_state *s, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop,
                  int n_stop) {
+    if (s->pick) return ib_tool_pick_mask(s->pick, v, logits, vocab, stop, n_stop);
     if (s->run) return ib_schema_mask(s->run, v, logits, vocab, stop, n_stop);
     int done = ib_json_done(s), n = v->n < vocab ? v->n : vocab, allowed = 0;
     float saved[64];

@@ -516,7 +516,10 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
                       ? ib_api_tool_messages(msgs, tu.mode != IB_TOOLS_OFF ? tu.tools : NULL, &tm, why, sizeof why)
                       : chat_messages(msgs, &cm, &nm, why, sizeof why);
         if (!mrc && tm.m) cm = tm.m, nm = tm.n, tm.m = NULL;   /* the array goes to chat_ids; the texts stay in tm */
-        if (!mrc && tu.mode == IB_TOOLS_FORCED && !(prefix = ib_api_tool_call_prefix(tu.name))) mrc = -2;
+        /* a call the reply must be: the prompt ends with its opening (up to the name for "required") */
+        if (!mrc && (tu.mode == IB_TOOLS_FORCED || tu.mode == IB_TOOLS_REQUIRED) &&
+            !(prefix = ib_api_tool_call_prefix(tu.mode == IB_TOOLS_FORCED ? tu.name : NULL)))
+            mrc = -2;
         if (mrc) {
             free(cm);
             ib_api_tool_msgs_free(&tm);
@@ -614,13 +617,15 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
     else if (S->info->eos_id >= 0)
         g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
     /* response_format json_object / json_schema (checked by ib_api_check_fields; json_constraint.c); a
-     * named tool_choice: the call's arguments under the function's parameters (checked above) */
+     * named tool_choice: the call's arguments under the function's parameters; "required": a declared
+     * name, then its arguments (tool_pick.c; both checked above) */
     g->tool_mode = tu.mode, g->tool_parallel = tu.parallel;
     snprintf(g->tool_name, sizeof g->tool_name, "%s", tu.name);
     json_t *arf = tu.mode == IB_TOOLS_FORCED ? ib_api_tool_arguments_format(tu.forced) : NULL;
-    g->want_json = chat ? (tu.mode == IB_TOOLS_FORCED ? (arf ? ib_json_setup(&g->json, arf) : -1)
-                                                      : ib_json_setup(&g->json, json_object_get(b, "response_format")))
-                        : 0;
+    g->want_json = !chat                          ? 0
+                   : tu.mode == IB_TOOLS_FORCED   ? (arf ? ib_json_setup(&g->json, arf) : -1)
+                   : tu.mode == IB_TOOLS_REQUIRED ? ib_tool_pick_setup(&g->json, tu.tools, tu.parallel)
+                                                  : ib_json_setup(&g->json, json_object_get(b, "response_format"));
     json_decref(arf);
     if (g->want_json < 0) {
         ib_sched_event ev = {.done = 1, .finish = "error"}; /* undo as run_gen's failure does (g's one ref) */

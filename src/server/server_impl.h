@@ -132,7 +132,7 @@ typedef struct gen {
     int sent_role, sent_final, sent_done;
     uint64_t seed;            /* the sampling seed used (reported: fresh when the request gave none) */
     int want_json;            /* response_format json_object: decoding constrained to one JSON object */
-    ib_api_tool_mode tool_mode;   /* chat with tools: the reply read for calls (AUTO) or one forced call */
+    ib_api_tool_mode tool_mode;   /* chat with tools: the reply read for calls (AUTO), one forced call, or "required" */
     int tool_parallel;        /* parallel_tool_calls: 0 keeps the first call only */
     char tool_name[65];       /* FORCED: the function called */
     ib_json_state json;       /* the JSON reader over the tokens generated so far (scheduler thread) */

@@ -80,9 +80,37 @@ static json_t *tool_named(json_t *tools, const char *name) {
 
 json_t *ib_api_tool_arguments_format(json_t *function) {
     json_t *params = json_object_get(function, "parameters");
-    return params ? json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema", "json_schema", "name", "arguments", "schema",
-                              params)
-                  : json_pack("{s:s}", "type", "json_object");
+    json_t *schema = params ? json_incref(params) : json_pack("{s:s}", "type", "object");
+    return schema ? json_pack("{s:s, s:{s:s, s:o}}", "type", "json_schema", "json_schema", "name", "arguments", "schema", schema)
+                  : NULL;
+}
+
+/* The checks of a tool_choice that makes the reply a call of function (a named one, or each tool
+ * under "required"; how: the choice as the messages name it): the body has no response_format but
+ * text (the call's arguments follow the function's parameters), and those parameters compile in the
+ * json_schema subset. 0; -1 (a bad value) or -2 (a keyword outside the subset) with param and msg;
+ * -3 out of memory. */
+static int call_checks(json_t *body, json_t *function, const char *how, const char *where, const char **param,
+                       char *msg, size_t msz) {
+    json_t *rf = json_object_get(body, "response_format");
+    const char *rt = json_string_value(json_object_get(rf, "type"));
+    if (rf && !json_is_null(rf) && !(rt && !strcmp(rt, "text")))
+        return ib_api_failf(param, "response_format", msg, msz, "response_format cannot be combined with %s (the call's "
+                            "arguments follow the function's parameters)", how);
+    json_t *arf = ib_api_tool_arguments_format(function);
+    char fm[256];
+    if (!arf) {
+        snprintf(msg, msz, "out of memory");
+        return -3;
+    }
+    const int fbad = ib_json_format_check(arf, fm, sizeof fm);
+    json_decref(arf);
+    if (fbad) {
+        ib_api_failf(param, "tools", msg, msz, "the parameters of '%s' (%s): %s",
+                     json_string_value(json_object_get(function, "name")), where, fm);
+        return strstr(fm, "not supported") ? -2 : -1;
+    }
+    return 0;
 }
 
 int ib_api_tools(json_t *body, ib_api_tool_use *out, const char **param, char *msg, size_t msz) {
@@ -115,11 +143,6 @@ int ib_api_tools(json_t *body, ib_api_tool_use *out, const char **param, char *m
     if (choice && strcmp(choice, "none") && strcmp(choice, "auto") && strcmp(choice, "required"))
         return ib_api_failf(param, "tool_choice", msg, msz, "tool_choice must be \"none\", \"auto\", \"required\" or "
                                                             "{\"type\": \"function\", \"function\": {\"name\": ...}}");
-    if (choice && !strcmp(choice, "required")) {
-        *param = "tool_choice";
-        snprintf(msg, msz, "tool_choice \"required\" is not supported by this server (name the function instead)");
-        return -2;
-    }
     if (!nt && choice && strcmp(choice, "none"))
         return ib_api_failf(param, "tool_choice", msg, msz, "tool_choice \"%s\" needs tools", choice);
     if (json_is_object(tc)) {
@@ -138,24 +161,14 @@ int ib_api_tools(json_t *body, ib_api_tool_use *out, const char **param, char *m
         out->mode = IB_TOOLS_FORCED;
         out->forced = json_object_get(tool, "function");
         snprintf(out->name, sizeof out->name, "%s", json_string_value(nm));
-        /* the call's arguments are decoded under the function's parameters: no response_format of the
-         * request's own, and parameters the schema subset takes */
-        json_t *rf = json_object_get(body, "response_format");
-        const char *rt = json_string_value(json_object_get(rf, "type"));
-        if (rf && !json_is_null(rf) && !(rt && !strcmp(rt, "text")))
-            return ib_api_failf(param, "response_format", msg, msz, "response_format cannot be combined with a named "
-                                "tool_choice (the call's arguments follow the function's parameters)");
-        json_t *arf = ib_api_tool_arguments_format(out->forced);
-        char fm[256];
-        if (!arf) {
-            snprintf(msg, msz, "out of memory");
-            return -3;
-        }
-        const int fbad = ib_json_format_check(arf, fm, sizeof fm);
-        json_decref(arf);
-        if (fbad) {
-            ib_api_failf(param, "tools", msg, msz, "the parameters of '%s' (tool_choice): %s", out->name, fm);
-            return strstr(fm, "not supported") ? -2 : -1;
+        int rc = call_checks(body, out->forced, "a named tool_choice", "tool_choice", param, msg, msz);
+        if (rc) return rc;
+    } else if (choice && !strcmp(choice, "required")) {
+        out->mode = IB_TOOLS_REQUIRED;
+        for (i = 0; i < nt; i++) {
+            int rc = call_checks(body, json_object_get(json_array_get(tools, i), "function"), "tool_choice \"required\"",
+                                 "tool_choice \"required\"", param, msg, msz);
+            if (rc) return rc;
         }
     } else if (nt && (!choice || !strcmp(choice, "auto"))) {
         out->mode = IB_TOOLS_AUTO;
@@ -366,8 +379,10 @@ char *ib_api_tool_call_prefix(const char *name) {
     tbuf b = {0};
     puts_(&b, call_open);
     puts_(&b, "\n{\"name\": \"");
-    puts_(&b, name);
-    puts_(&b, "\", \"arguments\": ");
+    if (name) {
+        puts_(&b, name);
+        puts_(&b, "\", \"arguments\": ");
+    }
     return b.oom ? (free(b.p), NULL) : b.p;
 }
 
@@ -438,5 +453,21 @@ json_t *ib_api_tool_call_forced(const char *name, const char *text, size_t len, 
         else json_decref(c);
     }
     json_decref(args);
+    return calls;
+}
+
+json_t *ib_api_tool_calls_required(const char *text, size_t len, const char *id_base, int parallel) {
+    static const char close[] = "}\n</tool_call>";
+    const size_t cl = strlen(call_close);
+    tbuf b = {0};
+    char *open = ib_api_tool_call_prefix(NULL);
+    if (!open) return NULL;
+    puts_(&b, open);
+    free(open);
+    put(&b, text, len);
+    if (len < cl || memcmp(text + len - cl, call_close, cl)) puts_(&b, close);
+    size_t content_len = 0;
+    json_t *calls = !b.oom ? ib_api_tool_calls_read(b.p, b.n, id_base, parallel ? 0 : 1, &content_len) : NULL;
+    free(b.p);
     return calls;
 }

@@ -1,0 +1,261 @@
+/*
+ * tool_pick.c — tool_choice "required" by constrained decoding. The prompt ends with a call's opening
+ * up to its name, "<tool_call>\n{\"name\": \"", and the reply is read byte by byte as
+ *
+ *   NAME", "arguments": ARGS                     NAME one of the tools' names, ARGS a JSON object
+ *                                                the function's arguments format allows
+ *   [}\n</tool_call>                             (parallel only) the call closed, and then either the
+ *    [\n<tool_call>\n{"name": "NAME", "arguments": ARGS ...]]   end or the next call, and so on
+ *
+ * with the stop ids allowed right after an ARGS and after a close. The names with their
+ * '", "arguments": ' are kept sorted by bytes, so the names the reply can still be spelling are one
+ * range [lo, hi) of them, narrowed by each byte; a function's ARGS are read by json_constraint.c's
+ * reader (json_schema.c's for a parameters schema), one per function compiled at set-up. Every rule
+ * depends only on the reply so far, the tools and the vocabulary, so a "required" request is decoded
+ * the same alone and batched (the batch contract).
+ *
+ * Masking: while ARGS are open the function's own mask (the schema walk) serves — with parallel calls
+ * plus the tokens that end the ARGS and go on into the close, which all hold "}}" (ARGS end with '}',
+ * the close begins with one): those few are stepped through a copy of the reader. Elsewhere — spelling
+ * a name, after ARGS with parallel calls, in a close — every token is stepped through a copy of the
+ * reader (a name's bytes are a binary search in the range; a token that gets into ARGS steps a copy of
+ * that function's reader). The mask allows exactly the tokens whose bytes the reader takes.
+ */
+#include "server/api.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char args_key[] = "\", \"arguments\": ";
+/* after ARGS: the close (the reply may end after it), then the next call's opening */
+static const char tail[] = "}\n</tool_call>\n<tool_call>\n{\"name\": \"";
+#define TAIL_CLOSE 14 /* strlen("}\n</tool_call>") */
+#define TAIL_LEN ((int)sizeof tail - 1)
+
+enum { AT_NAME, AT_ARGS, AT_TAIL, AT_DEAD };
+
+/* Where the reader stands: AT_NAME, the names [lo, hi) match the pos bytes read of this call's
+ * 'NAME", "arguments": '; AT_ARGS, function lo's arguments (in the reader's args), and once they are
+ * whole ws whitespace bytes after them (at most 16, as the JSON readers take); AT_TAIL, pos bytes of
+ * tail read; AT_DEAD, a byte refused (or memory ran out): only the end is left. */
+typedef struct pick_at {
+    int phase, lo, hi, pos, ws;
+} pick_at;
+
+static int is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+typedef struct pick_fn {
+    char *lit;           /* NAME", "arguments": */
+    int len;
+    ib_json_state start; /* its arguments' reader at the empty text (run: the compiled schema, owned) */
+} pick_fn;
+
+struct ib_tool_pick {
+    pick_fn *fn;         /* [n] sorted by lit's bytes */
+    int n, parallel;
+    pick_at at;          /* the reply so far */
+    ib_json_state args;  /* AT_ARGS: fn[at.lo]'s reader over this call's ARGS (run: a clone, owned) */
+    int own;             /* args holds a clone to free */
+    int32_t *cc;         /* parallel: the vocabulary's tokens holding "}}" (built at the first mask) */
+    float *cc_logit;     /* [n_cc] their logits kept across the ARGS' own mask */
+    int n_cc, cc_built;
+};
+
+static int fn_cmp(const void *a, const void *b) { return strcmp(((const pick_fn *)a)->lit, ((const pick_fn *)b)->lit); }
+
+void ib_tool_pick_free(ib_tool_pick *pk) {
+    if (!pk) return;
+    if (pk->own) ib_json_release(&pk->args);   /* a clone borrows its function's schema: first */
+    for (int i = 0; i < pk->n; i++) {
+        free(pk->fn[i].lit);
+        ib_json_release(&pk->fn[i].start);
+    }
+    free(pk->fn);
+    free(pk->cc);
+    free(pk->cc_logit);
+    free(pk);
+}
+
+int ib_tool_pick_setup(ib_json_state *s, json_t *tools, int parallel) {
+    ib_json_init(s);
+    ib_tool_pick *pk = calloc(1, sizeof *pk);
+    size_t nt = json_array_size(tools);
+    if (!pk || !nt || !(pk->fn = calloc(nt, sizeof *pk->fn))) goto oom;
+    pk->parallel = parallel;
+    for (size_t i = 0; i < nt; i++, pk->n++) {
+        json_t *f = json_object_get(json_array_get(tools, i), "function");
+        const char *name = json_string_value(json_object_get(f, "name"));
+        pick_fn *e = &pk->fn[i];
+        ib_json_init(&e->start);
+        size_t nl = name ? strlen(name) : 0;
+        if (!name || !(e->lit = malloc(nl + sizeof args_key))) goto oom;
+        memcpy(e->lit, name, nl);
+        memcpy(e->lit + nl, args_key, sizeof args_key);
+        e->len = (int)(nl + sizeof args_key - 1);
+        json_t *rf = ib_api_tool_arguments_format(f);
+        int rc = rf ? ib_json_setup(&e->start, rf) : -1;
+        json_decref(rf);
+        if (rc != 1) goto oom;
+    }
+    qsort(pk->fn, (size_t)pk->n, sizeof *pk->fn, fn_cmp);
+    pk->at = (pick_at){AT_NAME, 0, pk->n, 0, 0};
+    s->pick = pk;
+    return 1;
+oom:
+    ib_tool_pick_free(pk);
+    return -1;
+}
+
+/* Step the position a by byte c, with args the reader of the ARGS being read (*own: it holds a clone
+ * of its own). Entering ARGS sets args to a fresh clone of the function's reader (freeing one owned);
+ * leaving them leaves args as it is (the caller frees it once it is done with the step). 0 when c is
+ * accepted; -1 when not (a is then undefined). */
+static int feed(const ib_tool_pick *pk, pick_at *a, ib_json_state *args, int *own, unsigned char c) {
+    switch (a->phase) {
+    case AT_NAME: {
+        /* the names in [lo, hi) share their first pos bytes, none ends there: their byte at pos grows */
+        int lo = a->lo, hi = a->hi, l = lo, h = hi;
+        while (l < h) { /* the first with a byte >= c */
+            int m = l + (h - l) / 2;
+            if ((unsigned char)pk->fn[m].lit[a->pos] < c) l = m + 1;
+            else h = m;
+        }
+        lo = l, h = hi;
+        while (l < h) { /* the first with a byte > c */
+            int m = l + (h - l) / 2;
+            if ((unsigned char)pk->fn[m].lit[a->pos] <= c) l = m + 1;
+            else h = m;
+        }
+        if (lo == l) return -1;
+        a->lo = lo, a->hi = l, a->pos++;
+        if (a->pos < pk->fn[lo].len) return 0;
+        /* 'NAME", "arguments": ' whole (no other name has it as a prefix: names hold no '"') */
+        if (*own) ib_json_release(args);
+        *args = pk->fn[lo].start;
+        *own = 0;
+        if (args->run) {
+            if (!(args->run = ib_schema_run_clone(pk->fn[lo].start.run))) return -1;
+            *own = 1;
+        }
+        a->phase = AT_ARGS, a->ws = 0;
+        return 0;
+    }
+    case AT_ARGS:
+        if (!ib_json_done(args)) {
+            a->ws = 0;
+            return ib_json_step(args, c);
+        }
+        if (is_ws(c)) return ++a->ws > 16 ? -1 : 0;   /* (not fed: the reader stays as it is) */
+        if (!pk->parallel || c != (unsigned char)tail[0]) return -1;
+        a->phase = AT_TAIL, a->pos = 1;
+        return 0;
+    case AT_TAIL:
+        if (c != (unsigned char)tail[a->pos]) return -1;
+        if (++a->pos == TAIL_LEN) *a = (pick_at){AT_NAME, 0, pk->n, 0, 0};
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+/* Whether the reply may end at a (its ARGS, args, whole; or the close read). */
+static int at_done(const pick_at *a, const ib_json_state *args) {
+    return a->phase == AT_DEAD || (a->phase == AT_ARGS && ib_json_done(args)) ||
+           (a->phase == AT_TAIL && a->pos == TAIL_CLOSE);
+}
+
+int ib_tool_pick_step(ib_tool_pick *pk, unsigned char c) {
+    if (!feed(pk, &pk->at, &pk->args, &pk->own, c)) {
+        if (pk->at.phase != AT_ARGS && pk->own) { /* out of the ARGS: their reader is done with */
+            ib_json_release(&pk->args);
+            pk->own = 0;
+        }
+        return 0;
+    }
+    if (pk->own) ib_json_release(&pk->args);
+    pk->own = 0;
+    ib_json_init(&pk->args);
+    pk->at.phase = AT_DEAD;
+    return -1;
+}
+
+int ib_tool_pick_done(const ib_tool_pick *pk) { return at_done(&pk->at, &pk->args); }
+
+/* Whether token t's bytes all step a copy of the reader (its ARGS reader the reply's own, read only:
+ * a copy is stepped where the token goes into ARGS; from ARGS the caller passes a copy of its own). */
+static int token_ok(const ib_tool_pick *pk, const ib_json_vocab *v, int32_t t, ib_json_state args, int own) {
+    pick_at a = pk->at;
+    int ok = v->off[t + 1] > v->off[t];
+    for (size_t k = v->off[t]; ok && k < v->off[t + 1]; k++) ok = !feed(pk, &a, &args, &own, (unsigned char)v->bytes[k]);
+    if (own) ib_json_release(&args);
+    return ok;
+}
+
+/* The tokens of v holding "}}" into pk->cc (once); -1 when out of memory. */
+static int cc_build(ib_tool_pick *pk, const ib_json_vocab *v) {
+    if (pk->cc_built) return 0;
+    for (int pass = 0; pass < 2; pass++) {
+        pk->n_cc = 0;
+        for (int t = 0; t < v->n; t++) {
+            const char *b = v->bytes + v->off[t];
+            size_t len = v->off[t + 1] - v->off[t];
+            if (len >= 2 && memmem(b, len, "}}", 2)) {
+                if (pass) pk->cc[pk->n_cc] = t;
+                pk->n_cc++;
+            }
+        }
+        if (!pass && (!(pk->cc = malloc(((size_t)pk->n_cc + 1) * sizeof *pk->cc)) ||
+                      !(pk->cc_logit = malloc(((size_t)pk->n_cc + 1) * sizeof *pk->cc_logit))))
+            return -1;
+    }
+    pk->cc_built = 1;
+    return 0;
+}
+
+/* Inside ARGS with parallel calls: the ARGS' own mask, and the tokens holding "}}" that end them and
+ * go on into the close put back. */
+static int args_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop, int n_stop) {
+    if (cc_build(pk, v)) return ib_json_mask(&pk->args, v, logits, vocab, stop, n_stop);   /* (fewer tokens) */
+    const int n = v->n < vocab ? v->n : vocab;
+    for (int i = 0; i < pk->n_cc; i++)
+        if (pk->cc[i] < n) pk->cc_logit[i] = logits[pk->cc[i]];
+    int allowed = ib_json_mask(&pk->args, v, logits, vocab, stop, n_stop);
+    for (int i = 0; i < pk->n_cc; i++) {
+        int32_t t = pk->cc[i];
+        if (t >= n || !isinf(logits[t]) || isinf(pk->cc_logit[i])) continue;
+        int is_stop = 0;
+        for (int k = 0; k < n_stop; k++) is_stop |= stop[k] == t;
+        ib_json_state args = pk->args;
+        if (is_stop || (args.run && !(args.run = ib_schema_run_clone(pk->args.run)))) continue;
+        if (token_ok(pk, v, t, args, args.run != NULL)) {
+            logits[t] = pk->cc_logit[i];
+            allowed++;
+        }
+    }
+    return allowed;
+}
+
+int ib_tool_pick_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop, int n_stop) {
+    const int done = ib_tool_pick_done(pk);
+    if (pk->at.phase == AT_ARGS && !done)   /* inside ARGS */
+        return pk->parallel ? args_mask(pk, v, logits, vocab, stop, n_stop) : ib_json_mask(&pk->args, v, logits, vocab, stop, n_stop);
+    /* their end: as for a json_schema reply, no whitespace once they are whole (the reply ends, or, with
+     * parallel calls, goes on into the close): only the stop ids, or those and the close */
+    if (pk->at.phase == AT_ARGS && !pk->parallel) return ib_json_mask(&pk->args, v, logits, vocab, stop, n_stop);
+    const int args_end = pk->at.phase == AT_ARGS;
+    const int n = v->n < vocab ? v->n : vocab;
+    int allowed = 0;
+    for (int t = n; t < vocab; t++) logits[t] = -INFINITY;
+    for (int t = 0; t < n; t++) {
+        int is_stop = 0;
+        for (int k = 0; k < n_stop; k++) is_stop |= stop[k] == t;
+        /* a copy stepped; here its ARGS reader, if any, is whole, so only read */
+        int ok = is_stop ? done
+                         : pk->at.phase != AT_DEAD && !(args_end && v->off[t + 1] > v->off[t] && is_ws((unsigned char)v->bytes[v->off[t]])) &&
+                               token_ok(pk, v, t, pk->args, 0);
+        if (!ok) logits[t] = -INFINITY;
+        allowed += !isinf(logits[t]);
+    }
+    return allowed;
+}
