@@ -7,11 +7,17 @@
 #     split-kv-by-batch fault;
 #   - the prompt the server built (the verification record's ids, detokenized) is the format's text,
 #     written out here by hand: the tools block, an assistant's calls, a run of tool results;
+#   - tool_choice "required": every reply that is not cut off by max_tokens is one or more calls
+#     (finish_reason "tool_calls", content null) of declared functions, each call's arguments valid for
+#     its function's parameters (checked by python3's jsonschema, not by the server's reader); at least
+#     two different functions chosen over the seeds, and a reply of two calls, which with
+#     parallel_tool_calls false is one call; batched equals alone, and not under split-kv-by-batch;
 #   - tool_choice "auto": the tiny model writes no call, so a plain reply with no tool_calls;
-#   - streamed, the same replies (calls, content, logprobs) as the bodies;
-#   - refusals, each a 400 naming the field: "required", bad tools, response_format
-#     with a named function, a parameters schema outside the subset, and tools or tool messages on a
-#     model whose template has no tool calls.
+#   - streamed, the same replies (calls, content, logprobs) as the bodies (a named call, two calls of
+#     "required", "auto");
+#   - refusals, each a 400 naming the field: bad tools, response_format with a named function or with
+#     "required", "required" without tools, a parameters schema outside the subset (named or
+#     "required"), and tools or tool messages on a model whose template has no tool calls.
 set -u
 . "$(dirname "$0")/server_bins.sh"
 pass=0; fail=0
@@ -25,6 +31,7 @@ trap cleanup EXIT
 finish() { echo "t_tools: $pass passed, $fail failed"; [ "$fail" = 0 ]; exit; }
 command -v curl >/dev/null || { bad "curl not found (apt-get install curl)"; finish; }
 command -v node >/dev/null || { bad "node not found (apt-get install nodejs)"; finish; }
+python3 -c 'import jsonschema' 2>/dev/null || { bad "python3 with jsonschema not found (pip install jsonschema)"; finish; }
 [ -x "$BIN" ] || { bad "$BIN missing (run make)"; finish; }
 "$BIN" mkmodel --preset tiny --seed 9 --out "$T/tiny" >/dev/null || { bad "mkmodel"; finish; }
 cp -r "$T/tiny" "$T/tools"
@@ -74,13 +81,13 @@ req 200 "tool_choice none" "$U/v1/chat/completions" "{$BASE,$TOOLS,\"tool_choice
 [ "$(jget 'const c=b.choices[0]; c.finish_reason!=="tool_calls" && c.message.tool_calls===undefined && typeof c.message.content==="string"')" = true ] \
     && ok || bad "tool_choice none: $(head -c 300 "$T/body")"
 # batched equals alone: the four forced requests at once give the same arguments and logprobs
-key='const c=JSON.parse(require("fs").readFileSync(process.argv[1])).choices[0]; console.log(JSON.stringify([c.finish_reason, c.message.tool_calls ? c.message.tool_calls[0].function.arguments : c.message.content, c.logprobs.content.map(e=>[e.token_id,e.logprob])]))'
-# batched_same URL TAG: the four forced requests at once against the same ones alone ($T/TAG<seed>);
-# prints how many are equal
+key='const c=JSON.parse(require("fs").readFileSync(process.argv[1])).choices[0]; console.log(JSON.stringify([c.finish_reason, c.message.tool_calls ? c.message.tool_calls.map(t=>[t.function.name,t.function.arguments]) : c.message.content, c.logprobs.content.map(e=>[e.token_id,e.logprob])]))'
+# batched_same URL TAG BODY: the four requests {BODY,"seed":1..4} at once against the same ones alone
+# ($T/TAG<seed>); prints how many are equal
 batched_same() {
     local CP=() same=0 seed a b
     for seed in 1 2 3 4; do
-        curl -s -m 60 "$1/v1/chat/completions" -d "{$BASE,$TOOLS,$FORCE,\"seed\":$seed}" > "$T/$2_b$seed" &
+        curl -s -m 60 "$1/v1/chat/completions" -d "{$3,\"seed\":$seed}" > "$T/$2_b$seed" &
         CP+=($!)
     done
     wait "${CP[@]}"
@@ -90,8 +97,52 @@ batched_same() {
     done
     echo $same
 }
-same=$(batched_same "$U" forced)
+same=$(batched_same "$U" forced "$BASE,$TOOLS,$FORCE")
 [ "$same" = 4 ] && ok || bad "forced calls: $same of 4 batched replies equal to the same request alone"
+
+# ---- tool_choice "required": a call (or, with parallel_tool_calls, calls) of declared functions,
+# each one's arguments valid for its parameters (python3's jsonschema); replies cut by max_tokens aside
+RTOOLS_A='[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"enum":["Paris","Rome","Oslo"]}},"required":["city"],"additionalProperties":false}}},{"type":"function","function":{"name":"get_time","parameters":{"type":"object","properties":{"tz":{"enum":["UTC","CET"]}},"additionalProperties":false}}},{"type":"function","function":{"name":"set_alarm","parameters":{"type":"object","properties":{"hour":{"type":"integer"},"days":{"type":"array","items":{"enum":["mon","tue"]},"maxItems":2}},"required":["hour"],"additionalProperties":false}}}]'
+RTOOLS="\"tools\":$RTOOLS_A"
+RBASE='"model":"tools","messages":[{"role":"user","content":"weather in Rome?"}],"max_tokens":200,"temperature":0.9,"logprobs":true,"logit_bias":{"9":-3,"10":-3,"13":-3,"32":-3}'
+REQ='"tool_choice":"required"'
+# prints "length", or the number of calls and their names, or what is wrong
+RCHECK='import json, sys, jsonschema
+b = json.load(open(sys.argv[1]))
+params = {t["function"]["name"]: t["function"].get("parameters", {"type": "object"}) for t in json.loads(sys.argv[2])}
+c = b["choices"][0]; m = c["message"]; calls = m.get("tool_calls") or []
+if c["finish_reason"] == "length": print("length"); sys.exit()
+if c["finish_reason"] != "tool_calls" or m["content"] is not None or not calls: print("NOT A CALL"); sys.exit()
+for k, t in enumerate(calls):
+    f = t["function"]
+    if t["type"] != "function" or t["id"] != "call_%s_%d" % (b["id"], k) or f["name"] not in params: print("BAD CALL", t); sys.exit()
+    try: jsonschema.validate(json.loads(f["arguments"]), params[f["name"]])
+    except Exception as e: print("INVALID", f["name"], f["arguments"], str(e).splitlines()[0]); sys.exit()
+print(len(calls), " ".join(t["function"]["name"] for t in calls))'
+rcalls=0; rnames=""; multi=""
+for seed in 1 2 3 4 5 6 7 8; do
+    req 200 "required seed $seed" "$U/v1/chat/completions" "{$RBASE,$RTOOLS,$REQ,\"seed\":$seed}"
+    cp "$T/body" "$T/required$seed"
+    v=$(python3 -c "$RCHECK" "$T/body" "$RTOOLS_A" 2>&1)
+    case $v in
+        [1-9]*) ok; rcalls=$((rcalls+1)); rnames="$rnames ${v#* }"; [ "${v%% *}" -ge 2 ] && multi="$multi $seed" ;;
+        length) ;;
+        *) bad "required seed $seed: $v: $(head -c 400 "$T/body")" ;;
+    esac
+done
+[ "$rcalls" -ge 6 ] && ok || bad "required: only $rcalls of 8 replies were whole calls"
+[ "$(printf '%s\n' $rnames | sort -u | wc -l)" -ge 2 ] && ok || bad "required: always the same function:$rnames"
+[ -n "$multi" ] && ok || bad "required: no seed of 1-8 gave two calls (parallel_tool_calls is on by default)"
+# parallel_tool_calls false: each reply one call; the seeds that gave two give one (the check can fail)
+for seed in 1 2 3 4 5 6 7 8; do
+    req 200 "required, parallel off, seed $seed" "$U/v1/chat/completions" "{$RBASE,$RTOOLS,$REQ,\"parallel_tool_calls\":false,\"seed\":$seed}"
+    v=$(python3 -c "$RCHECK" "$T/body" "$RTOOLS_A" 2>&1)
+    case " $multi " in *" $seed "*) [ "${v%% *}" = 1 ] && ok || bad "required, parallel off, seed $seed: $v (not one call)" ;; esac
+    case $v in "1 "*|length) ok ;; *) bad "required, parallel off, seed $seed: $v: $(head -c 400 "$T/body")" ;; esac
+done
+for seed in 1 2 3 4; do cp "$T/required$seed" "$T/reqb$seed"; done
+same=$(batched_same "$U" reqb "$RBASE,$RTOOLS,$REQ")
+[ "$same" = 4 ] && ok || bad "required: $same of 4 batched replies equal to the same request alone"
 
 # ---- the prompt: the format's text (the verification record's prompt ids, detokenized)
 CONV='"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"weather?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Oslo\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"sunny"},{"role":"tool","content":"4 C"}]'
@@ -151,6 +202,14 @@ sid=$(grep -m1 -o '"id":"chatcmpl-[0-9a-f]*"' "$T/sse_forced" | cut -d'"' -f4)
 a=$(node -e "$SSE" "$T/sse_forced"); b=$(node -e "$BODYKEY" "$T/forced1" "$sid")
 [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "streamed forced call differs from the body: $a vs $b"
 case $a in '["tool_calls","",[{"index":0,'*) ok ;; *) bad "streamed forced call: $a" ;; esac
+ms=${multi# }; ms=${ms%% *}   # a seed whose "required" reply is two calls
+if [ -n "$ms" ]; then
+    curl -s -N -m 60 "$U/v1/chat/completions" -d "{$RBASE,$RTOOLS,$REQ,\"seed\":$ms,\"stream\":true}" > "$T/sse_req"
+    sid=$(grep -m1 -o '"id":"chatcmpl-[0-9a-f]*"' "$T/sse_req" | cut -d'"' -f4)
+    a=$(node -e "$SSE" "$T/sse_req"); b=$(node -e "$BODYKEY" "$T/required$ms" "$sid")
+    [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "streamed \"required\" calls differ from the body: $a vs $b"
+    case $a in '["tool_calls","",[{"index":0,'*'{"index":1,'*) ok ;; *) bad "streamed \"required\" calls: $a" ;; esac
+fi
 curl -s -m 60 -o "$T/auto2" "$U/v1/chat/completions" -d "{$BASE,$TOOLS,\"seed\":2}"
 curl -s -N -m 60 "$U/v1/chat/completions" -d "{$BASE,$TOOLS,\"seed\":2,\"stream\":true}" > "$T/sse_auto"
 sid=$(grep -m1 -o '"id":"chatcmpl-[0-9a-f]*"' "$T/sse_auto" | cut -d'"' -f4)
@@ -159,7 +218,12 @@ a=$(node -e "$SSE" "$T/sse_auto"); b=$(node -e "$BODYKEY" "$T/auto2" "$sid")
 
 # ---- refusals
 CH='"model":"tools","messages":[{"role":"user","content":"hi"}],"max_tokens":4'
-field_400 "tool_choice required" unsupported_parameter tool_choice "{$CH,$TOOLS,\"tool_choice\":\"required\"}"
+field_400 "tool_choice required without tools" invalid_value tool_choice "{$CH,\"tool_choice\":\"required\"}"
+field_400 "tool_choice required with empty tools" invalid_value tool_choice "{$CH,\"tools\":[],\"tool_choice\":\"required\"}"
+field_400 "response_format with required" invalid_value response_format "{$CH,$TOOLS,$REQ,\"response_format\":{\"type\":\"json_object\"}}"
+field_400 "required, a tool's parameters outside the subset" unsupported_parameter tools "{$CH,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}},{\"type\":\"function\",\"function\":{\"name\":\"g\",\"parameters\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}}}],$REQ}"
+case $(jget 'b.error.message') in *"the parameters of 'g' (tool_choice \"required\")"*pattern*) ok ;; *) bad "required, parameters outside the subset: $(head -c 300 "$T/body")" ;; esac
+[ "$(jget 'b.error.message.includes("\n")')" = false ] && ok || bad "a refusal's message is not one line"
 field_400 "tool_choice without tools" invalid_value tool_choice "{$CH,\"tool_choice\":\"auto\"}"
 field_400 "a tool without a name" invalid_value tools "{$CH,\"tools\":[{\"type\":\"function\",\"function\":{}}]}"
 field_400 "tool_choice naming no tool" invalid_value tool_choice "{$CH,$TOOLS,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}}"
@@ -175,9 +239,12 @@ start faulty tools --inject split-kv-by-batch --token-delay-ms 2
 U=http://127.0.0.1:$PORT
 for seed in 1 2 3 4; do
     curl -s -m 60 -o "$T/fault$seed" "$U/v1/chat/completions" -d "{$BASE,$TOOLS,$FORCE,\"seed\":$seed}"
+    curl -s -m 60 -o "$T/rfault$seed" "$U/v1/chat/completions" -d "{$RBASE,$RTOOLS,$REQ,\"seed\":$seed}"
 done
-same=$(batched_same "$U" fault)
+same=$(batched_same "$U" fault "$BASE,$TOOLS,$FORCE")
 [ "$same" -lt 4 ] && ok || bad "under split-kv-by-batch all 4 batched forced calls equal alone: the check cannot fail"
+same=$(batched_same "$U" rfault "$RBASE,$RTOOLS,$REQ")
+[ "$same" -lt 4 ] && ok || bad "under split-kv-by-batch all 4 batched \"required\" replies equal alone: the check cannot fail"
 stop "$LAST_PID" faulty
 
 # ---- a model whose chat template has no tool calls
@@ -185,6 +252,7 @@ start plain tiny
 U=http://127.0.0.1:$PORT
 CH='"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":4'
 field_400 "tools on a template without tool calls" unsupported_parameter tools "{$CH,$TOOLS}"
+field_400 "required on a template without tool calls" unsupported_parameter tools "{$CH,$TOOLS,$REQ}"
 field_400 "tool messages on a template without tool calls" unsupported_parameter messages "{\"model\":\"tiny\",\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}],\"max_tokens\":4}"
 req 200 "tool_choice none without tools there" "$U/v1/chat/completions" "{$CH,\"tool_choice\":\"none\"}"
 stop "$LAST_PID" plain
