@@ -31,7 +31,7 @@ trap cleanup EXIT
 finish() { echo "t_tools: $pass passed, $fail failed"; [ "$fail" = 0 ]; exit; }
 command -v curl >/dev/null || { bad "curl not found (apt-get install curl)"; finish; }
 command -v node >/dev/null || { bad "node not found (apt-get install nodejs)"; finish; }
-python3 -c 'import jsonschema' 2>/dev/null || { bad "python3 with jsonschema not found (pip install jsonschema)"; finish; }
+python3 -c 'import jsonschema' 2>/dev/null || { bad "python3 with jsonschema not found (apt-get install python3-jsonschema)"; finish; }
 [ -x "$BIN" ] || { bad "$BIN missing (run make)"; finish; }
 "$BIN" mkmodel --preset tiny --seed 9 --out "$T/tiny" >/dev/null || { bad "mkmodel"; finish; }
 cp -r "$T/tiny" "$T/tools"
