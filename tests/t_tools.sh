@@ -13,6 +13,9 @@
 #     two different functions chosen over the seeds, and a reply of two calls, which with
 #     parallel_tool_calls false is one call; batched equals alone, and not under split-kv-by-batch;
 #   - tool_choice "auto": the tiny model writes no call, so a plain reply with no tool_calls;
+#   - the verification records of named and "required" replies hold their constraint (the functions,
+#     the choice, parallel_tool_calls) and verify; edited ones diverge, malformed ones are refused
+#     (tests/verify_tools.py);
 #   - streamed, the same replies (calls, content, logprobs) as the bodies (a named call, two calls of
 #     "required", "auto");
 #   - refusals, each a 400 naming the field: bad tools, response_format with a named function or with
@@ -136,6 +139,7 @@ done
 # parallel_tool_calls false: each reply one call; the seeds that gave two give one (the check can fail)
 for seed in 1 2 3 4 5 6 7 8; do
     req 200 "required, parallel off, seed $seed" "$U/v1/chat/completions" "{$RBASE,$RTOOLS,$REQ,\"parallel_tool_calls\":false,\"seed\":$seed}"
+    cp "$T/body" "$T/reqp$seed"
     v=$(python3 -c "$RCHECK" "$T/body" "$RTOOLS_A" 2>&1)
     case " $multi " in *" $seed "*) [ "${v%% *}" = 1 ] && ok || bad "required, parallel off, seed $seed: $v (not one call)" ;; esac
     case $v in "1 "*|length) ok ;; *) bad "required, parallel off, seed $seed: $v: $(head -c 400 "$T/body")" ;; esac
@@ -231,6 +235,15 @@ field_400 "response_format with a named function" invalid_value response_format 
 field_400 "parameters outside the schema subset" unsupported_parameter tools "{$CH,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":0}}}}}],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}"
 field_400 "a tool message without content" invalid_value messages "{\"model\":\"tools\",\"messages\":[{\"role\":\"tool\"}],$TOOLS}"
 field_400 "functions (the old form)" unsupported_parameter functions "{$CH,\"functions\":[{\"name\":\"f\"}]}"
+
+# ---- verification records of the forced calls: the constraint in the record, each re-run matching;
+# edited constraints diverging, malformed ones refused (tests/verify_tools.py; the CLI is $SBIN's)
+python3 "$ROOT/tests/verify_tools.py" "$U" "$SBIN" "$T/tools" "$T" "$RTOOLS_A" "$T"/forced[1-4] -- "$T"/required[1-8] -- "$T"/reqp[1-8] > "$T/vt.log" 2>&1
+grep '^FAIL' "$T/vt.log"
+vt=$(tail -1 "$T/vt.log"); echo "  $vt"
+case $vt in "verify_tools: "*" passed, "*" failed")
+    n=${vt#verify_tools: }; pass=$((pass + ${n%% *})); n=${n#* passed, }; fail=$((fail + ${n%% *})) ;;
+    *) bad "verify_tools.py did not finish: $(tail -5 "$T/vt.log")" ;; esac
 stop "$LAST_PID" tools
 
 # ---- the batched-equals-alone check fails when the server batches wrongly: under split-kv-by-batch a

@@ -286,6 +286,28 @@ int ib_tool_pick_done(const ib_tool_pick *pk);
  * exactly where the reply may end. Returns the tokens left. */
 int ib_tool_pick_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop, int n_stop);
 
+/* ------------------------------------------------------------------ a reply's constraint (constraint.c) */
+
+/* Set s up for the constraint of chat body b whose tool use is tu (b passed ib_api_check_fields and
+ * ib_api_tools): a forced call's arguments under its function's parameters, a "required" reply under
+ * ib_tool_pick, else b's response_format. 1 when the reply is constrained, 0 when not, -1 when out of
+ * memory. The server and the verifier both build their masks here. */
+int ib_constraint_setup(ib_json_state *s, json_t *b, const ib_api_tool_use *tu);
+
+/* The verification record's fields for that constraint (a new object, to merge into the record; empty
+ * when the reply is unconstrained): "response_format" ("json_object", or the json_schema object), or
+ * a forced call's "tools" (name and parameters of each function that builds the mask: the named one,
+ * or all under "required"), "tool_choice" and, for "required", "parallel_tool_calls". NULL when out
+ * of memory. */
+json_t *ib_constraint_record(json_t *b, const ib_api_tool_use *tu);
+
+/* Read a record's constraint fields (those ib_constraint_record writes) back into a chat body for
+ * ib_constraint_setup (*out, a new object; NULL when the record has none), checked as the server
+ * checks a request (ib_json_format_check, ib_api_tools) and more strictly (only a constraining
+ * tool_choice; "required" with its parallel_tool_calls). 0; -1 with a one-line message naming the
+ * field ("verification.tools..."); -2 out of memory. */
+int ib_constraint_from_record(json_t *v, json_t **out, char *msg, size_t msz);
+
 /* ------------------------------------------------------------------ latency metrics (latency.c) */
 
 #define IB_LAT_BUCKETS 14

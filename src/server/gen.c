@@ -28,6 +28,7 @@ void gen_unref(gen *g) {
     pthread_mutex_unlock(&S->mu);
     for (int i = 0; i < g->n_stops; i++) free(g->stops[i]);
     ib_json_release(&g->json);
+    json_decref(g->vcons);
     free(g->tok);
     free(g->dig);
     free(g->vin);
@@ -356,7 +357,7 @@ static json_t *verification_json(const gen *g) {
     server *S = g->srv;
     if (g->n < 1 || g->n_vprompt < 1) return json_null();
     return ib_verify_json(S->ident, ib_engine_act(S->e), g->vkvd, g->vkv, g->vcap, g->vchunk, g->vin, g->n_vhist, g->vfl, g->draws0,
-                          g->vin + g->n_vhist, g->n_vprompt, &g->sp, &g->vbias, g->want_json, g->stop_ids,
+                          g->vin + g->n_vhist, g->n_vprompt, &g->sp, &g->vbias, g->vcons, g->stop_ids,
                           g->n_stop_ids, g->tok, g->dig, g->n);
 }
 
@@ -606,7 +607,7 @@ int client_gone(struct MHD_Connection *c) {
     return poll(&pf, 1, 0) == 1 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
-/* ib_sched_job.constrain of a response_format json_object generation (json_constraint.c). */
+/* ib_sched_job.constrain of a constrained generation (json_constraint.c; set up by constraint.c). */
 static int json_constrain(void *ctx, float *logits, int vocab) {
     gen *g = ctx;
     return ib_json_mask(&g->json, &g->srv->jv, logits, vocab, g->stop_ids, g->n_stop_ids);

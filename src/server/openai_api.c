@@ -618,15 +618,12 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
         g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
     /* response_format json_object / json_schema (checked by ib_api_check_fields; json_constraint.c); a
      * named tool_choice: the call's arguments under the function's parameters; "required": a declared
-     * name, then its arguments (tool_pick.c; both checked above) */
+     * name, then its arguments (tool_pick.c; both checked above). constraint.c sets the mask up and
+     * writes what the verification record says of it (the verifier rebuilds it from that). */
     g->tool_mode = tu.mode, g->tool_parallel = tu.parallel;
     snprintf(g->tool_name, sizeof g->tool_name, "%s", tu.name);
-    json_t *arf = tu.mode == IB_TOOLS_FORCED ? ib_api_tool_arguments_format(tu.forced) : NULL;
-    g->want_json = !chat                          ? 0
-                   : tu.mode == IB_TOOLS_FORCED   ? (arf ? ib_json_setup(&g->json, arf) : -1)
-                   : tu.mode == IB_TOOLS_REQUIRED ? ib_tool_pick_setup(&g->json, tu.tools, tu.parallel)
-                                                  : ib_json_setup(&g->json, json_object_get(b, "response_format"));
-    json_decref(arf);
+    g->want_json = chat ? ib_constraint_setup(&g->json, b, &tu) : 0;
+    if (g->want_json > 0 && !(g->vcons = ib_constraint_record(b, &tu))) g->want_json = -1;
     if (g->want_json < 0) {
         ib_sched_event ev = {.done = 1, .finish = "error"}; /* undo as run_gen's failure does (g's one ref) */
         on_event(g, &ev);

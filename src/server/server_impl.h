@@ -131,7 +131,8 @@ typedef struct gen {
     int lp_emitted;           /* tokens whose logprobs were streamed */
     int sent_role, sent_final, sent_done;
     uint64_t seed;            /* the sampling seed used (reported: fresh when the request gave none) */
-    int want_json;            /* response_format json_object: decoding constrained to one JSON object */
+    int want_json;            /* decoding constrained (response_format, a forced call: constraint.c) */
+    json_t *vcons;            /* that constraint's verification record fields (ib_constraint_record), or NULL */
     ib_api_tool_mode tool_mode;   /* chat with tools: the reply read for calls (AUTO), one forced call, or "required" */
     int tool_parallel;        /* parallel_tool_calls: 0 keeps the first call only */
     char tool_name[65];       /* FORCED: the function called */

@@ -27,7 +27,7 @@ void ib_verify_fingerprint(const char *model_id, char *buf, size_t n) {
 
 json_t *ib_verify_json(const char *model_id, ib_act act, ib_kv_dtype kvd, const char *kv, int max_context, int kv_chunk, const int32_t *hist,
                        int n_hist, const uint8_t *flags, uint64_t draws, const int32_t *prompt, int n_prompt,
-                       const ib_sampling *sp, const ib_api_bias *bias, int json_mode, const int32_t *stop_ids,
+                       const ib_sampling *sp, const ib_api_bias *bias, json_t *constraint, const int32_t *stop_ids,
                        int n_stop, const int32_t *tokens, const uint64_t *digests, int n_tokens) {
     json_t *v = json_object();
     json_object_set_new(v, "contract", json_integer(IB_VERIFY_CONTRACT));
@@ -58,8 +58,8 @@ json_t *ib_verify_json(const char *model_id, ib_act act, ib_kv_dtype kvd, const 
             json_array_append_new(b, json_pack("[i, f]", bias->ids[i], (double)bias->vals[i]));
         json_object_set_new(v, "logit_bias", b);
     }
-    if (json_mode) {
-        json_object_set_new(v, "response_format", json_string("json_object"));
+    if (constraint && json_object_size(constraint) > 0) {
+        json_object_update(v, constraint);
         json_object_set_new(v, "stop_ids", ids_json(stop_ids, n_stop));
     }
     json_object_set_new(v, "tokens", ids_json(tokens, n_tokens));
@@ -83,6 +83,7 @@ void ib_verify_free(ib_vrec *r) {
     free(r->bias);
     free(r->tokens);
     free(r->digests);
+    json_decref(r->constraint);
     memset(r, 0, sizeof *r);
 }
 
@@ -231,10 +232,12 @@ int ib_verify_parse(json_t *j, int vocab, int max_context, ib_vrec *r, char *msg
         }
         r->n_bias = (int)nb;
     }
-    json_t *rf = json_object_get(v, "response_format");
-    if (rf) {
-        if (!json_is_string(rf) || strcmp(json_string_value(rf), "json_object"))
-            FAIL("verification.response_format must be \"json_object\" when present");
+    int crc = ib_constraint_from_record(v, &r->constraint, msg, msz);
+    if (crc) {
+        ib_verify_free(r);
+        return -1;
+    }
+    if (r->constraint) {
         r->json_mode = 1;
         int32_t *st = NULL;
         int ns = 0;
@@ -299,7 +302,8 @@ static void run_event(void *ctx, const ib_sched_event *ev) {
     pthread_mutex_unlock(&run->mu);
 }
 
-/* ib_sched_job.constrain of a json_object record's re-run. */
+/* ib_sched_job.constrain of a constrained record's re-run (json_constraint.c dispatches to the
+ * schema or tool_pick reader the set-up made). */
 static int run_constrain(void *ctx, float *logits, int vocab) {
     ib_vrun *run = ctx;
     return ib_json_mask(&run->json, run->jv, logits, vocab, run->rec->stop_ids, run->rec->n_stop);
@@ -308,7 +312,7 @@ static int run_constrain(void *ctx, float *logits, int vocab) {
 ib_status ib_verify_submit(ib_sched *sched, const ib_model *m, ib_backend_kind backend, const ib_json_vocab *jv,
                            const ib_vrec *rec, ib_vrun *run, ib_error *err) {
     memset(run, 0, sizeof *run);
-    if (rec->json_mode && !jv) return ib_fail(err, IB_ERR_INVALID_ARG, "verify: a json_object record needs the vocabulary");
+    if (rec->json_mode && !jv) return ib_fail(err, IB_ERR_INVALID_ARG, "verify: a constrained record needs the vocabulary");
     pthread_mutex_init(&run->mu, NULL);
     pthread_cond_init(&run->cv, NULL);
     run->rec = rec;
@@ -316,6 +320,15 @@ ib_status ib_verify_submit(ib_sched *sched, const ib_model *m, ib_backend_kind b
     run->h = IB_DIGEST_INIT;
     run->vocab = ib_model_get_info(m)->vocab_size;
     ib_json_init(&run->json);
+    if (rec->json_mode) { /* the mask the server used, built by the server's own set-up */
+        ib_api_tool_use tu;
+        const char *param;
+        char m[256];
+        int trc = ib_api_tools(rec->constraint, &tu, &param, m, sizeof m);
+        if (trc) return ib_fail(err, trc == -3 ? IB_ERR_NOMEM : IB_ERR_INVALID_ARG, "verify: %s", m);
+        if (ib_constraint_setup(&run->json, rec->constraint, &tu) != 1)
+            return ib_fail(err, IB_ERR_NOMEM, "verify: out of memory for the record's constraint");
+    }
     run->tokens = malloc((size_t)rec->n_tokens * sizeof *run->tokens);
     run->digests = malloc((size_t)rec->n_tokens * sizeof *run->digests);
     if (!run->tokens || !run->digests) return ib_fail(err, IB_ERR_NOMEM, "verify: out of memory");
@@ -344,6 +357,7 @@ void ib_verify_wait(ib_vrun *run) {
 void ib_verify_run_free(ib_vrun *run) {
     if (!run->rec) return; /* never set up */
     ib_session_free(run->s);
+    ib_json_release(&run->json);
     free(run->tokens);
     free(run->digests);
     pthread_mutex_destroy(&run->mu);

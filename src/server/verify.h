@@ -34,7 +34,15 @@
  *   sampling      {temperature, top_k, top_p, min_p, repetition_penalty, repeat_last_n, seed}
  *                 (seed as an integer; floats as JSON numbers, exact for float32 values)
  *   logit_bias    [[id, bias], ...] in the order applied (optional)
- *   response_format "json_object" (optional), with stop_ids [ids] (optional)
+ *   the constraint the reply was decoded under (optional; constraint.c writes and reads it back,
+ *   checked as a request's fields, and the re-run builds its mask with the server's own set-up):
+ *     response_format   "json_object", or the request's {"type": "json_schema", "json_schema": {...}}
+ *     tools, tool_choice   a forced call: the functions whose schemas build the mask, each
+ *                   {"type": "function", "function": {"name", "parameters"?}} (the named one, or every
+ *                   tool under "required"), and the tool_choice ({"type": "function", "function":
+ *                   {"name"}} or "required")
+ *     parallel_tool_calls   with "required" (required there): whether the reply may go on to more calls
+ *   with stop_ids [ids] (optional): the ids the constrained reply may end with
  *   tokens        [ids] drawn          digest "16 hex"     step_digests ["16 hex", ...] per token
  */
 #ifndef IB_SERVER_VERIFY_H
@@ -66,7 +74,8 @@ typedef struct ib_vrec {
     int32_t *bias_ids;
     float *bias;
     int n_bias;
-    int json_mode;
+    int json_mode;      /* the reply was constrained: constraint holds how */
+    json_t *constraint; /* the constraint as a chat body (ib_constraint_from_record), or NULL */
     int32_t stop_ids[8];
     int n_stop;
     int32_t *tokens; /* [n_tokens] */
@@ -75,10 +84,11 @@ typedef struct ib_vrec {
 } ib_vrec;
 
 /* Build the JSON record (a new object) from a generation's facts. flags may be NULL (all
- * NOTE_ON_FEED). kv: the policy string. */
+ * NOTE_ON_FEED). kv: the policy string. constraint: the record fields of the reply's constraint
+ * (ib_constraint_record; borrowed), or NULL / empty when it was unconstrained. */
 json_t *ib_verify_json(const char *model_id, ib_act act, ib_kv_dtype kvd, const char *kv, int max_context, int kv_chunk, const int32_t *hist,
                        int n_hist, const uint8_t *flags, uint64_t draws, const int32_t *prompt, int n_prompt,
-                       const ib_sampling *sp, const ib_api_bias *bias, int json_mode, const int32_t *stop_ids,
+                       const ib_sampling *sp, const ib_api_bias *bias, json_t *constraint, const int32_t *stop_ids,
                        int n_stop, const int32_t *tokens, const uint64_t *digests, int n_tokens);
 
 /* Parse a record (the "verification" object, or a response holding one at its top or in its first
@@ -104,7 +114,8 @@ typedef struct ib_vrun {
 
 /* Create the session (on m, the backend's), replay the record's history notes and draw counter and
  * submit the re-run as a job of sched (which must run the model the record names, in its act mode:
- * the caller checks). jv: the vocabulary's bytes for a json_object record (may be NULL otherwise).
+ * the caller checks). jv: the vocabulary's bytes for a constrained record (may be NULL otherwise);
+ * the mask is rebuilt from rec->constraint by ib_constraint_setup, as the server built it.
  * On success the run's DONE will set run->done (wait with ib_verify_wait); ib_verify_run_free
  * afterwards. */
 ib_status ib_verify_submit(ib_sched *sched, const ib_model *m, ib_backend_kind backend, const ib_json_vocab *jv,
