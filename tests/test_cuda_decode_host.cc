@@ -162,6 +162,7 @@ static int decode_case(int kind, int fused, int hd, int G, int kvt, int block, i
     }
     const int blocks = kind == K_KVHEAD || kind == K_KVHEAD_PAIRS ? R * s.KVH : R * s.H;
     const int nt = kind == K_DIRECT_WIDE ? ATT_THREADS_WIDE : ATT_THREADS;
+    gridDim = cuda_host_idx{(unsigned)blocks, 1, 1};   /* the per-KV-head kernel maps blocks to rows by it */
     for (int b = 0; b < blocks; b++) cuda_host_run_block((unsigned)b, 0, nt, run_attention, &s);
     int same = memcmp(want.data(), s.ATT.data(), W * sizeof(float)) == 0;
     for (int r = 0; r < R; r++) same = same && s.kv[r] == kv_want[r];

@@ -1200,13 +1200,15 @@ __device__ void attend_row_kvhead(att_smem &sm, const float *__restrict__ Q, flo
 }
 
 /* One block per (row, KV head): attend_row_kvhead for the row's KV dtype; qG as attention_head_kernel;
- * grouping: 1 for the grouped score and value passes where G is 2 or 4 (IB_CUDA_ATT_GROUPED=0: 0). */
+ * grouping: 1 for the grouped score and value passes where G is 2 or 4 (IB_CUDA_ATT_GROUPED=0: 0). The
+ * step's last row takes the first blocks: a prompt's later rows attend more keys, so its longest blocks
+ * start first and its short ones fill the last wave (which block computes a row never changes a number). */
 __global__ void __launch_bounds__(ATT_THREADS, 4) attention_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
                                                                 const rowinfo *__restrict__ ri, int H, int KVH, int hd,
                                                                 int li, float scale, int block, int qG,
                                                                 int8_t *__restrict__ xq, float *__restrict__ qd,
                                                                 float *__restrict__ qad, qk_fuse fz, int grouping) {
-    const int r = blockIdx.x / KVH, kvh = blockIdx.x % KVH;
+    const int r = (int)(gridDim.x / KVH) - 1 - (int)blockIdx.x / KVH, kvh = blockIdx.x % KVH;
     const rowinfo info = ri[r];   /* uploaded before the step's first kernel */
     prefetch_kv(info, li, KVH, kvh, hd);
     PDL_ENTER();

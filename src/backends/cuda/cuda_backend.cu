@@ -121,12 +121,12 @@ enum mm_stage_mode { STAGE_NEVER, STAGE_BY_SHAPE, STAGE_FORCED };
 #define MM_TILE_SMEM_MAX (96 * 1024)    /* by default, weights from L2: with its terms, two blocks a multiprocessor */
 #define MM_TILE_SMEM_DRAM (48 * 1024)   /* by default, weights from DRAM */
 
-/* Which tensor-core kernel takes the Q8 products of a few rows on small grids (launch_products): by the
- * step's rows (the default: mm_q8_mma_pipe_kernel up to MMA_PIPE_MAX_ROWS, mm_q8_mma16_kernel beyond —
- * measured on the H200, docs/cuda.md: decode steps of 8-64 rows 6-65% faster on the first, 128-row
- * prefill 10% slower), or always one of them (IB_CUDA_MMA_KERNEL=pipe / 16: tests and measurements) */
-#define MMA_PIPE_MAX_ROWS 64
-enum mma_kernel_mode { MMA_BY_ROWS, MMA_PIPE, MMA_16 };
+/* Which tensor-core kernel takes the Q8 products on grids too small for the tiled one (launch_products):
+ * mm_q8_mma_pipe_kernel (the default, whatever the rows) or mm_q8_mma16_kernel (IB_CUDA_MMA_KERNEL=16:
+ * tests and measurements). Measured on the H200 (docs/cuda.md, "The pipelined kernel for every row
+ * count"): against mm_q8_mma16_kernel beyond 64 rows, qwen3-0.6b one 128-token prompt 35,539 -> 39,945
+ * tok/s, 96 tokens +10.7%, B=96 +4.5%, B=128 +7.5%, B=65 -1.3%; qwen3-8b B=65 +3.4%, B=96 +7.6%. */
+enum mma_kernel_mode { MMA_PIPE, MMA_16 };
 
 /* Whether mm_q8_mma_pipe_kernel's blocks take 16 outputs instead of 32: never (IB_CUDA_MMA_NARROW=0),
  * where 32 would leave multiprocessors idle (the default: launch_products), or always (=force: tests) */
@@ -500,7 +500,7 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         const char *bm = getenv("IB_CUDA_MMA_BM");
         b->mma_bm = bm && (atoi(bm) == 32 || atoi(bm) == 64) ? atoi(bm) : 0;
         const char *mk = getenv("IB_CUDA_MMA_KERNEL");
-        b->mma_kernel = !mk ? MMA_BY_ROWS : !strcmp(mk, "pipe") ? MMA_PIPE : !strcmp(mk, "16") ? MMA_16 : MMA_BY_ROWS;
+        b->mma_kernel = mk && !strcmp(mk, "16") ? MMA_16 : MMA_PIPE;
         b->mma_narrow = (mma_narrow_mode)env_mode("IB_CUDA_MMA_NARROW");
         const char *a = getenv("IB_CUDA_ATT_GROUP_ROWS");
         b->att_group_rows = a && atoi(a) > 0 ? atoi(a) : ATT_GROUP_MIN_ROWS;
@@ -854,8 +854,10 @@ static void push(cuda_backend *b, int op, int a0 = 0, int a1 = 0, int a2 = 0, in
     memcpy(r->a, a, sizeof a);
 }
 
-/* The step's rows cut into tiles of at most `rows` consecutive rows of one session, into b->h_tiles;
- * returns how many, or -1 where a row's session keeps a window (the tile kernel needs full caches). */
+/* The step's rows cut into tiles of at most `rows` consecutive rows of one session, into b->h_tiles,
+ * the step's last tile first (a prompt's later rows attend more keys: its longest blocks start first and
+ * its short ones fill the last wave; which block computes a tile never changes a number); returns how
+ * many, or -1 where a row's session keeps a window (the tile kernel needs full caches). */
 static int cut_tiles(cuda_backend *b, const ib_step_desc *d, int rows) {
     int n = 0;
     for (int r = 0; r < d->R;) {
@@ -864,6 +866,10 @@ static int cut_tiles(cuda_backend *b, const ib_step_desc *d, int rows) {
         while (e < d->R && d->row_item[e] == d->row_item[r] && e - r < rows) e++;
         b->h_tiles[n].r0 = r, b->h_tiles[n].n = e - r;
         n++, r = e;
+    }
+    for (int i = 0, j = n - 1; i < j; i++, j--) {
+        const att_tile t = b->h_tiles[i];
+        b->h_tiles[i] = b->h_tiles[j], b->h_tiles[j] = t;
     }
     return n;
 }
@@ -1144,8 +1150,7 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
                          : (fmt == IB_WQ4 ? mm_q8_gemm_kernel<IB_WQ4, 32> : mm_q8_gemm_kernel<IB_WQ8, 32>);
             launch(b, k, grid, 256, sm, m64, b->xq, b->qd, b->qad, R, fused, splits);
         } else {
-            const int pipe = b->mma_kernel == MMA_PIPE || (b->mma_kernel == MMA_BY_ROWS && R <= MMA_PIPE_MAX_ROWS);
-            if (pipe) {
+            if (b->mma_kernel == MMA_PIPE) {
                 /* blocks of 8 rows where the step has at most 8, else of 16; 16 outputs a block where
                  * 32 would give fewer blocks than multiprocessors — for 8-row blocks, fewer than half
                  * (b->mma_narrow; measured, docs/cuda.md) —, else 32, with the deeper pipeline where that
