@@ -118,7 +118,7 @@ fi
 if command -v ncu >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/ncu ]; then
     ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     "$ncu" --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
-        "$bin/test_backend_cuda" --profile >"$out/ncu.csv" 2>"$out/ncu.err"
+        "$bin/test_backend_cuda" --profile decode >"$out/ncu.csv" 2>"$out/ncu.err"
     python3 - "$out/ncu.csv" >>"$sum" <<'EOF2'
 import csv, collections, sys
 rows = list(csv.reader(open(sys.argv[1])))

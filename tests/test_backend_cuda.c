@@ -39,8 +39,9 @@
  * blocks by the grids' sizes, and at a 20 KiB bound).
  *
  * No GPU (or a build without CUDA): one SKIP line and no checks. `test_backend_cuda --bench` also
- * checks and times a qwen3-0.6b-shaped 4-bit model (decode B=1, B=128, prefill), `--profile` runs one
- * decode step at B=1 and one at B=128 for ncu — used on the device machine (bench/cuda_check.sh).
+ * checks and times a qwen3-0.6b-shaped 4-bit model (decode B=1, B=128, prefill), `--profile [b1|b128|
+ * decode|prefill|all [MODEL_DIR]]` runs one decode step at B=1, one at B=128 and one 128-token prompt's prefill (each
+ * between cudaProfilerStart/Stop, for `ncu --profile-from-start off`) — used on the device machine.
  */
 #include <math.h>
 #include <stdint.h>
@@ -877,7 +878,7 @@ static int cmp_dbl(const void *a, const void *b) {
 
 /* --bench: a qwen3-0.6b-shaped 4-bit model; prefill of a 128-token prompt, then decode at B=1 and B=128
  * (median step time), and the B=1 session's logits checked equal to row 0 of the B=128 batch. */
-static int bench(const char *dir_in, ib_act act, int profile) {
+static int bench(const char *dir_in, ib_act act, int profile, const char *which) {
     ib_error err;
     ib_model *m;
     char dir[64] = "/tmp/ib_cuda_bench_XXXXXX";
@@ -918,7 +919,10 @@ static int bench(const char *dir_in, ib_act act, int profile) {
     for (int i = 0; i < P; i++) prompt[i] = rndi(V);
     for (int i = 0; i < NDEC; i++) dec[i] = rndi(V);
     if (profile) {
-        /* 128 sessions prefilled (4 a step), then one decode step at B = 1 and one at B = 128 profiled */
+        /* 128 sessions prefilled (4 a step), then the profiled steps (`which`: b1, b128, decode (both),
+         * prefill or all):
+         * one decode step at B = 1, one at B = 128, one 128-token prompt in a step of its own (session
+         * 0's positions 0..127 written again with the same tokens) */
         for (int i0 = 0; i0 < BMAX; i0 += 4) {
             int R = 0;
             for (int i = 0; i < 4; i++) {
@@ -927,12 +931,26 @@ static int bench(const char *dir_in, ib_act act, int profile) {
             }
             if (fwd(b, m, kv + i0, 4, tok, pos, item, R, lrow, lg)) return 1;
         }
-        ib_cuda_profile(1);
-        tok[0] = dec[0], pos[0] = P, item[0] = 0, lrow[0] = 0;
-        if (fwd(b, m, kv, 1, tok, pos, item, 1, lrow, lg)) return 1;
-        for (int i = 0; i < BMAX; i++) tok[i] = dec[1], pos[i] = P + (i == 0), item[i] = i, lrow[i] = i;
-        if (fwd(b, m, kv, BMAX, tok, pos, item, BMAX, lrow, lg)) return 1;
-        ib_cuda_profile(0);
+        const int all = !strcmp(which, "all"), decode = all || !strcmp(which, "decode");
+        if (decode || !strcmp(which, "b1")) {
+            ib_cuda_profile(1);
+            tok[0] = dec[0], pos[0] = P, item[0] = 0, lrow[0] = 0;
+            if (fwd(b, m, kv, 1, tok, pos, item, 1, lrow, lg)) return 1;
+            ib_cuda_profile(0);
+        }
+        if (decode || !strcmp(which, "b128")) {
+            for (int i = 0; i < BMAX; i++) tok[i] = dec[1], pos[i] = P + (i == 0), item[i] = i, lrow[i] = i;
+            ib_cuda_profile(1);
+            if (fwd(b, m, kv, BMAX, tok, pos, item, BMAX, lrow, lg)) return 1;
+            ib_cuda_profile(0);
+        }
+        if (all || !strcmp(which, "prefill")) {
+            for (int r = 0; r < P; r++) tok[r] = prompt[r], pos[r] = r, item[r] = 0;
+            lrow[0] = P - 1;
+            ib_cuda_profile(1);
+            if (fwd(b, m, kv, 1, tok, pos, item, P, lrow, lg)) return 1;
+            ib_cuda_profile(0);
+        }
         return 0;
     }
     /* B = 1: prefill (timed), then NDEC decode steps (median) */
@@ -1075,13 +1093,13 @@ int main(int argc, char **argv) {
     }
     ib_cuda_describe(desc, sizeof desc);
     printf("device: %s\n", desc);
-    if (argc > 1 && !strcmp(argv[1], "--profile")) {
+    if (argc > 1 && !strcmp(argv[1], "--profile")) {   /* --profile [b1|b128|decode|prefill|all [MODEL_DIR]] */
         setenv("IB_CUDA_GRAPHS", "0", 1);
-        bench(NULL, IB_ACT_Q8, 1);
+        bench(argc > 3 ? argv[3] : NULL, IB_ACT_Q8, 1, argc > 2 ? argv[2] : "all");
         TEST_MAIN_END("test_backend_cuda --profile");
     }
     if (argc > 1 && !strcmp(argv[1], "--bench")) {
-        bench(argc > 2 ? argv[2] : NULL, IB_ACT_Q8, 0);
+        bench(argc > 2 ? argv[2] : NULL, IB_ACT_Q8, 0, "all");
         TEST_MAIN_END("test_backend_cuda --bench");
     }
     if (argc > 1 && !strcmp(argv[1], "--long-k")) { /* the long-K product checks alone */
