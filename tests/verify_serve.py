@@ -2,11 +2,13 @@
 """Replay verification (run by tests/t_verify.sh; python3 standard library only).
 
 A server on the tiny model answers a mix of requests at once — completions (text and token prompts,
-greedy, seeded, logit_bias, repetition penalty, several prompts), chat (plain, streamed, JSON mode) and
+greedy, seeded, logit_bias, repetition penalty, several prompts), chat (plain, streamed, JSON mode, a
+json_schema response_format) and
 session generations (full and sink+window, across several turns) — and every response's verification
 record must verify, through POST /v1/verify and through `isobatch verify` (alone, in another process).
 Tampered records (a changed token, seed, prompt token, history token, digest) must not, and must name
-the first diverging step. A server with an invariance fault (gemv-gemm) makes records that the clean
+the first diverging step; so must a json_schema record whose schema was edited, and a malformed
+constraint is refused naming its field. A server with an invariance fault (gemv-gemm) makes records that the clean
 CLI must reject. Bad records: one-line errors, 400/409, exit 2.
 Usage: verify_serve.py BIN WORKDIR
 """
@@ -91,6 +93,14 @@ subprocess.run([BIN, "mkmodel", "--preset", "tiny", "--seed", "9", "--out", mode
 subprocess.run([BIN, "mkmodel", "--preset", "tiny", "--seed", "10", "--out", other], check=True, stdout=subprocess.DEVNULL)
 
 
+# a json_schema response_format (its record holds it as sent); whitespace made less likely, so the
+# random model reaches the keys within max_tokens
+SCHEMA_RF = {"type": "json_schema", "json_schema": {"name": "pair", "strict": True, "schema": {
+    "type": "object", "properties": {"alpha": {"type": "integer"}, "beta": {"enum": ["x", "y"]}},
+    "required": ["alpha", "beta"], "additionalProperties": False}}}
+WS_BIAS = {"9": -3, "10": -3, "13": -3, "32": -3}
+
+
 def workload(url, records, prefix="", k=0):
     """a mix of requests at once (seeds offset by 1000 k); each response's records appended to records"""
     M = "tiny"
@@ -111,6 +121,9 @@ def workload(url, records, prefix="", k=0):
     reqs.append(("POST", "/v1/chat/completions", {"model": M, "messages": [{"role": "user", "content": "json"}],
                                                   "max_tokens": 14, "seed": 1000 * k + 7, "temperature": 1.0,
                                                   "response_format": {"type": "json_object"}}, False))
+    reqs.append(("POST", "/v1/chat/completions", {"model": M, "messages": [{"role": "user", "content": "schema"}],
+                                                  "max_tokens": 24, "seed": 1000 * k + 9, "temperature": 1.0,
+                                                  "logit_bias": WS_BIAS, "response_format": SCHEMA_RF}, False))
     out = []
 
     def one(r):
@@ -230,6 +243,42 @@ check(y.get("kv_dtype") == "f32", f"record of a float32-KV server: kv_dtype {y.g
 y["kv_dtype"] = "q8"   # re-run with 8-bit KV: other logits from the first step
 tamper_check("changed KV type", y, 0)
 
+# json_schema records: the request's response_format as sent, matching (above); the schema edited so
+# the reply's first key cannot be written (both properties renamed) diverges by the token that wrote
+# its first letter; the old form of such a record ("json_object") is read as json_object
+srec = [x for r, x in records if isinstance(r[2], dict) and r[2].get("response_format") == SCHEMA_RF]
+check(len(srec) >= 10 and all(x.get("response_format") == SCHEMA_RF and x.get("stop_ids") for x in srec),
+      f"json_schema records: {len(srec)}, {[x.get('response_format') for x in srec[:2]]}")
+def key_step(rec):
+    """the step whose token wrote the reply's first key letter (the text through it holds '"a' or
+    '"b'; read back through /detokenize), or None when the reply stopped before it"""
+    for k in range(len(rec["tokens"])):
+        st, d = req(U, "POST", "/detokenize", {"tokens": rec["tokens"][:k + 1]})
+        if st == 200 and ('"a' in d.get("content", "") or '"b' in d.get("content", "")):
+            return k
+    return None
+
+
+keyed = [(x, key_step(x)) for x in srec[:6]]
+keyed = [(x, k) for x, k in keyed if k is not None]
+if check(len(keyed) > 0, "a json_schema reply that reached its first key"):
+    y = copy.deepcopy(keyed[0][0])
+    sc = y["response_format"]["json_schema"]["schema"]
+    sc["properties"] = {"gamma": sc["properties"]["alpha"], "delta": sc["properties"]["beta"]}
+    sc["required"] = ["gamma", "delta"]
+    tamper_check("json_schema with its properties renamed", y, None)
+    st, res = req(U, "POST", "/v1/verify", y)
+    check(st == 200 and isinstance(res.get("first_diverging_step"), int) and res["first_diverging_step"] <= keyed[0][1],
+          f"renamed properties diverge by the first key's letter (step {keyed[0][1]}): {res}")
+    y = copy.deepcopy(keyed[0][0])
+    y["response_format"]["json_schema"]["schema"]["properties"]["beta"]["enum"] = ["z"]
+    st, res = req(U, "POST", "/v1/verify", y)
+    check(st == 200 and isinstance(res.get("match"), bool), f"an edited enum re-runs: {st} {res}")
+    y = copy.deepcopy(keyed[0][0])
+    y["response_format"] = "json_object"
+    st, res = req(U, "POST", "/v1/verify", y)
+    check(st == 200 and isinstance(res.get("match"), bool), f"a record in the old form (json_object) re-runs: {st} {res}")
+
 # bad records: 400 naming verification; another model: 409 / exit 2; not JSON: exit 2, one line
 x = sampled[0]
 for name, mut in (("no tokens", lambda y: y.pop("tokens")), ("bad act", lambda y: y.__setitem__("act", "f64")),
@@ -243,6 +292,30 @@ for name, mut in (("no tokens", lambda y: y.pop("tokens")), ("bad act", lambda y
     check(st == 400 and res and res["error"]["param"] == "verification", f"bad record {name}: {st} {res}")
     rc, _, err = cli_verify(model, y)
     check(rc == 2 and len(err.strip().splitlines()) == 1, f"CLI bad record {name}: exit {rc} {err!r}")
+# bad constraints: 400 / exit 2, one line naming the field
+if srec:
+    sx = srec[0]
+    for name, mut, field in (
+            ("response_format text", lambda y: y.__setitem__("response_format", {"type": "text"}), "verification.response_format"),
+            ("response_format a number", lambda y: y.__setitem__("response_format", 5), "verification.response_format"),
+            ("response_format json_schema as a string", lambda y: y.__setitem__("response_format", "json_schema"),
+             "verification.response_format"),
+            ("a schema keyword outside the subset", lambda y: y["response_format"]["json_schema"]["schema"]["properties"]["beta"]
+             .__setitem__("pattern", "x"), "verification.response_format.json_schema.schema"),
+            ("a schema type unknown", lambda y: y["response_format"]["json_schema"]["schema"].__setitem__("type", "thing"),
+             "verification.response_format.json_schema.schema"),
+            ("a json_schema without its schema", lambda y: y["response_format"]["json_schema"].pop("schema"),
+             "verification.response_format.json_schema"),
+            ("tool_choice without tools", lambda y: y.__setitem__("tool_choice", "required"), "verification.tools"),
+            ("a stop id out of range", lambda y: y["stop_ids"].__setitem__(0, 1 << 20), "verification.stop_ids")):
+        y = copy.deepcopy(sx)
+        mut(y)
+        st, res = req(U, "POST", "/v1/verify", y)
+        msg = (res or {}).get("error", {}).get("message", "")
+        check(st == 400 and res["error"]["param"] == "verification" and field in msg and "\n" not in msg,
+              f"bad constraint {name}: {st} {res}")
+        rc, _, err = cli_verify(model, y)
+        check(rc == 2 and len(err.strip().splitlines()) == 1 and field in err, f"CLI bad constraint {name}: exit {rc} {err!r}")
 y = copy.deepcopy(x)
 y["model"] = "sha256:" + "0" * 64
 st, res = req(U, "POST", "/v1/verify", y)
