@@ -90,6 +90,11 @@ def is_call(body):
     return body["choices"][0]["finish_reason"] == "tool_calls"
 
 
+want_tools = [{"type": "function", "function": {"name": t["function"]["name"], "parameters": t["function"]["parameters"]}}
+              for t in TOOLS]
+required = [b for b in map(load, required_files) if is_call(b)]
+paroff = [b for b in map(load, paroff_files) if is_call(b)]
+
 # ---- a named tool_choice: the record holds that function (name, parameters) and the choice
 forced = [b for b in map(load, forced_files) if is_call(b)]
 check(len(forced) >= 2, f"forced calls to verify: {len(forced)}")
@@ -101,6 +106,9 @@ for i, b in enumerate(forced):
     check(got == want and "response_format" not in rec and "parallel_tool_calls" not in rec and rec.get("stop_ids"),
           f"forced call {i}: the record's constraint {json.dumps(got)[:400]} (response_format {rec.get('response_format')})")
     holds(f"forced call {i}", rec, i < 2)
+if not (forced and "tools" in forced[0]["verification"]) or not required or "tools" not in required[0]["verification"]:
+    bad("no records with tools to edit: the edits below cannot run")
+    finish()
 b = forced[0]
 rec = b["verification"]
 # the property renamed: the reply's key "city" cannot be written; diverges by the token bringing the
@@ -118,10 +126,6 @@ y["tools"][0]["function"]["parameters"]["properties"]["city"]["enum"] = [c for c
 diverges(f"forced call, {city} out of the enum", y, step_reaching(b, text.index('"' + city) + 1 + len(city)))
 
 # ---- tool_choice "required": every function (name, parameters), the choice, parallel_tool_calls
-want_tools = [{"type": "function", "function": {"name": t["function"]["name"], "parameters": t["function"]["parameters"]}}
-              for t in TOOLS]
-required = [b for b in map(load, required_files) if is_call(b)]
-paroff = [b for b in map(load, paroff_files) if is_call(b)]
 check(len(required) >= 2 and len(paroff) >= 2, f"required replies to verify: {len(required)}, parallel off {len(paroff)}")
 for i, (b, par) in enumerate([(b, True) for b in required] + [(b, False) for b in paroff]):
     rec = b["verification"]
