@@ -202,7 +202,10 @@ __device__ __forceinline__ float dot16_lane(const float *q_s, typename kv_read<T
  * products) — the reference's operations in its order. A thread takes NG chains at a time: dimension d
  * of NG consecutive heads, so each value element is loaded once for them (NG = 1: a thread per element;
  * NG = G: a thread per dimension for all the query heads of a KV head). pw [heads][pws], c [heads][cs];
- * bt0 [nbk + 1] the blocks' first keys, then the chunk's size. Ends with a barrier. */
+ * bt0 [nbk + 1] the blocks' first keys, then the chunk's size. A value's element index slot * ld + d is
+ * formed in 32 bits (one multiply-add a key, then one wide address step: the 64-bit form took about
+ * seven instructions a key, more than the chain's own): vp is a plane of fewer than 2^32 elements
+ * (cuda_kv_create refuses larger ones). Ends with a barrier. */
 template <typename T, int NG = 1>
 __device__ void value_pass(float *out, int W, typename kv_read<T>::ptr vp, const int *slot, const float *pw, int pws,
                            const float *c, int cs, const int *bt0, int nbk, int hd, int ld) {
@@ -221,7 +224,7 @@ __device__ void value_pass(float *out, int W, typename kv_read<T>::ptr vp, const
                 typename KR::elem raw[16];
                 float v[16];
 #pragma unroll
-                for (int t = 0; t < 16; t++) raw[t] = KR::ld(vp, (size_t)slot[j + t] * ld + d);
+                for (int t = 0; t < 16; t++) raw[t] = KR::ld(vp, (size_t)((unsigned)slot[j + t] * (unsigned)ld + (unsigned)d));
 #pragma unroll
                 for (int t = 0; t < 16; t++) v[t] = KR::cvt(raw[t]);
 #pragma unroll
@@ -233,7 +236,7 @@ __device__ void value_pass(float *out, int W, typename kv_read<T>::ptr vp, const
                 typename KR::elem raw[4];
                 float v[4];
 #pragma unroll
-                for (int t = 0; t < 4; t++) raw[t] = KR::ld(vp, (size_t)slot[j + t] * ld + d);
+                for (int t = 0; t < 4; t++) raw[t] = KR::ld(vp, (size_t)((unsigned)slot[j + t] * (unsigned)ld + (unsigned)d));
 #pragma unroll
                 for (int t = 0; t < 4; t++) v[t] = KR::cvt(raw[t]);
 #pragma unroll
@@ -242,7 +245,7 @@ __device__ void value_pass(float *out, int W, typename kv_read<T>::ptr vp, const
                     for (int g = 0; g < NG; g++) o[g] = o[g] + pw[(size_t)(h0 + g) * pws + j + t] * v[t];
             }
             for (; j < je; j++) {
-                const float v = KR::cvt(KR::ld(vp, (size_t)slot[j] * ld + d));
+                const float v = KR::cvt(KR::ld(vp, (size_t)((unsigned)slot[j] * (unsigned)ld + (unsigned)d)));
 #pragma unroll
                 for (int g = 0; g < NG; g++) o[g] = o[g] + pw[(size_t)(h0 + g) * pws + j] * v;
             }

@@ -706,6 +706,13 @@ static ib_status cuda_kv_create(const ib_kv_desc *d, ib_kv **out, ib_error *err)
     *out = NULL;
     const char *why;
     if (!device_ok(&why)) return ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: %s", why);
+    /* the attention kernels index a (layer, k|v, head) plane's elements in 32 bits (value_pass) */
+    if ((uint64_t)d->capacity * (uint64_t)d->head_dim > UINT32_MAX)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "cuda: KV cache of %d positions x head dim %d: a plane of more than 2^32 elements",
+                       d->capacity, d->head_dim);
+    if ((uint64_t)d->sliding_capacity * (uint64_t)d->sliding_head_dim > UINT32_MAX)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "cuda: sliding KV of %d positions x head dim %d: a plane of more than 2^32 elements",
+                       d->sliding_capacity, d->sliding_head_dim);
     cuda_kv *kv = (cuda_kv *)calloc(1, sizeof *kv);
     if (!kv) return ib_fail(err, IB_ERR_NOMEM, "cuda: out of host memory");
     kv->pub.desc = *d;
