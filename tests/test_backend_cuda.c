@@ -1110,6 +1110,16 @@ int main(int argc, char **argv) {
         gemma_checks();
         TEST_MAIN_END("test_backend_cuda --gemma");
     }
+    {
+        /* a cache whose (layer, k|v, head) plane passes 2^32 elements is refused before any allocation
+         * (the attention kernels index a plane in 32 bits) */
+        ib_error err;
+        ib_kv *kv = NULL;
+        const ib_kv_desc big = {.dtype = IB_KV_F16, .n_layers = 1, .n_kv_heads = 1, .head_dim = 128, .capacity = 1 << 25};
+        const ib_status st = CU->kv_create(&big, &kv, &err);
+        CHECK(st != IB_OK && kv == NULL && strstr(err.msg, "2^32"), "kv_create of a 2^32-element plane: refused (%s)",
+              st != IB_OK ? err.msg : "accepted");
+    }
     static const struct { int bits, group; const char *name; } models[] = {
         {4, 64, "q4 g64"}, {8, 32, "q8 g32"}, {32, 0, "f32"}};
     for (int mi = 0; mi < 3; mi++) {
