@@ -34,7 +34,11 @@ trap cleanup EXIT
 finish() { echo "t_tools: $pass passed, $fail failed"; [ "$fail" = 0 ]; exit; }
 command -v curl >/dev/null || { bad "curl not found (apt-get install curl)"; finish; }
 command -v node >/dev/null || { bad "node not found (apt-get install nodejs)"; finish; }
-python3 -c 'import jsonschema' 2>/dev/null || { bad "python3 with jsonschema not found (apt-get install python3-jsonschema)"; finish; }
+# a python3 with jsonschema: the first on PATH, else the system's (Debian's python3-jsonschema lives there
+# when PATH's python3 is another installation)
+PY=""
+for p in python3 /usr/bin/python3; do "$p" -c 'import jsonschema' 2>/dev/null && { PY=$p; break; }; done
+[ -n "$PY" ] || { bad "python3 with jsonschema not found (apt-get install python3-jsonschema)"; finish; }
 [ -x "$BIN" ] || { bad "$BIN missing (run make)"; finish; }
 "$BIN" mkmodel --preset tiny --seed 9 --out "$T/tiny" >/dev/null || { bad "mkmodel"; finish; }
 cp -r "$T/tiny" "$T/tools"
@@ -126,7 +130,7 @@ rcalls=0; rnames=""; multi=""
 for seed in 1 2 3 4 5 6 7 8; do
     req 200 "required seed $seed" "$U/v1/chat/completions" "{$RBASE,$RTOOLS,$REQ,\"seed\":$seed}"
     cp "$T/body" "$T/required$seed"
-    v=$(python3 -c "$RCHECK" "$T/body" "$RTOOLS_A" 2>&1)
+    v=$("$PY" -c "$RCHECK" "$T/body" "$RTOOLS_A" 2>&1)
     case $v in
         [1-9]*) ok; rcalls=$((rcalls+1)); rnames="$rnames ${v#* }"; [ "${v%% *}" -ge 2 ] && multi="$multi $seed" ;;
         length) ;;
@@ -140,7 +144,7 @@ done
 for seed in 1 2 3 4 5 6 7 8; do
     req 200 "required, parallel off, seed $seed" "$U/v1/chat/completions" "{$RBASE,$RTOOLS,$REQ,\"parallel_tool_calls\":false,\"seed\":$seed}"
     cp "$T/body" "$T/reqp$seed"
-    v=$(python3 -c "$RCHECK" "$T/body" "$RTOOLS_A" 2>&1)
+    v=$("$PY" -c "$RCHECK" "$T/body" "$RTOOLS_A" 2>&1)
     case " $multi " in *" $seed "*) [ "${v%% *}" = 1 ] && ok || bad "required, parallel off, seed $seed: $v (not one call)" ;; esac
     case $v in "1 "*|length) ok ;; *) bad "required, parallel off, seed $seed: $v: $(head -c 400 "$T/body")" ;; esac
 done
@@ -238,7 +242,7 @@ field_400 "functions (the old form)" unsupported_parameter functions "{$CH,\"fun
 
 # ---- verification records of the forced calls: the constraint in the record, each re-run matching;
 # edited constraints diverging, malformed ones refused (tests/verify_tools.py; the CLI is $SBIN's)
-python3 "$ROOT/tests/verify_tools.py" "$U" "$SBIN" "$T/tools" "$T" "$RTOOLS_A" "$T"/forced[1-4] -- "$T"/required[1-8] -- "$T"/reqp[1-8] > "$T/vt.log" 2>&1
+"$PY" "$ROOT/tests/verify_tools.py" "$U" "$SBIN" "$T/tools" "$T" "$RTOOLS_A" "$T"/forced[1-4] -- "$T"/required[1-8] -- "$T"/reqp[1-8] > "$T/vt.log" 2>&1
 grep '^FAIL' "$T/vt.log"
 vt=$(tail -1 "$T/vt.log"); echo "  $vt"
 case $vt in "verify_tools: "*" passed, "*" failed")
