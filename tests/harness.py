@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -79,3 +80,17 @@ def http_json(url, method, path, body=None, headers=None, timeout=60):
             return e.code, None
     except (urllib.error.URLError, ConnectionError, socket.timeout) as e:
         return 0, str(e)
+
+
+def verify_cli(bin_path, model, rec, path, timeout=300):
+    """`BIN verify -m MODEL --json PATH` on record rec (written to path): (exit status, the JSON verdict
+    or None, stderr)"""
+    with open(path, "w") as fh:
+        json.dump(rec, fh)
+    r = subprocess.run([bin_path, "verify", "-m", model, "--json", path], capture_output=True, text=True,
+                       timeout=timeout)
+    try:
+        res = json.loads(r.stdout) if r.stdout.strip() else None
+    except ValueError:
+        res = None
+    return r.returncode, res, r.stderr

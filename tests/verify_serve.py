@@ -76,15 +76,7 @@ def record_of(status, body):
 
 
 def cli_verify(model, rec):
-    f = os.path.join(T, "rec%d.json" % threading.get_ident())
-    with open(f, "w") as fh:
-        json.dump(rec, fh)
-    r = subprocess.run([BIN, "verify", "-m", model, "--json", f], capture_output=True, text=True, timeout=120)
-    try:
-        res = json.loads(r.stdout) if r.stdout.strip() else None
-    except ValueError:
-        res = None
-    return r.returncode, res, r.stderr
+    return harness.verify_cli(BIN, model, rec, os.path.join(T, "rec%d.json" % threading.get_ident()), 120)
 
 
 model = os.path.join(T, "tiny")

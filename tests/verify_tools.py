@@ -14,7 +14,6 @@ Usage: verify_tools.py URL BIN MODEL_DIR WORKDIR TOOLS_JSON FORCED_BODY... -- RE
 import copy
 import json
 import os
-import subprocess
 import sys
 
 import harness
@@ -39,15 +38,7 @@ def load(f):
 
 
 def cli(rec):
-    f = os.path.join(T, "vt_rec.json")
-    with open(f, "w") as fh:
-        json.dump(rec, fh)
-    r = subprocess.run([BIN, "verify", "-m", MODEL, "--json", f], capture_output=True, text=True, timeout=300)
-    try:
-        res = json.loads(r.stdout) if r.stdout.strip() else None
-    except ValueError:
-        res = None
-    return r.returncode, res, r.stderr
+    return harness.verify_cli(BIN, MODEL, rec, os.path.join(T, "vt_rec.json"))
 
 
 def step_reaching(body, n):
