@@ -48,8 +48,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         json_decref(j);
         return 0;
     }
-    if (rec.n_tokens < 1 || rec.n_prompt < 1 || rec.n_stop > 8 || (rec.json_mode != (rec.constraint != NULL))) abort();
-    if (rec.json_mode) {
+    if (rec.n_tokens < 1 || rec.n_prompt < 1 || rec.n_stop > 8) abort();
+    if (rec.constraint) {
         ib_api_tool_use tu;
         const char *param = NULL;
         char m[256];

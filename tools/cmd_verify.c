@@ -81,7 +81,7 @@ int cmd_verify(int argc, char **argv) {
     ib_engine_opts eo = {.threads = (int)threads, .act = rec.act, .max_step_tokens = 64};
     ib_sched_opts so = {.max_batch = 1, .prefill_chunk = 64};
     rc = 2;
-    if (rec.json_mode) {
+    if (rec.constraint) {
         if (ib_json_vocab_init(&jv, m)) {
             cli_error("verify: out of memory");
             goto done;

@@ -238,7 +238,6 @@ int ib_verify_parse(json_t *j, int vocab, int max_context, ib_vrec *r, char *msg
         return -1;
     }
     if (r->constraint) {
-        r->json_mode = 1;
         int32_t *st = NULL;
         int ns = 0;
         if (get_ids(v, "stop_ids", vocab, 0, &st, &ns, msg, msz)) {
@@ -288,7 +287,7 @@ static void run_event(void *ctx, const ib_sched_event *ev) {
             run->digests[run->n] = run->h;
             run->n++;
         }
-        if (run->rec->json_mode && run->jv) { /* as the server advances its reader past each token */
+        if (run->rec->constraint && run->jv) { /* as the server advances its reader past each token */
             int stop = 0;
             for (int i = 0; i < run->rec->n_stop; i++) stop |= run->rec->stop_ids[i] == ev->token;
             for (size_t k = run->jv->off[ev->token]; !stop && k < run->jv->off[ev->token + 1]; k++)
@@ -312,7 +311,7 @@ static int run_constrain(void *ctx, float *logits, int vocab) {
 ib_status ib_verify_submit(ib_sched *sched, const ib_model *m, ib_backend_kind backend, const ib_json_vocab *jv,
                            const ib_vrec *rec, ib_vrun *run, ib_error *err) {
     memset(run, 0, sizeof *run);
-    if (rec->json_mode && !jv) return ib_fail(err, IB_ERR_INVALID_ARG, "verify: a constrained record needs the vocabulary");
+    if (rec->constraint && !jv) return ib_fail(err, IB_ERR_INVALID_ARG, "verify: a constrained record needs the vocabulary");
     pthread_mutex_init(&run->mu, NULL);
     pthread_cond_init(&run->cv, NULL);
     run->rec = rec;
@@ -320,7 +319,7 @@ ib_status ib_verify_submit(ib_sched *sched, const ib_model *m, ib_backend_kind b
     run->h = IB_DIGEST_INIT;
     run->vocab = ib_model_get_info(m)->vocab_size;
     ib_json_init(&run->json);
-    if (rec->json_mode) { /* the mask the server used, built by the server's own set-up */
+    if (rec->constraint) { /* the mask the server used, built by the server's own set-up */
         ib_api_tool_use tu;
         const char *param;
         char m[256];
@@ -344,7 +343,7 @@ ib_status ib_verify_submit(ib_sched *sched, const ib_model *m, ib_backend_kind b
     ib_sched_job jb = {.session = run->s, .prompt = rec->hist, .n_prompt = total, .n_replay = rec->n_hist,
                        .max_new_tokens = rec->n_tokens, .on_event = run_event, .ctx = run,
                        .logit_bias_ids = rec->bias_ids, .logit_bias = rec->bias, .n_logit_bias = rec->n_bias,
-                       .constrain = rec->json_mode ? run_constrain : NULL, .constrain_ctx = run, .digest_logits = 1};
+                       .constrain = rec->constraint ? run_constrain : NULL, .constrain_ctx = run, .digest_logits = 1};
     return ib_sched_submit(sched, &jb, NULL, err);
 }
 

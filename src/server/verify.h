@@ -74,8 +74,7 @@ typedef struct ib_vrec {
     int32_t *bias_ids;
     float *bias;
     int n_bias;
-    int json_mode;      /* the reply was constrained: constraint holds how */
-    json_t *constraint; /* the constraint as a chat body (ib_constraint_from_record), or NULL */
+    json_t *constraint; /* the reply's constraint as a chat body (ib_constraint_from_record), or NULL: unconstrained */
     int32_t stop_ids[8];
     int n_stop;
     int32_t *tokens; /* [n_tokens] */
