@@ -253,6 +253,9 @@ void ib_schema_free(ib_schema *sc);
 ib_schema_run *ib_schema_run_new(ib_schema *sc);
 /* A copy of r at the same text, sharing r's schema (free it before r); NULL when out of memory. */
 ib_schema_run *ib_schema_run_clone(const ib_schema_run *r);
+/* dst (a clone: it borrows its schema) set to src's text over src's schema, in place — no allocation
+ * (its walk stack, if any, is kept for its own next mask). */
+void ib_schema_run_copy(ib_schema_run *dst, const ib_schema_run *src);
 void ib_schema_run_free(ib_schema_run *r);
 /* Feed one byte: 0 when the text can still become a value of the schema, -1 when not (the reader is
  * then dead: every later byte is refused too). */

@@ -924,6 +924,11 @@ ib_schema_run *ib_schema_run_clone(const ib_schema_run *r) {
     return c;
 }
 
+void ib_schema_run_copy(ib_schema_run *dst, const ib_schema_run *src) {
+    dst->sc = src->sc;
+    scopy(&dst->cur, &src->cur);
+}
+
 void ib_schema_run_free(ib_schema_run *r) {
     if (!r) return;
     if (!r->borrowed) ib_schema_free(r->sc);

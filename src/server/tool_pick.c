@@ -20,6 +20,10 @@
  * a name, after ARGS with parallel calls, in a close — every token is stepped through a copy of the
  * reader (a name's bytes are a binary search in the range; a token that gets into ARGS steps a copy of
  * that function's reader). The mask allows exactly the tokens whose bytes the reader takes.
+ *
+ * Memory: the schema readers the reply and the mask step (the reply's ARGS reader, the mask's scratch
+ * copy) are made at set-up and copied into in place (ib_schema_run_copy), so a decode step allocates
+ * nothing here (the vocabulary's "}}" tokens are listed once, at the first mask).
  */
 #include "server/api.h"
 
@@ -55,8 +59,9 @@ struct ib_tool_pick {
     pick_fn *fn;         /* [n] sorted by lit's bytes */
     int n, parallel;
     pick_at at;          /* the reply so far */
-    ib_json_state args;  /* AT_ARGS: fn[at.lo]'s reader over this call's ARGS (run: a clone, owned) */
-    int own;             /* args holds a clone to free */
+    ib_json_state args;  /* AT_ARGS: fn[at.lo]'s reader over this call's ARGS (run: reply_run) */
+    ib_schema_run *reply_run, *scratch;   /* the reply's ARGS schema reader; the mask's copy (borrowed
+                                           * schemas; NULL when no function has a schema) */
     int32_t *cc;         /* parallel: the vocabulary's tokens holding "}}" (built at the first mask) */
     float *cc_logit;     /* [n_cc] their logits kept across the ARGS' own mask */
     int n_cc, cc_built;
@@ -66,7 +71,8 @@ static int fn_cmp(const void *a, const void *b) { return strcmp(((const pick_fn 
 
 void ib_tool_pick_free(ib_tool_pick *pk) {
     if (!pk) return;
-    if (pk->own) ib_json_release(&pk->args);   /* a clone borrows its function's schema: first */
+    ib_schema_run_free(pk->reply_run);   /* they borrow the functions' schemas: first */
+    ib_schema_run_free(pk->scratch);
     for (int i = 0; i < pk->n; i++) {
         free(pk->fn[i].lit);
         ib_json_release(&pk->fn[i].start);
@@ -99,6 +105,10 @@ int ib_tool_pick_setup(ib_json_state *s, json_t *tools, int parallel) {
         if (rc != 1) goto oom;
     }
     qsort(pk->fn, (size_t)pk->n, sizeof *pk->fn, fn_cmp);
+    for (int i = 0; i < pk->n && !pk->reply_run; i++)
+        if (pk->fn[i].start.run && (!(pk->reply_run = ib_schema_run_clone(pk->fn[i].start.run)) ||
+                                    !(pk->scratch = ib_schema_run_clone(pk->fn[i].start.run))))
+            goto oom;
     pk->at = (pick_at){AT_NAME, 0, pk->n, 0, 0};
     s->pick = pk;
     return 1;
@@ -107,11 +117,11 @@ oom:
     return -1;
 }
 
-/* Step the position a by byte c, with args the reader of the ARGS being read (*own: it holds a clone
- * of its own). Entering ARGS sets args to a fresh clone of the function's reader (freeing one owned);
- * leaving them leaves args as it is (the caller frees it once it is done with the step). 0 when c is
- * accepted; -1 when not (a is then undefined). */
-static int feed(const ib_tool_pick *pk, pick_at *a, ib_json_state *args, int *own, unsigned char c) {
+/* Step the position a by byte c, with args the reader of the ARGS being read. Entering ARGS sets args
+ * to the function's reader at the empty text, its schema reader (if any) copied into run (reply_run or
+ * scratch); leaving them leaves args as it is. 0 when c is accepted; -1 when not (a is then
+ * undefined). */
+static int feed(const ib_tool_pick *pk, pick_at *a, ib_json_state *args, ib_schema_run *run, unsigned char c) {
     switch (a->phase) {
     case AT_NAME: {
         /* the names in [lo, hi) share their first pos bytes, none ends there: their byte at pos grows */
@@ -131,12 +141,10 @@ static int feed(const ib_tool_pick *pk, pick_at *a, ib_json_state *args, int *ow
         a->lo = lo, a->hi = l, a->pos++;
         if (a->pos < pk->fn[lo].len) return 0;
         /* 'NAME", "arguments": ' whole (no other name has it as a prefix: names hold no '"') */
-        if (*own) ib_json_release(args);
         *args = pk->fn[lo].start;
-        *own = 0;
         if (args->run) {
-            if (!(args->run = ib_schema_run_clone(pk->fn[lo].start.run))) return -1;
-            *own = 1;
+            ib_schema_run_copy(run, pk->fn[lo].start.run);
+            args->run = run;
         }
         a->phase = AT_ARGS, a->ws = 0;
         return 0;
@@ -166,15 +174,7 @@ static int at_done(const pick_at *a, const ib_json_state *args) {
 }
 
 int ib_tool_pick_step(ib_tool_pick *pk, unsigned char c) {
-    if (!feed(pk, &pk->at, &pk->args, &pk->own, c)) {
-        if (pk->at.phase != AT_ARGS && pk->own) { /* out of the ARGS: their reader is done with */
-            ib_json_release(&pk->args);
-            pk->own = 0;
-        }
-        return 0;
-    }
-    if (pk->own) ib_json_release(&pk->args);
-    pk->own = 0;
+    if (!feed(pk, &pk->at, &pk->args, pk->reply_run, c)) return 0;
     ib_json_init(&pk->args);
     pk->at.phase = AT_DEAD;
     return -1;
@@ -182,13 +182,18 @@ int ib_tool_pick_step(ib_tool_pick *pk, unsigned char c) {
 
 int ib_tool_pick_done(const ib_tool_pick *pk) { return at_done(&pk->at, &pk->args); }
 
-/* Whether token t's bytes all step a copy of the reader (its ARGS reader the reply's own, read only:
- * a copy is stepped where the token goes into ARGS; from ARGS the caller passes a copy of its own). */
-static int token_ok(const ib_tool_pick *pk, const ib_json_vocab *v, int32_t t, ib_json_state args, int own) {
+/* Whether token t's bytes all step a copy of the reader. copy: the reply's ARGS reader is stepped
+ * through pk->scratch (inside ARGS); else it is only read (whole ARGS: the token can only leave them),
+ * and a token that gets into new ARGS steps them in pk->scratch. */
+static int token_ok(const ib_tool_pick *pk, const ib_json_vocab *v, int32_t t, int copy) {
     pick_at a = pk->at;
+    ib_json_state args = pk->args;
+    if (copy && args.run) {
+        ib_schema_run_copy(pk->scratch, args.run);
+        args.run = pk->scratch;
+    }
     int ok = v->off[t + 1] > v->off[t];
-    for (size_t k = v->off[t]; ok && k < v->off[t + 1]; k++) ok = !feed(pk, &a, &args, &own, (unsigned char)v->bytes[k]);
-    if (own) ib_json_release(&args);
+    for (size_t k = v->off[t]; ok && k < v->off[t + 1]; k++) ok = !feed(pk, &a, &args, pk->scratch, (unsigned char)v->bytes[k]);
     return ok;
 }
 
@@ -226,9 +231,8 @@ static int args_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, in
         if (t >= n || !isinf(logits[t]) || isinf(pk->cc_logit[i])) continue;
         int is_stop = 0;
         for (int k = 0; k < n_stop; k++) is_stop |= stop[k] == t;
-        ib_json_state args = pk->args;
-        if (is_stop || (args.run && !(args.run = ib_schema_run_clone(pk->args.run)))) continue;
-        if (token_ok(pk, v, t, args, args.run != NULL)) {
+        if (is_stop) continue;
+        if (token_ok(pk, v, t, 1)) {
             logits[t] = pk->cc_logit[i];
             allowed++;
         }
@@ -253,7 +257,7 @@ int ib_tool_pick_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, i
         /* a copy stepped; here its ARGS reader, if any, is whole, so only read */
         int ok = is_stop ? done
                          : pk->at.phase != AT_DEAD && !(args_end && v->off[t + 1] > v->off[t] && is_ws((unsigned char)v->bytes[v->off[t]])) &&
-                               token_ok(pk, v, t, pk->args, 0);
+                               token_ok(pk, v, t, 0);
         if (!ok) logits[t] = -INFINITY;
         allowed += !isinf(logits[t]);
     }
