@@ -42,24 +42,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (strcmp(cm[i].role, "system") && strcmp(cm[i].role, "user") && strcmp(cm[i].role, "assistant")) abort();
             free(cm);
         }
-        /* tools: the request's tool use, its messages in Qwen's form, and the body's "reply" read for calls */
+        /* tools: the request's tool use, its messages in Qwen's and Gemma 4's forms, and the body's
+         * "reply" read for calls in both */
         ib_api_tool_use tu;
         const char *tparam = NULL;
         int trc = ib_api_tools(b, &tu, &tparam, why, sizeof why);
         if (trc && trc != -3 && (!tparam || !why[0])) abort();
         if (!trc && tu.mode == IB_TOOLS_FORCED && (!tu.forced || !tu.name[0])) abort();
         ib_api_tool_msgs tm;
-        if (ib_api_tool_messages(json_object_get(b, "messages"), trc ? NULL : tu.tools, &tm, why, sizeof why) == 0) {
-            for (size_t i = 0; i < tm.n; i++)
-                if (!tm.m[i].role || !tm.m[i].content) abort();
-            ib_api_tool_msgs_free(&tm);
+        for (int form = IB_CHAT_TOOLS_QWEN; form <= IB_CHAT_TOOLS_GEMMA4; form++) {
+            int mrc = ib_api_tool_messages((ib_chat_tool_form)form, json_object_get(b, "messages"), trc ? NULL : tu.tools, &tm, why,
+                                           sizeof why);
+            if (mrc == -1 && !why[0]) abort();
+            if (mrc == 0) {
+                for (size_t i = 0; i < tm.n; i++)
+                    if (!tm.m[i].role || !tm.m[i].content || (tm.m[i].tool_text && form != IB_CHAT_TOOLS_GEMMA4)) abort();
+                ib_api_tool_msgs_free(&tm);
+            }
         }
         json_t *reply = json_object_get(b, "reply");
         if (json_is_string(reply)) {
-            size_t cl = 0;
-            json_t *calls = ib_api_tool_calls_read(json_string_value(reply), json_string_length(reply), "x", 0, &cl);
-            if (calls && (cl > json_string_length(reply) || json_array_size(calls) < 1)) abort();
-            json_decref(calls);
+            for (int form = 0; form < 2; form++) {
+                size_t cl = 0;
+                json_t *calls = form ? ib_gemma4_tool_calls_read(json_string_value(reply), json_string_length(reply), "x", 0, &cl)
+                                     : ib_api_tool_calls_read(json_string_value(reply), json_string_length(reply), "x", 0, &cl);
+                if (calls && (cl > json_string_length(reply) || json_array_size(calls) < 1)) abort();
+                json_decref(calls);
+            }
         }
         json_t *kv = json_object_get(b, "kv");
         int sink = 0, window = 0;

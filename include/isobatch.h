@@ -654,6 +654,11 @@ int ib_text_stream_flush(ib_text_stream *s, char *out, int cap);
 typedef struct ib_chat_msg {
     const char *role;      /* "system", "user", "assistant" */
     const char *content;   /* UTF-8 */
+    const char *tool_text; /* Gemma 4 only (NULL elsewhere and by default), in Gemma 4's own syntax,
+                            * written as it is: on a model turn, its tool calls and tool responses,
+                            * before the content (which still loses its thoughts and is trimmed); on
+                            * the first message when it is the system one, the tool declarations,
+                            * after the trimmed content */
 } ib_chat_msg;
 
 /* GENERATION_PROMPT: end with the assistant header. NO_THINKING: Qwen3's enable_thinking=false
@@ -665,9 +670,12 @@ typedef enum ib_chat_flags { IB_CHAT_GENERATION_PROMPT = 1, IB_CHAT_NO_THINKING 
 /* Render n messages into out (cap bytes, NUL-terminated when cap > 0) and return the full length
  * (which may exceed cap - 1: call again with a larger buffer), or -1 when the model has no known chat
  * format, an argument is NULL, or (Gemma 2/3, whose template refuses them) the turns after an optional
- * system message do not alternate user / assistant. As the Qwen3 template does, <think>…</think> is
- * dropped from assistant turns before the last user turn; Gemma 4's drops <|channel>…<channel|>
- * thoughts from model turns. Tokenize the result with ib_tokenize (no BOS added: the Llama 3 and
+ * system message do not alternate user / assistant, or a message has tool_text in a format other than
+ * Gemma 4's. As the Qwen3 template does, <think>…</think> is dropped from assistant turns before the
+ * last user turn; Gemma 4's drops <|channel>…<channel|> thoughts from model turns. Gemma 4: a model
+ * turn whose tool_text ends with a tool response (<tool_response|>) and whose content is empty is left
+ * open (no <turn|>): a following model message with tool_text continues it without a new header, and
+ * so does the generation prompt (the model answers inside the turn the results were written into). Tokenize the result with ib_tokenize (no BOS added: the Llama 3 and
  * Gemma formats write their BOS themselves). */
 long ib_chat_format(const ib_model *m, const ib_chat_msg *msgs, int n, int flags, char *out, size_t cap);
 

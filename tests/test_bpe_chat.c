@@ -41,6 +41,8 @@ static void expect_stream(const ib_tokenizer *bytes, const char *in, size_t n, c
 }
 
 #define FFFD "\xEF\xBF\xBD"
+#define MSG(r, c) {.role = (r), .content = (c)}
+#define TOOLMSG(c, tt) {.role = "assistant", .content = (c), .tool_text = (tt)}
 
 static void test_stream(void) {
     ib_tokenizer *b = NULL;
@@ -155,19 +157,89 @@ static void expect_chat(const ib_tokenizer *t, const ib_chat_msg *m, int n, int 
 static const char *const gemma_sp[] = {"<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<|turn>", "<turn|>", "<|channel>",
                                        "<channel|>"};
 
+/* Gemma 4's tool form: which tokenizers have it, and model turns with tool_text (calls and results in
+ * Gemma 4's syntax) — written before the content; a turn ending with results and no content left
+ * open, continued by the next model message with tool_text and by the generation prompt. */
+static void test_chat_gemma4_tools(void) {
+    static const char *const sp[] = {"<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<|turn>", "<turn|>", "<|channel>",
+                                     "<channel|>", "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+                                     "<tool_response|>", "<|\"|>"};
+    ib_tokenizer *t = load_dir_sp("g4tools", "{\"chat_template\": \"{{ '<|turn>' + role }}{{ '<|tool_call>call:' }}"
+                                             "{{- '<|channel>thought\\\\n<channel|>' -}}\", \"bos_token\": \"<bos>\"}", sp, 15);
+    if (!t) return;
+    CHECK(ib_tokenizer_chat_tools(t) == IB_CHAT_TOOLS_GEMMA4, "a Gemma 4 template writing <|tool_call>: Gemma 4's tools");
+    static const char C1[] = "<|tool_call>call:f{a:1}<tool_call|>", R1[] = "<|tool_response>response:f{r:2}<tool_response|>";
+    static const char C2[] = "<|tool_call>call:h{}<tool_call|>", R2[] = "<|tool_response>response:h{value:3}<tool_response|>";
+    char c1r1[256], c2r2[256];
+    snprintf(c1r1, sizeof c1r1, "%s%s", C1, R1);
+    snprintf(c2r2, sizeof c2r2, "%s%s", C2, R2);
+    /* results, no content: the turn stays open and the generation prompt goes on in it (no header) */
+    ib_chat_msg a[2] = {MSG("user", "q"), TOOLMSG("", c1r1)};
+    expect_chat(t, a, 2, IB_CHAT_GENERATION_PROMPT,
+                "<bos><|turn>user\nq<turn|>\n<|turn>model\n<|tool_call>call:f{a:1}<tool_call|>"
+                "<|tool_response>response:f{r:2}<tool_response|><|channel>thought\n<channel|>", __LINE__);
+    /* the answer after the results: content trimmed, thoughts dropped, the turn closed; then a new one */
+    ib_chat_msg b[2] = {MSG("user", "q"), TOOLMSG(" <|channel>thought\nx<channel|>It is 2. ", c1r1)};
+    expect_chat(t, b, 2, IB_CHAT_GENERATION_PROMPT,
+                "<bos><|turn>user\nq<turn|>\n<|turn>model\n<|tool_call>call:f{a:1}<tool_call|>"
+                "<|tool_response>response:f{r:2}<tool_response|>It is 2.<turn|>\n<|turn>model\n<|channel>thought\n<channel|>",
+                __LINE__);
+    /* calls after results continue the open turn; a user message after an open turn opens its own */
+    ib_chat_msg c[4] = {MSG("user", "q"), TOOLMSG("", c1r1), TOOLMSG("done", c2r2), MSG("user", "more")};
+    expect_chat(t, c, 4, 0,
+                "<bos><|turn>user\nq<turn|>\n<|turn>model\n<|tool_call>call:f{a:1}<tool_call|>"
+                "<|tool_response>response:f{r:2}<tool_response|><|tool_call>call:h{}<tool_call|>"
+                "<|tool_response>response:h{value:3}<tool_response|>done<turn|>\n<|turn>user\nmore<turn|>\n", __LINE__);
+    ib_chat_msg d[3] = {MSG("user", "q"), TOOLMSG("", c1r1), MSG("user", "more")};
+    expect_chat(t, d, 3, 0,
+                "<bos><|turn>user\nq<turn|>\n<|turn>model\n<|tool_call>call:f{a:1}<tool_call|>"
+                "<|tool_response>response:f{r:2}<tool_response|><|turn>user\nmore<turn|>\n", __LINE__);
+    /* calls without results close the turn; a plain model message after an open turn has a header */
+    ib_chat_msg e[2] = {MSG("user", "q"), TOOLMSG("", C1)};
+    expect_chat(t, e, 2, 0, "<bos><|turn>user\nq<turn|>\n<|turn>model\n<|tool_call>call:f{a:1}<tool_call|><turn|>\n", __LINE__);
+    ib_chat_msg f[3] = {MSG("user", "q"), TOOLMSG("", c1r1), MSG("assistant", "x")};
+    expect_chat(t, f, 3, 0,
+                "<bos><|turn>user\nq<turn|>\n<|turn>model\n<|tool_call>call:f{a:1}<tool_call|>"
+                "<|tool_response>response:f{r:2}<tool_response|><|turn>model\nx<turn|>\n", __LINE__);
+    /* tool_text belongs to model turns only */
+    ib_chat_msg u[1] = {{.role = "user", .content = "q", .tool_text = C1}};
+    CHECK_EQ_INT(ib_tokenizer_chat_format(t, u, 1, 0, NULL, 0), -1);
+    ib_tokenizer_free(t);
+    /* no template: the tool tokens decide; the template of the plain Gemma 4 test has no <|tool_call> */
+    t = load_dir_sp("g4toolsn", NULL, sp, 15);
+    if (!t) return;
+    CHECK(ib_tokenizer_chat_tools(t) == IB_CHAT_TOOLS_GEMMA4, "Gemma 4's tool tokens without a template: Gemma 4's tools");
+    ib_tokenizer_free(t);
+    t = load_dir_sp("g4toolsm", NULL, sp, 14);   /* no <|"|> */
+    if (!t) return;
+    CHECK(ib_tokenizer_chat_tools(t) == IB_CHAT_TOOLS_NONE, "a tool token missing: no tools");
+    ib_tokenizer_free(t);
+    t = load_dir_sp("g4toolst", "{\"chat_template\": \"{{ '<|turn>' + role }}\"}", sp, 15);
+    if (!t) return;
+    CHECK(ib_tokenizer_chat_tools(t) == IB_CHAT_TOOLS_NONE, "a Gemma 4 template without <|tool_call>: no tools");
+    ib_tokenizer_free(t);
+    /* other formats refuse tool_text */
+    t = load_dir("plainq", NULL);
+    if (!t) return;
+    ib_chat_msg q[2] = {MSG("user", "q"), TOOLMSG("", C1)};
+    CHECK_EQ_INT(ib_tokenizer_chat_format(t, q, 2, 0, NULL, 0), -1);
+    CHECK_EQ_INT(ib_tokenizer_chat_format(t, q, 1, 0, NULL, 0), (long)strlen("<|im_start|>user\nq<|im_end|>\n"));
+    ib_tokenizer_free(t);
+}
+
 static void test_chat_gemma(void) {
     /* Gemma 3: the system text opens the first user turn (untrimmed, then a blank line); content
      * trimmed; assistant is "model"; <bos> first */
     ib_tokenizer *t = load_dir_sp("gemma3", "{\"chat_template\": \"{{ bos_token }}{{ '<start_of_turn>' + role + '\\\\n' }}\","
                                             " \"bos_token\": \"<bos>\", \"eos_token\": \"<eos>\"}", gemma_sp, 8);
     if (!t) return;
-    ib_chat_msg m[4] = {{"system", " Be brief. "}, {"user", " hi\n"}, {"assistant", "Hello!\n\n"}, {"user", "2+2?"}};
+    ib_chat_msg m[4] = {MSG("system", " Be brief. "), MSG("user", " hi\n"), MSG("assistant", "Hello!\n\n"), MSG("user", "2+2?")};
     expect_chat(t, m, 4, IB_CHAT_GENERATION_PROMPT,
                 "<bos><start_of_turn>user\n Be brief. \n\nhi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
                 "<start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n", __LINE__);
     expect_chat(t, m + 1, 1, 0, "<bos><start_of_turn>user\nhi<end_of_turn>\n", __LINE__);
     /* the template refuses turns that do not alternate user / model */
-    ib_chat_msg bad[2] = {{"user", "a"}, {"user", "b"}};
+    ib_chat_msg bad[2] = {MSG("user", "a"), MSG("user", "b")};
     CHECK_EQ_INT(ib_tokenizer_chat_format(t, bad, 2, 0, NULL, 0), -1);
     CHECK_EQ_INT(ib_tokenizer_chat_format(t, m + 2, 1, 0, NULL, 0), -1);
     int32_t stops[4];
@@ -181,13 +253,13 @@ static void test_chat_gemma(void) {
                               "enable_thinking | default(false) -%}{{- '<|channel>thought\\\\n<channel|>' -}}{%- endif -%}\","
                               " \"bos_token\": \"<bos>\", \"eos_token\": \"<eos>\"}", gemma_sp, 8);
     if (!t) return;
-    ib_chat_msg g[4] = {{"system", " Be brief.\n"}, {"user", "hi "}, {"assistant", "<|channel>thought\nhm<channel|> Hello! "},
-                        {"user", "2+2?"}};
+    ib_chat_msg g[4] = {MSG("system", " Be brief.\n"), MSG("user", "hi "), MSG("assistant", "<|channel>thought\nhm<channel|> Hello! "),
+                        MSG("user", "2+2?")};
     expect_chat(t, g, 4, IB_CHAT_GENERATION_PROMPT,
                 "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nhi<turn|>\n<|turn>model\nHello!<turn|>\n"
                 "<|turn>user\n2+2?<turn|>\n<|turn>model\n<|channel>thought\n<channel|>", __LINE__);
     /* strip_thinking: each part between <channel|> markers up to its <|channel>, joined */
-    ib_chat_msg h[2] = {{"user", "u"}, {"assistant", "a<|channel>x<channel|>b<|channel>y"}};
+    ib_chat_msg h[2] = {MSG("user", "u"), MSG("assistant", "a<|channel>x<channel|>b<|channel>y")};
     expect_chat(t, h, 2, 0, "<bos><|turn>user\nu<turn|>\n<|turn>model\nab<turn|>\n", __LINE__);
     /* thinking on: <|think|> opens the system turn (written even without a system message), no empty thought */
     expect_chat(t, g, 2, IB_CHAT_GENERATION_PROMPT | IB_CHAT_THINKING,
@@ -208,6 +280,7 @@ static void test_chat_gemma(void) {
     expect_chat(t, g + 1, 1, IB_CHAT_GENERATION_PROMPT, "<|turn>user\nhi<turn|>\n<|turn>model\n", __LINE__);
     ib_tokenizer_free(t);
     static const char *const g3sp[] = {"<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"};
+    test_chat_gemma4_tools();
     t = load_dir_sp("gemma3n", NULL, g3sp, 4);
     if (!t) return;
     expect_chat(t, g + 1, 1, IB_CHAT_GENERATION_PROMPT, "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n", __LINE__);
@@ -224,7 +297,7 @@ static void test_chat(void) {
     /* ChatML from the special tokens alone (the files `isobatch mkmodel` writes have no template) */
     ib_tokenizer *t = load_dir("plain", NULL);
     if (!t) return;
-    ib_chat_msg m[4] = {{"system", "S"}, {"user", "U"}, {"assistant", "<think>\nr\n</think>\n\nA"}, {"user", "V"}};
+    ib_chat_msg m[4] = {MSG("system", "S"), MSG("user", "U"), MSG("assistant", "<think>\nr\n</think>\n\nA"), MSG("user", "V")};
     expect_chat(t, m, 2, IB_CHAT_GENERATION_PROMPT,
                 "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n", __LINE__);
     expect_chat(t, m + 1, 1, 0, "<|im_start|>user\nU<|im_end|>\n", __LINE__);
@@ -259,13 +332,13 @@ static void test_chat(void) {
                 "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n"
                 "<|im_start|>user\nV<|im_end|>\n<|im_start|>assistant\n", __LINE__);
     /* the final assistant turn after the last user turn keeps a (possibly empty) think block */
-    ib_chat_msg c[2] = {{"user", "U"}, {"assistant", "\n\nplain"}};
+    ib_chat_msg c[2] = {MSG("user", "U"), MSG("assistant", "\n\nplain")};
     expect_chat(t, c, 2, 0, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nplain<|im_end|>\n",
                 __LINE__);
-    ib_chat_msg d[2] = {{"user", "U"}, {"assistant", "<think>\n\nwhy\n\n</think>\n\nso"}};
+    ib_chat_msg d[2] = {MSG("user", "U"), MSG("assistant", "<think>\n\nwhy\n\n</think>\n\nso")};
     expect_chat(t, d, 2, 0, "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\nwhy\n</think>\n\nso<|im_end|>\n", __LINE__);
     /* a user turn that is a tool response does not count as the last query */
-    ib_chat_msg e[3] = {{"user", "U"}, {"assistant", "<think>r</think>A"}, {"user", "<tool_response>x</tool_response>"}};
+    ib_chat_msg e[3] = {MSG("user", "U"), MSG("assistant", "<think>r</think>A"), MSG("user", "<tool_response>x</tool_response>")};
     expect_chat(t, e, 3, 0,
                 "<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n<think>\nr\n</think>\n\nA<|im_end|>\n"
                 "<|im_start|>user\n<tool_response>x</tool_response><|im_end|>\n", __LINE__);
@@ -275,7 +348,7 @@ static void test_chat(void) {
     t = load_dir("llama3", "{\"chat_template\": \"{% set content = '<|start_header_id|>' + message['role'] %}\","
                            " \"bos_token\": \"<|begin_of_text|>\", \"eos_token\": \"<|end_of_text|>\"}");
     if (!t) return;
-    ib_chat_msg l[2] = {{"system", " Be brief.\n"}, {"user", "\t hi \xE3\x80\x80"}};
+    ib_chat_msg l[2] = {MSG("system", " Be brief.\n"), MSG("user", "\t hi \xE3\x80\x80")};
     expect_chat(t, l, 2, IB_CHAT_GENERATION_PROMPT,
                 "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
                 "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",

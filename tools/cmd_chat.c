@@ -74,7 +74,7 @@ static int add_msg(chat *c, const char *role, const char *text, size_t len) {
     if (!s) return -1;
     memcpy(s, text, len);
     s[len] = '\0';
-    c->msgs[c->n_msgs++] = (ib_chat_msg){role, s};
+    c->msgs[c->n_msgs++] = (ib_chat_msg){.role = role, .content = s};
     return 0;
 }
 

@@ -123,7 +123,7 @@ static int chat_mode;
 static int chat_flags;   /* --think / --no-think: IB_CHAT_THINKING / IB_CHAT_NO_THINKING */
 
 static int add_chat_text(prompts *p, const ib_model *m, const char *text) {
-    ib_chat_msg msg = {"user", text};
+    ib_chat_msg msg = {.role = "user", .content = text};
     const int flags = IB_CHAT_GENERATION_PROMPT | chat_flags;
     long n = ib_chat_format(m, &msg, 1, flags, NULL, 0);
     if (n < 0) return cli_usage_error("--chat: the model has no chat format (no chat template and no chat markers such as <|im_start|>/<|im_end|>)");

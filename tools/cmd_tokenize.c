@@ -181,7 +181,7 @@ static char *render(const ib_tokenizer *t, const ib_chat_msg *msgs, int n, int f
 static int process(ib_tokenizer *t, const char *text, size_t len, const tok_opts *o) {
     char *chat = NULL;
     if (o->chat) {
-        ib_chat_msg m[2] = {{"system", o->system ? o->system : ""}, {"user", text}};
+        ib_chat_msg m[2] = {{.role = "system", .content = o->system ? o->system : ""}, {.role = "user", .content = text}};
         int k = o->system ? 0 : 1;
         if (!(chat = render(t, m + k, 2 - k, o->chat_flags, &len))) return 1;
         text = chat;
@@ -208,7 +208,7 @@ static int process_messages(ib_tokenizer *t, const char *path, tok_opts o) {
     for (size_t i = 0; !rc && i < n; i++) {
         json_t *e = json_array_get(a, i), *r = json_object_get(e, "role"), *c = json_object_get(e, "content");
         if (!json_is_string(r) || !json_is_string(c)) rc = cli_error("%s: message %zu: needs string role and content", path, i);
-        else m[i] = (ib_chat_msg){json_string_value(r), json_string_value(c)};
+        else m[i] = (ib_chat_msg){.role = json_string_value(r), .content = json_string_value(c)};
     }
     size_t len = 0;
     char *text = rc ? NULL : render(t, m, (int)n, o.chat_flags, &len);

@@ -22,6 +22,7 @@
 #include <sys/socket.h>
 
 #include "isobatch.h"
+#include "tokenizer/tokenizer.h"
 
 /* ------------------------------------------------------------------ requests (api_request.c) */
 
@@ -93,19 +94,24 @@ typedef struct ib_api_tool_use {
  * subset); -3 out of memory. */
 int ib_api_tools(json_t *body, ib_api_tool_use *out, const char **param, char *msg, size_t msz);
 
-/* A chat request's messages rewritten into plain role/content messages of Qwen's tool form
- * (tool_calls.c's header): tools (NULL or empty: none) declared in the system turn, assistant
- * tool_calls written after their text, each run of tool messages one user turn of <tool_response>
- * blocks; roles system, developer (as system), user, assistant, tool; an assistant message with
- * tool_calls may have a null content. 0 with *o (free with ib_api_tool_msgs_free); -1 with a
- * message in why; -2 out of memory. */
+/* A chat request's messages rewritten into chat messages of the model's tool form (form: QWEN or
+ * GEMMA4). Qwen's (tool_calls.c's header): plain role/content messages, tools (NULL or empty: none)
+ * declared in the system turn, assistant tool_calls written after their text, each run of tool
+ * messages one user turn of <tool_response> blocks. Gemma 4's (tool_form_gemma4.c's header): the
+ * declarations and each model turn's calls and results in the messages' tool_text; a tool message
+ * must follow an assistant message with tool_calls, and a call's arguments must be an object's JSON
+ * text; a tool whose parameters the template could not write is refused naming the property. Roles
+ * system, developer (as system), user, assistant, tool; an assistant message with tool_calls may have
+ * a null content. The rewritten messages may point into msgs (Gemma 4's contents do): keep msgs
+ * until o is freed. 0 with *o (free with ib_api_tool_msgs_free); -1 with a message in why; -2 out of
+ * memory. */
 typedef struct ib_api_tool_msgs {
     ib_chat_msg *m;
     size_t n;
     char **own;         /* the rewritten contents */
     size_t n_own;
 } ib_api_tool_msgs;
-int ib_api_tool_messages(json_t *msgs, json_t *tools, ib_api_tool_msgs *o, char *why, size_t wsz);
+int ib_api_tool_messages(ib_chat_tool_form form, json_t *msgs, json_t *tools, ib_api_tool_msgs *o, char *why, size_t wsz);
 void ib_api_tool_msgs_free(ib_api_tool_msgs *o);
 
 /* The response_format a call's arguments are decoded under: a json_schema of the function's
@@ -124,6 +130,15 @@ char *ib_api_tool_call_prefix(const char *name);
  * *content_len the length of the text before the first block less trailing whitespace. NULL when
  * the text holds no such calls (a block cut off or not of that shape leaves the whole text text). */
 json_t *ib_api_tool_calls_read(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len);
+
+/* The same in Gemma 4's form (tool_form_gemma4.c): one or more <|tool_call>call:NAME{…}<tool_call|>,
+ * the arguments read from Gemma 4's value syntax (strings between <|"|> tokens, bare or quoted keys,
+ * numbers, true/false, null or None, lists, objects; no key twice; at most 64 deep) into JSON. */
+json_t *ib_gemma4_tool_calls_read(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len);
+
+/* The text a call opens with in form's replies ("<tool_call>" or "<|tool_call>"): what a stream holds
+ * back while it may still become one. */
+const char *ib_api_tool_call_marker(ib_chat_tool_form form);
 
 /* A forced call's tool_calls: [{"id": "call_<id_base>_0", "type": "function", "function": {"name":
  * name, "arguments": text[len] as compact JSON}}] when the text is one JSON object; else NULL. */

@@ -374,18 +374,22 @@ static json_t *reply_calls(const gen *g, size_t *content_len) {
         if (calls) *content_len = 0;
     } else if (g->tool_mode == IB_TOOLS_AUTO) {
         size_t cl = 0;
-        if ((calls = ib_api_tool_calls_read(g->text, g->text_len, g->id, g->tool_parallel ? 0 : 1, &cl))) *content_len = cl;
+        calls = g->tool_form == IB_CHAT_TOOLS_GEMMA4
+                    ? ib_gemma4_tool_calls_read(g->text, g->text_len, g->id, g->tool_parallel ? 0 : 1, &cl)
+                    : ib_api_tool_calls_read(g->text, g->text_len, g->id, g->tool_parallel ? 0 : 1, &cl);
+        if (calls) *content_len = cl;
     }
     return calls;
 }
 
 /* Tools in a stream, before the end: how far the content may go out now — nowhere past what is out
- * for a forced or "required" call (its text is the call); for "auto", up to the first "<tool_call>", or up to a
- * tail that may still become one, less trailing whitespace (the content of a reply with calls ends
- * without it). The cut falls on ASCII bytes, so on a character boundary. */
+ * for a forced or "required" call (its text is the call); for "auto", up to the first call opening
+ * ("<tool_call>", Gemma 4's "<|tool_call>"), or up to a tail that may still become one, less trailing
+ * whitespace (the content of a reply with calls ends without it). The cut falls on ASCII bytes, so on
+ * a character boundary. */
 static size_t tool_stream_end(const gen *g, size_t show) {
-    static const char open[] = "<tool_call>";
-    const size_t ol = sizeof open - 1;
+    const char *open = ib_api_tool_call_marker(g->tool_form);
+    const size_t ol = strlen(open);
     if (g->tool_mode == IB_TOOLS_FORCED || g->tool_mode == IB_TOOLS_REQUIRED || show <= g->emitted) return g->emitted;   /* (no text yet: NULL) */
     size_t lim = show;
     /* nothing out so far can hold an opening (the content stops before one), so look from there only */

@@ -492,8 +492,9 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
         if (np > 0) return handle_completions_multi(S, c, b, np, tidx);
     }
     int32_t *ids = NULL;
-    int n_ids = 0, trc = 0;
+    int n_ids = 0, trc = 0, history_tools = 0;
     ib_api_tool_use tu = {0};
+    const ib_chat_tool_form form = ib_tokenizer_chat_tools(S->m->tok);
     if (chat) {
         json_t *msgs = json_object_get(b, "messages");
         ib_chat_msg *cm = NULL;
@@ -504,16 +505,20 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
         if (trc0 == -3) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
         if (trc0 == -2) return send_error(S, c, 400, "invalid_request_error", "unsupported_parameter", tp, "%s", why);
         if (trc0) return BAD(tp, "%s", why);
-        const int history_tools = messages_use_tools(msgs);
-        if ((tu.mode != IB_TOOLS_OFF || history_tools) && !ib_tokenizer_chat_tools(S->m->tok))
+        history_tools = messages_use_tools(msgs);
+        if ((tu.mode != IB_TOOLS_OFF || history_tools) && form == IB_CHAT_TOOLS_NONE)
             return send_error(S, c, 400, "invalid_request_error", "unsupported_parameter",
                               tu.mode != IB_TOOLS_OFF ? "tools" : "messages",
                               "this model's chat template has no tool calls (tools need a ChatML template that "
-                              "writes <tool_call> blocks, as Qwen's do)");
+                              "writes <tool_call> blocks, as Qwen's do, or Gemma 4's, which writes <|tool_call>)");
+        if ((tu.mode == IB_TOOLS_FORCED || tu.mode == IB_TOOLS_REQUIRED) && form == IB_CHAT_TOOLS_GEMMA4)
+            return send_error(S, c, 400, "invalid_request_error", "unsupported_parameter", "tool_choice",
+                              "tool_choice %s is not available in Gemma 4's tool form here (\"auto\" and \"none\" are)",
+                              tu.mode == IB_TOOLS_REQUIRED ? "\"required\"" : "naming a function");
         ib_api_tool_msgs tm = {0};
         char *prefix = NULL;
         int mrc = tu.mode != IB_TOOLS_OFF || history_tools
-                      ? ib_api_tool_messages(msgs, tu.mode != IB_TOOLS_OFF ? tu.tools : NULL, &tm, why, sizeof why)
+                      ? ib_api_tool_messages(form, msgs, tu.mode != IB_TOOLS_OFF ? tu.tools : NULL, &tm, why, sizeof why)
                       : chat_messages(msgs, &cm, &nm, why, sizeof why);
         if (!mrc && tm.m) cm = tm.m, nm = tm.n, tm.m = NULL;   /* the array goes to chat_ids; the texts stay in tm */
         /* a call the reply must be: the prompt ends with its opening (up to the name for "required") */
@@ -612,15 +617,21 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
     g->inflight = 1;
     g->n_prompt = n_ids;
     gen_set_prompt(g, ids, n_ids);
-    if (chat)
+    if (chat) {
         g->n_stop_ids = ib_chat_stop_ids(S->m, g->stop_ids, MAX_STOP_IDS);
-    else if (S->info->eos_id >= 0)
+        /* Gemma 4 with tools: a reply ends where its calls hand over to the tools (the model would go on
+         * to write a result itself) */
+        const int32_t handover = form == IB_CHAT_TOOLS_GEMMA4 && (tu.mode != IB_TOOLS_OFF || history_tools)
+                                     ? ib_tokenizer_special(S->m->tok, "<|tool_response>")
+                                     : -1;
+        if (handover >= 0 && g->n_stop_ids < MAX_STOP_IDS) g->stop_ids[g->n_stop_ids++] = handover;
+    } else if (S->info->eos_id >= 0)
         g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
     /* response_format json_object / json_schema (checked by ib_api_check_fields; json_constraint.c); a
      * named tool_choice: the call's arguments under the function's parameters; "required": a declared
      * name, then its arguments (tool_pick.c; both checked above). constraint.c sets the mask up and
      * writes what the verification record says of it (the verifier rebuilds it from that). */
-    g->tool_mode = tu.mode, g->tool_parallel = tu.parallel;
+    g->tool_mode = tu.mode, g->tool_parallel = tu.parallel, g->tool_form = form;
     snprintf(g->tool_name, sizeof g->tool_name, "%s", tu.name);
     g->want_json = chat ? ib_constraint_setup(&g->json, b, &tu) : 0;
     if (g->want_json > 0 && !(g->vcons = ib_constraint_record(b, &tu))) g->want_json = -1;

@@ -134,6 +134,7 @@ typedef struct gen {
     int want_json;            /* decoding constrained (response_format, a forced call: constraint.c) */
     json_t *vcons;            /* that constraint's verification record fields (ib_constraint_record), or NULL */
     ib_api_tool_mode tool_mode;   /* chat with tools: the reply read for calls (AUTO), one forced call, or "required" */
+    ib_chat_tool_form tool_form;  /* the model's tool syntax the reply is read in (Qwen's or Gemma 4's) */
     int tool_parallel;        /* parallel_tool_calls: 0 keeps the first call only */
     char tool_name[65];       /* FORCED: the function called */
     ib_json_state json;       /* the JSON reader over the tokens generated so far (scheduler thread) */

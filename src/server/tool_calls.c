@@ -18,6 +18,7 @@
  * read back into tool_calls. Contracts in api.h.
  */
 #include "server/api.h"
+#include "server/tool_text.h"
 
 #include <ctype.h>
 #include <stdlib.h>
@@ -32,8 +33,7 @@ static const char tools_tail[] =
     "<args-json-object>}\n</tool_call>";
 static const char call_open[] = "<tool_call>", call_close[] = "</tool_call>";
 
-/* A function name as OpenAI takes it: 1 to 64 of a-z, A-Z, 0-9, _ and -. */
-static int name_ok(const char *s, size_t n) {
+int ib_tool_name_ok(const char *s, size_t n) {
     if (n < 1 || n > 64 || strlen(s) != n) return 0;
     for (size_t i = 0; i < n; i++)
         if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '-') return 0;
@@ -62,7 +62,7 @@ static int tool_check(json_t *t, size_t i, const char **param, char *msg, size_t
                                 !strcmp(k, "parameters") ? "an object (a JSON Schema)" : !strcmp(k, "strict") ? "a boolean" : "a string");
         return ib_api_failf(param, "tools", msg, msz, "tools[%zu].function.%.40s is not a field of a function", i, k);
     }
-    if (!json_is_string(nm) || !name_ok(json_string_value(nm), json_string_length(nm)))
+    if (!json_is_string(nm) || !ib_tool_name_ok(json_string_value(nm), json_string_length(nm)))
         return ib_api_failf(param, "tools", msg, msz, "tools[%zu].function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -", i);
     return 0;
 }
@@ -179,13 +179,7 @@ int ib_api_tools(json_t *body, ib_api_tool_use *out, const char **param, char *m
 
 /* ------------------------------------------------------------------ the messages in Qwen's form */
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} tbuf;
-
-static void put(tbuf *b, const char *s, size_t n) {
+void ib_tbuf_put(ib_tbuf *b, const char *s, size_t n) {
     if (b->oom) return;
     if (b->n + n + 1 > b->cap) {
         size_t c = b->cap ? b->cap : 256;
@@ -201,22 +195,21 @@ static void put(tbuf *b, const char *s, size_t n) {
     b->n += n;
     b->p[b->n] = '\0';
 }
-static void puts_(tbuf *b, const char *s) { put(b, s, strlen(s)); }
+void ib_tbuf_puts(ib_tbuf *b, const char *s) { ib_tbuf_put(b, s, strlen(s)); }
 
 /* JSON text of v as the templates' tojson writes it: ", " and ": " separators, keys in their order,
  * non-ASCII characters as they are. */
-static void put_json(tbuf *b, json_t *v) {
+static void put_json(ib_tbuf *b, json_t *v) {
     char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
     if (!s) {
         b->oom = 1;
         return;
     }
-    puts_(b, s);
+    ib_tbuf_puts(b, s);
     free(s);
 }
 
-/* A kept string of the rewritten messages. */
-static const char *keep(ib_api_tool_msgs *o, tbuf *b) {
+const char *ib_tool_msgs_keep(ib_api_tool_msgs *o, ib_tbuf *b) {
     if (b->oom) return NULL;
     char **q = realloc(o->own, (o->n_own + 1) * sizeof *q);
     if (!q) return NULL;
@@ -233,55 +226,81 @@ void ib_api_tool_msgs_free(ib_api_tool_msgs *o) {
     memset(o, 0, sizeof *o);
 }
 
-/* Message i's tool_calls, checked, written after what b holds (as the template writes them). */
-static int put_calls(tbuf *b, json_t *calls, size_t i, int had_text, char *why, size_t wsz) {
-    size_t j;
-    json_t *c;
-    if (!json_is_array(calls) || json_array_size(calls) < 1) {
+int ib_tool_call_check(json_t *calls, size_t i, size_t j, const char **name, json_t **args, char *why, size_t wsz) {
+    json_t *c = json_array_get(calls, j), *f = json_object_get(c, "function"), *nm = json_object_get(f, "name");
+    json_t *ty = json_object_get(c, "type");
+    *args = json_object_get(f, "arguments");
+    if (!json_is_object(c) || !json_is_object(f) || (ty && !(json_is_string(ty) && !strcmp(json_string_value(ty), "function")))) {
+        snprintf(why, wsz, "messages[%zu].tool_calls[%zu] must be {\"id\", \"type\": \"function\", \"function\": "
+                           "{\"name\", \"arguments\"}}", i, j);
+        return -1;
+    }
+    if (!json_is_string(nm) || !ib_tool_name_ok(json_string_value(nm), json_string_length(nm))) {
+        snprintf(why, wsz, "messages[%zu].tool_calls[%zu].function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -", i, j);
+        return -1;
+    }
+    if (!json_is_string(*args)) {
+        snprintf(why, wsz, "messages[%zu].tool_calls[%zu].function.arguments must be a string (JSON text)", i, j);
+        return -1;
+    }
+    *name = json_string_value(nm);
+    return 0;
+}
+
+int ib_tool_msg_check(json_t *msgs, size_t i, const char **role, json_t **content, json_t **calls, char *why, size_t wsz) {
+    json_t *m = json_array_get(msgs, i), *rv = json_object_get(m, "role"), *ct = json_object_get(m, "content");
+    json_t *tc = json_object_get(m, "tool_calls");
+    const char *r = json_is_string(rv) ? json_string_value(rv) : "";
+    if (!json_is_object(m) || !json_is_string(rv) || strlen(r) != json_string_length(rv)) {
+        snprintf(why, wsz, "messages[%zu] needs a string role", i);
+        return -1;
+    }
+    const int is_asst = !strcmp(r, "assistant");
+    if (strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") && !is_asst && strcmp(r, "tool")) {
+        snprintf(why, wsz, "messages[%zu].role '%.40s' is not system, developer, user, assistant or tool", i, r);
+        return -1;
+    }
+    if (tc && json_is_null(tc)) tc = NULL;
+    if (!json_is_string(ct) && !(is_asst && tc && (!ct || json_is_null(ct)))) {
+        snprintf(why, wsz, "messages[%zu] needs a string content", i);
+        return -1;
+    }
+    if (tc && !is_asst) {
+        snprintf(why, wsz, "messages[%zu]: only assistant messages carry tool_calls", i);
+        return -1;
+    }
+    if (tc && (!json_is_array(tc) || json_array_size(tc) < 1)) {
         snprintf(why, wsz, "messages[%zu].tool_calls must be a non-empty array", i);
         return -1;
     }
-    json_array_foreach(calls, j, c) {
-        json_t *f = json_object_get(c, "function"), *nm = json_object_get(f, "name"), *args = json_object_get(f, "arguments");
-        json_t *ty = json_object_get(c, "type");
-        if (!json_is_object(c) || !json_is_object(f) || (ty && !(json_is_string(ty) && !strcmp(json_string_value(ty), "function")))) {
-            snprintf(why, wsz, "messages[%zu].tool_calls[%zu] must be {\"id\", \"type\": \"function\", \"function\": "
-                               "{\"name\", \"arguments\"}}", i, j);
-            return -1;
-        }
-        if (!json_is_string(nm) || !name_ok(json_string_value(nm), json_string_length(nm))) {
-            snprintf(why, wsz, "messages[%zu].tool_calls[%zu].function.name must be 1 to 64 of a-z, A-Z, 0-9, _ and -", i, j);
-            return -1;
-        }
-        if (!json_is_string(args)) {
-            snprintf(why, wsz, "messages[%zu].tool_calls[%zu].function.arguments must be a string (JSON text)", i, j);
-            return -1;
-        }
-        if (had_text || j > 0) puts_(b, "\n");
-        puts_(b, call_open);
-        puts_(b, "\n{\"name\": \"");
-        puts_(b, json_string_value(nm));
-        puts_(b, "\", \"arguments\": ");
-        put(b, json_string_value(args), json_string_length(args));
-        puts_(b, "}\n");
-        puts_(b, call_close);
+    *role = r;
+    *content = json_is_string(ct) ? ct : NULL;
+    *calls = tc;
+    return 0;
+}
+
+/* Message i's tool_calls, checked, written after what b holds (as the template writes them). */
+static int put_calls(ib_tbuf *b, json_t *calls, size_t i, int had_text, char *why, size_t wsz) {
+    for (size_t j = 0; j < json_array_size(calls); j++) {
+        const char *name;
+        json_t *args;
+        if (ib_tool_call_check(calls, i, j, &name, &args, why, wsz)) return -1;
+        if (had_text || j > 0) ib_tbuf_puts(b, "\n");
+        ib_tbuf_puts(b, call_open);
+        ib_tbuf_puts(b, "\n{\"name\": \"");
+        ib_tbuf_puts(b, name);
+        ib_tbuf_puts(b, "\", \"arguments\": ");
+        ib_tbuf_put(b, json_string_value(args), json_string_length(args));
+        ib_tbuf_puts(b, "}\n");
+        ib_tbuf_puts(b, call_close);
     }
     return 0;
 }
 
-int ib_api_tool_messages(json_t *msgs, json_t *tools, ib_api_tool_msgs *o, char *why, size_t wsz) {
-    memset(o, 0, sizeof *o);
-    size_t nm = json_is_array(msgs) ? json_array_size(msgs) : 0;
-    if (nm < 1) {
-        snprintf(why, wsz, "messages must be a non-empty array");
-        return -1;
-    }
-    if (nm > IB_API_MAX_MESSAGES) {
-        snprintf(why, wsz, "messages holds %zu messages, more than the limit of %d", nm, IB_API_MAX_MESSAGES);
-        return -1;
-    }
-    if (!(o->m = calloc(nm + 1, sizeof *o->m))) return -2;
-    tbuf b = {0};
+/* ib_api_tool_messages in Qwen's form (this file's header). */
+static int qwen_messages(json_t *msgs, json_t *tools, ib_api_tool_msgs *o, char *why, size_t wsz) {
+    const size_t nm = json_array_size(msgs);
+    ib_tbuf b = {0};
     size_t i = 0;
     int rc = 0;
     const int ntools = json_is_array(tools) ? (int)json_array_size(tools) : 0;
@@ -295,93 +314,87 @@ int ib_api_tool_messages(json_t *msgs, json_t *tools, ib_api_tool_msgs *o, char 
             goto out;
         }
         if (sys0) {
-            put(&b, json_string_value(ct), json_string_length(ct));
-            puts_(&b, "\n\n");
+            ib_tbuf_put(&b, json_string_value(ct), json_string_length(ct));
+            ib_tbuf_puts(&b, "\n\n");
         }
-        puts_(&b, tools_head);
+        ib_tbuf_puts(&b, tools_head);
         size_t k;
         json_t *t;
         json_array_foreach(tools, k, t) {
-            puts_(&b, "\n");
+            ib_tbuf_puts(&b, "\n");
             put_json(&b, t);
         }
-        puts_(&b, tools_tail);
+        ib_tbuf_puts(&b, tools_tail);
         o->m[o->n].role = "system";
-        if (!(o->m[o->n++].content = keep(o, &b))) goto oom;
+        if (!(o->m[o->n++].content = ib_tool_msgs_keep(o, &b))) goto oom;
         i = sys0 ? 1 : 0;
     }
     for (; i < nm; i++) {
-        json_t *m = json_array_get(msgs, i), *role = json_object_get(m, "role"), *ct = json_object_get(m, "content");
-        json_t *calls = json_object_get(m, "tool_calls");
-        const char *r = json_is_string(role) ? json_string_value(role) : "";
-        if (!json_is_object(m) || !json_is_string(role) || strlen(r) != json_string_length(role)) {
-            snprintf(why, wsz, "messages[%zu] needs a string role", i);
+        const char *r;
+        json_t *ct, *calls;
+        if (ib_tool_msg_check(msgs, i, &r, &ct, &calls, why, wsz)) {
             rc = -1;
             goto out;
         }
-        const int is_tool = !strcmp(r, "tool"), is_asst = !strcmp(r, "assistant");
-        if (strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") && !is_asst && !is_tool) {
-            snprintf(why, wsz, "messages[%zu].role '%.40s' is not system, developer, user, assistant or tool", i, r);
-            rc = -1;
-            goto out;
-        }
-        const int null_ok = is_asst && calls && !json_is_null(calls);
-        if (!json_is_string(ct) && !(null_ok && (!ct || json_is_null(ct)))) {
-            snprintf(why, wsz, "messages[%zu] needs a string content", i);
-            rc = -1;
-            goto out;
-        }
-        if (calls && !json_is_null(calls) && !is_asst) {
-            snprintf(why, wsz, "messages[%zu]: only assistant messages carry tool_calls", i);
-            rc = -1;
-            goto out;
-        }
-        if (is_tool) { /* a run of tool messages: one user turn */
+        if (!strcmp(r, "tool")) { /* a run of tool messages: one user turn */
             for (;;) {
-                puts_(&b, "<tool_response>\n");
-                put(&b, json_string_value(ct), json_string_length(ct));
-                puts_(&b, "\n</tool_response>");
-                json_t *nx = i + 1 < nm ? json_array_get(msgs, i + 1) : NULL;
-                json_t *nr = json_object_get(nx, "role"), *nc = json_object_get(nx, "tool_calls");
-                if (!json_is_string(nr) || json_string_length(nr) != 4 || strcmp(json_string_value(nr), "tool")) break;
-                ct = json_object_get(nx, "content");
-                if (!json_is_string(ct) || (nc && !json_is_null(nc))) {
-                    snprintf(why, wsz, !json_is_string(ct) ? "messages[%zu] needs a string content"
-                                                           : "messages[%zu]: only assistant messages carry tool_calls", i + 1);
+                ib_tbuf_puts(&b, "<tool_response>\n");
+                ib_tbuf_put(&b, json_string_value(ct), json_string_length(ct));
+                ib_tbuf_puts(&b, "\n</tool_response>");
+                json_t *nr = json_object_get(json_array_get(msgs, i + 1), "role");
+                if (i + 1 >= nm || !json_is_string(nr) || strcmp(json_string_value(nr), "tool")) break;
+                if (ib_tool_msg_check(msgs, ++i, &r, &ct, &calls, why, wsz)) {
                     rc = -1;
                     goto out;
                 }
-                i++;
-                puts_(&b, "\n");
+                ib_tbuf_puts(&b, "\n");
             }
             o->m[o->n].role = "user";
         } else {
-            if (json_is_string(ct)) put(&b, json_string_value(ct), json_string_length(ct));
-            if (null_ok && put_calls(&b, calls, i, json_is_string(ct) && json_string_length(ct) > 0, why, wsz)) {
+            if (ct) ib_tbuf_put(&b, json_string_value(ct), json_string_length(ct));
+            if (calls && put_calls(&b, calls, i, ct && json_string_length(ct) > 0, why, wsz)) {
                 rc = -1;
                 goto out;
             }
             o->m[o->n].role = !strcmp(r, "developer") ? "system" : r;
         }
-        if (!(o->m[o->n++].content = keep(o, &b))) goto oom;
+        if (!(o->m[o->n++].content = ib_tool_msgs_keep(o, &b))) goto oom;
     }
 out:
     free(b.p);
-    if (rc) ib_api_tool_msgs_free(o);
     return rc;
 oom:
     free(b.p);
-    ib_api_tool_msgs_free(o);
     return -2;
 }
 
+int ib_api_tool_messages(ib_chat_tool_form form, json_t *msgs, json_t *tools, ib_api_tool_msgs *o, char *why, size_t wsz) {
+    memset(o, 0, sizeof *o);
+    size_t nm = json_is_array(msgs) ? json_array_size(msgs) : 0;
+    if (nm < 1) {
+        snprintf(why, wsz, "messages must be a non-empty array");
+        return -1;
+    }
+    if (nm > IB_API_MAX_MESSAGES) {
+        snprintf(why, wsz, "messages holds %zu messages, more than the limit of %d", nm, IB_API_MAX_MESSAGES);
+        return -1;
+    }
+    if (!(o->m = calloc(nm + 1, sizeof *o->m))) return -2;
+    int rc = form == IB_CHAT_TOOLS_GEMMA4 ? ib_gemma4_tool_messages(msgs, tools, o, why, wsz)
+                                          : qwen_messages(msgs, tools, o, why, wsz);
+    if (rc) ib_api_tool_msgs_free(o);
+    return rc;
+}
+
+const char *ib_api_tool_call_marker(ib_chat_tool_form form) { return form == IB_CHAT_TOOLS_GEMMA4 ? "<|tool_call>" : call_open; }
+
 char *ib_api_tool_call_prefix(const char *name) {
-    tbuf b = {0};
-    puts_(&b, call_open);
-    puts_(&b, "\n{\"name\": \"");
+    ib_tbuf b = {0};
+    ib_tbuf_puts(&b, call_open);
+    ib_tbuf_puts(&b, "\n{\"name\": \"");
     if (name) {
-        puts_(&b, name);
-        puts_(&b, "\", \"arguments\": ");
+        ib_tbuf_puts(&b, name);
+        ib_tbuf_puts(&b, "\", \"arguments\": ");
     }
     return b.oom ? (free(b.p), NULL) : b.p;
 }
@@ -395,8 +408,7 @@ static const char *find(const char *s, size_t n, const char *what) {
     return NULL;
 }
 
-/* One tool_calls entry: {"id": id, "type": "function", "function": {"name", "arguments": JSON text}}. */
-static json_t *call_json(const char *id, const char *name, json_t *args) {
+json_t *ib_tool_call_json(const char *id, const char *name, json_t *args) {
     char *a = json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_t *c = a ? json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function", "name", name,
                               "arguments", a)
@@ -417,12 +429,12 @@ json_t *ib_api_tool_calls_read(const char *text, size_t len, const char *id_base
         json_error_t je;
         json_t *o = json_loadb(body, (size_t)(close - body), JSON_REJECT_DUPLICATES, &je);
         json_t *nm = json_object_get(o, "name"), *args = json_object_get(o, "arguments");
-        int ok = json_is_object(o) && json_is_string(nm) && name_ok(json_string_value(nm), json_string_length(nm)) &&
+        int ok = json_is_object(o) && json_is_string(nm) && ib_tool_name_ok(json_string_value(nm), json_string_length(nm)) &&
                  json_is_object(args) && json_object_size(o) == 2;
         if (ok && (max_calls <= 0 || (int)json_array_size(calls) < max_calls)) {
             char id[160];
             snprintf(id, sizeof id, "call_%s_%zu", id_base, json_array_size(calls));
-            json_t *c = call_json(id, json_string_value(nm), args);
+            json_t *c = ib_tool_call_json(id, json_string_value(nm), args);
             ok = c && !json_array_append_new(calls, c);
         }
         json_decref(o);
@@ -448,7 +460,7 @@ json_t *ib_api_tool_call_forced(const char *name, const char *text, size_t len, 
     if (json_is_object(args)) {
         char id[160];
         snprintf(id, sizeof id, "call_%s_0", id_base);
-        json_t *c = call_json(id, name, args);
+        json_t *c = ib_tool_call_json(id, name, args);
         if (c && (calls = json_array())) json_array_append_new(calls, c);
         else json_decref(c);
     }
@@ -459,13 +471,13 @@ json_t *ib_api_tool_call_forced(const char *name, const char *text, size_t len, 
 json_t *ib_api_tool_calls_required(const char *text, size_t len, const char *id_base, int parallel) {
     static const char close[] = "}\n</tool_call>";
     const size_t cl = strlen(call_close);
-    tbuf b = {0};
+    ib_tbuf b = {0};
     char *open = ib_api_tool_call_prefix(NULL);
     if (!open) return NULL;
-    puts_(&b, open);
+    ib_tbuf_puts(&b, open);
     free(open);
-    put(&b, text, len);
-    if (len < cl || memcmp(text + len - cl, call_close, cl)) puts_(&b, close);
+    ib_tbuf_put(&b, text, len);
+    if (len < cl || memcmp(text + len - cl, call_close, cl)) ib_tbuf_puts(&b, close);
     size_t content_len = 0;
     json_t *calls = !b.oom ? ib_api_tool_calls_read(b.p, b.n, id_base, parallel ? 0 : 1, &content_len) : NULL;
     free(b.p);

@@ -12,7 +12,9 @@
  *   Gemma 4:                <bos><|turn>system\nSYSTEM<turn|>\n<|turn>user\nCONTENT<turn|>\n
  *                           <|turn>model\nCONTENT<turn|>\n ... <|turn>model\n
  *                           (model turns lose their <|channel>…<channel|> thoughts; the 26B/31B
- *                           templates end the prompt with an empty thought, <|channel>thought\n<channel|>)
+ *                           templates end the prompt with an empty thought, <|channel>thought\n<channel|>;
+ *                           a model turn's tool calls and results come before its text, and a turn
+ *                           that ends with results stays open for the model to go on in)
  *
  * The Jinja template itself is not run; it is read for facts: which of the two formats it writes,
  * whether it knows enable_thinking, and whether it splits assistant turns at </think> (Qwen3, whose
@@ -87,11 +89,23 @@ static void template_facts(ib_tokenizer *t, const char *tpl) {
                                                        strstr(tpl, "\"<|channel>thought\\n<channel|>\""));
     t->chat_thinking = strstr(tpl, "enable_thinking") != NULL;
     t->chat_strip_think = strstr(tpl, "</think>") != NULL && t->chat == CHAT_CHATML;
-    /* Qwen's templates declare tools in the system turn and write calls as <tool_call> JSON blocks */
-    t->chat_tools = t->chat == CHAT_CHATML && strstr(tpl, "<tool_call>") != NULL;
+    /* Qwen's templates declare tools in the system turn and write calls as <tool_call> JSON blocks;
+     * Gemma 4's declare them as <|tool>declaration:…<tool|> and write calls as <|tool_call>call:… */
+    t->chat_tools = t->chat == CHAT_CHATML && strstr(tpl, "<tool_call>") ? IB_CHAT_TOOLS_QWEN
+                    : t->chat == CHAT_GEMMA4 && strstr(tpl, "<|tool_call>") ? IB_CHAT_TOOLS_GEMMA4
+                                                                           : IB_CHAT_TOOLS_NONE;
 }
 
-int ib_tokenizer_chat_tools(const ib_tokenizer *t) { return t && t->chat_tools; }
+ib_chat_tool_form ib_tokenizer_chat_tools(const ib_tokenizer *t) { return t ? (ib_chat_tool_form)t->chat_tools : IB_CHAT_TOOLS_NONE; }
+
+/* Gemma 4's tool tokens, all of which a tokenizer without a chat template must have for its tool form. */
+static int has_gemma4_tool_tokens(const ib_tokenizer *t) {
+    static const char *const need[] = {"<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+                                       "<tool_response|>", "<|\"|>"};
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+        if (ib_tokenizer_special(t, need[i]) < 0) return 0;
+    return 1;
+}
 
 /* The template from tokenizer_config.json's chat_template (a string, or a list of {name, template}
  * where "default" or else the first is used), else from chat_template.jinja beside it. */
@@ -182,8 +196,10 @@ ib_status tok_load_config(ib_tokenizer *t, const char *tokenizer_path, ib_error 
     /* no template: ChatML, Gemma 4 or Gemma when the tokenizer has the format's two markers */
     if (t->chat == CHAT_NONE && ib_tokenizer_special(t, "<|im_start|>") >= 0 && ib_tokenizer_special(t, "<|im_end|>") >= 0)
         t->chat = CHAT_CHATML;
-    if (t->chat == CHAT_NONE && ib_tokenizer_special(t, "<|turn>") >= 0 && ib_tokenizer_special(t, "<turn|>") >= 0)
+    if (t->chat == CHAT_NONE && ib_tokenizer_special(t, "<|turn>") >= 0 && ib_tokenizer_special(t, "<turn|>") >= 0) {
         t->chat = CHAT_GEMMA4;
+        if (has_gemma4_tool_tokens(t)) t->chat_tools = IB_CHAT_TOOLS_GEMMA4;
+    }
     if (t->chat == CHAT_NONE && ib_tokenizer_special(t, "<start_of_turn>") >= 0 && ib_tokenizer_special(t, "<end_of_turn>") >= 0)
         t->chat = CHAT_GEMMA;
 out:
@@ -309,10 +325,20 @@ static void put_gemma4_model(sbuf *b, const char *c) {
     free(k.p);
 }
 
+/* Whether s ends with suffix. */
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !memcmp(s + n - k, suffix, k);
+}
+
 long ib_tokenizer_chat_format(const ib_tokenizer *t, const ib_chat_msg *msgs, int n, int flags, char *out, size_t cap) {
     if (!t || (n > 0 && !msgs) || n < 0 || t->chat == CHAT_NONE) return -1;
-    for (int i = 0; i < n; i++)
-        if (!msgs[i].role || !msgs[i].content) return -1;
+    for (int i = 0; i < n; i++)   /* tool_text: Gemma 4's model turns and its first system message only */
+        if (!msgs[i].role || !msgs[i].content ||
+            (msgs[i].tool_text &&
+             (t->chat != CHAT_GEMMA4 ||
+              (strcmp(msgs[i].role, "assistant") && (i || (strcmp(msgs[i].role, "system") && strcmp(msgs[i].role, "developer")))))))
+            return -1;
     sbuf b = {0};
     if (t->chat == CHAT_CHATML) {
         int last_query = n - 1;
@@ -369,19 +395,25 @@ long ib_tokenizer_chat_format(const ib_tokenizer *t, const ib_chat_msg *msgs, in
             puts_(&b, "<|turn>system\n");
             if (think) puts_(&b, "<|think|>");
             if (first) put_trimmed(&b, msgs[0].content);
+            if (first && msgs[0].tool_text) puts_(&b, msgs[0].tool_text);   /* the tool declarations */
             puts_(&b, "<turn|>\n");
         }
+        int open = 0;   /* the last model turn ended with tool responses and no content: not closed */
         for (int i = first; i < n; i++) {
             int model = !strcmp(msgs[i].role, "assistant");
-            puts_(&b, "<|turn>");
-            puts_(&b, model ? "model" : msgs[i].role);
-            puts_(&b, "\n");
+            if (!(open && model && msgs[i].tool_text)) {   /* calls after results continue the turn */
+                puts_(&b, "<|turn>");
+                puts_(&b, model ? "model" : msgs[i].role);
+                puts_(&b, "\n");
+            }
+            if (model && msgs[i].tool_text) puts_(&b, msgs[i].tool_text);
             if (model) put_gemma4_model(&b, msgs[i].content);
             else put_trimmed(&b, msgs[i].content);
-            puts_(&b, "<turn|>\n");
+            open = model && msgs[i].tool_text && ends_with(msgs[i].tool_text, "<tool_response|>") && !msgs[i].content[0];
+            if (!open) puts_(&b, "<turn|>\n");
         }
         if (flags & IB_CHAT_GENERATION_PROMPT) {
-            puts_(&b, "<|turn>model\n");
+            if (!open) puts_(&b, "<|turn>model\n");
             if (t->chat_empty_thought && !think) puts_(&b, "<|channel>thought\n<channel|>");
         }
     } else {

@@ -229,7 +229,7 @@ struct ib_tokenizer {
     int chat;                         /* CHAT_* */
     int chat_thinking;                /* the template knows enable_thinking */
     int chat_strip_think;             /* the template drops earlier turns' <think> blocks */
-    int chat_tools;                   /* ChatML whose template writes <tool_call> blocks (Qwen's tools) */
+    int chat_tools;                   /* ib_chat_tool_form: Qwen's or Gemma 4's tool form, or none */
     int chat_empty_thought;           /* Gemma 4: the generation prompt without thinking ends with an
                                        * empty thought channel (<|channel>thought\n<channel|>) */
     char *bos_text;                   /* owned copy of bos_token content (NULL when absent) */

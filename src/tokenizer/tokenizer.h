@@ -80,9 +80,12 @@ int ib_tokenizer_stream_flush(ib_text_stream *s, char *out, int cap);
 /* Chat formatting and turn-ending ids (contracts of ib_chat_format / ib_chat_stop_ids). */
 long ib_tokenizer_chat_format(const ib_tokenizer *t, const ib_chat_msg *msgs, int n, int flags, char *out, size_t cap);
 int ib_tokenizer_chat_stops(const ib_tokenizer *t, int32_t *ids, int cap);
-/* 1 when the chat format has tool declarations and calls here: ChatML whose template writes
- * <tool_call> blocks (the Qwen2.5/Qwen3 form: server/tool_calls.c writes and reads it). */
-int ib_tokenizer_chat_tools(const ib_tokenizer *t);
+/* The tool form of the chat format, decided once when the tokenizer is loaded: Qwen's (ChatML whose
+ * template writes <tool_call> blocks: Qwen2.5/Qwen3), Gemma 4's (its template writes <|tool_call>, or
+ * with no template the tokenizer has Gemma 4's tool tokens), or none. server/tool_calls.c and
+ * server/tool_form_gemma4.c write and read them. */
+typedef enum ib_chat_tool_form { IB_CHAT_TOOLS_NONE = 0, IB_CHAT_TOOLS_QWEN, IB_CHAT_TOOLS_GEMMA4 } ib_chat_tool_form;
+ib_chat_tool_form ib_tokenizer_chat_tools(const ib_tokenizer *t);
 
 /* Write a byte-level tokenizer.json (vocab: the 256 byte tokens at ids 0..255, then the given
  * special tokens at ids 256.. as added_tokens; no merges) and a tokenizer_config.json beside it
