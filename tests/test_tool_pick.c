@@ -7,15 +7,27 @@
  *   - the mask over a synthetic vocabulary (multi-byte tokens across the name, the arguments and the
  *     close) against the reference, each token's bytes stepped through a fresh reader, along random
  *     walks; every walk that stops is parsed here (jansson) and checked against its function's schema
- *     by a small validator of this file's own.
+ *     by a small validator of this file's own;
+ *   - the byte-sorted walk the mask takes outside the arguments (a name, a close) against every token
+ *     stepped on its own (ib_tool_pick_mask_stepped, the way the mask was computed before the walk),
+ *     bit for bit with the count, on the states of random walks over a vocabulary of a few thousand
+ *     tokens cut from replies (prefixes shared across a name, its arguments and the close, a token
+ *     with no bytes, duplicates), with logits that are already -inf or NaN, stop lists with
+ *     duplicates, ids outside the row and none at all, rows wider and narrower than the vocabulary,
+ *     and a refused reply.
+ * `test_tool_pick --bench TOKENIZER_JSON [REPS]` times the mask over a real vocabulary (e.g. Qwen3's
+ * 151,669 tokens) along a two-call reply, the walk against per-token stepping alternately on each
+ * state, by phase (name, arguments, close), and checks the two masks are the same bits.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "check.h"
 #include "server/api.h"
 #include "test_rng.h"
+#include "tokenizer/tokenizer.h"
 
 /* (rndf is not drawn here) */
 static float (*const unused_rndf)(void) __attribute__((unused)) = rndf;
@@ -38,7 +50,7 @@ static const char TOOLS[] =
 static json_t *twenty(void) {
     json_t *a = json_array();
     for (int i = 0; i < 20; i++) {
-        char nm[8];
+        char nm[16];
         snprintf(nm, sizeof nm, "t%d", i);
         json_array_append_new(a, json_pack("{s:s, s:{s:s, s:{s:s, s:b}}}", "type", "function", "function", "name", nm,
                                            "parameters", "type", "object", "additionalProperties", 0));
@@ -301,8 +313,292 @@ static void test_mask(void) {
     for (int i = 0; i < tv.n; i++) free(tv.tok[i]);
 }
 
-int main(void) {
+/* ---------------------------------------------------------------- the walk against per-token stepping */
+
+/* A vocabulary for the walk's test: token t is tok[t], len[t] bytes (n of them). */
+typedef struct bvocab {
+    char **tok;
+    int *len, n;
+} bvocab;
+
+/* b = n tokens (ids from 0): "<eos>", the bytes \t \n \r 0x20..0x7e and a few UTF-8 ones (whole and
+ * split), one token with no bytes, then pieces of 1..max_piece bytes cut at random from texts (so
+ * tokens cross from a name into its arguments and the close, and share prefixes; duplicates left
+ * in), the last one texts[0] whole. */
+static void bv_make(bvocab *b, int n, const char *const *texts, int max_piece) {
+    b->tok = malloc((size_t)n * sizeof *b->tok);
+    b->len = malloc((size_t)n * sizeof *b->len);
+    int k = 0, nt = 0;
+    b->tok[k] = strdup("<eos>"), b->len[k++] = 5;
+    static const char singles[] = "\t\n\r";
+    for (int i = 0; singles[i]; i++) b->tok[k] = strndup(singles + i, 1), b->len[k++] = 1;
+    for (int c = 0x20; c < 0x7f; c++) {
+        char one[2] = {(char)c, 0};
+        b->tok[k] = strdup(one), b->len[k++] = 1;
+    }
+    static const char *const utf[] = {"\xc3\xa9", "\xc3", "\xa9", "\xe2\x82\xac", NULL};
+    for (int i = 0; utf[i]; i++) b->tok[k] = strdup(utf[i]), b->len[k] = (int)strlen(utf[i]), k++;
+    b->tok[k] = strdup(""), b->len[k++] = 0;
+    while (texts[nt]) nt++;
+    while (k < n - 1) {
+        const char *x = texts[rndi(nt)];
+        int xl = (int)strlen(x), a = rndi(xl), l = 1 + rndi(max_piece);
+        if (a + l > xl) l = xl - a;
+        b->tok[k] = strndup(x + a, (size_t)l), b->len[k++] = l;
+    }
+    b->tok[k] = strdup(texts[0]), b->len[k++] = (int)strlen(texts[0]);
+    b->n = n;
+}
+
+/* The id bv_make gives the one-byte token of c (\t \n \r or 0x20..0x7e). */
+#define BV_ID(c) ((c) == '\t' ? 1 : (c) == '\n' ? 2 : (c) == '\r' ? 3 : 4 + (c) - 0x20)
+
+static void bv_free(bvocab *b) {
+    for (int i = 0; i < b->n; i++) free(b->tok[i]);
+    free(b->tok);
+    free(b->len);
+}
+
+static int bv_bytes(void *ctx, int32_t id, char *buf, int cap) {
+    bvocab *b = ctx;
+    memcpy(buf, b->tok[id], (size_t)b->len[id]);
+    return b->len[id];
+}
+
+/* Mask state s both ways over row width vocab (stop ids stop[n_stop]) from the same logits row (random,
+ * some -inf, some NaN), and compare the rows bit for bit and the counts. Returns 1 when they agree. */
+static int same_masks(ib_json_state *s, const ib_json_vocab *v, int vocab, const int32_t *stop, int n_stop, int *allowed_out) {
+    float *a = malloc((size_t)vocab * sizeof *a), *b = malloc((size_t)vocab * sizeof *b);
+    for (int t = 0; t < vocab; t++) {
+        int r = rndi(40);
+        a[t] = r == 0 ? -INFINITY : r == 1 ? NAN : rndf();
+    }
+    memcpy(b, a, (size_t)vocab * sizeof *a);
+    int na = ib_json_mask(s, v, a, vocab, stop, n_stop), nb = ib_tool_pick_mask_stepped(s->pick, v, b, vocab, stop, n_stop);
+    int same = na == nb && !memcmp(a, b, (size_t)vocab * sizeof *a);
+    *allowed_out = na;
+    free(a);
+    free(b);
+    return same;
+}
+
+static void test_walk(void) {
+    static const char *const texts[] = {
+        "get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"set\", \"arguments\": {\"on\": true, \"n\": -12}}\n</tool_call>",
+        "get_time\", \"arguments\": {\"any\": [1, {\"x\": null}], \"s\": \"\\u00e9\xc3\xa9\"} }\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}",
+        "set\", \"arguments\": {\"n\": 3, \"on\": false}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>",
+        "t19\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"t1\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"t0\", \"arguments\": { }}",
+        "ab\", \"arguments\": {\"k\": \"v\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"abc\", \"arguments\": {\"q\": [\"x\", \"y\"]}}\n</tool_call>\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}",
+        " {\"}}\"\n\t  \r</tool_call><tool_call>\"name\": \"\", \"arguments\": {}}}}}\n",
+        NULL};
+    json_t *sets[4] = {J(TOOLS), twenty(),
+                       J("[{\"type\":\"function\",\"function\":{\"name\":\"abc\",\"parameters\":{\"type\":\"object\",\"properties\":"
+                         "{\"q\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}},\"required\":[\"q\"]}}},"
+                         "{\"type\":\"function\",\"function\":{\"name\":\"a\"}},"
+                         "{\"type\":\"function\",\"function\":{\"name\":\"ab\",\"parameters\":{\"type\":\"object\",\"properties\":"
+                         "{\"k\":{\"type\":\"string\"}},\"additionalProperties\":false}}},"
+                         "{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}]"),
+                       NULL};
+    sets[3] = json_array();   /* all the tools above in one list */
+    for (int i = 0; i < 3; i++) {
+        size_t j;
+        json_t *f;
+        json_array_foreach(sets[i], j, f) {
+            const char *nm = json_string_value(json_object_get(json_object_get(f, "function"), "name"));
+            int dup = 0;
+            size_t q;
+            json_t *g;
+            json_array_foreach(sets[3], q, g) dup |= !strcmp(nm, json_string_value(json_object_get(json_object_get(g, "function"), "name")));
+            if (!dup) json_array_append(sets[3], f);
+        }
+    }
+    bvocab bv;
+    bv_make(&bv, 3000, texts, 24);
+    ib_json_vocab v;
+    CHECK_EQ_INT(ib_json_vocab_build(&v, bv.n, bv_bytes, &bv), 0);
+    /* stop lists: the stop alone; with ids the walk takes ('}', '\n', 'g', '"'), a duplicate, ids outside
+     * the row; none */
+    const int32_t one[1] = {EOS}, many[8] = {EOS, BV_ID('}'), EOS, -1, 1 << 20, BV_ID('\n'), BV_ID('g'), BV_ID('"')},
+                  *stops[3] = {one, many, NULL};
+    const int n_stops[3] = {1, 8, 0};
+    int compared = 0, differ = 0, dead = 0, ends = 0;
+    for (int w = 0; w < 64; w++) {
+        json_t *tl = sets[w % 4];
+        const int parallel = w % 5 != 4;
+        ib_json_state st;
+        CHECK_EQ_INT(ib_tool_pick_setup(&st, tl, parallel), 1);
+        for (int step = 0; step < 120; step++) {
+            int which = rndi(3), vocab = (int)v.n + (rndi(4) == 0 ? 5 : 0) - (rndi(4) == 0 ? 3 : 0), allowed = 0;
+            int same = same_masks(&st, &v, vocab, stops[which], n_stops[which], &allowed);
+            compared++;
+            if (!same && differ++ < 5) fprintf(stderr, "walk %d step %d (stops %d, row %d): the walk's mask differs\n", w, step, which, vocab);
+            /* draw the next token from the full mask */
+            float *lg = malloc(v.n * sizeof *lg);
+            for (int t = 0; t < v.n; t++) lg[t] = 1.0f;
+            int left = ib_json_mask(&st, &v, lg, v.n, one, 1), pick = -1;
+            if (!isinf(lg[EOS])) ends++;
+            if (left > 0 && !(left == 1 && !isinf(lg[EOS])))
+                for (int tries = 0; tries < 100000; tries++) {
+                    int c = rndi(3) ? bv.n - 1 - rndi(bv.n - 200) : rndi(bv.n);   /* mostly the pieces */
+                    if (!isinf(lg[c]) && c != EOS) {
+                        pick = c;
+                        break;
+                    }
+                }
+            free(lg);
+            if (pick < 0 || (rndi(60) == 0 && step > 5)) {   /* a refused byte: the reader ends, only the stop left */
+                CHECK(ib_json_step(&st, 0x01) == -1, "0x01 refused");
+                CHECK(same_masks(&st, &v, v.n, many, 8, &allowed), "a refused reply: the masks differ");
+                float *d = malloc(v.n * sizeof *d);
+                for (int t = 0; t < v.n; t++) d[t] = 1.0f;
+                allowed = ib_json_mask(&st, &v, d, v.n, one, 1);
+                CHECK(allowed == 1 && d[EOS] == 1.0f, "a refused reply: the stop alone (%d left)", allowed);
+                free(d);
+                dead++;
+                break;
+            }
+            for (int i = 0; i < bv.len[pick]; i++) CHECK(ib_json_step(&st, (unsigned char)bv.tok[pick][i]) == 0, "step");
+        }
+        ib_json_release(&st);
+    }
+    CHECK(differ == 0, "%d of %d masks differ between the walk and per-token stepping", differ, compared);
+    CHECK(compared >= 2000 && dead >= 20 && ends >= 20, "coverage: %d states, %d refused replies, %d where the reply may end", compared,
+          dead, ends);
+    ib_json_vocab_free(&v);
+    bv_free(&bv);
+    for (int i = 0; i < 4; i++) json_decref(sets[i]);
+}
+
+/* ---------------------------------------------------------------- --bench */
+
+static int tok_bytes(void *ctx, int32_t t, char *buf, int cap) { return ib_tokenizer_decode(ctx, t, buf, cap); }
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int dbl_cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median of x[n] (sorts x). */
+static double median(double *x, int n) {
+    qsort(x, (size_t)n, sizeof *x, dbl_cmp);
+    return n ? (n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2) : 0;
+}
+
+/* Time the "required" mask over tokenizer file path's vocabulary along a two-call reply (tokenized as
+ * a whole), reps times on each state, the walk (ib_json_mask) and per-token stepping
+ * (ib_tool_pick_mask_stepped) alternately (which goes first alternates too). Prints per phase (the
+ * state's byte offset: in a name, in the arguments, in a close) the median over the steps of each
+ * step's median, the mean and the slowest, in ms; checks the two masks are the same bits. 0 when they
+ * all are and the reply is allowed throughout. */
+static int bench(const char *path, int reps) {
+    ib_tokenizer *tk;
+    ib_error err;
+    if (ib_tokenizer_load(path, INT32_MAX, &tk, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    ib_json_vocab v;
+    if (ib_json_vocab_build(&v, ib_tokenizer_n_ids(tk), tok_bytes, tk)) return 1;
+    json_t *tools = J(
+        "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Current weather\",\"parameters\":{\"type\":\"object\","
+        "\"properties\":{\"city\":{\"type\":\"string\"},\"unit\":{\"enum\":[\"celsius\",\"fahrenheit\"]}},\"required\":[\"city\"],"
+        "\"additionalProperties\":false}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"get_time\",\"parameters\":{\"type\":\"object\",\"properties\":{\"tz\":{\"type\":\"string\"}}}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"search_web\",\"parameters\":{\"type\":\"object\",\"properties\":{\"query\":{\"type\":"
+        "\"string\"},\"max_results\":{\"type\":\"integer\"}},\"required\":[\"query\"],\"additionalProperties\":false}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"send_email\",\"parameters\":{\"type\":\"object\",\"properties\":{\"to\":{\"type\":"
+        "\"string\"},\"subject\":{\"type\":\"string\"},\"body\":{\"type\":\"string\"}},\"required\":[\"to\",\"body\"]}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"create_event\",\"parameters\":{\"type\":\"object\",\"properties\":{\"title\":{\"type\":"
+        "\"string\"},\"start\":{\"type\":\"string\"},\"minutes\":{\"type\":\"integer\"},\"attendees\":{\"type\":\"array\",\"items\":{\"type\":"
+        "\"string\"}}},\"required\":[\"title\",\"start\"]}}},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"set_alarm\",\"parameters\":{\"type\":\"object\",\"properties\":{\"hour\":{\"type\":"
+        "\"integer\"},\"days\":{\"type\":\"array\",\"items\":{\"enum\":[\"mon\",\"tue\",\"wed\"]}}},\"required\":[\"hour\"]}}}]");
+    /* the reply in parts: names, arguments, closes (a phase each) */
+    static const struct {
+        const char *text;
+        int phase; /* 0 a name, 1 arguments, 2 a close */
+    } part[] = {{"get_weather\", \"arguments\": ", 0},
+                {"{\"city\": \"Paris\", \"unit\": \"celsius\"}", 1},
+                {"}\n</tool_call>\n<tool_call>\n{\"name\": \"", 2},
+                {"search_web\", \"arguments\": ", 0},
+                {"{\"query\": \"concerts in Paris this weekend\", \"max_results\": 5}", 1},
+                {"}\n</tool_call>", 2}};
+    const int n_part = (int)(sizeof part / sizeof *part);
+    char reply[1024];
+    int phase_at[1024], rl = 0;
+    for (int i = 0; i < n_part; i++)
+        for (const char *p = part[i].text; *p; p++) phase_at[rl] = part[i].phase, reply[rl++] = *p;
+    phase_at[rl] = 2;   /* after the last close: the reply may end */
+    reply[rl] = 0;
+    int32_t ids[1024], stop[2] = {ib_tokenizer_eos(tk), ib_tokenizer_special(tk, "<|im_end|>")};
+    int n = ib_tokenizer_encode(tk, reply, (size_t)rl, ids, 1024), n_stop = stop[1] >= 0 ? 2 : 1;
+    ib_json_state st;
+    if (ib_tool_pick_setup(&st, tools, 1) != 1) return 1;
+    float *a = malloc((size_t)v.n * sizeof *a), *b = malloc((size_t)v.n * sizeof *b);
+    double *tw = malloc((size_t)reps * sizeof *tw), *ts = malloc((size_t)reps * sizeof *ts);
+    double *step_w[3], *step_s[3], mean_w[3] = {0}, mean_s[3] = {0}, max_w[3] = {0}, max_s[3] = {0};
+    int n_ph[3] = {0}, same = 0, ok = 1, off = 0;
+    for (int p = 0; p < 3; p++) step_w[p] = malloc((size_t)(n + 1) * sizeof(double)), step_s[p] = malloc((size_t)(n + 1) * sizeof(double));
+    for (int i = 0; i <= n && ok; i++) {   /* the state before token i; i == n: after the reply */
+        int na = 0, nb = 0;
+        for (int r = 0; r < reps; r++) {
+            for (int t = 0; t < v.n; t++) a[t] = b[t] = 0.0f;
+            for (int o = 0; o < 2; o++) {
+                double t0 = now();
+                if ((r + o + i) % 2 == 0) {
+                    na = ib_json_mask(&st, &v, a, v.n, stop, n_stop);
+                    tw[r] = now() - t0;
+                } else {
+                    nb = ib_tool_pick_mask_stepped(st.pick, &v, b, v.n, stop, n_stop);
+                    ts[r] = now() - t0;
+                }
+            }
+        }
+        same += na == nb && !memcmp(a, b, (size_t)v.n * sizeof *a);
+        int ph = phase_at[off];
+        double mw = median(tw, reps), ms = median(ts, reps);
+        step_w[ph][n_ph[ph]] = mw, step_s[ph][n_ph[ph]++] = ms;
+        mean_w[ph] += mw, mean_s[ph] += ms;
+        if (mw > max_w[ph]) max_w[ph] = mw;
+        if (ms > max_s[ph]) max_s[ph] = ms;
+        if (i == n) {
+            ok = !isinf(a[stop[0]]);
+            break;
+        }
+        ok = !isinf(a[ids[i]]);
+        for (size_t k = v.off[ids[i]]; ok && k < v.off[ids[i] + 1]; k++, off++) ok = !ib_json_step(&st, (unsigned char)v.bytes[k]);
+    }
+    printf("vocabulary %d tokens (longest %d bytes); a two-call reply of %d tokens, %d masks a state, each way alternately\n",
+           v.n, v.maxlen, n, reps);
+    static const char *const ph_name[3] = {"name", "arguments", "close"};
+    for (int p = 0; p < 3; p++) {
+        if (!n_ph[p]) continue;
+        double k = n_ph[p];
+        printf("%-9s %2d steps: per-token stepping median %6.3f ms (mean %6.3f, max %6.3f); walk median %6.3f ms (mean %6.3f, max %6.3f)%s\n",
+               ph_name[p], n_ph[p], 1e3 * median(step_s[p], n_ph[p]), 1e3 * mean_s[p] / k, 1e3 * max_s[p],
+               1e3 * median(step_w[p], n_ph[p]), 1e3 * mean_w[p] / k, 1e3 * max_w[p], p == 1 ? "  (the same code both ways)" : "");
+    }
+    printf("masks the same bits: %d of %d states%s\n", same, n_ph[0] + n_ph[1] + n_ph[2], ok ? "" : "  (the reply was refused!)");
+    int bad = !ok || same != n_ph[0] + n_ph[1] + n_ph[2];
+    for (int p = 0; p < 3; p++) free(step_w[p]), free(step_s[p]);
+    free(tw), free(ts), free(a), free(b);
+    ib_json_release(&st);
+    json_decref(tools);
+    ib_json_vocab_free(&v);
+    ib_tokenizer_free(tk);
+    return bad;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 3 && !strcmp(argv[1], "--bench")) return bench(argv[2], argc >= 4 ? atoi(argv[3]) : 5);
     test_texts();
     test_mask();
+    test_walk();
     TEST_MAIN_END("test_tool_pick");
 }

@@ -303,6 +303,10 @@ int ib_tool_pick_done(const ib_tool_pick *pk);
 /* ib_json_mask for the reader: -inf for every token whose bytes it refuses, the stop ids allowed
  * exactly where the reply may end. Returns the tokens left. */
 int ib_tool_pick_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop, int n_stop);
+/* The same bits, every token stepped on its own outside ARGS rather than the byte-sorted walk: the
+ * walk's reference (tests/test_tool_pick.c compares the two) and its fallback. */
+int ib_tool_pick_mask_stepped(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop,
+                              int n_stop);
 
 /* ------------------------------------------------------------------ a reply's constraint (constraint.c) */
 

@@ -17,16 +17,23 @@
  * Masking: while ARGS are open the function's own mask (the schema walk) serves — with parallel calls
  * plus the tokens that end the ARGS and go on into the close, which all hold "}}" (ARGS end with '}',
  * the close begins with one): those few are stepped through a copy of the reader. Elsewhere — spelling
- * a name, after ARGS with parallel calls, in a close — every token is stepped through a copy of the
- * reader (a name's bytes are a binary search in the range; a token that gets into ARGS steps a copy of
- * that function's reader). The mask allows exactly the tokens whose bytes the reader takes.
+ * a name, after ARGS with parallel calls, in a close — the vocabulary is walked in byte order
+ * (ib_json_vocab.ord/lcp, as json_schema.c's walk): the reader's states by byte depth are kept, so a
+ * byte prefix the tokens share is stepped once and every token under a refused prefix is skipped (a
+ * name's bytes are a binary search in the range; a token that gets into ARGS steps a copy of that
+ * function's reader, one per depth). The mask allows exactly the tokens whose bytes the reader takes —
+ * the same bits as stepping each token on its own (ib_tool_pick_mask_stepped, kept as the reference
+ * and as the fallback; tests/test_tool_pick.c compares the two).
  *
  * Memory: the schema readers the reply and the mask step (the reply's ARGS reader, the mask's scratch
  * copy) are made at set-up and copied into in place (ib_schema_run_copy), so a decode step allocates
- * nothing here (the vocabulary's "}}" tokens are listed once, at the first mask).
+ * nothing here (the vocabulary's "}}" tokens and the walk's states by depth are made once, at the
+ * first mask: a schema reader for each byte of the vocabulary's longest token, about 290 KB for
+ * Qwen3's 128 bytes).
  */
 #include "server/api.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +54,12 @@ typedef struct pick_at {
     int phase, lo, hi, pos, ws;
 } pick_at;
 
+/* One depth of the walk: the position and the ARGS reader (as pk->at and pk->args). */
+typedef struct pick_frame {
+    pick_at a;
+    ib_json_state args;
+} pick_frame;
+
 static int is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 typedef struct pick_fn {
@@ -65,6 +78,13 @@ struct ib_tool_pick {
     int32_t *cc;         /* parallel: the vocabulary's tokens holding "}}" (built at the first mask) */
     float *cc_logit;     /* [n_cc] their logits kept across the ARGS' own mask */
     int n_cc, cc_built;
+    /* the byte-sorted walk (walk_build, at the first mask outside ARGS): w[d] the reader after the d
+     * first bytes of the token walked, for d < w_len (the vocabulary's longest token + 1); w_run[d], d >= 1,
+     * the schema reader w[d].args reads when it is in a schema's ARGS (clones; w_run NULL when no function
+     * has a schema); w_failed: out of memory once, each token is stepped on its own from then on */
+    pick_frame *w;
+    ib_schema_run **w_run;
+    int w_len, w_failed;
 };
 
 static int fn_cmp(const void *a, const void *b) { return strcmp(((const pick_fn *)a)->lit, ((const pick_fn *)b)->lit); }
@@ -73,6 +93,9 @@ void ib_tool_pick_free(ib_tool_pick *pk) {
     if (!pk) return;
     ib_schema_run_free(pk->reply_run);   /* they borrow the functions' schemas: first */
     ib_schema_run_free(pk->scratch);
+    for (int d = 0; pk->w_run && d < pk->w_len; d++) ib_schema_run_free(pk->w_run[d]);
+    free(pk->w_run);
+    free(pk->w);
     for (int i = 0; i < pk->n; i++) {
         free(pk->fn[i].lit);
         ib_json_release(&pk->fn[i].start);
@@ -240,13 +263,11 @@ static int args_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, in
     return allowed;
 }
 
-int ib_tool_pick_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop, int n_stop) {
-    const int done = ib_tool_pick_done(pk);
-    if (pk->at.phase == AT_ARGS && !done)   /* inside ARGS */
-        return pk->parallel ? args_mask(pk, v, logits, vocab, stop, n_stop) : ib_json_mask(&pk->args, v, logits, vocab, stop, n_stop);
-    /* their end: as for a json_schema reply, no whitespace once they are whole (the reply ends, or, with
-     * parallel calls, goes on into the close): only the stop ids, or those and the close */
-    if (pk->at.phase == AT_ARGS && !pk->parallel) return ib_json_mask(&pk->args, v, logits, vocab, stop, n_stop);
+/* Outside ARGS (or after whole ARGS with parallel calls; done: whether the reply may end here): each
+ * token of v stepped on its own through a copy of the reader, in id order. The reference the walk
+ * (walk_mask) must match bit for bit, and its fallback. */
+static int stepped_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop, int n_stop,
+                        int done) {
     const int args_end = pk->at.phase == AT_ARGS;
     const int n = v->n < vocab ? v->n : vocab;
     int allowed = 0;
@@ -262,4 +283,128 @@ int ib_tool_pick_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, i
         allowed += !isinf(logits[t]);
     }
     return allowed;
+}
+
+/* The walk's states by depth for v (pk->w, pk->w_run: v->maxlen + 1 of each), made once; kept when
+ * they are deep enough already. 0 when they are there, -1 when out of memory (then pk->w_failed, and
+ * the mask steps each token on its own from then on: the same bits, slower). */
+static int walk_build(ib_tool_pick *pk, const ib_json_vocab *v) {
+    if (pk->w_failed) return -1;
+    if (pk->w && pk->w_len >= v->maxlen + 1) return 0;
+    for (int d = 0; pk->w_run && d < pk->w_len; d++) ib_schema_run_free(pk->w_run[d]);
+    free(pk->w_run);
+    free(pk->w);
+    pk->w_run = NULL;
+    pk->w_len = v->maxlen + 1;
+    if (!(pk->w = malloc((size_t)pk->w_len * sizeof *pk->w))) goto oom;
+    if (pk->reply_run) {   /* some function has a schema: a reader to copy into at each depth */
+        if (!(pk->w_run = calloc((size_t)pk->w_len, sizeof *pk->w_run))) goto oom;
+        for (int d = 1; d < pk->w_len; d++)   /* (w[0] reads pk->reply_run) */
+            if (!(pk->w_run[d] = ib_schema_run_clone(pk->reply_run))) goto oom;
+    }
+    return 0;
+oom:
+    for (int d = 0; pk->w_run && d < pk->w_len; d++) ib_schema_run_free(pk->w_run[d]);
+    free(pk->w_run);
+    free(pk->w);
+    pk->w_run = NULL;
+    pk->w = NULL;
+    pk->w_len = 0;
+    pk->w_failed = 1;
+    return -1;
+}
+
+/* w[d + 1] = w[d] advanced by byte c: its ARGS reader, when it reads a schema's ARGS, copied into
+ * w_run[d + 1] first (so w[d] stays as it is for the tokens after), and new ARGS entered there too. 0
+ * when c is accepted, -1 when not (w[d + 1] then undefined). */
+static int walk_step(ib_tool_pick *pk, int d, unsigned char c) {
+    pick_frame *f = &pk->w[d + 1];
+    ib_schema_run *run = pk->w_run ? pk->w_run[d + 1] : NULL;
+    *f = pk->w[d];
+    if (f->a.phase == AT_ARGS && f->args.run) {
+        ib_schema_run_copy(run, f->args.run);
+        f->args.run = run;
+    }
+    return feed(pk, &f->a, &f->args, run, c);
+}
+
+/* stepped_mask's verdicts (same bits, same count) with the tokens of v taken in byte order (v->ord,
+ * v->lcp): a byte prefix is stepped once from the state at the depth before it (pk->w), and the
+ * tokens that share a prefix the reader refused get -inf unstepped. Needs walk_build done and
+ * n_stop <= 64. At whole ARGS with parallel calls (args_end) a token beginning with whitespace is
+ * refused, as in stepped_mask. Cost: one step per distinct byte prefix the reader accepts (plus one
+ * refused step under each), and one pass over the vocabulary. */
+static int walk_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop, int n_stop,
+                     int done) {
+    const int args_end = pk->at.phase == AT_ARGS;
+    const int n = v->n < vocab ? v->n : vocab;
+    float saved[64];   /* the stop ids' logits: the walk may set -inf on them, the stop rule decides */
+    for (int k = 0; k < n_stop; k++)
+        if (stop[k] >= 0 && stop[k] < n) saved[k] = logits[stop[k]];
+    for (int t = n; t < vocab; t++) logits[t] = -INFINITY;
+    int allowed = 0;
+    if (pk->at.phase == AT_DEAD) {   /* every byte refused */
+        for (int t = 0; t < n; t++) logits[t] = -INFINITY;
+    } else {
+        /* w[0] is the reply's own position; its schema reader (pk->reply_run) is only read: walk_step
+         * copies before it steps */
+        pk->w[0] = (pick_frame){pk->at, pk->args};
+        int valid = 0, fail_at = INT_MAX;   /* w[0..valid] hold the last token walked's prefixes */
+        for (int k = 0; k < v->n; k++) {     /* (tokens past the row, t >= n: walked, not written) */
+            int32_t t = v->ord[k];
+            const unsigned char *b = (const unsigned char *)v->bytes + v->off[t];
+            int L = (int)(v->off[t + 1] - v->off[t]), l = v->lcp[k];
+            if (fail_at < l) {   /* shares the prefix an earlier token was refused on */
+                if (t < n) logits[t] = -INFINITY;
+                continue;
+            }
+            fail_at = INT_MAX;
+            int d = l < valid ? l : valid, ok = L > 0;
+            for (; d < L; d++)
+                if ((d == 0 && args_end && is_ws(b[0])) || walk_step(pk, d, b[d])) {
+                    fail_at = d;
+                    ok = 0;
+                    break;
+                }
+            valid = d;
+            if (t >= n) continue;
+            if (ok) allowed += !isinf(logits[t]);
+            else logits[t] = -INFINITY;
+        }
+    }
+    /* the stop ids: allowed (their own logits) exactly where the reply may end */
+    for (int k = 0; k < n_stop; k++) {
+        int32_t s = stop[k];
+        if (s < 0 || s >= n) continue;
+        int dup = 0;
+        for (int q = 0; q < k; q++) dup |= stop[q] == s;
+        if (dup) continue;
+        if (!isinf(logits[s])) allowed--;   /* the walk counted it */
+        logits[s] = done ? saved[k] : -INFINITY;
+        allowed += !isinf(logits[s]);
+    }
+    return allowed;
+}
+
+/* ib_tool_pick_mask, with walk: 1 the byte-sorted walk outside ARGS (falling back to stepped_mask when
+ * it cannot serve), 0 stepped_mask. */
+static int pick_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop, int n_stop,
+                     int walk) {
+    const int done = ib_tool_pick_done(pk);
+    if (pk->at.phase == AT_ARGS && !done)   /* inside ARGS */
+        return pk->parallel ? args_mask(pk, v, logits, vocab, stop, n_stop) : ib_json_mask(&pk->args, v, logits, vocab, stop, n_stop);
+    /* their end: as for a json_schema reply, no whitespace once they are whole (the reply ends, or, with
+     * parallel calls, goes on into the close): only the stop ids, or those and the close */
+    if (pk->at.phase == AT_ARGS && !pk->parallel) return ib_json_mask(&pk->args, v, logits, vocab, stop, n_stop);
+    if (walk && n_stop <= 64 && !walk_build(pk, v)) return walk_mask(pk, v, logits, vocab, stop, n_stop, done);
+    return stepped_mask(pk, v, logits, vocab, stop, n_stop, done);
+}
+
+int ib_tool_pick_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop, int n_stop) {
+    return pick_mask(pk, v, logits, vocab, stop, n_stop, 1);
+}
+
+int ib_tool_pick_mask_stepped(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop,
+                              int n_stop) {
+    return pick_mask(pk, v, logits, vocab, stop, n_stop, 0);
 }
