@@ -241,8 +241,15 @@ static void test_read(void) {
         "<|tool_call>call:f{a:1}<tool_call|><|tool_call>call:g{",     /* the second cut off */
         "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>", /* Qwen's form */
         "<|tool_call>call:f{a:\"x\"}<tool_call|>",                     /* JSON quotes are no string here */
+        "<|tool_call>call:f{k" Q ":1}<tool_call|>",                    /* a delimiter in a bare key */
     };
     for (size_t i = 0; i < sizeof none / sizeof *none; i++) read_case(none[i], 0, NULL, 0);
+    /* a NUL inside a string (the byte tokens can write one) makes no call */
+    static const char nul[] = "<|tool_call>call:f{a:" Q "x\0y" Q "}<tool_call|>";
+    size_t ncl;
+    json_t *nc = ib_gemma4_tool_calls_read(nul, sizeof nul - 1, "X", 0, &ncl);
+    CHECK(!nc, "a NUL in a string: no call");
+    json_decref(nc);
     /* nesting: 64 levels read, deeper refused */
     char deep[400];
     for (int depth = 63; depth <= 64; depth++) {

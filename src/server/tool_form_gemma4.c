@@ -579,7 +579,7 @@ static int eat(reader *r, const char *s) {
 
 static json_t *read_value(reader *r, int depth);
 
-/* A string: <|"|>…<|"|>, the bytes between as they are (valid UTF-8, no delimiter inside). */
+/* A string: <|"|>…<|"|>, the bytes between as they are (valid UTF-8, no delimiter or NUL inside). */
 static json_t *read_string(reader *r) {
     if (!eat(r, Q)) return NULL;
     const char *s = r->p, *e = NULL;
@@ -588,7 +588,7 @@ static json_t *read_string(reader *r) {
             e = q;
             break;
         }
-    if (!e) return NULL;
+    if (!e || memchr(s, 0, (size_t)(e - s))) return NULL;   /* (a NUL would end the text in C) */
     r->p = e + strlen(Q);
     return json_stringn(s, (size_t)(e - s));   /* NULL for bytes that are not UTF-8 */
 }
@@ -629,8 +629,8 @@ static json_t *read_number(reader *r) {
     return isfinite(d) ? json_real(d) : NULL;
 }
 
-/* {key:value,…}: keys bare (up to ':', none of {}[], inside, trailing blanks dropped) or between
- * <|"|> tokens; no key twice. */
+/* {key:value,…}: keys bare (up to ':', none of {}[], or <|"|> inside, trailing blanks dropped) or
+ * between <|"|> tokens; no key twice. */
 static json_t *read_object(reader *r, int depth) {
     if (!eat(r, "{")) return NULL;
     json_t *o = json_object();
@@ -649,7 +649,8 @@ static json_t *read_object(reader *r, int depth) {
             while (r->p < r->end && *r->p != ':' && !strchr("{}[],", *r->p)) r->p++;
             const char *e = r->p;
             while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r')) e--;
-            if (e > s && !memchr(s, 0, (size_t)(e - s)) && (key = malloc((size_t)(e - s) + 1))) {
+            if (e > s && !memchr(s, 0, (size_t)(e - s)) && !memmem(s, (size_t)(e - s), Q, strlen(Q)) &&
+                (key = malloc((size_t)(e - s) + 1))) {
                 memcpy(key, s, (size_t)(e - s));
                 key[e - s] = 0;
             }
