@@ -49,7 +49,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             ib_api_tool_msgs tm;
             char why[256];
             if (!msgs) abort();
-            if (ib_api_tool_messages(IB_CHAT_TOOLS_GEMMA4, msgs, NULL, &tm, why, sizeof why)) abort();
+            if (ib_api_tool_messages(IB_CHAT_TOOLS_GEMMA4, msgs, NULL, &tm, NULL, why, sizeof why)) abort();
             const char *text = tm.m[0].tool_text;
             size_t cl2 = 0;
             json_t *again = text ? ib_gemma4_tool_calls_read(text, strlen(text), "f", 0, &cl2) : NULL;

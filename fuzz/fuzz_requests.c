@@ -51,9 +51,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!trc && tu.mode == IB_TOOLS_FORCED && (!tu.forced || !tu.name[0])) abort();
         ib_api_tool_msgs tm;
         for (int form = IB_CHAT_TOOLS_QWEN; form <= IB_CHAT_TOOLS_GEMMA4; form++) {
-            int mrc = ib_api_tool_messages((ib_chat_tool_form)form, json_object_get(b, "messages"), trc ? NULL : tu.tools, &tm, why,
+            const char *mparam = NULL;
+            int mrc = ib_api_tool_messages((ib_chat_tool_form)form, json_object_get(b, "messages"), trc ? NULL : tu.tools, &tm, &mparam, why,
                                            sizeof why);
-            if (mrc == -1 && !why[0]) abort();
+            if (mrc == -1 && (!why[0] || !mparam || (strcmp(mparam, "messages") && strcmp(mparam, "tools")))) abort();
             if (mrc == 0) {
                 for (size_t i = 0; i < tm.n; i++)
                     if (!tm.m[i].role || !tm.m[i].content || (tm.m[i].tool_text && form != IB_CHAT_TOOLS_GEMMA4)) abort();

@@ -20,7 +20,13 @@
 #     "required", "auto");
 #   - refusals, each a 400 naming the field: bad tools, response_format with a named function or with
 #     "required", "required" without tools, a parameters schema outside the subset (named or
-#     "required"), and tools or tool messages on a model whose template has no tool calls.
+#     "required"), and tools or tool messages on a model whose template has no tool calls;
+#   - Gemma 4's tool form (the tiny Gemma 4 model with Gemma 4's special tokens and a template writing
+#     <|tool_call>): the prompt of a conversation with tools, a call and its result is the format's text
+#     written out by hand (declarations after the system text, the result in the call's model turn, left
+#     open); <|tool_response> ends replies with tools (not plain ones); "auto" gives a plain reply, also with call openings made
+#     likely, streamed the same; "required", a named function, a property without a type, a tool message
+#     with no call before it and arguments that are no object are 400s naming the field.
 set -u
 . "$(dirname "$0")/server_bins.sh"
 pass=0; fail=0
@@ -273,4 +279,69 @@ field_400 "required on a template without tool calls" unsupported_parameter tool
 field_400 "tool messages on a template without tool calls" unsupported_parameter messages "{\"model\":\"tiny\",\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}],\"max_tokens\":4}"
 req 200 "tool_choice none without tools there" "$U/v1/chat/completions" "{$CH,\"tool_choice\":\"none\"}"
 stop "$LAST_PID" plain
+
+# ---- Gemma 4's tool form (src/server/tool_form_gemma4.c): the tiny Gemma 4 model with a byte-level
+# tokenizer holding Gemma 4's special tokens and a template that writes <|tool_call>
+"$BIN" mkmodel --preset gemma4-tiny --seed 9 --out "$T/g4" >/dev/null || { bad "mkmodel gemma4-tiny"; finish; }
+node -e '
+const fs = require("fs"), d = process.argv[1], t = JSON.parse(fs.readFileSync(d + "/tokenizer.json", "utf8"));
+let id = Math.max(...t.added_tokens.map(a => a.id)) + 1;
+for (const s of ["<bos>", "<eos>", "<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|think|>", "<|tool>", "<tool|>",
+                 "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", "<|\"|>"])
+    t.added_tokens.push({id: id++, content: s, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true});
+fs.writeFileSync(d + "/tokenizer.json", JSON.stringify(t));
+fs.writeFileSync(d + "/tokenizer_config.json", JSON.stringify({bos_token: "<bos>", eos_token: "<eos>",
+    chat_template: "{{ bos_token }}{{ \x27<|turn>\x27 + role }}{{ \x27<|tool_call>call:\x27 }}{{- \x27<|channel>thought\\n<channel|>\x27 -}}"}));' \
+    "$T/g4" || { bad "gemma 4 tokenizer"; finish; }
+start g4 g4
+U=http://127.0.0.1:$PORT
+TOOLS4='"tools":[{"type":"function","function":{"name":"get_weather","description":"Weather now","parameters":{"type":"object","properties":{"city":{"type":"string","enum":["Paris","Rome"]}},"required":["city"]}}},{"type":"function","function":{"name":"get_time"}}]'
+CONV4='"messages":[{"role":"system","content":"Be brief. "},{"role":"user","content":"weather?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Oslo\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"{\"temp\": 21, \"sky\": \"clear\"}"}]'
+# the prompt: the declarations after the system text, the call and its result in one model turn left
+# open, the generation prompt going on in it (written out by hand from the template's rules)
+req 200 "gemma 4: conversation with a tool result" "$U/v1/chat/completions" "{\"model\":\"g4\",$CONV4,$TOOLS4,\"max_tokens\":4,\"seed\":1}"
+node -e 'const b=JSON.parse(require("fs").readFileSync(process.argv[1])); console.log(JSON.stringify({tokens: b.verification.prompt}))' "$T/body" > "$T/ids.json"
+curl -s -m 30 "$U/detokenize" -d @"$T/ids.json" > "$T/body"
+WANT='<bos><|turn>system
+Be brief.<|tool>declaration:get_weather{description:<|"|>Weather now<|"|>,parameters:{properties:{city:{enum:[<|"|>Paris<|"|>,<|"|>Rome<|"|>],type:<|"|>STRING<|"|>}},required:[<|"|>city<|"|>],type:<|"|>OBJECT<|"|>}}<tool|><|tool>declaration:get_time{description:<|"|><|"|>}<tool|><turn|>
+<|turn>user
+weather?<turn|>
+<|turn>model
+<|tool_call>call:get_weather{city:<|"|>Oslo<|"|>}<tool_call|><|tool_response>response:get_weather{sky:<|"|>clear<|"|>,temp:21}<tool_response|><|channel>thought
+<channel|>'
+GOT=$(jget 'b.content'; echo x); GOT=${GOT%x}
+[ "$GOT" = "$WANT"$'\n' ] && ok || { bad "gemma 4: the prompt with tools differs from the format's text:"; printf '%s' "$GOT" | diff <(printf '%s\n' "$WANT") - | head -20; }
+# a reply with tools stops where calls hand over to the tools (<|tool_response>, made likely here); a
+# plain chat does not
+G4BASE='"model":"g4","messages":[{"role":"user","content":"weather in Rome?"}],"max_tokens":24,"temperature":0.9,"logprobs":true'
+curl -s -m 30 "$U/tokenize" -d '{"content":"<|tool_response>"}' > "$T/body"
+hid=$(jget 'b.tokens.length === 1 ? b.tokens[0] : -1')
+req 200 "gemma 4: the hand-over token" "$U/v1/chat/completions" "{$G4BASE,$TOOLS4,\"seed\":1,\"logit_bias\":{\"$hid\":30}}"
+[ "$(jget 'const c=b.choices[0]; c.finish_reason + " " + JSON.stringify(c.message.content) + " " + b.usage.completion_tokens')" = 'stop "" 1' ] \
+    && ok || bad "gemma 4: a reply with tools does not stop at <|tool_response> ($hid): $(head -c 300 "$T/body")"
+req 200 "gemma 4: the hand-over token without tools" "$U/v1/chat/completions" "{$G4BASE,\"seed\":1,\"logit_bias\":{\"$hid\":30}}"
+[ "$(jget 'b.choices[0].message.content.startsWith("<|tool_response>")')" = true ] \
+    && ok || bad "gemma 4: a plain chat stops at <|tool_response>: $(head -c 300 "$T/body")"
+# auto: the tiny model writes no call, so a plain reply; with <|tool_call> tokens made likely, still no
+# call (they are no well-formed call), and the stream holds them back, then gives the same content
+req 200 "gemma 4: auto" "$U/v1/chat/completions" "{$G4BASE,$TOOLS4,\"seed\":2}"
+[ "$(jget 'const c=b.choices[0]; (c.finish_reason==="stop"||c.finish_reason==="length") && c.message.tool_calls===undefined && typeof c.message.content==="string"')" = true ] \
+    && ok || bad "gemma 4: auto: $(head -c 300 "$T/body")"
+curl -s -m 30 "$U/tokenize" -d '{"content":"<|tool_call>"}' > "$T/body"
+cid=$(jget 'b.tokens.length === 1 ? b.tokens[0] : -1')
+req 200 "gemma 4: auto with call openings" "$U/v1/chat/completions" "{$G4BASE,$TOOLS4,\"seed\":3,\"logit_bias\":{\"$cid\":6}}"
+cp "$T/body" "$T/g4open"
+[ "$(jget 'const c=b.choices[0]; c.message.tool_calls===undefined && c.finish_reason!=="tool_calls" && c.message.content.includes("<|tool_call>")')" = true ] \
+    && ok || bad "gemma 4: call openings: $(head -c 300 "$T/body")"
+curl -s -N -m 60 "$U/v1/chat/completions" -d "{$G4BASE,$TOOLS4,\"seed\":3,\"logit_bias\":{\"$cid\":6},\"stream\":true}" > "$T/sse_g4"
+sid=$(grep -m1 -o '"id":"chatcmpl-[0-9a-f]*"' "$T/sse_g4" | cut -d'"' -f4)
+a=$(node -e "$SSE" "$T/sse_g4"); b=$(node -e "$BODYKEY" "$T/g4open" "$sid")
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "gemma 4: the streamed reply differs from the body: $a vs $b"
+# refusals naming the field
+field_400 "gemma 4: required" unsupported_parameter tool_choice "{$G4BASE,$TOOLS4,$REQ}"
+field_400 "gemma 4: a named tool_choice" unsupported_parameter tool_choice "{$G4BASE,$TOOLS4,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}}"
+field_400 "gemma 4: a property without a type" invalid_value tools "{$G4BASE,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"properties\":{\"x\":{\"description\":\"?\"}}}}}]}"
+field_400 "gemma 4: a tool message with no call before it" invalid_value messages "{\"model\":\"g4\",\"messages\":[{\"role\":\"user\",\"content\":\"u\"},{\"role\":\"tool\",\"content\":\"x\"}],$TOOLS4}"
+field_400 "gemma 4: arguments that are no object" invalid_value messages "{\"model\":\"g4\",\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"a\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"[1]\"}}]}],$TOOLS4}"
+stop "$LAST_PID" g4
 finish

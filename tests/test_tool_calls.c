@@ -142,7 +142,7 @@ static void test_messages(void) {
                       "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}}]");
     ib_api_tool_msgs tm;
     char why[256] = "";
-    int rc = ib_api_tool_messages(IB_CHAT_TOOLS_QWEN, msgs, tools, &tm, why, sizeof why);
+    int rc = ib_api_tool_messages(IB_CHAT_TOOLS_QWEN, msgs, tools, &tm, NULL, why, sizeof why);
     static const char *const want_role[] = {"system", "user", "assistant", "user", "assistant", "system"};
     static const char *const want[] = {
         "Be brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -167,7 +167,7 @@ static void test_messages(void) {
     /* without tools, no system message: no tools block, the history's calls still written */
     json_t *m2 = J("[{\"role\":\"user\",\"content\":\"u\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":"
                    "[{\"id\":\"c\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}]");
-    rc = ib_api_tool_messages(IB_CHAT_TOOLS_QWEN, m2, NULL, &tm, why, sizeof why);
+    rc = ib_api_tool_messages(IB_CHAT_TOOLS_QWEN, m2, NULL, &tm, NULL, why, sizeof why);
     CHECK(rc == 0 && tm.n == 2 && !strcmp(tm.m[0].content, "u") &&
               !strcmp(tm.m[1].content, "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>"),
           "history without tools: rc %d (%s)", rc, why);
@@ -175,7 +175,7 @@ static void test_messages(void) {
     json_decref(m2);
     /* tools and no system message: a system turn of the tools block alone */
     m2 = J("[{\"role\":\"user\",\"content\":\"u\"}]");
-    rc = ib_api_tool_messages(IB_CHAT_TOOLS_QWEN, m2, tools, &tm, why, sizeof why);
+    rc = ib_api_tool_messages(IB_CHAT_TOOLS_QWEN, m2, tools, &tm, NULL, why, sizeof why);
     CHECK(rc == 0 && tm.n == 2 && !strcmp(tm.m[0].role, "system") && !strncmp(tm.m[0].content, "# Tools\n\n", 9) &&
               !strcmp(tm.m[1].content, "u"), "tools without a system message: rc %d (%s)", rc, why);
     if (rc == 0) ib_api_tool_msgs_free(&tm);
@@ -198,7 +198,7 @@ static void test_messages(void) {
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         json_t *mb = J(bad[i].msgs);
         why[0] = 0;
-        rc = ib_api_tool_messages(IB_CHAT_TOOLS_QWEN, mb, NULL, &tm, why, sizeof why);
+        rc = ib_api_tool_messages(IB_CHAT_TOOLS_QWEN, mb, NULL, &tm, NULL, why, sizeof why);
         CHECK(rc == -1 && strstr(why, bad[i].needle), "bad messages %zu (%s): rc %d, '%s'", i, bad[i].msgs, rc, why);
         if (rc == 0) ib_api_tool_msgs_free(&tm);
         json_decref(mb);

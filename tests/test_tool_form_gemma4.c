@@ -27,6 +27,8 @@ static json_t *J(const char *s) {
     return j;
 }
 
+static const char *last_param;   /* the field the last refusal named */
+
 /* The rewrite of messages msgs with tools (NULL: none) in Gemma 4's form: 0 and *tm, or -1 and why.
  * The rewritten contents may point into the messages' JSON: it is kept until the next call. */
 static int rewrite(const char *msgs, const char *tools, ib_api_tool_msgs *tm, char *why, size_t wsz) {
@@ -36,7 +38,7 @@ static int rewrite(const char *msgs, const char *tools, ib_api_tool_msgs *tm, ch
     if (!msgs) return 0;
     json_t *m = J(msgs), *t = tools ? J(tools) : NULL;
     why[0] = 0;
-    int rc = m ? ib_api_tool_messages(IB_CHAT_TOOLS_GEMMA4, m, t, tm, why, wsz) : -9;
+    int rc = m ? ib_api_tool_messages(IB_CHAT_TOOLS_GEMMA4, m, t, tm, &last_param, why, wsz) : -9;
     held = m;
     json_decref(t);
     return rc;
@@ -114,7 +116,8 @@ static void test_declarations(void) {
         char tools[512];
         snprintf(tools, sizeof tools, "[{\"type\":\"function\",\"function\":{\"name\":\"b\",\"parameters\":%s}}]", bad[i].params);
         rc = rewrite("[{\"role\":\"user\",\"content\":\"u\"}]", tools, &tm, why, sizeof why);
-        CHECK(rc == -1 && strstr(why, bad[i].needle), "bad parameters %zu (%s): rc %d, '%s'", i, bad[i].params, rc, why);
+        CHECK(rc == -1 && strstr(why, bad[i].needle) && last_param && !strcmp(last_param, "tools"),
+              "bad parameters %zu (%s): rc %d, '%s' naming %s", i, bad[i].params, rc, why, last_param ? last_param : "nothing");
         if (!rc) ib_api_tool_msgs_free(&tm);
     }
 }
@@ -185,7 +188,8 @@ static void test_messages(void) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         rc = rewrite(bad[i].msgs, NULL, &tm, why, sizeof why);
-        CHECK(rc == -1 && strstr(why, bad[i].needle), "bad messages %zu (%s): rc %d, '%s'", i, bad[i].msgs, rc, why);
+        CHECK(rc == -1 && strstr(why, bad[i].needle) && last_param && !strcmp(last_param, "messages"),
+              "bad messages %zu (%s): rc %d, '%s' naming %s", i, bad[i].msgs, rc, why, last_param ? last_param : "nothing");
         if (!rc) ib_api_tool_msgs_free(&tm);
     }
 }
@@ -244,6 +248,9 @@ static void test_read(void) {
         "<|tool_call>call:f{k" Q ":1}<tool_call|>",                    /* a delimiter in a bare key */
     };
     for (size_t i = 0; i < sizeof none / sizeof *none; i++) read_case(none[i], 0, NULL, 0);
+    /* no text at all (a reply with no token yet): none */
+    size_t ecl;
+    CHECK(!ib_gemma4_tool_calls_read(NULL, 0, "X", 0, &ecl), "no text: no call");
     /* a NUL inside a string (the byte tokens can write one) makes no call */
     static const char nul[] = "<|tool_call>call:f{a:" Q "x\0y" Q "}<tool_call|>";
     size_t ncl;

@@ -103,7 +103,8 @@ int ib_api_tools(json_t *body, ib_api_tool_use *out, const char **param, char *m
  * text; a tool whose parameters the template could not write is refused naming the property. Roles
  * system, developer (as system), user, assistant, tool; an assistant message with tool_calls may have
  * a null content. The rewritten messages may point into msgs (Gemma 4's contents do): keep msgs
- * until o is freed. 0 with *o (free with ib_api_tool_msgs_free); -1 with a message in why; -2 out of
+ * until o is freed. 0 with *o (free with ib_api_tool_msgs_free); -1 with a message in why and the
+ * field it names in *param ("messages", or "tools" for a declaration; param may be NULL); -2 out of
  * memory. */
 typedef struct ib_api_tool_msgs {
     ib_chat_msg *m;
@@ -111,7 +112,8 @@ typedef struct ib_api_tool_msgs {
     char **own;         /* the rewritten contents */
     size_t n_own;
 } ib_api_tool_msgs;
-int ib_api_tool_messages(ib_chat_tool_form form, json_t *msgs, json_t *tools, ib_api_tool_msgs *o, char *why, size_t wsz);
+int ib_api_tool_messages(ib_chat_tool_form form, json_t *msgs, json_t *tools, ib_api_tool_msgs *o, const char **param, char *why,
+                         size_t wsz);
 void ib_api_tool_msgs_free(ib_api_tool_msgs *o);
 
 /* The response_format a call's arguments are decoded under: a json_schema of the function's

@@ -517,8 +517,9 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
                               tu.mode == IB_TOOLS_REQUIRED ? "\"required\"" : "naming a function");
         ib_api_tool_msgs tm = {0};
         char *prefix = NULL;
+        const char *mparam = "messages";
         int mrc = tu.mode != IB_TOOLS_OFF || history_tools
-                      ? ib_api_tool_messages(form, msgs, tu.mode != IB_TOOLS_OFF ? tu.tools : NULL, &tm, why, sizeof why)
+                      ? ib_api_tool_messages(form, msgs, tu.mode != IB_TOOLS_OFF ? tu.tools : NULL, &tm, &mparam, why, sizeof why)
                       : chat_messages(msgs, &cm, &nm, why, sizeof why);
         if (!mrc && tm.m) cm = tm.m, nm = tm.n, tm.m = NULL;   /* the array goes to chat_ids; the texts stay in tm */
         /* a call the reply must be: the prompt ends with its opening (up to the name for "required") */
@@ -530,7 +531,7 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
             ib_api_tool_msgs_free(&tm);
         }
         if (mrc == -2) return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory; retry later");
-        if (mrc) return BAD("messages", "%s", why);
+        if (mrc) return BAD(mparam, "%s", why);
         int flags = IB_CHAT_GENERATION_PROMPT, think = 1;
         int given = get_bool(b, "enable_thinking", &think);
         if (given < 0) {

@@ -368,8 +368,10 @@ oom:
     return -2;
 }
 
-int ib_api_tool_messages(ib_chat_tool_form form, json_t *msgs, json_t *tools, ib_api_tool_msgs *o, char *why, size_t wsz) {
+int ib_api_tool_messages(ib_chat_tool_form form, json_t *msgs, json_t *tools, ib_api_tool_msgs *o, const char **param, char *why,
+                         size_t wsz) {
     memset(o, 0, sizeof *o);
+    if (param) *param = "messages";
     size_t nm = json_is_array(msgs) ? json_array_size(msgs) : 0;
     if (nm < 1) {
         snprintf(why, wsz, "messages must be a non-empty array");
@@ -380,7 +382,7 @@ int ib_api_tool_messages(ib_chat_tool_form form, json_t *msgs, json_t *tools, ib
         return -1;
     }
     if (!(o->m = calloc(nm + 1, sizeof *o->m))) return -2;
-    int rc = form == IB_CHAT_TOOLS_GEMMA4 ? ib_gemma4_tool_messages(msgs, tools, o, why, wsz)
+    int rc = form == IB_CHAT_TOOLS_GEMMA4 ? ib_gemma4_tool_messages(msgs, tools, o, param, why, wsz)
                                           : qwen_messages(msgs, tools, o, why, wsz);
     if (rc) ib_api_tool_msgs_free(o);
     return rc;

@@ -492,7 +492,7 @@ static void put_result(ib_tbuf *b, const char *name, json_t *content) {
     json_decref(r);
 }
 
-int ib_gemma4_tool_messages(json_t *msgs, json_t *tools, ib_api_tool_msgs *o, char *why, size_t wsz) {
+int ib_gemma4_tool_messages(json_t *msgs, json_t *tools, ib_api_tool_msgs *o, const char **param, char *why, size_t wsz) {
     const size_t nm = json_array_size(msgs);
     ib_tbuf b = {0};
     size_t i = 0;
@@ -505,6 +505,7 @@ int ib_gemma4_tool_messages(json_t *msgs, json_t *tools, ib_api_tool_msgs *o, ch
         for (size_t k = 0; k < json_array_size(tools); k++) {
             int rc = put_declaration(&d, json_array_get(tools, k), k);
             if (rc) {
+                if (rc == -1 && param) *param = "tools";
                 free(b.p);
                 return rc;
             }
@@ -702,7 +703,7 @@ static json_t *read_value(reader *r, int depth) {
 }
 
 json_t *ib_gemma4_tool_calls_read(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len) {
-    const char *first = memmem(text, len, call_open, strlen(call_open));
+    const char *first = text ? memmem(text, len, call_open, strlen(call_open)) : NULL;   /* (no text yet: NULL) */
     if (!first) return NULL;
     json_t *calls = json_array();
     if (!calls) return NULL;

@@ -46,7 +46,8 @@ int ib_tool_call_check(json_t *calls, size_t i, size_t j, const char **name, jso
 json_t *ib_tool_call_json(const char *id, const char *name, json_t *args);
 
 /* ib_api_tool_messages in Gemma 4's form (tool_form_gemma4.c): o->m allocated for every message (and
- * one more) and empty. 0; -1 with why; -2 out of memory (o freed by the caller). */
-int ib_gemma4_tool_messages(json_t *msgs, json_t *tools, ib_api_tool_msgs *o, char *why, size_t wsz);
+ * one more) and empty, *param (when param is not NULL) "messages". 0; -1 with why (and *param "tools"
+ * for a declaration the template could not write); -2 out of memory (o freed by the caller). */
+int ib_gemma4_tool_messages(json_t *msgs, json_t *tools, ib_api_tool_msgs *o, const char **param, char *why, size_t wsz);
 
 #endif
