@@ -447,13 +447,17 @@ json_t *ib_api_tool_calls_read(const char *text, size_t len, const char *id_base
         if ((size_t)(end - q) < strlen(call_open) || memcmp(q, call_open, strlen(call_open))) goto none;
         p = q;
     }
-    size_t cl = (size_t)(first - text);
-    while (cl > 0 && isspace((unsigned char)text[cl - 1])) cl--;
-    *content_len = cl;
+    *content_len = ib_tool_content_len(text, first);
     return calls;
 none:
     json_decref(calls);
     return NULL;
+}
+
+size_t ib_tool_content_len(const char *text, const char *first) {
+    size_t cl = (size_t)(first - text);
+    while (cl > 0 && isspace((unsigned char)text[cl - 1])) cl--;
+    return cl;
 }
 
 json_t *ib_api_tool_call_forced(const char *name, const char *text, size_t len, const char *id_base) {

@@ -735,9 +735,7 @@ json_t *ib_gemma4_tool_calls_read(const char *text, size_t len, const char *id_b
         json_decref(args);
         skip_ws(&r);
     }
-    size_t cl = (size_t)(first - text);
-    while (cl > 0 && isspace((unsigned char)text[cl - 1])) cl--;
-    *content_len = cl;
+    *content_len = ib_tool_content_len(text, first);
     return calls;
 none:
     json_decref(calls);

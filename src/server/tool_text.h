@@ -45,6 +45,10 @@ int ib_tool_call_check(json_t *calls, size_t i, size_t j, const char **name, jso
  * args as compact JSON text}}; NULL when out of memory. */
 json_t *ib_tool_call_json(const char *id, const char *name, json_t *args);
 
+/* A reply's content when its calls begin at first: the length of the text before them, less trailing
+ * whitespace. */
+size_t ib_tool_content_len(const char *text, const char *first);
+
 /* ib_api_tool_messages in Gemma 4's form (tool_form_gemma4.c): o->m allocated for every message (and
  * one more) and empty, *param (when param is not NULL) "messages". 0; -1 with why (and *param "tools"
  * for a declaration the template could not write); -2 out of memory (o freed by the caller). */
