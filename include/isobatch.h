@@ -674,8 +674,10 @@ typedef enum ib_chat_flags { IB_CHAT_GENERATION_PROMPT = 1, IB_CHAT_NO_THINKING 
  * Gemma 4's. As the Qwen3 template does, <think>…</think> is dropped from assistant turns before the
  * last user turn; Gemma 4's drops <|channel>…<channel|> thoughts from model turns. Gemma 4: a model
  * turn whose tool_text ends with a tool response (<tool_response|>) and whose content is empty is left
- * open (no <turn|>): a following model message with tool_text continues it without a new header, and
- * so does the generation prompt (the model answers inside the turn the results were written into). Tokenize the result with ib_tokenize (no BOS added: the Llama 3 and
+ * open (no <turn|>): a following model message with tool_text continues it without a new header (the
+ * later templates' rule; under a template without it, a new model header opens, and the open turn is
+ * never closed, as that template writes it), and so does the generation prompt (the model answers
+ * inside the turn the results were written into). Tokenize the result with ib_tokenize (no BOS added: the Llama 3 and
  * Gemma formats write their BOS themselves). */
 long ib_chat_format(const ib_model *m, const ib_chat_msg *msgs, int n, int flags, char *out, size_t cap);
 

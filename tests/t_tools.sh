@@ -25,8 +25,9 @@
 #     <|tool_call>): the prompt of a conversation with tools, a call and its result is the format's text
 #     written out by hand (declarations after the system text, the result in the call's model turn, left
 #     open); <|tool_response> ends replies with tools (not plain ones); "auto" gives a plain reply, also with call openings made
-#     likely, streamed the same; "required", a named function, a property without a type, a tool message
-#     with no call before it and arguments that are no object are 400s naming the field.
+#     likely, streamed the same; a property without a type written; "required", a named function, a
+#     list as a description, a tool message with no call before it and arguments that are no object
+#     are 400s naming the field.
 set -u
 . "$(dirname "$0")/server_bins.sh"
 pass=0; fail=0
@@ -340,7 +341,9 @@ a=$(node -e "$SSE" "$T/sse_g4"); b=$(node -e "$BODYKEY" "$T/g4open" "$sid")
 # refusals naming the field
 field_400 "gemma 4: required" unsupported_parameter tool_choice "{$G4BASE,$TOOLS4,$REQ}"
 field_400 "gemma 4: a named tool_choice" unsupported_parameter tool_choice "{$G4BASE,$TOOLS4,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}}"
-field_400 "gemma 4: a property without a type" invalid_value tools "{$G4BASE,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"properties\":{\"x\":{\"description\":\"?\"}}}}}]}"
+field_400 "gemma 4: a description that is a list" invalid_value tools "{$G4BASE,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"properties\":{\"x\":{\"type\":\"string\",\"description\":[1]}}}}}]}"
+# a property without a type (an anyOf, as Pydantic writes Optional) is written, with the empty type
+req 200 "gemma 4: a property without a type" "$U/v1/chat/completions" "{$G4BASE,\"max_tokens\":2,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"properties\":{\"x\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}}}}}]}"
 field_400 "gemma 4: a tool message with no call before it" invalid_value messages "{\"model\":\"g4\",\"messages\":[{\"role\":\"user\",\"content\":\"u\"},{\"role\":\"tool\",\"content\":\"x\"}],$TOOLS4}"
 field_400 "gemma 4: arguments that are no object" invalid_value messages "{\"model\":\"g4\",\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"a\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"[1]\"}}]}],$TOOLS4}"
 stop "$LAST_PID" g4

@@ -164,7 +164,8 @@ static void test_chat_gemma4_tools(void) {
     static const char *const sp[] = {"<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>", "<|turn>", "<turn|>", "<|channel>",
                                      "<channel|>", "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
                                      "<tool_response|>", "<|\"|>"};
-    ib_tokenizer *t = load_dir_sp("g4tools", "{\"chat_template\": \"{{ '<|turn>' + role }}{{ '<|tool_call>call:' }}"
+#define G4_CHAIN "{%- if not (ns.prev_message_type == 'tool_response' and message['tool_calls']) -%}"
+    ib_tokenizer *t = load_dir_sp("g4tools", "{\"chat_template\": \"{{ '<|turn>' + role }}{{ '<|tool_call>call:' }}" G4_CHAIN
                                              "{{- '<|channel>thought\\\\n<channel|>' -}}\", \"bos_token\": \"<bos>\"}", sp, 15);
     if (!t) return;
     CHECK(ib_tokenizer_chat_tools(t) == IB_CHAT_TOOLS_GEMMA4, "a Gemma 4 template writing <|tool_call>: Gemma 4's tools");
@@ -205,6 +206,18 @@ static void test_chat_gemma4_tools(void) {
     ib_chat_msg u[1] = {{.role = "user", .content = "q", .tool_text = C1}};
     CHECK_EQ_INT(ib_tokenizer_chat_format(t, u, 1, 0, NULL, 0), -1);
     ib_tokenizer_free(t);
+    /* the first templates open a new model turn for calls after results (the open one never closed) */
+    t = load_dir_sp("g4toolsold", "{\"chat_template\": \"{{ '<|turn>' + role }}{{ '<|tool_call>call:' }}\", \"bos_token\": \"<bos>\"}",
+                    sp, 15);
+    if (!t) return;
+    expect_chat(t, c, 4, IB_CHAT_GENERATION_PROMPT,
+                "<bos><|turn>user\nq<turn|>\n<|turn>model\n<|tool_call>call:f{a:1}<tool_call|>"
+                "<|tool_response>response:f{r:2}<tool_response|><|turn>model\n<|tool_call>call:h{}<tool_call|>"
+                "<|tool_response>response:h{value:3}<tool_response|>done<turn|>\n<|turn>user\nmore<turn|>\n<|turn>model\n", __LINE__);
+    expect_chat(t, a, 2, IB_CHAT_GENERATION_PROMPT,
+                "<bos><|turn>user\nq<turn|>\n<|turn>model\n<|tool_call>call:f{a:1}<tool_call|>"
+                "<|tool_response>response:f{r:2}<tool_response|>", __LINE__);
+    ib_tokenizer_free(t);
     /* no template: the tool tokens decide; the template of the plain Gemma 4 test has no <|tool_call> */
     t = load_dir_sp("g4toolsn", NULL, sp, 15);
     if (!t) return;
@@ -217,6 +230,10 @@ static void test_chat_gemma4_tools(void) {
     t = load_dir_sp("g4toolst", "{\"chat_template\": \"{{ '<|turn>' + role }}\"}", sp, 15);
     if (!t) return;
     CHECK(ib_tokenizer_chat_tools(t) == IB_CHAT_TOOLS_NONE, "a Gemma 4 template without <|tool_call>: no tools");
+    ib_tokenizer_free(t);
+    t = load_dir_sp("g4toolstm", "{\"chat_template\": \"{{ '<|turn>' + role }}{{ '<|tool_call>call:' }}\"}", sp, 14);
+    if (!t) return;
+    CHECK(ib_tokenizer_chat_tools(t) == IB_CHAT_TOOLS_NONE, "a template writing <|tool_call>, a tool token missing: no tools");
     ib_tokenizer_free(t);
     /* other formats refuse tool_text */
     t = load_dir("plainq", NULL);

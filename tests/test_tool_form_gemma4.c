@@ -20,6 +20,9 @@
 
 #define Q "<|\"|>"
 
+/* strcmp that takes NULL (a missing text) as different from any text. */
+static int same(const char *a, const char *b) { return a && b && !strcmp(a, b); }
+
 static json_t *J(const char *s) {
     json_error_t je;
     json_t *j = json_loads(s, 0, &je);
@@ -68,13 +71,13 @@ static void test_declarations(void) {
     int rc = rewrite("[{\"role\":\"system\",\"content\":\"  Be brief. \"},{\"role\":\"user\",\"content\":\"u\"}]", TOOLS, &tm, why,
                      sizeof why);
     CHECK(rc == 0 && tm.n == 2 && !strcmp(tm.m[0].role, "system") && !strcmp(tm.m[0].content, "  Be brief. ") &&
-              tm.m[0].tool_text && !strcmp(tm.m[0].tool_text, DECLS) && !strcmp(tm.m[1].content, "u") && !tm.m[1].tool_text,
+              same(tm.m[0].tool_text, DECLS) && !strcmp(tm.m[1].content, "u") && !tm.m[1].tool_text,
           "declarations: rc %d (%s)\n%s\nwant\n%s", rc, why, rc ? "" : tm.m[0].tool_text ? tm.m[0].tool_text : "(none)", DECLS);
     if (!rc) ib_api_tool_msgs_free(&tm);
     /* tools, no system message: a system message of the declarations alone; a developer one counts */
     rc = rewrite("[{\"role\":\"user\",\"content\":\"u\"}]", TOOLS, &tm, why, sizeof why);
     CHECK(rc == 0 && tm.n == 2 && !strcmp(tm.m[0].role, "system") && !strcmp(tm.m[0].content, "") &&
-              !strcmp(tm.m[0].tool_text, DECLS), "declarations without a system message: rc %d (%s)", rc, why);
+              same(tm.m[0].tool_text, DECLS), "declarations without a system message: rc %d (%s)", rc, why);
     if (!rc) ib_api_tool_msgs_free(&tm);
     rc = rewrite("[{\"role\":\"developer\",\"content\":\"D\"},{\"role\":\"user\",\"content\":\"u\"}]", TOOLS, &tm, why, sizeof why);
     CHECK(rc == 0 && tm.n == 2 && !strcmp(tm.m[0].role, "system") && !strcmp(tm.m[0].content, "D"), "developer: rc %d", rc);
@@ -87,7 +90,7 @@ static void test_declarations(void) {
     static const char nums[] = "<|tool>declaration:n{description:" Q Q ",parameters:{properties:{x:{,items:{enum:[1e+16,"
                                "1000000000000000.0,1e-05,0.0001,123.0,-0.0,1.5e+300,5,0.1,true,None,{" Q "K" Q ":" Q "v" Q
                                "}],type:" Q "NUMBER" Q "}type:" Q "ARRAY" Q "}},}<tool|>";
-    CHECK(rc == 0 && !strcmp(tm.m[0].tool_text, nums), "numbers: rc %d (%s)\n%s\nwant\n%s", rc, why, rc ? "" : tm.m[0].tool_text, nums);
+    CHECK(rc == 0 && same(tm.m[0].tool_text, nums), "numbers: rc %d (%s)\n%s\nwant\n%s", rc, why, rc ? "" : tm.m[0].tool_text, nums);
     if (!rc) ib_api_tool_msgs_free(&tm);
     /* an object property without properties: its own members other than the standard keys */
     rc = rewrite("[{\"role\":\"user\",\"content\":\"u\"}]",
@@ -97,17 +100,26 @@ static void test_declarations(void) {
     static const char own[] = "<|tool>declaration:m{description:" Q Q ",parameters:{properties:{meta:{description:" Q "free" Q
                               ",properties:{additionalProperties:{type:" Q "STRING" Q "}},type:" Q "OBJECT" Q "}},type:" Q "OBJECT" Q
                               "}}<tool|>";
-    CHECK(rc == 0 && !strcmp(tm.m[0].tool_text, own), "own members: rc %d (%s)\n%s\nwant\n%s", rc, why, rc ? "" : tm.m[0].tool_text, own);
+    CHECK(rc == 0 && same(tm.m[0].tool_text, own), "own members: rc %d (%s)\n%s\nwant\n%s", rc, why, rc ? "" : tm.m[0].tool_text, own);
+    if (!rc) ib_api_tool_msgs_free(&tm);
+    /* no type (an anyOf), a member that is no object, a number or true as description: written as the
+     * templates that go on write them (the empty type; Python's text) */
+    rc = rewrite("[{\"role\":\"user\",\"content\":\"u\"}]",
+                 "[{\"type\":\"function\",\"function\":{\"name\":\"l\",\"parameters\":{\"properties\":{\"o\":{\"anyOf\":[{\"type\":"
+                 "\"string\"},{\"type\":\"null\"}],\"description\":7},\"p\":{\"type\":\"object\",\"additionalProperties\":false},"
+                 "\"q\":{\"type\":[],\"description\":true},\"r\":{\"type\":[\"integer\",\"null\"]}}}}}]",
+                 &tm, why, sizeof why);
+    static const char lenient[] = "<|tool>declaration:l{description:" Q Q ",parameters:{properties:{o:{description:" Q "7" Q ",type:" Q Q "},p:{,properties:{additionalProperties:{type:" Q Q
+                                  "}}type:" Q "OBJECT" Q "},q:{description:" Q "True" Q ",type:" Q Q "},r:{type:" Q "INTEGER" Q
+                                  "}},}<tool|>";
+    CHECK(rc == 0 && same(tm.m[0].tool_text, lenient), "lenient types: rc %d (%s)\n%s\nwant\n%s", rc, why,
+          rc ? "" : tm.m[0].tool_text, lenient);
     if (!rc) ib_api_tool_msgs_free(&tm);
     /* what the template cannot write is refused, naming the property */
     static const struct {
         const char *params, *needle;
     } bad[] = {
-        {"{\"properties\":{\"x\":{\"description\":\"no type\"}}}", "tools[0].function.parameters.x: a property needs a type"},
-        {"{\"properties\":{\"x\":{\"type\":\"object\",\"properties\":{\"y\":true}}}}", "parameters.x.y: a property must be an object"},
-        {"{\"properties\":{\"x\":{\"type\":\"object\",\"additionalProperties\":false}}}", "parameters.x.additionalProperties: a property must"},
-        {"{\"properties\":{\"x\":{\"type\":\"string\",\"description\":7}}}", "parameters.x: description must be a string"},
-        {"{\"properties\":{\"x\":{\"type\":[]}}}", "parameters.x: a property needs a type"},
+        {"{\"properties\":{\"x\":{\"type\":\"string\",\"description\":[7]}}}", "tools[0].function.parameters.x: description must be a string"},
         {"{\"properties\":[1]}", "parameters: properties must be an object"},
         {"{\"required\":\"x\"}", "required must be an array of strings"},
         {"{\"type\":[\"object\"]}", "type must be a string"},
@@ -137,7 +149,7 @@ static void test_messages(void) {
     static const char t1[] = "<|tool_call>call:get_weather{City:" Q "Paris" Q ",days:2}<tool_call|><|tool_call>call:f{}<tool_call|>"
                              "<|tool_response>response:f{l:[1," Q "a" Q "],ok:true,t:1.0}<tool_response|>"
                              "<|tool_response>response:get_weather{value:" Q "sunny" Q "}<tool_response|>";
-    CHECK(rc == 0 && tm.n == 3 && !strcmp(tm.m[1].role, "assistant") && tm.m[1].tool_text && !strcmp(tm.m[1].tool_text, t1) &&
+    CHECK(rc == 0 && tm.n == 3 && !strcmp(tm.m[1].role, "assistant") && same(tm.m[1].tool_text, t1) &&
               !strcmp(tm.m[1].content, "It is sunny.") && !strcmp(tm.m[2].content, "thanks"),
           "a model turn: rc %d (%s) %zu messages\n%s\nwant\n%s", rc, why, rc ? 0 : tm.n, rc || !tm.m[1].tool_text ? "" : tm.m[1].tool_text, t1);
     if (!rc) ib_api_tool_msgs_free(&tm);
@@ -150,7 +162,7 @@ static void test_messages(void) {
     static const char t2[] = "<|tool_call>call:f{k:None}<tool_call|><|tool_response>response:f{value:15}<tool_response|>"
                              "<|tool_response>response:yy{value:None}<tool_response|><|tool_response>response:unknown{value:" Q "s" Q
                              "}<tool_response|>";
-    CHECK(rc == 0 && tm.n == 2 && !strcmp(tm.m[1].tool_text, t2) && !strcmp(tm.m[1].content, ""),
+    CHECK(rc == 0 && tm.n == 2 && same(tm.m[1].tool_text, t2) && !strcmp(tm.m[1].content, ""),
           "names: rc %d (%s)\n%s\nwant\n%s", rc, why, rc ? "" : tm.m[1].tool_text, t2);
     if (!rc) ib_api_tool_msgs_free(&tm);
     /* a chain: each calls message its own entry (tokenizer/chat.c continues the open turn); a calls
@@ -163,11 +175,11 @@ static void test_messages(void) {
                  "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c\",\"function\":{\"name\":\"h\",\"arguments\":\"{}\"}}]}]",
                  NULL, &tm, why, sizeof why);
     CHECK(rc == 0 && tm.n == 5 &&
-              !strcmp(tm.m[1].tool_text, "<|tool_call>call:f{}<tool_call|><|tool_response>response:f{value:1}<tool_response|>") &&
+              same(tm.m[1].tool_text, "<|tool_call>call:f{}<tool_call|><|tool_response>response:f{value:1}<tool_response|>") &&
               !strcmp(tm.m[1].content, "") &&
-              !strcmp(tm.m[2].tool_text, "<|tool_call>call:g{}<tool_call|><|tool_response>response:g{value:2}<tool_response|>") &&
+              same(tm.m[2].tool_text, "<|tool_call>call:g{}<tool_call|><|tool_response>response:g{value:2}<tool_response|>") &&
               !strcmp(tm.m[2].content, "Checking.") && !tm.m[3].tool_text && !strcmp(tm.m[3].content, "Done.") &&
-              !strcmp(tm.m[4].tool_text, "<|tool_call>call:h{}<tool_call|>"),
+              same(tm.m[4].tool_text, "<|tool_call>call:h{}<tool_call|>"),
           "a chain: rc %d (%s)", rc, why);
     if (!rc) ib_api_tool_msgs_free(&tm);
     /* refused */
@@ -257,6 +269,10 @@ static void test_read(void) {
     json_t *nc = ib_gemma4_tool_calls_read(nul, sizeof nul - 1, "X", 0, &ncl);
     CHECK(!nc, "a NUL in a string: no call");
     json_decref(nc);
+    /* a call opening inside a thought is no call: the first one after it is */
+    read_case("<|channel>thought\nmaybe <|tool_call>call:f{}<tool_call|>?<channel|>\n<|tool_call>call:g{}<tool_call|>", 0,
+              "[" CALL(0, "g", "{}") "]", (long)strlen("<|channel>thought\nmaybe <|tool_call>call:f{}<tool_call|>?<channel|>"));
+    read_case("<|channel>thought\n<|tool_call>call:f{}<tool_call|>", 0, NULL, 0);
     /* nesting: 64 levels read, deeper refused */
     char deep[400];
     for (int depth = 63; depth <= 64; depth++) {

@@ -12,12 +12,14 @@
 
 #include "cli.h"
 #include "isobatch.h"
+#include "server/api.h"
 #include "tokenizer/tokenizer.h"
 
 static const char help_tok[] =
     "usage: isobatch tokenize [-m DIR | --tokenizer FILE] [--file F | TEXT] [--json]\n"
     "                         [--add-special] [--split-special] [--bench [--seconds S] [--no-cache]]\n"
-    "                         [--chat [--system TEXT] | --messages FILE] [--no-think | --think] [--render]\n"
+    "                         [--chat [--system TEXT] | --messages FILE [--tools FILE]] [--no-think | --think]\n"
+    "                         [--render]\n"
     "\n"
     "  -m DIR            model directory whose tokenizer.json (and tokenizer_config.json) to use\n"
     "                    (default models/default)\n"
@@ -36,6 +38,9 @@ static const char help_tok[] =
     "  --system TEXT     with --chat: a system message before it\n"
     "  --messages FILE   encode a conversation (a JSON array of {\"role\", \"content\"}) in the chat\n"
     "                    format, with the assistant header after it\n"
+    "  --tools FILE      with --messages: a JSON array of OpenAI tools declared in the prompt, and the\n"
+    "                    messages in OpenAI's shape (assistant tool_calls, tool results), written in\n"
+    "                    the model's tool form (Qwen's or Gemma 4's) as the server writes them\n"
     "  --no-think        chat format with Qwen3's enable_thinking=false\n"
     "  --think           chat format with Gemma 4's enable_thinking=true\n"
     "  --render          print the chat-formatted text instead of the ids\n";
@@ -194,21 +199,40 @@ static int process(ib_tokenizer *t, const char *text, size_t len, const tok_opts
     return rc;
 }
 
-/* Encode the conversation of a JSON file [{"role", "content"}, ...]. */
-static int process_messages(ib_tokenizer *t, const char *path, tok_opts o) {
+/* Encode the conversation of a JSON file [{"role", "content"}, ...]; with tools_path (a JSON array of
+ * OpenAI tools, possibly empty), the messages in OpenAI's shape written in the model's tool form by the
+ * server's own rewrite (ib_api_tool_messages). */
+static int process_messages(ib_tokenizer *t, const char *path, const char *tools_path, tok_opts o) {
     json_error_t je;
-    json_t *a = json_load_file(path, 0, &je);
+    json_t *a = json_load_file(path, 0, &je), *tools = NULL;
     if (!json_is_array(a)) {
         json_decref(a);
         return cli_error("%s: not a JSON array of messages (%s)", path, a ? "not an array" : je.text);
     }
     size_t n = json_array_size(a);
-    ib_chat_msg *m = calloc(n + 1, sizeof *m);
-    int rc = m ? 0 : cli_error("out of memory");
-    for (size_t i = 0; !rc && i < n; i++) {
-        json_t *e = json_array_get(a, i), *r = json_object_get(e, "role"), *c = json_object_get(e, "content");
-        if (!json_is_string(r) || !json_is_string(c)) rc = cli_error("%s: message %zu: needs string role and content", path, i);
-        else m[i] = (ib_chat_msg){.role = json_string_value(r), .content = json_string_value(c)};
+    ib_chat_msg *m = NULL;
+    ib_api_tool_msgs tm = {0};
+    int rc = 0;
+    if (tools_path) {
+        char why[256];
+        const char *param = NULL;
+        tools = json_load_file(tools_path, 0, &je);
+        if (!json_is_array(tools)) rc = cli_error("%s: not a JSON array of tools (%s)", tools_path, tools ? "not an array" : je.text);
+        else if (ib_tokenizer_chat_tools(t) == IB_CHAT_TOOLS_NONE)
+            rc = cli_error("the tokenizer's chat format has no tool form (Qwen's <tool_call> or Gemma 4's <|tool_call>)");
+        else if ((rc = ib_api_tool_messages(ib_tokenizer_chat_tools(t), a, json_array_size(tools) ? tools : NULL, &tm, &param, why,
+                                            sizeof why)))
+            rc = rc == -2 ? cli_error("out of memory") : cli_error("%s: %s", param && !strcmp(param, "tools") ? tools_path : path, why);
+        m = tm.m;
+        n = tm.n;
+    } else {
+        m = calloc(n + 1, sizeof *m);
+        rc = m ? 0 : cli_error("out of memory");
+        for (size_t i = 0; !rc && i < n; i++) {
+            json_t *e = json_array_get(a, i), *r = json_object_get(e, "role"), *c = json_object_get(e, "content");
+            if (!json_is_string(r) || !json_is_string(c)) rc = cli_error("%s: message %zu: needs string role and content", path, i);
+            else m[i] = (ib_chat_msg){.role = json_string_value(r), .content = json_string_value(c)};
+        }
     }
     size_t len = 0;
     char *text = rc ? NULL : render(t, m, (int)n, o.chat_flags, &len);
@@ -216,13 +240,15 @@ static int process_messages(ib_tokenizer *t, const char *path, tok_opts o) {
     o.chat = 0;
     if (!rc) rc = process(t, text, len, &o);
     free(text);
-    free(m);
+    if (tools_path) ib_api_tool_msgs_free(&tm);
+    else free(m);
+    json_decref(tools);
     json_decref(a);
     return rc;
 }
 
 int cmd_tokenize(int argc, char **argv) {
-    const char *file = NULL, *dir = NULL, *text = NULL, *messages = NULL;
+    const char *file = NULL, *dir = NULL, *text = NULL, *messages = NULL, *tools = NULL;
     tok_opts o = {.cache = 1, .seconds = 2, .chat_flags = IB_CHAT_GENERATION_PROMPT};
     int rc = 0, n_in = 0;
     const char **ins = calloc((size_t)argc, sizeof *ins);   /* --file arguments */
@@ -246,9 +272,10 @@ int cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(f, "--seconds")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_float(f, v, 0, 3600, &o.seconds)) rc = 2;
         } else if (!strcmp(f, "-m") || !strcmp(f, "--tokenizer") || !strcmp(f, "--file") || !strcmp(f, "--system") ||
-                   !strcmp(f, "--messages")) {
+                   !strcmp(f, "--messages") || !strcmp(f, "--tools")) {
             if (!(v = cli_value(argc, argv, &i))) rc = 2;
             else if (f[1] == 'm') dir = v;
+            else if (!strcmp(f, "--tools")) tools = v;
             else if (f[2] == 't') file = v;
             else if (f[2] == 's') o.system = v;
             else if (f[2] == 'm') messages = v;
@@ -265,10 +292,11 @@ int cmd_tokenize(int argc, char **argv) {
     if (!rc && file && dir) rc = cli_usage_error("tokenize: -m and --tokenizer exclude each other");
     if (!rc && o.bench && n_in > 1) rc = cli_usage_error("tokenize: --bench takes one text");
     if (!rc && (o.system || o.render) && !o.chat && !messages) rc = cli_usage_error("tokenize: --system and --render go with --chat or --messages");
+    if (!rc && tools && !messages) rc = cli_usage_error("tokenize: --tools goes with --messages");
     ib_tokenizer *t = rc ? NULL : load_tok(file, dir);
     if (!rc && !t) rc = 1;
     if (!rc && text) rc = process(t, text, strlen(text), &o);
-    if (!rc && messages) rc = process_messages(t, messages, o);
+    if (!rc && messages) rc = process_messages(t, messages, tools, o);
     for (int i = 0; !rc && i < n_in; i++) {
         size_t len = 0;
         char *buf = read_all(ins[i], &len);

@@ -133,7 +133,8 @@ char *ib_api_tool_call_prefix(const char *name);
  * the text holds no such calls (a block cut off or not of that shape leaves the whole text text). */
 json_t *ib_api_tool_calls_read(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len);
 
-/* The same in Gemma 4's form (tool_form_gemma4.c): one or more <|tool_call>call:NAME{…}<tool_call|>,
+/* The same in Gemma 4's form (tool_form_gemma4.c; the first call looked for outside the thoughts,
+ * <|channel>…<channel|>, which stay content): one or more <|tool_call>call:NAME{…}<tool_call|>,
  * the arguments read from Gemma 4's value syntax (strings between <|"|> tokens, bare or quoted keys,
  * numbers, true/false, null or None, lists, objects; no key twice; at most 64 deep) into JSON. */
 json_t *ib_gemma4_tool_calls_read(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len);

@@ -186,7 +186,9 @@ static void put_value(ib_tbuf *b, json_t *v, int escape_keys, int depth) {
     }
 }
 
-/* How deep v nests (a scalar: 0). */
+/* How deep v nests below its own level (a scalar or an empty container: 0; {"a":[1]}: 2 - 1 = 1): what
+ * is written must be below MAX_DEPTH, so that its containers are at most MAX_DEPTH levels, as the
+ * reader takes them. */
 static int depth_of(json_t *v) {
     int d = 0;
     if (json_is_object(v)) {
@@ -302,9 +304,11 @@ static int put_items(decl *d, json_t *items, const char *path, int depth) {
 /* The template's format_parameters: the members of props (each a property's schema) in dictsort
  * order, those named description, type, properties, required or nullable skipped, each as
  * NAME:{description:…,nullable:true,enum:[…] / ,properties:{…},required:[…] / ,items:{…},type:<|"|>T<|"|>}
- * (the template's commas, which it leaves out before type after properties or items, kept). Every
- * property must be an object with a type (a string, or an array whose first element is one: the
- * template stops otherwise). 0; -1 refused (d->why); -2 out of memory. */
+ * (the template's commas, which it leaves out before type after properties or items, kept). T: the
+ * type, or an array type's first element, upper-cased; a property without one (anyOf, say) or that is
+ * no object (additionalProperties: false, say) gets the empty type, as the templates that do not stop
+ * there write it. A description that is an array or an object is refused. 0; -1 refused (d->why); -2
+ * out of memory. */
 static int put_params(decl *d, json_t *props, const char *path, int depth) {
     static const char *const standard[] = {"description", "type", "properties", "required", "nullable"};
     if (depth > MAX_DEPTH) return refuse(d, path, "nested more than 64 deep");
@@ -318,20 +322,13 @@ static int put_params(decl *d, json_t *props, const char *path, int depth) {
         if (skip) continue;
         char sub[200];
         snprintf(sub, sizeof sub, "%s.%.*s", path, (int)(k[i].len > 48 ? 48 : k[i].len), k[i].key);
+        /* a member that is no object reads as an empty one; no type (an anyOf, say) as the empty type */
         json_t *v = k[i].value, *ty = json_object_get(v, "type");
         const char *type = json_is_string(ty) ? json_string_value(ty)
                            : json_is_array(ty) && json_is_string(json_array_get(ty, 0)) ? json_string_value(json_array_get(ty, 0))
-                                                                                        : NULL;
-        if (!json_is_object(v)) {
-            rc = refuse(d, sub, "a property must be an object (a schema)");
-            break;
-        }
-        if (!type) {
-            rc = refuse(d, sub, "a property needs a type (a string, or an array whose first element is one)");
-            break;
-        }
+                                                                                        : "";
         json_t *desc = json_object_get(v, "description");
-        if (truthy(desc) && !json_is_string(desc)) {
+        if (truthy(desc) && (json_is_array(desc) || json_is_object(desc))) {
             rc = refuse(d, sub, "description must be a string");
             break;
         }
@@ -340,9 +337,11 @@ static int put_params(decl *d, json_t *props, const char *path, int depth) {
         ib_tbuf_put(d->b, k[i].key, k[i].len);
         ib_tbuf_puts(d->b, ":{");
         int comma = 0;
-        if (truthy(desc)) {
+        if (truthy(desc)) {   /* (a number or a boolean as Python prints it) */
             ib_tbuf_puts(d->b, "description:" Q);
-            ib_tbuf_put(d->b, json_string_value(desc), json_string_length(desc));
+            if (json_is_string(desc)) ib_tbuf_put(d->b, json_string_value(desc), json_string_length(desc));
+            else if (json_is_boolean(desc)) ib_tbuf_puts(d->b, "True");
+            else put_value(d->b, desc, 0, 0);
             ib_tbuf_puts(d->b, Q);
             comma = 1;
         }
@@ -357,7 +356,7 @@ static int put_params(decl *d, json_t *props, const char *path, int depth) {
         else if (!strcmp(T, "STRING")) {
             json_t *en = json_object_get(v, "enum");
             if (truthy(en)) {
-                if (depth_of(en) > MAX_DEPTH) {
+                if (depth_of(en) >= MAX_DEPTH) {
                     rc = refuse(d, sub, "enum nested more than 64 deep");
                 } else {
                     ib_tbuf_puts(d->b, comma ? ",enum:" : "enum:");
@@ -378,7 +377,7 @@ static int put_params(decl *d, json_t *props, const char *path, int depth) {
         } else if (!strcmp(T, "ARRAY")) {
             json_t *it = json_object_get(v, "items");
             if (json_is_object(it) && json_object_size(it)) {
-                if (depth_of(it) > MAX_DEPTH) rc = refuse(d, sub, "items nested more than 64 deep");
+                if (depth_of(it) >= MAX_DEPTH) rc = refuse(d, sub, "items nested more than 64 deep");
                 else rc = put_items(d, it, sub, depth);
             }
         }
@@ -442,7 +441,7 @@ static int put_calls(ib_tbuf *b, json_t *calls, size_t i, char *why, size_t wsz)
         json_t *args;
         if (ib_tool_call_check(calls, i, j, &name, &args, why, wsz)) return -1;
         json_t *a = json_loadb(json_string_value(args), json_string_length(args), JSON_REJECT_DUPLICATES, NULL);
-        if (!json_is_object(a) || depth_of(a) > MAX_DEPTH) {
+        if (!json_is_object(a) || depth_of(a) >= MAX_DEPTH) {
             json_decref(a);
             snprintf(why, wsz, "messages[%zu].tool_calls[%zu].function.arguments must be the JSON text of an object "
                                "(Gemma 4 writes a call's arguments as its members)", i, j);
@@ -458,24 +457,62 @@ static int put_calls(ib_tbuf *b, json_t *calls, size_t i, char *why, size_t wsz)
     return 0;
 }
 
-/* The name a result answers: the call of calls with the message's tool_call_id, else the k-th call,
- * else the tool_call_id itself, else "unknown" (as the template's default). */
-static const char *result_name(json_t *calls, json_t *msg, size_t k) {
-    json_t *id = json_object_get(msg, "tool_call_id");
-    for (size_t j = 0; json_is_string(id) && j < json_array_size(calls); j++) {
-        json_t *c = json_array_get(calls, j), *cid = json_object_get(c, "id");
-        if (json_is_string(cid) && json_equal(cid, id))
-            return json_string_value(json_object_get(json_object_get(c, "function"), "name"));
+typedef struct call_id {
+    const char *id;
+    size_t len, k;   /* the id's length; the call's index */
+} call_id;
+
+static int call_id_cmp(const void *a, const void *b) {
+    const call_id *x = a, *y = b;
+    int c = memcmp(x->id, y->id, x->len < y->len ? x->len : y->len);
+    if (c) return c;
+    if (x->len != y->len) return x->len < y->len ? -1 : 1;
+    return x->k < y->k ? -1 : x->k > y->k;
+}
+
+/* The calls' string ids sorted (by bytes, then by index), malloc'ed; *n of them. NULL with *n 0 when
+ * there are none or memory runs out (the names then come by position: the caller checks *oom). */
+static call_id *call_ids(json_t *calls, size_t *n, int *oom) {
+    *n = 0;
+    call_id *c = malloc((json_array_size(calls) + 1) * sizeof *c);
+    if (!c) {
+        *oom = 1;
+        return NULL;
     }
-    if (k < json_array_size(calls)) return json_string_value(json_object_get(json_object_get(json_array_get(calls, k), "function"), "name"));
-    return json_is_string(id) ? json_string_value(id) : "unknown";
+    for (size_t j = 0; j < json_array_size(calls); j++) {
+        json_t *id = json_object_get(json_array_get(calls, j), "id");
+        if (json_is_string(id)) c[(*n)++] = (call_id){json_string_value(id), json_string_length(id), j};
+    }
+    qsort(c, *n, sizeof *c, call_id_cmp);
+    return c;
+}
+
+/* The name a result answers: the first call of calls (its ids sorted in idx[n]) with the message's
+ * tool_call_id, else the k-th call, else the tool_call_id itself, else "unknown" (as the template's
+ * default). */
+static const char *result_name(json_t *calls, const call_id *idx, size_t n, json_t *msg, size_t k) {
+    json_t *id = json_object_get(msg, "tool_call_id");
+    if (json_is_string(id) && n) {
+        call_id key = {json_string_value(id), json_string_length(id), 0};
+        size_t lo = 0, hi = n;   /* the first entry not below (id, 0) */
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (call_id_cmp(&idx[mid], &key) < 0) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo < n && idx[lo].len == key.len && !memcmp(idx[lo].id, key.id, key.len)) k = idx[lo].k;
+        else if (k >= json_array_size(calls)) return json_string_value(id);
+    } else if (k >= json_array_size(calls)) {
+        return json_is_string(id) ? json_string_value(id) : "unknown";
+    }
+    return json_string_value(json_object_get(json_object_get(json_array_get(calls, k), "function"), "name"));
 }
 
 /* <|tool_response>response:NAME{…}<tool_response|> of a tool message's content: the JSON it holds
  * when it is JSON text (an object's members, anything else as value:…), else the text as a string. */
 static void put_result(ib_tbuf *b, const char *name, json_t *content) {
     json_t *r = json_loadb(json_string_value(content), json_string_length(content), JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, NULL);
-    if (r && depth_of(r) > MAX_DEPTH) {
+    if (r && depth_of(r) >= MAX_DEPTH) {
         json_decref(r);
         r = NULL;
     }
@@ -512,7 +549,10 @@ int ib_gemma4_tool_messages(json_t *msgs, json_t *tools, ib_api_tool_msgs *o, co
         }
         o->m[0].role = "system";
         o->m[0].content = sys0 ? json_string_value(ct) : "";
-        if (!(o->m[0].tool_text = ib_tool_msgs_keep(o, &b))) return -2;
+        if (!(o->m[0].tool_text = ib_tool_msgs_keep(o, &b))) {
+            free(b.p);
+            return -2;
+        }
         o->n = 1;
         i = sys0 ? 1 : 0;
     }
@@ -531,16 +571,23 @@ int ib_gemma4_tool_messages(json_t *msgs, json_t *tools, ib_api_tool_msgs *o, co
                 free(b.p);
                 return -1;
             }
-            size_t k = 0;
+            size_t k = 0, n_idx = 0;
+            int oom = 0;
+            call_id *idx = call_ids(calls, &n_idx, &oom);
+            if (oom) {
+                free(b.p);
+                return -2;
+            }
             for (; i + 1 < nm; i++, k++) {
                 json_t *nr = json_object_get(json_array_get(msgs, i + 1), "role"), *rc_;
                 const char *r2;
                 if (!json_is_string(nr) || strcmp(json_string_value(nr), "tool")) break;
                 if (ib_tool_msg_check(msgs, i + 1, &r2, &ct, &rc_, why, wsz)) {
+                    free(idx);
                     free(b.p);
                     return -1;
                 }
-                put_result(&b, result_name(calls, json_array_get(msgs, i + 1), k), ct);
+                put_result(&b, result_name(calls, idx, n_idx, json_array_get(msgs, i + 1), k), ct);
             }
             if (k && !m->content[0] && i + 1 < nm) { /* the next assistant message's text answers in this turn */
                 const char *r3;
@@ -548,13 +595,18 @@ int ib_gemma4_tool_messages(json_t *msgs, json_t *tools, ib_api_tool_msgs *o, co
                 json_t *nr = json_object_get(json_array_get(msgs, i + 1), "role");
                 if (json_is_string(nr) && !strcmp(json_string_value(nr), "assistant")) {
                     if (ib_tool_msg_check(msgs, i + 1, &r3, &c3, &k3, why, wsz)) {
+                        free(idx);
                         free(b.p);
                         return -1;
                     }
                     if (!k3 && c3 && json_string_length(c3)) m->content = json_string_value(c3), i++;
                 }
             }
-            if (!(m->tool_text = ib_tool_msgs_keep(o, &b))) return -2;
+            free(idx);
+            if (!(m->tool_text = ib_tool_msgs_keep(o, &b))) {
+                free(b.p);
+                return -2;
+            }
         }
         o->n++;
     }
@@ -702,8 +754,23 @@ static json_t *read_value(reader *r, int depth) {
     return read_number(r);
 }
 
+/* The first call opening in text[len] outside the thoughts (<|channel>…<channel|>, where a model may
+ * write the token while it plans): NULL when none (or no text). */
+static const char *first_call(const char *text, size_t len) {
+    static const char ch_open[] = "<|channel>", ch_close[] = "<channel|>";
+    const char *p = text, *end = text ? text + len : NULL;
+    while (p && p < end) {
+        const char *c = memmem(p, (size_t)(end - p), call_open, strlen(call_open));
+        const char *t = memmem(p, (size_t)(end - p), ch_open, strlen(ch_open));
+        if (!c || !t || c < t) return c;
+        const char *e = memmem(t, (size_t)(end - t), ch_close, strlen(ch_close));   /* a call inside: skip the thought */
+        p = e ? e + strlen(ch_close) : NULL;
+    }
+    return NULL;
+}
+
 json_t *ib_gemma4_tool_calls_read(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len) {
-    const char *first = text ? memmem(text, len, call_open, strlen(call_open)) : NULL;   /* (no text yet: NULL) */
+    const char *first = first_call(text, len);
     if (!first) return NULL;
     json_t *calls = json_array();
     if (!calls) return NULL;

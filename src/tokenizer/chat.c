@@ -14,7 +14,8 @@
  *                           (model turns lose their <|channel>…<channel|> thoughts; the 26B/31B
  *                           templates end the prompt with an empty thought, <|channel>thought\n<channel|>;
  *                           a model turn's tool calls and results come before its text, and a turn
- *                           that ends with results stays open for the model to go on in)
+ *                           that ends with results stays open for the model to go on in; calls after
+ *                           them go on in it where the template says so, the later templates' way)
  *
  * The Jinja template itself is not run; it is read for facts: which of the two formats it writes,
  * whether it knows enable_thinking, and whether it splits assistant turns at </think> (Qwen3, whose
@@ -77,6 +78,16 @@ static ib_status bool_field(const json_t *cfg, const char *key, const char *path
     return IB_OK;
 }
 
+/* Gemma 4's tool tokens, all of which a tokenizer must have for Gemma 4's tool form (without them the
+ * prompt would spell them in bytes and no reply could hand over to the tools). */
+static int has_gemma4_tool_tokens(const ib_tokenizer *t) {
+    static const char *const need[] = {"<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+                                       "<tool_response|>", "<|\"|>"};
+    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+        if (ib_tokenizer_special(t, need[i]) < 0) return 0;
+    return 1;
+}
+
 /* Read the facts of a chat template text. */
 static void template_facts(ib_tokenizer *t, const char *tpl) {
     if (strstr(tpl, "<|im_start|>")) t->chat = CHAT_CHATML;
@@ -92,20 +103,17 @@ static void template_facts(ib_tokenizer *t, const char *tpl) {
     /* Qwen's templates declare tools in the system turn and write calls as <tool_call> JSON blocks;
      * Gemma 4's declare them as <|tool>declaration:…<tool|> and write calls as <|tool_call>call:… */
     t->chat_tools = t->chat == CHAT_CHATML && strstr(tpl, "<tool_call>") ? IB_CHAT_TOOLS_QWEN
-                    : t->chat == CHAT_GEMMA4 && strstr(tpl, "<|tool_call>") ? IB_CHAT_TOOLS_GEMMA4
+                    : t->chat == CHAT_GEMMA4 && strstr(tpl, "<|tool_call>") && has_gemma4_tool_tokens(t) ? IB_CHAT_TOOLS_GEMMA4
                                                                            : IB_CHAT_TOOLS_NONE;
+    /* the later Gemma 4 templates write no header for a model message with calls after one with results:
+     * {%- if not (ns.prev_message_type == 'tool_response' and message['tool_calls']) -%} */
+    t->chat_tool_turn_goes_on = t->chat_tools == IB_CHAT_TOOLS_GEMMA4 &&
+                                (strstr(tpl, "prev_message_type == 'tool_response' and message['tool_calls']") ||
+                                 strstr(tpl, "prev_message_type == \"tool_response\" and message[\"tool_calls\"]"));
 }
 
 ib_chat_tool_form ib_tokenizer_chat_tools(const ib_tokenizer *t) { return t ? (ib_chat_tool_form)t->chat_tools : IB_CHAT_TOOLS_NONE; }
 
-/* Gemma 4's tool tokens, all of which a tokenizer without a chat template must have for its tool form. */
-static int has_gemma4_tool_tokens(const ib_tokenizer *t) {
-    static const char *const need[] = {"<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
-                                       "<tool_response|>", "<|\"|>"};
-    for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
-        if (ib_tokenizer_special(t, need[i]) < 0) return 0;
-    return 1;
-}
 
 /* The template from tokenizer_config.json's chat_template (a string, or a list of {name, template}
  * where "default" or else the first is used), else from chat_template.jinja beside it. */
@@ -198,7 +206,7 @@ ib_status tok_load_config(ib_tokenizer *t, const char *tokenizer_path, ib_error 
         t->chat = CHAT_CHATML;
     if (t->chat == CHAT_NONE && ib_tokenizer_special(t, "<|turn>") >= 0 && ib_tokenizer_special(t, "<turn|>") >= 0) {
         t->chat = CHAT_GEMMA4;
-        if (has_gemma4_tool_tokens(t)) t->chat_tools = IB_CHAT_TOOLS_GEMMA4;
+        if (has_gemma4_tool_tokens(t)) t->chat_tools = IB_CHAT_TOOLS_GEMMA4, t->chat_tool_turn_goes_on = 1;
     }
     if (t->chat == CHAT_NONE && ib_tokenizer_special(t, "<start_of_turn>") >= 0 && ib_tokenizer_special(t, "<end_of_turn>") >= 0)
         t->chat = CHAT_GEMMA;
@@ -401,7 +409,7 @@ long ib_tokenizer_chat_format(const ib_tokenizer *t, const ib_chat_msg *msgs, in
         int open = 0;   /* the last model turn ended with tool responses and no content: not closed */
         for (int i = first; i < n; i++) {
             int model = !strcmp(msgs[i].role, "assistant");
-            if (!(open && model && msgs[i].tool_text)) {   /* calls after results continue the turn */
+            if (!(open && model && msgs[i].tool_text && t->chat_tool_turn_goes_on)) {   /* calls after results */
                 puts_(&b, "<|turn>");
                 puts_(&b, model ? "model" : msgs[i].role);
                 puts_(&b, "\n");

@@ -230,6 +230,8 @@ struct ib_tokenizer {
     int chat_thinking;                /* the template knows enable_thinking */
     int chat_strip_think;             /* the template drops earlier turns' <think> blocks */
     int chat_tools;                   /* ib_chat_tool_form: Qwen's or Gemma 4's tool form, or none */
+    int chat_tool_turn_goes_on;       /* Gemma 4: calls after tool results go on in the open model turn
+                                       * (the later templates; the first ones open a new model turn) */
     int chat_empty_thought;           /* Gemma 4: the generation prompt without thinking ends with an
                                        * empty thought channel (<|channel>thought\n<channel|>) */
     char *bos_text;                   /* owned copy of bos_token content (NULL when absent) */

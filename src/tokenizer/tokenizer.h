@@ -81,8 +81,8 @@ int ib_tokenizer_stream_flush(ib_text_stream *s, char *out, int cap);
 long ib_tokenizer_chat_format(const ib_tokenizer *t, const ib_chat_msg *msgs, int n, int flags, char *out, size_t cap);
 int ib_tokenizer_chat_stops(const ib_tokenizer *t, int32_t *ids, int cap);
 /* The tool form of the chat format, decided once when the tokenizer is loaded: Qwen's (ChatML whose
- * template writes <tool_call> blocks: Qwen2.5/Qwen3), Gemma 4's (its template writes <|tool_call>, or
- * with no template the tokenizer has Gemma 4's tool tokens), or none. server/tool_calls.c and
+ * template writes <tool_call> blocks: Qwen2.5/Qwen3), Gemma 4's (the tokenizer has Gemma 4's seven
+ * tool tokens, and its template, if any, writes <|tool_call>), or none. server/tool_calls.c and
  * server/tool_form_gemma4.c write and read them. */
 typedef enum ib_chat_tool_form { IB_CHAT_TOOLS_NONE = 0, IB_CHAT_TOOLS_QWEN, IB_CHAT_TOOLS_GEMMA4 } ib_chat_tool_form;
 ib_chat_tool_form ib_tokenizer_chat_tools(const ib_tokenizer *t);
