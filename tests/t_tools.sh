@@ -312,6 +312,15 @@ weather?<turn|>
 <channel|>'
 GOT=$(jget 'b.content'; echo x); GOT=${GOT%x}
 [ "$GOT" = "$WANT"$'\n' ] && ok || { bad "gemma 4: the prompt with tools differs from the format's text:"; printf '%s' "$GOT" | diff <(printf '%s\n' "$WANT") - | head -20; }
+# the same text from the command line: isobatch tokenize --messages M --tools T --render
+node -e 'const b=JSON.parse("{"+process.argv[1]+"}"); require("fs").writeFileSync(process.argv[2], JSON.stringify(b.messages));' "$CONV4" "$T/g4m.json"
+node -e 'const b=JSON.parse("{"+process.argv[1]+"}"); require("fs").writeFileSync(process.argv[2], JSON.stringify(b.tools));' "$TOOLS4" "$T/g4t.json"
+GOT=$("$BIN" tokenize -m "$T/g4" --messages "$T/g4m.json" --tools "$T/g4t.json" --render; echo x); GOT=${GOT%x}
+[ "$GOT" = "$WANT" ] && ok || { bad "gemma 4: tokenize --tools --render differs from the format's text:"; printf '%s' "$GOT" | diff <(printf '%s' "$WANT") - | head -10; }
+echo '[{"type":"function","function":{"name":"f","parameters":{"properties":{"x":{"type":"string","description":[1]}}}}}]' > "$T/g4bad.json"
+err=$("$BIN" tokenize -m "$T/g4" --messages "$T/g4m.json" --tools "$T/g4bad.json" --render 2>&1 >/dev/null); st=$?
+[ $st != 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] && case $err in *g4bad.json*"description must be a string"*) true ;; *) false ;; esac \
+    && ok || bad "gemma 4: tokenize with a bad tools file: status $st, '$err'"
 # a reply with tools stops where calls hand over to the tools (<|tool_response>, made likely here); a
 # plain chat does not
 G4BASE='"model":"g4","messages":[{"role":"user","content":"weather in Rome?"}],"max_tokens":24,"temperature":0.9,"logprobs":true'
