@@ -6,6 +6,8 @@
  */
 #include "server/server_impl.h"
 
+#include <ctype.h>
+
 /* Length of the longest prefix of s[0..n) that is valid, complete UTF-8. */
 static size_t utf8_complete(const char *s, size_t n) {
     size_t i = n;
@@ -401,9 +403,7 @@ static size_t tool_stream_end(const gen *g, size_t show) {
                 lim = show - k;
                 break;
             }
-    while (lim > g->emitted && (g->text[lim - 1] == ' ' || g->text[lim - 1] == '\n' || g->text[lim - 1] == '\t' ||
-                                g->text[lim - 1] == '\r'))
-        lim--;
+    while (lim > g->emitted && isspace((unsigned char)g->text[lim - 1])) lim--;   /* as ib_tool_content_len trims */
     return lim > g->emitted ? lim : g->emitted;
 }
 
