@@ -390,6 +390,7 @@ err_is memory_budget_exceeded "session over the memory budget"
 stop "$LAST_PID" small
 
 # queued requests outlive the idle timeout (1 s here): one slot at 50 ms/token, a 60-token stream
+# (greedy, so no sampled end of text cuts a request short)
 # holds it for 3 s while a streaming and a plain request wait; a client stalled mid-request is cut off
 start queue --max-batch 1 --max-queue 4 --idle-timeout 1 --token-delay-ms 50 --kv-dtype f16
 U=http://127.0.0.1:$PORT
@@ -397,12 +398,12 @@ U=http://127.0.0.1:$PORT
 req 200 "f16 session create" -X POST "$U/v1/sessions" -d '{"kv":"sink:4,window:32"}'
 req 200 "f16 session info" "$U/v1/sessions/$(jget b.id)"
 [ "$(jget 'b.kv_bytes')" = "$(( (4 + 32 + 64) * 512 ))" ] && ok || bad "f16 session info: $(cat "$T/body")"
-curl -s -N -m 30 "$U/v1/completions" -d '{"model":"tiny","prompt":"a","max_tokens":60,"stream":true}' > "$T/q0" 2>&1 &
+curl -s -N -m 30 "$U/v1/completions" -d '{"model":"tiny","prompt":"a","temperature":0,"max_tokens":60,"stream":true}' > "$T/q0" 2>&1 &
 Q0=$!
 for _ in $(seq 1 100); do curl -s "$U/metrics" | grep -q '^isobatch_jobs_active 1' && break; sleep 0.05; done
-curl -s -N -m 30 "$U/v1/completions" -d '{"model":"tiny","prompt":"b","max_tokens":4,"stream":true}' > "$T/q1" 2>&1 &
+curl -s -N -m 30 "$U/v1/completions" -d '{"model":"tiny","prompt":"b","temperature":0,"max_tokens":4,"stream":true}' > "$T/q1" 2>&1 &
 Q1=$!
-curl -s -m 30 -o "$T/q2" -w '%{http_code}' "$U/v1/completions" -d '{"model":"tiny","prompt":"c","max_tokens":4}' > "$T/q2code" 2>&1 &
+curl -s -m 30 -o "$T/q2" -w '%{http_code}' "$U/v1/completions" -d '{"model":"tiny","prompt":"c","temperature":0,"max_tokens":4}' > "$T/q2code" 2>&1 &
 Q2=$!
 wait $Q0 $Q1 $Q2
 for q in q0 q1; do tail -c 200 "$T/$q" | grep -q 'data: \[DONE\]' && ok || bad "queued stream $q cut off: $(tail -c 200 "$T/$q")"; done
