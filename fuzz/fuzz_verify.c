@@ -56,7 +56,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int trc = ib_api_tools(rec.constraint, &tu, &param, m, sizeof m);
         if (trc && trc != -3) abort(); /* the parse checked it: only memory may fail now */
         ib_json_state s;
-        if (!trc && ib_constraint_setup(&s, rec.constraint, &tu) == 1) {
+        if (!trc && ib_constraint_setup(&s, IB_CHAT_TOOLS_QWEN, rec.constraint, &tu) == 1) {
             mask_once(&s, &v);
             const uint8_t *text = nul ? nul + 1 : data + size;
             size_t tl = nul ? size - jl - 1 : 0;

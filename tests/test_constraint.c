@@ -48,7 +48,7 @@ static int setup(json_t *b, ib_json_state *s) {
         fprintf(stderr, "tools refused: %s\n", msg);
         return -1;
     }
-    return ib_constraint_setup(s, b, &tu);
+    return ib_constraint_setup(s, IB_CHAT_TOOLS_QWEN, b, &tu);
 }
 
 /* The number of bytes of text at which the masks of readers a and b (stepped along text) differ,

@@ -253,7 +253,7 @@ static void test_read(void) {
     c = ib_api_tool_call_forced("f", "{\"a\": ", 6, "X");
     CHECK(!c, "a forced call cut off is no call");
     json_decref(c);
-    char *pre = ib_api_tool_call_prefix("get_weather");
+    char *pre = ib_api_tool_call_prefix(IB_CHAT_TOOLS_QWEN, "get_weather");
     CHECK(pre && !strcmp(pre, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "), "forced prefix: %s", pre ? pre : "none");
     free(pre);
     json_t *fn = J("{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"required\":[]}}"), *rf = ib_api_tool_arguments_format(fn);
@@ -273,7 +273,7 @@ static void test_read(void) {
     json_decref(rf);
     json_decref(fn);
     /* required: the opening before the name, and the reply after it read back */
-    pre = ib_api_tool_call_prefix(NULL);
+    pre = ib_api_tool_call_prefix(IB_CHAT_TOOLS_QWEN, NULL);
     CHECK(pre && !strcmp(pre, "<tool_call>\n{\"name\": \""), "required prefix: %s", pre ? pre : "none");
     free(pre);
 }

@@ -58,17 +58,19 @@ static json_t *twenty(void) {
     return a;
 }
 
-/* Step a fresh reader over tools, parallel, through text: 1 accepted and may end there, 2 accepted
- * and may not end, 0 refused. */
-static int read_text(json_t *tools, int parallel, const char *text) {
+/* Step a fresh reader of form over tools, parallel, name_read through text: 1 accepted and may end
+ * there, 2 accepted and may not end, 0 refused. */
+static int read_form(ib_chat_tool_form form, json_t *tools, int parallel, const char *name_read, const char *text) {
     ib_json_state s;
-    if (ib_tool_pick_setup(&s, tools, parallel) != 1) return -1;
+    if (ib_tool_pick_setup(&s, form, tools, parallel, name_read) != 1) return -1;
     int ok = 1;
     for (const char *p = text; *p && ok; p++) ok = !ib_json_step(&s, (unsigned char)*p);
     int r = !ok ? 0 : ib_json_done(&s) ? 1 : 2;
     ib_json_release(&s);
     return r;
 }
+
+static int read_text(json_t *tools, int parallel, const char *text) { return read_form(IB_CHAT_TOOLS_QWEN, tools, parallel, NULL, text); }
 
 static void test_texts(void) {
     json_t *tools = J(TOOLS), *t20 = twenty();
@@ -128,6 +130,94 @@ static void test_texts(void) {
     json_decref(t20);
 }
 
+/* Whether calls[i] is a call of name whose arguments text parses to the JSON of args. */
+static int call_is(json_t *calls, size_t i, const char *name, const char *args) {
+    json_t *f = json_object_get(json_array_get(calls, i), "function"), *want = J(args);
+    const char *nm = json_string_value(json_object_get(f, "name")), *at = json_string_value(json_object_get(f, "arguments"));
+    json_t *got = at ? json_loads(at, 0, NULL) : NULL;
+    int ok = nm && !strcmp(nm, name) && got && want && json_equal(got, want);
+    if (!ok) fprintf(stderr, "call %zu: %s %s, want %s %s\n", i, nm ? nm : "(none)", at ? at : "(none)", name, args);
+    json_decref(got);
+    json_decref(want);
+    return ok;
+}
+
+/* Gemma 4's form: NAME{ARGS in its value syntax}, the close, the next call (gemma4_args.c). */
+#define GQ "<|\"|>"
+static void test_gemma_texts(void) {
+    json_t *tools = J(TOOLS);
+    const ib_chat_tool_form G = IB_CHAT_TOOLS_GEMMA4;
+    static const struct {
+        const char *name_read, *text;
+        int parallel, want; /* want: 1 whole, 2 a prefix, 0 refused */
+    } c[] = {
+        {NULL, "get_weather{city:" GQ "Rome" GQ "}", 0, 1},
+        {NULL, "get_weather{city:" GQ "Rome" GQ "}<tool_call|>", 0, 1},   /* the close may follow, then the end */
+        {NULL, "get_weather{city:" GQ "Rome" GQ "}<tool_call|><", 0, 0},
+        {NULL, "get_weather{city:" GQ "Rome" GQ "}<tool_call|><|tool_call>call:", 1, 2},
+        {NULL, "get_weather{city:" GQ "Rome" GQ "}<tool_call|><|tool_call>call:set{on:true,n:-12}", 1, 1},
+        {NULL, "get_weather{city:" GQ "Rome" GQ "}<tool_call|><|tool_call>call:set{on:true,n:-12}<tool_call|>", 1, 1},
+        {NULL, "get_weather{city:" GQ "Paris" GQ "}<tool_call|><|tool_call>call:get_weather{}", 1, 0},
+        {NULL, "get_weather{" GQ "city" GQ ":" GQ "Paris" GQ "}", 0, 1},   /* a key between delimiters */
+        {NULL, "get_weather{city:" GQ "Berlin", 0, 0},                     /* the enum */
+        {NULL, "get_weather{city:" GQ "Par", 0, 2},
+        {NULL, "get_weather{city:" GQ "Par<", 0, 0},      /* a '<' neither of the text nor a close the enum takes */
+        {NULL, "get_weather{city:" GQ "Paris<", 0, 2},    /* a close the enum takes */
+        {NULL, "get_weather{city:" GQ "Paris<x", 0, 0},
+        {NULL, "get_weather{}", 0, 0},                                     /* city is required */
+        {NULL, "get_weather{city:\"Rome\"}", 0, 0},                       /* no JSON strings */
+        {NULL, "get_weather{ city:" GQ "Rome" GQ "}", 0, 0},               /* no whitespace outside texts */
+        {NULL, "get_weather{city:" GQ "Rome" GQ "} ", 0, 0},
+        {NULL, "get_weather{", 0, 2},
+        {NULL, "get_", 0, 2},
+        {NULL, "get_time:", 0, 0},
+        {NULL, "nope", 0, 0},
+        {NULL, "get_time{}", 0, 1},
+        {NULL, "get_time{}}", 0, 0},
+        {NULL, "get_time{a:None,b:null,c:[1,2.5,-3e+20],d:{e:false,f:[]}}", 0, 1},
+        {NULL, "get_time{a:Nonx", 0, 0},
+        {NULL, "get_time{s:" GQ "a<b \"q\" \\ \xc3\xa9\n\t<" GQ "}", 0, 1},   /* '<', quotes, a backslash, control bytes */
+        {NULL, "get_time{s:" GQ "a<|b", 0, 0},                                /* "<|" only closes */
+        {NULL, "get_time{s:" GQ "\xc3" GQ "}", 0, 0},                         /* not UTF-8 */
+        {NULL, "get_time{a b:1}", 0, 0},                                      /* a bare key has no blank */
+        {NULL, "get_time{" GQ "a b" GQ ":1}", 0, 1},
+        {NULL, "get_time{a\"b:1}", 0, 0},
+        {NULL, "get_time{k-1.x:[" GQ GQ "]}", 0, 1},
+        {NULL, "set{on:1}", 0, 0},
+        {NULL, "set{on:true,x:1}", 0, 0},
+        {NULL, "set{n:7,on:false}<tool_call|>", 0, 1},
+        {NULL, "get_time{}<tool_call|><|tool_call>", 0, 0},                   /* one call with parallel off */
+        /* a named function: the prompt holds its name */
+        {"get_weather", "{city:" GQ "Paris" GQ "}<tool_call|>", 0, 1},
+        {"get_weather", "set{", 0, 0},
+        {"get_weather", "", 0, 2},
+        {"set", "{on:false}", 0, 1},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        int got = read_form(G, tools, c[i].parallel, c[i].name_read, c[i].text);
+        CHECK(got == c[i].want, "Gemma 4 '%s' then '%s' (parallel %d): %d, want %d", c[i].name_read ? c[i].name_read : "", c[i].text,
+              c[i].parallel, got, c[i].want);
+    }
+    ib_json_state st;
+    CHECK(ib_tool_pick_setup(&st, G, tools, 0, "nope") == -1 && !st.pick, "a name read that is no declared name's beginning is refused");
+    /* the replies read back as the calls they hold */
+    static const char two[] = "get_weather{city:" GQ "a<b \"q\"\n" GQ "}<tool_call|><|tool_call>call:set{on:true,n:None}";
+    json_t *calls = ib_api_tool_calls_constrained(G, NULL, two, strlen(two), "X", 1);
+    CHECK(call_is(calls, 0, "get_weather", "{\"city\": \"a<b \\\"q\\\"\\n\"}") && call_is(calls, 1, "set", "{\"on\": true, \"n\": null}") &&
+              json_array_size(calls) == 2,
+          "a Gemma 4 \"required\" reply read back as its two calls");
+    json_decref(calls);
+    calls = ib_api_tool_calls_constrained(G, NULL, two, strlen(two), "X", 0);
+    CHECK(call_is(calls, 0, "get_weather", "{\"city\": \"a<b \\\"q\\\"\\n\"}") && json_array_size(calls) == 1,
+          "parallel off: the first call only");
+    json_decref(calls);
+    calls = ib_api_tool_calls_constrained(G, "set", "{on:false}", 10, "X", 1);
+    CHECK(call_is(calls, 0, "set", "{\"on\": false}") && json_array_size(calls) == 1, "a Gemma 4 named call read back");
+    json_decref(calls);
+    CHECK(!ib_api_tool_calls_constrained(G, "set", "{on:fal", 7, "X", 1), "a Gemma 4 call cut off is no call");
+    json_decref(tools);
+}
+
 /* ---------------------------------------------------------------- the mask against the reference */
 
 static const char *const extra[] = {
@@ -165,7 +255,7 @@ static int tv_bytes(void *ctx, int32_t id, char *buf, int cap) {
  * refused in favour of the stop (or the close), as json_schema replies end. */
 static int ref_ok(json_t *tools, int parallel, const char *text, size_t len, const tvocab *tv, int id) {
     ib_json_state s;
-    if (ib_tool_pick_setup(&s, tools, parallel) != 1) return -1;
+    if (ib_tool_pick_setup(&s, IB_CHAT_TOOLS_QWEN, tools, parallel, NULL) != 1) return -1;
     int ok = 1;
     for (size_t i = 0; i < len && ok; i++) ok = !ib_json_step(&s, (unsigned char)text[i]);
     if (ok && id != EOS && ib_json_done(&s) && !(len >= 12 && !memcmp(text + len - 12, "</tool_call>", 12)) &&
@@ -254,7 +344,7 @@ static void test_mask(void) {
         json_t *tl = w % 4 == 3 ? t20 : tools;
         const int parallel = w % 2;
         ib_json_state st;
-        CHECK_EQ_INT(ib_tool_pick_setup(&st, tl, parallel), 1);
+        CHECK_EQ_INT(ib_tool_pick_setup(&st, IB_CHAT_TOOLS_QWEN, tl, parallel, NULL), 1);
         char text[4096];
         size_t len = 0;
         float lg[256];
@@ -293,7 +383,7 @@ static void test_mask(void) {
     CHECK(multi >= 1, "no walk wrote two calls (parallel)");
     /* the stop id alone after arguments with parallel off; refused while a name is spelled */
     ib_json_state st;
-    ib_tool_pick_setup(&st, tools, 0);
+    ib_tool_pick_setup(&st, IB_CHAT_TOOLS_QWEN, tools, 0, NULL);
     int32_t stop = EOS;
     float lg[256];
     for (int t = 0; t < tv.n; t++) lg[t] = 0.5f;
@@ -382,8 +472,37 @@ static int same_masks(ib_json_state *s, const ib_json_vocab *v, int vocab, const
     return same;
 }
 
-static void test_walk(void) {
-    static const char *const texts[] = {
+/* Whether a reply of form that may stop at text[len] reads back as calls of declared functions whose
+ * arguments are valid for their parameters. */
+static int reply_valid(ib_chat_tool_form form, json_t *tools, const char *text, size_t len, int parallel) {
+    json_t *calls = ib_api_tool_calls_constrained(form, NULL, text, len, "W", parallel), *c, *t;
+    size_t i, j;
+    int good = json_array_size(calls) > 0;
+    json_array_foreach(calls, i, c) {
+        json_t *f = json_object_get(c, "function"), *fn = NULL;
+        const char *nm = json_string_value(json_object_get(f, "name"));
+        json_array_foreach(tools, j, t) if (nm && !strcmp(nm, json_string_value(json_object_get(json_object_get(t, "function"), "name"))))
+            fn = json_object_get(t, "function");
+        json_t *args = json_loads(json_string_value(json_object_get(f, "arguments")), 0, NULL), *params = json_object_get(fn, "parameters");
+        if (!fn || !json_is_object(args) || (params && !valid(args, params))) good = 0;
+        json_decref(args);
+    }
+    if (!good) fprintf(stderr, "not valid calls: %.*s\n", (int)len, text);
+    json_decref(calls);
+    return good;
+}
+
+static void test_walk(ib_chat_tool_form form) {
+    const int gemma = form == IB_CHAT_TOOLS_GEMMA4;
+    static const char *const gemma_texts[] = {
+        "get_weather{city:" GQ "Rome" GQ "}<tool_call|><|tool_call>call:set{on:true,n:-12}<tool_call|>",
+        "get_time{any:[1,{x:None}],s:" GQ "a<b \"q\" \\ \xc3\xa9\n<" GQ "}<tool_call|><|tool_call>call:get_weather{city:" GQ "Paris" GQ "}",
+        "set{n:3,on:false}<tool_call|><|tool_call>call:get_time{" GQ "a b" GQ ":null}<tool_call|>",
+        "t19{}<tool_call|><|tool_call>call:t1{}<tool_call|><|tool_call>call:t0{}",
+        "ab{k:" GQ "v<|\"|>}<tool_call|><|tool_call>call:abc{q:[" GQ "x" GQ "," GQ "y<z" GQ "]}<tool_call|><|tool_call>call:a{}",
+        "{" GQ "}}<<|<tool_call|><|tool_call>call:k:[" GQ GQ "]None,<|\"|<|\"|>|>{}}}",
+        NULL};
+    static const char *const qwen_texts[] = {
         "get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"set\", \"arguments\": {\"on\": true, \"n\": -12}}\n</tool_call>",
         "get_time\", \"arguments\": {\"any\": [1, {\"x\": null}], \"s\": \"\\u00e9\xc3\xa9\"} }\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}",
         "set\", \"arguments\": {\"n\": 3, \"on\": false}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>",
@@ -391,6 +510,7 @@ static void test_walk(void) {
         "ab\", \"arguments\": {\"k\": \"v\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"abc\", \"arguments\": {\"q\": [\"x\", \"y\"]}}\n</tool_call>\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}",
         " {\"}}\"\n\t  \r</tool_call><tool_call>\"name\": \"\", \"arguments\": {}}}}}\n",
         NULL};
+    const char *const *texts = gemma ? gemma_texts : qwen_texts;
     json_t *sets[4] = {J(TOOLS), twenty(),
                        J("[{\"type\":\"function\",\"function\":{\"name\":\"abc\",\"parameters\":{\"type\":\"object\",\"properties\":"
                          "{\"q\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}},\"required\":[\"q\"]}}},"
@@ -421,12 +541,14 @@ static void test_walk(void) {
     const int32_t one[1] = {EOS}, many[8] = {EOS, BV_ID('}'), EOS, -1, 1 << 20, BV_ID('\n'), BV_ID('g'), BV_ID('"')},
                   *stops[3] = {one, many, NULL};
     const int n_stops[3] = {1, 8, 0};
-    int compared = 0, differ = 0, dead = 0, ends = 0;
+    int compared = 0, differ = 0, dead = 0, ends = 0, read_back = 0;
+    char text[8192];
     for (int w = 0; w < 64; w++) {
         json_t *tl = sets[w % 4];
         const int parallel = w % 5 != 4;
         ib_json_state st;
-        CHECK_EQ_INT(ib_tool_pick_setup(&st, tl, parallel), 1);
+        CHECK_EQ_INT(ib_tool_pick_setup(&st, form, tl, parallel, NULL), 1);
+        size_t len = 0;
         for (int step = 0; step < 120; step++) {
             int which = rndi(3), vocab = (int)v.n + (rndi(4) == 0 ? 5 : 0) - (rndi(4) == 0 ? 3 : 0), allowed = 0;
             int same = same_masks(&st, &v, vocab, stops[which], n_stops[which], &allowed);
@@ -436,7 +558,13 @@ static void test_walk(void) {
             float *lg = malloc(v.n * sizeof *lg);
             for (int t = 0; t < v.n; t++) lg[t] = 1.0f;
             int left = ib_json_mask(&st, &v, lg, v.n, one, 1), pick = -1;
-            if (!isinf(lg[EOS])) ends++;
+            if (!isinf(lg[EOS])) {
+                ends++;
+                if (gemma) {   /* a reply that may stop here reads back as valid calls */
+                    CHECK(reply_valid(form, tl, text, len, parallel), "walk %d step %d: a reply that may stop is no valid call", w, step);
+                    read_back++;
+                }
+            }
             if (left > 0 && !(left == 1 && !isinf(lg[EOS])))
                 for (int tries = 0; tries < 100000; tries++) {
                     int c = rndi(3) ? bv.n - 1 - rndi(bv.n - 200) : rndi(bv.n);   /* mostly the pieces */
@@ -446,8 +574,8 @@ static void test_walk(void) {
                     }
                 }
             free(lg);
-            if (pick < 0 || (rndi(60) == 0 && step > 5)) {   /* a refused byte: the reader ends, only the stop left */
-                CHECK(ib_json_step(&st, 0x01) == -1, "0x01 refused");
+            if (pick < 0 || (rndi(60) == 0 && step > 5) || len + (size_t)bv.len[pick] >= sizeof text) {   /* a refused byte: the reader ends, only the stop left */
+                CHECK(ib_json_step(&st, 0x00) == -1, "a NUL refused");
                 CHECK(same_masks(&st, &v, v.n, many, 8, &allowed), "a refused reply: the masks differ");
                 float *d = malloc(v.n * sizeof *d);
                 for (int t = 0; t < v.n; t++) d[t] = 1.0f;
@@ -458,12 +586,14 @@ static void test_walk(void) {
                 break;
             }
             for (int i = 0; i < bv.len[pick]; i++) CHECK(ib_json_step(&st, (unsigned char)bv.tok[pick][i]) == 0, "step");
+            memcpy(text + len, bv.tok[pick], (size_t)bv.len[pick]);
+            len += (size_t)bv.len[pick];
         }
         ib_json_release(&st);
     }
-    CHECK(differ == 0, "%d of %d masks differ between the walk and per-token stepping", differ, compared);
-    CHECK(compared >= 2000 && dead >= 20 && ends >= 20, "coverage: %d states, %d refused replies, %d where the reply may end", compared,
-          dead, ends);
+    CHECK(differ == 0, "%s: %d of %d masks differ between the walk and per-token stepping", gemma ? "Gemma 4" : "Qwen", differ, compared);
+    CHECK(compared >= 2000 && dead >= 20 && ends >= 20 && (!gemma || read_back >= 20),
+          "%s coverage: %d states, %d refused replies, %d where the reply may end", gemma ? "Gemma 4" : "Qwen", compared, dead, ends);
     ib_json_vocab_free(&v);
     bv_free(&bv);
     for (int i = 0; i < 4; i++) json_decref(sets[i]);
@@ -539,7 +669,7 @@ static int bench(const char *path, int reps) {
     int32_t ids[1024], stop[2] = {ib_tokenizer_eos(tk), ib_tokenizer_special(tk, "<|im_end|>")};
     int n = ib_tokenizer_encode(tk, reply, (size_t)rl, ids, 1024), n_stop = stop[1] >= 0 ? 2 : 1;
     ib_json_state st;
-    if (ib_tool_pick_setup(&st, tools, 1) != 1) return 1;
+    if (ib_tool_pick_setup(&st, IB_CHAT_TOOLS_QWEN, tools, 1, NULL) != 1) return 1;
     float *a = malloc((size_t)v.n * sizeof *a), *b = malloc((size_t)v.n * sizeof *b);
     double *tw = malloc((size_t)reps * sizeof *tw), *ts = malloc((size_t)reps * sizeof *ts);
     double *step_w[3], *step_s[3], mean_w[3] = {0}, mean_s[3] = {0}, max_w[3] = {0}, max_s[3] = {0};
@@ -599,6 +729,8 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "--bench")) return bench(argv[2], argc >= 4 ? atoi(argv[3]) : 5);
     test_texts();
     test_mask();
-    test_walk();
+    test_gemma_texts();
+    test_walk(IB_CHAT_TOOLS_QWEN);
+    test_walk(IB_CHAT_TOOLS_GEMMA4);
     TEST_MAIN_END("test_tool_pick");
 }

@@ -121,10 +121,10 @@ void ib_api_tool_msgs_free(ib_api_tool_msgs *o);
  * numbers are bounded so every parser reads them); a new reference, NULL when out of memory. */
 json_t *ib_api_tool_arguments_format(json_t *function);
 
-/* The text a call of function name opens with ("<tool_call>\n{\"name\": \"NAME\", \"arguments\": "),
- * or with name NULL the opening before any name ("<tool_call>\n{\"name\": \""); malloc'ed; NULL when
- * out of memory. */
-char *ib_api_tool_call_prefix(const char *name);
+/* The text a call of function name opens with in form's replies ("<tool_call>\n{\"name\": \"NAME\",
+ * \"arguments\": "; Gemma 4's: "<|tool_call>call:NAME"), or with name NULL the opening before any name
+ * ("<tool_call>\n{\"name\": \""; "<|tool_call>call:"); malloc'ed; NULL when out of memory. */
+char *ib_api_tool_call_prefix(ib_chat_tool_form form, const char *name);
 
 /* The calls in a reply's text[len]: one or more <tool_call> blocks, each {"name": NAME, "arguments":
  * {...}} and nothing but whitespace between and after them, as an OpenAI tool_calls array (ids
@@ -152,6 +152,16 @@ json_t *ib_api_tool_call_forced(const char *name, const char *text, size_t len, 
  * one, the call's close "}\n</tool_call>" (ib_tool_pick lets the reply stop before it), by
  * ib_api_tool_calls_read (at most one call unless parallel). NULL when that is no call. */
 json_t *ib_api_tool_calls_required(const char *text, size_t len, const char *id_base, int parallel);
+
+/* A constrained reply's tool_calls in form: a named function's call (name; the prompt ended with
+ * ib_api_tool_call_prefix(form, name)) or a "required" reply's calls (name NULL; the prompt ended
+ * with the opening before any name), read from that opening and text[len] — Qwen's form by
+ * ib_api_tool_call_forced / ib_api_tool_calls_required, Gemma 4's by ib_gemma4_tool_calls_read with
+ * the close "<tool_call|>" added when the text does not end with it (one call unless parallel and
+ * no name). NULL when that is no call. */
+json_t *ib_api_tool_calls_constrained(ib_chat_tool_form form, const char *name, const char *text, size_t len, const char *id_base,
+                                      int parallel);
+json_t *ib_gemma4_tool_calls_constrained(const char *name, const char *text, size_t len, const char *id_base, int parallel);
 
 /* ------------------------------------------------------------------ tokens and models (api_tokens.c) */
 
@@ -232,6 +242,9 @@ typedef struct ib_json_vocab {
     int32_t *ord, *lcp;            /* [n] */
     int32_t *np_ord, *np_lcp;      /* [n_np] */
     int n_np;
+    int32_t *lt_ord, *lt_lcp;      /* [n_lt] the tokens not plain or holding a '<' (Gemma 4's string
+                                    * delimiter begins with one), sorted and with lcp as ord */
+    int n_lt;
 } ib_json_vocab;
 
 /* The empty text: expecting an object. */
@@ -250,6 +263,10 @@ int ib_json_format_check(json_t *rf, char *msg, size_t msz);
 int ib_json_step(ib_json_state *s, unsigned char c);
 /* Whether the object is complete (only whitespace may follow). */
 int ib_json_done(const ib_json_state *s);
+/* Whether s is inside a string that every plain token (ib_json_vocab) leaves as it is: a string
+ * with no escape or UTF-8 sequence open (json_schema: every reading of it, ib_schema_run_plain).
+ * 0 for a tool_choice "required" reader. */
+int ib_json_plain_string(const ib_json_state *s);
 /* The byte table of m's vocabulary; -1 when out of memory. */
 int ib_json_vocab_init(ib_json_vocab *v, const ib_model *m);
 /* The same from a function giving token t's bytes (into buf, cap bytes; returns the count, < 0 =
@@ -281,6 +298,10 @@ int ib_schema_run_step(ib_schema_run *r, unsigned char c);
 /* Whether the text so far is a whole value of the schema (whitespace or, for a top-level number,
  * more digits may follow). */
 int ib_schema_run_done(const ib_schema_run *r);
+/* Whether every reading of r is inside a string any plain token leaves as it is (a string value with
+ * no escape or UTF-8 sequence open, or a key that matches no property name any more and may be any
+ * other key): where ib_schema_mask walks only the tokens that are not plain. */
+int ib_schema_run_plain(const ib_schema_run *r);
 /* ib_json_mask for a schema: -inf for every token whose bytes the reader refuses and for the stop ids
  * until the value is whole; once nothing but whitespace can follow, only the stop ids stay. Cost: one
  * reader step per distinct byte prefix the reader accepts (shared by the tokens that have it), and
@@ -293,11 +314,16 @@ int ib_schema_mask(ib_schema_run *r, const ib_json_vocab *v, float *logits, int 
  * is NAME", "arguments": ARGS — NAME one of the tools' names, ARGS a JSON object that function's
  * arguments format allows (ib_api_tool_arguments_format: its parameters schema, or any object) — and
  * then ends; with parallel, it may instead go on with "}\n</tool_call>" and end there, or with
- * "\n<tool_call>\n{\"name\": \"" and another NAME", "arguments": ARGS, and so on. The mask is a function
- * of the reply so far, the tools and the vocabulary only.
+ * "\n<tool_call>\n{\"name\": \"" and another NAME", "arguments": ARGS, and so on. In Gemma 4's form
+ * (form IB_CHAT_TOOLS_GEMMA4) the prompt ends with "<|tool_call>call:" and the reply is NAME{ARGS}
+ * with ARGS in Gemma 4's value syntax (gemma4_args.c), then it ends or goes on with "<tool_call|>" and
+ * ends there (with parallel: or goes on with "<|tool_call>call:" and the next call). The mask is a
+ * function of the reply so far, the tools and the vocabulary only.
  * Set s up for tools (checked by ib_api_tools: names valid and unique, every parameters schema in the
- * subset): 1; -1 out of memory (s is then unconstrained-empty). */
-int ib_tool_pick_setup(ib_json_state *s, json_t *tools, int parallel);
+ * subset); name_read (NULL: none) is a text the prompt already holds after its opening, read first —
+ * a named tool_choice in Gemma 4's form is the one tool with its name read: 1; -1 out of memory, or
+ * name_read no declared name's beginning (s is then unconstrained-empty). */
+int ib_tool_pick_setup(ib_json_state *s, ib_chat_tool_form form, json_t *tools, int parallel, const char *name_read);
 void ib_tool_pick_free(ib_tool_pick *pk);
 /* Feed one byte of the reply: 0 when accepted, -1 when not (the reader then ends: only the stop ids). */
 int ib_tool_pick_step(ib_tool_pick *pk, unsigned char c);
@@ -311,13 +337,34 @@ int ib_tool_pick_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, i
 int ib_tool_pick_mask_stepped(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop,
                               int n_stop);
 
+/* gemma4_args.c. A Gemma 4 call's arguments ({key:VALUE,…} in its value syntax, after the opening
+ * '{') read byte by byte as the JSON text they stand for, fed to a JSON reader (a function's
+ * arguments format); the mapping and what is refused are in the file's header. Small: copied with
+ * the reader. */
+typedef struct ib_g4args {
+    uint8_t mode, sub, key, depth;
+    uint64_t stack;      /* open containers, innermost in bit 0: 1 object, 0 array */
+} ib_g4args;
+/* The reader right after the arguments' '{' (which the caller has fed to the JSON reader). */
+void ib_g4args_init(ib_g4args *g);
+/* Feed byte c: the JSON bytes it stands for go to js (never a tool_choice reader). probe: a schema
+ * reader a held-back '<' is tried on (a copy of js->run goes there; js->run itself is not stepped);
+ * NULL when js has no schema. 0 when c is taken; -1 when not (g and js are then undefined). */
+int ib_g4args_step(ib_g4args *g, ib_json_state *js, ib_schema_run *probe, unsigned char c);
+/* Whether the arguments are whole: their '{' closed and js's object whole. */
+int ib_g4args_done(const ib_g4args *g, const ib_json_state *js);
+/* Whether every token that is plain (ib_json_vocab) and holds no '<' leaves g and js as they are:
+ * inside a text, with nothing held back, where js is in a plain string. */
+int ib_g4args_plain(const ib_g4args *g, const ib_json_state *js);
+
 /* ------------------------------------------------------------------ a reply's constraint (constraint.c) */
 
 /* Set s up for the constraint of chat body b whose tool use is tu (b passed ib_api_check_fields and
- * ib_api_tools): a forced call's arguments under its function's parameters, a "required" reply under
- * ib_tool_pick, else b's response_format. 1 when the reply is constrained, 0 when not, -1 when out of
- * memory. The server and the verifier both build their masks here. */
-int ib_constraint_setup(ib_json_state *s, json_t *b, const ib_api_tool_use *tu);
+ * ib_api_tools), for a model of tool form form: a forced call's arguments under its function's
+ * parameters (Gemma 4's form: ib_tool_pick over that one tool, its name read), a "required" reply
+ * under ib_tool_pick, else b's response_format. 1 when the reply is constrained, 0 when not, -1 when
+ * out of memory. The server and the verifier both build their masks here. */
+int ib_constraint_setup(ib_json_state *s, ib_chat_tool_form form, json_t *b, const ib_api_tool_use *tu);
 
 /* The verification record's fields for that constraint (a new object, to merge into the record; empty
  * when the reply is unconstrained): "response_format" ("json_object", or the json_schema object), or

@@ -21,14 +21,20 @@
 
 #include "core/error.h"
 
-int ib_constraint_setup(ib_json_state *s, json_t *b, const ib_api_tool_use *tu) {
+int ib_constraint_setup(ib_json_state *s, ib_chat_tool_form form, json_t *b, const ib_api_tool_use *tu) {
+    if (tu->mode == IB_TOOLS_FORCED && form == IB_CHAT_TOOLS_GEMMA4) {   /* the prompt ends with the name */
+        json_t *one = json_pack("[{s:s, s:O}]", "type", "function", "function", tu->forced);
+        int rc = one ? ib_tool_pick_setup(s, form, one, 0, tu->name) : -1;
+        json_decref(one);
+        return rc;
+    }
     if (tu->mode == IB_TOOLS_FORCED) {
         json_t *arf = ib_api_tool_arguments_format(tu->forced);
         int rc = arf ? ib_json_setup(s, arf) : -1;
         json_decref(arf);
         return rc;
     }
-    if (tu->mode == IB_TOOLS_REQUIRED) return ib_tool_pick_setup(s, tu->tools, tu->parallel);
+    if (tu->mode == IB_TOOLS_REQUIRED) return ib_tool_pick_setup(s, form, tu->tools, tu->parallel, NULL);
     return ib_json_setup(s, json_object_get(b, "response_format"));
 }
 

@@ -371,8 +371,8 @@ static json_t *reply_calls(const gen *g, size_t *content_len) {
     if (!g->chat) return NULL;
     json_t *calls = NULL;
     if ((g->tool_mode == IB_TOOLS_FORCED || g->tool_mode == IB_TOOLS_REQUIRED) && !strcmp(finish_reason(g), "stop")) {
-        calls = g->tool_mode == IB_TOOLS_FORCED ? ib_api_tool_call_forced(g->tool_name, g->text, g->text_len, g->id)
-                                                : ib_api_tool_calls_required(g->text, g->text_len, g->id, g->tool_parallel);
+        calls = ib_api_tool_calls_constrained(g->tool_form, g->tool_mode == IB_TOOLS_FORCED ? g->tool_name : NULL, g->text,
+                                              g->text_len, g->id, g->tool_parallel);
         if (calls) *content_len = 0;
     } else if (g->tool_mode == IB_TOOLS_AUTO) {
         size_t cl = 0;

@@ -51,6 +51,11 @@ int ib_json_done(const ib_json_state *s) {
     return s->run ? ib_schema_run_done(s->run) : s->mode == J_DONE;
 }
 
+int ib_json_plain_string(const ib_json_state *s) {
+    if (s->pick) return 0;
+    return s->run ? ib_schema_run_plain(s->run) : s->mode == J_STRING && !s->utf8_left;
+}
+
 /* The "json_schema" member of a json_schema response_format, checked: {"name": 1-64 of
  * [A-Za-z0-9_-], "schema": {...}, "description"?: string, "strict"?: boolean or null}. */
 static json_t *schema_member(json_t *rf, char *msg, size_t msz) {
@@ -364,7 +369,9 @@ int ib_json_vocab_build(ib_json_vocab *v, int V, int (*bytes_of)(void *ctx, int3
     v->lcp = malloc(((size_t)V + 1) * sizeof *v->lcp);
     v->np_ord = malloc(((size_t)V + 1) * sizeof *v->np_ord);
     v->np_lcp = malloc(((size_t)V + 1) * sizeof *v->np_lcp);
-    if (!v->off || !v->bytes || !v->ord || !v->lcp || !v->np_ord || !v->np_lcp) goto fail;
+    v->lt_ord = malloc(((size_t)V + 1) * sizeof *v->lt_ord);
+    v->lt_lcp = malloc(((size_t)V + 1) * sizeof *v->lt_lcp);
+    if (!v->off || !v->bytes || !v->ord || !v->lcp || !v->np_ord || !v->np_lcp || !v->lt_ord || !v->lt_lcp) goto fail;
     for (int t = 0; t < V; t++) {
         char b[512];
         int w = bytes_of(ctx, t, b, sizeof b);
@@ -387,10 +394,14 @@ int ib_json_vocab_build(ib_json_vocab *v, int V, int (*bytes_of)(void *ctx, int3
     fill_lcp(v, v->ord, v->lcp, V);
     for (int k = 0; k < V; k++) {
         int32_t t = v->ord[k];
-        if (!plain_bytes((const unsigned char *)v->bytes + v->off[t], v->off[t + 1] - v->off[t]))
-            v->np_ord[v->n_np++] = t;
+        const unsigned char *b = (const unsigned char *)v->bytes + v->off[t];
+        const size_t len = v->off[t + 1] - v->off[t];
+        const int plain = plain_bytes(b, len);
+        if (!plain) v->np_ord[v->n_np++] = t;
+        if (!plain || memchr(b, '<', len)) v->lt_ord[v->n_lt++] = t;
     }
     fill_lcp(v, v->np_ord, v->np_lcp, v->n_np);
+    fill_lcp(v, v->lt_ord, v->lt_lcp, v->n_lt);
     return 0;
 fail:
     ib_json_vocab_free(v);
@@ -410,6 +421,8 @@ void ib_json_vocab_free(ib_json_vocab *v) {
     free(v->lcp);
     free(v->np_ord);
     free(v->np_lcp);
+    free(v->lt_ord);
+    free(v->lt_lcp);
     memset(v, 0, sizeof *v);
 }
 

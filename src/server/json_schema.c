@@ -963,6 +963,8 @@ static int plain_string(const sstate *st) {
     return st->n > 0;
 }
 
+int ib_schema_run_plain(const ib_schema_run *r) { return plain_string(&r->cur); }
+
 int ib_schema_mask(ib_schema_run *r, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop,
                    int n_stop) {
     if (v->n > vocab) return 0; /* not this vocabulary: no constraint (never in the server) */

@@ -511,10 +511,6 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
                               tu.mode != IB_TOOLS_OFF ? "tools" : "messages",
                               "this model's chat template has no tool calls (tools need a ChatML template that "
                               "writes <tool_call> blocks, as Qwen's do, or Gemma 4's, which writes <|tool_call>)");
-        if ((tu.mode == IB_TOOLS_FORCED || tu.mode == IB_TOOLS_REQUIRED) && form == IB_CHAT_TOOLS_GEMMA4)
-            return send_error(S, c, 400, "invalid_request_error", "unsupported_parameter", "tool_choice",
-                              "tool_choice %s is not available in Gemma 4's tool form here (\"auto\" and \"none\" are)",
-                              tu.mode == IB_TOOLS_REQUIRED ? "\"required\"" : "naming a function");
         ib_api_tool_msgs tm = {0};
         char *prefix = NULL;
         const char *mparam = "messages";
@@ -524,7 +520,7 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
         if (!mrc && tm.m) cm = tm.m, nm = tm.n, tm.m = NULL;   /* the array goes to chat_ids; the texts stay in tm */
         /* a call the reply must be: the prompt ends with its opening (up to the name for "required") */
         if (!mrc && (tu.mode == IB_TOOLS_FORCED || tu.mode == IB_TOOLS_REQUIRED) &&
-            !(prefix = ib_api_tool_call_prefix(tu.mode == IB_TOOLS_FORCED ? tu.name : NULL)))
+            !(prefix = ib_api_tool_call_prefix(form, tu.mode == IB_TOOLS_FORCED ? tu.name : NULL)))
             mrc = -2;
         if (mrc) {
             free(cm);
@@ -634,7 +630,7 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
      * writes what the verification record says of it (the verifier rebuilds it from that). */
     g->tool_mode = tu.mode, g->tool_parallel = tu.parallel, g->tool_form = form;
     snprintf(g->tool_name, sizeof g->tool_name, "%s", tu.name);
-    g->want_json = chat ? ib_constraint_setup(&g->json, b, &tu) : 0;
+    g->want_json = chat ? ib_constraint_setup(&g->json, form, b, &tu) : 0;
     if (g->want_json > 0 && !(g->vcons = ib_constraint_record(b, &tu))) g->want_json = -1;
     if (g->want_json < 0) {
         ib_sched_event ev = {.done = 1, .finish = "error"}; /* undo as run_gen's failure does (g's one ref) */

@@ -390,8 +390,13 @@ int ib_api_tool_messages(ib_chat_tool_form form, json_t *msgs, json_t *tools, ib
 
 const char *ib_api_tool_call_marker(ib_chat_tool_form form) { return form == IB_CHAT_TOOLS_GEMMA4 ? "<|tool_call>" : call_open; }
 
-char *ib_api_tool_call_prefix(const char *name) {
+char *ib_api_tool_call_prefix(ib_chat_tool_form form, const char *name) {
     ib_tbuf b = {0};
+    if (form == IB_CHAT_TOOLS_GEMMA4) {
+        ib_tbuf_puts(&b, "<|tool_call>call:");
+        if (name) ib_tbuf_puts(&b, name);
+        return b.oom ? (free(b.p), NULL) : b.p;
+    }
     ib_tbuf_puts(&b, call_open);
     ib_tbuf_puts(&b, "\n{\"name\": \"");
     if (name) {
@@ -478,7 +483,7 @@ json_t *ib_api_tool_calls_required(const char *text, size_t len, const char *id_
     static const char close[] = "}\n</tool_call>";
     const size_t cl = strlen(call_close);
     ib_tbuf b = {0};
-    char *open = ib_api_tool_call_prefix(NULL);
+    char *open = ib_api_tool_call_prefix(IB_CHAT_TOOLS_QWEN, NULL);
     if (!open) return NULL;
     ib_tbuf_puts(&b, open);
     free(open);
@@ -488,4 +493,10 @@ json_t *ib_api_tool_calls_required(const char *text, size_t len, const char *id_
     json_t *calls = !b.oom ? ib_api_tool_calls_read(b.p, b.n, id_base, parallel ? 0 : 1, &content_len) : NULL;
     free(b.p);
     return calls;
+}
+
+json_t *ib_api_tool_calls_constrained(ib_chat_tool_form form, const char *name, const char *text, size_t len, const char *id_base,
+                                      int parallel) {
+    if (form == IB_CHAT_TOOLS_GEMMA4) return ib_gemma4_tool_calls_constrained(name, text, len, id_base, parallel);
+    return name ? ib_api_tool_call_forced(name, text, len, id_base) : ib_api_tool_calls_required(text, len, id_base, parallel);
 }

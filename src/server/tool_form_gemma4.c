@@ -617,6 +617,7 @@ int ib_gemma4_tool_messages(json_t *msgs, json_t *tools, ib_api_tool_msgs *o, co
 
 typedef struct reader {
     const char *p, *end;
+    int last_key_wins;   /* a key twice in an object: the last value kept (else no value) */
 } reader;
 
 static void skip_ws(reader *r) {
@@ -683,7 +684,7 @@ static json_t *read_number(reader *r) {
 }
 
 /* {key:value,…}: keys bare (up to ':', none of {}[], or <|"|> inside, trailing blanks dropped) or
- * between <|"|> tokens; no key twice. */
+ * between <|"|> tokens; no key twice unless r->last_key_wins. */
 static json_t *read_object(reader *r, int depth) {
     if (!eat(r, "{")) return NULL;
     json_t *o = json_object();
@@ -711,7 +712,7 @@ static json_t *read_object(reader *r, int depth) {
         skip_ws(r);
         json_t *v = key && key[0] && eat(r, ":") ? (skip_ws(r), read_value(r, depth + 1)) : NULL;
         int ok = 0;
-        if (v && json_object_get(o, key)) json_decref(v);     /* a key twice */
+        if (v && json_object_get(o, key) && !r->last_key_wins) json_decref(v);     /* a key twice */
         else if (v) ok = !json_object_set_new(o, key, v);   /* (takes v; refuses a key that is not UTF-8) */
         free(key);
         if (!ok) break;
@@ -769,12 +770,13 @@ static const char *first_call(const char *text, size_t len) {
     return NULL;
 }
 
-json_t *ib_gemma4_tool_calls_read(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len) {
+/* ib_gemma4_tool_calls_read, a key twice in an object read as its last value when last_key_wins. */
+static json_t *read_calls(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len, int last_key_wins) {
     const char *first = first_call(text, len);
     if (!first) return NULL;
     json_t *calls = json_array();
     if (!calls) return NULL;
-    reader r = {first, text + len};
+    reader r = {first, text + len, last_key_wins};
     while (r.p < r.end) {
         if (!eat(&r, call_open) || !eat(&r, "call:")) goto none;
         const char *name = r.p;
@@ -807,4 +809,24 @@ json_t *ib_gemma4_tool_calls_read(const char *text, size_t len, const char *id_b
 none:
     json_decref(calls);
     return NULL;
+}
+
+json_t *ib_gemma4_tool_calls_read(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len) {
+    return read_calls(text, len, id_base, max_calls, content_len, 0);
+}
+
+json_t *ib_gemma4_tool_calls_constrained(const char *name, const char *text, size_t len, const char *id_base, int parallel) {
+    const size_t cl = strlen(call_close);
+    ib_tbuf b = {0};
+    ib_tbuf_puts(&b, call_open);
+    ib_tbuf_puts(&b, "call:");
+    if (name) ib_tbuf_puts(&b, name);
+    ib_tbuf_put(&b, text, len);
+    if (len < cl || memcmp(text + len - cl, call_close, cl)) ib_tbuf_puts(&b, call_close);
+    size_t content_len = 0;
+    /* (the mask holds a key the schema spells to once, not another key of an open object: such a key
+     * written twice keeps its last value, as JSON.parse and Python's json read it) */
+    json_t *calls = !b.oom ? read_calls(b.p, b.n, id_base, name || !parallel ? 1 : 0, &content_len, 1) : NULL;
+    free(b.p);
+    return calls;
 }

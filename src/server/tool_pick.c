@@ -38,20 +38,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char args_key[] = "\", \"arguments\": ";
-/* after ARGS: the close (the reply may end after it), then the next call's opening */
-static const char tail[] = "}\n</tool_call>\n<tool_call>\n{\"name\": \"";
-#define TAIL_CLOSE 14 /* strlen("}\n</tool_call>") */
-#define TAIL_LEN ((int)sizeof tail - 1)
+/* A tool form's fixed texts: what follows a NAME up to its ARGS (a name never holds its first byte,
+ * so no name's text is a prefix of another's); after ARGS the close (the reply may end after it) and
+ * the next call's opening up to its name; whether the close may follow ARGS without parallel calls. */
+typedef struct pick_form {
+    const char *name_end, *tail;
+    int tail_close, close_alone;
+} pick_form;
+static const pick_form qwen_form = {"\", \"arguments\": ", "}\n</tool_call>\n<tool_call>\n{\"name\": \"", 14, 0};
+/* Gemma 4: NAME{ARGS in its value syntax}<tool_call|><|tool_call>call:NAME{…; the ARGS' '{' ends the
+ * name's text and is fed to the reader before them (gemma4_args.c reads the rest) */
+static const pick_form gemma4_form = {"{", "<tool_call|><|tool_call>call:", 12, 1};
 
 enum { AT_NAME, AT_ARGS, AT_TAIL, AT_DEAD };
 
 /* Where the reader stands: AT_NAME, the names [lo, hi) match the pos bytes read of this call's
- * 'NAME", "arguments": '; AT_ARGS, function lo's arguments (in the reader's args), and once they are
- * whole ws whitespace bytes after them (at most 16, as the JSON readers take); AT_TAIL, pos bytes of
- * tail read; AT_DEAD, a byte refused (or memory ran out): only the end is left. */
+ * NAME and name_end; AT_ARGS, function lo's arguments (in the reader's args; Gemma 4's form: their
+ * bytes read into it through g), and once they are whole ws whitespace bytes after them (at most 16,
+ * as the JSON readers take; none in Gemma 4's form); AT_TAIL, pos bytes of the tail read; AT_DEAD, a
+ * byte refused (or memory ran out): only the end is left. */
 typedef struct pick_at {
     int phase, lo, hi, pos, ws;
+    ib_g4args g;
 } pick_at;
 
 /* One depth of the walk: the position and the ARGS reader (as pk->at and pk->args). */
@@ -63,18 +71,23 @@ typedef struct pick_frame {
 static int is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 typedef struct pick_fn {
-    char *lit;           /* NAME", "arguments": */
+    char *lit;           /* NAME and the form's name_end */
     int len;
-    ib_json_state start; /* its arguments' reader at the empty text (run: the compiled schema, owned) */
+    ib_json_state start; /* its arguments' reader at the empty text, or after the '{' in Gemma 4's form
+                          * (run: the compiled schema, owned) */
 } pick_fn;
 
 struct ib_tool_pick {
+    const pick_form *form;
+    int tail_len;        /* strlen(form->tail) */
+    int gemma;           /* Gemma 4's form: ARGS read through gemma4_args.c */
     pick_fn *fn;         /* [n] sorted by lit's bytes */
     int n, parallel;
     pick_at at;          /* the reply so far */
     ib_json_state args;  /* AT_ARGS: fn[at.lo]'s reader over this call's ARGS (run: reply_run) */
     ib_schema_run *reply_run, *scratch;   /* the reply's ARGS schema reader; the mask's copy (borrowed
                                            * schemas; NULL when no function has a schema) */
+    ib_schema_run *probe;                 /* Gemma 4's form: where a held-back '<' is tried */
     int32_t *cc;         /* parallel: the vocabulary's tokens holding "}}" (built at the first mask) */
     float *cc_logit;     /* [n_cc] their logits kept across the ARGS' own mask */
     int n_cc, cc_built;
@@ -93,6 +106,7 @@ void ib_tool_pick_free(ib_tool_pick *pk) {
     if (!pk) return;
     ib_schema_run_free(pk->reply_run);   /* they borrow the functions' schemas: first */
     ib_schema_run_free(pk->scratch);
+    ib_schema_run_free(pk->probe);
     for (int d = 0; pk->w_run && d < pk->w_len; d++) ib_schema_run_free(pk->w_run[d]);
     free(pk->w_run);
     free(pk->w);
@@ -106,38 +120,52 @@ void ib_tool_pick_free(ib_tool_pick *pk) {
     free(pk);
 }
 
-int ib_tool_pick_setup(ib_json_state *s, json_t *tools, int parallel) {
+int ib_tool_pick_setup(ib_json_state *s, ib_chat_tool_form form, json_t *tools, int parallel, const char *name_read) {
     ib_json_init(s);
     ib_tool_pick *pk = calloc(1, sizeof *pk);
     size_t nt = json_array_size(tools);
     if (!pk || !nt || !(pk->fn = calloc(nt, sizeof *pk->fn))) goto oom;
+    pk->gemma = form == IB_CHAT_TOOLS_GEMMA4;
+    pk->form = pk->gemma ? &gemma4_form : &qwen_form;
+    pk->tail_len = (int)strlen(pk->form->tail);
     pk->parallel = parallel;
+    const size_t el = strlen(pk->form->name_end);
     for (size_t i = 0; i < nt; i++, pk->n++) {
         json_t *f = json_object_get(json_array_get(tools, i), "function");
         const char *name = json_string_value(json_object_get(f, "name"));
         pick_fn *e = &pk->fn[i];
         ib_json_init(&e->start);
         size_t nl = name ? strlen(name) : 0;
-        if (!name || !(e->lit = malloc(nl + sizeof args_key))) goto oom;
+        if (!name || !(e->lit = malloc(nl + el + 1))) goto oom;
         memcpy(e->lit, name, nl);
-        memcpy(e->lit + nl, args_key, sizeof args_key);
-        e->len = (int)(nl + sizeof args_key - 1);
+        memcpy(e->lit + nl, pk->form->name_end, el + 1);
+        e->len = (int)(nl + el);
         json_t *rf = ib_api_tool_arguments_format(f);
         int rc = rf ? ib_json_setup(&e->start, rf) : -1;
         json_decref(rf);
         if (rc != 1) goto oom;
+        if (pk->gemma && ib_json_step(&e->start, '{')) goto oom;   /* (an object's format takes it) */
     }
     qsort(pk->fn, (size_t)pk->n, sizeof *pk->fn, fn_cmp);
     for (int i = 0; i < pk->n && !pk->reply_run; i++)
         if (pk->fn[i].start.run && (!(pk->reply_run = ib_schema_run_clone(pk->fn[i].start.run)) ||
-                                    !(pk->scratch = ib_schema_run_clone(pk->fn[i].start.run))))
+                                    !(pk->scratch = ib_schema_run_clone(pk->fn[i].start.run)) ||
+                                    (pk->gemma && !(pk->probe = ib_schema_run_clone(pk->fn[i].start.run)))))
             goto oom;
-    pk->at = (pick_at){AT_NAME, 0, pk->n, 0, 0};
+    pk->at = (pick_at){.phase = AT_NAME, .lo = 0, .hi = pk->n};
     s->pick = pk;
+    for (const char *p = name_read; p && *p; p++)   /* a name the prompt already holds */
+        if (ib_tool_pick_step(pk, (unsigned char)*p)) goto oom;
     return 1;
 oom:
     ib_tool_pick_free(pk);
+    s->pick = NULL;
     return -1;
+}
+
+/* Whether the ARGS read at a (a->phase AT_ARGS), args, are whole. */
+static int args_whole(const ib_tool_pick *pk, const pick_at *a, const ib_json_state *args) {
+    return pk->gemma ? ib_g4args_done(&a->g, args) : ib_json_done(args);
 }
 
 /* Step the position a by byte c, with args the reader of the ARGS being read. Entering ARGS sets args
@@ -145,6 +173,7 @@ oom:
  * scratch); leaving them leaves args as it is. 0 when c is accepted; -1 when not (a is then
  * undefined). */
 static int feed(const ib_tool_pick *pk, pick_at *a, ib_json_state *args, ib_schema_run *run, unsigned char c) {
+    const char *tail = pk->form->tail;
     switch (a->phase) {
     case AT_NAME: {
         /* the names in [lo, hi) share their first pos bytes, none ends there: their byte at pos grows */
@@ -163,27 +192,28 @@ static int feed(const ib_tool_pick *pk, pick_at *a, ib_json_state *args, ib_sche
         if (lo == l) return -1;
         a->lo = lo, a->hi = l, a->pos++;
         if (a->pos < pk->fn[lo].len) return 0;
-        /* 'NAME", "arguments": ' whole (no other name has it as a prefix: names hold no '"') */
+        /* NAME and name_end whole (no other name has it as a prefix: names never hold name_end[0]) */
         *args = pk->fn[lo].start;
         if (args->run) {
             ib_schema_run_copy(run, pk->fn[lo].start.run);
             args->run = run;
         }
         a->phase = AT_ARGS, a->ws = 0;
+        ib_g4args_init(&a->g);
         return 0;
     }
     case AT_ARGS:
-        if (!ib_json_done(args)) {
+        if (!args_whole(pk, a, args)) {
             a->ws = 0;
-            return ib_json_step(args, c);
+            return pk->gemma ? ib_g4args_step(&a->g, args, pk->probe, c) : ib_json_step(args, c);
         }
-        if (is_ws(c)) return ++a->ws > 16 ? -1 : 0;   /* (not fed: the reader stays as it is) */
-        if (!pk->parallel || c != (unsigned char)tail[0]) return -1;
+        if (!pk->gemma && is_ws(c)) return ++a->ws > 16 ? -1 : 0;   /* (not fed: the reader stays as it is) */
+        if ((!pk->parallel && !pk->form->close_alone) || c != (unsigned char)tail[0]) return -1;
         a->phase = AT_TAIL, a->pos = 1;
         return 0;
     case AT_TAIL:
-        if (c != (unsigned char)tail[a->pos]) return -1;
-        if (++a->pos == TAIL_LEN) *a = (pick_at){AT_NAME, 0, pk->n, 0, 0};
+        if ((!pk->parallel && a->pos == pk->form->tail_close) || c != (unsigned char)tail[a->pos]) return -1;
+        if (++a->pos == pk->tail_len) *a = (pick_at){.phase = AT_NAME, .lo = 0, .hi = pk->n};
         return 0;
     default:
         return -1;
@@ -191,19 +221,19 @@ static int feed(const ib_tool_pick *pk, pick_at *a, ib_json_state *args, ib_sche
 }
 
 /* Whether the reply may end at a (its ARGS, args, whole; or the close read). */
-static int at_done(const pick_at *a, const ib_json_state *args) {
-    return a->phase == AT_DEAD || (a->phase == AT_ARGS && ib_json_done(args)) ||
-           (a->phase == AT_TAIL && a->pos == TAIL_CLOSE);
+static int at_done(const ib_tool_pick *pk, const pick_at *a, const ib_json_state *args) {
+    return a->phase == AT_DEAD || (a->phase == AT_ARGS && args_whole(pk, a, args)) ||
+           (a->phase == AT_TAIL && a->pos == pk->form->tail_close);
 }
 
 int ib_tool_pick_step(ib_tool_pick *pk, unsigned char c) {
     if (!feed(pk, &pk->at, &pk->args, pk->reply_run, c)) return 0;
     ib_json_init(&pk->args);
-    pk->at.phase = AT_DEAD;
+    pk->at = (pick_at){.phase = AT_DEAD};
     return -1;
 }
 
-int ib_tool_pick_done(const ib_tool_pick *pk) { return at_done(&pk->at, &pk->args); }
+int ib_tool_pick_done(const ib_tool_pick *pk) { return at_done(pk, &pk->at, &pk->args); }
 
 /* Whether token t's bytes all step a copy of the reader. copy: the reply's ARGS reader is stepped
  * through pk->scratch (inside ARGS); else it is only read (whole ARGS: the token can only leave them),
@@ -263,22 +293,22 @@ static int args_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, in
     return allowed;
 }
 
-/* Outside ARGS (or after whole ARGS with parallel calls; done: whether the reply may end here): each
- * token of v stepped on its own through a copy of the reader, in id order. The reference the walk
- * (walk_mask) must match bit for bit, and its fallback. */
+/* Outside ARGS (or after whole ARGS with parallel calls; in Gemma 4's form inside them too; done:
+ * whether the reply may end here): each token of v stepped on its own through a copy of the reader,
+ * in id order. The reference the walk (walk_mask) must match bit for bit, and its fallback. */
 static int stepped_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop, int n_stop,
                         int done) {
-    const int args_end = pk->at.phase == AT_ARGS;
+    const int in_args = pk->at.phase == AT_ARGS, args_end = in_args && args_whole(pk, &pk->at, &pk->args);
     const int n = v->n < vocab ? v->n : vocab;
     int allowed = 0;
     for (int t = n; t < vocab; t++) logits[t] = -INFINITY;
     for (int t = 0; t < n; t++) {
         int is_stop = 0;
         for (int k = 0; k < n_stop; k++) is_stop |= stop[k] == t;
-        /* a copy stepped; here its ARGS reader, if any, is whole, so only read */
+        /* a copy stepped; its ARGS reader, when whole, only read */
         int ok = is_stop ? done
                          : pk->at.phase != AT_DEAD && !(args_end && v->off[t + 1] > v->off[t] && is_ws((unsigned char)v->bytes[v->off[t]])) &&
-                               token_ok(pk, v, t, 0);
+                               token_ok(pk, v, t, in_args && !args_end);
         if (!ok) logits[t] = -INFINITY;
         allowed += !isinf(logits[t]);
     }
@@ -330,19 +360,23 @@ static int walk_step(ib_tool_pick *pk, int d, unsigned char c) {
 
 /* stepped_mask's verdicts (same bits, same count) with the tokens of v taken in byte order (v->ord,
  * v->lcp): a byte prefix is stepped once from the state at the depth before it (pk->w), and the
- * tokens that share a prefix the reader refused get -inf unstepped. Needs walk_build done and
- * n_stop <= 64. At whole ARGS with parallel calls (args_end) a token beginning with whitespace is
- * refused, as in stepped_mask. Cost: one step per distinct byte prefix the reader accepts (plus one
- * refused step under each), and one pass over the vocabulary. */
+ * tokens that share a prefix the reader refused get -inf unstepped. Inside a text of Gemma 4's ARGS
+ * where every plain token without a '<' leaves the reader as it is (ib_g4args_plain), only the other
+ * tokens (v->lt_ord, v->lt_lcp) are walked. Needs walk_build done and n_stop <= 64. At whole ARGS
+ * with parallel calls (args_end) a token beginning with whitespace is refused, as in stepped_mask.
+ * Cost: one step per distinct byte prefix the reader accepts (plus one refused step under each), and
+ * one pass over the vocabulary. */
 static int walk_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop, int n_stop,
                      int done) {
-    const int args_end = pk->at.phase == AT_ARGS;
+    const int in_args = pk->at.phase == AT_ARGS, args_end = in_args && args_whole(pk, &pk->at, &pk->args);
+    const int fast = pk->gemma && in_args && !args_end && ib_g4args_plain(&pk->at.g, &pk->args);
+    const int32_t *ord = fast ? v->lt_ord : v->ord, *lcp = fast ? v->lt_lcp : v->lcp;
+    const int N = fast ? v->n_lt : v->n;
     const int n = v->n < vocab ? v->n : vocab;
     float saved[64];   /* the stop ids' logits: the walk may set -inf on them, the stop rule decides */
     for (int k = 0; k < n_stop; k++)
         if (stop[k] >= 0 && stop[k] < n) saved[k] = logits[stop[k]];
     for (int t = n; t < vocab; t++) logits[t] = -INFINITY;
-    int allowed = 0;
     if (pk->at.phase == AT_DEAD) {   /* every byte refused */
         for (int t = 0; t < n; t++) logits[t] = -INFINITY;
     } else {
@@ -350,10 +384,10 @@ static int walk_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, in
          * copies before it steps */
         pk->w[0] = (pick_frame){pk->at, pk->args};
         int valid = 0, fail_at = INT_MAX;   /* w[0..valid] hold the last token walked's prefixes */
-        for (int k = 0; k < v->n; k++) {     /* (tokens past the row, t >= n: walked, not written) */
-            int32_t t = v->ord[k];
+        for (int k = 0; k < N; k++) {     /* (tokens past the row, t >= n: walked, not written) */
+            int32_t t = ord[k];
             const unsigned char *b = (const unsigned char *)v->bytes + v->off[t];
-            int L = (int)(v->off[t + 1] - v->off[t]), l = v->lcp[k];
+            int L = (int)(v->off[t + 1] - v->off[t]), l = lcp[k];
             if (fail_at < l) {   /* shares the prefix an earlier token was refused on */
                 if (t < n) logits[t] = -INFINITY;
                 continue;
@@ -367,22 +401,16 @@ static int walk_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, in
                     break;
                 }
             valid = d;
-            if (t >= n) continue;
-            if (ok) allowed += !isinf(logits[t]);
-            else logits[t] = -INFINITY;
+            if (t < n && !ok) logits[t] = -INFINITY;
         }
     }
     /* the stop ids: allowed (their own logits) exactly where the reply may end */
     for (int k = 0; k < n_stop; k++) {
         int32_t s = stop[k];
-        if (s < 0 || s >= n) continue;
-        int dup = 0;
-        for (int q = 0; q < k; q++) dup |= stop[q] == s;
-        if (dup) continue;
-        if (!isinf(logits[s])) allowed--;   /* the walk counted it */
-        logits[s] = done ? saved[k] : -INFINITY;
-        allowed += !isinf(logits[s]);
+        if (s >= 0 && s < n) logits[s] = done ? saved[k] : -INFINITY;
     }
+    int allowed = 0;   /* (stepped_mask's count: the row's logits not -inf) */
+    for (int t = 0; t < n; t++) allowed += !isinf(logits[t]);
     return allowed;
 }
 
@@ -391,6 +419,10 @@ static int walk_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, in
 static int pick_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop, int n_stop,
                      int walk) {
     const int done = ib_tool_pick_done(pk);
+    if (pk->gemma) {   /* ARGS in Gemma 4's syntax: no JSON mask reads them; the walk everywhere */
+        if (walk && n_stop <= 64 && !walk_build(pk, v)) return walk_mask(pk, v, logits, vocab, stop, n_stop, done);
+        return stepped_mask(pk, v, logits, vocab, stop, n_stop, done);
+    }
     if (pk->at.phase == AT_ARGS && !done)   /* inside ARGS */
         return pk->parallel ? args_mask(pk, v, logits, vocab, stop, n_stop) : ib_json_mask(&pk->args, v, logits, vocab, stop, n_stop);
     /* their end: as for a json_schema reply, no whitespace once they are whole (the reply ends, or, with

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "model/model.h"
 #include "store/store.h"
 
 static void hex16(uint64_t v, char out[17]) { snprintf(out, 17, "%016" PRIx64, v); }
@@ -320,12 +321,13 @@ ib_status ib_verify_submit(ib_sched *sched, const ib_model *m, ib_backend_kind b
     run->vocab = ib_model_get_info(m)->vocab_size;
     ib_json_init(&run->json);
     if (rec->constraint) { /* the mask the server used, built by the server's own set-up */
+        const ib_chat_tool_form form = ib_tokenizer_chat_tools(m->tok);
         ib_api_tool_use tu;
         const char *param;
         char m[256];
         int trc = ib_api_tools(rec->constraint, &tu, &param, m, sizeof m);
         if (trc) return ib_fail(err, trc == -3 ? IB_ERR_NOMEM : IB_ERR_INVALID_ARG, "verify: %s", m);
-        if (ib_constraint_setup(&run->json, rec->constraint, &tu) != 1)
+        if (ib_constraint_setup(&run->json, form, rec->constraint, &tu) != 1)
             return ib_fail(err, IB_ERR_NOMEM, "verify: out of memory for the record's constraint");
     }
     run->tokens = malloc((size_t)rec->n_tokens * sizeof *run->tokens);
