@@ -241,6 +241,9 @@ field_400 "response_format with required" invalid_value response_format "{$CH,$T
 field_400 "required, a tool's parameters outside the subset" unsupported_parameter tools "{$CH,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}},{\"type\":\"function\",\"function\":{\"name\":\"g\",\"parameters\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}}}],$REQ}"
 case $(jget 'b.error.message') in *"the parameters of 'g' (tool_choice \"required\")"*pattern*) ok ;; *) bad "required, parameters outside the subset: $(head -c 300 "$T/body")" ;; esac
 [ "$(jget 'b.error.message.includes("\n")')" = false ] && ok || bad "a refusal's message is not one line"
+field_400 "required, parameters that are no object" invalid_value tools "{$CH,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"number\"}}}],$REQ}"
+case $(jget 'b.error.message') in *"the parameters of 'f' (tool_choice \"required\") must describe an object"*) ok ;; *) bad "parameters that are no object: $(head -c 300 "$T/body")" ;; esac
+field_400 "named, parameters that are no object" invalid_value tools "{$CH,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"enum\":[1]}}}],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}"
 field_400 "tool_choice without tools" invalid_value tool_choice "{$CH,\"tool_choice\":\"auto\"}"
 field_400 "a tool without a name" invalid_value tools "{$CH,\"tools\":[{\"type\":\"function\",\"function\":{}}]}"
 field_400 "tool_choice naming no tool" invalid_value tool_choice "{$CH,$TOOLS,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}}"

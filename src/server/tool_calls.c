@@ -104,12 +104,26 @@ static int call_checks(json_t *body, json_t *function, const char *how, const ch
         return -3;
     }
     const int fbad = ib_json_format_check(arf, fm, sizeof fm);
+    int object = 0, rc = 0;
+    if (!fbad) {   /* a call's arguments are an object: the schema must let one begin */
+        ib_json_state st;
+        rc = ib_json_setup(&st, arf);
+        object = rc == 1 && !ib_json_step(&st, '{');
+        ib_json_release(&st);
+    }
     json_decref(arf);
     if (fbad) {
         ib_api_failf(param, "tools", msg, msz, "the parameters of '%s' (%s): %s",
                      json_string_value(json_object_get(function, "name")), where, fm);
         return strstr(fm, "not supported") ? -2 : -1;
     }
+    if (rc < 0) {
+        snprintf(msg, msz, "out of memory");
+        return -3;
+    }
+    if (!object)
+        return ib_api_failf(param, "tools", msg, msz, "the parameters of '%s' (%s) must describe an object: a call's "
+                            "arguments are one", json_string_value(json_object_get(function, "name")), where);
     return 0;
 }
 

@@ -130,10 +130,10 @@ int ib_tool_pick_setup(ib_json_state *s, ib_chat_tool_form form, json_t *tools, 
     pk->tail_len = (int)strlen(pk->form->tail);
     pk->parallel = parallel;
     const size_t el = strlen(pk->form->name_end);
-    for (size_t i = 0; i < nt; i++, pk->n++) {
+    for (size_t i = 0; i < nt; i++) {
         json_t *f = json_object_get(json_array_get(tools, i), "function");
         const char *name = json_string_value(json_object_get(f, "name"));
-        pick_fn *e = &pk->fn[i];
+        pick_fn *e = &pk->fn[pk->n++];   /* (counted first: ib_tool_pick_free frees what it holds) */
         ib_json_init(&e->start);
         size_t nl = name ? strlen(name) : 0;
         if (!name || !(e->lit = malloc(nl + el + 1))) goto oom;
@@ -144,7 +144,7 @@ int ib_tool_pick_setup(ib_json_state *s, ib_chat_tool_form form, json_t *tools, 
         int rc = rf ? ib_json_setup(&e->start, rf) : -1;
         json_decref(rf);
         if (rc != 1) goto oom;
-        if (pk->gemma && ib_json_step(&e->start, '{')) goto oom;   /* (an object's format takes it) */
+        if (pk->gemma && ib_json_step(&e->start, '{')) goto oom;   /* (never: ib_api_tools refuses parameters that are no object) */
     }
     qsort(pk->fn, (size_t)pk->n, sizeof *pk->fn, fn_cmp);
     for (int i = 0; i < pk->n && !pk->reply_run; i++)
