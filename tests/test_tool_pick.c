@@ -626,7 +626,8 @@ static double median(double *x, int n) {
  * state's byte offset: in a name, in the arguments, in a close) the median over the steps of each
  * step's median, the mean and the slowest, in ms; checks the two masks are the same bits. 0 when they
  * all are and the reply is allowed throughout. */
-static int bench(const char *path, int reps) {
+static int bench(const char *path, int reps, ib_chat_tool_form form) {
+    const int gemma = form == IB_CHAT_TOOLS_GEMMA4;
     ib_tokenizer *tk;
     ib_error err;
     if (ib_tokenizer_load(path, INT32_MAX, &tk, &err)) {
@@ -650,26 +651,34 @@ static int bench(const char *path, int reps) {
         "{\"type\":\"function\",\"function\":{\"name\":\"set_alarm\",\"parameters\":{\"type\":\"object\",\"properties\":{\"hour\":{\"type\":"
         "\"integer\"},\"days\":{\"type\":\"array\",\"items\":{\"enum\":[\"mon\",\"tue\",\"wed\"]}}},\"required\":[\"hour\"]}}}]");
     /* the reply in parts: names, arguments, closes (a phase each) */
-    static const struct {
+    typedef struct {
         const char *text;
         int phase; /* 0 a name, 1 arguments, 2 a close */
-    } part[] = {{"get_weather\", \"arguments\": ", 0},
-                {"{\"city\": \"Paris\", \"unit\": \"celsius\"}", 1},
-                {"}\n</tool_call>\n<tool_call>\n{\"name\": \"", 2},
-                {"search_web\", \"arguments\": ", 0},
-                {"{\"query\": \"concerts in Paris this weekend\", \"max_results\": 5}", 1},
-                {"}\n</tool_call>", 2}};
-    const int n_part = (int)(sizeof part / sizeof *part);
+    } bench_part;
+    static const bench_part qwen_part[] = {{"get_weather\", \"arguments\": ", 0},
+                                           {"{\"city\": \"Paris\", \"unit\": \"celsius\"}", 1},
+                                           {"}\n</tool_call>\n<tool_call>\n{\"name\": \"", 2},
+                                           {"search_web\", \"arguments\": ", 0},
+                                           {"{\"query\": \"concerts in Paris this weekend\", \"max_results\": 5}", 1},
+                                           {"}\n</tool_call>", 2}};
+    static const bench_part gemma_part[] = {{"get_weather{", 0},
+                                            {"city:" GQ "Paris" GQ ",unit:" GQ "celsius" GQ "}", 1},
+                                            {"<tool_call|><|tool_call>call:", 2},
+                                            {"search_web{", 0},
+                                            {"max_results:5,query:" GQ "concerts in Paris this weekend" GQ "}", 1},
+                                            {"<tool_call|>", 2}};
+    const bench_part *part = gemma ? gemma_part : qwen_part;
+    const int n_part = 6;
     char reply[1024];
     int phase_at[1024], rl = 0;
     for (int i = 0; i < n_part; i++)
         for (const char *p = part[i].text; *p; p++) phase_at[rl] = part[i].phase, reply[rl++] = *p;
     phase_at[rl] = 2;   /* after the last close: the reply may end */
     reply[rl] = 0;
-    int32_t ids[1024], stop[2] = {ib_tokenizer_eos(tk), ib_tokenizer_special(tk, "<|im_end|>")};
+    int32_t ids[1024], stop[2] = {ib_tokenizer_eos(tk), ib_tokenizer_special(tk, gemma ? "<turn|>" : "<|im_end|>")};
     int n = ib_tokenizer_encode(tk, reply, (size_t)rl, ids, 1024), n_stop = stop[1] >= 0 ? 2 : 1;
     ib_json_state st;
-    if (ib_tool_pick_setup(&st, IB_CHAT_TOOLS_QWEN, tools, 1, NULL) != 1) return 1;
+    if (ib_tool_pick_setup(&st, form, tools, 1, NULL) != 1) return 1;
     float *a = malloc((size_t)v.n * sizeof *a), *b = malloc((size_t)v.n * sizeof *b);
     double *tw = malloc((size_t)reps * sizeof *tw), *ts = malloc((size_t)reps * sizeof *ts);
     double *step_w[3], *step_s[3], mean_w[3] = {0}, mean_s[3] = {0}, max_w[3] = {0}, max_s[3] = {0};
@@ -704,15 +713,15 @@ static int bench(const char *path, int reps) {
         ok = !isinf(a[ids[i]]);
         for (size_t k = v.off[ids[i]]; ok && k < v.off[ids[i] + 1]; k++, off++) ok = !ib_json_step(&st, (unsigned char)v.bytes[k]);
     }
-    printf("vocabulary %d tokens (longest %d bytes); a two-call reply of %d tokens, %d masks a state, each way alternately\n",
-           v.n, v.maxlen, n, reps);
+    printf("%s form; vocabulary %d tokens (longest %d bytes); a two-call reply of %d tokens, %d masks a state, each way alternately\n",
+           gemma ? "Gemma 4's" : "Qwen's", v.n, v.maxlen, n, reps);
     static const char *const ph_name[3] = {"name", "arguments", "close"};
     for (int p = 0; p < 3; p++) {
         if (!n_ph[p]) continue;
         double k = n_ph[p];
         printf("%-9s %2d steps: per-token stepping median %6.3f ms (mean %6.3f, max %6.3f); walk median %6.3f ms (mean %6.3f, max %6.3f)%s\n",
                ph_name[p], n_ph[p], 1e3 * median(step_s[p], n_ph[p]), 1e3 * mean_s[p] / k, 1e3 * max_s[p],
-               1e3 * median(step_w[p], n_ph[p]), 1e3 * mean_w[p] / k, 1e3 * max_w[p], p == 1 ? "  (the same code both ways)" : "");
+               1e3 * median(step_w[p], n_ph[p]), 1e3 * mean_w[p] / k, 1e3 * max_w[p], p == 1 && !gemma ? "  (the same code both ways)" : "");
     }
     printf("masks the same bits: %d of %d states%s\n", same, n_ph[0] + n_ph[1] + n_ph[2], ok ? "" : "  (the reply was refused!)");
     int bad = !ok || same != n_ph[0] + n_ph[1] + n_ph[2];
@@ -726,7 +735,8 @@ static int bench(const char *path, int reps) {
 }
 
 int main(int argc, char **argv) {
-    if (argc >= 3 && !strcmp(argv[1], "--bench")) return bench(argv[2], argc >= 4 ? atoi(argv[3]) : 5);
+    if (argc >= 3 && !strcmp(argv[1], "--bench"))   /* --bench TOKENIZER_JSON [REPS [gemma4]] */
+        return bench(argv[2], argc >= 4 ? atoi(argv[3]) : 5, argc >= 5 && !strcmp(argv[4], "gemma4") ? IB_CHAT_TOOLS_GEMMA4 : IB_CHAT_TOOLS_QWEN);
     test_texts();
     test_mask();
     test_gemma_texts();
