@@ -224,6 +224,11 @@ static void test_read(void) {
     read_case("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>", 0, one, 0);
     read_case("Let me look.\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n", 0, one, 12);
     read_case("<tool_call>{\"arguments\": {\"a\": 1}, \"name\": \"f\"}</tool_call>", 0, one, 0);
+    /* a call written inside the thoughts is no call; the one after them is (content: the thoughts) */
+    read_case("<think>\nI could <tool_call> here.\n</think>\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>", 0,
+              one, 42);
+    read_case("<think>\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n</think>\n\nDone.", 0, NULL, 0);
+    read_case("<think>\nno end <tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>", 0, NULL, 0);
     const char *two_t = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"g\", "
                         "\"arguments\": {}}\n</tool_call>";
     read_case(two_t, 0,

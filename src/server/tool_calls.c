@@ -438,8 +438,23 @@ json_t *ib_tool_call_json(const char *id, const char *name, json_t *args) {
     return c;
 }
 
+/* The first call opening in text[len] outside the thoughts (<think>…</think>, where a Qwen3 model may
+ * write the tag while it plans): NULL when none. */
+static const char *first_call(const char *text, size_t len) {
+    static const char th_open[] = "<think>", th_close[] = "</think>";
+    const char *p = text, *end = text + len;
+    while (p < end) {
+        const char *c = find(p, (size_t)(end - p), call_open), *t = find(p, (size_t)(end - p), th_open);
+        if (!c || !t || c < t) return c;
+        const char *e = find(t, (size_t)(end - t), th_close);   /* a call inside: skip the thought */
+        if (!e) return NULL;
+        p = e + strlen(th_close);
+    }
+    return NULL;
+}
+
 json_t *ib_api_tool_calls_read(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len) {
-    const char *first = find(text, len, call_open);
+    const char *first = text ? first_call(text, len) : NULL;
     if (!first) return NULL;
     json_t *calls = json_array();
     if (!calls) return NULL;
