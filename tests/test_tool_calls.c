@@ -301,6 +301,15 @@ static void test_required_read(void) {
     required_case("f\", \"arguments\": {\"a\": 1}}\n</tool_call>", 1, one); /* stopped after the close */
     required_case("f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"g-2\", \"arguments\": {}", 1, two);
     required_case("f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"g-2\", \"arguments\": {}", 0, one);
+    /* a key the schema leaves open written twice (the mask allows it): its last value, still a call; a
+     * reply read for calls ("auto") with it is no call */
+    required_case("f\", \"arguments\": {\"a\": 2, \"a\": 1}", 1, one);
+    read_case("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 2, \"a\": 1}}\n</tool_call>", 0, NULL, 0);
+    json_t *fc = ib_api_tool_call_forced("f", "{\"a\": 2, \"a\": 1}", 16, "X");
+    char *fs = fc ? json_dumps(fc, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    CHECK(fs && !strcmp(fs, one), "a forced call with a key twice: its last value (%s)", fs ? fs : "none");
+    free(fs);
+    json_decref(fc);
     /* cut off (max_tokens, a stop string): no call */
     required_case("f\", \"arguments\": {\"a\": ", 1, NULL);
     required_case("f\", \"argu", 1, NULL);

@@ -453,7 +453,10 @@ static const char *first_call(const char *text, size_t len) {
     return NULL;
 }
 
-json_t *ib_api_tool_calls_read(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len) {
+/* ib_api_tool_calls_read; a key twice in an object is refused unless constrained (a reply decoded under
+ * a mask, which holds a key the schema spells to once but not another key of an open object: such a
+ * key written twice keeps its last value, as JSON.parse and Python's json read it). */
+static json_t *read_calls(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len, int constrained) {
     const char *first = text ? first_call(text, len) : NULL;
     if (!first) return NULL;
     json_t *calls = json_array();
@@ -463,7 +466,7 @@ json_t *ib_api_tool_calls_read(const char *text, size_t len, const char *id_base
         const char *body = p + strlen(call_open), *close = find(body, (size_t)(end - body), call_close);
         if (!close) goto none; /* cut off (max_tokens) or not a call: the text stays text */
         json_error_t je;
-        json_t *o = json_loadb(body, (size_t)(close - body), JSON_REJECT_DUPLICATES, &je);
+        json_t *o = json_loadb(body, (size_t)(close - body), constrained ? 0 : JSON_REJECT_DUPLICATES, &je);
         json_t *nm = json_object_get(o, "name"), *args = json_object_get(o, "arguments");
         int ok = json_is_object(o) && json_is_string(nm) && ib_tool_name_ok(json_string_value(nm), json_string_length(nm)) &&
                  json_is_object(args) && json_object_size(o) == 2;
@@ -488,6 +491,10 @@ none:
     return NULL;
 }
 
+json_t *ib_api_tool_calls_read(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len) {
+    return read_calls(text, len, id_base, max_calls, content_len, 0);
+}
+
 size_t ib_tool_content_len(const char *text, const char *first) {
     size_t cl = (size_t)(first - text);
     while (cl > 0 && isspace((unsigned char)text[cl - 1])) cl--;
@@ -495,7 +502,7 @@ size_t ib_tool_content_len(const char *text, const char *first) {
 }
 
 json_t *ib_api_tool_call_forced(const char *name, const char *text, size_t len, const char *id_base) {
-    json_t *args = json_loadb(text, len, JSON_REJECT_DUPLICATES, NULL);
+    json_t *args = json_loadb(text, len, 0, NULL);   /* (constrained: a key twice keeps its last value, as read_calls) */
     json_t *calls = NULL;
     if (json_is_object(args)) {
         char id[160];
@@ -519,7 +526,7 @@ json_t *ib_api_tool_calls_required(const char *text, size_t len, const char *id_
     ib_tbuf_put(&b, text, len);
     if (len < cl || memcmp(text + len - cl, call_close, cl)) ib_tbuf_puts(&b, close);
     size_t content_len = 0;
-    json_t *calls = !b.oom ? ib_api_tool_calls_read(b.p, b.n, id_base, parallel ? 0 : 1, &content_len) : NULL;
+    json_t *calls = !b.oom ? read_calls(b.p, b.n, id_base, parallel ? 0 : 1, &content_len, 1) : NULL;
     free(b.p);
     return calls;
 }
