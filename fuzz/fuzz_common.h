@@ -40,4 +40,24 @@ static inline const char *fz_write(const char *name, const void *d, size_t n) {
     fclose(f);
     return p;
 }
+
+#ifdef IB_SERVER_API_H
+/* The vocabulary of the 256 single bytes (token t is byte t), built once: the masks' vocabulary in
+ * the targets that mask (include server/api.h before this file). */
+static inline int fz_one_byte(void *ctx, int32_t t, char *buf, int cap) {
+    (void)ctx;
+    (void)cap;
+    buf[0] = (char)t;
+    return 1;
+}
+static inline const ib_json_vocab *fz_byte_vocab(void) {
+    static ib_json_vocab v;
+    static int built;
+    if (!built) {
+        if (ib_json_vocab_build(&v, 256, fz_one_byte, NULL)) abort();
+        built = 1;
+    }
+    return &v;
+}
+#endif
 #endif

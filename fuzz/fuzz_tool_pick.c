@@ -16,21 +16,10 @@
 #include <string.h>
 
 #include "server/api.h"
-
-static int fz_bytes(void *ctx, int32_t t, char *buf, int cap) {
-    (void)ctx;
-    (void)cap;
-    buf[0] = (char)t;
-    return 1;
-}
+#include "fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    static ib_json_vocab v;
-    static int built;
-    if (!built) {
-        if (ib_json_vocab_build(&v, 256, fz_bytes, NULL)) abort();
-        built = 1;
-    }
+    const ib_json_vocab *v = fz_byte_vocab();
     if (size < 2) return 0;
     const int gemma = data[0] & 1, parallel = (data[0] >> 1) & 1, named = (data[0] >> 2) & 1;
     const ib_chat_tool_form form = gemma ? IB_CHAT_TOOLS_GEMMA4 : IB_CHAT_TOOLS_QWEN;
@@ -65,7 +54,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         float a[256], b[256];
         if (i < 64 && s.pick) {
             for (int t = 0; t < 256; t++) a[t] = b[t] = (float)(t % 7);
-            int na = ib_json_mask(&s, &v, a, 256, &stop, 1), nb = ib_tool_pick_mask_stepped(s.pick, &v, b, 256, &stop, 1);
+            int na = ib_json_mask(&s, v, a, 256, &stop, 1), nb = ib_tool_pick_mask_stepped(s.pick, v, b, 256, &stop, 1);
             if (na != nb || memcmp(a, b, sizeof a)) abort();
         }
         if (i == rl) break;

@@ -12,14 +12,8 @@
 #include <string.h>
 
 #include "server/api.h"
+#include "fuzz_common.h"
 #include "server/verify.h"
-
-static int fz_bytes(void *ctx, int32_t t, char *buf, int cap) {
-    (void)ctx;
-    (void)cap;
-    buf[0] = (char)t;
-    return 1;
-}
 
 /* The reader's mask over the byte vocabulary with stop id 0; abort when the count is out of range. */
 static void mask_once(ib_json_state *s, const ib_json_vocab *v) {
@@ -31,12 +25,7 @@ static void mask_once(ib_json_state *s, const ib_json_vocab *v) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    static ib_json_vocab v;
-    static int built;
-    if (!built) {
-        if (ib_json_vocab_build(&v, 256, fz_bytes, NULL)) abort();
-        built = 1;
-    }
+    const ib_json_vocab *v = fz_byte_vocab();
     const uint8_t *nul = memchr(data, 0, size);
     size_t jl = nul ? (size_t)(nul - data) : size;
     json_t *j = json_loadb((const char *)data, jl, 0, NULL);
@@ -57,12 +46,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (trc && trc != -3) abort(); /* the parse checked it: only memory may fail now */
         ib_json_state s;
         if (!trc && ib_constraint_setup(&s, IB_CHAT_TOOLS_QWEN, rec.constraint, &tu) == 1) {
-            mask_once(&s, &v);
+            mask_once(&s, v);
             const uint8_t *text = nul ? nul + 1 : data + size;
             size_t tl = nul ? size - jl - 1 : 0;
             for (size_t i = 0; i < tl && i < 4096; i++)
                 if (ib_json_step(&s, text[i])) break;
-            mask_once(&s, &v);
+            mask_once(&s, v);
             ib_json_release(&s);
         }
     }

@@ -135,20 +135,28 @@ for k, t in enumerate(calls):
     try: jsonschema.validate(json.loads(f["arguments"]), params[f["name"]])
     except Exception as e: print("INVALID", f["name"], f["arguments"], str(e).splitlines()[0]); sys.exit()
 print(len(calls), " ".join(t["function"]["name"] for t in calls))'
-rcalls=0; rnames=""; multi=""
-for seed in 1 2 3 4 5 6 7 8; do
-    req 200 "required seed $seed" "$U/v1/chat/completions" "{$RBASE,$RTOOLS,$REQ,\"seed\":$seed}"
-    cp "$T/body" "$T/required$seed"
-    v=$("$PY" -c "$RCHECK" "$T/body" "$RTOOLS_A" 2>&1)
-    case $v in
-        [1-9]*) ok; rcalls=$((rcalls+1)); rnames="$rnames ${v#* }"; [ "${v%% *}" -ge 2 ] && multi="$multi $seed" ;;
-        length) ;;
-        *) bad "required seed $seed: $v: $(head -c 400 "$T/body")" ;;
-    esac
-done
-[ "$rcalls" -ge 6 ] && ok || bad "required: only $rcalls of 8 replies were whole calls"
-[ "$(printf '%s\n' $rnames | sort -u | wc -l)" -ge 2 ] && ok || bad "required: always the same function:$rnames"
-[ -n "$multi" ] && ok || bad "required: no seed of 1-8 gave two calls (parallel_tool_calls is on by default)"
+# required_seeds NAME TAG BODY SEEDS MIN: the "required" request BODY with each seed of SEEDS (its
+# reply kept as $T/TAG<seed>), checked by RCHECK; at least MIN whole calls, two functions among them,
+# and some seed with two calls (listed in $multi)
+required_seeds() {
+    local rcalls=0 rnames="" seed v n=0
+    multi=""
+    for seed in $4; do
+        n=$((n+1))
+        req 200 "$1 seed $seed" "$U/v1/chat/completions" "{$3,\"seed\":$seed}"
+        cp "$T/body" "$T/$2$seed"
+        v=$("$PY" -c "$RCHECK" "$T/body" "$RTOOLS_A" 2>&1)
+        case $v in
+            [1-9]*) ok; rcalls=$((rcalls+1)); rnames="$rnames ${v#* }"; [ "${v%% *}" -ge 2 ] && multi="$multi $seed" ;;
+            length) ;;
+            *) bad "$1 seed $seed: $v: $(head -c 400 "$T/body")" ;;
+        esac
+    done
+    [ "$rcalls" -ge "$5" ] && ok || bad "$1: only $rcalls of $n replies were whole calls"
+    [ "$(printf '%s\n' $rnames | sort -u | wc -l)" -ge 2 ] && ok || bad "$1: always the same function:$rnames"
+    [ -n "$multi" ] && ok || bad "$1: no seed of $4 gave two calls (parallel_tool_calls is on by default)"
+}
+required_seeds required required "$RBASE,$RTOOLS,$REQ" "1 2 3 4 5 6 7 8" 6
 # parallel_tool_calls false: each reply one call; the seeds that gave two give one (the check can fail)
 for seed in 1 2 3 4 5 6 7 8; do
     req 200 "required, parallel off, seed $seed" "$U/v1/chat/completions" "{$RBASE,$RTOOLS,$REQ,\"parallel_tool_calls\":false,\"seed\":$seed}"
@@ -358,20 +366,8 @@ a=$(node -e "$SSE" "$T/sse_g4"); b=$(node -e "$BODYKEY" "$T/g4open" "$sid")
 # little likelier), one with parallel_tool_calls false; a named function's call; batched equals alone;
 # the records verify; streamed, the same calls
 G4R="\"model\":\"g4\",\"messages\":[{\"role\":\"user\",\"content\":\"weather in Rome?\"}],\"max_tokens\":200,\"temperature\":0.9,\"logprobs\":true,\"logit_bias\":{\"$cid\":3}"
-g4calls=0; g4names=""; g4multi=""
-for seed in 1 2 3 4 5 6; do
-    req 200 "gemma 4: required seed $seed" "$U/v1/chat/completions" "{$G4R,$RTOOLS,$REQ,\"seed\":$seed}"
-    cp "$T/body" "$T/g4req$seed"
-    v=$("$PY" -c "$RCHECK" "$T/body" "$RTOOLS_A" 2>&1)
-    case $v in
-        [1-9]*) ok; g4calls=$((g4calls+1)); g4names="$g4names ${v#* }"; [ "${v%% *}" -ge 2 ] && g4multi="$g4multi $seed" ;;
-        length) ;;
-        *) bad "gemma 4: required seed $seed: $v: $(head -c 400 "$T/body")" ;;
-    esac
-done
-[ "$g4calls" -ge 4 ] && ok || bad "gemma 4: required: only $g4calls of 6 replies were whole calls"
-[ "$(printf '%s\n' $g4names | sort -u | wc -l)" -ge 2 ] && ok || bad "gemma 4: required: always the same function:$g4names"
-[ -n "$g4multi" ] && ok || bad "gemma 4: required: no seed of 1-6 gave two calls"
+required_seeds "gemma 4: required" g4req "$G4R,$RTOOLS,$REQ" "1 2 3 4 5 6" 4
+g4multi=$multi
 for seed in $g4multi; do
     req 200 "gemma 4: required, parallel off, seed $seed" "$U/v1/chat/completions" "{$G4R,$RTOOLS,$REQ,\"parallel_tool_calls\":false,\"seed\":$seed}"
     v=$("$PY" -c "$RCHECK" "$T/body" "$RTOOLS_A" 2>&1)
