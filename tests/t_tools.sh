@@ -227,14 +227,19 @@ sid=$(grep -m1 -o '"id":"chatcmpl-[0-9a-f]*"' "$T/sse_forced" | cut -d'"' -f4)
 a=$(node -e "$SSE" "$T/sse_forced"); b=$(node -e "$BODYKEY" "$T/forced1" "$sid")
 [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "streamed forced call differs from the body: $a vs $b"
 case $a in '["tool_calls","",[{"index":0,'*) ok ;; *) bad "streamed forced call: $a" ;; esac
-ms=${multi# }; ms=${ms%% *}   # a seed whose "required" reply is two calls
-if [ -n "$ms" ]; then
-    curl -s -N -m 60 "$U/v1/chat/completions" -d "{$RBASE,$RTOOLS,$REQ,\"seed\":$ms,\"stream\":true}" > "$T/sse_req"
-    sid=$(grep -m1 -o '"id":"chatcmpl-[0-9a-f]*"' "$T/sse_req" | cut -d'"' -f4)
-    a=$(node -e "$SSE" "$T/sse_req"); b=$(node -e "$BODYKEY" "$T/required$ms" "$sid")
-    [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "streamed \"required\" calls differ from the body: $a vs $b"
-    case $a in '["tool_calls","",[{"index":0,'*'{"index":1,'*) ok ;; *) bad "streamed \"required\" calls: $a" ;; esac
-fi
+# streamed_two NAME BODY TAG SEEDS: the first seed of SEEDS (whose "required" reply $T/TAG<seed> is two
+# calls) streamed: the same calls, content and logprobs as the body, both calls in the final delta
+streamed_two() {
+    local ms=${4# } sid a b
+    ms=${ms%% *}
+    [ -n "$ms" ] || return 0
+    curl -s -N -m 60 "$U/v1/chat/completions" -d "{$2,\"seed\":$ms,\"stream\":true}" > "$T/sse_$3"
+    sid=$(grep -m1 -o '"id":"chatcmpl-[0-9a-f]*"' "$T/sse_$3" | cut -d'"' -f4)
+    a=$(node -e "$SSE" "$T/sse_$3"); b=$(node -e "$BODYKEY" "$T/$3$ms" "$sid")
+    [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "$1: streamed \"required\" calls differ from the body: $a vs $b"
+    case $a in '["tool_calls","",[{"index":0,'*'{"index":1,'*) ok ;; *) bad "$1: streamed \"required\" calls: $a" ;; esac
+}
+streamed_two qwen "$RBASE,$RTOOLS,$REQ" required "$multi"
 curl -s -m 60 -o "$T/auto2" "$U/v1/chat/completions" -d "{$BASE,$TOOLS,\"seed\":2}"
 curl -s -N -m 60 "$U/v1/chat/completions" -d "{$BASE,$TOOLS,\"seed\":2,\"stream\":true}" > "$T/sse_auto"
 sid=$(grep -m1 -o '"id":"chatcmpl-[0-9a-f]*"' "$T/sse_auto" | cut -d'"' -f4)
@@ -388,14 +393,7 @@ for f in g4req1 g4req2 g4force1; do
     req 200 "gemma 4: verify $f" "$U/v1/verify" "@$T/$f.rec"
     [ "$(jget 'b.match')" = true ] && ok || bad "gemma 4: the record of $f does not verify: $(head -c 300 "$T/body")"
 done
-ms=${g4multi# }; ms=${ms%% *}
-if [ -n "$ms" ]; then
-    curl -s -N -m 60 "$U/v1/chat/completions" -d "{$G4R,$RTOOLS,$REQ,\"seed\":$ms,\"stream\":true}" > "$T/sse_g4req"
-    sid=$(grep -m1 -o '"id":"chatcmpl-[0-9a-f]*"' "$T/sse_g4req" | cut -d'"' -f4)
-    a=$(node -e "$SSE" "$T/sse_g4req"); b=$(node -e "$BODYKEY" "$T/g4req$ms" "$sid")
-    [ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "gemma 4: streamed \"required\" calls differ from the body: $a vs $b"
-    case $a in '["tool_calls","",[{"index":0,'*'{"index":1,'*) ok ;; *) bad "gemma 4: streamed \"required\" calls: $a" ;; esac
-fi
+streamed_two "gemma 4" "$G4R,$RTOOLS,$REQ" g4req "$g4multi"
 # refusals naming the field
 field_400 "gemma 4: a description that is a list" invalid_value tools "{$G4BASE,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"properties\":{\"x\":{\"type\":\"string\",\"description\":[1]}}}}}]}"
 # a property without a type (an anyOf, as Pydantic writes Optional) is written, with the empty type
