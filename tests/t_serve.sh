@@ -189,6 +189,47 @@ req 200 "two token-id prompts" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny"
 [ "$(jget 'b.choices[0].text')" = "$HELLO" ] && [ "$(jget 'b.choices[1].text')" = "$CROWD" ] && ok || bad "token-id prompts: $(head -c 400 "$T/body")"
 field_400 "mixed prompt list" invalid_value prompt /v1/completions '{"model":"tiny","prompt":["a",[1,2]]}'
 field_400 "several prompts streamed" invalid_value stream /v1/completions '{"model":"tiny","prompt":["a","b"],"stream":true}'
+# n choices: choice j is what the same request with n 1 and seed + j gets (token ids, logprobs, finish
+# reason: bitwise), all n decoded in one batch; several prompts x n: choice i * n + j is prompt i's j-th;
+# usage adds up (a prompt counted once); a choice's record verifies; n > 1 streamed, n 0, n 129 and n
+# over what the server runs or queues are 400s naming the field
+# same_choice BODY K SINGLE: choice K of BODY (file) equals choice 0 of SINGLE but for its index
+same_choice() {
+    node -e 'const fs=require("fs"), a=JSON.parse(fs.readFileSync(process.argv[1])).choices[+process.argv[2]], b=JSON.parse(fs.readFileSync(process.argv[3])).choices[0];
+delete a.index; delete b.index; delete a.verification; delete b.verification; process.exit(JSON.stringify(a)===JSON.stringify(b) && a.logprobs ? 0 : 1)' "$1" "$2" "$3"
+}
+req 200 "n 3" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"Hello there","max_tokens":12,"n":3,"seed":11,"logprobs":2}'
+cp "$T/body" "$T/n3"
+[ "$(jget 'b.choices.map(c=>c.index).join(",") + " " + b.usage.prompt_tokens + " " + (b.usage.completion_tokens === b.choices.reduce((s,c)=>s+c.logprobs.token_ids.length,0))')" = "0,1,2 11 true" ] \
+    && ok || bad "n 3: indexes and usage: $(head -c 300 "$T/body")"
+[ "$(jget 'new Set(b.choices.map(c=>c.text)).size')" -ge 2 ] && ok || bad "n 3: the choices are all the same text"
+for j in 0 1 2; do
+    req 200 "n 1, seed 11 + $j" "${A[@]}" "$U/v1/completions" -d "{\"model\":\"tiny\",\"prompt\":\"Hello there\",\"max_tokens\":12,\"seed\":$((11 + j)),\"logprobs\":2}"
+    same_choice "$T/n3" $j "$T/body" && ok || bad "n 3: choice $j differs from the request with seed $((11 + j)): $(head -c 300 "$T/body")"
+done
+node -e 'console.log(JSON.stringify(JSON.parse(require("fs").readFileSync(process.argv[1])).choices[2].verification))' "$T/n3" > "$T/n3.rec"
+req 200 "n 3: choice 2's record" "${A[@]}" "$U/v1/verify" -d @"$T/n3.rec"
+[ "$(jget 'b.match')" = true ] && ok || bad "n 3: choice 2's record does not verify: $(head -c 300 "$T/body")"
+CHN='"model":"tiny","messages":[{"role":"user","content":"hi"}]'
+req 200 "chat n 2" "${A[@]}" "$U/v1/chat/completions" -d "{$CHN,\"max_tokens\":10,\"n\":2,\"seed\":4,\"logprobs\":true}"
+cp "$T/body" "$T/cn2"
+[ "$(jget 'b.object + " " + b.choices.length')" = "chat.completion 2" ] && ok || bad "chat n 2: $(head -c 300 "$T/body")"
+for j in 0 1; do
+    req 200 "chat n 1, seed 4 + $j" "${A[@]}" "$U/v1/chat/completions" -d "{$CHN,\"max_tokens\":10,\"seed\":$((4 + j)),\"logprobs\":true}"
+    same_choice "$T/cn2" $j "$T/body" && ok || bad "chat n 2: choice $j differs from the request with seed $((4 + j))"
+done
+req 200 "two prompts x n 2" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":["Hello","crowd"],"max_tokens":6,"n":2,"seed":21,"logprobs":1}'
+cp "$T/body" "$T/p2n2"
+[ "$(jget 'b.choices.length + " " + b.usage.prompt_tokens')" = "4 10" ] && ok || bad "two prompts x n 2: $(head -c 300 "$T/body")"
+for k in 0 1 2 3; do
+    pr=$([ $k -lt 2 ] && echo Hello || echo crowd)
+    req 200 "prompt $pr, seed $((21 + k % 2))" "${A[@]}" "$U/v1/completions" -d "{\"model\":\"tiny\",\"prompt\":\"$pr\",\"max_tokens\":6,\"seed\":$((21 + k % 2)),\"logprobs\":1}"
+    same_choice "$T/p2n2" $k "$T/body" && ok || bad "two prompts x n 2: choice $k differs from prompt $pr with seed $((21 + k % 2))"
+done
+field_400 "n 2 streamed" invalid_value stream /v1/completions '{"model":"tiny","prompt":"a","n":2,"stream":true}'
+field_400 "n 0" invalid_value n /v1/completions '{"model":"tiny","prompt":"a","n":0}'
+field_400 "n 129" invalid_value n /v1/chat/completions "{$CH,\"n\":129}"
+field_400 "n over what the server runs or queues" invalid_value n /v1/completions '{"model":"tiny","prompt":"a","n":128}'
 # models/{id}, /health, OPTIONS and Allow, request ids and the request log
 req 200 "GET /v1/models/{id}" "${A[@]}" "$U/v1/models/tiny"
 [ "$(jget 'b.id + "," + b.object')" = "tiny,model" ] && ok || bad "models/{id}: $(cat "$T/body")"
@@ -349,6 +390,21 @@ timeout 300 node "$CL/client_test.js" "http://127.0.0.1:$PORT" none tiny > "$T/f
 # shared a step with rows at other positions; at least one must be caught
 grep -q '^FAIL invariance under load: ' "$T/faulty.out" && ok || bad "every invariance check passed under rope-scalar-offset"
 stop "$LAST_PID" faulty
+
+# n choices decode in one batch: under split-kv-by-batch (a step of several rows cuts its key blocks
+# at half the size) they are not the requests alone, so the n check above can fail
+start nfault --inject split-kv-by-batch
+U=http://127.0.0.1:$PORT
+NP='"model":"tiny","prompt":"The quick brown fox jumps over the lazy dog, and then","max_tokens":24,"logprobs":1'
+req 200 "n 4 under split-kv-by-batch" "$U/v1/completions" -d "{$NP,\"n\":4,\"seed\":31}"
+cp "$T/body" "$T/n4f"
+same=0
+for j in 0 1 2 3; do
+    curl -s -m 60 -o "$T/n4s" "$U/v1/completions" -d "{$NP,\"seed\":$((31 + j))}"
+    same_choice "$T/n4f" $j "$T/n4s" && same=$((same + 1))
+done
+[ $same -lt 4 ] && ok || bad "under split-kv-by-batch all 4 choices equal their requests alone: the n check cannot fail"
+stop "$LAST_PID" nfault
 
 # over capacity: one generation at a time, no queue, a small memory budget; 20 ms per token, so the
 # long stream (20 s) holds the only slot until the client goes away

@@ -619,8 +619,8 @@ static int json_constrain(void *ctx, float *logits, int vocab) {
 
 /* Start generation g on session s (prompt ids) and answer: an SSE stream, or wait and send the body.
  * Consumes the caller's reference to g. */
-enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids,
-                        int n_ids, gen_params *p) {
+int gen_submit(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids, int n_ids, gen_params *p,
+               enum MHD_Result *ret) {
     g->vcap = s->capacity;
     g->vchunk = s->kv_chunk;
     ib_session_set_sampling(s, &p->sp);
@@ -640,11 +640,13 @@ enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session 
         gen_commit(g);
         gen_unref(g);
         if (err.code == IB_ERR_STATE)
-            return send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
+            *ret = send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
                               "the server is at capacity (%d running, queue full); retry later", S->o.max_batch);
-        if (err.code == IB_ERR_CONTEXT)
-            return send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", "max_tokens", "%s", err.msg);
-        return send_error(S, c, 500, "server_error", NULL, NULL, "%s", err.msg);
+        else if (err.code == IB_ERR_CONTEXT)
+            *ret = send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", "max_tokens", "%s", err.msg);
+        else
+            *ret = send_error(S, c, 500, "server_error", NULL, NULL, "%s", err.msg);
+        return -1;
     }
     pthread_mutex_lock(&g->mu);
     g->job = id;
@@ -652,6 +654,14 @@ enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session 
     /* the idle timeout guards reading the request; while the generation runs (queued, or streaming
      * with gaps) its own time limit applies, so the connection must not be dropped as idle first */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)S->o.timeout_s + 30u);
+    return 0;
+}
+
+enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids,
+                        int n_ids, gen_params *p) {
+    enum MHD_Result sent;
+    if (gen_submit(S, c, g, s, ids, n_ids, p, &sent)) return sent;
+    const uint64_t id = g->job;
     if (g->stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_read, g, sse_free);
         if (!r) {

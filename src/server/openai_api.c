@@ -67,7 +67,8 @@ int parse_params(server *S, json_t *b, int chat, int default_max, gen_params *p,
     if (r) p->sp.seed = (uint64_t)n;
     if ((r = get_num(b, "frequency_penalty", -2, 2, &x)) < 0) FAIL("frequency_penalty", "frequency_penalty must be a number in [-2, 2]");
     if ((r = get_num(b, "presence_penalty", -2, 2, &x)) < 0) FAIL("presence_penalty", "presence_penalty must be a number in [-2, 2]");
-    if ((r = get_int(b, "n", 1, 1, &n)) < 0) FAIL("n", "only n = 1 is supported");
+    if ((r = get_int(b, "n", 1, MAX_CHOICES, &n)) < 0) FAIL("n", "n must be an integer in [1, %d]", MAX_CHOICES);
+    p->n = r ? (int)n : 1;
     const char *mk = chat && json_object_get(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     if ((r = get_int(b, mk, 0, 1LL << 30, &n)) < 0) FAIL(mk, "%s must be an integer >= 0", mk);
     if (r) {
@@ -280,74 +281,59 @@ static int params_copy(const gen_params *p, gen_params *q) {
     return 0;
 }
 
-/* POST /v1/completions whose prompt is a list of np prompts (strings, or arrays of token ids): one
- * generation per prompt with the same parameters, all submitted at once so they batch together (each
- * in its own session, so each is what it would be alone), answered as one body with choice i for
- * prompt i and the usage of all. Not streamed (stream: true is refused with a 400). */
-static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection *c, json_t *b, int np, int tidx) {
-    json_t *pr = json_object_get(b, "prompt");
-    if (np > S->o.max_batch + (S->o.max_queue > 0 ? S->o.max_queue : 0))
-        return BAD("prompt", "%d prompts: more than this server runs or queues at once (%d)", np,
-                   S->o.max_batch + (S->o.max_queue > 0 ? S->o.max_queue : 0));
-    gen_params p;
-    const char *param = NULL;
-    char msg[256];
-    if (parse_params(S, b, 0, 16, &p, &param, msg, sizeof msg)) return BAD(param, "%s", msg);
-    if (p.stream) {
-        params_free(&p);
-        return BAD("stream", "stream is not supported with several prompts: send one request per prompt to stream");
-    }
-    gen **gs = calloc((size_t)np, sizeof *gs);
-    if (!gs) {
-        params_free(&p);
-        return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
-    }
+/* What a chat request's generations share beyond gen_params: the body (its constraint), its tool use
+ * and the model's tool form, whether its history carries tool traffic. */
+typedef struct chat_ctx {
+    json_t *b;
+    const ib_api_tool_use *tu;
+    ib_chat_tool_form form;
+    int history_tools;
+} chat_ctx;
+
+/* A chat generation's stop ids, tool reading and constraint (cc; constraint.c sets the mask up and
+ * writes what the verification record says of it). 0; -1 when out of memory. */
+static int chat_gen_setup(server *S, gen *g, const chat_ctx *cc) {
+    const ib_api_tool_use *tu = cc->tu;
+    g->n_stop_ids = ib_chat_stop_ids(S->m, g->stop_ids, MAX_STOP_IDS);
+    /* Gemma 4 with tools: a reply ends where its calls hand over to the tools (the model would go on to
+     * write a result itself) */
+    const int32_t handover = cc->form == IB_CHAT_TOOLS_GEMMA4 && (tu->mode != IB_TOOLS_OFF || cc->history_tools)
+                                 ? ib_tokenizer_special(S->m->tok, "<|tool_response>")
+                                 : -1;
+    if (handover >= 0 && g->n_stop_ids < MAX_STOP_IDS) g->stop_ids[g->n_stop_ids++] = handover;
+    /* response_format json_object / json_schema (checked by ib_api_check_fields; json_constraint.c); a
+     * named tool_choice: the call's arguments under the function's parameters; "required": a declared
+     * name, then its arguments (tool_pick.c; both checked by ib_api_tools) */
+    g->tool_mode = tu->mode, g->tool_parallel = tu->parallel, g->tool_form = cc->form;
+    snprintf(g->tool_name, sizeof g->tool_name, "%s", tu->name);
+    g->want_json = ib_constraint_setup(&g->json, cc->form, cc->b, tu);
+    if (g->want_json > 0 && !(g->vcons = ib_constraint_record(cc->b, tu))) g->want_json = -1;
+    return g->want_json < 0 ? -1 : 0;
+}
+
+/* Several generations answered as one body: np prompts (ids[i][n_ids[i]], each checked against the
+ * context) times n choices each, choice k = i * n + j for prompt i's j-th, each in its own session
+ * with the same parameters but the seed, which is p's seed + j (so choice j is what the same request
+ * with n 1 and that seed gets), all submitted at once so they batch together; chat (cc) or
+ * completions (cc NULL). The usage is that of all. Not streamed (the caller refuses stream). */
+static enum MHD_Result serve_choices(server *S, struct MHD_Connection *c, const chat_ctx *cc, int32_t **ids, const int *n_ids, int np,
+                                     gen_params *p, int tidx) {
+    const int n = p->n, total = np * n, chat = cc != NULL;
+    gen **gs = calloc((size_t)total, sizeof *gs);
+    if (!gs) return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
     enum MHD_Result ret = MHD_YES;
     int failed = 0, ng = 0;
-    for (int i = 0; i < np && !failed; i++) {
-        json_t *pi = json_array_get(pr, (size_t)i);
-        int32_t *ids = NULL;
-        int n_ids = 0, trc = 0;
-        if (json_is_string(pi)) {
-            ids = tokenize(S, c, json_string_value(pi), json_string_length(pi), IB_TOKENIZE_ADD_SPECIAL, &n_ids, &trc);
-        } else {
-            long bad;
-            ids = json_token_ids(S, pi, &n_ids, &trc, &bad);
-            if (bad >= 0) {
-                ret = BAD("prompt", "prompt[%d][%ld] must be a token id in [0, %d)", i, bad, S->info->vocab_size);
-                failed = 1;
-            }
-        }
-        if (failed) {
-            free(ids);
-            break;
-        }
-        const char *why = NULL;
-        if (trc == -1) ret = send_error(S, c, 500, "server_error", NULL, NULL, "tokenization failed"), why = "";
-        else if (trc == -2)
-            ret = send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", "prompt",
-                             "prompt %d has more than this server's limit of %d tokens", i, S->o.max_prompt_tokens),
-            why = "";
-        else if (n_ids < 1)
-            ret = BAD("prompt", "prompt %d is empty", i), why = "";
-        else if ((long)n_ids + p.max_tokens > S->info->max_context)
-            ret = send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
-                             "prompt %d: %d tokens + max_tokens %d exceed the model's context of %d", i, n_ids,
-                             p.max_tokens, S->info->max_context),
-            why = "";
-        if (why) {
-            free(ids);
-            failed = 1;
-            break;
-        }
-        int cap = n_ids + (p.max_tokens > 0 ? p.max_tokens : 1);
-        ib_session_opts so = {.max_context = cap, .sampling = p.sp, .kv_dtype = S->o.kv_dtype, .backend = S->o.backend,
+    for (int k = 0; k < total && !failed; k++) {
+        const int i = k / n, j = k % n;
+        int cap = n_ids[i] + (p->max_tokens > 0 ? p->max_tokens : 1);
+        ib_session_opts so = {.max_context = cap, .sampling = p->sp, .kv_dtype = S->o.kv_dtype, .backend = S->o.backend,
                               .kv_chunk = S->o.prefill_chunk};
         size_t bytes = ib_session_kv_bytes_for(S->m, &so);
-        char what[32];
-        snprintf(what, sizeof what, "prompt %d", i);
+        char what[48];
+        if (np > 1 && n > 1) snprintf(what, sizeof what, "prompt %d choice %d", i, j);
+        else if (np > 1) snprintf(what, sizeof what, "prompt %d", i);
+        else snprintf(what, sizeof what, "choice %d", j);
         if (admit_generation(S, c, tidx, bytes, what, &ret)) {
-            free(ids);
             failed = 1;
             break;
         }
@@ -355,57 +341,52 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
         ib_error err;
         gen_params q;
         gen *g = NULL;
-        if (params_copy(&p, &q) || ib_session_create(S->m, &so, &s, &err) || !(g = gen_new(S, 0, &q))) {
+        int qok = !params_copy(p, &q);
+        if (qok) q.sp.seed = p->sp.seed + (uint64_t)j;
+        if (!qok || ib_session_create(S->m, &so, &s, &err) || !(g = gen_new(S, chat, &q))) {
             if (s) ib_session_free(s);
-            params_free(&q);
-            free(ids);
+            if (qok) params_free(&q);
             mem_release(S, tidx, bytes);
             inflight_put(S, tidx);
             ret = send_error(S, c, 503, "server_error", "out_of_memory", NULL, "cannot create a session now; retry later");
             failed = 1;
             break;
         }
+        const uint64_t seed = q.sp.seed;
         params_free(&q);
         g->own = s;
         g->reserved = bytes;
         g->tidx = tidx;
         g->inflight = 1;
-        g->n_prompt = n_ids;
-        gen_set_prompt(g, ids, n_ids);
-        g->vcap = s->capacity;
-        if (S->info->eos_id >= 0) g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
-        ib_session_set_sampling(s, &p.sp);
-        ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p.max_tokens,
-                           .stop_ids = g->stop_ids, .n_stop = g->n_stop_ids, .want_logprobs = p.want_lp,
-                           .top_logprobs = g->n_top, .group = tidx, .on_event = on_event, .ctx = g,
-                           .logit_bias_ids = p.bias.ids, .logit_bias = p.bias.vals, .n_logit_bias = p.bias.n,
-                           .digest_logits = 1};
-        g->refs = 2; /* the connection, the scheduler */
-        uint64_t id;
-        if (ib_sched_submit(S->sched, &jb, &id, &err)) {
-            ib_sched_event ev = {.done = 1, .finish = "error"};
+        g->n_prompt = n_ids[i];
+        gen_set_prompt(g, ids[i], n_ids[i]);
+        if (k > 0) {   /* one response: its choices' ids (their calls') from its own */
+            char idk[sizeof g->id + 16];
+            snprintf(idk, sizeof idk, "%s-%d", gs[0]->id, k);
+            if (strlen(idk) < sizeof g->id) memcpy(g->id, idk, strlen(idk) + 1);
+        }
+        if (chat ? chat_gen_setup(S, g, cc) : 0) {
+            ib_sched_event ev = {.done = 1, .finish = "error"}; /* undo as a failed submission does (g's one ref) */
             on_event(g, &ev);
             gen_unref(g);
-            free(ids);
-            ret = err.code == IB_ERR_STATE
-                      ? send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
-                                   "the server is at capacity (%d running, queue full); retry later", S->o.max_batch)
-                      : send_error(S, c, 500, "server_error", NULL, NULL, "%s", err.msg);
+            ret = send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory for the schema; retry later");
             failed = 1;
             break;
         }
-        free(ids);
-        pthread_mutex_lock(&g->mu);
-        g->job = id;
-        pthread_mutex_unlock(&g->mu);
+        if (!chat && S->info->eos_id >= 0) g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
+        gen_params qs = *p;   /* (the job reads the sampling, limits and bias; the seed is the choice's) */
+        qs.sp.seed = seed;
+        if (gen_submit(S, c, g, s, ids[i], n_ids[i], &qs, &ret)) {
+            failed = 1;
+            break;
+        }
         gs[ng++] = g;
     }
-    if (!failed) MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)S->o.timeout_s + 30u);
     /* wait for every generation (a stop string, the time limit or the client leaving cancels) */
     double t_end = now_s() + S->o.timeout_s;
     int gone = 0;
-    for (int i = 0; i < ng; i++) {
-        gen *g = gs[i];
+    for (int k = 0; k < ng; k++) {
+        gen *g = gs[k];
         pthread_mutex_lock(&g->mu);
         int cancelled = 0;
         for (;;) {
@@ -429,18 +410,18 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
         json_t *choices = json_array();
         long long pt = 0, ct = 0;
         const char *bad = NULL;
-        for (int i = 0; i < ng; i++) {
-            gen *g = gs[i];
+        for (int k = 0; k < ng; k++) {
+            gen *g = gs[k];
             pthread_mutex_lock(&g->mu);
             if (!strcmp(g->finish, "error")) bad = "error";
             else if (!strcmp(g->finish, "cancelled") && !g->stopped && !bad) bad = "cancelled";
             json_t *one = final_json(g);
             pthread_mutex_unlock(&g->mu);
             json_t *ch = json_incref(json_array_get(json_object_get(one, "choices"), 0));
-            json_object_set_new(ch, "index", json_integer(i));
-            json_object_set(ch, "verification", json_object_get(one, "verification")); /* one record per prompt */
+            json_object_set_new(ch, "index", json_integer(k));
+            json_object_set(ch, "verification", json_object_get(one, "verification")); /* one record per choice */
             json_array_append_new(choices, ch);
-            pt += g->n_prompt;
+            pt += k % n == 0 ? g->n_prompt : 0;   /* a prompt counted once, as for n 1 */
             ct += g->n;
             json_decref(one);
         }
@@ -453,7 +434,7 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
                                         : send_error(S, c, 504, "server_error", "timeout", NULL,
                                                      "generation cancelled (time limit or shutdown)");
         } else {
-            json_t *j = envelope(gs[0], "text_completion");
+            json_t *j = envelope(gs[0], chat ? "chat.completion" : "text_completion");
             json_object_set_new(j, "choices", choices);
             json_t *u = json_object();
             json_object_set_new(u, "prompt_tokens", json_integer(pt));
@@ -463,8 +444,76 @@ static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection
             ret = send_json(S, c, 200, j, 0);
         }
     }
-    for (int i = 0; i < ng; i++) gen_unref(gs[i]);
+    for (int k = 0; k < ng; k++) gen_unref(gs[k]);
     free(gs);
+    return ret;
+}
+
+/* The refusals of a request of several generations (np prompts x p->n choices): more than the server
+ * runs or queues at once, or streamed. 0 when it may go on; else the 400 is queued into *r. */
+static int choices_check(server *S, struct MHD_Connection *c, int np, const gen_params *p, enum MHD_Result *r) {
+    const int room = S->o.max_batch + (S->o.max_queue > 0 ? S->o.max_queue : 0);
+    if ((long)np * p->n > room) {
+        *r = p->n > 1 && np > 1 ? BAD("n", "%d prompts x n %d: more than this server runs or queues at once (%d)", np, p->n, room)
+             : p->n > 1         ? BAD("n", "n %d: more than this server runs or queues at once (%d)", p->n, room)
+                      : BAD("prompt", "%d prompts: more than this server runs or queues at once (%d)", np, room);
+        return -1;
+    }
+    if (p->stream) {
+        *r = BAD("stream", "stream is not supported with several prompts or n > 1: send one request per choice to stream");
+        return -1;
+    }
+    return 0;
+}
+
+/* POST /v1/completions whose prompt is a list of np prompts (strings, or arrays of token ids): each
+ * tokenized (the first that fails answers for all), then serve_choices. */
+static enum MHD_Result handle_completions_multi(server *S, struct MHD_Connection *c, json_t *b, int np, int tidx) {
+    json_t *pr = json_object_get(b, "prompt");
+    gen_params p;
+    const char *param = NULL;
+    char msg[256];
+    if (parse_params(S, b, 0, 16, &p, &param, msg, sizeof msg)) return BAD(param, "%s", msg);
+    enum MHD_Result ret = MHD_YES;
+    if (choices_check(S, c, np, &p, &ret)) {
+        params_free(&p);
+        return ret;
+    }
+    int32_t **ids = calloc((size_t)np, sizeof *ids);
+    int *n_ids = calloc((size_t)np, sizeof *n_ids), failed = !ids || !n_ids;
+    if (failed) ret = send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+    for (int i = 0; i < np && !failed; i++) {
+        json_t *pi = json_array_get(pr, (size_t)i);
+        int trc = 0;
+        if (json_is_string(pi)) {
+            ids[i] = tokenize(S, c, json_string_value(pi), json_string_length(pi), IB_TOKENIZE_ADD_SPECIAL, &n_ids[i], &trc);
+        } else {
+            long bad;
+            ids[i] = json_token_ids(S, pi, &n_ids[i], &trc, &bad);
+            if (bad >= 0) {
+                ret = BAD("prompt", "prompt[%d][%ld] must be a token id in [0, %d)", i, bad, S->info->vocab_size);
+                failed = 1;
+                break;
+            }
+        }
+        if (trc == -3) ret = MHD_NO, failed = 1;   /* the client left while its text was tokenized: close */
+        else if (trc == -1) ret = send_error(S, c, 500, "server_error", NULL, NULL, "tokenization failed"), failed = 1;
+        else if (trc == -2)
+            ret = send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", "prompt",
+                             "prompt %d has more than this server's limit of %d tokens", i, S->o.max_prompt_tokens),
+            failed = 1;
+        else if (n_ids[i] < 1)
+            ret = BAD("prompt", "prompt %d is empty", i), failed = 1;
+        else if ((long)n_ids[i] + p.max_tokens > S->info->max_context)
+            ret = send_error(S, c, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
+                             "prompt %d: %d tokens + max_tokens %d exceed the model's context of %d", i, n_ids[i],
+                             p.max_tokens, S->info->max_context),
+            failed = 1;
+    }
+    if (!failed) ret = serve_choices(S, c, NULL, ids, n_ids, np, &p, tidx);
+    for (int i = 0; ids && i < np; i++) free(ids[i]);
+    free(ids);
+    free(n_ids);
     params_free(&p);
     return ret;
 }
@@ -585,6 +634,14 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
                           "%d prompt tokens + max_tokens %d exceed the model's context of %d", n_ids, p.max_tokens,
                           S->info->max_context);
     }
+    const chat_ctx cc = {b, &tu, form, history_tools};
+    if (p.n > 1) {   /* n choices: one body */
+        enum MHD_Result r = MHD_YES;
+        if (!choices_check(S, c, 1, &p, &r)) r = serve_choices(S, c, chat ? &cc : NULL, &ids, &n_ids, 1, &p, tidx);
+        free(ids);
+        params_free(&p);
+        return r;
+    }
     int cap = n_ids + (p.max_tokens > 0 ? p.max_tokens : 1);
     ib_session_opts so = {.max_context = cap, .sampling = p.sp, .kv_dtype = S->o.kv_dtype, .backend = S->o.backend,
                           .kv_chunk = S->o.prefill_chunk};
@@ -614,25 +671,8 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
     g->inflight = 1;
     g->n_prompt = n_ids;
     gen_set_prompt(g, ids, n_ids);
-    if (chat) {
-        g->n_stop_ids = ib_chat_stop_ids(S->m, g->stop_ids, MAX_STOP_IDS);
-        /* Gemma 4 with tools: a reply ends where its calls hand over to the tools (the model would go on
-         * to write a result itself) */
-        const int32_t handover = form == IB_CHAT_TOOLS_GEMMA4 && (tu.mode != IB_TOOLS_OFF || history_tools)
-                                     ? ib_tokenizer_special(S->m->tok, "<|tool_response>")
-                                     : -1;
-        if (handover >= 0 && g->n_stop_ids < MAX_STOP_IDS) g->stop_ids[g->n_stop_ids++] = handover;
-    } else if (S->info->eos_id >= 0)
-        g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
-    /* response_format json_object / json_schema (checked by ib_api_check_fields; json_constraint.c); a
-     * named tool_choice: the call's arguments under the function's parameters; "required": a declared
-     * name, then its arguments (tool_pick.c; both checked above). constraint.c sets the mask up and
-     * writes what the verification record says of it (the verifier rebuilds it from that). */
-    g->tool_mode = tu.mode, g->tool_parallel = tu.parallel, g->tool_form = form;
-    snprintf(g->tool_name, sizeof g->tool_name, "%s", tu.name);
-    g->want_json = chat ? ib_constraint_setup(&g->json, form, b, &tu) : 0;
-    if (g->want_json > 0 && !(g->vcons = ib_constraint_record(b, &tu))) g->want_json = -1;
-    if (g->want_json < 0) {
+    if (!chat && S->info->eos_id >= 0) g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
+    if (chat && chat_gen_setup(S, g, &cc)) {
         ib_sched_event ev = {.done = 1, .finish = "error"}; /* undo as run_gen's failure does (g's one ref) */
         on_event(g, &ev);
         free(ids);

@@ -37,6 +37,7 @@
 #define MAX_STOPS 4
 #define MAX_STOP_LEN 64
 #define MAX_STOP_IDS 8
+#define MAX_CHOICES 128   /* a request's n */
 
 typedef struct server server;
 
@@ -210,6 +211,7 @@ typedef struct gen_params {
     ib_sampling sp;
     int max_tokens;
     int stream, include_usage, want_lp, top_lp;
+    int n;                    /* choices (n): 1 to MAX_CHOICES */
     char *stops[MAX_STOPS];
     int n_stops;
     ib_api_bias bias;         /* logit_bias */
@@ -235,6 +237,12 @@ size_t render(gen *g);
 json_t *envelope(const gen *g, const char *object);
 json_t *final_json(gen *g);
 int client_gone(struct MHD_Connection *c);
+/* Submit g's job (session s, prompt ids[n_ids], p's sampling and limits; the scheduler takes g's second
+ * reference): 0; -1 when it could not be (g's references dropped, the error response sent, its result
+ * in *ret). */
+int gen_submit(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids, int n_ids, gen_params *p,
+               enum MHD_Result *ret);
+/* gen_submit, then the stream's response, or the wait for the end and the body. */
 enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids,
                         int n_ids, gen_params *p);
 void gen_set_prompt(gen *g, const int32_t *ids, int n);
