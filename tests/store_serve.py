@@ -346,12 +346,24 @@ for i in range(len(sess)):
     if check(a[0] == 200 and b[0] == 200, f"append after rebuild {i}"):
         acked[sess[i][0]] += [32, 97, 110, 100]
 
+# a session of the client's id (POST /v1/sessions/{id}) is stored like the others
+st, body = K.req("POST", "/v1/sessions/chosen-1.x", {"max_context": 64})
+check(st == 200 and body.get("id") == "chosen-1.x", f"a session of a chosen id: {st} {body}")
+st, body = K.req("POST", "/v1/sessions/chosen-1.x/append", {"tokens": [72, 101, 108]})
+check(st == 200, f"append to the chosen id: {st} {body}")
+
 # ---- phase 4: SIGTERM, restart
 K.term()
 # --data-dir names the same directory; the environment names another, which the flag overrides
 elsewhere = os.path.join(T, "elsewhere")
 K = Server("K3", model, "--data-dir", data, env={"ISOBATCH_DATA_DIR": elsewhere})
 compare_next(9, "after SIGTERM")
+# the chosen id is in the store, not in memory: creating it again is refused by the store (409), and it
+# loads with its tokens
+st, body = K.req("POST", "/v1/sessions/chosen-1.x", {})
+check(st == 409 and body and body["error"]["code"] == "session_exists", f"a stored chosen id created again: {st} {body}")
+st, body = K.req("GET", "/v1/sessions/chosen-1.x")
+check(st == 200 and body.get("tokens_held") == 3 and body.get("max_context") == 64, f"the stored chosen id: {st} {body}")
 check(not os.path.exists(elsewhere), "--data-dir given, yet $ISOBATCH_DATA_DIR's directory was created")
 
 # ---- phase 5: another model's server refuses the stored sessions

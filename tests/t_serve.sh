@@ -326,7 +326,39 @@ req 404 "another tenant's append" "${B[@]}" "$U/v1/sessions/$SID/append" -d '{"t
 req 404 "unknown session" "${A[@]}" "$U/v1/sessions/sess_00000000000000000000000000000000"
 req 400 "unknown field in a session generate" "${A[@]}" "$U/v1/sessions/$SID2/generate" -d '{"max_tokens":4,"nope":1}'
 [ "$(jget 'b.error.code + " " + b.error.param')" = "unknown_parameter nope" ] && ok || bad "session generate: unknown field: $(cat "$T/body")"
+# session create and append take their own fields only, each naming what is wrong
+# sfield_400 NAME CODE PARAM URL BODY
+sfield_400() {
+    req 400 "$1" "${A[@]}" "$4" -d "$5"
+    [ "$(jget 'b.error.code + " " + b.error.param')" = "$2 $3" ] && ok || bad "$1: want $2 naming $3: $(head -c 300 "$T/body")"
+}
+sfield_400 "unknown field in a session create" unknown_parameter frobnicate "$U/v1/sessions" '{"max_context":64,"frobnicate":1}'
+sfield_400 "unknown field in an append" unknown_parameter nope "$U/v1/sessions/$SID2/append" '{"text":"x","nope":1}'
+sfield_400 "append of text and tokens" invalid_value tokens "$U/v1/sessions/$SID2/append" '{"text":"x","tokens":[1]}'
+sfield_400 "append of tokens and messages" invalid_value messages "$U/v1/sessions/$SID2/append" '{"tokens":[1],"messages":[{"role":"user","content":"x"}]}'
+sfield_400 "add_special without text" invalid_value add_special "$U/v1/sessions/$SID2/append" '{"tokens":[1],"add_special":true}'
+sfield_400 "add_generation_prompt without messages" invalid_value add_generation_prompt "$U/v1/sessions/$SID2/append" '{"text":"x","add_generation_prompt":false}'
 req 400 "generate with nothing pending" "${A[@]}" "$U/v1/sessions/$SID2/generate" -d '{"max_tokens":4}'
+# a session of the client's id, POST /v1/sessions/{id} (a balancer hashing the path sends its creation
+# to the replica that will serve it): a taken id is a 409 whoever holds it, a bad id a 400; deleted,
+# the id can be taken again
+req 200 "session of a chosen id" "${A[@]}" -X POST "$U/v1/sessions/chat-42.a_B"
+[ "$(jget 'b.id + " " + b.object')" = "chat-42.a_B session" ] && ok || bad "session of a chosen id: $(head -c 300 "$T/body")"
+req 200 "session of a chosen id, with a body" "${A[@]}" "$U/v1/sessions/c2" -d '{"max_context":64}'
+[ "$(jget 'b.id + " " + b.max_context')" = "c2 64" ] && ok || bad "session of a chosen id with a body: $(head -c 300 "$T/body")"
+req 200 "append to it" "${A[@]}" "$U/v1/sessions/chat-42.a_B/append" -d '{"tokens":[72,101]}'
+req 409 "the same id again" "${A[@]}" -X POST "$U/v1/sessions/chat-42.a_B"
+err_is session_exists "the same id again"
+req 409 "the same id, another key" "${B[@]}" -X POST "$U/v1/sessions/chat-42.a_B"
+req 404 "another key's session of a chosen id" "${B[@]}" "$U/v1/sessions/chat-42.a_B"
+req 400 "a bad id" "${A[@]}" -X POST "$U/v1/sessions/bad!id"
+req 400 "an id too long" "${A[@]}" -X POST "$U/v1/sessions/$(printf 'x%.0s' $(seq 1 70))"
+req 400 "unknown field creating a chosen id" "${A[@]}" "$U/v1/sessions/c3" -d '{"nope":1}'
+req 200 "delete the chosen id" "${A[@]}" -X DELETE "$U/v1/sessions/chat-42.a_B"
+req 200 "the id taken again" "${A[@]}" -X POST "$U/v1/sessions/chat-42.a_B"
+[ "$(jget 'b.tokens_held')" = 0 ] && ok || bad "the id taken again is a new session: $(head -c 300 "$T/body")"
+req 200 "delete it again" "${A[@]}" -X DELETE "$U/v1/sessions/chat-42.a_B"
+req 200 "delete c2" "${A[@]}" -X DELETE "$U/v1/sessions/c2"
 req 200 "append chat messages" "${A[@]}" "$U/v1/sessions/$SID2/append" -d '{"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}'
 req 200 "chat turn in a session" "${A[@]}" "$U/v1/sessions/$SID2/generate" -d '{"max_tokens":5,"chat":true}'
 # windowed sessions (sink + window): fixed memory, positions past the window, same tokens alone and in a crowd

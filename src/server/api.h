@@ -37,6 +37,10 @@ typedef enum { IB_API_COMPLETIONS, IB_API_CHAT, IB_API_SESSION_GENERATE } ib_api
 int ib_api_check_fields(json_t *body, ib_api_endpoint ep, const char **param, const char **code, char *msg,
                         size_t msz);
 
+/* Check that every field of body (NULL: none) is one of known (NULL-terminated): 0; -1 naming the
+ * first other one (code "unknown_parameter"). For the session endpoints that take no OpenAI fields. */
+int ib_api_known_fields(json_t *body, const char *const *known, const char **param, char *msg, size_t msz);
+
 /* Rewrite body in place into the form the handlers read: chat message contents given as arrays of
  * text parts become one string (parts joined without separator; a non-text part fails naming it);
  * top_k -1 (vLLM's "off") becomes 0; when the request has no seed, a fresh one from the system's

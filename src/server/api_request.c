@@ -64,6 +64,17 @@ static const char *const unimplemented[] = {"echo", "suffix", "best_of", "functi
                                             "prediction", "web_search_options",
                                             "frequency_penalty", "presence_penalty", NULL};
 
+int ib_api_known_fields(json_t *body, const char *const *known, const char **param, char *msg, size_t msz) {
+    const char *k;
+    json_t *v;
+    if (!body) return 0;
+    json_object_foreach(body, k, v) {
+        (void)v;
+        if (!in_list(known, k)) return ib_api_failf(param, k, msg, msz, "unknown field '%s': this endpoint does not take it", k);
+    }
+    return 0;
+}
+
 int ib_api_check_fields(json_t *body, ib_api_endpoint ep, const char **param, const char **code, char *msg,
                         size_t msz) {
     const char *k;

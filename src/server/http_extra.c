@@ -72,7 +72,7 @@ const char *ib_http_allowed(const char *url) {
     if (!strcmp(url, "/v1/sessions")) return "GET, POST, OPTIONS";
     if (!strncmp(url, "/v1/sessions/", 13)) {
         const char *slash = strchr(url + 13, '/');
-        if (!slash) return "GET, DELETE, OPTIONS";
+        if (!slash) return "GET, POST, DELETE, OPTIONS";
         if (!strcmp(slash, "/append") || !strcmp(slash, "/generate")) return "POST, OPTIONS";
     }
     return NULL;

@@ -177,7 +177,9 @@ static enum MHD_Result dispatch(server *S, struct MHD_Connection *c, const char 
     if (post) {
         json_error_t je;
         b = cn->len ? json_loadb(cn->body, cn->len, 0, &je) : NULL;
-        if (!b && (cn->len || strcmp(url, "/v1/sessions")))
+        /* a session's creation may come without a body: POST /v1/sessions, POST /v1/sessions/{id} */
+        const int creation = !strcmp(url, "/v1/sessions") || (!strncmp(url, "/v1/sessions/", 13) && !strchr(url + 13, '/'));
+        if (!b && (cn->len || !creation))
             return send_error(S, c, 400, "invalid_request_error", "invalid_json", NULL,
                               "the body is not valid JSON: %s (line %d, column %d)", cn->len ? je.text : "empty body",
                               cn->len ? je.line : 0, cn->len ? je.column : 0);
@@ -194,7 +196,7 @@ static enum MHD_Result dispatch(server *S, struct MHD_Connection *c, const char 
         r = post ? handle_verify(S, c, b, tidx)
                  : send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use POST");
     } else if (!strcmp(url, "/v1/sessions")) {
-        r = post ? handle_session_create(S, c, b, tenant, tidx)
+        r = post ? handle_session_create(S, c, b, tenant, tidx, NULL)
             : get ? handle_session_list(S, c, tenant)
                  : send_error(S, c, 405, "invalid_request_error", "method_not_allowed", NULL, "use GET or POST");
     } else if (!strncmp(url, "/v1/sessions/", 13)) {
@@ -206,8 +208,15 @@ static enum MHD_Result dispatch(server *S, struct MHD_Connection *c, const char 
         if (il < sizeof id) {
             memcpy(id, rest, il);
             id[il] = 0;
-            ss = sess_get(S, id, tenant);
         }
+        if (!*action && post) {   /* POST /v1/sessions/{id}: create a session of the client's id */
+            r = il < sizeof id && !ib_store_id_valid(id)
+                    ? handle_session_create(S, c, b, tenant, tidx, id)
+                    : BAD(NULL, "a session id is 1 to %d of A-Z, a-z, 0-9, _, . and -", (int)sizeof id - 1);
+            json_decref(b);
+            return r;
+        }
+        if (il < sizeof id) ss = sess_get(S, id, tenant);
         int answered = 0;
         if (!ss && S->store && il < sizeof id && !ib_store_id_valid(id)) { /* stored, not in memory: load it */
             ss = sess_load(S, c, id, tenant, tidx, &r);

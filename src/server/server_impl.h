@@ -282,7 +282,8 @@ void sess_unref(server *S, sess *ss);
 void sess_evict(server *S, sess *ss);
 sess *sess_get(server *S, const char *id, const char *tenant);
 json_t *sess_info(server *S, sess *ss);
-enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c, json_t *b, const char *tenant, int tidx);
+enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c, json_t *b, const char *tenant, int tidx,
+                                      const char *want_id);
 enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c, sess *ss, json_t *b);
 enum MHD_Result handle_session_generate(server *S, struct MHD_Connection *c, sess *ss, json_t *b);
 enum MHD_Result handle_session_delete(server *S, struct MHD_Connection *c, sess *ss);

@@ -86,7 +86,40 @@ json_t *sess_info(server *S, sess *ss) {
     return j;
 }
 
-enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c, json_t *b, const char *tenant, int tidx) {
+/* A body with a field the endpoint does not take: the 400 naming it (code unknown_parameter) queued
+ * into *r, and 1; else 0. */
+static int unknown_field(server *S, struct MHD_Connection *c, json_t *b, const char *const *known, enum MHD_Result *r) {
+    const char *param = NULL;
+    char msg[256];
+    if (!ib_api_known_fields(b, known, &param, msg, sizeof msg)) return 0;
+    *r = send_error(S, c, 400, "invalid_request_error", "unknown_parameter", param, "%s", msg);
+    return 1;
+}
+
+/* Whether a session of id is in memory, whoever's (closed ones aside). S->mu held. */
+static int id_held(server *S, const char *id) {
+    for (int i = 0; i < S->n_sessions; i++)
+        if (!strcmp(S->sessions[i]->id, id) && !S->sessions[i]->closed) return 1;
+    return 0;
+}
+
+/* 409 session_exists: a session of that id is held (here or in the store), whoever's. */
+static enum MHD_Result id_taken(server *S, struct MHD_Connection *c, const char *id) {
+    return send_error(S, c, 409, "invalid_request_error", "session_exists", NULL,
+                      "a session with id '%s' exists; choose another id", id);
+}
+
+enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c, json_t *b, const char *tenant, int tidx,
+                                      const char *want_id) {
+    static const char *const known[] = {"max_context", "kv", NULL};
+    enum MHD_Result ur;
+    if (unknown_field(S, c, b, known, &ur)) return ur;
+    if (want_id) {
+        pthread_mutex_lock(&S->mu);
+        const int held = id_held(S, want_id);
+        pthread_mutex_unlock(&S->mu);
+        if (held) return id_taken(S, c, want_id);
+    }
     /* the KV a session may hold is bounded by the model's context (a full session never holds more
      * positions; a window wider than the context keeps nothing a full session would not) */
     long long ctx = S->o.session_context < S->info->max_context ? S->o.session_context : S->info->max_context;
@@ -134,7 +167,7 @@ enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c, json_
                           S->o.memory_budget);
     sess *ss = calloc(1, sizeof *ss);
     ib_error err;
-    if (!ss || !(ss->tenant = strdup(tenant)) || random_hex(S, ss->id + 5, 16) ||
+    if (!ss || !(ss->tenant = strdup(tenant)) || (!want_id && random_hex(S, ss->id + 5, 16)) ||
         ib_session_create(S->m, &so, &ss->s, &err)) {
         if (ss) free(ss->tenant);
         free(ss);
@@ -142,7 +175,8 @@ enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c, json_
         return send_error(S, c, 503, "server_error", "out_of_memory", NULL,
                           "cannot allocate a session of %zu KV bytes now; retry later", bytes);
     }
-    memcpy(ss->id, "sess_", 5);
+    if (want_id) snprintf(ss->id, sizeof ss->id, "%s", want_id);
+    else memcpy(ss->id, "sess_", 5);
     snprintf(ss->policy, sizeof ss->policy, "%s", policy);
     ss->kv_bytes = bytes;
     ss->tidx = tidx;
@@ -161,31 +195,42 @@ enum MHD_Result handle_session_create(server *S, struct MHD_Connection *c, json_
         ib_store_owner_hash(tenant, rec.owner);
         if (ib_store_create(S->store, &rec, &err)) {
             sess_free(S, ss);
+            if (want_id && err.code == IB_ERR_STATE) return id_taken(S, c, want_id);   /* stored already */
             return send_error(S, c, 503, "server_error", "store_error", NULL, "the session could not be stored: %s", err.msg);
         }
     }
     pthread_mutex_lock(&S->mu);
-    int ok = ss->pending && S->n_sessions < S->o.max_sessions && (!S->key_sessions || S->tu[tidx].sessions < S->key_sessions);
+    const int taken = want_id && id_held(S, want_id);   /* (created meanwhile by another request) */
+    int ok = !taken && ss->pending && S->n_sessions < S->o.max_sessions && (!S->key_sessions || S->tu[tidx].sessions < S->key_sessions);
     if (ok) {
         S->sessions[S->n_sessions++] = ss;
         S->tu[tidx].sessions++;
     }
     pthread_mutex_unlock(&S->mu);
     if (!ok) {
-        if (S->store && ss->pending) ib_store_delete(S->store, ss->id, NULL);
+        if (S->store && ss->pending) ib_store_delete(S->store, ss->id, NULL);   /* (the record this request made) */
         sess_free(S, ss);
+        if (taken) return id_taken(S, c, want_id);
         return send_error(S, c, 429, "rate_limit_error", "too_many_sessions", NULL, "session limit reached");
     }
     return send_json(S, c, 200, sess_info(S, ss), 0);
 }
 
 enum MHD_Result handle_session_append(server *S, struct MHD_Connection *c, sess *ss, json_t *b) {
+    static const char *const known[] = {"text", "tokens", "messages", "add_special", "add_generation_prompt", NULL};
+    enum MHD_Result ur;
+    if (unknown_field(S, c, b, known, &ur)) return ur;
     {
         const char *np = NULL;
         char nmsg[256];
         if (ib_api_normalize_messages(b, &np, nmsg, sizeof nmsg)) return BAD(np, "%s", nmsg);
     }
     json_t *text = json_object_get(b, "text"), *toks = json_object_get(b, "tokens"), *msgs = json_object_get(b, "messages");
+    if (!!text + !!toks + !!msgs > 1)
+        return BAD(text && toks ? "tokens" : "messages", "append takes one of \"text\", \"tokens\" and \"messages\"");
+    if (json_object_get(b, "add_special") && !text) return BAD("add_special", "add_special goes with \"text\"");
+    if (json_object_get(b, "add_generation_prompt") && !msgs)
+        return BAD("add_generation_prompt", "add_generation_prompt goes with \"messages\"");
     int32_t *ids = NULL;
     int n = 0, trc = 0;
     if (json_is_string(text)) {
