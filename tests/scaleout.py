@@ -150,6 +150,20 @@ for i in range(N):
     sess.append((a[1]["id"], r[1]["id"]))
 
 
+# sessions of the client's id (POST /v1/sessions/{id}): the balancer hashes the creation's path as it
+# hashes the session's later requests, so the replica that made each one serves it: through the
+# balancer every one is resident (a request that reached the other replica would load it from the
+# store, not resident)
+chosen = [f"chosen-{k}" for k in range(6)]
+made = [request(LB, "POST", "/v1/sessions/" + c, {})[0] for c in chosen]
+resident = [request(LB, "GET", "/v1/sessions/" + c)[1].get("resident") for c in chosen]
+check(made == [200] * 6 and resident == [True] * 6,
+      f"sessions of chosen ids, made and served by one replica through the balancer: {made} {resident}")
+check(request(LB, "POST", "/v1/sessions/" + chosen[0], {})[0] == 409, "a chosen id taken again through the balancer: not a 409")
+for c in chosen:
+    request(LB, "DELETE", "/v1/sessions/" + c)
+
+
 def params(i, rnd):
     return {"max_tokens": 5 + i % 3, "seed": 100 * rnd + i, "temperature": 0.9, "top_k": 40,
             "repetition_penalty": 1.2}
