@@ -224,6 +224,10 @@ static void test_read(void) {
     read_case("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>", 0, one, 0);
     read_case("Let me look.\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n", 0, one, 12);
     read_case("<tool_call>{\"arguments\": {\"a\": 1}, \"name\": \"f\"}</tool_call>", 0, one, 0);
+    /* a string of the arguments may hold the close: the call is read as JSON, not cut there */
+    read_case("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": \"x</tool_call>y\"}}\n</tool_call>", 0,
+              "[{\"id\":\"call_X_0\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":\\\"x</tool_call>y\\\"}\"}}]", 0);
+    read_case("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}} x\n</tool_call>", 0, NULL, 0);
     /* a call written inside the thoughts is no call; the one after them is (content: the thoughts) */
     read_case("<think>\nI could <tool_call> here.\n</think>\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>", 0,
               one, 42);

@@ -463,13 +463,19 @@ static json_t *read_calls(const char *text, size_t len, const char *id_base, int
     if (!calls) return NULL;
     const char *p = first, *end = text + len;
     while (p) {
-        const char *body = p + strlen(call_open), *close = find(body, (size_t)(end - body), call_close);
-        if (!close) goto none; /* cut off (max_tokens) or not a call: the text stays text */
+        /* the call's JSON value, then its close: read as JSON (so a string of its arguments may hold
+         * "</tool_call>"), not cut at the first close */
+        const char *body = p + strlen(call_open), *close = NULL;
         json_error_t je;
-        json_t *o = json_loadb(body, (size_t)(close - body), constrained ? 0 : JSON_REJECT_DUPLICATES, &je);
+        json_t *o = json_loadb(body, (size_t)(end - body), JSON_DISABLE_EOF_CHECK | (constrained ? 0 : JSON_REJECT_DUPLICATES), &je);
+        if (o) {
+            const char *q = body + je.position;
+            while (q < end && isspace((unsigned char)*q)) q++;
+            if ((size_t)(end - q) >= strlen(call_close) && !memcmp(q, call_close, strlen(call_close))) close = q;
+        }
         json_t *nm = json_object_get(o, "name"), *args = json_object_get(o, "arguments");
-        int ok = json_is_object(o) && json_is_string(nm) && ib_tool_name_ok(json_string_value(nm), json_string_length(nm)) &&
-                 json_is_object(args) && json_object_size(o) == 2;
+        int ok = close && json_is_object(o) && json_is_string(nm) && ib_tool_name_ok(json_string_value(nm), json_string_length(nm)) &&
+                 json_is_object(args) && json_object_size(o) == 2;   /* (no close: cut off by max_tokens, or not a call) */
         if (ok && (max_calls <= 0 || (int)json_array_size(calls) < max_calls)) {
             char id[160];
             snprintf(id, sizeof id, "call_%s_%zu", id_base, json_array_size(calls));
