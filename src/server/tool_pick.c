@@ -38,17 +38,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A tool form's fixed texts: what follows a NAME up to its ARGS (a name never holds its first byte,
- * so no name's text is a prefix of another's); after ARGS the close (the reply may end after it) and
- * the next call's opening up to its name; whether the close may follow ARGS without parallel calls. */
+/* A tool form's fixed texts and rules: what follows a NAME up to its ARGS (a name never holds its
+ * first byte, so no name's text is a prefix of another's); after ARGS the close (the reply may end
+ * after it) and the next call's opening up to its name (tail_len bytes, the close tail_close of
+ * them); whether the close may follow ARGS without parallel calls; whether ARGS are Gemma 4's value
+ * syntax (read through gemma4_args.c; their '{' ends the name's text and is fed before them). */
 typedef struct pick_form {
     const char *name_end, *tail;
-    int tail_close, close_alone;
+    int tail_len, tail_close, close_alone, gemma_args;
 } pick_form;
-static const pick_form qwen_form = {"\", \"arguments\": ", "}\n</tool_call>\n<tool_call>\n{\"name\": \"", 14, 0};
-/* Gemma 4: NAME{ARGS in its value syntax}<tool_call|><|tool_call>call:NAME{…; the ARGS' '{' ends the
- * name's text and is fed to the reader before them (gemma4_args.c reads the rest) */
-static const pick_form gemma4_form = {"{", "<tool_call|><|tool_call>call:", 12, 1};
+static const char qwen_tail[] = "}\n</tool_call>\n<tool_call>\n{\"name\": \"", gemma4_tail[] = "<tool_call|><|tool_call>call:";
+static const pick_form qwen_form = {"\", \"arguments\": ", qwen_tail, sizeof qwen_tail - 1, 14, 0, 0};
+static const pick_form gemma4_form = {"{", gemma4_tail, sizeof gemma4_tail - 1, 12, 1, 1};
 
 enum { AT_NAME, AT_ARGS, AT_TAIL, AT_DEAD };
 
@@ -79,8 +80,6 @@ typedef struct pick_fn {
 
 struct ib_tool_pick {
     const pick_form *form;
-    int tail_len;        /* strlen(form->tail) */
-    int gemma;           /* Gemma 4's form: ARGS read through gemma4_args.c */
     pick_fn *fn;         /* [n] sorted by lit's bytes */
     int n, parallel;
     pick_at at;          /* the reply so far */
@@ -125,9 +124,7 @@ int ib_tool_pick_setup(ib_json_state *s, ib_chat_tool_form form, json_t *tools, 
     ib_tool_pick *pk = calloc(1, sizeof *pk);
     size_t nt = json_array_size(tools);
     if (!pk || !nt || !(pk->fn = calloc(nt, sizeof *pk->fn))) goto oom;
-    pk->gemma = form == IB_CHAT_TOOLS_GEMMA4;
-    pk->form = pk->gemma ? &gemma4_form : &qwen_form;
-    pk->tail_len = (int)strlen(pk->form->tail);
+    pk->form = form == IB_CHAT_TOOLS_GEMMA4 ? &gemma4_form : &qwen_form;
     pk->parallel = parallel;
     const size_t el = strlen(pk->form->name_end);
     for (size_t i = 0; i < nt; i++) {
@@ -144,13 +141,13 @@ int ib_tool_pick_setup(ib_json_state *s, ib_chat_tool_form form, json_t *tools, 
         int rc = rf ? ib_json_setup(&e->start, rf) : -1;
         json_decref(rf);
         if (rc != 1) goto oom;
-        if (pk->gemma && ib_json_step(&e->start, '{')) goto oom;   /* (never: ib_api_tools refuses parameters that are no object) */
+        if (pk->form->gemma_args && ib_json_step(&e->start, '{')) goto oom;   /* (never: ib_api_tools refuses parameters that are no object) */
     }
     qsort(pk->fn, (size_t)pk->n, sizeof *pk->fn, fn_cmp);
     for (int i = 0; i < pk->n && !pk->reply_run; i++)
         if (pk->fn[i].start.run && (!(pk->reply_run = ib_schema_run_clone(pk->fn[i].start.run)) ||
                                     !(pk->scratch = ib_schema_run_clone(pk->fn[i].start.run)) ||
-                                    (pk->gemma && !(pk->probe = ib_schema_run_clone(pk->fn[i].start.run)))))
+                                    (pk->form->gemma_args && !(pk->probe = ib_schema_run_clone(pk->fn[i].start.run)))))
             goto oom;
     pk->at = (pick_at){.phase = AT_NAME, .lo = 0, .hi = pk->n};
     s->pick = pk;
@@ -165,7 +162,7 @@ oom:
 
 /* Whether the ARGS read at a (a->phase AT_ARGS), args, are whole. */
 static int args_whole(const ib_tool_pick *pk, const pick_at *a, const ib_json_state *args) {
-    return pk->gemma ? ib_g4args_done(&a->g, args) : ib_json_done(args);
+    return pk->form->gemma_args ? ib_g4args_done(&a->g, args) : ib_json_done(args);
 }
 
 /* Step the position a by byte c, with args the reader of the ARGS being read. Entering ARGS sets args
@@ -205,15 +202,15 @@ static int feed(const ib_tool_pick *pk, pick_at *a, ib_json_state *args, ib_sche
     case AT_ARGS:
         if (!args_whole(pk, a, args)) {
             a->ws = 0;
-            return pk->gemma ? ib_g4args_step(&a->g, args, pk->probe, c) : ib_json_step(args, c);
+            return pk->form->gemma_args ? ib_g4args_step(&a->g, args, pk->probe, c) : ib_json_step(args, c);
         }
-        if (!pk->gemma && is_ws(c)) return ++a->ws > 16 ? -1 : 0;   /* (not fed: the reader stays as it is) */
+        if (!pk->form->gemma_args && is_ws(c)) return ++a->ws > 16 ? -1 : 0;   /* (not fed: the reader stays as it is) */
         if ((!pk->parallel && !pk->form->close_alone) || c != (unsigned char)tail[0]) return -1;
         a->phase = AT_TAIL, a->pos = 1;
         return 0;
     case AT_TAIL:
         if ((!pk->parallel && a->pos == pk->form->tail_close) || c != (unsigned char)tail[a->pos]) return -1;
-        if (++a->pos == pk->tail_len) *a = (pick_at){.phase = AT_NAME, .lo = 0, .hi = pk->n};
+        if (++a->pos == pk->form->tail_len) *a = (pick_at){.phase = AT_NAME, .lo = 0, .hi = pk->n};
         return 0;
     default:
         return -1;
@@ -369,7 +366,7 @@ static int walk_step(ib_tool_pick *pk, int d, unsigned char c) {
 static int walk_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop, int n_stop,
                      int done) {
     const int in_args = pk->at.phase == AT_ARGS, args_end = in_args && args_whole(pk, &pk->at, &pk->args);
-    const int fast = pk->gemma && in_args && !args_end && ib_g4args_plain(&pk->at.g, &pk->args);
+    const int fast = pk->form->gemma_args && in_args && !args_end && ib_g4args_plain(&pk->at.g, &pk->args);
     const int32_t *ord = fast ? v->lt_ord : v->ord, *lcp = fast ? v->lt_lcp : v->lcp;
     const int N = fast ? v->n_lt : v->n;
     const int n = v->n < vocab ? v->n : vocab;
@@ -419,7 +416,7 @@ static int walk_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, in
 static int pick_mask(ib_tool_pick *pk, const ib_json_vocab *v, float *logits, int vocab, const int32_t *stop, int n_stop,
                      int walk) {
     const int done = ib_tool_pick_done(pk);
-    if (pk->gemma) {   /* ARGS in Gemma 4's syntax: no JSON mask reads them; the walk everywhere */
+    if (pk->form->gemma_args) {   /* ARGS in Gemma 4's syntax: no JSON mask reads them; the walk everywhere */
         if (walk && n_stop <= 64 && !walk_build(pk, v)) return walk_mask(pk, v, logits, vocab, stop, n_stop, done);
         return stepped_mask(pk, v, logits, vocab, stop, n_stop, done);
     }
