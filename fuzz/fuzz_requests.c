@@ -65,8 +65,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (json_is_string(reply)) {
             for (int form = 0; form < 2; form++) {
                 size_t cl = 0;
-                json_t *calls = form ? ib_gemma4_tool_calls_read(json_string_value(reply), json_string_length(reply), "x", 0, &cl)
-                                     : ib_api_tool_calls_read(json_string_value(reply), json_string_length(reply), "x", 0, &cl);
+                json_t *calls = ib_api_reply_tool_calls(form ? IB_CHAT_TOOLS_GEMMA4 : IB_CHAT_TOOLS_QWEN, json_string_value(reply),
+                                                        json_string_length(reply), "x", 0, &cl);
                 if (calls && (cl > json_string_length(reply) || json_array_size(calls) < 1)) abort();
                 json_decref(calls);
             }

@@ -143,6 +143,10 @@ json_t *ib_api_tool_calls_read(const char *text, size_t len, const char *id_base
  * numbers, true/false, null or None, lists, objects; no key twice; at most 64 deep) into JSON. */
 json_t *ib_gemma4_tool_calls_read(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len);
 
+/* An "auto" reply's calls in form: ib_api_tool_calls_read or ib_gemma4_tool_calls_read. */
+json_t *ib_api_reply_tool_calls(ib_chat_tool_form form, const char *text, size_t len, const char *id_base, int max_calls,
+                                size_t *content_len);
+
 /* The text a call opens with in form's replies ("<tool_call>" or "<|tool_call>"): what a stream holds
  * back while it may still become one. */
 const char *ib_api_tool_call_marker(ib_chat_tool_form form);

@@ -376,9 +376,7 @@ static json_t *reply_calls(const gen *g, size_t *content_len) {
         if (calls) *content_len = 0;
     } else if (g->tool_mode == IB_TOOLS_AUTO) {
         size_t cl = 0;
-        calls = g->tool_form == IB_CHAT_TOOLS_GEMMA4
-                    ? ib_gemma4_tool_calls_read(g->text, g->text_len, g->id, g->tool_parallel ? 0 : 1, &cl)
-                    : ib_api_tool_calls_read(g->text, g->text_len, g->id, g->tool_parallel ? 0 : 1, &cl);
+        calls = ib_api_reply_tool_calls(g->tool_form, g->text, g->text_len, g->id, g->tool_parallel ? 0 : 1, &cl);
         if (calls) *content_len = cl;
     }
     return calls;

@@ -422,13 +422,6 @@ char *ib_api_tool_call_prefix(ib_chat_tool_form form, const char *name) {
 
 /* ------------------------------------------------------------------ reading calls back */
 
-static const char *find(const char *s, size_t n, const char *what) {
-    size_t w = strlen(what);
-    for (size_t i = 0; i + w <= n; i++)
-        if (!memcmp(s + i, what, w)) return s + i;
-    return NULL;
-}
-
 json_t *ib_tool_call_json(const char *id, const char *name, json_t *args) {
     char *a = json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_t *c = a ? json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function", "name", name,
@@ -438,17 +431,14 @@ json_t *ib_tool_call_json(const char *id, const char *name, json_t *args) {
     return c;
 }
 
-/* The first call opening in text[len] outside the thoughts (<think>…</think>, where a Qwen3 model may
- * write the tag while it plans): NULL when none. */
-static const char *first_call(const char *text, size_t len) {
-    static const char th_open[] = "<think>", th_close[] = "</think>";
-    const char *p = text, *end = text + len;
-    while (p < end) {
-        const char *c = find(p, (size_t)(end - p), call_open), *t = find(p, (size_t)(end - p), th_open);
+const char *ib_tool_first_call(const char *text, size_t len, const char *open, const char *th_open, const char *th_close) {
+    const char *p = text, *end = text ? text + len : NULL;
+    while (p && p < end) {
+        const char *c = memmem(p, (size_t)(end - p), open, strlen(open));
+        const char *t = memmem(p, (size_t)(end - p), th_open, strlen(th_open));
         if (!c || !t || c < t) return c;
-        const char *e = find(t, (size_t)(end - t), th_close);   /* a call inside: skip the thought */
-        if (!e) return NULL;
-        p = e + strlen(th_close);
+        const char *e = memmem(t, (size_t)(end - t), th_close, strlen(th_close));   /* a call inside: skip the thought */
+        p = e ? e + strlen(th_close) : NULL;
     }
     return NULL;
 }
@@ -457,7 +447,7 @@ static const char *first_call(const char *text, size_t len) {
  * a mask, which holds a key the schema spells to once but not another key of an open object: such a
  * key written twice keeps its last value, as JSON.parse and Python's json read it). */
 static json_t *read_calls(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len, int constrained) {
-    const char *first = text ? first_call(text, len) : NULL;
+    const char *first = ib_tool_first_call(text, len, call_open, "<think>", "</think>");
     if (!first) return NULL;
     json_t *calls = json_array();
     if (!calls) return NULL;
@@ -535,6 +525,12 @@ json_t *ib_api_tool_calls_required(const char *text, size_t len, const char *id_
     json_t *calls = !b.oom ? read_calls(b.p, b.n, id_base, parallel ? 0 : 1, &content_len, 1) : NULL;
     free(b.p);
     return calls;
+}
+
+json_t *ib_api_reply_tool_calls(ib_chat_tool_form form, const char *text, size_t len, const char *id_base, int max_calls,
+                                 size_t *content_len) {
+    return form == IB_CHAT_TOOLS_GEMMA4 ? ib_gemma4_tool_calls_read(text, len, id_base, max_calls, content_len)
+                                        : ib_api_tool_calls_read(text, len, id_base, max_calls, content_len);
 }
 
 json_t *ib_api_tool_calls_constrained(ib_chat_tool_form form, const char *name, const char *text, size_t len, const char *id_base,

@@ -755,24 +755,9 @@ static json_t *read_value(reader *r, int depth) {
     return read_number(r);
 }
 
-/* The first call opening in text[len] outside the thoughts (<|channel>…<channel|>, where a model may
- * write the token while it plans): NULL when none (or no text). */
-static const char *first_call(const char *text, size_t len) {
-    static const char ch_open[] = "<|channel>", ch_close[] = "<channel|>";
-    const char *p = text, *end = text ? text + len : NULL;
-    while (p && p < end) {
-        const char *c = memmem(p, (size_t)(end - p), call_open, strlen(call_open));
-        const char *t = memmem(p, (size_t)(end - p), ch_open, strlen(ch_open));
-        if (!c || !t || c < t) return c;
-        const char *e = memmem(t, (size_t)(end - t), ch_close, strlen(ch_close));   /* a call inside: skip the thought */
-        p = e ? e + strlen(ch_close) : NULL;
-    }
-    return NULL;
-}
-
 /* ib_gemma4_tool_calls_read, a key twice in an object read as its last value when last_key_wins. */
 static json_t *read_calls(const char *text, size_t len, const char *id_base, int max_calls, size_t *content_len, int last_key_wins) {
-    const char *first = first_call(text, len);
+    const char *first = ib_tool_first_call(text, len, call_open, "<|channel>", "<channel|>");   /* (thoughts) */
     if (!first) return NULL;
     json_t *calls = json_array();
     if (!calls) return NULL;

@@ -45,6 +45,11 @@ int ib_tool_call_check(json_t *calls, size_t i, size_t j, const char **name, jso
  * args as compact JSON text}}; NULL when out of memory. */
 json_t *ib_tool_call_json(const char *id, const char *name, json_t *args);
 
+/* The first opening open in text[len] (NULL: none) outside the thoughts, th_open…th_close (a model
+ * may write the opening while it plans; a thought never closed hides everything after it): NULL when
+ * there is none. */
+const char *ib_tool_first_call(const char *text, size_t len, const char *open, const char *th_open, const char *th_close);
+
 /* A reply's content when its calls begin at first: the length of the text before them, less trailing
  * whitespace. */
 size_t ib_tool_content_len(const char *text, const char *first);
