@@ -498,7 +498,7 @@ typedef struct ib_sched_event {
     int32_t token;         /* the generated token (token events) */
     double logprob;        /* its log-probability under the raw logits (log-softmax), when asked */
     const char *finish;    /* DONE: "stop" (a stop id was generated), "length", "cancelled", "error" */
-    int prompt_fed;        /* DONE: prompt tokens fed into the session */
+    int prompt_fed;        /* DONE: prompt tokens fed into the session (those a share copied included) */
     int generated;         /* DONE: tokens generated */
     ib_status status;      /* DONE with "error": the failure's status code (IB_OK otherwise) */
     const char *message;   /* DONE with "error": what failed (valid during the call) */
@@ -552,6 +552,17 @@ typedef struct ib_sched_job {
     /* 1: keep the running digest of the job's logits rows (ib_sched_event.logits_digest), hashed beside
      * the draws on the engine's threads rather than in on_event on the scheduler's thread */
     int digest_logits;
+    /* Prompt sharing (several choices of one prompt; ib_sched_submit_n only): share_with = k + 1 names
+     * job k of the same call, an earlier one, whose prompt starts with this job's first n_shared
+     * tokens; both sessions start empty. That job stops its prompt at n_shared tokens until this one is
+     * served: its session is copied into this job's (ib_session_copy) and this job feeds only the rest,
+     * 1 token at least (0 < n_shared < both prompts' lengths). It never changes a number: the copy holds
+     * the bits feeding those tokens would (chunking does not change them). Where it cannot be served —
+     * that job gone or past n_shared, admitted after it went on (no batch room), sessions that do not
+     * start empty or differ in KV settings, a replay — this job feeds its whole prompt itself.
+     * 0 = none. */
+    int share_with;
+    int n_shared;
 } ib_sched_job;
 
 /* Most logit_bias entries of one job. */
@@ -561,6 +572,7 @@ typedef struct ib_sched_stats {
     int active, queued;          /* jobs now */
     int last_batch;              /* items in the last step */
     long long steps, tokens_prefilled, tokens_generated;
+    long long tokens_shared;     /* prompt tokens copied from another job's session (share_from) instead of fed */
     double step_seconds;         /* total time inside ib_step */
     double prefill_seconds;      /* of it, steps that fed prompt tokens (their decode rows included) */
     long long decode_tokens;     /* tokens drawn in the steps that only decoded */
@@ -582,6 +594,11 @@ void ib_sched_free(ib_sched *s);
  * (IB_ERR_CONTEXT), or when max_batch jobs are active and the queue is full (IB_ERR_STATE, message
  * "scheduler: queue full"). On failure on_event is never called. */
 ib_status ib_sched_submit(ib_sched *s, const ib_sched_job *job, uint64_t *id, ib_error *err);
+/* Queue n jobs at once, all or none (the same checks and failures as ib_sched_submit, for each job and
+ * for the room of all n): they wait in the queue in order and are admitted together as far as the
+ * batch has room, so a job's share_with source has not started when its sharers arrive. ids (may be
+ * NULL) gets their ids. */
+ib_status ib_sched_submit_n(ib_sched *s, const ib_sched_job *jobs, int n, uint64_t *ids, ib_error *err);
 /* Ask job id to stop: it ends with DONE "cancelled" at the next step boundary. Returns 1 when the
  * job was still known, 0 otherwise. */
 int ib_sched_cancel(ib_sched *s, uint64_t id);
@@ -734,6 +751,8 @@ typedef enum ib_fault {
     IB_FAULT_KV_POOL_DIRTY,       /* the CPU backend keeps ended sessions' KV blocks for new caches without
                                    * zeroing what those sessions wrote (another tenant's keys and values
                                    * left in a new session's unwritten slots) */
+    IB_FAULT_SHARE_EARLY,         /* scheduler prompt sharing: the source's session is copied one token before
+                                   * the shared length, and the copies go on after it (they lack its keys) */
     IB_FAULT_COUNT
 } ib_fault;
 

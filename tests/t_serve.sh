@@ -198,8 +198,12 @@ same_choice() {
     node -e 'const fs=require("fs"), a=JSON.parse(fs.readFileSync(process.argv[1])).choices[+process.argv[2]], b=JSON.parse(fs.readFileSync(process.argv[3])).choices[0];
 delete a.index; delete b.index; delete a.verification; delete b.verification; process.exit(JSON.stringify(a)===JSON.stringify(b) && a.logprobs ? 0 : 1)' "$1" "$2" "$3"
 }
+shared_total() { curl -s "$U/metrics" | sed -n 's/^isobatch_tokens_shared_total //p'; }
+SH0=$(shared_total)
 req 200 "n 3" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"Hello there","max_tokens":12,"n":3,"seed":11,"logprobs":2}'
 cp "$T/body" "$T/n3"
+# choices 1 and 2 copy choice 0's session after its first 10 of the 11 prompt tokens
+[ -n "$SH0" ] && [ "$(shared_total)" = $((SH0 + 20)) ] && ok || bad "n 3: tokens shared $SH0 -> $(shared_total), want +20"
 [ "$(jget 'b.choices.map(c=>c.index).join(",") + " " + b.usage.prompt_tokens + " " + (b.usage.completion_tokens === b.choices.reduce((s,c)=>s+c.logprobs.token_ids.length,0))')" = "0,1,2 11 true" ] \
     && ok || bad "n 3: indexes and usage: $(head -c 300 "$T/body")"
 [ "$(jget 'new Set(b.choices.map(c=>c.text)).size')" -ge 2 ] && ok || bad "n 3: the choices are all the same text"
@@ -437,6 +441,19 @@ for j in 0 1 2 3; do
 done
 [ $same -lt 4 ] && ok || bad "under split-kv-by-batch all 4 choices equal their requests alone: the n check cannot fail"
 stop "$LAST_PID" nfault
+# ... and under share-early (the copies of choice 0's session are taken a token early) choices 1-3
+# differ from their requests alone, while choice 0 does not
+start sfault --inject share-early
+U=http://127.0.0.1:$PORT
+req 200 "n 4 under share-early" "$U/v1/completions" -d "{$NP,\"n\":4,\"seed\":31}"
+cp "$T/body" "$T/n4e"
+same=""
+for j in 0 1 2 3; do
+    curl -s -m 60 -o "$T/n4s" "$U/v1/completions" -d "{$NP,\"seed\":$((31 + j))}"
+    same_choice "$T/n4e" $j "$T/n4s" && same="$same$j"
+done
+[ "$same" = 0 ] && ok || bad "under share-early the choices equal to their requests alone are '$same', want only 0: the sharing check cannot fail"
+stop "$LAST_PID" sfault
 
 # over capacity: one generation at a time, no queue, a small memory budget; 20 ms per token, so the
 # long stream (20 s) holds the only slot until the client goes away

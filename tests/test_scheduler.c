@@ -3,7 +3,8 @@
  * tokens, logprobs and the logits rows its events expose equal those of the same prompt decoded alone
  * with plain ib_step/ib_sample (greedy and seeded sampling), whatever the batch size, prefill chunk and
  * arrival order; stop ids, length, cancellation, a full queue, a context overflow and prefill-only jobs
- * behave as documented.
+ * behave as documented; prompt sharing (ib_sched_submit_n, share_with) gives each choice its lone run's bits, prefills a
+ * prompt once, and fails under the share-early fault.
  * KV policies: sink+window attention equals a float64 reference over exactly the kept positions;
  * windowed sessions give the same bits batched in chunks as alone token by token; a window wider
  * than the sequence equals a full session bitwise; memory is fixed at sink + window + chunk slots;
@@ -175,6 +176,143 @@ static void run_sched(const ib_model *m, ib_engine *e, int batch, int chunk, int
     ib_sched_free(S);
 }
 
+
+/* Prompt i decoded alone with plain ib_step/ib_sample, sampled with `seed`: its tokens and the digest
+ * of its logits rows. */
+static void lone_run(const ib_model *m, ib_engine *e, int i, uint64_t seed, int32_t *tok, uint64_t *dig) {
+    int V = ib_model_get_info(m)->vocab_size;
+    ib_sampling sp = sampling(1);
+    sp.seed = seed;
+    ib_session_opts so = {.max_context = 256, .sampling = sp};
+    ib_session *s;
+    ib_error err;
+    float *logits = malloc((size_t)V * sizeof(float));
+    if (!logits || ib_session_create(m, &so, &s, &err)) {
+        free(logits);
+        return;
+    }
+    ib_session_note_tokens(s, prompts[i], plen[i]);
+    ib_step_item it = {.session = s, .tokens = prompts[i], .n_tokens = plen[i], .logits = logits};
+    ib_step(e, &it, 1, &err);
+    *dig = IB_DIGEST_INIT;
+    for (int g = 0; g < GEN; g++) {
+        *dig = ib_digest_bytes(*dig, logits, (size_t)V * sizeof(float));
+        tok[g] = ib_sample(s, logits);
+        it = (ib_step_item){.session = s, .tokens = &tok[g], .n_tokens = 1, .logits = logits};
+        if (g + 1 < GEN) ib_step(e, &it, 1, &err);
+    }
+    ib_session_free(s);
+    free(logits);
+}
+
+/* Prompt sharing: C choices of each of prompts `which` (seed 1234 + j for choice j), choice j > 0
+ * sharing all but the last prompt token with choice 0 (one ib_sched_submit_n a prompt), through a scheduler
+ * of (batch, chunk). Returns how many choices equal their lone run (tokens and logits rows); *shared
+ * gets the scheduler's tokens_shared and *prefilled its tokens_prefilled. */
+enum { SHARE_C = 4 };
+static int run_shared(const ib_model *m, ib_engine *e, const int *which, int nw, int batch, int chunk,
+                      long long *shared, long long *prefilled) {
+    ib_sched_opts so = {.max_batch = batch, .prefill_chunk = chunk, .max_queue = nw * SHARE_C};
+    ib_sched *S;
+    ib_error err;
+    int same = 0;
+    if (ib_sched_create(e, &so, &S, &err)) return -1;
+    rec *r = calloc((size_t)nw * SHARE_C, sizeof *r);
+    for (int w = 0; w < nw; w++) {
+        ib_sched_job jbs[SHARE_C];
+        for (int j = 0; j < SHARE_C; j++) {
+            rec *q = &r[w * SHARE_C + j];
+            q->dig = IB_DIGEST_INIT;
+            pthread_mutex_init(&q->mu, NULL);
+            pthread_cond_init(&q->cv, NULL);
+            ib_sampling sp = sampling(1);
+            sp.seed = 1234 + (uint64_t)j;
+            ib_session_opts sopt = {.max_context = 256, .sampling = sp};
+            ib_session_create(m, &sopt, &q->s, &err);
+            const int i = which[w];
+            jbs[j] = (ib_sched_job){.session = q->s, .prompt = prompts[i], .n_prompt = plen[i], .max_new_tokens = GEN,
+                                    .on_event = on_event, .ctx = q, .share_with = j > 0 ? 1 : 0,
+                                    .n_shared = j > 0 ? plen[i] - 1 : 0};
+        }
+        CHECK(ib_sched_submit_n(S, jbs, SHARE_C, NULL, &err) == IB_OK, "%s", err.msg);
+    }
+    for (int k = 0; k < nw * SHARE_C; k++) rec_wait(&r[k]);
+    ib_sched_stats st;
+    ib_sched_get_stats(S, &st);
+    *shared = st.tokens_shared;
+    *prefilled = st.tokens_prefilled;
+    ib_sched_free(S);   /* (before the lone runs: one engine steps for one thread at a time) */
+    for (int w = 0; w < nw; w++)
+        for (int j = 0; j < SHARE_C; j++) {
+            rec *q = &r[w * SHARE_C + j];
+            int32_t tok[GEN];
+            uint64_t dig = 0;
+            lone_run(m, e, which[w], 1234 + (uint64_t)j, tok, &dig);
+            same += q->n == GEN && q->fed == plen[which[w]] && !memcmp(q->tok, tok, sizeof tok) && q->dig == dig;
+            ib_session_free(q->s);
+        }
+    free(r);
+    return same;
+}
+
+/* Prompt sharing gives every choice its lone run's bits and prefills a prompt once: with every choice
+ * in the batch (chunks that do and do not end at the shared length), with the batch too small for the
+ * waiting choices (they come after the source has gone on, so they feed their own prompts); and under
+ * the share-early fault the copies differ. Bad sharing arguments are refused. */
+static void check_sharing(const ib_model *m, ib_engine *e) {
+    const int which[3] = {1, 4, 8};   /* 38, 149 and 7 tokens */
+    int want_shared = 0, all = 0;
+    for (int w = 0; w < 3; w++) want_shared += (SHARE_C - 1) * (plen[which[w]] - 1), all += SHARE_C * plen[which[w]];
+    const int chunks[3] = {200, 7, 1};
+    for (int c = 0; c < 3; c++) {
+        long long sh, pre;
+        int same = run_shared(m, e, which, 3, 3 * SHARE_C, chunks[c], &sh, &pre);
+        CHECK(same == 3 * SHARE_C, "sharing, chunk %d: %d of %d choices equal their lone run", chunks[c], same,
+              3 * SHARE_C);
+        CHECK(sh == want_shared && pre == all - want_shared, "sharing, chunk %d: %lld tokens shared (want %d), %lld "
+              "prefilled (want %d)", chunks[c], sh, want_shared, pre, all - want_shared);
+    }
+    {   /* a batch of 2: choice 1 shares, choices 2 and 3 are admitted after the source went on */
+        long long sh, pre;
+        int same = run_shared(m, e, which, 1, 2, 16, &sh, &pre);
+        CHECK(same == SHARE_C, "sharing, batch 2: %d of %d choices equal their lone run", same, SHARE_C);
+        CHECK(sh == plen[which[0]] - 1, "sharing, batch 2: %lld tokens shared, want %d (choice 1's only)", sh,
+              plen[which[0]] - 1);
+    }
+    ib_fault_set(IB_FAULT_SHARE_EARLY);
+    long long sh, pre;
+    int same = run_shared(m, e, which, 3, 3 * SHARE_C, 16, &sh, &pre);
+    ib_fault_set(IB_FAULT_NONE);
+    CHECK(same == 3, "FAULT share-early: %d of %d choices equal their lone run (want only the 3 sources)", same,
+          3 * SHARE_C);
+    CHECK(sh > 0, "FAULT share-early: nothing was shared");
+    /* arguments */
+    ib_sched_opts so = {.max_batch = 2};
+    ib_sched *S;
+    ib_error err;
+    CHECK(ib_sched_create(e, &so, &S, &err) == IB_OK, "%s", err.msg);
+    ib_session_opts sopt = {.max_context = 64, .sampling = sampling(0)};
+    ib_session *s;
+    ib_session_create(m, &sopt, &s, &err);
+    ib_sched_job jb[2] = {{.session = s, .prompt = prompts[1], .n_prompt = 5, .max_new_tokens = 1},
+                          {.session = s, .prompt = prompts[1], .n_prompt = 5, .max_new_tokens = 1, .share_with = 1,
+                           .n_shared = 5}};
+    CHECK(ib_sched_submit_n(S, jb, 2, NULL, &err) == IB_ERR_INVALID_ARG && strstr(err.msg, "n_shared"),
+          "n_shared == n_prompt accepted");
+    jb[1].n_shared = 0;
+    CHECK(ib_sched_submit_n(S, jb, 2, NULL, &err) == IB_ERR_INVALID_ARG, "n_shared 0 with share_with accepted");
+    jb[1].n_shared = 2;
+    jb[1].share_with = 2;
+    CHECK(ib_sched_submit_n(S, jb, 2, NULL, &err) == IB_ERR_INVALID_ARG && strstr(err.msg, "earlier"),
+          "a job sharing with itself accepted");
+    jb[1].share_with = 1;
+    CHECK(ib_sched_submit(S, &jb[1], NULL, &err) == IB_ERR_INVALID_ARG, "share_with through ib_sched_submit accepted");
+    ib_sched_stats st;
+    ib_sched_get_stats(S, &st);
+    CHECK(st.queued == 0 && st.active == 0, "a refused call queued jobs: %d queued, %d active", st.queued, st.active);
+    ib_sched_free(S);
+    ib_session_free(s);
+}
 
 /* Feed prompt i then GEN greedy tokens through a windowed session; prefill in chunks of `chunk`,
  * stepped together with a full-session neighbour when `crowd`. Logits of every generated token are
@@ -429,6 +567,7 @@ int main(void) {
         run_sched(m, e, 12, 1, sampled, 0, rt, rl);
         run_sched(m, e, 8, 200, sampled, 1, rt, rl);
     }
+    check_sharing(m, e);
 
 
     /* KV policies */

@@ -63,7 +63,9 @@ static const char help[] =
     "                    gpu-att-block: the CUDA attention cuts key blocks at half the canonical size;\n"
     "                    attn-block-max: vector attention's key-block maxima take NaN scores;\n"
     "                    kvq8-step-scale: q8 KV encoded with another code range in steps of several rows;\n"
-    "                    kv-pool-dirty: ended sessions' KV memory reused without zeroing it)\n";
+    "                    kv-pool-dirty: ended sessions' KV memory reused without zeroing it;\n"
+    "                    share-early: serve's n choices copy the first choice's prefilled session a\n"
+    "                    token early)\n";
 
 typedef struct prompts {
     int n, cap;

@@ -30,6 +30,7 @@ static const char *const fault_names[IB_FAULT_COUNT] = {
     [IB_FAULT_ATTN_BLOCK_MAX] = "attn-block-max",
     [IB_FAULT_KVQ8_STEP_SCALE] = "kvq8-step-scale",
     [IB_FAULT_KV_POOL_DIRTY] = "kv-pool-dirty",
+    [IB_FAULT_SHARE_EARLY] = "share-early",
 };
 
 static ib_fault current_fault = IB_FAULT_NONE;

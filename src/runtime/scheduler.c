@@ -44,6 +44,11 @@ typedef struct job {
     float *raw;               /* [V] the raw row while a constraint masks it (constrain only) */
     double t_submit;          /* when submitted (CLOCK_MONOTONIC seconds) */
     double queued_s;          /* seconds it waited for a batch slot (set when admitted) */
+    uint64_t share_from;      /* the id of its share_with job while its copy is still to come; 0 after */
+    int n_shared;
+    int hold;                 /* > 0: a job waits to share this one's first `hold` prompt tokens, so its
+                               * prompt stops there (recomputed by shares_settle every step) */
+    int start_pos;            /* the session's position when the job was admitted */
     struct job *qnext;        /* wait queue link */
 } job;
 
@@ -282,6 +287,76 @@ static job *take_fair(ib_sched *S) {
     return best;
 }
 
+/* The active job of id id, or NULL. Loop thread. */
+static job *active_job(ib_sched *S, uint64_t id) {
+    for (int a = 0; a < S->n_active; a++)
+        if (S->active[a]->id == id) return S->active[a];
+    return NULL;
+}
+
+/* Whether src's session, once src has fed n_shared prompt tokens, is what j's would be after feeding
+ * its own first n_shared: both fresh sessions (nothing fed, nothing replayed), the same tokens, and a
+ * source that has not drawn by then (n_shared < its prompt). The KV settings are ib_session_copy's to
+ * check. */
+static int share_fits(const job *j, const job *src) {
+    return j->fed == 0 && j->s->pos == 0 && j->n_replay == 0 && src->start_pos == 0 && src->n_replay == 0 &&
+           j->n_shared < j->n_prompt && j->n_shared < src->n_prompt &&
+           memcmp(j->prompt, src->prompt, (size_t)j->n_shared * sizeof(int32_t)) == 0;
+}
+
+/* Prompt sharing, once per step before it is built (loop thread, lock held): every job waiting for a
+ * copy (share_from) whose source is active and has fed less than the shared tokens holds that source's
+ * prompt there (the source's hold: the smallest such length); a job whose source has fed exactly that
+ * many is ready for shares_copy (the count of those is returned); one whose source is gone, past them
+ * or unfit feeds its whole prompt itself. Under IB_FAULT_SHARE_EARLY the hold and the copy come one
+ * token early. */
+static int shares_settle(ib_sched *S) {
+    const int early = ib_fault_get() == IB_FAULT_SHARE_EARLY;
+    int ready = 0;
+    for (int a = 0; a < S->n_active; a++) S->active[a]->hold = 0;
+    for (int a = 0; a < S->n_active; a++) {
+        job *j = S->active[a];
+        if (!j->share_from) continue;
+        job *src = active_job(S, j->share_from);
+        const int at = j->n_shared - early;   /* where the source's session is copied */
+        if (!src || src->fed > at || !share_fits(j, src)) {
+            j->share_from = 0;   /* feeds its own */
+            continue;
+        }
+        if (src->fed == at) {
+            ready++;
+            continue;
+        }
+        if (!src->hold || at < src->hold) src->hold = at;
+    }
+    return ready;
+}
+
+/* Serve the ready jobs shares_settle found: copy each one's source session into its own, after which it
+ * has "fed" the shared tokens (a failed copy: it feeds them itself). Loop thread, lock NOT held (a copy
+ * of a long prompt's KV takes milliseconds; nothing else touches these jobs' sessions or fields). */
+static void shares_copy(ib_sched *S, job **act, int na) {
+    const int early = ib_fault_get() == IB_FAULT_SHARE_EARLY;
+    long long copied = 0;
+    for (int a = 0; a < na; a++) {
+        job *j = act[a];
+        if (!j->share_from) continue;
+        job *src = NULL;
+        for (int b = 0; b < na && !src; b++)
+            if (act[b]->id == j->share_from) src = act[b];
+        if (!src || src->fed != j->n_shared - early) continue;   /* still waiting */
+        ib_error err;
+        if (ib_session_copy(j->s, src->s, &err) == IB_OK) {
+            j->fed = j->n_shared;
+            copied += j->n_shared;
+        }
+        j->share_from = 0;
+    }
+    pthread_mutex_lock(&S->mu);
+    S->st.tokens_shared += copied;
+    pthread_mutex_unlock(&S->mu);
+}
+
 /* The loop: admit, drop cancelled jobs, build one step, run it, hand out tokens; until stopped (then
  * every job still known ends "cancelled") or, inline, until no job is active or queued. Events are
  * delivered without the lock held, so callbacks may submit and cancel. */
@@ -295,6 +370,7 @@ static void run_loop(ib_sched *S) {
             job *j = take_fair(S);
             S->n_queued--;
             j->queued_s = now_s() - j->t_submit;
+            j->start_pos = j->s->pos;
             S->active[S->n_active++] = j;
         }
         if (S->stop) break;
@@ -321,7 +397,16 @@ static void run_loop(ib_sched *S) {
             pthread_cond_wait(&S->cv, &S->mu);
             continue;
         }
-        /* one decode row per decoding job, then prompt chunks from a rotating start */
+        /* prompt sharing: serve the jobs whose copies are ready (unlocked), then look again */
+        if (shares_settle(S)) {
+            const int na = S->n_active;
+            pthread_mutex_unlock(&S->mu);
+            shares_copy(S, S->active, na);
+            pthread_mutex_lock(&S->mu);
+            continue;
+        }
+        /* one decode row per decoding job, then prompt chunks from a rotating start (a job waiting for
+         * a copy brings none; a source others wait for stops its prompt at their shared length) */
         int ni = 0, budget = e->max_tokens, na = S->n_active;
         for (int a = 0; a < na && budget > 0; a++) {
             job *j = S->active[a];
@@ -332,8 +417,8 @@ static void run_loop(ib_sched *S) {
         }
         for (int k = 0; k < na && budget > 0; k++) {
             job *j = S->active[(S->rr + k) % na];
-            if (j->fed >= j->n_prompt) continue;
-            int chunk = j->n_prompt - j->fed;
+            if (j->fed >= j->n_prompt || j->share_from) continue;
+            int chunk = (j->hold > 0 ? j->hold : j->n_prompt) - j->fed;
             if (chunk > S->o.prefill_chunk) chunk = S->o.prefill_chunk;
             if (ib_session_max_item(j->s) > 0 && chunk > ib_session_max_item(j->s)) chunk = ib_session_max_item(j->s);
             if (chunk > budget) chunk = budget;
@@ -524,16 +609,20 @@ void ib_sched_free(ib_sched *S) {
     sched_free_mem(S);
 }
 
-ib_status ib_sched_submit(ib_sched *S, const ib_sched_job *jb, uint64_t *id, ib_error *err) {
-    if (id) *id = 0;
+/* *out = a job for jb, checked as ib_sched_submit documents (share_with is resolved by the caller);
+ * on failure the status, *err set and *out NULL. */
+static ib_status job_make(ib_sched *S, const ib_sched_job *jb, job **out, ib_error *err) {
+    *out = NULL;
     if (!jb || !jb->session || !jb->prompt || jb->n_prompt < 1 || jb->max_new_tokens < 0 || jb->n_stop < 0 ||
         (jb->n_stop > 0 && !jb->stop_ids) || jb->n_logit_bias < 0 || jb->n_logit_bias > IB_MAX_LOGIT_BIAS ||
         (jb->n_logit_bias > 0 && (!jb->logit_bias_ids || !jb->logit_bias)) || jb->n_replay < 0 ||
-        jb->n_replay > jb->n_prompt)
+        jb->n_replay > jb->n_prompt || (jb->share_with && (jb->n_shared < 1 || jb->n_shared >= jb->n_prompt)))
         return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: a job needs a session, a prompt of >= 1 token, "
-                                                "max_new_tokens >= 0, at most IB_MAX_LOGIT_BIAS biases");
+                                                "max_new_tokens >= 0, at most IB_MAX_LOGIT_BIAS biases, "
+                                                "0 < n_shared < n_prompt when sharing");
     ib_session *s = jb->session;
-    if (s->model != S->e->model) return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: session of another model");
+    if (s->model != S->e->model)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: session of another model");
     long need = (long)jb->n_prompt + (jb->max_new_tokens > 0 ? jb->max_new_tokens - 1 : 0);
     if (need > ib_session_room(s))
         return ib_fail(err, IB_ERR_CONTEXT, "scheduler: %d prompt + %d new tokens exceed the session's room of %ld",
@@ -541,14 +630,13 @@ ib_status ib_sched_submit(ib_sched *S, const ib_sched_job *jb, uint64_t *id, ib_
     int V = S->e->model->cfg.vocab_size;
     for (int i = 0; i < jb->n_prompt; i++)
         if (jb->prompt[i] < 0 || jb->prompt[i] >= V)
-            return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: prompt token %d is %d, outside [0, %d)", i,
-                           jb->prompt[i], V);
+            return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: prompt token %d is %d, outside [0, %d)", i, jb->prompt[i], V);
     for (int i = 0; i < jb->n_logit_bias; i++)
         if (jb->logit_bias_ids[i] < 0 || jb->logit_bias_ids[i] >= V || !(jb->logit_bias[i] == jb->logit_bias[i]))
             return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: logit bias %d: id %d outside [0, %d) or value NaN", i,
                            jb->logit_bias_ids[i], V);
     job *j = calloc(1, sizeof *j);
-    if (!j) return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
+    if (!j) goto oom;
     j->t_submit = now_s();
     j->s = s;
     j->constrain = jb->constrain;
@@ -556,10 +644,8 @@ ib_status ib_sched_submit(ib_sched *S, const ib_sched_job *jb, uint64_t *id, ib_
     j->n_replay = jb->n_replay;
     j->want_digest = jb->digest_logits != 0;
     j->digest = IB_DIGEST_INIT;
-    if (j->constrain && !(j->raw = malloc((size_t)V * sizeof(float)))) {
-        job_free(j);
-        return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
-    }
+    j->n_shared = jb->share_with ? jb->n_shared : 0;
+    if (j->constrain && !(j->raw = malloc((size_t)V * sizeof(float)))) goto oom;
     j->n_prompt = jb->n_prompt;
     j->max_new = jb->max_new_tokens;
     j->n_stop = jb->n_stop;
@@ -571,41 +657,72 @@ ib_status ib_sched_submit(ib_sched *S, const ib_sched_job *jb, uint64_t *id, ib_
     j->prompt = malloc((size_t)jb->n_prompt * sizeof(int32_t));
     j->stops = malloc(((size_t)jb->n_stop + 1) * sizeof(int32_t));
     j->logits = malloc((size_t)V * sizeof(float));
-    if (!j->prompt || !j->stops || !j->logits) {
-        job_free(j);
-        return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
-    }
+    if (!j->prompt || !j->stops || !j->logits) goto oom;
     if (jb->n_logit_bias > 0) {
         j->bias_ids = malloc((size_t)jb->n_logit_bias * sizeof *j->bias_ids);
         j->bias = malloc((size_t)jb->n_logit_bias * sizeof *j->bias);
-        if (!j->bias_ids || !j->bias) {
-            job_free(j);
-            return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
-        }
+        if (!j->bias_ids || !j->bias) goto oom;
         memcpy(j->bias_ids, jb->logit_bias_ids, (size_t)jb->n_logit_bias * sizeof *j->bias_ids);
         memcpy(j->bias, jb->logit_bias, (size_t)jb->n_logit_bias * sizeof *j->bias);
         j->n_bias = jb->n_logit_bias;
     }
     memcpy(j->prompt, jb->prompt, (size_t)jb->n_prompt * sizeof(int32_t));
     if (jb->n_stop) memcpy(j->stops, jb->stop_ids, (size_t)jb->n_stop * sizeof(int32_t));
+    *out = j;
+    return IB_OK;
+oom:
+    job_free(j);
+    return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
+}
+
+ib_status ib_sched_submit_n(ib_sched *S, const ib_sched_job *jbs, int n, uint64_t *ids, ib_error *err) {
+    if (ids)
+        for (int k = 0; k < n; k++) ids[k] = 0;
+    if (n < 1 || !jbs) return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: no jobs to submit");
+    for (int k = 0; k < n; k++)
+        if (jbs[k].share_with < 0 || jbs[k].share_with > k)
+            return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: job %d shares with job %d, not an earlier one of the call",
+                           k, jbs[k].share_with - 1);
+    job **js = calloc((size_t)n, sizeof *js);
+    if (!js) return ib_fail(err, IB_ERR_NOMEM, "scheduler: out of memory");
+    for (int k = 0; k < n; k++) {
+        ib_status rc = job_make(S, &jbs[k], &js[k], err);
+        if (rc) {
+            for (int q = 0; q < k; q++) job_free(js[q]);
+            free(js);
+            return rc;
+        }
+    }
     pthread_mutex_lock(&S->mu);
-    if (S->stop || S->n_active + S->n_queued >= S->o.max_batch + S->o.max_queue) {
+    if (S->stop || S->n_active + S->n_queued + n > S->o.max_batch + S->o.max_queue) {
         pthread_mutex_unlock(&S->mu);
-        job_free(j);
+        for (int k = 0; k < n; k++) job_free(js[k]);
+        free(js);
         return ib_fail(err, IB_ERR_STATE, "scheduler: queue full");
     }
-    j->id = S->next_id++;
-    if (S->qtail)
-        S->qtail->qnext = j;
-    else
-        S->qhead = j;
-    S->qtail = j;
-    S->n_queued++;
+    for (int k = 0; k < n; k++) {
+        job *j = js[k];
+        j->id = S->next_id++;
+        if (jbs[k].share_with) j->share_from = js[jbs[k].share_with - 1]->id;
+        if (S->qtail)
+            S->qtail->qnext = j;
+        else
+            S->qhead = j;
+        S->qtail = j;
+        S->n_queued++;
+        if (ids) ids[k] = j->id;
+    }
     S->st.queued = S->n_queued;
-    if (id) *id = j->id;
     pthread_cond_signal(&S->cv);
     pthread_mutex_unlock(&S->mu);
+    free(js);
     return IB_OK;
+}
+
+ib_status ib_sched_submit(ib_sched *S, const ib_sched_job *jb, uint64_t *id, ib_error *err) {
+    if (id) *id = 0;
+    if (jb && jb->share_with) return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: share_with needs ib_sched_submit_n");
+    return ib_sched_submit_n(S, jb, 1, id, err);
 }
 
 int ib_sched_cancel(ib_sched *S, uint64_t id) {

@@ -5,6 +5,7 @@
  * record) and the SSE stream of a streaming one.
  */
 #include "server/server_impl.h"
+#include "core/error.h"
 
 #include <ctype.h>
 
@@ -615,28 +616,34 @@ static int json_constrain(void *ctx, float *logits, int vocab) {
     return ib_json_mask(&g->json, &g->srv->jv, logits, vocab, g->stop_ids, g->n_stop_ids);
 }
 
-/* Start generation g on session s (prompt ids) and answer: an SSE stream, or wait and send the body.
- * Consumes the caller's reference to g. */
-int gen_submit(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids, int n_ids, gen_params *p,
-               enum MHD_Result *ret) {
+/* The scheduler job of generation g on session s (prompt ids[n_ids], p's sampling, limits and bias:
+ * they must outlive the submission); sets s's sampling and g's KV facts for its verification record. */
+ib_sched_job gen_job(gen *g, ib_session *s, const int32_t *ids, int n_ids, const gen_params *p) {
     g->vcap = s->capacity;
     g->vchunk = s->kv_chunk;
     ib_session_set_sampling(s, &p->sp);
-    ib_sched_job jb = {.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p->max_tokens, .n_replay = g->n_replay,
-                       .stop_ids = g->stop_ids, .n_stop = g->n_stop_ids, .want_logprobs = p->want_lp,
-                       .top_logprobs = g->n_top, .group = g->tidx,
-                       .on_event = on_event, .ctx = g,
-                       .logit_bias_ids = p->bias.ids, .logit_bias = p->bias.vals, .n_logit_bias = p->bias.n,
-                       .constrain = g->want_json ? json_constrain : NULL, .constrain_ctx = g, .digest_logits = 1};
-    g->refs = 2; /* the connection, the scheduler */
+    return (ib_sched_job){.session = s, .prompt = ids, .n_prompt = n_ids, .max_new_tokens = p->max_tokens,
+                          .n_replay = g->n_replay, .stop_ids = g->stop_ids, .n_stop = g->n_stop_ids,
+                          .want_logprobs = p->want_lp, .top_logprobs = g->n_top, .group = g->tidx,
+                          .on_event = on_event, .ctx = g,
+                          .logit_bias_ids = p->bias.ids, .logit_bias = p->bias.vals, .n_logit_bias = p->bias.n,
+                          .constrain = g->want_json ? json_constrain : NULL, .constrain_ctx = g, .digest_logits = 1};
+}
+
+int gen_submit_n(server *S, struct MHD_Connection *c, gen **gs, const ib_sched_job *jobs, int n, enum MHD_Result *ret) {
+    for (int k = 0; k < n; k++) gs[k]->refs = 2; /* the connection, the scheduler */
     ib_error err;
-    uint64_t id;
-    if (ib_sched_submit(S->sched, &jb, &id, &err)) {
+    uint64_t one, *ids = n == 1 ? &one : calloc((size_t)n, sizeof *ids);
+    ib_status rc = ids ? ib_sched_submit_n(S->sched, jobs, n, ids, &err) : ib_fail(&err, IB_ERR_NOMEM, "out of memory");
+    if (rc) {
         /* nothing was started: undo as the DONE event would have */
-        ib_sched_event ev = {.done = 1, .finish = "error", .prompt_fed = 0, .generated = 0};
-        on_event(g, &ev);
-        gen_commit(g);
-        gen_unref(g);
+        for (int k = 0; k < n; k++) {
+            ib_sched_event ev = {.done = 1, .finish = "error", .prompt_fed = 0, .generated = 0};
+            on_event(gs[k], &ev);
+            gen_commit(gs[k]);
+            gen_unref(gs[k]);
+        }
+        if (ids != &one) free(ids);
         if (err.code == IB_ERR_STATE)
             *ret = send_error(S, c, 429, "rate_limit_error", "rate_limit_exceeded", NULL,
                               "the server is at capacity (%d running, queue full); retry later", S->o.max_batch);
@@ -646,13 +653,22 @@ int gen_submit(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const
             *ret = send_error(S, c, 500, "server_error", NULL, NULL, "%s", err.msg);
         return -1;
     }
-    pthread_mutex_lock(&g->mu);
-    g->job = id;
-    pthread_mutex_unlock(&g->mu);
+    for (int k = 0; k < n; k++) {
+        pthread_mutex_lock(&gs[k]->mu);
+        gs[k]->job = ids[k];
+        pthread_mutex_unlock(&gs[k]->mu);
+    }
+    if (ids != &one) free(ids);
     /* the idle timeout guards reading the request; while the generation runs (queued, or streaming
      * with gaps) its own time limit applies, so the connection must not be dropped as idle first */
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)S->o.timeout_s + 30u);
     return 0;
+}
+
+int gen_submit(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids, int n_ids, gen_params *p,
+               enum MHD_Result *ret) {
+    ib_sched_job jb = gen_job(g, s, ids, n_ids, p);
+    return gen_submit_n(S, c, &g, &jb, 1, ret);
 }
 
 enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids,

@@ -36,6 +36,8 @@ enum MHD_Result handle_metrics(server *S, struct MHD_Connection *c) {
       "isobatch_tokens_generated_total %lld\n", st.tokens_generated);
     P("# HELP isobatch_tokens_prefilled_total Prompt tokens fed.\n# TYPE isobatch_tokens_prefilled_total counter\n"
       "isobatch_tokens_prefilled_total %lld\n", st.tokens_prefilled);
+    P("# HELP isobatch_tokens_shared_total Prompt tokens copied from another choice's prefilled session instead of fed.\n"
+      "# TYPE isobatch_tokens_shared_total counter\nisobatch_tokens_shared_total %lld\n", st.tokens_shared);
     ib_latency_format(&S->lat, now_s(), buf, &k, CAP);
     P("# HELP isobatch_kv_bytes KV cache bytes reserved by live sessions.\n# TYPE isobatch_kv_bytes gauge\nisobatch_kv_bytes %zu\n", kv);
     P("# HELP isobatch_kv_budget_bytes The memory budget (0 = none).\n# TYPE isobatch_kv_budget_bytes gauge\n"

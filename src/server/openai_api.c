@@ -314,15 +314,23 @@ static int chat_gen_setup(server *S, gen *g, const chat_ctx *cc) {
 /* Several generations answered as one body: np prompts (ids[i][n_ids[i]], each checked against the
  * context) times n choices each, choice k = i * n + j for prompt i's j-th, each in its own session
  * with the same parameters but the seed, which is p's seed + j (so choice j is what the same request
- * with n 1 and that seed gets), all submitted at once so they batch together; chat (cc) or
- * completions (cc NULL). The usage is that of all. Not streamed (the caller refuses stream). */
+ * with n 1 and that seed gets), all submitted at once so they batch together; a prompt's choices past
+ * the first copy its prefilled session but for the last token (the scheduler's prompt sharing), so a
+ * prompt is prefilled once; chat (cc) or completions (cc NULL). The usage is that of all. Not streamed
+ * (the caller refuses stream). */
 static enum MHD_Result serve_choices(server *S, struct MHD_Connection *c, const chat_ctx *cc, int32_t **ids, const int *n_ids, int np,
                                      gen_params *p, int tidx) {
     const int n = p->n, total = np * n, chat = cc != NULL;
     gen **gs = calloc((size_t)total, sizeof *gs);
-    if (!gs) return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+    ib_sched_job *jobs = calloc((size_t)total, sizeof *jobs);
+    gen_params *qs = calloc((size_t)total, sizeof *qs);   /* each job's parameters (its seed) */
+    if (!gs || !jobs || !qs) {
+        free(gs), free(jobs), free(qs);
+        return send_error(S, c, 500, "server_error", NULL, NULL, "out of memory");
+    }
     enum MHD_Result ret = MHD_YES;
     int failed = 0, ng = 0;
+    /* every generation made ready (memory admitted, session, parameters), then all submitted at once */
     for (int k = 0; k < total && !failed; k++) {
         const int i = k / n, j = k % n;
         int cap = n_ids[i] + (p->max_tokens > 0 ? p->max_tokens : 1);
@@ -368,20 +376,32 @@ static enum MHD_Result serve_choices(server *S, struct MHD_Connection *c, const 
         if (chat ? chat_gen_setup(S, g, cc) : 0) {
             ib_sched_event ev = {.done = 1, .finish = "error"}; /* undo as a failed submission does (g's one ref) */
             on_event(g, &ev);
-            gen_unref(g);
             ret = send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory for the schema; retry later");
             failed = 1;
             break;
         }
         if (!chat && S->info->eos_id >= 0) g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
-        gen_params qs = *p;   /* (the job reads the sampling, limits and bias; the seed is the choice's) */
-        qs.sp.seed = seed;
-        if (gen_submit(S, c, g, s, ids[i], n_ids[i], &qs, &ret)) {
-            failed = 1;
-            break;
+        qs[k] = *p;   /* (the job reads the sampling, limits and bias; the seed is the choice's) */
+        qs[k].sp.seed = seed;
+        jobs[k] = gen_job(g, s, ids[i], n_ids[i], &qs[k]);
+        if (j > 0 && n_ids[i] > 1) {   /* the prompt but its last token is prefilled once, by choice 0 */
+            jobs[k].share_with = k - j + 1;
+            jobs[k].n_shared = n_ids[i] - 1;
         }
         gs[ng++] = g;
     }
+    if (failed) {   /* the ones made ready are undone as a failed submission does (each one's one ref) */
+        for (int k = 0; k < ng; k++) {
+            ib_sched_event ev = {.done = 1, .finish = "error"};
+            on_event(gs[k], &ev);
+        }
+        ng = 0;
+    } else if (gen_submit_n(S, c, gs, jobs, ng, &ret)) {
+        failed = 1;
+        ng = 0;
+    }
+    free(jobs);
+    free(qs);
     /* wait for every generation (a stop string, the time limit or the client leaving cancels) */
     double t_end = now_s() + S->o.timeout_s;
     int gone = 0;

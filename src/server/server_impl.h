@@ -242,6 +242,13 @@ int client_gone(struct MHD_Connection *c);
  * in *ret). */
 int gen_submit(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids, int n_ids, gen_params *p,
                enum MHD_Result *ret);
+/* The scheduler job of generation g on session s (prompt ids[n_ids], p's sampling, limits and bias:
+ * they must outlive the submission); sets s's sampling and g's KV facts for its verification record. */
+ib_sched_job gen_job(gen *g, ib_session *s, const int32_t *ids, int n_ids, const gen_params *p);
+/* Submit n generations at once (gs[k] with jobs[k], from gen_job; ib_sched_submit_n: all or none, so
+ * share_with holds): 0, each g's second reference taken by the scheduler; -1 when they could not be
+ * (every g's references dropped, the error response sent, its result in *ret). */
+int gen_submit_n(server *S, struct MHD_Connection *c, gen **gs, const ib_sched_job *jobs, int n, enum MHD_Result *ret);
 /* gen_submit, then the stream's response, or the wait for the end and the body. */
 enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids,
                         int n_ids, gen_params *p);
