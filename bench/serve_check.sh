@@ -2,7 +2,8 @@
 # serve_check.sh BIN BACKEND [OUT_DIR] — the server's invariance on one backend, with curl alone (for
 # machines without node): N seeded sampling completions, each sent alone, then all N at once; every
 # request's token text and logprobs must be the same both ways. With BACKEND cuda it also compares the
-# answers with a CPU server's. SERVE_ARGS: extra flags for the checked server (e.g. --inject gpu-fma,
+# answers with a CPU server's, and a request of n 4 choices (its prompt prefilled once, the other
+# choices copying that session) with the 4 requests of n 1 and seeds seed..seed+3. SERVE_ARGS: extra flags for the checked server (e.g. --inject gpu-fma,
 # which the comparison with the CPU must catch). Prints one summary line; exits 1 on any difference.
 set -u
 bin=$1 backend=$2 out=${3:-/tmp/serve_check}
@@ -16,20 +17,24 @@ start() { # start BACKEND TAG -> sets pid, port
     for _ in $(seq 300); do [ -s "$out/port.$2" ] && break; sleep 0.1; done
     port=$(cat "$out/port.$2" 2>/dev/null)
 }
-ask() { # ask PORT I -> the answer's text and logprobs as one line
+ask() { # ask PORT I [SEED [N]] -> the answer's text and logprobs as one line (N choices: one line each)
     curl -s "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' \
-        -d "{\"model\": \"default\", \"prompt\": \"And the LORD said unto $2\", \"max_tokens\": 24, \"temperature\": 0.9, \"seed\": $2, \"logprobs\": 1}" |
-        python3 -c 'import json,sys; c=json.load(sys.stdin)["choices"][0]; print(json.dumps([c["text"], c["logprobs"]["token_logprobs"]]))'
+        -d "{\"model\": \"default\", \"prompt\": \"And the LORD said unto $2\", \"max_tokens\": 24, \"temperature\": 0.9, \"seed\": ${3:-$2}, \"n\": ${4:-1}, \"logprobs\": 1}" |
+        python3 -c 'import json,sys
+for c in json.load(sys.stdin)["choices"]: print(json.dumps([c["text"], c["logprobs"]["token_logprobs"]]))'
 }
 start "$backend" main
 for i in $(seq "$n"); do ask "$port" "$i" >"$out/alone.$i"; done
 for i in $(seq "$n"); do ask "$port" "$i" >"$out/batched.$i" & done
 wait_pids=$(jobs -p | grep -v "^$pid$"); for p in $wait_pids; do wait "$p"; done
+ask "$port" 3 3 4 >"$out/n4"
+for k in 0 1 2 3; do ask "$port" 3 $((3 + k)) >>"$out/n4.alone"; done
 kill "$pid"; wait "$pid" 2>/dev/null
 same=0
 for i in $(seq "$n"); do [ -s "$out/alone.$i" ] && cmp -s "$out/alone.$i" "$out/batched.$i" && same=$((same + 1)); done
-line="serve --backend $backend: $same of $n seeded requests bitwise equal alone and among $n concurrent"
-ok=$([ "$same" = "$n" ] && echo 1 || echo 0)
+nsame=$(paste -d'\n' "$out/n4" "$out/n4.alone" | paste - - | awk -F'\t' '$1 != "" && $1 == $2' | wc -l)
+line="serve --backend $backend: $same of $n seeded requests bitwise equal alone and among $n concurrent; $nsame of 4 choices of n 4 equal their requests of n 1"
+ok=$([ "$same" = "$n" ] && [ "$nsame" = 4 ] && echo 1 || echo 0)
 if [ "$backend" != cpu ]; then
     start cpu cpu
     cpu_same=0
