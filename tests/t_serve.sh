@@ -188,7 +188,6 @@ cp "$T/multi" "$T/body"
 req 200 "two token-id prompts" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":[[72,101,108,108,111],[99,114,111,119,100]],"max_tokens":8,"temperature":0}'
 [ "$(jget 'b.choices[0].text')" = "$HELLO" ] && [ "$(jget 'b.choices[1].text')" = "$CROWD" ] && ok || bad "token-id prompts: $(head -c 400 "$T/body")"
 field_400 "mixed prompt list" invalid_value prompt /v1/completions '{"model":"tiny","prompt":["a",[1,2]]}'
-field_400 "several prompts streamed" invalid_value stream /v1/completions '{"model":"tiny","prompt":["a","b"],"stream":true}'
 # n choices: choice j is what the same request with n 1 and seed + j gets (token ids, logprobs, finish
 # reason: bitwise), all n decoded in one batch; several prompts x n: choice i * n + j is prompt i's j-th;
 # usage adds up (a prompt counted once); a choice's record verifies; n > 1 streamed, n 0, n 129 and n
@@ -230,7 +229,48 @@ for k in 0 1 2 3; do
     req 200 "prompt $pr, seed $((21 + k % 2))" "${A[@]}" "$U/v1/completions" -d "{\"model\":\"tiny\",\"prompt\":\"$pr\",\"max_tokens\":6,\"seed\":$((21 + k % 2)),\"logprobs\":1}"
     same_choice "$T/p2n2" $k "$T/body" && ok || bad "two prompts x n 2: choice $k differs from prompt $pr with seed $((21 + k % 2))"
 done
-field_400 "n 2 streamed" invalid_value stream /v1/completions '{"model":"tiny","prompt":"a","n":2,"stream":true}'
+# streamed n (and several prompts): every chunk of one response shares its id and seed, each choice's
+# deltas joined are the body's choice (text or content, token ids, logprobs, finish reason), one usage
+# chunk (include_usage) equal to the body's, then [DONE]
+# sse_choices SSE_FILE BODY_FILE CHAT: "same" or what differs
+sse_choices() {
+    node -e 'const fs=require("fs"), chat=process.argv[3]==="1";
+const ev=fs.readFileSync(process.argv[1],"utf8").split("\n\n").filter(x=>x.startsWith("data: ")).map(x=>x.slice(6));
+const body=JSON.parse(fs.readFileSync(process.argv[2]));
+if (ev[ev.length-1]!=="[DONE]") { console.log("no [DONE] last"); process.exit(); }
+const cs=ev.slice(0,-1).map(x=>JSON.parse(x)), ids=new Set(cs.map(c=>c.id)), seeds=new Set(cs.map(c=>c.seed));
+if (ids.size!==1 || seeds.size!==1 || [...seeds][0]!==body.seed) { console.log("ids/seeds " + [...ids] + " / " + [...seeds]); process.exit(); }
+const got={};
+let usage=null;
+for (const c of cs) {
+  if (c.usage) usage=c.usage;
+  for (const ch of c.choices) {
+    const g=got[ch.index]=got[ch.index]||{text:"",ids:[],lp:[],finish:null,ver:0};
+    g.text+=chat ? (ch.delta.content||"") : ch.text;
+    if (ch.logprobs) { if (chat) ch.logprobs.content.forEach(e=>{g.ids.push(e.token_id); g.lp.push(e.logprob);}); else { g.ids.push(...ch.logprobs.token_ids); g.lp.push(...ch.logprobs.token_logprobs); } }
+    if (ch.finish_reason) { g.finish=ch.finish_reason; g.ver=c.verification ? 1 : 0; }
+  }
+}
+const bad=[];
+body.choices.forEach((b,k)=>{ const g=got[k]; if (!g) { bad.push("choice "+k+" missing"); return; }
+  const ids=chat ? b.logprobs.content.map(e=>e.token_id) : b.logprobs.token_ids, lp=chat ? b.logprobs.content.map(e=>e.logprob) : b.logprobs.token_logprobs;
+  const text=chat ? b.message.content : b.text;
+  if (g.text!==text || JSON.stringify(g.ids)!==JSON.stringify(ids) || JSON.stringify(g.lp)!==JSON.stringify(lp) || g.finish!==b.finish_reason || !g.ver) bad.push("choice "+k); });
+if (Object.keys(got).length!==body.choices.length) bad.push(Object.keys(got).length+" indexes streamed");
+if (JSON.stringify(usage)!==JSON.stringify(body.usage)) bad.push("usage "+JSON.stringify(usage));
+console.log(bad.length ? bad.join(", ") : "same");' "$1" "$2" "$3"
+}
+NS='"model":"tiny","prompt":"Hello there","max_tokens":12,"n":3,"seed":11,"logprobs":2'
+curl -s -N -m 30 "${A[@]}" "$U/v1/completions" -d "{$NS,\"stream\":true,\"stream_options\":{\"include_usage\":true}}" > "$T/n3sse"
+req 200 "n 3 body again" "${A[@]}" "$U/v1/completions" -d "{$NS}"
+v=$(sse_choices "$T/n3sse" "$T/body" 0); [ "$v" = same ] && ok || bad "n 3 streamed differs from its body: $v"
+curl -s -N -m 30 "${A[@]}" "$U/v1/chat/completions" -d "{$CHN,\"max_tokens\":10,\"n\":2,\"seed\":4,\"logprobs\":true,\"stream\":true,\"stream_options\":{\"include_usage\":true}}" > "$T/cn2sse"
+v=$(sse_choices "$T/cn2sse" "$T/cn2" 1); [ "$v" = same ] && ok || bad "chat n 2 streamed differs from its body: $v"
+curl -s -N -m 30 "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":["Hello","crowd"],"max_tokens":6,"n":2,"seed":21,"logprobs":1,"stream":true,"stream_options":{"include_usage":true}}' > "$T/p2n2sse"
+v=$(sse_choices "$T/p2n2sse" "$T/p2n2" 0); [ "$v" = same ] && ok || bad "two prompts x n 2 streamed differs from its body: $v"
+# the check can fail: a stream of other seeds is not that body
+curl -s -N -m 30 "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"Hello there","max_tokens":12,"n":3,"seed":12,"logprobs":2,"stream":true,"stream_options":{"include_usage":true}}' > "$T/n3sse12"
+v=$(sse_choices "$T/n3sse12" "$T/n3" 0); [ "$v" != same ] && ok || bad "the streamed-n check cannot fail"
 field_400 "n 0" invalid_value n /v1/completions '{"model":"tiny","prompt":"a","n":0}'
 field_400 "n 129" invalid_value n /v1/chat/completions "{$CH,\"n\":129}"
 field_400 "n over what the server runs or queues" invalid_value n /v1/completions '{"model":"tiny","prompt":"a","n":128}'

@@ -342,6 +342,7 @@ static json_t *usage_json(const gen *g) {
 }
 
 json_t *envelope(const gen *g, const char *object) {
+    if (g->head) g = g->head;   /* a streamed choice: the response's id, created and seed */
     json_t *j = json_object();
     json_object_set_new(j, "id", json_string(g->id));
     json_object_set_new(j, "object", json_string(object));
@@ -473,7 +474,7 @@ static void out_event(gen *g, json_t *j) {
 static void out_chunk(gen *g, size_t a, size_t b, int ta, int tb, const char *finish, json_t *calls) {
     json_t *j = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
     json_t *ch = json_object();
-    json_object_set_new(ch, "index", json_integer(0));
+    json_object_set_new(ch, "index", json_integer(g->choice));
     if (g->chat) {
         json_t *delta = json_object();
         if (!g->sent_role) {
@@ -502,6 +503,78 @@ static void out_chunk(gen *g, size_t a, size_t b, int ta, int tb, const char *fi
     out_event(g, j);
 }
 
+/* One round of g's stream (g->mu held, its out buffer empty): what the job produced since the last
+ * round rendered and appended to g->out as chunks; once the generation is over, its last chunk (the
+ * finish reason, or an error event) and, when `alone` (the response's only generation), the usage
+ * chunk and [DONE]; then g->sent_done. Returns whether g is over (sent_done). */
+static int sse_round(gen *g, int alone) {
+    server *S = g->srv;
+    size_t show = render(g);
+    int finished = g->stopped || (g->done && g->rendered == g->n);
+    if (finished && g->stored_gen && !g->done) { /* a stop string: end the job, store it, then finish */
+        if (!g->stop_cancelled) ib_sched_cancel(S->sched, g->job);
+        g->stop_cancelled = 1;
+        finished = 0;
+    }
+    if (finished && g->commit) { /* the tokens are durable before the final chunk goes out */
+        pthread_mutex_unlock(&g->mu);
+        gen_commit(g);
+        pthread_mutex_lock(&g->mu);
+    }
+    int k = tokens_shown(g);
+    json_t *calls = NULL;   /* tools: the reply's calls, read once it is finished */
+    if (g->chat && g->tool_mode != IB_TOOLS_OFF) {
+        if (!finished) {
+            show = tool_stream_end(g, show);
+            k = tokens_within(g, show, k);
+            if (k < g->lp_emitted) k = g->lp_emitted;
+        } else if (!g->store_failed && strcmp(finish_reason(g), "error")) {
+            size_t cl;
+            if ((calls = reply_calls(g, &cl))) show = cl > g->emitted ? cl : g->emitted;
+        }
+    }
+    if (show > g->emitted || (k > g->lp_emitted && g->want_lp) || (g->chat && !g->sent_role) || calls) {
+        out_chunk(g, g->emitted, show, g->lp_emitted, k, NULL, calls);
+        g->emitted = show;
+        g->lp_emitted = k;
+    }
+    if (!finished) return 0;
+    if (g->stopped && !g->done) ib_sched_cancel(S->sched, g->job);
+    if (g->store_failed) {
+        static const char se[] = "data: {\"error\":{\"message\":\"the session's tokens could not be stored; "
+                                  "the session is back at its last stored state\",\"type\":\"server_error\","
+                                  "\"code\":\"store_error\"}}\n\n";
+        out_append(g, se, sizeof se - 1);
+    } else if (!strcmp(finish_reason(g), "error")) {
+        static const char ge[] = "data: {\"error\":{\"message\":\"generation failed\",\"type\":\"server_error\"}}\n\n";
+        static const char oe[] = "data: {\"error\":{\"message\":\"generation failed: out of memory recording its "
+                                  "tokens\",\"type\":\"server_error\"}}\n\n";
+        if (g->oom) out_append(g, oe, sizeof oe - 1);
+        else out_append(g, ge, sizeof ge - 1);
+    } else
+        out_chunk(g, show, show, k, k, calls ? "tool_calls" : finish_reason(g), NULL);
+    if (alone) {
+        if (g->include_usage) {
+            json_t *j = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
+            json_object_set_new(j, "choices", json_array());
+            json_object_set_new(j, "usage", usage_json(g));
+            out_event(g, j);
+        }
+        out_append(g, "data: [DONE]\n\n", 14);
+    }
+    g->sent_done = 1;
+    return 1;
+}
+
+/* Up to max of g's pending stream bytes into buf (g->mu held); how many. */
+static size_t out_take(gen *g, char *buf, size_t max) {
+    size_t n = g->out_len - g->out_pos;
+    if (n > max) n = max;
+    memcpy(buf, g->out + g->out_pos, n);
+    g->out_pos += n;
+    return n;
+}
+
 /* MHD content reader for SSE: blocks until there is something to send. */
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     gen *g = cls;
@@ -514,59 +587,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             pthread_mutex_unlock(&g->mu);
             return MHD_CONTENT_READER_END_OF_STREAM;
         }
-        size_t show = render(g);
-        int finished = g->stopped || (g->done && g->rendered == g->n);
-        if (finished && g->stored_gen && !g->done) { /* a stop string: end the job, store it, then finish */
-            if (!g->stop_cancelled) ib_sched_cancel(S->sched, g->job);
-            g->stop_cancelled = 1;
-            finished = 0;
-        }
-        if (finished && g->commit) { /* the tokens are durable before the final chunk goes out */
-            pthread_mutex_unlock(&g->mu);
-            gen_commit(g);
-            pthread_mutex_lock(&g->mu);
-        }
-        int k = tokens_shown(g);
-        json_t *calls = NULL;   /* tools: the reply's calls, read once it is finished */
-        if (g->chat && g->tool_mode != IB_TOOLS_OFF) {
-            if (!finished) {
-                show = tool_stream_end(g, show);
-                k = tokens_within(g, show, k);
-                if (k < g->lp_emitted) k = g->lp_emitted;
-            } else if (!g->store_failed && strcmp(finish_reason(g), "error")) {
-                size_t cl;
-                if ((calls = reply_calls(g, &cl))) show = cl > g->emitted ? cl : g->emitted;
-            }
-        }
-        if (show > g->emitted || (k > g->lp_emitted && g->want_lp) || (g->chat && !g->sent_role) || calls) {
-            out_chunk(g, g->emitted, show, g->lp_emitted, k, NULL, calls);
-            g->emitted = show;
-            g->lp_emitted = k;
-        }
-        if (finished) {
-            if (g->stopped && !g->done) ib_sched_cancel(S->sched, g->job);
-            if (g->store_failed) {
-                static const char se[] = "data: {\"error\":{\"message\":\"the session's tokens could not be stored; "
-                                          "the session is back at its last stored state\",\"type\":\"server_error\","
-                                          "\"code\":\"store_error\"}}\n\n";
-                out_append(g, se, sizeof se - 1);
-            } else if (!strcmp(finish_reason(g), "error")) {
-                static const char ge[] = "data: {\"error\":{\"message\":\"generation failed\",\"type\":\"server_error\"}}\n\n";
-                static const char oe[] = "data: {\"error\":{\"message\":\"generation failed: out of memory recording its "
-                                          "tokens\",\"type\":\"server_error\"}}\n\n";
-                if (g->oom) out_append(g, oe, sizeof oe - 1);
-                else out_append(g, ge, sizeof ge - 1);
-            } else
-                out_chunk(g, show, show, k, k, calls ? "tool_calls" : finish_reason(g), NULL);
-            if (g->include_usage) {
-                json_t *j = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
-                json_object_set_new(j, "choices", json_array());
-                json_object_set_new(j, "usage", usage_json(g));
-                out_event(g, j);
-            }
-            out_append(g, "data: [DONE]\n\n", 14);
-            g->sent_done = 1;
-        }
+        sse_round(g, 1);
         if (g->out_len) break;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -577,12 +598,161 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
             t_end = now_s() + 3600;
         }
     }
-    size_t n = g->out_len - g->out_pos;
-    if (n > max) n = max;
-    memcpy(buf, g->out + g->out_pos, n);
-    g->out_pos += n;
+    size_t n = out_take(g, buf, max);
     pthread_mutex_unlock(&g->mu);
     return (ssize_t)n;
+}
+
+/* A streamed response of several generations (stream_choices). */
+typedef struct sse_set {
+    server *S;
+    gen **gs;
+    int n, per_prompt;   /* generations; choices a prompt (usage counts a prompt once) */
+    int next;            /* the generation to look at first (round robin) */
+    char *tail;          /* the usage chunk and [DONE], once every generation is over */
+    size_t tail_len, tail_pos;
+    double t_end;        /* the time limit: past it every generation is cancelled */
+} sse_set;
+
+/* MHD content reader of a streamed set: each generation's chunks as they come (round robin, a
+ * generation's bytes never split by another's: a chunk is whole before the next one starts), then the
+ * tail; blocks until there is something to send. */
+static ssize_t sse_set_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    sse_set *t = cls;
+    for (;;) {
+        if (t->tail) {
+            if (t->tail_pos == t->tail_len) return MHD_CONTENT_READER_END_OF_STREAM;
+            size_t n = t->tail_len - t->tail_pos < max ? t->tail_len - t->tail_pos : max;
+            memcpy(buf, t->tail + t->tail_pos, n);
+            t->tail_pos += n;
+            return (ssize_t)n;
+        }
+        int over = 0;
+        gen *wait_on = NULL;
+        for (int r = 0; r < t->n; r++) {
+            gen *g = t->gs[(t->next + r) % t->n];
+            pthread_mutex_lock(&g->mu);
+            if (g->out_pos == g->out_len && !g->sent_done) {
+                g->out_pos = g->out_len = 0;
+                sse_round(g, 0);
+            }
+            if (g->out_pos < g->out_len) {
+                size_t n = out_take(g, buf, max);
+                if (g->out_pos == g->out_len) t->next = (t->next + r + 1) % t->n;   /* its chunks sent: the next one's turn */
+                else t->next = (t->next + r) % t->n;
+                pthread_mutex_unlock(&g->mu);
+                return (ssize_t)n;
+            }
+            over += g->sent_done;
+            if (!g->sent_done && !wait_on) wait_on = g;
+            pthread_mutex_unlock(&g->mu);
+        }
+        if (over == t->n) {   /* every generation is over: the usage chunk and [DONE] */
+            json_t *u = NULL;
+            gen *h = t->gs[0];
+            if (h->include_usage) {
+                long long pt = 0, ct = 0;
+                for (int k = 0; k < t->n; k++) {
+                    pthread_mutex_lock(&t->gs[k]->mu);
+                    pt += k % t->per_prompt == 0 ? t->gs[k]->n_prompt : 0;
+                    ct += t->gs[k]->n;
+                    pthread_mutex_unlock(&t->gs[k]->mu);
+                }
+                u = envelope(h, h->chat ? "chat.completion.chunk" : "text_completion");
+                json_object_set_new(u, "choices", json_array());
+                json_t *us = json_object();
+                json_object_set_new(us, "prompt_tokens", json_integer(pt));
+                json_object_set_new(us, "completion_tokens", json_integer(ct));
+                json_object_set_new(us, "total_tokens", json_integer(pt + ct));
+                json_object_set_new(u, "usage", us);
+            }
+            char *us = u ? json_dumps(u, JSON_COMPACT) : NULL;
+            json_decref(u);
+            size_t ul = us ? strlen(us) : 0;
+            t->tail = malloc(ul + 32);
+            if (!t->tail) {
+                free(us);
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            }
+            t->tail_len = us ? (size_t)sprintf(t->tail, "data: %s\n\n", us) : 0;
+            t->tail_len += (size_t)sprintf(t->tail + t->tail_len, "data: [DONE]\n\n");
+            free(us);
+            continue;
+        }
+        /* nothing to send: wait for the first unfinished one (the choices step together) */
+        pthread_mutex_lock(&wait_on->mu);
+        if (!wait_on->done || wait_on->rendered < wait_on->n) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            long long ns = ts.tv_nsec + 20000000LL;   /* 20 ms: how late another choice's token may go out */
+            ts.tv_sec += ns / 1000000000LL;
+            ts.tv_nsec = ns % 1000000000LL;
+            pthread_cond_timedwait(&wait_on->cv, &wait_on->mu, &ts);
+        }
+        pthread_mutex_unlock(&wait_on->mu);
+        if (now_s() > t->t_end) { /* the request ran too long: stop them */
+            for (int k = 0; k < t->n; k++) ib_sched_cancel(t->S->sched, t->gs[k]->job);
+            t->t_end = now_s() + 3600;
+        }
+    }
+}
+
+/* MHD: a streamed set's response is gone (finished or the client went away): stop what still runs. */
+static void sse_set_free(void *cls) {
+    sse_set *t = cls;
+    for (int k = 0; k < t->n; k++) {
+        gen *g = t->gs[k];
+        pthread_mutex_lock(&g->mu);
+        int done = g->done;
+        pthread_mutex_unlock(&g->mu);
+        if (!done) ib_sched_cancel(t->S->sched, g->job);
+    }
+    for (int k = t->n - 1; k >= 0; k--) gen_unref(t->gs[k]);   /* the first (every chunk's head) last */
+    free(t->gs);
+    free(t->tail);
+    free(t);
+}
+
+/* An SSE response over reader/cls (freed by fr), with the stream's headers, queued on c. */
+static enum MHD_Result sse_queue(server *S, struct MHD_Connection *c, MHD_ContentReaderCallback reader, void *cls,
+                                 MHD_ContentReaderFreeCallback fr) {
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, reader, cls, fr);
+    if (!r) {
+        fr(cls);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    ib_http_decorate(r, 200);
+    pthread_mutex_lock(&S->mu);
+    S->http_by_class[2]++;
+    pthread_mutex_unlock(&S->mu);
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+enum MHD_Result stream_choices(server *S, struct MHD_Connection *c, gen **gs, int n, int n_per_prompt) {
+    sse_set *t = calloc(1, sizeof *t);
+    gen **own = malloc((size_t)n * sizeof *own);
+    if (!t || !own) {
+        free(t);
+        free(own);
+        for (int k = 0; k < n; k++) {
+            ib_sched_cancel(S->sched, gs[k]->job);
+            gen_unref(gs[k]);
+        }
+        return MHD_NO;
+    }
+    memcpy(own, gs, (size_t)n * sizeof *own);
+    for (int k = 0; k < n; k++) {
+        pthread_mutex_lock(&own[k]->mu);
+        own[k]->choice = k;
+        own[k]->head = k > 0 ? own[0] : NULL;
+        pthread_mutex_unlock(&own[k]->mu);
+    }
+    *t = (sse_set){.S = S, .gs = own, .n = n, .per_prompt = n_per_prompt, .t_end = now_s() + S->o.timeout_s};
+    return sse_queue(S, c, sse_set_read, t, sse_set_free);
 }
 
 /* MHD: the stream's response is gone (finished or the client went away): stop the job. */
@@ -675,24 +845,7 @@ enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session 
                         int n_ids, gen_params *p) {
     enum MHD_Result sent;
     if (gen_submit(S, c, g, s, ids, n_ids, p, &sent)) return sent;
-    const uint64_t id = g->job;
-    if (g->stream) {
-        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_read, g, sse_free);
-        if (!r) {
-            ib_sched_cancel(S->sched, id);
-            gen_unref(g);
-            return MHD_NO;
-        }
-        MHD_add_response_header(r, "Content-Type", "text/event-stream");
-        MHD_add_response_header(r, "Cache-Control", "no-cache");
-        ib_http_decorate(r, 200);
-        pthread_mutex_lock(&S->mu);
-        S->http_by_class[2]++;
-        pthread_mutex_unlock(&S->mu);
-        enum MHD_Result ret = MHD_queue_response(c, 200, r);
-        MHD_destroy_response(r);
-        return ret;
-    }
+    if (g->stream) return sse_queue(S, c, sse_read, g, sse_free);   /* (sse_free cancels and drops g) */
     /* wait for the end, a stop string, the time limit, or the client going away */
     pthread_mutex_lock(&g->mu);
     double t_end = now_s() + S->o.timeout_s;

@@ -316,8 +316,8 @@ static int chat_gen_setup(server *S, gen *g, const chat_ctx *cc) {
  * with the same parameters but the seed, which is p's seed + j (so choice j is what the same request
  * with n 1 and that seed gets), all submitted at once so they batch together; a prompt's choices past
  * the first copy its prefilled session but for the last token (the scheduler's prompt sharing), so a
- * prompt is prefilled once; chat (cc) or completions (cc NULL). The usage is that of all. Not streamed
- * (the caller refuses stream). */
+ * prompt is prefilled once; chat (cc) or completions (cc NULL). The usage is that of all. Streamed
+ * (p->stream): the choices' chunks as they come, each with its "index" (stream_choices). */
 static enum MHD_Result serve_choices(server *S, struct MHD_Connection *c, const chat_ctx *cc, int32_t **ids, const int *n_ids, int np,
                                      gen_params *p, int tidx) {
     const int n = p->n, total = np * n, chat = cc != NULL;
@@ -402,6 +402,11 @@ static enum MHD_Result serve_choices(server *S, struct MHD_Connection *c, const 
     }
     free(jobs);
     free(qs);
+    if (!failed && p->stream) {   /* the stream takes the references over */
+        ret = stream_choices(S, c, gs, ng, n);
+        free(gs);
+        return ret;
+    }
     /* wait for every generation (a stop string, the time limit or the client leaving cancels) */
     double t_end = now_s() + S->o.timeout_s;
     int gone = 0;
@@ -469,18 +474,14 @@ static enum MHD_Result serve_choices(server *S, struct MHD_Connection *c, const 
     return ret;
 }
 
-/* The refusals of a request of several generations (np prompts x p->n choices): more than the server
- * runs or queues at once, or streamed. 0 when it may go on; else the 400 is queued into *r. */
+/* The refusal of a request of several generations (np prompts x p->n choices): more than the server
+ * runs or queues at once. 0 when it may go on; else the 400 is queued into *r. */
 static int choices_check(server *S, struct MHD_Connection *c, int np, const gen_params *p, enum MHD_Result *r) {
     const int room = S->o.max_batch + (S->o.max_queue > 0 ? S->o.max_queue : 0);
     if ((long)np * p->n > room) {
         *r = p->n > 1 && np > 1 ? BAD("n", "%d prompts x n %d: more than this server runs or queues at once (%d)", np, p->n, room)
              : p->n > 1         ? BAD("n", "n %d: more than this server runs or queues at once (%d)", p->n, room)
                       : BAD("prompt", "%d prompts: more than this server runs or queues at once (%d)", np, room);
-        return -1;
-    }
-    if (p->stream) {
-        *r = BAD("stream", "stream is not supported with several prompts or n > 1: send one request per choice to stream");
         return -1;
     }
     return 0;

@@ -97,6 +97,10 @@ typedef struct gen {
     int n_stops;
     char id[IB_STORE_ID_MAX + 16];
     long created;
+    int choice;               /* its index among the response's choices (streamed chunks' "index") */
+    const struct gen *head;   /* a streamed choice of several: the first choice, whose id, created and
+                               * seed every chunk of the response shows (it outlives this one's
+                               * stream); NULL: itself */
     ib_session *own;          /* request-scoped session, freed at DONE */
     ib_sampling sp;           /* the sampling settings of the generation (seed included) */
     /* the verification record's inputs (verify.h) */
@@ -249,6 +253,11 @@ ib_sched_job gen_job(gen *g, ib_session *s, const int32_t *ids, int n_ids, const
  * share_with holds): 0, each g's second reference taken by the scheduler; -1 when they could not be
  * (every g's references dropped, the error response sent, its result in *ret). */
 int gen_submit_n(server *S, struct MHD_Connection *c, gen **gs, const ib_sched_job *jobs, int n, enum MHD_Result *ret);
+/* The SSE response of generations gs[0..n) (submitted, one reference each taken over): their chunks
+ * as they come, each with its choice's "index", then one usage chunk (include_usage: np prompts' tokens
+ * counted once each, every choice's completion) and [DONE]. MHD_NO when it cannot be made (the
+ * generations cancelled, the references dropped). */
+enum MHD_Result stream_choices(server *S, struct MHD_Connection *c, gen **gs, int n, int n_per_prompt);
 /* gen_submit, then the stream's response, or the wait for the end and the body. */
 enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids,
                         int n_ids, gen_params *p);

@@ -95,6 +95,14 @@ async function main() {
   check("chat stream: same text as plain, usage at the end", cs === ch1.choices[0].message.content && role === "assistant" &&
         usage && usage.completion_tokens === ch1.usage.completion_tokens, JSON.stringify([cs, ch1.choices[0].message.content, usage]));
 
+  // n choices streamed through the client: each index's deltas joined are that choice of the plain request
+  const n3 = await client.chat.completions.create({ ...chatReq, logprobs: false, n: 3, seed: 7 });
+  const nParts = ["", "", ""];
+  for await (const ch of await client.chat.completions.create({ ...chatReq, logprobs: false, n: 3, seed: 7, stream: true }))
+    for (const c of ch.choices) nParts[c.index] += c.delta?.content ?? "";
+  check("chat n 3 stream: each index's text is the plain request's choice", n3.choices.length === 3 &&
+        n3.choices.every((c, k) => c.index === k && c.message.content === nParts[k]), JSON.stringify([nParts, n3.choices.map(c => c.message.content)]));
+
   // errors through the client's classes
   try { await new OpenAI({ baseURL: base + "/v1", apiKey: "wrong-key", maxRetries: 0 }).models.list(); check("wrong key", false, "accepted"); }
   catch (e) { check("wrong key -> 401 AuthenticationError", e instanceof OpenAI.AuthenticationError && e.code === "invalid_api_key", String(e)); }
