@@ -481,10 +481,40 @@ for j in 0 1 2 3; do
 done
 [ $same -lt 4 ] && ok || bad "under split-kv-by-batch all 4 choices equal their requests alone: the n check cannot fail"
 stop "$LAST_PID" nfault
-# ... and under share-early (the copies of choice 0's session are taken a token early) choices 1-3
-# differ from their requests alone, while choice 0 does not
-start sfault --inject share-early
+# concurrent requests whose prompts share a long prefix (--share-prefix, default 32 tokens): the later
+# ones copy it from the first's session; each answer is still the request's alone.
+# auto_share TAG: rounds of 4 concurrent requests (one 560-byte prefix, a byte a token, prefilled 16 a
+# step) until the server shares (at most 5); prints "TOKENS_SHARED EQUAL_ALONE" of the last round
+auto_share() {
+    local tag=$1 pre sh0 sh1 eq=0 r j pids
+    pre=$(printf 'common prefix %.0s' $(seq 40))
+    for r in 1 2 3 4 5; do
+        sh0=$(shared_total); pids=""
+        for j in 0 1 2 3; do
+            curl -s -m 60 -o "$T/as.$tag.$j" "$U/v1/completions" -d "{\"model\":\"tiny\",\"prompt\":\"$pre tail $j\",\"max_tokens\":8,\"seed\":$j,\"temperature\":0.9,\"logprobs\":1}" &
+            pids="$pids $!"
+        done
+        wait $pids
+        sh1=$(shared_total)
+        [ "$sh1" -gt "$sh0" ] && break
+    done
+    for j in 0 1 2 3; do
+        curl -s -m 60 -o "$T/as.$tag.alone" "$U/v1/completions" -d "{\"model\":\"tiny\",\"prompt\":\"$pre tail $j\",\"max_tokens\":8,\"seed\":$j,\"temperature\":0.9,\"logprobs\":1}"
+        same_choice "$T/as.$tag.$j" 0 "$T/as.$tag.alone" && eq=$((eq + 1))
+    done
+    echo "$((sh1 - sh0)) $eq"
+}
+start ashare --prefill-chunk 16
 U=http://127.0.0.1:$PORT
+read -r sh eq <<<"$(auto_share clean)"
+[ "$sh" -gt 0 ] && [ "$eq" = 4 ] && ok || bad "concurrent requests with one prefix: $sh tokens shared, $eq of 4 equal to the request alone"
+stop "$LAST_PID" ashare
+# ... and under share-early (the copies of choice 0's session are taken a token early) choices 1-3
+# differ from their requests alone, while choice 0 does not; so do concurrent requests that shared
+start sfault --inject share-early --prefill-chunk 16
+U=http://127.0.0.1:$PORT
+read -r sh eq <<<"$(auto_share fault)"
+[ "$sh" -gt 0 ] && [ "$eq" -lt 4 ] && ok || bad "under share-early: $sh tokens shared, $eq of 4 concurrent requests equal alone: the check cannot fail"
 req 200 "n 4 under share-early" "$U/v1/completions" -d "{$NP,\"n\":4,\"seed\":31}"
 cp "$T/body" "$T/n4e"
 same=""

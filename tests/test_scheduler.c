@@ -177,9 +177,10 @@ static void run_sched(const ib_model *m, ib_engine *e, int batch, int chunk, int
 }
 
 
-/* Prompt i decoded alone with plain ib_step/ib_sample, sampled with `seed`: its tokens and the digest
- * of its logits rows. */
-static void lone_run(const ib_model *m, ib_engine *e, int i, uint64_t seed, int32_t *tok, uint64_t *dig) {
+/* Prompt pr[n] decoded alone with plain ib_step/ib_sample, sampled with `seed`: its tokens and the
+ * digest of its logits rows. */
+static void lone_run(const ib_model *m, ib_engine *e, const int32_t *pr, int n, uint64_t seed, int32_t *tok,
+                     uint64_t *dig) {
     int V = ib_model_get_info(m)->vocab_size;
     ib_sampling sp = sampling(1);
     sp.seed = seed;
@@ -191,8 +192,8 @@ static void lone_run(const ib_model *m, ib_engine *e, int i, uint64_t seed, int3
         free(logits);
         return;
     }
-    ib_session_note_tokens(s, prompts[i], plen[i]);
-    ib_step_item it = {.session = s, .tokens = prompts[i], .n_tokens = plen[i], .logits = logits};
+    ib_session_note_tokens(s, pr, n);
+    ib_step_item it = {.session = s, .tokens = pr, .n_tokens = n, .logits = logits};
     ib_step(e, &it, 1, &err);
     *dig = IB_DIGEST_INIT;
     for (int g = 0; g < GEN; g++) {
@@ -247,7 +248,7 @@ static int run_shared(const ib_model *m, ib_engine *e, const int *which, int nw,
             rec *q = &r[w * SHARE_C + j];
             int32_t tok[GEN];
             uint64_t dig = 0;
-            lone_run(m, e, which[w], 1234 + (uint64_t)j, tok, &dig);
+            lone_run(m, e, prompts[which[w]], plen[which[w]], 1234 + (uint64_t)j, tok, &dig);
             same += q->n == GEN && q->fed == plen[which[w]] && !memcmp(q->tok, tok, sizeof tok) && q->dig == dig;
             ib_session_free(q->s);
         }
@@ -312,6 +313,74 @@ static void check_sharing(const ib_model *m, ib_engine *e) {
     CHECK(st.queued == 0 && st.active == 0, "a refused call queued jobs: %d queued, %d active", st.queued, st.active);
     ib_sched_free(S);
     ib_session_free(s);
+}
+
+/* Automatic sharing (ib_sched_opts.share_min): 6 jobs submitted one by one, their prompts the same
+ * first 100 tokens then each its own tail (job 5's tail starts at token 20, under share_min), all equal
+ * their lone runs; returns how many, *shared the tokens the scheduler shared. */
+static int run_auto_share(const ib_model *m, ib_engine *e, int share_min, int chunk, long long *shared) {
+    enum { J = 6, LEN = 130 };
+    static int32_t pr[J][LEN];
+    for (int j = 0; j < J; j++)
+        for (int t = 0; t < LEN; t++)
+            pr[j][t] = t < (j == 5 ? 20 : 100) ? prompts[4][t] : (int32_t)((j * 53 + t * 7) % 250);
+    ib_sched_opts so = {.max_batch = J, .prefill_chunk = chunk, .max_queue = J, .share_min = share_min};
+    ib_sched *S;
+    ib_error err;
+    if (ib_sched_create(e, &so, &S, &err)) return -1;
+    rec r[J];
+    memset(r, 0, sizeof r);
+    for (int j = 0; j < J; j++) {
+        r[j].dig = IB_DIGEST_INIT;
+        pthread_mutex_init(&r[j].mu, NULL);
+        pthread_cond_init(&r[j].cv, NULL);
+        ib_sampling sp = sampling(1);
+        sp.seed = 77 + (uint64_t)j;
+        ib_session_opts sopt = {.max_context = 256, .sampling = sp};
+        ib_session_create(m, &sopt, &r[j].s, &err);
+        ib_sched_job jb = {.session = r[j].s, .prompt = pr[j], .n_prompt = LEN, .max_new_tokens = GEN,
+                           .on_event = on_event, .ctx = &r[j]};
+        CHECK(ib_sched_submit(S, &jb, NULL, &err) == IB_OK, "%s", err.msg);
+    }
+    for (int j = 0; j < J; j++) rec_wait(&r[j]);
+    ib_sched_stats st;
+    ib_sched_get_stats(S, &st);
+    *shared = st.tokens_shared;
+    ib_sched_free(S);
+    int same = 0;
+    for (int j = 0; j < J; j++) {
+        int32_t tok[GEN];
+        uint64_t dig = 0;
+        lone_run(m, e, pr[j], LEN, 77 + (uint64_t)j, tok, &dig);
+        same += r[j].n == GEN && r[j].fed == LEN && !memcmp(r[j].tok, tok, sizeof tok) && r[j].dig == dig;
+        ib_session_free(r[j].s);
+    }
+    return same;
+}
+
+/* Automatic sharing gives every job its lone run's bits: on (whatever the jobs' arrival order lets it
+ * share: the scheduler thread may admit and start the first before the others come), off, and under
+ * share-early (then some differ whenever something was shared). */
+static void check_auto_sharing(const ib_model *m, ib_engine *e) {
+    long long sh;
+    int same;
+    for (int chunk = 16; chunk <= 200; chunk += 184) {
+        same = run_auto_share(m, e, 32, chunk, &sh);
+        CHECK(same == 6, "auto sharing, chunk %d: %d of 6 jobs equal their lone run (%lld tokens shared)", chunk, same, sh);
+        CHECK(sh % 100 == 0 && sh <= 400, "auto sharing, chunk %d: %lld tokens shared, not a multiple of the 100-token "
+              "prefix (at most 4 jobs share it)", chunk, sh);
+    }
+    same = run_auto_share(m, e, 0, 16, &sh);
+    CHECK(same == 6 && sh == 0, "auto sharing off: %d of 6 equal, %lld tokens shared", same, sh);
+    /* the first job's 100 tokens take 7 steps at chunk 16: jobs submitted within that share them */
+    long long sh_fault = 0;
+    int tries = 0;
+    ib_fault_set(IB_FAULT_SHARE_EARLY);
+    do same = run_auto_share(m, e, 32, 16, &sh_fault);
+    while (sh_fault == 0 && ++tries < 5);
+    ib_fault_set(IB_FAULT_NONE);
+    CHECK(sh_fault > 0 && same < 6, "FAULT share-early (auto): %d of 6 jobs equal their lone run, %lld tokens shared",
+          same, sh_fault);
 }
 
 /* Feed prompt i then GEN greedy tokens through a windowed session; prefill in chunks of `chunk`,
@@ -568,6 +637,7 @@ int main(void) {
         run_sched(m, e, 8, 200, sampled, 1, rt, rl);
     }
     check_sharing(m, e);
+    check_auto_sharing(m, e);
 
 
     /* KV policies */

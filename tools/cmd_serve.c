@@ -22,6 +22,9 @@ static const char help[] =
     "  --model-id NAME        the model name clients use (default: the directory's name)\n"
     "  --max-batch B          generations stepped together (default 32)\n"
     "  --prefill-chunk C      most prompt tokens of one request per step (default 64)\n"
+    "  --share-prefix N       requests running together whose prompts start with the same N or more\n"
+    "                         tokens prefill them once, the others copying that KV (default 32; 0 =\n"
+    "                         only a request's n choices share); never changes an answer\n"
     "  --max-queue Q          generations waiting for a batch slot, and requests waiting for memory\n"
     "                         (default 64); beyond that: 429 with Retry-After\n"
     "  --max-sessions N       stateful sessions held at once (default 256)\n"
@@ -95,7 +98,7 @@ int cmd_serve(int argc, char **argv) {
     const char *dir = NULL, *data_dir = NULL;
     serve_store store;
     int store_given = 0;
-    long port = o.port, batch = o.max_batch, chunk = o.prefill_chunk, queue = o.max_queue, sessions = o.max_sessions,
+    long port = o.port, batch = o.max_batch, chunk = o.prefill_chunk, share = o.share_prefix, queue = o.max_queue, sessions = o.max_sessions,
          sctx = o.session_context, maxp = o.max_prompt_tokens, maxt = o.max_tokens, conns = o.max_connections,
          tmo = o.timeout_s, idle = o.idle_timeout_s, rto = o.request_timeout_s,
          cconns = o.max_connections_per_client, sidle = o.session_idle_timeout_s, drain = o.drain_timeout_s, kses = 0, kreq = 0, body = (long)o.max_body, delay = 0;
@@ -121,6 +124,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(f, "--model-id")) rc = VAL() ? (o.model_id = v, 0) : 2;
         else if (!strcmp(f, "--max-batch")) rc = VAL() ? cli_int(f, v, 1, 1024, &batch) : 2;
         else if (!strcmp(f, "--prefill-chunk")) rc = VAL() ? cli_int(f, v, 1, 4096, &chunk) : 2;
+        else if (!strcmp(f, "--share-prefix")) rc = VAL() ? cli_int(f, v, 0, 1 << 24, &share) : 2;
         else if (!strcmp(f, "--max-queue")) rc = VAL() ? cli_int(f, v, 0, 100000, &queue) : 2;
         else if (!strcmp(f, "--max-sessions")) rc = VAL() ? cli_int(f, v, 1, 1000000, &sessions) : 2;
         else if (!strcmp(f, "--session-context")) rc = VAL() ? cli_int(f, v, 1, 1 << 24, &sctx) : 2;
@@ -195,6 +199,7 @@ int cmd_serve(int argc, char **argv) {
     o.threads = (int)threads;
     o.max_batch = (int)batch;
     o.prefill_chunk = (int)chunk;
+    o.share_prefix = (int)share;
     o.max_queue = (int)queue;
     o.max_sessions = (int)sessions;
     o.session_context = (int)sctx;

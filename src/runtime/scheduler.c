@@ -304,6 +304,26 @@ static int share_fits(const job *j, const job *src) {
            memcmp(j->prompt, src->prompt, (size_t)j->n_shared * sizeof(int32_t)) == 0;
 }
 
+/* share_min (automatic sharing): for job j, just admitted, whose session starts empty and that shares
+ * nothing yet, the active job whose prompt starts with the longest run of j's first tokens — at least
+ * share_min, less than both prompts — and that has not fed past it, not itself waiting for a longer
+ * copy: j then waits to copy that run from it (share_from, n_shared). Loop thread, lock held. */
+static void share_find(ib_sched *S, job *j) {
+    if (S->o.share_min <= 0 || j->share_from || j->s->pos != 0 || j->n_replay != 0) return;
+    job *best = NULL;
+    int best_len = 0;
+    for (int a = 0; a < S->n_active; a++) {
+        job *src = S->active[a];
+        if (src == j || src->s == j->s || src->start_pos != 0 || src->n_replay != 0) continue;
+        int cap = (j->n_prompt < src->n_prompt ? j->n_prompt : src->n_prompt) - 1, len = 0;
+        while (len < cap && j->prompt[len] == src->prompt[len]) len++;
+        if (len < S->o.share_min || len <= best_len || src->fed > len || (src->share_from && src->n_shared > len))
+            continue;
+        best = src, best_len = len;
+    }
+    if (best) j->share_from = best->id, j->n_shared = best_len;
+}
+
 /* Prompt sharing, once per step before it is built (loop thread, lock held): every job waiting for a
  * copy (share_from) whose source is active and has fed less than the shared tokens holds that source's
  * prompt there (the source's hold: the smallest such length); a job whose source has fed exactly that
@@ -372,6 +392,7 @@ static void run_loop(ib_sched *S) {
             j->queued_s = now_s() - j->t_submit;
             j->start_pos = j->s->pos;
             S->active[S->n_active++] = j;
+            share_find(S, j);
         }
         if (S->stop) break;
         /* cancelled jobs leave now */

@@ -15,6 +15,7 @@ ib_server_opts ib_server_opts_default(void) {
     o.threads = 1;
     o.max_batch = 32;
     o.prefill_chunk = 64;
+    o.share_prefix = 32;
     o.max_queue = 64;
     o.max_sessions = 256;
     o.session_idle_timeout_s = 3600;
@@ -437,7 +438,8 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     if ((rc = ib_session_check(S->m, &(ib_session_opts){.max_context = 1, .kv_dtype = o->kv_dtype, .backend = o->backend},
                                err)))
         goto done;
-    ib_sched_opts so = {.max_batch = o->max_batch, .prefill_chunk = o->prefill_chunk, .max_queue = o->max_queue > 0 ? o->max_queue : -1};
+    ib_sched_opts so = {.max_batch = o->max_batch, .prefill_chunk = o->prefill_chunk, .max_queue = o->max_queue > 0 ? o->max_queue : -1,
+                        .share_min = o->share_prefix};
     if ((rc = ib_sched_create(S->e, &so, &S->sched, err))) goto done;
     if (!(S->sessions = calloc((size_t)(o->max_sessions > 0 ? o->max_sessions : 1), sizeof *S->sessions))) {
         rc = ib_fail(err, IB_ERR_NOMEM, "serve: out of memory");

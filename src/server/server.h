@@ -17,6 +17,8 @@ typedef struct ib_server_opts {
     int port;                    /* 0 = any free port (see port_file) */
     const char *port_file;       /* when set, the bound port is written there once listening */
     int threads, max_batch, prefill_chunk, max_queue;
+    int share_prefix;            /* ib_sched_opts.share_min: concurrent requests' common prompt prefixes of
+                                  * at least this many tokens are prefilled once; 0 = only a request's n */
     int max_sessions;            /* stateful sessions held at once */
     int session_idle_timeout_s;  /* a session no request has named for this long is closed; 0 = never */
     /* per-API-key quotas; 0 = with several keys an equal share of max_sessions, memory_budget and
