@@ -55,6 +55,7 @@ extern "C" {
 #include <cuda_profiler_api.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -701,6 +702,27 @@ fail:
 
 /* ---------------------------------------------------------------- KV caches */
 
+/* The stream new caches are zeroed on: its own, non-blocking. A server makes caches on its request
+ * threads while the scheduler's thread may be capturing a step into a graph; a memset on the legacy
+ * default stream would synchronize with the capturing (blocking) step stream, which a capture does not
+ * allow: the memset failed (the request got "out of device memory") and the capture broke. */
+static pthread_once_t zero_once = PTHREAD_ONCE_INIT;
+static cudaStream_t zero_st;
+static void zero_stream_make(void) {
+    if (cudaStreamCreateWithFlags(&zero_st, cudaStreamNonBlocking) != cudaSuccess) {
+        cudaGetLastError();
+        zero_st = NULL;
+    }
+}
+
+/* n bytes at p set to zero and finished, off the step stream (zero_st; the legacy stream when that
+ * could not be made). 0, or -1 on a CUDA error. */
+static int zero_device(void *p, size_t n) {
+    pthread_once(&zero_once, zero_stream_make);
+    if (!zero_st) return cudaMemset(p, 0, n) == cudaSuccess ? 0 : -1;
+    return cudaMemsetAsync(p, 0, n, zero_st) == cudaSuccess && cudaStreamSynchronize(zero_st) == cudaSuccess ? 0 : -1;
+}
+
 /* A zeroed cache of d's shape in device memory (the layout of ib_kv_desc). */
 static ib_status cuda_kv_create(const ib_kv_desc *d, ib_kv **out, ib_error *err) {
     *out = NULL;
@@ -718,7 +740,7 @@ static ib_status cuda_kv_create(const ib_kv_desc *d, ib_kv **out, ib_error *err)
     kv->pub.desc = *d;
     kv->pub.kind = IB_BACKEND_CUDA;
     const size_t n = ib_kv_desc_bytes(d);
-    if (cudaMalloc(&kv->dev, n ? n : 16) != cudaSuccess || cudaMemset(kv->dev, 0, n) != cudaSuccess) {
+    if (cudaMalloc(&kv->dev, n ? n : 16) != cudaSuccess || zero_device(kv->dev, n)) {
         cudaGetLastError();
         if (kv->dev) cudaFree(kv->dev);
         free(kv);
