@@ -487,11 +487,13 @@ typedef struct ib_sched_opts {
     int max_batch;      /* jobs stepped together, >= 1; 0 means 32 */
     int prefill_chunk;  /* most prompt tokens of one job per step; 0 means 64 */
     int max_queue;      /* jobs waiting beyond max_batch; 0 means 64, < 0 means none */
-    int share_min;      /* > 0: a job admitted while another active job's prompt starts with at least
-                         * share_min of its own first tokens (and that job has not fed past them) shares
-                         * them as share_with would: that job stops there, its session is copied into this
-                         * one's. For bursts of requests with one long prefix (a system prompt, few-shot
-                         * examples). Never changes a number. 0 = only share_with. */
+    int share_min;      /* > 0: a job admitted while another active job of its group (ib_sched_job.group)
+                         * has a prompt that starts with at least share_min of its own first tokens (and
+                         * has not fed past them) shares them as share_with would: that job stops there,
+                         * its session is copied into this one's. For bursts of requests with one long
+                         * prefix (a system prompt, few-shot examples). Never changes a number; never
+                         * across groups (a request's latency would tell another tenant's prompt). 0 =
+                         * only share_with. */
 } ib_sched_opts;
 
 /* What a job reports, in order: one TOKEN event per generated token, then exactly one DONE event.

@@ -318,7 +318,7 @@ static void check_sharing(const ib_model *m, ib_engine *e) {
 /* Automatic sharing (ib_sched_opts.share_min): 6 jobs submitted one by one, their prompts the same
  * first 100 tokens then each its own tail (job 5's tail starts at token 20, under share_min), all equal
  * their lone runs; returns how many, *shared the tokens the scheduler shared. */
-static int run_auto_share(const ib_model *m, ib_engine *e, int share_min, int chunk, long long *shared) {
+static int run_auto_share(const ib_model *m, ib_engine *e, int share_min, int chunk, int own_groups, long long *shared) {
     enum { J = 6, LEN = 130 };
     static int32_t pr[J][LEN];
     for (int j = 0; j < J; j++)
@@ -339,7 +339,7 @@ static int run_auto_share(const ib_model *m, ib_engine *e, int share_min, int ch
         ib_session_opts sopt = {.max_context = 256, .sampling = sp};
         ib_session_create(m, &sopt, &r[j].s, &err);
         ib_sched_job jb = {.session = r[j].s, .prompt = pr[j], .n_prompt = LEN, .max_new_tokens = GEN,
-                           .on_event = on_event, .ctx = &r[j]};
+                           .on_event = on_event, .ctx = &r[j], .group = own_groups ? j : 0};
         CHECK(ib_sched_submit(S, &jb, NULL, &err) == IB_OK, "%s", err.msg);
     }
     for (int j = 0; j < J; j++) rec_wait(&r[j]);
@@ -365,18 +365,21 @@ static void check_auto_sharing(const ib_model *m, ib_engine *e) {
     long long sh;
     int same;
     for (int chunk = 16; chunk <= 200; chunk += 184) {
-        same = run_auto_share(m, e, 32, chunk, &sh);
+        same = run_auto_share(m, e, 32, chunk, 0, &sh);
         CHECK(same == 6, "auto sharing, chunk %d: %d of 6 jobs equal their lone run (%lld tokens shared)", chunk, same, sh);
         CHECK(sh % 100 == 0 && sh <= 400, "auto sharing, chunk %d: %lld tokens shared, not a multiple of the 100-token "
               "prefix (at most 4 jobs share it)", chunk, sh);
     }
-    same = run_auto_share(m, e, 0, 16, &sh);
+    same = run_auto_share(m, e, 0, 16, 0, &sh);
     CHECK(same == 6 && sh == 0, "auto sharing off: %d of 6 equal, %lld tokens shared", same, sh);
+    same = run_auto_share(m, e, 32, 16, 1, &sh);
+    CHECK(same == 6 && sh == 0, "auto sharing, each job its own group: %d of 6 equal, %lld tokens shared (never "
+          "across groups)", same, sh);
     /* the first job's 100 tokens take 7 steps at chunk 16: jobs submitted within that share them */
     long long sh_fault = 0;
     int tries = 0;
     ib_fault_set(IB_FAULT_SHARE_EARLY);
-    do same = run_auto_share(m, e, 32, 16, &sh_fault);
+    do same = run_auto_share(m, e, 32, 16, 0, &sh_fault);
     while (sh_fault == 0 && ++tries < 5);
     ib_fault_set(IB_FAULT_NONE);
     CHECK(sh_fault > 0 && same < 6, "FAULT share-early (auto): %d of 6 jobs equal their lone run, %lld tokens shared",

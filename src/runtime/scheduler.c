@@ -305,16 +305,18 @@ static int share_fits(const job *j, const job *src) {
 }
 
 /* share_min (automatic sharing): for job j, just admitted, whose session starts empty and that shares
- * nothing yet, the active job whose prompt starts with the longest run of j's first tokens — at least
- * share_min, less than both prompts — and that has not fed past it, not itself waiting for a longer
- * copy: j then waits to copy that run from it (share_from, n_shared). Loop thread, lock held. */
+ * nothing yet, the active job of its own group whose prompt starts with the longest run of j's first
+ * tokens — at least share_min, less than both prompts — and that has not fed past it, not itself
+ * waiting for a longer copy: j then waits to copy that run from it (share_from, n_shared). Only within
+ * a group (a server's API key): across tenants a request's time to first token would tell whether
+ * another tenant's running request starts the same way. Loop thread, lock held. */
 static void share_find(ib_sched *S, job *j) {
     if (S->o.share_min <= 0 || j->share_from || j->s->pos != 0 || j->n_replay != 0) return;
     job *best = NULL;
     int best_len = 0;
     for (int a = 0; a < S->n_active; a++) {
         job *src = S->active[a];
-        if (src == j || src->s == j->s || src->start_pos != 0 || src->n_replay != 0) continue;
+        if (src == j || src->group != j->group || src->s == j->s || src->start_pos != 0 || src->n_replay != 0) continue;
         int cap = (j->n_prompt < src->n_prompt ? j->n_prompt : src->n_prompt) - 1, len = 0;
         while (len < cap && j->prompt[len] == src->prompt[len]) len++;
         if (len < S->o.share_min || len <= best_len || src->fed > len || (src->share_from && src->n_shared > len))
