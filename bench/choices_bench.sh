@@ -10,16 +10,8 @@
 set -u
 bin=${1:?usage: choices_bench.sh BIN MODEL BACKEND [N] [PROMPT_WORDS] [ROUNDS]}
 model=$2 backend=$3 n=${4:-8} words=${5:-250} rounds=${6:-3}
-out=$(mktemp -d /tmp/choices_bench.XXXXXX)
-trap 'kill "$pid" 2>/dev/null; rm -rf "$out"' EXIT
-"$bin" serve -m "$model" --backend "$backend" --port 0 --port-file "$out/port" --max-batch 64 \
-    --no-request-log --store none ${EXTRA:-} >"$out/serve.log" 2>&1 &
-pid=$!
-for _ in $(seq 600); do [ -s "$out/port" ] && break; sleep 0.1; done
-port=$(cat "$out/port" 2>/dev/null)
-[ -n "$port" ] || { echo "choices_bench: the server did not start"; cat "$out/serve.log"; exit 1; }
-U=http://127.0.0.1:$port
-id=$(curl -s "$U/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
+. "$(dirname "$0")/bench_server.sh"
+bench_server_up choices_bench "$bin" "$model" "$backend" ${EXTRA:-}
 prompt=$(python3 -c "import sys; print(' '.join('word%d' % (i % 97) for i in range(int(sys.argv[1]))))" "$words")
 body() { # body SEED N
     printf '{"model":"%s","prompt":"%s","max_tokens":32,"temperature":0.8,"seed":%d,"n":%d,"logprobs":1}' "$id" "$prompt" "$1" "$2"

@@ -6,16 +6,8 @@
 set -u
 bin=${1:?usage: serve_burst.sh BIN MODEL BACKEND [ROUNDS] [N]}
 model=$2 backend=$3 rounds=${4:-10} n=${5:-32}
-out=$(mktemp -d /tmp/serve_burst.XXXXXX)
-trap 'kill "$pid" 2>/dev/null; rm -rf "$out"' EXIT
-"$bin" serve -m "$model" --backend "$backend" --port 0 --port-file "$out/port" --max-batch 64 \
-    --no-request-log --store none >"$out/serve.log" 2>&1 &
-pid=$!
-for _ in $(seq 600); do [ -s "$out/port" ] && break; sleep 0.1; done
-port=$(cat "$out/port" 2>/dev/null)
-[ -n "$port" ] || { echo "serve_burst: the server did not start"; cat "$out/serve.log"; exit 1; }
-U=http://127.0.0.1:$port
-id=$(curl -s "$U/v1/models" | python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])')
+. "$(dirname "$0")/bench_server.sh"
+bench_server_up serve_burst "$bin" "$model" "$backend"
 : >"$out/codes"
 for r in $(seq "$rounds"); do
     pids=""
