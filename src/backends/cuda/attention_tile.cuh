@@ -14,184 +14,234 @@
 #define TILE_ROWS 16        /* most rows of one session per block of attention_tile_kernel (TILE_QV / G at most) */
 #define TILE_QV 32          /* most (row, query head) vectors of such a block: its rows x G */
 #define TILE_HD 128         /* largest head dim it takes */
+#define TILE_KEYS 32        /* largest key block it takes: a warp's lane per key */
+#define TILE_VW 4           /* vectors a warp owns (ATT_THREADS / 32 warps x TILE_VW = TILE_QV) */
+#define TILE_PIECES 8       /* most staging pieces a thread holds: 2 x TILE_KEYS x TILE_HD floats / 4 a piece / ATT_THREADS */
 
 /* One tile: rows [r0, r0 + n) of the step, consecutive positions of one session (a prompt's chunk). */
 struct att_tile {
     int r0, n;
 };
 
-/* Shared memory of attention_tile_kernel (dynamic): q [NQ][hd + 16], keys and values [block][hd + 16]
- * (floats), scores then weights [NQ][block], and per vector its running max m, sum l, this
- * key block's rescale factor c and keys nv. */
+/* Shared memory of attention_tile_kernel (dynamic): q [TILE_QV][hd + 4] (later the outputs), keys
+ * [TILE_KEYS][hd + 4] and values [TILE_KEYS][hd] (floats), weights p [TILE_KEYS][TILE_QV]. The key rows'
+ * pad of 4 floats puts 8 lanes' 16-byte loads of 8 consecutive keys in 8 different bank quads. nq and
+ * block are bounded by TILE_QV and TILE_KEYS (the arguments stay for the launch code's sake). */
 __host__ __device__ __forceinline__ size_t tile_smem_bytes(int nq, int hd, int block) {
-    return ((size_t)nq * (hd + 16) + 2 * (size_t)block * (hd + 16) + (size_t)nq * block + 4 * (size_t)nq) *
-           sizeof(float);
+    (void)nq, (void)block;
+    return ((size_t)TILE_QV * (hd + 4) + (size_t)TILE_KEYS * (hd + 4) + (size_t)TILE_KEYS * hd +
+            (size_t)TILE_KEYS * TILE_QV) * sizeof(float);
+}
+
+/* The key block [kb0, kb0 + nk) of both planes as a thread's staging pieces (kv_read): piece x of thread
+ * tid is piece i = tid + x * nt of the block, keys' pieces first; loads only (no conversion), so they are
+ * in flight together while the thread does other work. */
+template <typename T>
+__device__ __forceinline__ void tile_stage_load(typename kv_read<T>::piece (&w)[TILE_PIECES],
+                                                typename kv_read<T>::ptr kp, typename kv_read<T>::ptr vp, int kb0,
+                                                int nk, int hd, int tid, int nt) {
+    typedef kv_read<T> KR;
+    const int pr = hd / KR::E, total = 2 * nk * pr;
+#pragma unroll
+    for (int x = 0; x < TILE_PIECES; x++) {
+        const int i = tid + x * nt, isv = i >= nk * pr, ii = i - isv * nk * pr;
+        if (i < total) w[x] = KR::load((isv ? vp : kp) + (size_t)(kb0 + ii / pr) * hd + (ii % pr) * KR::E);
+    }
+}
+
+/* The pieces of tile_stage_load converted (each element exactly the host's decoding) into the key
+ * stage ks [nk][hd + 4] and the value stage vs [nk][hd]. */
+template <typename T>
+__device__ __forceinline__ void tile_stage_store(const typename kv_read<T>::piece (&w)[TILE_PIECES], float *ks,
+                                                 float *vs, int nk, int hd, int tid, int nt) {
+    typedef kv_read<T> KR;
+    const int pr = hd / KR::E, total = 2 * nk * pr;
+#pragma unroll
+    for (int x = 0; x < TILE_PIECES; x++) {
+        const int i = tid + x * nt, isv = i >= nk * pr, ii = i - isv * nk * pr;
+        if (i < total)
+            KR::to_f32s(w[x], isv ? vs + (size_t)(ii / pr) * hd + (ii % pr) * KR::E
+                                  : ks + (size_t)(ii / pr) * (hd + 4) + (ii % pr) * KR::E);
+    }
 }
 
 /* ATT[r][h] for the rows of tile t = blockIdx.x / KVH and the G = H/KVH query heads h of KV head kvh =
  * blockIdx.x % KVH: the attention of each (row, head) vector over its session's keys [0, pos] (a full
  * cache), ATT_THREADS threads. The rows of a tile are one session's consecutive positions, so they
  * share their keys: each key block (positions [kb*block, (kb+1)*block), as ib_attend_heads cuts them)
- * is staged in shared memory once (as floats, exactly as the host decodes them) for all the tile's vectors, instead of
- * once per row. For each vector whose row reaches the block (pos >= kb*block) over the block's keys it
- * sees (those <= pos), in the reference's order: every score s_j = dot16(q, k_j) * scale (16 threads own
- * ib_dot16's lanes, each a micro-tile of 2 vectors x 4 keys, folded 8, 4, 2, 1); m' = max(m, the block's
- * max), c = exp(m - m'); p_j = exp(s_j - m'); l = l*c then l += p_j in key order (one thread a vector);
- * out = out*c then out += p_j * v_j in key order (a thread per (vector, element) chain, kept in
- * registers); finally out / l. The same operations as attend_row_head and attend_row_kvhead, so the same
- * bits. qG > 0: each (row, head) output also quantized for group qG into xq/qd/qad. T: float, half or q8 KV.
- * Needs nq = n * G <= TILE_QV, hd <= TILE_HD (a multiple of 16), block <= ATT_MAX_BLOCK. */
+ * is staged in shared memory once (as floats, exactly as the host decodes them) for all the tile's
+ * vectors; the next block's loads are issued before this block's value pass, so they arrive while it
+ * runs. Warp w owns vectors [TILE_VW*w, TILE_VW*w + TILE_VW) for the whole walk (their running max, sum
+ * and outputs never leave it, so a key block needs block-wide barriers only around its staging). For
+ * each of them whose row reaches the block (pos >= kb*block) over the block's keys it sees (those <=
+ * pos), in the reference's order: every score s_j = dot16(q, k_j) * scale by lane j alone (ib_dot16's 16
+ * lanes as 16 accumulators, element d into lane d % 16 in ascending d, folded 8, 4, 2, 1); the block's
+ * max (the walk's: the first largest score in key order, NaN never taken — an exact choice, made by a
+ * warp-wide reduction of (score, key)), m' = max(m, block max), c = exp(m - m'); p_j = exp(s_j - m') by
+ * lane j; l = l*c then l += p_j in key order (one lane a vector); out = out*c then out += p_j * v_j in key
+ * order (lane t the elements t, t + 32, … of each of the warp's vectors); finally out / l. The same
+ * operations as attend_row_head and attend_row_kvhead, so the same bits. qG > 0: each (row, head)
+ * output also quantized for group qG into xq/qd/qad. T: float, half or q8 KV. Needs nq = n * G <=
+ * TILE_QV, hd <= TILE_HD (a multiple of 16), block <= TILE_KEYS, blockDim.x = ATT_THREADS. */
 template <typename T>
 __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo &info, int r0,
                             int n, int kvh, int H, int KVH, int hd, int li, float scale, int block, int qG,
                             int8_t *__restrict__ xq, float *__restrict__ qd, float *__restrict__ qad) {
-    const int G = H / KVH, nq = n * G, tid = threadIdx.x, nt = blockDim.x, ldq = hd + 16;
-    float *qs = sh, *ks = qs + (size_t)nq * ldq, *vs = ks + (size_t)block * ldq, *ps = vs + (size_t)block * ldq;
-    float *mv = ps + (size_t)nq * block, *lv = mv + nq, *cv = lv + nq;
-    int *nvv = (int *)(cv + nq);
+    const int G = H / KVH, nq = n * G, tid = threadIdx.x, nt = blockDim.x, ldq = hd + 4, ldk = hd + 4;
+    const int lane = tid & 31, w = tid >> 5, vb = w * TILE_VW;
+    float *qs = sh, *ks = qs + (size_t)TILE_QV * ldq, *vs = ks + (size_t)TILE_KEYS * ldk, *ps = vs + (size_t)TILE_KEYS * hd;
+    typedef kv_read<T> KR;
+    const size_t plane = (size_t)info.cap * hd;
+    const typename KR::ptr kp = KR::at(info.kv, (((size_t)li * 2 + 0) * KVH + kvh) * plane);
+    const typename KR::ptr vp = KR::at(info.kv, (((size_t)li * 2 + 1) * KVH + kvh) * plane);
+    const int p0 = info.pos, plast = p0 + n - 1;
+    typename KR::piece pc[TILE_PIECES];
+    tile_stage_load<T>(pc, kp, vp, 0, block <= plast + 1 ? block : plast + 1, hd, tid, nt);
     /* q vectors: v = i * G + g is row r0 + i, head kvh * G + g */
     for (int e = tid; e < nq * hd; e += nt) {
         const int v = e / hd, d = e % hd;
         qs[(size_t)v * ldq + d] = Q[((size_t)(r0 + v / G) * H + (size_t)kvh * G + v % G) * hd + d];
     }
-    for (int v = tid; v < nq; v += nt) mv[v] = -INFINITY, lv[v] = 0.0f;
-    const size_t plane = (size_t)info.cap * hd;
-    typedef kv_read<T> KR;
-    const typename KR::ptr kp = KR::at(info.kv, (((size_t)li * 2 + 0) * KVH + kvh) * plane);
-    const typename KR::ptr vp = KR::at(info.kv, (((size_t)li * 2 + 1) * KVH + kvh) * plane);
-    const int p0 = info.pos, plast = p0 + n - 1;
-    /* the value chains: thread tid owns element d = tid % hd of the vectors tid / hd, + nt / hd, … */
-    constexpr int QPT = TILE_QV / (ATT_THREADS / TILE_HD);   /* most chains a thread holds */
-    const int d = tid % hd, vstep = nt / hd, v0 = tid / hd;
-    float o[QPT];
+    tile_stage_store<T>(pc, ks, vs, block <= plast + 1 ? block : plast + 1, hd, tid, nt);
+    float m[TILE_VW], l[TILE_VW], o[TILE_VW][TILE_HD / 32];
 #pragma unroll
-    for (int i = 0; i < QPT; i++) o[i] = 0.0f;
-    const int grp = tid >> 4, u = tid & 15, ngrp = nt >> 4;
+    for (int x = 0; x < TILE_VW; x++) {
+        m[x] = -INFINITY, l[x] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < TILE_HD / 32; i++) o[x][i] = 0.0f;
+    }
+    const int nw = nq - vb < 0 ? 0 : nq - vb < TILE_VW ? nq - vb : TILE_VW;   /* the warp's vectors */
     for (int kb0 = 0; kb0 <= plast; kb0 += block) {
         const int nk = (kb0 + block <= plast + 1 ? block : plast + 1 - kb0);   /* keys staged: up to the last row's */
-        /* stage the block's keys and values as floats: pieces (kv_read), eight loads a thread in flight
-         * before their conversions (each element exactly the host's decoding) */
-        {
-            constexpr int E = KR::E;   /* elements a piece */
-            const int pr = hd / E, total = 2 * nk * pr;
-            for (int i0 = tid; i0 < total; i0 += 8 * nt) {
-                typename KR::piece w[8];
+        __syncthreads();   /* the block's stage written */
+        int nv[TILE_VW], any = 0;   /* each vector's keys in this block (0: its row does not reach it, or no such vector) */
 #pragma unroll
-                for (int x = 0; x < 8; x++) {
-                    const int i = i0 + x * nt, isv = i >= nk * pr, ii = i - isv * nk * pr;
-                    if (i < total) w[x] = KR::load((isv ? vp : kp) + (size_t)(kb0 + ii / pr) * hd + (ii % pr) * E);
+        for (int x = 0; x < TILE_VW; x++) {
+            const int p = p0 + (vb + x) / G;
+            nv[x] = x >= nw || p < kb0 ? 0 : (p + 1 - kb0 < block ? p + 1 - kb0 : block);
+            any |= nv[x] > 0;
+        }
+        if (any) {   /* the warp has work in this block */
+            /* scores: lane j the key j's dot products with the warp's vectors */
+            const int j = lane < nk ? lane : 0;
+            /* ib_dot16's first fold pairs lane u with u + 8: lanes 0-3 and 8-11 (element quads 0 and 2 of
+             * every 16) are walked first and folded into b[0..4), then lanes 4-7 and 12-15 into b[4..8) —
+             * every element still loaded once, and 12 accumulators a vector live instead of 16 */
+            float b[TILE_VW][8];
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                float a[TILE_VW][8];   /* lanes 4*half + (0..3) and 8 + 4*half + (0..3) */
+#pragma unroll
+                for (int x = 0; x < TILE_VW; x++)
+#pragma unroll
+                    for (int u = 0; u < 8; u++) a[x][u] = 0.0f;
+                const float *kr = ks + (size_t)j * ldk + 4 * half;
+                const float *qr = qs + (size_t)vb * ldq + 4 * half;
+                for (int d0 = 0; d0 < hd; d0 += 16) {
+#pragma unroll
+                    for (int g = 0; g < 2; g++) {
+                        const float4 k4 = *(const float4 *)(kr + d0 + 8 * g);
+#pragma unroll
+                        for (int x = 0; x < TILE_VW; x++) {
+                            const float4 q4 = *(const float4 *)(qr + (size_t)x * ldq + d0 + 8 * g);
+                            a[x][4 * g + 0] = a[x][4 * g + 0] + q4.x * k4.x;
+                            a[x][4 * g + 1] = a[x][4 * g + 1] + q4.y * k4.y;
+                            a[x][4 * g + 2] = a[x][4 * g + 2] + q4.z * k4.z;
+                            a[x][4 * g + 3] = a[x][4 * g + 3] + q4.w * k4.w;
+                        }
+                    }
                 }
 #pragma unroll
-                for (int x = 0; x < 8; x++) {
-                    const int i = i0 + x * nt, isv = i >= nk * pr, ii = i - isv * nk * pr;
-                    if (i >= total) break;
-                    KR::to_f32s(w[x], (isv ? vs : ks) + (size_t)(ii / pr) * ldq + (ii % pr) * E);
-                }
+                for (int x = 0; x < TILE_VW; x++)
+#pragma unroll
+                    for (int u = 0; u < 4; u++) b[x][4 * half + u] = a[x][u] + a[x][u + 4];
             }
-        }
-        /* each vector's keys in this block (0: its row does not reach it) */
-        for (int v = tid; v < nq; v += nt) {
-            const int p = p0 + v / G;
-            nvv[v] = p < kb0 ? 0 : (p + 1 - kb0 < block ? p + 1 - kb0 : block);
-        }
-        __syncthreads();
-        /* scores: micro-tiles of 2 vectors x 4 keys, one per 16-thread group per round */
-        const int mq = (nq + 1) / 2, mk = (nk + 3) / 4;
-        for (int t0 = 0; t0 < mq * mk; t0 += ngrp) {
-            const int t = t0 + grp, tq = t / mk, tk = t % mk;
-            float a[2][4];
+            float s[TILE_VW];
 #pragma unroll
-            for (int x = 0; x < 2; x++)
+            for (int x = 0; x < TILE_VW; x++) {
 #pragma unroll
-                for (int y = 0; y < 4; y++) a[x][y] = 0.0f;
-            if (t < mq * mk) {
-                const int va = 2 * tq, vb = 2 * tq + 1 < nq ? 2 * tq + 1 : 2 * tq;
-                const float *qa = qs + (size_t)va * ldq, *qb = qs + (size_t)vb * ldq;
-                const float *kr[4];
+                for (int u = 0; u < 4; u++) b[x][u] = b[x][u] + b[x][u + 4];
 #pragma unroll
-                for (int y = 0; y < 4; y++) kr[y] = ks + (size_t)(4 * tk + y < nk ? 4 * tk + y : 4 * tk) * ldq;
-                for (int i = u; i < hd; i += 16) {
-                    const float xa = qa[i], xb = qb[i];
-#pragma unroll
-                    for (int y = 0; y < 4; y++) {
-                        const float k = kr[y][i];
-                        a[0][y] = a[0][y] + xa * k;
-                        a[1][y] = a[1][y] + xb * k;
-                    }
-                }
+                for (int u = 0; u < 2; u++) b[x][u] = b[x][u] + b[x][u + 2];
+                s[x] = (b[x][0] + b[x][1]) * scale;
             }
+            /* per vector: the block max, m' = max(m, block max), c = exp(m - m'), p_j = exp(s_j - m') */
+            float c[TILE_VW];
 #pragma unroll
-            for (int w = 8; w >= 1; w >>= 1)
+            for (int x = 0; x < TILE_VW; x++) {
+                if (nv[x] == 0) continue;   /* uniform over the warp */
+                float bv = lane < nv[x] && s[x] > -INFINITY ? s[x] : -INFINITY;
+                int bi = lane;
 #pragma unroll
-                for (int x = 0; x < 2; x++)
+                for (int sh2 = 16; sh2 >= 1; sh2 >>= 1) {
+                    const float ov = __shfl_xor_sync(0xffffffffu, bv, sh2);
+                    const int oi = __shfl_xor_sync(0xffffffffu, bi, sh2);
+                    if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+                }
+                const float m_new = bv > m[x] ? bv : m[x];
+                c[x] = ib_expf_lane(m[x] - m_new);
+                m[x] = m_new;
+                if (lane < nv[x]) ps[(size_t)lane * TILE_QV + vb + x] = ib_expf_lane(s[x] - m_new);
+            }
+            __syncwarp();
+            /* l = l*c then l += p_j in key order: lane x for vector x, then every lane holds it */
 #pragma unroll
-                    for (int y = 0; y < 4; y++) {
-                        const float s = __shfl_down_sync(0xffffffffu, a[x][y], w, 16);
-                        if (u < w) a[x][y] = a[x][y] + s;
-                    }
-            if (u == 0 && t < mq * mk)
+            for (int x = 0; x < TILE_VW; x++) {
+                if (nv[x] == 0) continue;
+                float lx = l[x];
+                if (lane == x) {
+                    lx = lx * c[x];
+                    for (int jj = 0; jj < nv[x]; jj++) lx = lx + ps[(size_t)jj * TILE_QV + vb + x];
+                }
+                l[x] = __shfl_sync(0xffffffffu, lx, x);
+            }
+            /* the next key block's loads, in flight during the value pass */
+            if (kb0 + block <= plast) {
+                const int nb = plast + 1 - (kb0 + block) < block ? plast + 1 - (kb0 + block) : block;
+                tile_stage_load<T>(pc, kp, vp, kb0 + block, nb, hd, tid, nt);
+            }
+            /* out = out*c then out += p_j * v_j in key order; lane the elements lane + 32 i */
 #pragma unroll
-                for (int x = 0; x < 2; x++)
+            for (int x = 0; x < TILE_VW; x++)
+                if (nv[x] > 0)
 #pragma unroll
-                    for (int y = 0; y < 4; y++) {
-                        const int v = 2 * tq + x, j = 4 * tk + y;
-                        if (v < nq && j < nk) ps[(size_t)v * block + j] = a[x][y] * scale;
-                    }
+                    for (int i = 0; i < TILE_HD / 32; i++) o[x][i] = o[x][i] * c[x];
+            for (int jj = 0; jj < nk; jj++) {
+                const float4 p4 = *(const float4 *)(ps + (size_t)jj * TILE_QV + vb);
+                const float pv[TILE_VW] = {p4.x, p4.y, p4.z, p4.w};
+                float xv[TILE_HD / 32];
+#pragma unroll
+                for (int i = 0; i < TILE_HD / 32; i++) xv[i] = lane + 32 * i < hd ? vs[(size_t)jj * hd + lane + 32 * i] : 0.0f;
+#pragma unroll
+                for (int x = 0; x < TILE_VW; x++)
+                    if (jj < nv[x])
+#pragma unroll
+                        for (int i = 0; i < TILE_HD / 32; i++) o[x][i] = o[x][i] + pv[x] * xv[i];
+            }
+        } else if (kb0 + block <= plast) {
+            const int nb = plast + 1 - (kb0 + block) < block ? plast + 1 - (kb0 + block) : block;
+            tile_stage_load<T>(pc, kp, vp, kb0 + block, nb, hd, tid, nt);
         }
-        __syncthreads();
-        /* per vector: the block's max over its keys, m' = max(m, block max), c = exp(m - m') */
-        for (int v = tid; v < nq; v += nt) {
-            const int nv = nvv[v];
-            if (nv == 0) continue;
-            const float *s = ps + (size_t)v * block;
-            float mb = -INFINITY;
-            for (int j = 0; j < nv; j++)
-                if (s[j] > mb) mb = s[j];
-            const float mr = mv[v], m_new = mb > mr ? mb : mr;
-            cv[v] = ib_expf_lane(mr - m_new);
-            mv[v] = m_new;
+        __syncthreads();   /* every warp done with this block's stage */
+        if (kb0 + block <= plast) {
+            const int nb = plast + 1 - (kb0 + block) < block ? plast + 1 - (kb0 + block) : block;
+            tile_stage_store<T>(pc, ks, vs, nb, hd, tid, nt);
         }
-        __syncthreads();
-        /* p_j = exp(s_j - m') in place, every pair in parallel */
-        for (int e = tid; e < nq * block; e += nt) {
-            const int v = e / block, j = e % block;
-            if (j < nvv[v]) ps[e] = ib_expf_lane(ps[e] - mv[v]);
-        }
-        __syncthreads();
-        /* l = l*c then l += p_j in key order, one thread a vector */
-        for (int v = tid; v < nq; v += nt) {
-            const int nv = nvv[v];
-            if (nv == 0) continue;
-            const float *pw = ps + (size_t)v * block;
-            float l = lv[v] * cv[v];
-            for (int j = 0; j < nv; j++) l = l + pw[j];
-            lv[v] = l;
-        }
-        /* out = out*c then out += p_j * v_j in key order, a thread per (vector, element) chain */
-        int nvr[QPT];   /* keys of this block each chain takes (0: none, or no such vector) */
-#pragma unroll
-        for (int i = 0; i < QPT; i++) {
-            const int v = v0 + i * vstep;
-            nvr[i] = v < nq ? nvv[v] : 0;
-            if (nvr[i] > 0) o[i] = o[i] * cv[v];
-        }
-        for (int j = 0; j < nk; j++) {
-            const float x = vs[(size_t)j * ldq + d];
-#pragma unroll
-            for (int i = 0; i < QPT; i++)
-                if (j < nvr[i]) o[i] = o[i] + ps[(size_t)(v0 + i * vstep) * block + j] * x;
-        }
-        __syncthreads();
     }
     /* out / l, into ATT and (for the quantization) over q */
 #pragma unroll
-    for (int i = 0; i < QPT; i++) {
-        const int v = v0 + i * vstep;
-        if (v < nq) {
-            const float y = o[i] / lv[v];
-            ATT[((size_t)(r0 + v / G) * H + (size_t)kvh * G + v % G) * hd + d] = y;
-            qs[(size_t)v * ldq + d] = y;
-        }
+    for (int x = 0; x < TILE_VW; x++) {
+        const int v = vb + x;
+        if (x < nw)
+#pragma unroll
+            for (int i = 0; i < TILE_HD / 32; i++) {
+                const int d = lane + 32 * i;
+                if (d < hd) {
+                    const float y = o[x][i] / l[x];
+                    ATT[((size_t)(r0 + v / G) * H + (size_t)kvh * G + v % G) * hd + d] = y;
+                    qs[(size_t)v * ldq + d] = y;
+                }
+            }
     }
     if (qG > 0) {
         __syncthreads();
@@ -201,7 +251,7 @@ __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__res
 }
 
 /* One block per (tile, KV head): attend_tile for the tile's KV dtype (tiles [n_tiles], ri as the step's). */
-__global__ void __launch_bounds__(ATT_THREADS) attention_tile_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
+__global__ void __launch_bounds__(ATT_THREADS, 2) attention_tile_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
                                                                      const rowinfo *__restrict__ ri,
                                                                      const att_tile *__restrict__ tiles, int H, int KVH,
                                                                      int hd, int li, float scale, int block, int qG,

@@ -905,7 +905,8 @@ static int cut_tiles(cuda_backend *b, const ib_step_desc *d, int rows) {
 
 /* Whether the step's attention runs in tiles of one session's consecutive rows (attention_tile_kernel),
  * and its tiles into b->h_tiles / b->n_tiles (0: not). Where the kernel can — not Gemma 4, every session
- * a full cache, head dim 16, 32, 64 or 128, at most TILE_QV query vectors a block (rows x G) — and the
+ * a full cache, head dim 16, 32, 64 or 128, key blocks of at most TILE_KEYS, at most TILE_QV query vectors
+ * a block (rows x G) — and the
  * step's shape asks for it: four or more rows a tile on average (prompts' chunks; decode rows are one a
  * session) and, for tiles of TILE_ROWS_SHORT rows, at least two blocks a multiprocessor (tiles x KV
  * heads); where some row attends TILE_LONG_KEYS keys or more, tiles of up to TILE_ROWS rows (TILE_QV /
@@ -922,7 +923,8 @@ static void plan_tiles(cuda_backend *b, const ib_step_desc *d) {
     b->n_tiles = 0;
     const int G = b->H / b->KVH;
     const int rows = b->tile_rows < TILE_QV / G ? b->tile_rows : TILE_QV / G;   /* most rows a tile */
-    if (b->att_tiles == TILES_NEVER || b->gm || rows < 1 || (b->hd != 16 && b->hd != 32 && b->hd != 64 && b->hd != 128))
+    if (b->att_tiles == TILES_NEVER || b->gm || rows < 1 || d->attn_block > TILE_KEYS ||
+        (b->hd != 16 && b->hd != 32 && b->hd != 64 && b->hd != 128))
         return;
     if (b->att_tiles == TILES_FORCED) {
         const int n = cut_tiles(b, d, rows);
