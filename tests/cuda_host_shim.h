@@ -178,6 +178,28 @@ static inline T __shfl_down_sync(unsigned, T v, unsigned d, int width = 32) {
     return (src / width == l / width && src < 32) ? r : v;
 }
 
+/* the warp's largest v (every lane calls it) */
+static inline int __reduce_max_sync(unsigned, int v) {
+    int m = v;
+    for (int src = 0; src < 32; src++) {
+        const int o = cuda_host_lane_value(v, src);
+        if (o > m) m = o;
+    }
+    return m;
+}
+/* bit L set where lane L's p is nonzero (every lane calls it) */
+static inline unsigned __ballot_sync(unsigned, int p) {
+    unsigned r = 0;
+    for (int src = 0; src < 32; src++) r |= (unsigned)(cuda_host_lane_value(p != 0, src) ? 1u : 0u) << src;
+    return r;
+}
+static inline int __ffs(unsigned x) { return x ? __builtin_ffs((int)x) : 0; }
+static inline int __float_as_int(float f) {
+    int i;
+    memcpy(&i, &f, sizeof i);
+    return i;
+}
+
 /* device_primitives.cuh's names: prefetches are hints (nothing here), cp.async copies at once, a
  * cluster is the one block (its rank 0, its barriers nothing, its shared memory this block's). */
 static inline void prefetch_l2(const void *) {}

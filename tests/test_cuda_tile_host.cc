@@ -53,20 +53,21 @@ static void tile_block(void *p) {
  * dim hd, a float or half cache of one layer), the kernel's key block `block`, the reference's `ref_block`;
  * qG > 0: the outputs also quantized for that group. Returns whether every output (and code, scale and
  * offset) equals the reference's bitwise. */
-static int tile_case(int hd, int G, int kvt, int block, int ref_block, int p0, int n, int qG) {
+static int tile_case(int hd, int G, int kvt, int block, int ref_block, int p0, int n, int qG, bool ties = false) {
     const int KVH = 2, H = G * KVH, cap = p0 + n + 3;
     const ib_kv_dtype t = (ib_kv_dtype)kvt;
     const size_t plane = (size_t)cap * hd, W = (size_t)n * H * hd;
     std::vector<unsigned char> kv(ib_kv_bytes(t, 2 * KVH * plane));
     std::vector<float> x(2 * KVH * plane);
-    for (size_t i = 0; i < x.size(); i++) x[i] = rndf() * (i % 7 == 0 ? 6.0f : 1.0f);
+    for (size_t i = 0; i < x.size(); i++)
+        x[i] = ties ? (float)(int)(rndf() * 2.5f) : rndf() * (i % 7 == 0 ? 6.0f : 1.0f);
     if (t == IB_KV_Q8) ib_kvq8_encode_row(x.data(), (int)x.size(), kv.data());
     for (size_t i = 0; i < x.size() && t != IB_KV_Q8; i++) {
         if (t == IB_KV_F16) ((uint16_t *)kv.data())[i] = ib_f32_to_f16(x[i]);
         else ((float *)kv.data())[i] = x[i];
     }
     std::vector<float> Q(W), got(W, 0.0f), want(W);
-    for (float &x : Q) x = rndf() * 3.0f;
+    for (float &x : Q) x = ties ? (float)(int)(rndf() * 2.5f) : rndf() * 3.0f;
     std::vector<int8_t> xq(W), rq(W);
     std::vector<float> qd(W), qad(W), rd(W), rad(W);
     std::vector<rowinfo> ri(n);
@@ -116,6 +117,15 @@ int main(void) {
                         }
                     }
     printf("%d tiles against the scalar reference: %d differ\n", cases, differ);
+    /* small integers: exact scores with many ties within a key block (the block maximum's first key) */
+    int tdiff = 0;
+    for (int G : Gs)
+        for (int kvt = 0; kvt < IB_KV_DTYPE_COUNT; kvt++) {
+            const int ok = tile_case(128, G, kvt, 32, 32, 29, TILE_QV / G < TILE_ROWS ? TILE_QV / G : TILE_ROWS, 32, true);
+            CHECK(ok, "tied scores, %d heads a KV head, KV type %d: tile attention differs from the scalar reference", G, kvt);
+            tdiff += !ok;
+        }
+    printf("tiles of tied integer scores against the scalar reference: %d differ\n", tdiff);
     /* the fault: key blocks of half the reference's size must change the bits */
     int caught = 0, tried = 0;
     for (int kvt = 0; kvt < IB_KV_DTYPE_COUNT; kvt++)

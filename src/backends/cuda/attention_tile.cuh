@@ -15,7 +15,7 @@
 #define TILE_QV 32          /* most (row, query head) vectors of such a block: its rows x G */
 #define TILE_HD 128         /* largest head dim it takes */
 #define TILE_KEYS 32        /* largest key block it takes: a warp's lane per key */
-#define TILE_VW 4           /* vectors a warp owns (ATT_THREADS / 32 warps x TILE_VW = TILE_QV) */
+#define TILE_VW 4           /* vectors a warp owns (ATT_THREADS / 32 warps x TILE_VW = TILE_QV); attend_tile picks among 4 by lane */
 #define TILE_PIECES 8       /* most staging pieces a thread holds: 2 x TILE_KEYS x TILE_HD floats / 4 a piece / ATT_THREADS */
 
 /* One tile: rows [r0, r0 + n) of the step, consecutive positions of one session (a prompt's chunk). */
@@ -65,6 +65,19 @@ __device__ __forceinline__ void tile_stage_store(const typename kv_read<T>::piec
     }
 }
 
+/* The walk's maximum of a key block's scores, one key a lane (every lane of the warp calls it; ok: lane's
+ * key counts): `mb = -INFINITY; for each counted key in order: if (s > mb) mb = s` — the first largest
+ * score in key order, NaN never taken, -INFINITY where none is larger. A maximum is exact in any order,
+ * so a warp-wide integer maximum over an order-keeping image of the scores (-0 taken as +0, since they
+ * compare equal) finds its value, and the lowest lane holding it gives the walk's bits (its zero sign). */
+__device__ __forceinline__ float warp_walk_max(float s, bool ok) {
+    const float c = ok && s > -INFINITY ? s : -INFINITY;
+    int k = __float_as_int(c == 0.0f ? 0.0f : c);
+    k ^= (k >> 31) & 0x7fffffff;   /* negative floats: larger magnitude, smaller int */
+    const int km = __reduce_max_sync(0xffffffffu, k);
+    return __shfl_sync(0xffffffffu, c, __ffs(__ballot_sync(0xffffffffu, k == km)) - 1);
+}
+
 /* ATT[r][h] for the rows of tile t = blockIdx.x / KVH and the G = H/KVH query heads h of KV head kvh =
  * blockIdx.x % KVH: the attention of each (row, head) vector over its session's keys [0, pos] (a full
  * cache), ATT_THREADS threads. The rows of a tile are one session's consecutive positions, so they
@@ -87,6 +100,7 @@ template <typename T>
 __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo &info, int r0,
                             int n, int kvh, int H, int KVH, int hd, int li, float scale, int block, int qG,
                             int8_t *__restrict__ xq, float *__restrict__ qd, float *__restrict__ qad) {
+    static_assert(TILE_VW == 4 && TILE_VW * (ATT_THREADS / 32) == TILE_QV, "a warp's four vectors cover the tile");
     const int G = H / KVH, nq = n * G, tid = threadIdx.x, nt = blockDim.x, ldq = hd + 4, ldk = hd + 4;
     const int lane = tid & 31, w = tid >> 5, vb = w * TILE_VW;
     float *qs = sh, *ks = qs + (size_t)TILE_QV * ldq, *vs = ks + (size_t)TILE_KEYS * ldk, *ps = vs + (size_t)TILE_KEYS * hd;
@@ -169,31 +183,31 @@ __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__res
             float c[TILE_VW];
 #pragma unroll
             for (int x = 0; x < TILE_VW; x++) {
-                if (nv[x] == 0) continue;   /* uniform over the warp */
-                float bv = lane < nv[x] && s[x] > -INFINITY ? s[x] : -INFINITY;
-                int bi = lane;
-#pragma unroll
-                for (int sh2 = 16; sh2 >= 1; sh2 >>= 1) {
-                    const float ov = __shfl_xor_sync(0xffffffffu, bv, sh2);
-                    const int oi = __shfl_xor_sync(0xffffffffu, bi, sh2);
-                    if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-                }
-                const float m_new = bv > m[x] ? bv : m[x];
+                const float mb = warp_walk_max(s[x], lane < nv[x]);
+                const float m_new = mb > m[x] ? mb : m[x];
                 c[x] = ib_expf_lane(m[x] - m_new);
-                m[x] = m_new;
+                if (nv[x] > 0) m[x] = m_new;   /* uniform over the warp */
                 if (lane < nv[x]) ps[(size_t)lane * TILE_QV + vb + x] = ib_expf_lane(s[x] - m_new);
             }
             __syncwarp();
-            /* l = l*c then l += p_j in key order: lane x for vector x, then every lane holds it */
-#pragma unroll
-            for (int x = 0; x < TILE_VW; x++) {
-                if (nv[x] == 0) continue;
-                float lx = l[x];
-                if (lane == x) {
-                    lx = lx * c[x];
-                    for (int jj = 0; jj < nv[x]; jj++) lx = lx + ps[(size_t)jj * TILE_QV + vb + x];
+            /* l = l*c then l += p_j in key order: lane x walks vector x's (the four at once), then every
+             * lane holds them */
+            {
+                float lx = 0.0f;
+                if (lane < TILE_VW) {
+                    const int nx = lane == 0 ? nv[0] : lane == 1 ? nv[1] : lane == 2 ? nv[2] : nv[3];
+                    if (nx > 0) {
+                        lx = (lane == 0 ? l[0] : lane == 1 ? l[1] : lane == 2 ? l[2] : l[3]) *
+                             (lane == 0 ? c[0] : lane == 1 ? c[1] : lane == 2 ? c[2] : c[3]);
+                        const float *pl = ps + vb + lane;
+                        for (int jj = 0; jj < nx; jj++) lx = lx + pl[(size_t)jj * TILE_QV];
+                    }
                 }
-                l[x] = __shfl_sync(0xffffffffu, lx, x);
+#pragma unroll
+                for (int x = 0; x < TILE_VW; x++) {
+                    const float t = __shfl_sync(0xffffffffu, lx, x);
+                    if (nv[x] > 0) l[x] = t;
+                }
             }
             /* the next key block's loads, in flight during the value pass */
             if (kb0 + block <= plast) {
