@@ -178,19 +178,27 @@ static inline T __shfl_down_sync(unsigned, T v, unsigned d, int width = 32) {
     return (src / width == l / width && src < 32) ? r : v;
 }
 
+/* every lane's v of this thread's warp into all[32] (every lane calls it) */
+static inline void cuda_host_lane_all(int v, int (&all)[32]) {
+    const int w = (int)threadIdx.x >> 5, l = (int)threadIdx.x & 31;
+    memcpy(&cuda_host_slot[w][l], &v, sizeof v);
+    __syncwarp();
+    for (int src = 0; src < 32; src++) memcpy(&all[src], &cuda_host_slot[w][src], sizeof v);
+    __syncwarp();
+}
 /* the warp's largest v (every lane calls it) */
 static inline int __reduce_max_sync(unsigned, int v) {
-    int m = v;
-    for (int src = 0; src < 32; src++) {
-        const int o = cuda_host_lane_value(v, src);
-        if (o > m) m = o;
-    }
+    int all[32], m = v;
+    cuda_host_lane_all(v, all);
+    for (int x : all) m = x > m ? x : m;
     return m;
 }
 /* bit L set where lane L's p is nonzero (every lane calls it) */
 static inline unsigned __ballot_sync(unsigned, int p) {
+    int all[32];
     unsigned r = 0;
-    for (int src = 0; src < 32; src++) r |= (unsigned)(cuda_host_lane_value(p != 0, src) ? 1u : 0u) << src;
+    cuda_host_lane_all(p != 0, all);
+    for (int src = 0; src < 32; src++) r |= (all[src] ? 1u : 0u) << src;
     return r;
 }
 static inline int __ffs(unsigned x) { return x ? __builtin_ffs((int)x) : 0; }

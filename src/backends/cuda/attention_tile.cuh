@@ -15,7 +15,7 @@
 #define TILE_QV 32          /* most (row, query head) vectors of such a block: its rows x G */
 #define TILE_HD 128         /* largest head dim it takes */
 #define TILE_KEYS 32        /* largest key block it takes: a warp's lane per key */
-#define TILE_VW 4           /* vectors a warp owns (ATT_THREADS / 32 warps x TILE_VW = TILE_QV); attend_tile picks among 4 by lane */
+#define TILE_VW 4           /* most vectors a warp owns (ATT_THREADS / 32 warps x TILE_VW = TILE_QV): 4, or 2 in tiles of at most TILE_QV / 2 vectors */
 #define TILE_PIECES 8       /* most staging pieces a thread holds: 2 x TILE_KEYS x TILE_HD floats / 4 a piece / ATT_THREADS */
 
 /* One tile: rows [r0, r0 + n) of the step, consecutive positions of one session (a prompt's chunk). */
@@ -84,25 +84,25 @@ __device__ __forceinline__ float warp_walk_max(float s, bool ok) {
  * share their keys: each key block (positions [kb*block, (kb+1)*block), as ib_attend_heads cuts them)
  * is staged in shared memory once (as floats, exactly as the host decodes them) for all the tile's
  * vectors; the next block's loads are issued before this block's value pass, so they arrive while it
- * runs. Warp w owns vectors [TILE_VW*w, TILE_VW*w + TILE_VW) for the whole walk (their running max, sum
+ * runs. Warp w owns vectors [VW*w, VW*w + VW) for the whole walk (their running max, sum
  * and outputs never leave it, so a key block needs block-wide barriers only around its staging). For
  * each of them whose row reaches the block (pos >= kb*block) over the block's keys it sees (those <=
  * pos), in the reference's order: every score s_j = dot16(q, k_j) * scale by lane j alone (ib_dot16's 16
  * lanes as 16 accumulators, element d into lane d % 16 in ascending d, folded 8, 4, 2, 1); the block's
- * max (the walk's: the first largest score in key order, NaN never taken — an exact choice, made by a
- * warp-wide reduction of (score, key)), m' = max(m, block max), c = exp(m - m'); p_j = exp(s_j - m') by
+ * max (the walk's: the first largest score in key order, NaN never taken — an exact choice, made by
+ * warp_walk_max), m' = max(m, block max), c = exp(m - m'); p_j = exp(s_j - m') by
  * lane j; l = l*c then l += p_j in key order (one lane a vector); out = out*c then out += p_j * v_j in key
  * order (lane t the elements t, t + 32, … of each of the warp's vectors); finally out / l. The same
  * operations as attend_row_head and attend_row_kvhead, so the same bits. qG > 0: each (row, head)
- * output also quantized for group qG into xq/qd/qad. T: float, half or q8 KV. Needs nq = n * G <=
- * TILE_QV, hd <= TILE_HD (a multiple of 16), block <= TILE_KEYS, blockDim.x = ATT_THREADS. */
-template <typename T>
+ * output also quantized for group qG into xq/qd/qad. T: float, half or q8 KV; VW: 2 or 4. Needs nq = n * G
+ * <= VW * ATT_THREADS / 32, hd <= TILE_HD (a multiple of 16), block <= TILE_KEYS, blockDim.x = ATT_THREADS. */
+template <typename T, int VW>
 __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__restrict__ ATT, const rowinfo &info, int r0,
                             int n, int kvh, int H, int KVH, int hd, int li, float scale, int block, int qG,
                             int8_t *__restrict__ xq, float *__restrict__ qd, float *__restrict__ qad) {
-    static_assert(TILE_VW == 4 && TILE_VW * (ATT_THREADS / 32) == TILE_QV, "a warp's four vectors cover the tile");
+    static_assert((VW == 2 || VW == 4) && TILE_VW * (ATT_THREADS / 32) == TILE_QV, "a warp owns 2 or 4 vectors");
     const int G = H / KVH, nq = n * G, tid = threadIdx.x, nt = blockDim.x, ldq = hd + 4, ldk = hd + 4;
-    const int lane = tid & 31, w = tid >> 5, vb = w * TILE_VW;
+    const int lane = tid & 31, w = tid >> 5, vb = w * VW;
     float *qs = sh, *ks = qs + (size_t)TILE_QV * ldq, *vs = ks + (size_t)TILE_KEYS * ldk, *ps = vs + (size_t)TILE_KEYS * hd;
     typedef kv_read<T> KR;
     const size_t plane = (size_t)info.cap * hd;
@@ -117,20 +117,20 @@ __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__res
         qs[(size_t)v * ldq + d] = Q[((size_t)(r0 + v / G) * H + (size_t)kvh * G + v % G) * hd + d];
     }
     tile_stage_store<T>(pc, ks, vs, block <= plast + 1 ? block : plast + 1, hd, tid, nt);
-    float m[TILE_VW], l[TILE_VW], o[TILE_VW][TILE_HD / 32];
+    float m[VW], l[VW], o[VW][TILE_HD / 32];
 #pragma unroll
-    for (int x = 0; x < TILE_VW; x++) {
+    for (int x = 0; x < VW; x++) {
         m[x] = -INFINITY, l[x] = 0.0f;
 #pragma unroll
         for (int i = 0; i < TILE_HD / 32; i++) o[x][i] = 0.0f;
     }
-    const int nw = nq - vb < 0 ? 0 : nq - vb < TILE_VW ? nq - vb : TILE_VW;   /* the warp's vectors */
+    const int nw = nq - vb < 0 ? 0 : nq - vb < VW ? nq - vb : VW;   /* the warp's vectors */
     for (int kb0 = 0; kb0 <= plast; kb0 += block) {
         const int nk = (kb0 + block <= plast + 1 ? block : plast + 1 - kb0);   /* keys staged: up to the last row's */
         __syncthreads();   /* the block's stage written */
-        int nv[TILE_VW], any = 0;   /* each vector's keys in this block (0: its row does not reach it, or no such vector) */
+        int nv[VW], any = 0;   /* each vector's keys in this block (0: its row does not reach it, or no such vector) */
 #pragma unroll
-        for (int x = 0; x < TILE_VW; x++) {
+        for (int x = 0; x < VW; x++) {
             const int p = p0 + (vb + x) / G;
             nv[x] = x >= nw || p < kb0 ? 0 : (p + 1 - kb0 < block ? p + 1 - kb0 : block);
             any |= nv[x] > 0;
@@ -141,12 +141,12 @@ __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__res
             /* ib_dot16's first fold pairs lane u with u + 8: lanes 0-3 and 8-11 (element quads 0 and 2 of
              * every 16) are walked first and folded into b[0..4), then lanes 4-7 and 12-15 into b[4..8) —
              * every element still loaded once, and 12 accumulators a vector live instead of 16 */
-            float b[TILE_VW][8];
+            float b[VW][8];
 #pragma unroll
             for (int half = 0; half < 2; half++) {
-                float a[TILE_VW][8];   /* lanes 4*half + (0..3) and 8 + 4*half + (0..3) */
+                float a[VW][8];   /* lanes 4*half + (0..3) and 8 + 4*half + (0..3) */
 #pragma unroll
-                for (int x = 0; x < TILE_VW; x++)
+                for (int x = 0; x < VW; x++)
 #pragma unroll
                     for (int u = 0; u < 8; u++) a[x][u] = 0.0f;
                 const float *kr = ks + (size_t)j * ldk + 4 * half;
@@ -156,7 +156,7 @@ __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__res
                     for (int g = 0; g < 2; g++) {
                         const float4 k4 = *(const float4 *)(kr + d0 + 8 * g);
 #pragma unroll
-                        for (int x = 0; x < TILE_VW; x++) {
+                        for (int x = 0; x < VW; x++) {
                             const float4 q4 = *(const float4 *)(qr + (size_t)x * ldq + d0 + 8 * g);
                             a[x][4 * g + 0] = a[x][4 * g + 0] + q4.x * k4.x;
                             a[x][4 * g + 1] = a[x][4 * g + 1] + q4.y * k4.y;
@@ -166,13 +166,13 @@ __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__res
                     }
                 }
 #pragma unroll
-                for (int x = 0; x < TILE_VW; x++)
+                for (int x = 0; x < VW; x++)
 #pragma unroll
                     for (int u = 0; u < 4; u++) b[x][4 * half + u] = a[x][u] + a[x][u + 4];
             }
-            float s[TILE_VW];
+            float s[VW];
 #pragma unroll
-            for (int x = 0; x < TILE_VW; x++) {
+            for (int x = 0; x < VW; x++) {
 #pragma unroll
                 for (int u = 0; u < 4; u++) b[x][u] = b[x][u] + b[x][u + 4];
 #pragma unroll
@@ -180,9 +180,9 @@ __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__res
                 s[x] = (b[x][0] + b[x][1]) * scale;
             }
             /* per vector: the block max, m' = max(m, block max), c = exp(m - m'), p_j = exp(s_j - m') */
-            float c[TILE_VW];
+            float c[VW];
 #pragma unroll
-            for (int x = 0; x < TILE_VW; x++) {
+            for (int x = 0; x < VW; x++) {
                 const float mb = warp_walk_max(s[x], lane < nv[x]);
                 const float m_new = mb > m[x] ? mb : m[x];
                 c[x] = ib_expf_lane(m[x] - m_new);
@@ -194,17 +194,20 @@ __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__res
              * lane holds them */
             {
                 float lx = 0.0f;
-                if (lane < TILE_VW) {
-                    const int nx = lane == 0 ? nv[0] : lane == 1 ? nv[1] : lane == 2 ? nv[2] : nv[3];
+                if (lane < VW) {
+                    int nx = nv[0];
+                    float lo = l[0], co = c[0];
+#pragma unroll
+                    for (int x = 1; x < VW; x++)
+                        if (lane == x) nx = nv[x], lo = l[x], co = c[x];
                     if (nx > 0) {
-                        lx = (lane == 0 ? l[0] : lane == 1 ? l[1] : lane == 2 ? l[2] : l[3]) *
-                             (lane == 0 ? c[0] : lane == 1 ? c[1] : lane == 2 ? c[2] : c[3]);
+                        lx = lo * co;
                         const float *pl = ps + vb + lane;
                         for (int jj = 0; jj < nx; jj++) lx = lx + pl[(size_t)jj * TILE_QV];
                     }
                 }
 #pragma unroll
-                for (int x = 0; x < TILE_VW; x++) {
+                for (int x = 0; x < VW; x++) {
                     const float t = __shfl_sync(0xffffffffu, lx, x);
                     if (nv[x] > 0) l[x] = t;
                 }
@@ -216,18 +219,24 @@ __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__res
             }
             /* out = out*c then out += p_j * v_j in key order; lane the elements lane + 32 i */
 #pragma unroll
-            for (int x = 0; x < TILE_VW; x++)
+            for (int x = 0; x < VW; x++)
                 if (nv[x] > 0)
 #pragma unroll
                     for (int i = 0; i < TILE_HD / 32; i++) o[x][i] = o[x][i] * c[x];
             for (int jj = 0; jj < nk; jj++) {
-                const float4 p4 = *(const float4 *)(ps + (size_t)jj * TILE_QV + vb);
-                const float pv[TILE_VW] = {p4.x, p4.y, p4.z, p4.w};
+                float pv[VW];
+                if constexpr (VW == 4) {
+                    const float4 p4 = *(const float4 *)(ps + (size_t)jj * TILE_QV + vb);
+                    pv[0] = p4.x, pv[1] = p4.y, pv[2] = p4.z, pv[3] = p4.w;
+                } else {
+                    const float2 p2 = *(const float2 *)(ps + (size_t)jj * TILE_QV + vb);
+                    pv[0] = p2.x, pv[1] = p2.y;
+                }
                 float xv[TILE_HD / 32];
 #pragma unroll
                 for (int i = 0; i < TILE_HD / 32; i++) xv[i] = lane + 32 * i < hd ? vs[(size_t)jj * hd + lane + 32 * i] : 0.0f;
 #pragma unroll
-                for (int x = 0; x < TILE_VW; x++)
+                for (int x = 0; x < VW; x++)
                     if (jj < nv[x])
 #pragma unroll
                         for (int i = 0; i < TILE_HD / 32; i++) o[x][i] = o[x][i] + pv[x] * xv[i];
@@ -244,7 +253,7 @@ __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__res
     }
     /* out / l, into ATT and (for the quantization) over q */
 #pragma unroll
-    for (int x = 0; x < TILE_VW; x++) {
+    for (int x = 0; x < VW; x++) {
         const int v = vb + x;
         if (x < nw)
 #pragma unroll
@@ -264,23 +273,25 @@ __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__res
     }
 }
 
-/* One block per (tile, KV head): attend_tile for the tile's KV dtype (tiles [n_tiles], ri as the step's). */
+/* One block per (tile, KV head): attend_tile for the tile's KV dtype (tiles [n_tiles], ri as the step's),
+ * VW vectors a warp (2: tiles of at most TILE_QV / 2 vectors, so all the block's warps have some). */
+template <int VW>
 __global__ void __launch_bounds__(ATT_THREADS, 2) attention_tile_kernel(const float *__restrict__ Q, float *__restrict__ ATT,
-                                                                     const rowinfo *__restrict__ ri,
-                                                                     const att_tile *__restrict__ tiles, int H, int KVH,
-                                                                     int hd, int li, float scale, int block, int qG,
-                                                                     int8_t *__restrict__ xq, float *__restrict__ qd,
-                                                                     float *__restrict__ qad) {
+                                                                        const rowinfo *__restrict__ ri,
+                                                                        const att_tile *__restrict__ tiles, int H, int KVH,
+                                                                        int hd, int li, float scale, int block, int qG,
+                                                                        int8_t *__restrict__ xq, float *__restrict__ qd,
+                                                                        float *__restrict__ qad) {
     PDL_ENTER();
     DYN_SHARED_ALIGNED(float, tile_sh);
     const att_tile tl = tiles[blockIdx.x / KVH];
     const int kvh = blockIdx.x % KVH;
     const rowinfo info = ri[tl.r0];
     if (info.kvt == IB_KV_F16)
-        attend_tile<uint16_t>(tile_sh, Q, ATT, info, tl.r0, tl.n, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
+        attend_tile<uint16_t, VW>(tile_sh, Q, ATT, info, tl.r0, tl.n, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
     else if (info.kvt == IB_KV_Q8)
-        attend_tile<kvq8>(tile_sh, Q, ATT, info, tl.r0, tl.n, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
-    else attend_tile<float>(tile_sh, Q, ATT, info, tl.r0, tl.n, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
+        attend_tile<kvq8, VW>(tile_sh, Q, ATT, info, tl.r0, tl.n, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
+    else attend_tile<float, VW>(tile_sh, Q, ATT, info, tl.r0, tl.n, kvh, H, KVH, hd, li, scale, block, qG, xq, qd, qad);
 }
 
 #endif

@@ -172,7 +172,7 @@ enum { OP_UPLOAD = 1, OP_EMBED, OP_RMSNORM, OP_LINEAR, OP_QK, OP_ATTN, OP_SWIGLU
 /* A step shape seen before: the key (row counts, key block, fault, the op records) and, once it came
  * twice, its captured graph. */
 typedef struct gcache {
-    int R, n_items, n_logits, attn_block, fault, long_keys, n_tiles, kv_rows, nrec, nograph;
+    int R, n_items, n_logits, attn_block, fault, long_keys, n_tiles, tile_vw, kv_rows, nrec, nograph;
     oprec *rec;
     cudaGraph_t g;
     cudaGraphExec_t x;
@@ -249,6 +249,7 @@ typedef struct cuda_backend {
     att_grouped_mode att_grouped;    /* per-KV-head attention's grouped passes (2 or 4 query heads a KV head) */
     att_wide_mode att_wide;          /* direct attention in ATT_THREADS_WIDE blocks: never, small grids (default), always */
     int n_tiles;                     /* the step's tiles when it attends in tiles, else 0 (step_begin) */
+    int tile_vw;                     /* vectors a warp of attention_tile_kernel owns this step: 2 or 4 (plan_tiles) */
     int tile_rows;                   /* most rows a tile (<= TILE_ROWS; IB_CUDA_ATT_TILE_ROWS) */
     struct att_tile *h_tiles, *d_tiles;   /* [R_max] pinned staging, device */
     int q_ready_buf, q_ready_G;      /* buffer whose Q8 form (group G) a fused norm just wrote, or -1 */
@@ -599,8 +600,10 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
             for (int wide = 0; wide < 2; wide++)
                 ok = ok && cudaFuncSetAttribute(direct_attention_kernel_for((ib_kv_dtype)kvt, wide),
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
-        ok = ok && cudaFuncSetAttribute(attention_tile_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)tile_smem_bytes(TILE_QV, TILE_HD, ATT_MAX_BLOCK)) == cudaSuccess;
+        ok = ok && cudaFuncSetAttribute(attention_tile_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)tile_smem_bytes(TILE_QV, TILE_HD, TILE_KEYS)) == cudaSuccess;
+        ok = ok && cudaFuncSetAttribute(attention_tile_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)tile_smem_bytes(TILE_QV, TILE_HD, TILE_KEYS)) == cudaSuccess;
         if (!ok) {
             cudaGetLastError();
             rc = ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: could not give the tensor-core product its shared memory");
@@ -946,6 +949,15 @@ static void plan_tiles(cuda_backend *b, const ib_step_desc *d) {
     if (n > 0 && d->R >= 4 * n && (long)n * b->KVH >= 2L * b->n_sm) b->n_tiles = n;
 }
 
+/* The vectors a warp of attention_tile_kernel owns for the step's tiles (plan_tiles' b->h_tiles): 2 where
+ * every tile has at most TILE_QV / 2 vectors (rows x G), so all the block's warps have some; else 4. */
+static int tile_vectors_a_warp(const cuda_backend *b) {
+    int most = 0;
+    for (int i = 0; i < b->n_tiles; i++)
+        if (b->h_tiles[i].n > most) most = b->h_tiles[i].n;
+    return most * (b->H / b->KVH) <= TILE_QV / 2 ? 2 : 4;
+}
+
 /* Copy the step's rows into pinned staging (tokens, per-row cache info, RoPE table computed here with
  * ib_rope_table, logits rows) and record their upload as the step's first op. */
 static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_error *err) {
@@ -994,6 +1006,7 @@ static ib_status cuda_step_begin(ib_backend *base, const ib_step_desc *d, ib_err
         b->want_logits |= b->lout[j] != NULL, b->want_argmax |= b->aout[j] != NULL;
     }
     plan_tiles(b, d);
+    b->tile_vw = tile_vectors_a_warp(b);
     ib_rope_table(b->h_pos, d->R, b->hd, b->theta, b->h_cs);
     if (b->gm) gemma_step_begin(b);
     push(b, OP_UPLOAD);
@@ -1366,7 +1379,7 @@ static void launch_attention(cuda_backend *b, int li, int qG, const qk_fuse *fz)
     }
     float *Q = b->buf[IB_BUF_Q], *ATT = b->buf[IB_BUF_ATT];
     if (b->n_tiles > 0)
-        launch(b, attention_tile_kernel, b->n_tiles * b->KVH, ATT_THREADS,
+        launch(b, b->tile_vw == 2 ? attention_tile_kernel<2> : attention_tile_kernel<4>, b->n_tiles * b->KVH, ATT_THREADS,
                tile_smem_bytes(TILE_QV, b->hd, b->attn_block), Q, ATT, b->d_ri,
                (const att_tile *)b->d_tiles, b->H, b->KVH, b->hd, li, b->scale, b->attn_block, qG, b->xq, b->qd, b->qad);
     else if (b->R >= b->att_group_rows)
@@ -1564,7 +1577,7 @@ static void flush_step(cuda_backend *b) {
         }
         if (!old || c->used < old->used) old = c;
         if (c->R == b->R && c->n_items == b->n_items && c->n_logits == b->n_logits && c->attn_block == b->attn_block &&
-            c->fault == b->fault && c->long_keys == b->long_keys && c->n_tiles == b->n_tiles && c->kv_rows == b->kv_rows && c->nrec == b->nrec && !memcmp(c->rec, b->rec, (size_t)b->nrec * sizeof(oprec)))
+            c->fault == b->fault && c->long_keys == b->long_keys && c->n_tiles == b->n_tiles && c->tile_vw == b->tile_vw && c->kv_rows == b->kv_rows && c->nrec == b->nrec && !memcmp(c->rec, b->rec, (size_t)b->nrec * sizeof(oprec)))
             e = c;
     }
     if (!e) {
@@ -1575,7 +1588,7 @@ static void flush_step(cuda_backend *b) {
         if (c->rec) {
             memcpy(c->rec, b->rec, (size_t)b->nrec * sizeof(oprec));
             c->R = b->R, c->n_items = b->n_items, c->n_logits = b->n_logits, c->attn_block = b->attn_block;
-            c->fault = b->fault, c->long_keys = b->long_keys, c->n_tiles = b->n_tiles, c->kv_rows = b->kv_rows, c->nrec = b->nrec, c->used = ++b->tick;
+            c->fault = b->fault, c->long_keys = b->long_keys, c->n_tiles = b->n_tiles, c->tile_vw = b->tile_vw, c->kv_rows = b->kv_rows, c->nrec = b->nrec, c->used = ++b->tick;
         }
         flush_direct(b);
         return;
