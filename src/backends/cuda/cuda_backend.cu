@@ -909,19 +909,18 @@ static int cut_tiles(cuda_backend *b, const ib_step_desc *d, int rows) {
 /* Whether the step's attention runs in tiles of one session's consecutive rows (attention_tile_kernel),
  * and its tiles into b->h_tiles / b->n_tiles (0: not). Where the kernel can — not Gemma 4, every session
  * a full cache, head dim 16, 32, 64 or 128, key blocks of at most TILE_KEYS, at most TILE_QV query vectors
- * a block (rows x G) — and the
- * step's shape asks for it: four or more rows a tile on average (prompts' chunks; decode rows are one a
- * session) and, for tiles of TILE_ROWS_SHORT rows, at least two blocks a multiprocessor (tiles x KV
- * heads); where some row attends TILE_LONG_KEYS keys or more, tiles of up to TILE_ROWS rows (TILE_QV /
- * G) first, if they give at least a block a multiprocessor: each key block is then staged once for
- * twice the rows. Measured on an H200 (one qwen3-0.6b prompt a step, f16 KV, tiles against a block per
- * (row, KV head)): 128 rows 22,167 against 25,135 tok/s (128 blocks), 256 28,539 / 28,418, 512 26,841
- * / 22,813, 1,024 19,284 / 14,406, 2,048 12,325 / 8,296 (8-row tiles); 16-row tiles against 8-row ones
- * (docs/cuda.md): 256 rows 26,300 / 30,480, 512 29,390 / 27,100, 1,024 23,960 / 20,340, 2,048 16,030 /
- * 12,570. IB_CUDA_ATT_TILE=force: whenever the kernel can (tiles of TILE_ROWS rows, or
- * IB_CUDA_ATT_TILE_ROWS), 0: never. Only the grid depends on it, never an operation. */
+ * a block (rows x G) — and the step's shape asks for it: four or more rows a tile on average (prompts'
+ * chunks; decode rows are one a session) and at least a block a multiprocessor (tiles x KV heads): tiles
+ * of up to TILE_ROWS rows (TILE_QV / G) where some row attends TILE_LONG_KEYS keys or more (each key
+ * block staged once for twice the rows), else of TILE_ROWS_SHORT. Measured on an H100 (one qwen3-0.6b
+ * prompt a step, f16 KV, tok/s; the kernel with a warp per 2 or 4 vectors, docs/cuda.md "Prompt tiles
+ * with a warp per vector group"): 8-row tiles / 16-row tiles / a block per (row, KV head): 256 rows
+ * 44,173 / - / 40,023, 512 45,374 / 41,203 / -, 1,024 40,409 / 43,069 / -, 2,048 27,091 / 31,371 / -;
+ * 128 rows (128 blocks) keep the block per (row, KV head). IB_CUDA_ATT_TILE=force: whenever the kernel
+ * can (tiles of TILE_ROWS rows, or IB_CUDA_ATT_TILE_ROWS), 0: never. Only the grid depends on it, never
+ * an operation. */
 #define TILE_ROWS_SHORT 8
-#define TILE_LONG_KEYS 512
+#define TILE_LONG_KEYS 1024
 static void plan_tiles(cuda_backend *b, const ib_step_desc *d) {
     b->n_tiles = 0;
     const int G = b->H / b->KVH;
@@ -946,7 +945,7 @@ static void plan_tiles(cuda_backend *b, const ib_step_desc *d) {
         }
     }
     const int n = cut_tiles(b, d, rows < TILE_ROWS_SHORT ? rows : TILE_ROWS_SHORT);
-    if (n > 0 && d->R >= 4 * n && (long)n * b->KVH >= 2L * b->n_sm) b->n_tiles = n;
+    if (n > 0 && d->R >= 4 * n && (long)n * b->KVH >= b->n_sm) b->n_tiles = n;
 }
 
 /* The vectors a warp of attention_tile_kernel owns for the step's tiles (plan_tiles' b->h_tiles): 2 where
