@@ -77,7 +77,7 @@ static int tile_case(int hd, int G, int kvt, int block, int ref_block, int p0, i
     const att_tile tl = {0, n};
     const float scale = 1.0f / sqrtf((float)hd);
     launch l = {vw, Q.data(), got.data(), ri.data(), &tl, H, KVH, hd, block, qG, scale, xq.data(), qd.data(), qad.data()};
-    if (tile_smem_bytes(TILE_QV, hd, block) > sizeof cuda_host_dyn_smem) return 0;
+    if (tile_smem_bytes(hd) > sizeof cuda_host_dyn_smem) return 0;
     for (int kvh = 0; kvh < KVH; kvh++) cuda_host_run_block((unsigned)kvh, 0, ATT_THREADS, tile_block, &l);
     for (int i = 0; i < n; i++)
         for (int kvh = 0; kvh < KVH; kvh++) {
@@ -121,7 +121,8 @@ int main(void) {
                             }
                         }
     printf("%d tiles against the scalar reference: %d differ\n", cases, differ);
-    /* small integers: exact scores with many ties within a key block (the block maximum's first key) */
+    /* small integers: exact scores, many of them negative and tied within a key block (the block
+     * maximum's order-keeping integer image and its choice among equal lanes) */
     int tdiff = 0;
     for (int G : Gs)
         for (int kvt = 0; kvt < IB_KV_DTYPE_COUNT; kvt++) {

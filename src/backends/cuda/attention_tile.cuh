@@ -23,12 +23,11 @@ struct att_tile {
     int r0, n;
 };
 
-/* Shared memory of attention_tile_kernel (dynamic): q [TILE_QV][hd + 4] (later the outputs), keys
- * [TILE_KEYS][hd + 4] and values [TILE_KEYS][hd] (floats), weights p [TILE_KEYS][TILE_QV]. The key rows'
- * pad of 4 floats puts 8 lanes' 16-byte loads of 8 consecutive keys in 8 different bank quads. nq and
- * block are bounded by TILE_QV and TILE_KEYS (the arguments stay for the launch code's sake). */
-__host__ __device__ __forceinline__ size_t tile_smem_bytes(int nq, int hd, int block) {
-    (void)nq, (void)block;
+/* Shared memory of attention_tile_kernel (dynamic) for head dim hd: q [TILE_QV][hd + 4] (later the
+ * outputs), keys [TILE_KEYS][hd + 4] and values [TILE_KEYS][hd] (floats), weights p [TILE_KEYS][TILE_QV].
+ * The key rows' pad of 4 floats puts 8 lanes' 16-byte loads of 8 consecutive keys in 8 different bank
+ * quads. */
+__host__ __device__ __forceinline__ size_t tile_smem_bytes(int hd) {
     return ((size_t)TILE_QV * (hd + 4) + (size_t)TILE_KEYS * (hd + 4) + (size_t)TILE_KEYS * hd +
             (size_t)TILE_KEYS * TILE_QV) * sizeof(float);
 }

@@ -601,9 +601,9 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
                 ok = ok && cudaFuncSetAttribute(direct_attention_kernel_for((ib_kv_dtype)kvt, wide),
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_STAGE_MAX) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(attention_tile_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)tile_smem_bytes(TILE_QV, TILE_HD, TILE_KEYS)) == cudaSuccess;
+                                        (int)tile_smem_bytes(TILE_HD)) == cudaSuccess;
         ok = ok && cudaFuncSetAttribute(attention_tile_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)tile_smem_bytes(TILE_QV, TILE_HD, TILE_KEYS)) == cudaSuccess;
+                                        (int)tile_smem_bytes(TILE_HD)) == cudaSuccess;
         if (!ok) {
             cudaGetLastError();
             rc = ib_fail(err, IB_ERR_UNSUPPORTED, "cuda: could not give the tensor-core product its shared memory");
@@ -1379,7 +1379,7 @@ static void launch_attention(cuda_backend *b, int li, int qG, const qk_fuse *fz)
     float *Q = b->buf[IB_BUF_Q], *ATT = b->buf[IB_BUF_ATT];
     if (b->n_tiles > 0)
         launch(b, b->tile_vw == 2 ? attention_tile_kernel<2> : attention_tile_kernel<4>, b->n_tiles * b->KVH, ATT_THREADS,
-               tile_smem_bytes(TILE_QV, b->hd, b->attn_block), Q, ATT, b->d_ri,
+               tile_smem_bytes(b->hd), Q, ATT, b->d_ri,
                (const att_tile *)b->d_tiles, b->H, b->KVH, b->hd, li, b->scale, b->attn_block, qG, b->xq, b->qd, b->qad);
     else if (b->R >= b->att_group_rows)
         launch(b, attention_kernel, b->R * b->KVH, ATT_THREADS, 0, Q, ATT, b->d_ri, b->H, b->KVH, b->hd, li, b->scale,
