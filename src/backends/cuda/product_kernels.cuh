@@ -52,12 +52,23 @@ __device__ __forceinline__ void group_weights(const dmat &m, int g, int n, int c
 #define MM_KC(FMT) ((FMT) == IB_WQ4 ? 32 : 16)
 #define MM_MAXC(FMT) ((FMT) == IB_WQ4 ? 4 : 8)
 
+/* Exact group sums as floats without a conversion instruction. An int32 accumulator that starts at
+ * ISUM_BIAS (the bits of the float 1.5 * 2^23) and gains an exact integer sum s with |s| < 2^22 holds
+ * the bits of the float 1.5 * 2^23 + s (one binade, whose unit in the last place is 1), so isum_float
+ * returns (float)s bit for bit (s = 0 gives +0 either way) with one float subtraction, where the
+ * int-to-float conversion is an instruction of a fraction of the float rate. Every Q8 group sum is
+ * below 2^22: at most 128 codes (G <= 128) of at most 255 (8-bit codes, unsigned) times activation
+ * codes of at most 127 in magnitude, 128 * 255 * 127 = 4,145,280 < 4,194,304. The tensor-core kernels
+ * start their mma accumulators at ISUM_BIAS (a group summed in several tiles: exactly one of them). */
+#define ISUM_BIAS 0x4B400000
+__device__ __forceinline__ float isum_float(int biased) { return __int_as_float(biased) - 12582912.0f; }
+
 /* The exact integer sum of one group's codes (the uint4 words wg[0..cpg)) with one row's activation
- * codes xr [G] (int8), by dp4a. */
+ * codes xr [G] (int8), by dp4a, plus ISUM_BIAS: isum_float of it is the sum as a float. */
 template <int FMT, int MAXC = MM_MAXC(FMT)>
 __device__ __forceinline__ int group_isum(const uint4 *wg, int cpg, const int8_t *__restrict__ xr) {
     constexpr int KC = MM_KC(FMT);
-    int a = 0;
+    int a = ISUM_BIAS;
 #pragma unroll
     for (int c = 0; c < MAXC; c++) {
         if (c >= cpg) break;
@@ -185,7 +196,7 @@ __global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__res
                     for (int r = 0; r < RBT; r++) {
                         if (r >= nr) break;
                         const int is = group_isum<FMT, MAXC>(wg[x], cpg, XS ? x_s + (size_t)g * G : xq + (size_t)(r0 + r) * K + (size_t)g * G);
-                        const float sd = sc[x] * dd[x][r], u = bi[x] * aa[x][r], fi = (float)is;
+                        const float sd = sc[x] * dd[x][r], u = bi[x] * aa[x][r], fi = isum_float(is);
                         Q8_PARK(t_s[r][gi][o], u_s[r][gi][o], sd, fi, u);
                     }
                 }
@@ -272,7 +283,7 @@ __global__ void __launch_bounds__(256) mm_q8_tile_kernel(mset ms, const int8_t *
             for (int r = 0; r < RBT; r++) {
                 if (r >= nr) break;
                 const int is = group_isum<FMT, MAXC>(wl, cpg, x_s + (size_t)r * K + (size_t)g * G);
-                const float sd = sc * d[(size_t)r * ng + g], u = bi * ad[(size_t)r * ng + g], fi = (float)is;
+                const float sd = sc * d[(size_t)r * ng + g], u = bi * ad[(size_t)r * ng + g], fi = isum_float(is);
                 Q8_PARK(t_s[r][gi][o], u_s[r][gi][o], sd, fi, u);
             }
         }
@@ -335,7 +346,7 @@ __global__ void __launch_bounds__(256) mm_q8_mma16_kernel(mset ms, const int8_t 
 #pragma unroll
                 for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) is[x][nt][e] = 0;
+                    for (int e = 0; e < 4; e++) is[x][nt][e] = ISUM_BIAS;
 #pragma unroll 2
             for (int ks = 0; ks < ksteps; ks++) {
                 unsigned a[2][4], b0[2][4], b1[2][4];
@@ -388,7 +399,7 @@ __global__ void __launch_bounds__(256) mm_q8_mma16_kernel(mset ms, const int8_t 
 #pragma unroll 8
                 for (int gi = 0; gi < gn; gi++) {
                     const float sc = s_s[gi][cl], bi = b_s[gi][cl], dd = d_s[gi][rl], aa = ad_s[gi][rl];
-                    const float sd = sc * dd, u = bi * aa, fi = (float)isum_s[gi][rl][cl];
+                    const float sd = sc * dd, u = bi * aa, fi = isum_float(isum_s[gi][rl][cl]);
                     if (fused) x = __fmaf_rn(sd, fi, x);
                     else x = x + sd * fi;
                     x = x + u;
@@ -470,14 +481,14 @@ __device__ __forceinline__ void sk_chains(float (&acc)[SK_PPT(NR, NB)], const sk
 #pragma unroll
         for (int j = 0; j < GPS; j++) {
             if (j >= gn) break;
-            int isum;
+            int isum;   /* biased: the group's first tile holds ISUM_BIAS */
             if (G == 32) isum = isum_s[j >> 1][j & 1][rl][cl];
             else {
-                isum = 0;
+                isum = isum_s[j * WPG][0][rl][cl];
 #pragma unroll
-                for (int w = 0; w < WPG; w++) isum += isum_s[j * WPG + w][0][rl][cl];
+                for (int w = 1; w < WPG; w++) isum += isum_s[j * WPG + w][0][rl][cl];
             }
-            const float sd = S.s[j][cl] * S.d[j][rl], u = S.b[j][cl] * S.ad[j][rl], fi = (float)isum;
+            const float sd = S.s[j][cl] * S.d[j][rl], u = S.b[j][cl] * S.ad[j][rl], fi = isum_float(isum);
             if (fused) x = __fmaf_rn(sd, fi, x);
             else x = x + sd * fi;
             x = x + u;
@@ -597,14 +608,16 @@ __global__ void __launch_bounds__(256) mm_q8_mma_pipe_kernel(mset ms, const int8
         cp_commit();
         const sk_stage<FMT, NR, NB> &S = stg[st % NS];
         const int k0 = kb + st * SK_KS, gA = gb + st * gps;
-        /* warp w: slots 2w and 2w + 1 (k 64w .. 64w + 63 of the stage) */
+        /* warp w: slots 2w and 2w + 1 (k 64w .. 64w + 63 of the stage); its tiles start at ISUM_BIAS,
+         * except where groups of 128 k take two warps' tiles (2j and 2j + 1: the first holds the bias) */
+        const int is0 = G > 64 && (warp & 1) ? 0 : ISUM_BIAS;
         int is[MT][NR][4];   /* [16-output tile][8-row tile][fragment element] */
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
             for (int nr = 0; nr < NR; nr++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) is[mt][nr][e] = 0;
+                for (int e = 0; e < 4; e++) is[mt][nr][e] = is0;
 #pragma unroll
         for (int sl = 0; sl < 2; sl++) {
             const int kk = 2 * warp + sl;
@@ -642,7 +655,7 @@ __global__ void __launch_bounds__(256) mm_q8_mma_pipe_kernel(mset ms, const int8
                         for (int e = 0; e < 4; e++) {
                             isum_s[warp][G == 32 ? sl : 0][8 * nr + 2 * t + (e & 1)][16 * mt + gq + 8 * (e >> 1)] =
                                 is[mt][nr][e];
-                            is[mt][nr][e] = 0;
+                            is[mt][nr][e] = is0;
                         }
             }
         }
@@ -807,7 +820,7 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f, is[mt][nt][e] = 0;
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f, is[mt][nt][e] = ISUM_BIAS;
 
     for (int st = 0; st < nst; st++) {
         cp_wait<MMA_NS - 2>();
@@ -874,12 +887,12 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
                             const float sd = sc[nt][e & 1] * dd[mt][e >> 1], u = bi[nt][e & 1] * aa[mt][e >> 1];
-                            const float fi = (float)is[mt][nt][e];
+                            const float fi = isum_float(is[mt][nt][e]);
                             float x = acc[mt][nt][e];
                             if (fused) x = __fmaf_rn(sd, fi, x);
                             else x = x + sd * fi;
                             acc[mt][nt][e] = x + u;
-                            is[mt][nt][e] = 0;
+                            is[mt][nt][e] = ISUM_BIAS;
                         }
                 j++, left = G;
             }
