@@ -126,6 +126,7 @@ __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__res
     const int nw = nq - vb < 0 ? 0 : nq - vb < VW ? nq - vb : VW;   /* the warp's vectors */
     for (int kb0 = 0; kb0 <= plast; kb0 += block) {
         const int nk = (kb0 + block <= plast + 1 ? block : plast + 1 - kb0);   /* keys staged: up to the last row's */
+        const int nb = plast + 1 - (kb0 + block) < block ? plast + 1 - (kb0 + block) : block;   /* the next block's keys */
         __syncthreads();   /* the block's stage written */
         int nv[VW], any = 0;   /* each vector's keys in this block (0: its row does not reach it, or no such vector) */
 #pragma unroll
@@ -213,7 +214,6 @@ __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__res
             }
             /* the next key block's loads, in flight during the value pass */
             if (kb0 + block <= plast) {
-                const int nb = plast + 1 - (kb0 + block) < block ? plast + 1 - (kb0 + block) : block;
                 tile_stage_load<T>(pc, kp, vp, kb0 + block, nb, hd, tid, nt);
             }
             /* out = out*c then out += p_j * v_j in key order; lane the elements lane + 32 i */
@@ -241,12 +241,10 @@ __device__ void attend_tile(float *sh, const float *__restrict__ Q, float *__res
                         for (int i = 0; i < TILE_HD / 32; i++) o[x][i] = o[x][i] + pv[x] * xv[i];
             }
         } else if (kb0 + block <= plast) {
-            const int nb = plast + 1 - (kb0 + block) < block ? plast + 1 - (kb0 + block) : block;
             tile_stage_load<T>(pc, kp, vp, kb0 + block, nb, hd, tid, nt);
         }
         __syncthreads();   /* every warp done with this block's stage */
         if (kb0 + block <= plast) {
-            const int nb = plast + 1 - (kb0 + block) < block ? plast + 1 - (kb0 + block) : block;
             tile_stage_store<T>(pc, ks, vs, nb, hd, tid, nt);
         }
     }
