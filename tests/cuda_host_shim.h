@@ -238,6 +238,17 @@ static inline void mma_i8(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsi
     __syncwarp();
 }
 
+/* ldmatrix .x4 as device_primitives.cuh's: lane L gives the address of row L % 8 of matrix L / 8 and
+ * receives in r[i] the 4 bytes at row L / 4, bytes 4 (L % 4).. of matrix i. Every lane of the warp calls it. */
+static const unsigned char *cuda_host_ldsm_row[CUDA_HOST_THREADS / 32][32];
+static inline void ldmatrix_x4(unsigned (&r)[4], const void *p) {
+    const int w = (int)threadIdx.x >> 5, l = (int)threadIdx.x & 31;
+    cuda_host_ldsm_row[w][l] = (const unsigned char *)p;
+    __syncwarp();
+    for (int i = 0; i < 4; i++) memcpy(&r[i], cuda_host_ldsm_row[w][8 * i + l / 4] + 4 * (l % 4), 4);
+    __syncwarp();
+}
+
 static inline void cp_async16(void *dst, const void *src) { memcpy(dst, src, 16); }
 static inline void cp_async4(void *dst, const void *src) { memcpy(dst, src, 4); }
 static inline void cp_commit() {}

@@ -136,10 +136,13 @@ static void q8_kernels(cuda_host_mat &a, int fault, int &cases, int &equal, cons
             const int R = nr == 1 ? 7 : 27;
             run(name, R, l, tiles * (narrow ? 2 : 1), blocks_of(R, 8 * nr), sm, 0);
         }
-        l.mma = mm_q8_gemm_kernel<FMT, 32>;
-        run("tiled GEMM, 32-row blocks", 40, l, blocks_of(40, 32), (NP + 63) / 64, MMA_NS * sizeof(mma_stage<32>), 1);
-        l.mma = mm_q8_gemm_kernel<FMT, 64>;
-        run("tiled GEMM, 64-row blocks", 70, l, blocks_of(70, 64), (NP + 63) / 64, MMA_NS * sizeof(mma_stage<64>), 1);
+        for (int bm : {32, 64}) {
+            size_t sm;
+            l.mma = mma_gemm_pick(FMT, bm, G, &sm);
+            char name[48];
+            snprintf(name, sizeof name, "tiled GEMM, %d-row blocks", bm);
+            run(name, bm == 32 ? 40 : 70, l, blocks_of(bm == 32 ? 40 : 70, bm), (NP + 63) / 64, sm, 1);
+        }
     }
 }
 

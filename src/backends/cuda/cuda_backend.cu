@@ -581,15 +581,19 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         int ok = cudaGetDeviceProperties(&p, 0) == cudaSuccess;
         b->n_sm = ok ? p.multiProcessorCount : 132;
         b->l2_bytes = ok ? (size_t)p.l2CacheSize : (size_t)50 << 20;
-        const int s64 = (int)(MMA_NS * sizeof(mma_stage<64>)), s32 = (int)(MMA_NS * sizeof(mma_stage<32>));
-        ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ4, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, s64) == cudaSuccess;
-        ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ8, 64>, cudaFuncAttributeMaxDynamicSharedMemorySize, s64) == cudaSuccess;
-        ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ4, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, s32) == cudaSuccess;
-        ok = ok && cudaFuncSetAttribute(mm_q8_gemm_kernel<IB_WQ8, 32>, cudaFuncAttributeMaxDynamicSharedMemorySize, s32) == cudaSuccess;
+        for (int v = 0; v < 12; v++) {   /* every (format, rows, group size) of the tiled GEMM */
+            size_t sm;
+            const mm_q8_gemm_fn k = mma_gemm_pick(v & 1 ? IB_WQ8 : IB_WQ4, v & 2 ? 64 : 32, 32 << (v >> 2), &sm);
+            ok = ok && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) == cudaSuccess;
+            /* the most shared memory a multiprocessor gives (blocks are bound by registers too: 2 or 3) */
+            ok = ok && cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+        }
         for (int v = 0; v < 16; v++) {   /* every (format, rows, narrow, deep) */
             size_t sm;
             const mm_q8_mma_fn k = mma_pipe_pick(v & 1 ? IB_WQ8 : IB_WQ4, v & 2 ? 2 : 1, (v >> 2) & 1, v >> 3, &sm);
             ok = ok && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) == cudaSuccess;
+            /* the most shared memory a multiprocessor gives (blocks are bound by registers too: 2 or 3) */
+            ok = ok && cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) == cudaSuccess;
         }
         for (int v = 0; v < 18; v++)   /* every (format, outputs, rows) of the tile kernel: up to MM_TILE_SMEM_CAP */
             ok = ok && cudaFuncSetAttribute(mm_q8_tile_pick(v & 1 ? IB_WQ8 : IB_WQ4, NT >> (v / 2 % 3), 1 << (v / 6)),
@@ -1170,6 +1174,8 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
     }
     int g32 = 1;   /* the tensor-core kernels walk groups in steps of 32 k, whole groups a stage */
     for (int i = 0; i < n; i++) g32 &= m[i]->G > 0 && m[i]->G % 32 == 0 && MMA_KS % m[i]->G == 0;
+    int same_g = 1;   /* the tiled GEMM is compiled for one group size: every matrix's */
+    for (int i = 1; i < n; i++) same_g &= m[i]->G == m[0]->G;
     if (q8 && fmt != IB_WF32 && R >= b->mma_rows && g32) {
         /* the same matrices in 64-output tiles, for the tiled kernel */
         mset m64 = ms;
@@ -1181,16 +1187,15 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
          * multiprocessor, 32-row blocks for at least 32 rows when those give 1.5; otherwise the
          * kernel whose warps split the groups of 16-row tiles */
         const long b64 = (long)blocks_for((size_t)R, 64) * t64, b32 = (long)blocks_for((size_t)R, 32) * t64;
-        const int bm = b->mma_bm                              ? b->mma_bm
+        const int bm = !same_g                                ? 0
+                       : b->mma_bm                            ? b->mma_bm
                        : R >= 64 && b64 >= 2L * b->n_sm       ? 64
                        : R >= 32 && 2 * b32 >= 3L * b->n_sm   ? 32
                                                               : 0;
         if (bm) {
             dim3 grid(blocks_for((size_t)R, bm), (unsigned)t64, (unsigned)splits);
-            const size_t sm = MMA_NS * (bm == 64 ? sizeof(mma_stage<64>) : sizeof(mma_stage<32>));
-            void (*k)(mset, const int8_t *, const float *, const float *, int, int, int) =
-                bm == 64 ? (fmt == IB_WQ4 ? mm_q8_gemm_kernel<IB_WQ4, 64> : mm_q8_gemm_kernel<IB_WQ8, 64>)
-                         : (fmt == IB_WQ4 ? mm_q8_gemm_kernel<IB_WQ4, 32> : mm_q8_gemm_kernel<IB_WQ8, 32>);
+            size_t sm;
+            const mm_q8_gemm_fn k = mma_gemm_pick(fmt, bm, m[0]->G, &sm);
             launch(b, k, grid, 256, sm, m64, b->xq, b->qd, b->qad, R, fused, splits);
         } else {
             if (b->mma_kernel == MMA_PIPE) {

@@ -46,6 +46,18 @@ __device__ __forceinline__ void cp_async4(void *dst, const void *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+
+/* ldmatrix .x4 of 8x8 matrices of 16-bit elements from shared memory (the warp's lanes all call it):
+ * lane L gives p, the address of row L % 8 of matrix L / 8 (16 bytes, 16-byte aligned); lane L receives
+ * in r[i] the 4 bytes at row L / 4, bytes 4 (L % 4) .. 4 (L % 4) + 3 of matrix i — for 8-bit data, the
+ * row-major fragment of mma.sync m16n8k32 when matrices 0..3 are rows 0-7 / 8-15 at bytes 0-15, then
+ * rows 0-7 / 8-15 at bytes 16-31. */
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
 template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 

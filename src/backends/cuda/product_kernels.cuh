@@ -700,18 +700,18 @@ static mm_q8_mma_fn mma_pipe_pick(int fmt, int nr, int narrow, int deep, size_t 
 }
 
 /* Shared memory of one pipeline stage of mm_q8_gemm_kernel: KS = 128 k of BM rows' activation codes and
- * BN outputs' weight codes, and the scales, biases, d and ad of the (at most 4) groups the stage's k
- * range meets. */
+ * BN outputs' weight codes, and the scales, biases and (d, ad) pairs of the (at most 4) groups the
+ * stage's k range meets. */
 #define MMA_KS 128     /* k per pipeline stage */
 #define MMA_BN 64      /* outputs per block */
 #define MMA_NS 3       /* pipeline stages */
-#define MMA_AROW (MMA_KS + 16)   /* bytes of a staged activation row (padded: conflict-free reads) */
+#define MMA_AROW (MMA_KS + 16)   /* bytes of a staged activation row (padded: conflict-free ldmatrix rows) */
 template <int BM>
 struct mma_stage {
     uint8_t a[BM][MMA_AROW];       /* activation codes: rows x k */
     uint4 w[8][MMA_BN];            /* weight chunks (Q4: 4 of 32 k; Q8: 8 of 16 k) x outputs */
     float s[4][MMA_BN], b[4][MMA_BN];
-    float d[4][BM], ad[4][BM];
+    float2 dad[4][BM];             /* (d, ad) of each row */
 };
 
 /* The Q8 product of mm_q8_kernel for many rows, on the tensor cores, shaped as a tiled GEMM: block
@@ -719,31 +719,34 @@ struct mma_stage {
  * 64-output tiles t0[]), 8 warps as 2 x 4, each warp a tile of BM/2 rows x 16 outputs. K is walked
  * in stages of MMA_KS k through an MMA_NS-deep cp.async pipeline into shared memory (the weights of
  * the first stages are asked for before the wait for the previous kernel). For each 32 k a warp's
- * integer sums grow by mma.sync m16n8k32 (s8 x s8/u8 -> s32: exact, the group's isum in any order);
- * where a group ends, every (row, output) of the warp's tile continues its float chain in registers,
+ * integer sums grow by mma.sync m16n8k32 (s8 x s8/u8 -> s32: exact, the group's isum in any order;
+ * the activation fragments by ldmatrix), from ISUM_BIAS at the group's first 32 k; where a group ends,
+ * every (row, output) of the warp's tile continues its float chain in registers,
  * acc = (acc + (s*d)*(float)isum) + b*ad — matmul.h's arithmetic, groups in ascending order, bit for
- * bit. Needs G % 32 == 0 and G dividing MMA_KS (32, 64, 128). Each thread's copies are planned once
- * (sources, shared-memory offsets), so a stage's copy issue is a few instructions. fused, splits: the
- * test-only faults, as mm_q8_kernel (splits: block z takes the z-th group range and adds its partial
- * chain into Y with atomics). */
-template <int FMT, int BM>
+ * bit. G, every matrix's group size (32, 64 or 128: a stage holds MMA_KS / G whole groups), is a
+ * template argument, so where groups start and end is known when compiling. Each thread's copies are
+ * planned once (sources, shared-memory offsets), so a stage's copy issue is a few instructions. fused,
+ * splits: the test-only faults, as mm_q8_kernel (splits: block z takes the z-th group range and adds
+ * its partial chain into Y with atomics). Dynamic shared memory: MMA_NS * sizeof(mma_stage<BM>). */
+template <int FMT, int BM, int G>
 __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
                                                         const float *__restrict__ ad, int R, int fused, int splits) {
+    static_assert(G == 32 || G == 64 || G == 128, "mm_q8_gemm_kernel: G is 32, 64 or 128");
     constexpr int MT = BM / 32;                       /* 16-row mma tiles per warp */
-    constexpr int KC = MM_KC(FMT);       /* k per weight chunk (uint4) */
+    constexpr int KC = MM_KC(FMT);                    /* k per weight chunk (uint4) */
     constexpr int NCH = MMA_KS / KC;                  /* weight chunks per stage */
+    constexpr int GPS = MMA_KS / G, SPG = G / 32;     /* groups a stage, 32-k steps a group */
     DYN_SHARED_ALIGNED(unsigned char, mma_smem);
     mma_stage<BM> *stg = (mma_stage<BM> *)mma_smem;
     dmat m;
     float *Y;
     const int tile = mset_pick(ms, blockIdx.y, m, Y), ldy = m.N;
-    const int K = m.K, G = m.G, ng = m.ng, Np = m.Np;
+    const int K = m.K, ng = m.ng, Np = m.Np;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, t = lane & 3;
     const int rb = blockIdx.x * BM, n0 = tile * MMA_BN;
     const int wr = (warp >> 2) * (BM / 2), wn = (warp & 3) * 16;   /* the warp's tile in the block */
     const int gs = (ng + splits - 1) / splits, gb = blockIdx.z * gs, ge = min(ng, gb + gs);
     const int kb = gb * G, ke = ge * G;                              /* the block's k range */
-    const int gps = MMA_KS / G;   /* groups a stage (G divides MMA_KS): stage st starts at group gb + st * gps */
     const int nst = ke > kb ? (ke - kb + MMA_KS - 1) / MMA_KS : 0;   /* stages */
 
     /* Each thread's share of every stage's copies, fixed over the stages: its weight chunks (c, output
@@ -776,7 +779,7 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
     for (int u = 0; u < DPT; u++) {
         const int i = tid + 256 * u, arr = i / (4 * BM), j = (i / BM) % 4, r = i % BM;
         d_src[u] = (arr ? ad : d) + (size_t)min(rb + r, R - 1) * ng, d_j[u] = j;
-        d_dst[u] = (int)((char *)(arr ? &stg[0].ad[j][r] : &stg[0].d[j][r]) - (char *)stg);
+        d_dst[u] = (int)((char *)(arr ? &stg[0].dad[j][r].y : &stg[0].dad[j][r].x) - (char *)stg);
     }
     /* the weight side of stage st (codes, scales, biases): independent of earlier kernels */
     auto load_w = [&](int st) {
@@ -785,8 +788,7 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
 #pragma unroll
         for (int u = 0; u < WPT; u++)
             if (w_ok[u] && k0 + w_k[u] < ke) cp_async16(S + w_dst[u], w_src[u] + (size_t)st * NCH * Np);
-        const int g = gb + st * gps + sb_j;
-        if (sb_ok && g < ge && g * G < k0 + MMA_KS) cp_async16(S + sb_dst, sb_src + (size_t)g * Np);
+        if (sb_ok && sb_j < GPS && gb + st * GPS + sb_j < ge) cp_async16(S + sb_dst, sb_src + (size_t)(gb + st * GPS + sb_j) * Np);
     };
     /* the activation side of stage st (codes, d, ad): written by the previous kernels */
     auto load_x = [&](int st) {
@@ -795,11 +797,10 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
 #pragma unroll
         for (int u = 0; u < XPT; u++)
             if (k0 + x_k[u] < ke) cp_async16(S + x_dst[u], x_src[u] + (size_t)st * MMA_KS);
-        const int gA = gb + st * gps;
 #pragma unroll
         for (int u = 0; u < DPT; u++) {
-            const int g = gA + d_j[u];
-            if (g < ge && g * G < k0 + MMA_KS) cp_async4(S + d_dst[u], d_src[u] + g);
+            const int g = gb + st * GPS + d_j[u];
+            if (d_j[u] < GPS && g < ge) cp_async4(S + d_dst[u], d_src[u] + g);
         }
     };
 
@@ -814,13 +815,16 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
     }
 
     float acc[MT][2][4];   /* [mma row tile][8-output tile][fragment element] */
-    int is[MT][2][4];
+    int is[MT][2][4];      /* the group's integer sums, from ISUM_BIAS */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f, is[mt][nt][e] = ISUM_BIAS;
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+    /* lane's ldmatrix row: matrix lane / 8 is rows +0 / +8 (bit 0) at bytes +0 / +16 (bit 1) */
+    const int a_row = wr + (lane & 7) + 8 * ((lane >> 3) & 1), a_col = 16 * (lane >> 4);
+    const int nib = 4 * (t & 1);   /* Q4: this lane's nibbles of a code word */
 
     for (int st = 0; st < nst; st++) {
         cp_wait<MMA_NS - 2>();
@@ -831,11 +835,17 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
         }
         cp_commit();
         const mma_stage<BM> &S = stg[st % MMA_NS];
-        const int k0 = kb + st * MMA_KS, gA = gb + st * gps;
-        int j = 0, left = (gA + 1) * G - k0;   /* the staged group being summed, its k still to come */
+        const int k0 = kb + st * MMA_KS;
 #pragma unroll
         for (int kk = 0; kk < MMA_KS / 32; kk++) {
-            if (k0 + kk * 32 >= ke) break;
+            if (k0 + kk * 32 >= ke) break;   /* the block's last stage: its groups end here */
+            if (kk % SPG == 0)
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) is[mt][nt][e] = ISUM_BIAS;
             unsigned b0[2], b1[2];
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
@@ -843,9 +853,8 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
                 if (FMT == IB_WQ4) {
                     /* chunk kk: word i holds k 8i..8i+7 (low nibbles the first 4) */
                     const unsigned *wv = (const unsigned *)&S.w[kk][nl];
-                    const unsigned w0 = wv[t >> 1], w1 = wv[2 + (t >> 1)];
-                    b0[nt] = ((t & 1) ? w0 >> 4 : w0) & 0x0f0f0f0fu;
-                    b1[nt] = ((t & 1) ? w1 >> 4 : w1) & 0x0f0f0f0fu;
+                    b0[nt] = (wv[t >> 1] >> nib) & 0x0f0f0f0fu;
+                    b1[nt] = (wv[2 + (t >> 1)] >> nib) & 0x0f0f0f0fu;
                 } else {
                     b0[nt] = ((const unsigned *)&S.w[2 * kk][nl])[t];
                     b1[nt] = ((const unsigned *)&S.w[2 * kk + 1][nl])[t];
@@ -853,18 +862,15 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
             }
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                const int r = wr + mt * 16 + gq;
                 unsigned a[4];
-                a[0] = *(const unsigned *)&S.a[r][kk * 32 + 4 * t];
-                a[1] = *(const unsigned *)&S.a[r + 8][kk * 32 + 4 * t];
-                a[2] = *(const unsigned *)&S.a[r][kk * 32 + 16 + 4 * t];
-                a[3] = *(const unsigned *)&S.a[r + 8][kk * 32 + 16 + 4 * t];
+                ldmatrix_x4(a, &S.a[a_row + 16 * mt][kk * 32 + a_col]);
 #pragma unroll
                 for (int nt = 0; nt < 2; nt++) mma_k32<FMT>(is[mt][nt], a, b0[nt], b1[nt]);
             }
-            left -= 32;
-            if (left == 0) {
-                /* group gA + j ends here: its terms join every chain of the warp's tile, in group order */
+            if (kk % SPG == SPG - 1) {
+                /* group kk / SPG of the stage ends here: its terms join every chain of the warp's
+                 * tile, in group order */
+                const int j = kk / SPG;
                 float sc[2][2], bi[2][2], dd[MT][2], aa[MT][2];
 #pragma unroll
                 for (int nt = 0; nt < 2; nt++)
@@ -877,8 +883,8 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
-                        const int rl = wr + mt * 16 + gq + 8 * h;
-                        dd[mt][h] = S.d[j][rl], aa[mt][h] = S.ad[j][rl];
+                        const float2 da = S.dad[j][wr + mt * 16 + gq + 8 * h];
+                        dd[mt][h] = da.x, aa[mt][h] = da.y;
                     }
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
@@ -892,9 +898,7 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
                             if (fused) x = __fmaf_rn(sd, fi, x);
                             else x = x + sd * fi;
                             acc[mt][nt][e] = x + u;
-                            is[mt][nt][e] = ISUM_BIAS;
                         }
-                j++, left = G;
             }
         }
     }
@@ -911,6 +915,19 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
                     else Y[(size_t)row * ldy + n] = acc[mt][nt][e];
                 }
             }
+}
+
+/* mm_q8_gemm_kernel for format fmt, bm-row blocks (32 or 64) and group size G (32, 64 or 128); its
+ * dynamic shared bytes into *sm. */
+typedef void (*mm_q8_gemm_fn)(mset, const int8_t *, const float *, const float *, int, int, int);
+template <int FMT, int BM>
+static mm_q8_gemm_fn mma_gemm_pick_g(int G) {
+    return G == 32 ? mm_q8_gemm_kernel<FMT, BM, 32> : G == 64 ? mm_q8_gemm_kernel<FMT, BM, 64> : mm_q8_gemm_kernel<FMT, BM, 128>;
+}
+static mm_q8_gemm_fn mma_gemm_pick(int fmt, int bm, int G, size_t *sm) {
+    *sm = MMA_NS * (bm == 64 ? sizeof(mma_stage<64>) : sizeof(mma_stage<32>));
+    if (bm == 64) return fmt == IB_WQ4 ? mma_gemm_pick_g<IB_WQ4, 64>(G) : mma_gemm_pick_g<IB_WQ8, 64>(G);
+    return fmt == IB_WQ4 ? mma_gemm_pick_g<IB_WQ4, 32>(G) : mma_gemm_pick_g<IB_WQ8, 32>(G);
 }
 
 /* acc + (double)w * (double)x: the product of two floats is exact in double, so this is one rounding
