@@ -20,8 +20,9 @@ struct cuda_host_mat {
 };
 
 /* x := a random N x K matrix, MLX-quantized with `bits` (4, 8) and `group`, or float (bits 32), Np = N
- * rounded up to 32. Returns 0 when ib_matrix refused it (x.m then zeroed). */
-static inline int cuda_host_mat_make(cuda_host_mat &x, int N, int K, int bits, int group) {
+ * rounded up to 32; top: every code the largest (15 or 255), scales and biases still random. Returns 0
+ * when ib_matrix refused it (x.m then zeroed). */
+static inline int cuda_host_mat_make(cuda_host_mat &x, int N, int K, int bits, int group, int top = 0) {
     ib_error err;
     const int Np = (N + 31) / 32 * 32;
     memset(&x.m, 0, sizeof x.m);
@@ -38,7 +39,7 @@ static inline int cuda_host_mat_make(cuda_host_mat &x, int N, int K, int bits, i
     }
     const int ng = K / group, kc = bits == 4 ? 32 : 16;
     std::vector<uint32_t> wq((size_t)N * K / (32 / bits));
-    for (uint32_t &v : wq) v = (uint32_t)rnd64();
+    for (uint32_t &v : wq) v = top ? 0xffffffffu : (uint32_t)rnd64();
     std::vector<float> sc((size_t)N * ng), bi((size_t)N * ng);
     for (size_t i = 0; i < sc.size(); i++) sc[i] = 0.01f + 0.02f * (rndf() + 1.0f), bi[i] = 0.1f * rndf();
     if (ib_matrix_from_mlx(&x.m, wq.data(), sc.data(), bi.data(), N, K, bits, group, &err) != IB_OK) return 0;

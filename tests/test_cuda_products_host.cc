@@ -7,7 +7,9 @@
  * blocks, one pass or several a block, one row's codes staged), the weight tiles in shared memory (32,
  * 16 and 8 outputs; 1, 2 and 4 rows), the 16-row tensor-core kernel, the pipelined one (8- and 16-row
  * blocks of 16 or 32 outputs, 3 to 5 stages) and the tiled GEMM (32- and 64-row blocks) — and the F32
- * path on float, 4-bit and 8-bit weights; 80 outputs (a padded 32-output tile) and K = 512. Under the
+ * path on float, 4-bit and 8-bit weights; 80 outputs (a padded 32-output tile) and K = 512 — and every
+ * Q8 kernel again with group sums at their extremes (largest codes, inputs of +-1, G = 128), where the
+ * integer sums' float form (ISUM_BIAS, isum_float) is exact only by its bound. Under the
  * gpu-fma change (a fused multiply-add in the group terms) and the gpu-split-k one (the groups split
  * over blocks and added in any order) each kernel must differ. The device tests run the same kernels on
  * a GPU (test_backend_cuda, test_backend_ops).
@@ -29,6 +31,11 @@ extern "C" {
 #include <stdlib.h>
 
 enum { N_OUT = 80, K_IN = 512, NP = 96 };
+
+/* The rows' inputs: random (0), or +1 in even rows and -1 in odd ones (1: with a matrix of largest codes,
+ * every group sum at its extreme, +-G * qmax * 127 — for 8-bit codes and G = 128, 4,145,280, just below
+ * the 2^22 that ISUM_BIAS's exactness needs). */
+static int extreme_rows;
 
 /* The product of one launch: the kernel (as a closure over its template arguments) and its grid. */
 struct launch {
@@ -54,7 +61,7 @@ static void run_product(void *p) {
 static int product_case(cuda_host_mat &a, int R, const launch &proto, unsigned gx, unsigned gy, size_t smem, int tile64) {
     const int q8 = proto.f32 == NULL, G = a.d.G;
     std::vector<float> X((size_t)R * K_IN), want((size_t)R * N_OUT), got((size_t)R * N_OUT, 0.0f);
-    for (float &x : X) x = rndf() * 2.0f;
+    for (size_t i = 0; i < X.size(); i++) X[i] = extreme_rows ? (i / K_IN % 2 ? -1.0f : 1.0f) : rndf() * 2.0f;
     std::vector<int8_t> xq((size_t)R * K_IN);
     std::vector<float> qd((size_t)R * K_IN / 32 + 1), qad((size_t)R * K_IN / 32 + 1);
     ib_act_buf q = {xq.data(), qd.data(), qad.data()};
@@ -158,6 +165,19 @@ int main(void) {
         else q8_kernels<IB_WQ8>(a, 0, cases, equal, what);
         ib_matrix_free(&a.m);
     }
+    /* group sums at their extremes (largest codes, inputs of +-1), the two formats at G = 128: the
+     * biased integer sums (ISUM_BIAS) stay exact */
+    extreme_rows = 1;
+    for (int bits : {4, 8}) {
+        cuda_host_mat a;
+        CHECK(cuda_host_mat_make(a, N_OUT, K_IN, bits, 128, 1), "%d-bit group 128 matrix of largest codes", bits);
+        char what[64];
+        snprintf(what, sizeof what, "%d-bit group 128, group sums at their extremes", bits);
+        if (bits == 4) q8_kernels<IB_WQ4>(a, 0, cases, equal, what);
+        else q8_kernels<IB_WQ8>(a, 0, cases, equal, what);
+        ib_matrix_free(&a.m);
+    }
+    extreme_rows = 0;
     /* the F32 path: float, 4-bit and 8-bit weights, one chain a (row, output) */
     for (int bits : {32, 4, 8}) {
         cuda_host_mat a;

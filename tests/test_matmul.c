@@ -549,6 +549,62 @@ static void test_row_counts(int bits, int group, int N, int K) {
     wset_free(&w);
 }
 
+/* Group sums at their extremes: weight rows of all-qmax codes against activation rows of all +127 or
+ * all -127 codes give |isum| = G * qmax * 127 (4,145,280 for 8 bits at G = 128, the largest any group
+ * can reach); other rows mix qmax, 0 and random codes. Every ISA, at row counts up to 20 (an AMX tile
+ * of 16 rows and a tail), equals the definition. */
+static void test_extreme_sums(int bits, int group) {
+    const int N = 40, K = 2 * group, B = 20, ng = K / group, qmax = (1 << bits) - 1;
+    wset w;
+    if (wset_make(&w, bits, group, N, K)) {
+        CHECK(0, "extreme sums: building the matrix failed");
+        wset_free(&w);
+        return;
+    }
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++) {
+            uint8_t *c = &w.codes[(size_t)n * K + k];
+            if (n % 4 == 0) *c = (uint8_t)qmax;
+            else if (n % 4 == 1) *c = 0;
+            else if (n % 4 == 2) *c = (uint8_t)(k % 2 ? qmax : 0);
+        }
+    ib_matrix_free(&w.m);
+    uint32_t *wq = mlx_pack(w.codes, N, K, bits);
+    ib_error err;
+    CHECK(ib_matrix_from_mlx(&w.m, wq, w.s, w.b, N, K, bits, group, &err) == IB_OK, "extreme sums: from_mlx");
+    free(wq);
+    float *x = malloc(sizeof(float) * B * K), *canon = malloc(sizeof(float) * B * N), *y = malloc(sizeof(float) * B * N);
+    int8_t *xq = malloc((size_t)B * K);
+    float *d = malloc(sizeof(float) * B * ng), *ad = malloc(sizeof(float) * B * ng);
+    for (int b = 0; b < B; b++)
+        for (int k = 0; k < K; k++)
+            x[(size_t)b * K + k] = b % 4 == 0 ? (k < group ? 1.0f : -1.0f) : b % 4 == 1 ? -1.0f
+                                   : b % 4 == 2 ? (k % 2 ? 1.0f : -1.0f) : rndf();
+    ib_quantize_act(x, B, K, group, xq, d, ad);
+    int32_t lo = 0, hi = 0; /* the extreme group sums reached */
+    for (int b = 0; b < B; b++)
+        for (int n = 0; n < N; n++)
+            for (int g = 0; g < ng; g++) {
+                int32_t isum = 0;
+                for (int k = g * group; k < (g + 1) * group; k++)
+                    isum += w.codes[(size_t)n * K + k] * xq[(size_t)b * K + k];
+                lo = isum < lo ? isum : lo, hi = isum > hi ? isum : hi;
+            }
+    CHECK(hi == group * qmax * 127 && lo == -hi, "extreme sums bits %d g%d: sums reach %d..%d", bits, group, lo, hi);
+    canon_q8(&w, xq, d, ad, B, canon);
+    const ib_act_buf q = {xq, d, ad};
+    static const int Rs[] = {1, 3, 4, 8, 16, 20};
+    for (int ii = 0; ii < n_isas; ii++)
+        for (int ri = 0; ri < 6; ri++) {
+            memset(y, 0, sizeof(float) * B * N);
+            ib_matmul(&w.m, x, Rs[ri], &q, IB_ACT_Q8, isas[ii], pools[1], y, N);
+            CHECK(same_bits(y, canon, (size_t)Rs[ri] * N), "extreme sums bits %d g%d %s: %d rows differ from the definition",
+                  bits, group, ib_isa_name(isas[ii]), Rs[ri]);
+        }
+    free(x), free(canon), free(y), free(xq), free(d), free(ad);
+    wset_free(&w);
+}
+
 /* ---------------------------------------------------------------- (c) MLX unpacking, validation */
 
 static void test_mlx_unpack(void) {
@@ -924,6 +980,9 @@ int main(void) {
     test_faults();
     if (have_amx) test_amx_fault();
     test_many();
+    test_extreme_sums(8, 128);
+    test_extreme_sums(4, 128);
+    test_extreme_sums(8, 32);
 
     for (int t = 1; t <= 3; t++) ib_pool_free(pools[t]);
     TEST_MAIN_END("test_matmul");
