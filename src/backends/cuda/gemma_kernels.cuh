@@ -369,7 +369,7 @@ __device__ __forceinline__ void pair_group_terms(const uint4 (&wl)[CPG], float s
                                                  const float *__restrict__ qd, const float *__restrict__ qad, int xr,
                                                  int K, int G, int ng, int g, int fused, float &t, float &u) {
     const int is = group_isum<FMT>(wl, CPG, xq + (size_t)xr * K + (size_t)g * G);
-    const float sd = sc * qd[(size_t)xr * ng + g], uu = bi * qad[(size_t)xr * ng + g], fi = isum_float(is);
+    const float sd = sc * qd[(size_t)xr * ng + g], uu = bi * qad[(size_t)xr * ng + g], fi = (float)is;
     if (fused) t = __fmaf_rn(sd, fi, uu), u = 0.0f;
     else t = sd * fi, u = uu;
 }
