@@ -466,6 +466,15 @@ static void cuda_destroy(ib_backend *base) {
 
 /* An instance for m: every matrix repacked and uploaded (upload_matrix), norms, step scratch for
  * cfg->max_rows rows, pinned staging; on failure nothing stays allocated. */
+/* Let tensor-core product kernel k (its pipeline stages in sm bytes of dynamic shared memory, more than
+ * the default 48 KB) take sm bytes, and ask for the multiprocessor's largest shared-memory carveout, so
+ * shared memory does not hold fewer of its blocks on a multiprocessor than its registers allow.
+ * Returns whether both were accepted. */
+static int give_pipeline_smem(mm_q8_mma_fn k, size_t sm) {
+    return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) == cudaSuccess &&
+           cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+}
+
 static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_backend **out, ib_error *err) {
     *out = NULL;
     const char *why;
@@ -583,17 +592,13 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         b->l2_bytes = ok ? (size_t)p.l2CacheSize : (size_t)50 << 20;
         for (int v = 0; v < 12; v++) {   /* every (format, rows, group size) of the tiled GEMM */
             size_t sm;
-            const mm_q8_gemm_fn k = mma_gemm_pick(v & 1 ? IB_WQ8 : IB_WQ4, v & 2 ? 64 : 32, 32 << (v >> 2), &sm);
-            ok = ok && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) == cudaSuccess;
-            /* the most shared memory a multiprocessor gives (blocks are bound by registers too: 2 or 3) */
-            ok = ok && cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+            const mm_q8_mma_fn k = mma_gemm_pick(v & 1 ? IB_WQ8 : IB_WQ4, v & 2 ? 64 : 32, 32 << (v >> 2), &sm);
+            ok = ok && give_pipeline_smem(k, sm);
         }
         for (int v = 0; v < 16; v++) {   /* every (format, rows, narrow, deep) */
             size_t sm;
             const mm_q8_mma_fn k = mma_pipe_pick(v & 1 ? IB_WQ8 : IB_WQ4, v & 2 ? 2 : 1, (v >> 2) & 1, v >> 3, &sm);
-            ok = ok && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) == cudaSuccess;
-            /* the most shared memory a multiprocessor gives (blocks are bound by registers too: 2 or 3) */
-            ok = ok && cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+            ok = ok && give_pipeline_smem(k, sm);
         }
         for (int v = 0; v < 18; v++)   /* every (format, outputs, rows) of the tile kernel: up to MM_TILE_SMEM_CAP */
             ok = ok && cudaFuncSetAttribute(mm_q8_tile_pick(v & 1 ? IB_WQ8 : IB_WQ4, NT >> (v / 2 % 3), 1 << (v / 6)),
@@ -1172,10 +1177,13 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
         for (int i = 0; i < n; i++)
             note(b, cudaMemsetAsync(Y[i], 0, (size_t)R * m[i]->N * sizeof(float), b->st), "split-k zero");
     }
-    int g32 = 1;   /* the tensor-core kernels walk groups in steps of 32 k, whole groups a stage */
-    for (int i = 0; i < n; i++) g32 &= m[i]->G > 0 && m[i]->G % 32 == 0 && MMA_KS % m[i]->G == 0;
-    int same_g = 1;   /* the tiled GEMM is compiled for one group size: every matrix's */
-    for (int i = 1; i < n; i++) same_g &= m[i]->G == m[0]->G;
+    /* g32: the tensor-core kernels walk groups in steps of 32 k, whole groups a stage; same_g: the
+     * tiled GEMM is compiled for one group size, every matrix's */
+    int g32 = 1, same_g = 1;
+    for (int i = 0; i < n; i++) {
+        g32 &= m[i]->G > 0 && m[i]->G % 32 == 0 && MMA_KS % m[i]->G == 0;
+        same_g &= m[i]->G == m[0]->G;
+    }
     if (q8 && fmt != IB_WF32 && R >= b->mma_rows && g32) {
         /* the same matrices in 64-output tiles, for the tiled kernel */
         mset m64 = ms;
@@ -1195,7 +1203,7 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
         if (bm) {
             dim3 grid(blocks_for((size_t)R, bm), (unsigned)t64, (unsigned)splits);
             size_t sm;
-            const mm_q8_gemm_fn k = mma_gemm_pick(fmt, bm, m[0]->G, &sm);
+            const mm_q8_mma_fn k = mma_gemm_pick(fmt, bm, m[0]->G, &sm);
             launch(b, k, grid, 256, sm, m64, b->xq, b->qd, b->qad, R, fused, splits);
         } else {
             if (b->mma_kernel == MMA_PIPE) {

@@ -920,13 +920,12 @@ __global__ void __launch_bounds__(256) mm_q8_gemm_kernel(mset ms, const int8_t *
 }
 
 /* mm_q8_gemm_kernel for format fmt, bm-row blocks (32 or 64) and group size G (32, 64 or 128); its
- * dynamic shared bytes into *sm. */
-typedef void (*mm_q8_gemm_fn)(mset, const int8_t *, const float *, const float *, int, int, int);
+ * dynamic shared bytes into *sm. (mm_q8_mma_fn: the tensor-core kernels' common signature.) */
 template <int FMT, int BM>
-static mm_q8_gemm_fn mma_gemm_pick_g(int G) {
+static mm_q8_mma_fn mma_gemm_pick_g(int G) {
     return G == 32 ? mm_q8_gemm_kernel<FMT, BM, 32> : G == 64 ? mm_q8_gemm_kernel<FMT, BM, 64> : mm_q8_gemm_kernel<FMT, BM, 128>;
 }
-static mm_q8_gemm_fn mma_gemm_pick(int fmt, int bm, int G, size_t *sm) {
+static mm_q8_mma_fn mma_gemm_pick(int fmt, int bm, int G, size_t *sm) {
     *sm = MMA_NS * (bm == 64 ? sizeof(mma_stage<64>) : sizeof(mma_stage<32>));
     if (bm == 64) return fmt == IB_WQ4 ? mma_gemm_pick_g<IB_WQ4, 64>(G) : mma_gemm_pick_g<IB_WQ8, 64>(G);
     return fmt == IB_WQ4 ? mma_gemm_pick_g<IB_WQ4, 32>(G) : mma_gemm_pick_g<IB_WQ8, 32>(G);
