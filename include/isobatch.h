@@ -380,6 +380,9 @@ typedef struct ib_step_item {
     int32_t *argmax;        /* out: ib_argmax of those logits (the largest, ties to the lowest id, NaN
                              * never wins), chosen where the logits are computed — on a GPU they need
                              * not come back to the host when `logits` is NULL; NULL to skip */
+    float *row_logits;      /* [n_tokens][vocab_size] out: row t holds the logits after tokens[0..t] —
+                             * what a step of tokens[t] alone would write, bit for bit (prompt
+                             * logprobs, scoring); its last row equals `logits`. NULL to skip */
 } ib_step_item;
 
 /* Run one batched forward pass over all items (see THE BATCHED STEP above). Validates everything

@@ -526,7 +526,7 @@ static int engine_compare_at(const ib_model *m, ib_act act, ib_kv_dtype dt, int 
             int c = tokens_at(st, i);
             for (int j = 0; j < 8; j++) tk[i][j] = rndi(V);
             if (!c) continue;
-            for (int k = 0; k < 2; k++) it[k][n] = (ib_step_item){s[k][i], tk[i], c, lg[k][i], NULL};
+            for (int k = 0; k < 2; k++) it[k][n] = (ib_step_item){.session = s[k][i], .tokens = tk[i], .n_tokens = c, .logits = lg[k][i], .argmax = NULL};
             /* the GPU's argmax of every row, its logits kept on the device every third step (not when
              * captured: both sides then capture the same logits rows) */
             am[n] = -1, it[1][n].argmax = &am[n];
@@ -579,7 +579,7 @@ static int engine_decode_compare(const ib_model *m, ib_act act, ib_kv_dtype dt, 
         for (int i = 0; i < nsess; i++) {
             const int c = st == 0 ? p0 + i : 1;
             for (int j = 0; j < c; j++) tk[i][j] = rndi(V);
-            for (int k = 0; k < 2; k++) it[k][i] = (ib_step_item){s[k][i], tk[i], c, lg[k][i], NULL};
+            for (int k = 0; k < 2; k++) it[k][i] = (ib_step_item){.session = s[k][i], .tokens = tk[i], .n_tokens = c, .logits = lg[k][i], .argmax = NULL};
         }
         for (int k = 0; k < 2; k++) CHECK(ib_step(e[k], it[k], nsess, &err) == IB_OK, "ib_step: %s", err.msg);
         for (int i = 0; i < nsess; i++, rows++) diff += memcmp(lg[0][i], lg[1][i], (size_t)V * 4) != 0;

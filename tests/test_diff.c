@@ -62,8 +62,8 @@ static void check_hook(const ib_model *m, int qk_norm) {
     float *a = malloc(2 * V * sizeof(float)), *b = malloc(2 * V * sizeof(float));
     hook_log h = {.order_ok = 1};
     ib_engine_set_capture(e, hook, &h);
-    ib_step_item it[2] = {{s1, prompts[0], 5, a, NULL}, {s2, prompts[1], 3, a + V, NULL}};
-    ib_step_item pt[2] = {{t1, prompts[0], 5, b, NULL}, {t2, prompts[1], 3, b + V, NULL}};
+    ib_step_item it[2] = {{.session = s1, .tokens = prompts[0], .n_tokens = 5, .logits = a, .argmax = NULL}, {.session = s2, .tokens = prompts[1], .n_tokens = 3, .logits = a + V, .argmax = NULL}};
+    ib_step_item pt[2] = {{.session = t1, .tokens = prompts[0], .n_tokens = 5, .logits = b, .argmax = NULL}, {.session = t2, .tokens = prompts[1], .n_tokens = 3, .logits = b + V, .argmax = NULL}};
     CHECK(ib_step(e, it, 2, &err) == IB_OK, "step: %s", err.msg);
     CHECK(ib_step(plain, pt, 2, &err) == IB_OK, "step: %s", err.msg);
     /* Qwen3 / Llama layers lack Gemma 4's six points (post-norms, the MoE block's) */

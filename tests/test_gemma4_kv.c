@@ -47,12 +47,12 @@ static void run(ib_session *s, int chunk, float *out) {
     ib_error err;
     for (int i = 0; i < PROMPT; i += chunk) {
         int k = PROMPT - i < chunk ? PROMPT - i : chunk;
-        ib_step_item it = {s, prompt + i, k, i + k == PROMPT ? out : NULL, NULL};
+        ib_step_item it = {.session = s, .tokens = prompt + i, .n_tokens = k, .logits = i + k == PROMPT ? out : NULL, .argmax = NULL};
         CHECK(ib_step(e, &it, 1, &err) == IB_OK, "prefill step at %d (%d tokens): %s", i, k, err.msg);
     }
     for (int g = 0; g < GEN; g++) {
         int32_t t = argmax(out + (size_t)g * V);
-        ib_step_item it = {s, &t, 1, out + (size_t)(g + 1) * V, NULL};
+        ib_step_item it = {.session = s, .tokens = &t, .n_tokens = 1, .logits = out + (size_t)(g + 1) * V, .argmax = NULL};
         CHECK(ib_step(e, &it, 1, &err) == IB_OK, "decode step %d: %s", g, err.msg);
     }
 }
@@ -113,8 +113,8 @@ int main(void) {
         while (a && b && pa < PROMPT) {
             int ka = PROMPT - pa < 5 ? PROMPT - pa : 5, kb = pb < PROMPT ? (PROMPT - pb < 7 ? PROMPT - pb : 7) : 1;
             int32_t t = 1;
-            ib_step_item it[2] = {{a, prompt + pa, ka, pa + ka == PROMPT ? got : NULL, NULL},
-                                  {b, pb < PROMPT ? other + pb : &t, kb, two, NULL}};
+            ib_step_item it[2] = {{.session = a, .tokens = prompt + pa, .n_tokens = ka, .logits = pa + ka == PROMPT ? got : NULL, .argmax = NULL},
+                                  {.session = b, .tokens = pb < PROMPT ? other + pb : &t, .n_tokens = kb, .logits = two, .argmax = NULL}};
             if (ib_step(e, it, 2, &err) != IB_OK) ok = 0;
             pa += ka;
             pb += kb;
@@ -122,7 +122,7 @@ int main(void) {
         CHECK(ok, "batched prefill failed: %s", err.msg);
         for (int g = 0; a && b && g < GEN; g++) {
             int32_t ta = argmax(got + (size_t)g * V), tb = argmax(two);
-            ib_step_item it[2] = {{b, &tb, 1, two, NULL}, {a, &ta, 1, got + (size_t)(g + 1) * V, NULL}};
+            ib_step_item it[2] = {{.session = b, .tokens = &tb, .n_tokens = 1, .logits = two, .argmax = NULL}, {.session = a, .tokens = &ta, .n_tokens = 1, .logits = got + (size_t)(g + 1) * V, .argmax = NULL}};
             if (ib_step(e, it, 2, &err) != IB_OK) ok = 0;
         }
         CHECK(ok && same(ref, got), "a ring session batched with another differs from the full cache alone");
@@ -133,7 +133,7 @@ int main(void) {
     /* an item over kv_chunk is refused; rewinds go back at most kv_chunk tokens */
     {
         ib_session *s = make(5, 0, 0);
-        ib_step_item it = {s, prompt, 6, NULL, NULL};
+        ib_step_item it = {.session = s, .tokens = prompt, .n_tokens = 6, .logits = NULL, .argmax = NULL};
         CHECK(s && ib_step(e, &it, 1, &err) == IB_ERR_INVALID_ARG && strstr(err.msg, "kv_chunk 5"), "6 tokens into kv_chunk 5: %s",
               err.msg);
         run(s, 5, got); /* at PROMPT + GEN */
@@ -144,7 +144,7 @@ int main(void) {
         int32_t t5[5];
         for (int g = 0; g < 5; g++) t5[g] = argmax(got + (size_t)(GEN - 5 + g) * V);
         float *last = malloc((size_t)V * sizeof(float));
-        ib_step_item re = {s, t5, 5, last, NULL};
+        ib_step_item re = {.session = s, .tokens = t5, .n_tokens = 5, .logits = last, .argmax = NULL};
         CHECK(last && ib_step(e, &re, 1, &err) == IB_OK, "refeed: %s", err.msg);
         CHECK(last && !memcmp(last, got + (size_t)GEN * V, (size_t)V * sizeof(float)), "logits after a rewind and refeed differ");
         free(last);
@@ -168,7 +168,7 @@ int main(void) {
              * sinks cut the blocks elsewhere): 40 tokens */
             ib_session *c = make(5, 0, 40), *f = make(0, 0, 0);
             float *lc = malloc((size_t)V * sizeof(float)), *lf = malloc((size_t)V * sizeof(float));
-            ib_step_item ic = {c, prompt, 5, NULL, NULL}, iff = {f, prompt, 40, lf, NULL};
+            ib_step_item ic = {.session = c, .tokens = prompt, .n_tokens = 5, .logits = NULL, .argmax = NULL}, iff = {.session = f, .tokens = prompt, .n_tokens = 40, .logits = lf, .argmax = NULL};
             int ok = c && f && lc && lf;
             for (int i = 0; ok && i < 40; i += 5) {
                 ic.tokens = prompt + i;

@@ -42,15 +42,15 @@ static void scenario(const ib_model *m, ib_engine *e, float *out, int32_t *am, d
         ib_step_item it[N_SESS];
         int n = 0;
         if (step == 0) {
-            it[n++] = (ib_step_item){s[0], t[0], 12, o, NULL};
-            it[n++] = (ib_step_item){s[1], t[1], 5, o + V, NULL};
+            it[n++] = (ib_step_item){.session = s[0], .tokens = t[0], .n_tokens = 12, .logits = o, .argmax = NULL};
+            it[n++] = (ib_step_item){.session = s[1], .tokens = t[1], .n_tokens = 5, .logits = o + V, .argmax = NULL};
         } else if (step == 1) {
-            it[n++] = (ib_step_item){s[0], t[0] + 12, 1, o, NULL};
-            it[n++] = (ib_step_item){s[1], t[1] + 5, 1, NULL, &am[step * N_SESS + 1]};
-            it[n++] = (ib_step_item){s[2], t[2], 7, o + 2 * V, &am[step * N_SESS + 2]};
+            it[n++] = (ib_step_item){.session = s[0], .tokens = t[0] + 12, .n_tokens = 1, .logits = o, .argmax = NULL};
+            it[n++] = (ib_step_item){.session = s[1], .tokens = t[1] + 5, .n_tokens = 1, .logits = NULL, .argmax = &am[step * N_SESS + 1]};
+            it[n++] = (ib_step_item){.session = s[2], .tokens = t[2], .n_tokens = 7, .logits = o + 2 * V, .argmax = &am[step * N_SESS + 2]};
         } else {
             for (int i = 0; i < N_SESS; i++)
-                it[n++] = (ib_step_item){s[i], &t[i][12 + step - 2], 1, o + (size_t)i * V, &am[step * N_SESS + i]};
+                it[n++] = (ib_step_item){.session = s[i], .tokens = &t[i][12 + step - 2], .n_tokens = 1, .logits = o + (size_t)i * V, .argmax = &am[step * N_SESS + i]};
         }
         double t0 = now_s();
         CHECK(ib_step(e, it, n, &err) == IB_OK, "step %d: %s", step, err.msg);

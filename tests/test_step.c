@@ -3,7 +3,8 @@
  * token counts in one step; validation errors that leave every session unchanged; context limits;
  * the embedding example's claim (two sessions stepped together equal each alone); ib_generate's kept
  * logits rows and digest (the definition behind `generate --json` and `--logits-out`), per-request
- * limits, its stats, and the checks it makes before any work.
+ * limits, its stats, and the checks it makes before any work; every row's logits of a prompt
+ * (row_logits) against one token a step.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,7 @@ static void alone(ib_engine *e, const int32_t *t, int n, int chunk, float *logit
     ib_session_create(m, &(ib_session_opts){.max_context = 256}, &s, &err);
     for (int i = 0; i < n; i += chunk) {
         int k = n - i < chunk ? n - i : chunk;
-        ib_step_item it = {s, t + i, k, i + k == n ? logits : NULL, NULL};
+        ib_step_item it = {.session = s, .tokens = t + i, .n_tokens = k, .logits = i + k == n ? logits : NULL, .argmax = NULL};
         CHECK(ib_step(e, &it, 1, &err) == IB_OK, "alone step: %s", err.msg);
     }
     ib_session_free(s);
@@ -47,18 +48,19 @@ static int many_logits_rows(ib_engine *e) {
         for (int i = 0; i <= pre; i++) tok[k][i] = (k * 11 + i * 7 + 3) % 256;
         ib_session_create(m, &(ib_session_opts){.max_context = 16}, &s[k], &err);
         if (pre > 0) {
-            ib_step_item it = {s[k], tok[k], pre, NULL, NULL};
+            ib_step_item it = {.session = s[k], .tokens = tok[k], .n_tokens = pre, .logits = NULL, .argmax = NULL};
             bad += ib_step(e, &it, 1, &err) != IB_OK;
         }
         got_arg[k] = -1;
-        items[k] = (ib_step_item){s[k], tok[k] + pre, 1, k % 3 != 1 ? lg + (size_t)k * V : NULL,
-                                  k % 3 != 0 ? &got_arg[k] : NULL};
+        items[k] = (ib_step_item){.session = s[k], .tokens = tok[k] + pre, .n_tokens = 1,
+                                  .logits = k % 3 != 1 ? lg + (size_t)k * V : NULL,
+                                  .argmax = k % 3 != 0 ? &got_arg[k] : NULL};
     }
     bad += ib_step(e, items, NS, &err) != IB_OK;
     for (int k = 0; k < NS; k++) {
         ib_session *sa;
         ib_session_create(m, &(ib_session_opts){.max_context = 16}, &sa, &err);
-        ib_step_item it = {sa, tok[k], k % 5 + 1, ref, NULL};
+        ib_step_item it = {.session = sa, .tokens = tok[k], .n_tokens = k % 5 + 1, .logits = ref, .argmax = NULL};
         bad += ib_step(e, &it, 1, &err) != IB_OK;
         ib_session_free(sa);
         int differs = 0;
@@ -68,6 +70,36 @@ static int many_logits_rows(ib_engine *e) {
         ib_session_free(s[k]);
     }
     free(lg), free(ref);
+    return bad;
+}
+
+/* Prompt logits: one step where session p brings NP tokens wanting every row's logits (row_logits, and
+ * `logits`), beside session q's decode row. Counts rows that differ, bitwise, from the same session fed
+ * one token a step (row t: the logits after tokens[0..t]), plus a `logits` unequal to the last row. */
+enum { NP = 40 };
+static int prompt_rows(ib_engine *e) {
+    int32_t t[NP], qt[3] = {7, 9, 11};
+    for (int i = 0; i < NP; i++) t[i] = (i * 29 + 3) % 256;
+    float *rows = malloc((size_t)NP * V * 4), *last = malloc((size_t)V * 4), *ref = malloc((size_t)V * 4);
+    ib_session *p, *q, *one;
+    ib_error err;
+    ib_session_create(m, &(ib_session_opts){.max_context = 64}, &p, &err);
+    ib_session_create(m, &(ib_session_opts){.max_context = 64}, &q, &err);
+    ib_session_create(m, &(ib_session_opts){.max_context = 64}, &one, &err);
+    int bad = 0;
+    ib_step_item pre = {.session = q, .tokens = qt, .n_tokens = 2, .logits = NULL, .argmax = NULL};
+    bad += ib_step(e, &pre, 1, &err) != IB_OK;
+    ib_step_item two[2] = {{.session = q, .tokens = qt + 2, .n_tokens = 1, .logits = NULL, .argmax = NULL}, {.session = p, .tokens = t, .n_tokens = NP, .logits = last,
+                                                         .row_logits = rows}};
+    bad += ib_step(e, two, 2, &err) != IB_OK;
+    for (int i = 0; i < NP; i++) {
+        ib_step_item it = {.session = one, .tokens = t + i, .n_tokens = 1, .logits = ref, .argmax = NULL};
+        bad += ib_step(e, &it, 1, &err) != IB_OK;
+        bad += memcmp(rows + (size_t)i * V, ref, (size_t)V * 4) != 0;
+    }
+    bad += memcmp(last, rows + (size_t)(NP - 1) * V, (size_t)V * 4) != 0;
+    ib_session_free(p), ib_session_free(q), ib_session_free(one);
+    free(rows), free(last), free(ref);
     return bad;
 }
 
@@ -92,9 +124,9 @@ int main(void) {
     ib_session *sa, *sb;
     ib_session_create(m, &(ib_session_opts){.max_context = 40}, &sa, &err);
     ib_session_create(m, &(ib_session_opts){.max_context = 40}, &sb, &err);
-    ib_step_item pre = {sa, a, 10, NULL, NULL};
+    ib_step_item pre = {.session = sa, .tokens = a, .n_tokens = 10, .logits = NULL, .argmax = NULL};
     CHECK(ib_step(e, &pre, 1, &err) == IB_OK, "%s", err.msg);
-    ib_step_item two[2] = {{sa, a + 10, 1, la, NULL}, {sb, b, 30, lb, NULL}};
+    ib_step_item two[2] = {{.session = sa, .tokens = a + 10, .n_tokens = 1, .logits = la, .argmax = NULL}, {.session = sb, .tokens = b, .n_tokens = 30, .logits = lb, .argmax = NULL}};
     CHECK(ib_step(e, two, 2, &err) == IB_OK, "%s", err.msg);
     CHECK_EQ_INT(ib_session_position(sa), 11);
     CHECK_EQ_INT(ib_session_position(sb), 30);
@@ -104,20 +136,20 @@ int main(void) {
     CHECK(memcmp(lb, rb, V * 4) == 0, "session b: batched logits differ from alone (chunks of 4)");
 
     /* errors leave every session unchanged */
-    ib_step_item dup[2] = {{sa, a, 1, NULL, NULL}, {sa, a, 1, NULL, NULL}};
+    ib_step_item dup[2] = {{.session = sa, .tokens = a, .n_tokens = 1, .logits = NULL, .argmax = NULL}, {.session = sa, .tokens = a, .n_tokens = 1, .logits = NULL, .argmax = NULL}};
     CHECK(ib_step(e, dup, 2, &err) == IB_ERR_STATE && strstr(err.msg, "listed twice"), "dup: %s", err.msg);
     int32_t badtok[2] = {1, V + 3};
-    ib_step_item bad[2] = {{sb, a, 1, NULL, NULL}, {sa, badtok, 2, NULL, NULL}};
+    ib_step_item bad[2] = {{.session = sb, .tokens = a, .n_tokens = 1, .logits = NULL, .argmax = NULL}, {.session = sa, .tokens = badtok, .n_tokens = 2, .logits = NULL, .argmax = NULL}};
     CHECK(ib_step(e, bad, 2, &err) == IB_ERR_INVALID_ARG && strstr(err.msg, "outside the vocabulary"), "tok: %s", err.msg);
-    ib_step_item full = {sb, a, 11, NULL, NULL}; /* 30 + 11 > 40 */
+    ib_step_item full = {.session = sb, .tokens = a, .n_tokens = 11, .logits = NULL, .argmax = NULL}; /* 30 + 11 > 40 */
     CHECK(ib_step(e, &full, 1, &err) == IB_ERR_CONTEXT && strstr(err.msg, "exceed"), "ctx: %s", err.msg);
-    ib_step_item big[2] = {{sa, a, 29, NULL, NULL}, {sb, b, 1, NULL, NULL}};
+    ib_step_item big[2] = {{.session = sa, .tokens = a, .n_tokens = 29, .logits = NULL, .argmax = NULL}, {.session = sb, .tokens = b, .n_tokens = 1, .logits = NULL, .argmax = NULL}};
     ib_session *sc;
     ib_session_create(m, &(ib_session_opts){.max_context = 100}, &sc, &err);
     int32_t many[70] = {0};
-    ib_step_item toomany = {sc, many, 70, NULL, NULL}; /* > max_step_tokens 64 */
+    ib_step_item toomany = {.session = sc, .tokens = many, .n_tokens = 70, .logits = NULL, .argmax = NULL}; /* > max_step_tokens 64 */
     CHECK(ib_step(e, &toomany, 1, &err) == IB_ERR_INVALID_ARG && strstr(err.msg, "max_step_tokens"), "R: %s", err.msg);
-    ib_step_item empty = {sa, a, 0, NULL, NULL};
+    ib_step_item empty = {.session = sa, .tokens = a, .n_tokens = 0, .logits = NULL, .argmax = NULL};
     CHECK(ib_step(e, &empty, 1, &err) == IB_ERR_INVALID_ARG, "empty item accepted");
     CHECK_EQ_INT(ib_session_position(sa), 11);
     CHECK_EQ_INT(ib_session_position(sb), 30);
@@ -125,7 +157,7 @@ int main(void) {
     (void)big;
 
     /* after the failed steps the sessions continue exactly as an uninterrupted run */
-    ib_step_item next = {sa, a + 11, 1, la, NULL};
+    ib_step_item next = {.session = sa, .tokens = a + 11, .n_tokens = 1, .logits = la, .argmax = NULL};
     CHECK(ib_step(e, &next, 1, &err) == IB_OK, "%s", err.msg);
     alone(e, a, 12, 5, ra);
     CHECK(memcmp(la, ra, V * 4) == 0, "session a changed by a failed step");
@@ -135,11 +167,11 @@ int main(void) {
     ib_session *sd;
     ib_session_create(m, &(ib_session_opts){.max_context = 40}, &sd, &err);
     CHECK(ib_session_copy(sd, sa, &err) == IB_OK && ib_session_position(sd) == 12, "copy: %s", err.msg);
-    ib_step_item cont[2] = {{sa, a + 12, 3, la, NULL}, {sd, a + 12, 3, lb, NULL}};
+    ib_step_item cont[2] = {{.session = sa, .tokens = a + 12, .n_tokens = 3, .logits = la, .argmax = NULL}, {.session = sd, .tokens = a + 12, .n_tokens = 3, .logits = lb, .argmax = NULL}};
     CHECK(ib_step(e, cont, 2, &err) == IB_OK, "%s", err.msg);
     CHECK(memcmp(la, lb, V * 4) == 0, "copied session diverged from its original");
     CHECK(ib_session_rewind(sd, 5, &err) == IB_OK && ib_session_position(sd) == 5, "rewind");
-    ib_step_item refeed = {sd, a + 5, 10, lb, NULL};
+    ib_step_item refeed = {.session = sd, .tokens = a + 5, .n_tokens = 10, .logits = lb, .argmax = NULL};
     CHECK(ib_step(e, &refeed, 1, &err) == IB_OK, "%s", err.msg);
     CHECK(memcmp(la, lb, V * 4) == 0, "rewound and re-fed session differs");
     CHECK(ib_session_rewind(sd, 99, &err) == IB_ERR_INVALID_ARG, "rewind past the end accepted");
@@ -154,10 +186,10 @@ int main(void) {
         ib_session_create(m, &(ib_session_opts){.max_context = 100, .kv_dtype = IB_KV_Q8}, &qa, &err);
         ib_session_create(m, &(ib_session_opts){.max_context = 40, .kv_dtype = IB_KV_Q8}, &qd, &err);
         ib_session_create(m, &(ib_session_opts){.max_context = 40, .kv_dtype = IB_KV_F16}, &qf, &err);
-        ib_step_item pre = {qa, a, 12, NULL, NULL};
+        ib_step_item pre = {.session = qa, .tokens = a, .n_tokens = 12, .logits = NULL, .argmax = NULL};
         CHECK(qa && qd && qf && ib_step(e, &pre, 1, &err) == IB_OK, "q8 prefill: %s", err.msg);
         CHECK(ib_session_copy(qd, qa, &err) == IB_OK && ib_session_position(qd) == 12, "q8 copy: %s", err.msg);
-        ib_step_item qc[2] = {{qa, a + 12, 3, la, NULL}, {qd, a + 12, 3, lb, NULL}};
+        ib_step_item qc[2] = {{.session = qa, .tokens = a + 12, .n_tokens = 3, .logits = la, .argmax = NULL}, {.session = qd, .tokens = a + 12, .n_tokens = 3, .logits = lb, .argmax = NULL}};
         CHECK(ib_step(e, qc, 2, &err) == IB_OK, "%s", err.msg);
         CHECK(memcmp(la, lb, V * 4) == 0, "copied q8 session diverged from its original");
         CHECK(ib_session_copy(qf, qa, &err) == IB_ERR_INVALID_ARG && strstr(err.msg, "KV types"),
@@ -171,7 +203,7 @@ int main(void) {
         ib_session_create(m, &(ib_session_opts){.max_context = 40}, &s1, &err);
         ib_session_create(m, &(ib_session_opts){.max_context = 40}, &s2, &err);
         int32_t g1 = -1, g2 = -1;
-        ib_step_item am[2] = {{s1, a, 7, la, &g1}, {s2, a, 7, NULL, &g2}};
+        ib_step_item am[2] = {{.session = s1, .tokens = a, .n_tokens = 7, .logits = la, .argmax = &g1}, {.session = s2, .tokens = a, .n_tokens = 7, .logits = NULL, .argmax = &g2}};
         CHECK(ib_step(e, am, 2, &err) == IB_OK, "%s", err.msg);
         CHECK(g1 >= 0 && g1 == ib_argmax(la, V), "argmax with logits: %d, ib_argmax %d", g1, ib_argmax(la, V));
         CHECK(g2 == g1, "argmax without logits: %d, with: %d", g2, g1);
@@ -292,6 +324,19 @@ int main(void) {
         CHECK(fbad > NS / 2, "gemv-gemm fault: only %d of %d sessions differ in a step of many logits rows", fbad, NS);
         printf("a step of %d logits rows: %d sessions differ from alone, under gemv-gemm %d\n", NS, bad, fbad);
         ib_engine_free(eb);
+    }
+
+    /* every row's logits of a prompt (row_logits, more rows than one lm_head product takes) equal the
+     * session fed one token a step; the row-order fault (odd rows' norms summed in another order) must
+     * break that */
+    {
+        int bad = prompt_rows(e);
+        CHECK(bad == 0, "prompt logits rows: %d of %d differ from one token a step", bad, NP);
+        ib_fault_set(IB_FAULT_ROW_ORDER);
+        int fbad = prompt_rows(e);
+        ib_fault_set(IB_FAULT_NONE);
+        CHECK(fbad >= NP / 4, "row-order fault: only %d of %d prompt logits rows differ", fbad, NP);
+        printf("a prompt's %d logits rows: %d differ from one token a step, under row-order %d\n", NP, bad, fbad);
     }
 
     ib_session_free(sa);

@@ -300,7 +300,7 @@ int cmd_bench(int argc, char **argv) {
     for (int r = -1; r < reps; r++) {
         if (r == 0) ib_engine_profile_reset(e);
         ib_session_rewind(proto, 0, NULL);
-        ib_step_item it = {proto, ids, (int)prompt, logits, NULL};
+        ib_step_item it = {.session = proto, .tokens = ids, .n_tokens = (int)prompt, .logits = logits};
         double t0 = now_s();
         if (ib_step(e, &it, 1, &err)) {
             rc = cli_error("%s", err.msg);
@@ -399,8 +399,8 @@ int cmd_bench(int argc, char **argv) {
                 ib_session_rewind(s[b], (int)prompt, NULL);
                 next[b] = (int32_t)((b * 31 + 7) % (V < 256 ? V : 256));
                 /* greedy sessions: ib_sample's choice is the argmax of the logits */
-                items[b] = host_logits ? (ib_step_item){s[b], &next[b], 1, logits + (size_t)b * V, NULL}
-                                       : (ib_step_item){s[b], &next[b], 1, NULL, &chosen[b]};
+                items[b] = host_logits ? (ib_step_item){.session = s[b], .tokens = &next[b], .n_tokens = 1, .logits = logits + (size_t)b * V}
+                                       : (ib_step_item){.session = s[b], .tokens = &next[b], .n_tokens = 1, .argmax = &chosen[b]};
             }
             double t0 = now_s();
             for (long g = 0; g < gen; g++) {

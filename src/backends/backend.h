@@ -167,7 +167,7 @@ typedef struct ib_step_desc {
     const int32_t *row_item;   /* [R] item of each row; rows of an item are consecutive, in order */
     ib_kv *const *kv;          /* [n_items] each item's KV cache, of this backend's kind */
     int attn_block;            /* key block of attention's online softmax (ib_attn_block_for) */
-    int n_logits;              /* rows whose logits are wanted (<= n_items) */
+    int n_logits;              /* rows whose logits are wanted (<= R) */
     const int32_t *logit_row;  /* [n_logits] those rows, ascending */
     float *const *logits_out;  /* [n_logits] host buffers of V floats each, filled by step_end; an entry
                                 * may be NULL where argmax_out's is not (those logits stay where they are) */

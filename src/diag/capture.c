@@ -212,8 +212,8 @@ ib_status ib_diff_run(const ib_model *m, const int32_t *const *prompts, const in
         d.mode = MODE_ALONE;
         for (int i = 0; i < n; i++) {
             d.cur_base = row_base[i];
-            ib_step_item it = {alone[i], step == 0 ? prompts[i] : &next[i], step == 0 ? lens[i] : 1,
-                               lg_alone + (size_t)i * V, NULL};
+            ib_step_item it = {.session = alone[i], .tokens = step == 0 ? prompts[i] : &next[i],
+                               .n_tokens = step == 0 ? lens[i] : 1, .logits = lg_alone + (size_t)i * V};
             if ((rc = ib_step(e, &it, 1, err))) goto done;
         }
         /* the same sessions together, `batch` per step */
@@ -221,8 +221,8 @@ ib_status ib_diff_run(const ib_model *m, const int32_t *const *prompts, const in
         for (int g = 0; g < n; g += batch) {
             int ni = 0, row = 0;
             for (int i = g; i < n && i < g + batch; i++, ni++) {
-                items[ni] = (ib_step_item){bat[i], step == 0 ? prompts[i] : &next[i], step == 0 ? lens[i] : 1,
-                                           lg_bat + (size_t)i * V, NULL};
+                items[ni] = (ib_step_item){.session = bat[i], .tokens = step == 0 ? prompts[i] : &next[i],
+                                           .n_tokens = step == 0 ? lens[i] : 1, .logits = lg_bat + (size_t)i * V};
                 for (int t = 0; t < items[ni].n_tokens; t++) d.map[row++] = row_base[i] + t;
             }
             if ((rc = ib_step(e, items, ni, err))) goto done;

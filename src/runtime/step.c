@@ -252,7 +252,14 @@ ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
         }
         e->item_len[i] = items[i].n_tokens;
         e->item_kv[i] = items[i].session->kv;
-        if (items[i].logits || items[i].argmax) {
+        if (items[i].row_logits) { /* every row's logits; the last also as `logits` (copied below) */
+            const int n_t = items[i].n_tokens;
+            for (int t = 0; t < n_t; t++) {
+                e->logit_row[n_logits] = r - n_t + t;
+                e->argmax_out[n_logits] = t == n_t - 1 ? items[i].argmax : NULL;
+                e->logit_out[n_logits++] = items[i].row_logits + (size_t)t * c->vocab_size;
+            }
+        } else if (items[i].logits || items[i].argmax) {
             e->logit_row[n_logits] = r - 1;
             e->argmax_out[n_logits] = items[i].argmax;
             e->logit_out[n_logits++] = items[i].logits;
@@ -280,6 +287,11 @@ ib_status ib_step(ib_engine *e, ib_step_item *items, int n, ib_error *err) {
                 e->capture(e->capture_ctx, c->n_layers, "logits", e->logit_row[j], e->logit_out[j], c->vocab_size);
     }
     if (rc) return rc;
-    for (int i = 0; i < n; i++) items[i].session->pos += items[i].n_tokens;
+    for (int i = 0; i < n; i++) {
+        if (items[i].row_logits && items[i].logits)
+            memcpy(items[i].logits, items[i].row_logits + (size_t)(items[i].n_tokens - 1) * c->vocab_size,
+                   (size_t)c->vocab_size * sizeof(float));
+        items[i].session->pos += items[i].n_tokens;
+    }
     return IB_OK;
 }
