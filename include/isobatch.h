@@ -505,6 +505,9 @@ typedef struct ib_sched_opts {
 
 typedef struct ib_sched_event {
     int done;              /* 0: a token; 1: the job ended */
+    int prompt;            /* 1: a PROMPT event (jobs with prompt_logprobs): `token` is the prompt's token
+                            * at prompt_index, with logprob / top_* / logits of the row before it */
+    int prompt_index;      /* PROMPT events: that index, 1 .. n_prompt - 1, ascending */
     int32_t token;         /* the generated token (token events) */
     double logprob;        /* its log-probability under the raw logits (log-softmax), when asked */
     const char *finish;    /* DONE: "stop" (a stop id was generated), "length", "cancelled", "error" */
@@ -538,6 +541,13 @@ typedef struct ib_sched_job {
     int n_stop;
     int want_logprobs;       /* fill ib_sched_event.logprob */
     int top_logprobs;        /* 0..IB_MAX_TOP_LOGPROBS: also report that many most likely tokens */
+    /* 1: before its first token event, one PROMPT event for each prompt token but the first (index
+     * 1 .. n_prompt - 1, in order): its log-probability under the logits after the tokens before it
+     * (ib_step's row_logits; the same bits a step of one token at a time gives), with top_logprobs'
+     * alternatives — a scoring or evaluation job (max_new_tokens may be 0). Such a job feeds its whole
+     * prompt itself (it takes no share: share_with is ignored), in chunks of at most
+     * IB_PROMPT_LOGITS_ROWS tokens; n_replay must be 0. */
+    int prompt_logprobs;
     int group;               /* fairness group (a server's API key; 0 for all when unused): a free
                               * batch slot goes to the queued job whose group runs the fewest jobs,
                               * the longest-waiting one among equals. Never changes a job's numbers. */
@@ -574,6 +584,9 @@ typedef struct ib_sched_job {
     int share_with;
     int n_shared;
 } ib_sched_job;
+
+/* Most prompt tokens of a prompt_logprobs job fed in one step (its logits rows: this many x vocab floats). */
+#define IB_PROMPT_LOGITS_ROWS 32
 
 /* Most logit_bias entries of one job. */
 #define IB_MAX_LOGIT_BIAS 1024

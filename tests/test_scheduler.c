@@ -4,7 +4,8 @@
  * with plain ib_step/ib_sample (greedy and seeded sampling), whatever the batch size, prefill chunk and
  * arrival order; stop ids, length, cancellation, a full queue, a context overflow and prefill-only jobs
  * behave as documented; prompt sharing (ib_sched_submit_n, share_with) gives each choice its lone run's bits, prefills a
- * prompt once, and fails under the share-early fault.
+ * prompt once, and fails under the share-early fault; prompt logprobs (PROMPT events) equal the logprobs
+ * of one token a step, and fail under the row-order fault.
  * KV policies: sink+window attention equals a float64 reference over exactly the kept positions;
  * windowed sessions give the same bits batched in chunks as alone token by token; a window wider
  * than the sequence equals a full session bitwise; memory is fixed at sink + window + chunk slots;
@@ -75,6 +76,35 @@ static void on_event(void *ctx, const ib_sched_event *ev) {
         pthread_cond_broadcast(&r->cv);
     }
     pthread_mutex_unlock(&r->mu);
+}
+
+/* prompt_logprobs jobs' PROMPT events: index, token, logprob, the top two, the rows' digest; order kept */
+typedef struct prec {
+    rec r;                      /* its token events and DONE (on_event) */
+    int n_p, order_bad;         /* PROMPT events; those out of order (index not n_p + 1, or after a token) */
+    int32_t tok[200];
+    double lp[200];
+    int32_t top_id[200][2];
+    double top_lp[200][2];
+    uint64_t dig;               /* over the PROMPT events' logits rows */
+} prec;
+
+static void on_prompt_event(void *ctx, const ib_sched_event *ev) {
+    prec *p = ctx;
+    if (!ev->prompt) {
+        on_event(&p->r, ev);
+        return;
+    }
+    pthread_mutex_lock(&p->r.mu);
+    p->order_bad += ev->prompt_index != p->n_p + 1 || p->r.n > 0 || ev->n_top != 2;
+    if (p->n_p < 200) {
+        p->tok[p->n_p] = ev->token;
+        p->lp[p->n_p] = ev->logprob;
+        for (int k = 0; k < 2 && k < ev->n_top; k++) p->top_id[p->n_p][k] = ev->top_ids[k], p->top_lp[p->n_p][k] = ev->top_logprob[k];
+    }
+    p->dig = ib_digest_bytes(p->dig, ev->logits, (size_t)g_vocab * sizeof(float));
+    p->n_p++;
+    pthread_mutex_unlock(&p->r.mu);
 }
 
 static void rec_wait(rec *r) {
@@ -389,6 +419,96 @@ static void check_auto_sharing(const ib_model *m, ib_engine *e) {
 /* Feed prompt i then GEN greedy tokens through a windowed session; prefill in chunks of `chunk`,
  * stepped together with a full-session neighbour when `crowd`. Logits of every generated token are
  * digested into *dig. */
+/* Prompt logprobs (ib_sched_job.prompt_logprobs): NP prompts through a scheduler (batch 4, prefill chunk
+ * `chunk`), every other one a scoring job (no new tokens), one of them also a share_with of another
+ * (scoring jobs take no share). Each PROMPT event (prompt index 1 .. n - 1, in order, before any token)
+ * must hold the logprob and top two of the prompt's token under the logits the session gives fed one
+ * token a step, bitwise, and its row's digest that row's; the jobs that generate must give the tokens
+ * of their lone runs. Returns the prompts whose events differ in any way. */
+static int run_prompt_lp(const ib_model *m, ib_engine *e, int chunk, const int32_t ref_tok[NP][GEN]) {
+    const int V = g_vocab;
+    float *lg = malloc((size_t)V * sizeof(float));
+    int bad = 0;
+    static prec pr[NP];
+    ib_sched_opts so = {.max_batch = 4, .prefill_chunk = chunk, .max_queue = NP};
+    ib_sched *S;
+    ib_error err;
+    ib_session *s[NP];
+    ib_sched_job jobs[NP];
+    static int32_t pp[NP][200];   /* the prompts, job 3's starting with job 1's first token */
+    memcpy(pp, prompts, sizeof pp);
+    pp[3][0] = pp[1][0];
+    if (ib_sched_create(e, &so, &S, &err)) return NP;
+    for (int i = 0; i < NP; i++) {
+        memset(&pr[i], 0, sizeof pr[i]);
+        pthread_mutex_init(&pr[i].r.mu, NULL);
+        pthread_cond_init(&pr[i].r.cv, NULL);
+        pr[i].r.dig = IB_DIGEST_INIT, pr[i].dig = IB_DIGEST_INIT;
+        ib_session_create(m, &(ib_session_opts){.max_context = 256, .sampling = sampling(0)}, &s[i], &err);
+        jobs[i] = (ib_sched_job){.session = s[i], .prompt = pp[i], .n_prompt = plen[i],
+                                 .max_new_tokens = i % 2 ? 0 : GEN, .top_logprobs = 2, .prompt_logprobs = 1,
+                                 .on_event = on_prompt_event, .ctx = &pr[i]};
+    }
+    /* job 3 (a scoring job) names job 1 for a share of its first token: ignored, it feeds all */
+    jobs[3].share_with = 2, jobs[3].n_shared = 1;
+    bad += ib_sched_submit_n(S, jobs, NP, NULL, &err) != IB_OK;
+    for (int i = 0; i < NP; i++) rec_wait(&pr[i].r);
+    for (int i = 0; i < NP; i++) {
+        int differs = pr[i].order_bad != 0 || pr[i].n_p != plen[i] - 1 || strcmp(pr[i].r.finish, "length") != 0 ||
+                      pr[i].r.fed != plen[i];
+        ib_session *one;
+        ib_session_create(m, &(ib_session_opts){.max_context = 256}, &one, &err);
+        uint64_t dig = IB_DIGEST_INIT;
+        for (int t = 0; t + 1 < plen[i]; t++) {
+            ib_step_item it = {.session = one, .tokens = &pp[i][t], .n_tokens = 1, .logits = lg};
+            differs |= ib_step(e, &it, 1, &err) != IB_OK;
+            dig = ib_digest_bytes(dig, lg, (size_t)V * sizeof(float));
+            int32_t ti[2];
+            double tl[2];
+            ib_top_logprobs(lg, V, 2, ti, tl);
+            const double lp = ib_logprob(lg, V, pp[i][t + 1]);
+            differs |= pr[i].tok[t] != pp[i][t + 1] || memcmp(&pr[i].lp[t], &lp, sizeof lp) != 0 ||
+                       memcmp(pr[i].top_id[t], ti, sizeof ti) != 0 || memcmp(pr[i].top_lp[t], tl, sizeof tl) != 0;
+        }
+        differs |= dig != pr[i].dig;
+        if (i % 2 == 0) differs |= pr[i].r.n != GEN || memcmp(pr[i].r.tok, ref_tok[i], GEN * sizeof(int32_t)) != 0;
+        else differs |= pr[i].r.n != 0;
+        bad += differs;
+        ib_session_free(one);
+        ib_session_free(s[i]);
+        pthread_mutex_destroy(&pr[i].r.mu);
+        pthread_cond_destroy(&pr[i].r.cv);
+    }
+    ib_sched_free(S);
+    free(lg);
+    return bad;
+}
+
+static void check_prompt_logprobs(const ib_model *m, ib_engine *e) {
+    int32_t rt[NP][GEN];
+    double rl[NP][GEN];
+    for (int i = 0; i < NP; i++) reference(m, e, i, 0, rt[i], rl[i]);
+    int bad = run_prompt_lp(m, e, 7, rt) + run_prompt_lp(m, e, 200, rt);
+    CHECK(bad == 0, "prompt logprobs: %d of %d runs differ from one token a step", bad, 2 * NP);
+    ib_fault_set(IB_FAULT_ROW_ORDER);
+    int fbad = run_prompt_lp(m, e, 200, rt);
+    ib_fault_set(IB_FAULT_NONE);
+    CHECK(fbad >= NP / 2, "row-order fault: only %d of %d prompts' logprobs differ", fbad, NP);
+    printf("prompt logprobs: %d of %d runs differ from one token a step, under row-order %d of %d\n", bad, 2 * NP,
+           fbad, NP);
+    /* a replay cannot be scored */
+    ib_sched *S;
+    ib_error err;
+    ib_session *s;
+    ib_sched_create(e, NULL, &S, &err);
+    ib_session_create(m, &(ib_session_opts){.max_context = 64}, &s, &err);
+    ib_sched_job j = {.session = s, .prompt = prompts[1], .n_prompt = 5, .prompt_logprobs = 1, .n_replay = 2};
+    CHECK(ib_sched_submit(S, &j, NULL, &err) == IB_ERR_INVALID_ARG && strstr(err.msg, "prompt_logprobs"),
+          "prompt_logprobs with a replay: %s", err.msg);
+    ib_sched_free(S);
+    ib_session_free(s);
+}
+
 static ib_kv_dtype g_kv_dtype; /* run_window's sessions keep half-precision KV */
 
 static void run_window(const ib_model *m, ib_engine *e, int i, int sink, int window, int kv_chunk, int chunk, int crowd,
@@ -641,6 +761,7 @@ int main(void) {
     }
     check_sharing(m, e);
     check_auto_sharing(m, e);
+    check_prompt_logprobs(m, e);
 
 
     /* KV policies */

@@ -27,6 +27,9 @@ typedef struct job {
     int32_t *stops;           /* [n_stop] (owned copy) */
     int n_stop;
     int want_lp, top;         /* logprob of each token; how many top alternatives */
+    float *rows;              /* [IB_PROMPT_LOGITS_ROWS][V] a prompt chunk's logits rows (prompt_logprobs),
+                               * else NULL */
+    struct draw *pdraw;       /* [IB_PROMPT_LOGITS_ROWS] the chunk's prompt tokens' logprobs (prompt_logprobs) */
     int group;                /* fairness group (ib_sched_job.group) */
     ib_sched_event_fn fn;
     void *ctx;
@@ -159,6 +162,8 @@ static void job_free(job *j) {
     free(j->bias_ids);
     free(j->bias);
     free(j->raw);
+    free(j->rows);
+    free(j->pdraw);
     free(j);
 }
 
@@ -179,7 +184,8 @@ static int is_stop(const job *j, int32_t t) {
 /* What the sampling pass decided for one item of a step. */
 typedef enum { DRAW_PROMPT_GOES_ON, DRAW_NO_ROOM, DRAW_TOKEN } draw_outcome;
 
-/* One item's outcome of a step and, for DRAW_TOKEN, its token and what its job asked to know. */
+/* One item's outcome of a step and, for DRAW_TOKEN, its token and what its job asked to know (also one
+ * prompt token's logprobs, for a prompt_logprobs job's PROMPT events). */
 typedef struct draw {
     draw_outcome outcome;
     int32_t tok;
@@ -195,11 +201,27 @@ typedef struct draw {
  * own seed, step and history, so items are drawn on any threads in any order with the same result;
  * over a vocabulary of 150k, a temperature draw with logprobs takes milliseconds, and done one item
  * after another it held back every step of a busy server. */
+/* The logprob (and top alternatives as the job asks) of token tok under the logits row lg into d. */
+static void draw_logprobs(const job *j, const float *lg, int V, int32_t tok, draw *d) {
+    /* ib_logprob's and ib_top_logprobs' numbers, the vocabulary's log-sum-exp taken once */
+    double mx, lse = log_sum_exp(lg, V, &mx);
+    d->tok = tok;
+    d->logprob = logprob_at(lg, tok, mx, lse);
+    d->n_top = j->top ? top_ids(lg, V, j->top, d->top_ids) : 0;
+    for (int k = 0; k < d->n_top; k++) d->top_lp[k] = logprob_at(lg, d->top_ids[k], mx, lse);
+}
+
 static void sample_task(void *ctx, int i, int thread) {
     ib_sched *S = ctx;
     job *j = S->item_job[i];
     draw *d = &S->draws[i];
     const int V = S->e->model->cfg.vocab_size;
+    if (j->rows && j->fed < j->n_prompt) {
+        /* PROMPT events: row t of the chunk (prompt token fed + t) scores prompt token fed + t + 1 */
+        const int n = S->items[i].n_tokens;
+        for (int t = 0; t < n && j->fed + t + 1 < j->n_prompt; t++)
+            draw_logprobs(j, j->rows + (size_t)t * V, V, j->prompt[j->fed + t + 1], &j->pdraw[t]);
+    }
     if (j->fed < j->n_prompt) {
         /* replayed tokens (a rebuild) were noted by the caller; the rest as they are fed */
         int skip = j->n_replay - j->fed;
@@ -232,12 +254,19 @@ static void sample_task(void *ctx, int i, int thread) {
     if (j->want_digest) j->digest = ib_digest_bytes(j->digest, j->logits, (size_t)V * sizeof(float));
     d->logprob = 0.0;
     d->n_top = 0;
-    if (j->want_lp || j->top) {
-        /* ib_logprob's and ib_top_logprobs' numbers, the vocabulary's log-sum-exp taken once */
-        double mx, lse = log_sum_exp(j->logits, V, &mx);
-        if (j->want_lp) d->logprob = logprob_at(j->logits, d->tok, mx, lse);
-        d->n_top = j->top ? top_ids(j->logits, V, j->top, d->top_ids) : 0;
-        for (int k = 0; k < d->n_top; k++) d->top_lp[k] = logprob_at(j->logits, d->top_ids[k], mx, lse);
+    if (j->want_lp || j->top) draw_logprobs(j, j->logits, V, d->tok, d);
+}
+
+/* Deliver the PROMPT events of the chunk item it just fed for job j (prompt tokens from + 1 ..), on the
+ * loop thread without the lock. */
+static void prompt_events(const ib_sched *S, job *j, const ib_step_item *it, int from) {
+    const int V = S->e->model->cfg.vocab_size;
+    for (int t = 0; t < it->n_tokens && from + t + 1 < j->n_prompt; t++) {
+        const draw *p = &j->pdraw[t];
+        ib_sched_event ev = {.prompt = 1, .prompt_index = from + t + 1, .token = p->tok, .logprob = p->logprob,
+                             .logits = j->rows + (size_t)t * V, .queue_seconds = j->queued_s};
+        if (j->top) ev.n_top = p->n_top, ev.top_ids = p->top_ids, ev.top_logprob = p->top_lp;
+        if (j->fn) j->fn(j->ctx, &ev);
     }
 }
 
@@ -311,7 +340,7 @@ static int share_fits(const job *j, const job *src) {
  * a group (a server's API key): across tenants a request's time to first token would tell whether
  * another tenant's running request starts the same way. Loop thread, lock held. */
 static void share_find(ib_sched *S, job *j) {
-    if (S->o.share_min <= 0 || j->share_from || j->s->pos != 0 || j->n_replay != 0) return;
+    if (S->o.share_min <= 0 || j->share_from || j->s->pos != 0 || j->n_replay != 0 || j->rows) return;
     job *best = NULL;
     int best_len = 0;
     for (int a = 0; a < S->n_active; a++) {
@@ -443,11 +472,12 @@ static void run_loop(ib_sched *S) {
             if (j->fed >= j->n_prompt || j->share_from) continue;
             int chunk = (j->hold > 0 ? j->hold : j->n_prompt) - j->fed;
             if (chunk > S->o.prefill_chunk) chunk = S->o.prefill_chunk;
+            if (j->rows && chunk > IB_PROMPT_LOGITS_ROWS) chunk = IB_PROMPT_LOGITS_ROWS;
             if (ib_session_max_item(j->s) > 0 && chunk > ib_session_max_item(j->s)) chunk = ib_session_max_item(j->s);
             if (chunk > budget) chunk = budget;
             int last = j->fed + chunk == j->n_prompt;
             S->items[ni] = (ib_step_item){.session = j->s, .tokens = j->prompt + j->fed, .n_tokens = chunk,
-                                          .logits = last && j->max_new > 0 ? j->logits : NULL};
+                                          .logits = last && j->max_new > 0 ? j->logits : NULL, .row_logits = j->rows};
             S->item_job[ni++] = j;
             budget -= chunk;
         }
@@ -470,6 +500,7 @@ static void run_loop(ib_sched *S) {
             }
             const draw *d = &S->draws[i];
             if (j->fed < j->n_prompt) {
+                if (j->rows) prompt_events(S, j, &S->items[i], j->fed);
                 j->fed += S->items[i].n_tokens;   /* noted in the session by sample_task */
                 pre += S->items[i].n_tokens;
             }
@@ -643,6 +674,8 @@ static ib_status job_make(ib_sched *S, const ib_sched_job *jb, job **out, ib_err
         return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: a job needs a session, a prompt of >= 1 token, "
                                                 "max_new_tokens >= 0, at most IB_MAX_LOGIT_BIAS biases, "
                                                 "0 < n_shared < n_prompt when sharing");
+    if (jb->prompt_logprobs && jb->n_replay > 0)
+        return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: prompt_logprobs with a replay (n_replay %d)", jb->n_replay);
     ib_session *s = jb->session;
     if (s->model != S->e->model)
         return ib_fail(err, IB_ERR_INVALID_ARG, "scheduler: session of another model");
@@ -667,7 +700,7 @@ static ib_status job_make(ib_sched *S, const ib_sched_job *jb, job **out, ib_err
     j->n_replay = jb->n_replay;
     j->want_digest = jb->digest_logits != 0;
     j->digest = IB_DIGEST_INIT;
-    j->n_shared = jb->share_with ? jb->n_shared : 0;
+    j->n_shared = jb->share_with && !jb->prompt_logprobs ? jb->n_shared : 0;
     if (j->constrain && !(j->raw = malloc((size_t)V * sizeof(float)))) goto oom;
     j->n_prompt = jb->n_prompt;
     j->max_new = jb->max_new_tokens;
@@ -681,6 +714,11 @@ static ib_status job_make(ib_sched *S, const ib_sched_job *jb, job **out, ib_err
     j->stops = malloc(((size_t)jb->n_stop + 1) * sizeof(int32_t));
     j->logits = malloc((size_t)V * sizeof(float));
     if (!j->prompt || !j->stops || !j->logits) goto oom;
+    if (jb->prompt_logprobs && jb->n_prompt > 1) {
+        j->rows = malloc((size_t)IB_PROMPT_LOGITS_ROWS * V * sizeof(float));
+        j->pdraw = malloc(IB_PROMPT_LOGITS_ROWS * sizeof *j->pdraw);
+        if (!j->rows || !j->pdraw) goto oom;
+    }
     if (jb->n_logit_bias > 0) {
         j->bias_ids = malloc((size_t)jb->n_logit_bias * sizeof *j->bias_ids);
         j->bias = malloc((size_t)jb->n_logit_bias * sizeof *j->bias);
@@ -726,7 +764,7 @@ ib_status ib_sched_submit_n(ib_sched *S, const ib_sched_job *jbs, int n, uint64_
     for (int k = 0; k < n; k++) {
         job *j = js[k];
         j->id = S->next_id++;
-        if (jbs[k].share_with) j->share_from = js[jbs[k].share_with - 1]->id;
+        if (jbs[k].share_with && j->n_shared) j->share_from = js[jbs[k].share_with - 1]->id;
         if (S->qtail)
             S->qtail->qnext = j;
         else
