@@ -144,7 +144,9 @@ field_400 "json_schema: \$ref to nothing" invalid_value response_format /v1/chat
 field_400 "json_schema: no name" invalid_value response_format /v1/chat/completions "{$CH,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{}}}}"
 field_400 "json_schema: schema not an object" invalid_value response_format /v1/chat/completions "{$CH,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":[]}}}"
 field_400 "response_format: unknown type" invalid_value response_format /v1/chat/completions "{$CH,\"response_format\":{\"type\":\"yaml\"}}"
-field_400 "echo" unsupported_parameter echo /v1/completions '{"model":"tiny","prompt":"x","echo":true}'
+field_400 "echo with stream" invalid_value echo /v1/completions '{"model":"tiny","prompt":"x","echo":true,"stream":true}'
+field_400 "echo not a boolean" invalid_value echo /v1/completions '{"model":"tiny","prompt":"x","echo":1}'
+field_400 "echo on chat" unknown_parameter echo /v1/chat/completions "{$CH,\"echo\":true}"
 field_400 "suffix" unsupported_parameter suffix /v1/completions '{"model":"tiny","prompt":"x","suffix":"end"}'
 field_400 "best_of" unsupported_parameter best_of /v1/completions '{"model":"tiny","prompt":"x","best_of":3}'
 field_400 "frequency_penalty" unsupported_parameter frequency_penalty /v1/completions '{"model":"tiny","prompt":"x","frequency_penalty":0.5}'
@@ -153,6 +155,31 @@ req 200 "off values accepted" "${A[@]}" "$U/v1/chat/completions" -d "{$CH,\"tool
 req 200 "echo false, best_of 1" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"x","max_tokens":2,"echo":false,"best_of":1}'
 field_400 "max_tokens 0" invalid_value max_tokens /v1/completions '{"model":"tiny","prompt":"x","max_tokens":0}'
 field_400 "max_completion_tokens 0" invalid_value max_completion_tokens /v1/chat/completions '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0}'
+# echo: the prompt comes back before the completion, with its tokens' logprobs (the first null)
+req 200 "echo, max_tokens 0" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"Hello wor","max_tokens":0,"echo":true,"logprobs":1}'
+[ "$(jget '[b.choices[0].text, b.choices[0].finish_reason, b.usage.completion_tokens, b.choices[0].logprobs.tokens.join(""), b.choices[0].logprobs.text_offset.join(","), b.choices[0].logprobs.token_logprobs[0], b.choices[0].logprobs.top_logprobs[0], b.choices[0].logprobs.token_logprobs.slice(1).every(x => x < 0), Object.keys(b.choices[0].logprobs.top_logprobs[1]).length].join("|")')" \
+    = "Hello wor|length|0|Hello wor|0,1,2,3,4,5,6,7,8|||true|1" ] && ok || bad "echo with max_tokens 0: $(head -c 600 "$T/body")"
+req 200 "echo without logprobs" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"Hello","max_tokens":3,"echo":true,"temperature":0}'
+[ "$(jget 'b.choices[0].text.startsWith("Hello") && b.choices[0].text.length > 5 && b.choices[0].logprobs === null')" = true ] && ok || bad "echo without logprobs: $(head -c 300 "$T/body")"
+# echo_score: a greedy completion (echoed, logprobs 2), then its own tokens sent back as a prompt to
+# score (echo, max_tokens 0): every token's logprob and alternatives must be the same numbers — the
+# completion's tokens came from one-row decode steps, the scoring from one prompt's rows in chunks.
+# Prints "equal N" or "differ: ..."
+echo_score() {
+    curl -s -m 60 -o "$T/es1" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"The quick brown fox jumps over","max_tokens":40,"temperature":0,"echo":true,"logprobs":2}'
+    local ids
+    ids=$(node -e 'const b=JSON.parse(require("fs").readFileSync(process.argv[1]));console.log(JSON.stringify(b.choices[0].logprobs.token_ids))' "$T/es1" 2>/dev/null)
+    curl -s -m 60 -o "$T/es2" "${A[@]}" "$U/v1/completions" -d "{\"model\":\"tiny\",\"prompt\":$ids,\"max_tokens\":0,\"echo\":true,\"logprobs\":2}"
+    node -e '
+const fs=require("fs"), a=JSON.parse(fs.readFileSync(process.argv[1])).choices[0], b=JSON.parse(fs.readFileSync(process.argv[2])).choices[0];
+const A=a.logprobs, B=b.logprobs, n=A.token_ids.length;
+const same = a.text === b.text && n === B.token_ids.length && n > 40 &&
+  JSON.stringify([A.token_ids, A.token_logprobs, A.top_logprobs, A.text_offset]) === JSON.stringify([B.token_ids, B.token_logprobs, B.top_logprobs, B.text_offset]);
+let first = -1; for (let i = 0; i < n && first < 0; i++) if (A.token_logprobs[i] !== B.token_logprobs[i]) first = i;
+console.log(same ? "equal " + n : "differ: " + n + " tokens, first logprob difference at " + first);' "$T/es1" "$T/es2" 2>&1
+}
+r=$(echo_score)
+case $r in "equal "*) ok ;; *) bad "a completion scored again as an echoed prompt: $r" ;; esac
 # top_k -1 is "off", the same as top_k 0
 req 200 "top_k -1" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"Hello","max_tokens":8,"temperature":1,"seed":5,"top_k":-1}'
 K1=$(jget 'b.choices[0].text')
@@ -466,6 +493,14 @@ timeout 300 node "$CL/client_test.js" "http://127.0.0.1:$PORT" none tiny > "$T/f
 # shared a step with rows at other positions; at least one must be caught
 grep -q '^FAIL invariance under load: ' "$T/faulty.out" && ok || bad "every invariance check passed under rope-scalar-offset"
 stop "$LAST_PID" faulty
+
+# ... and the echo check fails when a step's rows are not each computed alone: under row-order (odd rows
+# of a step sum their norms in another order) the prompt rows of the scoring differ from the decode rows
+start efault --inject row-order
+U=http://127.0.0.1:$PORT
+r=$(echo_score)
+case $r in "differ: "*) ok ;; *) bad "under row-order the echoed scoring equals the completion: the echo check cannot fail ($r)" ;; esac
+stop "$LAST_PID" efault
 
 # n choices decode in one batch: under split-kv-by-batch (a step of several rows cuts its key blocks
 # at half the size) they are not the requests alone, so the n check above can fail

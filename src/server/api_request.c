@@ -44,11 +44,11 @@ int ib_api_failf(const char **param, const char *p, char *msg, size_t msz, const
 }
 
 /* Whether value v of an unimplemented field asks for nothing (null, or the value that means "off"),
- * so it can be accepted: echo false, best_of 1, suffix "", functions [], function_call "none",
- * penalties 0, store false. */
+ * so it can be accepted: best_of 1, suffix "", functions [], function_call "none", penalties 0,
+ * store false. */
 static int is_noop(const char *k, json_t *v) {
     if (json_is_null(v)) return 1;
-    if (!strcmp(k, "echo") || !strcmp(k, "store")) return json_is_false(v);
+    if (!strcmp(k, "store")) return json_is_false(v);
     if (!strcmp(k, "best_of")) return json_is_integer(v) && json_integer_value(v) == 1;
     if (!strcmp(k, "suffix")) return json_is_string(v) && json_string_length(v) == 0;
     if (!strcmp(k, "functions")) return json_is_array(v) && json_array_size(v) == 0;
@@ -59,7 +59,7 @@ static int is_noop(const char *k, json_t *v) {
 }
 
 /* Fields that are OpenAI's but not implemented here: accepted only with a no-op value. */
-static const char *const unimplemented[] = {"echo", "suffix", "best_of", "functions", "function_call", "store",
+static const char *const unimplemented[] = {"suffix", "best_of", "functions", "function_call", "store",
                                             "metadata", "service_tier", "reasoning_effort", "modalities", "audio",
                                             "prediction", "web_search_options",
                                             "frequency_penalty", "presence_penalty", NULL};
@@ -103,8 +103,9 @@ int ib_api_check_fields(json_t *body, ib_api_endpoint ep, const char **param, co
     if (ep != IB_API_SESSION_GENERATE) {
         const char *mk = json_object_get(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
         json_t *mt = json_object_get(body, mk);
-        if (json_is_integer(mt) && json_integer_value(mt) == 0)
-            return ib_api_failf(param, mk, msg, msz, "%s must be at least 1", mk);
+        /* 0 new tokens: only a completion that echoes its prompt (scoring with logprobs) */
+        if (json_is_integer(mt) && json_integer_value(mt) == 0 && !json_is_true(json_object_get(body, "echo")))
+            return ib_api_failf(param, mk, msg, msz, "%s must be at least 1 (0 only with echo: true)", mk);
     }
     return 0;
 }

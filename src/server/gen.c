@@ -8,6 +8,7 @@
 #include "core/error.h"
 
 #include <ctype.h>
+#include <math.h>
 
 /* Length of the longest prefix of s[0..n) that is valid, complete UTF-8. */
 static size_t utf8_complete(const char *s, size_t n) {
@@ -41,6 +42,10 @@ void gen_unref(gen *g) {
     free(g->top_ids);
     free(g->top_lp);
     free(g->tok_off);
+    free(g->echo_ids);
+    free(g->echo_lp);
+    free(g->echo_top_ids);
+    free(g->echo_top_lp);
     free(g->text);
     free(g->out);
     pthread_mutex_destroy(&g->mu);
@@ -55,6 +60,19 @@ void gen_unref(gen *g) {
 void on_event(void *ctx, const ib_sched_event *ev) {
     gen *g = ctx;
     server *S = g->srv;
+    if (ev->prompt) { /* an echoed prompt token's logprobs (its job's prompt_logprobs) */
+        pthread_mutex_lock(&g->mu);
+        const int i = ev->prompt_index;
+        if (g->echo_lp && i > 0 && i < g->n_prompt) {
+            g->echo_lp[i] = ev->logprob;
+            for (int t = 0; t < ev->n_top && t < g->n_top; t++) {
+                g->echo_top_ids[(size_t)i * g->n_top + t] = ev->top_ids[t];
+                g->echo_top_lp[(size_t)i * g->n_top + t] = ev->top_logprob[t];
+            }
+        }
+        pthread_mutex_unlock(&g->mu);
+        return;
+    }
     if (!ev->done) {
         double t = now_s();
         if (g->n == 0) /* only this thread appends tokens: g->n is stable here */
@@ -265,6 +283,46 @@ static int tokens_shown(const gen *g) {
     return k;
 }
 
+/* An empty completions-format logprobs object (its top_logprobs null when no alternatives are asked). */
+static json_t *completion_lp_new(int n_top) {
+    json_t *o = json_object();
+    json_object_set_new(o, "tokens", json_array());
+    json_object_set_new(o, "token_logprobs", json_array());
+    json_object_set_new(o, "top_logprobs", n_top ? json_array() : json_null());
+    json_object_set_new(o, "text_offset", json_array());
+    json_object_set_new(o, "token_ids", json_array());
+    return o;
+}
+
+/* Append token id to the completions-format logprobs o: its text, logprob lp (NaN: null — an echoed
+ * prompt's first token), its g->n_top alternatives top_ids/top_lp (ids < 0 skipped; with lp NaN the
+ * entry is null) and its text offset. */
+static void completion_lp_add(json_t *o, const gen *g, int32_t id, double lp, const int32_t *top_ids,
+                              const double *top_lp, int off) {
+    char buf[256];
+    int w = ib_token_bytes(g->srv->m, id, buf, sizeof buf);
+    json_array_append_new(json_object_get(o, "tokens"), ib_api_bytes_str(buf, w > 0 ? (size_t)w : 0));
+    json_array_append_new(json_object_get(o, "token_logprobs"), lp == lp ? json_real(lp) : json_null());
+    json_array_append_new(json_object_get(o, "text_offset"), json_integer(off));
+    json_array_append_new(json_object_get(o, "token_ids"), json_integer(id));
+    if (!g->n_top) return;
+    if (lp != lp) {
+        json_array_append_new(json_object_get(o, "top_logprobs"), json_null());
+        return;
+    }
+    /* {token text: logprob}; tokens whose text repeats keep the first (the more likely) entry */
+    json_t *m = json_object();
+    for (int t = 0; t < g->n_top; t++) {
+        if (top_ids[t] < 0) continue;
+        int tw = ib_token_bytes(g->srv->m, top_ids[t], buf, sizeof buf);
+        json_t *key = ib_api_bytes_str(buf, tw > 0 ? (size_t)tw : 0);
+        const char *ks = key ? json_string_value(key) : NULL;
+        if (ks && !json_object_get(m, ks)) json_object_set_new(m, ks, json_real(top_lp[t]));
+        json_decref(key);
+    }
+    json_array_append_new(json_object_get(o, "top_logprobs"), m);
+}
+
 /* Logprobs of tokens [a, b) in the completions format or the chat format. */
 static json_t *logprobs_json(const gen *g, int a, int b) {
     char buf[256];
@@ -302,34 +360,58 @@ static json_t *logprobs_json(const gen *g, int a, int b) {
         json_object_set_new(o, "content", content);
         return o;
     }
-    json_t *toks = json_array(), *lps = json_array(), *offs = json_array(), *ids = json_array();
-    json_t *tops = g->n_top ? json_array() : json_null();
-    for (int i = a; i < b; i++) {
-        int w = ib_token_bytes(g->srv->m, g->tok[i], buf, sizeof buf);
-        json_array_append_new(toks, ib_api_bytes_str(buf, w > 0 ? (size_t)w : 0));
-        json_array_append_new(lps, json_real(g->lp[i]));
-        json_array_append_new(offs, json_integer(g->tok_off[i]));
-        json_array_append_new(ids, json_integer(g->tok[i]));
-        if (!g->n_top) continue;
-        /* {token text: logprob}; tokens whose text repeats keep the first (the more likely) entry */
-        json_t *m = json_object();
-        for (int t = 0; t < g->n_top; t++) {
-            int32_t id = g->top_ids[(size_t)i * g->n_top + t];
-            if (id < 0) continue;
-            int tw = ib_token_bytes(g->srv->m, id, buf, sizeof buf);
-            json_t *key = ib_api_bytes_str(buf, tw > 0 ? (size_t)tw : 0);
-            const char *ks = key ? json_string_value(key) : NULL;
-            if (ks && !json_object_get(m, ks)) json_object_set_new(m, ks, json_real(g->top_lp[(size_t)i * g->n_top + t]));
-            json_decref(key);
-        }
-        json_array_append_new(tops, m);
+    json_t *o = completion_lp_new(g->n_top);
+    for (int i = a; i < b; i++)
+        completion_lp_add(o, g, g->tok[i], g->lp[i], g->n_top ? g->top_ids + (size_t)i * g->n_top : NULL,
+                          g->n_top ? g->top_lp + (size_t)i * g->n_top : NULL, g->tok_off[i]);
+    return o;
+}
+
+/* Append n bytes to the growable buffer *b (*len used of *cap); -1 when out of memory. */
+static int buf_append(char **b, size_t *len, size_t *cap, const char *s, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t nc = (*len + n + 1) * 2;
+        char *t = realloc(*b, nc);
+        if (!t) return -1;
+        *b = t, *cap = nc;
     }
-    json_t *o = json_object();
-    json_object_set_new(o, "tokens", toks);
-    json_object_set_new(o, "token_logprobs", lps);
-    json_object_set_new(o, "top_logprobs", tops);
-    json_object_set_new(o, "text_offset", offs);
-    json_object_set_new(o, "token_ids", ids);
+    memcpy(*b + *len, s, n);
+    *len += n;
+    return 0;
+}
+
+/* An echoing completion (g->echo): its "text" — the prompt's tokens rendered (a text stream of their
+ * own), then the completion's shown text — into *text, and returns its logprobs (g->want_lp, else
+ * NULL): the prompt's tokens (the first one's null; the others from the PROMPT events), then the
+ * first k generated tokens, offsets into that text. Out of memory: *text and the result NULL. */
+static json_t *echo_completion(const gen *g, int k, json_t **text) {
+    const ib_model *m = g->srv->m;
+    ib_text_stream ts = {0};
+    char piece[512], *t = NULL;
+    size_t len = 0, cap = 0;
+    int *off = malloc(((size_t)g->n_prompt + 1) * sizeof *off), bad = !off;
+    for (int i = 0; i < g->n_prompt && !bad; i++) {
+        off[i] = (int)len;
+        const int w = ib_text_stream_push(m, &ts, g->echo_ids[i], piece, sizeof piece);
+        bad = w > 0 && buf_append(&t, &len, &cap, piece, (size_t)w);
+    }
+    const int w = bad ? 0 : ib_text_stream_flush(&ts, piece, sizeof piece);
+    bad = bad || (w > 0 && buf_append(&t, &len, &cap, piece, (size_t)w));
+    const size_t echo_len = len;
+    bad = bad || buf_append(&t, &len, &cap, g->text ? g->text : "", g->text_len);
+    *text = bad ? NULL : ib_api_bytes_str(t, len);
+    json_t *o = NULL;
+    if (!bad && g->want_lp) {
+        o = completion_lp_new(g->n_top);
+        for (int i = 0; i < g->n_prompt; i++)
+            completion_lp_add(o, g, g->echo_ids[i], g->echo_lp[i], g->n_top ? g->echo_top_ids + (size_t)i * g->n_top : NULL,
+                              g->n_top ? g->echo_top_lp + (size_t)i * g->n_top : NULL, off[i]);
+        for (int i = 0; i < k; i++)
+            completion_lp_add(o, g, g->tok[i], g->lp[i], g->n_top ? g->top_ids + (size_t)i * g->n_top : NULL,
+                              g->n_top ? g->top_lp + (size_t)i * g->n_top : NULL, g->tok_off[i] + (int)echo_len);
+    }
+    free(off);
+    free(t);
     return o;
 }
 
@@ -434,9 +516,15 @@ json_t *final_json(gen *g) {
         json_object_set_new(ch, "message", msg);
     } else {
         j = envelope(g, g->session_gen ? "session.generation" : "text_completion");
-        json_object_set_new(ch, "text", ib_api_bytes_str(g->text, g->text_len));
+        if (g->echo) {
+            json_t *text = NULL, *lp = echo_completion(g, k, &text);
+            json_object_set_new(ch, "text", text ? text : json_null());
+            json_object_set_new(ch, "logprobs", lp ? lp : json_null());
+        } else {
+            json_object_set_new(ch, "text", ib_api_bytes_str(g->text, g->text_len));
+        }
     }
-    json_object_set_new(ch, "logprobs", g->want_lp ? logprobs_json(g, 0, k) : json_null());
+    if (!g->echo) json_object_set_new(ch, "logprobs", g->want_lp ? logprobs_json(g, 0, k) : json_null());
     json_object_set_new(ch, "finish_reason", json_string(calls ? "tool_calls" : finish_reason(g)));
     json_t *choices = json_array();
     json_array_append_new(choices, ch);
@@ -797,7 +885,8 @@ ib_sched_job gen_job(gen *g, ib_session *s, const int32_t *ids, int n_ids, const
                           .want_logprobs = p->want_lp, .top_logprobs = g->n_top, .group = g->tidx,
                           .on_event = on_event, .ctx = g,
                           .logit_bias_ids = p->bias.ids, .logit_bias = p->bias.vals, .n_logit_bias = p->bias.n,
-                          .constrain = g->want_json ? json_constrain : NULL, .constrain_ctx = g, .digest_logits = 1};
+                          .constrain = g->want_json ? json_constrain : NULL, .constrain_ctx = g, .digest_logits = 1,
+                          .prompt_logprobs = g->echo && g->want_lp};
 }
 
 int gen_submit_n(server *S, struct MHD_Connection *c, gen **gs, const ib_sched_job *jobs, int n, enum MHD_Result *ret) {
@@ -899,12 +988,27 @@ enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session 
     return ret;
 }
 
-/* Record a request-scoped generation's prompt for its verification record (no history, no draws).
- * An allocation failure leaves the record's prompt empty (verification null). */
-void gen_set_prompt(gen *g, const int32_t *ids, int n) {
-    if (!(g->vin = malloc((size_t)n * sizeof *ids))) return;
-    memcpy(g->vin, ids, (size_t)n * sizeof *ids);
-    g->n_vprompt = n;
+/* Record a request-scoped generation's prompt for its verification record (no history, no draws; an
+ * allocation failure leaves the record's prompt empty: verification null) and, echoing, for the reply
+ * (-1 when that memory is not there). */
+int gen_set_prompt(gen *g, const int32_t *ids, int n) {
+    if ((g->vin = malloc((size_t)n * sizeof *ids))) {
+        memcpy(g->vin, ids, (size_t)n * sizeof *ids);
+        g->n_vprompt = n;
+    }
+    if (!g->echo) return 0;
+    /* echo: the prompt itself, and room for its tokens' logprobs (NaN and id -1 until their events) */
+    const size_t nt = (size_t)n * (size_t)(g->n_top > 0 ? g->n_top : 1);
+    if (!(g->echo_ids = malloc((size_t)n * sizeof *ids))) return -1;
+    memcpy(g->echo_ids, ids, (size_t)n * sizeof *ids);
+    if (!g->want_lp) return 0;
+    g->echo_lp = malloc((size_t)n * sizeof *g->echo_lp);
+    g->echo_top_ids = malloc(nt * sizeof *g->echo_top_ids);
+    g->echo_top_lp = calloc(nt, sizeof *g->echo_top_lp);
+    if (!g->echo_lp || !g->echo_top_ids || !g->echo_top_lp) return -1;
+    for (int i = 0; i < n; i++) g->echo_lp[i] = NAN;
+    for (size_t i = 0; i < nt; i++) g->echo_top_ids[i] = -1;
+    return 0;
 }
 
 gen *gen_new(server *S, int chat, gen_params *p) {
@@ -922,6 +1026,7 @@ gen *gen_new(server *S, int chat, gen_params *p) {
     g->include_usage = p->include_usage;
     g->want_lp = p->want_lp;
     g->n_top = p->want_lp ? p->top_lp : 0;
+    g->echo = p->echo;
     for (int i = 0; i < p->n_stops; i++) g->stops[i] = p->stops[i];
     g->n_stops = p->n_stops;
     p->n_stops = 0;

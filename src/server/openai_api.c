@@ -91,6 +91,8 @@ int parse_params(server *S, json_t *b, int chat, int default_max, gen_params *p,
     } else {
         if ((r = get_int(b, "logprobs", 0, 5, &n)) < 0) FAIL("logprobs", "logprobs must be an integer in [0, 5]");
         if (r) p->want_lp = 1, p->top_lp = (int)n;
+        if (get_bool(b, "echo", &p->echo) < 0) FAIL("echo", "echo must be a boolean");
+        if (p->echo && p->stream) FAIL("echo", "echo is not supported with stream: true (ask without streaming)");
     }
     json_t *st = json_object_get(b, "stop");
     if (st && !json_is_null(st)) {
@@ -367,16 +369,17 @@ static enum MHD_Result serve_choices(server *S, struct MHD_Connection *c, const 
         g->tidx = tidx;
         g->inflight = 1;
         g->n_prompt = n_ids[i];
-        gen_set_prompt(g, ids[i], n_ids[i]);
+        const int echo_bad = gen_set_prompt(g, ids[i], n_ids[i]);
         if (k > 0) {   /* one response: its choices' ids (their calls') from its own */
             char idk[sizeof g->id + 16];
             snprintf(idk, sizeof idk, "%s-%d", gs[0]->id, k);
             if (strlen(idk) < sizeof g->id) memcpy(g->id, idk, strlen(idk) + 1);
         }
-        if (chat ? chat_gen_setup(S, g, cc) : 0) {
+        if (echo_bad || (chat ? chat_gen_setup(S, g, cc) : 0)) {
             ib_sched_event ev = {.done = 1, .finish = "error"}; /* undo as a failed submission does (g's one ref) */
             on_event(g, &ev);
-            ret = send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory for the schema; retry later");
+            ret = send_error(S, c, 503, "server_error", "out_of_memory", NULL,
+                             echo_bad ? "out of memory for the echoed prompt; retry later" : "out of memory for the schema; retry later");
             failed = 1;
             break;
         }
@@ -691,14 +694,15 @@ enum MHD_Result handle_generate(server *S, struct MHD_Connection *c, json_t *b, 
     g->tidx = tidx;
     g->inflight = 1;
     g->n_prompt = n_ids;
-    gen_set_prompt(g, ids, n_ids);
+    const int echo_bad = gen_set_prompt(g, ids, n_ids);
     if (!chat && S->info->eos_id >= 0) g->stop_ids[g->n_stop_ids++] = S->info->eos_id;
-    if (chat && chat_gen_setup(S, g, &cc)) {
+    if (echo_bad || (chat && chat_gen_setup(S, g, &cc))) {
         ib_sched_event ev = {.done = 1, .finish = "error"}; /* undo as run_gen's failure does (g's one ref) */
         on_event(g, &ev);
         free(ids);
         params_free(&p);
-        return send_error(S, c, 503, "server_error", "out_of_memory", NULL, "out of memory for the schema; retry later");
+        return send_error(S, c, 503, "server_error", "out_of_memory", NULL,
+                          echo_bad ? "out of memory for the echoed prompt; retry later" : "out of memory for the schema; retry later");
     }
     enum MHD_Result r = run_gen(S, c, g, s, ids, n_ids, &p);
     free(ids);

@@ -125,6 +125,13 @@ typedef struct gen {
     int tidx;                 /* the key (server.tu index) it counts against */
     int inflight;             /* it holds one of its key's in-flight requests, returned at DONE */
     sess *ss;                 /* stateful session, or NULL */
+    /* echo (completions): the prompt, and with want_lp its tokens' logprobs from PROMPT events (scheduler
+     * thread, under mu); echo_lp[0] and a token without its event are NaN (JSON null) */
+    int echo;
+    int32_t *echo_ids;        /* [n_prompt] */
+    double *echo_lp;          /* [n_prompt] */
+    int32_t *echo_top_ids;    /* [n_prompt][n_top] */
+    double *echo_top_lp;      /* [n_prompt][n_top] */
     /* rendering (connection thread only, under mu) */
     ib_text_stream ts;
     char *text;               /* rendered text of tokens [0, rendered) */
@@ -215,6 +222,8 @@ typedef struct gen_params {
     ib_sampling sp;
     int max_tokens;
     int stream, include_usage, want_lp, top_lp;
+    int echo;                 /* completions: the prompt comes back before the completion (and with
+                               * want_lp its tokens' logprobs: the scheduler's PROMPT events) */
     int n;                    /* choices (n): 1 to MAX_CHOICES */
     char *stops[MAX_STOPS];
     int n_stops;
@@ -261,7 +270,9 @@ enum MHD_Result stream_choices(server *S, struct MHD_Connection *c, gen **gs, in
 /* gen_submit, then the stream's response, or the wait for the end and the body. */
 enum MHD_Result run_gen(server *S, struct MHD_Connection *c, gen *g, ib_session *s, const int32_t *ids,
                         int n_ids, gen_params *p);
-void gen_set_prompt(gen *g, const int32_t *ids, int n);
+/* Record a request-scoped generation's prompt ids[n] for its verification record (an allocation failure
+ * leaves that empty) and, echoing (g->echo), for its reply; -1 when the echo's memory is not there. */
+int gen_set_prompt(gen *g, const int32_t *ids, int n);
 gen *gen_new(server *S, int chat, gen_params *p);
 
 /* admission.c */

@@ -146,7 +146,13 @@ async function main() {
   const fr = await client.chat.completions.create({ ...schemaReq, seed: 3, response_format: { type: "json_schema", json_schema: { name: "free", schema: FREE } } });
   check("json_schema with free strings: a JSON prefix, or valid when stopped", fr.choices[0].finish_reason !== "stop" ||
         validate(JSON.parse(fr.choices[0].message.content), FREE, FREE), fr.choices[0].message.content);
-  await refused("completions echo", client.completions.create({ ...greedy, echo: true }), "echo");
+  // echo with logprobs through the client (scoring): the prompt's tokens first, the first one's logprob null
+  const ec = await client.completions.create({ ...greedy, echo: true, logprobs: 1, max_tokens: 0 });
+  const el = ec.choices[0].logprobs;
+  check("completions echo, max_tokens 0: the prompt and its tokens' logprobs", ec.choices[0].text === greedy.prompt &&
+        el.tokens.join("") === greedy.prompt && el.token_logprobs[0] === null && el.token_logprobs.slice(1).every((x) => x < 0) &&
+        ec.usage.completion_tokens === 0, JSON.stringify(ec.choices[0]));
+  await refused("completions echo with stream", client.completions.create({ ...greedy, echo: true, stream: true }), "echo");
   await refused("completions best_of", client.completions.create({ ...greedy, best_of: 2 }), "best_of");
   await refused("completions suffix", client.completions.create({ ...greedy, suffix: "!" }), "suffix");
   await refused("unknown field", client.completions.create({ ...greedy, no_such_field: 1 }), "no_such_field");
