@@ -592,6 +592,56 @@ static int engine_decode_compare(const ib_model *m, ib_act act, ib_kv_dtype dt, 
     return diff;
 }
 
+/* Every row's logits of a prompt (ib_step_item.row_logits), CPU engine vs CUDA engine: session 0 brings
+ * a 50-token prompt wanting all its rows beside session 1's 9-token prompt (last row only), then the
+ * next 4 tokens the same way; session 2 is fed the same tokens as session 0 one a step on each engine.
+ * Every row must be bitwise equal across the engines and to the one-token-a-step logits. Returns the
+ * rows that differ. */
+static int engine_prompt_rows_compare(const ib_model *m, ib_act act, ib_kv_dtype dt, const char *name) {
+    enum { P0 = 50, P1 = 9, P2 = 4 };
+    const int V = m->cfg.vocab_size;
+    ib_engine *e[2];
+    ib_session *s[2][PAIR_SESS];
+    ib_error err;
+    if (engine_pair_open(m, act, dt, 64, 0, 0, 3, e, s, NULL)) return -1;
+    rng_state = 0x9a11;
+    int32_t t0[P0 + P2], t1[P1];
+    for (int i = 0; i < P0 + P2; i++) t0[i] = rndi(V);
+    for (int i = 0; i < P1; i++) t1[i] = rndi(V);
+    float *rows[2], *one[2], *last[2];
+    for (int k = 0; k < 2; k++) {
+        rows[k] = xmalloc((size_t)(P0 + P2) * V * 4), one[k] = xmalloc((size_t)(P0 + P2) * V * 4);
+        last[k] = xmalloc((size_t)V * 4);
+    }
+    int diff = 0, nrows = 0;
+    for (int k = 0; k < 2; k++) {
+        ib_step_item it[2] = {{.session = s[k][0], .tokens = t0, .n_tokens = P0, .row_logits = rows[k]},
+                              {.session = s[k][1], .tokens = t1, .n_tokens = P1, .logits = last[k]}};
+        CHECK(ib_step(e[k], it, 2, &err) == IB_OK, "ib_step: %s", err.msg);
+        it[0] = (ib_step_item){.session = s[k][0], .tokens = t0 + P0, .n_tokens = P2,
+                               .row_logits = rows[k] + (size_t)P0 * V};
+        CHECK(ib_step(e[k], it, 1, &err) == IB_OK, "ib_step: %s", err.msg);
+        for (int i = 0; i < P0 + P2; i++) {
+            ib_step_item o = {.session = s[k][2], .tokens = t0 + i, .n_tokens = 1, .logits = one[k] + (size_t)i * V};
+            CHECK(ib_step(e[k], &o, 1, &err) == IB_OK, "ib_step: %s", err.msg);
+        }
+    }
+    for (int i = 0; i < P0 + P2; i++, nrows++) {
+        const size_t o = (size_t)i * V * 4;
+        diff += memcmp((char *)rows[0] + o, (char *)rows[1] + o, (size_t)V * 4) != 0 ||
+                memcmp((char *)rows[1] + o, (char *)one[1] + o, (size_t)V * 4) != 0 ||
+                memcmp((char *)rows[0] + o, (char *)one[0] + o, (size_t)V * 4) != 0;
+    }
+    printf("  %-44s %5d prompt rows CPU vs CUDA vs one token a step: %s\n", name, nrows,
+           diff ? "DIFFER" : "all bitwise equal");
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < 3; i++) ib_session_free(s[k][i]);
+        ib_engine_free(e[k]);
+        free(rows[k]), free(one[k]), free(last[k]);
+    }
+    return diff;
+}
+
 /* engine_decode_compare for 1..PAIR_SESS sessions; returns the rows that differ. */
 static int decode_compares(const ib_model *m, ib_act act, ib_kv_dtype dt, const char *what) {
     int bad = 0;
@@ -1262,6 +1312,14 @@ int main(int argc, char **argv) {
                     CHECK(d == 0, "model %s, %s: CUDA engine's logits differ from the CPU engine's", models[mi].name,
                           name);
                 }
+        /* every row's logits of a prompt (prompt logprobs, scoring) */
+        for (int act = 0; act < 1 + q8ok; act++) {
+            char name[96];
+            snprintf(name, sizeof name, "prompt rows: act %s, kv f16", act ? "q8" : "f32");
+            CHECK(engine_prompt_rows_compare(m, act ? IB_ACT_Q8 : IB_ACT_F32, IB_KV_F16, name) == 0,
+                  "model %s, %s: a prompt's logits rows differ between the engines or from one token a step",
+                  models[mi].name, name);
+        }
         /* decode steps of 1-4 rows */
         for (int act = 0; act < 1 + q8ok; act++)
             for (int kvd = 0; kvd < 3; kvd++) {
@@ -1315,6 +1373,13 @@ int main(int argc, char **argv) {
               "model %s: the engine comparison missed the gpu-fma fault", models[mi].name);
         CHECK(decode_compares(m, q8ok ? IB_ACT_Q8 : IB_ACT_F32, IB_KV_F32, "FAULT gpu-fma (must differ)") > 0,
               "model %s: the decode comparison missed the gpu-fma fault", models[mi].name);
+        CHECK(engine_prompt_rows_compare(m, q8ok ? IB_ACT_Q8 : IB_ACT_F32, IB_KV_F16, "prompt rows, FAULT gpu-fma (must differ)") > 0,
+              "model %s: the prompt rows comparison missed the gpu-fma fault", models[mi].name);
+        /* row-order on both engines (odd rows of a step norm in another order): the prompt's rows are no
+         * longer what one token a step gives */
+        ib_fault_set(IB_FAULT_ROW_ORDER);
+        CHECK(engine_prompt_rows_compare(m, q8ok ? IB_ACT_Q8 : IB_ACT_F32, IB_KV_F16, "prompt rows, FAULT row-order (must differ)") > 0,
+              "model %s: the prompt rows comparison missed the row-order fault", models[mi].name);
         ib_fault_set(IB_FAULT_NONE);
         /* the check can fail: an FMA in the products' epilogue (Q8 and F32 paths) */
         ib_fault_set(IB_FAULT_GPU_FMA);
