@@ -144,7 +144,6 @@ field_400 "json_schema: \$ref to nothing" invalid_value response_format /v1/chat
 field_400 "json_schema: no name" invalid_value response_format /v1/chat/completions "{$CH,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{}}}}"
 field_400 "json_schema: schema not an object" invalid_value response_format /v1/chat/completions "{$CH,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":[]}}}"
 field_400 "response_format: unknown type" invalid_value response_format /v1/chat/completions "{$CH,\"response_format\":{\"type\":\"yaml\"}}"
-field_400 "echo with stream" invalid_value echo /v1/completions '{"model":"tiny","prompt":"x","echo":true,"stream":true}'
 field_400 "echo not a boolean" invalid_value echo /v1/completions '{"model":"tiny","prompt":"x","echo":1}'
 field_400 "echo on chat" unknown_parameter echo /v1/chat/completions "{$CH,\"echo\":true}"
 field_400 "suffix" unsupported_parameter suffix /v1/completions '{"model":"tiny","prompt":"x","suffix":"end"}'
@@ -159,6 +158,19 @@ field_400 "max_completion_tokens 0" invalid_value max_completion_tokens /v1/chat
 req 200 "echo, max_tokens 0" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"Hello wor","max_tokens":0,"echo":true,"logprobs":1}'
 [ "$(jget '[b.choices[0].text, b.choices[0].finish_reason, b.usage.completion_tokens, b.choices[0].logprobs.tokens.join(""), b.choices[0].logprobs.text_offset.join(","), b.choices[0].logprobs.token_logprobs[0], b.choices[0].logprobs.top_logprobs[0], b.choices[0].logprobs.token_logprobs.slice(1).every(x => x < 0), Object.keys(b.choices[0].logprobs.top_logprobs[1]).length].join("|")')" \
     = "Hello wor|length|0|Hello wor|0,1,2,3,4,5,6,7,8|||true|1" ] && ok || bad "echo with max_tokens 0: $(head -c 600 "$T/body")"
+# streamed, the prompt's chunk comes first: the chunks joined are the body of the same request unstreamed
+EB='"model":"tiny","prompt":"Hello wor","max_tokens":8,"echo":true,"logprobs":2,"temperature":0'
+req 200 "echo, unstreamed" "${A[@]}" "$U/v1/completions" -d "{$EB}"
+cp "$T/body" "$T/echo1"
+curl -s -N -m 30 "${A[@]}" "$U/v1/completions" -d "{$EB,\"stream\":true}" > "$T/echo2"
+[ "$(node -e '
+const fs=require("fs"), one=JSON.parse(fs.readFileSync(process.argv[1])).choices[0];
+const ch=fs.readFileSync(process.argv[2],"utf8").split("\n").filter(l => l.startsWith("data: {")).map(l => JSON.parse(l.slice(6)).choices[0]);
+const j={text:"", tokens:[], token_logprobs:[], top_logprobs:[], text_offset:[], token_ids:[]};
+for (const c of ch) { j.text += c.text; if (c.logprobs) for (const k of Object.keys(c.logprobs)) j[k] = j[k].concat(c.logprobs[k]); }
+const want={text:one.text, ...one.logprobs};
+console.log(ch[0].text === "Hello wor" && ch[0].logprobs.token_logprobs[0] === null && JSON.stringify(j) === JSON.stringify(want));' "$T/echo1" "$T/echo2" 2>&1)" = true ] \
+    && ok || bad "streamed echo differs from unstreamed: $(head -c 400 "$T/echo2")"
 req 200 "echo without logprobs" "${A[@]}" "$U/v1/completions" -d '{"model":"tiny","prompt":"Hello","max_tokens":3,"echo":true,"temperature":0}'
 [ "$(jget 'b.choices[0].text.startsWith("Hello") && b.choices[0].text.length > 5 && b.choices[0].logprobs === null')" = true ] && ok || bad "echo without logprobs: $(head -c 300 "$T/body")"
 # echo_score: a greedy completion (echoed, logprobs 2), then its own tokens sent back as a prompt to

@@ -363,7 +363,7 @@ static json_t *logprobs_json(const gen *g, int a, int b) {
     json_t *o = completion_lp_new(g->n_top);
     for (int i = a; i < b; i++)
         completion_lp_add(o, g, g->tok[i], g->lp[i], g->n_top ? g->top_ids + (size_t)i * g->n_top : NULL,
-                          g->n_top ? g->top_lp + (size_t)i * g->n_top : NULL, g->tok_off[i]);
+                          g->n_top ? g->top_lp + (size_t)i * g->n_top : NULL, g->tok_off[i] + (int)g->echo_len);
     return o;
 }
 
@@ -380,32 +380,44 @@ static int buf_append(char **b, size_t *len, size_t *cap, const char *s, size_t 
     return 0;
 }
 
-/* An echoing completion (g->echo): its "text" — the prompt's tokens rendered (a text stream of their
- * own), then the completion's shown text — into *text, and returns its logprobs (g->want_lp, else
- * NULL): the prompt's tokens (the first one's null; the others from the PROMPT events), then the
- * first k generated tokens, offsets into that text. Out of memory: *text and the result NULL. */
-static json_t *echo_completion(const gen *g, int k, json_t **text) {
+/* The prompt's tokens of an echoing generation rendered (a text stream of their own) into *t (*len bytes
+ * of *cap, growable), each token's offset in off[n_prompt]; -1 when out of memory. */
+static int echo_render(const gen *g, char **t, size_t *len, size_t *cap, int *off) {
     const ib_model *m = g->srv->m;
     ib_text_stream ts = {0};
-    char piece[512], *t = NULL;
-    size_t len = 0, cap = 0;
-    int *off = malloc(((size_t)g->n_prompt + 1) * sizeof *off), bad = !off;
-    for (int i = 0; i < g->n_prompt && !bad; i++) {
-        off[i] = (int)len;
+    char piece[512];
+    for (int i = 0; i < g->n_prompt; i++) {
+        off[i] = (int)*len;
         const int w = ib_text_stream_push(m, &ts, g->echo_ids[i], piece, sizeof piece);
-        bad = w > 0 && buf_append(&t, &len, &cap, piece, (size_t)w);
+        if (w > 0 && buf_append(t, len, cap, piece, (size_t)w)) return -1;
     }
-    const int w = bad ? 0 : ib_text_stream_flush(&ts, piece, sizeof piece);
-    bad = bad || (w > 0 && buf_append(&t, &len, &cap, piece, (size_t)w));
+    const int w = ib_text_stream_flush(&ts, piece, sizeof piece);
+    return w > 0 ? buf_append(t, len, cap, piece, (size_t)w) : 0;
+}
+
+/* The completions-format logprobs of an echoed prompt's tokens (the first one's null; the others from
+ * the PROMPT events), at offsets off, into o. */
+static void echo_lp_add(json_t *o, const gen *g, const int *off) {
+    for (int i = 0; i < g->n_prompt; i++)
+        completion_lp_add(o, g, g->echo_ids[i], g->echo_lp[i], g->n_top ? g->echo_top_ids + (size_t)i * g->n_top : NULL,
+                          g->n_top ? g->echo_top_lp + (size_t)i * g->n_top : NULL, off[i]);
+}
+
+/* An echoing completion (g->echo): its "text" — the prompt rendered, then the completion's shown text —
+ * into *text, and returns its logprobs (g->want_lp, else NULL): the prompt's tokens, then the first k
+ * generated ones, offsets into that text. Out of memory: *text and the result NULL. */
+static json_t *echo_completion(const gen *g, int k, json_t **text) {
+    char *t = NULL;
+    size_t len = 0, cap = 0;
+    int *off = malloc(((size_t)g->n_prompt + 1) * sizeof *off);
+    int bad = !off || echo_render(g, &t, &len, &cap, off);
     const size_t echo_len = len;
     bad = bad || buf_append(&t, &len, &cap, g->text ? g->text : "", g->text_len);
     *text = bad ? NULL : ib_api_bytes_str(t, len);
     json_t *o = NULL;
     if (!bad && g->want_lp) {
         o = completion_lp_new(g->n_top);
-        for (int i = 0; i < g->n_prompt; i++)
-            completion_lp_add(o, g, g->echo_ids[i], g->echo_lp[i], g->n_top ? g->echo_top_ids + (size_t)i * g->n_top : NULL,
-                              g->n_top ? g->echo_top_lp + (size_t)i * g->n_top : NULL, off[i]);
+        echo_lp_add(o, g, off);
         for (int i = 0; i < k; i++)
             completion_lp_add(o, g, g->tok[i], g->lp[i], g->n_top ? g->top_ids + (size_t)i * g->n_top : NULL,
                               g->n_top ? g->top_lp + (size_t)i * g->n_top : NULL, g->tok_off[i] + (int)echo_len);
@@ -591,6 +603,35 @@ static void out_chunk(gen *g, size_t a, size_t b, int ta, int tb, const char *fi
     out_event(g, j);
 }
 
+/* A streamed echoing completion's first chunk: the prompt's text and (want_lp) its tokens' logprobs;
+ * sets g->echo_len, which the later chunks' text offsets follow. Out of memory: an empty text. */
+static void out_echo_chunk(gen *g) {
+    char *t = NULL;
+    size_t len = 0, cap = 0;
+    int *off = malloc(((size_t)g->n_prompt + 1) * sizeof *off);
+    const int bad = !off || echo_render(g, &t, &len, &cap, off);
+    json_t *j = envelope(g, "text_completion");
+    json_t *ch = json_object();
+    json_object_set_new(ch, "index", json_integer(g->choice));
+    json_object_set_new(ch, "text", ib_api_bytes_str(bad ? "" : t, bad ? 0 : len));
+    json_t *lp = json_null();
+    if (!bad && g->want_lp) {
+        lp = completion_lp_new(g->n_top);
+        echo_lp_add(lp, g, off);
+    }
+    json_object_set_new(ch, "logprobs", lp);
+    json_object_set_new(ch, "finish_reason", json_null());
+    json_t *choices = json_array();
+    json_array_append_new(choices, ch);
+    json_object_set_new(j, "choices", choices);
+    if (g->include_usage) json_object_set_new(j, "usage", json_null());
+    out_event(g, j);
+    g->echo_len = bad ? 0 : len;
+    g->echo_sent = 1;
+    free(off);
+    free(t);
+}
+
 /* One round of g's stream (g->mu held, its out buffer empty): what the job produced since the last
  * round rendered and appended to g->out as chunks; once the generation is over, its last chunk (the
  * finish reason, or an error event) and, when `alone` (the response's only generation), the usage
@@ -609,6 +650,10 @@ static int sse_round(gen *g, int alone) {
         gen_commit(g);
         pthread_mutex_lock(&g->mu);
     }
+    /* echo: the prompt's chunk first, once its PROMPT events are in (all come before the first token) */
+    if (g->echo && !g->echo_sent && (g->n > 0 || g->done) && !g->store_failed &&
+        (g->n > 0 || strcmp(finish_reason(g), "error")))
+        out_echo_chunk(g);
     int k = tokens_shown(g);
     json_t *calls = NULL;   /* tools: the reply's calls, read once it is finished */
     if (g->chat && g->tool_mode != IB_TOOLS_OFF) {

@@ -92,7 +92,6 @@ int parse_params(server *S, json_t *b, int chat, int default_max, gen_params *p,
         if ((r = get_int(b, "logprobs", 0, 5, &n)) < 0) FAIL("logprobs", "logprobs must be an integer in [0, 5]");
         if (r) p->want_lp = 1, p->top_lp = (int)n;
         if (get_bool(b, "echo", &p->echo) < 0) FAIL("echo", "echo must be a boolean");
-        if (p->echo && p->stream) FAIL("echo", "echo is not supported with stream: true (ask without streaming)");
     }
     json_t *st = json_object_get(b, "stop");
     if (st && !json_is_null(st)) {

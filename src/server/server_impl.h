@@ -132,6 +132,8 @@ typedef struct gen {
     double *echo_lp;          /* [n_prompt] */
     int32_t *echo_top_ids;    /* [n_prompt][n_top] */
     double *echo_top_lp;      /* [n_prompt][n_top] */
+    int echo_sent;            /* streamed: the echo's chunk went out (before the first token's) */
+    size_t echo_len;          /* streamed: the echo's text bytes (the completion's text offsets follow it) */
     /* rendering (connection thread only, under mu) */
     ib_text_stream ts;
     char *text;               /* rendered text of tokens [0, rendered) */
