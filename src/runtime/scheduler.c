@@ -27,8 +27,8 @@ typedef struct job {
     int32_t *stops;           /* [n_stop] (owned copy) */
     int n_stop;
     int want_lp, top;         /* logprob of each token; how many top alternatives */
-    float *rows;              /* [IB_PROMPT_LOGITS_ROWS][V] a prompt chunk's logits rows (prompt_logprobs),
-                               * else NULL */
+    float *rows;              /* [IB_PROMPT_LOGITS_ROWS][V] a prompt chunk's logits rows (prompt_logprobs,
+                               * until the prompt is fed), else NULL */
     struct draw *pdraw;       /* [IB_PROMPT_LOGITS_ROWS] the chunk's prompt tokens' logprobs (prompt_logprobs) */
     int group;                /* fairness group (ib_sched_job.group) */
     ib_sched_event_fn fn;
@@ -502,6 +502,10 @@ static void run_loop(ib_sched *S) {
             if (j->fed < j->n_prompt) {
                 if (j->rows) prompt_events(S, j, &S->items[i], j->fed);
                 j->fed += S->items[i].n_tokens;   /* noted in the session by sample_task */
+                if (j->rows && j->fed >= j->n_prompt) { /* the prompt is scored: its rows' memory goes */
+                    free(j->rows), free(j->pdraw);
+                    j->rows = NULL, j->pdraw = NULL;
+                }
                 pre += S->items[i].n_tokens;
             }
             if (d->outcome == DRAW_PROMPT_GOES_ON) continue;
