@@ -106,6 +106,12 @@ static void q8_kernels(cuda_host_mat &a, int fault, int &cases, int &equal, cons
         run("dp4a, 4 rows a pass, 3 passes a block", 11, l, tiles, blocks_of(11, 12), 0, 0);
         l.q8 = mm_q8_kernel<FMT, 8, 8>, l.rpb = 8;
         run("dp4a, 8 rows a pass, 8-output blocks", 21, l, tiles * 4, blocks_of(21, 8), 0, 0);
+        if (cpg <= MM_MAXC(FMT) / 2) {   /* the lean instantiation (mm_q8_pick: short groups, bounded registers) */
+            l.q8 = mm_q8_kernel<FMT, 8, NT, MM_MAXC(FMT) / 2, false, 2>, l.rpb = 8;
+            run("dp4a, 8 rows a pass, lean", 13, l, tiles, blocks_of(13, 8), 0, 0);
+            l.q8 = mm_q8_kernel<FMT, 8, 8, MM_MAXC(FMT) / 2, false, 2>;
+            run("dp4a, 8 rows a pass, lean, 8-output blocks", 6, l, tiles * 4, 1, 0, 0);
+        }
         if (K_IN <= MM_XS_MAX_K) {
             l.q8 = cpg <= MM_MAXC(FMT) / 2 ? mm_q8_kernel<FMT, 1, NT, MM_MAXC(FMT) / 2, true> : mm_q8_kernel<FMT, 1, NT, MM_MAXC(FMT), true>;
             l.rpb = 1;

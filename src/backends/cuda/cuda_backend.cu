@@ -68,7 +68,11 @@ extern "C" {
 #define RB 8               /* rows per pass of a Q8 product block (one epilogue warp each) */
 #define MAX_PASSES 8       /* most 8-row passes one Q8 product block walks (its weight tile stays in L1) */
 #define LOGIT_CHUNK 128    /* lm_head rows per product (bounds the logits scratch) */
-#define MMA_MIN_ROWS 8     /* Q8 products of at least this many rows run on the tensor cores */
+/* Q8 products of at least this many rows run on the tensor cores (the pipelined kernel's 8-row blocks
+ * from 5 rows: on an H100, steps of 5 / 6 / 7 rows of qwen3-0.6b 1.25 / 1.3 / 1.5x, qwen3-8b's layers
+ * 1.8 / 2.1 / 2.2x the dp4a kernel's; at 4 rows the dp4a weight tiles stay ahead on qwen3-0.6b and
+ * gemma4-26b-a4b — docs/cuda.md "Tensor cores from five rows") */
+#define MMA_MIN_ROWS 5
 #define NGRAPH 16          /* step graphs kept per instance */
 #define REC_ARGS 10        /* ints of one recorded op */
 enum { REPEAT_ATTN = 1, REPEAT_LINEAR = 2, REPEAT_NORM = 4, REPEAT_ACT = 8, REPEAT_EMPTY = 16, REPEAT_MOE = 32 };   /* cuda_backend.repeat: timing diagnostics */
@@ -234,6 +238,7 @@ typedef struct cuda_backend {
     mm_prefetch_mode mm_prefetch;    /* which product blocks ask L2 for their weight tiles before the wait */
     mm_stage_mode mm_stage;          /* which one-row products stage the row's codes in shared memory */
     mm_stage_mode mm_tile;           /* which products of at most 4 rows copy their weight tiles into shared memory */
+    mm_stage_mode mm_lean;           /* NEVER: RB-row dp4a passes keep the general instantiation (mm_q8_pick) */
     int mm_tile_max;                 /* most dynamic shared bytes of such a block (IB_CUDA_MM_TILE_KB; 0: by where its weights come from) */
     mma_kernel_mode mma_kernel;      /* which tensor-core kernel takes few rows on small grids */
     mma_narrow_mode mma_narrow;      /* where that kernel's blocks take 16 outputs */
@@ -554,6 +559,8 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         b->mm_prefetch = !mp ? MM_PF_AUTO : !strcmp(mp, "0") ? MM_PF_NONE : !strcmp(mp, "all") ? MM_PF_ALL : MM_PF_AUTO;
         b->mm_stage = (mm_stage_mode)env_mode("IB_CUDA_MM_STAGE");
         b->mm_tile = (mm_stage_mode)env_mode("IB_CUDA_MM_TILE");
+        /* "0": RB-row Q8 passes of the dp4a kernel always in its general instantiation (comparisons) */
+        b->mm_lean = (mm_stage_mode)env_mode("IB_CUDA_MM_LEAN");
         /* N: a tile block's dynamic shared memory at most N KiB (measurements, tests; unset: by where its
          * weights come from, mm_tile_opb) */
         const char *tk = getenv("IB_CUDA_MM_TILE_KB");
@@ -1085,17 +1092,22 @@ static const float *norm_weights(cuda_backend *b, int n, int li) {
  * any output's arithmetic. */
 
 /* mm_q8_kernel for format fmt (IB_WQ4, IB_WQ8), rbt rows per pass (1, 2, 4, RB) and 8-output blocks
- * (narrow) or 32-output ones. */
+ * (narrow) or 32-output ones; lean (RB rows, groups of at most half MM_MAXC's code words): the
+ * instantiation with those code words and registers for RB_LEAN_MINB blocks a multiprocessor. */
+#define RB_LEAN_MINB 2
 template <int FMT>
-static mm_q8_fn mm_q8_pick_fmt(int rbt, int narrow) {
+static mm_q8_fn mm_q8_pick_fmt(int rbt, int narrow, int lean) {
+    constexpr int H = MM_MAXC(FMT) / 2, F = MM_MAXC(FMT);
+    if (rbt == RB && lean)
+        return narrow ? mm_q8_kernel<FMT, RB, 8, H, false, RB_LEAN_MINB> : mm_q8_kernel<FMT, RB, NT, H, false, RB_LEAN_MINB>;
     if (narrow)
         return rbt == 1 ? mm_q8_kernel<FMT, 1, 8> : rbt == 2 ? mm_q8_kernel<FMT, 2, 8>
-                        : rbt == 4 ? mm_q8_kernel<FMT, 4, 8> : mm_q8_kernel<FMT, RB, 8>;
+                        : rbt == 4 ? mm_q8_kernel<FMT, 4, 8> : mm_q8_kernel<FMT, RB, 8, F>;
     return rbt == 1 ? mm_q8_kernel<FMT, 1, NT> : rbt == 2 ? mm_q8_kernel<FMT, 2, NT>
-                    : rbt == 4 ? mm_q8_kernel<FMT, 4, NT> : mm_q8_kernel<FMT, RB, NT>;
+                    : rbt == 4 ? mm_q8_kernel<FMT, 4, NT> : mm_q8_kernel<FMT, RB, NT, F>;
 }
-static mm_q8_fn mm_q8_pick(int fmt, int rbt, int narrow) {
-    return fmt == IB_WQ4 ? mm_q8_pick_fmt<IB_WQ4>(rbt, narrow) : mm_q8_pick_fmt<IB_WQ8>(rbt, narrow);
+static mm_q8_fn mm_q8_pick(int fmt, int rbt, int narrow, int lean) {
+    return fmt == IB_WQ4 ? mm_q8_pick_fmt<IB_WQ4>(rbt, narrow, lean) : mm_q8_pick_fmt<IB_WQ8>(rbt, narrow, lean);
 }
 
 
@@ -1253,7 +1265,8 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
         }
         const int can_stage = R == 1 && rpb == 1 && m[0]->K <= MM_XS_MAX_K;
         const int staged = can_stage && (b->mm_stage == STAGE_FORCED || (b->mm_stage == STAGE_BY_SHAPE && !ms.prefetch));
-        mm_q8_fn k = staged ? mm_q8_pick_staged(fmt, narrow, short_groups) : mm_q8_pick(fmt, rbt, narrow);
+        const int lean = short_groups && b->mm_lean != STAGE_NEVER;   /* IB_CUDA_MM_LEAN=0: never */
+        mm_q8_fn k = staged ? mm_q8_pick_staged(fmt, narrow, short_groups) : mm_q8_pick(fmt, rbt, narrow, lean);
         const size_t xsm = staged ? (size_t)m[0]->K : 0;
         launch(b, k, grid, 256, xsm, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
     } else {

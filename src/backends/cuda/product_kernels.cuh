@@ -1,7 +1,7 @@
 /*
  * product_kernels.cuh — the CUDA backend's products Y = X · W^T (matmul.h's definitions, bit for bit),
  * included by cuda_backend.cu after its device data, launch helpers and PDL helpers, which it uses:
- *   - mm_q8_kernel: Q8 activations, dp4a, steps of 1-7 rows (one-row products may stage the row's codes
+ *   - mm_q8_kernel: Q8 activations, dp4a, steps of 1-4 rows (one-row products may stage the row's codes
  *     in shared memory);
  *   - mm_q8_mma16_kernel, mm_q8_mma_pipe_kernel: Q8 activations on the int8 tensor cores, small grids
  *     (16-row tiles; or 8/16-row blocks through a cp.async pipeline with the weights as the left
@@ -144,10 +144,11 @@ __device__ __forceinline__ void q8_store(float *y, float acc, int splits) {
  * MAXC: the most 16-byte code words a group (MM_MAXC; fewer registers where the groups are short).
  * XS: one row a block (RBT = rpb = 1) whose K activation codes the block first copies into dynamic
  * shared memory (K bytes), so each round's sums read them there and not from L2 after its weights
- * arrive — which one-row products do: mm_stage_mode; the same sums. */
+ * arrive — which one-row products do: mm_stage_mode; the same sums.
+ * MINB: blocks a multiprocessor the registers must allow (1: as many registers as the code wants). */
 #define MM_XS_MAX_K 12288   /* most activation codes a block stages (with 32 KB of static shared memory) */
-template <int FMT, int RBT, int OPB, int MAXC = MM_MAXC(FMT), bool XS = false>
-__global__ void __launch_bounds__(256) mm_q8_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
+template <int FMT, int RBT, int OPB, int MAXC = MM_MAXC(FMT), bool XS = false, int MINB = 1>
+__global__ void __launch_bounds__(256, MINB) mm_q8_kernel(mset ms, const int8_t *__restrict__ xq, const float *__restrict__ d,
                                                     const float *__restrict__ ad, int R, int rpb, int fused,
                                                     int splits) {
     prefetch_tile<OPB>(ms, blockIdx.y == 0 && blockIdx.z == 0);
