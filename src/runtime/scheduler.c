@@ -195,12 +195,6 @@ typedef struct draw {
     double top_lp[IB_MAX_TOP_LOGPROBS];
 } draw;
 
-/* Sampling pass task for item i of the step just run: notes the item's prompt tokens in its session
- * and, when the item ends its prompt or generates, draws its token (with the logprobs its job wants).
- * Every item's work touches only its own job and session, and a draw depends only on the session's
- * own seed, step and history, so items are drawn on any threads in any order with the same result;
- * over a vocabulary of 150k, a temperature draw with logprobs takes milliseconds, and done one item
- * after another it held back every step of a busy server. */
 /* The logprob (and top alternatives as the job asks) of token tok under the logits row lg into d. */
 static void draw_logprobs(const job *j, const float *lg, int V, int32_t tok, draw *d) {
     /* ib_logprob's and ib_top_logprobs' numbers, the vocabulary's log-sum-exp taken once */
@@ -211,6 +205,13 @@ static void draw_logprobs(const job *j, const float *lg, int V, int32_t tok, dra
     for (int k = 0; k < d->n_top; k++) d->top_lp[k] = logprob_at(lg, d->top_ids[k], mx, lse);
 }
 
+/* Sampling pass task for item i of the step just run: a prompt_logprobs job's chunk gets its prompt
+ * tokens' logprobs (pdraw, for prompt_events); notes the item's prompt tokens in its session and, when
+ * the item ends its prompt or generates, draws its token (with the logprobs its job wants).
+ * Every item's work touches only its own job and session, and a draw depends only on the session's
+ * own seed, step and history, so items are drawn on any threads in any order with the same result;
+ * over a vocabulary of 150k, a temperature draw with logprobs takes milliseconds, and done one item
+ * after another it held back every step of a busy server. */
 static void sample_task(void *ctx, int i, int thread) {
     ib_sched *S = ctx;
     job *j = S->item_job[i];
