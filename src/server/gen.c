@@ -42,7 +42,6 @@ void gen_unref(gen *g) {
     free(g->top_ids);
     free(g->top_lp);
     free(g->tok_off);
-    free(g->echo_ids);
     free(g->echo_lp);
     free(g->echo_top_ids);
     free(g->echo_top_lp);
@@ -209,19 +208,22 @@ void on_event(void *ctx, const ib_sched_event *ev) {
     pthread_mutex_unlock(&g->mu);
 }
 
-static int text_append(gen *g, const char *s, size_t n) {
-    if (g->text_len + n + 1 > g->text_cap) {
-        size_t nc = (g->text_len + n + 1) * 2;
-        char *t = realloc(g->text, nc);
+/* Append n bytes to the growable buffer *b (*len used of *cap, kept NUL-terminated); -1 when out of
+ * memory (the buffer unchanged). */
+static int buf_append(char **b, size_t *len, size_t *cap, const char *s, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t nc = (*len + n + 1) * 2;
+        char *t = realloc(*b, nc);
         if (!t) return -1;
-        g->text = t;
-        g->text_cap = nc;
+        *b = t, *cap = nc;
     }
-    memcpy(g->text + g->text_len, s, n);
-    g->text_len += n;
-    g->text[g->text_len] = 0;
+    memcpy(*b + *len, s, n);
+    *len += n;
+    (*b)[*len] = 0;
     return 0;
 }
+
+static int text_append(gen *g, const char *s, size_t n) { return buf_append(&g->text, &g->text_len, &g->text_cap, s, n); }
 
 static int is_stop_id(const gen *g, int32_t t) {
     for (int i = 0; i < g->n_stop_ids; i++)
@@ -323,6 +325,12 @@ static void completion_lp_add(json_t *o, const gen *g, int32_t id, double lp, co
     json_array_append_new(json_object_get(o, "top_logprobs"), m);
 }
 
+/* completion_lp_add for generated token i, its text offset moved by `shift` (an echo's text before it). */
+static void generated_lp_add(json_t *o, const gen *g, int i, int shift) {
+    completion_lp_add(o, g, g->tok[i], g->lp[i], g->n_top ? g->top_ids + (size_t)i * g->n_top : NULL,
+                      g->n_top ? g->top_lp + (size_t)i * g->n_top : NULL, g->tok_off[i] + shift);
+}
+
 /* Logprobs of tokens [a, b) in the completions format or the chat format. */
 static json_t *logprobs_json(const gen *g, int a, int b) {
     char buf[256];
@@ -361,23 +369,8 @@ static json_t *logprobs_json(const gen *g, int a, int b) {
         return o;
     }
     json_t *o = completion_lp_new(g->n_top);
-    for (int i = a; i < b; i++)
-        completion_lp_add(o, g, g->tok[i], g->lp[i], g->n_top ? g->top_ids + (size_t)i * g->n_top : NULL,
-                          g->n_top ? g->top_lp + (size_t)i * g->n_top : NULL, g->tok_off[i] + (int)g->echo_len);
+    for (int i = a; i < b; i++) generated_lp_add(o, g, i, (int)g->echo_len);
     return o;
-}
-
-/* Append n bytes to the growable buffer *b (*len used of *cap); -1 when out of memory. */
-static int buf_append(char **b, size_t *len, size_t *cap, const char *s, size_t n) {
-    if (*len + n + 1 > *cap) {
-        size_t nc = (*len + n + 1) * 2;
-        char *t = realloc(*b, nc);
-        if (!t) return -1;
-        *b = t, *cap = nc;
-    }
-    memcpy(*b + *len, s, n);
-    *len += n;
-    return 0;
 }
 
 /* The prompt's tokens of an echoing generation rendered (a text stream of their own) into *t (*len bytes
@@ -388,7 +381,7 @@ static int echo_render(const gen *g, char **t, size_t *len, size_t *cap, int *of
     char piece[512];
     for (int i = 0; i < g->n_prompt; i++) {
         off[i] = (int)*len;
-        const int w = ib_text_stream_push(m, &ts, g->echo_ids[i], piece, sizeof piece);
+        const int w = ib_text_stream_push(m, &ts, g->vin[i], piece, sizeof piece);
         if (w > 0 && buf_append(t, len, cap, piece, (size_t)w)) return -1;
     }
     const int w = ib_text_stream_flush(&ts, piece, sizeof piece);
@@ -399,7 +392,7 @@ static int echo_render(const gen *g, char **t, size_t *len, size_t *cap, int *of
  * the PROMPT events), at offsets off, into o. */
 static void echo_lp_add(json_t *o, const gen *g, const int *off) {
     for (int i = 0; i < g->n_prompt; i++)
-        completion_lp_add(o, g, g->echo_ids[i], g->echo_lp[i], g->n_top ? g->echo_top_ids + (size_t)i * g->n_top : NULL,
+        completion_lp_add(o, g, g->vin[i], g->echo_lp[i], g->n_top ? g->echo_top_ids + (size_t)i * g->n_top : NULL,
                           g->n_top ? g->echo_top_lp + (size_t)i * g->n_top : NULL, off[i]);
 }
 
@@ -418,9 +411,7 @@ static json_t *echo_completion(const gen *g, int k, json_t **text) {
     if (!bad && g->want_lp) {
         o = completion_lp_new(g->n_top);
         echo_lp_add(o, g, off);
-        for (int i = 0; i < k; i++)
-            completion_lp_add(o, g, g->tok[i], g->lp[i], g->n_top ? g->top_ids + (size_t)i * g->n_top : NULL,
-                              g->n_top ? g->top_lp + (size_t)i * g->n_top : NULL, g->tok_off[i] + (int)echo_len);
+        for (int i = 0; i < k; i++) generated_lp_add(o, g, i, (int)echo_len);
     }
     free(off);
     free(t);
@@ -546,18 +537,7 @@ json_t *final_json(gen *g) {
     return j;
 }
 
-static int out_append(gen *g, const char *s, size_t n) {
-    if (g->out_len + n > g->out_cap) {
-        size_t nc = (g->out_len + n) * 2 + 256;
-        char *t = realloc(g->out, nc);
-        if (!t) return -1;
-        g->out = t;
-        g->out_cap = nc;
-    }
-    memcpy(g->out + g->out_len, s, n);
-    g->out_len += n;
-    return 0;
-}
+static int out_append(gen *g, const char *s, size_t n) { return buf_append(&g->out, &g->out_len, &g->out_cap, s, n); }
 
 static void out_event(gen *g, json_t *j) {
     char *s = json_dumps(j, JSON_COMPACT);
@@ -651,8 +631,7 @@ static int sse_round(gen *g, int alone) {
         pthread_mutex_lock(&g->mu);
     }
     /* echo: the prompt's chunk first, once its PROMPT events are in (all come before the first token) */
-    if (g->echo && !g->echo_sent && (g->n > 0 || g->done) && !g->store_failed &&
-        (g->n > 0 || strcmp(finish_reason(g), "error")))
+    if (g->echo && !g->echo_sent && !g->store_failed && (g->n > 0 || (g->done && strcmp(finish_reason(g), "error"))))
         out_echo_chunk(g);
     int k = tokens_shown(g);
     json_t *calls = NULL;   /* tools: the reply's calls, read once it is finished */
@@ -1042,11 +1021,11 @@ int gen_set_prompt(gen *g, const int32_t *ids, int n) {
         g->n_vprompt = n;
     }
     if (!g->echo) return 0;
-    /* echo: the prompt itself, and room for its tokens' logprobs (NaN and id -1 until their events) */
-    const size_t nt = (size_t)n * (size_t)(g->n_top > 0 ? g->n_top : 1);
-    if (!(g->echo_ids = malloc((size_t)n * sizeof *ids))) return -1;
-    memcpy(g->echo_ids, ids, (size_t)n * sizeof *ids);
+    /* echo: the prompt (that copy: a request-scoped generation has no history before it), and room for
+     * its tokens' logprobs (NaN and id -1 until their events) */
+    if (!g->vin) return -1;
     if (!g->want_lp) return 0;
+    const size_t nt = (size_t)n * (size_t)(g->n_top > 0 ? g->n_top : 1);
     g->echo_lp = malloc((size_t)n * sizeof *g->echo_lp);
     g->echo_top_ids = malloc(nt * sizeof *g->echo_top_ids);
     g->echo_top_lp = calloc(nt, sizeof *g->echo_top_lp);

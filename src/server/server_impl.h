@@ -125,10 +125,10 @@ typedef struct gen {
     int tidx;                 /* the key (server.tu index) it counts against */
     int inflight;             /* it holds one of its key's in-flight requests, returned at DONE */
     sess *ss;                 /* stateful session, or NULL */
-    /* echo (completions): the prompt, and with want_lp its tokens' logprobs from PROMPT events (scheduler
-     * thread, under mu); echo_lp[0] and a token without its event are NaN (JSON null) */
+    /* echo (completions): the prompt (vin, the verification record's copy) and, with want_lp, its
+     * tokens' logprobs from PROMPT events (scheduler thread, under mu); echo_lp[0] and a token without
+     * its event are NaN (JSON null) */
     int echo;
-    int32_t *echo_ids;        /* [n_prompt] */
     double *echo_lp;          /* [n_prompt] */
     int32_t *echo_top_ids;    /* [n_prompt][n_top] */
     double *echo_top_lp;      /* [n_prompt][n_top] */

@@ -238,7 +238,7 @@ typedef struct cuda_backend {
     mm_prefetch_mode mm_prefetch;    /* which product blocks ask L2 for their weight tiles before the wait */
     mm_stage_mode mm_stage;          /* which one-row products stage the row's codes in shared memory */
     mm_stage_mode mm_tile;           /* which products of at most 4 rows copy their weight tiles into shared memory */
-    mm_stage_mode mm_lean;           /* NEVER: RB-row dp4a passes keep the general instantiation (mm_q8_pick) */
+    int mm_lean;                     /* 0 (IB_CUDA_MM_LEAN=0): RB-row dp4a passes keep the general instantiation (mm_q8_pick) */
     int mm_tile_max;                 /* most dynamic shared bytes of such a block (IB_CUDA_MM_TILE_KB; 0: by where its weights come from) */
     mma_kernel_mode mma_kernel;      /* which tensor-core kernel takes few rows on small grids */
     mma_narrow_mode mma_narrow;      /* where that kernel's blocks take 16 outputs */
@@ -469,8 +469,6 @@ static void cuda_destroy(ib_backend *base) {
 }
 
 
-/* An instance for m: every matrix repacked and uploaded (upload_matrix), norms, step scratch for
- * cfg->max_rows rows, pinned staging; on failure nothing stays allocated. */
 /* Let tensor-core product kernel k (its pipeline stages in sm bytes of dynamic shared memory, more than
  * the default 48 KB) take sm bytes, and ask for the multiprocessor's largest shared-memory carveout, so
  * shared memory does not hold fewer of its blocks on a multiprocessor than its registers allow.
@@ -480,6 +478,8 @@ static int give_pipeline_smem(mm_q8_mma_fn k, size_t sm) {
            cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) == cudaSuccess;
 }
 
+/* An instance for m: every matrix repacked and uploaded (upload_matrix), norms, step scratch for
+ * cfg->max_rows rows, pinned staging; on failure nothing stays allocated. */
 static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_backend **out, ib_error *err) {
     *out = NULL;
     const char *why;
@@ -560,7 +560,7 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         b->mm_stage = (mm_stage_mode)env_mode("IB_CUDA_MM_STAGE");
         b->mm_tile = (mm_stage_mode)env_mode("IB_CUDA_MM_TILE");
         /* "0": RB-row Q8 passes of the dp4a kernel always in its general instantiation (comparisons) */
-        b->mm_lean = (mm_stage_mode)env_mode("IB_CUDA_MM_LEAN");
+        b->mm_lean = env_mode("IB_CUDA_MM_LEAN") != 0;
         /* N: a tile block's dynamic shared memory at most N KiB (measurements, tests; unset: by where its
          * weights come from, mm_tile_opb) */
         const char *tk = getenv("IB_CUDA_MM_TILE_KB");
@@ -1265,7 +1265,7 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
         }
         const int can_stage = R == 1 && rpb == 1 && m[0]->K <= MM_XS_MAX_K;
         const int staged = can_stage && (b->mm_stage == STAGE_FORCED || (b->mm_stage == STAGE_BY_SHAPE && !ms.prefetch));
-        const int lean = short_groups && b->mm_lean != STAGE_NEVER;   /* IB_CUDA_MM_LEAN=0: never */
+        const int lean = short_groups && b->mm_lean;
         mm_q8_fn k = staged ? mm_q8_pick_staged(fmt, narrow, short_groups) : mm_q8_pick(fmt, rbt, narrow, lean);
         const size_t xsm = staged ? (size_t)m[0]->K : 0;
         launch(b, k, grid, 256, xsm, ms, b->xq, b->qd, b->qad, R, rpb, fused, splits);
