@@ -2,7 +2,7 @@
 # cuda_full_check.sh BIN_DIR [OUT_DIR] — everything the CUDA backend is checked and measured with, for
 # one call on a GPU machine (binaries built elsewhere; BIN_DIR as for cuda_check.sh): bench/cuda_check.sh,
 # then `probe --backend cuda` clean and under gpu-split-k and gpu-att-block, bench/serve_check.sh clean and
-# under gpu-fma and share-early,
+# under gpu-fma and share-early, bench/cuda_kv_budget_check.sh (the server's KV budget from the GPU's memory),
 # and what the contract's order costs (isobatch bench with and without --inject gpu-split-k; left out
 # with CUDA_CHECK_COST=0). Writes OUT_DIR/summary.txt (among about 130 logs under OUT_DIR) and prints it.
 set -u
@@ -22,6 +22,7 @@ echo "probe --backend cuda --inject gpu-att-block: $(timeout 60 "$bin/isobatch" 
 echo "serve_check: $(timeout 100 bash bench/serve_check.sh "$bin/isobatch" cuda "$out/serve" 2>&1 | tail -1)" >>"$S"
 echo "serve_check under gpu-fma: $(SERVE_ARGS='--inject gpu-fma' timeout 100 bash bench/serve_check.sh "$bin/isobatch" cuda "$out/servefault" 2>&1 | tail -1)" >>"$S"
 echo "serve_check under share-early: $(SERVE_ARGS='--inject share-early' timeout 100 bash bench/serve_check.sh "$bin/isobatch" cuda "$out/serveshare" 2>&1 | tail -1)" >>"$S"
+echo "$(timeout 120 bash bench/cuda_kv_budget_check.sh "$bin/isobatch" /tmp/q06 "$out/kvbudget" 2>&1 | tail -1)" >>"$S"
 # CUDA_CHECK_COST=0 leaves out what the order costs (two more benches, about three minutes)
 [ "${CUDA_CHECK_COST:-1}" = 0 ] || for f in none gpu-split-k; do
     echo "--- what the order costs: isobatch bench (qwen3-0.6b 4-bit) --backend cuda, fault $f" >>"$S"

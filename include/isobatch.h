@@ -153,6 +153,9 @@ int ib_backend_parse(const char *s, ib_backend_kind *out);
  * not NULL, *why gets a static one-line reason ("not compiled in (built without nvcc)", "no CUDA
  * device: ..."). */
 int ib_backend_available(ib_backend_kind k, const char **why);
+/* Where backend k keeps its KV caches when that is its own device (a GPU): that memory's free and total
+ * bytes now, 0; -1 when its caches live in host memory (cpu) or the backend is not available. */
+int ib_backend_device_memory(ib_backend_kind k, size_t *free_bytes, size_t *total_bytes);
 /* The backends compiled into this build, as a static string ("cpu" or "cpu cuda"). */
 const char *ib_backends_compiled(void);
 

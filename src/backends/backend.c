@@ -42,6 +42,12 @@ int ib_backend_available(ib_backend_kind k, const char **why) {
     return reason == NULL;
 }
 
+int ib_backend_device_memory(ib_backend_kind k, size_t *free_bytes, size_t *total_bytes) {
+    const ib_backend_ops *ops = ib_backend_ops_for(k);
+    if (!ops || !ops->device_memory || (ops->available && !ops->available(NULL))) return -1;
+    return ops->device_memory(free_bytes, total_bytes);
+}
+
 const char *ib_backends_compiled(void) {
 #ifdef IB_HAVE_CUDA
     return "cpu cuda";

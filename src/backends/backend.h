@@ -197,6 +197,9 @@ typedef struct ib_backend_ops {
     int (*available)(const char **why);
     /* The KV element types its caches and attention run: bit (1u << t) for each ib_kv_dtype t. */
     unsigned kv_dtypes;
+    /* Where its KV caches live when that is not host memory (a GPU's): the bytes free and in all now;
+     * 0 when read, -1 when they cannot be. NULL: the caches live in host memory. */
+    int (*device_memory)(size_t *free_bytes, size_t *total_bytes);
 
     /* ---- instance: weights and step scratch ---- */
     /* Make an instance for model m: weights in the backend's memory and layout, scratch for

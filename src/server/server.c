@@ -365,13 +365,42 @@ static size_t machine_memory(void) {
     return phys;
 }
 
-/* The KV memory budget when none is given: half of the machine's memory (machine_memory) less the
- * weights, so that KV caches, weights and the rest of the process fit; at least 64 MiB. */
+/* The KV memory budget when none is given, for caches in host memory: half of the machine's memory
+ * (machine_memory) less the weights, so that KV caches, weights and the rest of the process fit; at
+ * least 64 MiB. */
 static size_t default_memory_budget(const ib_model_info *mi) {
     size_t mem = machine_memory(), floor = (size_t)64 << 20;
     if (!mem) return (size_t)4 << 30;
     size_t half = mem / 2, w = mi->weight_bytes;
     return half > w + floor ? half - w : floor;
+}
+
+/* The share of a GPU's memory its KV budget leaves free (step graphs, allocation granularity, the
+ * driver): a twentieth of the total. */
+#define DEVICE_KV_RESERVE_DIV 20
+
+/* S->o.memory_budget for caches of backend k, read once the engine holds its weights and step scratch.
+ * Caches on the host: as given, or default_memory_budget. Caches on a GPU (ib_backend_device_memory):
+ * as given when it fits the GPU's free memory less the reserve — more is refused in one line, since
+ * sessions past what the GPU holds would fail at creation instead of waiting for memory —, or by
+ * default that free memory less the reserve (at least 64 MiB). S->budget_rule names the default taken. */
+static ib_status kv_budget(server *S, ib_backend_kind k, ib_error *err) {
+    size_t fr = 0, tot = 0;
+    if (ib_backend_device_memory(k, &fr, &tot)) {
+        S->budget_rule = "half the machine's memory less the weights";
+        if (!S->o.memory_budget) S->o.memory_budget = default_memory_budget(S->info);
+        return IB_OK;
+    }
+    const size_t reserve = tot / DEVICE_KV_RESERVE_DIV, floor = (size_t)64 << 20;
+    const size_t room = fr > reserve + floor ? fr - reserve : floor;
+    if (S->o.memory_budget > room)
+        return ib_fail(err, IB_ERR_INVALID_ARG,
+                       "serve: --memory-budget %zu MiB is more than the %s backend's device holds for KV caches "
+                       "(%zu MiB free after the weights, less %zu MiB kept free)",
+                       S->o.memory_budget >> 20, ib_backend_name(k), fr >> 20, reserve >> 20);
+    S->budget_rule = "the GPU's free memory after the weights, less a twentieth of it";
+    if (!S->o.memory_budget) S->o.memory_budget = room;
+    return IB_OK;
 }
 
 ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, void *logp, ib_error *err) {
@@ -405,19 +434,6 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
         rc = ib_fail(err, IB_ERR_NOMEM, "serve: out of memory");
         goto done;
     }
-    if (!S->o.memory_budget) S->o.memory_budget = default_memory_budget(S->info);
-    /* per-key quotas: given, or with several keys an equal share of each server limit, so that no key
-     * can hold what another needs; one key (or none) has the server's limits */
-    S->n_tenants = o->n_api_keys > 0 ? o->n_api_keys : 1;
-    if (!(S->tu = calloc((size_t)S->n_tenants, sizeof *S->tu))) {
-        rc = ib_fail(err, IB_ERR_NOMEM, "serve: out of memory");
-        goto done;
-    }
-    int nt = S->n_tenants;
-    S->key_sessions = o->key_max_sessions > 0 ? o->key_max_sessions : nt > 1 ? (o->max_sessions + nt - 1) / nt : 0;
-    S->key_kv = o->key_memory_budget > 0 ? o->key_memory_budget : nt > 1 ? S->o.memory_budget / (size_t)nt : 0;
-    S->key_requests = o->key_max_requests > 0 ? o->key_max_requests
-                      : nt > 1 ? (o->max_batch + o->max_queue + nt - 1) / nt : 0;
     if (o->model_id)
         snprintf(S->model_id, sizeof S->model_id, "%s", o->model_id);
     else {
@@ -438,6 +454,19 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     if ((rc = ib_session_check(S->m, &(ib_session_opts){.max_context = 1, .kv_dtype = o->kv_dtype, .backend = o->backend},
                                err)))
         goto done;
+    if ((rc = kv_budget(S, o->backend, err))) goto done;
+    /* per-key quotas: given, or with several keys an equal share of each server limit, so that no key
+     * can hold what another needs; one key (or none) has the server's limits */
+    S->n_tenants = o->n_api_keys > 0 ? o->n_api_keys : 1;
+    if (!(S->tu = calloc((size_t)S->n_tenants, sizeof *S->tu))) {
+        rc = ib_fail(err, IB_ERR_NOMEM, "serve: out of memory");
+        goto done;
+    }
+    int nt = S->n_tenants;
+    S->key_sessions = o->key_max_sessions > 0 ? o->key_max_sessions : nt > 1 ? (o->max_sessions + nt - 1) / nt : 0;
+    S->key_kv = o->key_memory_budget > 0 ? o->key_memory_budget : nt > 1 ? S->o.memory_budget / (size_t)nt : 0;
+    S->key_requests = o->key_max_requests > 0 ? o->key_max_requests
+                      : nt > 1 ? (o->max_batch + o->max_queue + nt - 1) / nt : 0;
     ib_sched_opts so = {.max_batch = o->max_batch, .prefill_chunk = o->prefill_chunk, .max_queue = o->max_queue > 0 ? o->max_queue : -1,
                         .share_min = o->share_prefix};
     if ((rc = ib_sched_create(S->e, &so, &S->sched, err))) goto done;
@@ -473,10 +502,10 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     if (log) {
         char shown[80]; /* an IPv6 address goes in brackets in a URL */
         snprintf(shown, sizeof shown, v6 && host[0] != '[' ? "[%s]" : "%s", host);
-        fprintf(log, "isobatch serve: model '%s' (%s), http://%s:%d, batch %d, %d threads, ISA %s, backend %s, KV budget %zu MiB%s%s\n",
+        fprintf(log, "isobatch serve: model '%s' (%s), http://%s:%d, batch %d, %d threads, ISA %s, backend %s, KV budget %zu MiB%s%s%s%s\n",
                 S->model_id, S->info->arch, shown, port, o->max_batch, o->threads, ib_isa_name(ib_engine_isa(S->e)),
                 ib_backend_name(o->backend), S->o.memory_budget >> 20,
-                o->memory_budget ? "" : " (default: half the machine's memory less the weights)",
+                o->memory_budget ? "" : " (default: ", o->memory_budget ? "" : S->budget_rule, o->memory_budget ? "" : ")",
                 o->n_api_keys ? ", API key required" : "");
         fprintf(log, "isobatch serve: model identity %s; session store %s%s%s%s\n", S->ident,
                 o->store_uri ? o->store_uri : "none (sessions live only in memory)", o->store_origin ? " (" : "",

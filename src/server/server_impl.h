@@ -187,6 +187,7 @@ struct server {
     int n_tenants;
     int key_sessions;         /* limits per key (0 = none) */
     size_t key_kv;
+    const char *budget_rule;   /* how the KV budget was set when none was given (kv_budget) */
     int key_requests;
     long long n_expired;      /* sessions closed for being idle */
     volatile int draining;    /* stopping: no new work, the work in flight may finish */

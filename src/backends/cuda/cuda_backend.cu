@@ -73,6 +73,13 @@ extern "C" {
  * 1.8 / 2.1 / 2.2x the dp4a kernel's; at 4 rows the dp4a weight tiles stay ahead on qwen3-0.6b and
  * gemma4-26b-a4b — docs/cuda.md "Tensor cores from five rows") */
 #define MMA_MIN_ROWS 5
+/* ... and so do products of MMA_LONG_ROWS rows whose matrices are all long and whose launch is wide (K
+ * and the launch's outputs at least MMA_LONG_KN: every product of qwen3-8b), where the dp4a kernel's
+ * 4-row passes fell behind (qwen3-8b's layers at B=4 1.16x on the tensor cores; qwen3-0.6b, K at most
+ * 3,072, and gemma4-26b-a4b, K 2,816 or outputs 2,816, 7-9% ahead on dp4a — docs/cuda.md "Tensor cores
+ * from five rows") */
+#define MMA_LONG_ROWS 4
+#define MMA_LONG_KN 4096
 #define NGRAPH 16          /* step graphs kept per instance */
 #define REC_ARGS 10        /* ints of one recorded op */
 enum { REPEAT_ATTN = 1, REPEAT_LINEAR = 2, REPEAT_NORM = 4, REPEAT_ACT = 8, REPEAT_EMPTY = 16, REPEAT_MOE = 32 };   /* cuda_backend.repeat: timing diagnostics */
@@ -230,11 +237,14 @@ typedef struct cuda_backend {
     int use_graphs;
     int pdl;                         /* launch with programmatic dependent launch (IB_CUDA_PDL=0: off) */
     int mma_rows;                    /* Q8 products of at least this many rows use the tensor cores */
+    int mma_long;                    /* 1: also those of MMA_LONG_ROWS rows over long, wide matrices (the
+                                      * default; 0 when IB_CUDA_MMA_ROWS sets the rows alone) */
     int mma_bm;                      /* forced rows per block of the tiled kernel (32, 64; 0: by the grid's size) */
     int n_sm;                        /* the device's multiprocessors */
     int att_group_rows;              /* attention takes a block per KV head from this many rows */
     int repeat;                      /* REPEAT_* kernels launched twice (IB_CUDA_REPEAT: timing by difference) */
     int moe_split;                   /* Q8 expert products split K over a block's warps (IB_CUDA_MOE_SPLIT=0: a warp walks K) */
+    int moe_down_tpb;                /* 32-output tiles a block of those of the down products (1 or 2; IB_CUDA_MOE_DOWN_TPB) */
     mm_prefetch_mode mm_prefetch;    /* which product blocks ask L2 for their weight tiles before the wait */
     mm_stage_mode mm_stage;          /* which one-row products stage the row's codes in shared memory */
     mm_stage_mode mm_tile;           /* which products of at most 4 rows copy their weight tiles into shared memory */
@@ -371,6 +381,17 @@ extern "C" int ib_cuda_describe(char *buf, size_t n) {
 /* ---- the table (contracts in backend.h) ---- */
 
 static int cuda_available(const char **why) { return device_ok(why); }
+
+/* Device 0's free and total memory now (cudaMemGetInfo), where this backend's KV caches live. */
+static int cuda_device_memory(size_t *free_bytes, size_t *total_bytes) {
+    size_t f = 0, t = 0;
+    if (!device_ok(NULL) || cudaMemGetInfo(&f, &t) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+    }
+    *free_bytes = f, *total_bytes = t;
+    return 0;
+}
 
 /* ---------------------------------------------------------------- create / destroy */
 
@@ -510,6 +531,7 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         /* rows from which Q8 products use the tensor cores (tests set it to compare both kernels) */
         const char *t = getenv("IB_CUDA_MMA_ROWS");
         b->mma_rows = t && atoi(t) > 0 ? atoi(t) : MMA_MIN_ROWS;
+        b->mma_long = !(t && atoi(t) > 0);
         /* rows from which attention takes a block per KV head (tests set it to compare both kernels) */
         /* 32 or 64: every tensor-core product takes the tiled kernel with that many rows per block
          * (tests; unset: the kernel and its rows follow the grid's size) */
@@ -553,6 +575,9 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         /* "0": the experts' Q8 products with a warp walking K alone (moe_mm_kernel: comparisons) */
         const char *ms = getenv("IB_CUDA_MOE_SPLIT");
         b->moe_split = !(ms && !strcmp(ms, "0"));
+        /* "1": the down products one tile a block, as gate and up (comparisons) */
+        const char *mt = getenv("IB_CUDA_MOE_DOWN_TPB");
+        b->moe_down_tpb = mt && !strcmp(mt, "1") ? 1 : 2;
         /* "all" / "0": every product's blocks ask L2 for their weights before the wait / none do
          * (measurements; unset: mm_prefetch_wanted decides) */
         const char *mp = getenv("IB_CUDA_MM_PREFETCH");
@@ -1191,12 +1216,14 @@ static void launch_products(cuda_backend *b, int n, const dmat *const *m, const 
     }
     /* g32: the tensor-core kernels walk groups in steps of 32 k, whole groups a stage; same_g: the
      * tiled GEMM is compiled for one group size, every matrix's */
-    int g32 = 1, same_g = 1;
+    int g32 = 1, same_g = 1, long_k = 1;
     for (int i = 0; i < n; i++) {
         g32 &= m[i]->G > 0 && m[i]->G % 32 == 0 && MMA_KS % m[i]->G == 0;
         same_g &= m[i]->G == m[0]->G;
+        long_k &= m[i]->K >= MMA_LONG_KN;
     }
-    if (q8 && fmt != IB_WF32 && R >= b->mma_rows && g32) {
+    const int mma = R >= b->mma_rows || (b->mma_long && R == MMA_LONG_ROWS && long_k && (long)tiles * NT >= MMA_LONG_KN);
+    if (q8 && fmt != IB_WF32 && mma && g32) {
         /* the same matrices in 64-output tiles, for the tiled kernel */
         mset m64 = ms;
         int t64 = 0;
@@ -1746,6 +1773,7 @@ extern "C" const ib_backend_ops ib_backend_cuda = {
     IB_BACKEND_CUDA,
     cuda_available,
     1u << IB_KV_F32 | 1u << IB_KV_F16 | 1u << IB_KV_Q8,
+    cuda_device_memory,
     cuda_create,
     cuda_destroy,
     cuda_kv_create,
