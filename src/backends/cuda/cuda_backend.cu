@@ -244,7 +244,6 @@ typedef struct cuda_backend {
     int att_group_rows;              /* attention takes a block per KV head from this many rows */
     int repeat;                      /* REPEAT_* kernels launched twice (IB_CUDA_REPEAT: timing by difference) */
     int moe_split;                   /* Q8 expert products split K over a block's warps (IB_CUDA_MOE_SPLIT=0: a warp walks K) */
-    int moe_down_tpb;                /* 32-output tiles a block of those of the down products (1 or 2; IB_CUDA_MOE_DOWN_TPB) */
     mm_prefetch_mode mm_prefetch;    /* which product blocks ask L2 for their weight tiles before the wait */
     mm_stage_mode mm_stage;          /* which one-row products stage the row's codes in shared memory */
     mm_stage_mode mm_tile;           /* which products of at most 4 rows copy their weight tiles into shared memory */
@@ -575,9 +574,6 @@ static ib_status cuda_create(const ib_model *m, const ib_backend_cfg *cfg, ib_ba
         /* "0": the experts' Q8 products with a warp walking K alone (moe_mm_kernel: comparisons) */
         const char *ms = getenv("IB_CUDA_MOE_SPLIT");
         b->moe_split = !(ms && !strcmp(ms, "0"));
-        /* "1": the down products one tile a block, as gate and up (comparisons) */
-        const char *mt = getenv("IB_CUDA_MOE_DOWN_TPB");
-        b->moe_down_tpb = mt && !strcmp(mt, "1") ? 1 : 2;
         /* "all" / "0": every product's blocks ask L2 for their weights before the wait / none do
          * (measurements; unset: mm_prefetch_wanted decides) */
         const char *mp = getenv("IB_CUDA_MM_PREFETCH");

@@ -338,26 +338,15 @@ static void launch_moe_mm(cuda_backend *b, int fmt, const dmat *m0, const dmat *
                                       : moe_mm_kernel<IB_WQ8, 8>;
     if (q8 && fmt != IB_WF32 && b->moe_split) {
         /* the warps of a block split the groups: a block a 32-output tile */
-        typedef void (*split_fn)(const dmat *, const dmat *, float *, float *, const int4 *, const int *, const int32_t *,
-                                 const int32_t *, int, const int8_t *, const float *, const float *, int);
-        /* the down products over at most 12 groups (one pass of the two-tile form): two tiles a block
-         * (b->moe_down_tpb), each block's entry, descriptor and pair loads shared by 64 outputs */
-        const int two = by_slot && b->moe_down_tpb == 2 && g->Fm / G <= 12;
-        const split_fn ks =
-            two ? (fmt == IB_WQ4 && cpg == 1   ? moe_mm_split_kernel<IB_WQ4, 1, 2, 3>
-                   : fmt == IB_WQ4 && cpg == 2 ? moe_mm_split_kernel<IB_WQ4, 2, 2, 3>
-                   : fmt == IB_WQ4             ? moe_mm_split_kernel<IB_WQ4, 4, 2, 3>
-                   : cpg == 2                  ? moe_mm_split_kernel<IB_WQ8, 2, 2, 3>
-                   : cpg == 4                  ? moe_mm_split_kernel<IB_WQ8, 4, 2, 3>
-                                               : moe_mm_split_kernel<IB_WQ8, 8, 2, 3>)
-                : (fmt == IB_WQ4 && cpg == 1   ? moe_mm_split_kernel<IB_WQ4, 1>
-                   : fmt == IB_WQ4 && cpg == 2 ? moe_mm_split_kernel<IB_WQ4, 2>
-                   : fmt == IB_WQ4             ? moe_mm_split_kernel<IB_WQ4, 4>
-                   : cpg == 2                  ? moe_mm_split_kernel<IB_WQ8, 2>
-                   : cpg == 4                  ? moe_mm_split_kernel<IB_WQ8, 4>
-                                               : moe_mm_split_kernel<IB_WQ8, 8>);
-        const int tpb = two ? 2 : 1;
-        const dim3 gs((unsigned)((N + NT * tpb - 1) / (NT * tpb)), (unsigned)nby, m1 ? 2u : 1u);
+        void (*ks)(const dmat *, const dmat *, float *, float *, const int4 *, const int *, const int32_t *,
+                   const int32_t *, int, const int8_t *, const float *, const float *, int) =
+            fmt == IB_WQ4 && cpg == 1   ? moe_mm_split_kernel<IB_WQ4, 1>
+            : fmt == IB_WQ4 && cpg == 2 ? moe_mm_split_kernel<IB_WQ4, 2>
+            : fmt == IB_WQ4             ? moe_mm_split_kernel<IB_WQ4, 4>
+            : cpg == 2                  ? moe_mm_split_kernel<IB_WQ8, 2>
+            : cpg == 4                  ? moe_mm_split_kernel<IB_WQ8, 4>
+                                        : moe_mm_split_kernel<IB_WQ8, 8>;
+        const dim3 gs((unsigned)((N + NT - 1) / NT), (unsigned)nby, m1 ? 2u : 1u);
         launch(b, ks, gs, 256, 0, m0, m1, Y0, Y1, (const int4 *)g->blk, (const int *)g->nblk, (const int32_t *)g->ent_row,
                (const int32_t *)g->ent_slot, by_slot, xq, qd, qad, fused);
     } else {

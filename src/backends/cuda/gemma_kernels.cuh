@@ -453,78 +453,63 @@ __global__ void __launch_bounds__(256)
 
 /* moe_mm_kernel's Q8 products (Q8 activations, quantized weights) with each block's groups split over
  * its warps: block (blockIdx.x, blockIdx.y, blockIdx.z) takes the pairs of block row blk[blockIdx.y]
- * (at most MOE_CH) and the TPB tiles of 32 outputs blockIdx.x * TPB, … (a lane an output) of matrix z,
- * NWARP / TPB warps a tile. In each pass of GPW * NWARP / TPB groups, warp w of tile t takes GPW of them
- * (their weights, scales and biases loaded first), and for every pair the group's exact isum
- * (group_isum) and the terms t = (s*d)*(float)isum, u = b*ad go to shared memory; then each (pair,
- * tile) chain — pair p of tile t by warp (p * TPB + t) % NWARP — continues over the pass's groups in
- * ascending order, acc = (acc + t) + u: moe_mm_kernel's numbers for every (pair, output), with K walked
- * by several warps at once instead of one (the latency of a warp's walk over K was the kernel's time).
- * TPB 1, GPW 2 (gate and up: 44 groups in three passes) or TPB 2, GPW 3 (down at MOE_DOWN_TPB: a block
- * two tiles, 11 groups of gemma4-26b-a4b in one pass). fused: the test-only gpu-fma fault (t = fma(s*d,
- * isum, u), u = 0, as moe_mm_kernel). */
-template <int FMT, int CPG, int TPB = 1, int GPW = 2>
-__global__ void __launch_bounds__(256, CPG >= 4 ? 2 : TPB == 2 ? 3 : 4)   /* 4 blocks a multiprocessor where 64 registers
-                                                                          * do; the two-tile form's GPW = 3 groups in
-                                                                          * flight take 3 (at 64 registers they spilled) */
+ * (at most MOE_CH) and the 32 outputs of tile blockIdx.x (a lane each) of matrix z. In each pass of
+ * MOE_GC groups, warp w takes groups w and w + NWARP (both groups' weights, scales and biases loaded
+ * first), and for every pair the group's exact isum (group_isum) and the terms t = (s*d)*(float)isum,
+ * u = b*ad go to shared memory; then warp p continues pair p's chains over the pass's groups in
+ * ascending order, acc = (acc + t) + u — moe_mm_kernel's numbers for every (pair, output), with K
+ * walked by eight warps at once instead of one (the latency of a warp's walk over K was the kernel's
+ * time). fused: the test-only gpu-fma fault (t = fma(s*d, isum, u), u = 0, as moe_mm_kernel). */
+#define MOE_GC (2 * NWARP)
+template <int FMT, int CPG>
+__global__ void __launch_bounds__(256, CPG >= 4 ? 2 : 4)   /* 4 blocks a multiprocessor where 64 registers do */
     moe_mm_split_kernel(const dmat *__restrict__ mats0, const dmat *__restrict__ mats1, float *Y0, float *Y1,
                         const int4 *__restrict__ blk, const int *__restrict__ nblk, const int32_t *__restrict__ ent_row,
                         const int32_t *__restrict__ ent_slot, int in_by_slot, const int8_t *__restrict__ xq,
                         const float *__restrict__ qd, const float *__restrict__ qad, int fused) {
-    constexpr int WPT = NWARP / TPB, GPP = WPT * GPW, CH = MOE_CH * TPB;   /* warps a tile; groups a pass; chains */
     PDL_ENTER();
     if ((int)blockIdx.y >= *nblk) return;
-    __shared__ float t_s[MOE_CH][TPB * GPP][NT], u_s[MOE_CH][TPB * GPP][NT];
+    __shared__ float t_s[MOE_CH][MOE_GC][NT], u_s[MOE_CH][MOE_GC][NT];
     const int4 bk = blk[blockIdx.y];
     const dmat m = (blockIdx.z ? mats1 : mats0)[bk.x];
     float *Y = blockIdx.z ? Y1 : Y0;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tw = warp / WPT, ws = warp % WPT;
-    const int t0 = (int)blockIdx.x * TPB, n = (t0 + tw) * NT + lane, Np = m.Np, K = m.K, G = m.G, ng = m.ng;
-    if (t0 * NT >= Np) return;                /* the whole block: uniform */
-    const bool tile_in = (t0 + tw) * NT < Np;   /* this warp's tile (warp-uniform) */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n = blockIdx.x * NT + lane, Np = m.Np, K = m.K, G = m.G, ng = m.ng;
+    if ((int)blockIdx.x * NT >= Np) return;   /* the whole block: uniform */
     const int np = bk.z;   /* pairs of the block row, 1..MOE_CH */
     int xr[MOE_CH];
 #pragma unroll
     for (int p = 0; p < MOE_CH; p++) xr[p] = p < np ? (in_by_slot ? ent_slot[bk.y + p] : ent_row[bk.y + p]) : 0;
-    float acc[TPB];   /* chain (pair, tile) c = warp + k * NWARP: pair c / TPB, tile c % TPB (c < np * TPB) */
+    float acc = 0.0f;   /* pair `warp`, output n (warps < np) */
+    for (int g0 = 0; g0 < ng; g0 += MOE_GC) {
+        const int gn = min(MOE_GC, ng - g0);
+        uint4 wl[2][CPG];
+        float sc[2], bi[2];
 #pragma unroll
-    for (int k = 0; k < TPB; k++) acc[k] = 0.0f;
-    for (int g0 = 0; g0 < ng; g0 += GPP) {
-        const int gn = min(GPP, ng - g0);
-        uint4 wl[GPW][CPG];
-        float sc[GPW], bi[GPW];
-#pragma unroll
-        for (int x = 0; x < GPW; x++) {
-            const int gi = ws + x * WPT, g = g0 + gi;
-            if (gi >= gn || !tile_in) break;
+        for (int x = 0; x < 2; x++) {
+            const int gi = warp + x * NWARP, g = g0 + gi;
+            if (gi >= gn) break;
             group_weights<CPG>(m, g, n, CPG, wl[x], sc[x], bi[x]);
         }
 #pragma unroll
-        for (int x = 0; x < GPW; x++) {
-            const int gi = ws + x * WPT, g = g0 + gi;
-            if (gi >= gn || !tile_in) break;
+        for (int x = 0; x < 2; x++) {
+            const int gi = warp + x * NWARP, g = g0 + gi;
+            if (gi >= gn) break;
 #pragma unroll
             for (int p = 0; p < MOE_CH; p++) {
                 if (p >= np) break;
-                pair_group_terms<FMT, CPG>(wl[x], sc[x], bi[x], xq, qd, qad, xr[p], K, G, ng, g, fused,
-                                           t_s[p][tw * GPP + gi][lane], u_s[p][tw * GPP + gi][lane]);
+                pair_group_terms<FMT, CPG>(wl[x], sc[x], bi[x], xq, qd, qad, xr[p], K, G, ng, g, fused, t_s[p][gi][lane],
+                                           u_s[p][gi][lane]);
             }
         }
         __syncthreads();
-#pragma unroll
-        for (int k = 0; k < TPB; k++) {
-            const int c = warp + k * NWARP, p = c / TPB, t = c % TPB;
-            if (c >= np * TPB || c >= CH || (t0 + t) * NT >= Np) continue;
+        if (warp < np) {
 #pragma unroll 4
-            for (int gi = 0; gi < gn; gi++) acc[k] = (acc[k] + t_s[p][t * GPP + gi][lane]) + u_s[p][t * GPP + gi][lane];
+            for (int gi = 0; gi < gn; gi++) acc = (acc + t_s[warp][gi][lane]) + u_s[warp][gi][lane];
         }
         __syncthreads();
     }
-#pragma unroll
-    for (int k = 0; k < TPB; k++) {
-        const int c = warp + k * NWARP, p = c / TPB, no = (t0 + c % TPB) * NT + lane;
-        if (c < np * TPB && c < CH && no < m.N) Y[(size_t)ent_slot[bk.y + p] * m.N + no] = acc[k];
-    }
+    if (warp < np && n < m.N) Y[(size_t)ent_slot[bk.y + warp] * m.N + n] = acc;
 }
 
 /* out[r][d] = ib_moe_combine of row r: 0, then out + w[j] * y[r*K + j][d] for ranks j in order with
