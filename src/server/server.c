@@ -502,11 +502,11 @@ ib_status ib_server_run(const ib_server_opts *o, volatile sig_atomic_t *stop, vo
     if (log) {
         char shown[80]; /* an IPv6 address goes in brackets in a URL */
         snprintf(shown, sizeof shown, v6 && host[0] != '[' ? "[%s]" : "%s", host);
-        fprintf(log, "isobatch serve: model '%s' (%s), http://%s:%d, batch %d, %d threads, ISA %s, backend %s, KV budget %zu MiB%s%s%s%s\n",
+        char rule[128] = ""; /* how a default budget was set */
+        if (!o->memory_budget) snprintf(rule, sizeof rule, " (default: %s)", S->budget_rule);
+        fprintf(log, "isobatch serve: model '%s' (%s), http://%s:%d, batch %d, %d threads, ISA %s, backend %s, KV budget %zu MiB%s%s\n",
                 S->model_id, S->info->arch, shown, port, o->max_batch, o->threads, ib_isa_name(ib_engine_isa(S->e)),
-                ib_backend_name(o->backend), S->o.memory_budget >> 20,
-                o->memory_budget ? "" : " (default: ", o->memory_budget ? "" : S->budget_rule, o->memory_budget ? "" : ")",
-                o->n_api_keys ? ", API key required" : "");
+                ib_backend_name(o->backend), S->o.memory_budget >> 20, rule, o->n_api_keys ? ", API key required" : "");
         fprintf(log, "isobatch serve: model identity %s; session store %s%s%s%s\n", S->ident,
                 o->store_uri ? o->store_uri : "none (sessions live only in memory)", o->store_origin ? " (" : "",
                 o->store_origin ? o->store_origin : "", o->store_origin ? ")" : "");

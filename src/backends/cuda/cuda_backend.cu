@@ -75,9 +75,9 @@ extern "C" {
 #define MMA_MIN_ROWS 5
 /* ... and so do products of MMA_LONG_ROWS rows whose matrices are all long and whose launch is wide (K
  * and the launch's outputs at least MMA_LONG_KN: every product of qwen3-8b), where the dp4a kernel's
- * 4-row passes fell behind (qwen3-8b's layers at B=4 1.16x on the tensor cores; qwen3-0.6b, K at most
- * 3,072, and gemma4-26b-a4b, K 2,816 or outputs 2,816, 7-9% ahead on dp4a — docs/cuda.md "Tensor cores
- * from five rows") */
+ * 4-row passes fell behind (the whole qwen3-8b at B=4 1.15x on the tensor cores; qwen3-0.6b, K at most
+ * 3,072, and gemma4-26b-a4b, K 2,816 or outputs 2,816, 7-9% ahead on dp4a — docs/cuda.md "Four rows on
+ * the tensor cores where the matrices are long and wide") */
 #define MMA_LONG_ROWS 4
 #define MMA_LONG_KN 4096
 #define NGRAPH 16          /* step graphs kept per instance */
