@@ -575,6 +575,11 @@ stop "$LAST_PID" sfault
 # over capacity: one generation at a time, no queue, a small memory budget; 20 ms per token, so the
 # long stream (20 s) holds the only slot until the client goes away
 start small --max-batch 1 --max-queue 0 --memory-budget 1200K --timeout 20 --token-delay-ms 20
+# the start-up line: a given budget with no default note; without one (the main server, CPU backend) the
+# host rule's note
+grep -q 'backend cpu, KV budget 1 MiB$' "$T/small.log" && ok || bad "a given budget's start-up line: $(grep -m1 'KV budget' "$T/small.log")"
+grep -q "KV budget [0-9]* MiB (default: half the machine's memory less the weights)" "$T/main.log" && ok ||
+    bad "the default budget's start-up line: $(grep -m1 'KV budget' "$T/main.log")"
 U=http://127.0.0.1:$PORT
 curl -s -N -m 20 "$U/v1/completions" -d '{"model":"tiny","prompt":"a long one","max_tokens":1000,"stream":true,"seed":5}' > /dev/null 2>&1 &
 CURL=$!
