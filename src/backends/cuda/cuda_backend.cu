@@ -381,10 +381,11 @@ extern "C" int ib_cuda_describe(char *buf, size_t n) {
 
 static int cuda_available(const char **why) { return device_ok(why); }
 
-/* Device 0's free and total memory now (cudaMemGetInfo), where this backend's KV caches live. */
+/* Device 0's free and total memory now (cudaMemGetInfo), where this backend's KV caches live; called
+ * only where the backend is available (ib_backend_device_memory checks that first). */
 static int cuda_device_memory(size_t *free_bytes, size_t *total_bytes) {
     size_t f = 0, t = 0;
-    if (!device_ok(NULL) || cudaMemGetInfo(&f, &t) != cudaSuccess) {
+    if (cudaMemGetInfo(&f, &t) != cudaSuccess) {
         cudaGetLastError();
         return -1;
     }
