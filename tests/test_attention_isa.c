@@ -5,7 +5,7 @@
  * the bits of float KV holding its decoded values (ib_attend_heads_kv_isa, ib_attend_rows_isa): float and
  * half KV, 1..16 query heads, head sizes with and without
  * a tail, key counts around the block edges, windows, blocks of 16 and 32, and a stride wider than
- * the head. The isa-fma fault (the vector copies fuse the dot products' multiply-adds) must make the
+ * the head; likewise with rows asked ahead for a later call (ib_attend_heads_ahead_isa). The isa-fma fault (the vector copies fuse the dot products' multiply-adds) must make the
  * comparison fail on every vector copy this CPU runs. Several rows of one session taking key blocks
  * together (ib_attend_rows) give each row's single-row bits, and the attn-tile-range fault (a tile's
  * rows attend its last row's keys) must make that comparison fail. A key block's softmax step
@@ -54,7 +54,13 @@ static int compare_isa(ib_isa isa, int *cases) {
                     bad += memcmp(ref, got, sizeof(float) * (size_t)(nq * hd)) != 0;
                     ib_attend_heads_kv_portable(IB_KV_F16, kh, vh, q, nq, nk, stride, hd, scale, block, window, got);
                     bad += memcmp(ref, got, sizeof(float) * (size_t)(nq * hd)) != 0;
-                    *cases += 3;
+                    /* with rows asked ahead for a later call (the float planes; a size not a whole
+                     * number of cache lines): the same bits */
+                    const ib_attn_ahead ahead = {kf, vf, (size_t)nk * (size_t)stride * sizeof(float) - 4 * (size_t)c};
+                    ib_attend_heads_ahead_isa(isa, IB_KV_F16, kh, vh, q, nq, nk, stride, hd, scale, block, window, got,
+                                              &ahead);
+                    bad += memcmp(ref, got, sizeof(float) * (size_t)(nq * hd)) != 0;
+                    *cases += 4;
                 }
     return bad;
 }

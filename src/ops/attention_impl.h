@@ -515,17 +515,32 @@ ATTN_AI void attend_block2_body(const int kvt, const int fused, const float *q, 
                      out + (size_t)h * hd, maxf);
 }
 
+/* Share i (of those whose size is `per` bytes, a multiple of 64) of the rows of *a: its cache lines
+ * of keys and of values asked toward L2 (prefetcht1 on x86: a later call reads them, not this one). */
+ATTN_AI void ahead_share(const ib_attn_ahead *a, size_t i, size_t per) {
+    const size_t o0 = i * per, o1 = o0 + per < a->bytes ? o0 + per : a->bytes;
+    for (size_t o = o0; o < o1; o += 64) {
+        __builtin_prefetch((const char *)a->k + o, 0, 2);
+        __builtin_prefetch((const char *)a->v + o, 0, 2);
+    }
+}
+
 /* ib_attend_heads over a KV plane of type kvt (float, half or q8): nq query heads q [nq][hd] walk
- * each key block in turn while its keys and values are in L1; out [nq][hd]. block <= IB_ATTN_MAX_BLOCK. */
+ * each key block in turn while its keys and values are in L1; out [nq][hd]. block <= IB_ATTN_MAX_BLOCK.
+ * ahead (NULL: none): rows a later call reads, asked for a share a block (ahead_share). */
 ATTN_AI void attend_heads_body(const int kvt, const int fused, const float *q, int nq, const void *k, const void *v,
                                int n_keys, int kv_stride, int hd, float scale, int block, int window, float *out,
-                               int maxf) {
+                               int maxf, const ib_attn_ahead *ahead) {
     float m[IB_ATTN_MAX_GROUP], l[IB_ATTN_MAX_GROUP];
     const int lo = window > 0 && n_keys > window ? n_keys - window : 0;  /* first attended key */
     const size_t st = (size_t)kv_stride;
+    /* the ahead rows in as many shares as this call walks blocks, each a whole number of cache lines */
+    const int n_blocks = (n_keys - (lo - lo % block) + block - 1) / block;
+    const size_t per = ahead && n_blocks > 0 ? (ahead->bytes / (size_t)n_blocks + 64) & ~(size_t)63 : 0;
     for (int h = 0; h < nq; h++) m[h] = -INFINITY, l[h] = 0.0f;
     for (int d = 0; d < nq * hd; d++) out[d] = 0.0f;
     for (int b0 = lo - lo % block; b0 < n_keys; b0 += block) {
+        if (per) ahead_share(ahead, (size_t)((b0 - (lo - lo % block)) / block), per);
         int j0 = lo > b0 ? lo - b0 : 0;
         int nb = n_keys - b0 < block ? n_keys - b0 : block;
         int h = 0;
@@ -632,18 +647,20 @@ static int max_fault(ib_fault fault) {
         }                                                                                                        \
     } while (0)
 
-/* The body for KV of type kvt, the faults read once per call. */
+/* The body for KV of type kvt, the faults read once per call; ahead as attend_heads_body's. */
 static void attend_copy(const int kvt, const void *k, const void *v, const float *q, int nq, int n_keys, int kv_stride,
-                        int hd, float scale, int block, int window, float *out) {
+                        int hd, float scale, int block, int window, float *out, const ib_attn_ahead *ahead) {
     const ib_fault fault = ib_fault_get();
     const int mf = max_fault(fault);
 #ifdef IB_ATTN_VECTOR_ISA
     if (fault == IB_FAULT_ISA_FMA) {
-        IB_ATTN_BY_KVT(kvt, attend_heads_body(K_, 1, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, 0));
+        IB_ATTN_BY_KVT(kvt, attend_heads_body(K_, 1, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, 0,
+                                              ahead));
         return;
     }
 #endif
-    IB_ATTN_BY_KVT(kvt, attend_heads_body(K_, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, mf));
+    IB_ATTN_BY_KVT(kvt, attend_heads_body(K_, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, mf,
+                                          ahead));
 }
 
 /* attend_block2_body for KV of type kvt, the faults read once per call. */
@@ -698,18 +715,23 @@ static void weights_copy(int nq, const float *s, int rs, int j0, int nb, float *
     }
 }
 
-/* The entry points of a copy, named ib_attend_heads_<sfx>, ib_attend_heads_kv_<sfx>,
+/* The entry points of a copy, named ib_attend_heads_<sfx>, ib_attend_heads_kv_<sfx>, ib_attend_heads_ahead_<sfx>,
  * ib_attend_block2_<sfx>, ib_attend_rows_<sfx> and (for tests) ib_attend_block_weights_<sfx> (their
  * declarations are in ops.h). */
 #define IB_ATTN_DEFINE_COPY(sfx)                                                                                 \
     void ib_attend_heads_##sfx(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride, \
                                int hd, float scale, int block, int window, float *out) {                        \
-        attend_copy(0, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out);                           \
+        attend_copy(0, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out, NULL);                     \
     }                                                                                                            \
     void ib_attend_heads_kv_##sfx(ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq,         \
                                   int n_keys, int kv_stride, int hd, float scale, int block, int window,         \
                                   float *out) {                                                                  \
-        attend_copy(kvt, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out);                         \
+        attend_copy(kvt, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out, NULL);                   \
+    }                                                                                                            \
+    void ib_attend_heads_ahead_##sfx(ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq,      \
+                                     int n_keys, int kv_stride, int hd, float scale, int block, int window,      \
+                                     float *out, const ib_attn_ahead *ahead) {                                   \
+        attend_copy(kvt, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out, ahead);                  \
     }                                                                                                            \
     void ib_attend_block2_##sfx(ib_kv_dtype kvt, const float *q, int nq, const void *k1, const void *v1, int n1,         \
                                 const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale,      \

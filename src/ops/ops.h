@@ -217,6 +217,21 @@ void ib_attend_rows_isa(ib_isa isa, ib_kv_dtype kvt, const float *q, size_t q_st
 void ib_attend_block_weights_isa(ib_isa isa, int nq, const float *s, int rs, int j0, int nb, float *m, float *l,
                                  float *pw, float *c);
 
+/* KV rows a later attention call will read (its keys from k, its values from v, `bytes` bytes of
+ * each), asked toward this core's L2 while the current call runs: a hint that changes no result. */
+typedef struct ib_attn_ahead {
+    const void *k, *v;
+    size_t bytes;
+} ib_attn_ahead;
+
+/* ib_attend_heads_kv_isa's copy that also brings the rows of *ahead (NULL: none) toward the core, a
+ * share with each key block it walks, so a later call finds them there; bitwise ib_attend_heads_kv's.
+ * Decode attention's tasks each read a few dozen KB of keys and values from memory: short streams,
+ * each of which started cold without it. */
+void ib_attend_heads_ahead_isa(ib_isa isa, ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq,
+                               int n_keys, int kv_stride, int hd, float scale, int block, int window, float *out,
+                               const ib_attn_ahead *ahead);
+
 /* The copies as function pointers, picked once (an engine's CPU backend does at creation). */
 typedef void (*ib_attend_heads_kv_fn)(ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq,
                                       int n_keys, int kv_stride, int hd, float scale, int block, int window,
@@ -227,8 +242,12 @@ typedef void (*ib_attend_block2_fn)(ib_kv_dtype kvt, const float *q, int nq, con
 typedef void (*ib_attend_rows_fn)(ib_kv_dtype kvt, const float *q, size_t q_stride, int nq, int nr, const int *n_keys,
                                   const void *k, const void *v, int kv_stride, int hd, float scale, int block,
                                   int window, float *out, size_t out_stride);
+typedef void (*ib_attend_heads_ahead_fn)(ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq,
+                                         int n_keys, int kv_stride, int hd, float scale, int block, int window,
+                                         float *out, const ib_attn_ahead *ahead);
 typedef struct ib_attn_kernels {
     ib_attend_heads_kv_fn heads_kv;   /* every KV type, float included */
+    ib_attend_heads_ahead_fn heads_ahead;
     ib_attend_block2_fn block2;
     ib_attend_rows_fn rows;
 } ib_attn_kernels;
@@ -243,6 +262,9 @@ void ib_attend_heads_portable(const float *q, int nq, const float *k, const floa
                               int hd, float scale, int block, int window, float *out);
 void ib_attend_heads_kv_portable(ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq, int n_keys,
                             int kv_stride, int hd, float scale, int block, int window, float *out);
+void ib_attend_heads_ahead_portable(ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq, int n_keys,
+                                int kv_stride, int hd, float scale, int block, int window, float *out,
+                                const ib_attn_ahead *ahead);
 void ib_attend_block2_portable(ib_kv_dtype kvt, const float *q, int nq, const void *k1, const void *v1, int n1,
                                const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale, float *m,
                                float *l, float *out);
@@ -256,10 +278,16 @@ void ib_attend_heads_avx2(const float *q, int nq, const float *k, const float *v
                           float scale, int block, int window, float *out);
 void ib_attend_heads_kv_avx2(ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq, int n_keys,
                             int kv_stride, int hd, float scale, int block, int window, float *out);
+void ib_attend_heads_ahead_avx2(ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq, int n_keys,
+                                int kv_stride, int hd, float scale, int block, int window, float *out,
+                                const ib_attn_ahead *ahead);
 void ib_attend_heads_avx512(const float *q, int nq, const float *k, const float *v, int n_keys, int kv_stride,
                             int hd, float scale, int block, int window, float *out);
 void ib_attend_heads_kv_avx512(ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq, int n_keys,
                             int kv_stride, int hd, float scale, int block, int window, float *out);
+void ib_attend_heads_ahead_avx512(ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq, int n_keys,
+                                int kv_stride, int hd, float scale, int block, int window, float *out,
+                                const ib_attn_ahead *ahead);
 void ib_attend_block2_avx2(ib_kv_dtype kvt, const float *q, int nq, const void *k1, const void *v1, int n1, const void *k2,
                            const void *v2, int n2, int kv_stride, int hd, float scale, float *m, float *l, float *out);
 void ib_attend_block2_avx512(ib_kv_dtype kvt, const float *q, int nq, const void *k1, const void *v1, int n1,

@@ -483,10 +483,27 @@ typedef struct {
     int n_tiles;  /* ceil(R / tile) */
 } attn_job;
 
+/* The keys and values row r's attention for KV head kvh of layer li reads (from its first attended
+ * key to its last) as an ahead hint for the call before it; 0 where none is given (a sink/window
+ * ring, whose rows lie in two runs). */
+static int attn_ahead_of(const cpu_backend *c, int li, int r, int kvh, ib_attn_ahead *a) {
+    const cpu_kv *kv = c->kv[c->row_item[r]];
+    const ib_kv_desc lv = ib_kv_desc_layer(&kv->base.desc, li);
+    if (lv.window > 0) return 0;
+    const ib_layer *L = &c->model->layers[li];
+    const int n = c->pos[r] + 1, window = L->sliding ? c->model->cfg.sliding_window : 0;
+    const int lo = window > 0 && n > window ? n - window : 0, hd = L->hd;
+    const size_t first = ib_kv_bytes(lv.dtype, (size_t)lo * hd);
+    a->k = (const char *)kv->data + ib_kv_bytes(lv.dtype, kv_offset(kv, &lv, li, 0, kvh)) + first;
+    a->v = (const char *)kv->data + ib_kv_bytes(lv.dtype, kv_offset(kv, &lv, li, 1, kvh)) + first;
+    a->bytes = ib_kv_bytes(lv.dtype, (size_t)(n - lo) * hd);
+    return 1;
+}
+
 /* Row r's attention for the query heads of KV head kvh of layer li: the kept keys 0..pos of its
  * session (each head's result as ib_attend_one's / ib_attend_policy's), the heads taken
- * IB_ATTN_MAX_GROUP at a time. */
-static void attn_row(cpu_backend *c, int li, int r, int kvh) {
+ * IB_ATTN_MAX_GROUP at a time; the rows of ahead (NULL: none) asked toward the core meanwhile. */
+static void attn_row(cpu_backend *c, int li, int r, int kvh, const ib_attn_ahead *ahead) {
     const ib_config *mc = &c->model->cfg;
     const ib_layer *L = &c->model->layers[li];
     int H = mc->n_heads, KVH = L->kvh, hd = L->hd, G = H / KVH, h0 = kvh * G;
@@ -507,7 +524,8 @@ static void attn_row(cpu_backend *c, int li, int r, int kvh) {
         if (d->window > 0)
             ib_attend_policy_heads(d, c->k.attn.block2, qh, nq, kl, vl, pos, hd, scale, c->attn_block, oh);
         else
-            c->k.attn.heads_kv(d->dtype, kl, vl, qh, nq, pos + 1, hd, hd, scale, c->attn_block, window, oh);
+            c->k.attn.heads_ahead(d->dtype, kl, vl, qh, nq, pos + 1, hd, hd, scale, c->attn_block, window, oh,
+                                  h == 0 ? ahead : NULL);
     }
 }
 
@@ -547,7 +565,11 @@ static void attn_task(void *ctx, int task, int thread) {
     cpu_backend *c = j->c;
     const int KVH = c->model->layers[j->li].kvh;
     if (j->tile == 1) {
-        attn_row(c, j->li, task / KVH, task % KVH);
+        /* a thread takes its tasks in ascending order (pool.h): the next one's keys and values come
+         * in while this one runs (decode reads each task's few dozen KB from memory) */
+        ib_attn_ahead a;
+        const int next = task + 1, ok = next < c->R * KVH && attn_ahead_of(c, j->li, next / KVH, next % KVH, &a);
+        attn_row(c, j->li, task / KVH, task % KVH, ok ? &a : NULL);
         return;
     }
     const int kvh = task / j->n_tiles, r0 = task % j->n_tiles * j->tile;
@@ -555,7 +577,7 @@ static void attn_task(void *ctx, int task, int thread) {
     for (int a = r0, b; a < r_end; a = b) {
         for (b = a + 1; b < r_end && c->row_item[b] == c->row_item[a];) b++;
         if (b - a > 1) attn_rows(c, j->li, a, b, kvh);
-        else attn_row(c, j->li, a, kvh);
+        else attn_row(c, j->li, a, kvh, NULL);
     }
 }
 
