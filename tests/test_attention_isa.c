@@ -5,9 +5,9 @@
  * the bits of float KV holding its decoded values (ib_attend_heads_kv_isa, ib_attend_rows_isa): float and
  * half KV, 1..16 query heads, head sizes with and without
  * a tail, key counts around the block edges, windows, blocks of 16 and 32, and a stride wider than
- * the head; likewise with rows asked ahead for a later call (ib_attend_heads_ahead_isa). The isa-fma fault (the vector copies fuse the dot products' multiply-adds) must make the
- * comparison fail on every vector copy this CPU runs. Several rows of one session taking key blocks
- * together (ib_attend_rows) give each row's single-row bits, and the attn-tile-range fault (a tile's
+ * the head; likewise with rows asked ahead for a later call (ib_attend_heads_ahead_isa). The isa-fma
+ * fault (the vector copies fuse the dot products' multiply-adds) must make the comparison fail on
+ * every vector copy this CPU runs. Several rows of one session taking key blocks together (ib_attend_rows) give each row's single-row bits, and the attn-tile-range fault (a tile's
  * rows attend its last row's keys) must make that comparison fail. A key block's softmax step
  * (ib_attend_block_weights_isa: block max, rescale factor, weights, sum) gives the portable copy's bits
  * on scores with NaN, zeros of both signs, infinities and denormals, and the attn-block-max fault (the

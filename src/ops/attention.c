@@ -39,17 +39,17 @@ int ib_attn_kernels_for(ib_isa isa, ib_attn_kernels *out) {
 #if defined(__x86_64__) || defined(__i386__)
     case IB_ISA_AVX512:
     case IB_ISA_AMX: /* AMX's attention is AVX-512's (the tiles serve the Q8 products only) */
-        *out = (ib_attn_kernels){ib_attend_heads_kv_avx512, ib_attend_heads_ahead_avx512, ib_attend_block2_avx512,
+        *out = (ib_attn_kernels){ib_attend_heads_ahead_avx512, ib_attend_block2_avx512,
                                   ib_attend_rows_avx512};
         return 0;
     case IB_ISA_AVX2:
-        *out = (ib_attn_kernels){ib_attend_heads_kv_avx2, ib_attend_heads_ahead_avx2, ib_attend_block2_avx2,
+        *out = (ib_attn_kernels){ib_attend_heads_ahead_avx2, ib_attend_block2_avx2,
                                   ib_attend_rows_avx2};
         return 0;
 #endif
     case IB_ISA_SCALAR:
     case IB_ISA_NEON:
-        *out = (ib_attn_kernels){ib_attend_heads_kv_portable, ib_attend_heads_ahead_portable, ib_attend_block2_portable,
+        *out = (ib_attn_kernels){ib_attend_heads_ahead_portable, ib_attend_block2_portable,
                                   ib_attend_rows_portable};
         return 0;
     default: return -1;
@@ -67,19 +67,6 @@ void ib_attend_heads_isa(ib_isa isa, const float *q, int nq, const float *k, con
     }
 }
 
-void ib_attend_heads_kv_isa(ib_isa isa, ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq,
-                            int n_keys, int kv_stride, int hd, float scale, int block, int window, float *out) {
-    switch (attn_isa(isa)) {
-#if defined(__x86_64__) || defined(__i386__)
-    case IB_ISA_AVX512:
-        ib_attend_heads_kv_avx512(kvt, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out);
-        return;
-    case IB_ISA_AVX2: ib_attend_heads_kv_avx2(kvt, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out); return;
-#endif
-    default: ib_attend_heads_kv_portable(kvt, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out); return;
-    }
-}
-
 void ib_attend_heads_ahead_isa(ib_isa isa, ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq,
                                int n_keys, int kv_stride, int hd, float scale, int block, int window, float *out,
                                const ib_attn_ahead *ahead) {
@@ -94,6 +81,11 @@ void ib_attend_heads_ahead_isa(ib_isa isa, ib_kv_dtype kvt, const void *k, const
 #endif
     default: ib_attend_heads_ahead_portable(kvt, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out, ahead); return;
     }
+}
+
+void ib_attend_heads_kv_isa(ib_isa isa, ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq,
+                            int n_keys, int kv_stride, int hd, float scale, int block, int window, float *out) {
+    ib_attend_heads_ahead_isa(isa, kvt, k, v, q, nq, n_keys, kv_stride, hd, scale, block, window, out, NULL);
 }
 
 void ib_attend_heads_f16_isa(ib_isa isa, const uint16_t *k, const uint16_t *v, const float *q, int nq, int n_keys,

@@ -533,14 +533,15 @@ ATTN_AI void attend_heads_body(const int kvt, const int fused, const float *q, i
                                int maxf, const ib_attn_ahead *ahead) {
     float m[IB_ATTN_MAX_GROUP], l[IB_ATTN_MAX_GROUP];
     const int lo = window > 0 && n_keys > window ? n_keys - window : 0;  /* first attended key */
+    const int b_first = lo - lo % block;                                  /* its block's first key */
     const size_t st = (size_t)kv_stride;
     /* the ahead rows in as many shares as this call walks blocks, each a whole number of cache lines */
-    const int n_blocks = (n_keys - (lo - lo % block) + block - 1) / block;
+    const int n_blocks = (n_keys - b_first + block - 1) / block;
     const size_t per = ahead && n_blocks > 0 ? (ahead->bytes / (size_t)n_blocks + 64) & ~(size_t)63 : 0;
     for (int h = 0; h < nq; h++) m[h] = -INFINITY, l[h] = 0.0f;
     for (int d = 0; d < nq * hd; d++) out[d] = 0.0f;
-    for (int b0 = lo - lo % block; b0 < n_keys; b0 += block) {
-        if (per) ahead_share(ahead, (size_t)((b0 - (lo - lo % block)) / block), per);
+    for (int b0 = b_first; b0 < n_keys; b0 += block) {
+        if (per) ahead_share(ahead, (size_t)((b0 - b_first) / block), per);
         int j0 = lo > b0 ? lo - b0 : 0;
         int nb = n_keys - b0 < block ? n_keys - b0 : block;
         int h = 0;

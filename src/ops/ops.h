@@ -233,9 +233,6 @@ void ib_attend_heads_ahead_isa(ib_isa isa, ib_kv_dtype kvt, const void *k, const
                                const ib_attn_ahead *ahead);
 
 /* The copies as function pointers, picked once (an engine's CPU backend does at creation). */
-typedef void (*ib_attend_heads_kv_fn)(ib_kv_dtype kvt, const void *k, const void *v, const float *q, int nq,
-                                      int n_keys, int kv_stride, int hd, float scale, int block, int window,
-                                      float *out);
 typedef void (*ib_attend_block2_fn)(ib_kv_dtype kvt, const float *q, int nq, const void *k1, const void *v1, int n1,
                                     const void *k2, const void *v2, int n2, int kv_stride, int hd, float scale,
                                     float *m, float *l, float *out);
@@ -246,8 +243,7 @@ typedef void (*ib_attend_heads_ahead_fn)(ib_kv_dtype kvt, const void *k, const v
                                          int n_keys, int kv_stride, int hd, float scale, int block, int window,
                                          float *out, const ib_attn_ahead *ahead);
 typedef struct ib_attn_kernels {
-    ib_attend_heads_kv_fn heads_kv;   /* every KV type, float included */
-    ib_attend_heads_ahead_fn heads_ahead;
+    ib_attend_heads_ahead_fn heads_ahead;   /* every KV type, float included; ahead may be NULL */
     ib_attend_block2_fn block2;
     ib_attend_rows_fn rows;
 } ib_attn_kernels;

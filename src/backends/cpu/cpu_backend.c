@@ -483,20 +483,34 @@ typedef struct {
     int n_tiles;  /* ceil(R / tile) */
 } attn_job;
 
+/* What row r's attention reads for KV head kvh of layer li: its session's one-layer view of the
+ * cache (d.window > 0: a sink/window ring), the key and value planes of that head, and the layer's
+ * sliding window over a full cache (0: none; keys pos-window+1 .. pos). */
+typedef struct {
+    ib_kv_desc d;
+    const void *k, *v;
+    int window;
+} attn_planes;
+static attn_planes planes_of(const cpu_backend *c, int li, int r, int kvh) {
+    const cpu_kv *kv = c->kv[c->row_item[r]];
+    attn_planes p;
+    p.d = ib_kv_desc_layer(&kv->base.desc, li);
+    p.k = (const char *)kv->data + ib_kv_bytes(p.d.dtype, kv_offset(kv, &p.d, li, 0, kvh));
+    p.v = (const char *)kv->data + ib_kv_bytes(p.d.dtype, kv_offset(kv, &p.d, li, 1, kvh));
+    p.window = c->model->layers[li].sliding ? c->model->cfg.sliding_window : 0;
+    return p;
+}
+
 /* The keys and values row r's attention for KV head kvh of layer li reads (from its first attended
  * key to its last) as an ahead hint for the call before it; 0 where none is given (a sink/window
  * ring, whose rows lie in two runs). */
 static int attn_ahead_of(const cpu_backend *c, int li, int r, int kvh, ib_attn_ahead *a) {
-    const cpu_kv *kv = c->kv[c->row_item[r]];
-    const ib_kv_desc lv = ib_kv_desc_layer(&kv->base.desc, li);
-    if (lv.window > 0) return 0;
-    const ib_layer *L = &c->model->layers[li];
-    const int n = c->pos[r] + 1, window = L->sliding ? c->model->cfg.sliding_window : 0;
-    const int lo = window > 0 && n > window ? n - window : 0, hd = L->hd;
-    const size_t first = ib_kv_bytes(lv.dtype, (size_t)lo * hd);
-    a->k = (const char *)kv->data + ib_kv_bytes(lv.dtype, kv_offset(kv, &lv, li, 0, kvh)) + first;
-    a->v = (const char *)kv->data + ib_kv_bytes(lv.dtype, kv_offset(kv, &lv, li, 1, kvh)) + first;
-    a->bytes = ib_kv_bytes(lv.dtype, (size_t)(n - lo) * hd);
+    const attn_planes p = planes_of(c, li, r, kvh);
+    if (p.d.window > 0) return 0;
+    const int n = c->pos[r] + 1, lo = p.window > 0 && n > p.window ? n - p.window : 0, hd = c->model->layers[li].hd;
+    const size_t first = ib_kv_bytes(p.d.dtype, (size_t)lo * hd);
+    a->k = (const char *)p.k + first, a->v = (const char *)p.v + first;
+    a->bytes = ib_kv_bytes(p.d.dtype, (size_t)(n - lo) * hd);
     return 1;
 }
 
@@ -507,24 +521,21 @@ static void attn_row(cpu_backend *c, int li, int r, int kvh, const ib_attn_ahead
     const ib_config *mc = &c->model->cfg;
     const ib_layer *L = &c->model->layers[li];
     int H = mc->n_heads, KVH = L->kvh, hd = L->hd, G = H / KVH, h0 = kvh * G;
-    const cpu_kv *kv = c->kv[c->row_item[r]];
-    const ib_kv_desc lv = ib_kv_desc_layer(&kv->base.desc, li), *d = &lv;
-    const void *kl = (const char *)kv->data + ib_kv_bytes(d->dtype, kv_offset(kv, d, li, 0, kvh));
-    const void *vl = (const char *)kv->data + ib_kv_bytes(d->dtype, kv_offset(kv, d, li, 1, kvh));
+    const attn_planes p = planes_of(c, li, r, kvh);
+    const ib_kv_desc *d = &p.d;
     const float *q = c->buf[IB_BUF_Q] + ((size_t)r * H + h0) * hd;
     float *out = c->buf[IB_BUF_ATT] + ((size_t)r * H + h0) * hd;
     const int gemma = mc->arch == IB_ARCH_GEMMA4;
     float scale = gemma ? 1.0f : 1.0f / sqrtf((float)hd);
-    int window = L->sliding ? mc->sliding_window : 0;   /* keys pos-window+1 .. pos */
     int pos = c->pos[r];
     for (int h = 0; h < G; h += IB_ATTN_MAX_GROUP) {
         int nq = G - h < IB_ATTN_MAX_GROUP ? G - h : IB_ATTN_MAX_GROUP;
         const float *qh = q + (size_t)h * hd;
         float *oh = out + (size_t)h * hd;
         if (d->window > 0)
-            ib_attend_policy_heads(d, c->k.attn.block2, qh, nq, kl, vl, pos, hd, scale, c->attn_block, oh);
+            ib_attend_policy_heads(d, c->k.attn.block2, qh, nq, p.k, p.v, pos, hd, scale, c->attn_block, oh);
         else
-            c->k.attn.heads_ahead(d->dtype, kl, vl, qh, nq, pos + 1, hd, hd, scale, c->attn_block, window, oh,
+            c->k.attn.heads_ahead(d->dtype, p.k, p.v, qh, nq, pos + 1, hd, hd, scale, c->attn_block, p.window, oh,
                                   h == 0 ? ahead : NULL);
     }
 }
@@ -536,25 +547,22 @@ static void attn_rows(cpu_backend *c, int li, int r0, int r1, int kvh) {
     const ib_config *mc = &c->model->cfg;
     const ib_layer *L = &c->model->layers[li];
     int H = mc->n_heads, KVH = L->kvh, hd = L->hd, G = H / KVH, h0 = kvh * G, nr = r1 - r0;
-    const cpu_kv *kv = c->kv[c->row_item[r0]];
-    const ib_kv_desc lv = ib_kv_desc_layer(&kv->base.desc, li), *d = &lv;
-    const void *kl = (const char *)kv->data + ib_kv_bytes(d->dtype, kv_offset(kv, d, li, 0, kvh));
-    const void *vl = (const char *)kv->data + ib_kv_bytes(d->dtype, kv_offset(kv, d, li, 1, kvh));
+    const attn_planes p = planes_of(c, li, r0, kvh);
+    const ib_kv_desc *d = &p.d;
     const float *q = c->buf[IB_BUF_Q] + ((size_t)r0 * H + h0) * hd;   /* row t's heads at q + t*H*hd */
     float *out = c->buf[IB_BUF_ATT] + ((size_t)r0 * H + h0) * hd;
     const int gemma = mc->arch == IB_ARCH_GEMMA4;
     float scale = gemma ? 1.0f : 1.0f / sqrtf((float)hd);
-    int window = L->sliding ? mc->sliding_window : 0;
     int n_keys[IB_ATTN_TILE_Q];   /* [nr] */
     for (int t = 0; t < nr; t++) n_keys[t] = c->pos[r0 + t] + 1;
     for (int h = 0; h < G; h += IB_ATTN_MAX_GROUP) {
         int nq = G - h < IB_ATTN_MAX_GROUP ? G - h : IB_ATTN_MAX_GROUP;
         if (d->window > 0)
-            ib_attend_policy_rows(d, c->k.attn.block2, q + (size_t)h * hd, (size_t)H * hd, nq, nr, c->pos + r0, kl, vl,
+            ib_attend_policy_rows(d, c->k.attn.block2, q + (size_t)h * hd, (size_t)H * hd, nq, nr, c->pos + r0, p.k, p.v,
                                   hd, scale, c->attn_block, out + (size_t)h * hd, (size_t)H * hd);
         else
-            c->k.attn.rows(d->dtype, q + (size_t)h * hd, (size_t)H * hd, nq, nr, n_keys, kl, vl, hd,
-                           hd, scale, c->attn_block, window, out + (size_t)h * hd, (size_t)H * hd);
+            c->k.attn.rows(d->dtype, q + (size_t)h * hd, (size_t)H * hd, nq, nr, n_keys, p.k, p.v, hd,
+                           hd, scale, c->attn_block, p.window, out + (size_t)h * hd, (size_t)H * hd);
     }
 }
 
