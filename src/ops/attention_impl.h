@@ -255,12 +255,40 @@ ATTN_AI void dot16_keys(const int T, const int NQ, const int kvt, const int fuse
             r[(size_t)h * rs + t] = dot16_finish(a[h][t], q + (size_t)h * n, k, ko + (size_t)t * st, i, n, kvt);
 }
 
+/* Where a call has come in asking for a later call's rows (ib_attn_ahead: the next decode task's keys
+ * and values): bytes [off, bytes) of each of the planes k and v are still to be asked for. */
+typedef struct attn_cursor {
+    const char *k, *v;
+    size_t off, bytes;
+} attn_cursor;
+
+/* Cache lines of each ahead plane asked for at each of a call's own prefetch points (prefetch_row: a
+ * key's scores, and each column chunk of a value row) for KV of type kvt: with hd = 128 a row has three
+ * such points (one 64-column chunk a 16-lane vector's four), and a row of floats is 8 lines, of halves
+ * 4, of q8 a little over 2 — so each plane's rows are all asked for within the call. */
+#define IB_ATTN_AHEAD_LINES(kvt) ((kvt) == IB_KV_F32 ? 3 : (kvt) == IB_KV_F16 ? 2 : 1)
+
+/* The next IB_ATTN_AHEAD_LINES cache lines of each of ac's planes asked toward L2 (prefetcht1 on x86: a
+ * later call reads them, not this one), a few at each prefetch point of this call rather than a burst:
+ * a burst fills the core's miss buffers and the prefetches stall the work between them
+ * (bench_attention's memory+ahead case: f32 87-89 -> 54-58 ns a key, f16 43-45 -> 38-40). ac NULL:
+ * none. */
+ATTN_AI void ahead_lines(const int kvt, attn_cursor *ac) {
+    if (!ac) return;
+    for (int t = 0; t < IB_ATTN_AHEAD_LINES(kvt) && ac->off < ac->bytes; t++, ac->off += 64) {
+        __builtin_prefetch(ac->k + ac->off, 0, 2);
+        __builtin_prefetch(ac->v + ac->off, 0, 2);
+    }
+}
+
 /* Ask for key or value row j + IB_ATTN_PF_KEYS (bytes [o0, o1) of it) while row j is computed, when
- * that row exists (j + IB_ATTN_PF_KEYS < n_rows). Row i starts at element base + i*st. One head's
- * keys are a few dozen kilobytes in rows far apart from its values: too short and scattered a stream
- * for the hardware prefetcher, so without this every block waits for memory. */
+ * that row exists (j + IB_ATTN_PF_KEYS < n_rows), and the next lines of ac's planes (ahead_lines; NULL:
+ * none). Row i starts at element base + i*st. One head's keys are a few dozen kilobytes in rows far apart
+ * from its values: too short and scattered a stream for the hardware prefetcher, so without this every
+ * block waits for memory. */
 ATTN_AI void prefetch_row(const int kvt, const void *p, size_t base, size_t st, int j, int n_rows, size_t o0,
-                          size_t o1) {
+                          size_t o1, attn_cursor *ac) {
+    ahead_lines(kvt, ac);
     if (j + IB_ATTN_PF_KEYS >= n_rows) return;
     const char *r = (const char *)p + ib_kv_bytes((ib_kv_dtype)kvt, base + (size_t)(j + IB_ATTN_PF_KEYS) * st);
     for (size_t o = o0; o < o1; o += 64) __builtin_prefetch(r + o);
@@ -274,7 +302,7 @@ ATTN_AI void prefetch_row(const int kvt, const void *p, size_t base, size_t st, 
  * operation is broadcast (a 16-element initializer would not compile to one broadcast). Value j
  * starts at element vo + j*st. */
 ATTN_AI void scale_accumulate(const int NQ, const int kvt, float *out, int hd, const float *c, const float *p, int rs,
-                              const void *v, size_t vo, size_t st, int j0, int nb, int n_rows) {
+                              const void *v, size_t vo, size_t st, int j0, int nb, int n_rows, attn_cursor *ac) {
     /* columns per chunk and vectors per chunk per query: NQ x 4 accumulators with 16-lane vectors, at
      * most 8 with 8-lane ones */
     const int CW = VL == 16 || NQ == 1 ? 64 : NQ == 2 ? 32 : 16, NC = CW / VL;
@@ -287,7 +315,7 @@ ATTN_AI void scale_accumulate(const int NQ, const int kvt, float *out, int hd, c
             for (int u = 0; u < NC; u++) o[h][u] = ldv(out + (size_t)h * hd + d0 + u * VL) * c[h];
         for (int j = j0; j < nb; j++) {
             prefetch_row(kvt, v, vo, st, j, n_rows, ib_kv_bytes((ib_kv_dtype)kvt, (size_t)d0),
-                         ib_kv_bytes((ib_kv_dtype)kvt, (size_t)(d0 + CW)));
+                         ib_kv_bytes((ib_kv_dtype)kvt, (size_t)(d0 + CW)), ac);
             const size_t e = vo + (size_t)j * st;   /* row j */
             float pj[4];
 #pragma GCC unroll 4
@@ -322,15 +350,17 @@ ATTN_AI void scale_accumulate(const int NQ, const int kvt, float *out, int hd, c
 }
 
 /* The scaled scores s[h*rs + j] = dot16(q_h, k_j) * scale of queries h < NQ (<= 4) (q_h at q + h*hd) for keys
- * j0..nb-1 of a block (key j at element ko + j*st; the block's keys and those after it number n_rows). */
+ * j0..nb-1 of a block (key j at element ko + j*st; the block's keys and those after it number n_rows);
+ * ac: a later call's rows to ask for on the way (prefetch_row; NULL: none). */
 ATTN_AI void block_scores(const int NQ, const int kvt, const int fused, const float *q, const void *k, size_t ko,
-                          size_t st, int hd, float scale, int j0, int nb, int n_rows, float *s, int rs) {
+                          size_t st, int hd, float scale, int j0, int nb, int n_rows, float *s, int rs,
+                          attn_cursor *ac) {
     const size_t row_bytes = ib_kv_bytes((ib_kv_dtype)kvt, (size_t)hd);
     const int T = IB_ATTN_KEYS(NQ);
     int j = j0;
     for (; j + T <= nb; j += T) {
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) prefetch_row(kvt, k, ko, st, j + t, n_rows, 0, row_bytes);
+        for (int t = 0; t < T; t++) prefetch_row(kvt, k, ko, st, j + t, n_rows, 0, row_bytes, ac);
         dot16_keys(T, NQ, kvt, fused, q, k, ko + (size_t)j * st, st, hd, s + j, rs);
     }
     for (; j < nb; j++) dot16_keys(1, NQ, kvt, fused, q, k, ko + (size_t)j * st, st, hd, s + j, rs);
@@ -472,15 +502,15 @@ ATTN_AI void block_weights(const int NQ, const float *s, int rs, int j0, int nb,
 /* One block of keys j0..nb-1 (key and value j at element ko + j*st; with those after it n_rows) for
  * NQ <= 4 queries q [NQ][hd]: their scores, then each head's online-softmax update of its running
  * max m[h], sum l[h] and outputs out [NQ][hd]; the softmax side through block_weights when
- * weights_fn (a constant), inlined otherwise. */
+ * weights_fn (a constant), inlined otherwise. ac: a later call's rows to ask for on the way (NULL: none). */
 ATTN_AI void heads_block(const int NQ, const int weights_fn, const int kvt, const int fused, const float *q,
                          const void *k, const void *v, size_t ko, size_t st, int hd, float scale, int j0, int nb,
-                         int n_rows, float *m, float *l, float *out, int maxf) {
+                         int n_rows, float *m, float *l, float *out, int maxf, attn_cursor *ac) {
     float s[4 * IB_ATTN_MAX_BLOCK], pw[4 * IB_ATTN_MAX_BLOCK], c[4];
-    block_scores(NQ, kvt, fused, q, k, ko, st, hd, scale, j0, nb, n_rows, s, IB_ATTN_MAX_BLOCK);
+    block_scores(NQ, kvt, fused, q, k, ko, st, hd, scale, j0, nb, n_rows, s, IB_ATTN_MAX_BLOCK, ac);
     if (weights_fn) block_weights(NQ, s, IB_ATTN_MAX_BLOCK, j0, nb, m, l, pw, c, maxf);
     else block_weights_n(NQ, s, IB_ATTN_MAX_BLOCK, j0, nb, m, l, pw, c, maxf);
-    scale_accumulate(NQ, kvt, out, hd, c, pw, IB_ATTN_MAX_BLOCK, v, ko, st, j0, nb, n_rows);
+    scale_accumulate(NQ, kvt, out, hd, c, pw, IB_ATTN_MAX_BLOCK, v, ko, st, j0, nb, n_rows, ac);
 }
 
 /* attend_block2_body's work for NQ <= 2 of its heads (q, m, l, out advanced to the first). */
@@ -490,11 +520,11 @@ ATTN_AI void block2_heads(const int NQ, const int kvt, const int fused, const fl
     enum { RS = IB_ATTN_MAX_BLOCK };
     float s[2 * RS], pw[2 * RS], c[2];
     static const float one[2] = {1.0f, 1.0f};
-    block_scores(NQ, kvt, fused, q, k1, 0, st, hd, scale, 0, n1, n1, s, RS);
-    if (n2 > 0) block_scores(NQ, kvt, fused, q, k2, 0, st, hd, scale, 0, n2, n2, s + n1, RS);
+    block_scores(NQ, kvt, fused, q, k1, 0, st, hd, scale, 0, n1, n1, s, RS, NULL);
+    if (n2 > 0) block_scores(NQ, kvt, fused, q, k2, 0, st, hd, scale, 0, n2, n2, s + n1, RS, NULL);
     block_weights_n(NQ, s, RS, 0, n1 + n2, m, l, pw, c, maxf);
-    scale_accumulate(NQ, kvt, out, hd, c, pw, RS, v1, 0, st, 0, n1, n1);
-    if (n2 > 0) scale_accumulate(NQ, kvt, out, hd, one, pw + n1, RS, v2, 0, st, 0, n2, n2);
+    scale_accumulate(NQ, kvt, out, hd, c, pw, RS, v1, 0, st, 0, n1, n1, NULL);
+    if (n2 > 0) scale_accumulate(NQ, kvt, out, hd, one, pw + n1, RS, v2, 0, st, 0, n2, n2, NULL);
 }
 
 /* One key block for nq heads whose n1 + n2 (<= IB_ATTN_MAX_BLOCK, n1 >= 1) rows lie in two runs: n1
@@ -515,42 +545,29 @@ ATTN_AI void attend_block2_body(const int kvt, const int fused, const float *q, 
                      out + (size_t)h * hd, maxf);
 }
 
-/* Share i (of those whose size is `per` bytes, a multiple of 64) of the rows of *a: its cache lines
- * of keys and of values asked toward L2 (prefetcht1 on x86: a later call reads them, not this one). */
-ATTN_AI void ahead_share(const ib_attn_ahead *a, size_t i, size_t per) {
-    const size_t o0 = i * per, o1 = o0 + per < a->bytes ? o0 + per : a->bytes;
-    for (size_t o = o0; o < o1; o += 64) {
-        __builtin_prefetch((const char *)a->k + o, 0, 2);
-        __builtin_prefetch((const char *)a->v + o, 0, 2);
-    }
-}
-
 /* ib_attend_heads over a KV plane of type kvt (float, half or q8): nq query heads q [nq][hd] walk
  * each key block in turn while its keys and values are in L1; out [nq][hd]. block <= IB_ATTN_MAX_BLOCK.
- * ahead (NULL: none): rows a later call reads, asked for a share a block (ahead_share). */
+ * ac (NULL: none): rows a later call reads, asked for a few cache lines at each of this call's own
+ * prefetch points (ahead_lines). */
 ATTN_AI void attend_heads_body(const int kvt, const int fused, const float *q, int nq, const void *k, const void *v,
                                int n_keys, int kv_stride, int hd, float scale, int block, int window, float *out,
-                               int maxf, const ib_attn_ahead *ahead) {
+                               int maxf, attn_cursor *ac) {
     float m[IB_ATTN_MAX_GROUP], l[IB_ATTN_MAX_GROUP];
     const int lo = window > 0 && n_keys > window ? n_keys - window : 0;  /* first attended key */
     const int b_first = lo - lo % block;                                  /* its block's first key */
     const size_t st = (size_t)kv_stride;
-    /* the ahead rows in as many shares as this call walks blocks, each a whole number of cache lines */
-    const int n_blocks = (n_keys - b_first + block - 1) / block;
-    const size_t per = ahead && n_blocks > 0 ? (ahead->bytes / (size_t)n_blocks + 64) & ~(size_t)63 : 0;
     for (int h = 0; h < nq; h++) m[h] = -INFINITY, l[h] = 0.0f;
     for (int d = 0; d < nq * hd; d++) out[d] = 0.0f;
     for (int b0 = b_first; b0 < n_keys; b0 += block) {
-        if (per) ahead_share(ahead, (size_t)((b0 - b_first) / block), per);
         int j0 = lo > b0 ? lo - b0 : 0;
         int nb = n_keys - b0 < block ? n_keys - b0 : block;
         int h = 0;
         for (; IB_ATTN_PAIRS && h + 2 <= nq; h += 2)
             heads_block(2, 0, kvt, fused, q + (size_t)h * hd, k, v, (size_t)b0 * st, st, hd, scale, j0, nb, n_keys - b0,
-                        m + h, l + h, out + (size_t)h * hd, maxf);
+                        m + h, l + h, out + (size_t)h * hd, maxf, ac);
         for (; h < nq; h++)
             heads_block(1, 0, kvt, fused, q + (size_t)h * hd, k, v, (size_t)b0 * st, st, hd, scale, j0, nb, n_keys - b0,
-                        m + h, l + h, out + (size_t)h * hd, maxf);
+                        m + h, l + h, out + (size_t)h * hd, maxf, ac);
     }
     for (int h = 0; h < nq; h++)
         for (int d = 0; d < hd; d++) out[(size_t)h * hd + d] = out[(size_t)h * hd + d] / l[h];
@@ -588,10 +605,10 @@ ATTN_AI void rows_block(const int kvt, const int fused, const float *qt, int nq,
         float *ox = ot + (size_t)x * hd;
         const size_t ko = (size_t)b0 * st;
         switch (g) {
-        case 4: heads_block(4, 1, kvt, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf); break;
-        case 3: heads_block(3, 1, kvt, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf); break;
-        case 2: heads_block(2, 1, kvt, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf); break;
-        default: heads_block(1, 1, kvt, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf); break;
+        case 4: heads_block(4, 1, kvt, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf, NULL); break;
+        case 3: heads_block(3, 1, kvt, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf, NULL); break;
+        case 2: heads_block(2, 1, kvt, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf, NULL); break;
+        default: heads_block(1, 1, kvt, fused, qx, k, v, ko, st, hd, scale, j0, nb, n - b0, m + x, l + x, ox, maxf, NULL); break;
         }
         x += g;
     }
@@ -648,20 +665,27 @@ static int max_fault(ib_fault fault) {
         }                                                                                                        \
     } while (0)
 
-/* The body for KV of type kvt, the faults read once per call; ahead as attend_heads_body's. */
+/* The body for KV of type kvt, the faults read once per call; ahead (NULL: none) as a cursor for
+ * attend_heads_body — a copy of its own, so a call without one carries no cursor tests. */
 static void attend_copy(const int kvt, const void *k, const void *v, const float *q, int nq, int n_keys, int kv_stride,
                         int hd, float scale, int block, int window, float *out, const ib_attn_ahead *ahead) {
     const ib_fault fault = ib_fault_get();
     const int mf = max_fault(fault);
+    attn_cursor cur = {ahead ? (const char *)ahead->k : NULL, ahead ? (const char *)ahead->v : NULL, 0,
+                       ahead ? ahead->bytes : 0};
 #ifdef IB_ATTN_VECTOR_ISA
     if (fault == IB_FAULT_ISA_FMA) {
         IB_ATTN_BY_KVT(kvt, attend_heads_body(K_, 1, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, 0,
-                                              ahead));
+                                              ahead ? &cur : NULL));
         return;
     }
 #endif
-    IB_ATTN_BY_KVT(kvt, attend_heads_body(K_, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, mf,
-                                          ahead));
+    if (ahead)
+        IB_ATTN_BY_KVT(kvt, attend_heads_body(K_, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, mf,
+                                              &cur));
+    else
+        IB_ATTN_BY_KVT(kvt, attend_heads_body(K_, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, mf,
+                                              NULL));
 }
 
 /* attend_block2_body for KV of type kvt, the faults read once per call. */
