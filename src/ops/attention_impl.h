@@ -263,16 +263,17 @@ typedef struct attn_cursor {
 } attn_cursor;
 
 /* Cache lines of each ahead plane asked for at each of a call's own prefetch points (prefetch_row: a
- * key's scores, and each column chunk of a value row) for KV of type kvt: with hd = 128 a row has three
- * such points (one 64-column chunk a 16-lane vector's four), and a row of floats is 8 lines, of halves
- * 4, of q8 a little over 2 — so each plane's rows are all asked for within the call. */
+ * key's scores, and each column chunk of a value row) for KV of type kvt: with hd = 128 and 16-lane
+ * vectors a row has three such points (its scores and two 64-column value chunks; more with 8-lane
+ * vectors), and a row of floats is 8 lines, of halves 4, of q8 a little over 2 — so each plane's rows
+ * are all asked for within the call. */
 #define IB_ATTN_AHEAD_LINES(kvt) ((kvt) == IB_KV_F32 ? 3 : (kvt) == IB_KV_F16 ? 2 : 1)
 
 /* The next IB_ATTN_AHEAD_LINES cache lines of each of ac's planes asked toward L2 (prefetcht1 on x86: a
  * later call reads them, not this one), a few at each prefetch point of this call rather than a burst:
  * a burst fills the core's miss buffers and the prefetches stall the work between them
- * (bench_attention's memory+ahead case: f32 87-89 -> 54-58 ns a key, f16 43-45 -> 38-40). ac NULL:
- * none. */
+ * (bench_attention's memory+ahead case, one thread: f32 92-98 -> 53-56 ns a key, f16 44-47 -> 40-41;
+ * docs/cpu.md). ac NULL: none. */
 ATTN_AI void ahead_lines(const int kvt, attn_cursor *ac) {
     if (!ac) return;
     for (int t = 0; t < IB_ATTN_AHEAD_LINES(kvt) && ac->off < ac->bytes; t++, ac->off += 64) {
