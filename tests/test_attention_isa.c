@@ -7,7 +7,8 @@
  * a tail, key counts around the block edges, windows, blocks of 16 and 32, and a stride wider than
  * the head; likewise with rows asked ahead for a later call (ib_attend_heads_ahead_isa). The isa-fma
  * fault (the vector copies fuse the dot products' multiply-adds) must make the comparison fail on
- * every vector copy this CPU runs. Several rows of one session taking key blocks together (ib_attend_rows) give each row's single-row bits, and the attn-tile-range fault (a tile's
+ * every vector copy this CPU runs. Several rows of one session taking key blocks together
+ * (ib_attend_rows) give each row's single-row bits, and the attn-tile-range fault (a tile's
  * rows attend its last row's keys) must make that comparison fail. A key block's softmax step
  * (ib_attend_block_weights_isa: block max, rescale factor, weights, sum) gives the portable copy's bits
  * on scores with NaN, zeros of both signs, infinities and denormals, and the attn-block-max fault (the
@@ -60,7 +61,12 @@ static int compare_isa(ib_isa isa, int *cases) {
                     ib_attend_heads_ahead_isa(isa, IB_KV_F16, kh, vh, q, nq, nk, stride, hd, scale, block, window, got,
                                               &ahead);
                     bad += memcmp(ref, got, sizeof(float) * (size_t)(nq * hd)) != 0;
-                    *cases += 4;
+                    /* the float copy with a hint (each KV type's hinted body is a copy of its own) */
+                    const ib_attn_ahead ahead_h = {kh, vh, (size_t)nk * (size_t)stride * sizeof(uint16_t)};
+                    ib_attend_heads_ahead_isa(isa, IB_KV_F32, kf, vf, q, nq, nk, stride, hd, scale, block, window, got,
+                                              &ahead_h);
+                    bad += memcmp(ref, got, sizeof(float) * (size_t)(nq * hd)) != 0;
+                    *cases += 5;
                 }
     return bad;
 }
@@ -248,7 +254,12 @@ static int compare_q8(ib_isa isa, int *cases) {
                     ib_attend_heads_portable(q, nq, kqf, vqf, nk, stride, hd, scale, block, window, ref);
                     ib_attend_heads_kv_isa(isa, IB_KV_Q8, kq, vq, q, nq, nk, stride, hd, scale, block, window, got);
                     bad += memcmp(ref, got, sizeof(float) * (size_t)(nq * hd)) != 0;
-                    *cases += 1;
+                    /* with the decoded planes' rows asked ahead for a later call */
+                    const ib_attn_ahead ahead = {kqf, vqf, (size_t)nk * (size_t)stride * sizeof(float)};
+                    ib_attend_heads_ahead_isa(isa, IB_KV_Q8, kq, vq, q, nq, nk, stride, hd, scale, block, window, got,
+                                              &ahead);
+                    bad += memcmp(ref, got, sizeof(float) * (size_t)(nq * hd)) != 0;
+                    *cases += 2;
                     /* the last rows of the plane as a tile of one session's rows */
                     const int nr = nk < 4 ? nk : 4;
                     if (nr * nq > IB_ATTN_TILE_Q) continue;

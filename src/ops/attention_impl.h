@@ -672,16 +672,16 @@ static void attend_copy(const int kvt, const void *k, const void *v, const float
                         int hd, float scale, int block, int window, float *out, const ib_attn_ahead *ahead) {
     const ib_fault fault = ib_fault_get();
     const int mf = max_fault(fault);
-    attn_cursor cur = {ahead ? (const char *)ahead->k : NULL, ahead ? (const char *)ahead->v : NULL, 0,
-                       ahead ? ahead->bytes : 0};
+    attn_cursor cur = {NULL, NULL, 0, 0}, *ac = NULL;
+    if (ahead) cur = (attn_cursor){(const char *)ahead->k, (const char *)ahead->v, 0, ahead->bytes}, ac = &cur;
 #ifdef IB_ATTN_VECTOR_ISA
     if (fault == IB_FAULT_ISA_FMA) {
         IB_ATTN_BY_KVT(kvt, attend_heads_body(K_, 1, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, 0,
-                                              ahead ? &cur : NULL));
+                                              ac));
         return;
     }
 #endif
-    if (ahead)
+    if (ac)
         IB_ATTN_BY_KVT(kvt, attend_heads_body(K_, 0, q, nq, k, v, n_keys, kv_stride, hd, scale, block, window, out, mf,
                                               &cur));
     else
