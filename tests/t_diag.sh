@@ -7,10 +7,7 @@
 # batched/serialized recall gap; diff's verdicts there too),
 # bad options, and short runs of all three under the ASan/UBSan build.
 set -u
-BUILD=${BUILD:-build}
-BIN=$BUILD/isobatch
-ASAN_BIN=${ASAN_BUILD:-build-asan}/isobatch
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+. "$(dirname "$0")/cli_bins.sh"
 pass=0; fail=0
 ok() { pass=$((pass+1)); }
 bad() { fail=$((fail+1)); echo "FAIL: $*"; }

@@ -15,6 +15,8 @@
 #   - ISOBATCH_API_KEY="" is refused.
 set -u
 . "$(dirname "$0")/server_bins.sh"
+. "$(dirname "$0")/server_checks.sh"   # stop, req
+STOP_TIMEOUT_S=15
 pass=0; fail=0
 ok() { pass=$((pass+1)); }
 bad() { fail=$((fail+1)); echo "FAIL: $*"; }
@@ -39,21 +41,6 @@ wait_active() {
         sleep 0.1
     done
     bad "$n generations never became active"
-}
-stop() {
-    local pid=$1 name=$2 rc
-    kill -TERM "$pid"
-    for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    if kill -0 "$pid" 2>/dev/null; then bad "$name: did not stop within 15 s"; kill -KILL "$pid"; return; fi
-    wait "$pid"; rc=$?
-    [ $rc = 0 ] && ok || bad "$name: exit $rc"
-    if grep -qE "AddressSanitizer|runtime error|LeakSanitizer" "$T/$name.log"; then bad "$name: sanitizer report"; head -40 "$T/$name.log"; else ok; fi
-}
-req() {
-    local want=$1 name=$2; shift 2
-    local code
-    code=$(curl -s -m 30 -o "$T/body" -D "$T/hdr" -w '%{http_code}' "$@")
-    if [ "$code" = "$want" ]; then ok; else bad "$name: HTTP $code, want $want: $(head -c 300 "$T/body")"; fi
 }
 jget() { python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$T/body" "$1" 2>/dev/null; }
 err_is() { [ "$(jget 'b["error"]["code"]')" = "$1" ] && ok || bad "$2: error body $(head -c 300 "$T/body")"; }

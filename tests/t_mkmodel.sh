@@ -8,10 +8,7 @@
 #   weights: SHA-256 of model.safetensors; aux: SHA-256 of config.json, tokenizer.json and
 #   tokenizer_config.json concatenated.
 set -u
-BUILD=${BUILD:-build}
-BIN=$BUILD/isobatch
-ASAN_BIN=${ASAN_BUILD:-build-asan}/isobatch
-export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+. "$(dirname "$0")/cli_bins.sh"
 pass=0; fail=0
 ok() { pass=$((pass+1)); }
 bad() { fail=$((fail+1)); echo "FAIL: $*"; }

@@ -13,6 +13,8 @@
 #   - a clean SIGTERM stop with no sanitizer report.
 set -u
 . "$(dirname "$0")/server_bins.sh"
+. "$(dirname "$0")/server_checks.sh"   # stop, req
+STOP_TIMEOUT_S=10
 pass=0; fail=0
 ok() { pass=$((pass+1)); }
 bad() { fail=$((fail+1)); echo "FAIL: $*"; }
@@ -28,23 +30,6 @@ command -v curl >/dev/null || { bad "curl not found (apt-get install curl)"; fin
 
 # start NAME ARGS...: start a server, wait for its port file, set PORT; stops the test on failure
 start() { local name=$1; shift; serve_start "$name" "$T/tiny" "$@"; }
-# stop PID NAME: SIGTERM, wait (bounded), exit 0, no sanitizer report
-stop() {
-    local pid=$1 name=$2 rc
-    kill -TERM "$pid"
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    if kill -0 "$pid" 2>/dev/null; then bad "$name: did not stop within 10 s"; kill -KILL "$pid"; return; fi
-    wait "$pid"; rc=$?
-    [ $rc = 0 ] && ok || bad "$name: exit $rc"
-    if grep -qE "AddressSanitizer|runtime error|LeakSanitizer" "$T/$name.log"; then bad "$name: sanitizer report"; head -40 "$T/$name.log"; else ok; fi
-}
-# req EXPECTED_CODE NAME CURL_ARGS...: body in $T/body, headers in $T/hdr
-req() {
-    local want=$1 name=$2; shift 2
-    local code
-    code=$(curl -s -m 30 -o "$T/body" -D "$T/hdr" -w '%{http_code}' "$@")
-    if [ "$code" = "$want" ]; then ok; else bad "$name: HTTP $code, want $want: $(head -c 300 "$T/body")"; fi
-}
 # jget EXPR: evaluate a JS expression on the JSON body b
 jget() { node -e 'const b=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")); console.log(eval(process.argv[2]))' "$T/body" "$1" 2>/dev/null; }
 # err_is CODE NAME: the body is an OpenAI error with that code
