@@ -111,6 +111,11 @@ static inline int atomicAdd(int *p, int v) {
     *p = old + v;
     return old;
 }
+static inline int atomicMax(int *p, int v) {
+    const int old = *p;
+    if (v > old) *p = v;
+    return old;
+}
 static inline float __uint_as_float(unsigned u) {
     float f;
     memcpy(&f, &u, 4);

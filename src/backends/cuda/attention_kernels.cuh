@@ -443,6 +443,18 @@ __device__ __forceinline__ void block_maxima_par(const float *sc, float *mk, flo
 }
 
 
+/* A float's order as an int: for floats a, b that are not NaN, a < b exactly when max_order(a) <
+ * max_order(b) — non-negative floats keep their bits, negative ones have the low 31 bits flipped — except
+ * that -0 orders just below +0. max_unorder undoes it. So a maximum found by atomicMax on these ints, in
+ * any order, is the reference's compare-and-keep maximum, bit for bit, but for the sign of a zero
+ * maximum (+0 where the reference could keep -0; no score is -0, as a score's dot chain starts at +0,
+ * and every use gives the same bits for either: comparisons, exp(s - m), exp(m - m')). */
+__device__ __forceinline__ int max_order(float f) {
+    const int i = __float_as_int(f);
+    return i >= 0 ? i : i ^ 0x7fffffff;
+}
+__device__ __forceinline__ float max_unorder(int i) { return __int_as_float(i >= 0 ? i : i ^ 0x7fffffff); }
+
 /* Shared memory of a per-head attention block. */
 struct __align__(16) att_smem1 {   /* 16-byte aligned: the direct path reads a key row of sm.slot by 16-byte pieces */
     float q[IB_ATTN_MAX_HD], out[IB_ATTN_MAX_HD];
@@ -451,6 +463,7 @@ struct __align__(16) att_smem1 {   /* 16-byte aligned: the direct path reads a k
     int bt0[ATT_MAX_BLOCKS + 1];   /* chunk index of each key block's first key, then the chunk's size */
     float c[ATT_MAX_BLOCKS];       /* each key block's rescale factor */
     float bm[ATT_MAX_BLOCKS];      /* block_maxima_par's scratch */
+    int bmo[ATT_MAX_BLOCKS];       /* the direct path's key-block maxima as max_order ints (full sessions) */
     float l, m;                    /* the running sum (at the end), the running max */
 };
 
@@ -875,8 +888,10 @@ __device__ __forceinline__ void stage_value_rows(float *vst, typename kv_read<T>
  * (DTPK threads a key: direct_key_load), and, by the threads the prologue leaves free, the value rows
  * into the stage (stage_value_rows), so these loads overlap the prologue; when fused, the prologue's key
  * warp also leaves position p's key (as stored) and value row (as floats) in shared memory. The scores
- * come from the registers (direct_score), then attend_row_head's phases: the key blocks' maxima
- * (block_maxima_par), p_j, one thread's l, the value pass over the stage (value_pass_stage), out / l.
+ * come from the registers (direct_score), then attend_row_head's phases: the key blocks' maxima (a full
+ * session's found as the scores are made, by atomicMax on max_order ints, each thread then chaining them
+ * up to its key's block: no barrier or serial chain between the scores and p_j; a windowed one's by
+ * block_maxima_par), p_j, one thread's l, the value pass over the stage (value_pass_stage), out / l.
  * Every score, maximum, p, l and output is made by the same operations in the same order as
  * attend_row_head's. */
 template <typename T>
@@ -891,12 +906,16 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
         ((int)blockDim.x - 64) % (hd / E) != 0)
         return false;
     key_chunk ch;
-    if (info.window <= 0) {
+    const bool full = info.window <= 0;
+    if (full) {
         /* a full session: next_chunk's walk in closed form (positions 0 .. p, blocks cut at multiples of
          * block; one chunk when they fit) — a serial walk here is a long chain of dependent instructions */
         const int nk = p + 1, nb = p / block + 1;
         if (nk > ATT_CHUNK || nb > ATT_MAX_BLOCKS || (long)nk * hd * (long)sizeof(float) > stage_bytes) return false;
-        for (int k = tid; k <= nb; k += blockDim.x) sm.bt0[k] = k < nb ? k * block : nk;
+        for (int k = tid; k <= nb; k += blockDim.x) {
+            sm.bt0[k] = k < nb ? k * block : nk;
+            if (k < nb) sm.bmo[k] = max_order(-INFINITY);
+        }
         ch = key_chunk{nk, nb, nk, 0, 0};
     } else {
         key_walk kw = key_walk_of(info);
@@ -945,14 +964,40 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
         if (j < nc && !(jb == 0 ? early : jb == kpr ? early2 : false))
             direct_key_load<T>(kr, fused && j == nc - 1 ? kpos : kp + (size_t)slot_of(info, chunk_pos(ch, j)) * hd, v, nseg);
         const float sc = direct_score<T>(kr, sm.q, v, nseg, j < nc, scale);
-        if (v == 0 && j < nc) sm.sc[j] = sc;
+        if (v == 0 && j < nc) {
+            sm.sc[j] = sc;
+            /* a full session's key block j / block: its maximum as the reference's strided compare
+             * finds it (a NaN never wins; a block of only NaN keeps -inf) */
+            if (full && sc == sc) atomicMax(&sm.bmo[j / block], max_order(sc));
+        }
     }
     __syncthreads();
     ATT_MARK(4);
-    block_maxima_par(sm.sc, sm.mk, sm.c, sm.bt0, nbk, &sm.m, sm.bm);
-    __syncthreads();
-    ATT_MARK(5);
-    for (int j = tid; j < nc; j += blockDim.x) sm.pw[j] = ib_expf_lane(sm.sc[j] - sm.mk[j]);
+    if (full) {
+        /* the reference's chain m'_k = max(m'_{k-1}, block max k) from m = -inf, taken by each thread up to
+         * the block it needs (as ints: the same maxima); p_j = exp(s_j - m'_{block of j}); the last nbk
+         * threads each make one block's c[k] = exp(m'_{k-1} - m'_k) */
+        for (int j = tid; j < nc; j += blockDim.x) {
+            const int kb = j / block;
+            int mr = sm.bmo[0];
+            for (int k = 1; k <= kb; k++) mr = max(mr, sm.bmo[k]);
+            sm.pw[j] = ib_expf_lane(sm.sc[j] - max_unorder(mr));
+        }
+        const int kc = tid - ((int)blockDim.x - nbk);
+        if (kc >= 0) {
+            int mp = max_order(-INFINITY), mr = sm.bmo[0];
+            for (int k = 1; k <= kc; k++) {
+                mp = mr;
+                mr = max(mr, sm.bmo[k]);
+            }
+            sm.c[kc] = ib_expf_lane(max_unorder(mp) - max_unorder(mr));
+        }
+    } else {
+        block_maxima_par(sm.sc, sm.mk, sm.c, sm.bt0, nbk, &sm.m, sm.bm);
+        __syncthreads();
+        ATT_MARK(5);
+        for (int j = tid; j < nc; j += blockDim.x) sm.pw[j] = ib_expf_lane(sm.sc[j] - sm.mk[j]);
+    }
     __syncthreads();
     ATT_MARK(6);
     /* thread lt's running sum (no value-pass work: hd < blockDim.x) */
