@@ -9,7 +9,7 @@
  * 160 KiB or 6 KiB or none (attention_head_kernel), the per-KV-head kernel (attention_kernel, its grouped
  * passes for 2 and 4 query heads a KV head and its (head, key) pair at a time ones) — each
  * with the q/k norm, RoPE and store inside it (qk_fuse) and after qk_kernel did them. Steps of 1 and 3
- * rows, each its own session at positions 0 to 300; head dims 64 and 128; 1, 2 and 4 query heads a KV
+ * rows, each its own session at positions 0 to 300 (and 600 for the per-KV-head kernel: two chunks); head dims 64 and 128; 1, 2 and 4 query heads a KV
  * head; float, half and q8 caches; key blocks of 32 and 16. The cache's new key and value (every kernel that stores them) must be
  * the reference's too. A kernel that cuts key blocks at half the reference's size, one that skips the
  * rotation of every row but the first (rope_rows 1, as the rope-skip-rows fault), and a q8 store with
@@ -187,16 +187,26 @@ int main(void) {
                 for (int G : {1, 2, 4})
                     for (int kvt = 0; kvt < IB_KV_DTYPE_COUNT; kvt++) {
                         const int block = (cases % 3 == 2) ? 16 : 32, qG = cases % 2 ? 32 : 0;
-                        const int np = (int)(sizeof pos1 / sizeof *pos1) + (int)(sizeof pos3 / sizeof *pos3);
+                        const int n1 = (int)(sizeof pos1 / sizeof *pos1), np = n1 + (int)(sizeof pos3 / sizeof *pos3);
                         const int pi = cases % np;
-                        const int R = pi < 6 ? 1 : 3;
-                        const int *pos = pi < 6 ? pos1[pi] : pos3[pi - 6];
+                        const int R = pi < n1 ? 1 : 3;
+                        const int *pos = pi < n1 ? pos1[pi] : pos3[pi - n1];
                         const int ok = decode_case(kind, fused, hd, G, kvt, block, block, R, pos, qG, R);
                         CHECK(ok, "%s, %s, hd %d, %d heads a KV head, %s KV, key block %d, %d row(s) at %d..: decode "
                               "attention differs from the scalar reference", kernel_name[kind], fused ? "q/k inside" : "q/k kernel first",
                               hd, G, kvt == IB_KV_Q8 ? "q8" : kvt == IB_KV_F16 ? "half" : "float", block, R, pos[0]);
                         cases++, differ += !ok;
                     }
+    /* 601 keys: two chunks of the per-KV-head kernel (the running max and sum carried between them) */
+    static const int pos_long[3] = {600, 0, 0};
+    for (int kind : {K_KVHEAD, K_KVHEAD_PAIRS})
+        for (int fused = 0; fused < 2; fused++)
+            for (int G : {1, 2, 4}) {
+                const int ok = decode_case(kind, fused, 128, G, IB_KV_F16, 32, 32, 1, pos_long, 32, 1);
+                CHECK(ok, "%s, %s, %d heads a KV head, one row at 600: decode attention over two chunks differs from "
+                          "the scalar reference", kernel_name[kind], fused ? "q/k inside" : "q/k kernel first", G);
+                cases++, differ += !ok;
+            }
     printf("%d decode steps against the scalar reference: %d differ\n", cases, differ);
     /* faults: key blocks of half the reference's size; RoPE for the first row only; q8 codes up to 126 */
     static const int p3[3] = {130, 2, 64};
