@@ -974,6 +974,7 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
     __syncthreads();
     ATT_MARK(4);
     if (full) {
+        ATT_MARK(5);   /* (the maxima were found with the scores) */
         /* the reference's chain m'_k = max(m'_{k-1}, block max k) from m = -inf, taken by each thread up to
          * the block it needs (as ints: the same maxima); p_j = exp(s_j - m'_{block of j}); the last nbk
          * threads each make one block's c[k] = exp(m'_{k-1} - m'_k) */
