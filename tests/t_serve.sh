@@ -13,8 +13,7 @@
 #   - a clean SIGTERM stop with no sanitizer report.
 set -u
 . "$(dirname "$0")/server_bins.sh"
-. "$(dirname "$0")/server_checks.sh"   # stop, req
-STOP_TIMEOUT_S=10
+. "$(dirname "$0")/server_checks.sh"   # stop, req (STOP_TIMEOUT_S 10)
 pass=0; fail=0
 ok() { pass=$((pass+1)); }
 bad() { fail=$((fail+1)); echo "FAIL: $*"; }

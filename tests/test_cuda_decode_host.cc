@@ -9,9 +9,9 @@
  * 160 KiB or 6 KiB or none (attention_head_kernel), the per-KV-head kernel (attention_kernel, its grouped
  * passes for 2 and 4 query heads a KV head and its (head, key) pair at a time ones) — each
  * with the q/k norm, RoPE and store inside it (qk_fuse) and after qk_kernel did them. Steps of 1 and 3
- * rows, each its own session at positions 0 to 300 (and 600 for the per-KV-head kernel: two chunks); head dims 64 and 128; 1, 2 and 4 query heads a KV
- * head; float, half and q8 caches; key blocks of 32 and 16. The cache's new key and value (every kernel that stores them) must be
- * the reference's too. A kernel that cuts key blocks at half the reference's size, one that skips the
+ * rows, each its own session at positions 0 to 300 (and 600 for the per-KV-head kernel: two chunks);
+ * head dims 64 and 128; 1, 2 and 4 query heads a KV head; float, half and q8 caches; key blocks of 32
+ * and 16. The cache's new key and value (every kernel that stores them) must be the reference's too. A kernel that cuts key blocks at half the reference's size, one that skips the
  * rotation of every row but the first (rope_rows 1, as the rope-skip-rows fault), and a q8 store with
  * codes up to 126 (the kvq8-step-scale fault), must differ. test_backend_cuda runs the same kernels on a GPU.
  */

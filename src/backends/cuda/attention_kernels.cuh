@@ -455,6 +455,15 @@ __device__ __forceinline__ int max_order(float f) {
 }
 __device__ __forceinline__ float max_unorder(int i) { return __int_as_float(i >= 0 ? i : i ^ 0x7fffffff); }
 
+/* The reference's running max after key block k of a chunk that starts from m = -inf: m'_k = max(m'_{k-1},
+ * block max k), from bmo [k + 1] (each block's maximum as max_order ints; the same maxima as floats);
+ * k = -1 gives -inf. */
+__device__ __forceinline__ float chained_max(const int *bmo, int k) {
+    int mr = max_order(-INFINITY);
+    for (int i = 0; i <= k; i++) mr = max(mr, bmo[i]);
+    return max_unorder(mr);
+}
+
 /* Shared memory of a per-head attention block. */
 struct __align__(16) att_smem1 {   /* 16-byte aligned: the direct path reads a key row of sm.slot by 16-byte pieces */
     float q[IB_ATTN_MAX_HD], out[IB_ATTN_MAX_HD];
@@ -978,21 +987,9 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
         /* the reference's chain m'_k = max(m'_{k-1}, block max k) from m = -inf, taken by each thread up to
          * the block it needs (as ints: the same maxima); p_j = exp(s_j - m'_{block of j}); the last nbk
          * threads each make one block's c[k] = exp(m'_{k-1} - m'_k) */
-        for (int j = tid; j < nc; j += blockDim.x) {
-            const int kb = j / block;
-            int mr = sm.bmo[0];
-            for (int k = 1; k <= kb; k++) mr = max(mr, sm.bmo[k]);
-            sm.pw[j] = ib_expf_lane(sm.sc[j] - max_unorder(mr));
-        }
+        for (int j = tid; j < nc; j += blockDim.x) sm.pw[j] = ib_expf_lane(sm.sc[j] - chained_max(sm.bmo, j / block));
         const int kc = tid - ((int)blockDim.x - nbk);
-        if (kc >= 0) {
-            int mp = max_order(-INFINITY), mr = sm.bmo[0];
-            for (int k = 1; k <= kc; k++) {
-                mp = mr;
-                mr = max(mr, sm.bmo[k]);
-            }
-            sm.c[kc] = ib_expf_lane(max_unorder(mp) - max_unorder(mr));
-        }
+        if (kc >= 0) sm.c[kc] = ib_expf_lane(chained_max(sm.bmo, kc - 1) - chained_max(sm.bmo, kc));
     } else {
         block_maxima_par(sm.sc, sm.mk, sm.c, sm.bt0, nbk, &sm.m, sm.bm);
         __syncthreads();
