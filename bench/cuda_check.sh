@@ -12,6 +12,9 @@
 #      12 KV policy (two schedules); --check-serial on CUDA;
 #      gpu-fma must change the CUDA digests.
 #   3b. the same on gemma4-tiny and gemma4-moe-tiny (4-bit), --check-serial and gpu-fma on each.
+#   3c. the MoE faults on the GPU (gemma4-moe-tiny, top-k 3): under moe-capacity and moe-combine-by-load
+#       the CUDA digests equal the CPU's under the same fault (the GPU models the CPU's fault exactly),
+#       --check-serial on CUDA must fail, and probe --backend cuda must fail at its moe op.
 #   4. recall --backend cuda vs cpu (answers batched and serialized).
 #   5. speed: test_backend_cuda --bench (qwen3-0.6b-shaped 4-bit: prefill, decode B=1 and B=128) and
 #      isobatch bench --backend cuda.
@@ -82,6 +85,23 @@ for preset in gemma4-tiny gemma4-moe-tiny; do
     "$bin/isobatch" mkmodel --preset $preset --bits 4 --out "$gm" >"$out/mkmodel_$preset.log" 2>&1
     check_model "$gm" $preset ""
 done
+# the MoE faults (top-k 3: with two outputs the combine's order cannot change a bit)
+k3=/tmp/cuda_check_moe_k3
+rm -rf "$k3"
+"$bin/isobatch" mkmodel --preset gemma4-moe-tiny --bits 4 --seed 5 --top-k 3 --out "$k3" >"$out/mkmodel_k3.log" 2>&1
+for f in moe-capacity moe-combine-by-load; do
+    eq=$(cmp_digests -m "$k3" --prompts-file $prompts -n 24 --json --batch 8 --prefill-chunk 5 --inject $f | cut -d' ' -f1)
+    "$bin/isobatch" generate -m "$k3" --prompts-file $prompts -n 24 --batch 8 --backend cuda --check-serial --inject $f \
+        >"$out/check_serial_k3_$f.log" 2>&1
+    rc=$?
+    [ $rc = 1 ] && grep -q "differs from its serialized run" "$out/check_serial_k3_$f.log" && cs="caught" || cs="NOT caught (rc $rc)"
+    "$bin/isobatch" probe -m "$k3" --backend cuda --inject $f >"$out/probe_k3_$f.log" 2>&1
+    rc=$?
+    [ $rc = 1 ] && grep -qE "^ +cuda .* moe .*DIFFER" "$out/probe_k3_$f.log" && pr="fails at moe (caught)" || pr="NOT caught (rc $rc)"
+    echo "gemma4-moe-tiny k3 --inject $f: CUDA vs CPU digests (batch 8) $eq; --check-serial on CUDA $cs; probe --backend cuda $pr" >>"$sum"
+done
+"$bin/isobatch" probe -m "$k3" --backend cuda >"$out/probe_k3.log" 2>&1
+echo "gemma4-moe-tiny k3 probe --backend cuda (rc $?): $(tail -1 "$out/probe_k3.log")" >>"$sum"
 
 # recall (the multi-tenant needle benchmark): the CUDA engine's answers, batched and serialized, are the
 # CPU engine's

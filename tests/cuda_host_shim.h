@@ -106,6 +106,8 @@ static inline float __int_as_float(int i) {
 }
 template <class T>
 static inline T __ldcg(const T *p) { return *p; }
+template <class T>
+static inline void __stcg(T *p, T v) { *p = v; }
 static inline int atomicAdd(int *p, int v) {
     const int old = *p;
     *p = old + v;

@@ -6,8 +6,11 @@
  * (moe_mm_kernel with Q8 and F32 activations, moe_mm_split_kernel; 4-bit group 32 and 8-bit group 64
  * weights in the device layout: ib_matmul of the pair's input row with its expert's matrix, gate and up
  * in one launch, down reading each pair's own slot) and the combine (moe_combine_kernel:
- * ib_moe_combine). Under the gpu-fma change the products must differ. test_backend_cuda runs the same
- * kernels on a GPU in whole Gemma 4 steps.
+ * ib_moe_combine). Under the gpu-fma change the products must differ. The test-only MoE faults as the
+ * CPU defines them: moe-capacity in the routing (ib_moe_fault_capacity's selections, work lists of the
+ * kept pairs only), moe-combine-by-load in the combine (the terms added in ib_moe_fault_load_order's
+ * expert order, as cpu_moe adds them; the test also asks that this changes some bits). test_backend_cuda
+ * runs the same kernels on a GPU in whole Gemma 4 steps.
  */
 #include "cuda_host_shim.h"
 
@@ -97,11 +100,31 @@ int main(void) {
     int nblk = -1;
     unsigned cnt = 0;
     const int rw = 2;   /* rows a routing block: three blocks, so the last one builds the lists */
-    auto route = [&]() {
-        moe_route_kernel(logits.data(), R, E, TOPK, escale.data(), sel.data(), w.data(), ent_row.data(), ent_slot.data(), blk.data(),
-                         &nblk, &cnt);
+    std::vector<int32_t> load(E, -1);
+    auto route_with = [&](const std::vector<float> &lg, int capacity, int32_t *ld) {
+        auto body = [&]() {
+            moe_route_kernel(lg.data(), R, E, TOPK, escale.data(), sel.data(), w.data(), ent_row.data(), ent_slot.data(), blk.data(),
+                             &nblk, &cnt, capacity, ld);
+        };
+        cuda_host_grid((R + rw - 1) / rw, 1, 1, 32 * rw, body);
     };
-    cuda_host_grid((R + rw - 1) / rw, 1, 1, 32 * rw, route);
+    /* the work lists: every routed pair once, grouped by expert, block rows covering them */
+    auto lists_ok = [&]() {
+        std::vector<int> seen((size_t)R * TOPK, 0);
+        int ok = nblk > 0 && nblk <= nby;
+        for (int bI = 0; ok && bI < nblk; bI++) {
+            const int4 bk = blk[bI];
+            ok &= bk.z >= 1 && bk.z <= MOE_CH;
+            for (int q = 0; ok && q < bk.z; q++) {
+                const int slot = ent_slot[bk.y + q];
+                ok &= slot >= 0 && slot < R * TOPK && sel[slot] == bk.x && ent_row[bk.y + q] == slot / TOPK;
+                if (ok) seen[slot]++;
+            }
+        }
+        for (int s = 0; s < R * TOPK; s++) ok &= seen[s] == (sel[s] >= 0);
+        return ok;
+    };
+    route_with(logits, 0, NULL);
     int route_ok = cnt == 0;
     std::vector<float> p(E);
     for (int r = 0; r < R; r++) {
@@ -113,21 +136,29 @@ int main(void) {
     CHECK(route_ok, "moe_route_kernel: selections or weights differ from ib_moe_route");
     CHECK(sel[1 * TOPK] == 3 && sel[1 * TOPK + 1] == 9 && sel[1 * TOPK + 2] == 12, "tied logits: ranks %d %d %d, not 3 9 12",
           sel[1 * TOPK], sel[1 * TOPK + 1], sel[1 * TOPK + 2]);
-    /* the work lists: every routed pair once, grouped by expert, block rows covering them */
+    CHECK(lists_ok(), "moe_route_kernel: the work lists do not hold every routed pair once under its expert (%d block rows)", nblk);
+    /* the moe-capacity fault: expert 5 every row's first choice (5 pairs against a capacity of
+     * ceil(20 / 16) = 2): the selections ib_moe_fault_capacity leaves, lists of the kept pairs only */
     {
-        std::vector<int> seen((size_t)R * TOPK, 0);
-        int ok = nblk > 0 && nblk <= nby, covered = 0;
-        for (int bI = 0; ok && bI < nblk; bI++) {
-            const int4 bk = blk[bI];
-            ok &= bk.z >= 1 && bk.z <= MOE_CH;
-            for (int q = 0; ok && q < bk.z; q++) {
-                const int slot = ent_slot[bk.y + q];
-                ok &= slot >= 0 && slot < R * TOPK && sel[slot] == bk.x && ent_row[bk.y + q] == slot / TOPK;
-                if (ok) seen[slot]++, covered++;
-            }
+        std::vector<float> lc(logits);
+        for (int r = 0; r < R; r++) lc[(size_t)r * E + 5] = 20.0f;
+        std::vector<int32_t> want((size_t)R * TOPK);
+        for (int r = 0; r < R; r++) {
+            float ww[TOPK];
+            ib_moe_route(&lc[(size_t)r * E], E, TOPK, escale.data(), p.data(), &want[(size_t)r * TOPK], ww);
         }
-        for (int s = 0; s < R * TOPK; s++) ok &= seen[s] == (sel[s] >= 0);
-        CHECK(ok, "moe_route_kernel: the work lists do not hold every routed pair once under its expert (%d block rows)", nblk);
+        ib_moe_fault_capacity(want.data(), R * TOPK, E);
+        int dropped = 0;
+        for (int32_t s : want) dropped += s < 0;
+        route_with(lc, 1, NULL);
+        CHECK(dropped >= 3 && sel == want && cnt == 0, "moe-capacity: the routing kernel's selections differ from "
+              "ib_moe_fault_capacity's (%d pairs dropped there)", dropped);
+        CHECK(lists_ok(), "moe-capacity: the work lists do not hold exactly the kept pairs");
+        route_with(lc, 0, NULL);
+        int all = 1;
+        for (int32_t s : sel) all &= s >= 0;
+        CHECK(all, "without the fault every pair keeps its expert");
+        route_with(logits, 0, NULL);   /* the first routing again, for the products and the combine */
     }
     /* the experts' products: gate and up (N = FM from D), down (N = D from FM) */
     int cases = 0, equal = 0;
@@ -169,9 +200,29 @@ int main(void) {
         std::vector<int32_t> sc(sel);
         sc[2] = -1;   /* a slot without an expert */
         for (int r = 0; r < R; r++) ib_moe_combine(&y[(size_t)r * TOPK * D], &w[(size_t)r * TOPK], &sc[(size_t)r * TOPK], TOPK, D, &want[(size_t)r * D]);
-        auto body = [&]() { moe_combine_kernel(y.data(), w.data(), sc.data(), R, TOPK, D, out.data()); };
+        auto body = [&]() { moe_combine_kernel(y.data(), w.data(), sc.data(), R, TOPK, D, out.data(), (const int32_t *)NULL); };
         cuda_host_grid((unsigned)((R * D + 255) / 256), 1, 1, 256, body);
         CHECK(memcmp(out.data(), want.data(), out.size() * 4) == 0, "moe_combine_kernel differs from ib_moe_combine");
+        /* the moe-combine-by-load fault: the loads the routing kernel counts, and each row's terms
+         * added in the step's expert order (cpu_moe's loop: experts in order, each adding to its rows) */
+        route_with(logits, 0, load.data());   /* the same routing, its loads counted */
+        std::vector<int> lw(E), order(E);
+        ib_moe_fault_load_order(sel.data(), R * TOPK, E, lw.data(), order.data());
+        int lok = 1;
+        for (int e = 0; e < E; e++) lok &= load[e] == lw[e];
+        CHECK(lok, "moe_route_kernel: the experts' loads differ from ib_moe_fault_load_order's");
+        /* the combine's loads are those of sc (slot 2 without an expert), as cpu_moe counts them */
+        ib_moe_fault_load_order(sc.data(), R * TOPK, E, lw.data(), order.data());
+        for (int e = 0; e < E; e++) load[e] = lw[e];
+        std::vector<float> wl((size_t)R * D, 0.0f), ol((size_t)R * D);
+        for (int oi = 0; oi < E; oi++)
+            for (int s = 0; s < R * TOPK; s++)
+                if (sc[s] == order[oi])
+                    for (int d = 0; d < D; d++) wl[(size_t)(s / TOPK) * D + d] = wl[(size_t)(s / TOPK) * D + d] + w[s] * y[(size_t)s * D + d];
+        auto by_load = [&]() { moe_combine_kernel(y.data(), w.data(), sc.data(), R, TOPK, D, ol.data(), load.data()); };
+        cuda_host_grid((unsigned)((R * D + 255) / 256), 1, 1, 256, by_load);
+        CHECK(memcmp(ol.data(), wl.data(), ol.size() * 4) == 0, "moe-combine-by-load: the combine differs from the CPU's order");
+        CHECK(memcmp(ol.data(), want.data(), ol.size() * 4) != 0, "moe-combine-by-load: no bit changed (the check could not fail)");
     }
     TEST_MAIN_END("test_cuda_moe_host");
 }

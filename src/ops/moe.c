@@ -50,3 +50,26 @@ void ib_moe_combine(const float *y, const float *w, const int32_t *sel, int k, i
         for (int d = 0; d < D; d++) out[d] = out[d] + w[j] * yj[d];
     }
 }
+
+/* ib_moe_fault_capacity (ops.h): pairs counted per expert in the order of sel. */
+void ib_moe_fault_capacity(int32_t *sel, int n, int E) {
+    const int cap = (n + E - 1) / E;
+    for (int e = 0; e < E; e++) {
+        int kept = 0;
+        for (int i = 0; i < n; i++)
+            if (sel[i] == e && ++kept > cap) sel[i] = -1;
+    }
+}
+
+/* ib_moe_fault_load_order (ops.h): a stable insertion sort of the ids by descending load. */
+void ib_moe_fault_load_order(const int32_t *sel, int n, int E, int *load, int *order) {
+    for (int e = 0; e < E; e++) order[e] = e, load[e] = 0;
+    for (int i = 0; i < n; i++)
+        if (sel[i] >= 0 && sel[i] < E) load[sel[i]]++;
+    for (int a = 1; a < E; a++)
+        for (int x = a; x > 0 && load[order[x]] > load[order[x - 1]]; x--) {
+            const int t = order[x];
+            order[x] = order[x - 1];
+            order[x - 1] = t;
+        }
+}

@@ -116,6 +116,16 @@ int ib_moe_route(const float *logits, int E, int k, const float *expert_scale, f
  * (mul, then add). y: [k][D], the row's selected experts' outputs in rank order. */
 void ib_moe_combine(const float *y, const float *w, const int32_t *sel, int k, int D, float *out);
 
+/* Test-only, the moe-capacity fault (routing that depends on the batch, as capacity-limited engines
+ * route): of a step's routed pairs sel [n] (rows x k, row-major; -1: none), each expert e of E keeps the
+ * first ceil(n / E) in that order and the rest become -1. */
+void ib_moe_fault_capacity(int32_t *sel, int n, int E);
+
+/* Test-only, the moe-combine-by-load fault (expert outputs summed in an order the batch decides): load
+ * [E] = each expert's pairs in sel [n], and order [E] = the expert ids by descending load, ties to the
+ * lower id — the order in which the faulty combine adds each expert's outputs to their rows, from 0. */
+void ib_moe_fault_load_order(const int32_t *sel, int n, int E, int *load, int *order);
+
 /* x *= s elementwise, n floats (Gemma 4's layer scalar, the embedding scale). */
 void ib_scale(float *x, size_t n, float s);
 

@@ -654,33 +654,15 @@ static void cpu_moe(ib_backend *b, int li, ib_buf route_in, ib_buf in, ib_buf ou
         if (ib_moe_route(c->moe_logit + (size_t)r * E, E, K, L->expert_scale, c->moe_p, c->moe_sel + (size_t)r * K,
                          c->moe_w + (size_t)r * K))
             for (int j = 0; j < K; j++) c->moe_sel[(size_t)r * K + j] = -1; /* NaN logits: no expert */
-    if (fault == IB_FAULT_MOE_CAPACITY) { /* test-only: a per-step capacity per expert, rows in batch order */
-        int cap = (R * K + E - 1) / E;
-        for (int e = 0; e < E; e++) {
-            int n = 0;
-            for (int i = 0; i < R * K; i++)
-                if (c->moe_sel[i] == e && ++n > cap) c->moe_sel[i] = -1;
-        }
-    }
+    if (fault == IB_FAULT_MOE_CAPACITY) ib_moe_fault_capacity(c->moe_sel, R * K, E);   /* test-only */
     /* the order the experts run in: ascending id — or, under the test-only combine-by-load fault, the
      * busiest of this step first (then each output is added to its row as its expert finishes) */
     int order[IB_CONFIG_MAX_EXPERTS], load[IB_CONFIG_MAX_EXPERTS];
-    for (int e = 0; e < E; e++) {
-        order[e] = e;
-        load[e] = 0;
-    }
-    for (int i = 0; i < R * K; i++)
-        if (c->moe_sel[i] >= 0) load[c->moe_sel[i]]++;
+    ib_moe_fault_load_order(c->moe_sel, R * K, E, load, order);
     const int by_load = fault == IB_FAULT_MOE_COMBINE_BY_LOAD;
-    if (by_load) {
-        for (int a = 1; a < E; a++) /* stable insertion sort: descending load, ties by id */
-            for (int x = a; x > 0 && load[order[x]] > load[order[x - 1]]; x--) {
-                int t = order[x];
-                order[x] = order[x - 1];
-                order[x - 1] = t;
-            }
-        memset(c->buf[out], 0, (size_t)R * D * sizeof(float));
-    }
+    if (by_load) memset(c->buf[out], 0, (size_t)R * D * sizeof(float));
+    else
+        for (int e = 0; e < E; e++) order[e] = e;
     for (int oi = 0; oi < E; oi++) {
         const int e = order[oi];
         if (load[e] == 0) continue;

@@ -37,6 +37,7 @@ typedef struct gemma_state {
     int4 *blk;                       /* [nblk_max] (expert, first pair, pairs) of each product block row */
     int *nblk;                       /* [1] blocks in use this step */
     unsigned *route_cnt;             /* [1] routing blocks finished (zero between launches) */
+    int32_t *load;                   /* [E] each expert's pairs this step (the test-only moe-combine-by-load fault) */
     int nblk_max;
     float *mg, *mu;                  /* [R_max*K][Fm] each pair's gate, then its GeGLU; up */
     float *my;                       /* [R_max*K][D] each pair's expert output */
@@ -205,6 +206,7 @@ static ib_status gemma_create(cuda_backend *b, const ib_model *m, ib_error *err)
         g->blk = (int4 *)dalloc(b, (size_t)g->nblk_max * sizeof(int4));
         g->nblk = (int *)dalloc(b, sizeof(int));
         g->route_cnt = (unsigned *)dalloc(b, sizeof(unsigned));
+        g->load = (int32_t *)dalloc(b, (size_t)E * sizeof(int32_t));
         if (g->route_cnt && cudaMemset(g->route_cnt, 0, sizeof(unsigned)) != cudaSuccess) g->route_cnt = NULL;
         g->mg = (float *)dalloc(b, RK * Fm * sizeof(float));
         g->mu = (float *)dalloc(b, RK * Fm * sizeof(float));
@@ -213,7 +215,7 @@ static ib_status gemma_create(cuda_backend *b, const ib_model *m, ib_error *err)
         g->mqd = (float *)dalloc(b, RK * (Fm / 32 + 1) * sizeof(float));
         g->mqad = (float *)dalloc(b, RK * (Fm / 32 + 1) * sizeof(float));
         if (!ok || !g->rin || !g->rlog || !g->sel || !g->w || !g->ent_row || !g->ent_slot || !g->blk ||
-            !g->nblk || !g->route_cnt || !g->mg || !g->mu || !g->my || !g->mxq || !g->mqd || !g->mqad)
+            !g->nblk || !g->route_cnt || !g->load || !g->mg || !g->mu || !g->my || !g->mxq || !g->mqd || !g->mqad)
             return ib_fail(err, IB_ERR_NOMEM, "cuda: out of device memory for the gemma4 MoE scratch of %d rows", Rm);
     }
     if (c->ple_dim > 0) {
@@ -361,12 +363,15 @@ static void launch_moe_mm(cuda_backend *b, int fmt, const dmat *m0, const dmat *
  * work lists on the device (moe_route_kernel: no host round trip, the step stays one graph); gate and
  * up of every routed pair in one launch, GeGLU (+ the down product's Q8 quantization), down; then
  * ib_moe_combine per row in rank order into out. Each selected expert's matrices are read by its own
- * block rows, for all its rows at once. The CPU's test-only MoE faults (capacity, combine by load) are
- * not modelled here. */
+ * block rows, for all its rows at once. The CPU's test-only MoE faults are modelled as cpu_moe applies
+ * them: moe-capacity in the routing kernel (ib_moe_fault_capacity), moe-combine-by-load in the combine
+ * (the step's experts by descending load: ib_moe_fault_load_order). */
 static void gemma_launch_moe(cuda_backend *b, int li, int route_in, int in, int out) {
     gemma_state *g = b->gm;
     const int R = b->R, D = b->D, E = g->E, K = g->K, Fm = g->Fm;
     const int q8 = b->act == IB_ACT_Q8;
+    const int capacity = b->fault == IB_FAULT_MOE_CAPACITY;
+    int32_t *by_load = b->fault == IB_FAULT_MOE_COMBINE_BY_LOAD ? g->load : NULL;
     /* router */
     launch_rmsnorm(b, b->buf[route_in], g->router_scale[li], R, D, g->rin, 1);
     launch_scale(b, g->rin, (size_t)R * D, g->rscale);
@@ -378,7 +383,7 @@ static void gemma_launch_moe(cuda_backend *b, int li, int route_in, int in, int 
     const int fit = (int)(ROUTE_SCRATCH_BYTES / ((size_t)(E + K) * sizeof(float)));
     const int rw = fit < ROUTE_WARPS_MAX ? fit : ROUTE_WARPS_MAX;
     launch(b, moe_route_kernel, (R + rw - 1) / rw, 32 * rw, (size_t)rw * (E + K) * sizeof(float), (const float *)g->rlog, R,
-           E, K, g->expert_scale[li], g->sel, g->w, g->ent_row, g->ent_slot, g->blk, g->nblk, g->route_cnt);
+           E, K, g->expert_scale[li], g->sel, g->w, g->ent_row, g->ent_slot, g->blk, g->nblk, g->route_cnt, capacity, by_load);
     LAUNCHED(b, "moe route");
     /* gate and up: the input rows quantized once (each row's own numbers) */
     const int gq8 = q8 && g->fmt_gu != IB_WF32;
@@ -399,7 +404,7 @@ static void gemma_launch_moe(cuda_backend *b, int li, int route_in, int in, int 
     for (int t = 0; t < launches(b, REPEAT_MOE); t++)
         launch_moe_mm(b, g->fmt_dn, g->edown[li], NULL, g->my, NULL, D, 1, g->mg, g->mxq, g->mqd, g->mqad, dq8);
     launch(b, moe_combine_kernel, blocks_for((size_t)R * D, 256), 256, 0, (const float *)g->my, (const float *)g->w,
-           (const int32_t *)g->sel, R, K, D, b->buf[out]);
+           (const int32_t *)g->sel, R, K, D, b->buf[out], (const int32_t *)by_load);
     LAUNCHED(b, "moe combine");
 }
 

@@ -237,19 +237,37 @@ __device__ int2 block_exclusive_scan2(int2 v, int2 *ws, int2 *tot) {
  * so the order of the pairs inside an expert's list may change from run to run: it decides only which
  * warp computes a pair, never a number (every pair's output is its own chain, written to its own
  * slot). The experts' first places and first block rows are prefix sums over the block's threads
- * (block_exclusive_scan2), not one thread's walk. sel is read through L2 (other blocks wrote it). */
-__device__ void moe_dispatch_block(const int32_t *sel, int R, int K, int E, int32_t *ent_row, int32_t *ent_slot,
-                                   int4 *blk, int *nblk, int *cnt_s) {
+ * (block_exclusive_scan2), not one thread's walk. sel is read through L2 (other blocks wrote it).
+ * Test-only: capacity != 0 (the moe-capacity fault) first drops, by one thread's walk, each pair past
+ * its expert's capacity (ib_moe_fault_capacity: sel becomes -1 there); load != NULL receives each
+ * expert's pairs [E] (the moe-combine-by-load fault's combine order comes from them). */
+__device__ void moe_dispatch_block(int32_t *sel, int R, int K, int E, int32_t *ent_row, int32_t *ent_slot,
+                                   int4 *blk, int *nblk, int *cnt_s, int capacity, int32_t *load) {
     __shared__ int2 ws[32];
     int *cur_s = cnt_s + E;   /* [E] counts, then [E] each expert's next free place */
     const int n = R * K;
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt_s[e] = 0;
     __syncthreads();
+    if (capacity) {
+        if (threadIdx.x == 0) {
+            const int cap = (n + E - 1) / E;
+            for (int i = 0; i < n; i++) {
+                const int e = __ldcg(sel + i);
+                if (e >= 0 && e < E && ++cnt_s[e] > cap) __stcg(sel + i, -1);
+            }
+        }
+        __threadfence();
+        __syncthreads();
+        for (int e = threadIdx.x; e < E; e += blockDim.x) cnt_s[e] = 0;
+        __syncthreads();
+    }
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const int e = __ldcg(sel + i);
         if (e >= 0 && e < E) atomicAdd(&cnt_s[e], 1);
     }
     __syncthreads();
+    if (load)
+        for (int e = threadIdx.x; e < E; e += blockDim.x) load[e] = cnt_s[e];
     int2 base = make_int2(0, 0);   /* (pairs, block rows) of the experts before this pass */
     for (int e0 = 0; e0 < E; e0 += blockDim.x) {
         const int e = e0 + (int)threadIdx.x, c = e < E ? cnt_s[e] : 0;
@@ -340,11 +358,13 @@ __device__ void moe_route_row(const float *__restrict__ logits, int r, int E, in
 /* Every row's routing (moe_route_row, a warp a row: block x takes rows x * (blockDim / 32) ...), then, by
  * the last block to finish (cnt: zero between launches; that block sets it back), the experts' work lists
  * (moe_dispatch_block) — one launch: no host round trip, the step stays one graph. Dynamic shared
- * memory: E + K words a warp, and at least 2E words (the work lists' counts). */
+ * memory: E + K words a warp, and at least 2E words (the work lists' counts). capacity, load: the
+ * test-only MoE faults' (moe_dispatch_block; 0 and NULL otherwise). */
 __global__ void __launch_bounds__(32 * ROUTE_WARPS_MAX) moe_route_kernel(const float *__restrict__ logits, int R, int E, int K,
                                                                          const float *__restrict__ escale, int32_t *sel,
                                                                          float *w, int32_t *ent_row, int32_t *ent_slot,
-                                                                         int4 *blk, int *nblk, unsigned *cnt) {
+                                                                         int4 *blk, int *nblk, unsigned *cnt, int capacity,
+                                                                         int32_t *load) {
     PDL_ENTER();
     DYN_SHARED(float, route_s);
     __shared__ unsigned done_s;
@@ -356,7 +376,7 @@ __global__ void __launch_bounds__(32 * ROUTE_WARPS_MAX) moe_route_kernel(const f
     __syncthreads();
     if (done_s != gridDim.x - 1) return;
     __threadfence();
-    moe_dispatch_block(sel, R, K, E, ent_row, ent_slot, blk, nblk, (int *)route_s);
+    moe_dispatch_block(sel, R, K, E, ent_row, ent_slot, blk, nblk, (int *)route_s, capacity, load);
     if (threadIdx.x == 0) *cnt = 0;
 }
 
@@ -513,17 +533,38 @@ __global__ void __launch_bounds__(256, CPG >= 4 ? 2 : 4)   /* 4 blocks a multipr
 }
 
 /* out[r][d] = ib_moe_combine of row r: 0, then out + w[j] * y[r*K + j][d] for ranks j in order with
- * sel >= 0 (mul, then add). One thread per (row, d); y [R*K][D]. */
+ * sel >= 0 (mul, then add). One thread per (row, d); y [R*K][D]. Test-only, load != NULL (the
+ * moe-combine-by-load fault, each expert's pairs in the step [E]): the same terms added in the step's
+ * expert order instead (ib_moe_fault_load_order: descending load, ties to the lower id) — each next
+ * term the row's pair of the smallest (E - load, id) after the last one's. */
 __global__ void moe_combine_kernel(const float *__restrict__ y, const float *__restrict__ w, const int32_t *__restrict__ sel,
-                                   int R, int K, int D, float *__restrict__ out) {
+                                   int R, int K, int D, float *__restrict__ out, const int32_t *__restrict__ load) {
     PDL_ENTER();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)R * D) return;
     const int r = (int)(i / D), d = (int)(i % D);
+    const int32_t *s = sel + (size_t)r * K;
     float o = 0.0f;
-    for (int j = 0; j < K; j++) {
-        if (sel[(size_t)r * K + j] < 0) continue;
-        o = o + w[(size_t)r * K + j] * y[((size_t)r * K + j) * D + d];
+    if (!load) {
+        for (int j = 0; j < K; j++) {
+            if (s[j] < 0) continue;
+            o = o + w[(size_t)r * K + j] * y[((size_t)r * K + j) * D + d];
+        }
+    } else {
+        /* a row's experts are distinct, so the keys ((2^31 - 1 - load) << 32 | id) are too */
+        long long last = -1;
+        for (;;) {
+            int jn = -1;
+            long long kn = 0;
+            for (int j = 0; j < K; j++) {
+                if (s[j] < 0) continue;
+                const long long kj = ((long long)(0x7fffffff - load[s[j]]) << 32) | (long long)s[j];
+                if (kj > last && (jn < 0 || kj < kn)) jn = j, kn = kj;
+            }
+            if (jn < 0) break;
+            o = o + w[(size_t)r * K + jn] * y[((size_t)r * K + jn) * D + d];
+            last = kn;
+        }
     }
     out[i] = o;
 }
