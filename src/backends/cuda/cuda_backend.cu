@@ -1108,11 +1108,6 @@ static const float *norm_weights(cuda_backend *b, int n, int li) {
     return b->norms + ((size_t)li * 2 + (n == IB_N_MLP)) * b->D;
 }
 
-/* Ys[i] [R][N_i] = X [R][K] · W_i^T for n (1..3) device matrices of one format read as one grid, with X
- * already quantized into b->xq/qd/qad when q8. The Q8 dp4a kernel's rows per block grow with the work
- * (about 4 blocks per multiprocessor); many rows take the tensor-core kernel. Neither choice changes
- * any output's arithmetic. */
-
 /* mm_q8_kernel for format fmt (IB_WQ4, IB_WQ8), rbt rows per pass (1, 2, 4, RB) and 8-output blocks
  * (narrow) or 32-output ones; lean (RB rows, groups of at most half MM_MAXC's code words): the
  * instantiation with those code words and registers for RB_LEAN_MINB blocks a multiprocessor. */
@@ -1190,6 +1185,10 @@ static int mm_prefetch_wanted(const cuda_backend *b, const mset *ms, int R) {
     }
 }
 
+/* Ys[i] [R][N_i] = X [R][K] · W_i^T for n (1..3) device matrices of one format read as one grid, with X
+ * already quantized into b->xq/qd/qad when q8. The Q8 dp4a kernel's rows per block grow with the work
+ * (about 4 blocks per multiprocessor); many rows take the tensor-core kernel. Neither choice changes
+ * any output's arithmetic. */
 static void launch_products(cuda_backend *b, int n, const dmat *const *m, const float *X, int R, int q8,
                             float *const *Y) {
     const int fused = b->fault == IB_FAULT_GPU_FMA;
