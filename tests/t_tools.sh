@@ -59,20 +59,13 @@ fs.writeFileSync(p, JSON.stringify(c));' "$T/tools/tokenizer_config.json" || { b
 
 # start NAME MODEL [ARGS...]: a server on a free port; sets PORT
 start() { local name=$1 model=$2; shift 2; serve_start "$name" "$T/$model" --max-tokens 200 "$@"; }
-stop() {
-    kill -TERM "$1"
-    for _ in $(seq 1 100); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
-    wait "$1"; [ $? = 0 ] && ok || bad "$2: exit status"
-    grep -qE "AddressSanitizer|runtime error|LeakSanitizer" "$T/$2.log" && { bad "$2: sanitizer report"; head -30 "$T/$2.log"; } || ok
-}
-req() { # EXPECTED_CODE NAME URL BODY: body in $T/body
-    local code
-    code=$(curl -s -m 60 -o "$T/body" -w '%{http_code}' "$3" -d "$4")
-    [ "$code" = "$1" ] && ok || bad "$2: HTTP $code, want $1: $(head -c 300 "$T/body")"
-}
+# stop, req (server_checks.sh); a request here may decode 200 tokens on the sanitizer build
+. "$(dirname "$0")/server_checks.sh"
+REQ_TIMEOUT_S=60
+post() { req "$1" "$2" "$3" -d "$4"; }   # EXPECTED_CODE NAME URL BODY: body in $T/body
 jget() { node -e 'const b=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")); console.log(eval(process.argv[2]))' "$T/body" "$1" 2>/dev/null; }
 field_400() { # NAME CODE PARAM BODY (on $U)
-    req 400 "$1" "$U/v1/chat/completions" "$4"
+    post 400 "$1" "$U/v1/chat/completions" "$4"
     [ "$(jget 'b.error.code + " " + b.error.param')" = "$2 $3" ] && ok || bad "$1: want $2 naming $3: $(head -c 300 "$T/body")"
 }
 
@@ -86,14 +79,14 @@ FORCE='"tool_choice":{"type":"function","function":{"name":"get_weather"}}'
 # ---- a named tool_choice: the reply is that call, its arguments valid for the schema
 calls=0
 for seed in 1 2 3 4; do
-    req 200 "forced call seed $seed" "$U/v1/chat/completions" "{$BASE,$TOOLS,$FORCE,\"seed\":$seed}"
+    post 200 "forced call seed $seed" "$U/v1/chat/completions" "{$BASE,$TOOLS,$FORCE,\"seed\":$seed}"
     cp "$T/body" "$T/forced$seed"
     v=$(jget 'const c=b.choices[0], m=c.message; if (c.finish_reason==="length") "length"; else if (c.finish_reason!=="tool_calls" || m.content!==null || m.tool_calls.length!==1) "NOT A CALL"; else { const t=m.tool_calls[0], a=JSON.parse(t.function.arguments); (t.type==="function" && t.function.name==="get_weather" && t.id==="call_"+b.id+"_0" && Object.keys(a).length===1 && ["Paris","Rome","Oslo"].includes(a.city)) ? "call" : "INVALID" }')
     case $v in call) ok; calls=$((calls+1)) ;; length) ;; *) bad "forced call seed $seed: $v: $(head -c 400 "$T/body")" ;; esac
 done
 [ "$calls" -ge 3 ] && ok || bad "forced calls: only $calls of 4 completed"
 # the check can fail: the same requests with tool_choice "none" are no calls
-req 200 "tool_choice none" "$U/v1/chat/completions" "{$BASE,$TOOLS,\"tool_choice\":\"none\",\"seed\":1}"
+post 200 "tool_choice none" "$U/v1/chat/completions" "{$BASE,$TOOLS,\"tool_choice\":\"none\",\"seed\":1}"
 [ "$(jget 'const c=b.choices[0]; c.finish_reason!=="tool_calls" && c.message.tool_calls===undefined && typeof c.message.content==="string"')" = true ] \
     && ok || bad "tool_choice none: $(head -c 300 "$T/body")"
 # batched equals alone: the four forced requests at once give the same arguments and logprobs
@@ -143,7 +136,7 @@ required_seeds() {
     multi=""
     for seed in $4; do
         n=$((n+1))
-        req 200 "$1 seed $seed" "$U/v1/chat/completions" "{$3,\"seed\":$seed}"
+        post 200 "$1 seed $seed" "$U/v1/chat/completions" "{$3,\"seed\":$seed}"
         cp "$T/body" "$T/$2$seed"
         v=$("$PY" -c "$RCHECK" "$T/body" "$RTOOLS_A" 2>&1)
         case $v in
@@ -159,7 +152,7 @@ required_seeds() {
 required_seeds required required "$RBASE,$RTOOLS,$REQ" "1 2 3 4 5 6 7 8" 6
 # parallel_tool_calls false: each reply one call; the seeds that gave two give one (the check can fail)
 for seed in 1 2 3 4 5 6 7 8; do
-    req 200 "required, parallel off, seed $seed" "$U/v1/chat/completions" "{$RBASE,$RTOOLS,$REQ,\"parallel_tool_calls\":false,\"seed\":$seed}"
+    post 200 "required, parallel off, seed $seed" "$U/v1/chat/completions" "{$RBASE,$RTOOLS,$REQ,\"parallel_tool_calls\":false,\"seed\":$seed}"
     cp "$T/body" "$T/reqp$seed"
     v=$("$PY" -c "$RCHECK" "$T/body" "$RTOOLS_A" 2>&1)
     case " $multi " in *" $seed "*) [ "${v%% *}" = 1 ] && ok || bad "required, parallel off, seed $seed: $v (not one call)" ;; esac
@@ -171,7 +164,7 @@ same=$(batched_same "$U" reqb "$RBASE,$RTOOLS,$REQ")
 
 # ---- the prompt: the format's text (the verification record's prompt ids, detokenized)
 CONV='"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"weather?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Oslo\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"sunny"},{"role":"tool","content":"4 C"}]'
-req 200 "conversation with tool results" "$U/v1/chat/completions" "{\"model\":\"tools\",$CONV,$TOOLS,\"max_tokens\":4,\"seed\":1}"
+post 200 "conversation with tool results" "$U/v1/chat/completions" "{\"model\":\"tools\",$CONV,$TOOLS,\"max_tokens\":4,\"seed\":1}"
 node -e 'const b=JSON.parse(require("fs").readFileSync(process.argv[1])); console.log(JSON.stringify({tokens: b.verification.prompt}))' "$T/body" > "$T/ids.json"
 curl -s -m 30 "$U/detokenize" -d @"$T/ids.json" > "$T/body"
 WANT='<|im_start|>system
@@ -210,7 +203,7 @@ GOT=$(jget 'b.content'; echo x); GOT=${GOT%x}
 [ "$GOT" = "$WANT"$'\n' ] && ok || { bad "the prompt with tools differs from the format's text:"; printf '%s' "$GOT" | diff <(printf '%s\n' "$WANT") - | head -20; }
 
 # ---- tool_choice auto: declared; the tiny model writes no call, so a plain reply
-req 200 "auto" "$U/v1/chat/completions" "{$BASE,$TOOLS,\"seed\":2}"
+post 200 "auto" "$U/v1/chat/completions" "{$BASE,$TOOLS,\"seed\":2}"
 [ "$(jget 'const c=b.choices[0]; (c.finish_reason==="stop"||c.finish_reason==="length") && c.message.tool_calls===undefined && typeof c.message.content==="string"')" = true ] \
     && ok || bad "auto: $(head -c 300 "$T/body")"
 
@@ -296,7 +289,7 @@ CH='"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":4'
 field_400 "tools on a template without tool calls" unsupported_parameter tools "{$CH,$TOOLS}"
 field_400 "required on a template without tool calls" unsupported_parameter tools "{$CH,$TOOLS,$REQ}"
 field_400 "tool messages on a template without tool calls" unsupported_parameter messages "{\"model\":\"tiny\",\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}],\"max_tokens\":4}"
-req 200 "tool_choice none without tools there" "$U/v1/chat/completions" "{$CH,\"tool_choice\":\"none\"}"
+post 200 "tool_choice none without tools there" "$U/v1/chat/completions" "{$CH,\"tool_choice\":\"none\"}"
 stop "$LAST_PID" plain
 
 # ---- Gemma 4's tool form (src/server/tool_form_gemma4.c): the tiny Gemma 4 model with a byte-level
@@ -318,7 +311,7 @@ TOOLS4='"tools":[{"type":"function","function":{"name":"get_weather","descriptio
 CONV4='"messages":[{"role":"system","content":"Be brief. "},{"role":"user","content":"weather?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Oslo\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"{\"temp\": 21, \"sky\": \"clear\"}"}]'
 # the prompt: the declarations after the system text, the call and its result in one model turn left
 # open, the generation prompt going on in it (written out by hand from the template's rules)
-req 200 "gemma 4: conversation with a tool result" "$U/v1/chat/completions" "{\"model\":\"g4\",$CONV4,$TOOLS4,\"max_tokens\":4,\"seed\":1}"
+post 200 "gemma 4: conversation with a tool result" "$U/v1/chat/completions" "{\"model\":\"g4\",$CONV4,$TOOLS4,\"max_tokens\":4,\"seed\":1}"
 node -e 'const b=JSON.parse(require("fs").readFileSync(process.argv[1])); console.log(JSON.stringify({tokens: b.verification.prompt}))' "$T/body" > "$T/ids.json"
 curl -s -m 30 "$U/detokenize" -d @"$T/ids.json" > "$T/body"
 WANT='<bos><|turn>system
@@ -344,20 +337,20 @@ err=$("$BIN" tokenize -m "$T/g4" --messages "$T/g4m.json" --tools "$T/g4bad.json
 G4BASE='"model":"g4","messages":[{"role":"user","content":"weather in Rome?"}],"max_tokens":24,"temperature":0.9,"logprobs":true'
 curl -s -m 30 "$U/tokenize" -d '{"content":"<|tool_response>"}' > "$T/body"
 hid=$(jget 'b.tokens.length === 1 ? b.tokens[0] : -1')
-req 200 "gemma 4: the hand-over token" "$U/v1/chat/completions" "{$G4BASE,$TOOLS4,\"seed\":1,\"logit_bias\":{\"$hid\":30}}"
+post 200 "gemma 4: the hand-over token" "$U/v1/chat/completions" "{$G4BASE,$TOOLS4,\"seed\":1,\"logit_bias\":{\"$hid\":30}}"
 [ "$(jget 'const c=b.choices[0]; c.finish_reason + " " + JSON.stringify(c.message.content) + " " + b.usage.completion_tokens')" = 'stop "" 1' ] \
     && ok || bad "gemma 4: a reply with tools does not stop at <|tool_response> ($hid): $(head -c 300 "$T/body")"
-req 200 "gemma 4: the hand-over token without tools" "$U/v1/chat/completions" "{$G4BASE,\"seed\":1,\"logit_bias\":{\"$hid\":30}}"
+post 200 "gemma 4: the hand-over token without tools" "$U/v1/chat/completions" "{$G4BASE,\"seed\":1,\"logit_bias\":{\"$hid\":30}}"
 [ "$(jget 'b.choices[0].message.content.startsWith("<|tool_response>")')" = true ] \
     && ok || bad "gemma 4: a plain chat stops at <|tool_response>: $(head -c 300 "$T/body")"
 # auto: the tiny model writes no call, so a plain reply; with <|tool_call> tokens made likely, still no
 # call (they are no well-formed call), and the stream holds them back, then gives the same content
-req 200 "gemma 4: auto" "$U/v1/chat/completions" "{$G4BASE,$TOOLS4,\"seed\":2}"
+post 200 "gemma 4: auto" "$U/v1/chat/completions" "{$G4BASE,$TOOLS4,\"seed\":2}"
 [ "$(jget 'const c=b.choices[0]; (c.finish_reason==="stop"||c.finish_reason==="length") && c.message.tool_calls===undefined && typeof c.message.content==="string"')" = true ] \
     && ok || bad "gemma 4: auto: $(head -c 300 "$T/body")"
 curl -s -m 30 "$U/tokenize" -d '{"content":"<|tool_call>"}' > "$T/body"
 cid=$(jget 'b.tokens.length === 1 ? b.tokens[0] : -1')
-req 200 "gemma 4: auto with call openings" "$U/v1/chat/completions" "{$G4BASE,$TOOLS4,\"seed\":3,\"logit_bias\":{\"$cid\":6}}"
+post 200 "gemma 4: auto with call openings" "$U/v1/chat/completions" "{$G4BASE,$TOOLS4,\"seed\":3,\"logit_bias\":{\"$cid\":6}}"
 cp "$T/body" "$T/g4open"
 [ "$(jget 'const c=b.choices[0]; c.message.tool_calls===undefined && c.finish_reason!=="tool_calls" && c.message.content.includes("<|tool_call>")')" = true ] \
     && ok || bad "gemma 4: call openings: $(head -c 300 "$T/body")"
@@ -374,12 +367,12 @@ G4R="\"model\":\"g4\",\"messages\":[{\"role\":\"user\",\"content\":\"weather in 
 required_seeds "gemma 4: required" g4req "$G4R,$RTOOLS,$REQ" "1 2 3 4 5 6" 4
 g4multi=$multi
 for seed in $g4multi; do
-    req 200 "gemma 4: required, parallel off, seed $seed" "$U/v1/chat/completions" "{$G4R,$RTOOLS,$REQ,\"parallel_tool_calls\":false,\"seed\":$seed}"
+    post 200 "gemma 4: required, parallel off, seed $seed" "$U/v1/chat/completions" "{$G4R,$RTOOLS,$REQ,\"parallel_tool_calls\":false,\"seed\":$seed}"
     v=$("$PY" -c "$RCHECK" "$T/body" "$RTOOLS_A" 2>&1)
     case $v in "1 "*|length) ok ;; *) bad "gemma 4: required, parallel off, seed $seed: $v: $(head -c 400 "$T/body")" ;; esac
 done
 for seed in 1 2 3 4; do
-    req 200 "gemma 4: named, seed $seed" "$U/v1/chat/completions" "{$G4R,$RTOOLS,$FORCE,\"seed\":$seed}"
+    post 200 "gemma 4: named, seed $seed" "$U/v1/chat/completions" "{$G4R,$RTOOLS,$FORCE,\"seed\":$seed}"
     cp "$T/body" "$T/g4force$seed"
     v=$("$PY" -c "$RCHECK" "$T/body" "$RTOOLS_A" 2>&1)
     case $v in "1 get_weather"|length) ok ;; *) bad "gemma 4: named, seed $seed: $v: $(head -c 400 "$T/body")" ;; esac
@@ -390,14 +383,14 @@ same=$(batched_same "$U" g4force "$G4R,$RTOOLS,$FORCE")
 [ "$same" = 4 ] && ok || bad "gemma 4: named: $same of 4 batched replies equal to the same request alone"
 for f in g4req1 g4req2 g4force1; do
     node -e 'const b=JSON.parse(require("fs").readFileSync(process.argv[1])); console.log(JSON.stringify(b.verification))' "$T/$f" > "$T/$f.rec"
-    req 200 "gemma 4: verify $f" "$U/v1/verify" "@$T/$f.rec"
+    post 200 "gemma 4: verify $f" "$U/v1/verify" "@$T/$f.rec"
     [ "$(jget 'b.match')" = true ] && ok || bad "gemma 4: the record of $f does not verify: $(head -c 300 "$T/body")"
 done
 streamed_two "gemma 4" "$G4R,$RTOOLS,$REQ" g4req "$g4multi"
 # refusals naming the field
 field_400 "gemma 4: a description that is a list" invalid_value tools "{$G4BASE,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"properties\":{\"x\":{\"type\":\"string\",\"description\":[1]}}}}}]}"
 # a property without a type (an anyOf, as Pydantic writes Optional) is written, with the empty type
-req 200 "gemma 4: a property without a type" "$U/v1/chat/completions" "{$G4BASE,\"max_tokens\":2,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"properties\":{\"x\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}}}}}]}"
+post 200 "gemma 4: a property without a type" "$U/v1/chat/completions" "{$G4BASE,\"max_tokens\":2,\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"properties\":{\"x\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]}}}}}]}"
 field_400 "gemma 4: a tool message with no call before it" invalid_value messages "{\"model\":\"g4\",\"messages\":[{\"role\":\"user\",\"content\":\"u\"},{\"role\":\"tool\",\"content\":\"x\"}],$TOOLS4}"
 field_400 "gemma 4: arguments that are no object" invalid_value messages "{\"model\":\"g4\",\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"a\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"[1]\"}}]}],$TOOLS4}"
 stop "$LAST_PID" g4
