@@ -207,12 +207,13 @@ int main(void) {
          * added in the step's expert order (cpu_moe's loop: experts in order, each adding to its rows) */
         route_with(logits, 0, load.data());   /* the same routing, its loads counted */
         std::vector<int> lw(E), order(E);
-        ib_moe_fault_load_order(sel.data(), R * TOPK, E, lw.data(), order.data());
+        ib_moe_loads(sel.data(), R * TOPK, E, lw.data());
         int lok = 1;
         for (int e = 0; e < E; e++) lok &= load[e] == lw[e];
-        CHECK(lok, "moe_route_kernel: the experts' loads differ from ib_moe_fault_load_order's");
+        CHECK(lok, "moe_route_kernel: the experts' loads differ from ib_moe_loads'");
         /* the combine's loads are those of sc (slot 2 without an expert), as cpu_moe counts them */
-        ib_moe_fault_load_order(sc.data(), R * TOPK, E, lw.data(), order.data());
+        ib_moe_loads(sc.data(), R * TOPK, E, lw.data());
+        ib_moe_fault_load_order(lw.data(), E, order.data());
         for (int e = 0; e < E; e++) load[e] = lw[e];
         std::vector<float> wl((size_t)R * D, 0.0f), ol((size_t)R * D);
         for (int oi = 0; oi < E; oi++)

@@ -61,11 +61,16 @@ void ib_moe_fault_capacity(int32_t *sel, int n, int E) {
     }
 }
 
-/* ib_moe_fault_load_order (ops.h): a stable insertion sort of the ids by descending load. */
-void ib_moe_fault_load_order(const int32_t *sel, int n, int E, int *load, int *order) {
-    for (int e = 0; e < E; e++) order[e] = e, load[e] = 0;
+/* ib_moe_loads (ops.h). */
+void ib_moe_loads(const int32_t *sel, int n, int E, int *load) {
+    for (int e = 0; e < E; e++) load[e] = 0;
     for (int i = 0; i < n; i++)
         if (sel[i] >= 0 && sel[i] < E) load[sel[i]]++;
+}
+
+/* ib_moe_fault_load_order (ops.h): a stable insertion sort of the ids by descending load. */
+void ib_moe_fault_load_order(const int *load, int E, int *order) {
+    for (int e = 0; e < E; e++) order[e] = e;
     for (int a = 1; a < E; a++)
         for (int x = a; x > 0 && load[order[x]] > load[order[x - 1]]; x--) {
             const int t = order[x];

@@ -121,10 +121,13 @@ void ib_moe_combine(const float *y, const float *w, const int32_t *sel, int k, i
  * first ceil(n / E) in that order and the rest become -1. */
 void ib_moe_fault_capacity(int32_t *sel, int n, int E);
 
-/* Test-only, the moe-combine-by-load fault (expert outputs summed in an order the batch decides): load
- * [E] = each expert's pairs in sel [n], and order [E] = the expert ids by descending load, ties to the
- * lower id — the order in which the faulty combine adds each expert's outputs to their rows, from 0. */
-void ib_moe_fault_load_order(const int32_t *sel, int n, int E, int *load, int *order);
+/* load [E] = how many of a step's routed pairs sel [n] (-1: none) each expert of E has. */
+void ib_moe_loads(const int32_t *sel, int n, int E, int *load);
+
+/* Test-only, the moe-combine-by-load fault (expert outputs summed in an order the batch decides): order
+ * [E] = the expert ids by descending load [E] (ib_moe_loads), ties to the lower id — the order in which
+ * the faulty combine adds each expert's outputs to their rows, from 0. */
+void ib_moe_fault_load_order(const int *load, int E, int *order);
 
 /* x *= s elementwise, n floats (Gemma 4's layer scalar, the embedding scale). */
 void ib_scale(float *x, size_t n, float s);

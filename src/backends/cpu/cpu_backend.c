@@ -658,11 +658,14 @@ static void cpu_moe(ib_backend *b, int li, ib_buf route_in, ib_buf in, ib_buf ou
     /* the order the experts run in: ascending id — or, under the test-only combine-by-load fault, the
      * busiest of this step first (then each output is added to its row as its expert finishes) */
     int order[IB_CONFIG_MAX_EXPERTS], load[IB_CONFIG_MAX_EXPERTS];
-    ib_moe_fault_load_order(c->moe_sel, R * K, E, load, order);
+    ib_moe_loads(c->moe_sel, R * K, E, load);
     const int by_load = fault == IB_FAULT_MOE_COMBINE_BY_LOAD;
-    if (by_load) memset(c->buf[out], 0, (size_t)R * D * sizeof(float));
-    else
+    if (by_load) {
+        ib_moe_fault_load_order(load, E, order);
+        memset(c->buf[out], 0, (size_t)R * D * sizeof(float));
+    } else {
         for (int e = 0; e < E; e++) order[e] = e;
+    }
     for (int oi = 0; oi < E; oi++) {
         const int e = order[oi];
         if (load[e] == 0) continue;
