@@ -7,7 +7,9 @@
  * AddressSanitizer build) and the kernel's transparent huge pages are "always" or "madvise", a block
  * of 6 MiB must lie in a mapping the kernel says may take huge pages (smaps' THPeligible): without
  * the madvise, or with a mapping whose start is not 2 MiB-aligned, the check fails. Skipped, with a
- * message, where that cannot be read.
+ * message, where that cannot be read. Blocks of 64 KiB up to 2 MiB are carved from shared mappings:
+ * there a block of 1 MiB must be eligible too, and the shared mapping must be gone once its last block
+ * is freed.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -67,6 +69,21 @@ static int thp_eligible(const void *p) {
     return in ? r : -1;
 }
 
+/* Whether address p lies in a mapping of this process (/proc/self/maps): 1 or 0, -1 when unreadable. */
+static int mapped(const void *p) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return -1;
+    char line[512];
+    int r = 0;
+    const uintptr_t a = (uintptr_t)p;
+    while (!r && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && a >= lo && a < hi) r = 1;
+    }
+    fclose(f);
+    return r;
+}
+
 int main(void) {
     static const size_t sizes[] = {0, 1, 63, 64, 65, 4096, 100000, (2u << 20) - 65, (2u << 20) - 64, 2u << 20,
                                    (2u << 20) + 1, (5u << 20) + 7, 9u << 20};
@@ -114,6 +131,20 @@ int main(void) {
             CHECK(e == 1, "a 6 MiB block's mapping may not take huge pages (THPeligible %d, mode %s)", e, mode);
         }
         ib_big_free(p);
+        /* blocks below 2 MiB share a mapping that may take huge pages, released with its last block */
+        unsigned char *a = ib_big_alloc(1u << 20), *b = ib_big_alloc(300000), *c = ib_big_alloc((2u << 20) - 64);
+        CHECK(a && b && c, "shared-mapping blocks: no block");
+        if (a && b && c && e != -1) {
+            e = thp_eligible(a + (512u << 10));
+            CHECK(e == 1, "a 1 MiB block's mapping may not take huge pages (THPeligible %d, mode %s)", e, mode);
+            ib_big_free(a);
+            ib_big_free(c);
+            CHECK(mapped(b) == 1, "a shared mapping was released while a block of it was live");
+            ib_big_free(b);
+            CHECK(mapped(b) == 0, "a shared mapping is still mapped after its last block was freed");
+        } else {
+            ib_big_free(a), ib_big_free(b), ib_big_free(c);
+        }
     }
     TEST_MAIN_END("test_bigalloc");
 }

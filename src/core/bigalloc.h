@@ -14,8 +14,10 @@
 
 /* n bytes (n >= 0), zeroed, 64-byte aligned; NULL when out of memory. Blocks of at least 2 MiB are
  * their own mapping, 2 MiB-aligned and asked for huge pages (their pages come on first touch, 2 MiB
- * at a time); smaller ones, and every block in an AddressSanitizer build
- * (whose leak checker sees heap blocks only), come from the heap. Free with ib_big_free. */
+ * at a time); blocks of 64 KiB up to 2 MiB are carved one after another from shared mappings of 32 MiB
+ * asked for huge pages the same way (never memory a freed block held; a shared mapping is released
+ * with its last block); smaller ones, and every block in an AddressSanitizer build (whose leak checker
+ * sees heap blocks only), come from the heap. Thread-safe. Free with ib_big_free. */
 void *ib_big_alloc(size_t n);
 
 /* Release a block of ib_big_alloc (NULL: nothing). */
