@@ -10,9 +10,10 @@
  * matrices are mostly below 2 MiB (qwen3-0.6b's q/k/v/o and MLP matrices at 4 bits are 0.5-1.6 MiB,
  * their scales and biases less): from the heap they were on 4 KiB pages, so every 4 KiB of a product's
  * weight stream was a TLB walk, and a 1024 -> 3072 product of 16 rows from memory ran about 20% slower
- * than on huge pages (docs/cpu.md, "Small matrices on huge pages"). A chunk's memory is never handed out
- * twice: each block is fresh, zero memory; a chunk counts its live blocks and is unmapped when the last
- * is freed.
+ * than on huge pages (docs/cpu.md, "Matrices below 2 MiB on huge pages too"). A chunk's memory is
+ * never handed out twice: each block is fresh, zero memory; a chunk counts its live blocks and is
+ * unmapped when the last is freed (so blocks of two lifetimes in one chunk keep the first's touched
+ * pages until the second's are freed too).
  */
 #include "core/bigalloc.h"
 
