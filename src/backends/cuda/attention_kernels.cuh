@@ -161,6 +161,93 @@ __device__ __forceinline__ void qk_fused_prologue(const qk_fuse &fz, const float
     __syncthreads();
 }
 
+/* What the direct path's two prologue warps read that no kernel of the step writes, loaded before the
+ * wait for the previous kernel: warp 0 (the query head) and warp 1 (the key head) each hold, at lane
+ * l, its head norm's weights w[k] = norm[l + 32k] (k < 4: hd <= 128) and the row's RoPE entries
+ * t[2k], t[2k + 1] = cs[2i], cs[2i + 1] for the pair i = l + 32k (k < 2: i < hd/2). */
+struct qk_pre {
+    float w[4], t[4];
+};
+
+/* The direct path's qk_pre for row r (head dim hd <= 128), by threads 0..63; zeros elsewhere. */
+__device__ __forceinline__ qk_pre qk_preload(const qk_fuse &fz, int r, int hd) {
+    qk_pre p = {};
+    const int lane = threadIdx.x & 31, x = threadIdx.x >> 5;
+    if (!fz.K || x > 1 || hd > 128) return p;
+    const float *w = fz.qn ? (x == 1 ? fz.kn : fz.qn) : NULL;
+    const float *t = fz.cs + (size_t)r * hd;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int i = lane + 32 * k;
+        if (w && i < hd) p.w[k] = w[i];
+    }
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const int i = lane + 32 * k;
+        if (i < hd / 2) p.t[2 * k] = t[2 * i], p.t[2 * k + 1] = t[2 * i + 1];
+    }
+    return p;
+}
+
+/* qk_fused_prologue for one query head h (nq = 1, hd <= 128) with the constants already in registers
+ * (pre): warp 0 the query head into qs, warp 1 the key head into ks and stored with its value head,
+ * which it stages in vs [hd] (shared scratch the block does not read before the closing barrier). Each
+ * warp issues all its loads of the step's Q, K, V before any arithmetic. The same operations in the
+ * same order as qk_head_warp and kv_store_warp (the norm's (x * r) * w, the rotation's products). */
+__device__ __forceinline__ void qk_direct_prologue(const qk_fuse &fz, const float *__restrict__ Q, const rowinfo &info,
+                                                   int r, int h, int kvh, int H, int KVH, int hd, int li, float *qs,
+                                                   float *ks, float *vs, void *kmir, float *vmir, const qk_pre &pre) {
+    const int lane = threadIdx.x & 31, x = threadIdx.x >> 5, half = hd / 2;
+    if (x <= 1) {
+        const bool key = x == 1;
+        float *xs = key ? ks : qs;
+        const float *src = key ? fz.K + ((size_t)r * KVH + kvh) * hd : Q + ((size_t)r * H + h) * hd;
+        const float *vsrc = fz.V + ((size_t)r * KVH + kvh) * hd;
+        float xv[4], vv[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int i = lane + 32 * k;
+            xv[k] = i < hd ? src[i] : 0.0f;
+            vv[k] = key && i < hd ? vsrc[i] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int i = lane + 32 * k;
+            if (i < hd) {
+                xs[i] = xv[k];
+                if (key) vs[i] = vv[k];
+            }
+        }
+        __syncwarp();
+        if (fz.qn) {
+            const float a = sumsq16(xs, hd, lane);
+            float rr = 0.0f;
+            if (lane == 0) rr = 1.0f / sqrtf(a / (float)hd + fz.eps);
+            rr = __shfl_sync(0xffffffffu, rr, 0);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int i = lane + 32 * k;
+                if (i < hd) xs[i] = (xs[i] * rr) * pre.w[k];
+            }
+            __syncwarp();
+        }
+        if (r < fz.rope_rows) {
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                const int i = lane + 32 * k;
+                if (i < half) {
+                    const float a = xs[i], b = xs[i + half], c = pre.t[2 * k], s = pre.t[2 * k + 1];
+                    xs[i] = a * c - b * s;
+                    xs[i + half] = b * c + a * s;
+                }
+            }
+            __syncwarp();
+        }
+        if (key) kv_store_warp(info, li, KVH, kvh, hd, xs, vs, lane, kmir, vmir);
+    }
+    __syncthreads();
+}
+
 /* Lane u (0..15) of ib_dot16(q_h, key) for G query heads at once: a[h] sums elements u, u+16, … of
  * q_h * key in ascending order (q_h at q_s + h * hd, shared memory); the key's elements are loaded once
  * for all G heads, 8 loads issued before their products. */
@@ -908,7 +995,7 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
                                        const rowinfo &info, int r, int h, int H, int KVH, int hd, int li, float scale,
                                        int block, int qG, int8_t *__restrict__ xq, float *__restrict__ qd,
                                        float *__restrict__ qad, unsigned char *stage, int stage_bytes,
-                                       const qk_fuse &fz) {
+                                       const qk_fuse &fz, const qk_pre &pre) {
     constexpr int DTPK = direct_lanes<T>::DTPK, E = kv_read<T>::E;
     const int nseg = hd / 16, tid = threadIdx.x, p = info.pos;
     if (!stage || hd % 16 != 0 || nseg > DIRECT_SEGS || hd >= (int)blockDim.x || 64 % (hd / E) != 0 ||
@@ -955,7 +1042,7 @@ __device__ bool attend_row_head_direct(att_smem1 &sm, const float *__restrict__ 
     /* position p's key as stored (its bits) into sm.slot, unused here, and its value row as floats into
      * the stage's last row, by the prologue's key warp: no round trip through the cache after it */
     const typename kv_read<T>::ptr kpos = kv_read<T>::at(sm.slot, 0);
-    if (fused) qk_fused_prologue(fz, Q, info, r, h, 1, kvh, H, KVH, hd, li, sm.q, sm.out, sm.slot, vst + (size_t)(nc - 1) * hd);
+    if (fused) qk_direct_prologue(fz, Q, info, r, h, kvh, H, KVH, hd, li, sm.q, sm.out, sm.pw, sm.slot, vst + (size_t)(nc - 1) * hd, pre);
     for (int d = tid; d < hd; d += blockDim.x) {
         if (!fused) sm.q[d] = Q[((size_t)r * H + h) * hd + d];
         sm.out[d] = 0.0f;
@@ -1083,6 +1170,7 @@ __global__ void __launch_bounds__(NTH, NTH == ATT_THREADS ? DIRECT_MIN_BLOCKS : 
     const int r = (int)blockIdx.x / H, h = (int)blockIdx.x % H;
     const rowinfo info = ri[r];   /* uploaded before the step's first kernel */
     prefetch_kv(info, li, KVH, h / (H / KVH), hd);
+    const qk_pre pre = qk_preload(fz, r, hd);
     PDL_ENTER();
     ATT_MARK(9);
     __shared__ att_smem1 sm;
@@ -1090,12 +1178,12 @@ __global__ void __launch_bounds__(NTH, NTH == ATT_THREADS ? DIRECT_MIN_BLOCKS : 
     unsigned char *st = stage_bytes > 0 ? att_stage : NULL;
 #ifdef IB_CUDA_ATT_TRACE
     if (att_trace_twice && li == 3) {   /* idempotent: the same stores and outputs twice */
-        attend_row_head_direct<T>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, fz);
+        attend_row_head_direct<T>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, fz, pre);
         __syncthreads();
         ATT_MARK(0);
     }
 #endif
-    if (!attend_row_head_direct<T>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, fz))
+    if (!attend_row_head_direct<T>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes, fz, pre))
         attend_row_head<T, false>(sm, Q, ATT, info, r, h, H, KVH, hd, li, scale, block, qG, xq, qd, qad, st, stage_bytes,
                                   att_split{1, 0}, fz);
 }
