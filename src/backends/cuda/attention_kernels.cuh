@@ -19,6 +19,22 @@ __device__ __forceinline__ int slot_of(const rowinfo &ri, int pos) {
     return ri.sink + (pos - ri.sink) % (ri.cap - ri.sink);
 }
 
+/* The head norm's factor 1/sqrt(ss/hd + eps) of head xs [hd] (shared memory), ss as ib_dot16 folds it
+ * (lanes 0..15), in every lane of the warp. */
+__device__ __forceinline__ float head_norm_factor(const float *xs, int hd, float eps, int lane) {
+    const float a = sumsq16(xs, hd, lane);
+    float rr = 0.0f;
+    if (lane == 0) rr = 1.0f / sqrtf(a / (float)hd + eps);
+    return __shfl_sync(0xffffffffu, rr, 0);
+}
+
+/* ib_rope's rotation of pair (i, i + half) of xs by (c, s): a*c - b*s, b*c + a*s, products rounded. */
+__device__ __forceinline__ void rope_pair(float *xs, int i, int half, float c, float s) {
+    const float a = xs[i], b = xs[i + half];
+    xs[i] = a * c - b * s;
+    xs[i + half] = b * c + a * s;
+}
+
 /* One head of one row by one warp, in place in xs [hd] (shared memory): with w (the head norm's weights
  * [hd]; NULL: none) ib_rmsnorm_heads as rmsnorm_kernel computes it — lanes 0..15 own ib_dot16's lanes
  * and fold 8, 4, 2, 1, then r = 1/sqrt(ss/hd + eps) and (x * r) * w —; then, with rope, the rotation of
@@ -28,19 +44,12 @@ __device__ __forceinline__ void qk_head_warp(float *xs, const float *__restrict_
                                              bool rope, int hd, float eps, int lane) {
     const int half = hd / 2;
     if (w) {
-        const float a = sumsq16(xs, hd, lane);
-        float rr = 0.0f;
-        if (lane == 0) rr = 1.0f / sqrtf(a / (float)hd + eps);
-        rr = __shfl_sync(0xffffffffu, rr, 0);
+        const float rr = head_norm_factor(xs, hd, eps, lane);
         for (int i = lane; i < hd; i += 32) xs[i] = (xs[i] * rr) * w[i];
         __syncwarp();
     }
     if (rope) {
-        for (int i = lane; i < half; i += 32) {
-            const float a = xs[i], b = xs[i + half], c = t[2 * i], s = t[2 * i + 1];
-            xs[i] = a * c - b * s;
-            xs[i + half] = b * c + a * s;
-        }
+        for (int i = lane; i < half; i += 32) rope_pair(xs, i, half, t[2 * i], t[2 * i + 1]);
         __syncwarp();
     }
 }
@@ -220,10 +229,7 @@ __device__ __forceinline__ void qk_direct_prologue(const qk_fuse &fz, const floa
         }
         __syncwarp();
         if (fz.qn) {
-            const float a = sumsq16(xs, hd, lane);
-            float rr = 0.0f;
-            if (lane == 0) rr = 1.0f / sqrtf(a / (float)hd + fz.eps);
-            rr = __shfl_sync(0xffffffffu, rr, 0);
+            const float rr = head_norm_factor(xs, hd, fz.eps, lane);
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 const int i = lane + 32 * k;
@@ -235,11 +241,7 @@ __device__ __forceinline__ void qk_direct_prologue(const qk_fuse &fz, const floa
 #pragma unroll
             for (int k = 0; k < 2; k++) {
                 const int i = lane + 32 * k;
-                if (i < half) {
-                    const float a = xs[i], b = xs[i + half], c = pre.t[2 * k], s = pre.t[2 * k + 1];
-                    xs[i] = a * c - b * s;
-                    xs[i + half] = b * c + a * s;
-                }
+                if (i < half) rope_pair(xs, i, half, pre.t[2 * k], pre.t[2 * k + 1]);
             }
             __syncwarp();
         }
