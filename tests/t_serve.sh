@@ -334,11 +334,13 @@ req 401 "/tokenize without a key" "$U/tokenize" -d '{"content":"x"}'
 req 405 "/tokenize GET" "${A[@]}" "$U/tokenize"
 # latency histograms, and a tokens/s gauge that scrapes do not reset
 sleep 1.1
-# the gauge covers the last 10 whole seconds: two scrapes within one second must agree (a pair that
-# straddles a second boundary may not, so the pair is taken again when it did)
-for _ in 1 2 3 4 5; do
-    s0=$(date +%s); curl -s "$U/metrics" > "$T/m1"; curl -s "$U/metrics" > "$T/m2"; s1=$(date +%s)
-    [ "$s0" = "$s1" ] && break
+# the gauge covers the last 10 whole seconds of the server's own clock (counted from its start, so
+# its second boundaries are not the wall clock's): two back-to-back scrapes agree unless a boundary
+# falls between them, so the pair is taken again when they differ; a scrape that reset the gauge
+# makes the second of a pair smaller, or both 0 once nothing is generated, which fails below
+for _ in 1 2 3 4 5 6; do
+    curl -s "$U/metrics" > "$T/m1"; curl -s "$U/metrics" > "$T/m2"
+    [ "$(grep '^isobatch_tokens_per_second ' "$T/m1")" = "$(grep '^isobatch_tokens_per_second ' "$T/m2")" ] && break
 done
 for m in isobatch_time_to_first_token_seconds isobatch_inter_token_seconds isobatch_queue_seconds; do
     c=$(grep "^${m}_count " "$T/m1" | cut -d' ' -f2)
