@@ -3,7 +3,9 @@
 # One A/B measurement in one run: `BIN bench -m MODEL_DIR BENCH_ARGS` under each SETTING in turn (a
 # space-separated list of VAR=VALUE environment settings; "" for none), the whole list ROUNDS times, so
 # that clock, temperature and neighbours' load drift over all settings alike. Prints, per setting and
-# batch size, the decode tok/s of every round and their median, and the prefill tok/s. A setting's word
+# batch size, the decode tok/s of every round and their median, and the prefill tok/s; then, for each
+# setting after the first, the median over rounds of its figure over the first setting's in the same
+# round (a paired comparison, which the machine's drift between rounds does not move). A setting's word
 # BIN=PATH runs the binary at PATH instead of BIN (two builds alternated: "" "BIN=base/isobatch"). The figures in
 # docs/cuda.md ("alternating in one call, two rounds") are taken this way, e.g.
 #   bench/ab_bench.sh build/isobatch /tmp/q06 2 "" "IB_CUDA_ATT_WIDE=0" -- --backend cuda --batch 1,2,4
@@ -57,3 +59,23 @@ for i in "${!settings[@]}"; do
             }
         }' "$tmp/rows"
 done
+# Paired within rounds (the machine's drift cancels): each setting after the first against the first,
+# per round the ratio of their figures, then the median ratio and in how many rounds it was above 1.
+[ ${#settings[@]} -lt 2 ] || awk -v n0="${settings[0]:-(none)}" -v names="$(printf '%s\n' "${settings[@]}" | sed 's/^$/(none)/' | paste -sd'|')" '
+    { val[$1, $2, $3] = $4; if (!($3 in seen)) { seen[$3] = 1; order[++k] = $3 } if ($2 > R) R = $2; if ($1 > S) S = $1 }
+    END {
+        split(names, nm, "|")
+        for (s = 1; s <= S; s++)
+            for (j = 1; j <= k; j++) {
+                key = order[j]; m = 0; up = 0
+                for (r = 1; r <= R; r++)
+                    if (((0, r, key) in val) && ((s, r, key) in val) && val[0, r, key] > 0) {
+                        q[++m] = val[s, r, key] / val[0, r, key]; if (q[m] > 1) up++
+                    }
+                if (m == 0) continue
+                for (x = 1; x <= m; x++) for (y = x + 1; y <= m; y++) if (q[y] < q[x]) { t = q[x]; q[x] = q[y]; q[y] = t }
+                med = m % 2 ? q[(m + 1) / 2] : (q[m / 2] + q[m / 2 + 1]) / 2
+                printf "paired: %-28s %-8s %.3fx of %s (median of %d rounds; higher in %d of them)\n", nm[s + 1],
+                       key == "prefill" ? "prefill" : "B=" key, med, n0, m, up
+            }
+    }' "$tmp/rows"

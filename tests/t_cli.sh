@@ -211,6 +211,28 @@ bash bench/ab_bench.sh "$BIN" "$T/m" 2 "" "IB_AB_PROBE=1 IB_AB_PROBE2=2" -- --ba
 [ $? = 0 ] && [ "$(grep -cE '^\(none\) +(B=1|B=2|prefill) +[0-9.]+ [0-9.]+  \(median [0-9.]+\)$' "$T/ab.txt")" = 3 ] \
     && [ "$(grep -cE '^IB_AB_PROBE=1 IB_AB_PROBE2=2 +(B=1|B=2|prefill) +[0-9.]+ [0-9.]+  \(median [0-9.]+\)$' "$T/ab.txt")" = 3 ] \
     && ok || bad "ab_bench.sh: $(cat "$T/ab.txt" "$T/ab.err")"
+# its paired lines: per figure, the median over rounds of the second setting's over the first's in the
+# same round, and the rounds where it was higher, recomputed here from the per-round figures it printed
+python3 - "$T/ab.txt" > "$T/ab.check" 2>&1 <<'PY'
+import re, sys
+rows, paired = {}, {}
+for line in open(sys.argv[1]):
+    m = re.match(r'^(\(none\)|IB_AB_PROBE=1 IB_AB_PROBE2=2) +(B=\d+|prefill) +([0-9. ]+?)  \(median', line)
+    if m: rows[(m.group(1), m.group(2))] = [float(x) for x in m.group(3).split()]
+    m = re.match(r'^paired: IB_AB_PROBE=1 IB_AB_PROBE2=2 +(B=\d+|prefill) +([0-9.]+)x of \(none\) \(median of (\d+) rounds; higher in (\d+) of them\)$', line)
+    if m: paired[m.group(1)] = (float(m.group(2)), int(m.group(3)), int(m.group(4)))
+bad = []
+for key in ('B=1', 'B=2', 'prefill'):
+    a, b = rows.get(('(none)', key)), rows.get(('IB_AB_PROBE=1 IB_AB_PROBE2=2', key))
+    if not a or not b or key not in paired: bad.append(key + ': missing'); continue
+    q = sorted(y / x for x, y in zip(a, b))
+    med = q[len(q) // 2] if len(q) % 2 else (q[len(q) // 2 - 1] + q[len(q) // 2]) / 2
+    want = (round(med, 3), len(q), sum(1 for x in q if x > 1))
+    got = paired[key]
+    if abs(got[0] - want[0]) > 0.0015 or got[1:] != want[1:]: bad.append('%s: printed %s, want %s' % (key, got, want))
+print('ok' if not bad else '; '.join(bad))
+PY
+[ "$(cat "$T/ab.check")" = ok ] && ok || bad "ab_bench.sh paired lines: $(cat "$T/ab.check") $(grep paired "$T/ab.txt")"
 bash bench/ab_bench.sh "$BIN" "$T/m" 1 "NOTASETTING" -- --batch 1 > /dev/null 2> "$T/ab.err"; rc=$?
 [ $rc = 2 ] && grep -q "'NOTASETTING' is not VAR=VALUE" "$T/ab.err" && ok || bad "ab_bench.sh bad setting: exit $rc, $(cat "$T/ab.err")"
 bash bench/ab_bench.sh "$BIN" "$T/m" 0 "" -- --batch 1 > /dev/null 2> "$T/ab.err"; rc=$?
