@@ -5,7 +5,9 @@
 # that clock, temperature and neighbours' load drift over all settings alike. Prints, per setting and
 # batch size, the decode tok/s of every round and their median, and the prefill tok/s; then, for each
 # setting after the first, the median over rounds of its figure over the first setting's in the same
-# round (a paired comparison, which the machine's drift between rounds does not move). A setting's word
+# round (a paired comparison, which the machine's drift between rounds does not move; the settings run
+# in the same order every round, so a drift within rounds still favours one side: run it again with the
+# settings swapped before believing a few percent). A setting's word
 # BIN=PATH runs the binary at PATH instead of BIN (two builds alternated: "" "BIN=base/isobatch"). The figures in
 # docs/cuda.md ("alternating in one call, two rounds") are taken this way, e.g.
 #   bench/ab_bench.sh build/isobatch /tmp/q06 2 "" "IB_CUDA_ATT_WIDE=0" -- --backend cuda --batch 1,2,4
