@@ -83,10 +83,7 @@ __global__ void geglu_sel_kernel(float *g, const float *__restrict__ u, int nrow
  * computes ib_rmsnorm_heads: lanes 0..15 own ib_dot16's lanes and fold 8, 4, 2, 1, r = 1/sqrt(ss/hd +
  * eps), then x * r (w NULL: Gemma 4's v_norm) or (x * r) * w. Ends with __syncwarp. */
 __device__ __forceinline__ void head_norm_warp(float *xs, const float *__restrict__ w, int hd, float eps, int lane) {
-    const float a = sumsq16(xs, hd, lane);
-    float rr = 0.0f;
-    if (lane == 0) rr = 1.0f / sqrtf(a / (float)hd + eps);
-    rr = __shfl_sync(0xffffffffu, rr, 0);
+    const float rr = head_norm_factor(xs, hd, eps, lane);
     __syncwarp();
     if (w)
         for (int i = lane; i < hd; i += 32) xs[i] = (xs[i] * rr) * w[i];
@@ -99,11 +96,7 @@ __device__ __forceinline__ void head_norm_warp(float *xs, const float *__restric
  * products rounded), by one warp. Ends with __syncwarp. */
 __device__ __forceinline__ void rope_warp(float *xs, const float *__restrict__ t, int hd, int lane) {
     const int half = hd / 2;
-    for (int i = lane; i < half; i += 32) {
-        const float a = xs[i], b = xs[i + half], c = t[2 * i], s = t[2 * i + 1];
-        xs[i] = a * c - b * s;
-        xs[i + half] = b * c + a * s;
-    }
+    for (int i = lane; i < half; i += 32) rope_pair(xs, i, half, t[2 * i], t[2 * i + 1]);
     __syncwarp();
 }
 
