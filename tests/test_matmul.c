@@ -6,7 +6,8 @@
  *      evaluated here in plain float C (the canonical chain per output).
  *  (b) invariance: every supported ISA equals the scalar kernel; row b of a B-row product equals the
  *      1-row product of row b; any prefix of rows equals the full product's rows; pools of 1, 2, 3
- *      threads give the same bits; padding columns of Y (ldy > N) are never written.
+ *      threads give the same bits (a 300-row product over 3 threads split by rows as well as panels
+ *      among them); padding columns of Y (ldy > N) are never written.
  *  (c) MLX unpacking of hand-built 4- and 8-bit codes, and argument validation.
  *  (d) fault injection: IB_FAULT_GEMV_GEMM and IB_FAULT_ISA_FMA make the invariance checks fail, and
  *      (where the CPU has AMX) IB_FAULT_AMX_GROUP_ORDER changes the rows the AMX kernel puts on tiles
@@ -461,7 +462,9 @@ static void test_config(int bits, int group, int N, int K) {
 /* More rows than one accumulator chunk (IB_RCHUNK = 64) of the F32 path, and several row tiles of
  * the Q8 path: every ISA and 1 or 3 threads give the definition's bits. */
 static void test_big_batch(int bits, int group) {
-    const int N = 40, K = 384, B = 150, ng = group ? K / group : 0;
+    /* 300 rows: with 3 threads the pool splits the rows as well as the 3 panels (ops/matmul.c: blocks
+     * of 128, 128 and 44 rows), with 1 it does not */
+    const int N = 40, K = 384, B = 300, ng = group ? K / group : 0;
     wset w;
     if (wset_make(&w, bits, group, N, K)) {
         CHECK(0, "big batch: building the matrix failed");

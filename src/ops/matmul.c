@@ -332,20 +332,47 @@ typedef struct mm_job {
     int B;
     const ib_act_buf *q;
     ib_matmul_kernel kern;
-    int per_task;   /* panels per task */
+    int per_task;    /* panels per task */
+    int n_rb;        /* row blocks per panel range (1: every task takes all B rows) */
+    int row_block;   /* rows per row block (the last one takes the rest) */
     int n_parts;
     mm_part part[IB_MATMUL_MAX_MANY];
 } mm_job;
 
-/* Pool task: a contiguous range of panels of one product. */
+/* Products of at least this many rows split their rows as well as their panels when the panel ranges
+ * alone would give fewer than ROW_SPLIT_TASKS_PER_THREAD tasks a thread (a prefill's o and down
+ * products over 16 threads: one task each, so the slowest thread sets the product's time); a row block
+ * is a multiple of ROW_SPLIT_ROWS rows. Only the speed depends on the split: each output row's
+ * arithmetic is its own, whatever rows share its task. */
+#define ROW_SPLIT_MIN_ROWS 256
+#define ROW_SPLIT_ROWS 64
+#define ROW_SPLIT_TASKS_PER_THREAD 4
+
+/* Pool task: a contiguous range of panels of one product, for one block of its rows. Consecutive tasks
+ * take the same panels for consecutive row blocks, so a thread's weights stay in its cache. */
 static void mm_task(void *ctx, int task, int thread) {
     const mm_job *j = ctx;
     int i = j->n_parts - 1;
     while (i > 0 && j->part[i].task0 > task) i--;
     const mm_part *pt = &j->part[i];
-    int p0 = (task - pt->task0) * j->per_task, p1 = p0 + j->per_task;
+    const int local = task - pt->task0, rb = local % j->n_rb;
+    int p0 = local / j->n_rb * j->per_task, p1 = p0 + j->per_task;
     if (p1 > pt->m->n_panels) p1 = pt->m->n_panels;
-    j->kern(pt->m, j->X, j->B, j->q, pt->act, p0, p1, pt->Y, pt->ldy);
+    const int r0 = rb * j->row_block, nr = rb == j->n_rb - 1 ? j->B - r0 : j->row_block;
+    if (r0 == 0 && nr == j->B) {
+        j->kern(pt->m, j->X, j->B, j->q, pt->act, p0, p1, pt->Y, pt->ldy);
+        return;
+    }
+    const size_t K = (size_t)pt->m->cols;
+    ib_act_buf qv, *qp = NULL;
+    if (j->q) {   /* the rows' int8 codes [nr][K] and their groups' d, ad [nr][K/G] */
+        const size_t ng = pt->m->group > 0 ? K / (size_t)pt->m->group : 0;
+        qv.xq = j->q->xq ? j->q->xq + (size_t)r0 * K : NULL;
+        qv.d = j->q->d ? j->q->d + (size_t)r0 * ng : NULL;
+        qv.ad = j->q->ad ? j->q->ad + (size_t)r0 * ng : NULL;
+        qp = &qv;
+    }
+    j->kern(pt->m, j->X ? j->X + (size_t)r0 * K : NULL, nr, qp, pt->act, p0, p1, pt->Y + (size_t)r0 * pt->ldy, pt->ldy);
 }
 
 /* Ys[i] (row stride ldys[i]) = X · W_i^T for n <= IB_MATMUL_MAX_MANY products sharing X, split over
@@ -365,8 +392,20 @@ static void run_products(int n, const ib_matrix *const *ms, const float *X, int 
         panels += ms[i]->n_panels;
         macs += (double)B * ms[i]->rows * ms[i]->cols;
     }
-    const int per = panels_per_task(B, panels, ib_pool_threads(pool));
+    const int threads = ib_pool_threads(pool), per = panels_per_task(B, panels, threads);
+    int ranges = 0;   /* panel ranges over all the products */
+    for (int i = 0; i < n; i++)
+        if (ms[i]->n_panels > 0) ranges += (ms[i]->n_panels + per - 1) / per;
     job.per_task = per;
+    job.n_rb = 1;
+    job.row_block = B;
+    if (B >= ROW_SPLIT_MIN_ROWS && threads > 1 && ranges > 0 && ranges < ROW_SPLIT_TASKS_PER_THREAD * threads) {
+        int n_rb = (ROW_SPLIT_TASKS_PER_THREAD * threads + ranges - 1) / ranges;
+        if (n_rb > B / ROW_SPLIT_ROWS) n_rb = B / ROW_SPLIT_ROWS;
+        const int rows = (B + n_rb - 1) / n_rb;
+        job.row_block = (rows + ROW_SPLIT_ROWS - 1) / ROW_SPLIT_ROWS * ROW_SPLIT_ROWS;
+        job.n_rb = (B + job.row_block - 1) / job.row_block;
+    }
     job.n_parts = 0;
     int n_tasks = 0;
     for (int i = 0; i < n; i++) {
@@ -377,7 +416,7 @@ static void run_products(int n, const ib_matrix *const *ms, const float *X, int 
         pt->Y = Ys[i];
         pt->ldy = ldys[i];
         pt->task0 = n_tasks;
-        n_tasks += (ms[i]->n_panels + per - 1) / per;
+        n_tasks += (ms[i]->n_panels + per - 1) / per * job.n_rb;
     }
     if (job.n_parts == 0) return;
     /* a product too small to repay waking the workers runs on the caller alone */
