@@ -150,6 +150,14 @@ static void conf_round_trip(const char *uri) {
     CHECK(ib_store_delete(st, "s-3", &err) == IB_ERR_NOT_FOUND, "delete twice: %s", err.msg);
     CHECK(ib_store_load(st, "s-3", &l, &err) == IB_ERR_NOT_FOUND && strstr(err.msg, "s-3"), "deleted: %s", err.msg);
     ib_store_session_free(&l);
+    /* the deleted session's tokens went with it: the same id created again, empty, loads empty */
+    ib_store_session r3b = make_rec("s-3", "alice", 0);
+    CHECK(ib_store_create(st, &r3b, &err) == IB_OK, "create again after delete: %s", err.msg);
+    CHECK(ib_store_load(st, "s-3", &l, &err) == IB_OK && l.n_tokens == 0, "re-created session holds %d old tokens (%s)",
+          l.n_tokens, err.msg);
+    ib_store_session_free(&l);
+    ib_store_session_free(&r3b);
+    CHECK(ib_store_delete(st, "s-3", &err) == IB_OK, "delete again: %s", err.msg);
     ib_store_close(st);
     st = NULL;
     CHECK(ib_store_open(uri, &st, &err) == IB_OK, "reopen: %s", err.msg);

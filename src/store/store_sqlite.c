@@ -120,6 +120,19 @@ static int query_int_or(sq_store *s, const char *sql, const char *arg, long long
     return rc;
 }
 
+/* Run statement sql (one that returns no rows) to its end, its one parameter bound to text arg:
+ * SQLITE_DONE, or the error. */
+static int exec_with_text(sq_store *s, const char *sql, const char *arg) {
+    sqlite3_stmt *q = NULL;
+    int rc = sqlite3_prepare_v2(s->db, sql, -1, &q, NULL);
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_text(q, 1, arg, -1, SQLITE_STATIC);
+        rc = sqlite3_step(q);
+    }
+    sqlite3_finalize(q);
+    return rc;
+}
+
 /* Integer result of a one-value query (a PRAGMA; 0 without a row); SQLITE_OK or the error. */
 static int query_int(sq_store *s, const char *sql, long long *out) { return query_int_or(s, sql, NULL, 0, out); }
 
@@ -488,28 +501,15 @@ static ib_status sq_delete(ib_store *st, const char *id, ib_error *err) {
     pthread_mutex_lock(&s->mu);
     ib_status out = IB_OK;
     const char *what = "delete";
-    sqlite3_stmt *q = NULL;
     int rc = exec(s, "BEGIN IMMEDIATE");
     if (rc != SQLITE_OK) goto fail;
-    rc = sqlite3_prepare_v2(s->db, "DELETE FROM sessions WHERE id = ?", -1, &q, NULL);
-    if (rc != SQLITE_OK) goto fail;
-    sqlite3_bind_text(q, 1, id, -1, SQLITE_STATIC);
-    rc = sqlite3_step(q);
-    sqlite3_finalize(q);
-    q = NULL;
-    if (rc != SQLITE_DONE) goto fail;
+    if ((rc = exec_with_text(s, "DELETE FROM sessions WHERE id = ?", id)) != SQLITE_DONE) goto fail;
     if (sqlite3_changes(s->db) == 0) {
         rollback(s);
         out = ib_fail(err, IB_ERR_NOT_FOUND, "store %s: no session %s", s->path, id);
         goto done;
     }
-    rc = sqlite3_prepare_v2(s->db, "DELETE FROM history WHERE session_id = ?", -1, &q, NULL);
-    if (rc != SQLITE_OK) goto fail;
-    sqlite3_bind_text(q, 1, id, -1, SQLITE_STATIC);
-    rc = sqlite3_step(q);
-    sqlite3_finalize(q);
-    q = NULL;
-    if (rc != SQLITE_DONE) goto fail;
+    if ((rc = exec_with_text(s, "DELETE FROM history WHERE session_id = ?", id)) != SQLITE_DONE) goto fail;
     what = "commit";
     if ((rc = commit(s)) != SQLITE_OK) goto fail;
     goto done;
