@@ -254,16 +254,21 @@ void ib_matrix_row_f32(const ib_matrix *m, int n, float *out) {
         return;
     }
     const uint8_t *P = ib_pk_panel(m, p);
-    for (int k = 0; k < K; k++) {
-        int q;
-        if (m->fmt == IB_WQ4) {
-            uint8_t byte = P[(size_t)(k / 8) * 64 + (size_t)j * 4 + (k % 4)];
-            q = (k % 8) < 4 ? (byte & 15) : (byte >> 4);
-        } else {
-            q = P[(size_t)(k / 4) * 64 + (size_t)j * 4 + (k % 4)];
+    const int G = m->group;
+    for (int k0 = 0; k0 < K; k0 += G) {   /* the group's scale and bias read once for its codes */
+        const uint8_t *sb = ib_pk_sb(m, p, k0 / G);
+        const float s = ib_pk_sb_get(m, sb, j), b = ib_pk_sb_get(m, sb, IB_PANEL + j);
+        const int k1 = k0 + G < K ? k0 + G : K;
+        for (int k = k0; k < k1; k++) {
+            int q;
+            if (m->fmt == IB_WQ4) {
+                uint8_t byte = P[(size_t)(k / 8) * 64 + (size_t)j * 4 + (k % 4)];
+                q = (k % 8) < 4 ? (byte & 15) : (byte >> 4);
+            } else {
+                q = P[(size_t)(k / 4) * 64 + (size_t)j * 4 + (k % 4)];
+            }
+            out[k] = s * (float)q + b;
         }
-        const uint8_t *sb = ib_pk_sb(m, p, k / m->group);
-        out[k] = ib_pk_sb_get(m, sb, j) * (float)q + ib_pk_sb_get(m, sb, IB_PANEL + j);
     }
 }
 

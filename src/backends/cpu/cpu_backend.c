@@ -319,10 +319,16 @@ static ib_status cpu_step_begin(ib_backend *b, const ib_step_desc *d, ib_error *
     return IB_OK;
 }
 
+/* Row task of cpu_embed: row r of X = the embedding row of the row's token. */
+static void embed_task(void *ctx, int r, int thread) {
+    const cpu_backend *c = ctx;
+    ib_matrix_row_f32(&c->model->embed, c->tok[r], c->buf[IB_BUF_X] + (size_t)r * c->model->cfg.hidden_size);
+}
+
 static void cpu_embed(ib_backend *b) {
     cpu_backend *c = cb(b);
     int D = c->model->cfg.hidden_size;
-    for (int r = 0; r < c->R; r++) ib_matrix_row_f32(&c->model->embed, c->tok[r], c->buf[IB_BUF_X] + (size_t)r * D);
+    ib_pool_run(rows_pool(c, (double)c->R * D), c->R, embed_task, c);
     if (c->model->embed_scale != 1.0f) ib_scale(c->buf[IB_BUF_X], (size_t)c->R * D, c->model->embed_scale);
 }
 
