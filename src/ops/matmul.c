@@ -363,21 +363,17 @@ static void mm_task(void *ctx, int task, int thread) {
     const int local = task - pt->task0, rb = local % j->n_rb;
     int p0 = local / j->n_rb * j->per_task, p1 = p0 + j->per_task;
     if (p1 > pt->m->n_panels) p1 = pt->m->n_panels;
+    /* rows [r0, r0 + nr): their floats, int8 codes [nr][K] and groups' d, ad [nr][K/G] (r0 = 0, nr = B unsplit) */
     const int r0 = rb * j->row_block, nr = rb == j->n_rb - 1 ? j->B - r0 : j->row_block;
-    if (r0 == 0 && nr == j->B) {
-        j->kern(pt->m, j->X, j->B, j->q, pt->act, p0, p1, pt->Y, pt->ldy);
-        return;
-    }
-    const size_t K = (size_t)pt->m->cols;
-    ib_act_buf qv, *qp = NULL;
-    if (j->q) {   /* the rows' int8 codes [nr][K] and their groups' d, ad [nr][K/G] */
-        const size_t ng = pt->m->group > 0 ? K / (size_t)pt->m->group : 0;
+    const size_t K = (size_t)pt->m->cols, ng = pt->m->group > 0 ? K / (size_t)pt->m->group : 0;
+    ib_act_buf qv = {NULL, NULL, NULL};
+    if (j->q) {
         qv.xq = j->q->xq ? j->q->xq + (size_t)r0 * K : NULL;
         qv.d = j->q->d ? j->q->d + (size_t)r0 * ng : NULL;
         qv.ad = j->q->ad ? j->q->ad + (size_t)r0 * ng : NULL;
-        qp = &qv;
     }
-    j->kern(pt->m, j->X ? j->X + (size_t)r0 * K : NULL, nr, qp, pt->act, p0, p1, pt->Y + (size_t)r0 * pt->ldy, pt->ldy);
+    j->kern(pt->m, j->X ? j->X + (size_t)r0 * K : NULL, nr, j->q ? &qv : NULL, pt->act, p0, p1,
+            pt->Y + (size_t)r0 * pt->ldy, pt->ldy);
 }
 
 /* Ys[i] (row stride ldys[i]) = X · W_i^T for n <= IB_MATMUL_MAX_MANY products sharing X, split over
